@@ -1,0 +1,38 @@
+// The Python module strata_lab._engine: bindings only; one register_* per area.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "strata/build_info.h"
+
+namespace py = pybind11;
+
+static void register_build_info(py::module_& m) {
+  m.def("build_info", [] {
+    strata::BuildInfo b = strata::build_info();
+    py::dict d;
+    d["version"] = b.version;
+    d["compiler"] = b.compiler;
+    d["build_type"] = b.build_type;
+    d["openmp"] = b.openmp;
+    d["cuda"] = b.cuda;
+    d["native"] = b.native;
+    d["max_threads"] = b.max_threads;
+    d["cpu_features"] = b.cpu_features;
+    return d;
+  }, "Compiler, flags and CPU features of this build.");
+  m.def("self_test", [] {
+    std::string err;
+    {
+      py::gil_scoped_release release;
+      err = strata::self_test();
+    }
+    if (!err.empty()) throw std::runtime_error("strata engine self-test failed: " + err);
+    return true;
+  }, "Run the kernel self-test; raises RuntimeError on failure.");
+  m.attr("__version__") = strata::build_info().version;
+}
+
+PYBIND11_MODULE(_engine, m) {
+  m.doc() = "strata_lab's C++ inference engine";
+  register_build_info(m);
+}

@@ -1,0 +1,47 @@
+"""strata_lab: understand and fix prompt re-reading in LLM serving.
+
+Importing the package is quick and has no side effects: every public name is loaded on first use.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it. Modules are imported on first attribute access.
+_EXPORTS = {
+    "Tokenizer": "strata_lab.tokenizer",
+    "load_tokenizer": "strata_lab.tokenizer",
+    "ChatTemplate": "strata_lab.template",
+    "PromptEncoder": "strata_lab.encoder",
+    "Engine": "strata_lab.engine",
+    "Session": "strata_lab.engine",
+    "Stream": "strata_lab.engine",
+    "Sampling": "strata_lab.engine",
+    "make_tiny": "strata_lab.checkpoints",
+    "Recorder": "strata_lab.record",
+    "record_to": "strata_lab.record",
+    "load_dump": "strata_lab.dump",
+    "Dump": "strata_lab.dump",
+    "replay": "strata_lab.replay",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'strata_lab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .tokenizer import Tokenizer, load_tokenizer

@@ -1,0 +1,68 @@
+"""The `strata-lab` command line. Each subcommand imports what it needs when it runs."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _cmd_tokenize(args: argparse.Namespace) -> int:
+    from .tokenizer import load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer)
+    text = args.text if args.text is not None else sys.stdin.read()
+    ids = tok.encode(text)
+    if args.json:
+        rows = []
+        for i in ids:
+            raw = tok.token_bytes(i)
+            try:
+                piece, valid = raw.decode("utf-8"), True
+            except UnicodeDecodeError:
+                piece, valid = None, False
+            rows.append({"id": i, "piece": piece, "bytes": raw.hex(), "utf8": valid})
+        print(json.dumps({"tokenizer": tok.name, "count": len(ids), "ids": ids, "tokens": rows},
+                         ensure_ascii=False))
+        return 0
+    for i in ids:
+        raw = tok.token_bytes(i)
+        try:
+            shown = repr(raw.decode("utf-8"))
+        except UnicodeDecodeError:  # half a character: show the raw bytes
+            shown = "bytes " + raw.hex(" ")
+        print(f"{i:>8}  {shown}")
+    print(f"{len(ids)} tokens")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="strata-lab",
+        description="Understand and fix prompt re-reading in LLM serving.")
+    parser.add_argument("--version", action="version", version=f"strata-lab {__import__('strata_lab').__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("tokenize", help="show the ids and pieces of a text")
+    p.add_argument("text", nargs="?", help="text to tokenize (default: standard input)")
+    p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a tokenizer.json / model dir")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_tokenize)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"strata-lab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

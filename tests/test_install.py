@@ -1,0 +1,60 @@
+"""The package installs, imports quickly without side effects, and its compiled engine self-tests."""
+import json
+import os
+import subprocess
+import sys
+
+
+def test_extension_imports_and_self_tests():
+    from strata_lab import _engine
+
+    assert _engine.self_test() is True
+    info = _engine.build_info()
+    assert info["version"] == _engine.__version__
+    assert info["native"] is False, "default builds must be portable (no -march=native)"
+
+
+def test_import_is_quick_and_quiet():
+    code = ("import sys, time; t = time.perf_counter(); import strata_lab; dt = time.perf_counter() - t;"
+            "heavy = [m for m in ('numpy', 'pandas', 'matplotlib', 'tokenizers', 'fastapi', 'ipywidgets', "
+            "'strata_lab._engine') if m in sys.modules]; print(dt, heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr == ""
+    dt, heavy = out.stdout.split(" ", 1)
+    assert heavy.strip() == "[]", f"import strata_lab pulled in {heavy}"
+    assert float(dt) < 0.5
+
+
+def _cli(*args, input=None):
+    return subprocess.run([sys.executable, "-m", "strata_lab", *args], capture_output=True, text=True,
+                          input=input, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+
+
+def test_cli_help_lists_subcommands():
+    out = _cli("--help")
+    assert out.returncode == 0
+    assert "tokenize" in out.stdout
+
+
+def test_cli_tokenize_text_and_json():
+    out = _cli("tokenize", "Merhaba öğrenci <|im_end|>")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1].endswith("tokens")
+    assert any("151645" in line and "<|im_end|>" in line for line in lines)
+    js = json.loads(_cli("tokenize", "--json", "ğ").stdout)
+    assert js["count"] == len(js["ids"]) == len(js["tokens"])
+    assert "".join(bytes.fromhex(t["bytes"]).decode("utf-8", "surrogateescape") for t in js["tokens"]) == "ğ"
+
+
+def test_cli_shows_split_characters_as_bytes():
+    # A single id holding half a character cannot be printed as text: it is shown as bytes.
+    from strata_lab import load_tokenizer
+
+    tok = load_tokenizer("qwen3")
+    out = _cli("tokenize", "--json", tok.decode([128, 253]))
+    assert out.returncode == 0
+    text_out = _cli("tokenize", "ğğğ🫠")
+    assert text_out.returncode == 0
+    for line in text_out.stdout.splitlines()[:-1]:
+        assert "'" in line or "bytes" in line
