@@ -21,7 +21,7 @@ the re-read. Counterfactual policies replay the same dump as if a fix had shippe
 >>> [r["cause"] for r in report.rows]
 ['new_session', 'retokenized_reply']
 >>> report.rows[1]["reused"], report.rows[1]["reread"]
-(11, 4)
+(10, 4)
 """
 from __future__ import annotations
 
