@@ -35,6 +35,29 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from .dump import load_dump
+    from .replay import compare_policies, replay
+
+    dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
+    kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
+              full_hit=args.full_hit)
+    report = replay(dump, policy="recorded", progress=not args.quiet, **kw)
+    print(report.format(worst=args.worst))
+    table = None
+    if args.policy:
+        policies = ["recorded"] + [p for p in args.policy if p != "recorded"]
+        table = compare_policies(dump, policies, cost_model=report.cost_model, **kw)
+        print("\npolicy comparison:")
+        print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    if args.png:
+        from .plots import plot_report
+
+        plot_report(report.to_frame(), args.png, policies=table)
+        print(f"\nwrote {args.png}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="strata-lab",
@@ -47,6 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a tokenizer.json / model dir")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_tokenize)
+
+    p = sub.add_parser("replay", help="replay dumps: reuse, re-read cost and the cause of each miss")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
+    p.add_argument("--policy", action="append", default=[],
+                   help="compare a counterfactual policy (repeatable): reply-ids, keep-drained, fixes, every:N, "
+                        "budget:MIB[:N], at:P1,P2, none; join with '+'")
+    p.add_argument("--model", choices=["hybrid", "attention"], default="hybrid")
+    p.add_argument("--checkpoints", default="turn", help="checkpoint policy of the baseline (default: turn)")
+    p.add_argument("--full-hit", choices=["reread_last", "saved_logits"], default="reread_last",
+                   help="what the engine does when the whole prompt is held")
+    p.add_argument("--tokenizer", default="qwen3")
+    p.add_argument("--worst", type=int, default=5, help="how many worst divergences to show")
+    p.add_argument("--png", help="write the plots to this PNG file")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_replay)
 
     return parser
 

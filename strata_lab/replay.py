@@ -416,3 +416,25 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
 
 def policy_changes_prompts(policy: Policy) -> bool:
     return policy.reply_ids or policy.keep_drained
+
+
+def compare_policies(dump, policies: Iterable[Policy | str] = ("recorded", "keep-drained", "every:256"),
+                     **kwargs):
+    """Replay the same dump under several policies; one row per policy (a pandas DataFrame):
+    total read, reread, hit rate, snapshot memory, predicted prefill seconds and reread seconds.
+
+    The cost model is fitted once, on the recorded calls, and shared by every policy.
+    """
+    import pandas as pd
+
+    dump = load_dump(dump)
+    if kwargs.get("cost_model") is None:
+        kwargs["cost_model"] = _fit_cost(dump.records())
+    rows = []
+    for p in policies:
+        r = replay(dump, policy=p, **kwargs)
+        rows.append({"policy": r["policy"], "calls": r["calls"], "prompt_tokens": r["prompt_tokens"],
+                     "reused": r["reused"], "read": r["read"], "reread": r["reread"], "hit_rate": r["hit_rate"],
+                     "snapshot_mib": r["snapshot_mib"], "prefill_s": r["predicted_prefill_s"],
+                     "reread_s": r["reread_s"]})
+    return pd.DataFrame(rows)
