@@ -35,7 +35,8 @@ from .costs import CostModel
 from .divergence import CAUSES, classify, find_divergence
 from .dump import Dump, load_dump
 from .state_model import (CheckpointPolicy, DEFAULT_SNAPSHOT_BYTES, FULL_HIT_RULES, MODELS, SessionState,
-                          TurnStart, lcp_len, parse_checkpoint_policy, predict_reuse)
+                          TurnStart, lcp_len, parse_checkpoint_policy, predict_reuse,
+                          reuse_target)
 
 __all__ = ["replay", "Report", "Policy", "parse_policy", "compare_policies", "CAUSES"]
 
@@ -304,7 +305,7 @@ def _fit_cost(records: list[dict]) -> CostModel | None:
 
 
 def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy | str | None = None,
-           tokenizer="qwen3", policy: Policy | str = "recorded", full_hit: str = "reread_last",
+           tokenizer="qwen3", policy: Policy | str = "recorded", full_hit: str = "held_logits",
            cost_model: CostModel | None = None, progress: bool = False, context_chars: int = 40) -> Report:
     """Replay a dump (path, paths, or Dump) under `policy`; return a Report with one row per call.
 
@@ -365,7 +366,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         held_before = len(held)
         lcp = lcp_len(prompt, held)
         div = find_divergence(held, prompt, tok, lcp_ids=lcp, context_chars=context_chars) if held else None
-        target = lcp if full_hit == "saved_logits" or lcp < len(prompt) else max(len(prompt) - 1, 0)
+        target = reuse_target(len(prompt), held_before, lcp, full_hit)
         reused = predict_reuse(prompt, held, st.checkpoints, model=model, full_hit=full_hit, lcp=lcp)
         cause = classify(held=held, prompt=prompt, segments=st.segments, div=div, reused=reused, target=target,
                          tok=tok, first_call=first)

@@ -51,6 +51,11 @@ def test_full_hit_rule_is_a_parameter(qwen3, tmp_path):
     assert (row["cause"], row["reused"], row["reread"]) == ("none", len(calls[1]["prompt_ids"]), 0)
     row = replay(path, tokenizer=qwen3, model="attention").rows[1]
     assert (row["cause"], row["reused"]) == ("none", len(calls[1]["prompt_ids"]) - 1)
+    # the engine's rule: a prompt equal to held reuses everything (the last logits are kept)
+    p1 = calls[0]["prompt_ids"]
+    path = write(tmp_path / "same.jsonl", [dict(prompt_ids=p1, reused=0), dict(prompt_ids=p1, reused=len(p1))])
+    assert replay(path, tokenizer=qwen3).rows[1]["reused"] == len(p1)
+    assert replay(path, tokenizer=qwen3, full_hit="reread_last").rows[1]["cause"] == "checkpoint"
 
 
 def test_template_rewrite_text_context(qwen3, tmp_path):
@@ -147,7 +152,7 @@ def test_random_sessions_obey_contract_1(qwen3, calls, policy):
         lcp = 0
         while lcp < min(len(prompt), len(held)) and prompt[lcp] == held[lcp]:
             lcp += 1
-        assert a.reused == min(lcp, len(prompt) - 1)
+        assert a.reused == (lcp if prompt == held else min(lcp, len(prompt) - 1))
         assert h.reused <= a.reused and f.reused == a.reused
         assert h.reused == a.reused or h.reused == 0 or h.reused in range(1, a.reused)
         assert all(c <= len(hyb.held) for c in hyb.checkpoints)
