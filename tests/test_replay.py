@@ -102,6 +102,10 @@ def test_reply_ids_policy_uses_the_encoder(qwen3, tmp_path):
     path = write(tmp_path / "r.jsonl", calls)
     row = replay(path, tokenizer=qwen3, policy="reply-ids").rows[1]
     assert row["cause"] == "none" and row["reused"] == row["held_before"]
+    calls, _ = case(qwen3, "drained_dropped")
+    path = write(tmp_path / "d.jsonl", calls)
+    row = replay(path, tokenizer=qwen3, policy="fixes").rows[1]
+    assert row["cause"] == "none" and row["reused"] == row["held_before"]
 
 
 def test_policy_specs_validate():
