@@ -563,7 +563,7 @@ class ChatTemplate:
         ...         {"role": "assistant", "content": "b", "reasoning_content": "r"},
         ...         {"role": "user", "content": "c"}]
         >>> [f.offset for f in ChatTemplate.from_name("qwen3").check_append_only(conv)]
-        [43]
+        [51]
         """
         msgs = _validate_messages(conversation)
         assistants = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
