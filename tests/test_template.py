@@ -483,8 +483,8 @@ def test_lint_tool_loop_within_one_query_is_append_only(qwen):
     (finding,) = qwen.check_append_only(conv + [{"role": "user", "content": "Thanks"}], tools=TOOLS)
     assert (finding.turn, finding.message_index) == (2, 6)
     # the first difference is the earliest tool step's block, which the new query strips too
-    assert "Weather?<|im_end|>\n<|im_start|>assistant\n<t||hink>\n\n</think>\n\n<tool_call>" in finding.expected
-    assert "Weather?<|im_end|>\n<|im_start|>assistant\n<t||ool_call>\n" in finding.actual
+    assert "ther?<|im_end|>\n<|im_start|>assistant\n<t||hink>\n\n</think>\n\n<tool_call>" in finding.expected
+    assert "ther?<|im_end|>\n<|im_start|>assistant\n<t||ool_call>\n" in finding.actual
 
 
 def test_lint_plain_chat_without_reasoning_template_is_clean():
