@@ -512,3 +512,19 @@ def test_lint_finds_moved_system_text():
 
 def test_doctests():
     assert doctest.testmod(template_module).failed == 0
+
+
+def test_cli_render_and_lint(tmp_path, capsys):
+    from strata_lab.cli import main
+
+    conv = tmp_path / "conv.json"
+    conv.write_text(json.dumps({"messages": [{"role": "user", "content": "2+2?"},
+                                             {"role": "assistant", "content": "4", "reasoning_content": "add"},
+                                             {"role": "user", "content": "3+3?"}]}))
+    assert main(["template", str(conv), "--prefix", "It is"]) == 0
+    assert capsys.readouterr().out.endswith("3+3?" + END + ASSISTANT + EMPTY_THINK + "It is")
+    assert main(["template", str(conv), "--lint"]) == 1
+    assert "1 finding(s)" in capsys.readouterr().out
+    conv.write_text(json.dumps([{"role": "user", "content": 5}]))
+    assert main(["template", str(conv)]) == 2
+    assert r"messages[0].content: must be a string" in capsys.readouterr().err
