@@ -21,7 +21,7 @@ __all__ = ["texts", "alternative_tokenizations", "conversations", "agent_session
 # Boundary hazards, simplest first. Each group is one kind of trouble for BPE / the split regex / NFC.
 FRAGMENTS = (
     "a", "hello", " hello", " world", "x", "I", "'s", "'re", "'LL", "s",                      # words, contractions
-    " öğrenci", "ğ", "ı", "ş", "İstanbul", "çğıöşü", "straße",                                # Turkish, German
+    "ğ", " öğrenci", "ı", "ş", "İstanbul", "çğıöşü", "straße",                                # Turkish, German
     "你好", "世界", "日本語の", "한국어", "Ω",                                                   # CJK, Greek
     "e\u0301", "\u0301", "\u0338", "a\u0308\u0304", "\u1100\u1161",                              # combining, NFC
     "🙂", "👨\u200d👩\u200d👧", "🏳️\u200d🌈", "\u200d", "\ufe0f",                              # emoji, ZWJ
