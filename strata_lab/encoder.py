@@ -18,10 +18,11 @@ are the same in the old and new text iff every regex match before `b` examined o
 has no lookbehind, so the match at `q` depends only on text from `q` onward; from its alternatives, it
 examines at most up to `max(q+3, run_end(q)+1, run_end(q+1)+1)`, where `run_end` is the end of the run of
 letters / digits / whitespace / other starting there (an "other" run extended by the whitespace after it,
-for `[\r\n]*`), capped at the segment end, which is itself "examined" up to the end of the added token
-that ends the segment (or end of text). Classes are taken as supersets (unassigned code points join every
-class), so this is an upper bound. Each cut stores `reach`, the prefix maximum of these windows; a cut is
-safe iff `cut <= d`, `reach <= d`, and no added-token text in the new prompt straddles it.
+for `[\r\n]*`); a scan that reaches the segment end examined the added token that ends the segment up
+to its end (or the end of text, at len+1). Classes are taken as supersets (unassigned code points join
+every class), so this is an upper bound. Each cut stores `reach`, the prefix maximum of these windows. A cut
+is safe iff `cut <= d' and reach <= d'`, where d' is d moved back to the start of any added-token text of
+the new prompt that begins before d and ends after it, and no added-token text straddles the cut.
 
 >>> from strata_lab import load_tokenizer
 >>> tok = load_tokenizer("qwen3")
