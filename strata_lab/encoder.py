@@ -134,18 +134,26 @@ class PromptEncoder:
         start_reach = int(best.cut_reach[best_j]) if best is not None else 0
         fresh = self.tokenizer.hf.encode(text[best_c:], add_special_tokens=False)
         f_chars, f_tokens, f_reach = self._fresh_cuts(text, best_c, fresh, kept, start_reach)
-        if best is not None:
+        supersede = best is not None and kept and text.startswith(best.text)
+        if supersede:  # wholly matched: the new entry takes over its id list (no copy of a long prompt)
+            ids = best.ids
+            del ids[kept:]
+            ids.extend(fresh.ids)
+        elif best is not None:
             ids = best.ids[:kept] + fresh.ids
+        else:
+            ids = fresh.ids
+        if best is not None:
             cut_chars = np.concatenate([best.cut_chars[:best_j], f_chars])
             cut_tokens = np.concatenate([best.cut_tokens[:best_j], f_tokens])
             cut_reach = np.concatenate([best.cut_reach[:best_j], f_reach])
         else:
-            ids, cut_chars, cut_tokens, cut_reach = fresh.ids, f_chars, f_tokens, f_reach
+            cut_chars, cut_tokens, cut_reach = f_chars, f_tokens, f_reach
         self.last_stats = EncodeStats(kept_ids=kept, entry_kind=best.kind if kept else None,
                                       chars_encoded=len(text) - best_c, prompt_ids=len(ids))
         entry = _Entry("prompt", text, ids, cut_chars, cut_tokens, cut_reach, len(ids), len(text))
-        if best is not None and kept and text.startswith(best.text):
-            self._entries.remove(best)  # wholly matched: the new entry holds its text and ids
+        if supersede:
+            self._entries.remove(best)
         self._add(entry)
         return list(ids)  # the entry keeps its own list
 
