@@ -197,6 +197,10 @@ class Session:
     def checkpoints(self) -> list[int]:
         return self._s.checkpoints()
 
+    def last_logits(self) -> np.ndarray:
+        """Logits ``[vocab_size]`` after the last held id (what the next sample is drawn from)."""
+        return self._s.last_logits()
+
     @property
     def memory_bytes(self) -> int:
         return self._s.memory_bytes()
