@@ -17,7 +17,9 @@ def test_texts_are_str(t):
 
 def test_texts_shrink_to_one_fragment():
     assert find(texts(), lambda t: "<|im_end|>" in t) == "<|im_end|>"
-    assert find(texts(), lambda t: "ğ" in t) == "ğ"
+    # shrinking ends on a single fragment (which one depends on the search, e.g. 'ğ' or 'çğıöşü')
+    found = find(texts(), lambda t: "ğ" in t)
+    assert found in FRAGMENTS and "ğ" in found
 
 
 @SETTINGS
