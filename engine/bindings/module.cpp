@@ -6,6 +6,8 @@
 
 namespace py = pybind11;
 
+void register_next(py::module_& m);  // bindings/next.cpp
+
 static void register_build_info(py::module_& m) {
   m.def("build_info", [] {
     strata::BuildInfo b = strata::build_info();
@@ -35,4 +37,5 @@ static void register_build_info(py::module_& m) {
 PYBIND11_MODULE(_engine, m) {
   m.doc() = "strata_lab's C++ inference engine";
   register_build_info(m);
+  register_next(m);
 }
