@@ -89,8 +89,8 @@ NEXT_PRESETS: dict[str, NextShape] = {
                        num_key_value_heads=2, head_dim=128, intermediate_size=2048,
                        linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=64,
                        linear_value_head_dim=64, full_attention_interval=4, rope_theta=1e7,
-                       num_experts=32, num_experts_per_tok=4, moe_intermediate_size=256,
-                       shared_expert_intermediate_size=256, tie_word_embeddings=False),
+                       num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256,
+                       shared_expert_intermediate_size=512, tie_word_embeddings=True),
 }
 
 
