@@ -44,13 +44,18 @@ def main(argv=None) -> None:
         r = s.generate(ids[:ctx])  # restores the previous prompt-end checkpoint, reads only the new part
         prefill_tok += r.read
         prefill_s += r.prefill_ms / 1e3
-        nat.reset_timers()
-        r = s.generate(s.held_ids, max_new_tokens=args.decode)
-        g, a = nat.mixer_seconds()
-        per_tok = r.decode_ms / len(r.gen_ids)
-        rows.append((ctx, g / len(r.gen_ids) / n_gdn * 1e3, a / len(r.gen_ids) / n_att * 1e3, per_tok))
+        # one decode step per call so each sample is timed alone; medians resist a busy machine
+        gs, as_, toks = [], [], []
+        for _ in range(args.decode):
+            nat.reset_timers()
+            r = s.generate(s.held_ids, max_new_tokens=1)
+            g, a = nat.mixer_seconds()
+            gs.append(g / n_gdn * 1e3)
+            as_.append(a / n_att * 1e3)
+            toks.append(r.decode_ms)
+        rows.append((ctx, float(np.median(gs)), float(np.median(as_)), float(np.median(toks))))
     print(f"\nper-token decode cost per layer (ms), {n_gdn} GDN + {n_att} attention layers")
-    print(f"{'context':>8} {'GDN/layer':>10} {'attn/layer':>11} {'token':>8}")
+    print(f"{'context':>8} {'GDN/layer':>10} {'attn/layer':>11} {'token':>8}  (medians, ms)")
     for ctx, g, a, tok in rows:
         print(f"{ctx:>8} {g:>10.3f} {a:>11.3f} {tok:>8.1f}")
     (c0, g0, a0, _), (c1, g1, a1, _) = rows[0], rows[-1]
