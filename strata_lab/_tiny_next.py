@@ -211,6 +211,18 @@ def make_tiny_next(path: str | os.PathLike, *, preset: str = "tiny", seed: int =
     return out
 
 
+def write_next(path: str | os.PathLike, *, shape: NextShape, seed: int = 0, dtype: str = "float32",
+               shards: int = 1) -> Path:
+    """The writer behind ``make_tiny(arch="qwen3_next", preset=...)`` (presets in NEXT_PRESETS)."""
+    if shards != 1:
+        raise ValueError(f"shards must be 1 for qwen3_next tiny checkpoints, got {shards}")
+    names = {k for k, v in NEXT_PRESETS.items() if v == shape}
+    base = next(iter(names)) if names else "tiny"
+    diff = {f: getattr(shape, f) for f in shape.__dataclass_fields__
+            if getattr(shape, f) != getattr(NEXT_PRESETS[base], f)}
+    return make_tiny_next(path, preset=base, seed=seed, dtype=dtype, **diff)
+
+
 def _to_bf16(a: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits (uint16), round to nearest even."""
     u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)

@@ -54,7 +54,7 @@ class CheckpointPolicy:
     def _native(self):
         from strata_lab import _engine
 
-        p = _engine.CheckpointPolicy()
+        p = _engine.NextCheckpointPolicy()
         p.at_prompt_end, p.every, p.positions, p.budget_mib = (
             self.at_prompt_end, self.every, list(self.positions), float(self.budget_mib))
         return p

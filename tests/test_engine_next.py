@@ -160,3 +160,14 @@ def test_out_of_range_ids(tiny):
         tiny.session().generate([600])
     with pytest.raises(ValueError, match="max_new_tokens"):
         tiny.session().generate([1], max_new_tokens=-1)
+
+
+def test_make_tiny_dispatches_to_qwen3_next(tmp_path):
+    from strata_lab import make_tiny
+
+    p = make_tiny(tmp_path / "m", arch="qwen3_next", preset="tiny-moe", overrides={"num_hidden_layers": 2})
+    cfg = json.loads((p / "config.json").read_text())
+    assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["num_experts"]) == ("qwen3_next", 2, 4)
+    assert NextEngine.load(p).forward([1, 2]).shape == (2, 512)
+    pb = make_tiny(tmp_path / "b", arch="qwen3_next", dtype="bfloat16")
+    assert NextEngine.load(pb).forward([3]).shape == (1, 512)

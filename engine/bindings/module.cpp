@@ -7,6 +7,12 @@
 namespace py = pybind11;
 
 void register_next(py::module_& m);  // bindings/next.cpp
+// engine_bindings.cpp
+void register_options(py::module_& m);
+void register_checkpoint(py::module_& m);
+void register_engine(py::module_& m);
+void register_session(py::module_& m);
+void register_stream(py::module_& m);
 
 static void register_build_info(py::module_& m) {
   m.def("build_info", [] {
@@ -38,4 +44,9 @@ PYBIND11_MODULE(_engine, m) {
   m.doc() = "strata_lab's C++ inference engine";
   register_build_info(m);
   register_next(m);
+  register_checkpoint(m);
+  register_options(m);
+  register_engine(m);
+  register_session(m);
+  register_stream(m);
 }

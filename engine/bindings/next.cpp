@@ -36,7 +36,7 @@ void register_next(py::module_& m) {
       .def_readwrite("norm_topk_prob", &NextConfig::norm_topk_prob).def_readwrite("tie", &NextConfig::tie)
       .def_readwrite("attn_layers", &NextConfig::attn_layers).def_readwrite("moe_layers", &NextConfig::moe_layers);
 
-  py::class_<CheckpointPolicy>(m, "CheckpointPolicy")
+  py::class_<CheckpointPolicy>(m, "NextCheckpointPolicy")
       .def(py::init<>())
       .def_readwrite("at_prompt_end", &CheckpointPolicy::at_prompt_end)
       .def_readwrite("every", &CheckpointPolicy::every)
