@@ -1,0 +1,410 @@
+"""Chat templates: Hugging Face-compatible Jinja rendering, our Qwen3-style template, assistant prefill,
+and a lint that finds where a template is not append-only.
+
+One internal message shape (OpenAI's): ``{"role", "content", "tool_calls", "tool_call_id",
+"reasoning_content"}``. The server converts every API dialect into it before calling `render`.
+
+>>> tmpl = ChatTemplate.from_name("qwen3")
+>>> tmpl.render([{"role": "user", "content": "Hi"}])
+'<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
+>>> tmpl.render([{"role": "user", "content": "Hi"}], assistant_prefix="Hello")
+'<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\nHello'
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+from .messages import (TemplateInputError, content_text, structured_output_instruction, validate_messages,
+                       validate_tools, with_instruction)
+
+__all__ = ["ChatTemplate", "AppendOnlyFinding", "TemplateInputError", "TemplateRenderError",
+           "structured_output_instruction", "TEMPLATE_PRESETS"]
+
+# preset name -> (file under strata_lab/templates, special tokens the template's model uses)
+TEMPLATE_PRESETS = {
+    "qwen3": ("qwen3.jinja", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
+}
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                       "mask_token")
+# Stands in for the assistant content while we locate where the template puts it (see _render_prefill).
+_SENTINEL = "STRATA_PREFILL_SENTINEL_5f0c"
+
+
+class TemplateRenderError(ValueError):
+    """The Jinja template failed to compile or render; names the template and the line."""
+
+    def __init__(self, template: str, line: int | None, message: str):
+        self.template = template
+        self.line = line
+        at = f", line {line}" if line is not None else ""
+        super().__init__(f"chat template {template!r}{at}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The Jinja environment: the same as transformers' (utils/chat_template_utils.py), so HF templates render
+# identically: sandboxed, trim_blocks, lstrip_blocks, loop controls, a {% generation %} tag, a tojson that does
+# not escape HTML, raise_exception, strftime_now, and the restricted dict/namespace globals.
+
+@lru_cache(maxsize=1)
+def _environment():
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(jinja2.ext.Extension):
+        # HF uses {% generation %} to mark assistant text for training masks; rendering passes it through.
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_passthrough"), [], [], body).set_lineno(lineno)
+
+        def _passthrough(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
+    class TemplateDict:
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        # namespaces reject underscore attributes, so templates cannot reach CPython internals
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check_name(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} starts with '_'")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.globals["dict"] = TemplateDict()
+    env.globals["namespace"] = TemplateNamespace
+    return env
+
+
+def _template_line(exc: BaseException, filename: str) -> int | None:
+    # Jinja rewrites tracebacks so template frames carry the template's file name and line numbers.
+    line = getattr(exc, "lineno", None)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AppendOnlyFinding:
+    """One place where a template rewrote text an earlier prompt (plus its reply) already held.
+
+    `turn` counts assistant replies from 0; `message_index` is that reply's index in the conversation;
+    `offset` is the character offset of the first difference; `expected`/`actual` show the context around
+    it as ``before||after`` (expected = turn N's prompt + reply, actual = turn N+1's prompt).
+    """
+
+    turn: int
+    message_index: int
+    offset: int
+    expected: str
+    actual: str
+    kind: str = "rewrite"  # "rewrite" or "generation_prompt" (the reply does not extend its own prompt)
+
+    def __str__(self) -> str:
+        return (f"turn {self.turn} (messages[{self.message_index}]) offset {self.offset} [{self.kind}]\n"
+                f"  held  : {self.expected!r}\n  prompt: {self.actual!r}")
+
+
+def _context(text: str, offset: int, width: int) -> str:
+    start = max(0, offset - width)
+    return ("..." if start else "") + text[start:offset] + "||" + text[offset:offset + width] + (
+        "..." if offset + width < len(text) else "")
+
+
+def _first_difference(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for k in range(n):
+        if a[k] != b[k]:
+            return k
+    return n
+
+
+class ChatTemplate:
+    """A Jinja chat template rendered the way Hugging Face transformers renders it.
+
+    >>> tmpl = ChatTemplate.from_name("qwen3")
+    >>> tmpl.name, tmpl.special_tokens["eos_token"]
+    ('qwen3', '<|im_end|>')
+    """
+
+    def __init__(self, source: str, *, name: str = "custom", special_tokens: Mapping[str, str] | None = None):
+        if not isinstance(source, str) or not source:
+            raise ValueError("source: must be a non-empty Jinja template string")
+        if not isinstance(name, str) or not name:
+            raise ValueError("name: must be a non-empty string")
+        self.source = source
+        self.name = name
+        self.special_tokens = dict(special_tokens or {})
+        self._filename = f"<chat template {name}>"
+        env = _environment()
+        try:
+            code = env.compile(source, name=name, filename=self._filename)
+        except Exception as exc:  # jinja2.TemplateSyntaxError carries the line
+            raise TemplateRenderError(name, getattr(exc, "lineno", None), str(exc)) from exc
+        self._template = env.template_class.from_code(env, code, env.make_globals(None))
+
+    # -- construction --------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_name(cls, name: str) -> "ChatTemplate":
+        """One of our shipped templates (`TEMPLATE_PRESETS`).
+
+        >>> ChatTemplate.from_name("qwen3").name
+        'qwen3'
+        """
+        if name not in TEMPLATE_PRESETS:
+            raise ValueError(f"name: unknown chat template {name!r}; known: {', '.join(sorted(TEMPLATE_PRESETS))}")
+        filename, special = TEMPLATE_PRESETS[name]
+        source = resources.files("strata_lab").joinpath("templates").joinpath(filename).read_text("utf-8")
+        return cls(source, name=name, special_tokens=special)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, *, variant: str | None = None) -> "ChatTemplate":
+        """Load a ``.jinja`` file, an HF ``tokenizer_config.json`` / ``chat_template.json``, or a model folder.
+
+        In a tokenizer config, ``chat_template`` is a string or a list of ``{"name", "template"}``; `variant`
+        picks one by name (default: "default"). Special tokens (eos_token, ...) come along from the config.
+
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "echo.jinja"
+        >>> _ = p.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+        >>> ChatTemplate.from_file(p).render([{"role": "user", "content": "hi"}])
+        'hi'
+        """
+        path = Path(path)
+        if path.is_dir():
+            config = path / "tokenizer_config.json"
+            special = _special_tokens(json.loads(config.read_text(encoding="utf-8"))) if config.is_file() else {}
+            if (path / "chat_template.jinja").is_file():
+                source = (path / "chat_template.jinja").read_text(encoding="utf-8")
+                return cls(source, name=path.name, special_tokens=special)
+            if config.is_file():
+                return cls.from_file(config, variant=variant)
+            raise FileNotFoundError(f"path: {path} holds neither chat_template.jinja nor tokenizer_config.json")
+        if not path.is_file():
+            raise FileNotFoundError(f"path: no such file {path}")
+        text = path.read_text(encoding="utf-8")
+        if path.suffix != ".json":
+            return cls(text, name=path.stem)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"path: {path} is not valid JSON ({exc})") from exc
+        if not isinstance(data, Mapping) or "chat_template" not in data:
+            raise ValueError(f"path: {path} has no 'chat_template'")
+        source = data["chat_template"]
+        name = path.parent.name if path.name in ("tokenizer_config.json", "chat_template.json") else path.stem
+        name = name or path.stem
+        if isinstance(source, list):
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, Mapping)}
+            want = variant or "default"
+            if want not in named:
+                raise ValueError(f"variant: {path} has no chat template named {want!r}; "
+                                 f"it has {', '.join(map(str, named))}")
+            source, name = named[want], f"{name}:{want}"
+        elif variant not in (None, "default"):
+            raise ValueError(f"variant: {path} has a single chat template, not named variants")
+        if not isinstance(source, str):
+            raise ValueError(f"path: {path} chat_template must be a string or a list of {{name, template}}")
+        return cls(source, name=name, special_tokens=_special_tokens(data))
+
+    def to_tokenizer_config(self, **overrides: Any) -> dict:
+        """A Hugging Face ``tokenizer_config.json`` dict carrying this template (pair it with tokenizer.json).
+
+        >>> cfg = ChatTemplate.from_name("qwen3").to_tokenizer_config()
+        >>> cfg["eos_token"], cfg["pad_token"], cfg["chat_template"].startswith("{#")
+        ('<|im_end|>', '<|endoftext|>', True)
+        """
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",  # loads tokenizer.json as-is
+            "chat_template": self.source,
+            "bos_token": None,
+            "eos_token": None,
+            "pad_token": None,
+            "unk_token": None,
+            "add_bos_token": False,
+            "add_prefix_space": False,
+            "clean_up_tokenization_spaces": False,
+            "split_special_tokens": False,
+            "errors": "replace",
+            "model_max_length": 131072,
+        }
+        config.update(self.special_tokens)
+        config.update(overrides)
+        return config
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate(name={self.name!r}, {len(self.source)} chars)"
+
+    # -- rendering -----------------------------------------------------------------------------------------
+
+    def render(self, messages: Sequence[Mapping], *, tools: list | None = None, add_generation_prompt: bool = True,
+               assistant_prefix: str | None = None, enable_thinking: bool | None = None,
+               response_format: Mapping | None = None, continue_final_message: bool = False,
+               **template_kwargs: Any) -> str:
+        """Render a conversation to prompt text.
+
+        `assistant_prefix` (non-empty) starts the final assistant turn with text the model continues: the
+        template renders an empty assistant turn, its terminator is removed, and the prefix is appended
+        verbatim (never passed through the template). `continue_final_message=True` continues the last
+        (assistant) message the same way. `response_format` adds a structured-output instruction to the system
+        message. Extra keyword arguments reach the template, as in HF's ``apply_chat_template``.
+
+        >>> tmpl = ChatTemplate.from_name("qwen3")
+        >>> tmpl.render([{"role": "user", "content": "2+2?"}], enable_thinking=False)
+        '<|im_start|>user\\n2+2?<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n'
+        """
+        if assistant_prefix is not None and not isinstance(assistant_prefix, str):
+            raise TemplateInputError("assistant_prefix", f"must be a string, got {type(assistant_prefix).__name__}")
+        if enable_thinking is not None and not isinstance(enable_thinking, bool):
+            raise TemplateInputError("enable_thinking", "must be true, false or null")
+        if not isinstance(add_generation_prompt, bool):
+            raise TemplateInputError("add_generation_prompt", "must be a boolean")
+        msgs = validate_messages(messages)
+        tools = validate_tools(tools)
+        instruction = structured_output_instruction(response_format)
+        if instruction is not None:
+            msgs = with_instruction(msgs, instruction)
+        if enable_thinking is not None:
+            template_kwargs["enable_thinking"] = enable_thinking
+
+        carried: dict = {}  # fields of a continued final message that the synthetic turn keeps (reasoning)
+        if continue_final_message:
+            if assistant_prefix:
+                raise TemplateInputError("assistant_prefix", "cannot be combined with continue_final_message")
+            last = msgs[-1]
+            if last["role"] != "assistant":
+                raise TemplateInputError("role", "continue_final_message needs a final assistant message",
+                                         len(msgs) - 1)
+            if "tool_calls" in last:
+                raise TemplateInputError("tool_calls", "a message with tool calls cannot be continued",
+                                         len(msgs) - 1)
+            msgs = msgs[:-1]
+            assistant_prefix = content_text(last.get("content"))
+            carried = {k: v for k, v in last.items() if k not in ("role", "content")}
+            if not msgs and not assistant_prefix and not carried:
+                raise TemplateInputError("messages", "nothing to render besides an empty assistant message")
+        if assistant_prefix or carried:
+            return self._render_prefill(msgs, tools, assistant_prefix or "", carried, template_kwargs)
+        return self._render(msgs, tools, add_generation_prompt, template_kwargs)
+
+    def _render(self, messages: list[dict], tools: list | None, add_generation_prompt: bool,
+                template_kwargs: Mapping[str, Any]) -> str:
+        # Same variables as transformers' render_jinja_template; special tokens first, as apply_chat_template.
+        kwargs = {**self.special_tokens, **template_kwargs}
+        try:
+            return self._template.render(messages=messages, tools=tools, documents=None,
+                                         add_generation_prompt=add_generation_prompt, **kwargs)
+        except Exception as exc:
+            raise TemplateRenderError(self.name, _template_line(exc, self._filename), str(exc)) from exc
+
+    def _render_prefill(self, messages: list[dict], tools: list | None, prefix: str, carried: dict,
+                        template_kwargs: Mapping[str, Any]) -> str:
+        # Render the synthetic turn twice: with a sentinel as its content (to find where content goes) and
+        # empty. The empty render must be head + terminator; we keep the head and append the prefix verbatim,
+        # so a prefix ending in "<|im_end|>\n" or holding "</think>" is never cut or parsed by the template.
+        probe = self._render(messages + [{**carried, "role": "assistant", "content": _SENTINEL}], tools, False,
+                             template_kwargs)
+        if probe.count(_SENTINEL) != 1:
+            raise TemplateRenderError(self.name, None, "cannot prefill: the template does not render the final "
+                                      "assistant message's content exactly once")
+        head, terminator = probe.split(_SENTINEL)
+        empty = self._render(messages + [{**carried, "role": "assistant", "content": ""}], tools, False,
+                             template_kwargs)
+        if empty != head + terminator:
+            raise TemplateRenderError(self.name, None, "cannot prefill: an empty final assistant turn renders "
+                                      "differently from a non-empty one beyond its content")
+        return head + prefix
+
+    # -- lint ----------------------------------------------------------------------------------------------
+
+    def check_append_only(self, conversation: Sequence[Mapping], *, tools: list | None = None,
+                          context: int = 40, **render_kwargs: Any) -> list[AppendOnlyFinding]:
+        """Find where the next turn's prompt does not extend this turn's prompt plus its reply.
+
+        For each assistant message at index i: prompt_i = render(conversation[:i]) with a generation prompt,
+        reply_i = what rendering conversation[:i+1] adds after it; the next prompt (at the next assistant
+        message, or the whole conversation) must start with prompt_i + reply_i.
+
+        >>> conv = [{"role": "user", "content": "a"},
+        ...         {"role": "assistant", "content": "b", "reasoning_content": "r"},
+        ...         {"role": "user", "content": "c"}]
+        >>> [f.offset for f in ChatTemplate.from_name("qwen3").check_append_only(conv)]
+        [51]
+        """
+        msgs = validate_messages(conversation)
+        assistants = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        findings = []
+        for turn, i in enumerate(assistants):
+            if i == 0 or i == len(msgs) - 1:
+                continue  # no prompt before it, or no next turn after it
+            prompt = self.render(msgs[:i], tools=tools, add_generation_prompt=True, **render_kwargs)
+            with_reply = self.render(msgs[:i + 1], tools=tools, add_generation_prompt=False, **render_kwargs)
+            if not with_reply.startswith(prompt):
+                k = _first_difference(prompt, with_reply)
+                findings.append(AppendOnlyFinding(turn, i, k, _context(prompt, k, context),
+                                                  _context(with_reply, k, context), "generation_prompt"))
+                continue
+            later = [j for j in assistants if j > i]
+            nxt = self.render(msgs[:later[0]] if later else msgs, tools=tools, add_generation_prompt=True,
+                              **render_kwargs)
+            if not nxt.startswith(with_reply):
+                k = _first_difference(with_reply, nxt)
+                findings.append(AppendOnlyFinding(turn, i, k, _context(with_reply, k, context),
+                                                  _context(nxt, k, context)))
+        return findings
+
+
+def _special_tokens(config: Mapping) -> dict[str, str]:
+    out = {}
+    for key in _SPECIAL_TOKEN_KEYS:
+        value = config.get(key)
+        if isinstance(value, Mapping):  # {"content": "<|im_end|>", "lstrip": false, ...}
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
