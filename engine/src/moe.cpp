@@ -1,0 +1,63 @@
+#include "moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "next_ops.h"
+#include "strata/kernels.h"
+
+namespace strata::next {
+
+namespace k = kernels;
+
+void mlp_forward(int64_t D, const MlpWeights& w, const float* x, int64_t T, float* out) {
+  std::vector<float> g(size_t(T * w.I)), u(size_t(T * w.I));
+  k::matmul(w.gate, x, T, g.data());
+  k::matmul(w.up, x, T, u.data());
+  k::silu_mul(g.data(), u.data(), T * w.I);
+  k::matmul(w.down, g.data(), T, out);
+}
+
+void moe_forward(int64_t D, const MoeWeights& w, const float* x, int64_t T, float* out) {
+  const int64_t E = int64_t(w.experts.size()), kk = w.top_k;
+  // router: p = softmax_fp32(x Wr^T); top-k by probability (ties: lower index first, like torch.topk)
+  std::vector<float> logits(size_t(T * E));
+  k::matmul(w.router, x, T, logits.data());
+  std::vector<std::vector<std::pair<int64_t, float>>> by_expert{size_t(E)};  // expert -> (token, weight)
+  std::vector<int64_t> idx(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    float* l = logits.data() + t * E;
+    const float mx = *std::max_element(l, l + E);
+    float sum = 0.f;
+    for (int64_t e = 0; e < E; ++e) { l[e] = std::exp(l[e] - mx); sum += l[e]; }
+    for (int64_t e = 0; e < E; ++e) l[e] /= sum;
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(),
+                      [&](int64_t a, int64_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    float norm = 0.f;
+    for (int64_t j = 0; j < kk; ++j) norm += l[idx[j]];
+    for (int64_t j = 0; j < kk; ++j)
+      by_expert[size_t(idx[j])].push_back({t, w.norm_topk_prob ? l[idx[j]] / norm : l[idx[j]]});
+  }
+  // shared expert, gated per token by sigmoid(x . w_sg)
+  mlp_forward(D, w.shared, x, T, out);
+  for (int64_t t = 0; t < T; ++t) {
+    const float s = sigmoidf(k::dot(x + t * D, w.shared_gate.data(), D));
+    for (int64_t i = 0; i < D; ++i) out[t * D + i] *= s;
+  }
+  // routed experts: gather each expert's tokens, run its MLP once, scatter-add weighted rows
+  std::vector<float> xs, ys;
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& rows = by_expert[size_t(e)];
+    if (rows.empty()) continue;
+    const int64_t n = int64_t(rows.size());
+    xs.resize(size_t(n * D));
+    ys.resize(size_t(n * D));
+    for (int64_t i = 0; i < n; ++i) std::copy(x + rows[i].first * D, x + (rows[i].first + 1) * D, xs.begin() + i * D);
+    mlp_forward(D, w.experts[size_t(e)], xs.data(), n, ys.data());
+    for (int64_t i = 0; i < n; ++i) k::axpy(rows[i].second, ys.data() + i * D, out + rows[i].first * D, D);
+  }
+}
+
+}  // namespace strata::next

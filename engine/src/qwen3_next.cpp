@@ -1,0 +1,216 @@
+#include "qwen3_next.h"
+
+#include <algorithm>
+#include <string>
+
+#include "strata/kernels.h"
+
+namespace strata {
+
+namespace k = kernels;
+
+namespace {
+
+// A config field that is an array of ints (mlp_only_layers) or absent.
+std::vector<int64_t> int_list(const Checkpoint& c, const std::string& key) {
+  std::vector<int64_t> out;
+  const Json* j = c.config().find(key);
+  if (!j || j->is_null()) return out;
+  if (!j->is_array()) throw CheckpointError("config.json: field '" + key + "' must be a list of ints");
+  for (const Json& v : j->array) {
+    if (!v.is_number() || !v.integral) throw CheckpointError("config.json: field '" + key + "' must be a list of ints");
+    out.push_back(v.integer);
+  }
+  return out;
+}
+
+// Per layer: true for full attention. `layer_types` wins; else `full_attention_interval` (default 4).
+std::vector<bool> attention_layers(const Checkpoint& c, int64_t L) {
+  std::vector<bool> out(static_cast<size_t>(L));
+  const Json* lt = c.config().find("layer_types");
+  if (lt && !lt->is_null()) {
+    if (!lt->is_array() || int64_t(lt->array.size()) != L)
+      throw CheckpointError("config.json: field 'layer_types' must be a list of num_hidden_layers = " +
+                            std::to_string(L) + " strings");
+    for (int64_t i = 0; i < L; ++i) {
+      const Json& v = lt->array[size_t(i)];
+      if (v.is_string() && v.string == "full_attention") out[size_t(i)] = true;
+      else if (v.is_string() && v.string == "linear_attention") out[size_t(i)] = false;
+      else throw CheckpointError("config.json: field 'layer_types' entry " + std::to_string(i) +
+                                 " must be 'full_attention' or 'linear_attention'");
+    }
+    return out;
+  }
+  const int64_t interval = c.cfg_int("full_attention_interval", 4);
+  if (interval <= 0) throw CheckpointError("config.json: field 'full_attention_interval' must be positive");
+  for (int64_t i = 0; i < L; ++i) out[size_t(i)] = (i + 1) % interval == 0;
+  return out;
+}
+
+}  // namespace
+
+Qwen3NextModel::Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts) : ckpt_(std::move(ckpt)) {
+  Checkpoint& c = *ckpt_;
+  const int64_t V = c.cfg_int("vocab_size");
+  D_ = c.cfg_int("hidden_size");
+  const int64_t L = c.cfg_int("num_hidden_layers");
+  const int64_t H = c.cfg_int("num_attention_heads");
+  const int64_t Hkv = c.cfg_int("num_key_value_heads", H);
+  const int64_t hd = c.cfg_int("head_dim", 256);
+  const int64_t I = c.cfg_int("intermediate_size");
+  eps_ = float(c.cfg_float("rms_norm_eps", 1e-6));
+  gd_ = next::GdnDims{D_, c.cfg_int("linear_num_key_heads", 16), c.cfg_int("linear_num_value_heads", 32),
+                      c.cfg_int("linear_key_head_dim", 128), c.cfg_int("linear_value_head_dim", 128),
+                      c.cfg_int("linear_conv_kernel_dim", 4), eps_};
+  const int64_t E = c.cfg_int("num_experts", 512), top_k = c.cfg_int("num_experts_per_tok", 10);
+  const int64_t moe_I = c.cfg_int("moe_intermediate_size", 512);
+  const int64_t shared_I = c.cfg_int("shared_expert_intermediate_size", 512);
+  const int64_t sparse_step = c.cfg_int("decoder_sparse_step", 1);
+  const bool norm_topk = c.cfg_bool("norm_topk_prob", true);
+  auto positive = [&](const char* name, int64_t v) {
+    if (v <= 0) throw CheckpointError("config.json: field '" + std::string(name) + "' must be positive, got " + std::to_string(v));
+  };
+  positive("vocab_size", V); positive("hidden_size", D_); positive("num_hidden_layers", L);
+  positive("num_attention_heads", H); positive("num_key_value_heads", Hkv); positive("head_dim", hd);
+  positive("intermediate_size", I); positive("linear_num_key_heads", gd_.Hk);
+  positive("linear_num_value_heads", gd_.Hv); positive("linear_key_head_dim", gd_.dk);
+  positive("linear_value_head_dim", gd_.dv); positive("linear_conv_kernel_dim", gd_.K);
+  positive("decoder_sparse_step", sparse_step);
+  if (H % Hkv) throw CheckpointError("config.json: num_attention_heads must be a multiple of num_key_value_heads");
+  if (gd_.Hv % gd_.Hk)
+    throw CheckpointError("config.json: linear_num_value_heads must be a multiple of linear_num_key_heads");
+  if (E < 0) throw CheckpointError("config.json: field 'num_experts' must be >= 0");
+  if (E > 0 && (top_k <= 0 || top_k > E))
+    throw CheckpointError("config.json: field 'num_experts_per_tok' must be in 1..num_experts");
+  if (c.cfg_bool("attention_bias", false)) throw CheckpointError("config.json: attention_bias=true is not supported");
+  const std::string act = c.cfg_str("hidden_act", "silu");
+  if (act != "silu") throw CheckpointError("config.json: hidden_act '" + act + "' is not supported (silu only)");
+
+  // RoPE: theta and partial_rotary_factor at top level (Hub files) or in rope_parameters (v5).
+  double theta = c.cfg_float("rope_theta", 10000.0), factor = c.cfg_float("partial_rotary_factor", 0.25);
+  if (const Json* rp = c.config().find("rope_parameters"); rp && rp->is_object()) {
+    if (const Json* t = rp->find("rope_theta"); t && t->is_number()) theta = t->number;
+    if (const Json* f = rp->find("partial_rotary_factor"); f && f->is_number()) factor = f->number;
+    if (const Json* ty = rp->find("rope_type"); ty && ty->is_string() && ty->string != "default")
+      throw CheckpointError("config.json: rope_parameters.rope_type '" + ty->string + "' is not supported");
+  }
+  if (const Json* rs = c.config().find("rope_scaling"); rs && rs->is_object()) {
+    const Json* ty = rs->find("rope_type");
+    if (!ty) ty = rs->find("type");
+    if (ty && ty->is_string() && ty->string != "default")
+      throw CheckpointError("config.json: rope_scaling type '" + ty->string + "' is not supported");
+  }
+  const int64_t rd = int64_t(double(hd) * factor);
+  if (rd <= 0 || rd > hd || rd % 2 || rd > 1024)
+    throw CheckpointError("config.json: partial_rotary_factor " + std::to_string(factor) + " gives rotary dim " +
+                          std::to_string(rd) + " (must be even, in 1..head_dim)");
+  inv_freq_ = k::rope_inv_freq(theta, int(rd));
+  ad_ = next::AttnDims{D_, H, Hkv, hd, rd, eps_};
+
+  info_.model_type = "qwen3_next";
+  info_.vocab_size = V;
+  info_.hidden_size = D_;
+  info_.num_layers = L;
+  const int64_t cfg_ctx = c.cfg_int("max_position_embeddings", 32768);
+  info_.max_context = opts.max_context > 0 ? opts.max_context : cfg_ctx;
+
+  const bool tied = c.cfg_bool("tie_word_embeddings", false);
+  embed_ = c.mat("model.embed_tokens.weight", {V, D_});
+  final_norm_ = c.to_f32("model.norm.weight", {D_});
+  lm_head_ = tied ? embed_ : c.mat("lm_head.weight", {V, D_});
+  if (tied && c.has("lm_head.weight")) c.mat("lm_head.weight", {V, D_});  // tolerated duplicate; unused
+
+  const std::vector<bool> attn = attention_layers(c, L);
+  const std::vector<int64_t> mlp_only = int_list(c, "mlp_only_layers");
+  auto mlp = [&](const std::string& p, int64_t inner) {
+    next::MlpWeights w;
+    w.I = inner;
+    w.gate = c.mat(p + ".gate_proj.weight", {inner, D_});
+    w.up = c.mat(p + ".up_proj.weight", {inner, D_});
+    w.down = c.mat(p + ".down_proj.weight", {D_, inner});
+    return w;
+  };
+  layers_.resize(size_t(L));
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer& ly = layers_[size_t(i)];
+    ly.attn = attn[size_t(i)];
+    ly.moe = E > 0 && (i + 1) % sparse_step == 0 &&
+             std::find(mlp_only.begin(), mlp_only.end(), i) == mlp_only.end();
+    ly.input_norm = c.to_f32(p + "input_layernorm.weight", {D_});
+    ly.post_norm = c.to_f32(p + "post_attention_layernorm.weight", {D_});
+    if (ly.attn) {
+      const std::string a = p + "self_attn.";
+      ly.att.q_proj = c.mat(a + "q_proj.weight", {2 * H * hd, D_});
+      ly.att.k_proj = c.mat(a + "k_proj.weight", {Hkv * hd, D_});
+      ly.att.v_proj = c.mat(a + "v_proj.weight", {Hkv * hd, D_});
+      ly.att.o_proj = c.mat(a + "o_proj.weight", {D_, H * hd});
+      ly.att.q_norm = c.to_f32(a + "q_norm.weight", {hd});
+      ly.att.k_norm = c.to_f32(a + "k_norm.weight", {hd});
+    } else {
+      const std::string g = p + "linear_attn.";
+      ly.gdn.in_proj_qkvz = c.mat(g + "in_proj_qkvz.weight", {gd_.qkvz_rows(), D_});
+      ly.gdn.in_proj_ba = c.mat(g + "in_proj_ba.weight", {2 * gd_.Hv, D_});
+      ly.gdn.out_proj = c.mat(g + "out_proj.weight", {D_, gd_.Hv * gd_.dv});
+      ly.gdn.conv = c.to_f32(g + "conv1d.weight", {gd_.conv_channels(), 1, gd_.K});
+      ly.gdn.A_log = c.to_f32(g + "A_log", {gd_.Hv});
+      ly.gdn.dt_bias = c.to_f32(g + "dt_bias", {gd_.Hv});
+      ly.gdn.norm = c.to_f32(g + "norm.weight", {gd_.dv});
+    }
+    if (ly.moe) {
+      ly.moe_w.router = c.mat(p + "mlp.gate.weight", {E, D_});
+      for (int64_t e = 0; e < E; ++e) ly.moe_w.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e), moe_I));
+      ly.moe_w.shared = mlp(p + "mlp.shared_expert", shared_I);
+      ly.moe_w.shared_gate = c.to_f32(p + "mlp.shared_expert_gate.weight", {1, D_});
+      ly.moe_w.top_k = top_k;
+      ly.moe_w.norm_topk_prob = norm_topk;
+    } else {
+      ly.mlp = mlp(p + "mlp", I);
+    }
+  }
+  c.check_all_used({"mtp."});
+  int64_t wb = 0;
+  for (const auto& name : c.names())
+    if (name.rfind("mtp.", 0) != 0) wb += int64_t(c.tensor_info(name).nbytes);
+  info_.weight_bytes = wb;
+  threads_ = opts.threads;
+}
+
+std::unique_ptr<SessionState> Qwen3NextModel::new_state() const {
+  auto st = std::make_unique<SessionState>();
+  for (const Layer& ly : layers_) {
+    if (ly.attn) st->layers.push_back(std::make_unique<AttentionKV>(int(ad_.Hkv), int(ad_.hd)));
+    else st->layers.push_back(std::make_unique<next::GdnState>(gd_));
+  }
+  return st;
+}
+
+void Qwen3NextModel::forward(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits) {
+  use_threads(threads_);
+  const int64_t D = D_;
+  std::vector<float> h(size_t(n * D)), xn(size_t(n * D)), y(size_t(n * D));
+  for (int64_t t = 0; t < n; ++t) k::row_f32(embed_, tokens[t], h.data() + t * D);
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& ly = layers_[li];
+    // h += Mixer(RMSNorm(h)); h += MLP(RMSNorm(h))
+    for (int64_t t = 0; t < n; ++t) k::rmsnorm_1p(h.data() + t * D, ly.input_norm.data(), D, eps_, xn.data() + t * D);
+    if (ly.attn)
+      next::gated_attention_forward(ad_, ly.att, inv_freq_.data(), xn.data(), n,
+                                    static_cast<AttentionKV&>(*state.layers[li]), y.data());
+    else
+      next::gdn_forward(gd_, ly.gdn, xn.data(), n, static_cast<next::GdnState&>(*state.layers[li]), y.data());
+    k::add(h.data(), y.data(), n * D);
+    for (int64_t t = 0; t < n; ++t) k::rmsnorm_1p(h.data() + t * D, ly.post_norm.data(), D, eps_, xn.data() + t * D);
+    if (ly.moe) next::moe_forward(D, ly.moe_w, xn.data(), n, y.data());
+    else next::mlp_forward(D, ly.mlp, xn.data(), n, y.data());
+    k::add(h.data(), y.data(), n * D);
+  }
+  state.n_tokens += n;
+
+  if (mode == Logits::None) return;
+  const int64_t first = mode == Logits::All ? 0 : n - 1, m = n - first;
+  for (int64_t t = 0; t < m; ++t) k::rmsnorm_1p(h.data() + (first + t) * D, final_norm_.data(), D, eps_, xn.data() + t * D);
+  k::matmul(lm_head_, xn.data(), m, logits);
+}
+
+}  // namespace strata
