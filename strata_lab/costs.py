@@ -1,0 +1,78 @@
+"""A prefill cost model: t(read, start) = a * read + b * sum of the positions read.
+
+Reading `read` tokens after `start` held ones costs a per-token term (weights, MLP) and a per-token x
+context term (attention over everything before each token): the positions read are start..start+read-1,
+whose sum is read * start + read * (read - 1) / 2. The two coefficients are fitted by least squares to
+the dump's own `prefill_ms` (or to engine measurements), floored at 0.
+
+>>> true = CostModel(per_token_ms=0.1, per_token_ctx_ms=2e-5)
+>>> m = CostModel.fit([(r, s, true.ms(r, s)) for r, s in [(100, 0), (100, 1000), (300, 50)]])
+>>> round(m.per_token_ms, 6), round(m.per_token_ctx_ms, 9)
+(0.1, 2e-05)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+__all__ = ["CostModel"]
+
+
+def _ctx(read, start):
+    return read * start + read * (read - 1) / 2.0
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Milliseconds to prefill `read` tokens after `start` held ones."""
+
+    per_token_ms: float
+    per_token_ctx_ms: float = 0.0
+    points: int = 0            # how many calls the fit used
+    r2: float | None = None    # coefficient of determination of the fit (None when not fitted)
+
+    def __post_init__(self):
+        for name in ("per_token_ms", "per_token_ctx_ms"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or v < 0 or v != v:
+                raise ValueError(f"{name} must be a non-negative number, got {v!r}")
+
+    def ms(self, read, start=0):
+        """Predicted prefill time in ms (works on scalars and numpy arrays)."""
+        return self.per_token_ms * read + self.per_token_ctx_ms * _ctx(read, start)
+
+    def seconds(self, read, start=0):
+        return self.ms(read, start) / 1000.0
+
+    @classmethod
+    def fit(cls, samples: Iterable[tuple[int, int, float]]) -> "CostModel":
+        """Least squares on (read, start, prefill_ms) samples; calls that read nothing are ignored.
+
+        Raises ValueError when no sample read any token with a positive time.
+        """
+        import numpy as np
+
+        rows = [(r, s, t) for r, s, t in samples if r and r > 0 and t is not None and t == t and t > 0]
+        if not rows:
+            raise ValueError("samples: no call read tokens with a positive prefill_ms to fit")
+        arr = np.asarray(rows, dtype=np.float64)
+        read, start, t = arr[:, 0], arr[:, 1], arr[:, 2]
+        X = np.stack([read, _ctx(read, start)], axis=1)
+        # scale columns so lstsq is well conditioned (the context column is ~1e6 x larger)
+        scale = np.maximum(np.abs(X).max(axis=0), 1e-30)
+        coef, *_ = np.linalg.lstsq(X / scale, t, rcond=None)
+        coef = coef / scale
+        if coef[1] < 0 or coef[0] < 0:  # negative slopes are noise: refit the other term alone
+            j = 0 if coef[1] < 0 else 1
+            c = float(max(np.dot(X[:, j], t) / max(np.dot(X[:, j], X[:, j]), 1e-30), 0.0))
+            coef = np.array([c, 0.0]) if j == 0 else np.array([0.0, c])
+        pred = X @ coef
+        ss_tot = float(((t - t.mean()) ** 2).sum())
+        r2 = 1.0 - float(((t - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else None
+        return cls(float(coef[0]), float(coef[1]), points=len(rows), r2=r2)
+
+    def describe(self) -> str:
+        fit = f", fitted on {self.points} calls" + (f", R^2 {self.r2:.3f}" if self.r2 is not None else "") \
+            if self.points else ""
+        return (f"prefill ~ {self.per_token_ms * 1000:.3g} us/token + "
+                f"{self.per_token_ctx_ms * 1e6:.3g} ns/(token x context){fit}")

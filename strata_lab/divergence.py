@@ -1,0 +1,141 @@
+"""Where a prompt leaves what a session holds: the first id divergence, the first text divergence,
+the region they fall in, and the cause of the miss (Contract 3).
+
+The ids of `held` and `prompt` agree up to `lcp_ids`. Their *texts* may agree further: a reply the model
+wrote as [130947, 5855] (' öğ' 'renci') comes back BPE-encoded as [135992] (' öğrenci'). `lcp_text` counts
+the held ids whose bytes lie wholly before the first byte where the texts differ.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Divergence", "find_divergence", "classify", "CAUSES"]
+
+CAUSES = ("none", "new_session", "retokenized_reply", "retokenized_prompt", "drained_dropped",
+          "template_rewrite", "history_edit", "checkpoint")
+_CTX_TOKENS = 24
+
+
+@dataclass
+class Divergence:
+    lcp_ids: int
+    lcp_text: int                 # held ids wholly before the first text divergence
+    byte_in_token: int            # offset of the first differing byte inside held[lcp_text]
+    id_context_held: str = ""
+    id_context_prompt: str = ""
+    text_context_held: str = ""
+    text_context_prompt: str = ""
+    held_ids_at: tuple = ()       # a few ids at the id divergence, held side
+    prompt_ids_at: tuple = ()
+
+
+def _show(before: bytes, after: bytes, width: int) -> str:
+    b = before.decode("utf-8", errors="replace")[-width:]
+    a = after.decode("utf-8", errors="replace")[:width]
+    return f"{b!r} || {a!r}"
+
+
+def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40) -> Divergence:
+    """Walk both id sequences from `lcp_ids` byte by byte until their texts part.
+
+    >>> from strata_lab import load_tokenizer
+    >>> tok = load_tokenizer("qwen3")
+    >>> held = tok.encode("Hi") + [130947, 5855] + tok.encode(" is here")
+    >>> prompt = tok.encode("Hi öğrenci is there")
+    >>> d = find_divergence(held, prompt, tok, lcp_ids=1)
+    >>> d.lcp_ids, d.lcp_text, d.text_context_held
+    (1, 4, "held: 'Hi öğrenci is ' || 'here'")
+    """
+    tb = tok.token_bytes
+    nh, np_ = len(held), len(prompt)
+    hi, pi = lcp_ids, lcp_ids
+    pbuf = b""
+    k = 0
+    while hi < nh:
+        hb = tb(held[hi])
+        while len(pbuf) < len(hb) and pi < np_:
+            pbuf += tb(prompt[pi])
+            pi += 1
+        if pbuf.startswith(hb):
+            pbuf = pbuf[len(hb):]
+            hi += 1
+            continue
+        k = 0
+        m = min(len(hb), len(pbuf))
+        while k < m and hb[k] == pbuf[k]:
+            k += 1
+        break
+    d = Divergence(lcp_ids=lcp_ids, lcp_text=hi, byte_in_token=k)
+    if lcp_ids < nh or lcp_ids < np_:
+        before = tok.ids_bytes(held[max(0, lcp_ids - _CTX_TOKENS):lcp_ids])
+        d.id_context_held = "held: " + _show(before, tok.ids_bytes(held[lcp_ids:lcp_ids + _CTX_TOKENS]), context_chars)
+        d.id_context_prompt = "prompt: " + _show(before, tok.ids_bytes(prompt[lcp_ids:lcp_ids + _CTX_TOKENS]),
+                                                 context_chars)
+        d.held_ids_at = tuple(held[lcp_ids:lcp_ids + 4])
+        d.prompt_ids_at = tuple(prompt[lcp_ids:lcp_ids + 4])
+    if hi < nh:
+        hb = tb(held[hi])
+        before = tok.ids_bytes(held[max(0, hi - _CTX_TOKENS):hi]) + hb[:k]
+        d.text_context_held = "held: " + _show(before, hb[k:] + tok.ids_bytes(held[hi + 1:hi + _CTX_TOKENS]),
+                                               context_chars)
+        d.text_context_prompt = "prompt: " + _show(before, pbuf[k:] + tok.ids_bytes(prompt[pi:pi + _CTX_TOKENS]),
+                                                   context_chars)
+    return d
+
+
+def _in_segment(segments, pos: int, kinds) -> bool:
+    for start, end, kind, _call in segments:
+        if start <= pos < end and kind in kinds:
+            return True
+    return False
+
+
+def _in_assistant_turn(held, pos: int, tok) -> bool:
+    """True when the chat turn holding position `pos` is an assistant turn (`<|im_start|>assistant`)."""
+    im_start = tok.im_start_id
+    if im_start is None:
+        return False
+    assistant = _assistant_id(tok)
+    for j in range(min(pos, len(held) - 1), -1, -1):
+        if held[j] == im_start:
+            return j + 1 < len(held) and held[j + 1] == assistant
+    return False
+
+
+_ASSISTANT_IDS: dict = {}
+
+
+def _assistant_id(tok):
+    key = id(tok)
+    if key not in _ASSISTANT_IDS:
+        ids = tok.encode("assistant")
+        _ASSISTANT_IDS[key] = ids[0] if len(ids) == 1 else None
+    return _ASSISTANT_IDS[key]
+
+
+def classify(*, held, prompt, segments, div: Divergence | None, reused: int, target: int, tok,
+             first_call: bool) -> str:
+    """The cause of a call's miss, from the divergence and where it lies.
+
+    - new_session: the session held nothing;
+    - none / checkpoint: the prompt extends held or is a prefix of it; `checkpoint` when the state
+      model still could not reuse `target` (a hybrid model without a snapshot there);
+    - retokenized_reply / retokenized_prompt: the ids part while the text goes on (lcp_text > lcp_ids);
+      `reply` when the id divergence lies in generated or drained ids;
+    - drained_dropped: the text parts where held has drained ids;
+    - template_rewrite: the text parts inside a reply (generated ids, or an assistant turn);
+    - history_edit: the text parts before that (system, user, tool turns).
+    """
+    if not held:
+        return "new_session"
+    lcp = div.lcp_ids if div is not None else 0
+    if lcp >= len(held) or lcp >= len(prompt):
+        return "none" if reused >= target else "checkpoint"
+    if div.lcp_text > div.lcp_ids:
+        return "retokenized_reply" if _in_segment(segments, div.lcp_ids, ("gen", "drained")) else "retokenized_prompt"
+    pos = div.lcp_text
+    if _in_segment(segments, pos, ("drained",)):
+        return "drained_dropped"
+    if _in_segment(segments, pos, ("gen",)) or _in_assistant_turn(held, pos, tok):
+        return "template_rewrite"
+    return "history_edit"

@@ -1,0 +1,219 @@
+"""Reading "strata-dump/1" files: stream records, or get a typed pandas frame with one row per call.
+
+A line that is not a JSON object with `prompt_ids` (a torn last line after a crash, garbage, a foreign
+schema) is skipped with a `DumpWarning` naming the file and line; unknown fields are kept as they are.
+Files are read line by line, so a dump never has to fit in memory unless you ask for a frame.
+
+>>> import os, tempfile
+>>> from strata_lab.record import Recorder
+>>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
+>>> with Recorder(path) as rec:
+...     rec.write_call(session="s", prompt_ids=[1, 2], reused=0, gen_ids=[3], finish="stop", note="hi")
+>>> d = load_dump(path)
+>>> [(r["session"], r["prompt_ids"], r["note"]) for r in d]
+[('s', [1, 2], 'hi')]
+>>> d.to_frame()[["session", "prompt_len", "reused", "gen_len"]].values.tolist()
+[['s', 2, 0, 1]]
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Iterable, Iterator
+
+__all__ = ["Dump", "load_dump", "DumpWarning", "parse_line"]
+
+SCHEMA_PREFIX = "strata-dump/"
+_MAX_WARNINGS_PER_FILE = 20
+
+try:  # orjson parses id arrays several times faster than json; fall back only if it is missing
+    from orjson import loads as _loads, JSONDecodeError as _DecodeError
+except ImportError:  # pragma: no cover - orjson is a core dependency
+    from json import loads as _loads, JSONDecodeError as _DecodeError
+
+
+class DumpWarning(UserWarning):
+    """A dump line was skipped."""
+
+
+_DEFAULTS = (("gen_ids", list), ("drained_ids", list), ("checkpoints", list), ("timings", dict))
+
+
+def parse_line(line: bytes | str) -> dict:
+    """Parse one dump line into a record, or raise ValueError saying what is wrong.
+
+    Missing optional fields get defaults (empty id lists, session "default", call 0); unknown fields stay.
+
+    >>> parse_line(b'{"prompt_ids": [1, 2], "x": 1}')["gen_ids"]
+    []
+    >>> parse_line(b'{"prompt_ids": "oops"}')
+    Traceback (most recent call last):
+    ...
+    ValueError: prompt_ids must be a list of ints
+    """
+    try:
+        rec = _loads(line)
+    except _DecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"not a JSON object ({type(rec).__name__})")
+    schema = rec.get("schema")
+    if schema is not None and not (isinstance(schema, str) and schema.startswith(SCHEMA_PREFIX)):
+        raise ValueError(f"schema {schema!r} is not {SCHEMA_PREFIX}N")
+    ids = rec.get("prompt_ids")
+    # check the ends only: a full per-id check would double the ingest time; ids are ints by contract
+    if not isinstance(ids, list) or (ids and not (type(ids[0]) is int and type(ids[-1]) is int)):
+        raise ValueError("prompt_ids must be a list of ints")
+    for name, kind in _DEFAULTS:
+        v = rec.get(name)
+        if v is None:
+            rec[name] = kind()
+        elif not isinstance(v, kind):
+            raise ValueError(f"{name} must be a {kind.__name__}, got {type(v).__name__}")
+    rec.setdefault("session", "default")
+    rec.setdefault("call", 0)
+    return rec
+
+
+def _iter_file(path: str) -> Iterator[dict]:
+    skipped = 0
+    with open(path, "rb", buffering=1 << 20) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield parse_line(line)
+            except ValueError as exc:
+                skipped += 1
+                torn = not line.endswith(b"\n")
+                if skipped <= _MAX_WARNINGS_PER_FILE:
+                    what = "torn last line" if torn else "bad line"
+                    warnings.warn(f"{path}:{lineno}: skipped {what}: {exc}", DumpWarning, stacklevel=3)
+    if skipped > _MAX_WARNINGS_PER_FILE:
+        warnings.warn(f"{path}: skipped {skipped} bad lines in all", DumpWarning, stacklevel=3)
+
+
+class Dump:
+    """Records from one or more dump files, in file order. Iterating streams; nothing is cached.
+
+    Lines of one session must be in call order (the recorder writes them so); with several files,
+    pass them in time order.
+    """
+
+    def __init__(self, paths: Iterable[str | os.PathLike]):
+        self.paths = [os.fspath(p) for p in paths]
+        if not self.paths:
+            raise ValueError("paths must name at least one dump file")
+        for p in self.paths:
+            if not os.path.isfile(p):
+                raise FileNotFoundError(f"dump file not found: {p}")
+
+    def __iter__(self) -> Iterator[dict]:
+        for p in self.paths:
+            yield from _iter_file(p)
+
+    def records(self) -> list[dict]:
+        """All records as a list (reads the files)."""
+        return list(self)
+
+    def sessions(self) -> dict[str, list[dict]]:
+        """Records grouped by session, sessions in order of first appearance."""
+        out: dict[str, list[dict]] = {}
+        for rec in self:
+            out.setdefault(str(rec["session"]), []).append(rec)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(os.path.getsize(p) for p in self.paths)
+
+    def to_frame(self):
+        """A pandas DataFrame, one row per engine call, with typed columns.
+
+        Scalar columns: ts (float64), request_id, session (string), call, prompt_len, gen_len,
+        drained_len, n_checkpoints (int64), reused (Int64, nullable), finish (category), prefill_ms,
+        decode_ms (float64), encoder_kept_ids (Int64), model (string). The id lists stay as object
+        columns (prompt_ids, gen_ids, drained_ids, checkpoints); unknown fields follow as object columns.
+        """
+        import pandas as pd
+
+        known = {"schema", "ts", "request_id", "session", "call", "prompt_ids", "reused", "gen_ids",
+                 "drained_ids", "finish", "timings", "checkpoints", "encoder", "model"}
+        cols: dict[str, list] = {k: [] for k in (
+            "file", "ts", "request_id", "session", "call", "prompt_len", "reused", "gen_len", "drained_len",
+            "finish", "prefill_ms", "decode_ms", "n_checkpoints", "encoder_kept_ids", "model",
+            "prompt_ids", "gen_ids", "drained_ids", "checkpoints")}
+        extra: dict[str, list] = {}
+        n = 0
+        for p in self.paths:
+            for rec in _iter_file(p):
+                t = rec["timings"]
+                enc = rec.get("encoder")
+                cols["file"].append(p)
+                cols["ts"].append(rec.get("ts"))
+                cols["request_id"].append(rec.get("request_id"))
+                cols["session"].append(str(rec["session"]))
+                cols["call"].append(rec["call"])
+                cols["prompt_len"].append(len(rec["prompt_ids"]))
+                cols["reused"].append(rec.get("reused"))
+                cols["gen_len"].append(len(rec["gen_ids"]))
+                cols["drained_len"].append(len(rec["drained_ids"]))
+                cols["finish"].append(rec.get("finish"))
+                cols["prefill_ms"].append(t.get("prefill_ms"))
+                cols["decode_ms"].append(t.get("decode_ms"))
+                cols["n_checkpoints"].append(len(rec["checkpoints"]))
+                cols["encoder_kept_ids"].append(enc.get("kept_ids") if isinstance(enc, dict) else None)
+                cols["model"].append(rec.get("model"))
+                for k in ("prompt_ids", "gen_ids", "drained_ids", "checkpoints"):
+                    cols[k].append(rec[k])
+                for k, v in rec.items():
+                    if k not in known:
+                        extra.setdefault(k, [None] * n).append(v)
+                n += 1
+                for k, lst in extra.items():  # fields a record lacks stay None
+                    if len(lst) < n:
+                        lst.append(None)
+        df = pd.DataFrame({
+            "file": pd.Series(cols["file"], dtype="string"),
+            "ts": pd.Series(cols["ts"], dtype="float64"),
+            "request_id": pd.Series(cols["request_id"], dtype="string"),
+            "session": pd.Series(cols["session"], dtype="string"),
+            "call": pd.Series(cols["call"], dtype="int64"),
+            "prompt_len": pd.Series(cols["prompt_len"], dtype="int64"),
+            "reused": pd.Series(cols["reused"], dtype="Int64"),
+            "gen_len": pd.Series(cols["gen_len"], dtype="int64"),
+            "drained_len": pd.Series(cols["drained_len"], dtype="int64"),
+            "finish": pd.Series(cols["finish"], dtype="category"),
+            "prefill_ms": pd.Series(cols["prefill_ms"], dtype="float64"),
+            "decode_ms": pd.Series(cols["decode_ms"], dtype="float64"),
+            "n_checkpoints": pd.Series(cols["n_checkpoints"], dtype="int64"),
+            "encoder_kept_ids": pd.Series(cols["encoder_kept_ids"], dtype="Int64"),
+            "model": pd.Series(cols["model"], dtype="string"),
+            **{k: pd.Series(cols[k], dtype="object") for k in ("prompt_ids", "gen_ids", "drained_ids", "checkpoints")},
+            **{k: pd.Series(v, dtype="object") for k, v in extra.items()},
+        })
+        return df
+
+    def __repr__(self) -> str:
+        return f"Dump({self.paths!r})"
+
+
+def load_dump(path_or_paths) -> Dump:
+    """Open one dump file, several, or a directory of `*.jsonl` files (sorted by name).
+
+    >>> load_dump("/nonexistent.jsonl")
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: dump file not found: /nonexistent.jsonl
+    """
+    if isinstance(path_or_paths, Dump):
+        return path_or_paths
+    if isinstance(path_or_paths, (str, os.PathLike)):
+        p = os.fspath(path_or_paths)
+        if os.path.isdir(p):
+            names = sorted(n for n in os.listdir(p) if n.endswith(".jsonl"))
+            if not names:
+                raise FileNotFoundError(f"no *.jsonl dump files in {p}")
+            return Dump(os.path.join(p, n) for n in names)
+        return Dump([p])
+    return Dump(path_or_paths)

@@ -1,0 +1,196 @@
+"""The recorder: one "strata-dump/1" JSON line per engine call (Contract 2; docs/DUMP_FORMAT.md).
+
+Off by default. It is on when `STRATA_PROMPT_DUMP=<file>` is set, or inside `record_to(path)`.
+Callers (the engine facade, the server) ask `active()` once per call; with no recorder that is one
+dict lookup and an environment read, nothing else.
+
+Each line is written with a single `os.write` on a descriptor opened with O_APPEND, under a lock, so
+concurrent writers in one process never interleave and a crash leaves at most one torn last line
+(readers skip it). Files are created with mode 0600: they hold the token ids of private conversations.
+
+>>> import os, tempfile
+>>> path = os.path.join(tempfile.mkdtemp(), "calls.jsonl")
+>>> with record_to(path) as rec:
+...     active().write_call(session="s0", prompt_ids=[1, 2, 3], reused=0, gen_ids=[4], finish="stop")
+>>> active() is None
+True
+>>> oct(os.stat(path).st_mode & 0o777)
+'0o600'
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import uuid
+from typing import Any, Iterator, Mapping, Sequence
+
+__all__ = ["Recorder", "record_to", "active", "SCHEMA", "ENV_VAR", "FINISH_REASONS"]
+
+SCHEMA = "strata-dump/1"
+ENV_VAR = "STRATA_PROMPT_DUMP"
+FINISH_REASONS = ("stop", "length", "budget", "cancelled", "error")
+
+_installed: list["Recorder"] = []            # record_to() stack; the innermost wins
+_env_recorder: "Recorder | None" = None      # opened on first use of STRATA_PROMPT_DUMP
+_env_lock = threading.Lock()
+
+
+def _dumps(obj) -> bytes:
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover - orjson is a core dependency
+        import json
+
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    return orjson.dumps(obj)
+
+
+def _ids(name: str, ids: Sequence[int]) -> list[int]:
+    try:
+        out = [int(i) for i in ids]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a sequence of ints, got {type(ids).__name__}") from None
+    if any(i < 0 for i in out):
+        raise ValueError(f"{name} holds a negative id")
+    return out
+
+
+class Recorder:
+    """Append-only writer of dump lines. Thread-safe; use as a context manager or call `close()`.
+
+    >>> import tempfile, os
+    >>> rec = Recorder(os.path.join(tempfile.mkdtemp(), "d.jsonl"))
+    >>> rec.write_call(session="a", prompt_ids=[5, 6], reused=0, gen_ids=[7], finish="stop")
+    >>> rec.lines
+    1
+    >>> rec.close()
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        if not self.path:
+            raise ValueError("path must be a non-empty file name")
+        # os.open with an explicit mode: the file is never world-readable, not even for an instant
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                                       0o600)
+        self._lock = threading.Lock()
+        self.lines = 0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Recorder | None":
+        """A recorder for `$STRATA_PROMPT_DUMP`, or None when it is unset or empty."""
+        path = (os.environ if environ is None else environ).get(ENV_VAR, "")
+        return cls(path) if path else None
+
+    # --- writing ----------------------------------------------------------------------------------
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Append one record as one line (flushed: a single unbuffered write)."""
+        if not isinstance(record, Mapping):
+            raise ValueError(f"record must be a mapping, got {type(record).__name__}")
+        line = _dumps(dict(record)) + b"\n"
+        with self._lock:
+            if self._fd is None:
+                raise ValueError(f"recorder for {self.path} is closed")
+            view = memoryview(line)
+            while view:  # a regular file takes it in one write; loop only for exotic targets
+                n = os.write(self._fd, view)
+                view = view[n:]
+            self.lines += 1
+
+    def write_call(self, *, session: str, prompt_ids: Sequence[int], reused: int,
+                   gen_ids: Sequence[int] = (), drained_ids: Sequence[int] = (), finish: str = "stop",
+                   prefill_ms: float = 0.0, decode_ms: float = 0.0, checkpoints: Sequence[int] = (),
+                   request_id: str | None = None, call: int = 0, ts: float | None = None,
+                   encoder: Mapping | None = None, model: str | None = None, **extra: Any) -> None:
+        """Validate and append one Contract 2 line for an engine call."""
+        prompt = _ids("prompt_ids", prompt_ids)
+        if not isinstance(reused, int) or not 0 <= reused <= len(prompt):
+            raise ValueError(f"reused must be an int in 0..{len(prompt)}, got {reused!r}")
+        if finish not in FINISH_REASONS:
+            raise ValueError(f"finish must be one of {FINISH_REASONS}, got {finish!r}")
+        if not isinstance(call, int) or call < 0:
+            raise ValueError(f"call must be a non-negative int, got {call!r}")
+        rec = {
+            "schema": SCHEMA,
+            "ts": time.time() if ts is None else float(ts),
+            "request_id": request_id or uuid.uuid4().hex,
+            "session": str(session),
+            "call": call,
+            "prompt_ids": prompt,
+            "reused": reused,
+            "gen_ids": _ids("gen_ids", gen_ids),
+            "drained_ids": _ids("drained_ids", drained_ids),
+            "finish": finish,
+            "timings": {"prefill_ms": float(prefill_ms), "decode_ms": float(decode_ms)},
+            "checkpoints": _ids("checkpoints", checkpoints),
+        }
+        if encoder is not None:
+            rec["encoder"] = dict(encoder)
+        if model is not None:
+            rec["model"] = str(model)
+        rec.update(extra)
+        self.write(rec)
+
+    # --- lifetime ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"Recorder({self.path!r}, lines={self.lines})"
+
+
+def active() -> Recorder | None:
+    """The recorder engine calls should write to now, or None (recording off).
+
+    `record_to` wins over the environment; `STRATA_PROMPT_DUMP` is opened once, on first use.
+    """
+    if _installed:
+        return _installed[-1]
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        return None
+    global _env_recorder
+    with _env_lock:
+        if _env_recorder is None or _env_recorder.path != path or _env_recorder.closed:
+            if _env_recorder is not None:
+                _env_recorder.close()
+            _env_recorder = Recorder(path)
+        return _env_recorder
+
+
+@contextlib.contextmanager
+def record_to(path: str | os.PathLike) -> Iterator[Recorder]:
+    """Record every engine call of this process to `path` while the block runs.
+
+    The recorder is removed and closed in `finally`, also when the block raises.
+    """
+    rec = Recorder(path)
+    _installed.append(rec)
+    try:
+        yield rec
+    finally:
+        try:
+            _installed.remove(rec)
+        finally:
+            rec.close()

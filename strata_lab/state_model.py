@@ -1,0 +1,349 @@
+"""Contract 1 without weights: which prompt ids a session can reuse, and where it keeps checkpoints.
+
+The engine (C++) and the replay share these rules; engine tests assert `engine reused == predicted`.
+
+A session holds `held` (every id whose effect is in its state) and, for hybrid models, checkpoints:
+positions where a recurrent-state snapshot is saved. On a call with `prompt`:
+
+- `lcp` = longest common prefix of `prompt` and `held`;
+- the engine needs logits for the last prompt position, so with ``full_hit="reread_last"`` (default)
+  the target is capped at ``len(prompt) - 1``; with ``"saved_logits"`` an exact repeat reads nothing;
+- attention-only: reuse = target; hybrid: reuse = target if target == len(held) (state already there),
+  else the largest checkpoint <= target (0 if none). Checkpoints past the cut are dropped.
+
+>>> s = SessionState(model="hybrid")
+>>> s.call([1, 2, 3, 4]).reused
+0
+>>> s.finish([5, 6])            # generated ids join held
+>>> s.call([1, 2, 3, 4, 5, 6, 7]).reused   # extends held: the state is already there
+6
+>>> s.finish([8])
+>>> s.call([1, 2, 3, 4, 5, 9]).reused      # diverges inside the first reply: back to its turn start
+4
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+__all__ = [
+    "CheckpointPolicy", "TurnStart", "EveryN", "Positions", "MemoryBudget", "NoCheckpoints",
+    "SessionState", "CallPrediction", "lcp_len", "predict_reuse", "parse_checkpoint_policy",
+    "DEFAULT_SNAPSHOT_BYTES", "MODELS", "FULL_HIT_RULES",
+]
+
+MODELS = ("hybrid", "attention")
+# What the engine does when the whole prompt is already held (reuse would equal len(prompt)).
+# The C++ engine (branch `engine`) had not settled this when this module was written; "reread_last" is
+# what llama.cpp-style engines do (re-read the last prompt token for its logits).
+FULL_HIT_RULES = ("reread_last", "saved_logits")
+# One recurrent-state snapshot of the 80B-A3B shape: ~2 MiB of S per GDN layer x 36 layers (ENGINE_SPEC).
+DEFAULT_SNAPSHOT_BYTES = 72 * 2**20
+
+
+def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences.
+
+    >>> lcp_len([1, 2, 3], [1, 2, 4, 5])
+    2
+    """
+    a = a if isinstance(a, list) else list(a)
+    b = b if isinstance(b, list) else list(b)
+    n = min(len(a), len(b))
+    i = 0
+    # compare chunks first: list slices compare in C, far faster than a Python loop on long ids
+    while i < n:
+        j = min(i + 2048, n)
+        if a[i:j] == b[i:j]:
+            i = j
+            continue
+        while a[i] == b[i]:
+            i += 1
+        return i
+    return n
+
+
+# --- checkpoint policies -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """Where a hybrid session saves snapshots. Subclasses say which positions a read span creates."""
+
+    bytes_per_snapshot: int = field(default=DEFAULT_SNAPSHOT_BYTES, kw_only=True)
+
+    def __post_init__(self):
+        if not isinstance(self.bytes_per_snapshot, int) or self.bytes_per_snapshot <= 0:
+            raise ValueError(f"bytes_per_snapshot must be a positive int, got {self.bytes_per_snapshot!r}")
+
+    def positions(self, start: int, end: int, *, prompt_end: bool) -> list[int]:
+        """Snapshot positions in (start, end] created by reading ids start..end.
+
+        `prompt_end` is True for the prefill span (end = len(prompt)), False for decode.
+        """
+        raise NotImplementedError
+
+    @property
+    def capacity(self) -> int | None:
+        """Most snapshots kept at once (None: unbounded)."""
+        return None
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class NoCheckpoints(CheckpointPolicy):
+    """No snapshots at all: a hybrid session can only extend what it holds or start from 0."""
+
+    def positions(self, start, end, *, prompt_end):
+        return []
+
+
+@dataclass(frozen=True)
+class TurnStart(CheckpointPolicy):
+    """The default: one snapshot at the end of each prompt (the turn start of the reply)."""
+
+    def positions(self, start, end, *, prompt_end):
+        return [end] if prompt_end and end > 0 else []
+
+
+@dataclass(frozen=True)
+class EveryN(CheckpointPolicy):
+    """A snapshot every `n` positions, inside replies too, plus the turn start (unless turn_start=False).
+
+    >>> EveryN(4).positions(2, 11, prompt_end=False)
+    [4, 8]
+    """
+
+    n: int = 256
+    turn_start: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.n, int) or self.n <= 0:
+            raise ValueError(f"n must be a positive int, got {self.n!r}")
+
+    def positions(self, start, end, *, prompt_end):
+        out = list(range((start // self.n + 1) * self.n, end + 1, self.n))
+        if prompt_end and self.turn_start and end > 0 and (not out or out[-1] != end):
+            out.append(end)
+        return out
+
+    @property
+    def name(self):
+        return f"EveryN({self.n})"
+
+
+@dataclass(frozen=True)
+class Positions(CheckpointPolicy):
+    """Snapshots at chosen absolute positions (plus the turn start if turn_start=True)."""
+
+    at: tuple = ()
+    turn_start: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        at = tuple(sorted(set(self.at)))
+        if any(not isinstance(p, int) or p <= 0 for p in at):
+            raise ValueError(f"at must hold positive ints, got {self.at!r}")
+        object.__setattr__(self, "at", at)
+
+    def positions(self, start, end, *, prompt_end):
+        out = [p for p in self.at if start < p <= end]
+        if prompt_end and self.turn_start and end > 0 and end not in out:
+            out.append(end)
+        return out
+
+
+@dataclass(frozen=True)
+class MemoryBudget(CheckpointPolicy):
+    """Snapshots of an inner policy, at most `mib` MiB of them, least recently used evicted first.
+
+    >>> MemoryBudget(mib=288, bytes_per_snapshot=72 * 2**20).capacity
+    4
+    """
+
+    mib: float = 1024.0
+    every: int | None = None   # inner policy: EveryN(every) when set, else TurnStart
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.mib, (int, float)) or self.mib <= 0:
+            raise ValueError(f"mib must be a positive number, got {self.mib!r}")
+        if self.every is not None and (not isinstance(self.every, int) or self.every <= 0):
+            raise ValueError(f"every must be a positive int or None, got {self.every!r}")
+        if self.capacity < 1:
+            raise ValueError(f"mib={self.mib} holds no snapshot of {self.bytes_per_snapshot} bytes")
+
+    def positions(self, start, end, *, prompt_end):
+        inner = EveryN(self.every, bytes_per_snapshot=self.bytes_per_snapshot) if self.every else \
+            TurnStart(bytes_per_snapshot=self.bytes_per_snapshot)
+        return inner.positions(start, end, prompt_end=prompt_end)
+
+    @property
+    def capacity(self):
+        return int(self.mib * 2**20 // self.bytes_per_snapshot)
+
+    @property
+    def name(self):
+        inner = f", every={self.every}" if self.every else ""
+        return f"MemoryBudget({self.mib:g} MiB{inner})"
+
+
+def parse_checkpoint_policy(spec: str, *, bytes_per_snapshot: int = DEFAULT_SNAPSHOT_BYTES) -> CheckpointPolicy:
+    """Build a policy from a short spec: "turn", "none", "every:N", "at:P1,P2", "budget:MIB[:N]".
+
+    >>> parse_checkpoint_policy("every:512")
+    EveryN(bytes_per_snapshot=75497472, n=512, turn_start=True)
+    """
+    kind, _, arg = spec.partition(":")
+    kind = kind.strip().lower()
+    try:
+        if kind in ("turn", "turnstart", "turn_start"):
+            return TurnStart(bytes_per_snapshot=bytes_per_snapshot)
+        if kind == "none":
+            return NoCheckpoints(bytes_per_snapshot=bytes_per_snapshot)
+        if kind in ("every", "everyn"):
+            return EveryN(n=int(arg), bytes_per_snapshot=bytes_per_snapshot)
+        if kind in ("at", "positions"):
+            return Positions(at=tuple(int(p) for p in arg.split(",") if p), bytes_per_snapshot=bytes_per_snapshot)
+        if kind in ("budget", "memory"):
+            mib, _, every = arg.partition(":")
+            return MemoryBudget(mib=float(mib), every=int(every) if every else None,
+                                bytes_per_snapshot=bytes_per_snapshot)
+    except ValueError as exc:
+        raise ValueError(f"checkpoint policy {spec!r}: {exc}") from None
+    raise ValueError(f"checkpoint policy {spec!r}: unknown kind {kind!r} "
+                     "(turn, none, every:N, at:P1,P2, budget:MIB[:N])")
+
+
+# --- the rule --------------------------------------------------------------------------------------
+def predict_reuse(prompt: Sequence[int], held: Sequence[int], checkpoints, *, model: str = "hybrid",
+                  full_hit: str = "reread_last", lcp: int | None = None) -> int:
+    """Contract 1's reuse for one call, from ids alone.
+
+    >>> predict_reuse([1, 2, 9], [1, 2, 3], [1], model="hybrid")
+    1
+    >>> predict_reuse([1, 2, 9], [1, 2, 3], [1], model="attention")
+    2
+    """
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    if full_hit not in FULL_HIT_RULES:
+        raise ValueError(f"full_hit must be one of {FULL_HIT_RULES}, got {full_hit!r}")
+    if lcp is None:
+        lcp = lcp_len(prompt, held)
+    target = lcp
+    if full_hit == "reread_last" and target >= len(prompt):
+        target = max(len(prompt) - 1, 0)
+    if model == "attention" or target == len(held):
+        return target
+    return max((c for c in checkpoints if c <= target), default=0)
+
+
+@dataclass
+class CallPrediction:
+    """What the state model says about one call (before its reply joins held)."""
+
+    prompt_len: int
+    held_before: int
+    lcp: int
+    reused: int
+    restored_checkpoint: int | None   # hybrid: the snapshot restored (None: state already there or 0)
+    checkpoints_before: int           # snapshots held when the call arrived
+
+
+@dataclass
+class SessionState:
+    """One session's held ids, their origins and checkpoints, stepped call by call.
+
+    `segments` records where held ids came from: (start, end, kind, call) with kind "prompt", "gen"
+    or "drained"; replay uses it to say whether a divergence lies in a reply or in the history.
+    """
+
+    model: str = "hybrid"
+    policy: CheckpointPolicy = field(default_factory=TurnStart)
+    full_hit: str = "reread_last"
+    held: list = field(default_factory=list)
+    checkpoints: "OrderedDict[int, None]" = field(default_factory=OrderedDict)  # LRU order, oldest first
+    segments: list = field(default_factory=list)
+    calls: int = 0
+    peak_snapshots: int = 0
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.full_hit not in FULL_HIT_RULES:
+            raise ValueError(f"full_hit must be one of {FULL_HIT_RULES}, got {self.full_hit!r}")
+        if not isinstance(self.policy, CheckpointPolicy):
+            raise ValueError(f"policy must be a CheckpointPolicy, got {self.policy!r}")
+
+    @property
+    def uses_checkpoints(self) -> bool:
+        return self.model == "hybrid"
+
+    def call(self, prompt_ids: Sequence[int]) -> CallPrediction:
+        """Reuse for `prompt_ids`, then cut held there and append the prompt (prefill)."""
+        prompt = list(prompt_ids)
+        held_before = len(self.held)
+        n_ckpt = len(self.checkpoints)
+        lcp = lcp_len(prompt, self.held)
+        reused = predict_reuse(prompt, self.held, self.checkpoints, model=self.model,
+                               full_hit=self.full_hit, lcp=lcp)
+        restored = None
+        if self.uses_checkpoints and reused != held_before and reused > 0:
+            restored = reused
+            self.checkpoints.move_to_end(reused)  # a restore counts as a use for LRU
+        self._cut(reused)
+        self.held.extend(prompt[reused:])
+        self._add_segment(reused, len(self.held), "prompt")
+        self._snapshot(reused, len(self.held), prompt_end=True)
+        self.calls += 1
+        return CallPrediction(len(prompt), held_before, lcp, reused, restored, n_ckpt)
+
+    def finish(self, gen_ids: Sequence[int] = (), drained_ids: Sequence[int] = ()) -> None:
+        """Generated and drained ids join held (decode), with any checkpoints the policy takes there."""
+        start = len(self.held)
+        self.held.extend(gen_ids)
+        self._add_segment(start, len(self.held), "gen")
+        mid = len(self.held)
+        self.held.extend(drained_ids)
+        self._add_segment(mid, len(self.held), "drained")
+        self._snapshot(start, len(self.held), prompt_end=False)
+
+    def reset(self) -> None:
+        self.held.clear()
+        self.checkpoints.clear()
+        self.segments.clear()
+
+    def snapshot_bytes(self) -> int:
+        return len(self.checkpoints) * self.policy.bytes_per_snapshot if self.uses_checkpoints else 0
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _cut(self, n: int) -> None:
+        if n < len(self.held):
+            del self.held[n:]
+            for c in [c for c in self.checkpoints if c > n]:
+                del self.checkpoints[c]
+            while self.segments and self.segments[-1][0] >= n:
+                self.segments.pop()
+            if self.segments and self.segments[-1][1] > n:
+                s = self.segments[-1]
+                self.segments[-1] = (s[0], n, s[2], s[3])
+
+    def _add_segment(self, start: int, end: int, kind: str) -> None:
+        if end > start:
+            self.segments.append((start, end, kind, self.calls - (kind != "prompt")))
+
+    def _snapshot(self, start: int, end: int, *, prompt_end: bool) -> None:
+        if not self.uses_checkpoints:
+            return
+        cap = self.policy.capacity
+        for p in self.policy.positions(start, end, prompt_end=prompt_end):
+            self.checkpoints[p] = None
+            self.checkpoints.move_to_end(p)
+            if cap is not None:
+                while len(self.checkpoints) > cap:
+                    self.checkpoints.popitem(last=False)
+        self.peak_snapshots = max(self.peak_snapshots, len(self.checkpoints))
