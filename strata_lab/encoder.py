@@ -1,0 +1,408 @@
+"""PromptEncoder: encode growing prompts incrementally, reusing a reply's own token ids.
+
+An agent's prompt grows by a few thousand tokens a turn but is 100K+ tokens long; encoding it afresh every
+turn costs time proportional to the whole prompt. The encoder keeps *entries* (text + ids + safe cuts) of
+what it encoded and of prompt-plus-reply sequences the server told it about. For a new prompt it takes the
+entry sharing the longest text prefix, keeps that entry's ids up to the last safe cut at or before the first
+text difference `d`, and encodes the rest afresh.
+
+Contract (all texts are NFC-normalized first, as the Qwen tokenizers do):
+* `decode(encode(t)) == nfc(t)` always.
+* Without reply entries, `encode(t) == tokenizer.encode(nfc(t))` exactly (== `tokenizer.encode(t)` for every
+  text whose NFC form does not change an added token, i.e. all but pathological inputs like '<think>' + U+0338).
+* Reply regions are the one place where ids may differ from full BPE: they are the model's own pieces.
+
+Why a cut is exact. The tokenizer splits out added tokens (leftmost-longest), then runs the split regex
+(QWEN_PATTERN) over each segment and BPE per pre-token. Ids of the text before a pre-token boundary `b`
+are the same in the old and new text iff every regex match before `b` examined only common text. The regex
+has no lookbehind, so the match at `q` depends only on text from `q` onward; from its alternatives, it
+examines at most up to `max(q+3, run_end(q)+1, run_end(q+1)+1)`, where `run_end` is the end of the run of
+letters / digits / whitespace / other starting there (an "other" run extended by the whitespace after it,
+for `[\r\n]*`); a scan that reaches the segment end examined the added token that ends the segment up
+to its end (or the end of text, at len+1). Classes are taken as supersets (unassigned code points join
+every class), so this is an upper bound. Each cut stores `reach`, the prefix maximum of these windows. A cut
+is safe iff `cut <= d' and reach <= d'`, where d' is d moved back to the start of any added-token text of
+the new prompt that begins before d and ends after it, and no added-token text straddles the cut.
+
+>>> from strata_lab import load_tokenizer
+>>> tok = load_tokenizer("qwen3")
+>>> enc = PromptEncoder(tok)
+>>> enc.encode("Hello world") == tok.encode("Hello world")
+True
+>>> ids = enc.encode("Hello world, and more")
+>>> enc.last_stats.entry_kind, enc.last_stats.kept_ids
+('prompt', 1)
+"""
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["PromptEncoder", "EncodeStats"]
+
+_NEVER = np.iinfo(np.int64).max // 4  # reach of a cut that may never be used
+
+# Supersets of the regex classes of QWEN_PATTERN; unassigned code points (Cn) join every class so that a
+# Unicode-version difference between `regex` and the tokenizer's onig can only lengthen a window.
+_CLASS_RUNS = {
+    "L": r"[\p{L}\p{Cn}]+",
+    "N": r"[\p{N}\p{Cn}]+",
+    "W": r"[\s\x1c-\x1f\x85\p{Cn}]+",
+    "P": r"[^\p{L}\p{N}\t\n\x0b\x0c\r ]+",
+}
+
+
+@dataclass(frozen=True)
+class EncodeStats:
+    """What one `encode` reused: ids kept from an entry, that entry's kind, characters encoded afresh."""
+
+    kept_ids: int
+    entry_kind: str | None  # "prompt", "reply" or None (nothing kept)
+    chars_encoded: int
+    prompt_ids: int
+
+    def as_dict(self) -> dict:
+        """The `encoder` field of a dump line (Contract 2)."""
+        return asdict(self)
+
+
+class _Entry:
+    """One remembered sequence. cut_* are parallel int64 arrays, ascending, starting with the cut at 0."""
+
+    __slots__ = ("kind", "text", "ids", "cut_chars", "cut_tokens", "cut_reach", "prompt_len", "prompt_chars")
+
+    def __init__(self, kind, text, ids, cut_chars, cut_tokens, cut_reach, prompt_len, prompt_chars):
+        self.kind = kind
+        self.text = text
+        self.ids = ids                # list[int]: what encode returned / prompt + reply ids
+        self.cut_chars = cut_chars    # char offset of each cut
+        self.cut_tokens = cut_tokens  # ids before each cut
+        self.cut_reach = cut_reach    # cut usable iff reach <= first text difference (non-decreasing)
+        self.prompt_len = prompt_len  # ids of the prompt part (== len(ids) for prompt entries)
+        self.prompt_chars = prompt_chars  # characters of the prompt part
+
+
+class PromptEncoder:
+    """Incremental prompt encoder over a `strata_lab.Tokenizer` (see module docstring for the contract).
+
+    >>> from strata_lab import load_tokenizer
+    >>> tok = load_tokenizer("qwen3")
+    >>> enc = PromptEncoder(tok)
+    >>> p = enc.encode("<|im_start|>user\\nSay hi<|im_end|>\\n<|im_start|>assistant\\n")
+    >>> enc.remember_reply(p, [220, 14990, tok.im_end_id])   # ' hello' as the model wrote it: ' ' + 'hello'
+    True
+    >>> ids = enc.encode("<|im_start|>user\\nSay hi<|im_end|>\\n<|im_start|>assistant\\n hello<|im_end|>\\n")
+    >>> ids[len(p):len(p) + 3] == [220, 14990, tok.im_end_id]
+    True
+    """
+
+    def __init__(self, tokenizer, max_chars: int = 1_000_000, max_tokens: int = 262_144):
+        for name, value in (("max_chars", max_chars), ("max_tokens", max_tokens)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.tokenizer = tokenizer
+        self.max_chars = max_chars
+        self.max_tokens = max_tokens
+        self.last_stats: EncodeStats | None = None
+        self._entries: list[_Entry] = []  # oldest first
+        self._tags = {t: i for t, i in tokenizer.added_tokens.items()}
+        self._tag_ids = frozenset(self._tags.values())
+        self._max_tag = max((len(t) for t in self._tags), default=0)
+        # a tag that is a proper prefix of another could still grow into it: its window covers that
+        self._tag_len = {i: max(len(u) for u in self._tags if u.startswith(t)) for t, i in self._tags.items()}
+
+    # --- public ---------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Ids of `nfc(text)`, reusing the best entry's ids up to a safe cut; sets `last_stats`."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if not unicodedata.is_normalized("NFC", text):
+            text = unicodedata.normalize("NFC", text)
+        best, best_j, best_c = None, 0, 0
+        for entry in reversed(self._entries):  # newest first wins ties
+            d = _common_prefix_len(entry.text, text)
+            if d == 0:
+                continue
+            j, c = self._cut(entry, d, text)
+            if best is None or entry.cut_tokens[j] > best.cut_tokens[best_j]:
+                best, best_j, best_c = entry, j, c
+        kept = int(best.cut_tokens[best_j]) if best is not None else 0
+        start_reach = int(best.cut_reach[best_j]) if best is not None else 0
+        fresh = self.tokenizer.hf.encode(text[best_c:], add_special_tokens=False)
+        f_chars, f_tokens, f_reach = self._fresh_cuts(text, best_c, fresh, kept, start_reach)
+        supersede = best is not None and kept and text.startswith(best.text)
+        if supersede:  # wholly matched: the new entry takes over its id list (no copy of a long prompt)
+            ids = best.ids
+            del ids[kept:]
+            ids.extend(fresh.ids)
+        elif best is not None:
+            ids = best.ids[:kept] + fresh.ids
+        else:
+            ids = fresh.ids
+        if best is not None:
+            cut_chars = np.concatenate([best.cut_chars[:best_j], f_chars])
+            cut_tokens = np.concatenate([best.cut_tokens[:best_j], f_tokens])
+            cut_reach = np.concatenate([best.cut_reach[:best_j], f_reach])
+        else:
+            cut_chars, cut_tokens, cut_reach = f_chars, f_tokens, f_reach
+        self.last_stats = EncodeStats(kept_ids=kept, entry_kind=best.kind if kept else None,
+                                      chars_encoded=len(text) - best_c, prompt_ids=len(ids))
+        entry = _Entry("prompt", text, ids, cut_chars, cut_tokens, cut_reach, len(ids), len(text))
+        if supersede:
+            self._entries.remove(best)
+        self._add(entry)
+        return list(ids)  # the entry keeps its own list
+
+    def remember_reply(self, prompt_ids: Sequence[int], gen_ids: Sequence[int]) -> bool:
+        """Keep `prompt_ids + gen_ids` as one entry whose cuts in the reply are its token boundaries.
+
+        The prompt part must be an entry this encoder produced; otherwise nothing is kept and False is
+        returned. Cuts fall only on whole UTF-8 characters; the reply is kept up to its first invalid
+        UTF-8 byte; a tag written in pieces (e.g. '<', 'think', '>') ends the usable cuts before it.
+        """
+        prompt = _check_ids(prompt_ids, "prompt_ids", self.tokenizer.vocab_size)
+        gen = _check_ids(gen_ids, "gen_ids", self.tokenizer.vocab_size)
+        base = self._find_prompt(prompt)
+        if base is None:
+            return False
+        ptext = base.text[:base.prompt_chars]
+        n = len(ptext)
+        raw = [self.tokenizer.token_bytes(int(i)) for i in gen]
+        blob = b"".join(raw)
+        try:
+            valid = len(blob)
+            rtext = blob.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            valid = exc.start
+            rtext = blob[:valid].decode("utf-8")
+        ends = np.cumsum([len(b) for b in raw], dtype=np.int64) if raw else np.zeros(0, np.int64)
+        arr = np.frombuffer(blob[:valid], dtype=np.uint8)
+        starts = np.concatenate([[0], np.cumsum((arr & 0xC0) != 0x80, dtype=np.int64)])  # chars before byte b
+        whole = np.frombuffer(blob, dtype=np.uint8)
+        next_byte = whole[np.minimum(ends, max(len(blob) - 1, 0))] if len(blob) else np.zeros(0, np.uint8)
+        k = np.nonzero((ends <= valid) & ((ends == valid) | ((next_byte & 0xC0) != 0x80)))[0]
+        r_chars = n + starts[ends[k]]
+        r_tokens = base.prompt_len + k + 1
+        # the cut between prompt and reply, then one per whole-character reply token boundary
+        r_chars = np.concatenate([[n], r_chars])
+        r_tokens = np.concatenate([[base.prompt_len], r_tokens])
+        prompt_reach = n + 1  # the prompt's last pre-token examined the end of the text
+        r_reach = np.maximum(r_chars, prompt_reach)
+        text = ptext + rtext
+        # a tag written in pieces reads as a tag in the next prompt: no cut after its start is usable
+        single = {n + int(starts[ends[i] - len(raw[i])]) for i in range(len(gen)) if int(gen[i]) in self._tag_ids
+                  and ends[i] <= valid}
+        lo = max(0, n - self._max_tag + 1)
+        for tag in self._tags:
+            s = text.find(tag, lo)
+            while s != -1:
+                if (s >= n and s not in single) or (s < n < s + len(tag)):
+                    r_reach[r_chars > s] = _NEVER
+                s = text.find(tag, s + 1)
+        j = int(np.searchsorted(base.cut_chars, n, "left"))  # prompt cuts strictly before the reply
+        entry = _Entry("reply", text, base.ids[:base.prompt_len] + gen.tolist(),
+                       np.concatenate([base.cut_chars[:j], r_chars]),
+                       np.concatenate([base.cut_tokens[:j], r_tokens]),
+                       np.maximum.accumulate(np.concatenate([base.cut_reach[:j], r_reach])), base.prompt_len, n)
+        self._add(entry)
+        return True
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        self._entries.clear()
+
+    @property
+    def num_entries(self) -> int:
+        return len(self._entries)
+
+    @property
+    def total_chars(self) -> int:
+        return sum(len(e.text) for e in self._entries)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(len(e.ids) for e in self._entries)
+
+    # --- internals ------------------------------------------------------------------------------
+    def _add(self, entry: _Entry) -> None:
+        if len(entry.text) > self.max_chars or len(entry.ids) > self.max_tokens:
+            return  # too long to cache: it was still encoded correctly
+        self._entries.append(entry)
+        chars, tokens = self.total_chars, self.total_tokens
+        while chars > self.max_chars or tokens > self.max_tokens:
+            old = self._entries.pop(0)  # oldest first
+            chars -= len(old.text)
+            tokens -= len(old.ids)
+
+    def _find_prompt(self, prompt: np.ndarray):
+        for entry in reversed(self._entries):
+            if entry.prompt_len == len(prompt) and entry.ids[:entry.prompt_len] == prompt.tolist():
+                return entry
+        return None
+
+    def _cut(self, entry: _Entry, d: int, text: str) -> tuple[int, int]:
+        """Index and char offset of the last usable cut of `entry` for a prompt first differing at `d`."""
+        # a tag in the new prompt that starts before d but ends after it is not in the entry: the text from
+        # its start reads differently (even a window that only examined its first character)
+        s = self._tag_across(text, d)
+        if s is not None:
+            d = s
+        limit = d
+        while True:
+            j = min(int(np.searchsorted(entry.cut_chars, limit, "right")),
+                    int(np.searchsorted(entry.cut_reach, d, "right"))) - 1
+            c = int(entry.cut_chars[j])
+            s = self._tag_across(text, c)
+            if s is None:
+                return j, c
+            limit = s  # a tag across the cut is encoded whole after an earlier cut
+
+    def _tag_across(self, text: str, c: int) -> int | None:
+        """Smallest start of an added-token text in `text` that begins before `c` and ends after it."""
+        lo = max(0, c - self._max_tag + 1)
+        s = text.find("<", lo, c)  # every Qwen tag starts with '<'; others are checked generically below
+        while s != -1:
+            for tag in self._tags:
+                if s + len(tag) > c and text.startswith(tag, s):
+                    return s
+            s = text.find("<", s + 1, c)
+        if any(not t.startswith("<") for t in self._tags):
+            for s in range(lo, c):
+                if any(s + len(t) > c and text.startswith(t, s) for t in self._tags):
+                    return s
+        return None
+
+    def _fresh_cuts(self, text: str, c: int, fresh, kept: int, start_reach: int):
+        """Cuts at the pre-token starts of `text[c:]` (as encoded in `fresh`) with their reach."""
+        offsets = np.asarray(fresh.offsets, dtype=np.int64).reshape(-1, 2)
+        words = np.asarray([-1 if w is None else w for w in fresh.word_ids], dtype=np.int64)
+        n_tok = len(words)
+        if n_tok == 0:
+            return (np.asarray([c], np.int64), np.asarray([kept], np.int64), np.asarray([start_reach], np.int64))
+        first = np.ones(n_tok, dtype=bool)
+        first[1:] = (words[1:] != words[:-1]) | (words[1:] < 0)
+        tok_idx = np.nonzero(first)[0]
+        q = offsets[tok_idx, 0]                                   # pre-token starts, relative to c
+        ids = np.asarray(fresh.ids, dtype=np.int64)[tok_idx]
+        is_tag = np.isin(ids, np.fromiter(self._tag_ids, np.int64))
+        sub = text[c:]
+        n = len(sub)
+        # segment sentinel of each pre-token: the window of the tag (or end of text) that ends its segment
+        tag_q = q[is_tag]
+        tag_win = np.asarray([int(qq) + self._tag_len[int(i)] for qq, i in zip(tag_q, ids[is_tag])],
+                             dtype=np.int64)
+        nxt = np.searchsorted(tag_q, q, "left")  # first tag at or after q
+        has_tag = nxt < len(tag_q)
+        seg_end = np.where(has_tag, np.append(tag_q, 0)[np.minimum(nxt, len(tag_q))], n)
+        sentinel = np.where(has_tag, np.append(tag_win, 0)[np.minimum(nxt, len(tag_q))], n + 1)
+        spans = _class_runs(sub)
+        window = np.maximum.reduce([q + 3, _run_end(spans, q) + 1, _run_end(spans, q + 1) + 1])
+        # a scan that reaches the segment end examined the tag (or end of text) that ends the segment
+        window = np.where(window > seg_end, sentinel, window)
+        window = np.where(is_tag, sentinel, window)
+        # cut i is the start of pre-token i; its reach covers pre-tokens before it
+        reach = np.maximum.accumulate(np.concatenate([[start_reach], window[:-1] + c]))
+        reach = np.maximum(reach, start_reach)
+        return q + c, tok_idx + kept, reach
+
+
+def _class_runs(sub: str) -> dict:
+    """Maximal runs [n, 2] of each (superset) class in `sub`."""
+    cps = np.frombuffer(sub.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    bits = _class_bits(cps)
+    out = {}
+    for k, bit in _BITS.items():
+        member = np.concatenate([[False], (bits & bit) != 0, [False]])
+        edges = np.flatnonzero(member[1:] != member[:-1])  # alternating run starts and ends
+        out[k] = edges.reshape(-1, 2)
+    return out
+
+
+_BITS = {"L": 1, "N": 2, "W": 4, "P": 8}
+
+
+@lru_cache(maxsize=1)
+def _bmp_table() -> np.ndarray:
+    import regex  # the tokenizer's classes (\p{L}, \p{N}); imported on first use
+
+    table = np.zeros(0x10000, dtype=np.uint8)
+    allbmp = "".join(chr(c) if not 0xD800 <= c < 0xE000 else " " for c in range(0x10000))
+    for k, bit in _BITS.items():
+        for m in regex.finditer(_CLASS_RUNS[k], allbmp):
+            table[m.start():m.end()] |= bit
+    table[0xD800:0xE000] = 0xF  # lone surrogates: unknown, join every class
+    return table
+
+
+def _class_bits(cps: np.ndarray) -> np.ndarray:
+    """Class bits of each code point; a table for the BMP, `regex` for the rare astral ones."""
+    import regex
+
+    bits = _bmp_table()[np.minimum(cps, 0xFFFF)]
+    astral = np.flatnonzero(cps > 0xFFFF)
+    if len(astral):
+        pats = {k: regex.compile(p) for k, p in _CLASS_RUNS.items()}
+        memo = {}
+        for i in astral:
+            c = int(cps[i])
+            if c not in memo:
+                memo[c] = sum(bit for k, bit in _BITS.items() if pats[k].fullmatch(chr(c)))
+            bits[i] = memo[c]
+    return bits
+
+
+def _run_end(spans: dict, pos: np.ndarray) -> np.ndarray:
+    """For each position, the farthest end of a class run starting there (other-runs take the whitespace after)."""
+    best = pos.copy()
+    for k, se in spans.items():
+        e = _end_in_runs(se, pos)
+        if k == "P":
+            e = np.maximum(e, _end_in_runs(spans["W"], e))
+        best = np.maximum(best, e)
+    return best
+
+
+def _end_in_runs(spans: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """End of the run in `spans` ([n, 2] sorted, disjoint) containing each position, else the position."""
+    if len(spans) == 0:
+        return pos.copy()
+    idx = np.searchsorted(spans[:, 0], pos, "right") - 1
+    safe = np.maximum(idx, 0)
+    inside = (idx >= 0) & (spans[safe, 1] > pos)
+    return np.where(inside, spans[safe, 1], pos)
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    """Length of the common prefix of two strings; O(prefix) slice compares (galloping, then bisecting)."""
+    if b.startswith(a):
+        return len(a)
+    if a.startswith(b):
+        return len(b)
+    n = min(len(a), len(b))
+    lo, step = 0, 4096
+    while lo + step <= n and a[lo:lo + step] == b[lo:lo + step]:  # a[:lo] == b[:lo] holds
+        lo += step
+        step *= 2
+    hi = min(n, lo + step)
+    while hi - lo > 1:  # a[:lo] == b[:lo], and a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _check_ids(ids, field: str, vocab_size: int) -> np.ndarray:
+    try:
+        arr = np.asarray(list(ids), dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{field} must be a sequence of token ids") from None
+    if arr.ndim != 1 or (arr.size and (arr.min() < 0 or arr.max() >= vocab_size)):
+        raise ValueError(f"{field} holds ids outside 0..{vocab_size - 1}")
+    return arr
+
