@@ -230,6 +230,21 @@ def make_qwen3(path: str | os.PathLike, *, shape: Qwen3Shape, seed: int = 0, dty
 _ARCHS: dict[str, tuple[Callable[..., Path], Mapping[str, Any]]] = {"qwen3": (make_qwen3, QWEN3_PRESETS)}
 
 
+def _make_next(path: str | os.PathLike, *, shape, seed: int = 0, dtype: str = "float32", shards: int = 1) -> Path:
+    from strata_lab._tiny_next import write_next
+
+    return write_next(path, shape=shape, seed=seed, dtype=dtype, shards=shards)
+
+
+def _next_presets() -> Mapping[str, Any]:
+    from strata_lab._tiny_next import NEXT_PRESETS
+
+    return NEXT_PRESETS
+
+
+_ARCHS["qwen3_next"] = (_make_next, _next_presets())
+
+
 def make_tiny(path: str | os.PathLike, arch: str = "qwen3", preset: str = "tiny", seed: int = 0,
               dtype: str = "float32", *, shards: int = 1, overrides: Mapping[str, Any] | None = None) -> Path:
     """Write a random-weight checkpoint directory in the Hugging Face layout and return its path.
