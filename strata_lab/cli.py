@@ -45,6 +45,51 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from .dump import load_dump
+    from .replay import compare_policies, replay
+
+    dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
+    kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
+              full_hit=args.full_hit)
+    report = replay(dump, policy="recorded", progress=not args.quiet, **kw)
+    print(report.format(worst=args.worst))
+    table = None
+    if args.policy:
+        policies = ["recorded"] + [p for p in args.policy if p != "recorded"]
+        table = compare_policies(dump, policies, cost_model=report.cost_model, **kw)
+        print("\npolicy comparison:")
+        print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    if args.png:
+        from .plots import plot_report
+
+        plot_report(report.to_frame(), args.png, policies=table)
+        print(f"\nwrote {args.png}")
+    return 0
+
+
+def _cmd_template(args: argparse.Namespace) -> int:
+    from .template import TEMPLATE_PRESETS, ChatTemplate
+
+    tmpl = (ChatTemplate.from_name(args.template) if args.template in TEMPLATE_PRESETS
+            else ChatTemplate.from_file(args.template))
+    with open(args.conversation, encoding="utf-8") if args.conversation != "-" else sys.stdin as f:
+        data = json.load(f)
+    request = {"messages": data} if isinstance(data, list) else dict(data)
+    messages = request.pop("messages", None)
+    options = {k: request[k] for k in ("tools", "response_format", "enable_thinking") if k in request}
+    if args.lint:
+        findings = tmpl.check_append_only(messages, **options)
+        for finding in findings:
+            print(finding)
+        print(f"{len(findings)} finding(s): template {tmpl.name!r} is "
+              f"{'not ' if findings else ''}append-only on this conversation")
+        return 1 if findings else 0
+    sys.stdout.write(tmpl.render(messages, assistant_prefix=args.prefix or request.get("assistant_prefix"),
+                                 add_generation_prompt=not args.no_generation_prompt, **options))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="strata-lab",
@@ -73,6 +118,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-latency", type=int, default=0,
                    help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")
     p.set_defaults(func=_cmd_serve)
+    p = sub.add_parser("replay", help="replay dumps: reuse, re-read cost and the cause of each miss")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
+    p.add_argument("--policy", action="append", default=[],
+                   help="compare a counterfactual policy (repeatable): reply-ids, keep-drained, fixes, every:N, "
+                        "budget:MIB[:N], at:P1,P2, none; join with '+'")
+    p.add_argument("--model", choices=["hybrid", "attention"], default="hybrid")
+    p.add_argument("--checkpoints", default="turn", help="checkpoint policy of the baseline (default: turn)")
+    p.add_argument("--full-hit", choices=["held_logits", "reread_last", "saved_logits"], default="held_logits",
+                   help="what the engine does when the whole prompt is held")
+    p.add_argument("--tokenizer", default="qwen3")
+    p.add_argument("--worst", type=int, default=5, help="how many worst divergences to show")
+    p.add_argument("--png", help="write the plots to this PNG file")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser("template", help="render a conversation with a chat template, or lint it")
+    p.add_argument("conversation", help="JSON file: a list of messages or {messages, tools, ...} ('-': stdin)")
+    p.add_argument("--template", default="qwen3", help="qwen3, a .jinja file, or a tokenizer_config.json")
+    p.add_argument("--prefix", help="assistant prefix (prefill) for the final turn")
+    p.add_argument("--no-generation-prompt", action="store_true", help="do not open an assistant turn")
+    p.add_argument("--lint", action="store_true", help="report where the template is not append-only")
+    p.set_defaults(func=_cmd_template)
 
     return parser
 

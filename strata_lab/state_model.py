@@ -6,8 +6,10 @@ A session holds `held` (every id whose effect is in its state) and, for hybrid m
 positions where a recurrent-state snapshot is saved. On a call with `prompt`:
 
 - `lcp` = longest common prefix of `prompt` and `held`;
-- the engine needs logits for the last prompt position, so with ``full_hit="reread_last"`` (default)
-  the target is capped at ``len(prompt) - 1``; with ``"saved_logits"`` an exact repeat reads nothing;
+- the engine needs logits for the last prompt position. With ``full_hit="held_logits"`` (default, the C++
+  engine's rule in engine/src/session.cpp `Session::plan`) a prompt equal to held reuses everything (the
+  engine kept the last logits); otherwise the target is capped at ``len(prompt) - 1`` (the last prompt
+  token is re-read). ``"reread_last"`` always caps; ``"saved_logits"`` never does;
 - attention-only: reuse = target; hybrid: reuse = target if target == len(held) (state already there),
   else the largest checkpoint <= target (0 if none). Checkpoints past the cut are dropped.
 
@@ -29,15 +31,14 @@ from typing import Sequence
 
 __all__ = [
     "CheckpointPolicy", "TurnStart", "EveryN", "Positions", "MemoryBudget", "NoCheckpoints",
-    "SessionState", "CallPrediction", "lcp_len", "predict_reuse", "parse_checkpoint_policy",
+    "SessionState", "CallPrediction", "lcp_len", "predict_reuse", "reuse_target", "parse_checkpoint_policy",
     "DEFAULT_SNAPSHOT_BYTES", "MODELS", "FULL_HIT_RULES",
 ]
 
 MODELS = ("hybrid", "attention")
 # What the engine does when the whole prompt is already held (reuse would equal len(prompt)).
-# The C++ engine (branch `engine`) had not settled this when this module was written; "reread_last" is
-# what llama.cpp-style engines do (re-read the last prompt token for its logits).
-FULL_HIT_RULES = ("reread_last", "saved_logits")
+# "held_logits" is the C++ engine's rule: saved logits only when prompt == held exactly.
+FULL_HIT_RULES = ("held_logits", "reread_last", "saved_logits")
 # One recurrent-state snapshot of the 80B-A3B shape: ~2 MiB of S per GDN layer x 36 layers (ENGINE_SPEC).
 DEFAULT_SNAPSHOT_BYTES = 72 * 2**20
 
@@ -220,7 +221,7 @@ def parse_checkpoint_policy(spec: str, *, bytes_per_snapshot: int = DEFAULT_SNAP
 
 # --- the rule --------------------------------------------------------------------------------------
 def predict_reuse(prompt: Sequence[int], held: Sequence[int], checkpoints, *, model: str = "hybrid",
-                  full_hit: str = "reread_last", lcp: int | None = None) -> int:
+                  full_hit: str = "held_logits", lcp: int | None = None) -> int:
     """Contract 1's reuse for one call, from ids alone.
 
     >>> predict_reuse([1, 2, 9], [1, 2, 3], [1], model="hybrid")
@@ -234,12 +235,24 @@ def predict_reuse(prompt: Sequence[int], held: Sequence[int], checkpoints, *, mo
         raise ValueError(f"full_hit must be one of {FULL_HIT_RULES}, got {full_hit!r}")
     if lcp is None:
         lcp = lcp_len(prompt, held)
-    target = lcp
-    if full_hit == "reread_last" and target >= len(prompt):
-        target = max(len(prompt) - 1, 0)
+    target = reuse_target(len(prompt), len(held), lcp, full_hit)
     if model == "attention" or target == len(held):
         return target
     return max((c for c in checkpoints if c <= target), default=0)
+
+
+def reuse_target(prompt_len: int, held_len: int, lcp: int, full_hit: str = "held_logits") -> int:
+    """How many prompt ids the engine may reuse before checkpoints: the LCP, less the last prompt token
+    when the engine must re-read it for its logits.
+
+    >>> reuse_target(5, 5, 5), reuse_target(5, 9, 5), reuse_target(5, 5, 5, "reread_last")
+    (5, 4, 4)
+    """
+    if lcp < prompt_len or full_hit == "saved_logits":
+        return lcp
+    if full_hit == "held_logits" and prompt_len == held_len:
+        return lcp
+    return max(prompt_len - 1, 0)
 
 
 @dataclass
@@ -264,7 +277,7 @@ class SessionState:
 
     model: str = "hybrid"
     policy: CheckpointPolicy = field(default_factory=TurnStart)
-    full_hit: str = "reread_last"
+    full_hit: str = "held_logits"
     held: list = field(default_factory=list)
     checkpoints: "OrderedDict[int, None]" = field(default_factory=OrderedDict)  # LRU order, oldest first
     segments: list = field(default_factory=list)

@@ -1,0 +1,98 @@
+"""Matplotlib views of a replay frame (`Report.to_frame()`) and a policy table (`compare_policies`).
+
+matplotlib is imported when a function runs, never at import time. Each function takes an optional
+`ax` and returns it.
+
+>>> import pandas as pd
+>>> ax = plot_causes(pd.DataFrame({"cause": ["none", "retokenized_reply", "none"]}))
+>>> [t.get_text() for t in ax.get_yticklabels()]
+['none', 'retokenized_reply']
+"""
+from __future__ import annotations
+
+__all__ = ["plot_reuse", "plot_wasted", "plot_causes", "plot_policies", "plot_report"]
+
+
+def _axes(ax):
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(8, 3.5))[1]
+
+
+def plot_reuse(frame, ax=None):
+    """Stacked bars per call: reused, read (new), reread (read again although held)."""
+    ax = _axes(ax)
+    x = range(len(frame))
+    reused = frame["reused"].to_numpy()
+    reread = frame["reread"].to_numpy()
+    fresh = frame["read"].to_numpy() - reread
+    ax.bar(x, reused, label="reused", color="#4c9a2a", width=1.0)
+    ax.bar(x, reread, bottom=reused, label="reread", color="#d1495b", width=1.0)
+    ax.bar(x, fresh, bottom=reused + reread, label="read (new)", color="#8da9c4", width=1.0)
+    ax.set_xlabel("call")
+    ax.set_ylabel("prompt tokens")
+    ax.set_title("reuse per call")
+    ax.legend(loc="upper left", fontsize="small")
+    return ax
+
+
+def plot_wasted(frame, ax=None):
+    """Cumulative seconds spent re-reading held tokens (or tokens, without a cost model)."""
+    ax = _axes(ax)
+    col = "reread_s" if frame["reread_s"].notna().any() else "reread"
+    ax.plot(range(len(frame)), frame[col].fillna(0).cumsum().to_numpy(), color="#d1495b")
+    ax.set_xlabel("call")
+    ax.set_ylabel("wasted seconds" if col == "reread_s" else "reread tokens")
+    ax.set_title("cumulative re-read cost")
+    return ax
+
+
+def plot_causes(frame, ax=None):
+    """Calls per cause (horizontal bars), with reread tokens per cause when the frame has them."""
+    ax = _axes(ax)
+    counts = frame["cause"].astype(str).value_counts()
+    ax.barh(counts.index.tolist(), counts.to_numpy(), color="#2e4057")
+    if "reread" in frame:
+        rr = frame.groupby(frame["cause"].astype(str))["reread"].sum()
+        for i, cause in enumerate(counts.index):
+            ax.annotate(f"{int(rr.get(cause, 0))} reread", (counts.iloc[i], i), xytext=(3, 0),
+                        textcoords="offset points", va="center", fontsize="small")
+    ax.invert_yaxis()
+    ax.set_xlabel("calls")
+    ax.set_title("causes")
+    return ax
+
+
+def plot_policies(table, ax=None):
+    """Reread tokens (bars) per policy, with the hit rate in each label."""
+    ax = _axes(ax)
+    labels = [f"{p}\n{h:.0%} hit" for p, h in zip(table["policy"], table["hit_rate"])]
+    ax.bar(labels, table["reread"].to_numpy(), color="#edae49")
+    ax.set_ylabel("reread tokens")
+    ax.set_title("policy comparison")
+    ax.tick_params(axis="x", labelsize="small")
+    return ax
+
+
+def plot_report(frame, path=None, *, policies=None):
+    """One figure with all views (the policy panel when `policies` is given); saved to `path` if set."""
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    n = 4 if policies is not None else 3
+    fig, axes = plt.subplots(n, 1, figsize=(9, 3.2 * n))
+    plot_reuse(frame, axes[0])
+    plot_wasted(frame, axes[1])
+    plot_causes(frame, axes[2])
+    if policies is not None:
+        plot_policies(policies, axes[3])
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+    return fig
