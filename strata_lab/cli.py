@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-latency", type=int, default=0,
                    help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")
     p.set_defaults(func=_cmd_serve)
+
     p = sub.add_parser("replay", help="replay dumps: reuse, re-read cost and the cause of each miss")
     p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
     p.add_argument("--policy", action="append", default=[],

@@ -52,19 +52,8 @@ def load_state(config: ServerConfig) -> ServerState:
     kwargs = {"max_context": config.max_context}
     if config.threads:
         kwargs["threads"] = config.threads
-    if config.model:
-        model_path = Path(config.model)
-        engine = Engine.load(str(model_path), **kwargs)
-    else:
-        model_path = default_model_dir()
-        try:
-            engine = Engine.load(str(model_path), **kwargs)
-        except ValueError as exc:
-            # Until the engine serves the hybrid architecture, fall back to the tiny attention-only model.
-            if "model_type" not in str(exc):
-                raise
-            model_path = default_model_dir("qwen3")
-            engine = Engine.load(str(model_path), **kwargs)
+    model_path = Path(config.model) if config.model else default_model_dir()
+    engine = Engine.load(str(model_path), **kwargs)
     tokenizer = load_tokenizer("qwen3")
     recorder = Recorder(config.dump) if config.dump else Recorder.from_env()
     name = config.model_name or model_path.name
