@@ -315,8 +315,12 @@ def _check_budget_lines(qwen3, lines, budget):
     kept = plain_drained(qwen3, first["drained_ids"], [qwen3.im_end_id, qwen3.eos_id], mid_character=False)
     wrap = qwen3.encode(WRAP_UP)
     assert second["prompt_ids"] == first["prompt_ids"] + first["gen_ids"] + kept + wrap
-    # the engine reuses everything it holds that the continuation repeats
-    assert second["reused"] == len(first["prompt_ids"]) + len(first["gen_ids"]) + len(kept)
+    # the engine reuses everything it holds that the continuation repeats; a dropped drained id leaves
+    # the held ids, and a hybrid model then falls back to its last checkpoint (the turn start)
+    if kept == first["drained_ids"]:
+        assert second["reused"] == len(first["prompt_ids"]) + len(first["gen_ids"]) + len(kept)
+    else:
+        assert second["reused"] <= len(first["prompt_ids"])
     return kept
 
 
