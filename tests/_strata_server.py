@@ -1,0 +1,72 @@
+"""Start a real `strata-lab serve` process on a free port for the server test tier."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_model(arch: str | None = None) -> Path:
+    """The server's own default checkpoint (generated once into the test cache)."""
+    from strata_lab.server.config import default_model_dir
+
+    return default_model_dir(arch) if arch else default_model_dir()
+
+
+class ServerProcess:
+    """`python -m strata_lab serve ...` with its own dump file and stderr log."""
+
+    def __init__(self, tmp: Path, *args: str, env: dict | None = None, name: str = "server"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.dump = tmp / f"{name}.jsonl"
+        self.log = tmp / f"{name}.log"
+        cmd = [sys.executable, "-m", "strata_lab", "serve", "--port", str(self.port), "--dump", str(self.dump),
+               *args]
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                    **(env or {})}
+        self._log = open(self.log, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+
+    def wait(self, timeout: float = 60) -> "ServerProcess":
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not come up:\n{self.log.read_text()}")
+
+    def lines(self) -> list[dict]:
+        if not self.dump.exists():
+            return []
+        return [json.loads(line) for line in self.dump.read_text().splitlines() if line.strip()]
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._log.close()
