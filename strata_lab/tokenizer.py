@@ -210,13 +210,18 @@ class Tokenizer:
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
-        """Text of `ids`; bytes that do not form whole characters become U+FFFD."""
+        """Text of `ids`; bytes that do not form whole characters become U+FFFD.
+
+        Ids up to `embedding_rows` are accepted: the spare rows past the vocabulary (which a model with
+        random or untrained weights can sample) have no text and decode to nothing, as in Hugging Face.
+        """
         ids = [int(i) for i in ids]
         self._check_ids(ids)
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The exact bytes one id stands for (an id can hold half a UTF-8 character)."""
+        """The exact bytes one id stands for (an id can hold half a UTF-8 character; a spare embedding
+        row past the vocabulary stands for no bytes)."""
         table = self._bytes_table()
         if not 0 <= int(token_id) < len(table) or table[int(token_id)] is None:
             raise ValueError(f"token id {token_id} is out of range for {self.name} (0..{len(table) - 1})")
@@ -277,7 +282,7 @@ class Tokenizer:
 
     # --- internals ------------------------------------------------------------------------------
     def _check_ids(self, ids: list[int]) -> None:
-        n = self._vocab_size
+        n = self.embedding_rows
         for i in ids:
             if not 0 <= i < n:
                 raise ValueError(f"token id {i} is out of range for {self.name} (0..{n - 1})")
@@ -285,7 +290,8 @@ class Tokenizer:
     def _bytes_table(self) -> list:
         if self._token_bytes is None:
             n = self._vocab_size
-            table: list = [None] * n
+            # spare embedding rows (ids the model has but the vocabulary does not) stand for no bytes
+            table: list = [None] * n + [b""] * (self.embedding_rows - n)
             added = {i: t.content for i, t in self.hf.get_added_tokens_decoder().items()}
             if self._byte_level:
                 u2b = {u: b for b, u in bytes_to_unicode().items()}

@@ -92,6 +92,14 @@ def test_token_bytes_concatenate_to_text(qwen3):
         assert qwen3.ids_bytes(qwen3.encode(text)) == norm.encode("utf-8")
 
 
+def test_spare_embedding_rows_have_no_text(qwen3):
+    # 151669..151935 are rows of the model's embedding with no token: a random model can sample them
+    assert qwen3.token_bytes(151700) == b""
+    assert qwen3.decode([9707, 151700, 1879]) == "Hello world"
+    with pytest.raises(ValueError, match="out of range"):
+        qwen3.token_bytes(qwen3.embedding_rows)
+
+
 def test_bad_ids_raise(qwen3):
     with pytest.raises(ValueError, match="out of range"):
         qwen3.decode([10**7])
