@@ -24,6 +24,7 @@ A Session follows Contract 1 (shared/DESIGN.md). Its reuse rule, which the repla
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
@@ -138,7 +139,7 @@ class GenerateResult:
     used_saved_logits: bool           # prompt == held: nothing read
     gen_ids: list[int]
     drained_ids: list[int]            # produced after stop() was requested; kept in the session
-    finish: str                       # "stop" | "length" | "cancelled"
+    finish: str                       # "stop" | "length" | "cancelled" | "budget" (stop(reason="budget"))
     prefill_ms: float
     decode_ms: float
     checkpoints: list[int] = field(default_factory=list)  # positions restorable after the call
@@ -148,12 +149,23 @@ class Stream:
     """Iterates the generated ids of one call as the C++ decode thread produces them.
 
     ``stop()`` asks the loop to stop; ids produced after the request are drained: not yielded, reported
-    in ``result.drained_ids`` and kept in the session. ``result`` waits for the end of the call.
+    in ``result.drained_ids`` and kept in the session. ``result`` waits for the end of the call. When
+    the call was started with a recorder (see ``Session.generate``), its dump line is written once, as
+    soon as the call has ended and its result is read (iteration to the end reads it).
     """
 
-    def __init__(self, job):
+    _STOP_REASONS = ("cancelled", "budget")
+
+    def __init__(self, job, *, session: str = "", prompt_ids: Sequence[int] = (), recorder=None,
+                 record_meta: Optional[dict] = None):
         self._job = job
         self._result: Optional[GenerateResult] = None
+        self._stop_reason: Optional[str] = None
+        self._session = session
+        self._prompt_ids = prompt_ids
+        self._recorder = recorder
+        self._record_meta = dict(record_meta or {})
+        self._record_meta.setdefault("ts", time.time())  # the call's start
 
     def __iter__(self) -> Iterator[int]:
         return self
@@ -161,10 +173,17 @@ class Stream:
     def __next__(self) -> int:
         i = self._job.next()  # blocks with the GIL released
         if i is None:
+            self.result  # the call has ended: settle the result (and its dump line) now
             raise StopIteration
         return i
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "cancelled") -> None:
+        """Ask the decode loop to stop. ``reason`` ("cancelled" or "budget": a thinking budget ran out)
+        becomes the call's finish when the stop takes effect before the call ends by itself."""
+        if reason not in self._STOP_REASONS:
+            raise ValueError(f"reason must be one of {self._STOP_REASONS}, got {reason!r}")
+        if self._stop_reason is None:
+            self._stop_reason = reason
         self._job.stop()
 
     @property
@@ -174,12 +193,24 @@ class Stream:
     @property
     def result(self) -> GenerateResult:
         if self._result is None:
-            self._result = GenerateResult(**self._job.result())
+            raw = self._job.result()
+            if raw["finish"] == "cancelled" and self._stop_reason is not None:
+                raw["finish"] = self._stop_reason
+            self._result = GenerateResult(**raw)
+            if self._recorder is not None:
+                self._write_dump_line(self._result)
         return self._result
 
     def ids(self) -> list[int]:
         """Consume the stream; returns the generated (not drained) ids."""
         return list(self)
+
+    def _write_dump_line(self, r: GenerateResult) -> None:
+        meta = self._record_meta
+        self._recorder.write_call(
+            session=self._session, prompt_ids=self._prompt_ids, reused=r.reused, gen_ids=r.gen_ids,
+            drained_ids=r.drained_ids, finish=r.finish, prefill_ms=r.prefill_ms, decode_ms=r.decode_ms,
+            checkpoints=r.checkpoints, **meta)
 
 
 class Session:
@@ -222,12 +253,16 @@ class Session:
 
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Sampling = Sampling(),
                  stop_ids: Sequence[int] = (), force_ids: Optional[Sequence[int]] = None,
-                 stop_latency: int = 0) -> Stream:
+                 stop_latency: int = 0, record=None, record_meta: Optional[dict] = None) -> Stream:
         """Start one call: reuse per Contract 1, read the rest of the prompt, then decode.
 
         ``max_new_tokens=0`` only reads the prompt. ``force_ids`` decodes those ids instead of sampling
         (min(len(force_ids), max_new_tokens) steps). ``stop_latency`` delays the loop's reaction to
         ``stop()`` by that many steps (models a late STOP). Bad input raises before any work.
+
+        Recording (strata-dump/1, one line per call): ``record=None`` uses the active recorder
+        (``STRATA_PROMPT_DUMP`` or ``strata_lab.record_to``), a ``Recorder`` uses that one, ``False``
+        records nothing. ``record_meta`` adds fields to the line (request_id, call, encoder, model, ts).
 
         >>> import tempfile
         >>> from strata_lab.checkpoints import make_tiny
@@ -251,7 +286,15 @@ class Session:
             opts.force_ids = _as_ids(list(force_ids), "force_ids", V)
         opts.stop_latency = int(stop_latency)
         prompt = _as_ids(prompt_ids, "prompt_ids", V)
-        return Stream(_ext().StreamJob(self._s, prompt, opts, V))
+        if record is None:
+            from .record import active
+
+            record = active()
+        if record is not None and record is not False and not hasattr(record, "write_call"):
+            raise TypeError(f"record must be None, False or a Recorder, got {type(record).__name__}")
+        job = _ext().StreamJob(self._s, prompt, opts, V)
+        return Stream(job, session=self.name, prompt_ids=prompt, recorder=record or None,
+                      record_meta=record_meta)
 
     def __repr__(self) -> str:
         return f"Session({self.name!r}, held={len(self.held_ids)}, checkpoints={self.checkpoints})"

@@ -164,13 +164,15 @@ class ChatRunner:
         calls: list[CallStats] = []
         limit = req.max_tokens
         max_new = self._room(len(prompt_ids), limit)
-        consumed, hit_budget, thought = self._generate(job, prompt_ids, max_new, sampling, feed, parser, budget)
+        meta = {"request_id": plan.request_id, "call": 0, "encoder": encoder_stats, "model": self.model_name}
+        consumed, hit_budget, thought = self._generate(job, prompt_ids, max_new, sampling, feed, parser, budget,
+                                                       meta)
         result = consumed["result"]
         gen_ids = list(result.gen_ids)
         drained = list(result.drained_ids)
         feed(gen_ids[consumed["n"]:])  # ids the engine passed on after we stopped reading
         finish = "cancelled" if job.cancelled else "budget" if hit_budget else result.finish
-        calls.append(self._record(plan, 0, prompt_ids, result, finish, encoder_stats))
+        calls.append(self._stats(0, prompt_ids, result))
         reply_ids = gen_ids + plain_drained(self.tokenizer, drained, self.stop_ids, mid_character=text.mid_character)
         completion = len(reply_ids)
 
@@ -183,12 +185,13 @@ class ChatRunner:
             remaining = None if limit is None else max(0, limit - completion)
             if len(prompt2) <= self.max_context:
                 max_new2 = self._room(len(prompt2), remaining)
-                consumed2, _, _ = self._generate(job, prompt2, max_new2, sampling, feed, parser, None)
+                meta2 = {"request_id": plan.request_id, "call": 1, "model": self.model_name}
+                consumed2, _, _ = self._generate(job, prompt2, max_new2, sampling, feed, parser, None, meta2)
                 result = consumed2["result"]
                 gen2 = list(result.gen_ids)
                 feed(gen2[consumed2["n"]:])
                 finish = "cancelled" if job.cancelled else result.finish
-                calls.append(self._record(plan, 1, prompt2, result, finish, None))
+                calls.append(self._stats(1, prompt2, result))
                 more = gen2 + plain_drained(self.tokenizer, result.drained_ids, self.stop_ids,
                                             mid_character=text.mid_character)
                 reply_ids = gen_ids + kept + wrap_ids + more
@@ -234,11 +237,14 @@ class ChatRunner:
                                f"generate exceed the context of {self.max_context} tokens",
                                code="context_length_exceeded")
 
-    def _generate(self, job, prompt_ids, max_new, sampling, feed, parser, budget):
-        """One engine call, fed token by token; stops at the budget or when the job is cancelled."""
+    def _generate(self, job, prompt_ids, max_new, sampling, feed, parser, budget, record_meta):
+        """One engine call, fed token by token; stops at the budget or when the job is cancelled.
+
+        The engine writes the call's dump line (with `record_meta`) when the call ends."""
         self.engine_calls += 1
         stream = self.session.generate(prompt_ids, max_new_tokens=max_new, sampling=sampling,
-                                       stop_ids=self.stop_ids, stop_latency=self.stop_latency)
+                                       stop_ids=self.stop_ids, stop_latency=self.stop_latency,
+                                       record=self.recorder or False, record_meta=record_meta)
         n = 0
         thought = 0
         hit_budget = False
@@ -256,23 +262,14 @@ class ChatRunner:
             if counts:
                 thought += 1
                 if budget is not None and thought >= budget and parser.in_reasoning:
-                    stream.stop()
+                    stream.stop(reason="budget")
                     stopped = hit_budget = True
         return {"result": stream.result, "n": n}, hit_budget, thought
 
-    def _record(self, plan: Plan, call: int, prompt_ids, result, finish: str, encoder_stats) -> CallStats:
+    def _stats(self, call: int, prompt_ids, result) -> CallStats:
         reused = int(result.reused)
         _debug(f"prefill: call {call}: prompt {len(prompt_ids)} tokens, reused {reused}, "
                f"read {len(prompt_ids) - reused}, {result.prefill_ms:.1f} ms")
-        if self.recorder is not None:
-            checkpoints = getattr(result, "checkpoints", None)
-            if checkpoints is None:
-                checkpoints = getattr(self.session, "checkpoints", ()) or ()
-            self.recorder.write_call(
-                session=self.session_name, prompt_ids=prompt_ids, reused=reused, gen_ids=list(result.gen_ids),
-                drained_ids=list(result.drained_ids), finish=finish, prefill_ms=float(result.prefill_ms),
-                decode_ms=float(result.decode_ms), checkpoints=list(checkpoints), request_id=plan.request_id,
-                call=call, encoder=encoder_stats, model=self.model_name)
         return CallStats(len(prompt_ids), reused, len(result.gen_ids), float(result.prefill_ms),
                          float(result.decode_ms))
 

@@ -1,0 +1,80 @@
+"""Engine tier: the engine facade writes one strata-dump/1 line per call when a recorder is active."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("strata_lab._engine")
+from strata_lab import load_dump, record_to, replay  # noqa: E402
+from strata_lab.engine import Sampling  # noqa: E402
+from strata_lab.record import Recorder  # noqa: E402
+
+PROMPT = [9707, 1879, 13, 220, 14990, 135992, 42, 7]
+
+
+def test_record_to_writes_one_line_per_call(tiny_engine, tmp_path):
+    path = tmp_path / "calls.jsonl"
+    s = tiny_engine.session("rec")
+    s.reset()
+    with record_to(path):
+        r1 = s.generate(PROMPT, max_new_tokens=3, sampling=Sampling(temperature=1.0, seed=3)).result
+        held = s.held_ids
+        ids = list(s.generate(held + [151645, 198], max_new_tokens=2,
+                              record_meta={"request_id": "r2", "call": 0}))
+        s.generate(held[:4], max_new_tokens=0).result
+    s.generate(PROMPT, max_new_tokens=1).result  # after the context manager: not recorded
+    recs = list(load_dump(path))
+    assert len(recs) == 3
+    first, second, third = recs
+    assert first["prompt_ids"] == PROMPT and first["gen_ids"] == r1.gen_ids and first["reused"] == 0
+    assert first["session"] == "rec" and first["finish"] == "length" and first["schema"] == "strata-dump/1"
+    assert second["request_id"] == "r2" and second["gen_ids"] == ids and second["reused"] == len(held)
+    assert third["reused"] == 4 - 1 and third["gen_ids"] == []  # cut back; the last prompt id is re-read
+    assert all(set(r["timings"]) == {"prefill_ms", "decode_ms"} for r in recs)
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    # the weight-free replay predicts exactly what the engine did
+    rep = replay(load_dump(path), model="attention")
+    frame = rep.to_frame()
+    assert (frame["recorded_reused"] == frame["reused"]).all() and rep["mismatches"] == 0
+
+
+def test_stop_reason_budget_is_the_recorded_finish(tiny_engine, tmp_path):
+    path = tmp_path / "budget.jsonl"
+    s = tiny_engine.session("budget")
+    s.reset()
+    rec = Recorder(path)
+    stream = s.generate(PROMPT, max_new_tokens=40, sampling=Sampling(temperature=1.0, seed=1), stop_latency=2,
+                        record=rec)
+    got = []
+    for i in stream:
+        got.append(i)
+        if len(got) == 3:
+            stream.stop(reason="budget")
+    r = stream.result
+    rec.close()
+    (line,) = list(load_dump(path))
+    assert r.finish == line["finish"] == "budget"
+    assert line["drained_ids"] == r.drained_ids and len(r.drained_ids) >= 1
+    assert s.held_ids == PROMPT + r.gen_ids + r.drained_ids
+    with pytest.raises(ValueError, match="reason"):
+        stream.stop(reason="tired")
+
+
+def test_record_false_and_bad_recorder(tiny_engine, tmp_path):
+    s = tiny_engine.session("off")
+    path = tmp_path / "off.jsonl"
+    with record_to(path):
+        s.generate(PROMPT, max_new_tokens=1, record=False).result
+    assert list(load_dump(path)) == []
+    with pytest.raises(TypeError, match="record"):
+        s.generate(PROMPT, max_new_tokens=1, record="yes")
+
+
+def test_env_var_turns_recording_on(tiny_dir, tmp_path):
+    path = tmp_path / "env.jsonl"
+    code = ("from strata_lab import Engine; s = Engine.load(%r, threads=1).session('env');"
+            "[s.generate([1, 2, 3, 4], max_new_tokens=2).result for _ in range(2)]" % str(tiny_dir))
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "STRATA_PROMPT_DUMP": str(path)})
+    recs = list(load_dump(path))
+    assert [r["reused"] for r in recs] == [0, 3]  # same prompt again: cut to 3, re-read the last id
