@@ -58,6 +58,28 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_template(args: argparse.Namespace) -> int:
+    from .template import TEMPLATE_PRESETS, ChatTemplate
+
+    tmpl = (ChatTemplate.from_name(args.template) if args.template in TEMPLATE_PRESETS
+            else ChatTemplate.from_file(args.template))
+    with open(args.conversation, encoding="utf-8") if args.conversation != "-" else sys.stdin as f:
+        data = json.load(f)
+    request = {"messages": data} if isinstance(data, list) else dict(data)
+    messages = request.pop("messages", None)
+    options = {k: request[k] for k in ("tools", "response_format", "enable_thinking") if k in request}
+    if args.lint:
+        findings = tmpl.check_append_only(messages, **options)
+        for finding in findings:
+            print(finding)
+        print(f"{len(findings)} finding(s): template {tmpl.name!r} is "
+              f"{'not ' if findings else ''}append-only on this conversation")
+        return 1 if findings else 0
+    sys.stdout.write(tmpl.render(messages, assistant_prefix=args.prefix or request.get("assistant_prefix"),
+                                 add_generation_prompt=not args.no_generation_prompt, **options))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="strata-lab",
@@ -85,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", help="write the plots to this PNG file")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser("template", help="render a conversation with a chat template, or lint it")
+    p.add_argument("conversation", help="JSON file: a list of messages or {messages, tools, ...} ('-': stdin)")
+    p.add_argument("--template", default="qwen3", help="qwen3, a .jinja file, or a tokenizer_config.json")
+    p.add_argument("--prefix", help="assistant prefix (prefill) for the final turn")
+    p.add_argument("--no-generation-prompt", action="store_true", help="do not open an assistant turn")
+    p.add_argument("--lint", action="store_true", help="report where the template is not append-only")
+    p.set_defaults(func=_cmd_template)
 
     return parser
 

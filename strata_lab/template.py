@@ -1,0 +1,599 @@
+"""Chat templates: Hugging Face-compatible Jinja rendering, our Qwen3-style template, assistant prefill,
+and a lint that finds where a template is not append-only.
+
+One internal message shape (OpenAI's): ``{"role", "content", "tool_calls", "tool_call_id",
+"reasoning_content"}``. The server converts every API dialect into it before calling `render`.
+
+>>> tmpl = ChatTemplate.from_name("qwen3")
+>>> tmpl.render([{"role": "user", "content": "Hi"}])
+'<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
+>>> tmpl.render([{"role": "user", "content": "Hi"}], assistant_prefix="Hello")
+'<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\nHello'
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["ChatTemplate", "AppendOnlyFinding", "TemplateInputError", "TemplateRenderError",
+           "structured_output_instruction", "TEMPLATE_PRESETS"]
+
+# preset name -> (file under strata_lab/templates, special tokens the template's model uses)
+TEMPLATE_PRESETS = {
+    "qwen3": ("qwen3.jinja", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
+}
+_ROLES = ("system", "user", "assistant", "tool")
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                       "mask_token")
+# Stands in for the assistant content while we locate where the template puts it (see _render_prefill).
+_SENTINEL = "STRATA_PREFILL_SENTINEL_5f0c"
+
+
+class TemplateInputError(ValueError):
+    """Bad input to `render`: names the message index and field, e.g. ``messages[2].tool_calls[0].id``."""
+
+    def __init__(self, field: str, message: str, index: int | None = None):
+        self.field = field
+        self.index = index
+        where = f"messages[{index}].{field}" if index is not None else field
+        super().__init__(f"{where}: {message}")
+
+
+class TemplateRenderError(ValueError):
+    """The Jinja template failed to compile or render; names the template and the line."""
+
+    def __init__(self, template: str, line: int | None, message: str):
+        self.template = template
+        self.line = line
+        at = f", line {line}" if line is not None else ""
+        super().__init__(f"chat template {template!r}{at}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The Jinja environment: the same as transformers' (utils/chat_template_utils.py), so HF templates render
+# identically: sandboxed, trim_blocks, lstrip_blocks, loop controls, a {% generation %} tag, a tojson that does
+# not escape HTML, raise_exception, strftime_now, and the restricted dict/namespace globals.
+
+@lru_cache(maxsize=1)
+def _environment():
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(jinja2.ext.Extension):
+        # HF uses {% generation %} to mark assistant text for training masks; rendering passes it through.
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_passthrough"), [], [], body).set_lineno(lineno)
+
+        def _passthrough(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
+    class TemplateDict:
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        # namespaces reject underscore attributes, so templates cannot reach CPython internals
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check_name(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} starts with '_'")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.globals["dict"] = TemplateDict()
+    env.globals["namespace"] = TemplateNamespace
+    return env
+
+
+def _template_line(exc: BaseException, filename: str) -> int | None:
+    # Jinja rewrites tracebacks so template frames carry the template's file name and line numbers.
+    line = getattr(exc, "lineno", None)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Input validation: every error names the field. Returns fresh copies; the caller's messages are never edited.
+
+def _check_text_content(content: Any, field: str, index: int | None) -> None:
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise TemplateInputError(field, f"must be a string or a list of text parts, got {type(content).__name__}",
+                                 index)
+    for j, part in enumerate(content):
+        if not isinstance(part, Mapping):
+            raise TemplateInputError(f"{field}[{j}]", "must be an object {'type': 'text', 'text': ...}", index)
+        if part.get("type") != "text":
+            raise TemplateInputError(f"{field}[{j}].type", f"only 'text' parts are supported, got "
+                                     f"{part.get('type')!r}", index)
+        if not isinstance(part.get("text"), str):
+            raise TemplateInputError(f"{field}[{j}].text", "must be a string", index)
+
+
+def content_text(content: Any) -> str:
+    """The text of a message content: a string, or text parts joined without a separator (as our template does).
+
+    >>> content_text([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])
+    'ab'
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part["text"] for part in content if part.get("type") == "text")
+
+
+def _check_tool_calls(tool_calls: Any, index: int) -> list[dict]:
+    if not isinstance(tool_calls, list):
+        raise TemplateInputError("tool_calls", "must be a list", index)
+    out = []
+    for j, call in enumerate(tool_calls):
+        field = f"tool_calls[{j}]"
+        if not isinstance(call, Mapping):
+            raise TemplateInputError(field, "must be an object {'id', 'type': 'function', 'function': {...}}",
+                                     index)
+        call = {k: v for k, v in call.items() if v is not None}
+        if call.get("type", "function") != "function":
+            raise TemplateInputError(f"{field}.type", f"must be 'function', got {call.get('type')!r}", index)
+        if "id" in call and not isinstance(call["id"], str):
+            raise TemplateInputError(f"{field}.id", "must be a string", index)
+        fn = call.get("function")
+        if not isinstance(fn, Mapping):
+            raise TemplateInputError(f"{field}.function", "must be an object {'name', 'arguments'}", index)
+        if not isinstance(fn.get("name"), str) or not fn.get("name"):
+            raise TemplateInputError(f"{field}.function.name", "must be a non-empty string", index)
+        args = fn.get("arguments")
+        if not isinstance(args, (str, Mapping)):
+            raise TemplateInputError(f"{field}.function.arguments",
+                                     "must be a JSON string or an object", index)
+        out.append({**call, "function": dict(fn)})
+    return out
+
+
+def _validate_messages(messages: Any) -> list[dict]:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TemplateInputError("messages", "must be a list of message objects")
+    if not messages:
+        raise TemplateInputError("messages", "must not be empty")
+    out: list[dict] = []
+    call_ids: set[str] = set()  # ids of the most recent assistant tool calls, for tool_call_id checks
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise TemplateInputError("role", f"message must be an object with 'role' and 'content', got "
+                                     f"{type(message).__name__}", i)
+        # None means absent (OpenAI sends content=None beside tool_calls); templates handle absent keys.
+        m = {k: v for k, v in message.items() if v is not None}
+        role = m.get("role")
+        if role not in _ROLES:
+            raise TemplateInputError("role", f"must be one of {', '.join(_ROLES)}; got {role!r}", i)
+        if "content" in m:
+            _check_text_content(m["content"], "content", i)
+        elif role != "assistant":
+            raise TemplateInputError("content", f"is required for a {role} message", i)
+        if "name" in m and not isinstance(m["name"], str):
+            raise TemplateInputError("name", "must be a string", i)
+        for key in ("reasoning_content", "reasoning"):
+            if key in m and role != "assistant":
+                raise TemplateInputError(key, "is only allowed on assistant messages", i)
+            if key in m and not isinstance(m[key], str):
+                raise TemplateInputError(key, "must be a string", i)
+        if "reasoning" in m:  # one internal name: reasoning_content
+            reasoning = m.pop("reasoning")
+            if m.setdefault("reasoning_content", reasoning) != reasoning:
+                raise TemplateInputError("reasoning", "differs from reasoning_content; send one of them", i)
+        if "tool_calls" in m:
+            if role != "assistant":
+                raise TemplateInputError("tool_calls", "is only allowed on assistant messages", i)
+            m["tool_calls"] = _check_tool_calls(m["tool_calls"], i)
+            if not m["tool_calls"]:
+                del m["tool_calls"]
+        if role == "assistant":
+            call_ids = {c["id"] for c in m.get("tool_calls", ()) if "id" in c}
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise TemplateInputError("tool_call_id", "must be a non-empty string", i)
+            if call_ids and call_id not in call_ids:
+                raise TemplateInputError("tool_call_id", f"{call_id!r} does not match a tool call of the "
+                                         f"preceding assistant message ({', '.join(sorted(call_ids))})", i)
+        elif "tool_call_id" in m:
+            raise TemplateInputError("tool_call_id", "is only allowed on tool messages", i)
+        out.append(m)
+    return out
+
+
+def _validate_tools(tools: Any) -> list[dict] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise TemplateInputError("tools", "must be a list of {'type': 'function', 'function': {...}}")
+    for j, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise TemplateInputError(f"tools[{j}]", "must be an object")
+        if tool.get("type") != "function":
+            raise TemplateInputError(f"tools[{j}].type", f"must be 'function', got {tool.get('type')!r}")
+        fn = tool.get("function")
+        if not isinstance(fn, Mapping):
+            raise TemplateInputError(f"tools[{j}].function", "must be an object {'name', 'description', "
+                                     "'parameters'}")
+        if not isinstance(fn.get("name"), str) or not fn.get("name"):
+            raise TemplateInputError(f"tools[{j}].function.name", "must be a non-empty string")
+        if "description" in fn and fn["description"] is not None and not isinstance(fn["description"], str):
+            raise TemplateInputError(f"tools[{j}].function.description", "must be a string")
+        if "parameters" in fn and fn["parameters"] is not None and not isinstance(fn["parameters"], Mapping):
+            raise TemplateInputError(f"tools[{j}].function.parameters", "must be a JSON schema object")
+    return [dict(tool) for tool in tools]
+
+
+def structured_output_instruction(response_format: Any) -> str | None:
+    """The system-prompt instruction for an OpenAI ``response_format`` (None for plain text).
+
+    >>> structured_output_instruction({"type": "json_object"})
+    'Respond with a single valid JSON object and nothing else.'
+    >>> structured_output_instruction(None) is None
+    True
+    """
+    if response_format is None:
+        return None
+    if not isinstance(response_format, Mapping):
+        raise TemplateInputError("response_format", "must be an object with a 'type'")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "Respond with a single valid JSON object and nothing else."
+    if kind != "json_schema":
+        raise TemplateInputError("response_format.type",
+                                 f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, Mapping):
+        raise TemplateInputError("response_format.json_schema", "must be an object {'name', 'schema'}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise TemplateInputError("response_format.json_schema.name", "must be a non-empty string")
+    schema = spec.get("schema")
+    if not isinstance(schema, Mapping):
+        raise TemplateInputError("response_format.json_schema.schema", "must be a JSON schema object")
+    return (f"Respond with a single JSON object that conforms to the JSON schema {name!r} below, "
+            f"and nothing else.\n<schema>\n{json.dumps(schema, ensure_ascii=False)}\n</schema>")
+
+
+def _with_instruction(messages: list[dict], instruction: str) -> list[dict]:
+    # Append to the leading system message (or add one), so it sits before every assistant turn and stays
+    # put from turn to turn.
+    if messages[0]["role"] == "system":
+        first = dict(messages[0])
+        content = first.get("content", "")
+        if isinstance(content, list):
+            first["content"] = content + [{"type": "text", "text": "\n\n" + instruction}]
+        else:
+            first["content"] = (content + "\n\n" if content else "") + instruction
+        return [first] + messages[1:]
+    return [{"role": "system", "content": instruction}] + messages
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AppendOnlyFinding:
+    """One place where a template rewrote text an earlier prompt (plus its reply) already held.
+
+    `turn` counts assistant replies from 0; `message_index` is that reply's index in the conversation;
+    `offset` is the character offset of the first difference; `expected`/`actual` show the context around
+    it as ``before||after`` (expected = turn N's prompt + reply, actual = turn N+1's prompt).
+    """
+
+    turn: int
+    message_index: int
+    offset: int
+    expected: str
+    actual: str
+    kind: str = "rewrite"  # "rewrite" or "generation_prompt" (the reply does not extend its own prompt)
+
+    def __str__(self) -> str:
+        return (f"turn {self.turn} (messages[{self.message_index}]) offset {self.offset} [{self.kind}]\n"
+                f"  held  : {self.expected!r}\n  prompt: {self.actual!r}")
+
+
+def _context(text: str, offset: int, width: int) -> str:
+    start = max(0, offset - width)
+    return ("..." if start else "") + text[start:offset] + "||" + text[offset:offset + width] + (
+        "..." if offset + width < len(text) else "")
+
+
+def _first_difference(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for k in range(n):
+        if a[k] != b[k]:
+            return k
+    return n
+
+
+class ChatTemplate:
+    """A Jinja chat template rendered the way Hugging Face transformers renders it.
+
+    >>> tmpl = ChatTemplate.from_name("qwen3")
+    >>> tmpl.name, tmpl.special_tokens["eos_token"]
+    ('qwen3', '<|im_end|>')
+    """
+
+    def __init__(self, source: str, *, name: str = "custom", special_tokens: Mapping[str, str] | None = None):
+        if not isinstance(source, str) or not source:
+            raise ValueError("source: must be a non-empty Jinja template string")
+        if not isinstance(name, str) or not name:
+            raise ValueError("name: must be a non-empty string")
+        self.source = source
+        self.name = name
+        self.special_tokens = dict(special_tokens or {})
+        self._filename = f"<chat template {name}>"
+        env = _environment()
+        try:
+            code = env.compile(source, name=name, filename=self._filename)
+        except Exception as exc:  # jinja2.TemplateSyntaxError carries the line
+            raise TemplateRenderError(name, getattr(exc, "lineno", None), str(exc)) from exc
+        self._template = env.template_class.from_code(env, code, env.make_globals(None))
+
+    # -- construction --------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_name(cls, name: str) -> "ChatTemplate":
+        """One of our shipped templates (`TEMPLATE_PRESETS`).
+
+        >>> ChatTemplate.from_name("qwen3").name
+        'qwen3'
+        """
+        if name not in TEMPLATE_PRESETS:
+            raise ValueError(f"name: unknown chat template {name!r}; known: {', '.join(sorted(TEMPLATE_PRESETS))}")
+        filename, special = TEMPLATE_PRESETS[name]
+        source = resources.files("strata_lab").joinpath("templates", filename).read_text(encoding="utf-8")
+        return cls(source, name=name, special_tokens=special)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, *, variant: str | None = None) -> "ChatTemplate":
+        """Load a ``.jinja`` file, an HF ``tokenizer_config.json`` / ``chat_template.json``, or a model folder.
+
+        In a tokenizer config, ``chat_template`` is a string or a list of ``{"name", "template"}``; `variant`
+        picks one by name (default: "default"). Special tokens (eos_token, ...) come along from the config.
+
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "echo.jinja"
+        >>> _ = p.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+        >>> ChatTemplate.from_file(p).render([{"role": "user", "content": "hi"}])
+        'hi'
+        """
+        path = Path(path)
+        if path.is_dir():
+            config = path / "tokenizer_config.json"
+            special = _special_tokens(json.loads(config.read_text(encoding="utf-8"))) if config.is_file() else {}
+            if (path / "chat_template.jinja").is_file():
+                source = (path / "chat_template.jinja").read_text(encoding="utf-8")
+                return cls(source, name=path.name, special_tokens=special)
+            if config.is_file():
+                return cls.from_file(config, variant=variant)
+            raise FileNotFoundError(f"path: {path} holds neither chat_template.jinja nor tokenizer_config.json")
+        if not path.is_file():
+            raise FileNotFoundError(f"path: no such file {path}")
+        text = path.read_text(encoding="utf-8")
+        if path.suffix != ".json":
+            return cls(text, name=path.stem)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"path: {path} is not valid JSON ({exc})") from exc
+        if not isinstance(data, Mapping) or "chat_template" not in data:
+            raise ValueError(f"path: {path} has no 'chat_template'")
+        source = data["chat_template"]
+        name = path.parent.name if path.name in ("tokenizer_config.json", "chat_template.json") else path.stem
+        name = name or path.stem
+        if isinstance(source, list):
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, Mapping)}
+            want = variant or "default"
+            if want not in named:
+                raise ValueError(f"variant: {path} has no chat template named {want!r}; "
+                                 f"it has {', '.join(map(str, named))}")
+            source, name = named[want], f"{name}:{want}"
+        elif variant not in (None, "default"):
+            raise ValueError(f"variant: {path} has a single chat template, not named variants")
+        if not isinstance(source, str):
+            raise ValueError(f"path: {path} chat_template must be a string or a list of {{name, template}}")
+        return cls(source, name=name, special_tokens=_special_tokens(data))
+
+    def to_tokenizer_config(self, **overrides: Any) -> dict:
+        """A Hugging Face ``tokenizer_config.json`` dict carrying this template (pair it with tokenizer.json).
+
+        >>> cfg = ChatTemplate.from_name("qwen3").to_tokenizer_config()
+        >>> cfg["eos_token"], cfg["pad_token"], cfg["chat_template"].startswith("{#")
+        ('<|im_end|>', '<|endoftext|>', True)
+        """
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",  # loads tokenizer.json as-is
+            "chat_template": self.source,
+            "bos_token": None,
+            "eos_token": None,
+            "pad_token": None,
+            "unk_token": None,
+            "add_bos_token": False,
+            "add_prefix_space": False,
+            "clean_up_tokenization_spaces": False,
+            "split_special_tokens": False,
+            "errors": "replace",
+            "model_max_length": 131072,
+        }
+        config.update(self.special_tokens)
+        config.update(overrides)
+        return config
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate(name={self.name!r}, {len(self.source)} chars)"
+
+    # -- rendering -----------------------------------------------------------------------------------------
+
+    def render(self, messages: Sequence[Mapping], *, tools: list | None = None, add_generation_prompt: bool = True,
+               assistant_prefix: str | None = None, enable_thinking: bool | None = None,
+               response_format: Mapping | None = None, continue_final_message: bool = False,
+               **template_kwargs: Any) -> str:
+        """Render a conversation to prompt text.
+
+        `assistant_prefix` (non-empty) starts the final assistant turn with text the model continues: the
+        template renders an empty assistant turn, its terminator is removed, and the prefix is appended
+        verbatim (never passed through the template). `continue_final_message=True` continues the last
+        (assistant) message the same way. `response_format` adds a structured-output instruction to the system
+        message. Extra keyword arguments reach the template, as in HF's ``apply_chat_template``.
+
+        >>> tmpl = ChatTemplate.from_name("qwen3")
+        >>> tmpl.render([{"role": "user", "content": "2+2?"}], enable_thinking=False)
+        '<|im_start|>user\\n2+2?<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n'
+        """
+        if assistant_prefix is not None and not isinstance(assistant_prefix, str):
+            raise TemplateInputError("assistant_prefix", f"must be a string, got {type(assistant_prefix).__name__}")
+        if enable_thinking is not None and not isinstance(enable_thinking, bool):
+            raise TemplateInputError("enable_thinking", "must be true, false or null")
+        if not isinstance(add_generation_prompt, bool):
+            raise TemplateInputError("add_generation_prompt", "must be a boolean")
+        msgs = _validate_messages(messages)
+        tools = _validate_tools(tools)
+        instruction = structured_output_instruction(response_format)
+        if instruction is not None:
+            msgs = _with_instruction(msgs, instruction)
+        if enable_thinking is not None:
+            template_kwargs["enable_thinking"] = enable_thinking
+
+        carried: dict = {}  # fields of a continued final message that the synthetic turn keeps (reasoning)
+        if continue_final_message:
+            if assistant_prefix:
+                raise TemplateInputError("assistant_prefix", "cannot be combined with continue_final_message")
+            last = msgs[-1]
+            if last["role"] != "assistant":
+                raise TemplateInputError("role", "continue_final_message needs a final assistant message",
+                                         len(msgs) - 1)
+            if "tool_calls" in last:
+                raise TemplateInputError("tool_calls", "a message with tool calls cannot be continued",
+                                         len(msgs) - 1)
+            msgs = msgs[:-1]
+            assistant_prefix = content_text(last.get("content"))
+            carried = {k: v for k, v in last.items() if k not in ("role", "content")}
+            if not msgs and not assistant_prefix and not carried:
+                raise TemplateInputError("messages", "nothing to render besides an empty assistant message")
+        if assistant_prefix or carried:
+            return self._render_prefill(msgs, tools, assistant_prefix or "", carried, template_kwargs)
+        return self._render(msgs, tools, add_generation_prompt, template_kwargs)
+
+    def _render(self, messages: list[dict], tools: list | None, add_generation_prompt: bool,
+                template_kwargs: Mapping[str, Any]) -> str:
+        # Same variables as transformers' render_jinja_template; special tokens first, as apply_chat_template.
+        kwargs = {**self.special_tokens, **template_kwargs}
+        try:
+            return self._template.render(messages=messages, tools=tools, documents=None,
+                                         add_generation_prompt=add_generation_prompt, **kwargs)
+        except Exception as exc:
+            raise TemplateRenderError(self.name, _template_line(exc, self._filename), str(exc)) from exc
+
+    def _render_prefill(self, messages: list[dict], tools: list | None, prefix: str, carried: dict,
+                        template_kwargs: Mapping[str, Any]) -> str:
+        # Render the synthetic turn twice: with a sentinel as its content (to find where content goes) and
+        # empty. The empty render must be head + terminator; we keep the head and append the prefix verbatim,
+        # so a prefix ending in "<|im_end|>\n" or holding "</think>" is never cut or parsed by the template.
+        probe = self._render(messages + [{**carried, "role": "assistant", "content": _SENTINEL}], tools, False,
+                             template_kwargs)
+        if probe.count(_SENTINEL) != 1:
+            raise TemplateRenderError(self.name, None, "cannot prefill: the template does not render the final "
+                                      "assistant message's content exactly once")
+        head, terminator = probe.split(_SENTINEL)
+        empty = self._render(messages + [{**carried, "role": "assistant", "content": ""}], tools, False,
+                             template_kwargs)
+        if empty != head + terminator:
+            raise TemplateRenderError(self.name, None, "cannot prefill: an empty final assistant turn renders "
+                                      "differently from a non-empty one beyond its content")
+        return head + prefix
+
+    # -- lint ----------------------------------------------------------------------------------------------
+
+    def check_append_only(self, conversation: Sequence[Mapping], *, tools: list | None = None,
+                          context: int = 40, **render_kwargs: Any) -> list[AppendOnlyFinding]:
+        """Find where the next turn's prompt does not extend this turn's prompt plus its reply.
+
+        For each assistant message at index i: prompt_i = render(conversation[:i]) with a generation prompt,
+        reply_i = what rendering conversation[:i+1] adds after it; the next prompt (at the next assistant
+        message, or the whole conversation) must start with prompt_i + reply_i.
+
+        >>> conv = [{"role": "user", "content": "a"},
+        ...         {"role": "assistant", "content": "b", "reasoning_content": "r"},
+        ...         {"role": "user", "content": "c"}]
+        >>> [f.offset for f in ChatTemplate.from_name("qwen3").check_append_only(conv)]
+        [51]
+        """
+        msgs = _validate_messages(conversation)
+        assistants = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        findings = []
+        for turn, i in enumerate(assistants):
+            if i == 0 or i == len(msgs) - 1:
+                continue  # no prompt before it, or no next turn after it
+            prompt = self.render(msgs[:i], tools=tools, add_generation_prompt=True, **render_kwargs)
+            with_reply = self.render(msgs[:i + 1], tools=tools, add_generation_prompt=False, **render_kwargs)
+            if not with_reply.startswith(prompt):
+                k = _first_difference(prompt, with_reply)
+                findings.append(AppendOnlyFinding(turn, i, k, _context(prompt, k, context),
+                                                  _context(with_reply, k, context), "generation_prompt"))
+                continue
+            later = [j for j in assistants if j > i]
+            nxt = self.render(msgs[:later[0]] if later else msgs, tools=tools, add_generation_prompt=True,
+                              **render_kwargs)
+            if not nxt.startswith(with_reply):
+                k = _first_difference(with_reply, nxt)
+                findings.append(AppendOnlyFinding(turn, i, k, _context(with_reply, k, context),
+                                                  _context(nxt, k, context)))
+        return findings
+
+
+def _special_tokens(config: Mapping) -> dict[str, str]:
+    out = {}
+    for key in _SPECIAL_TOKEN_KEYS:
+        value = config.get(key)
+        if isinstance(value, Mapping):  # {"content": "<|im_end|>", "lstrip": false, ...}
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
