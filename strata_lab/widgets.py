@@ -5,8 +5,9 @@ root `.widget`), or drive it from code: the update methods (`render`, `run`, `sh
 calls and the children's `.value` is what a test or a script reads. ipywidgets and matplotlib are imported
 when a widget is built, never when this module is.
 
->>> w = TemplateExplorer(messages=[{"role": "user", "content": "Merhaba"}], assistant_prefix="Sure")
->>> w.prompt_text.endswith("<|im_start|>assistant\\nSure"), w.prefix_token == len(w.ids) - 1
+>>> w = TemplateExplorer(messages=[{"role": "user", "content": "Merhaba"}], assistant_prefix="Sure",
+...                      enable_thinking=False)
+>>> w.prompt_text.endswith("</think>\\n\\nSure"), w.prefix_token == len(w.ids) - 1
 (True, True)
 """
 from __future__ import annotations
