@@ -19,6 +19,7 @@ _EXPORTS = {
     "Session": "strata_lab.engine",
     "Stream": "strata_lab.engine",
     "Sampling": "strata_lab.engine",
+    "CheckpointPolicy": "strata_lab.engine",
     "make_tiny": "strata_lab.checkpoints",
     "Recorder": "strata_lab.record",
     "record_to": "strata_lab.record",

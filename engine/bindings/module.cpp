@@ -6,6 +6,14 @@
 
 namespace py = pybind11;
 
+void register_next(py::module_& m);  // bindings/next.cpp
+// engine_bindings.cpp
+void register_options(py::module_& m);
+void register_checkpoint(py::module_& m);
+void register_engine(py::module_& m);
+void register_session(py::module_& m);
+void register_stream(py::module_& m);
+
 static void register_build_info(py::module_& m) {
   m.def("build_info", [] {
     strata::BuildInfo b = strata::build_info();
@@ -35,4 +43,10 @@ static void register_build_info(py::module_& m) {
 PYBIND11_MODULE(_engine, m) {
   m.doc() = "strata_lab's C++ inference engine";
   register_build_info(m);
+  register_next(m);
+  register_checkpoint(m);
+  register_options(m);
+  register_engine(m);
+  register_session(m);
+  register_stream(m);
 }

@@ -1,0 +1,196 @@
+// Bindings for the engine: Engine, Session, StreamJob and the option structs. Compute runs with the
+// GIL released; ids cross as lists / numpy int arrays, logits as float32 numpy arrays.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "strata/checkpoint.h"
+#include "strata/engine.h"
+#include "strata/kernels.h"
+#include "strata/stream.h"
+
+namespace py = pybind11;
+using namespace strata;
+
+namespace {
+
+std::vector<int32_t> to_ids(const std::vector<int64_t>& v, int64_t vocab, const char* field) {
+  std::vector<int32_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] < 0 || v[i] >= vocab)
+      throw std::invalid_argument(std::string(field) + "[" + std::to_string(i) + "] = " + std::to_string(v[i]) +
+                                  " is out of range [0, " + std::to_string(vocab) + ")");
+    out[i] = int32_t(v[i]);
+  }
+  return out;
+}
+
+py::dict result_dict(const GenerateResult& r) {
+  py::dict d;
+  d["prompt_len"] = r.prompt_len;
+  d["reused"] = r.reused;
+  d["tokens_read"] = r.tokens_read;
+  d["lcp"] = r.lcp;
+  d["held_before"] = r.held_before;
+  d["restored_checkpoint"] = r.restored_checkpoint < 0 ? py::object(py::none()) : py::object(py::int_(r.restored_checkpoint));
+  d["used_saved_logits"] = r.used_saved_logits;
+  d["gen_ids"] = r.gen_ids;
+  d["drained_ids"] = r.drained_ids;
+  d["finish"] = r.finish;
+  d["prefill_ms"] = r.prefill_ms;
+  d["decode_ms"] = r.decode_ms;
+  d["checkpoints"] = r.checkpoints;
+  return d;
+}
+
+}  // namespace
+
+void register_options(py::module_& m) {
+  py::class_<SamplingParams>(m, "SamplingParams")
+      .def(py::init<>())
+      .def_readwrite("temperature", &SamplingParams::temperature)
+      .def_readwrite("top_k", &SamplingParams::top_k)
+      .def_readwrite("top_p", &SamplingParams::top_p)
+      .def_readwrite("min_p", &SamplingParams::min_p)
+      .def_readwrite("seed", &SamplingParams::seed);
+  py::class_<CheckpointPolicy>(m, "CheckpointPolicy")
+      .def(py::init<>())
+      .def_readwrite("at_prompt_end", &CheckpointPolicy::at_prompt_end)
+      .def_readwrite("every", &CheckpointPolicy::every)
+      .def_readwrite("positions", &CheckpointPolicy::positions)
+      .def_readwrite("budget_mib", &CheckpointPolicy::budget_mib);
+  py::class_<GenerateOptions>(m, "GenerateOptions")
+      .def(py::init<>())
+      .def_readwrite("max_new_tokens", &GenerateOptions::max_new_tokens)
+      .def_readwrite("sampling", &GenerateOptions::sampling)
+      .def_readwrite("stop_ids", &GenerateOptions::stop_ids)
+      .def_readwrite("has_force", &GenerateOptions::has_force)
+      .def_readwrite("force_ids", &GenerateOptions::force_ids)
+      .def_readwrite("stop_latency", &GenerateOptions::stop_latency);
+}
+
+void register_checkpoint(py::module_& m) {
+  static py::exception<CheckpointError> exc(m, "CheckpointError", PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const CheckpointError& e) {
+      py::set_error(exc, e.what());
+    }
+  });
+  m.def("parse_safetensors_header", [](py::bytes header, uint64_t data_size) {
+    std::string h = header;
+    py::list out;
+    for (const auto& t : SafetensorsFile::parse_header(h, data_size)) {
+      py::dict d;
+      d["name"] = t.name;
+      d["dtype"] = t.dtype_str;
+      d["shape"] = t.shape;
+      d["begin"] = reinterpret_cast<uintptr_t>(t.data);
+      d["nbytes"] = t.nbytes;
+      out.append(d);
+    }
+    return out;
+  }, py::arg("header"), py::arg("data_size"),
+     "Parse and check a safetensors JSON header against a data area of data_size bytes (raises CheckpointError).");
+  m.def("kernel_level", [] { return std::string(kernels::level_name(kernels::level())); });
+  m.def("set_kernel_level", [](const std::string& name) {
+    kernels::Level l = name == "scalar" ? kernels::Level::Scalar : name == "avx2" ? kernels::Level::AVX2
+                     : name == "avx512" ? kernels::Level::AVX512
+                     : throw std::invalid_argument("kernel level must be 'scalar', 'avx2' or 'avx512', got '" + name + "'");
+    kernels::set_level(l);
+    return std::string(kernels::level_name(kernels::level()));
+  }, "Use at most this vector level (scalar|avx2|avx512); returns the level in use.");
+}
+
+void register_engine(py::module_& m) {
+  py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
+      .def(py::init([](const std::string& path, int threads, int64_t max_context) {
+             LoadOptions o;
+             o.threads = threads;
+             o.max_context = max_context;
+             py::gil_scoped_release release;
+             return std::make_shared<Engine>(path, o);
+           }),
+           py::arg("path"), py::arg("threads") = 0, py::arg("max_context") = 0)
+      .def("info", [](const Engine& e) {
+        const ModelInfo& i = e.info();
+        py::dict d;
+        d["model_type"] = i.model_type;
+        d["vocab_size"] = i.vocab_size;
+        d["hidden_size"] = i.hidden_size;
+        d["num_layers"] = i.num_layers;
+        d["max_context"] = i.max_context;
+        d["weight_bytes"] = i.weight_bytes;
+        return d;
+      })
+      .def("forward", [](Engine& e, const std::vector<int64_t>& ids) {
+        std::vector<int32_t> v = to_ids(ids, e.info().vocab_size, "ids");
+        std::vector<float> logits;
+        {
+          py::gil_scoped_release release;
+          logits = e.forward(v);
+        }
+        const int64_t V = e.info().vocab_size, T = int64_t(v.size());
+        py::array_t<float> out({T, V});
+        std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+        return out;
+      }, py::arg("ids"))
+      .def("session", [](Engine& e, const std::string& name, std::optional<CheckpointPolicy> p) {
+        return e.session(name, p ? &*p : nullptr);
+      }, py::arg("name"), py::arg("policy") = py::none())
+      .def("session_names", &Engine::session_names)
+      .def("drop_session", &Engine::drop_session);
+}
+
+void register_session(py::module_& m) {
+  py::class_<Session, std::shared_ptr<Session>>(m, "Session")
+      .def_property_readonly("name", &Session::name)
+      .def("held_ids", &Session::held)
+      .def("checkpoints", &Session::checkpoints)
+      .def("memory_bytes", &Session::memory_bytes)
+      .def("snapshot_bytes", &Session::snapshot_bytes)
+      .def("policy", &Session::policy)
+      .def("busy", &Session::busy)
+      .def("reset", &Session::reset)
+      .def("plan", [](const Session& s, const std::vector<int64_t>& prompt) {
+        std::vector<int32_t> p(prompt.begin(), prompt.end());
+        Session::Plan pl = s.plan(p);
+        py::dict d;
+        d["lcp"] = pl.lcp;
+        d["reused"] = pl.reused;
+        d["restore"] = pl.restore < 0 ? py::object(py::none()) : py::object(py::int_(pl.restore));
+        d["saved_logits"] = pl.saved_logits;
+        return d;
+      }, py::arg("prompt_ids"));
+}
+
+void register_stream(py::module_& m) {
+  py::class_<StreamJob, std::shared_ptr<StreamJob>>(m, "StreamJob")
+      .def(py::init([](std::shared_ptr<Session> s, const std::vector<int64_t>& prompt, GenerateOptions opts,
+                       int64_t vocab) {
+             std::vector<int32_t> p = to_ids(prompt, vocab, "prompt_ids");
+             return std::make_shared<StreamJob>(std::move(s), std::move(p), std::move(opts));
+           }),
+           py::arg("session"), py::arg("prompt_ids"), py::arg("options"), py::arg("vocab_size"))
+      .def("next", [](StreamJob& j) -> py::object {
+        int32_t id;
+        bool ok;
+        {
+          py::gil_scoped_release release;
+          ok = j.next(&id);
+        }
+        if (!ok) return py::none();
+        return py::int_(id);
+      }, "Next generated id, blocking; None at the end.")
+      .def("stop", &StreamJob::stop)
+      .def("done", &StreamJob::done)
+      .def("result", [](StreamJob& j) {
+        GenerateResult r;
+        {
+          py::gil_scoped_release release;
+          r = j.result();
+        }
+        return result_dict(r);
+      });
+}

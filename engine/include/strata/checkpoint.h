@@ -1,0 +1,103 @@
+// Hugging Face checkpoint directories: config.json plus model.safetensors or a sharded
+// model.safetensors.index.json. Tensors are memory-mapped and handed out as views, never copied.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "strata/json.h"
+
+namespace strata {
+
+// Raised for every problem with a checkpoint's files (Python: strata_lab._engine.CheckpointError).
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Element types a safetensors header may declare. Only F32/F16/BF16 are computed with.
+enum class DType : uint8_t { F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL, F8_E4M3, F8_E5M2, OTHER };
+size_t dtype_size(DType d);
+const char* dtype_name(DType d);
+bool dtype_supported(DType d);  // F32, F16, BF16
+
+// A row-major 2-D view [rows, cols] of weights in their stored dtype (1-D tensors have rows = 1).
+struct Mat {
+  DType dtype = DType::F32;
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;
+};
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::OTHER;
+  std::string dtype_str;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // inside the mapping
+  size_t nbytes = 0;
+  int64_t numel() const;
+};
+
+// One safetensors file: the header is validated completely before any tensor is handed out.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);  // mmap + parse; throws CheckpointError
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const std::string& path() const { return path_; }
+
+  // Parses and checks a header against a data area of data_size bytes (exposed for fuzzing).
+  // Offsets in the result are relative to the data area (data pointers are offsets cast to pointers).
+  static std::vector<TensorInfo> parse_header(const std::string& header, uint64_t data_size);
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::vector<TensorInfo> tensors_;
+};
+
+// A checkpoint directory: the parsed config and every tensor of every shard by name.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& dir);  // throws CheckpointError
+  const std::string& dir() const { return dir_; }
+  const Json& config() const { return config_; }
+
+  // Config accessors: throw CheckpointError naming the field when missing or mistyped.
+  int64_t cfg_int(const std::string& key) const;
+  int64_t cfg_int(const std::string& key, int64_t fallback) const;
+  double cfg_float(const std::string& key, double fallback) const;
+  bool cfg_bool(const std::string& key, bool fallback) const;
+  std::string cfg_str(const std::string& key, const std::string& fallback) const;
+  std::string model_type() const;
+
+  bool has(const std::string& name) const { return by_name_.count(name) != 0; }
+  // The tensor `name` with exactly `shape` in a computable dtype; marks it used.
+  const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape);
+  // As a 2-D view: [rows, cols] for a 2-D tensor, [1, n] for a 1-D one.
+  Mat mat(const std::string& name, const std::vector<int64_t>& shape);
+  // A copy converted to float32 (for small tensors: norms).
+  std::vector<float> to_f32(const std::string& name, const std::vector<int64_t>& shape);
+  // Throws if a tensor was never requested (an extra tensor), except names starting with an ignored prefix.
+  void check_all_used(const std::vector<std::string>& ignored_prefixes) const;
+  std::vector<std::string> names() const;
+  const TensorInfo& tensor_info(const std::string& name) const { return *by_name_.at(name); }
+
+ private:
+  std::string dir_;
+  Json config_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorInfo*> by_name_;
+  std::set<std::string> used_;
+};
+
+std::string shape_str(const std::vector<int64_t>& shape);
+
+}  // namespace strata

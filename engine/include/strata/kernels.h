@@ -1,0 +1,48 @@
+// Compute kernels shared by every model: matmul against f32/f16/bf16 weights, norms, RoPE, attention.
+// Vector code is chosen at run time (AVX-512, AVX2+FMA+F16C, or scalar); builds stay portable.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "strata/checkpoint.h"
+
+namespace strata {
+namespace kernels {
+
+enum class Level : int { Scalar = 0, AVX2 = 1, AVX512 = 2 };
+Level best_level();            // what this CPU supports
+Level level();                 // what is in use
+void set_level(Level l);       // force a lower level (tests); clamped to best_level()
+const char* level_name(Level l);
+
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);  // round to nearest even
+float f16_to_f32(uint16_t h);
+
+// out[cols] = row r of w as float32.
+void row_f32(const Mat& w, int64_t r, float* out);
+// y[n, w.rows] = x[n, w.cols] @ w^T. n == 1..3 streams rows (decode, memory-bound); larger n runs a
+// blocked GEMM over rows converted once to f32 (prefill, compute-bound). OpenMP over rows.
+void matmul(const Mat& w, const float* x, int64_t n, float* y);
+
+// y[d] = w * x * rsqrt(mean(x^2) + eps); y may alias x. w may be nullptr (w = 1).
+void rmsnorm(const float* x, const float* w, int64_t d, float eps, float* y);
+// Same, with the Qwen3-Next (1 + w) convention.
+void rmsnorm_1p(const float* x, const float* w, int64_t d, float eps, float* y);
+// inv_freq[j] = 1 / theta^(2j/rd), j < rd/2, rounded to float32 as transformers does.
+std::vector<float> rope_inv_freq(double theta, int rd);
+// Rotate-half RoPE on the first rd dims of each of n_heads vectors of size hd at position pos.
+void rope(float* x, int n_heads, int hd, int rd, int64_t pos, const float* inv_freq);
+void silu_mul(float* g, const float* u, int64_t n);  // g = silu(g) * u
+void add(float* y, const float* x, int64_t n);       // y += x
+float dot(const float* a, const float* b, int64_t n);
+void axpy(float a, const float* x, float* y, int64_t n);  // y += a * x
+
+// Causal GQA attention for n queries at positions pos0..pos0+n-1.
+// q: [n, H, hd]; k, v: [pos0 + n, Hkv, hd] (the cache, this chunk included); out: [n, H, hd].
+// Query head h uses kv head h / (H / Hkv). Scores are scaled by 1/sqrt(hd); softmax in float32.
+void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
+               int64_t pos0, float* out);
+
+}  // namespace kernels
+}  // namespace strata

@@ -1,0 +1,52 @@
+// The model interface every architecture implements (Qwen3 dense now, Qwen3-Next hybrid next), and
+// load_model(), which reads config.json's model_type and builds the matching implementation.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "strata/checkpoint.h"
+#include "strata/state.h"
+
+namespace strata {
+
+struct ModelInfo {
+  std::string model_type;
+  int64_t vocab_size = 0;     // logits width (= embedding rows)
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t max_context = 0;    // tokens a session may hold
+  int64_t weight_bytes = 0;   // bytes of weights as stored
+};
+
+struct LoadOptions {
+  int threads = 0;            // 0: all cores (OpenMP default)
+  int64_t max_context = 0;    // 0: config max_position_embeddings
+};
+
+enum class Logits { None, Last, All };
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelInfo& info() const = 0;
+  // Fresh, empty per-session state (one LayerState per layer).
+  virtual std::unique_ptr<SessionState> new_state() const = 0;
+  // Reads tokens[0..n) at positions state.n_tokens .. state.n_tokens + n - 1, updating state in place
+  // (state.n_tokens += n). Writes logits [n, V] (All), [1, V] for the last token (Last), or nothing.
+  // Ids are checked by the caller (0 <= id < vocab_size); n >= 1.
+  virtual void forward(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits) = 0;
+  int threads() const { return threads_; }
+  void set_threads(int t) { threads_ = t; }
+
+ protected:
+  int threads_ = 0;
+};
+
+// Dispatches on config.json model_type; throws CheckpointError for unknown types or bad files.
+std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts);
+
+// Sets the OpenMP thread count of the calling thread (0 = default). Models call it at forward start.
+void use_threads(int threads);
+
+}  // namespace strata

@@ -1,0 +1,108 @@
+// A session: the ids it holds, its model state, its checkpoints; generate() applies Contract 1
+// (shared/DESIGN.md) and runs the decode loop with STOP and drain.
+//
+// Reuse rule (the Python replay models exactly this):
+//   lcp = longest common prefix of prompt and held.
+//   If prompt == held (lcp == len(prompt) == len(held)): reuse = len(prompt); nothing is read, the
+//   logits saved after the last held id are used (the session always keeps them).
+//   Otherwise l = min(lcp, len(prompt) - 1)  -- at least the last prompt token is read, for its logits --
+//   attention-only model: reuse = l;
+//   hybrid model: reuse = l if l == len(held), else the largest checkpoint c <= l (0 if none); the
+//   engine restores that snapshot and cuts the KV caches to c.
+// Every generated id, drained ids included, is read into the state before the call returns, so held
+// = prompt + gen_ids + drained_ids afterwards.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "strata/model.h"
+#include "strata/sampler.h"
+
+namespace strata {
+
+struct CheckpointPolicy {
+  bool at_prompt_end = true;         // snapshot at len(prompt) after each prefill (the turn start)
+  int64_t every = 0;                 // also every N tokens (0: off)
+  std::vector<int64_t> positions;    // also at these positions
+  double budget_mib = 0.0;           // keep snapshots within this many MiB, evicting the least recently used (0: no limit)
+  void validate() const;
+};
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 0;        // 0: prompt-only call
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;     // finish "stop" after producing one of these (it is kept)
+  bool has_force = false;
+  std::vector<int32_t> force_ids;    // decode these instead of sampling (min(len, max_new_tokens) steps)
+  int64_t stop_latency = 0;          // steps between a STOP request and the loop acting on it (models a late STOP)
+};
+
+struct GenerateResult {
+  int64_t prompt_len = 0;
+  int64_t reused = 0;                // prompt ids taken from the state
+  int64_t tokens_read = 0;           // prompt ids read (prompt_len - reused)
+  int64_t lcp = 0;                   // common prefix with the held ids before the call
+  int64_t held_before = 0;
+  int64_t restored_checkpoint = -1;  // position of the snapshot restored, -1 if none
+  bool used_saved_logits = false;
+  std::vector<int32_t> gen_ids, drained_ids;
+  std::string finish;                // "stop" | "length" | "cancelled"
+  double prefill_ms = 0, decode_ms = 0;
+  std::vector<int64_t> checkpoints;  // after the call
+};
+
+class Session {
+ public:
+  Session(std::shared_ptr<Model> model, std::string name, CheckpointPolicy policy);
+  const std::string& name() const { return name_; }
+  // Throws std::invalid_argument (bad ids, negative max_new_tokens, context overflow, ...) or
+  // std::runtime_error (session busy) before any work.
+  void validate(const std::vector<int32_t>& prompt, const GenerateOptions& opts) const;
+  // The reuse Contract 1 gives for this prompt, without doing anything.
+  struct Plan { int64_t lcp = 0, reused = 0, restore = -1; bool saved_logits = false; };
+  Plan plan(const std::vector<int32_t>& prompt) const;
+  // Runs one call. on_token gets each id that is not drained, as soon as it is produced. stop may be
+  // set from another thread at any time.
+  GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts,
+                          const std::function<void(int32_t)>& on_token, const std::atomic<bool>* stop);
+
+  std::vector<int32_t> held() const;
+  std::vector<int64_t> checkpoints() const;
+  int64_t memory_bytes() const;      // state + snapshots + saved logits
+  int64_t snapshot_bytes() const;
+  const CheckpointPolicy& policy() const { return policy_; }
+  void set_policy(const CheckpointPolicy& p);
+  void reset();
+  bool busy() const { return busy_.load(); }
+  // Claimed by a running call; the StreamJob claims it before its thread starts.
+  bool try_claim() { bool f = false; return busy_.compare_exchange_strong(f, true); }
+  void release() { busy_.store(false); }
+
+ private:
+  void cut_to(int64_t pos, int64_t restore);
+  void read(const int32_t* ids, int64_t n, bool want_logits);
+  void maybe_checkpoint(bool prompt_end);
+  void take_checkpoint();
+  void enforce_budget();
+  bool is_checkpoint_pos(int64_t pos) const;
+
+  std::shared_ptr<Model> model_;
+  std::string name_;
+  CheckpointPolicy policy_;
+  std::unique_ptr<SessionState> state_;
+  std::vector<int32_t> held_;
+  std::vector<float> last_logits_;   // logits after held_.back(); valid when !held_.empty()
+  struct Entry { StateSnapshot snap; uint64_t last_used = 0; };
+  std::map<int64_t, Entry> snapshots_;
+  uint64_t tick_ = 0;
+  mutable std::mutex mu_;            // guards held_/snapshots_ for readers while a call runs
+  std::atomic<bool> busy_{false};
+};
+
+}  // namespace strata

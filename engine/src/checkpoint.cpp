@@ -1,0 +1,312 @@
+#include "strata/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "strata/kernels.h"
+
+namespace strata {
+
+size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::F64: case DType::I64: return 8;
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: case DType::I16: return 2;
+    case DType::I8: case DType::U8: case DType::BOOL: case DType::F8_E4M3: case DType::F8_E5M2: return 1;
+    default: return 0;
+  }
+}
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::F32: return "F32"; case DType::F16: return "F16"; case DType::BF16: return "BF16";
+    case DType::F64: return "F64"; case DType::I64: return "I64"; case DType::I32: return "I32";
+    case DType::I16: return "I16"; case DType::I8: return "I8"; case DType::U8: return "U8";
+    case DType::BOOL: return "BOOL"; case DType::F8_E4M3: return "F8_E4M3"; case DType::F8_E5M2: return "F8_E5M2";
+    default: return "OTHER";
+  }
+}
+
+bool dtype_supported(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }
+
+static DType parse_dtype(const std::string& s) {
+  static const std::pair<const char*, DType> table[] = {
+      {"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16}, {"F64", DType::F64},
+      {"I64", DType::I64}, {"I32", DType::I32}, {"I16", DType::I16}, {"I8", DType::I8},
+      {"U8", DType::U8}, {"BOOL", DType::BOOL}, {"F8_E4M3", DType::F8_E4M3}, {"F8_E5M2", DType::F8_E5M2}};
+  for (const auto& p : table)
+    if (s == p.first) return p.second;
+  return DType::OTHER;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < shape.size(); ++i) o << (i ? ", " : "") << shape[i];
+  o << "]";
+  return o.str();
+}
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<TensorInfo> SafetensorsFile::parse_header(const std::string& header, uint64_t data_size) {
+  Json j;
+  try {
+    j = Json::parse(header, 16);
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(std::string("safetensors header: ") + e.what());
+  }
+  if (!j.is_object()) throw CheckpointError("safetensors header: not a JSON object");
+  std::vector<TensorInfo> out;
+  for (const auto& kv : j.object) {
+    if (kv.first == "__metadata__") continue;
+    const std::string& name = kv.first;
+    const Json& t = kv.second;
+    auto bad = [&](const std::string& why) {
+      return CheckpointError("safetensors header: tensor '" + name + "': " + why);
+    };
+    if (!t.is_object()) throw bad("entry is not an object");
+    const Json* dt = t.find("dtype");
+    const Json* sh = t.find("shape");
+    const Json* off = t.find("data_offsets");
+    if (!dt || !dt->is_string()) throw bad("missing string field 'dtype'");
+    if (!sh || !sh->is_array()) throw bad("missing array field 'shape'");
+    if (!off || !off->is_array() || off->array.size() != 2) throw bad("field 'data_offsets' must be [begin, end]");
+    TensorInfo ti;
+    ti.name = name;
+    ti.dtype_str = dt->string;
+    ti.dtype = parse_dtype(dt->string);
+    if (ti.dtype == DType::OTHER) throw bad("unknown dtype '" + dt->string + "'");
+    if (sh->array.size() > 8) throw bad("too many dimensions");
+    uint64_t numel = 1;
+    for (const Json& d : sh->array) {
+      if (!d.is_number() || !d.integral || d.integer < 0) throw bad("shape entries must be non-negative integers");
+      if (d.integer > (int64_t(1) << 40)) throw bad("dimension too large");
+      ti.shape.push_back(d.integer);
+      numel *= uint64_t(d.integer);
+      if (numel > (uint64_t(1) << 42)) throw bad("too many elements");
+    }
+    uint64_t b = 0, e = 0;
+    for (int k = 0; k < 2; ++k) {
+      const Json& o = off->array[k];
+      if (!o.is_number() || !o.integral || o.integer < 0) throw bad("data_offsets must be non-negative integers");
+      (k == 0 ? b : e) = uint64_t(o.integer);
+    }
+    if (e < b) throw bad("data_offsets end before begin");
+    if (e > data_size) {
+      std::ostringstream m;
+      m << "data_offsets end " << e << " past the end of the data (" << data_size << " bytes; file truncated?)";
+      throw bad(m.str());
+    }
+    if (e - b != numel * dtype_size(ti.dtype)) {
+      std::ostringstream m;
+      m << "byte size " << (e - b) << " does not match shape " << shape_str(ti.shape) << " of " << ti.dtype_str;
+      throw bad(m.str());
+    }
+    ti.data = reinterpret_cast<const uint8_t*>(uintptr_t(b));
+    ti.nbytes = size_t(e - b);
+    out.push_back(std::move(ti));
+  }
+  return out;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw CheckpointError("cannot open " + path + ": " + std::strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) { ::close(fd); throw CheckpointError("cannot stat " + path); }
+  size_t size = size_t(st.st_size);
+  if (size < 8) { ::close(fd); throw CheckpointError(path + ": truncated safetensors file (" + std::to_string(size) + " bytes)"); }
+  void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) throw CheckpointError("cannot mmap " + path);
+  map_ = m;
+  map_size_ = size;
+  const uint8_t* base = static_cast<const uint8_t*>(m);
+  uint64_t n = 0;
+  for (int k = 7; k >= 0; --k) n = (n << 8) | base[k];
+  try {
+    if (n > size - 8) {
+      std::ostringstream msg;
+      msg << path << ": truncated safetensors file (header claims " << n << " bytes, file has " << size << ")";
+      throw CheckpointError(msg.str());
+    }
+    std::string header(reinterpret_cast<const char*>(base + 8), size_t(n));
+    tensors_ = parse_header(header, size - 8 - n);
+  } catch (const CheckpointError& e) {
+    munmap(map_, map_size_);
+    map_ = nullptr;
+    std::string msg = e.what();
+    if (msg.rfind(path, 0) != 0) msg = path + ": " + msg;
+    throw CheckpointError(msg);
+  }
+  const uint8_t* data = base + 8 + n;
+  for (auto& t : tensors_) t.data = data + reinterpret_cast<uintptr_t>(t.data);
+  madvise(map_, map_size_, MADV_WILLNEED);
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) munmap(map_, map_size_);
+}
+
+static std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw CheckpointError("missing file " + path);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+static bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw CheckpointError("not a checkpoint directory: " + dir);
+  std::string cfg_path = dir + "/config.json";
+  try {
+    config_ = Json::parse(read_text(cfg_path));
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(cfg_path + ": " + e.what());
+  }
+  if (!config_.is_object()) throw CheckpointError(cfg_path + ": not a JSON object");
+
+  std::vector<std::string> shard_names;
+  std::string index_path = dir + "/model.safetensors.index.json";
+  if (exists(dir + "/model.safetensors")) {
+    shard_names.push_back("model.safetensors");
+  } else if (exists(index_path)) {
+    Json idx;
+    try {
+      idx = Json::parse(read_text(index_path));
+    } catch (const std::invalid_argument& e) {
+      throw CheckpointError(index_path + ": " + e.what());
+    }
+    const Json* wm = idx.find("weight_map");
+    if (!wm || !wm->is_object()) throw CheckpointError(index_path + ": missing object 'weight_map'");
+    std::set<std::string> seen;
+    for (const auto& kv : wm->object) {
+      if (!kv.second.is_string()) throw CheckpointError(index_path + ": weight_map['" + kv.first + "'] is not a file name");
+      const std::string& f = kv.second.string;
+      if (f.find('/') != std::string::npos) throw CheckpointError(index_path + ": shard name '" + f + "' has a path separator");
+      if (seen.insert(f).second) shard_names.push_back(f);
+    }
+  } else {
+    throw CheckpointError(dir + ": neither model.safetensors nor model.safetensors.index.json found");
+  }
+  for (const auto& f : shard_names) {
+    files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + f));
+    for (const auto& t : files_.back()->tensors()) {
+      if (by_name_.count(t.name)) throw CheckpointError("tensor '" + t.name + "' appears in two shards");
+      by_name_[t.name] = &t;
+    }
+  }
+}
+
+int64_t Checkpoint::cfg_int(const std::string& key) const {
+  const Json* v = config_.find(key);
+  if (!v) throw CheckpointError("config.json: missing field '" + key + "'");
+  if (!v->is_number() || !v->integral) throw CheckpointError("config.json: field '" + key + "' must be an integer");
+  return v->integer;
+}
+
+int64_t Checkpoint::cfg_int(const std::string& key, int64_t fallback) const {
+  const Json* v = config_.find(key);
+  if (!v || v->is_null()) return fallback;
+  return cfg_int(key);
+}
+
+double Checkpoint::cfg_float(const std::string& key, double fallback) const {
+  const Json* v = config_.find(key);
+  if (!v || v->is_null()) return fallback;
+  if (!v->is_number()) throw CheckpointError("config.json: field '" + key + "' must be a number");
+  return v->number;
+}
+
+bool Checkpoint::cfg_bool(const std::string& key, bool fallback) const {
+  const Json* v = config_.find(key);
+  if (!v || v->is_null()) return fallback;
+  if (v->kind != Json::Kind::Bool) throw CheckpointError("config.json: field '" + key + "' must be true or false");
+  return v->boolean;
+}
+
+std::string Checkpoint::cfg_str(const std::string& key, const std::string& fallback) const {
+  const Json* v = config_.find(key);
+  if (!v || v->is_null()) return fallback;
+  if (!v->is_string()) throw CheckpointError("config.json: field '" + key + "' must be a string");
+  return v->string;
+}
+
+std::string Checkpoint::model_type() const {
+  std::string t = cfg_str("model_type", "");
+  if (t.empty()) throw CheckpointError("config.json: missing field 'model_type'");
+  return t;
+}
+
+const TensorInfo& Checkpoint::tensor(const std::string& name, const std::vector<int64_t>& shape) {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) throw CheckpointError(dir_ + ": missing tensor '" + name + "' (expected shape " + shape_str(shape) + ")");
+  const TensorInfo& t = *it->second;
+  if (t.shape != shape)
+    throw CheckpointError(dir_ + ": tensor '" + name + "' has shape " + shape_str(t.shape) + ", expected " + shape_str(shape));
+  if (!dtype_supported(t.dtype))
+    throw CheckpointError(dir_ + ": tensor '" + name + "' has unsupported dtype " + t.dtype_str + " (supported: F32, F16, BF16)");
+  used_.insert(name);
+  return t;
+}
+
+Mat Checkpoint::mat(const std::string& name, const std::vector<int64_t>& shape) {
+  const TensorInfo& t = tensor(name, shape);
+  Mat m;
+  m.dtype = t.dtype;
+  m.data = t.data;
+  if (shape.size() == 1) { m.rows = 1; m.cols = shape[0]; }
+  else if (shape.size() == 2) { m.rows = shape[0]; m.cols = shape[1]; }
+  else { m.rows = shape[0]; m.cols = t.numel() / (shape[0] ? shape[0] : 1); }
+  return m;
+}
+
+std::vector<float> Checkpoint::to_f32(const std::string& name, const std::vector<int64_t>& shape) {
+  Mat m = mat(name, shape);
+  std::vector<float> out(size_t(m.rows * m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) kernels::row_f32(m, r, out.data() + r * m.cols);
+  return out;
+}
+
+void Checkpoint::check_all_used(const std::vector<std::string>& ignored_prefixes) const {
+  std::vector<std::string> extra;
+  for (const auto& kv : by_name_) {
+    if (used_.count(kv.first)) continue;
+    bool ignored = false;
+    for (const auto& p : ignored_prefixes)
+      if (kv.first.rfind(p, 0) == 0) ignored = true;
+    if (!ignored) extra.push_back(kv.first);
+  }
+  if (!extra.empty()) {
+    std::string msg = dir_ + ": unexpected tensor(s) not used by the model: ";
+    for (size_t i = 0; i < extra.size() && i < 5; ++i) msg += (i ? ", '" : "'") + extra[i] + "'";
+    if (extra.size() > 5) msg += " and " + std::to_string(extra.size() - 5) + " more";
+    throw CheckpointError(msg);
+  }
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : by_name_) out.push_back(kv.first);
+  return out;
+}
+
+}  // namespace strata

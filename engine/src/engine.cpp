@@ -1,0 +1,50 @@
+#include "strata/engine.h"
+
+#include <stdexcept>
+
+namespace strata {
+
+Engine::Engine(const std::string& dir, const LoadOptions& opts) : model_(load_model(dir, opts)) {}
+
+std::vector<float> Engine::forward(const std::vector<int32_t>& ids) {
+  const ModelInfo& mi = model_->info();
+  if (ids.empty()) throw std::invalid_argument("ids must not be empty");
+  if (int64_t(ids.size()) > mi.max_context)
+    throw std::invalid_argument("context overflow: len(ids) = " + std::to_string(ids.size()) +
+                                " exceeds max_context = " + std::to_string(mi.max_context));
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= mi.vocab_size)
+      throw std::invalid_argument("ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                                  " is out of range [0, " + std::to_string(mi.vocab_size) + ")");
+  auto st = model_->new_state();
+  const int64_t n = int64_t(ids.size());
+  std::vector<float> logits(size_t(n * mi.vocab_size));
+  model_->forward(ids.data(), n, *st, Logits::All, logits.data());
+  return logits;
+}
+
+std::shared_ptr<Session> Engine::session(const std::string& name, const CheckpointPolicy* policy) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = sessions_.find(name);
+  if (it != sessions_.end()) {
+    if (policy) it->second->set_policy(*policy);
+    return it->second;
+  }
+  auto s = std::make_shared<Session>(model_, name, policy ? *policy : CheckpointPolicy{});
+  sessions_[name] = s;
+  return s;
+}
+
+std::vector<std::string> Engine::session_names() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<std::string> out;
+  for (const auto& kv : sessions_) out.push_back(kv.first);
+  return out;
+}
+
+void Engine::drop_session(const std::string& name) {
+  std::lock_guard<std::mutex> g(mu_);
+  sessions_.erase(name);
+}
+
+}  // namespace strata

@@ -1,0 +1,202 @@
+// Gated DeltaNet forward. Steps follow ENGINE_SPEC.md "GDN layer" 1-8; comments carry shapes.
+#include "gdn.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "next_ops.h"
+
+namespace strata::next {
+
+void delta_recurrent(int T, int dk, int dv, const float* q, int ldq, const float* k, int ldk, const float* v,
+                     int ldv, const float* beta, const float* g, int ldbg, float* S, float* o, int ldo) {
+  std::vector<float> kv(dv);
+  for (int t = 0; t < T; ++t) {
+    const float* qt = q + (size_t)t * ldq;
+    const float* kt = k + (size_t)t * ldk;
+    const float* vt = v + (size_t)t * ldv;
+    const float decay = std::exp(g[(size_t)t * ldbg]), b = beta[(size_t)t * ldbg];
+    // S <- exp(g) S ; kv = S^T k
+    std::fill(kv.begin(), kv.end(), 0.f);
+    for (int i = 0; i < dk; ++i) {
+      float* Si = S + (size_t)i * dv;
+      const float ki = kt[i];
+#pragma omp simd
+      for (int j = 0; j < dv; ++j) { Si[j] *= decay; kv[j] += Si[j] * ki; }
+    }
+    // delta = beta (v - S^T k) ; S += k delta^T ; o = S^T q
+    for (int j = 0; j < dv; ++j) kv[j] = b * (vt[j] - kv[j]);
+    float* ot = o + (size_t)t * ldo;
+    std::fill(ot, ot + dv, 0.f);
+    for (int i = 0; i < dk; ++i) {
+      float* Si = S + (size_t)i * dv;
+      const float ki = kt[i], qi = qt[i];
+#pragma omp simd
+      for (int j = 0; j < dv; ++j) { Si[j] += ki * kv[j]; ot[j] += Si[j] * qi; }
+    }
+  }
+}
+
+void delta_chunked(int T, int dk, int dv, const float* q, int ldq, const float* k, int ldk, const float* v,
+                   int ldv, const float* beta, const float* g, int ldbg, float* S, float* o, int ldo,
+                   int chunk) {
+  // Per chunk of n <= L tokens with start state S (the spec's closed form; a short last chunk equals
+  // HF's zero padding because padded rows have k = v = beta = g = 0):
+  //   gamma = cumsum(g); Dm_ij = exp(gamma_i - gamma_j) for i >= j (masked before exp)
+  //   A = strictly_lower(diag(beta) K K^T * Dm); solve (I + A) U = diag(beta) V, (I + A) W = diag(beta e^gamma) K
+  //   V' = U - W S;  O = (e^gamma Q) S + ((Q K^T) * Dm) V';  S <- e^{gamma_n} S + (e^{gamma_n - gamma} K)^T V'
+  const int L = chunk;
+  std::vector<float> gam(L), A((size_t)L * L), U((size_t)L * dv), W((size_t)L * dk);
+  for (int c0 = 0; c0 < T; c0 += L) {
+    const int n = std::min(L, T - c0);
+    auto Q = [&](int i) { return q + (size_t)(c0 + i) * ldq; };
+    auto Kr = [&](int i) { return k + (size_t)(c0 + i) * ldk; };
+    auto V = [&](int i) { return v + (size_t)(c0 + i) * ldv; };
+    auto B = [&](int i) { return beta[(size_t)(c0 + i) * ldbg]; };
+    float acc = 0.f;
+    for (int i = 0; i < n; ++i) { acc += g[(size_t)(c0 + i) * ldbg]; gam[i] = acc; }
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < i; ++j) A[(size_t)i * L + j] = B(i) * dot(Kr(i), Kr(j), dk) * std::exp(gam[i] - gam[j]);
+    // forward substitution, rows in order: X_i = B_i - sum_{j<i} A_ij X_j
+    for (int i = 0; i < n; ++i) {
+      float* Ui = U.data() + (size_t)i * dv;
+      float* Wi = W.data() + (size_t)i * dk;
+      const float bi = B(i), be = bi * std::exp(gam[i]);
+      for (int j = 0; j < dv; ++j) Ui[j] = bi * V(i)[j];
+      for (int j = 0; j < dk; ++j) Wi[j] = be * Kr(i)[j];
+      for (int j = 0; j < i; ++j) {
+        const float a = A[(size_t)i * L + j];
+        const float* Uj = U.data() + (size_t)j * dv;
+        const float* Wj = W.data() + (size_t)j * dk;
+#pragma omp simd
+        for (int m = 0; m < dv; ++m) Ui[m] -= a * Uj[m];
+#pragma omp simd
+        for (int m = 0; m < dk; ++m) Wi[m] -= a * Wj[m];
+      }
+    }
+    // V' = U - W S  (stored back into U)
+    for (int i = 0; i < n; ++i) {
+      float* Ui = U.data() + (size_t)i * dv;
+      const float* Wi = W.data() + (size_t)i * dk;
+      for (int m = 0; m < dk; ++m) {
+        const float wm = Wi[m];
+        const float* Sm = S + (size_t)m * dv;
+#pragma omp simd
+        for (int j = 0; j < dv; ++j) Ui[j] -= wm * Sm[j];
+      }
+    }
+    // O_i = e^{gamma_i} q_i^T S + sum_{j<=i} (q_i . k_j) e^{gamma_i - gamma_j} V'_j
+    for (int i = 0; i < n; ++i) {
+      float* oi = o + (size_t)(c0 + i) * ldo;
+      std::fill(oi, oi + dv, 0.f);
+      const float eg = std::exp(gam[i]);
+      for (int m = 0; m < dk; ++m) {
+        const float qm = Q(i)[m] * eg;
+        const float* Sm = S + (size_t)m * dv;
+#pragma omp simd
+        for (int j = 0; j < dv; ++j) oi[j] += qm * Sm[j];
+      }
+      for (int j = 0; j <= i; ++j) {
+        const float a = dot(Q(i), Kr(j), dk) * std::exp(gam[i] - gam[j]);
+        const float* Uj = U.data() + (size_t)j * dv;
+#pragma omp simd
+        for (int m = 0; m < dv; ++m) oi[m] += a * Uj[m];
+      }
+    }
+    // S <- e^{gamma_n} S + sum_j e^{gamma_n - gamma_j} k_j V'_j^T
+    const float gl = gam[n - 1], egl = std::exp(gl);
+    for (size_t m = 0; m < (size_t)dk * dv; ++m) S[m] *= egl;
+    for (int j = 0; j < n; ++j) {
+      const float e = std::exp(gl - gam[j]);
+      const float* Uj = U.data() + (size_t)j * dv;
+      for (int m = 0; m < dk; ++m) {
+        const float km = Kr(j)[m] * e;
+        float* Sm = S + (size_t)m * dv;
+#pragma omp simd
+        for (int c = 0; c < dv; ++c) Sm[c] += km * Uj[c];
+      }
+    }
+  }
+}
+
+void gdn_forward(const GdnDims& d, const GdnWeights& w, const float* x, int T, GdnState& st, float* out,
+                 DeltaMode mode, int chunk) {
+  const int Hk = d.Hk, Hv = d.Hv, dk = d.dk, dv = d.dv, K = d.K, r = Hv / Hk;
+  const int C = d.conv_channels(), P = d.qkvz_rows(), group = 2 * dk + 2 * r * dv;
+  // 1-2. projections: P [T, Hk, (q dk | k dk | v r*dv | z r*dv)], BA [T, Hk, (b r | a r)]
+  std::vector<float> proj((size_t)T * P), ba((size_t)T * 2 * Hv);
+  matmul_t(x, T, d.D, w.in_proj_qkvz, P, proj.data());
+  matmul_t(x, T, d.D, w.in_proj_ba, 2 * Hv, ba.data());
+  // 3. conv input rows ext [K-1 + T, C]: the saved window, then m_t = [Q_all | K_all | V_all]
+  std::vector<float> ext((size_t)(K - 1 + T) * C), z((size_t)T * Hv * dv), b((size_t)T * Hv), a((size_t)T * Hv);
+  std::copy(st.conv.begin(), st.conv.end(), ext.begin());
+  for (int t = 0; t < T; ++t) {
+    float* m = ext.data() + (size_t)(K - 1 + t) * C;
+    const float* pt = proj.data() + (size_t)t * P;
+    for (int gk = 0; gk < Hk; ++gk) {
+      const float* grp = pt + (size_t)gk * group;
+      std::copy(grp, grp + dk, m + gk * dk);
+      std::copy(grp + dk, grp + 2 * dk, m + Hk * dk + gk * dk);
+      std::copy(grp + 2 * dk, grp + 2 * dk + r * dv, m + 2 * Hk * dk + gk * r * dv);
+      std::copy(grp + 2 * dk + r * dv, grp + group, z.data() + (size_t)t * Hv * dv + gk * r * dv);
+      const float* bat = ba.data() + (size_t)t * 2 * Hv + gk * 2 * r;
+      for (int j = 0; j < r; ++j) {
+        b[(size_t)t * Hv + gk * r + j] = bat[j];
+        a[(size_t)t * Hv + gk * r + j] = bat[r + j];
+      }
+    }
+  }
+  // 4. depthwise causal conv + SiLU: c_t[ch] = silu(sum_j W[ch, j] * ext[t + j][ch])
+  std::vector<float> cv((size_t)T * C);
+#pragma omp parallel for schedule(static) if ((long)T * C > 16384)
+  for (int t = 0; t < T; ++t)
+    for (int ch = 0; ch < C; ++ch) {
+      float s = 0.f;
+      for (int j = 0; j < K; ++j) s += w.conv[(size_t)ch * K + j] * ext[(size_t)(t + j) * C + ch];
+      cv[(size_t)t * C + ch] = siluf(s);
+    }
+  std::copy(ext.end() - (size_t)(K - 1) * C, ext.end(), st.conv.begin());  // new window: last K-1 rows
+  // 5-6. beta, g (fp32), l2-norm q/k (eps added to the sum of squares), q scaled by dk^-0.5
+  std::vector<float> beta((size_t)T * Hv), g((size_t)T * Hv);
+  const float qscale = 1.f / std::sqrt((float)dk);
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < Hv; ++h) {
+      const size_t i = (size_t)t * Hv + h;
+      beta[i] = sigmoidf(b[i]);
+      g[i] = -std::exp(w.A_log[h]) * softplusf(a[i] + w.dt_bias[h]);
+    }
+    float* ct = cv.data() + (size_t)t * C;
+    for (int hk = 0; hk < 2 * Hk; ++hk) {  // q heads then k heads, contiguous
+      float* vec = ct + (size_t)hk * dk;
+      const float inv = 1.f / std::sqrt(dot(vec, vec, dk) + 1e-6f) * (hk < Hk ? qscale : 1.f);
+      for (int i = 0; i < dk; ++i) vec[i] *= inv;
+    }
+  }
+  // 7. delta rule per value head h (key head h / r), state S[h] fp32
+  std::vector<float> o((size_t)T * Hv * dv);
+  const bool chunked = mode == DeltaMode::Chunked || (mode == DeltaMode::Auto && T > 1);
+#pragma omp parallel for schedule(dynamic) if (Hv > 1 && (long)T * dk * dv > 4096)
+  for (int h = 0; h < Hv; ++h) {
+    const int kh = h / r;
+    const float* qh = cv.data() + (size_t)kh * dk;
+    const float* kh_ = cv.data() + (size_t)(Hk + kh) * dk;
+    const float* vh = cv.data() + (size_t)2 * Hk * dk + (size_t)h * dv;
+    float* Sh = st.S.data() + (size_t)h * dk * dv;
+    if (chunked)
+      delta_chunked(T, dk, dv, qh, C, kh_, C, vh, C, beta.data() + h, g.data() + h, Hv, Sh,
+                    o.data() + (size_t)h * dv, Hv * dv, chunk);
+    else
+      delta_recurrent(T, dk, dv, qh, C, kh_, C, vh, C, beta.data() + h, g.data() + h, Hv, Sh,
+                      o.data() + (size_t)h * dv, Hv * dv);
+  }
+  // 8. gated RMSNorm per value head (plain w): o * rsqrt(mean(o^2)+eps) * w * silu(z); then out_proj
+  for (size_t row = 0; row < (size_t)T * Hv; ++row) {
+    float* oh = o.data() + row * dv;
+    const float* zh = z.data() + row * dv;
+    const float rs = 1.f / std::sqrt(dot(oh, oh, dv) / dv + d.eps);
+    for (int j = 0; j < dv; ++j) oh[j] = w.norm[j] * (oh[j] * rs) * siluf(zh[j]);
+  }
+  matmul_t(o.data(), T, Hv * dv, w.out_proj, d.D, out);
+}
+
+}  // namespace strata::next

@@ -1,0 +1,490 @@
+#include "strata/kernels.h"
+
+// GCC 12 warns about its own AVX-512 intrinsic headers (false positives on the masked forms).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#ifdef STRATA_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+namespace strata {
+namespace kernels {
+
+// ---------------------------------------------------------------- dispatch
+static Level detect() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return Level::AVX512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return Level::AVX2;
+#endif
+  return Level::Scalar;
+}
+
+static Level initial_level() {
+  Level best = detect();
+  const char* env = std::getenv("STRATA_KERNEL");  // scalar | avx2 | avx512: cap for debugging
+  if (env) {
+    std::string s(env);
+    Level want = s == "scalar" ? Level::Scalar : s == "avx2" ? Level::AVX2 : Level::AVX512;
+    if (int(want) < int(best)) return want;
+  }
+  return best;
+}
+
+static Level g_level = initial_level();
+
+Level best_level() { return detect(); }
+Level level() { return g_level; }
+void set_level(Level l) { g_level = int(l) <= int(best_level()) ? l : best_level(); }
+const char* level_name(Level l) {
+  return l == Level::AVX512 ? "avx512" : l == Level::AVX2 ? "avx2" : "scalar";
+}
+
+// ---------------------------------------------------------------- conversions
+float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+float f16_to_f32(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+  if (exp == 0) {
+    if (man == 0) u = sign;
+    else {  // subnormal: normalise
+      int e = -1;
+      do { ++e; man <<= 1; } while (!(man & 0x400));
+      u = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3ff) << 13;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | man << 13;
+  } else {
+    u = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// ---------------------------------------------------------------- scalar kernels
+static float dot_scalar(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+static void cvt_scalar(DType dt, const void* src, int64_t n, float* out) {
+  if (dt == DType::F32) { std::memcpy(out, src, size_t(n) * 4); return; }
+  const uint16_t* p = static_cast<const uint16_t*>(src);
+  if (dt == DType::BF16) for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]);
+  else for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(p[i]);
+}
+
+static float dotw_scalar(DType dt, const void* w, const float* x, int64_t n) {
+  if (dt == DType::F32) return dot_scalar(static_cast<const float*>(w), x, n);
+  float buf[256];
+  float s = 0.f;
+  const uint16_t* p = static_cast<const uint16_t*>(w);
+  for (int64_t i = 0; i < n; i += 256) {
+    int64_t m = std::min<int64_t>(256, n - i);
+    cvt_scalar(dt, p + i, m, buf);
+    s += dot_scalar(buf, x + i, m);
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------- AVX2 + FMA + F16C
+#define STRATA_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+STRATA_AVX2 static inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+template <DType DT>
+STRATA_AVX2 static inline __m256 ld8(const void* p, int64_t i) {
+  if constexpr (DT == DType::F32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+  else if constexpr (DT == DType::BF16) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+    return _mm256_cvtph_ps(h);
+  }
+}
+
+template <DType DT>
+STRATA_AVX2 static float dotw_avx2(const void* w, const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_fmadd_ps(ld8<DT>(w, i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(ld8<DT>(w, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(ld8<DT>(w, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(ld8<DT>(w, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(ld8<DT>(w, i), _mm256_loadu_ps(x + i), a0);
+  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i < n; ++i) {
+    float wi = DT == DType::F32 ? static_cast<const float*>(w)[i]
+             : DT == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(w)[i])
+                                 : f16_to_f32(static_cast<const uint16_t*>(w)[i]);
+    s += wi * x[i];
+  }
+  return s;
+}
+
+template <DType DT>
+STRATA_AVX2 static void cvt_avx2(const void* src, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, ld8<DT>(src, i));
+  for (; i < n; ++i)
+    out[i] = DT == DType::F32 ? static_cast<const float*>(src)[i]
+           : DT == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(src)[i])
+                               : f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+}
+
+STRATA_AVX2 static void axpy_avx2(float a, const float* x, float* y, int64_t n) {
+  __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// NT tokens x NR rows of dot products over K; w rows are f32 (converted block), ldw = K.
+template <int NT, int NR>
+STRATA_AVX2 static void micro_avx2(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
+                                   int64_t ldy) {
+  __m256 acc[NT][NR];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + t * ldx + k);
+    for (int r = 0; r < NR; ++r) {
+      __m256 wv = _mm256_loadu_ps(w + r * ldw + k);
+      for (int t = 0; t < NT; ++t) acc[t][r] = _mm256_fmadd_ps(xv[t], wv, acc[t][r]);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) {
+      float s = hsum256(acc[t][r]);
+      for (int64_t kk = k; kk < K; ++kk) s += x[t * ldx + kk] * w[r * ldw + kk];
+      y[t * ldy + r] = s;
+    }
+}
+
+// ---------------------------------------------------------------- AVX-512
+#define STRATA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+
+template <DType DT>
+STRATA_AVX512 static inline __m512 ld16(const void* p, int64_t i) {
+  if constexpr (DT == DType::F32) return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+  else if constexpr (DT == DType::BF16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i));
+    return _mm512_cvtph_ps(h);
+  }
+}
+
+template <DType DT>
+STRATA_AVX512 static inline __m512 ld16m(const void* p, int64_t i, __mmask16 m) {
+  if constexpr (DT == DType::F32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+  else if constexpr (DT == DType::BF16) {
+    __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
+    return _mm512_cvtph_ps(h);
+  }
+}
+
+template <DType DT>
+STRATA_AVX512 static float dotw_avx512(const void* w, const float* x, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    a0 = _mm512_fmadd_ps(ld16<DT>(w, i), _mm512_loadu_ps(x + i), a0);
+    a1 = _mm512_fmadd_ps(ld16<DT>(w, i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    a2 = _mm512_fmadd_ps(ld16<DT>(w, i + 32), _mm512_loadu_ps(x + i + 32), a2);
+    a3 = _mm512_fmadd_ps(ld16<DT>(w, i + 48), _mm512_loadu_ps(x + i + 48), a3);
+  }
+  for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(ld16<DT>(w, i), _mm512_loadu_ps(x + i), a0);
+  if (i < n) {
+    __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    a1 = _mm512_fmadd_ps(ld16m<DT>(w, i, m), _mm512_maskz_loadu_ps(m, x + i), a1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+template <DType DT>
+STRATA_AVX512 static void cvt_avx512(const void* src, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, ld16<DT>(src, i));
+  if (i < n) {
+    __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(out + i, m, ld16m<DT>(src, i, m));
+  }
+}
+
+STRATA_AVX512 static void axpy_avx512(float a, const float* x, float* y, int64_t n) {
+  __m512 av = _mm512_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+template <int NT, int NR>
+STRATA_AVX512 static void micro_avx512(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
+                                       int64_t ldy) {
+  __m512 acc[NT][NR];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_ps(x + t * ldx + k);
+    for (int r = 0; r < NR; ++r) {
+      __m512 wv = _mm512_loadu_ps(w + r * ldw + k);
+      for (int t = 0; t < NT; ++t) acc[t][r] = _mm512_fmadd_ps(xv[t], wv, acc[t][r]);
+    }
+  }
+  if (k < K) {
+    __mmask16 m = __mmask16((1u << (K - k)) - 1);
+    __m512 xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = _mm512_maskz_loadu_ps(m, x + t * ldx + k);
+    for (int r = 0; r < NR; ++r) {
+      __m512 wv = _mm512_maskz_loadu_ps(m, w + r * ldw + k);
+      for (int t = 0; t < NT; ++t) acc[t][r] = _mm512_fmadd_ps(xv[t], wv, acc[t][r]);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) y[t * ldy + r] = _mm512_reduce_add_ps(acc[t][r]);
+}
+
+// ---------------------------------------------------------------- tables
+using DotW = float (*)(const void*, const float*, int64_t);
+using Cvt = void (*)(const void*, int64_t, float*);
+using Micro = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+
+static int dt_index(DType d) { return d == DType::F32 ? 0 : d == DType::BF16 ? 1 : 2; }
+
+static float dotw_scalar_f32(const void* w, const float* x, int64_t n) { return dotw_scalar(DType::F32, w, x, n); }
+static float dotw_scalar_bf16(const void* w, const float* x, int64_t n) { return dotw_scalar(DType::BF16, w, x, n); }
+static float dotw_scalar_f16(const void* w, const float* x, int64_t n) { return dotw_scalar(DType::F16, w, x, n); }
+static void cvt_scalar_f32(const void* s, int64_t n, float* o) { cvt_scalar(DType::F32, s, n, o); }
+static void cvt_scalar_bf16(const void* s, int64_t n, float* o) { cvt_scalar(DType::BF16, s, n, o); }
+static void cvt_scalar_f16(const void* s, int64_t n, float* o) { cvt_scalar(DType::F16, s, n, o); }
+
+static DotW dotw_fn(Level l, DType d) {
+  static const DotW t[3][3] = {
+      {dotw_scalar_f32, dotw_scalar_bf16, dotw_scalar_f16},
+      {dotw_avx2<DType::F32>, dotw_avx2<DType::BF16>, dotw_avx2<DType::F16>},
+      {dotw_avx512<DType::F32>, dotw_avx512<DType::BF16>, dotw_avx512<DType::F16>}};
+  return t[int(l)][dt_index(d)];
+}
+
+static Cvt cvt_fn(Level l, DType d) {
+  static const Cvt t[3][3] = {
+      {cvt_scalar_f32, cvt_scalar_bf16, cvt_scalar_f16},
+      {cvt_avx2<DType::F32>, cvt_avx2<DType::BF16>, cvt_avx2<DType::F16>},
+      {cvt_avx512<DType::F32>, cvt_avx512<DType::BF16>, cvt_avx512<DType::F16>}};
+  return t[int(l)][dt_index(d)];
+}
+
+static void micro_scalar(int nt, int nr, const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t K,
+                         float* y, int64_t ldy) {
+  for (int t = 0; t < nt; ++t)
+    for (int r = 0; r < nr; ++r) y[t * ldy + r] = dot_scalar(x + t * ldx, w + r * ldw, K);
+}
+
+#define STRATA_ROW4(F, T) F<T, 1>, F<T, 2>, F<T, 3>, F<T, 4>
+static const Micro kMicro512[6][4] = {{STRATA_ROW4(micro_avx512, 1)}, {STRATA_ROW4(micro_avx512, 2)},
+                                      {STRATA_ROW4(micro_avx512, 3)}, {STRATA_ROW4(micro_avx512, 4)},
+                                      {STRATA_ROW4(micro_avx512, 5)}, {STRATA_ROW4(micro_avx512, 6)}};
+static const Micro kMicro256[3][4] = {{STRATA_ROW4(micro_avx2, 1)}, {STRATA_ROW4(micro_avx2, 2)},
+                                      {STRATA_ROW4(micro_avx2, 3)}};
+#undef STRATA_ROW4
+
+void row_f32(const Mat& w, int64_t r, float* out) {
+  size_t es = dtype_size(w.dtype);
+  cvt_fn(level(), w.dtype)(static_cast<const uint8_t*>(w.data) + size_t(r * w.cols) * es, w.cols, out);
+}
+
+float dot(const float* a, const float* b, int64_t n) { return dotw_fn(level(), DType::F32)(a, b, n); }
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+  Level l = level();
+  if (l == Level::AVX512) axpy_avx512(a, x, y, n);
+  else if (l == Level::AVX2) axpy_avx2(a, x, y, n);
+  else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+  }
+}
+
+// ---------------------------------------------------------------- matmul
+void matmul(const Mat& w, const float* x, int64_t n, float* y) {
+  const int64_t rows = w.rows, K = w.cols;
+  const size_t es = dtype_size(w.dtype);
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  const Level lv = level();
+  if (n <= 3) {
+    // Decode: each weight row is read once from memory and dotted with every token.
+    DotW f = dotw_fn(lv, w.dtype);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const void* row = base + size_t(r * K) * es;
+      for (int64_t t = 0; t < n; ++t) y[t * rows + r] = f(row, x + t * K, K);
+    }
+    return;
+  }
+  // Prefill: blocks of RB rows (converted to f32 once, kept in L2) times tiles of tokens.
+  const int64_t RB = 64;
+  const int64_t nblocks = (rows + RB - 1) / RB;
+  Cvt cvt = cvt_fn(lv, w.dtype);
+  const int TN = lv == Level::AVX512 ? 6 : 3;
+#pragma omp parallel
+  {
+    std::vector<float> scratch;
+    if (w.dtype != DType::F32) scratch.resize(size_t(RB * K));
+    float tile[6 * 4];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const int64_t r0 = b * RB, nr_block = std::min(RB, rows - r0);
+      const float* wf;
+      if (w.dtype == DType::F32) {
+        wf = reinterpret_cast<const float*>(base) + r0 * K;
+      } else {
+        for (int64_t r = 0; r < nr_block; ++r) cvt(base + size_t((r0 + r) * K) * es, K, scratch.data() + r * K);
+        wf = scratch.data();
+      }
+      for (int64_t t0 = 0; t0 < n; t0 += TN) {
+        const int nt = int(std::min<int64_t>(TN, n - t0));
+        for (int64_t rr = 0; rr < nr_block; rr += 4) {
+          const int nr = int(std::min<int64_t>(4, nr_block - rr));
+          const float* wp = wf + rr * K;
+          const float* xp = x + t0 * K;
+          if (lv == Level::AVX512) kMicro512[nt - 1][nr - 1](wp, K, xp, K, K, tile, 4);
+          else if (lv == Level::AVX2) kMicro256[nt - 1][nr - 1](wp, K, xp, K, K, tile, 4);
+          else micro_scalar(nt, nr, wp, K, xp, K, K, tile, 4);
+          for (int t = 0; t < nt; ++t)
+            for (int r = 0; r < nr; ++r) y[(t0 + t) * rows + r0 + rr + r] = tile[t * 4 + r];
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- small ops
+static void rmsnorm_impl(const float* x, const float* w, int64_t d, float eps, float* y, float offset) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < d; ++i) ss += double(x[i]) * double(x[i]);
+  const float inv = 1.0f / std::sqrt(float(ss / double(d)) + eps);
+  for (int64_t i = 0; i < d; ++i) {
+    float wi = w ? w[i] + offset : 1.0f;
+    y[i] = wi * (x[i] * inv);
+  }
+}
+
+void rmsnorm(const float* x, const float* w, int64_t d, float eps, float* y) { rmsnorm_impl(x, w, d, eps, y, 0.f); }
+void rmsnorm_1p(const float* x, const float* w, int64_t d, float eps, float* y) { rmsnorm_impl(x, w, d, eps, y, 1.f); }
+
+std::vector<float> rope_inv_freq(double theta, int rd) {
+  std::vector<float> f(size_t(rd / 2));
+  for (int j = 0; j < rd / 2; ++j) {
+    float expo = float(2 * j) / float(rd);
+    f[j] = 1.0f / float(std::pow(theta, double(expo)));
+  }
+  return f;
+}
+
+void rope(float* x, int n_heads, int hd, int rd, int64_t pos, const float* inv_freq) {
+  const int half = rd / 2;
+  float c[512], s[512];
+  for (int j = 0; j < half; ++j) {
+    float a = float(pos) * inv_freq[j];
+    c[j] = std::cos(a);
+    s[j] = std::sin(a);
+  }
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + int64_t(h) * hd;
+    for (int j = 0; j < half; ++j) {
+      float x1 = v[j], x2 = v[j + half];
+      v[j] = x1 * c[j] - x2 * s[j];
+      v[j + half] = x2 * c[j] + x1 * s[j];
+    }
+  }
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void add(float* y, const float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v, int64_t pos0,
+               float* out) {
+  const int group = H / Hkv;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const int64_t kv_stride = int64_t(Hkv) * hd;
+#pragma omp parallel
+  {
+    std::vector<float> scores(size_t(pos0 + n));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) {
+      for (int h = 0; h < H; ++h) {
+        const int64_t p = pos0 + i;  // keys 0..p are visible
+        const int g = h / group;
+        const float* qv = q + (i * H + h) * hd;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= p; ++j) {
+          float sc = dot(qv, k + j * kv_stride + int64_t(g) * hd, hd) * scale;
+          scores[j] = sc;
+          mx = std::max(mx, sc);
+        }
+        float sum = 0.f;
+        for (int64_t j = 0; j <= p; ++j) {
+          scores[j] = std::exp(scores[j] - mx);
+          sum += scores[j];
+        }
+        float* o = out + (i * H + h) * hd;
+        std::fill(o, o + hd, 0.f);
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j <= p; ++j) axpy(scores[j] * inv, v + j * kv_stride + int64_t(g) * hd, o, hd);
+      }
+    }
+  }
+}
+
+}  // namespace kernels
+}  // namespace strata

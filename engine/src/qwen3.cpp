@@ -1,0 +1,137 @@
+#include "qwen3.h"
+
+#include <cmath>
+#include <string>
+
+#include "strata/kernels.h"
+
+namespace strata {
+
+namespace k = kernels;
+
+Qwen3Model::Qwen3Model(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts) : ckpt_(std::move(ckpt)) {
+  Checkpoint& c = *ckpt_;
+  const int64_t V = c.cfg_int("vocab_size");
+  D_ = c.cfg_int("hidden_size");
+  const int64_t L = c.cfg_int("num_hidden_layers");
+  H_ = c.cfg_int("num_attention_heads");
+  Hkv_ = c.cfg_int("num_key_value_heads", H_);
+  hd_ = c.cfg_int("head_dim", 128);
+  I_ = c.cfg_int("intermediate_size");
+  eps_ = float(c.cfg_float("rms_norm_eps", 1e-6));
+  auto positive = [&](const char* name, int64_t v) {
+    if (v <= 0) throw CheckpointError("config.json: field '" + std::string(name) + "' must be positive, got " + std::to_string(v));
+  };
+  positive("vocab_size", V); positive("hidden_size", D_); positive("num_hidden_layers", L);
+  positive("num_attention_heads", H_); positive("num_key_value_heads", Hkv_); positive("head_dim", hd_);
+  positive("intermediate_size", I_);
+  if (H_ % Hkv_ != 0) throw CheckpointError("config.json: num_attention_heads must be a multiple of num_key_value_heads");
+  if (hd_ % 2 != 0 || hd_ > 1024) throw CheckpointError("config.json: head_dim must be even and <= 1024");
+  if (c.cfg_bool("attention_bias", false)) throw CheckpointError("config.json: attention_bias=true is not supported");
+  std::string act = c.cfg_str("hidden_act", "silu");
+  if (act != "silu") throw CheckpointError("config.json: hidden_act '" + act + "' is not supported (silu only)");
+  double theta = 10000.0;
+  if (const Json* rp = c.config().find("rope_parameters"); rp && rp->is_object()) {
+    if (const Json* t = rp->find("rope_theta"); t && t->is_number()) theta = t->number;
+  } else {
+    theta = c.cfg_float("rope_theta", 10000.0);
+  }
+  if (const Json* rs = c.config().find("rope_scaling"); rs && rs->is_object()) {
+    const Json* ty = rs->find("rope_type");
+    if (!ty) ty = rs->find("type");
+    if (ty && ty->is_string() && ty->string != "default")
+      throw CheckpointError("config.json: rope_scaling type '" + ty->string + "' is not supported");
+  }
+  inv_freq_ = k::rope_inv_freq(theta, int(hd_));
+
+  info_.model_type = "qwen3";
+  info_.vocab_size = V;
+  info_.hidden_size = D_;
+  info_.num_layers = L;
+  const int64_t cfg_ctx = c.cfg_int("max_position_embeddings", 32768);
+  info_.max_context = opts.max_context > 0 ? opts.max_context : cfg_ctx;
+
+  const bool tied = c.cfg_bool("tie_word_embeddings", false);
+  embed_ = c.mat("model.embed_tokens.weight", {V, D_});
+  final_norm_ = c.to_f32("model.norm.weight", {D_});
+  lm_head_ = tied ? embed_ : c.mat("lm_head.weight", {V, D_});
+  if (tied && c.has("lm_head.weight")) c.mat("lm_head.weight", {V, D_});  // tolerated duplicate; unused
+  layers_.resize(size_t(L));
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer& ly = layers_[size_t(i)];
+    ly.input_norm = c.to_f32(p + "input_layernorm.weight", {D_});
+    ly.post_norm = c.to_f32(p + "post_attention_layernorm.weight", {D_});
+    ly.q_norm = c.to_f32(p + "self_attn.q_norm.weight", {hd_});
+    ly.k_norm = c.to_f32(p + "self_attn.k_norm.weight", {hd_});
+    ly.wq = c.mat(p + "self_attn.q_proj.weight", {H_ * hd_, D_});
+    ly.wk = c.mat(p + "self_attn.k_proj.weight", {Hkv_ * hd_, D_});
+    ly.wv = c.mat(p + "self_attn.v_proj.weight", {Hkv_ * hd_, D_});
+    ly.wo = c.mat(p + "self_attn.o_proj.weight", {D_, H_ * hd_});
+    ly.w_gate = c.mat(p + "mlp.gate_proj.weight", {I_, D_});
+    ly.w_up = c.mat(p + "mlp.up_proj.weight", {I_, D_});
+    ly.w_down = c.mat(p + "mlp.down_proj.weight", {D_, I_});
+  }
+  c.check_all_used({});
+  int64_t wb = 0;
+  for (const auto& name : c.names()) wb += int64_t(c.tensor_info(name).nbytes);
+  info_.weight_bytes = wb;
+  threads_ = opts.threads;
+}
+
+std::unique_ptr<SessionState> Qwen3Model::new_state() const {
+  auto st = std::make_unique<SessionState>();
+  for (size_t i = 0; i < layers_.size(); ++i) st->layers.push_back(std::make_unique<AttentionKV>(int(Hkv_), int(hd_)));
+  return st;
+}
+
+void Qwen3Model::forward(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits) {
+  use_threads(threads_);
+  const int64_t D = D_, qd = H_ * hd_, kvd = Hkv_ * hd_, pos0 = state.n_tokens;
+  // Activations, row-major per token: h [n, D], xn [n, D], q [n, H*hd], att [n, H*hd], g/u [n, I].
+  std::vector<float> h(size_t(n * D)), xn(size_t(n * D)), tmp(size_t(n * D));
+  std::vector<float> q(size_t(n * qd)), att(size_t(n * qd));
+  std::vector<float> g(size_t(n * I_)), u(size_t(n * I_));
+  for (int64_t t = 0; t < n; ++t) k::row_f32(embed_, tokens[t], h.data() + t * D);
+
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& ly = layers_[li];
+    auto& kv = static_cast<AttentionKV&>(*state.layers[li]);
+    for (int64_t t = 0; t < n; ++t) k::rmsnorm(h.data() + t * D, ly.input_norm.data(), D, eps_, xn.data() + t * D);
+    float *kc, *vc;
+    kv.append(n, &kc, &vc);  // this chunk's rows of the cache: [n, Hkv, hd]
+    k::matmul(ly.wq, xn.data(), n, q.data());
+    k::matmul(ly.wk, xn.data(), n, kc);
+    k::matmul(ly.wv, xn.data(), n, vc);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t hh = 0; hh < H_; ++hh) {
+        float* qh = q.data() + (t * H_ + hh) * hd_;
+        k::rmsnorm(qh, ly.q_norm.data(), hd_, eps_, qh);
+      }
+      for (int64_t hh = 0; hh < Hkv_; ++hh) {
+        float* kh = kc + (t * Hkv_ + hh) * hd_;
+        k::rmsnorm(kh, ly.k_norm.data(), hd_, eps_, kh);
+      }
+      k::rope(q.data() + t * qd, int(H_), int(hd_), int(hd_), pos0 + t, inv_freq_.data());
+      k::rope(kc + t * kvd, int(Hkv_), int(hd_), int(hd_), pos0 + t, inv_freq_.data());
+    }
+    k::attention(q.data(), n, int(H_), int(Hkv_), int(hd_), kv.k(), kv.v(), pos0, att.data());
+    k::matmul(ly.wo, att.data(), n, tmp.data());
+    k::add(h.data(), tmp.data(), n * D);
+
+    for (int64_t t = 0; t < n; ++t) k::rmsnorm(h.data() + t * D, ly.post_norm.data(), D, eps_, xn.data() + t * D);
+    k::matmul(ly.w_gate, xn.data(), n, g.data());
+    k::matmul(ly.w_up, xn.data(), n, u.data());
+    k::silu_mul(g.data(), u.data(), n * I_);
+    k::matmul(ly.w_down, g.data(), n, tmp.data());
+    k::add(h.data(), tmp.data(), n * D);
+  }
+  state.n_tokens = pos0 + n;
+
+  if (mode == Logits::None) return;
+  const int64_t first = mode == Logits::All ? 0 : n - 1, m = n - first;
+  for (int64_t t = 0; t < m; ++t) k::rmsnorm(h.data() + (first + t) * D, final_norm_.data(), D, eps_, xn.data() + t * D);
+  k::matmul(lm_head_, xn.data(), m, logits);
+}
+
+}  // namespace strata

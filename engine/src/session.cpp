@@ -1,0 +1,247 @@
+#include "strata/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+namespace strata {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+constexpr int64_t kMaxChunk = 512;  // prefill chunk: bounds activation memory
+}  // namespace
+
+void CheckpointPolicy::validate() const {
+  if (every < 0) throw std::invalid_argument("checkpoints.every must be >= 0, got " + std::to_string(every));
+  for (int64_t p : positions)
+    if (p <= 0) throw std::invalid_argument("checkpoints.positions must be > 0, got " + std::to_string(p));
+  if (!(budget_mib >= 0.0)) throw std::invalid_argument("checkpoints.budget_mib must be >= 0");
+}
+
+Session::Session(std::shared_ptr<Model> model, std::string name, CheckpointPolicy policy)
+    : model_(std::move(model)), name_(std::move(name)), policy_(std::move(policy)) {
+  policy_.validate();
+  state_ = model_->new_state();
+}
+
+void Session::set_policy(const CheckpointPolicy& p) {
+  p.validate();
+  std::lock_guard<std::mutex> g(mu_);
+  policy_ = p;
+  enforce_budget();
+}
+
+static void check_ids(const std::vector<int32_t>& ids, int64_t V, const char* field) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= V)
+      throw std::invalid_argument(std::string(field) + "[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                                  " is out of range [0, " + std::to_string(V) + ")");
+}
+
+void Session::validate(const std::vector<int32_t>& prompt, const GenerateOptions& opts) const {
+  const ModelInfo& mi = model_->info();
+  if (prompt.empty()) throw std::invalid_argument("prompt_ids must not be empty");
+  check_ids(prompt, mi.vocab_size, "prompt_ids");
+  if (opts.max_new_tokens < 0)
+    throw std::invalid_argument("max_new_tokens must be >= 0, got " + std::to_string(opts.max_new_tokens));
+  if (opts.stop_latency < 0)
+    throw std::invalid_argument("stop_latency must be >= 0, got " + std::to_string(opts.stop_latency));
+  opts.sampling.validate();
+  check_ids(opts.stop_ids, mi.vocab_size, "stop_ids");
+  if (opts.has_force) check_ids(opts.force_ids, mi.vocab_size, "force_ids");
+  const int64_t need = int64_t(prompt.size()) + opts.max_new_tokens;
+  if (need > mi.max_context)
+    throw std::invalid_argument("context overflow: len(prompt_ids) + max_new_tokens = " + std::to_string(need) +
+                                " exceeds max_context = " + std::to_string(mi.max_context));
+}
+
+Session::Plan Session::plan(const std::vector<int32_t>& prompt) const {
+  std::lock_guard<std::mutex> g(mu_);
+  Plan p;
+  const int64_t P = int64_t(prompt.size()), Hn = int64_t(held_.size());
+  while (p.lcp < std::min(P, Hn) && prompt[size_t(p.lcp)] == held_[size_t(p.lcp)]) ++p.lcp;
+  if (P > 0 && p.lcp == P && P == Hn) {
+    p.reused = P;
+    p.saved_logits = true;
+    return p;
+  }
+  const int64_t l = std::min(p.lcp, P - 1);
+  if (state_->can_truncate() || l == Hn) {
+    p.reused = std::max<int64_t>(l, 0);
+    return p;
+  }
+  int64_t c = 0;
+  for (const auto& kv : snapshots_)
+    if (kv.first <= l) c = kv.first;
+  p.reused = c;
+  p.restore = c;
+  return p;
+}
+
+void Session::cut_to(int64_t pos, int64_t restore) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (pos == int64_t(held_.size())) return;
+  if (restore > 0) {
+    Entry& e = snapshots_.at(restore);
+    e.last_used = ++tick_;
+    e.snap.restore_into(*state_);
+  } else if (restore == 0) {
+    state_->reset();
+  } else {
+    state_->truncate(pos);
+  }
+  held_.resize(size_t(pos));
+  // Snapshots past the cut describe ids that are no longer held.
+  snapshots_.erase(snapshots_.upper_bound(pos), snapshots_.end());
+}
+
+bool Session::is_checkpoint_pos(int64_t pos) const {
+  if (pos <= 0) return false;
+  if (policy_.every > 0 && pos % policy_.every == 0) return true;
+  return std::find(policy_.positions.begin(), policy_.positions.end(), pos) != policy_.positions.end();
+}
+
+void Session::take_checkpoint() {
+  Entry e;
+  e.snap = StateSnapshot::take(*state_);
+  e.last_used = ++tick_;
+  snapshots_[state_->n_tokens] = std::move(e);
+  enforce_budget();
+}
+
+void Session::enforce_budget() {
+  if (policy_.budget_mib <= 0.0) return;
+  const double budget = policy_.budget_mib * 1024.0 * 1024.0;
+  auto total = [&] {
+    int64_t b = 0;
+    for (const auto& kv : snapshots_) b += kv.second.snap.bytes();
+    return b;
+  };
+  while (!snapshots_.empty() && double(total()) > budget) {
+    auto lru = snapshots_.begin();
+    for (auto it = snapshots_.begin(); it != snapshots_.end(); ++it)
+      if (it->second.last_used < lru->second.last_used) lru = it;
+    snapshots_.erase(lru);
+  }
+}
+
+void Session::maybe_checkpoint(bool prompt_end) {
+  if ((prompt_end && policy_.at_prompt_end) || is_checkpoint_pos(state_->n_tokens)) {
+    std::lock_guard<std::mutex> g(mu_);
+    take_checkpoint();
+  }
+}
+
+// Reads ids into the state, splitting at checkpoint positions and at kMaxChunk.
+void Session::read(const int32_t* ids, int64_t n, bool want_logits) {
+  const int64_t V = model_->info().vocab_size;
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t pos = state_->n_tokens;
+    int64_t m = std::min(kMaxChunk, n - done);
+    for (int64_t j = 1; j < m; ++j)
+      if (is_checkpoint_pos(pos + j)) { m = j; break; }
+    const bool last = done + m == n;
+    if (last && want_logits) last_logits_.resize(size_t(V));
+    model_->forward(ids + done, m, *state_, last && want_logits ? Logits::Last : Logits::None, last_logits_.data());
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      held_.insert(held_.end(), ids + done, ids + done + m);
+    }
+    done += m;
+    if (!last && is_checkpoint_pos(state_->n_tokens)) {
+      std::lock_guard<std::mutex> g(mu_);
+      take_checkpoint();
+    }
+  }
+}
+
+GenerateResult Session::generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts,
+                                 const std::function<void(int32_t)>& on_token, const std::atomic<bool>* stop) {
+  validate(prompt, opts);
+  GenerateResult r;
+  const auto t0 = Clock::now();
+  const Plan p = plan(prompt);
+  const int64_t P = int64_t(prompt.size());
+  r.prompt_len = P;
+  r.lcp = p.lcp;
+  r.held_before = int64_t(held().size());
+  r.reused = p.reused;
+  r.tokens_read = P - p.reused;
+  r.restored_checkpoint = p.restore > 0 || (p.restore == 0 && r.held_before > 0) ? p.restore : -1;
+  r.used_saved_logits = p.saved_logits;
+
+  cut_to(p.reused, p.restore);
+  if (!p.saved_logits) read(prompt.data() + p.reused, P - p.reused, true);
+  maybe_checkpoint(true);
+  r.prefill_ms = ms_since(t0);
+
+  const auto t1 = Clock::now();
+  const int64_t V = model_->info().vocab_size;
+  const int64_t steps = opts.has_force ? std::min<int64_t>(opts.max_new_tokens, int64_t(opts.force_ids.size()))
+                                       : opts.max_new_tokens;
+  Sampler sampler(opts.sampling);
+  std::string natural = "length";
+  int64_t req_step = -1;  // step during which the STOP request was first seen
+  for (int64_t i = 0; i < steps; ++i) {
+    if (stop && req_step < 0 && stop->load()) req_step = i - 1;  // arrived between steps
+    if (req_step >= 0 && i > req_step + opts.stop_latency) break;
+    const int32_t id = opts.has_force ? opts.force_ids[size_t(i)] : sampler.sample(last_logits_.data(), V);
+    if (stop && req_step < 0 && stop->load()) req_step = i;
+    if (req_step >= 0) r.drained_ids.push_back(id);
+    else {
+      r.gen_ids.push_back(id);
+      if (on_token) on_token(id);
+    }
+    read(&id, 1, true);
+    maybe_checkpoint(false);
+    if (std::find(opts.stop_ids.begin(), opts.stop_ids.end(), id) != opts.stop_ids.end()) {
+      natural = "stop";
+      break;
+    }
+  }
+  r.finish = req_step >= 0 ? "cancelled" : natural;
+  r.decode_ms = ms_since(t1);
+  r.checkpoints = checkpoints();
+  return r;
+}
+
+std::vector<int32_t> Session::held() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return held_;
+}
+
+std::vector<int64_t> Session::checkpoints() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<int64_t> out;
+  for (const auto& kv : snapshots_) out.push_back(kv.first);
+  return out;
+}
+
+int64_t Session::snapshot_bytes() const {
+  std::lock_guard<std::mutex> g(mu_);
+  int64_t b = 0;
+  for (const auto& kv : snapshots_) b += kv.second.snap.bytes();
+  return b;
+}
+
+int64_t Session::memory_bytes() const {
+  int64_t b = snapshot_bytes();
+  std::lock_guard<std::mutex> g(mu_);
+  return b + state_->bytes() + int64_t(last_logits_.capacity() * sizeof(float)) +
+         int64_t(held_.capacity() * sizeof(int32_t));
+}
+
+void Session::reset() {
+  if (busy_.load()) throw std::runtime_error("session '" + name_ + "' is busy: a generate call is running");
+  std::lock_guard<std::mutex> g(mu_);
+  state_->reset();
+  held_.clear();
+  snapshots_.clear();
+  last_logits_.clear();
+}
+
+}  // namespace strata

@@ -1,0 +1,300 @@
+"""Python face of the C++ engine: Engine, Session, Stream, Sampling, CheckpointPolicy.
+
+A Session follows Contract 1 (shared/DESIGN.md). Its reuse rule, which the replay models exactly:
+
+* ``lcp`` = longest common prefix of the prompt and the held ids.
+* If the prompt equals the held ids, ``reused = len(prompt)``: nothing is read, the logits the session
+  saved after its last id are used (a session always keeps them).
+* Otherwise ``l = min(lcp, len(prompt) - 1)``: at least the last prompt id is read, for its logits.
+  Attention-only models (Qwen3): ``reused = l``. Hybrid models: ``reused = l`` if ``l == len(held)``,
+  else the largest checkpoint ``c <= l`` (0 if none), whose snapshot is restored (KV cut to ``c``).
+* Every generated id is read into the state before the call returns, drained ids included, so afterwards
+  ``held_ids == prompt_ids + gen_ids + drained_ids``.
+
+>>> import tempfile
+>>> from strata_lab.checkpoints import make_tiny
+>>> engine = Engine.load(make_tiny(tempfile.mkdtemp()), threads=1)
+>>> s = engine.session("demo")
+>>> r = s.generate([9707, 1879], max_new_tokens=3).result
+>>> (r.reused, r.prompt_len, len(r.gen_ids), r.finish)
+(0, 2, 3, 'length')
+>>> s.generate(s.held_ids + [13], max_new_tokens=0).result.reused
+5
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["Engine", "Session", "Stream", "Sampling", "CheckpointPolicy", "GenerateResult", "CheckpointError"]
+
+
+def _ext():
+    from . import _engine
+
+    return _engine
+
+
+def __getattr__(name: str):
+    if name == "CheckpointError":  # the extension's exception, without importing it at module import
+        return _ext().CheckpointError
+    raise AttributeError(name)
+
+
+def _as_ids(ids, field_name: str, vocab_size: int) -> list[int]:
+    a = np.asarray(ids)
+    if a.size == 0:
+        return []
+    if a.ndim != 1:
+        raise ValueError(f"{field_name} must be a 1-D sequence of ids, got shape {a.shape}")
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{field_name} must hold integers, got dtype {a.dtype}")
+    bad = np.flatnonzero((a < 0) | (a >= vocab_size))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{field_name}[{i}] = {int(a[i])} is out of range [0, {vocab_size})")
+    return a.astype(np.int64).tolist()
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings; ``temperature=0`` is greedy. The same seed gives the same ids.
+
+    >>> Sampling(temperature=0.7, top_p=0.9, seed=1).top_p
+    0.9
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if int(self.top_k) < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= int(self.seed) < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+
+    def _native(self):
+        p = _ext().SamplingParams()
+        p.temperature, p.top_k, p.top_p, p.min_p, p.seed = (
+            float(self.temperature), int(self.top_k), float(self.top_p), float(self.min_p), int(self.seed))
+        return p
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """Where a session saves state snapshots (checkpoints). Qwen3's snapshots are empty (0 bytes): its KV
+    cache can be cut anywhere; hybrid models restore them when the prompt leaves the held ids.
+
+    >>> CheckpointPolicy(every=256, budget_mib=512).every
+    256
+    """
+
+    at_prompt_end: bool = True          # one snapshot at the end of each prompt (the turn start)
+    every: int = 0                      # also every N tokens (0: off)
+    positions: tuple[int, ...] = ()     # also at these positions
+    budget_mib: float = 0.0             # evict least recently used snapshots beyond this (0: no limit)
+
+    def __post_init__(self):
+        if int(self.every) < 0:
+            raise ValueError(f"every must be >= 0, got {self.every}")
+        if any(int(p) <= 0 for p in self.positions):
+            raise ValueError(f"positions must be > 0, got {list(self.positions)}")
+        if not self.budget_mib >= 0:
+            raise ValueError(f"budget_mib must be >= 0, got {self.budget_mib}")
+
+    def _native(self):
+        p = _ext().CheckpointPolicy()
+        p.at_prompt_end, p.every = bool(self.at_prompt_end), int(self.every)
+        p.positions, p.budget_mib = [int(x) for x in self.positions], float(self.budget_mib)
+        return p
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """What one generate call did (one dump line's worth)."""
+
+    prompt_len: int
+    reused: int                       # prompt ids taken from the session's state
+    tokens_read: int                  # prompt_len - reused
+    lcp: int                          # common prefix with the held ids before the call
+    held_before: int
+    restored_checkpoint: Optional[int]  # snapshot position restored (hybrid models), else None
+    used_saved_logits: bool           # prompt == held: nothing read
+    gen_ids: list[int]
+    drained_ids: list[int]            # produced after stop() was requested; kept in the session
+    finish: str                       # "stop" | "length" | "cancelled"
+    prefill_ms: float
+    decode_ms: float
+    checkpoints: list[int] = field(default_factory=list)  # positions restorable after the call
+
+
+class Stream:
+    """Iterates the generated ids of one call as the C++ decode thread produces them.
+
+    ``stop()`` asks the loop to stop; ids produced after the request are drained: not yielded, reported
+    in ``result.drained_ids`` and kept in the session. ``result`` waits for the end of the call.
+    """
+
+    def __init__(self, job):
+        self._job = job
+        self._result: Optional[GenerateResult] = None
+
+    def __iter__(self) -> Iterator[int]:
+        return self
+
+    def __next__(self) -> int:
+        i = self._job.next()  # blocks with the GIL released
+        if i is None:
+            raise StopIteration
+        return i
+
+    def stop(self) -> None:
+        self._job.stop()
+
+    @property
+    def done(self) -> bool:
+        return self._job.done()
+
+    @property
+    def result(self) -> GenerateResult:
+        if self._result is None:
+            self._result = GenerateResult(**self._job.result())
+        return self._result
+
+    def ids(self) -> list[int]:
+        """Consume the stream; returns the generated (not drained) ids."""
+        return list(self)
+
+
+class Session:
+    """Named state in an Engine: held ids, KV cache, checkpoints. Get one with ``engine.session(name)``."""
+
+    def __init__(self, engine: "Engine", native):
+        self._engine = engine
+        self._s = native
+
+    @property
+    def name(self) -> str:
+        return self._s.name
+
+    @property
+    def held_ids(self) -> list[int]:
+        return self._s.held_ids()
+
+    @property
+    def checkpoints(self) -> list[int]:
+        return self._s.checkpoints()
+
+    @property
+    def memory_bytes(self) -> int:
+        return self._s.memory_bytes()
+
+    @property
+    def snapshot_bytes(self) -> int:
+        return self._s.snapshot_bytes()
+
+    def reset(self) -> None:
+        self._s.reset()
+
+    def plan(self, prompt_ids: Sequence[int]) -> dict:
+        """The reuse the next call with ``prompt_ids`` would get (lcp, reused, restore, saved_logits)."""
+        return self._s.plan(_as_ids(prompt_ids, "prompt_ids", self._engine.vocab_size))
+
+    def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Sampling = Sampling(),
+                 stop_ids: Sequence[int] = (), force_ids: Optional[Sequence[int]] = None,
+                 stop_latency: int = 0) -> Stream:
+        """Start one call: reuse per Contract 1, read the rest of the prompt, then decode.
+
+        ``max_new_tokens=0`` only reads the prompt. ``force_ids`` decodes those ids instead of sampling
+        (min(len(force_ids), max_new_tokens) steps). ``stop_latency`` delays the loop's reaction to
+        ``stop()`` by that many steps (models a late STOP). Bad input raises before any work.
+
+        >>> import tempfile
+        >>> from strata_lab.checkpoints import make_tiny
+        >>> s = Engine.load(make_tiny(tempfile.mkdtemp()), threads=1).session("a")
+        >>> stream = s.generate([1, 2, 3], max_new_tokens=4, sampling=Sampling(temperature=1.0, seed=7))
+        >>> ids = list(stream)
+        >>> s.held_ids == [1, 2, 3] + ids
+        True
+        """
+        V = self._engine.vocab_size
+        if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool):
+            raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
+        if not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+        opts = _ext().GenerateOptions()
+        opts.max_new_tokens = int(max_new_tokens)
+        opts.sampling = sampling._native()
+        opts.stop_ids = _as_ids(list(stop_ids), "stop_ids", V)
+        if force_ids is not None:
+            opts.has_force = True
+            opts.force_ids = _as_ids(list(force_ids), "force_ids", V)
+        opts.stop_latency = int(stop_latency)
+        prompt = _as_ids(prompt_ids, "prompt_ids", V)
+        return Stream(_ext().StreamJob(self._s, prompt, opts, V))
+
+    def __repr__(self) -> str:
+        return f"Session({self.name!r}, held={len(self.held_ids)}, checkpoints={self.checkpoints})"
+
+
+class Engine:
+    """A loaded checkpoint and its sessions. Load with ``Engine.load(path)``."""
+
+    def __init__(self, native, path: str):
+        self._e = native
+        self.path = path
+        self.info: dict = native.info()
+        self._sessions: dict[str, Session] = {}
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, threads: Optional[int] = None,
+             max_context: Optional[int] = None) -> "Engine":
+        """Load a Hugging Face checkpoint directory (config.json + safetensors, f32/f16/bf16, mmapped).
+
+        ``threads``: OpenMP threads (None: all cores). ``max_context``: tokens a session may hold
+        (None: config max_position_embeddings). Bad files raise CheckpointError (a ValueError).
+        """
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+        if max_context is not None and (not isinstance(max_context, int) or max_context < 1):
+            raise ValueError(f"max_context must be a positive int or None, got {max_context!r}")
+        path = os.fspath(path)
+        return cls(_ext().Engine(path, threads or 0, max_context or 0), path)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info["vocab_size"]
+
+    @property
+    def max_context(self) -> int:
+        return self.info["max_context"]
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """Logits ``[len(ids), vocab_size]`` (float32) of a fresh sequence; no session is touched."""
+        return self._e.forward(_as_ids(ids, "ids", self.vocab_size))
+
+    def session(self, name: str, *, checkpoints: Optional[CheckpointPolicy] = None) -> Session:
+        """The session called ``name`` (created on first use; ``checkpoints`` sets its policy)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        if checkpoints is not None and not isinstance(checkpoints, CheckpointPolicy):
+            raise TypeError("checkpoints must be a CheckpointPolicy")
+        native = self._e.session(name, checkpoints._native() if checkpoints else None)
+        if name not in self._sessions:
+            self._sessions[name] = Session(self, native)
+        return self._sessions[name]
+
+    def __repr__(self) -> str:
+        return f"Engine({self.path!r}, {self.info['model_type']}, layers={self.info['num_layers']})"
