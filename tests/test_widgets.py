@@ -121,3 +121,26 @@ def test_reuse_dashboard(dump_path):
     d.policies.value = ("recorded", "every:64")
     assert list(d.refresh()["policy"]) == ["recorded", "every:64"]
     assert "reread" in d.summary.value
+
+
+def test_prefix_experiment_on_the_tiny_engine(tmp_path):
+    pytest.importorskip("strata_lab._engine")
+    from strata_lab.checkpoints import make_tiny
+    from strata_lab.engine import Engine
+    from strata_lab.widgets import PrefixExperiment
+
+    engine = Engine.load(make_tiny(tmp_path / "m"), threads=1)
+    w = PrefixExperiment(engine, [{"role": "user", "content": "Merhaba"}], assistant_prefix="Tamam,",
+                         max_new_tokens=5, top_k=3)
+    r = w.run()
+    without, with_ = r["without"], r["with"]
+    assert with_["prompt_ids"][:len(without["prompt_ids"]) - 1] != [] and with_["prompt_ids"] != without["prompt_ids"]
+    assert w.explorer.tok.decode(with_["prompt_ids"]).endswith("Tamam,")
+    for side in (without, with_):
+        assert len(side["gen_ids"]) <= 5 and len(side["top"]) == 3
+        probs = [p for _, _, p in side["top"]]
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1
+        assert side["gen_ids"][0] == side["top"][0][0]  # greedy: the first step takes the top candidate
+    assert "with prefix" in w.right.value and str(with_["gen_ids"][0]) in w.right.value
+    with pytest.raises(ValueError, match="top_k"):
+        PrefixExperiment(engine, top_k=0)
