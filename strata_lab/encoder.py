@@ -18,10 +18,11 @@ are the same in the old and new text iff every regex match before `b` examined o
 has no lookbehind, so the match at `q` depends only on text from `q` onward; from its alternatives, it
 examines at most up to `max(q+3, run_end(q)+1, run_end(q+1)+1)`, where `run_end` is the end of the run of
 letters / digits / whitespace / other starting there (an "other" run extended by the whitespace after it,
-for `[\r\n]*`), capped at the segment end, which is itself "examined" up to the end of the added token
-that ends the segment (or end of text). Classes are taken as supersets (unassigned code points join every
-class), so this is an upper bound. Each cut stores `reach`, the prefix maximum of these windows; a cut is
-safe iff `cut <= d`, `reach <= d`, and no added-token text in the new prompt straddles it.
+for `[\r\n]*`); a scan that reaches the segment end examined the added token that ends the segment up
+to its end (or the end of text, at len+1). Classes are taken as supersets (unassigned code points join
+every class), so this is an upper bound. Each cut stores `reach`, the prefix maximum of these windows. A cut
+is safe iff `cut <= d' and reach <= d'`, where d' is d moved back to the start of any added-token text of
+the new prompt that begins before d and ends after it, and no added-token text straddles the cut.
 
 >>> from strata_lab import load_tokenizer
 >>> tok = load_tokenizer("qwen3")
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -76,7 +78,7 @@ class _Entry:
     def __init__(self, kind, text, ids, cut_chars, cut_tokens, cut_reach, prompt_len, prompt_chars):
         self.kind = kind
         self.text = text
-        self.ids = ids                # np.int32 [n_ids]
+        self.ids = ids                # list[int]: what encode returned / prompt + reply ids
         self.cut_chars = cut_chars    # char offset of each cut
         self.cut_tokens = cut_tokens  # ids before each cut
         self.cut_reach = cut_reach    # cut usable iff reach <= first text difference (non-decreasing)
@@ -112,7 +114,6 @@ class PromptEncoder:
         self._max_tag = max((len(t) for t in self._tags), default=0)
         # a tag that is a proper prefix of another could still grow into it: its window covers that
         self._tag_len = {i: max(len(u) for u in self._tags if u.startswith(t)) for t, i in self._tags.items()}
-        self._runs = None
 
     # --- public ---------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -133,21 +134,28 @@ class PromptEncoder:
         start_reach = int(best.cut_reach[best_j]) if best is not None else 0
         fresh = self.tokenizer.hf.encode(text[best_c:], add_special_tokens=False)
         f_chars, f_tokens, f_reach = self._fresh_cuts(text, best_c, fresh, kept, start_reach)
+        supersede = best is not None and kept and text.startswith(best.text)
+        if supersede:  # wholly matched: the new entry takes over its id list (no copy of a long prompt)
+            ids = best.ids
+            del ids[kept:]
+            ids.extend(fresh.ids)
+        elif best is not None:
+            ids = best.ids[:kept] + fresh.ids
+        else:
+            ids = fresh.ids
         if best is not None:
-            ids = best.ids[:kept].tolist() + fresh.ids
             cut_chars = np.concatenate([best.cut_chars[:best_j], f_chars])
             cut_tokens = np.concatenate([best.cut_tokens[:best_j], f_tokens])
             cut_reach = np.concatenate([best.cut_reach[:best_j], f_reach])
         else:
-            ids, cut_chars, cut_tokens, cut_reach = fresh.ids, f_chars, f_tokens, f_reach
+            cut_chars, cut_tokens, cut_reach = f_chars, f_tokens, f_reach
         self.last_stats = EncodeStats(kept_ids=kept, entry_kind=best.kind if kept else None,
                                       chars_encoded=len(text) - best_c, prompt_ids=len(ids))
-        entry = _Entry("prompt", text, np.asarray(ids, dtype=np.int32), cut_chars, cut_tokens, cut_reach,
-                       len(ids), len(text))
-        if best is not None and kept and text.startswith(best.text):
-            self._entries.remove(best)  # wholly matched: the new entry holds its text and ids
+        entry = _Entry("prompt", text, ids, cut_chars, cut_tokens, cut_reach, len(ids), len(text))
+        if supersede:
+            self._entries.remove(best)
         self._add(entry)
-        return ids
+        return list(ids)  # the entry keeps its own list
 
     def remember_reply(self, prompt_ids: Sequence[int], gen_ids: Sequence[int]) -> bool:
         """Keep `prompt_ids + gen_ids` as one entry whose cuts in the reply are its token boundaries.
@@ -196,7 +204,7 @@ class PromptEncoder:
                     r_reach[r_chars > s] = _NEVER
                 s = text.find(tag, s + 1)
         j = int(np.searchsorted(base.cut_chars, n, "left"))  # prompt cuts strictly before the reply
-        entry = _Entry("reply", text, np.concatenate([base.ids[:base.prompt_len], gen.astype(np.int32)]),
+        entry = _Entry("reply", text, base.ids[:base.prompt_len] + gen.tolist(),
                        np.concatenate([base.cut_chars[:j], r_chars]),
                        np.concatenate([base.cut_tokens[:j], r_tokens]),
                        np.maximum.accumulate(np.concatenate([base.cut_reach[:j], r_reach])), base.prompt_len, n)
@@ -232,31 +240,36 @@ class PromptEncoder:
 
     def _find_prompt(self, prompt: np.ndarray):
         for entry in reversed(self._entries):
-            if entry.prompt_len == len(prompt) and np.array_equal(entry.ids[:entry.prompt_len], prompt):
+            if entry.prompt_len == len(prompt) and entry.ids[:entry.prompt_len] == prompt.tolist():
                 return entry
         return None
 
     def _cut(self, entry: _Entry, d: int, text: str) -> tuple[int, int]:
         """Index and char offset of the last usable cut of `entry` for a prompt first differing at `d`."""
+        # a tag in the new prompt that starts before d but ends after it is not in the entry: the text from
+        # its start reads differently (even a window that only examined its first character)
+        s = self._tag_across(text, d)
+        if s is not None:
+            d = s
         limit = d
         while True:
             j = min(int(np.searchsorted(entry.cut_chars, limit, "right")),
                     int(np.searchsorted(entry.cut_reach, d, "right"))) - 1
             c = int(entry.cut_chars[j])
-            s = self._straddling_tag(text, c)
+            s = self._tag_across(text, c)
             if s is None:
                 return j, c
             limit = s  # a tag across the cut is encoded whole after an earlier cut
 
-    def _straddling_tag(self, text: str, c: int) -> int | None:
-        """Start of an added-token text in `text` that begins before `c` and ends after it."""
+    def _tag_across(self, text: str, c: int) -> int | None:
+        """Smallest start of an added-token text in `text` that begins before `c` and ends after it."""
         lo = max(0, c - self._max_tag + 1)
-        s = text.rfind("<", lo, c)  # every Qwen tag starts with '<'; others are checked generically below
+        s = text.find("<", lo, c)  # every Qwen tag starts with '<'; others are checked generically below
         while s != -1:
             for tag in self._tags:
                 if s + len(tag) > c and text.startswith(tag, s):
                     return s
-            s = text.rfind("<", lo, s)
+            s = text.find("<", s + 1, c)
         if any(not t.startswith("<") for t in self._tags):
             for s in range(lo, c):
                 if any(s + len(t) > c and text.startswith(t, s) for t in self._tags):
@@ -286,7 +299,7 @@ class PromptEncoder:
         has_tag = nxt < len(tag_q)
         seg_end = np.where(has_tag, np.append(tag_q, 0)[np.minimum(nxt, len(tag_q))], n)
         sentinel = np.where(has_tag, np.append(tag_win, 0)[np.minimum(nxt, len(tag_q))], n + 1)
-        spans = self._class_runs(sub)
+        spans = _class_runs(sub)
         window = np.maximum.reduce([q + 3, _run_end(spans, q) + 1, _run_end(spans, q + 1) + 1])
         # a scan that reaches the segment end examined the tag (or end of text) that ends the segment
         window = np.where(window > seg_end, sentinel, window)
@@ -296,13 +309,50 @@ class PromptEncoder:
         reach = np.maximum(reach, start_reach)
         return q + c, tok_idx + kept, reach
 
-    def _class_runs(self, sub: str) -> dict:
-        import regex  # the tokenizer's regex classes (\p{L}, \p{N}); imported on first encode
 
-        if self._runs is None:
-            self._runs = {k: regex.compile(p) for k, p in _CLASS_RUNS.items()}
-        return {k: np.asarray([m.span() for m in pat.finditer(sub)], dtype=np.int64).reshape(-1, 2)
-                for k, pat in self._runs.items()}
+def _class_runs(sub: str) -> dict:
+    """Maximal runs [n, 2] of each (superset) class in `sub`."""
+    cps = np.frombuffer(sub.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    bits = _class_bits(cps)
+    out = {}
+    for k, bit in _BITS.items():
+        member = np.concatenate([[False], (bits & bit) != 0, [False]])
+        edges = np.flatnonzero(member[1:] != member[:-1])  # alternating run starts and ends
+        out[k] = edges.reshape(-1, 2)
+    return out
+
+
+_BITS = {"L": 1, "N": 2, "W": 4, "P": 8}
+
+
+@lru_cache(maxsize=1)
+def _bmp_table() -> np.ndarray:
+    import regex  # the tokenizer's classes (\p{L}, \p{N}); imported on first use
+
+    table = np.zeros(0x10000, dtype=np.uint8)
+    allbmp = "".join(chr(c) if not 0xD800 <= c < 0xE000 else " " for c in range(0x10000))
+    for k, bit in _BITS.items():
+        for m in regex.finditer(_CLASS_RUNS[k], allbmp):
+            table[m.start():m.end()] |= bit
+    table[0xD800:0xE000] = 0xF  # lone surrogates: unknown, join every class
+    return table
+
+
+def _class_bits(cps: np.ndarray) -> np.ndarray:
+    """Class bits of each code point; a table for the BMP, `regex` for the rare astral ones."""
+    import regex
+
+    bits = _bmp_table()[np.minimum(cps, 0xFFFF)]
+    astral = np.flatnonzero(cps > 0xFFFF)
+    if len(astral):
+        pats = {k: regex.compile(p) for k, p in _CLASS_RUNS.items()}
+        memo = {}
+        for i in astral:
+            c = int(cps[i])
+            if c not in memo:
+                memo[c] = sum(bit for k, bit in _BITS.items() if pats[k].fullmatch(chr(c)))
+            bits[i] = memo[c]
+    return bits
 
 
 def _run_end(spans: dict, pos: np.ndarray) -> np.ndarray:

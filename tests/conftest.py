@@ -12,3 +12,19 @@ def qwen3():
     from strata_lab import load_tokenizer
 
     return load_tokenizer("qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A tiny Qwen3 checkpoint with float32 weights (hidden 64, 2 layers, real vocab)."""
+    from strata_lab.checkpoints import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("tiny_f32"), dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_dir):
+    pytest.importorskip("strata_lab._engine")
+    from strata_lab.engine import Engine
+
+    return Engine.load(tiny_dir, threads=2, max_context=256)

@@ -182,3 +182,15 @@ def test_bad_input_raises(qwen3):
         enc.remember_reply([1], [10**9])
     with pytest.raises(ValueError, match="prompt_ids"):
         enc.remember_reply(["x"], [1])
+
+
+@pytest.mark.parametrize("old,new", [
+    ("x  \r\n  <think\u226f<|im_end|>", "x  \r\n  <think><|im_start|>"),  # a tag that begins at a kept cut
+    ("a!!<think>nk>123", "a!!<th"),                                      # a window that reached a tag
+    ("ab <|im_", "ab <|im_end|>\n"),                                     # a tag completed by new text
+    ("   \n\n  x", "   \n\n  \n"),                                       # whitespace-run lookahead
+])
+def test_regressions_stay_exact(qwen3, old, new):
+    enc = PromptEncoder(qwen3)
+    enc.encode(old)
+    assert enc.encode(new) == qwen3.encode(nfc(new))

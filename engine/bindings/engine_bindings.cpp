@@ -148,6 +148,12 @@ void register_session(py::module_& m) {
       .def_property_readonly("name", &Session::name)
       .def("held_ids", &Session::held)
       .def("checkpoints", &Session::checkpoints)
+      .def("last_logits", [](const Session& s) {
+        std::vector<float> l = s.last_logits();
+        py::array_t<float> out(py::ssize_t(l.size()));
+        if (!l.empty()) std::memcpy(out.mutable_data(), l.data(), l.size() * sizeof(float));
+        return out;
+      })
       .def("memory_bytes", &Session::memory_bytes)
       .def("snapshot_bytes", &Session::snapshot_bytes)
       .def("policy", &Session::policy)

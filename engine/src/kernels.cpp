@@ -175,9 +175,14 @@ STRATA_AVX2 static void axpy_avx2(float a, const float* x, float* y, int64_t n) 
 }
 
 // NT tokens x NR rows of dot products over K; w rows are f32 (converted block), ldw = K.
-template <int NT, int NR>
-STRATA_AVX2 static void micro_avx2(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
+// NT tokens x NR rows of dot products over K; w rows in dtype DT (f32 for converted blocks), ldw in
+// elements. Prefill and decode both run through these kernels, so a token's logits do not depend on how
+// many tokens were computed with it (bit-identical reuse).
+template <DType DT, int NT, int NR>
+STRATA_AVX2 static void micro_avx2(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
                                    int64_t ldy) {
+  const size_t es = DT == DType::F32 ? 4 : 2;
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
   __m256 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
@@ -186,14 +191,20 @@ STRATA_AVX2 static void micro_avx2(const float* w, int64_t ldw, const float* x, 
     __m256 xv[NT];
     for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + t * ldx + k);
     for (int r = 0; r < NR; ++r) {
-      __m256 wv = _mm256_loadu_ps(w + r * ldw + k);
+      __m256 wv = ld8<DT>(wb + size_t(r * ldw) * es, k);
       for (int t = 0; t < NT; ++t) acc[t][r] = _mm256_fmadd_ps(xv[t], wv, acc[t][r]);
     }
   }
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) {
       float s = hsum256(acc[t][r]);
-      for (int64_t kk = k; kk < K; ++kk) s += x[t * ldx + kk] * w[r * ldw + kk];
+      const void* row = wb + size_t(r * ldw) * es;
+      for (int64_t kk = k; kk < K; ++kk) {
+        float wk = DT == DType::F32 ? static_cast<const float*>(row)[kk]
+                 : DT == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(row)[kk])
+                                     : f16_to_f32(static_cast<const uint16_t*>(row)[kk]);
+        s += x[t * ldx + kk] * wk;
+      }
       y[t * ldy + r] = s;
     }
 }
@@ -260,9 +271,11 @@ STRATA_AVX512 static void axpy_avx512(float a, const float* x, float* y, int64_t
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-template <int NT, int NR>
-STRATA_AVX512 static void micro_avx512(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
+template <DType DT, int NT, int NR>
+STRATA_AVX512 static void micro_avx512(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
                                        int64_t ldy) {
+  const size_t es = DT == DType::F32 ? 4 : 2;
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
   __m512 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_setzero_ps();
@@ -271,7 +284,7 @@ STRATA_AVX512 static void micro_avx512(const float* w, int64_t ldw, const float*
     __m512 xv[NT];
     for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_ps(x + t * ldx + k);
     for (int r = 0; r < NR; ++r) {
-      __m512 wv = _mm512_loadu_ps(w + r * ldw + k);
+      __m512 wv = ld16<DT>(wb + size_t(r * ldw) * es, k);
       for (int t = 0; t < NT; ++t) acc[t][r] = _mm512_fmadd_ps(xv[t], wv, acc[t][r]);
     }
   }
@@ -280,7 +293,7 @@ STRATA_AVX512 static void micro_avx512(const float* w, int64_t ldw, const float*
     __m512 xv[NT];
     for (int t = 0; t < NT; ++t) xv[t] = _mm512_maskz_loadu_ps(m, x + t * ldx + k);
     for (int r = 0; r < NR; ++r) {
-      __m512 wv = _mm512_maskz_loadu_ps(m, w + r * ldw + k);
+      __m512 wv = ld16m<DT>(wb + size_t(r * ldw) * es, k, m);
       for (int t = 0; t < NT; ++t) acc[t][r] = _mm512_fmadd_ps(xv[t], wv, acc[t][r]);
     }
   }
@@ -291,7 +304,7 @@ STRATA_AVX512 static void micro_avx512(const float* w, int64_t ldw, const float*
 // ---------------------------------------------------------------- tables
 using DotW = float (*)(const void*, const float*, int64_t);
 using Cvt = void (*)(const void*, int64_t, float*);
-using Micro = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+using Micro = void (*)(const void*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
 
 static int dt_index(DType d) { return d == DType::F32 ? 0 : d == DType::BF16 ? 1 : 2; }
 
@@ -318,19 +331,48 @@ static Cvt cvt_fn(Level l, DType d) {
   return t[int(l)][dt_index(d)];
 }
 
-static void micro_scalar(int nt, int nr, const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t K,
-                         float* y, int64_t ldy) {
-  for (int t = 0; t < nt; ++t)
-    for (int r = 0; r < nr; ++r) y[t * ldy + r] = dot_scalar(x + t * ldx, w + r * ldw, K);
+// Scalar: rows converted to f32 one at a time, then the same dot as everywhere else.
+static void micro_scalar(DType dt, int nt, int nr, const void* w, int64_t ldw, const float* x, int64_t ldx,
+                         int64_t K, float* y, int64_t ldy) {
+  std::vector<float> row(static_cast<size_t>(K));
+  const size_t es = dtype_size(dt);
+  for (int r = 0; r < nr; ++r) {
+    const void* wr = static_cast<const uint8_t*>(w) + size_t(r * ldw) * es;
+    const float* wf = static_cast<const float*>(wr);
+    if (dt != DType::F32) { cvt_scalar(dt, wr, K, row.data()); wf = row.data(); }
+    for (int t = 0; t < nt; ++t) y[t * ldy + r] = dot_scalar(x + t * ldx, wf, K);
+  }
 }
 
-#define STRATA_ROW4(F, T) F<T, 1>, F<T, 2>, F<T, 3>, F<T, 4>
-static const Micro kMicro512[6][4] = {{STRATA_ROW4(micro_avx512, 1)}, {STRATA_ROW4(micro_avx512, 2)},
-                                      {STRATA_ROW4(micro_avx512, 3)}, {STRATA_ROW4(micro_avx512, 4)},
-                                      {STRATA_ROW4(micro_avx512, 5)}, {STRATA_ROW4(micro_avx512, 6)}};
-static const Micro kMicro256[3][4] = {{STRATA_ROW4(micro_avx2, 1)}, {STRATA_ROW4(micro_avx2, 2)},
-                                      {STRATA_ROW4(micro_avx2, 3)}};
+#define STRATA_ROW4(F, D, T) F<D, T, 1>, F<D, T, 2>, F<D, T, 3>, F<D, T, 4>
+template <DType DT>
+static Micro micro512(int nt, int nr) {
+  static const Micro t[6][4] = {{STRATA_ROW4(micro_avx512, DT, 1)}, {STRATA_ROW4(micro_avx512, DT, 2)},
+                                {STRATA_ROW4(micro_avx512, DT, 3)}, {STRATA_ROW4(micro_avx512, DT, 4)},
+                                {STRATA_ROW4(micro_avx512, DT, 5)}, {STRATA_ROW4(micro_avx512, DT, 6)}};
+  return t[nt - 1][nr - 1];
+}
+template <DType DT>
+static Micro micro256(int nt, int nr) {
+  static const Micro t[3][4] = {{STRATA_ROW4(micro_avx2, DT, 1)}, {STRATA_ROW4(micro_avx2, DT, 2)},
+                                {STRATA_ROW4(micro_avx2, DT, 3)}};
+  return t[nt - 1][nr - 1];
+}
 #undef STRATA_ROW4
+
+static Micro micro_fn(Level l, DType dt, int nt, int nr) {
+  if (l == Level::AVX512)
+    return dt == DType::F32 ? micro512<DType::F32>(nt, nr) : dt == DType::BF16 ? micro512<DType::BF16>(nt, nr)
+                                                                              : micro512<DType::F16>(nt, nr);
+  return dt == DType::F32 ? micro256<DType::F32>(nt, nr) : dt == DType::BF16 ? micro256<DType::BF16>(nt, nr)
+                                                                            : micro256<DType::F16>(nt, nr);
+}
+
+static void run_micro(Level l, DType dt, int nt, int nr, const void* w, int64_t ldw, const float* x, int64_t ldx,
+                      int64_t K, float* y, int64_t ldy) {
+  if (l == Level::Scalar) micro_scalar(dt, nt, nr, w, ldw, x, ldx, K, y, ldy);
+  else micro_fn(l, dt, nt, nr)(w, ldw, x, ldx, K, y, ldy);
+}
 
 void row_f32(const Mat& w, int64_t r, float* out) {
   size_t es = dtype_size(w.dtype);
@@ -355,21 +397,25 @@ void matmul(const Mat& w, const float* x, int64_t n, float* y) {
   const size_t es = dtype_size(w.dtype);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   const Level lv = level();
-  if (n <= 3) {
-    // Decode: each weight row is read once from memory and dotted with every token.
-    DotW f = dotw_fn(lv, w.dtype);
+  const int TN = lv == Level::AVX512 ? 6 : 3;  // token tile (register budget: NT*4 accumulators)
+  if (n <= TN) {
+    // Decode: weight rows stream from memory once, 4 at a time, converted in registers.
+    const int64_t quads = (rows + 3) / 4;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const void* row = base + size_t(r * K) * es;
-      for (int64_t t = 0; t < n; ++t) y[t * rows + r] = f(row, x + t * K, K);
+    for (int64_t qd = 0; qd < quads; ++qd) {
+      const int64_t r0 = qd * 4;
+      const int nr = int(std::min<int64_t>(4, rows - r0));
+      float tile[6 * 4];
+      run_micro(lv, w.dtype, int(n), nr, base + size_t(r0 * K) * es, K, x, K, K, tile, 4);
+      for (int64_t t = 0; t < n; ++t)
+        for (int r = 0; r < nr; ++r) y[t * rows + r0 + r] = tile[t * 4 + r];
     }
     return;
   }
-  // Prefill: blocks of RB rows (converted to f32 once, kept in L2) times tiles of tokens.
+  // Prefill: blocks of RB rows (converted to f32 once, kept in L2) times tiles of TN tokens.
   const int64_t RB = 64;
   const int64_t nblocks = (rows + RB - 1) / RB;
   Cvt cvt = cvt_fn(lv, w.dtype);
-  const int TN = lv == Level::AVX512 ? 6 : 3;
 #pragma omp parallel
   {
     std::vector<float> scratch;
@@ -389,11 +435,7 @@ void matmul(const Mat& w, const float* x, int64_t n, float* y) {
         const int nt = int(std::min<int64_t>(TN, n - t0));
         for (int64_t rr = 0; rr < nr_block; rr += 4) {
           const int nr = int(std::min<int64_t>(4, nr_block - rr));
-          const float* wp = wf + rr * K;
-          const float* xp = x + t0 * K;
-          if (lv == Level::AVX512) kMicro512[nt - 1][nr - 1](wp, K, xp, K, K, tile, 4);
-          else if (lv == Level::AVX2) kMicro256[nt - 1][nr - 1](wp, K, xp, K, K, tile, 4);
-          else micro_scalar(nt, nr, wp, K, xp, K, K, tile, 4);
+          run_micro(lv, DType::F32, nt, nr, wf + rr * K, K, x + t0 * K, K, K, tile, 4);
           for (int t = 0; t < nt; ++t)
             for (int r = 0; r < nr; ++r) y[(t0 + t) * rows + r0 + rr + r] = tile[t * 4 + r];
         }

@@ -214,6 +214,11 @@ std::vector<int32_t> Session::held() const {
   return held_;
 }
 
+std::vector<float> Session::last_logits() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return held_.empty() ? std::vector<float>() : last_logits_;
+}
+
 std::vector<int64_t> Session::checkpoints() const {
   std::lock_guard<std::mutex> g(mu_);
   std::vector<int64_t> out;

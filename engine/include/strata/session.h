@@ -73,6 +73,8 @@ class Session {
                           const std::function<void(int32_t)>& on_token, const std::atomic<bool>* stop);
 
   std::vector<int32_t> held() const;
+  // Logits after the last held id (empty when nothing is held).
+  std::vector<float> last_logits() const;
   std::vector<int64_t> checkpoints() const;
   int64_t memory_bytes() const;      // state + snapshots + saved logits
   int64_t snapshot_bytes() const;

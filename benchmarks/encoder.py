@@ -1,0 +1,102 @@
+"""Benchmark: PromptEncoder vs tokenizer.encode of every full prompt over an agent-like session.
+
+The session grows to ~200K tokens over ~50 turns (system + tools, then assistant replies with tool calls
+and tool outputs: source code, logs, prose in several languages). Both sides produce ids for every prompt;
+the ids must be identical. Prints total times, the ratio, and peak Python memory (tracemalloc).
+
+    PYTHONPATH=. python benchmarks/encoder.py [--turns 50] [--target-tokens 200000]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+from tqdm import tqdm
+
+from strata_lab import load_tokenizer
+from strata_lab.encoder import PromptEncoder
+
+ROOT = Path(__file__).resolve().parents[1]
+PROSE = ("Öğrenci sınavı geçti ve çok mutlu oldu. ", "这个函数返回一个列表。", "Die Straße ist lang. ",
+         "The build failed with exit code 2; retrying with verbose logs.\n", "  at line 42:\t🙂 ok\n")
+
+
+def corpus() -> list[str]:
+    files = sorted(p for p in ROOT.rglob("*") if p.suffix in {".py", ".md", ".cpp", ".h", ".toml"}
+                   and "build" not in p.parts and ".git" not in p.parts)
+    return [p.read_text(encoding="utf-8", errors="replace") for p in files if p.stat().st_size < 200_000]
+
+
+def session(turns: int, target_tokens: int, seed: int = 0) -> list[str]:
+    """Prompts of one agent session: each is the previous prompt plus a reply and a tool result."""
+    rng = random.Random(seed)
+    docs = corpus()
+    per_turn_chars = int(target_tokens * 3.6 / turns)  # ~3.6 chars a token for this mix
+    prompt = "<|im_start|>system\nYou are a coding agent. Tools: read_file, run, search.<|im_end|>\n"
+    prompt += "<|im_start|>user\nFix the failing build and explain.<|im_end|>\n"
+    prompts = []
+    for turn in range(turns):
+        prompts.append(prompt + "<|im_start|>assistant\n")
+        chunk = []
+        while sum(map(len, chunk)) < per_turn_chars:
+            doc = rng.choice(docs)
+            start = rng.randrange(max(1, len(doc) - 4000))
+            chunk.append(doc[start:start + rng.randint(500, 4000)])
+            chunk.append(rng.choice(PROSE) + f" step {turn}.{len(chunk)} took {rng.random():.4f}s\n")
+        reply = f"<think>\nTurn {turn}: look at the output.\n</think>\n\nRunning the next step.\n"
+        reply += f'<tool_call>\n{{"name": "run", "arguments": {{"cmd": "pytest -q -k t{turn}"}}}}\n</tool_call>'
+        prompt += "<|im_start|>assistant\n" + reply + "<|im_end|>\n"
+        prompt += "<|im_start|>user\n<tool_response>\n" + "".join(chunk) + "\n</tool_response><|im_end|>\n"
+    return prompts
+
+
+def run(prompts: list[str], tokenizer, incremental: bool, progress: str = "") -> tuple[float, list[list[int]]]:
+    enc = PromptEncoder(tokenizer)
+    out, total = [], 0.0
+    for p in tqdm(prompts, desc=progress, leave=False, disable=not progress):
+        t0 = time.perf_counter()
+        ids = enc.encode(p) if incremental else tokenizer.encode(p)
+        total += time.perf_counter() - t0
+        out.append(ids)
+    return total, out
+
+
+def peak_mib(prompts, tokenizer, incremental: bool) -> float:
+    tracemalloc.start()
+    try:
+        enc = PromptEncoder(tokenizer)
+        for p in prompts:
+            enc.encode(p) if incremental else tokenizer.encode(p)
+        return tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--turns", type=int, default=50)
+    ap.add_argument("--target-tokens", type=int, default=200_000)
+    args = ap.parse_args(argv)
+    tok = load_tokenizer("qwen3")
+    prompts = session(args.turns, args.target_tokens)
+    tok.encode("warm up")
+    t_full, ids_full = run(prompts, tok, incremental=False, progress="full encode")
+    t_inc, ids_inc = run(prompts, tok, incremental=True, progress="PromptEncoder")
+    same = ids_full == ids_inc
+    n_tokens = len(ids_full[-1])
+    print(f"session: {len(prompts)} turns, last prompt {len(prompts[-1]):,} chars / {n_tokens:,} tokens, "
+          f"{sum(map(len, ids_full)):,} tokens encoded in total")
+    print(f"tokenizer.encode (full every turn): {t_full:8.3f} s")
+    print(f"PromptEncoder (incremental):        {t_inc:8.3f} s")
+    print(f"ratio: {t_full / t_inc:.1f}x faster, identical ids: {same}")
+    print(f"peak traced memory: full {peak_mib(prompts, tok, False):.1f} MiB, "
+          f"incremental {peak_mib(prompts, tok, True):.1f} MiB")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

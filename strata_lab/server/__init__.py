@@ -1,0 +1,32 @@
+"""A small OpenAI/Anthropic-compatible server over the strata_lab engine.
+
+`serve(ServerConfig(...))` runs it; `create_app(load_state(config))` gives the ASGI app. Importing this
+package loads nothing heavy: FastAPI and the engine are imported when the app is built.
+"""
+from __future__ import annotations
+
+from .config import ServerConfig, default_model_dir
+from .errors import RequestError
+from .request import ChatRequest, parse_anthropic, parse_openai
+
+__all__ = ["ServerConfig", "ChatRequest", "RequestError", "parse_openai", "parse_anthropic", "serve",
+           "create_app", "load_state", "default_model_dir"]
+
+
+def serve(config: ServerConfig) -> None:
+    """Serve until interrupted (see strata_lab.server.app.serve)."""
+    from .app import serve as _serve
+
+    _serve(config)
+
+
+def create_app(state):
+    from .app import create_app as _create
+
+    return _create(state)
+
+
+def load_state(config: ServerConfig):
+    from .app import load_state as _load
+
+    return _load(config)

@@ -1,0 +1,333 @@
+"""The HTTP layer: one route table, one error wrapper, a gate for API keys and body size.
+
+Each dialect's JSON is parsed into one `ChatRequest` at the edge (request.py); everything after that is
+dialect-free until the response is shaped again (dialects.py). Engine work goes through a single FIFO
+worker (worker.py), so requests never interleave.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .config import ServerConfig
+from .dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
+from .errors import RequestError, error_body
+from .generation import ChatRunner
+from .prompt import make_plan
+from .request import ChatRequest, check_int, parse_anthropic, parse_openai
+from .worker import EngineWorker
+
+__all__ = ["create_app", "load_state", "ServerState", "serve"]
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    tokenizer: Any
+    template: Any
+    runner: ChatRunner
+    worker: EngineWorker
+    model_name: str
+    model_path: str
+    started: float
+
+
+def load_state(config: ServerConfig) -> ServerState:
+    """Load tokenizer, template, engine, encoder and recorder for `config`."""
+    from pathlib import Path
+
+    from strata_lab.encoder import PromptEncoder
+    from strata_lab.engine import Engine
+    from strata_lab.record import Recorder
+    from strata_lab.template import ChatTemplate
+    from strata_lab.tokenizer import load_tokenizer
+
+    from .config import default_model_dir
+
+    model_path = Path(config.model) if config.model else default_model_dir()
+    tokenizer = load_tokenizer("qwen3")
+    kwargs = {"max_context": config.max_context}
+    if config.threads:
+        kwargs["threads"] = config.threads
+    engine = Engine.load(str(model_path), **kwargs)
+    recorder = Recorder(config.dump) if config.dump else Recorder.from_env()
+    name = config.model_name or model_path.name
+    runner = ChatRunner(tokenizer=tokenizer, session=engine.session(config.session), session_name=config.session,
+                        encoder=PromptEncoder(tokenizer), max_context=config.max_context, recorder=recorder,
+                        reply_reuse=config.reply_reuse, model_name=name)
+    runner.engine = engine  # keep the engine alive as long as its session
+    return ServerState(config=config, tokenizer=tokenizer, template=ChatTemplate.from_name(config.template),
+                       runner=runner, worker=EngineWorker(), model_name=name, model_path=str(model_path),
+                       started=time.time())
+
+
+# --- request helpers --------------------------------------------------------------------------------
+async def _json_body(request) -> Any:
+    raw = await request.body()
+    if not raw:
+        raise RequestError("body", "a JSON body is required")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise RequestError("body", f"is not valid JSON: {exc}") from None
+
+
+def _as_error(payload) -> Exception:
+    return payload if isinstance(payload, Exception) else RuntimeError(str(payload))
+
+
+async def _chat(request, req: ChatRequest):
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    st: ServerState = request.app.state.strata
+    plan = make_plan(st.template, req)
+    openai = req.dialect == "openai"
+    plan.request_id = new_id("chatcmpl-" if openai else "msg_")
+    job = st.worker.submit(lambda job: st.runner.run(job, req, plan))
+    events = job.events()
+    try:
+        kind, payload = await events.__anext__()
+        if kind == "error":
+            raise _as_error(payload)
+        if not req.stream:
+            summary = None
+            async for kind, payload in events:
+                if kind == "error":
+                    raise _as_error(payload)
+                if kind == "done":
+                    summary = payload
+            build = openai_response if openai else anthropic_response
+            return JSONResponse(build(summary, model=st.model_name, request_id=plan.request_id))
+    except BaseException:
+        job.cancel()
+        raise
+
+    fmt = (OpenAIStream if openai else AnthropicStream)(plan.request_id, st.model_name, payload["prompt_tokens"])
+
+    async def frames():
+        for frame in fmt.start():
+            yield frame
+        async for kind, payload in events:
+            if kind == "event":
+                out = fmt.event(payload)
+            elif kind == "done":
+                out = fmt.done(payload)
+            else:
+                err = payload if isinstance(payload, RequestError) else \
+                    RequestError(None, "internal error", code="internal_error", status=500)
+                out = fmt.error(err)
+            for frame in out:
+                yield frame
+
+    class _SSE(StreamingResponse):
+        async def __call__(self, scope, receive, send):
+            try:
+                await super().__call__(scope, receive, send)
+            finally:  # finished, failed or the client left: a running job stops its stream
+                job.cancel()
+
+    return _SSE(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+# --- handlers ---------------------------------------------------------------------------------------
+async def chat_completions(request):
+    return await _chat(request, parse_openai(await _json_body(request)))
+
+
+async def messages(request):
+    return await _chat(request, parse_anthropic(await _json_body(request)))
+
+
+async def models(request):
+    st: ServerState = request.app.state.strata
+    return {"object": "list", "data": [{"id": st.model_name, "object": "model", "created": int(st.started),
+                                        "owned_by": "strata_lab",
+                                        "meta": {"n_ctx": st.config.max_context, "path": st.model_path}}]}
+
+
+async def health(request):
+    return {"status": "ok"}
+
+
+async def props(request):
+    st: ServerState = request.app.state.strata
+    return {"default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": -1}},
+            "total_slots": 1, "model_alias": st.model_name, "model_path": st.model_path,
+            "chat_template": st.template.source, "template": st.template.name,
+            "reply_reuse": st.runner.reply_reuse, "dump": st.runner.recorder is not None,
+            "queue": {"waiting": st.worker.waiting, "done": st.worker.done},
+            "engine_calls": st.runner.engine_calls}
+
+
+async def tokenize(request):
+    st: ServerState = request.app.state.strata
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise RequestError("body", "must be a JSON object")
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise RequestError("content", "must be a string")
+    ids = st.tokenizer.encode(content)
+    if body.get("with_pieces") is True:
+        return {"tokens": [{"id": i, "piece": st.tokenizer.id_to_piece(i)} for i in ids]}
+    return {"tokens": ids}
+
+
+async def detokenize(request):
+    st: ServerState = request.app.state.strata
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise RequestError("body", "must be a JSON object")
+    ids = body.get("tokens")
+    if not isinstance(ids, list):
+        raise RequestError("tokens", "must be an array of token ids")
+    for i, value in enumerate(ids):
+        check_int(value, f"tokens[{i}]", minimum=0, maximum=st.tokenizer.vocab_size - 1)
+    return {"content": st.tokenizer.decode(ids)}
+
+
+async def apply_template(request):
+    """The prompt text a chat request renders to, and its ids (plain BPE: no remembered reply ids)."""
+    st: ServerState = request.app.state.strata
+    plan = make_plan(st.template, parse_openai(await _json_body(request)))
+    return {"prompt": plan.prompt_text, "ids": st.tokenizer.encode(plan.prompt_text)}
+
+
+def _body_schema(properties: dict, required: list[str]) -> dict:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "properties": properties, "required": required}}}}}
+
+
+_MESSAGE = {"type": "object", "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["role", "content"]}
+_CHAT = {"messages": {"type": "array", "items": _MESSAGE}, "max_tokens": {"type": "integer"},
+         "n_predict": {"type": "integer"}, "stream": {"type": "boolean"}, "temperature": {"type": "number"},
+         "assistant_prefix": {"type": "string"}, "thinking_budget": {"type": "integer"},
+         "seed": {"type": "integer"}}
+
+# The route table: method, path, handler, OpenAPI request body.
+ROUTES = [
+    ("POST", "/v1/chat/completions", chat_completions, _body_schema(_CHAT, ["messages"])),
+    ("POST", "/v1/messages", messages, _body_schema({**_CHAT, "system": {"type": "string"}},
+                                                    ["messages", "max_tokens"])),
+    ("GET", "/v1/models", models, None),
+    ("GET", "/health", health, None),
+    ("GET", "/props", props, None),
+    ("POST", "/tokenize", tokenize, _body_schema({"content": {"type": "string"},
+                                                  "with_pieces": {"type": "boolean"}}, ["content"])),
+    ("POST", "/detokenize", detokenize, _body_schema({"tokens": {"type": "array", "items": {"type": "integer"}}},
+                                                     ["tokens"])),
+    ("POST", "/apply-template", apply_template, _body_schema(_CHAT, ["messages"])),
+]
+
+
+class Gate:
+    """ASGI middleware: API key (Bearer or x-api-key) and a request body size limit."""
+
+    OPEN_PATHS = ("/health",)
+
+    def __init__(self, app, *, api_key: str | None, max_body_bytes: int):
+        self.app = app
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        path = scope.get("path", "")
+        if self.api_key and path not in self.OPEN_PATHS and not self._authorized(headers):
+            return await _send_error(send, RequestError(None, "a valid API key is required (Authorization: Bearer "
+                                                        "KEY or x-api-key: KEY)", code="invalid_api_key",
+                                                        status=401), path)
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return await _send_error(send, self._too_large(), path)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body_bytes:
+                    raise self._too_large()
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    def _authorized(self, headers: dict) -> bool:
+        given = headers.get("x-api-key") or ""
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            given = given or auth[7:].strip()
+        return bool(given) and hmac.compare_digest(given.encode(), self.api_key.encode())
+
+    def _too_large(self) -> RequestError:
+        return RequestError("body", f"is larger than the limit of {self.max_body_bytes} bytes",
+                            code="request_too_large", status=413)
+
+
+async def _send_error(send, err: RequestError, path: str) -> None:
+    body = json.dumps(error_body(err, path)).encode()
+    await send({"type": "http.response.start", "status": err.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(state: ServerState):
+    """The ASGI app for a loaded `ServerState` (see `load_state`)."""
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse
+
+    app = FastAPI(title="strata_lab server", version="1", docs_url=None, redoc_url=None)
+    app.state.strata = state
+    for method, path, handler, body in ROUTES:
+        app.add_api_route(path, handler, methods=[method], openapi_extra=body)
+
+    def shaped(request, err: RequestError):
+        return JSONResponse(error_body(err, request.url.path), status_code=err.status)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(request, exc: RequestError):
+        return shaped(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request, exc):
+        return shaped(request, RequestError("body", str(exc)))
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request, exc):
+        return shaped(request, RequestError(None, str(exc.detail), code="http_error", status=exc.status_code))
+
+    @app.exception_handler(Exception)
+    async def _internal(request, exc):
+        return shaped(request, RequestError(None, f"internal error: {type(exc).__name__}", code="internal_error",
+                                            status=500))
+
+    @app.on_event("shutdown")
+    def _close():
+        state.worker.close()
+        if state.runner.recorder is not None:
+            state.runner.recorder.close()
+
+    return Gate(app, api_key=state.config.api_key, max_body_bytes=state.config.max_body_bytes)
+
+
+def serve(config: ServerConfig) -> None:
+    """Load the model and serve until interrupted."""
+    import sys
+
+    import uvicorn
+
+    state = load_state(config)
+    app = create_app(state)
+    print(f"strata-lab serve: {state.model_name} on http://{config.host}:{config.port} "
+          f"(context {config.max_context}, reply reuse {'on' if config.reply_reuse else 'off'})",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")

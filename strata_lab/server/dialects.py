@@ -1,0 +1,174 @@
+"""Responses and stream chunks in each API dialect, built from the runner's events and Summary.
+
+`OpenAIStream` / `AnthropicStream` turn ("event", Event) and ("done", Summary) into SSE frames;
+`openai_response` / `anthropic_response` build the non-streaming bodies.
+
+>>> s = OpenAIStream("chatcmpl-1", "m", 0)
+>>> s.start()[0].startswith('data: {"id":"chatcmpl-1"')
+True
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from .errors import RequestError, anthropic_error, openai_error
+from .output import Event, ToolCall
+
+__all__ = ["openai_response", "anthropic_response", "OpenAIStream", "AnthropicStream", "new_id"]
+
+_ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "cancelled": "end_turn"}
+
+
+def new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _finish(summary) -> str:
+    return "tool_calls" if summary.tool_calls else summary.finish
+
+
+def openai_usage(summary) -> dict:
+    return {"prompt_tokens": summary.prompt_tokens, "completion_tokens": summary.completion_tokens,
+            "total_tokens": summary.prompt_tokens + summary.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": summary.cached_tokens}}
+
+
+def anthropic_usage(summary) -> dict:
+    return {"input_tokens": summary.prompt_tokens - summary.cached_tokens, "output_tokens": summary.completion_tokens,
+            "cache_read_input_tokens": summary.cached_tokens, "cache_creation_input_tokens": 0}
+
+
+def _openai_call(call: ToolCall, index: int) -> dict:
+    return {"index": index, "id": new_id("call_"), "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+
+
+def openai_response(summary, *, model: str, request_id: str) -> dict:
+    message: dict = {"role": "assistant", "content": summary.content}
+    if summary.reasoning:
+        message["reasoning_content"] = summary.reasoning
+    if summary.tool_calls:
+        message["tool_calls"] = [{k: v for k, v in _openai_call(c, i).items() if k != "index"}
+                                 for i, c in enumerate(summary.tool_calls)]
+        message["content"] = summary.content or None
+    return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": _finish(summary), "logprobs": None}],
+            "usage": openai_usage(summary), "timings": summary.timings()}
+
+
+def anthropic_response(summary, *, model: str, request_id: str) -> dict:
+    content = []
+    if summary.reasoning:
+        content.append({"type": "thinking", "thinking": summary.reasoning, "signature": ""})
+    if summary.content:
+        content.append({"type": "text", "text": summary.content})
+    for call in summary.tool_calls:
+        content.append({"type": "tool_use", "id": new_id("toolu_"), "name": call.name, "input": call.arguments})
+    return {"id": request_id, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": _ANTHROPIC_STOP[_finish(summary)], "stop_sequence": None,
+            "usage": anthropic_usage(summary), "timings": summary.timings()}
+
+
+class OpenAIStream:
+    """SSE frames of one streamed chat completion."""
+
+    def __init__(self, request_id: str, model: str, prompt_tokens: int):
+        self.request_id, self.model = request_id, model
+        self.created = int(time.time())
+        self.calls = 0
+
+    def _chunk(self, delta: dict, finish=None, **extra) -> str:
+        body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                                  "logprobs": None}], **extra}
+        return f"data: {_dumps(body)}\n\n"
+
+    def start(self) -> list[str]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def event(self, ev: Event) -> list[str]:
+        if ev.kind == "content":
+            return [self._chunk({"content": ev.text})]
+        if ev.kind == "reasoning":
+            return [self._chunk({"reasoning_content": ev.text})]
+        frame = self._chunk({"tool_calls": [_openai_call(ev.call, self.calls)]})
+        self.calls += 1
+        return [frame]
+
+    def done(self, summary) -> list[str]:
+        return [self._chunk({}, _finish(summary), usage=openai_usage(summary), timings=summary.timings()),
+                "data: [DONE]\n\n"]
+
+    def error(self, err: RequestError) -> list[str]:
+        return [f"data: {_dumps(openai_error(err))}\n\n", "data: [DONE]\n\n"]
+
+
+class AnthropicStream:
+    """SSE frames of one streamed message: message_start, content blocks, message_delta, message_stop."""
+
+    def __init__(self, request_id: str, model: str, prompt_tokens: int):
+        self.request_id, self.model, self.prompt_tokens = request_id, model, prompt_tokens
+        self.index = -1
+        self.open: str | None = None
+
+    @staticmethod
+    def _frame(kind: str, body: dict) -> str:
+        return f"event: {kind}\ndata: {_dumps({'type': kind, **body})}\n\n"
+
+    def start(self) -> list[str]:
+        message = {"id": self.request_id, "type": "message", "role": "assistant", "model": self.model,
+                   "content": [], "stop_reason": None, "stop_sequence": None,
+                   "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}
+        return [self._frame("message_start", {"message": message})]
+
+    def _close(self) -> list[str]:
+        if self.open is None:
+            return []
+        frames = []
+        if self.open == "thinking":
+            frames.append(self._frame("content_block_delta", {"index": self.index,
+                                                              "delta": {"type": "signature_delta", "signature": ""}}))
+        frames.append(self._frame("content_block_stop", {"index": self.index}))
+        self.open = None
+        return frames
+
+    def _open(self, kind: str, block: dict) -> list[str]:
+        frames = self._close()
+        self.index += 1
+        self.open = kind
+        frames.append(self._frame("content_block_start", {"index": self.index, "content_block": block}))
+        return frames
+
+    def event(self, ev: Event) -> list[str]:
+        frames: list[str] = []
+        if ev.kind == "tool_call":
+            frames += self._open("tool_use", {"type": "tool_use", "id": new_id("toolu_"), "name": ev.call.name,
+                                              "input": {}})
+            frames.append(self._frame("content_block_delta", {"index": self.index, "delta": {
+                "type": "input_json_delta", "partial_json": json.dumps(ev.call.arguments, ensure_ascii=False)}}))
+            return frames + self._close()
+        kind = "thinking" if ev.kind == "reasoning" else "text"
+        if self.open != kind:
+            block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else \
+                {"type": "text", "text": ""}
+            frames += self._open(kind, block)
+        delta = {"type": "thinking_delta", "thinking": ev.text} if kind == "thinking" else \
+            {"type": "text_delta", "text": ev.text}
+        frames.append(self._frame("content_block_delta", {"index": self.index, "delta": delta}))
+        return frames
+
+    def done(self, summary) -> list[str]:
+        return self._close() + [
+            self._frame("message_delta", {"delta": {"stop_reason": _ANTHROPIC_STOP[_finish(summary)],
+                                                    "stop_sequence": None},
+                                          "usage": anthropic_usage(summary), "timings": summary.timings()}),
+            self._frame("message_stop", {})]
+
+    def error(self, err: RequestError) -> list[str]:
+        return self._close() + [f"event: error\ndata: {_dumps(anthropic_error(err))}\n\n"]

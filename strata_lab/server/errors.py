@@ -1,0 +1,48 @@
+"""Errors the HTTP layer turns into JSON, and the two dialects' error shapes.
+
+Every client mistake is a `RequestError` naming the offending field; one handler renders it as OpenAI- or
+Anthropic-shaped JSON depending on the route.
+
+>>> err = RequestError("n_predict", "must be an integer")
+>>> openai_error(err)["error"]["param"]
+'n_predict'
+>>> anthropic_error(err)["error"]["type"]
+'invalid_request_error'
+"""
+from __future__ import annotations
+
+__all__ = ["RequestError", "openai_error", "anthropic_error", "error_body"]
+
+# HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors)
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                    413: "request_too_large", 422: "invalid_request_error", 500: "api_error",
+                    503: "overloaded_error"}
+_OPENAI_TYPES = {401: "authentication_error", 404: "not_found_error", 500: "server_error",
+                 503: "server_error"}
+
+
+class RequestError(ValueError):
+    """A request the server will not run; `field` names the JSON field at fault (dotted path)."""
+
+    def __init__(self, field: str | None, message: str, *, code: str = "invalid_value", status: int = 400):
+        self.field = field
+        self.message = f"{field}: {message}" if field else message
+        self.code = code
+        self.status = status
+        super().__init__(self.message)
+
+
+def openai_error(err: RequestError) -> dict:
+    return {"error": {"message": err.message, "type": _OPENAI_TYPES.get(err.status, "invalid_request_error"),
+                      "param": err.field, "code": err.code}}
+
+
+def anthropic_error(err: RequestError) -> dict:
+    # Anthropic's shape has no `param`; the field is in the message, and we add it as an extra key.
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.status, "invalid_request_error"),
+                                       "message": err.message, "param": err.field, "code": err.code}}
+
+
+def error_body(err: RequestError, path: str) -> dict:
+    """The error JSON for a request to `path` (Anthropic routes get Anthropic's shape)."""
+    return anthropic_error(err) if path.startswith("/v1/messages") else openai_error(err)

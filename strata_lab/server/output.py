@@ -1,0 +1,229 @@
+"""From generated ids to what a client sees: UTF-8-safe text, reasoning, content and tool calls.
+
+`TextStream` turns ids into text without ever splitting a character. `OutputParser` routes that text:
+`<think>...</think>` to reasoning, `<tool_call>{json}</tool_call>` to tool calls, the rest to content.
+Tags may arrive whole (Qwen's added tokens) or in pieces; a partial tag is held back until it resolves.
+Malformed tool-call JSON comes back as plain content, never as an error.
+
+The parser can be primed with the assistant text already in the prompt (the assistant prefix, a
+template-opened `<think>`): that sets its state but is never emitted.
+
+>>> p = OutputParser()
+>>> p.feed("<think>hmm</think>Hi <tool_call>") + p.feed('{"name": "f", "arguments": {"x": 1}}</tool_call>')
+[Event(kind='reasoning', text='hmm', call=None), Event(kind='content', text='Hi ', call=None), Event(kind='tool_call', text='', call=ToolCall(name='f', arguments={'x': 1}))]
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable
+
+__all__ = ["TextStream", "OutputParser", "Event", "ToolCall", "parse_tool_call"]
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+_TAGS = (THINK_OPEN, THINK_CLOSE, CALL_OPEN, CALL_CLOSE)
+
+
+class TextStream:
+    """Incremental ids -> text that holds back an incomplete UTF-8 sequence until it completes.
+
+    Ids the tokenizer does not know (a model's spare embedding rows) stand for no text.
+
+    >>> from strata_lab import load_tokenizer
+    >>> ts = TextStream(load_tokenizer("qwen3"))
+    >>> ts.push(128), ts.push(253), ts.flush()   # 'ğ' as two byte ids
+    ('', 'ğ', '')
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._pending = b""
+
+    def id_bytes(self, token_id: int) -> bytes:
+        try:
+            return self.tokenizer.token_bytes(token_id)
+        except ValueError:
+            return b""
+
+    def push(self, token_id: int) -> str:
+        data = self._pending + self.id_bytes(token_id)
+        cut = _complete_prefix(data)
+        self._pending = data[cut:]
+        return data[:cut].decode("utf-8", errors="replace")
+
+    def flush(self) -> str:
+        data, self._pending = self._pending, b""
+        return data.decode("utf-8", errors="replace")
+
+    @property
+    def mid_character(self) -> bool:
+        return bool(self._pending)
+
+
+def _complete_prefix(data: bytes) -> int:
+    """Length of the longest prefix of `data` that does not end inside a UTF-8 character."""
+    n = len(data)
+    for back in range(1, min(4, n) + 1):
+        b = data[n - back]
+        if b & 0xC0 == 0x80:      # continuation byte: keep looking for the lead byte
+            continue
+        if b < 0x80:
+            return n
+        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+        return n if back >= need else n - back
+    return n  # only continuation bytes: invalid anyway, let the decoder replace them
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str          # "reasoning" | "content" | "tool_call"
+    text: str = ""
+    call: ToolCall | None = None
+
+
+def parse_tool_call(text: str) -> ToolCall | None:
+    """The call in a `<tool_call>` body, or None when it is not `{"name": str, "arguments": object}`.
+
+    >>> parse_tool_call(' {"name": "f", "arguments": "{}"} ')
+    ToolCall(name='f', arguments={})
+    >>> parse_tool_call('{"name": "f", "arguments": [1]') is None
+    True
+    """
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(obj["name"], args)
+
+
+class OutputParser:
+    """Routes generated text into reasoning, content and tool calls (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.state = "content"       # "content" | "reasoning" | "tool_call"
+        self._held = ""              # text that may be the start of a tag
+        self._call = ""              # body of the open tool call
+        self._call_silent = 0        # chars of the open call (tag included) that came from the prompt
+        self._silent = False
+
+    @property
+    def in_reasoning(self) -> bool:
+        return self.state == "reasoning"
+
+    def prime(self, assistant_text: str) -> None:
+        """Read assistant text that is already in the prompt: set the state, emit nothing."""
+        self._silent = True
+        try:
+            self.feed(assistant_text)
+            if self._held:           # a tag cut by the prompt's end is not a tag
+                self._emit_text(self._held)
+                self._held = ""
+        finally:
+            self._silent = False
+
+    def feed(self, text: str) -> list[Event]:
+        """Events for the next piece of generated text."""
+        out: list[Event] = []
+        buf = self._held + text
+        self._held = ""
+        while buf:
+            pos = buf.find("<")
+            if pos < 0:
+                out += self._emit_text(buf)
+                break
+            if pos:
+                out += self._emit_text(buf[:pos])
+                buf = buf[pos:]
+            tag = next((t for t in _TAGS if buf.startswith(t)), None)
+            if tag is not None:
+                out += self._on_tag(tag)
+                buf = buf[len(tag):]
+            elif any(t.startswith(buf) for t in _TAGS):
+                self._held = buf     # maybe a tag that continues in the next piece
+                break
+            else:
+                out += self._emit_text("<")
+                buf = buf[1:]
+        return out
+
+    def finish(self) -> list[Event]:
+        """Events for whatever is left when generation ends (an unclosed call is parsed if it can be)."""
+        out = self._emit_text(self._held) if self._held else []
+        self._held = ""
+        if self.state == "tool_call":
+            out += self._close_call(closed=False)
+        return out
+
+    # --- internals --------------------------------------------------------------------------------
+    def _emit_text(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        if self.state == "tool_call":
+            self._call += text
+            if self._silent:
+                self._call_silent += len(text)
+            return []
+        if self._silent:
+            return []
+        return [Event(self.state, text)]
+
+    def _on_tag(self, tag: str) -> list[Event]:
+        if self.state == "tool_call":
+            if tag == CALL_CLOSE:
+                return self._close_call(closed=True)
+            return self._emit_text(tag)     # tags inside a call body are part of its text
+        if tag == THINK_OPEN and self.state == "content":
+            self.state = "reasoning"
+            return []
+        if tag == THINK_CLOSE and self.state == "reasoning":
+            self.state = "content"
+            return []
+        if tag == CALL_OPEN and self.state == "content":
+            self.state, self._call = "tool_call", ""
+            self._call_silent = len(CALL_OPEN) if self._silent else 0
+            return []
+        return self._emit_text(tag)         # a stray tag is text
+
+    def _close_call(self, *, closed: bool) -> list[Event]:
+        body, self.state = self._call, "content"
+        call = parse_tool_call(body)
+        silent, self._call, self._call_silent = self._call_silent, "", 0
+        if self._silent:
+            return []
+        if call is not None:
+            return [Event("tool_call", call=call)]
+        # malformed: give the text back, less whatever of it the prompt already holds
+        raw = CALL_OPEN + body + (CALL_CLOSE if closed else "")
+        if silent > 0:
+            raw = raw[silent:]
+        return [Event("content", raw)] if raw else []
+
+
+def collect(events: Iterable[Event]) -> tuple[str, str, list[ToolCall]]:
+    """(reasoning, content, tool_calls) of a finished list of events."""
+    reasoning, content, calls = [], [], []
+    for ev in events:
+        if ev.kind == "reasoning":
+            reasoning.append(ev.text)
+        elif ev.kind == "content":
+            content.append(ev.text)
+        else:
+            calls.append(ev.call)
+    return "".join(reasoning), "".join(content), calls

@@ -1,0 +1,435 @@
+"""One internal request type, `ChatRequest`, and the two parsers that fill it at the edge.
+
+OpenAI `/v1/chat/completions` and Anthropic `/v1/messages` bodies are checked field by field; a bad field
+raises `RequestError` naming it (the HTTP layer turns that into a 400 before any work). Unknown fields are
+ignored. Messages end up in OpenAI shape, which is what the chat template renders. The ecosystem's ways
+of continuing an assistant turn (Anthropic's trailing assistant message, `continue_final_message`) become
+`assistant_prefix`, so the rest of the server knows one spelling.
+
+>>> req = parse_openai({"messages": [{"role": "user", "content": "hi"}], "n_predict": 0})
+>>> req.max_tokens, req.dialect
+(0, 'openai')
+>>> parse_anthropic({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"},
+...                  {"role": "assistant", "content": "Sure:"}]}).assistant_prefix
+'Sure:'
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import RequestError
+
+__all__ = ["ChatRequest", "parse_openai", "parse_anthropic", "check_int"]
+
+_OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass
+class ChatRequest:
+    """A chat request in the server's own terms, whichever dialect it came in.
+
+    `max_tokens` None means "up to the context"; 0 means evaluate the prompt and generate nothing.
+    `max_tokens_field` is the client's name for it, for error messages.
+    """
+
+    dialect: str
+    messages: list[dict]
+    tools: list[dict] | None = None
+    stream: bool = False
+    max_tokens: int | None = None
+    max_tokens_field: str = "max_tokens"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    assistant_prefix: str | None = None
+    enable_thinking: bool | None = None
+    thinking_budget: int | None = None
+    response_format: dict | None = None  # {"type": "json_schema", "json_schema": {"name", "schema"}}
+    model: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dialect not in ("openai", "anthropic"):
+            raise ValueError(f"dialect must be 'openai' or 'anthropic', got {self.dialect!r}")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0 or None, got {self.max_tokens}")
+        if self.assistant_prefix == "":
+            self.assistant_prefix = None  # "" leaves behaviour unchanged
+
+    @property
+    def schema(self) -> dict | None:
+        """The JSON schema the output must satisfy, if any."""
+        if self.response_format and self.response_format.get("type") == "json_schema":
+            return self.response_format["json_schema"]["schema"]
+        return None
+
+
+# --- field checks -----------------------------------------------------------------------------------
+def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """`value` as an int, or a RequestError naming `name` (bools, floats and strings are not ints)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(name, f"must be an integer, got {_kind(value)}")
+    if minimum is not None and value < minimum:
+        raise RequestError(name, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise RequestError(name, f"must be <= {maximum}, got {value}")
+    return value
+
+
+def _number(value: Any, name: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(name, f"must be a number, got {_kind(value)}")
+    if not lo <= value <= hi:
+        raise RequestError(name, f"must be between {lo} and {hi}, got {value}")
+    return float(value)
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise RequestError(name, f"must be a boolean, got {_kind(value)}")
+    return value
+
+
+def _str(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise RequestError(name, f"must be a string, got {_kind(value)}")
+    return value
+
+
+def _dict(value: Any, name: str) -> dict:
+    if not isinstance(value, dict):
+        raise RequestError(name, f"must be an object, got {_kind(value)}")
+    return value
+
+
+def _list(value: Any, name: str, *, nonempty: bool = False) -> list:
+    if not isinstance(value, list):
+        raise RequestError(name, f"must be an array, got {_kind(value)}")
+    if nonempty and not value:
+        raise RequestError(name, "must not be empty")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _opt(body: dict, name: str) -> Any:
+    return body.get(name)
+
+
+def _body(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise RequestError("body", f"must be a JSON object, got {_kind(body)}")
+    return body
+
+
+def _prefix(value: Any, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    return _str(value, name)
+
+
+def _sampling(body: dict, req: dict) -> None:
+    if body.get("temperature") is not None:
+        req["temperature"] = _number(body["temperature"], "temperature", 0.0, 2.0)
+    if body.get("top_p") is not None:
+        req["top_p"] = _number(body["top_p"], "top_p", 0.0, 1.0)
+    if body.get("top_k") is not None:
+        req["top_k"] = check_int(body["top_k"], "top_k", minimum=0)
+    if body.get("seed") is not None:
+        req["seed"] = check_int(body["seed"], "seed", minimum=-(2**63), maximum=2**64 - 1)
+
+
+def _response_format(value: Any, name: str = "response_format") -> dict | None:
+    if value is None:
+        return None
+    value = _dict(value, name)
+    kind = _str(value.get("type"), f"{name}.type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_schema", "json_schema": {"name": "json_object", "schema": {"type": "object"}}}
+    if kind != "json_schema":
+        raise RequestError(f"{name}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+    spec = _dict(value.get("json_schema"), f"{name}.json_schema")
+    schema = _dict(spec.get("schema", {}), f"{name}.json_schema.schema")
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise RequestError(f"{name}.json_schema.schema", f"is not a valid JSON schema: {exc.message}") from None
+    except Exception as exc:  # odd $schema values and the like
+        raise RequestError(f"{name}.json_schema.schema", f"is not a valid JSON schema: {exc}") from None
+    title = spec.get("name", "response")
+    return {"type": "json_schema", "json_schema": {"name": _str(title, f"{name}.json_schema.name"),
+                                                   "schema": schema}}
+
+
+def _text_parts(content: Any, name: str, *, allow_none: bool = False) -> str | None:
+    """OpenAI content: a string, or an array of text parts joined together."""
+    if content is None:
+        if allow_none:
+            return None
+        raise RequestError(name, "must be a string or an array of text parts, got null")
+    if isinstance(content, str):
+        return content
+    parts = _list(content, name)
+    texts = []
+    for i, part in enumerate(parts):
+        part = _dict(part, f"{name}[{i}]")
+        kind = part.get("type")
+        if kind not in ("text", "input_text", "output_text"):
+            raise RequestError(f"{name}[{i}].type", f"only text parts are supported, got {kind!r}")
+        texts.append(_str(part.get("text"), f"{name}[{i}].text"))
+    return "".join(texts)
+
+
+# --- OpenAI -----------------------------------------------------------------------------------------
+def _openai_tools(value: Any) -> list[dict] | None:
+    if value is None:
+        return None
+    tools = []
+    for i, tool in enumerate(_list(value, "tools")):
+        tool = _dict(tool, f"tools[{i}]")
+        if tool.get("type", "function") != "function":
+            raise RequestError(f"tools[{i}].type", f"only 'function' tools are supported, got {tool.get('type')!r}")
+        fn = _dict(tool.get("function"), f"tools[{i}].function")
+        name = _str(fn.get("name"), f"tools[{i}].function.name")
+        if not name:
+            raise RequestError(f"tools[{i}].function.name", "must not be empty")
+        out = {"name": name}
+        if fn.get("description") is not None:
+            out["description"] = _str(fn["description"], f"tools[{i}].function.description")
+        if fn.get("parameters") is not None:
+            out["parameters"] = _dict(fn["parameters"], f"tools[{i}].function.parameters")
+        tools.append({"type": "function", "function": out})
+    return tools or None
+
+
+def _openai_tool_calls(value: Any, name: str) -> list[dict]:
+    calls = []
+    for i, call in enumerate(_list(value, name)):
+        call = _dict(call, f"{name}[{i}]")
+        fn = _dict(call.get("function"), f"{name}[{i}].function")
+        fname = _str(fn.get("name"), f"{name}[{i}].function.name")
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, (str, dict)):
+            raise RequestError(f"{name}[{i}].function.arguments", f"must be a string or an object, got {_kind(args)}")
+        entry = {"type": "function", "function": {"name": fname, "arguments": args}}
+        if call.get("id") is not None:
+            entry["id"] = _str(call["id"], f"{name}[{i}].id")
+        calls.append(entry)
+    return calls
+
+
+def _openai_messages(value: Any) -> list[dict]:
+    messages = []
+    for i, msg in enumerate(_list(value, "messages", nonempty=True)):
+        name = f"messages[{i}]"
+        msg = _dict(msg, name)
+        role = msg.get("role")
+        if role not in _OPENAI_ROLES:
+            raise RequestError(f"{name}.role", f"must be one of {', '.join(_OPENAI_ROLES)}, got {role!r}")
+        out: dict = {"role": "system" if role == "developer" else role}
+        if role == "assistant":
+            out["content"] = _text_parts(msg.get("content"), f"{name}.content", allow_none=True) or ""
+            if msg.get("tool_calls") is not None:
+                out["tool_calls"] = _openai_tool_calls(msg["tool_calls"], f"{name}.tool_calls")
+            if msg.get("reasoning_content") is not None:
+                out["reasoning_content"] = _str(msg["reasoning_content"], f"{name}.reasoning_content")
+        else:
+            out["content"] = _text_parts(msg.get("content"), f"{name}.content")
+        if role == "tool" and msg.get("tool_call_id") is not None:
+            out["tool_call_id"] = _str(msg["tool_call_id"], f"{name}.tool_call_id")
+        messages.append(out)
+    return messages
+
+
+def parse_openai(body: Any) -> ChatRequest:
+    """Check an OpenAI chat-completions body and turn it into a ChatRequest.
+
+    Output cap, in order: `max_completion_tokens`, `max_tokens`, then llama.cpp's `n_predict`
+    (0 = prompt only, -1 = up to the context). A non-integer `n_predict` is an error even when unused.
+
+    >>> parse_openai({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "n_predict": 7}).max_tokens
+    2
+    """
+    body = _body(body)
+    req: dict = {"dialect": "openai", "messages": _openai_messages(body.get("messages"))}
+    req["model"] = _str(body["model"], "model") if body.get("model") is not None else None
+    if body.get("stream") is not None:
+        req["stream"] = _bool(body["stream"], "stream")
+    n_predict = None
+    if body.get("n_predict") is not None:
+        n_predict = check_int(body["n_predict"], "n_predict", minimum=-1)
+    for name in ("max_completion_tokens", "max_tokens"):
+        if body.get(name) is not None:
+            req["max_tokens"] = check_int(body[name], name, minimum=0)
+            req["max_tokens_field"] = name
+            break
+    else:
+        if n_predict is not None and n_predict >= 0:
+            req["max_tokens"] = n_predict
+            req["max_tokens_field"] = "n_predict"
+    _sampling(body, req)
+    req["tools"] = _openai_tools(body.get("tools"))
+    req["response_format"] = _response_format(body.get("response_format"))
+    prefix = _prefix(body.get("assistant_prefix"), "assistant_prefix")
+    if body.get("continue_final_message") is not None and _bool(body["continue_final_message"],
+                                                                "continue_final_message"):
+        last = req["messages"][-1]
+        if last["role"] != "assistant" or last.get("tool_calls"):
+            raise RequestError("continue_final_message", "needs a final assistant message with text content")
+        if prefix is not None:
+            raise RequestError("assistant_prefix", "cannot be combined with continue_final_message")
+        req["messages"] = req["messages"][:-1]
+        prefix = last["content"] or None
+        if not req["messages"]:
+            raise RequestError("messages", "needs a message before the continued assistant message")
+    req["assistant_prefix"] = prefix
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        kwargs = _dict(kwargs, "chat_template_kwargs")
+        if kwargs.get("enable_thinking") is not None:
+            req["enable_thinking"] = _bool(kwargs["enable_thinking"], "chat_template_kwargs.enable_thinking")
+    if body.get("enable_thinking") is not None:
+        req["enable_thinking"] = _bool(body["enable_thinking"], "enable_thinking")
+    if body.get("thinking_budget") is not None:
+        req["thinking_budget"] = check_int(body["thinking_budget"], "thinking_budget", minimum=1)
+    return ChatRequest(**req)
+
+
+# --- Anthropic --------------------------------------------------------------------------------------
+def _anthropic_text(content: Any, name: str) -> str:
+    if isinstance(content, str):
+        return content
+    texts = []
+    for i, block in enumerate(_list(content, name)):
+        block = _dict(block, f"{name}[{i}]")
+        if block.get("type") != "text":
+            raise RequestError(f"{name}[{i}].type", f"must be 'text' here, got {block.get('type')!r}")
+        texts.append(_str(block.get("text"), f"{name}[{i}].text"))
+    return "".join(texts)
+
+
+def _anthropic_messages(value: Any) -> list[dict]:
+    messages: list[dict] = []
+    for i, msg in enumerate(_list(value, "messages", nonempty=True)):
+        name = f"messages[{i}]"
+        msg = _dict(msg, name)
+        role = msg.get("role")
+        if role not in ("user", "assistant"):
+            raise RequestError(f"{name}.role", f"must be 'user' or 'assistant', got {role!r}")
+        content = msg.get("content")
+        if isinstance(content, str):
+            messages.append({"role": role, "content": content})
+            continue
+        blocks = _list(content, f"{name}.content")
+        texts, reasoning, calls, results = [], [], [], []
+        for j, block in enumerate(blocks):
+            bname = f"{name}.content[{j}]"
+            block = _dict(block, bname)
+            kind = block.get("type")
+            if kind == "text":
+                texts.append(_str(block.get("text"), f"{bname}.text"))
+            elif kind == "thinking" and role == "assistant":
+                reasoning.append(_str(block.get("thinking"), f"{bname}.thinking"))
+            elif kind == "redacted_thinking" and role == "assistant":
+                continue
+            elif kind == "tool_use" and role == "assistant":
+                calls.append({"id": _str(block.get("id"), f"{bname}.id"), "type": "function",
+                              "function": {"name": _str(block.get("name"), f"{bname}.name"),
+                                           "arguments": _dict(block.get("input", {}), f"{bname}.input")}})
+            elif kind == "tool_result" and role == "user":
+                result = block.get("content", "")
+                results.append({"role": "tool", "tool_call_id": _str(block.get("tool_use_id"), f"{bname}.tool_use_id"),
+                                "content": _anthropic_text(result, f"{bname}.content")})
+            else:
+                raise RequestError(f"{bname}.type", f"unsupported block type {kind!r} in a {role} message")
+        if role == "assistant":
+            out = {"role": "assistant", "content": "".join(texts)}
+            if reasoning:
+                out["reasoning_content"] = "".join(reasoning)
+            if calls:
+                out["tool_calls"] = calls
+            messages.append(out)
+        else:
+            messages.extend(results)
+            if texts or not results:
+                messages.append({"role": "user", "content": "".join(texts)})
+    return messages
+
+
+def _anthropic_tools(value: Any) -> list[dict] | None:
+    if value is None:
+        return None
+    tools = []
+    for i, tool in enumerate(_list(value, "tools")):
+        tool = _dict(tool, f"tools[{i}]")
+        name = _str(tool.get("name"), f"tools[{i}].name")
+        if not name:
+            raise RequestError(f"tools[{i}].name", "must not be empty")
+        fn = {"name": name, "parameters": _dict(tool.get("input_schema", {"type": "object"}),
+                                                f"tools[{i}].input_schema")}
+        if tool.get("description") is not None:
+            fn["description"] = _str(tool["description"], f"tools[{i}].description")
+        tools.append({"type": "function", "function": fn})
+    return tools or None
+
+
+def parse_anthropic(body: Any) -> ChatRequest:
+    """Check an Anthropic messages body and turn it into a ChatRequest.
+
+    A trailing assistant message is the assistant prefix (Anthropic's prefill). `max_tokens` is required;
+    0 evaluates the prompt only. `thinking: {"type": "enabled", "budget_tokens": N}` sets the budget.
+
+    >>> parse_anthropic({"max_tokens": 8, "system": "be brief", "messages": [{"role": "user", "content": "hi"}]}).messages[0]
+    {'role': 'system', 'content': 'be brief'}
+    """
+    body = _body(body)
+    if body.get("max_tokens") is None:
+        raise RequestError("max_tokens", "is required")
+    req: dict = {"dialect": "anthropic", "max_tokens": check_int(body["max_tokens"], "max_tokens", minimum=0)}
+    messages = _anthropic_messages(body.get("messages"))
+    prefix = _prefix(body.get("assistant_prefix"), "assistant_prefix")
+    if messages[-1]["role"] == "assistant" and len(messages) > 1:
+        last = messages.pop()
+        if last.get("tool_calls"):
+            raise RequestError(f"messages[{len(body['messages']) - 1}].content",
+                               "a trailing assistant message (prefill) must be text")
+        if prefix is not None and last["content"]:
+            raise RequestError("assistant_prefix", "cannot be combined with a trailing assistant message")
+        prefix = prefix or last["content"] or None
+    system = body.get("system")
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": _anthropic_text(system, "system")})
+    req["messages"] = messages
+    req["assistant_prefix"] = prefix
+    req["model"] = _str(body["model"], "model") if body.get("model") is not None else None
+    if body.get("stream") is not None:
+        req["stream"] = _bool(body["stream"], "stream")
+    _sampling(body, req)
+    if "temperature" in req:
+        req["temperature"] = _number(body["temperature"], "temperature", 0.0, 1.0)
+    req["tools"] = _anthropic_tools(body.get("tools"))
+    req["response_format"] = _response_format(body.get("response_format"))
+    thinking = body.get("thinking")
+    if thinking is not None:
+        thinking = _dict(thinking, "thinking")
+        kind = thinking.get("type")
+        if kind == "enabled":
+            req["enable_thinking"] = True
+            if thinking.get("budget_tokens") is not None:
+                req["thinking_budget"] = check_int(thinking["budget_tokens"], "thinking.budget_tokens", minimum=1)
+        elif kind == "disabled":
+            req["enable_thinking"] = False
+        else:
+            raise RequestError("thinking.type", f"must be 'enabled' or 'disabled', got {kind!r}")
+    return ChatRequest(**req)

@@ -1,0 +1,108 @@
+"""One engine, one request at a time, in arrival order.
+
+`EngineWorker` owns a single thread that takes jobs from a FIFO queue. A job's events travel back to the
+asyncio side through an `asyncio.Queue` fed with `call_soon_threadsafe`, so the HTTP layer awaits them
+without blocking the event loop. A job can be cancelled (client gone): if it has not started it never
+reaches the engine; if it is running, the job function sees `job.cancelled` and stops its stream.
+
+>>> import asyncio
+>>> async def demo():
+...     worker = EngineWorker()
+...     job = worker.submit(lambda job: (job.emit("text", "hi"), job.emit("done", None)))
+...     out = [item async for item in job.events()]
+...     worker.close()
+...     return out
+>>> asyncio.run(demo())
+[('text', 'hi'), ('done', None)]
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import sys
+import threading
+import traceback
+from typing import Any, AsyncIterator, Callable
+
+__all__ = ["EngineWorker", "Job"]
+
+_END = ("_end", None)
+
+
+class Job:
+    """A unit of engine work; emits (kind, payload) events and ends after "done" or "error"."""
+
+    def __init__(self, fn: Callable[["Job"], Any], loop: asyncio.AbstractEventLoop):
+        self.fn = fn
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._cancel = threading.Event()
+        self.started = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def cancel(self) -> None:
+        """Ask the job to stop (safe from any thread, any number of times)."""
+        self._cancel.set()
+
+    def emit(self, kind: str, payload: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, payload))
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+            pass
+
+    async def events(self) -> AsyncIterator[tuple[str, Any]]:
+        """The job's events until it ends."""
+        while True:
+            item = await self._queue.get()
+            if item[0] == "_end":
+                return
+            yield item
+
+    def _run(self) -> None:
+        self.started.set()
+        try:
+            if not self.cancelled:
+                self.fn(self)
+        except BaseException as exc:  # reported to the client, never kills the worker
+            from .errors import RequestError
+
+            if not isinstance(exc, RequestError):
+                traceback.print_exc(file=sys.stderr)
+            self.emit("error", exc)
+        finally:
+            self.emit(*_END)
+
+
+class EngineWorker:
+    """A single thread running submitted jobs one after another (FIFO)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="strata-engine", daemon=True)
+        self._thread.start()
+        self.done = 0
+
+    def submit(self, fn: Callable[[Job], Any]) -> Job:
+        """Queue `fn(job)`; call from the event loop's thread."""
+        job = Job(fn, asyncio.get_running_loop())
+        self._jobs.put(job)
+        return job
+
+    @property
+    def waiting(self) -> int:
+        return self._jobs.qsize()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            job._run()
+            self.done += 1
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=5)

@@ -1,0 +1,188 @@
+"""Engine tier: checkpoint loading, logits parity with transformers, bad checkpoints, header fuzzing."""
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+_engine = pytest.importorskip("strata_lab._engine")
+from strata_lab.checkpoints import make_tiny, write_safetensors  # noqa: E402
+from strata_lab.engine import Engine  # noqa: E402
+
+IDS = [9707, 1879, 0, 151643, 151645, 13, 220, 14990, 135992, 128, 253, 42, 7, 99999, 151935, 3]
+
+
+def _hf_logits(path, ids):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.Qwen3ForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+@pytest.mark.parametrize("dtype,preset,shards", [
+    ("float32", "tiny", 1), ("bfloat16", "tiny", 1), ("float16", "tiny-untied", 1), ("float32", "tiny-untied", 3)])
+def test_logits_match_transformers(tmp_path, dtype, preset, shards):
+    path = make_tiny(tmp_path / "ck", preset=preset, dtype=dtype, shards=shards, seed=3)
+    ours = Engine.load(path, threads=2).forward(IDS)
+    ref = _hf_logits(path, IDS)
+    assert ours.shape == (len(IDS), 151936) and ours.dtype == np.float32
+    # bf16/f16 weights are upcast by both sides, so the same 1e-4 holds
+    assert np.abs(ours - ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("level", ["scalar", "avx2", "avx512"])
+def test_every_kernel_level_agrees(tiny_dir, level):
+    ref = Engine.load(tiny_dir, threads=2).forward(IDS)
+    try:
+        used = _engine.set_kernel_level(level)
+        out = Engine.load(tiny_dir, threads=1).forward(IDS)
+    finally:
+        _engine.set_kernel_level("avx512")
+    assert used in ("scalar", "avx2", "avx512")
+    np.testing.assert_allclose(out, ref, atol=2e-5)
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _rewrite_weights(path, edit):
+    """Re-write model.safetensors of a float32 checkpoint after edit(dict name -> array)."""
+    import safetensors.numpy
+
+    tensors = safetensors.numpy.load_file(str(path / "model.safetensors"))
+    edit(tensors)
+    specs = {n: ("float32", a.shape) for n, a in tensors.items()}
+    write_safetensors(path / "model.safetensors", specs, tensors.__getitem__)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("missing", "missing tensor 'model.layers.1.mlp.up_proj.weight'"),
+    ("extra", "unexpected tensor.*'model.extra.weight'"),
+    ("misshapen", "'model.norm.weight' has shape \\[65\\], expected \\[64\\]"),
+])
+def test_bad_tensors_raise(tiny_dir, tmp_path, case, match):
+    path = _copy(tiny_dir, tmp_path / "ck")
+
+    def edit(t):
+        if case == "missing":
+            del t["model.layers.1.mlp.up_proj.weight"]
+        elif case == "extra":
+            t["model.extra.weight"] = np.zeros(3, np.float32)
+        else:
+            t["model.norm.weight"] = np.ones(65, np.float32)
+
+    _rewrite_weights(path, edit)
+    with pytest.raises(_engine.CheckpointError, match=match):
+        Engine.load(path)
+
+
+def _patch_header(path, fn):
+    raw = (path / "model.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    fn(header)
+    new = json.dumps(header).encode()
+    new += b" " * (-len(new) % 8)
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n:])
+
+
+def test_unsupported_dtype_raises(tiny_dir, tmp_path):
+    path = _copy(tiny_dir, tmp_path / "ck")
+
+    def to_i32(h):  # same byte size, so only the dtype is wrong
+        h["model.norm.weight"]["dtype"] = "I32"
+
+    _patch_header(path, to_i32)
+    with pytest.raises(ValueError, match="unsupported dtype I32"):
+        Engine.load(path)
+
+
+@pytest.mark.parametrize("keep", [0, 5, 100, -1000])
+def test_truncated_file_raises(tiny_dir, tmp_path, keep):
+    path = _copy(tiny_dir, tmp_path / "ck")
+    raw = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(raw[:keep] if keep >= 0 else raw[:keep])
+    with pytest.raises(ValueError, match="truncated"):
+        Engine.load(path)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda c: c.update(model_type="llama9"), "unknown model_type 'llama9'"),
+    (lambda c: c.pop("model_type"), "missing field 'model_type'"),
+    (lambda c: c.pop("hidden_size"), "missing field 'hidden_size'"),
+    (lambda c: c.update(num_key_value_heads=3), "multiple of num_key_value_heads"),
+    (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
+])
+def test_bad_config_raises(tiny_dir, tmp_path, edit, match):
+    path = _copy(tiny_dir, tmp_path / "ck")
+    cfg = json.loads((path / "config.json").read_text())
+    edit(cfg)
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=match):
+        Engine.load(path)
+
+
+def test_missing_files_raise(tmp_path):
+    with pytest.raises(ValueError, match="not a checkpoint directory"):
+        Engine.load(tmp_path / "nope")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="invalid JSON"):
+        Engine.load(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
+    with pytest.raises(ValueError, match="neither model.safetensors"):
+        Engine.load(tmp_path)
+
+
+def test_forward_bad_ids_raise(tiny_engine):
+    with pytest.raises(ValueError, match=r"ids\[1\] = 151936 is out of range"):
+        tiny_engine.forward([1, 151936])
+    with pytest.raises(ValueError, match="out of range"):
+        tiny_engine.forward([-1])
+    with pytest.raises(ValueError, match="context overflow"):
+        tiny_engine.forward([1] * 257)
+    with pytest.raises(TypeError, match="integers"):
+        tiny_engine.forward([1.5])
+
+
+def test_header_parser_accepts_valid_header():
+    hdr = json.dumps({"__metadata__": {"a": "b"}, "w": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]}})
+    (t,) = _engine.parse_safetensors_header(hdr.encode(), 12)
+    assert (t["name"], t["dtype"], t["shape"], t["nbytes"]) == ("w", "BF16", [2, 3], 12)
+    with pytest.raises(_engine.CheckpointError, match="past the end"):
+        _engine.parse_safetensors_header(hdr.encode(), 11)
+
+
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
+                       st.text(max_size=8))
+_json = st.recursive(_json_leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+                     max_leaves=20)
+_entry = st.fixed_dictionaries({
+    "dtype": st.sampled_from(["F32", "BF16", "F16", "I8", "F64", "Q4", ""]),
+    "shape": st.lists(st.integers(-3, 2**41), max_size=4),
+    "data_offsets": st.lists(st.integers(-5, 2**64), min_size=0, max_size=3),
+})
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.one_of(st.binary(max_size=200), _json.map(lambda j: json.dumps(j).encode()),
+                      st.dictionaries(st.text(max_size=5), _entry, max_size=3).map(lambda d: json.dumps(d).encode())),
+       size=st.integers(0, 1 << 20))
+def test_header_parser_fuzz_never_crashes(data, size):
+    try:
+        out = _engine.parse_safetensors_header(data, size)
+    except _engine.CheckpointError:
+        return
+    for t in out:  # whatever it accepts is self-consistent
+        assert t["begin"] + t["nbytes"] <= size
+
+
+@settings(max_examples=20, deadline=None)
+@given(depth=st.integers(1, 5000))
+def test_header_parser_deep_nesting(depth):
+    with pytest.raises(_engine.CheckpointError):
+        _engine.parse_safetensors_header(b"[" * depth + b"]" * depth, 0)
