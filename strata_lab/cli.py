@@ -85,7 +85,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=args.api_key,
                        max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
-                       max_body_bytes=args.max_body, template=args.template, model_name=args.alias))
+                       max_body_bytes=args.max_body, template=args.template, model_name=args.alias,
+                       stop_latency=args.stop_latency))
     return 0
 
 
@@ -137,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="request body limit in bytes")
     p.add_argument("--template", default="qwen3", help="chat template preset")
     p.add_argument("--alias", help="model name reported to clients")
+    p.add_argument("--stop-latency", type=int, default=0,
+                   help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")
     p.set_defaults(func=_cmd_serve)
 
     return parser

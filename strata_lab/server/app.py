@@ -20,6 +20,8 @@ from .prompt import make_plan
 from .request import ChatRequest, check_int, parse_anthropic, parse_openai
 from .worker import EngineWorker
 
+from starlette.requests import Request  # the app module is only imported to build the app
+
 __all__ = ["create_app", "load_state", "ServerState", "serve"]
 
 
@@ -47,17 +49,29 @@ def load_state(config: ServerConfig) -> ServerState:
 
     from .config import default_model_dir
 
-    model_path = Path(config.model) if config.model else default_model_dir()
-    tokenizer = load_tokenizer("qwen3")
     kwargs = {"max_context": config.max_context}
     if config.threads:
         kwargs["threads"] = config.threads
-    engine = Engine.load(str(model_path), **kwargs)
+    if config.model:
+        model_path = Path(config.model)
+        engine = Engine.load(str(model_path), **kwargs)
+    else:
+        model_path = default_model_dir()
+        try:
+            engine = Engine.load(str(model_path), **kwargs)
+        except ValueError as exc:
+            # Until the engine serves the hybrid architecture, fall back to the tiny attention-only model.
+            if "model_type" not in str(exc):
+                raise
+            model_path = default_model_dir("qwen3")
+            engine = Engine.load(str(model_path), **kwargs)
+    tokenizer = load_tokenizer("qwen3")
     recorder = Recorder(config.dump) if config.dump else Recorder.from_env()
     name = config.model_name or model_path.name
     runner = ChatRunner(tokenizer=tokenizer, session=engine.session(config.session), session_name=config.session,
                         encoder=PromptEncoder(tokenizer), max_context=config.max_context, recorder=recorder,
-                        reply_reuse=config.reply_reuse, model_name=name)
+                        reply_reuse=config.reply_reuse, model_name=name,
+                        stop_latency=config.stop_latency)
     runner.engine = engine  # keep the engine alive as long as its session
     return ServerState(config=config, tokenizer=tokenizer, template=ChatTemplate.from_name(config.template),
                        runner=runner, worker=EngineWorker(), model_name=name, model_path=str(model_path),
@@ -133,36 +147,36 @@ async def _chat(request, req: ChatRequest):
 
 
 # --- handlers ---------------------------------------------------------------------------------------
-async def chat_completions(request):
+async def chat_completions(request: Request):
     return await _chat(request, parse_openai(await _json_body(request)))
 
 
-async def messages(request):
+async def messages(request: Request):
     return await _chat(request, parse_anthropic(await _json_body(request)))
 
 
-async def models(request):
+async def models(request: Request):
     st: ServerState = request.app.state.strata
     return {"object": "list", "data": [{"id": st.model_name, "object": "model", "created": int(st.started),
                                         "owned_by": "strata_lab",
                                         "meta": {"n_ctx": st.config.max_context, "path": st.model_path}}]}
 
 
-async def health(request):
+async def health(request: Request):
     return {"status": "ok"}
 
 
-async def props(request):
+async def props(request: Request):
     st: ServerState = request.app.state.strata
     return {"default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": -1}},
             "total_slots": 1, "model_alias": st.model_name, "model_path": st.model_path,
             "chat_template": st.template.source, "template": st.template.name,
-            "reply_reuse": st.runner.reply_reuse, "dump": st.runner.recorder is not None,
+            "reply_reuse": st.runner.reply_reuse, "stop_latency": st.runner.stop_latency, "dump": st.runner.recorder is not None,
             "queue": {"waiting": st.worker.waiting, "done": st.worker.done},
             "engine_calls": st.runner.engine_calls}
 
 
-async def tokenize(request):
+async def tokenize(request: Request):
     st: ServerState = request.app.state.strata
     body = await _json_body(request)
     if not isinstance(body, dict):
@@ -176,7 +190,7 @@ async def tokenize(request):
     return {"tokens": ids}
 
 
-async def detokenize(request):
+async def detokenize(request: Request):
     st: ServerState = request.app.state.strata
     body = await _json_body(request)
     if not isinstance(body, dict):
@@ -189,7 +203,7 @@ async def detokenize(request):
     return {"content": st.tokenizer.decode(ids)}
 
 
-async def apply_template(request):
+async def apply_template(request: Request):
     """The prompt text a chat request renders to, and its ids (plain BPE: no remembered reply ids)."""
     st: ServerState = request.app.state.strata
     plan = make_plan(st.template, parse_openai(await _json_body(request)))

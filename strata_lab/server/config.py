@@ -32,6 +32,7 @@ class ServerConfig:
     template: str = "qwen3"
     model_name: str | None = None
     session: str = "default"
+    stop_latency: int = 0             # engine steps a STOP takes to land (production engines: 1-3)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -40,6 +41,8 @@ class ServerConfig:
             raise ValueError(f"max_context must be >= 16, got {self.max_context}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.stop_latency < 0:
+            raise ValueError(f"stop_latency must be >= 0, got {self.stop_latency}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
         if self.api_key == "":
@@ -54,15 +57,16 @@ def _cache_dir() -> Path:
     return Path(base)
 
 
-def default_model_dir() -> Path:
-    """The tiny hybrid checkpoint in the user cache dir, generated on first use."""
+def default_model_dir(arch: str = DEFAULT_ARCH) -> Path:
+    """The tiny checkpoint of `arch` (default: the hybrid) in the user cache dir, generated on first use."""
     from strata_lab.checkpoints import make_tiny
 
-    path = _cache_dir() / "models" / f"tiny-{DEFAULT_ARCH.replace('_', '-')}"
+    path = _cache_dir() / "models" / f"tiny-{arch.replace('_', '-')}"
     if not (path / "config.json").is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        make_tiny(tmp, arch=DEFAULT_ARCH)
+        # the real Qwen vocabulary: the server speaks through the real tokenizer
+        make_tiny(tmp, arch=arch, overrides={"vocab_size": 151936})
         try:
             os.replace(tmp, path)
         except OSError:  # another process made it first

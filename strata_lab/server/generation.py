@@ -118,7 +118,7 @@ class ChatRunner:
     """Owns the engine session, the prompt encoder and the recorder; runs requests one at a time."""
 
     def __init__(self, *, tokenizer, session, session_name: str, encoder, max_context: int,
-                 recorder=None, reply_reuse: bool = True, model_name: str = "strata"):
+                 recorder=None, reply_reuse: bool = True, model_name: str = "strata", stop_latency: int = 0):
         self.tokenizer = tokenizer
         self.session = session
         self.session_name = session_name
@@ -128,6 +128,7 @@ class ChatRunner:
         self.reply_reuse = reply_reuse
         self.model_name = model_name
         self.stop_ids = tuple(i for i in (tokenizer.im_end_id, tokenizer.eos_id) if i is not None)
+        self.stop_latency = stop_latency  # engine steps before a STOP takes effect (models a late STOP)
         self.engine_calls = 0
 
     # --- one request ------------------------------------------------------------------------------
@@ -153,6 +154,8 @@ class ChatRunner:
 
         def feed(ids: Sequence[int]) -> None:
             for i in ids:
+                if i in self.stop_ids:  # the end of the turn is not text
+                    continue
                 for ev in parser.feed(text.push(i)):
                     events.append(ev)
                     job.emit("event", ev)
@@ -198,7 +201,10 @@ class ChatRunner:
             events.append(ev)
             job.emit("event", ev)
         if self.reply_reuse:
-            self.encoder.remember_reply(prompt_ids, reply_ids)
+            # ids past the tokenizer's vocabulary (spare embedding rows a random model can sample) have
+            # no text, so no later prompt can reproduce them: remember the reply up to the first one.
+            known = next((k for k, i in enumerate(reply_ids) if i >= self.tokenizer.vocab_size), len(reply_ids))
+            self.encoder.remember_reply(prompt_ids, reply_ids[:known])
 
         from .output import collect
 
@@ -232,7 +238,7 @@ class ChatRunner:
         """One engine call, fed token by token; stops at the budget or when the job is cancelled."""
         self.engine_calls += 1
         stream = self.session.generate(prompt_ids, max_new_tokens=max_new, sampling=sampling,
-                                       stop_ids=self.stop_ids)
+                                       stop_ids=self.stop_ids, stop_latency=self.stop_latency)
         n = 0
         thought = 0
         hit_budget = False

@@ -140,10 +140,12 @@ def _sampling(body: dict, req: dict) -> None:
         req["temperature"] = _number(body["temperature"], "temperature", 0.0, 2.0)
     if body.get("top_p") is not None:
         req["top_p"] = _number(body["top_p"], "top_p", 0.0, 1.0)
+        if req["top_p"] == 0:
+            raise RequestError("top_p", "must be > 0")
     if body.get("top_k") is not None:
-        req["top_k"] = check_int(body["top_k"], "top_k", minimum=0)
+        req["top_k"] = check_int(body["top_k"], "top_k", minimum=0, maximum=1 << 20)
     if body.get("seed") is not None:
-        req["seed"] = check_int(body["seed"], "seed", minimum=-(2**63), maximum=2**64 - 1)
+        req["seed"] = check_int(body["seed"], "seed", minimum=0, maximum=2**64 - 1)
 
 
 def _response_format(value: Any, name: str = "response_format") -> dict | None:
