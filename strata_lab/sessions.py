@@ -264,7 +264,7 @@ def serve(*, model=None, dump=None, reply_id_reuse: bool = True, threads: int = 
                 raise RuntimeError(f"strata-lab serve exited with {proc.returncode} (set STRATA_SERVE_LOG=file "
                                    f"to see why): {' '.join(cmd)}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/v1/models", timeout=1.0).status_code == 200:
+                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
                     break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"strata-lab serve did not answer within {timeout} s")
