@@ -90,6 +90,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="strata-lab",
@@ -141,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-latency", type=int, default=0,
                    help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")
     p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("demo", help="serve an agent session with reply-id reuse off and on; replay and compare")
+    p.add_argument("--png", default="strata-demo.png", help="where to write the plot (default: strata-demo.png)")
+    p.add_argument("--out-dir", help="keep the two dumps here (default: a temp dir)")
+    p.add_argument("--model", default="hybrid", help="hybrid or attention (embedded tiny models), or a model dir")
+    p.add_argument("--turns", type=int, default=4, help="agent turns (default 4)")
+    p.set_defaults(func=_cmd_demo)
 
     return parser
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["record", "reproduce", "rewrite", "serve", "tiny_model", "Recorded", "Reproduction"]
+__all__ = ["record", "reproduce", "rewrite", "serve", "tiny_model", "model_kind", "Recorded", "Reproduction"]
 
 _ARCHS = {"hybrid": "qwen3_next", "attention": "qwen3"}
 
@@ -102,8 +102,13 @@ def _model_for(records, model) -> Path:
         return tiny_model(model)
     if model is not None:
         return Path(model)
+    return tiny_model(model_kind(records))
+
+
+def model_kind(records) -> str:
+    """'attention' or 'hybrid' from the dumps' `model` fields (the replay's model for these calls)."""
     names = " ".join(str(r.get("model", "")) for r in records)
-    return tiny_model("attention" if "qwen3" in names and "next" not in names else "hybrid")
+    return "attention" if "attention" in names or ("qwen3" in names and "next" not in names) else "hybrid"
 
 
 # --- reproduce and rewrite ------------------------------------------------------------------------------
@@ -241,7 +246,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(*, model=None, dump=None, reply_id_reuse: bool = True, threads: int = 1,
+def serve(*, model=None, dump=None, reply_id_reuse: bool = True, threads: int = 1, stop_latency: int = 0,
           timeout: float = 60.0) -> Iterator[str]:
     """Run `strata-lab serve` in a subprocess on a free port; yields its base URL (…/v1); stops it after."""
     port = _free_port()
@@ -251,6 +256,8 @@ def serve(*, model=None, dump=None, reply_id_reuse: bool = True, threads: int = 
         cmd += ["--dump", str(dump)]
     if not reply_id_reuse:
         cmd += ["--no-reply-reuse"]
+    if stop_latency:
+        cmd += ["--stop-latency", str(stop_latency)]
     log = open(os.devnull, "wb") if os.environ.get("STRATA_SERVE_LOG") is None \
         else open(os.environ["STRATA_SERVE_LOG"], "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -298,8 +305,12 @@ class Recorded:
 
 
 def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turns: int = 4,
-           max_tokens: int = 24, seed: int = 0, threads: int = 1, base_url: str | None = None) -> Recorded:
+           max_tokens: int = 24, seed: int = 0, threads: int = 1, stop_latency: int | None = None,
+           base_url: str | None = None) -> Recorded:
     """Record a scripted session ('agent', 'thinking' or 'webui', see strata_lab.agents) into `out`.
+
+    `stop_latency`: engine steps a STOP takes to land (default: 2 for 'thinking', whose budget STOPs then
+    leave drained ids, else 0).
 
     Starts the server itself (dumping to `out`) unless `base_url` points at one already running, in which
     case that server's own --dump file receives the calls and `out` must be None.
@@ -320,7 +331,10 @@ def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turn
     if out.exists():
         raise ValueError(f"out: {out} exists; recordings append, so choose a new file")
     t0 = time.perf_counter()
-    with serve(model=model, dump=out, reply_id_reuse=reply_id_reuse, threads=threads) as url:
+    if stop_latency is None:
+        stop_latency = 2 if scenario == "thinking" else 0
+    with serve(model=model, dump=out, reply_id_reuse=reply_id_reuse, threads=threads,
+               stop_latency=stop_latency) as url:
         n = run_script(scenario, url, cfg)
     calls = len(load_dump(out).records()) if out.exists() else 0
     return Recorded(str(out), scenario, reply_id_reuse, n, calls, time.perf_counter() - t0)
@@ -341,6 +355,7 @@ def main(argv=None) -> int:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-latency", type=int, help="engine steps a STOP takes (default: 2 for thinking, else 0)")
     for name in ("reproduce", "rewrite"):
         q = sub.add_parser(name, help=f"{name} a dump through the engine")
         q.add_argument("dump")
@@ -351,7 +366,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "record":
         print(record(args.scenario, args.out, model=args.model, reply_id_reuse=args.reply_id_reuse, turns=args.turns,
-                     max_tokens=args.max_tokens, seed=args.seed))
+                     max_tokens=args.max_tokens, seed=args.seed, stop_latency=args.stop_latency))
         return 0
     if args.command == "reproduce":
         r = reproduce(args.dump, model=args.model, out=args.out)
