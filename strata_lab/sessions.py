@@ -69,30 +69,15 @@ class _EngineRunner:
         self.name = f"{cfg.get('model_type')}:{Path(path).name}"
         from .engine import Engine
 
-        try:
-            self._engine, self._next = Engine.load(path, threads=threads), False
-        except ValueError:
-            if self.kind != "hybrid":
-                raise
-            # Qwen3-Next checkpoints load through next_model until Engine.load dispatches on model_type
-            from .next_model import NextEngine
-
-            self._engine, self._next = NextEngine.load(path), True
+        self._engine = Engine.load(path, threads=threads)
         self._sessions: dict[str, object] = {}
 
     def call(self, session: str, prompt_ids, force_ids) -> dict:
         s = self._sessions.get(session)
         if s is None:
-            s = self._sessions[session] = (self._engine.session() if self._next
-                                           else self._engine.session(f"repro-{session}"))
-            if not self._next:
-                s.reset()
-        n = len(force_ids)
-        if self._next:
-            r = s.generate(list(prompt_ids), max_new_tokens=n, force_ids=list(force_ids))
-            return {"reused": r.reused, "prefill_ms": r.prefill_ms, "decode_ms": r.decode_ms,
-                    "checkpoints": list(s.checkpoints)}
-        r = s.generate(list(prompt_ids), max_new_tokens=n, force_ids=list(force_ids)).result
+            s = self._sessions[session] = self._engine.session(f"repro-{session}")
+            s.reset()
+        r = s.generate(list(prompt_ids), max_new_tokens=len(force_ids), force_ids=list(force_ids)).result
         return {"reused": r.reused, "prefill_ms": r.prefill_ms, "decode_ms": r.decode_ms,
                 "checkpoints": list(r.checkpoints)}
 

@@ -5,6 +5,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import strata_lab.messages as messages_module
 import strata_lab.template as template_module
 from strata_lab import ChatTemplate
 from strata_lab.template import TemplateInputError, TemplateRenderError
@@ -512,6 +513,7 @@ def test_lint_finds_moved_system_text():
 
 def test_doctests():
     assert doctest.testmod(template_module).failed == 0
+    assert doctest.testmod(messages_module).failed == 0
 
 
 def test_cli_render_and_lint(tmp_path, capsys):

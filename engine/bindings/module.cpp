@@ -6,7 +6,6 @@
 
 namespace py = pybind11;
 
-void register_next(py::module_& m);  // bindings/next.cpp
 // engine_bindings.cpp
 void register_options(py::module_& m);
 void register_checkpoint(py::module_& m);
@@ -43,7 +42,6 @@ static void register_build_info(py::module_& m) {
 PYBIND11_MODULE(_engine, m) {
   m.doc() = "strata_lab's C++ inference engine";
   register_build_info(m);
-  register_next(m);
   register_checkpoint(m);
   register_options(m);
   register_engine(m);

@@ -1,38 +1,32 @@
-// Qwen3-Next gated full attention, fp32, per ENGINE_SPEC.md: q_proj rows are [H, (q hd | gate hd)]
+// Qwen3-Next gated full attention, per ENGINE_SPEC.md: q_proj rows are [H, (q hd | gate hd)]
 // interleaved per head; q/k norms use (1 + w); partial RoPE on the first rd = hd * factor dims;
-// causal GQA softmax attention; output multiplied by sigmoid(gate) before o_proj.
+// causal GQA softmax attention (kernels::attention); output times sigmoid(gate) before o_proj.
+// The KV cache is the core's AttentionKV (cut back to any prefix for free).
 #pragma once
-#include <cstddef>
+#include <cstdint>
 #include <vector>
+
+#include "strata/checkpoint.h"
+#include "strata/state.h"
 
 namespace strata::next {
 
 struct AttnDims {
-  int D = 0, H = 0, Hkv = 0, hd = 0;
-  int rd = 0;             // rotary dims (even)
-  float theta = 10000.f;  // rope theta
+  int64_t D = 0, H = 0, Hkv = 0, hd = 0;
+  int64_t rd = 0;   // rotary dims (even)
   float eps = 1e-6f;
 };
 
 struct AttnWeights {
-  const float* q_proj = nullptr;  // [2*H*hd, D]
-  const float* k_proj = nullptr;  // [Hkv*hd, D]
-  const float* v_proj = nullptr;  // [Hkv*hd, D]
-  const float* o_proj = nullptr;  // [D, H*hd]
-  const float* q_norm = nullptr;  // [hd]
-  const float* k_norm = nullptr;  // [hd]
+  Mat q_proj;                        // [2*H*hd, D]
+  Mat k_proj, v_proj;                // [Hkv*hd, D]
+  Mat o_proj;                        // [D, H*hd]
+  std::vector<float> q_norm, k_norm; // [hd]
 };
 
-// KV cache, position-major so appending and cutting back are plain resizes (attention rolls back free).
-struct KvCache {
-  std::vector<float> k, v;  // [pos, Hkv, hd]; k after k_norm and RoPE
-  int len(const AttnDims& d) const { return (int)(k.size() / ((size_t)d.Hkv * d.hd)); }
-  void truncate(const AttnDims& d, int n) { k.resize((size_t)n * d.Hkv * d.hd); v.resize(k.size()); }
-  size_t bytes() const { return (k.size() + v.size()) * sizeof(float); }
-};
-
-// out[T, D] for tokens at positions cache.len() .. cache.len()+T-1; appends their K/V to the cache.
-void gated_attention_forward(const AttnDims& d, const AttnWeights& w, const float* x, int T, KvCache& cache,
-                             float* out);
+// out[T, D] for tokens at positions kv.length() .. kv.length()+T-1; appends their K/V to kv.
+// inv_freq: kernels::rope_inv_freq(theta, rd).
+void gated_attention_forward(const AttnDims& d, const AttnWeights& w, const float* inv_freq, const float* x,
+                             int64_t T, AttentionKV& kv, float* out);
 
 }  // namespace strata::next

@@ -5,11 +5,37 @@
 #include <cmath>
 
 #include "next_ops.h"
+#include "strata/kernels.h"
 
 namespace strata::next {
 
-void delta_recurrent(int T, int dk, int dv, const float* q, int ldq, const float* k, int ldk, const float* v,
-                     int ldv, const float* beta, const float* g, int ldbg, float* S, float* o, int ldo) {
+using kernels::dot;
+
+namespace {
+class GdnSnapshot final : public LayerSnapshot {
+ public:
+  explicit GdnSnapshot(const GdnState& s) : conv(s.conv), S(s.S) {}
+  int64_t bytes() const override { return int64_t((conv.size() + S.size()) * sizeof(float)); }
+  std::vector<float> conv, S;
+};
+}  // namespace
+
+std::unique_ptr<LayerSnapshot> GdnState::snapshot() const { return std::make_unique<GdnSnapshot>(*this); }
+
+void GdnState::restore(const LayerSnapshot& snap) {
+  const auto& s = static_cast<const GdnSnapshot&>(snap);
+  conv = s.conv;
+  S = s.S;
+}
+
+void GdnState::reset() {
+  std::fill(conv.begin(), conv.end(), 0.f);
+  std::fill(S.begin(), S.end(), 0.f);
+}
+
+void delta_recurrent(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
+                     const float* v, int64_t ldv, const float* beta, const float* g, int64_t ldbg, float* S,
+                     float* o, int64_t ldo) {
   std::vector<float> kv(dv);
   for (int t = 0; t < T; ++t) {
     const float* qt = q + (size_t)t * ldq;
@@ -37,18 +63,18 @@ void delta_recurrent(int T, int dk, int dv, const float* q, int ldq, const float
   }
 }
 
-void delta_chunked(int T, int dk, int dv, const float* q, int ldq, const float* k, int ldk, const float* v,
-                   int ldv, const float* beta, const float* g, int ldbg, float* S, float* o, int ldo,
-                   int chunk) {
+void delta_chunked(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
+                   const float* v, int64_t ldv, const float* beta, const float* g, int64_t ldbg, float* S,
+                   float* o, int64_t ldo, int64_t chunk) {
   // Per chunk of n <= L tokens with start state S (the spec's closed form; a short last chunk equals
   // HF's zero padding because padded rows have k = v = beta = g = 0):
   //   gamma = cumsum(g); Dm_ij = exp(gamma_i - gamma_j) for i >= j (masked before exp)
   //   A = strictly_lower(diag(beta) K K^T * Dm); solve (I + A) U = diag(beta) V, (I + A) W = diag(beta e^gamma) K
   //   V' = U - W S;  O = (e^gamma Q) S + ((Q K^T) * Dm) V';  S <- e^{gamma_n} S + (e^{gamma_n - gamma} K)^T V'
-  const int L = chunk;
+  const int64_t L = chunk;
   std::vector<float> gam(L), A((size_t)L * L), U((size_t)L * dv), W((size_t)L * dk);
-  for (int c0 = 0; c0 < T; c0 += L) {
-    const int n = std::min(L, T - c0);
+  for (int64_t c0 = 0; c0 < T; c0 += L) {
+    const int64_t n = std::min(L, T - c0);
     auto Q = [&](int i) { return q + (size_t)(c0 + i) * ldq; };
     auto Kr = [&](int i) { return k + (size_t)(c0 + i) * ldk; };
     auto V = [&](int i) { return v + (size_t)(c0 + i) * ldv; };
@@ -119,14 +145,14 @@ void delta_chunked(int T, int dk, int dv, const float* q, int ldq, const float* 
   }
 }
 
-void gdn_forward(const GdnDims& d, const GdnWeights& w, const float* x, int T, GdnState& st, float* out,
-                 DeltaMode mode, int chunk) {
-  const int Hk = d.Hk, Hv = d.Hv, dk = d.dk, dv = d.dv, K = d.K, r = Hv / Hk;
-  const int C = d.conv_channels(), P = d.qkvz_rows(), group = 2 * dk + 2 * r * dv;
+void gdn_forward(const GdnDims& d, const GdnWeights& w, const float* x, int64_t T, GdnState& st, float* out,
+                 int64_t chunk) {
+  const int64_t Hk = d.Hk, Hv = d.Hv, dk = d.dk, dv = d.dv, K = d.K, r = Hv / Hk;
+  const int64_t C = d.conv_channels(), P = d.qkvz_rows(), group = 2 * dk + 2 * r * dv;
   // 1-2. projections: P [T, Hk, (q dk | k dk | v r*dv | z r*dv)], BA [T, Hk, (b r | a r)]
   std::vector<float> proj((size_t)T * P), ba((size_t)T * 2 * Hv);
-  matmul_t(x, T, d.D, w.in_proj_qkvz, P, proj.data());
-  matmul_t(x, T, d.D, w.in_proj_ba, 2 * Hv, ba.data());
+  kernels::matmul(w.in_proj_qkvz, x, T, proj.data());
+  kernels::matmul(w.in_proj_ba, x, T, ba.data());
   // 3. conv input rows ext [K-1 + T, C]: the saved window, then m_t = [Q_all | K_all | V_all]
   std::vector<float> ext((size_t)(K - 1 + T) * C), z((size_t)T * Hv * dv), b((size_t)T * Hv), a((size_t)T * Hv);
   std::copy(st.conv.begin(), st.conv.end(), ext.begin());
@@ -148,7 +174,7 @@ void gdn_forward(const GdnDims& d, const GdnWeights& w, const float* x, int T, G
   }
   // 4. depthwise causal conv + SiLU: c_t[ch] = silu(sum_j W[ch, j] * ext[t + j][ch])
   std::vector<float> cv((size_t)T * C);
-#pragma omp parallel for schedule(static) if ((long)T * C > 16384)
+#pragma omp parallel for schedule(static) if (T * C > 16384)
   for (int t = 0; t < T; ++t)
     for (int ch = 0; ch < C; ++ch) {
       float s = 0.f;
@@ -174,8 +200,8 @@ void gdn_forward(const GdnDims& d, const GdnWeights& w, const float* x, int T, G
   }
   // 7. delta rule per value head h (key head h / r), state S[h] fp32
   std::vector<float> o((size_t)T * Hv * dv);
-  const bool chunked = mode == DeltaMode::Chunked || (mode == DeltaMode::Auto && T > 1);
-#pragma omp parallel for schedule(dynamic) if (Hv > 1 && (long)T * dk * dv > 4096)
+  const bool chunked = T > 1;
+#pragma omp parallel for schedule(dynamic) if (Hv > 1 && T * dk * dv > 4096)
   for (int h = 0; h < Hv; ++h) {
     const int kh = h / r;
     const float* qh = cv.data() + (size_t)kh * dk;
@@ -196,7 +222,7 @@ void gdn_forward(const GdnDims& d, const GdnWeights& w, const float* x, int T, G
     const float rs = 1.f / std::sqrt(dot(oh, oh, dv) / dv + d.eps);
     for (int j = 0; j < dv; ++j) oh[j] = w.norm[j] * (oh[j] * rs) * siluf(zh[j]);
   }
-  matmul_t(o.data(), T, Hv * dv, w.out_proj, d.D, out);
+  kernels::matmul(w.out_proj, o.data(), T, out);
 }
 
 }  // namespace strata::next

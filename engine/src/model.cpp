@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "qwen3.h"
+#include "qwen3_next.h"
 
 namespace strata {
 
@@ -21,9 +22,10 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
   if (opts.max_context < 0) throw std::invalid_argument("max_context must be >= 0, got " + std::to_string(opts.max_context));
   auto ckpt = std::make_unique<Checkpoint>(dir);
   const std::string type = ckpt->model_type();
-  // One line per architecture; the hybrid model adds: if (type == "qwen3_next") return make_qwen3_next(...);
+  // One line per architecture.
   if (type == "qwen3") return std::make_unique<Qwen3Model>(std::move(ckpt), opts);
-  throw CheckpointError(dir + "/config.json: unknown model_type '" + type + "' (supported: qwen3)");
+  if (type == "qwen3_next") return std::make_unique<Qwen3NextModel>(std::move(ckpt), opts);
+  throw CheckpointError(dir + "/config.json: unknown model_type '" + type + "' (supported: qwen3, qwen3_next)");
 }
 
 }  // namespace strata

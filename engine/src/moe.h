@@ -1,32 +1,32 @@
-// Qwen3-Next MLPs, fp32: the dense SwiGLU MLP and the sparse MoE block (router softmax in fp32, top-k,
-// optional renormalisation, shared expert scaled by sigmoid(x . w_sg)).
+// Qwen3-Next MLPs: the dense SwiGLU MLP and the sparse MoE block (router softmax in fp32, top-k,
+// optional renormalisation, shared expert scaled by sigmoid(x . w_sg)). Weights are checkpoint views.
 #pragma once
-#include <cstddef>
+#include <cstdint>
 #include <vector>
+
+#include "strata/checkpoint.h"
 
 namespace strata::next {
 
 struct MlpWeights {
-  const float* gate = nullptr;  // [I, D]
-  const float* up = nullptr;    // [I, D]
-  const float* down = nullptr;  // [D, I]
-  int I = 0;
+  Mat gate, up;   // [I, D]
+  Mat down;       // [D, I]
+  int64_t I = 0;
 };
 
 struct MoeWeights {
-  const float* router = nullptr;       // [E, D]
-  std::vector<MlpWeights> experts;     // E experts of moe_intermediate_size
-  MlpWeights shared;                   // shared expert
-  const float* shared_gate = nullptr;  // [1, D]
-  int top_k = 1;
+  Mat router;                        // [E, D]
+  std::vector<MlpWeights> experts;   // E experts of moe_intermediate_size
+  MlpWeights shared;                 // shared expert
+  std::vector<float> shared_gate;    // [D]
+  int64_t top_k = 1;
   bool norm_topk_prob = true;
 };
 
 // out[T, D] = down(silu(gate(x)) * up(x)).
-void mlp_forward(int D, const MlpWeights& w, const float* x, int T, float* out);
+void mlp_forward(int64_t D, const MlpWeights& w, const float* x, int64_t T, float* out);
 
-// out[T, D] = MoE(x). If `picked` is given it receives the chosen expert ids [T, top_k] (tests, stats).
-void moe_forward(int D, const MoeWeights& w, const float* x, int T, float* out,
-                 std::vector<int>* picked = nullptr);
+// out[T, D] = MoE(x).
+void moe_forward(int64_t D, const MoeWeights& w, const float* x, int64_t T, float* out);
 
 }  // namespace strata::next
