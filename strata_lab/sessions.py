@@ -39,22 +39,26 @@ from typing import Iterator
 __all__ = ["record", "reproduce", "rewrite", "serve", "tiny_model", "model_kind", "Recorded", "Reproduction"]
 
 _ARCHS = {"hybrid": "qwen3_next", "attention": "qwen3"}
+_QWEN_VOCAB = 151669  # load_tokenizer("qwen3").vocab_size
 
 
 # --- models and engines ---------------------------------------------------------------------------------
 def tiny_model(kind: str = "hybrid", *, seed: int = 0) -> Path:
-    """The embedded tiny model ('hybrid': Qwen3-Next layout, 'attention': Qwen3) with the real Qwen vocab
-    (151936 embedding rows, random weights), generated once into the cache dir."""
+    """The embedded tiny model ('hybrid': Qwen3-Next layout, 'attention': Qwen3) over the real Qwen vocab,
+    random weights, generated once into the cache dir.
+
+    Its embedding has the tokenizer's 151669 rows, not Qwen's padded 151936: a random model samples every
+    row it has, and ids past the tokenizer's (which a trained model never emits) would end up in dumps."""
     if kind not in _ARCHS:
         raise ValueError(f"kind must be one of {sorted(_ARCHS)}, got {kind!r}")
     from .checkpoints import make_tiny
     from .tokenizer import _cache_dir
 
-    path = _cache_dir() / "models" / f"sessions-{kind}-vocab151936-seed{seed}"
+    path = _cache_dir() / "models" / f"sessions-{kind}-vocab{_QWEN_VOCAB}-seed{seed}"
     if not (path / "config.json").is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        make_tiny(tmp, arch=_ARCHS[kind], seed=seed, overrides={"vocab_size": 151936})
+        make_tiny(tmp, arch=_ARCHS[kind], seed=seed, overrides={"vocab_size": _QWEN_VOCAB})
         with contextlib.suppress(OSError):  # another process may have made it first
             os.replace(tmp, path)
     return path
