@@ -69,3 +69,42 @@ def test_script_config_validates():
         ScriptConfig(max_tokens=0)
     with pytest.raises(ValueError, match="scenario"):
         run_script("chess", "http://127.0.0.1:9/v1")
+
+
+def _has_server():
+    from strata_lab.cli import build_parser
+
+    return "serve" in build_parser()._subparsers._group_actions[0].choices
+
+
+server = pytest.mark.skipif(not _has_server(), reason="this build has no `strata-lab serve`")
+
+
+@server
+def test_record_webui_session_against_the_server(tmp_path, qwen3):
+    from strata_lab.dump import load_dump
+    from strata_lab.sessions import record
+
+    out = tmp_path / "webui.jsonl"
+    rec = record("webui", out, turns=2, max_tokens=6, seed=3)
+    assert rec.requests == 6 and rec.calls == 6 and rec.path == str(out)
+    recs = load_dump(out).records()
+    # the n_predict: 0 warm-ups only read their prompt
+    assert [len(r["gen_ids"]) == 0 for r in recs] == [True, True, False, True, True, False]
+    rep = replay(out, tokenizer=qwen3, checkpoint_policy="recorded")
+    assert rep["mismatches"] == 0 and rep["compared"] == 6
+    assert reproduce(out).exact
+    with pytest.raises(ValueError, match="out"):
+        record("webui", out)  # never appends to an existing recording
+
+
+@server
+def test_demo_cli(tmp_path, capsys):
+    from strata_lab.cli import main
+
+    png = tmp_path / "demo.png"
+    assert main(["demo", "--png", str(png), "--out-dir", str(tmp_path / "d"), "--turns", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "reply-id reuse off" in out and "reply-id reuse on" in out and "reread" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["agent-reuse-off.jsonl", "agent-reuse-on.jsonl"]
