@@ -19,7 +19,7 @@
 >>> with Recorder(path) as rec:
 ...     rec.write_call(session="s", prompt_ids=p1, reused=0, gen_ids=[220, 14990, tok.im_end_id])
 ...     rec.write_call(session="s", prompt_ids=p1 + tok.encode(" hello<|im_end|>\\n"), reused=len(p1))
->>> reproduce(path, model="attention").exact          # doctest: +SKIP  (needs the engine build)
+>>> reproduce(path, model="attention").exact
 True
 """
 from __future__ import annotations
