@@ -1,83 +1,114 @@
-"""Hybrid (Qwen3-Next) engine costs: GDN vs attention decode cost against context, snapshot cost, prefill.
+"""Hybrid (Qwen3-Next) engine costs through the Engine API: GDN vs attention decode cost against context,
+snapshot time and size, prefill throughput.
 
-    PYTHONPATH=$PWD python benchmarks/hybrid.py [--contexts 128 512 1536] [--decode 16]
+    PYTHONPATH=$PWD python benchmarks/hybrid.py [--contexts 128 512 1536] [--decode 16] [--threads N]
 
-Builds the "bench" preset of make_tiny_next (a scaled Qwen3-Next: 6 GDN + 2 gated-attention layers,
-MoE 16 experts top-4 + shared expert, real Qwen vocab), then:
-1. per-token decode time of the GDN mixers and of the attention mixers at growing context lengths
-   (GDN state is fixed-size, so its cost is flat; attention reads a KV cache that grows);
-2. time and MiB per recurrent-state snapshot (and the same size formula at the 80B-A3B shape);
-3. prefill tokens/s.
+1. Per-token decode cost against context for two variants of the same shape that differ only in their
+   mixers: every layer Gated DeltaNet vs every layer gated attention (small vocab, dense MLP, so the
+   mixer dominates). The GDN state is fixed-size, so its cost stays flat; attention reads a KV cache
+   that grows with the context.
+2. Time and MiB per recurrent-state snapshot on the "bench" preset (a scaled Qwen3-Next-80B-A3B:
+   6 GDN + 2 attention layers, MoE 16 experts top-4 + shared expert, real Qwen vocab, bf16), measured as
+   the decode slowdown of a snapshot-every-token policy over no snapshots.
+3. Prefill tokens/s of the bench preset, against its own decode tokens/s.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 
 import numpy as np
 
 
+def _decode_ms(session, steps: int) -> float:
+    """Median ms of one decode step continuing the held ids (one step per call, timed alone)."""
+    session.generate(session.held_ids, max_new_tokens=1).result  # warm-up
+    out = []
+    for _ in range(steps):
+        r = session.generate(session.held_ids, max_new_tokens=1).result  # prompt == held: nothing re-read
+        out.append(r.decode_ms)
+    return statistics.median(out)
+
+
 def main(argv=None) -> None:
     from strata_lab._tiny_next import NEXT_PRESETS, make_tiny_next
-    from strata_lab.next_model import CheckpointPolicy, NextEngine
+    from strata_lab.engine import CheckpointPolicy, Engine
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1536])
-    ap.add_argument("--decode", type=int, default=16)
+    ap.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 3072])
+    ap.add_argument("--decode", type=int, default=24, help="decode steps timed per point (median)")
+    ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
-    shape = NEXT_PRESETS["bench"]
-    with tempfile.TemporaryDirectory() as d:
-        t = time.perf_counter()
-        path = make_tiny_next(d, preset="bench", dtype="bfloat16")
-        eng = NextEngine.load(path)
-        print(f"bench preset built+loaded in {time.perf_counter() - t:.1f}s")
-    n_gdn = sum(t == "linear_attention" for t in shape.layer_types())
-    n_att = shape.num_hidden_layers - n_gdn
     rng = np.random.default_rng(0)
-    ids = [int(i) for i in rng.integers(0, 151000, max(args.contexts))]
-    # default policy: the snapshot at each prompt end lets the next, longer prompt skip the decoded ids
-    s = eng.session(CheckpointPolicy())
-    nat = eng._native
-    rows, held, prefill_tok, prefill_s = [], 0, 0, 0.0
-    for ctx in args.contexts:
-        r = s.generate(ids[:ctx])  # restores the previous prompt-end checkpoint, reads only the new part
-        prefill_tok += r.read
-        prefill_s += r.prefill_ms / 1e3
-        # one decode step per call so each sample is timed alone; medians resist a busy machine
-        gs, as_, toks = [], [], []
-        for _ in range(args.decode):
-            nat.reset_timers()
-            r = s.generate(s.held_ids, max_new_tokens=1)
-            g, a = nat.mixer_seconds()
-            gs.append(g / n_gdn * 1e3)
-            as_.append(a / n_att * 1e3)
-            toks.append(r.decode_ms)
-        rows.append((ctx, float(np.median(gs)), float(np.median(as_)), float(np.median(toks))))
-    print(f"\nper-token decode cost per layer (ms), {n_gdn} GDN + {n_att} attention layers")
-    print(f"{'context':>8} {'GDN/layer':>10} {'attn/layer':>11} {'token':>8}  (medians, ms)")
-    for ctx, g, a, tok in rows:
-        print(f"{ctx:>8} {g:>10.3f} {a:>11.3f} {tok:>8.1f}")
-    (c0, g0, a0, _), (c1, g1, a1, _) = rows[0], rows[-1]
-    print(f"context x{c1 / c0:.1f}: GDN cost x{g1 / g0:.2f} (flat), attention cost x{a1 / a0:.2f} (grows)")
+    tmp = tempfile.TemporaryDirectory()
 
-    # snapshot cost: an every-N policy over a prompt
-    s = eng.session(CheckpointPolicy(every=64))
-    r = s.generate(ids[:512])
-    n = len(s.checkpoints)
-    mib = s.snapshot_bytes / n / 2**20
-    dec = rows[0][3]
-    print(f"\nsnapshots: {n} taken, {mib:.2f} MiB each ({s.snapshot_bytes / 2**20:.1f} MiB total), "
-          f"{r.snapshot_ms / r.snapshots_taken:.2f} ms each = {r.snapshot_ms / r.snapshots_taken / dec:.3f}x "
-          f"one decode token")
+    # 1. decode cost vs context, GDN-only vs attention-only: the bench preset's heads (attention 8 x 128,
+    # 2 kv heads; GDN 8/16 heads of 64) on a narrow residual (D=256) with a small vocab and dense MLP, so
+    # the mixers' own work is what a decode step measures.
+    b = NEXT_PRESETS["bench"]
+    layers = 2
+    common = dict(preset="bench", dtype="bfloat16", vocab_size=4096, num_hidden_layers=layers, num_experts=0,
+                  hidden_size=256, intermediate_size=512, tie_word_embeddings=True)
+    variants = {"GDN": make_tiny_next(f"{tmp.name}/gdn", full_attention_interval=layers + 1, **common),
+                "attention": make_tiny_next(f"{tmp.name}/att", full_attention_interval=1, **common)}
+    ids = [int(i) for i in rng.integers(0, 4096, max(args.contexts))]
+    table: dict[str, list[float]] = {}
+    for name, path in variants.items():
+        eng = Engine.load(path, threads=args.threads, max_context=max(args.contexts) + 4 * args.decode)
+        s = eng.session("decode", checkpoints=CheckpointPolicy(at_prompt_end=False))
+        row = []
+        for ctx in args.contexts:
+            s.reset()
+            s.generate(ids[:ctx], max_new_tokens=0)
+            row.append(_decode_ms(s, args.decode) / layers)
+        table[name] = row
+    print(f"decode ms per token per layer ({layers} layers, D=256, attention {b.num_attention_heads}x{b.head_dim} "
+          f"(kv {b.num_key_value_heads}), GDN {b.linear_num_value_heads}x{b.linear_value_head_dim}; "
+          f"medians of {args.decode} steps)")
+    print(f"{'context':>8} {'GDN':>8} {'attention':>10} {'attn/GDN':>9}")
+    for i, ctx in enumerate(args.contexts):
+        g, a = table["GDN"][i], table["attention"][i]
+        print(f"{ctx:>8} {g:>8.3f} {a:>10.3f} {a / g:>9.2f}")
+    c0, c1 = args.contexts[0], args.contexts[-1]
+    print(f"context x{c1 / c0:.1f}: GDN cost x{table['GDN'][-1] / table['GDN'][0]:.2f} (flat), "
+          f"attention cost x{table['attention'][-1] / table['attention'][0]:.2f} (grows)")
+
+    # 2-3. the bench preset: snapshot cost, prefill vs decode
+    t = time.perf_counter()
+    path = make_tiny_next(f"{tmp.name}/bench", preset="bench", dtype="bfloat16")
+    eng = Engine.load(path, threads=args.threads)
+    print(f"\nbench preset built+loaded in {time.perf_counter() - t:.1f}s "
+          f"({eng.info['weight_bytes'] / 2**20:.0f} MiB of bf16 weights)")
+    prompt = [int(i) for i in rng.integers(0, 151643, 512)]
+    s = eng.session("prefill", checkpoints=CheckpointPolicy(at_prompt_end=False))
+    r = s.generate(prompt, max_new_tokens=0).result
+    prefill_tps = r.tokens_read / (r.prefill_ms / 1e3)
+    dec_plain = _decode_ms(s, args.decode)
+    # a call whose prompt equals the held ids reads nothing: with a turn-start policy its prefill time is
+    # one snapshot; without, the same call is the overhead to subtract
+    def call_ms() -> float:
+        s.generate(s.held_ids, max_new_tokens=0)  # warm-up
+        return statistics.median(s.generate(s.held_ids, max_new_tokens=0).result.prefill_ms
+                                 for _ in range(args.decode))
+
+    s = eng.session("prefill", checkpoints=CheckpointPolicy(at_prompt_end=True))
+    with_snap = call_ms()
+    mib = s.snapshot_bytes / len(s.checkpoints) / 2**20
+    s = eng.session("prefill", checkpoints=CheckpointPolicy(at_prompt_end=False))
+    snap_ms = max(with_snap - call_ms(), 0.0)
+    print(f"snapshot: {mib:.2f} MiB each, {snap_ms:.3f} ms each = x{snap_ms / dec_plain:.4f} one decode step "
+          f"({dec_plain:.1f} ms)")
+    gdn = NEXT_PRESETS["bench"].layer_types().count("linear_attention")
     s_80b = 36 * (32 * 128 * 128 + (2 * 16 * 128 + 32 * 128) * 3) * 4 / 2**20
-    print(f"same formula at Qwen3-Next-80B-A3B (36 GDN layers, fp32 S): {s_80b:.1f} MiB per snapshot "
+    print(f"same formula at Qwen3-Next-80B-A3B (36 GDN layers vs {gdn} here): {s_80b:.1f} MiB per snapshot "
           f"(x{s_80b / mib:.1f} this preset)")
-    pre = prefill_tok / prefill_s
-    print(f"\nprefill: {pre:.1f} tok/s over {prefill_tok} tokens; decode at ctx {rows[0][0]}: "
-          f"{1e3 / rows[0][3]:.2f} tok/s; prefill/decode throughput x{pre * rows[0][3] / 1e3:.1f}")
-    print(f"re-reading a 1000-token reply costs ~{1000 / pre:.1f}s of prefill vs {mib:.2f} MiB for one more "
-          f"checkpoint")
+    print(f"prefill: {prefill_tps:.1f} tok/s over {r.tokens_read} tokens; decode {1e3 / dec_plain:.2f} tok/s; "
+          f"prefill/decode throughput x{prefill_tps * dec_plain / 1e3:.1f}")
+    print(f"re-reading a 1000-token reply costs ~{1000 / prefill_tps:.1f} s of prefill vs {mib:.2f} MiB for "
+          f"one more checkpoint")
+    tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["NextShape", "NEXT_PRESETS", "make_tiny_next"]
+__all__ = ["NextShape", "NEXT_PRESETS", "make_tiny_next", "write_next"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class NextShape:
     ['linear_attention', 'full_attention', 'linear_attention', 'full_attention']
     """
 
-    vocab_size: int = 512
+    vocab_size: int = 151936          # the real Qwen vocab: tokenizer.json ids all fit
     hidden_size: int = 64
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
@@ -179,69 +179,40 @@ def make_tiny_next(path: str | os.PathLike, *, preset: str = "tiny", seed: int =
     """Write a random-weight ``qwen3_next`` checkpoint to ``path`` and return the path.
 
     ``preset`` is a key of ``NEXT_PRESETS`` ("tiny", "tiny-moe", "bench"); keyword overrides change
-    single shape fields (e.g. ``num_experts=0``). ``dtype`` is "float32" or "bfloat16" storage.
+    single shape fields (e.g. ``num_experts=0``). ``dtype`` is "float32", "bfloat16" or "float16".
+    Like every ``make_tiny`` checkpoint it carries tokenizer.json (the real Qwen3 vocab) and
+    tokenizer_config.json.
 
     >>> import tempfile, json
-    >>> p = make_tiny_next(tempfile.mkdtemp(), preset="tiny-moe")
-    >>> json.load(open(p / "config.json"))["model_type"]
-    'qwen3_next'
+    >>> p = make_tiny_next(tempfile.mkdtemp(), preset="tiny-moe", hidden_size=32)
+    >>> json.load(open(p / "config.json"))["model_type"], (p / "tokenizer.json").exists()
+    ('qwen3_next', True)
     """
-    from safetensors.numpy import save_file
-
     if preset not in NEXT_PRESETS:
         raise ValueError(f"preset must be one of {sorted(NEXT_PRESETS)}, got {preset!r}")
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     shape = replace(NEXT_PRESETS[preset], **overrides) if overrides else NEXT_PRESETS[preset]
-    rng = np.random.default_rng(seed)
-    std = 1.0 / np.sqrt(shape.hidden_size)
-    tensors = _tensors(shape, rng, std, mtp)
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = config_dict(shape, pattern=pattern)
-    if dtype == "bfloat16":
-        cfg["torch_dtype"] = "bfloat16"
-        tensors = {k: _to_bf16(v) for k, v in tensors.items()}
-        _save_bf16(tensors, out / "model.safetensors")
-    else:
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": False}))
-    return out
+    return write_next(path, shape=shape, seed=seed, dtype=dtype, pattern=pattern, mtp=mtp)
 
 
 def write_next(path: str | os.PathLike, *, shape: NextShape, seed: int = 0, dtype: str = "float32",
-               shards: int = 1) -> Path:
-    """The writer behind ``make_tiny(arch="qwen3_next", preset=...)`` (presets in NEXT_PRESETS)."""
+               shards: int = 1, pattern: str = "layer_types", mtp: bool = False) -> Path:
+    """The writer behind ``make_tiny(arch="qwen3_next", preset=...)`` and ``make_tiny_next``."""
+    from .checkpoints import DTYPES, _write_tokenizer, write_safetensors
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if shards != 1:
         raise ValueError(f"shards must be 1 for qwen3_next tiny checkpoints, got {shards}")
-    names = {k for k, v in NEXT_PRESETS.items() if v == shape}
-    base = next(iter(names)) if names else "tiny"
-    diff = {f: getattr(shape, f) for f in shape.__dataclass_fields__
-            if getattr(shape, f) != getattr(NEXT_PRESETS[base], f)}
-    return make_tiny_next(path, preset=base, seed=seed, dtype=dtype, **diff)
-
-
-def _to_bf16(a: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bits (uint16), round to nearest even."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return r
-
-
-def _save_bf16(tensors: dict[str, np.ndarray], file: Path) -> None:
-    # safetensors.numpy has no bfloat16 dtype; write the header by hand (same format).
-    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
-    for name, arr in tensors.items():
-        b = arr.tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(arr.shape), "data_offsets": [offset, offset + len(b)]}
-        offset += len(b)
-        blobs.append(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(file, "wb") as f:
-        f.write(len(h).to_bytes(8, "little"))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    cfg = config_dict(shape, pattern=pattern)
+    rng = np.random.default_rng(seed)
+    tensors = _tensors(shape, rng, 1.0 / np.sqrt(shape.hidden_size), mtp)
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg["torch_dtype"] = dtype
+    write_safetensors(out / "model.safetensors", {k: (dtype, v.shape) for k, v in tensors.items()},
+                      tensors.__getitem__, dtype=dtype)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": False}))
+    _write_tokenizer(out)
+    return out

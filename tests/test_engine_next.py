@@ -1,4 +1,9 @@
-"""Qwen3-Next in the C++ engine: parity with transformers, GDN prefill/decode, hybrid checkpoints."""
+"""Engine tier: Qwen3-Next (hybrid) through the one Engine API.
+
+Parity with transformers, prefill vs decode, chunked prefill, checkpoint restore, the reference
+scenario (a reply re-encoded on the next turn) with the engine's reuse checked against the weight-free
+state model, LRU budget eviction, snapshot memory, and replay of a recorded engine session.
+"""
 from __future__ import annotations
 
 import json
@@ -6,22 +11,56 @@ import json
 import numpy as np
 import pytest
 
-from strata_lab._tiny_next import make_tiny_next
-from strata_lab.hybrid_reuse import HybridStateModel
-from strata_lab.next_model import CheckpointPolicy, NextEngine
-
 pytest.importorskip("strata_lab._engine")
+from strata_lab._tiny_next import NEXT_PRESETS, make_tiny_next  # noqa: E402
+from strata_lab.engine import CheckpointPolicy, Engine  # noqa: E402
+from strata_lab.state_model import EveryN, MemoryBudget, SessionState, TurnStart  # noqa: E402
+
+TOL = 1e-4
+SMALL = dict(hidden_size=32, intermediate_size=48, moe_intermediate_size=16, shared_expert_intermediate_size=24)
+
+
+def _ids(n, seed=0, hi=151643):
+    return [int(i) for i in np.random.default_rng(seed).integers(0, hi, n)]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return NextEngine.load(make_tiny_next(tmp_path_factory.mktemp("tiny"), preset="tiny-moe"))
+def moe(tmp_path_factory):
+    """tiny-moe (untied lm_head, 2 GDN + 2 attention layers, MoE with one dense layer), 32-wide."""
+    return Engine.load(make_tiny_next(tmp_path_factory.mktemp("moe"), preset="tiny-moe", **SMALL), threads=2)
 
 
-def _ids(n, seed=0, vocab=512):
-    return [int(i) for i in np.random.default_rng(seed).integers(0, vocab, n)]
+def _snapshot_bytes(shape) -> int:
+    """Bytes of one snapshot: conv window + fp32 S of every GDN layer (ENGINE_SPEC 'Session state')."""
+    s = shape
+    C = 2 * s.linear_num_key_heads * s.linear_key_head_dim + s.linear_num_value_heads * s.linear_value_head_dim
+    S = s.linear_num_value_heads * s.linear_key_head_dim * s.linear_value_head_dim
+    per = (s.linear_conv_kernel_dim - 1) * C + S
+    return 4 * per * s.layer_types().count("linear_attention")
 
 
+def _predictor(policy: CheckpointPolicy, snap_bytes: int) -> SessionState:
+    """The state model configured like the engine's native policy."""
+    if policy.budget_mib:
+        inner = dict(every=policy.every or None)
+        return SessionState(policy=MemoryBudget(mib=policy.budget_mib, bytes_per_snapshot=snap_bytes, **inner))
+    if policy.every:
+        return SessionState(policy=EveryN(n=policy.every, turn_start=policy.at_prompt_end,
+                                          bytes_per_snapshot=snap_bytes))
+    return SessionState(policy=TurnStart(bytes_per_snapshot=snap_bytes))
+
+
+def _call(session, pred, prompt, **kw):
+    """One engine call; asserts the engine's reuse equals the state model's prediction."""
+    r = session.generate(prompt, **kw).result
+    p = pred.call(prompt)
+    pred.finish(r.gen_ids, r.drained_ids)
+    assert (r.reused, r.lcp) == (p.reused, p.lcp), (r, p)
+    assert session.checkpoints == sorted(pred.checkpoints)
+    return r
+
+
+# --- the model ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("preset,pattern", [("tiny", "layer_types"), ("tiny", "full_attention_interval"),
                                             ("tiny-moe", "layer_types"), ("tiny-moe", "full_attention_interval")])
 def test_logits_match_transformers(tmp_path, preset, pattern):
@@ -29,145 +68,251 @@ def test_logits_match_transformers(tmp_path, preset, pattern):
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     path = make_tiny_next(tmp_path, preset=preset, pattern=pattern, mtp=True, seed=3)
+    cfg = json.loads((path / "config.json").read_text())
+    assert ("layer_types" in cfg) == (pattern == "layer_types")
     hf = transformers.Qwen3NextForCausalLM.from_pretrained(path, dtype=torch.float32)
-    ids = _ids(70, seed=1)  # > one 64-token chunk, not a multiple of it
+    ids = _ids(70, seed=1)  # > one 64-token GDN chunk, not a multiple of it
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0].numpy()
-    eng = NextEngine.load(path)
-    assert np.abs(eng.forward(ids) - ref).max() <= 1e-4
-    assert np.abs(eng.decode_steps(ids[:20]) - ref[:20]).max() <= 1e-4
+    eng = Engine.load(path, threads=2)
+    assert eng.info["model_type"] == "qwen3_next"
+    assert np.abs(eng.forward(ids) - ref).max() <= TOL
+    # the same through a session, token by token (recurrent GDN step, KV cache growing)
+    s = eng.session("decode")
+    for i in range(12):
+        s.generate(ids[: i + 1], max_new_tokens=0)
+        assert np.abs(s.last_logits() - ref[i]).max() <= TOL
 
 
-@pytest.mark.parametrize("n", [1, 5, 63, 64, 65, 150])
-def test_chunked_prefill_equals_recurrent_and_decode(tiny, n):
-    ids = _ids(n, seed=n)
-    chunked = tiny.forward(ids, mode="chunked")
-    assert np.abs(chunked - tiny.forward(ids, mode="recurrent")).max() <= 1e-4
-    assert np.abs(chunked - tiny.decode_steps(ids)).max() <= 1e-4
+def test_prefill_equals_token_by_token_decode_at_any_chunking(moe):
+    ids = _ids(150, seed=5)
+    full = moe.forward(ids)
+    s = moe.session("steps")
+    s.reset()
+    r = s.generate(ids[:1], max_new_tokens=149, force_ids=ids[1:]).result  # 149 one-token decode steps
+    assert r.gen_ids == ids[1:] and s.held_ids == ids
+    assert np.abs(s.last_logits() - full[-1]).max() <= TOL
+    for n in (1, 5, 63, 64, 65, 129):  # one prefill call each: chunk tails of every length
+        assert np.abs(moe.forward(ids[:n])[-1] - full[n - 1]).max() <= TOL
+    # a session prefill in uneven pieces lands on the same logits
+    s.reset()
+    for n in (37, 101, 150):
+        s.generate(ids[:n], max_new_tokens=0)
+    assert np.abs(s.last_logits() - full[-1]).max() <= TOL
 
 
-def test_session_extends_and_restores_like_fresh_forward(tiny):
-    s = tiny.session(CheckpointPolicy(every=8))
-    prompt = _ids(30, seed=5)
-    r1 = s.generate(prompt, max_new_tokens=12)
-    assert (r1.reused, r1.read, r1.restored) == (0, 30, None)
-    assert s.held_ids == prompt + r1.gen_ids
+def test_prefill_longer_than_the_session_chunk(moe):
+    ids = _ids(530, seed=6)  # the session reads 512, then 18
+    s = moe.session("long")
+    s.reset()
+    s.generate(ids, max_new_tokens=0)
+    assert np.abs(s.last_logits() - moe.forward(ids)[-1]).max() <= TOL
+
+
+# --- sessions on the hybrid model -------------------------------------------------------------------
+def test_restore_checkpoint_then_continue_equals_fresh_forward(moe):
+    policy = CheckpointPolicy(every=8)
+    s = moe.session("restore", checkpoints=policy)
+    s.reset()
+    pred = _predictor(policy, _snapshot_bytes(NEXT_PRESETS["tiny-moe"]))
+    prompt = _ids(30, seed=7)
+    r1 = _call(s, pred, prompt, max_new_tokens=12)
+    assert (r1.reused, r1.tokens_read, r1.restored_checkpoint) == (0, 30, None)
     assert s.checkpoints == [8, 16, 24, 30, 32, 40]
-    # diverge 5 tokens into the reply: lcp 35, largest checkpoint <= 35 is 32
+    # diverge 5 ids into the reply: lcp 35, the largest checkpoint <= 35 is 32
     p2 = prompt + r1.gen_ids[:5] + [7, 8, 9]
-    r2 = s.generate(p2)
-    assert (r2.lcp, r2.reused, r2.restored, r2.read) == (35, 32, 32, 6)
-    assert np.abs(s.last_logits - tiny.forward(p2)[-1]).max() <= 1e-4
+    r2 = _call(s, pred, p2, max_new_tokens=0)
+    assert (r2.lcp, r2.reused, r2.restored_checkpoint, r2.tokens_read) == (35, 32, 32, 6)
+    assert np.abs(s.last_logits() - moe.forward(p2)[-1]).max() <= TOL
     assert s.checkpoints == [8, 16, 24, 30, 32, 38]
-    # extending the held ids reuses everything, no restore
-    r3 = s.generate(p2 + [11, 12])
-    assert (r3.reused, r3.restored) == (len(p2), None)
-    assert np.abs(s.last_logits - tiny.forward(p2 + [11, 12])[-1]).max() <= 1e-4
-    # a prompt that ends exactly at a checkpoint answers from the snapshot's saved logits
-    r4 = s.generate(prompt)
-    assert (r4.reused, r4.restored, r4.logits_saved) == (30, 30, True)
-    assert np.abs(s.last_logits - tiny.forward(prompt)[-1]).max() <= 1e-4
-    assert s.snapshot_bytes > 0 and s.memory_bytes > s.snapshot_bytes
+    # extending the held ids reuses everything, nothing restored
+    r3 = _call(s, pred, p2 + [11, 12], max_new_tokens=3)
+    assert (r3.reused, r3.restored_checkpoint) == (len(p2), None)
+    assert np.abs(s.last_logits() - moe.forward(s.held_ids)[-1]).max() <= TOL
+    # a prompt ending exactly at a checkpoint still re-reads its last id: back to the one before
+    r4 = _call(s, pred, prompt, max_new_tokens=0)
+    assert (r4.reused, r4.restored_checkpoint, r4.used_saved_logits) == (24, 24, False)
+    assert np.abs(s.last_logits() - moe.forward(prompt)[-1]).max() <= TOL
+    # no checkpoint at or before the divergence: start over
+    r5 = _call(s, pred, [prompt[0] + 1] + prompt[1:], max_new_tokens=0)
+    assert (r5.reused, r5.restored_checkpoint) == (0, 0)
 
 
-def test_budget_evicts_least_recently_used(tiny):
-    s1 = tiny.session(CheckpointPolicy(at_prompt_end=False, every=4))
-    s1.generate(_ids(4))
-    per = s1.snapshot_bytes
-    policy = CheckpointPolicy(every=4, budget_mib=2.5 * per / 2**20)
-    s = tiny.session(policy)
-    model = HybridStateModel(policy, snapshot_mib=per / 2**20)
-    calls = [(_ids(10, 1), 6), (_ids(10, 1) + _ids(6, 2), 5), (_ids(10, 1)[:9] + [3, 4, 5], 3)]
-    for prompt, n in calls:
-        r = s.generate(prompt, max_new_tokens=n)
-        pred = model.call(prompt, r.gen_ids)
-        assert (r.reused, r.restored) == (pred.reused, pred.restored)
-        assert s.checkpoints == sorted(model.checkpoints)
-        assert s.snapshot_bytes <= policy.budget_mib * 2**20
-        assert np.abs(s.last_logits - tiny.forward(s.held_ids)[-1]).max() <= 1e-4 or r.gen_ids
+def test_snapshot_memory_is_reported(moe):
+    s = moe.session("mem", checkpoints=CheckpointPolicy(every=4))
+    s.reset()
+    s.generate(_ids(20, seed=8), max_new_tokens=0)
+    assert s.checkpoints == [4, 8, 12, 16, 20]
+    per = _snapshot_bytes(NEXT_PRESETS["tiny-moe"])
+    assert s.snapshot_bytes == 5 * per
+    assert s.memory_bytes > s.snapshot_bytes
+
+
+def test_budget_evicts_least_recently_used(moe):
+    per = _snapshot_bytes(NEXT_PRESETS["tiny-moe"])
+    policy = CheckpointPolicy(every=4, budget_mib=2.5 * per / 2**20)  # room for two snapshots
+    s = moe.session("budget", checkpoints=policy)
+    s.reset()
+    pred = _predictor(policy, per)
+    base = _ids(10, seed=1)
+    r = _call(s, pred, base, max_new_tokens=6)
+    assert s.checkpoints == [12, 16]  # 4, 8, 10 evicted, oldest first
+    _call(s, pred, s.held_ids + _ids(6, seed=2), max_new_tokens=5)
+    assert len(s.checkpoints) == 2 and s.snapshot_bytes == 2 * per
+    # diverge early: every checkpoint is past the cut, back to 0
+    r = _call(s, pred, base[:9] + [3, 4, 5], max_new_tokens=3)
+    assert (r.reused, r.restored_checkpoint) == (0, 0)
+    assert s.snapshot_bytes <= policy.budget_mib * 2**20
+    # a restore counts as a use: the restored snapshot survives the next eviction
+    held = s.held_ids
+    r = _call(s, pred, held[:13] + [1], max_new_tokens=0)
+    assert r.restored_checkpoint == 12 and 12 in s.checkpoints
+    assert np.abs(s.last_logits() - moe.forward(s.held_ids)[-1]).max() <= TOL
+
+
+_TWO_SNAPSHOTS_MIB = 2.5 * _snapshot_bytes(NEXT_PRESETS["tiny-moe"]) / 2**20
+
+
+@pytest.mark.parametrize("policy", [CheckpointPolicy(), CheckpointPolicy(every=5),
+                                    CheckpointPolicy(every=3, budget_mib=_TWO_SNAPSHOTS_MIB)],
+                         ids=["turn", "every5", "budget"])
+def test_random_sessions_reuse_equals_state_model(moe, policy):
+    """Random agent-like call sequences: extend, cut inside replies, repeat; the engine's reuse and
+    checkpoints equal the weight-free prediction on every call."""
+    rng = np.random.default_rng(11)
+    s = moe.session("random", checkpoints=policy)
+    s.reset()
+    pred = _predictor(policy, _snapshot_bytes(NEXT_PRESETS["tiny-moe"]))
+    for _ in range(10):
+        held = s.held_ids
+        kind = rng.integers(0, 4) if held else 0
+        if kind == 0:
+            prompt = held + _ids(int(rng.integers(1, 8)), seed=int(rng.integers(1 << 30)))
+        elif kind == 1:
+            cut = int(rng.integers(1, len(held) + 1))
+            prompt = held[:cut] + _ids(int(rng.integers(1, 5)), seed=int(rng.integers(1 << 30)))
+        elif kind == 2:
+            prompt = held[: int(rng.integers(1, len(held) + 1))]
+        else:
+            prompt = held
+        _call(s, pred, prompt, max_new_tokens=int(rng.integers(0, 6)))
+    assert np.abs(s.last_logits() - moe.forward(s.held_ids)[-1]).max() <= TOL
 
 
 @pytest.fixture(scope="module")
-def qwen_vocab(tmp_path_factory):
-    # Real Qwen vocab size so real token ids flow through; small hidden size keeps it fast.
-    return NextEngine.load(make_tiny_next(tmp_path_factory.mktemp("qv"), preset="tiny", vocab_size=151936,
-                                          tie_word_embeddings=True, hidden_size=32, intermediate_size=48))
+def scenario(qwen3):
+    """Turn 1, a reply the model wrote with ' öğrenci' as [130947, 5855], turn 2 re-encoding it [135992]."""
+    tok = qwen3
+    turn1 = tok.encode("<|im_start|>user\nBir cümle yaz<|im_end|>\n<|im_start|>assistant\n")
+    text = " Bu cümlede bir öğrenci var."
+    head = tok.encode(" Bu cümlede bir")
+    reply = head + [130947, 5855] + tok.encode(" var.") + [tok.token_id("<|im_end|>")]
+    assert tok.decode(reply[:-1]) == text
+    turn2 = turn1 + tok.encode(text + "<|im_end|>\n<|im_start|>user\nTeşekkürler<|im_end|>\n<|im_start|>assistant\n")
+    assert 135992 in turn2[len(turn1):]
+    return turn1, reply, turn2, len(turn1) + len(head)
 
 
 @pytest.mark.parametrize("every", [0, 4])
-def test_reference_scenario_retokenized_reply(qwen_vocab, every):
-    """A reply the model wrote as [130947, 5855] is re-encoded as [135992] on the next turn."""
-    from strata_lab import load_tokenizer
-
-    tok = load_tokenizer("qwen3")
-    turn1 = tok.encode("<|im_start|>user\nBir cümle yaz<|im_end|>\n<|im_start|>assistant\n")
-    reply_text = " Bu cümlede bir öğrenci var."
-    head = tok.encode(" Bu cümlede bir")
-    reply = head + [130947, 5855] + tok.encode(" var.") + [tok.token_id("<|im_end|>")]
-    assert tok.decode(reply[:-1]) == reply_text
-    turn2 = (turn1 + tok.encode(reply_text + "<|im_end|>\n<|im_start|>user\nTeşekkürler<|im_end|>\n"
-                                              "<|im_start|>assistant\n"))
+def test_reference_scenario_retokenized_reply(moe, scenario, every):
+    turn1, reply, turn2, lcp = scenario
     policy = CheckpointPolicy(every=every)
-    s = qwen_vocab.session(policy)
-    model = HybridStateModel(policy)
-    r1 = s.generate(turn1, force_ids=reply)
-    p1 = model.call(turn1, r1.gen_ids)
-    r2 = s.generate(turn2, max_new_tokens=2)
-    p2 = model.call(turn2, r2.gen_ids)
-    lcp = len(turn1) + len(head)  # ids part at the re-encoded word
-    assert r2.lcp == lcp
-    assert [(r.reused, r.restored) for r in (r1, r2)] == [(p.reused, p.restored) for p in (p1, p2)]
+    s = moe.session(f"ref{every}", checkpoints=policy)
+    s.reset()
+    pred = _predictor(policy, _snapshot_bytes(NEXT_PRESETS["tiny-moe"]))
+    _call(s, pred, turn1, max_new_tokens=len(reply), force_ids=reply)
+    r2 = _call(s, pred, turn2, max_new_tokens=2)
+    assert r2.lcp == lcp  # the ids part at the re-encoded word
     if every == 0:
-        assert (r2.reused, r2.restored) == (len(turn1), len(turn1))  # back to the turn start
+        assert (r2.reused, r2.restored_checkpoint) == (len(turn1), len(turn1))  # back to the turn start
     else:
-        assert r2.reused == lcp // every * every > len(turn1)  # last checkpoint inside the reply
-    assert r2.reread == lcp - r2.reused
-    assert np.abs(s.last_logits - qwen_vocab.forward(s.held_ids)[-1]).max() <= 1e-4 or r2.gen_ids
+        assert r2.reused == r2.restored_checkpoint == lcp // every * every > len(turn1)  # inside the reply
+    assert r2.tokens_read == len(turn2) - r2.reused
+    assert np.abs(s.last_logits() - moe.forward(s.held_ids)[-1]).max() <= TOL
+    _call(s, pred, s.held_ids + turn1[:3], max_new_tokens=1)  # the next turn extends: nothing restored
 
 
+def test_recorded_engine_session_replays_to_the_same_reuse(moe, scenario, qwen3, tmp_path):
+    from strata_lab.record import Recorder
+    from strata_lab.replay import replay
+
+    turn1, reply, turn2, _ = scenario
+    s = moe.session("recorded", checkpoints=CheckpointPolicy(every=4))
+    s.reset()
+    path = tmp_path / "hybrid.jsonl"
+    calls = [dict(prompt=turn1, force=reply), dict(prompt=turn2, force=None),
+             dict(prompt=None, force=None), dict(prompt="cut", force=None)]
+    with Recorder(path) as rec:
+        for i, c in enumerate(calls):
+            prompt = c["prompt"]
+            if prompt is None:
+                prompt = s.held_ids + turn1[-3:]
+            elif prompt == "cut":
+                prompt = s.held_ids[: len(turn1) + 6] + [13]
+            kw = dict(max_new_tokens=len(c["force"]), force_ids=c["force"]) if c["force"] else dict(max_new_tokens=3)
+            r = s.generate(prompt, **kw).result
+            rec.write_call(session="s", prompt_ids=prompt, reused=r.reused, gen_ids=r.gen_ids,
+                           drained_ids=r.drained_ids, finish=r.finish, prefill_ms=r.prefill_ms,
+                           decode_ms=r.decode_ms, checkpoints=r.checkpoints, call=0, model="qwen3_next-tiny")
+    rep = replay(path, tokenizer=qwen3, model="hybrid", checkpoint_policy="recorded")
+    assert len(rep.rows) == 4 and rep["mismatches"] == 0
+    assert [r["recorded_reused"] for r in rep.rows] == [r["reused"] for r in rep.rows]
+    assert rep.rows[1]["cause"] == "retokenized_reply"
+    # and the same dump under the policy the session ran with, predicted from the ids alone
+    rep2 = replay(path, tokenizer=qwen3, model="hybrid", checkpoint_policy=EveryN(n=4))
+    assert rep2["mismatches"] == 0
+
+
+# --- loading -----------------------------------------------------------------------------------------
 def test_bad_checkpoints_raise(tmp_path):
     from safetensors.numpy import load_file, save_file
 
-    path = make_tiny_next(tmp_path / "a", mtp=True)
-    NextEngine.load(path)  # mtp.* tensors are ignored
+    from strata_lab.engine import CheckpointError
+
+    path = make_tiny_next(tmp_path / "a", mtp=True, **SMALL)
+    Engine.load(path)  # mtp.* tensors are ignored
     t = load_file(str(path / "model.safetensors"))
-    extra = dict(t, **{"model.layers.0.extra.weight": np.zeros(3, np.float32)})
-    save_file(extra, str(path / "model.safetensors"))
-    with pytest.raises(ValueError, match="unexpected tensor model.layers.0.extra.weight"):
-        NextEngine.load(path)
-    missing = {k: v for k, v in t.items() if k != "model.layers.0.linear_attn.A_log"}
-    save_file(missing, str(path / "model.safetensors"))
-    with pytest.raises(ValueError, match="missing tensor model.layers.0.linear_attn.A_log"):
-        NextEngine.load(path)
-    bad = dict(t, **{"model.layers.0.linear_attn.A_log": np.zeros(3, np.float32)})
-    save_file(bad, str(path / "model.safetensors"))
-    with pytest.raises(ValueError, match="A_log"):
-        NextEngine.load(path)
+    save_file(dict(t, **{"model.layers.0.extra.weight": np.zeros(3, np.float32)}), str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="model.layers.0.extra.weight"):
+        Engine.load(path)
+    save_file({k: v for k, v in t.items() if k != "model.layers.0.linear_attn.A_log"}, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="model.layers.0.linear_attn.A_log"):
+        Engine.load(path)
+    save_file(dict(t, **{"model.layers.0.linear_attn.A_log": np.zeros(3, np.float32)}), str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="A_log"):
+        Engine.load(path)
+    save_file(t, str(path / "model.safetensors"))
     cfg = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps(dict(cfg, model_type="qwen3")))
-    with pytest.raises(ValueError, match="model_type"):
-        NextEngine.load(path)
-    with pytest.raises(ValueError, match="every"):
-        CheckpointPolicy(every=-1)
+    (path / "config.json").write_text(json.dumps(dict(cfg, layer_types=cfg["layer_types"][:2])))
+    with pytest.raises(CheckpointError, match="layer_types"):
+        Engine.load(path)
+    (path / "config.json").write_text(json.dumps(dict(cfg, linear_num_value_heads=3)))
+    with pytest.raises(CheckpointError, match="linear_num_value_heads"):
+        Engine.load(path)
     with pytest.raises(ValueError, match="pattern"):
         make_tiny_next(tmp_path / "b", pattern="nope")
 
 
-def test_out_of_range_ids(tiny):
-    with pytest.raises(IndexError, match="out of range"):
-        tiny.forward([1, 512])
-    with pytest.raises(IndexError, match="out of range"):
-        tiny.session().generate([600])
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        tiny.session().generate([1], max_new_tokens=-1)
+def test_out_of_range_ids(moe):
+    with pytest.raises(ValueError, match="out of range"):
+        moe.forward([1, moe.vocab_size])
+    with pytest.raises(ValueError, match="out of range"):
+        moe.session("oor").generate([moe.vocab_size + 5], max_new_tokens=0)
 
 
 def test_make_tiny_dispatches_to_qwen3_next(tmp_path):
     from strata_lab import make_tiny
 
-    p = make_tiny(tmp_path / "m", arch="qwen3_next", preset="tiny-moe", overrides={"num_hidden_layers": 2})
+    p = make_tiny(tmp_path / "m", arch="qwen3_next", preset="tiny-moe",
+                  overrides={"num_hidden_layers": 2, **SMALL})
     cfg = json.loads((p / "config.json").read_text())
     assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["num_experts"]) == ("qwen3_next", 2, 4)
-    assert NextEngine.load(p).forward([1, 2]).shape == (2, 512)
-    pb = make_tiny(tmp_path / "b", arch="qwen3_next", dtype="bfloat16")
-    assert NextEngine.load(pb).forward([3]).shape == (1, 512)
+    assert (p / "tokenizer.json").exists() and "chat_template" in json.loads((p / "tokenizer_config.json").read_text())
+    eng = Engine.load(p)
+    assert eng.forward([1, 2]).shape == (2, 151936)
+    # bfloat16 storage is used in place (mmapped views), logits close to the f32 weights' own rounding
+    pb = make_tiny(tmp_path / "b", arch="qwen3_next", dtype="bfloat16", overrides=SMALL)
+    eb = Engine.load(pb)
+    ef = Engine.load(make_tiny(tmp_path / "f", arch="qwen3_next", overrides=SMALL))
+    assert eb.info["weight_bytes"] * 2 == ef.info["weight_bytes"]
+    assert np.isfinite(eb.forward([3, 4, 5])).all()
