@@ -75,6 +75,8 @@ def run_demo(png="strata-demo.png", *, out_dir=None, model="hybrid", turns: int 
         rows.append({"run": name, "requests": rec.requests, "calls": report["calls"],
                      "prompt_tokens": report["prompt_tokens"], "reused": report["reused"], "read": report["read"],
                      "reread": report["reread"], "prefill_s": report["prefill_s"], "wall_s": wall,
+                     "misses": ", ".join(f"{c} {n}" for c, n in sorted(report["causes"].items())
+                                         if c not in ("none", "new_session")),
                      "dump": str(path)})
     table = pd.DataFrame(rows)
     _plot(frames, table, png)
