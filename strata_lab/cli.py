@@ -35,16 +35,6 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from .server import ServerConfig, serve
-
-    serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=args.api_key,
-                       max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
-                       max_body_bytes=args.max_body, template=args.template, model_name=args.alias,
-                       stop_latency=args.stop_latency))
-    return 0
-
-
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .dump import load_dump
     from .replay import compare_policies, replay
@@ -90,6 +80,23 @@ def _cmd_template(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .server import ServerConfig, serve
+
+    serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=args.api_key,
+                       max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
+                       max_body_bytes=args.max_body, template=args.template, model_name=args.alias,
+                       stop_latency=args.stop_latency))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="strata-lab",
@@ -102,22 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a tokenizer.json / model dir")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_tokenize)
-
-    p = sub.add_parser("serve", help="run the OpenAI/Anthropic-compatible server")
-    p.add_argument("--model", help="model directory (default: the tiny generated hybrid checkpoint)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--dump", help="append a strata-dump/1 line per engine call here ($STRATA_PROMPT_DUMP)")
-    p.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key)")
-    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
-    p.add_argument("--threads", type=int, default=0, help="engine threads (0 = engine default)")
-    p.add_argument("--no-reply-reuse", action="store_true", help="do not reuse a reply's own ids (A/B runs)")
-    p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="request body limit in bytes")
-    p.add_argument("--template", default="qwen3", help="chat template preset")
-    p.add_argument("--alias", help="model name reported to clients")
-    p.add_argument("--stop-latency", type=int, default=0,
-                   help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")
-    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("replay", help="replay dumps: reuse, re-read cost and the cause of each miss")
     p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
@@ -141,6 +132,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-generation-prompt", action="store_true", help="do not open an assistant turn")
     p.add_argument("--lint", action="store_true", help="report where the template is not append-only")
     p.set_defaults(func=_cmd_template)
+
+    p = sub.add_parser("serve", help="run the OpenAI/Anthropic-compatible server")
+    p.add_argument("--model", help="model directory (default: the tiny generated hybrid checkpoint)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--dump", help="append a strata-dump/1 line per engine call here ($STRATA_PROMPT_DUMP)")
+    p.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key)")
+    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
+    p.add_argument("--threads", type=int, default=0, help="engine threads (0 = engine default)")
+    p.add_argument("--no-reply-reuse", action="store_true", help="do not reuse a reply's own ids (A/B runs)")
+    p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="request body limit in bytes")
+    p.add_argument("--template", default="qwen3", help="chat template preset")
+    p.add_argument("--alias", help="model name reported to clients")
+    p.add_argument("--stop-latency", type=int, default=0,
+                   help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("demo", help="serve an agent session with reply-id reuse off and on; replay and compare")
+    p.add_argument("--png", default="strata-demo.png", help="where to write the plot (default: strata-demo.png)")
+    p.add_argument("--out-dir", help="keep the two dumps here (default: a temp dir)")
+    p.add_argument("--model", default="hybrid", help="hybrid or attention (embedded tiny models), or a model dir")
+    p.add_argument("--turns", type=int, default=4, help="agent turns (default 4)")
+    p.set_defaults(func=_cmd_demo)
 
     return parser
 

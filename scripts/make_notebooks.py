@@ -1,0 +1,268 @@
+"""Write notebooks/*.ipynb from the cell sources below (outputs empty). Run after editing a notebook here:
+
+    python scripts/make_notebooks.py
+
+The notebooks stay thin: they call strata_lab and write only to a temp dir. tests/test_notebooks.py runs them.
+"""
+from __future__ import annotations
+
+import pathlib
+
+import nbformat
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+SETUP = '''\
+import pathlib, tempfile
+DUMPS = pathlib.Path.cwd().parent / "dumps"   # the notebooks run from notebooks/
+TMP = pathlib.Path(tempfile.mkdtemp(prefix="strata-nb-"))  # everything this notebook writes goes here'''
+
+
+def md(text):
+    return nbformat.v4.new_markdown_cell(text.strip())
+
+
+def code(text):
+    return nbformat.v4.new_code_cell(text.strip())
+
+
+NOTEBOOKS = {}
+
+NOTEBOOKS["01_reuse_divergence"] = [
+    md("""
+# Reuse and divergence in a recorded agent session
+
+A dump holds one line per engine call: the exact prompt ids, how many the engine reused, what it generated
+and drained. Replaying it through the state model (Contract 1) tells how many held tokens were read again,
+and why. This notebook loads a session shipped in `dumps/`, replays it, explains the misses and compares
+fixes."""),
+    code(SETUP + '''
+from strata_lab import load_dump, load_tokenizer, replay
+tok = load_tokenizer("qwen3")
+dump = load_dump(DUMPS / "agent.jsonl")
+dump'''),
+    md("Replay under the recorded behaviour. The engine's own `reused` must match the state model's prediction."),
+    code('''
+report = replay(dump, tokenizer=tok, checkpoint_policy="recorded")
+print(report.format(worst=3))
+assert report["mismatches"] == 0'''),
+    code('''
+frame = report.to_frame()
+frame[["session", "index", "prompt_len", "held_before", "lcp_ids", "lcp_text", "reused", "read", "reread",
+       "cause"]]'''),
+    md("""
+## Explaining the misses
+
+`lcp_ids` is where the ids part, `lcp_text` where the *text* parts. When the text goes on past the id
+divergence, the prompt re-encoded a reply the model wrote in other pieces (`retokenized_reply`); the hybrid
+model cannot roll its recurrent state back, so it restarts from its last checkpoint."""),
+    code('''
+for r in report.worst(3):
+    print(f"call {r['index']}: {r['cause']}, reused {r['reused']} of {r['held_before']} held, reread {r['reread']}")
+    print("   ", r["id_context_held"]); print("   ", r["id_context_prompt"])
+    print("    held ids", list(r["held_ids_at"]), "prompt ids", list(r["prompt_ids_at"]))'''),
+    md("Step through the calls that missed: held and prompt aligned, the first id and text divergence marked."),
+    code('''
+from strata_lab.widgets import DivergenceViewer
+viewer = DivergenceViewer(DUMPS / "agent.jsonl", tokenizer=tok, only_misses=True)
+viewer'''),
+    md("## Policies: what would the fixes have saved?"),
+    code('''
+from strata_lab.replay import compare_policies
+table = compare_policies(dump, ["recorded", "reply-ids", "keep-drained", "fixes", "every:64"], tokenizer=tok)
+table'''),
+    code('''
+best = table.set_index("policy")
+assert best.loc["reply-ids", "reread"] <= best.loc["recorded", "reread"]
+from strata_lab.plots import plot_report
+plot_report(frame, TMP / "agent.png", policies=table)
+print("wrote", TMP / "agent.png")'''),
+    md("The thinking-budget session: a late STOP leaves drained ids in the engine that the next prompt lacks."),
+    code('''
+thinking = replay(DUMPS / "thinking.jsonl", tokenizer=tok, checkpoint_policy="recorded")
+print(thinking.format(worst=2))
+compare_policies(DUMPS / "thinking.jsonl", ["recorded", "keep-drained"], tokenizer=tok)'''),
+    code('''
+from strata_lab.widgets import ReuseDashboard
+ReuseDashboard(DUMPS / "thinking.jsonl", policies=("recorded", "keep-drained", "fixes"), tokenizer=tok)'''),
+]
+
+NOTEBOOKS["02_tokenizer_boundaries"] = [
+    md("""
+# Tokenizer boundaries
+
+One text, many id sequences. A model samples pieces one at a time, so it can write ` öğrenci` as
+`' öğ' 'renci'` while BPE encodes the same text as one token. The next prompt re-encodes the reply and the
+ids part although the text is identical. This notebook shows the hazards, the hypothesis strategies that
+generate them, and the properties of the `PromptEncoder` that keeps a reply's own ids."""),
+    code('''
+import tempfile
+from hypothesis.configuration import set_hypothesis_home_dir
+set_hypothesis_home_dir(tempfile.mkdtemp(prefix="strata-nb-"))  # hypothesis' own files go to a temp dir
+from strata_lab import load_tokenizer
+from strata_lab.tokview import tokens_html
+from IPython.display import HTML, display
+tok = load_tokenizer("qwen3")
+for text in [" öğrenci", " hello", "[a-zçğıöşü]+", "2024-05-01", "<think>\\nhm\\n</think>"]:
+    ids = tok.encode(text)
+    print(f"{text!r:28} -> {ids}")'''),
+    md("The same text spelled by ids a model can emit (all valid; they decode to the same bytes):"),
+    code('''
+alternatives = {" öğrenci": [130947, 5855], " hello": [220, 14990], "ğ": [128, 253]}
+for text, ids in alternatives.items():
+    assert tok.ids_bytes(ids) == text.encode() and tok.encode(text) != ids
+    display(HTML(f"<b>{text!r}</b> canonical" + tokens_html(tok, tok.encode(text)) + "model" + tokens_html(tok, ids)))'''),
+    md("""
+## Strategies
+
+`strata_lab.strategies` builds texts from boundary hazards (Turkish letters, combining marks, emoji, tag
+fragments, whitespace runs, digits, code) and alternative tokenizations of them. Drawn here with a fixed
+seed through hypothesis itself."""),
+    code('''
+from hypothesis import given, settings, HealthCheck, strategies as st
+from strata_lab.strategies import alternative_tokenizations, texts
+
+drawn = []
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def collect(data):
+    text = data.draw(texts(6))
+    ids = data.draw(alternative_tokenizations(tok, text))
+    assert tok.ids_bytes(ids) == text.encode("utf-8")   # every alternative spells the same bytes
+    drawn.append((text, tok.encode(text), ids))
+collect()
+differ = [(t, c, a) for t, c, a in drawn if c != a]
+print(f"{len(drawn)} texts, {len(differ)} drawn with ids other than BPE's")
+for t, c, a in differ[:5]:
+    print(repr(t)[:50], len(c), "ids canonical,", len(a), "as drawn")'''),
+    md("""
+## The encoder's properties
+
+* `decode(encode(t)) == nfc(t)`, and without replies `encode(t) == tokenizer.encode(t)`;
+* told a reply (`remember_reply(prompt_ids, gen_ids)`), it keeps the model's own ids when the next prompt
+  renders the reply again, so the prompt extends what the engine holds."""),
+    code('''
+from strata_lab.encoder import PromptEncoder
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(texts(8), texts(8))
+def encoder_matches_bpe(a, b):
+    enc = PromptEncoder(tok)
+    enc.encode(a)
+    assert enc.encode(a + b) == tok.encode(a + b)
+encoder_matches_bpe()
+print("encode(a + b) after encode(a) equals BPE of a + b: ok")'''),
+    code('''
+enc = PromptEncoder(tok)
+prompt = enc.encode("<|im_start|>user\\nname a student<|im_end|>\\n<|im_start|>assistant\\n")
+reply = tok.encode("Ali is an") + [130947, 5855] + [tok.im_end_id]          # ' öğrenci' in two pieces
+enc.remember_reply(prompt, reply)
+next_text = tok.decode(prompt + reply) + "\\n<|im_start|>user\\nthanks<|im_end|>\\n<|im_start|>assistant\\n"
+plain, reusing = tok.encode(next_text), enc.encode(next_text)
+held = prompt + reply
+def lcp(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]: n += 1
+    return n
+print("held", len(held), "| lcp with BPE prompt", lcp(plain, held), "| lcp with encoder prompt", lcp(reusing, held))
+print(enc.last_stats)
+assert reusing[:len(held)] == held and lcp(plain, held) < len(held)'''),
+]
+
+NOTEBOOKS["03_agent_session"] = [
+    md("""
+# An agent session: record, reproduce, A/B reply-id reuse
+
+`strata_lab.sessions` drives a scripted agent (tool calls decided by the script, replies by the model)
+against the project's OpenAI-compatible server on the embedded tiny hybrid model, recording every engine
+call. Then it reproduces the dump through the engine (same prompts, the same generated ids forced) and
+rewrites the session under a policy."""),
+    code(SETUP + '''
+from strata_lab import sessions
+from strata_lab.replay import replay
+off = sessions.record("agent", TMP / "off.jsonl", reply_id_reuse=False, turns=4, max_tokens=24, seed=1)
+on = sessions.record("agent", TMP / "on.jsonl", reply_id_reuse=True, turns=4, max_tokens=24, seed=1)
+print(off, on, sep="\\n")'''),
+    code('''
+for name, path in [("reply-id reuse off", off.path), ("reply-id reuse on", on.path)]:
+    r = replay(path, checkpoint_policy="recorded")
+    print(f"{name:20} reused {r['reused']:5}  read {r['read']:5}  reread {r['reread']:5}  "
+          f"prefill {r['prefill_s']:.3f} s  causes {r['causes']}")'''),
+    md("Reproduce the recorded session through a fresh engine: reuse and read counts must match exactly."),
+    code('''
+repro = sessions.reproduce(off.path)
+print(repro.summary())
+assert repro.exact
+repro.to_frame()'''),
+    md("Rewrite the same session as if the server had reused reply ids, and run it again."),
+    code('''
+rewritten = sessions.rewrite(off.path, TMP / "rewritten.jsonl", policy="reply-ids")
+print(rewritten.summary())
+print("reread before", replay(off.path, checkpoint_policy="recorded")["reread"],
+      "after", replay(TMP / "rewritten.jsonl", checkpoint_policy="recorded")["reread"])'''),
+]
+
+NOTEBOOKS["04_templates_and_prefill"] = [
+    md("""
+# Templates and prefill
+
+The chat template turns messages into prompt text; an assistant prefix (prefill) starts the reply with text
+the model continues. `TemplateExplorer` shows the rendered prompt with token boundaries and where the prefix
+starts; `PrefixExperiment` runs an engine with and without the prefix."""),
+    code('''
+from strata_lab.widgets import TemplateExplorer
+tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+explorer = TemplateExplorer([{"role": "user", "content": "Öğrenci listesini oku."}], tools=tools,
+                            assistant_prefix="<tool_call>\\n", enable_thinking=False)
+print(explorer.summary.value)
+explorer'''),
+    md("Changing an input re-renders (as typing in the widget does):"),
+    code('''
+explorer.prefix.value = "\\nSure"
+print(explorer.summary.value)          # the prefix's newline merged with the template's: one token spans both
+explorer.thinking.value = "on"
+print(repr(explorer.prompt_text[-60:]))'''),
+    md("""
+## Append-only check
+
+A template that rewrites history (here: Qwen3 drops the reasoning of earlier turns) makes the next prompt
+part from what the engine holds. `check_append_only` finds where."""),
+    code('''
+from strata_lab import ChatTemplate
+conversation = [{"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4", "reasoning_content": "two and two"},
+                {"role": "user", "content": "and 3+3?"}]
+for finding in ChatTemplate.from_name("qwen3").check_append_only(conversation):
+    print(finding)'''),
+    md("## Prefill on an engine (the embedded tiny model: random weights, so the words are noise; the mechanics are real)"),
+    code('''
+import tempfile
+from strata_lab.checkpoints import make_tiny
+from strata_lab.engine import Engine
+from strata_lab.widgets import PrefixExperiment
+engine = Engine.load(make_tiny(tempfile.mkdtemp(prefix="strata-nb-")), threads=1)
+experiment = PrefixExperiment(engine, [{"role": "user", "content": "Merhaba!"}], assistant_prefix="Tamam,",
+                              max_new_tokens=8)
+results = experiment.run()
+for side, r in results.items():
+    print(side, len(r["prompt_ids"]), "prompt ids, first-step top:", [(i, round(p, 4)) for i, _, p in r["top"][:3]])
+    assert r["gen_ids"][0] == r["top"][0][0]      # greedy decode starts with the top candidate
+experiment'''),
+]
+
+
+def main() -> None:
+    ROOT.mkdir(exist_ok=True)
+    for name, cells in NOTEBOOKS.items():
+        nb = nbformat.v4.new_notebook(cells=cells, metadata={
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"}})
+        for i, cell in enumerate(nb.cells):
+            cell["id"] = f"{name[:2]}-{i:02d}"  # stable ids: regenerating gives the same file
+        nbformat.validate(nb)
+        nbformat.write(nb, ROOT / f"{name}.ipynb")
+        print("wrote", ROOT / f"{name}.ipynb")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,367 @@
+"""Notebook widgets (ipywidgets 8; JupyterLab and VS Code): templates, prefill, divergences, reuse.
+
+Each widget is a small object holding its child widgets; display it in a notebook cell (it renders its
+root `.widget`), or drive it from code: the update methods (`render`, `run`, `show`, `refresh`) are plain
+calls and the children's `.value` is what a test or a script reads. ipywidgets and matplotlib are imported
+when a widget is built, never when this module is.
+
+>>> w = TemplateExplorer(messages=[{"role": "user", "content": "Merhaba"}], assistant_prefix="Sure",
+...                      enable_thinking=False)
+>>> w.prompt_text.endswith("</think>\\n\\nSure"), w.prefix_token == len(w.ids) - 1
+(True, True)
+"""
+from __future__ import annotations
+
+import html
+import io
+import json
+from typing import Sequence
+
+from .tokview import aligned_html, tokens_html
+
+__all__ = ["TemplateExplorer", "PrefixExperiment", "DivergenceViewer", "ReuseDashboard"]
+
+_DEFAULT_MESSAGES = [
+    {"role": "system", "content": "You are a careful assistant."},
+    {"role": "user", "content": "Öğrenci listesini [a-zçğıöşü]+ ile filtrele."},
+]
+_ERR = '<div style="color:#b00020; font-family:monospace">{}</div>'
+
+
+def _tok(tokenizer):
+    if isinstance(tokenizer, str):
+        from .tokenizer import load_tokenizer
+
+        return load_tokenizer(tokenizer)
+    return tokenizer
+
+
+def _tmpl(template):
+    if isinstance(template, str):
+        from .template import ChatTemplate
+
+        return ChatTemplate.from_name(template)
+    return template
+
+
+def _parse_json(text: str, field: str, kind: type):
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{field}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"{field}: must be a JSON {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _thinking_value(v) -> bool | None:
+    return {"default": None, "on": True, "off": False}[v]
+
+
+class _Widget:
+    widget = None  # the root ipywidgets container
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+
+# --- TemplateExplorer ---------------------------------------------------------------------------------
+class TemplateExplorer(_Widget):
+    """Edit messages, tools, the assistant prefix and enable_thinking; see the rendered prompt with token
+    boundaries, its ids and count, and where the prefix starts (`prefix_token`, None without a prefix)."""
+
+    def __init__(self, messages: Sequence[dict] | None = None, *, tools: list | None = None,
+                 assistant_prefix: str = "", enable_thinking: bool | None = None, template="qwen3",
+                 tokenizer="qwen3"):
+        import ipywidgets as W
+
+        self.template = _tmpl(template)
+        self.tok = _tok(tokenizer)
+        self.messages = W.Textarea(json.dumps(list(messages or _DEFAULT_MESSAGES), ensure_ascii=False, indent=1),
+                                   description="messages", layout=W.Layout(width="100%", height="140px"))
+        self.tools = W.Textarea(json.dumps(tools, ensure_ascii=False, indent=1) if tools else "",
+                                description="tools", placeholder="[] (JSON list of tool schemas)",
+                                layout=W.Layout(width="100%", height="60px"))
+        self.prefix = W.Text(assistant_prefix, description="prefix", placeholder="assistant prefix (prefill)",
+                             layout=W.Layout(width="100%"))
+        thinking = {None: "default", True: "on", False: "off"}[enable_thinking]
+        self.thinking = W.ToggleButtons(options=["default", "on", "off"], value=thinking,
+                                        description="thinking")
+        self.summary = W.HTML()
+        self.output = W.HTML()
+        self.ids_box = W.Textarea(disabled=True, description="ids", layout=W.Layout(width="100%", height="60px"))
+        for child in (self.messages, self.tools, self.prefix, self.thinking):
+            child.observe(lambda _change: self.render(), names="value")
+        self.widget = W.VBox([self.messages, self.tools, W.HBox([self.thinking]), self.prefix, self.summary,
+                              self.output, self.ids_box])
+        self.prompt_text, self.ids, self.prefix_token, self.error = "", [], None, None
+        self.render()
+
+    def render(self) -> str:
+        """Render from the current inputs; returns the output HTML (an error message on bad input)."""
+        try:
+            messages = _parse_json(self.messages.value, "messages", list) or []
+            tools = _parse_json(self.tools.value, "tools", list)
+            prefix = self.prefix.value
+            text = self.template.render(messages, tools=tools, assistant_prefix=prefix or None,
+                                        enable_thinking=_thinking_value(self.thinking.value))
+        except ValueError as exc:
+            self.error = str(exc)
+            self.output.value = _ERR.format(html.escape(self.error))
+            self.summary.value = ""
+            return self.output.value
+        self.error = None
+        ids = self.tok.encode(text)
+        self.prompt_text, self.ids = text, ids
+        self.prefix_token = None
+        marks = {}
+        straddle = False
+        if prefix:
+            head = len(text[:len(text) - len(prefix)].encode("utf-8"))
+            n, self.prefix_token = 0, len(ids)
+            for i, tid in enumerate(ids):
+                if n >= head:
+                    self.prefix_token = i
+                    break
+                n += len(self.tok.token_bytes(tid))
+                if n > head:  # this token holds the end of the head and the start of the prefix
+                    self.prefix_token, straddle = i, True
+                    break
+            marks[self.prefix_token] = "prefix"
+        start = self.prefix_token if self.prefix_token is not None else len(ids)
+        self.output.value = tokens_html(self.tok, ids, marks=marks,
+                                        cls=lambda p: "prefix" if p > start or (p == start and not straddle)
+                                        else None)
+        note = ""
+        if prefix:
+            note = f"; prefix starts at token {self.prefix_token}"
+            if straddle:
+                note += " (that token also holds template text: BPE merged across the boundary)"
+        self.summary.value = f"<b>{len(ids)} tokens</b>, {len(text)} characters{html.escape(note)}"
+        self.ids_box.value = " ".join(map(str, ids))
+        return self.output.value
+
+
+# --- PrefixExperiment -----------------------------------------------------------------------------------
+class PrefixExperiment(_Widget):
+    """Run an engine with and without an assistant prefix, side by side: the continuation, its ids and the
+    top candidates (with probabilities) at the first generated step.
+
+    `engine` is a strata_lab Engine (`engine.forward(ids)` gives logits; continuations decode greedily in a
+    scratch session). `run()` fills `results`: {"without": {...}, "with": {...}}.
+    """
+
+    def __init__(self, engine, messages: Sequence[dict] | None = None, *, assistant_prefix: str = "Sure,",
+                 enable_thinking: bool | None = False, max_new_tokens: int = 12, top_k: int = 5,
+                 template="qwen3", tokenizer="qwen3"):
+        import ipywidgets as W
+
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        if not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"top_k must be a positive int, got {top_k!r}")
+        self.engine, self.top_k = engine, top_k
+        self.explorer = TemplateExplorer(messages, assistant_prefix=assistant_prefix,
+                                         enable_thinking=enable_thinking, template=template, tokenizer=tokenizer)
+        self.tok = self.explorer.tok
+        self.max_new_tokens = W.IntSlider(max_new_tokens, min=1, max=128, description="new tokens")
+        self.button = W.Button(description="run", button_style="primary")
+        self.button.on_click(lambda _b: self.run())
+        self.left, self.right = W.HTML(), W.HTML()
+        self.widget = W.VBox([self.explorer.messages, self.explorer.prefix, self.explorer.thinking,
+                              W.HBox([self.max_new_tokens, self.button]),
+                              W.HBox([self.left, self.right], layout=W.Layout(width="100%"))])
+        self.results: dict = {}
+
+    def _side(self, prefix: str) -> dict:
+        import numpy as np
+
+        ex = self.explorer
+        text = ex.template.render(_parse_json(ex.messages.value, "messages", list) or [],
+                                  assistant_prefix=prefix or None,
+                                  enable_thinking=_thinking_value(ex.thinking.value))
+        ids = self.tok.encode(text)
+        logits = np.asarray(self.engine.forward(ids)[-1], dtype=np.float64)
+        logits = logits[:self.tok.vocab_size]  # rows past the vocab are padding
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        top = np.argsort(-probs)[:self.top_k]
+        from .engine import Sampling
+
+        session = self.engine.session(f"prefix-experiment-{len(self.results)}-{id(self)}")
+        session.reset()
+        gen = session.generate(ids, max_new_tokens=self.max_new_tokens.value, sampling=Sampling(temperature=0.0),
+                               stop_ids=[i for i in (self.tok.im_end_id,) if i is not None]).ids()
+        session.reset()
+        return {"prompt_ids": ids, "gen_ids": gen, "continuation": self.tok.decode(gen),
+                "top": [(int(i), self.tok.decode([int(i)]), float(probs[i])) for i in top]}
+
+    def run(self) -> dict:
+        """Run both sides with the current inputs; returns and shows `results`."""
+        self.results = {}
+        self.results["without"] = self._side("")
+        self.results["with"] = self._side(self.explorer.prefix.value)
+        self.left.value = self._html("without prefix", self.results["without"])
+        self.right.value = self._html(f"with prefix {self.explorer.prefix.value!r}", self.results["with"])
+        return self.results
+
+    def _html(self, title: str, r: dict) -> str:
+        rows = "".join(f"<tr><td>{i}</td><td><code>{html.escape(repr(t))}</code></td><td>{p:.3f}</td></tr>"
+                       for i, t, p in r["top"])
+        return (f'<div style="padding:4px 12px"><b>{html.escape(title)}</b> ({len(r["prompt_ids"])} prompt ids)'
+                f'<pre style="white-space:pre-wrap">{html.escape(r["continuation"])}</pre>'
+                f'<div style="font:11px monospace">ids {r["gen_ids"]}</div>'
+                f'<table><tr><th>id</th><th>token</th><th>p (first step)</th></tr>{rows}</table></div>')
+
+
+# --- DivergenceViewer -----------------------------------------------------------------------------------
+class DivergenceViewer(_Widget):
+    """Step through a dump's calls: held vs prompt aligned at their first id divergence and first text
+    divergence, with the cause and reused / read / reread from the replay (recorded prompts).
+
+    >>> v = DivergenceViewer("dumps/agent.jsonl")            # doctest: +SKIP
+    >>> v.show(3); v.panel.value                              # doctest: +SKIP
+    """
+
+    def __init__(self, dump, *, tokenizer="qwen3", model: str = "hybrid", checkpoint_policy=None,
+                 full_hit: str = "held_logits", only_misses: bool = False):
+        import ipywidgets as W
+
+        from .dump import load_dump
+        from .replay import replay
+
+        self.tok = _tok(tokenizer)
+        self.dump = load_dump(dump)
+        self.report = replay(self.dump, tokenizer=self.tok, model=model, checkpoint_policy=checkpoint_policy,
+                             full_hit=full_hit)
+        self.calls = self._pair(self.dump.records(), self.report.rows)
+        if not self.calls:
+            raise ValueError("dump: no engine calls to show")
+        self.order = [i for i, c in enumerate(self.calls)
+                      if not only_misses or c["row"]["cause"] not in ("none", "new_session")] or [0]
+        self.slider = W.IntSlider(0, min=0, max=len(self.order) - 1, description="call")
+        self.prev, self.next = W.Button(description="◀", layout=W.Layout(width="40px")), \
+            W.Button(description="▶", layout=W.Layout(width="40px"))
+        self.prev.on_click(lambda _b: self._step(-1))
+        self.next.on_click(lambda _b: self._step(1))
+        self.worst = W.Button(description="next miss")
+        self.worst.on_click(lambda _b: self.next_miss())
+        self.header, self.panel, self.context = W.HTML(), W.HTML(), W.HTML()
+        self.slider.observe(lambda ch: self.show(ch["new"]), names="value")
+        self.widget = W.VBox([W.HBox([self.prev, self.slider, self.next, self.worst]), self.header, self.panel,
+                              self.context])
+        self.show(0)
+
+    @staticmethod
+    def _pair(records, rows) -> list[dict]:
+        # held before each call = the session's previous prompt + generated + drained ids (Contract 1)
+        held: dict[str, list[int]] = {}
+        segs: dict[str, list[tuple]] = {}
+        out = []
+        for rec, row in zip(records, rows):
+            sid = str(rec["session"])
+            h = held.get(sid, [])
+            out.append({"held": h, "prompt": rec["prompt_ids"], "segments": segs.get(sid, []), "row": row})
+            p, g = len(rec["prompt_ids"]), len(rec["gen_ids"])
+            segs[sid] = [(p, p + g, "gen", None), (p + g, p + g + len(rec["drained_ids"]), "drained", None)]
+            held[sid] = list(rec["prompt_ids"]) + list(rec["gen_ids"]) + list(rec["drained_ids"])
+        return out
+
+    def _step(self, d: int) -> None:
+        self.slider.value = min(max(self.slider.value + d, 0), self.slider.max)
+
+    def next_miss(self) -> int:
+        """Move to the next call that re-read held tokens (wraps around); returns its position."""
+        n = len(self.order)
+        for k in range(1, n + 1):
+            j = (self.slider.value + k) % n
+            if self.calls[self.order[j]]["row"]["reread"] > 0:
+                self.slider.value = j
+                return j
+        return self.slider.value
+
+    def show(self, position: int) -> str:
+        """Show the call at `position` (among the viewer's calls); returns the aligned-view HTML."""
+        from .divergence import find_divergence
+
+        if not 0 <= position < len(self.order):
+            raise ValueError(f"position must be in [0, {len(self.order)}), got {position}")
+        if self.slider.value != position:
+            self.slider.value = position  # the observer calls show() again
+            return self.panel.value
+        c = self.calls[self.order[position]]
+        r = c["row"]
+        rec_reused = r["recorded_reused"]
+        self.header.value = (
+            f'<div style="font-family:sans-serif"><b>session {html.escape(str(r["session"]))}, call {r["index"]}</b>'
+            f' (request {html.escape(str(r["request_id"]))}.{r["call"]}): cause <b>{r["cause"]}</b>; '
+            f'prompt {r["prompt_len"]}, held {r["held_before"]}, lcp_ids {r["lcp_ids"]}, lcp_text {r["lcp_text"]}'
+            f'<br>reused <b>{r["reused"]}</b>'
+            + (f" (engine recorded {rec_reused})" if rec_reused is not None else "")
+            + f', read <b>{r["read"]}</b>, reread <b style="color:#b00020">{r["reread"]}</b>'
+            + (f' ({r["reread_s"] * 1000:.1f} ms)' if r["reread_s"] == r["reread_s"] else "")
+            + f', generated {r["gen_len"]}, drained {r["drained_len"]}</div>')
+        if not c["held"]:
+            self.panel.value = '<div style="font-family:sans-serif; color:#555">new session: nothing held</div>'
+            self.context.value = ""
+            return self.panel.value
+        d = find_divergence(c["held"], c["prompt"], self.tok, lcp_ids=r["lcp_ids"])
+        self.panel.value = aligned_html(self.tok, c["held"], c["prompt"], lcp_ids=d.lcp_ids, lcp_text=d.lcp_text,
+                                        byte_in_token=d.byte_in_token, reused=r["reused"], segments=c["segments"])
+        lines = [("first id divergence", d.id_context_held, d.id_context_prompt),
+                 ("first text divergence", d.text_context_held, d.text_context_prompt)]
+        self.context.value = "".join(
+            f'<div style="font:12px monospace"><i>{t}</i><br>{html.escape(a)}<br>{html.escape(b)}</div>'
+            for t, a, b in lines if a or b)
+        return self.panel.value
+
+
+# --- ReuseDashboard -------------------------------------------------------------------------------------
+class ReuseDashboard(_Widget):
+    """The replay plots and the policy comparison for a dump; pick the policies to compare."""
+
+    def __init__(self, dump, *, policies: Sequence[str] = ("recorded", "reply-ids", "keep-drained", "fixes",
+                                                           "every:256"),
+                 tokenizer="qwen3", model: str = "hybrid", checkpoint_policy=None):
+        import ipywidgets as W
+
+        from .dump import load_dump
+
+        self.tok = _tok(tokenizer)
+        self.dump = load_dump(dump)
+        self.kwargs = dict(tokenizer=self.tok, model=model, checkpoint_policy=checkpoint_policy)
+        options = list(dict.fromkeys(["recorded", *policies, "reply-ids", "keep-drained", "fixes", "every:64",
+                                      "every:256", "none"]))
+        self.policies = W.SelectMultiple(options=options, value=tuple(dict.fromkeys(["recorded", *policies])),
+                                         description="policies", rows=min(len(options), 8))
+        self.button = W.Button(description="compare", button_style="primary")
+        self.button.on_click(lambda _b: self.refresh())
+        self.summary, self.table = W.HTML(), W.HTML()
+        self.image = W.Image(format="png")
+        self.widget = W.VBox([W.HBox([self.policies, self.button]), self.summary, self.table, self.image])
+        self.report = self.comparison = None
+        self.refresh()
+
+    def refresh(self):
+        """Replay under the selected policies; update the summary, the table and the plot. Returns the table."""
+        from .plots import plot_report
+        from .replay import compare_policies, replay
+
+        self.report = replay(self.dump, **self.kwargs)
+        chosen = list(self.policies.value) or ["recorded"]
+        self.comparison = compare_policies(self.dump, chosen, cost_model=self.report.cost_model, **self.kwargs)
+        t = self.report
+        self.summary.value = (f'<div style="font-family:sans-serif">{t["calls"]} calls, {t["prompt_tokens"]} '
+                              f'prompt tokens: {t["reused"]} reused, {t["read"]} read, {t["reread"]} reread. '
+                              f'{html.escape(t.summary())}</div>')
+        self.table.value = self.comparison.to_html(index=False, float_format=lambda x: f"{x:.3g}")
+        import matplotlib.pyplot as plt
+
+        fig = plot_report(self.report.to_frame(), policies=self.comparison)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=80)
+        plt.close(fig)  # the Image widget shows it; an open figure would also print under the inline backend
+        self.image.value = buf.getvalue()
+        return self.comparison

@@ -1,0 +1,47 @@
+"""Every notebook runs (nbclient, python3 kernel, cwd notebooks/) and is stored without outputs.
+
+The kernel inherits this process's environment (PYTHONPATH, STRATA_CACHE_DIR), so it imports the same
+strata_lab the tests do.
+"""
+import json
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CELL_TIMEOUT = 180
+
+
+def _tree(*dirs):
+    return {p: p.stat().st_mtime_ns for d in dirs for p in (ROOT / d).rglob("*") if p.is_file()
+            and ".ipynb_checkpoints" not in p.parts}
+
+
+def test_the_four_notebooks_exist():
+    assert [p.stem for p in NOTEBOOKS] == ["01_reuse_divergence", "02_tokenizer_boundaries", "03_agent_session",
+                                           "04_templates_and_prefill"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_is_stored_without_outputs(path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [], f"cell {i} has outputs"
+            assert cell.get("execution_count") is None, f"cell {i} has an execution count"
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(path, as_version=4)
+    before = _tree("notebooks", "dumps")
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
+                                     resources={"metadata": {"path": str(path.parent)}})
+    client.execute()  # raises CellExecutionError with the cell's traceback on failure
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+    assert _tree("notebooks", "dumps") == before, "a notebook wrote inside the checkout"

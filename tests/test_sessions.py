@@ -1,0 +1,110 @@
+"""sessions: reproduce and rewrite dumps through the real engine (tiny models, real Qwen vocab);
+record against the real server when it is part of this build."""
+import os
+
+import pytest
+
+from strata_lab.agents import ScriptConfig, run_script
+from strata_lab.record import Recorder
+from strata_lab.replay import replay
+
+pytest.importorskip("strata_lab._engine")
+from strata_lab.sessions import Reproduction, reproduce, rewrite  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def synthetic(qwen3, tmp_path_factory):
+    """Three calls of one session, as a hybrid engine would have served them: a reply written in pieces BPE
+    merges, then drained ids the next prompt lacks."""
+    tok = qwen3
+    path = tmp_path_factory.mktemp("s") / "syn.jsonl"
+    p1 = tok.encode("<|im_start|>user\nsay it<|im_end|>\n<|im_start|>assistant\n")
+    reply = tok.encode("Hi") + [130947, 5855] + tok.encode(" is here and more text") + [tok.im_end_id]
+    p2 = p1 + tok.encode("Hi öğrenci is here and more text<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n"
+                         "<|im_start|>assistant\n")
+    p3 = p2 + tok.encode("ok<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
+    with Recorder(path) as rec:
+        rec.write_call(session="s", prompt_ids=p1, reused=0, gen_ids=reply, prefill_ms=10, model="qwen3_next")
+        rec.write_call(session="s", prompt_ids=p2, reused=len(p1), gen_ids=tok.encode("ok"),
+                       drained_ids=tok.encode(" and"), prefill_ms=9, model="qwen3_next")
+        rec.write_call(session="s", prompt_ids=p3, reused=len(p2), prefill_ms=8, model="qwen3_next")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "attention"])
+def test_engine_run_reproduces_and_replay_agrees(synthetic, tmp_path, qwen3, kind):
+    engine_dump = tmp_path / "engine.jsonl"
+    first = reproduce(synthetic, model=kind, out=engine_dump)
+    assert isinstance(first, Reproduction) and first.path == str(engine_dump)
+    assert first.exact == (kind == "hybrid")  # the synthetic dump follows the hybrid rule
+    again = reproduce(engine_dump)  # model from the dump's own `model` field
+    assert again.exact and "3/3 calls reproduce reused exactly" in again.summary()
+    assert again.prefill_ratio > 0
+    frame = again.to_frame()
+    assert list(frame["read"]) == list(frame["recorded_read"])
+    rep = replay(engine_dump, tokenizer=qwen3, model=kind, checkpoint_policy="recorded")
+    assert rep["mismatches"] == 0 and rep["compared"] == 3
+    assert rep["causes"].get("retokenized_reply") == 1
+
+
+def test_rewrite_under_fixes_reads_less(synthetic, tmp_path, qwen3):
+    base = tmp_path / "base.jsonl"
+    reproduce(synthetic, model="hybrid", out=base)
+    before = replay(base, tokenizer=qwen3, checkpoint_policy="recorded")
+    for policy, causes_gone in [("reply-ids", "retokenized_reply"), ("fixes", "drained_dropped")]:
+        out = tmp_path / f"{policy}.jsonl"
+        r = rewrite(base, out, policy=policy)
+        assert r.policy == policy and sum(r.totals()[k] for k in ("read",)) < r.totals()["recorded_read"]
+        after = replay(out, tokenizer=qwen3, checkpoint_policy="recorded")
+        assert after["mismatches"] == 0
+        assert after["reread"] < before["reread"] and causes_gone not in after["causes"]
+    with pytest.raises(ValueError, match="policy"):
+        rewrite(base, tmp_path / "x.jsonl", policy="recorded")
+    with pytest.raises(ValueError, match="policy"):
+        rewrite(base, tmp_path / "y.jsonl", policy="every:64")
+
+
+def test_script_config_validates():
+    with pytest.raises(ValueError, match="max_tokens"):
+        ScriptConfig(max_tokens=0)
+    with pytest.raises(ValueError, match="scenario"):
+        run_script("chess", "http://127.0.0.1:9/v1")
+
+
+def _has_server():
+    from strata_lab.cli import build_parser
+
+    return "serve" in build_parser()._subparsers._group_actions[0].choices
+
+
+server = pytest.mark.skipif(not _has_server(), reason="this build has no `strata-lab serve`")
+
+
+@server
+def test_record_webui_session_against_the_server(tmp_path, qwen3):
+    from strata_lab.dump import load_dump
+    from strata_lab.sessions import record
+
+    out = tmp_path / "webui.jsonl"
+    rec = record("webui", out, turns=2, max_tokens=6, seed=3)
+    assert rec.requests == 6 and rec.calls == 6 and rec.path == str(out)
+    recs = load_dump(out).records()
+    # the n_predict: 0 warm-ups only read their prompt
+    assert [len(r["gen_ids"]) == 0 for r in recs] == [True, True, False, True, True, False]
+    rep = replay(out, tokenizer=qwen3, checkpoint_policy="recorded")
+    assert rep["mismatches"] == 0 and rep["compared"] == 6
+    assert reproduce(out).exact
+    with pytest.raises(ValueError, match="out"):
+        record("webui", out)  # never appends to an existing recording
+
+
+@server
+def test_demo_cli(tmp_path, capsys):
+    from strata_lab.cli import main
+
+    png = tmp_path / "demo.png"
+    assert main(["demo", "--png", str(png), "--out-dir", str(tmp_path / "d"), "--turns", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "reply-id reuse off" in out and "reply-id reuse on" in out and "reread" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["agent-reuse-off.jsonl", "agent-reuse-on.jsonl"]
