@@ -395,14 +395,19 @@ def _bmp_table() -> np.ndarray:
     return table
 
 
-def _class_bits(cps: np.ndarray) -> np.ndarray:
-    """Class bits of each code point; a table for the BMP, `regex` for the rare astral ones."""
+@lru_cache(maxsize=1)
+def _class_patterns() -> dict:
     import regex
 
+    return {k: regex.compile(p) for k, p in _CLASS_RUNS.items()}
+
+
+def _class_bits(cps: np.ndarray) -> np.ndarray:
+    """Class bits of each code point; a table for the BMP, `regex` for the rare astral ones."""
     bits = _bmp_table()[np.minimum(cps, 0xFFFF)]
     astral = np.flatnonzero(cps > 0xFFFF)
     if len(astral):
-        pats = {k: regex.compile(p) for k, p in _CLASS_RUNS.items()}
+        pats = _class_patterns()
         memo = {}
         for i in astral:
             c = int(cps[i])
