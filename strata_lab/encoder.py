@@ -72,19 +72,33 @@ class EncodeStats:
 
 
 class _Entry:
-    """One remembered sequence. cut_* are parallel int64 arrays, ascending, starting with the cut at 0."""
+    """One remembered sequence. cut_* are parallel int64 arrays, ascending, starting with the cut at 0.
 
-    __slots__ = ("kind", "text", "ids", "cut_chars", "cut_tokens", "cut_reach", "prompt_len", "prompt_chars")
+    They are views of the first `n_cuts` columns of `cuts` ([3, capacity]), so that an entry superseding
+    this one can append its new cuts in place (amortized O(new cuts), not O(prompt) a turn)."""
 
-    def __init__(self, kind, text, ids, cut_chars, cut_tokens, cut_reach, prompt_len, prompt_chars):
+    __slots__ = ("kind", "text", "ids", "cuts", "n_cuts", "prompt_len", "prompt_chars")
+
+    def __init__(self, kind, text, ids, cuts, n_cuts, prompt_len, prompt_chars):
         self.kind = kind
         self.text = text
         self.ids = ids                # list[int]: what encode returned / prompt + reply ids
-        self.cut_chars = cut_chars    # char offset of each cut
-        self.cut_tokens = cut_tokens  # ids before each cut
-        self.cut_reach = cut_reach    # cut usable iff reach <= first text difference (non-decreasing)
+        self.cuts = cuts              # rows: char offset of each cut, ids before it, its reach
+        self.n_cuts = n_cuts          # (a cut is usable iff reach <= first text difference; non-decreasing)
         self.prompt_len = prompt_len  # ids of the prompt part (== len(ids) for prompt entries)
         self.prompt_chars = prompt_chars  # characters of the prompt part
+
+    @property
+    def cut_chars(self) -> np.ndarray:
+        return self.cuts[0, :self.n_cuts]
+
+    @property
+    def cut_tokens(self) -> np.ndarray:
+        return self.cuts[1, :self.n_cuts]
+
+    @property
+    def cut_reach(self) -> np.ndarray:
+        return self.cuts[2, :self.n_cuts]
 
 
 class PromptEncoder:
@@ -133,20 +147,20 @@ class PromptEncoder:
         if not unicodedata.is_normalized("NFC", text[b:]):
             text = text[:b] + unicodedata.normalize("NFC", text[b:])
             matches = [(entry, _common_prefix_len(entry.text, text)) for entry, _ in matches]
-        best, best_j, best_c = None, 0, 0
+        best, best_j, best_c, best_d = None, 0, 0, 0
         for entry, d in matches:  # newest first wins ties
             if d == 0:
                 continue
             j, c = self._cut(entry, d, text)
             if best is None or entry.cut_tokens[j] > best.cut_tokens[best_j]:
-                best, best_j, best_c = entry, j, c
+                best, best_j, best_c, best_d = entry, j, c, d
         kept = int(best.cut_tokens[best_j]) if best is not None else 0
         start_reach = int(best.cut_reach[best_j]) if best is not None else 0
         sub = text[best_c:]
         fresh = self.tokenizer.hf.encode(sub, add_special_tokens=False)
         fresh_ids = fresh.ids
         f_chars, f_tokens, f_reach = self._fresh_cuts(sub, best_c, fresh, fresh_ids, kept, start_reach)
-        supersede = best is not None and kept and text.startswith(best.text)
+        supersede = best is not None and kept and best_d == len(best.text)  # text starts with best.text
         if supersede:  # wholly matched: the new entry takes over its id list (no copy of a long prompt)
             ids = best.ids
             del ids[kept:]
@@ -155,15 +169,19 @@ class PromptEncoder:
             ids = best.ids[:kept] + fresh_ids
         else:
             ids = fresh_ids
-        if best is not None:
-            cut_chars = np.concatenate([best.cut_chars[:best_j], f_chars])
-            cut_tokens = np.concatenate([best.cut_tokens[:best_j], f_tokens])
-            cut_reach = np.concatenate([best.cut_reach[:best_j], f_reach])
+        n_cuts = best_j + len(f_chars)
+        if supersede and n_cuts <= best.cuts.shape[1]:
+            cuts = best.cuts  # append in place: the superseded entry goes
         else:
-            cut_chars, cut_tokens, cut_reach = f_chars, f_tokens, f_reach
+            cuts = np.empty((3, n_cuts + n_cuts // 2 if supersede else n_cuts), np.int64)
+            if best_j:
+                cuts[:, :best_j] = best.cuts[:, :best_j]
+        cuts[0, best_j:n_cuts] = f_chars
+        cuts[1, best_j:n_cuts] = f_tokens
+        cuts[2, best_j:n_cuts] = f_reach
         self.last_stats = EncodeStats(kept_ids=kept, entry_kind=best.kind if kept else None,
                                       chars_encoded=len(text) - best_c, prompt_ids=len(ids))
-        entry = _Entry("prompt", text, ids, cut_chars, cut_tokens, cut_reach, len(ids), len(text))
+        entry = _Entry("prompt", text, ids, cuts, n_cuts, len(ids), len(text))
         if supersede:
             self._entries.remove(best)
         self._add(entry)
@@ -216,10 +234,11 @@ class PromptEncoder:
                     r_reach[r_chars > s] = _NEVER
                 s = text.find(tag, s + 1)
         j = int(np.searchsorted(base.cut_chars, n, "left"))  # prompt cuts strictly before the reply
-        entry = _Entry("reply", text, base.ids[:base.prompt_len] + gen.tolist(),
-                       np.concatenate([base.cut_chars[:j], r_chars]),
-                       np.concatenate([base.cut_tokens[:j], r_tokens]),
-                       np.maximum.accumulate(np.concatenate([base.cut_reach[:j], r_reach])), base.prompt_len, n)
+        cuts = np.stack([np.concatenate([base.cut_chars[:j], r_chars]),
+                         np.concatenate([base.cut_tokens[:j], r_tokens]),
+                         np.maximum.accumulate(np.concatenate([base.cut_reach[:j], r_reach]))])
+        entry = _Entry("reply", text, base.ids[:base.prompt_len] + gen.tolist(), cuts, cuts.shape[1],
+                       base.prompt_len, n)
         self._add(entry)
         return True
 
