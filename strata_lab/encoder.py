@@ -141,7 +141,7 @@ class PromptEncoder:
         """Ids of `nfc(text)`, reusing the best entry's ids up to a safe cut; sets `last_stats`."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        # entry texts are NFC, so only the text after the common prefix needs the NFC check (see _nfc_tail)
+        # entry texts are NFC, so only the text after the common prefix needs the NFC check (see _nfc_split)
         matches = [(entry, _common_prefix_len(entry.text, text)) for entry in reversed(self._entries)]
         b = _nfc_split(text, max((d for _, d in matches), default=0))
         if not unicodedata.is_normalized("NFC", text[b:]):
