@@ -35,6 +35,7 @@ True
 """
 from __future__ import annotations
 
+import itertools
 import unicodedata
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -71,19 +72,33 @@ class EncodeStats:
 
 
 class _Entry:
-    """One remembered sequence. cut_* are parallel int64 arrays, ascending, starting with the cut at 0."""
+    """One remembered sequence. cut_* are parallel int64 arrays, ascending, starting with the cut at 0.
 
-    __slots__ = ("kind", "text", "ids", "cut_chars", "cut_tokens", "cut_reach", "prompt_len", "prompt_chars")
+    They are views of the first `n_cuts` columns of `cuts` ([3, capacity]), so that an entry superseding
+    this one can append its new cuts in place (amortized O(new cuts), not O(prompt) a turn)."""
 
-    def __init__(self, kind, text, ids, cut_chars, cut_tokens, cut_reach, prompt_len, prompt_chars):
+    __slots__ = ("kind", "text", "ids", "cuts", "n_cuts", "prompt_len", "prompt_chars")
+
+    def __init__(self, kind, text, ids, cuts, n_cuts, prompt_len, prompt_chars):
         self.kind = kind
         self.text = text
         self.ids = ids                # list[int]: what encode returned / prompt + reply ids
-        self.cut_chars = cut_chars    # char offset of each cut
-        self.cut_tokens = cut_tokens  # ids before each cut
-        self.cut_reach = cut_reach    # cut usable iff reach <= first text difference (non-decreasing)
+        self.cuts = cuts              # rows: char offset of each cut, ids before it, its reach
+        self.n_cuts = n_cuts          # (a cut is usable iff reach <= first text difference; non-decreasing)
         self.prompt_len = prompt_len  # ids of the prompt part (== len(ids) for prompt entries)
         self.prompt_chars = prompt_chars  # characters of the prompt part
+
+    @property
+    def cut_chars(self) -> np.ndarray:
+        return self.cuts[0, :self.n_cuts]
+
+    @property
+    def cut_tokens(self) -> np.ndarray:
+        return self.cuts[1, :self.n_cuts]
+
+    @property
+    def cut_reach(self) -> np.ndarray:
+        return self.cuts[2, :self.n_cuts]
 
 
 class PromptEncoder:
@@ -114,44 +129,59 @@ class PromptEncoder:
         self._max_tag = max((len(t) for t in self._tags), default=0)
         # a tag that is a proper prefix of another could still grow into it: its window covers that
         self._tag_len = {i: max(len(u) for u in self._tags if u.startswith(t)) for t, i in self._tags.items()}
+        self._nbytes = _byte_lengths(tokenizer)  # bytes of each id
+        self._is_tag = np.zeros(len(self._nbytes), dtype=bool)
+        self._win_len = np.zeros(len(self._nbytes), dtype=np.int64)
+        for i, length in self._tag_len.items():
+            self._is_tag[i] = True
+            self._win_len[i] = length
 
     # --- public ---------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Ids of `nfc(text)`, reusing the best entry's ids up to a safe cut; sets `last_stats`."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        if not unicodedata.is_normalized("NFC", text):
-            text = unicodedata.normalize("NFC", text)
-        best, best_j, best_c = None, 0, 0
-        for entry in reversed(self._entries):  # newest first wins ties
-            d = _common_prefix_len(entry.text, text)
+        # entry texts are NFC, so only the text after the common prefix needs the NFC check (see _nfc_split)
+        matches = [(entry, _common_prefix_len(entry.text, text)) for entry in reversed(self._entries)]
+        b = _nfc_split(text, max((d for _, d in matches), default=0))
+        if not unicodedata.is_normalized("NFC", text[b:]):
+            text = text[:b] + unicodedata.normalize("NFC", text[b:])
+            matches = [(entry, _common_prefix_len(entry.text, text)) for entry, _ in matches]
+        best, best_j, best_c, best_d = None, 0, 0, 0
+        for entry, d in matches:  # newest first wins ties
             if d == 0:
                 continue
             j, c = self._cut(entry, d, text)
             if best is None or entry.cut_tokens[j] > best.cut_tokens[best_j]:
-                best, best_j, best_c = entry, j, c
+                best, best_j, best_c, best_d = entry, j, c, d
         kept = int(best.cut_tokens[best_j]) if best is not None else 0
         start_reach = int(best.cut_reach[best_j]) if best is not None else 0
-        fresh = self.tokenizer.hf.encode(text[best_c:], add_special_tokens=False)
-        f_chars, f_tokens, f_reach = self._fresh_cuts(text, best_c, fresh, kept, start_reach)
-        supersede = best is not None and kept and text.startswith(best.text)
+        sub = text[best_c:]
+        fresh = self.tokenizer.hf.encode(sub, add_special_tokens=False)
+        fresh_ids = fresh.ids
+        f_chars, f_tokens, f_reach = self._fresh_cuts(sub, best_c, fresh, fresh_ids, kept, start_reach)
+        supersede = best is not None and kept and best_d == len(best.text)  # text starts with best.text
         if supersede:  # wholly matched: the new entry takes over its id list (no copy of a long prompt)
             ids = best.ids
             del ids[kept:]
-            ids.extend(fresh.ids)
+            ids.extend(fresh_ids)
         elif best is not None:
-            ids = best.ids[:kept] + fresh.ids
+            ids = best.ids[:kept] + fresh_ids
         else:
-            ids = fresh.ids
-        if best is not None:
-            cut_chars = np.concatenate([best.cut_chars[:best_j], f_chars])
-            cut_tokens = np.concatenate([best.cut_tokens[:best_j], f_tokens])
-            cut_reach = np.concatenate([best.cut_reach[:best_j], f_reach])
+            ids = fresh_ids
+        n_cuts = best_j + len(f_chars)
+        if supersede and n_cuts <= best.cuts.shape[1]:
+            cuts = best.cuts  # append in place: the superseded entry goes
         else:
-            cut_chars, cut_tokens, cut_reach = f_chars, f_tokens, f_reach
+            cuts = np.empty((3, n_cuts + n_cuts // 2 if supersede else n_cuts), np.int64)
+            if best_j:
+                cuts[:, :best_j] = best.cuts[:, :best_j]
+        cuts[0, best_j:n_cuts] = f_chars
+        cuts[1, best_j:n_cuts] = f_tokens
+        cuts[2, best_j:n_cuts] = f_reach
         self.last_stats = EncodeStats(kept_ids=kept, entry_kind=best.kind if kept else None,
                                       chars_encoded=len(text) - best_c, prompt_ids=len(ids))
-        entry = _Entry("prompt", text, ids, cut_chars, cut_tokens, cut_reach, len(ids), len(text))
+        entry = _Entry("prompt", text, ids, cuts, n_cuts, len(ids), len(text))
         if supersede:
             self._entries.remove(best)
         self._add(entry)
@@ -204,10 +234,11 @@ class PromptEncoder:
                     r_reach[r_chars > s] = _NEVER
                 s = text.find(tag, s + 1)
         j = int(np.searchsorted(base.cut_chars, n, "left"))  # prompt cuts strictly before the reply
-        entry = _Entry("reply", text, base.ids[:base.prompt_len] + gen.tolist(),
-                       np.concatenate([base.cut_chars[:j], r_chars]),
-                       np.concatenate([base.cut_tokens[:j], r_tokens]),
-                       np.maximum.accumulate(np.concatenate([base.cut_reach[:j], r_reach])), base.prompt_len, n)
+        cuts = np.stack([np.concatenate([base.cut_chars[:j], r_chars]),
+                         np.concatenate([base.cut_tokens[:j], r_tokens]),
+                         np.maximum.accumulate(np.concatenate([base.cut_reach[:j], r_reach]))])
+        entry = _Entry("reply", text, base.ids[:base.prompt_len] + gen.tolist(), cuts, cuts.shape[1],
+                       base.prompt_len, n)
         self._add(entry)
         return True
 
@@ -276,50 +307,95 @@ class PromptEncoder:
                     return s
         return None
 
-    def _fresh_cuts(self, text: str, c: int, fresh, kept: int, start_reach: int):
-        """Cuts at the pre-token starts of `text[c:]` (as encoded in `fresh`) with their reach."""
-        offsets = np.asarray(fresh.offsets, dtype=np.int64).reshape(-1, 2)
-        words = np.asarray([-1 if w is None else w for w in fresh.word_ids], dtype=np.int64)
-        n_tok = len(words)
+    def _fresh_cuts(self, sub: str, c: int, fresh, fresh_ids: list, kept: int, start_reach: int):
+        """Cuts at the pre-token starts of `sub == text[c:]` (as encoded in `fresh`) with their reach."""
+        n_tok = len(fresh_ids)
         if n_tok == 0:
             return (np.asarray([c], np.int64), np.asarray([kept], np.int64), np.asarray([start_reach], np.int64))
+        words = np.array(fresh.word_ids, dtype=np.float64)  # None (added tokens) -> nan, never equal
         first = np.ones(n_tok, dtype=bool)
-        first[1:] = (words[1:] != words[:-1]) | (words[1:] < 0)
-        tok_idx = np.nonzero(first)[0]
-        q = offsets[tok_idx, 0]                                   # pre-token starts, relative to c
-        ids = np.asarray(fresh.ids, dtype=np.int64)[tok_idx]
-        is_tag = np.isin(ids, np.fromiter(self._tag_ids, np.int64))
-        sub = text[c:]
+        first[1:] = words[1:] != words[:-1]
+        tok_idx = np.flatnonzero(first)
+        all_ids = np.array(fresh_ids, dtype=np.int64)
+        q = self._token_starts(sub, fresh, all_ids)[tok_idx]  # pre-token starts, relative to c
+        ids = all_ids[tok_idx]
+        is_tag = self._is_tag[ids]
         n = len(sub)
         # segment sentinel of each pre-token: the window of the tag (or end of text) that ends its segment
         tag_q = q[is_tag]
-        tag_win = np.asarray([int(qq) + self._tag_len[int(i)] for qq, i in zip(tag_q, ids[is_tag])],
-                             dtype=np.int64)
-        nxt = np.searchsorted(tag_q, q, "left")  # first tag at or after q
-        has_tag = nxt < len(tag_q)
-        seg_end = np.where(has_tag, np.append(tag_q, 0)[np.minimum(nxt, len(tag_q))], n)
-        sentinel = np.where(has_tag, np.append(tag_win, 0)[np.minimum(nxt, len(tag_q))], n + 1)
-        spans = _class_runs(sub)
-        window = np.maximum.reduce([q + 3, _run_end(spans, q) + 1, _run_end(spans, q + 1) + 1])
+        tag_win = np.append(tag_q + self._win_len[ids[is_tag]], n + 1)
+        nxt = np.searchsorted(tag_q, q, "left")  # first tag at or after q (len(tag_q): none)
+        seg_end = np.append(tag_q, n)[nxt]
+        sentinel = tag_win[nxt]
+        run_end = _run_ends(sub)
+        window = np.maximum(np.maximum(q + 3, run_end[q] + 1), run_end[q + 1] + 1)
         # a scan that reaches the segment end examined the tag (or end of text) that ends the segment
-        window = np.where(window > seg_end, sentinel, window)
-        window = np.where(is_tag, sentinel, window)
+        window = np.where((window > seg_end) | is_tag, sentinel, window)
         # cut i is the start of pre-token i; its reach covers pre-tokens before it
-        reach = np.maximum.accumulate(np.concatenate([[start_reach], window[:-1] + c]))
-        reach = np.maximum(reach, start_reach)
+        reach = np.empty(len(q), np.int64)
+        reach[0] = start_reach
+        np.maximum.accumulate(np.maximum(window[:-1] + c, start_reach), out=reach[1:])
         return q + c, tok_idx + kept, reach
 
+    def _token_starts(self, sub: str, fresh, ids: np.ndarray) -> np.ndarray:
+        """Character offset in `sub` of each token's first byte, from the tokens' byte lengths."""
+        nb = self._nbytes[ids]
+        ends = np.cumsum(nb)
+        starts = ends - nb
+        if len(sub) == int(ends[-1]):  # ASCII: bytes are characters
+            return starts
+        raw = np.frombuffer(sub.encode("utf-8"), dtype=np.uint8)
+        if len(raw) != int(ends[-1]):  # the tokenizer changed the text: trust its offsets
+            return np.fromiter(itertools.chain.from_iterable(fresh.offsets), np.int64, 2 * len(ids))[::2].copy()
+        chars_before = np.zeros(len(raw) + 1, np.int64)
+        np.cumsum((raw & 0xC0) != 0x80, out=chars_before[1:])
+        return chars_before[starts]
 
-def _class_runs(sub: str) -> dict:
-    """Maximal runs [n, 2] of each (superset) class in `sub`."""
+
+_BYTE_LENGTHS: dict = {}  # id(tokenizer) -> (tokenizer, lengths)
+
+
+def _byte_lengths(tokenizer) -> np.ndarray:
+    """Byte length of every id of `tokenizer` (cached per tokenizer object)."""
+    hit = _BYTE_LENGTHS.get(id(tokenizer))
+    if hit is None or hit[0] is not tokenizer:
+        lengths = np.fromiter((len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), np.int64,
+                              tokenizer.vocab_size)
+        hit = _BYTE_LENGTHS[id(tokenizer)] = (tokenizer, lengths)
+    return hit[1]
+
+
+def _nfc_split(text: str, d: int) -> int:
+    """A b <= d with text[b] ASCII (or 0): then nfc(text) == text[:b] + nfc(text[b:]) when text[:d] is NFC.
+
+    No canonical composition has an ASCII second character, and an ASCII character is a starter, so
+    nothing composes or reorders across it; text[:b] is a prefix of an NFC entry text ending before such a
+    starter, hence NFC itself. The check of the whole prompt thus shrinks to its new tail.
+    """
+    i = min(d, len(text) - 1)
+    stop = max(-1, i - 64)
+    while i > stop:
+        if text[i] < "\x80":
+            return i
+        i -= 1
+    return 0
+
+
+def _run_ends(sub: str) -> np.ndarray:
+    """[n + 1]: for each position, the farthest end of a class run starting there (itself if none).
+
+    Other-runs take the whitespace run after them (for `[\\r\\n]*`)."""
     cps = np.frombuffer(sub.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     bits = _class_bits(cps)
-    out = {}
+    n = len(bits)
+    pos = np.arange(n + 1, dtype=np.int64)
+    ends = {}
     for k, bit in _BITS.items():
-        member = np.concatenate([[False], (bits & bit) != 0, [False]])
-        edges = np.flatnonzero(member[1:] != member[:-1])  # alternating run starts and ends
-        out[k] = edges.reshape(-1, 2)
-    return out
+        member = np.append((bits & bit) != 0, False)
+        # the first non-member at or after each position
+        ends[k] = np.minimum.accumulate(np.where(member, n, pos)[::-1])[::-1]
+    best = np.maximum(np.maximum(ends["L"], ends["N"]), ends["W"])
+    return np.maximum(best, ends["W"][ends["P"]])
 
 
 _BITS = {"L": 1, "N": 2, "W": 4, "P": 8}
@@ -338,14 +414,19 @@ def _bmp_table() -> np.ndarray:
     return table
 
 
-def _class_bits(cps: np.ndarray) -> np.ndarray:
-    """Class bits of each code point; a table for the BMP, `regex` for the rare astral ones."""
+@lru_cache(maxsize=1)
+def _class_patterns() -> dict:
     import regex
 
+    return {k: regex.compile(p) for k, p in _CLASS_RUNS.items()}
+
+
+def _class_bits(cps: np.ndarray) -> np.ndarray:
+    """Class bits of each code point; a table for the BMP, `regex` for the rare astral ones."""
     bits = _bmp_table()[np.minimum(cps, 0xFFFF)]
     astral = np.flatnonzero(cps > 0xFFFF)
     if len(astral):
-        pats = {k: regex.compile(p) for k, p in _CLASS_RUNS.items()}
+        pats = _class_patterns()
         memo = {}
         for i in astral:
             c = int(cps[i])
@@ -353,27 +434,6 @@ def _class_bits(cps: np.ndarray) -> np.ndarray:
                 memo[c] = sum(bit for k, bit in _BITS.items() if pats[k].fullmatch(chr(c)))
             bits[i] = memo[c]
     return bits
-
-
-def _run_end(spans: dict, pos: np.ndarray) -> np.ndarray:
-    """For each position, the farthest end of a class run starting there (other-runs take the whitespace after)."""
-    best = pos.copy()
-    for k, se in spans.items():
-        e = _end_in_runs(se, pos)
-        if k == "P":
-            e = np.maximum(e, _end_in_runs(spans["W"], e))
-        best = np.maximum(best, e)
-    return best
-
-
-def _end_in_runs(spans: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """End of the run in `spans` ([n, 2] sorted, disjoint) containing each position, else the position."""
-    if len(spans) == 0:
-        return pos.copy()
-    idx = np.searchsorted(spans[:, 0], pos, "right") - 1
-    safe = np.maximum(idx, 0)
-    inside = (idx >= 0) & (spans[safe, 1] > pos)
-    return np.where(inside, spans[safe, 1], pos)
 
 
 def _common_prefix_len(a: str, b: str) -> int:

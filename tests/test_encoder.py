@@ -194,3 +194,16 @@ def test_regressions_stay_exact(qwen3, old, new):
     enc = PromptEncoder(qwen3)
     enc.encode(old)
     assert enc.encode(new) == qwen3.encode(nfc(new))
+
+
+@pytest.mark.parametrize("old,new", [
+    ("x e", "x e\u0301 and more"),        # a combining mark composes with the entry's last character
+    ("a>", "a>\u0338<|im_end|>"),         # '>' + U+0338 -> U+226F, next to a tag
+    ("\uac00", "\uac00\u11a8"),           # Hangul LV + T -> LVT, no ASCII to anchor on
+    ("ok " + "\u00e9" * 100, "ok " + "\u00e9" * 100 + "\u0301"),  # anchor further back than the scan
+])
+def test_nfc_across_the_junction(qwen3, old, new):
+    enc = PromptEncoder(qwen3)
+    enc.encode(old)
+    ids = enc.encode(new)
+    assert ids == qwen3.encode(nfc(new)) and qwen3.decode(ids) == nfc(new)
