@@ -192,10 +192,15 @@ class PromptEncoder:
 
         The prompt part must be an entry this encoder produced; otherwise nothing is kept and False is
         returned. Cuts fall only on whole UTF-8 characters; the reply is kept up to its first invalid
-        UTF-8 byte; a tag written in pieces (e.g. '<', 'think', '>') ends the usable cuts before it.
+        UTF-8 byte; a tag written in pieces (e.g. '<', 'think', '>') ends the usable cuts before it. A
+        spare embedding row past the vocabulary (a random model samples them) has no text, so no later
+        prompt can hold it: the reply is kept up to the first one.
         """
         prompt = _check_ids(prompt_ids, "prompt_ids", self.tokenizer.vocab_size)
-        gen = _check_ids(gen_ids, "gen_ids", self.tokenizer.vocab_size)
+        gen = _check_ids(gen_ids, "gen_ids", self.tokenizer.embedding_rows)
+        spare = np.nonzero(gen >= self.tokenizer.vocab_size)[0]
+        if spare.size:
+            gen = gen[:int(spare[0])]
         base = self._find_prompt(prompt)
         if base is None:
             return False

@@ -36,34 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["record", "reproduce", "rewrite", "serve", "tiny_model", "model_kind", "Recorded", "Reproduction"]
-
-_ARCHS = {"hybrid": "qwen3_next", "attention": "qwen3"}
-_QWEN_VOCAB = 151669  # load_tokenizer("qwen3").vocab_size
+__all__ = ["record", "reproduce", "rewrite", "serve", "model_kind", "Recorded", "Reproduction"]
 
 
 # --- models and engines ---------------------------------------------------------------------------------
-def tiny_model(kind: str = "hybrid", *, seed: int = 0) -> Path:
-    """The embedded tiny model ('hybrid': Qwen3-Next layout, 'attention': Qwen3) over the real Qwen vocab,
-    random weights, generated once into the cache dir.
-
-    Its embedding has the tokenizer's 151669 rows, not Qwen's padded 151936: a random model samples every
-    row it has, and ids past the tokenizer's (which a trained model never emits) would end up in dumps."""
-    if kind not in _ARCHS:
-        raise ValueError(f"kind must be one of {sorted(_ARCHS)}, got {kind!r}")
-    from .checkpoints import make_tiny
-    from .tokenizer import _cache_dir
-
-    path = _cache_dir() / "models" / f"sessions-{kind}-vocab{_QWEN_VOCAB}-seed{seed}"
-    if not (path / "config.json").is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        make_tiny(tmp, arch=_ARCHS[kind], seed=seed, overrides={"vocab_size": _QWEN_VOCAB})
-        with contextlib.suppress(OSError):  # another process may have made it first
-            os.replace(tmp, path)
-    return path
-
-
 class _EngineRunner:
     """One loaded model, sessions by name, one call = (prompt, forced ids) -> what the engine did."""
 
@@ -87,11 +63,13 @@ class _EngineRunner:
 
 
 def _model_for(records, model) -> Path:
-    if model is not None and model in _ARCHS:
-        return tiny_model(model)
+    from .checkpoints import EMBEDDED_KINDS, embedded_model
+
+    if model is not None and model in EMBEDDED_KINDS:
+        return embedded_model(model)
     if model is not None:
         return Path(model)
-    return tiny_model(model_kind(records))
+    return embedded_model(model_kind(records))
 
 
 def model_kind(records) -> str:

@@ -20,11 +20,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tiny_model(arch: str | None = None) -> Path:
+def tiny_model(kind: str = "hybrid") -> Path:
     """The server's own default checkpoint (generated once into the test cache)."""
-    from strata_lab.server.config import default_model_dir
+    from strata_lab.checkpoints import embedded_model
 
-    return default_model_dir(arch) if arch else default_model_dir()
+    return embedded_model(kind)
 
 
 class ServerProcess:

@@ -138,6 +138,18 @@ def test_reply_with_invalid_utf8_tail_keeps_the_valid_part(qwen3):
     assert qwen3.decode(ids) == CHAT + "ağ" and 128 not in ids[len(p):len(p) + 1]
 
 
+def test_reply_kept_up_to_a_spare_embedding_row(qwen3):
+    # a random model can sample rows past the vocabulary (151669..151935): they have no text
+    enc = PromptEncoder(qwen3)
+    p = enc.encode(CHAT)
+    assert enc.remember_reply(p, [130947, 5855, 151800, 220, 14990])
+    ids = enc.encode(CHAT + " öğrenci hello")
+    assert ids[: len(p) + 2] == p + [130947, 5855] and 151800 not in ids
+    assert qwen3.decode(ids) == CHAT + " öğrenci hello"
+    with pytest.raises(ValueError, match="gen_ids"):
+        enc.remember_reply(p, [qwen3.embedding_rows])
+
+
 def test_growing_prompt_encodes_only_the_new_text(qwen3):
     enc = PromptEncoder(qwen3)
     base = "word " * 2000

@@ -5,12 +5,12 @@ package loads nothing heavy: FastAPI and the engine are imported when the app is
 """
 from __future__ import annotations
 
-from .config import ServerConfig, default_model_dir
+from .config import ServerConfig
 from .errors import RequestError
 from .request import ChatRequest, parse_anthropic, parse_openai
 
 __all__ = ["ServerConfig", "ChatRequest", "RequestError", "parse_openai", "parse_anthropic", "serve",
-           "create_app", "load_state", "default_model_dir"]
+           "create_app", "load_state"]
 
 
 def serve(config: ServerConfig) -> None:

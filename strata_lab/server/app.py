@@ -47,12 +47,12 @@ def load_state(config: ServerConfig) -> ServerState:
     from strata_lab.template import ChatTemplate
     from strata_lab.tokenizer import load_tokenizer
 
-    from .config import default_model_dir
+    from strata_lab.checkpoints import embedded_model
 
     kwargs = {"max_context": config.max_context}
     if config.threads:
         kwargs["threads"] = config.threads
-    model_path = Path(config.model) if config.model else default_model_dir()
+    model_path = Path(config.model) if config.model else embedded_model("hybrid")
     engine = Engine.load(str(model_path), **kwargs)
     tokenizer = load_tokenizer("qwen3")
     recorder = Recorder(config.dump) if config.dump else Recorder.from_env()

@@ -1,4 +1,4 @@
-"""Server settings, and the default model: a tiny generated checkpoint, so `serve` needs no download.
+"""Server settings. With no model the server runs the embedded tiny hybrid model, so it needs no download.
 
 >>> ServerConfig(port=0).host
 '127.0.0.1'
@@ -9,18 +9,15 @@ ValueError: port must be in 0..65535, got 70000
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ServerConfig", "default_model_dir", "DEFAULT_ARCH"]
-
-DEFAULT_ARCH = "qwen3_next"
+__all__ = ["ServerConfig"]
 
 
 @dataclass
 class ServerConfig:
-    model: str | None = None          # model directory; None = the tiny generated hybrid checkpoint
+    model: str | None = None          # model directory; None = checkpoints.embedded_model('hybrid')
     host: str = "127.0.0.1"
     port: int = 8080
     dump: str | None = None           # strata-dump/1 file; None = $STRATA_PROMPT_DUMP if set
@@ -49,28 +46,3 @@ class ServerConfig:
             raise ValueError("api_key must not be empty (leave it unset for no key)")
         if self.model is not None and not Path(self.model).is_dir():
             raise ValueError(f"model must be a model directory, {self.model!r} is not one")
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("STRATA_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "strata_lab")
-    return Path(base)
-
-
-def default_model_dir(arch: str = DEFAULT_ARCH) -> Path:
-    """The tiny checkpoint of `arch` (default: the hybrid) in the user cache dir, generated on first use."""
-    from strata_lab.checkpoints import make_tiny
-
-    path = _cache_dir() / "models" / f"tiny-{arch.replace('_', '-')}"
-    if not (path / "config.json").is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        # the real Qwen vocabulary: the server speaks through the real tokenizer
-        make_tiny(tmp, arch=arch, overrides={"vocab_size": 151936})
-        try:
-            os.replace(tmp, path)
-        except OSError:  # another process made it first
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import uuid
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Sequence
@@ -204,10 +203,7 @@ class ChatRunner:
             events.append(ev)
             job.emit("event", ev)
         if self.reply_reuse:
-            # ids past the tokenizer's vocabulary (spare embedding rows a random model can sample) have
-            # no text, so no later prompt can reproduce them: remember the reply up to the first one.
-            known = next((k for k, i in enumerate(reply_ids) if i >= self.tokenizer.vocab_size), len(reply_ids))
-            self.encoder.remember_reply(prompt_ids, reply_ids[:known])
+            self.encoder.remember_reply(prompt_ids, reply_ids)
 
         from .output import collect
 
