@@ -331,7 +331,7 @@ class SessionState:
         reused = predict_reuse(prompt, self.held, self.checkpoints, model=self.model,
                                full_hit=self.full_hit, lcp=lcp)
         restored = None
-        if reused != held_before and reused > 0 and (self.uses_checkpoints or reused == len(prompt)):
+        if reused != held_before and reused in self.checkpoints and (self.uses_checkpoints or reused == len(prompt)):
             restored = reused
             self.checkpoints.move_to_end(reused)  # a restore counts as a use for LRU
         self._cut(reused)
