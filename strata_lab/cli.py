@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "budget:MIB[:N], at:P1,P2, none; join with '+'")
     p.add_argument("--model", choices=["hybrid", "attention"], default="hybrid")
     p.add_argument("--checkpoints", default="turn", help="checkpoint policy of the baseline (default: turn)")
-    p.add_argument("--full-hit", choices=["held_logits", "reread_last", "saved_logits"], default="held_logits",
+    p.add_argument("--full-hit", choices=["held_logits", "last_held_only", "reread_last", "saved_logits"],
+                   default="held_logits",
                    help="what the engine does when the whole prompt is held")
     p.add_argument("--tokenizer", default="qwen3")
     p.add_argument("--worst", type=int, default=5, help="how many worst divergences to show")

@@ -5,6 +5,10 @@ A Session follows Contract 1 (shared/DESIGN.md). Its reuse rule, which the repla
 * ``lcp`` = longest common prefix of the prompt and the held ids.
 * If the prompt equals the held ids, ``reused = len(prompt)``: nothing is read, the logits the session
   saved after its last id are used (a session always keeps them).
+* Else if the prompt is a prefix of the held ids ending exactly on a checkpoint, ``reused = len(prompt)``:
+  nothing is read; that snapshot is restored and its saved logits used (``used_saved_logits``,
+  ``restored_checkpoint == len(prompt)``). Every snapshot keeps the logits after its last id, so a retry
+  of the same prompt after a reply resumes from the turn start on any model.
 * Otherwise ``l = min(lcp, len(prompt) - 1)``: at least the last prompt id is read, for its logits.
   Attention-only models (Qwen3): ``reused = l``. Hybrid models: ``reused = l`` if ``l == len(held)``,
   else the largest checkpoint ``c <= l`` (0 if none), whose snapshot is restored (KV cut to ``c``).
@@ -99,8 +103,10 @@ class Sampling:
 
 @dataclass(frozen=True)
 class CheckpointPolicy:
-    """Where a session saves state snapshots (checkpoints). Qwen3's snapshots are empty (0 bytes): its KV
-    cache can be cut anywhere; hybrid models restore them when the prompt leaves the held ids.
+    """Where a session saves state snapshots (checkpoints). Every snapshot keeps the logits after its last
+    id (4 x vocab_size bytes), which serve a prompt ending exactly there. Qwen3's snapshots hold nothing
+    else (its KV cache can be cut anywhere); hybrid models also save the recurrent state and restore it
+    when the prompt leaves the held ids. ``budget_mib`` counts the logits too.
 
     >>> CheckpointPolicy(every=256, budget_mib=512).every
     256
@@ -135,8 +141,8 @@ class GenerateResult:
     tokens_read: int                  # prompt_len - reused
     lcp: int                          # common prefix with the held ids before the call
     held_before: int
-    restored_checkpoint: Optional[int]  # snapshot position restored (hybrid models), else None
-    used_saved_logits: bool           # prompt == held: nothing read
+    restored_checkpoint: Optional[int]  # snapshot restored (hybrid; any model when its logits serve), else None
+    used_saved_logits: bool           # nothing read: prompt == held, or it ends on a checkpoint
     gen_ids: list[int]
     drained_ids: list[int]            # produced after stop() was requested; kept in the session
     finish: str                       # "stop" | "length" | "cancelled" | "budget" (stop(reason="budget"))

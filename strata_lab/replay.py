@@ -34,8 +34,8 @@ from typing import Iterable, Sequence
 from .costs import CostModel
 from .divergence import CAUSES, classify, find_divergence
 from .dump import Dump, load_dump
-from .state_model import (CheckpointPolicy, DEFAULT_SNAPSHOT_BYTES, FULL_HIT_RULES, MODELS, SessionState,
-                          TurnStart, lcp_len, parse_checkpoint_policy, predict_reuse,
+from .state_model import (ATTENTION_SNAPSHOT_BYTES, CheckpointPolicy, DEFAULT_SNAPSHOT_BYTES, FULL_HIT_RULES,
+                          MODELS, SessionState, TurnStart, lcp_len, parse_checkpoint_policy, predict_reuse,
                           reuse_target)
 
 __all__ = ["replay", "Report", "Policy", "parse_policy", "compare_policies", "CAUSES"]
@@ -316,15 +316,17 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     if full_hit not in FULL_HIT_RULES:
         raise ValueError(f"full_hit must be one of {FULL_HIT_RULES}, got {full_hit!r}")
+    # snapshot size for specs parsed here: recurrent state on a hybrid model, just logits on attention
+    snap_bytes = DEFAULT_SNAPSHOT_BYTES if model == "hybrid" else ATTENTION_SNAPSHOT_BYTES
     if isinstance(policy, str):
-        policy = parse_policy(policy)
+        policy = parse_policy(policy, bytes_per_snapshot=snap_bytes)
     if not isinstance(policy, Policy):
         raise ValueError(f"policy must be a Policy or a spec string, got {policy!r}")
     ckpt = policy.checkpoint_policy if policy.checkpoint_policy is not None else checkpoint_policy
     if isinstance(ckpt, str):
-        ckpt = ckpt if ckpt == "recorded" else parse_checkpoint_policy(ckpt)
+        ckpt = ckpt if ckpt == "recorded" else parse_checkpoint_policy(ckpt, bytes_per_snapshot=snap_bytes)
     if ckpt is None:
-        ckpt = TurnStart()
+        ckpt = TurnStart(bytes_per_snapshot=snap_bytes)
     if isinstance(tokenizer, str):
         from .tokenizer import load_tokenizer
 
@@ -352,7 +354,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         first = st is None
         if first:
             st = states[sid] = SessionState(model=model, policy=ckpt if isinstance(ckpt, CheckpointPolicy)
-                                            else TurnStart(), full_hit=full_hit)
+                                            else TurnStart(bytes_per_snapshot=snap_bytes), full_hit=full_hit)
             peak_bytes[sid] = 0
         prompt = rec["prompt_ids"]
         if policy.keep_drained:
@@ -366,7 +368,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         held_before = len(held)
         lcp = lcp_len(prompt, held)
         div = find_divergence(held, prompt, tok, lcp_ids=lcp, context_chars=context_chars) if held else None
-        target = reuse_target(len(prompt), held_before, lcp, full_hit)
+        target = reuse_target(len(prompt), held_before, lcp, full_hit, st.checkpoints)
         reused = predict_reuse(prompt, held, st.checkpoints, model=model, full_hit=full_hit, lcp=lcp)
         cause = classify(held=held, prompt=prompt, segments=st.segments, div=div, reused=reused, target=target,
                          tok=tok, first_call=first)
@@ -374,13 +376,12 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         assert pred.reused == reused  # one rule, two call sites
         gen, drained = rec["gen_ids"], rec["drained_ids"]
         st.finish(gen, drained)
-        if ckpt == "recorded" and model == "hybrid":
+        if ckpt == "recorded":  # both models: an attention-only snapshot's logits serve a full hit
             st.checkpoints.clear()
             st.checkpoints.update((int(c), None) for c in rec["checkpoints"] if 0 < int(c) <= len(st.held))
         if policy.reply_ids:
             encoders[sid].remember_reply(prompt, list(gen) + (list(drained) if policy.keep_drained else []))
-        snap = st.snapshot_bytes() if isinstance(ckpt, CheckpointPolicy) else \
-            len(st.checkpoints) * DEFAULT_SNAPSHOT_BYTES * (model == "hybrid")
+        snap = st.snapshot_bytes()
         peak_bytes[sid] = max(peak_bytes[sid], snap)
 
         lcp_text = div.lcp_text if div is not None else 0
@@ -399,7 +400,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
             "recorded_reused": recorded_reused if isinstance(recorded_reused, int) and not policy_changes_prompts(policy)
             and not isinstance(recorded_reused, bool) else None,
             "read": read, "reread": reread, "cause": cause, "checkpoint_gap": max(target - pred.reused, 0),
-            "snapshots": len(st.checkpoints) if model == "hybrid" else 0, "snapshot_mib": snap / 2**20,
+            "snapshots": len(st.checkpoints), "snapshot_mib": snap / 2**20,
             "gen_len": len(gen), "drained_len": len(drained),
             "prefill_ms": float(t) if isinstance(t, (int, float)) else math.nan,
             "prefill_s": cost_model.seconds(read, pred.reused) if cost_model else math.nan,

@@ -2,14 +2,18 @@
 
 The engine (C++) and the replay share these rules; engine tests assert `engine reused == predicted`.
 
-A session holds `held` (every id whose effect is in its state) and, for hybrid models, checkpoints:
-positions where a recurrent-state snapshot is saved. On a call with `prompt`:
+A session holds `held` (every id whose effect is in its state) and checkpoints: positions where a
+snapshot is saved. A snapshot holds the logits after its last id (both model kinds) and, on a hybrid
+model, the recurrent state there; an attention-only model's KV cache can be cut anywhere, so its
+snapshots matter only for their logits. On a call with `prompt`:
 
 - `lcp` = longest common prefix of `prompt` and `held`;
 - the engine needs logits for the last prompt position. With ``full_hit="held_logits"`` (default, the C++
   engine's rule in engine/src/session.cpp `Session::plan`) a prompt equal to held reuses everything (the
-  engine kept the last logits); otherwise the target is capped at ``len(prompt) - 1`` (the last prompt
-  token is re-read). ``"reread_last"`` always caps; ``"saved_logits"`` never does;
+  engine kept the last logits), and so does a prefix of held ending exactly on a checkpoint (the snapshot
+  kept its logits: a retry of the same prompt after a reply); otherwise the target is capped at
+  ``len(prompt) - 1`` (the last prompt token is re-read). ``"last_held_only"`` is the older engine rule
+  (checkpoints keep no logits), ``"reread_last"`` always caps, ``"saved_logits"`` never does;
 - attention-only: reuse = target; hybrid: reuse = target if target == len(held) (state already there),
   else the largest checkpoint <= target (0 if none). Checkpoints past the cut are dropped.
 
@@ -22,6 +26,9 @@ positions where a recurrent-state snapshot is saved. On a call with `prompt`:
 >>> s.finish([8])
 >>> s.call([1, 2, 3, 4, 5, 9]).reused      # diverges inside the first reply: back to its turn start
 4
+>>> s.finish([7])
+>>> s.call([1, 2, 3, 4]).reused            # the same prompt again: its checkpoint kept the logits
+4
 """
 from __future__ import annotations
 
@@ -32,15 +39,19 @@ from typing import Sequence
 __all__ = [
     "CheckpointPolicy", "TurnStart", "EveryN", "Positions", "MemoryBudget", "NoCheckpoints",
     "SessionState", "CallPrediction", "lcp_len", "predict_reuse", "reuse_target", "parse_checkpoint_policy",
-    "DEFAULT_SNAPSHOT_BYTES", "MODELS", "FULL_HIT_RULES",
+    "DEFAULT_SNAPSHOT_BYTES", "ATTENTION_SNAPSHOT_BYTES", "MODELS", "FULL_HIT_RULES",
 ]
 
 MODELS = ("hybrid", "attention")
 # What the engine does when the whole prompt is already held (reuse would equal len(prompt)).
-# "held_logits" is the C++ engine's rule: saved logits only when prompt == held exactly.
-FULL_HIT_RULES = ("held_logits", "reread_last", "saved_logits")
-# One recurrent-state snapshot of the 80B-A3B shape: ~2 MiB of S per GDN layer x 36 layers (ENGINE_SPEC).
+# "held_logits" is the C++ engine's rule: saved logits when prompt == held, or at a checkpoint at exactly
+# len(prompt); "last_held_only": only when prompt == held (the engine before snapshots kept logits).
+FULL_HIT_RULES = ("held_logits", "last_held_only", "reread_last", "saved_logits")
+# One recurrent-state snapshot of the 80B-A3B shape: ~2 MiB of S per GDN layer x 36 layers (ENGINE_SPEC);
+# its saved logits (ATTENTION_SNAPSHOT_BYTES, under 1% more) are left out of this round figure.
 DEFAULT_SNAPSHOT_BYTES = 72 * 2**20
+# One attention-only snapshot: just the fp32 logits over Qwen3's 151936 embedding rows.
+ATTENTION_SNAPSHOT_BYTES = 4 * 151936
 
 
 def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -68,7 +79,11 @@ def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
 # --- checkpoint policies -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CheckpointPolicy:
-    """Where a hybrid session saves snapshots. Subclasses say which positions a read span creates."""
+    """Where a session saves snapshots. Subclasses say which positions a read span creates.
+
+    `bytes_per_snapshot` sizes MemoryBudget's capacity and the reported memory: for an attention-only
+    model a snapshot is just logits (ATTENTION_SNAPSHOT_BYTES for Qwen3's vocabulary).
+    """
 
     bytes_per_snapshot: int = field(default=DEFAULT_SNAPSHOT_BYTES, kw_only=True)
 
@@ -228,6 +243,8 @@ def predict_reuse(prompt: Sequence[int], held: Sequence[int], checkpoints, *, mo
     1
     >>> predict_reuse([1, 2, 9], [1, 2, 3], [1], model="attention")
     2
+    >>> predict_reuse([1, 2], [1, 2, 3, 4], [2], model="hybrid")   # a retry: the checkpoint at 2 has logits
+    2
     """
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
@@ -235,22 +252,28 @@ def predict_reuse(prompt: Sequence[int], held: Sequence[int], checkpoints, *, mo
         raise ValueError(f"full_hit must be one of {FULL_HIT_RULES}, got {full_hit!r}")
     if lcp is None:
         lcp = lcp_len(prompt, held)
-    target = reuse_target(len(prompt), len(held), lcp, full_hit)
+    target = reuse_target(len(prompt), len(held), lcp, full_hit, checkpoints)
     if model == "attention" or target == len(held):
         return target
     return max((c for c in checkpoints if c <= target), default=0)
 
 
-def reuse_target(prompt_len: int, held_len: int, lcp: int, full_hit: str = "held_logits") -> int:
+def reuse_target(prompt_len: int, held_len: int, lcp: int, full_hit: str = "held_logits",
+                 checkpoints=()) -> int:
     """How many prompt ids the engine may reuse before checkpoints: the LCP, less the last prompt token
-    when the engine must re-read it for its logits.
+    when the engine must re-read it for its logits. A full hit keeps the last token when prompt == held
+    or (``"held_logits"``) when a checkpoint sits at exactly ``prompt_len``.
 
-    >>> reuse_target(5, 5, 5), reuse_target(5, 9, 5), reuse_target(5, 5, 5, "reread_last")
-    (5, 4, 4)
+    >>> reuse_target(5, 5, 5), reuse_target(5, 9, 5), reuse_target(5, 9, 5, checkpoints=[5])
+    (5, 4, 5)
+    >>> reuse_target(5, 5, 5, "reread_last"), reuse_target(5, 9, 5, "last_held_only", [5])
+    (4, 4)
     """
     if lcp < prompt_len or full_hit == "saved_logits":
         return lcp
-    if full_hit == "held_logits" and prompt_len == held_len:
+    if full_hit in ("held_logits", "last_held_only") and prompt_len == held_len:
+        return lcp
+    if full_hit == "held_logits" and prompt_len > 0 and prompt_len in checkpoints:
         return lcp
     return max(prompt_len - 1, 0)
 
@@ -263,7 +286,8 @@ class CallPrediction:
     held_before: int
     lcp: int
     reused: int
-    restored_checkpoint: int | None   # hybrid: the snapshot restored (None: state already there or 0)
+    restored_checkpoint: int | None   # the snapshot restored (None: state already there or 0); on an
+    # attention-only model only a full hit on a checkpoint restores (its logits)
     checkpoints_before: int           # snapshots held when the call arrived
 
 
@@ -294,6 +318,8 @@ class SessionState:
 
     @property
     def uses_checkpoints(self) -> bool:
+        """Whether a divergence restores a recurrent-state snapshot (hybrid). Both models keep
+        checkpoints: their logits serve a prompt that ends exactly on one."""
         return self.model == "hybrid"
 
     def call(self, prompt_ids: Sequence[int]) -> CallPrediction:
@@ -305,7 +331,7 @@ class SessionState:
         reused = predict_reuse(prompt, self.held, self.checkpoints, model=self.model,
                                full_hit=self.full_hit, lcp=lcp)
         restored = None
-        if self.uses_checkpoints and reused != held_before and reused > 0:
+        if reused != held_before and reused in self.checkpoints and (self.uses_checkpoints or reused == len(prompt)):
             restored = reused
             self.checkpoints.move_to_end(reused)  # a restore counts as a use for LRU
         self._cut(reused)
@@ -331,7 +357,7 @@ class SessionState:
         self.segments.clear()
 
     def snapshot_bytes(self) -> int:
-        return len(self.checkpoints) * self.policy.bytes_per_snapshot if self.uses_checkpoints else 0
+        return len(self.checkpoints) * self.policy.bytes_per_snapshot
 
     # -- internals ----------------------------------------------------------------------------------
     def _cut(self, n: int) -> None:
@@ -350,8 +376,6 @@ class SessionState:
             self.segments.append((start, end, kind, self.calls - (kind != "prompt")))
 
     def _snapshot(self, start: int, end: int, *, prompt_end: bool) -> None:
-        if not self.uses_checkpoints:
-            return
         cap = self.policy.capacity
         for p in self.policy.positions(start, end, prompt_end=prompt_end):
             self.checkpoints[p] = None

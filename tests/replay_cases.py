@@ -63,11 +63,16 @@ def case(tok, name):
                                                      reread=len(enc(SYSTEM.split("2024-01-01")[0] + "2024-01-0")))
     # (the text agrees up to the last digit: those ids are re-read, the hybrid state has no snapshot there)
     if name == "checkpoint":
-        # a retry of the same prompt: the LCP is the whole prompt, but the engine must re-read the last
-        # token for its logits and the only snapshot is at the turn start, one past it
+        # the prompt is held up to 3 ids into the reply (an assistant prefix): the engine must re-read the
+        # last token for its logits and the only snapshot is at the turn start, so 2 held ids are re-read
         gen = enc("First try.<|im_end|>")
         return [dict(prompt_ids=p1, reused=0, gen_ids=gen),
-                dict(prompt_ids=list(p1), reused=0)], dict(cause="checkpoint", reused=0, reread=len(p1) - 1)
+                dict(prompt_ids=p1 + gen[:3], reused=len(p1))], dict(cause="checkpoint", reused=len(p1), reread=2)
+    if name == "retry":
+        # a retry of the same prompt after a reply: the turn-start snapshot kept the logits, nothing is read
+        gen = enc("First try.<|im_end|>")
+        return [dict(prompt_ids=p1, reused=0, gen_ids=gen),
+                dict(prompt_ids=list(p1), reused=len(p1))], dict(cause="none", reused=len(p1), reread=0)
     if name == "new_session":
         gen = enc("Hi.<|im_end|>")
         return [dict(prompt_ids=p1, reused=0, gen_ids=gen, session="a"),
@@ -75,5 +80,5 @@ def case(tok, name):
     raise KeyError(name)
 
 
-CASES = ("none", "retokenized_reply", "drained_dropped", "template_rewrite", "history_edit", "checkpoint",
+CASES = ("none", "retokenized_reply", "drained_dropped", "template_rewrite", "history_edit", "checkpoint", "retry",
          "new_session")

@@ -31,12 +31,13 @@ def moe(tmp_path_factory):
 
 
 def _snapshot_bytes(shape) -> int:
-    """Bytes of one snapshot: conv window + fp32 S of every GDN layer (ENGINE_SPEC 'Session state')."""
+    """Bytes of one snapshot: conv window + fp32 S of every GDN layer (ENGINE_SPEC 'Session state'),
+    plus the fp32 logits after its last id."""
     s = shape
     C = 2 * s.linear_num_key_heads * s.linear_key_head_dim + s.linear_num_value_heads * s.linear_value_head_dim
     S = s.linear_num_value_heads * s.linear_key_head_dim * s.linear_value_head_dim
     per = (s.linear_conv_kernel_dim - 1) * C + S
-    return 4 * per * s.layer_types().count("linear_attention")
+    return 4 * per * s.layer_types().count("linear_attention") + 4 * s.vocab_size
 
 
 def _predictor(policy: CheckpointPolicy, snap_bytes: int) -> SessionState:
@@ -129,13 +130,38 @@ def test_restore_checkpoint_then_continue_equals_fresh_forward(moe):
     r3 = _call(s, pred, p2 + [11, 12], max_new_tokens=3)
     assert (r3.reused, r3.restored_checkpoint) == (len(p2), None)
     assert np.abs(s.last_logits() - moe.forward(s.held_ids)[-1]).max() <= TOL
-    # a prompt ending exactly at a checkpoint still re-reads its last id: back to the one before
+    # a prefix of held ending exactly at a checkpoint: restored, its saved logits used, nothing read
     r4 = _call(s, pred, prompt, max_new_tokens=0)
-    assert (r4.reused, r4.restored_checkpoint, r4.used_saved_logits) == (24, 24, False)
+    assert (r4.reused, r4.restored_checkpoint, r4.used_saved_logits, r4.tokens_read) == (30, 30, True, 0)
     assert np.abs(s.last_logits() - moe.forward(prompt)[-1]).max() <= TOL
+    # ending one past a checkpoint: the last id is re-read from the one before
+    r4 = _call(s, pred, prompt[:25], max_new_tokens=0)
+    assert (r4.reused, r4.restored_checkpoint, r4.used_saved_logits, r4.tokens_read) == (24, 24, False, 1)
     # no checkpoint at or before the divergence: start over
     r5 = _call(s, pred, [prompt[0] + 1] + prompt[1:], max_new_tokens=0)
     assert (r5.reused, r5.restored_checkpoint) == (0, 0)
+
+
+def test_retry_of_the_same_prompt_reuses_the_turn_start(moe):
+    """Regenerate: the same prompt after a reply. The only snapshot is at len(prompt) (the turn start);
+    its saved logits serve the full prompt, so nothing is read, and the logits equal a fresh forward."""
+    policy = CheckpointPolicy()
+    s = moe.session("retry", checkpoints=policy)
+    s.reset()
+    pred = _predictor(policy, _snapshot_bytes(NEXT_PRESETS["tiny-moe"]))
+    prompt = _ids(21, seed=12)
+    fresh = moe.forward(prompt)[-1]
+    r1 = _call(s, pred, prompt, max_new_tokens=6)
+    assert s.checkpoints == [21]
+    for _ in range(2):  # retry twice: each one restores the same turn start
+        r = _call(s, pred, prompt, max_new_tokens=4)
+        assert (r.lcp, r.reused, r.tokens_read, r.restored_checkpoint, r.used_saved_logits) == (21, 21, 0, 21, True)
+        assert r.gen_ids[:4] == r1.gen_ids[:4]  # greedy: the same reply from the same logits
+        assert s.held_ids == prompt + r.gen_ids and s.checkpoints == [21]
+    s.generate(prompt, max_new_tokens=0)
+    assert np.abs(s.last_logits() - fresh).max() <= 1e-6
+    # and the replay predicts it from the ids alone
+    assert pred.call(prompt).reused == 21
 
 
 def test_snapshot_memory_is_reported(moe):
@@ -177,15 +203,16 @@ _TWO_SNAPSHOTS_MIB = 2.5 * _snapshot_bytes(NEXT_PRESETS["tiny-moe"]) / 2**20
                                     CheckpointPolicy(every=3, budget_mib=_TWO_SNAPSHOTS_MIB)],
                          ids=["turn", "every5", "budget"])
 def test_random_sessions_reuse_equals_state_model(moe, policy):
-    """Random agent-like call sequences: extend, cut inside replies, repeat; the engine's reuse and
+    """Random agent-like call sequences: extend, cut inside replies, repeat, retry; the engine's reuse and
     checkpoints equal the weight-free prediction on every call."""
     rng = np.random.default_rng(11)
     s = moe.session("random", checkpoints=policy)
     s.reset()
     pred = _predictor(policy, _snapshot_bytes(NEXT_PRESETS["tiny-moe"]))
-    for _ in range(10):
+    last = None
+    for _ in range(12):
         held = s.held_ids
-        kind = rng.integers(0, 4) if held else 0
+        kind = rng.integers(0, 5) if held else 0
         if kind == 0:
             prompt = held + _ids(int(rng.integers(1, 8)), seed=int(rng.integers(1 << 30)))
         elif kind == 1:
@@ -193,8 +220,11 @@ def test_random_sessions_reuse_equals_state_model(moe, policy):
             prompt = held[:cut] + _ids(int(rng.integers(1, 5)), seed=int(rng.integers(1 << 30)))
         elif kind == 2:
             prompt = held[: int(rng.integers(1, len(held) + 1))]
-        else:
+        elif kind == 3:
             prompt = held
+        else:  # a retry of the previous prompt (ends on its turn-start snapshot when that survives)
+            prompt = last
+        last = prompt
         _call(s, pred, prompt, max_new_tokens=int(rng.integers(0, 6)))
     assert np.abs(s.last_logits() - moe.forward(s.held_ids)[-1]).max() <= TOL
 

@@ -77,4 +77,4 @@ def test_env_var_turns_recording_on(tiny_dir, tmp_path):
             "[s.generate([1, 2, 3, 4], max_new_tokens=2).result for _ in range(2)]" % str(tiny_dir))
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "STRATA_PROMPT_DUMP": str(path)})
     recs = list(load_dump(path))
-    assert [r["reused"] for r in recs] == [0, 3]  # same prompt again: cut to 3, re-read the last id
+    assert [r["reused"] for r in recs] == [0, 4]  # same prompt again: the turn-start snapshot has its logits

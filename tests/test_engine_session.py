@@ -155,9 +155,15 @@ def test_checkpoint_policy(tiny_engine):
     s.reset()
     r = s.generate(PROMPT, max_new_tokens=5).result
     assert r.checkpoints == [4, 6, 8, 12, 16] == s.checkpoints
-    assert s.snapshot_bytes == 0 and s.memory_bytes > 0  # Qwen3: snapshots are empty, KV holds the state
+    # Qwen3: the KV cache holds the state, a snapshot holds only the logits after its last id
+    V = tiny_engine.info["vocab_size"]
+    assert s.snapshot_bytes == 5 * 4 * V and s.memory_bytes > s.snapshot_bytes
     s.generate(PROMPT[:9] + [77], max_new_tokens=0).result
     assert s.checkpoints == [4, 6, 8, 10]  # snapshots past the cut are dropped; prompt end added
+    # a prefix ending on a checkpoint takes its logits: nothing read, equal to a fresh forward
+    r = s.generate(PROMPT[:8], max_new_tokens=0).result
+    assert (r.reused, r.tokens_read, r.used_saved_logits, r.restored_checkpoint) == (8, 0, True, 8)
+    np.testing.assert_array_equal(s.last_logits(), tiny_engine.forward(PROMPT[:8])[-1])
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [
@@ -196,3 +202,44 @@ def test_busy_session_raises(tiny_engine):
     finally:
         stream.stop()
         stream.result
+
+
+@pytest.mark.parametrize("every,budget_snaps", [(0, 0), (3, 0), (3, 2)], ids=["turn", "every3", "budget"])
+def test_random_sessions_reuse_equals_state_model(tiny_engine, every, budget_snaps):
+    """Attention-only: retries, prefixes, cuts and extensions; the engine's reuse and checkpoints equal
+    the weight-free prediction on every call (its snapshots are just logits, 4 * vocab bytes each)."""
+    from strata_lab.state_model import EveryN, MemoryBudget, SessionState, TurnStart
+
+    per = 4 * tiny_engine.info["vocab_size"]
+    if budget_snaps:
+        policy = CheckpointPolicy(every=every, budget_mib=(budget_snaps + 0.5) * per / 2**20)
+        model = MemoryBudget(mib=policy.budget_mib, every=every, bytes_per_snapshot=per)
+    else:
+        policy = CheckpointPolicy(every=every)
+        model = EveryN(every, bytes_per_snapshot=per) if every else TurnStart(bytes_per_snapshot=per)
+    pred = SessionState(model="attention", policy=model)
+    s = tiny_engine.session(f"rand{every}-{budget_snaps}", checkpoints=policy)
+    s.reset()
+    rng = np.random.default_rng(5)
+    hits = 0
+    for i in range(14):
+        held = s.held_ids
+        kind = int(rng.integers(0, 4)) if held else 0
+        if kind == 0:
+            prompt = held + [int(x) for x in rng.integers(0, 151643, int(rng.integers(1, 6)))]
+        elif kind == 1:
+            prompt = held[: int(rng.integers(1, len(held) + 1))] + [int(rng.integers(0, 151643))]
+        elif kind == 2:
+            prompt = held[: int(rng.integers(1, len(held) + 1))]
+        else:  # a retry: the previous call's prompt
+            prompt = last
+        last = prompt
+        r = s.generate(prompt, max_new_tokens=int(rng.integers(0, 4))).result
+        p = pred.call(prompt)
+        pred.finish(r.gen_ids, r.drained_ids)
+        assert (r.reused, r.lcp) == (p.reused, p.lcp), (i, r, p)
+        assert (r.restored_checkpoint or None) == p.restored_checkpoint
+        assert s.checkpoints == sorted(pred.checkpoints) and s.snapshot_bytes == pred.snapshot_bytes()
+        hits += r.used_saved_logits and r.reused < r.held_before
+    np.testing.assert_array_equal(s.last_logits(), tiny_engine.forward(s.held_ids)[-1])
+    assert hits > 0  # the checkpoint-logits rule was exercised

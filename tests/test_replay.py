@@ -45,14 +45,27 @@ def test_retokenized_reply_context_and_attention(qwen3, tmp_path):
 
 
 def test_full_hit_rule_is_a_parameter(qwen3, tmp_path):
-    calls, _ = case(qwen3, "checkpoint")
+    calls, _ = case(qwen3, "checkpoint")  # prompt = turn 1 + 3 ids of the reply, no snapshot there
     path = write(tmp_path / "c.jsonl", calls)
-    row = replay(path, tokenizer=qwen3, full_hit="saved_logits").rows[1]
-    assert (row["cause"], row["reused"], row["reread"]) == ("none", len(calls[1]["prompt_ids"]), 0)
+    n = len(calls[1]["prompt_ids"])
+    row = replay(path, tokenizer=qwen3, full_hit="saved_logits", model="attention").rows[1]
+    assert (row["cause"], row["reused"], row["reread"]) == ("none", n, 0)
     row = replay(path, tokenizer=qwen3, model="attention").rows[1]
-    assert (row["cause"], row["reused"]) == ("none", len(calls[1]["prompt_ids"]) - 1)
-    # the engine's rule: a prompt equal to held reuses everything (the last logits are kept)
+    assert (row["cause"], row["reused"]) == ("none", n - 1)
+    # a retry of the same prompt: the engine's rule reuses it all from the turn-start snapshot's logits
+    calls, _ = case(qwen3, "retry")
     p1 = calls[0]["prompt_ids"]
+    path = write(tmp_path / "r.jsonl", calls)
+    for model in ("hybrid", "attention"):
+        row = replay(path, tokenizer=qwen3, model=model).rows[1]
+        assert (row["cause"], row["reused"], row["read"], row["reread"]) == ("none", len(p1), 0, 0)
+    # the older rule (only the last held id's logits are kept): back to 0 on hybrid, one id on attention
+    row = replay(path, tokenizer=qwen3, full_hit="last_held_only").rows[1]
+    assert (row["cause"], row["reused"], row["reread"]) == ("checkpoint", 0, len(p1) - 1)
+    assert replay(path, tokenizer=qwen3, model="attention", full_hit="last_held_only").rows[1]["reused"] == len(p1) - 1
+    # no snapshots at all: nothing holds logits for position len(p1)
+    assert replay(path, tokenizer=qwen3, checkpoint_policy="none").rows[1]["reused"] == 0
+    # a prompt equal to held reuses everything (the last logits are kept)
     path = write(tmp_path / "same.jsonl", [dict(prompt_ids=p1, reused=0), dict(prompt_ids=p1, reused=len(p1))])
     assert replay(path, tokenizer=qwen3).rows[1]["reused"] == len(p1)
     assert replay(path, tokenizer=qwen3, full_hit="reread_last").rows[1]["cause"] == "checkpoint"
@@ -148,16 +161,18 @@ def sessions(draw):
 @given(sessions(), st.sampled_from([TurnStart(), EveryN(3), NoCheckpoints()]))
 def test_random_sessions_obey_contract_1(qwen3, calls, policy):
     hyb = SessionState(model="hybrid", policy=policy)
-    att = SessionState(model="attention")
-    full = SessionState(model="hybrid", policy=EveryN(1))
+    att = SessionState(model="attention", policy=policy)
+    full = SessionState(model="hybrid", policy=EveryN(1))  # a snapshot (with logits) at every position
     held = []
     for prompt, gen, drained in calls:
+        att_ckpts = set(att.checkpoints)  # their snapshots keep the logits
         a, h, f = att.call(prompt), hyb.call(prompt), full.call(prompt)
         lcp = 0
         while lcp < min(len(prompt), len(held)) and prompt[lcp] == held[lcp]:
             lcp += 1
-        assert a.reused == (lcp if prompt == held else min(lcp, len(prompt) - 1))
-        assert h.reused <= a.reused and f.reused == a.reused
+        full_hit = prompt == held or (lcp == len(prompt) and len(prompt) in att_ckpts)
+        assert a.reused == (lcp if full_hit else min(lcp, len(prompt) - 1))
+        assert h.reused <= a.reused and f.reused == lcp
         assert h.reused == a.reused or h.reused == 0 or h.reused in range(1, a.reused)
         assert all(c <= len(hyb.held) for c in hyb.checkpoints)
         d = find_divergence(held, prompt, qwen3, lcp_ids=lcp)

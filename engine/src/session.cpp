@@ -68,6 +68,12 @@ Session::Plan Session::plan(const std::vector<int32_t>& prompt) const {
     p.saved_logits = true;
     return p;
   }
+  if (P > 0 && p.lcp == P && snapshots_.count(P)) {  // a prefix of held ending exactly on a checkpoint
+    p.reused = P;
+    p.restore = P;
+    p.saved_logits = true;
+    return p;
+  }
   const int64_t l = std::min(p.lcp, P - 1);
   if (state_->can_truncate() || l == Hn) {
     p.reused = std::max<int64_t>(l, 0);
@@ -88,6 +94,7 @@ void Session::cut_to(int64_t pos, int64_t restore) {
     Entry& e = snapshots_.at(restore);
     e.last_used = ++tick_;
     e.snap.restore_into(*state_);
+    last_logits_ = e.snap.logits;
   } else if (restore == 0) {
     state_->reset();
   } else {
@@ -107,6 +114,7 @@ bool Session::is_checkpoint_pos(int64_t pos) const {
 void Session::take_checkpoint() {
   Entry e;
   e.snap = StateSnapshot::take(*state_);
+  e.snap.logits = last_logits_;  // read() computes logits for every chunk that ends at a checkpoint
   e.last_used = ++tick_;
   snapshots_[state_->n_tokens] = std::move(e);
   enforce_budget();
@@ -145,8 +153,10 @@ void Session::read(const int32_t* ids, int64_t n, bool want_logits) {
     for (int64_t j = 1; j < m; ++j)
       if (is_checkpoint_pos(pos + j)) { m = j; break; }
     const bool last = done + m == n;
-    if (last && want_logits) last_logits_.resize(size_t(V));
-    model_->forward(ids + done, m, *state_, last && want_logits ? Logits::Last : Logits::None, last_logits_.data());
+    // logits for the last chunk, and for any chunk that ends at a checkpoint (its snapshot keeps them)
+    const bool logits = (last && want_logits) || (!last && is_checkpoint_pos(pos + m));
+    if (logits) last_logits_.resize(size_t(V));
+    model_->forward(ids + done, m, *state_, logits ? Logits::Last : Logits::None, last_logits_.data());
     {
       std::lock_guard<std::mutex> g(mu_);
       held_.insert(held_.end(), ids + done, ids + done + m);

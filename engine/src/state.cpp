@@ -39,7 +39,7 @@ void SessionState::reset() {
 }
 
 int64_t StateSnapshot::bytes() const {
-  int64_t b = 0;
+  int64_t b = int64_t(logits.size() * sizeof(float));
   for (const auto& l : layers)
     if (l) b += l->bytes();
   return b;

@@ -5,10 +5,17 @@
 //   lcp = longest common prefix of prompt and held.
 //   If prompt == held (lcp == len(prompt) == len(held)): reuse = len(prompt); nothing is read, the
 //   logits saved after the last held id are used (the session always keeps them).
+//   Else if prompt is a prefix of held (lcp == len(prompt)) and a checkpoint sits exactly at
+//   len(prompt): reuse = len(prompt); nothing is read, the engine restores that snapshot (KV cut to it)
+//   and uses the logits the snapshot saved (used_saved_logits, restored_checkpoint = len(prompt)).
+//   This serves a retry / regenerate of the same prompt after a reply on every model.
 //   Otherwise l = min(lcp, len(prompt) - 1)  -- at least the last prompt token is read, for its logits --
 //   attention-only model: reuse = l;
 //   hybrid model: reuse = l if l == len(held), else the largest checkpoint c <= l (0 if none); the
 //   engine restores that snapshot and cuts the KV caches to c.
+// The checkpoint policy applies to every model: every snapshot holds the logits after its last id
+// (vocab_size floats, counted in snapshot_bytes and the budget); an attention-only model's snapshot
+// holds only those (its KV cache can be cut anywhere).
 // Every generated id, drained ids included, is read into the state before the call returns, so held
 // = prompt + gen_ids + drained_ids afterwards.
 #pragma once

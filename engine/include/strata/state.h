@@ -68,10 +68,13 @@ struct SessionState {
   void reset();
 };
 
-// Snapshot of a whole SessionState at position `pos` (entries are nullptr for truncatable layers).
+// Snapshot of a whole SessionState at position `pos` (entries are nullptr for truncatable layers), plus
+// the logits after the token at pos - 1 (set by the Session), so a prompt ending exactly at pos needs no
+// re-read. An attention-only model's snapshot is just pos + logits.
 struct StateSnapshot {
   int64_t pos = 0;
   std::vector<std::unique_ptr<LayerSnapshot>> layers;
+  std::vector<float> logits;  // vocab_size floats; counted in bytes()
   int64_t bytes() const;
   static StateSnapshot take(const SessionState& st);
   // Restores recurrent layers and cuts truncatable layers to pos.
