@@ -74,7 +74,7 @@ def main() -> None:
         print(f"json.loads        : {mb / t_plain:7.1f} MB/s")
         print(f"ratio             : {t_plain / t_ours:.2f}x faster than json.loads")
 
-        from strata_lab.replay import replay
+        from strata_lab.replayer import replay
         small = os.path.join(tmp, "small.jsonl")
         with open(path, "rb") as src, open(small, "wb") as dst:
             for i, line in enumerate(src):

@@ -67,7 +67,7 @@ viewer = DivergenceViewer(DUMPS / "agent.jsonl", tokenizer=tok, only_misses=True
 viewer'''),
     md("## Policies: what would the fixes have saved?"),
     code('''
-from strata_lab.replay import compare_policies
+from strata_lab.replayer import compare_policies
 table = compare_policies(dump, ["recorded", "reply-ids", "keep-drained", "fixes", "every:64"], tokenizer=tok)
 table'''),
     code('''
@@ -178,7 +178,7 @@ call. Then it reproduces the dump through the engine (same prompts, the same gen
 rewrites the session under a policy."""),
     code(SETUP + '''
 from strata_lab import sessions
-from strata_lab.replay import replay
+from strata_lab.replayer import replay
 off = sessions.record("agent", TMP / "off.jsonl", reply_id_reuse=False, turns=4, max_tokens=24, seed=1)
 on = sessions.record("agent", TMP / "on.jsonl", reply_id_reuse=True, turns=4, max_tokens=24, seed=1)
 print(off, on, sep="\\n")'''),

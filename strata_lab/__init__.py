@@ -25,7 +25,7 @@ _EXPORTS = {
     "record_to": "strata_lab.record",
     "load_dump": "strata_lab.dump",
     "Dump": "strata_lab.dump",
-    "replay": "strata_lab.replay",
+    "replay": "strata_lab.replayer",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

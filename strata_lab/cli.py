@@ -37,7 +37,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .dump import load_dump
-    from .replay import compare_policies, replay
+    from .replayer import compare_policies, replay
 
     dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
     kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,

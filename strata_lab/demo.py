@@ -21,19 +21,14 @@ def _plot(frames: dict, table, path) -> None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    from .plots import plot_reuse
+    from .plots import plot_reuse, stacked_reuse
 
     fig, axes = plt.subplots(1, len(frames) + 1, figsize=(5 * (len(frames) + 1), 3.6))
     for ax, (name, frame) in zip(axes, frames.items()):
         plot_reuse(frame, ax)
         ax.set_title(f"reuse per call: {name}")
     ax = axes[-1]
-    x = range(len(table))
-    ax.bar(x, table["reused"], label="reused", color="#4c9a2a")
-    ax.bar(x, table["reread"], bottom=table["reused"], label="reread", color="#d1495b")
-    ax.bar(x, table["read"] - table["reread"], bottom=table["reused"] + table["reread"], label="read (new)",
-           color="#8da9c4")
-    ax.set_xticks(list(x), list(table["run"]))
+    stacked_reuse(ax, table, labels=table["run"])
     ax.set_ylabel("prompt tokens")
     ax.set_title("session totals")
     ax.legend(fontsize="small")
@@ -49,7 +44,7 @@ def run_demo(png="strata-demo.png", *, out_dir=None, model="hybrid", turns: int 
     import pandas as pd
 
     from .dump import load_dump
-    from .replay import replay
+    from .replayer import replay
     from .sessions import model_kind, record
 
     say = (lambda *a: None) if quiet else print

@@ -21,16 +21,25 @@ def _axes(ax):
     return plt.subplots(figsize=(8, 3.5))[1]
 
 
-def plot_reuse(frame, ax=None):
-    """Stacked bars per call: reused, read (new), reread (read again although held)."""
-    ax = _axes(ax)
+def stacked_reuse(ax, frame, labels=None):
+    """Stacked bars, one per row of `frame` (columns reused, read, reread): reused, reread, read (new)."""
     x = range(len(frame))
     reused = frame["reused"].to_numpy()
     reread = frame["reread"].to_numpy()
     fresh = frame["read"].to_numpy() - reread
-    ax.bar(x, reused, label="reused", color="#4c9a2a", width=1.0)
-    ax.bar(x, reread, bottom=reused, label="reread", color="#d1495b", width=1.0)
-    ax.bar(x, fresh, bottom=reused + reread, label="read (new)", color="#8da9c4", width=1.0)
+    width = 0.85 if len(frame) <= 60 else 1.0  # many calls: bars touch, so no white stripes
+    ax.bar(x, reused, label="reused", color="#4c9a2a", width=width)
+    ax.bar(x, reread, bottom=reused, label="reread", color="#d1495b", width=width)
+    ax.bar(x, fresh, bottom=reused + reread, label="read (new)", color="#8da9c4", width=width)
+    if labels is not None:
+        ax.set_xticks(list(x), list(labels))
+    return ax
+
+
+def plot_reuse(frame, ax=None):
+    """Stacked bars per call: reused, read (new), reread (read again although held)."""
+    ax = _axes(ax)
+    stacked_reuse(ax, frame)
     ax.set_xlabel("call")
     ax.set_ylabel("prompt tokens")
     ax.set_title("reuse per call")

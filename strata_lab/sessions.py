@@ -125,7 +125,7 @@ class Reproduction:
 
 def _policy_prompts(records, policy, tok) -> Iterator[tuple[dict, list[int]]]:
     """Each record with the prompt a server under `policy` would have sent (the replay's own rules)."""
-    from .replay import _keep_drained, _make_encoder, parse_policy
+    from .replayer import _keep_drained, _make_encoder, parse_policy
     from .state_model import SessionState
 
     policy = parse_policy(policy) if isinstance(policy, str) else policy

@@ -230,7 +230,7 @@ class DivergenceViewer(_Widget):
         import ipywidgets as W
 
         from .dump import load_dump
-        from .replay import replay
+        from .replayer import replay
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
@@ -347,7 +347,7 @@ class ReuseDashboard(_Widget):
     def refresh(self):
         """Replay under the selected policies; update the summary, the table and the plot. Returns the table."""
         from .plots import plot_report
-        from .replay import compare_policies, replay
+        from .replayer import compare_policies, replay
 
         self.report = replay(self.dump, **self.kwargs)
         chosen = list(self.policies.value) or ["recorded"]

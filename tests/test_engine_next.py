@@ -264,7 +264,7 @@ def test_reference_scenario_retokenized_reply(moe, scenario, every):
 
 def test_recorded_engine_session_replays_to_the_same_reuse(moe, scenario, qwen3, tmp_path):
     from strata_lab.record import Recorder
-    from strata_lab.replay import replay
+    from strata_lab.replayer import replay
 
     turn1, reply, turn2, _ = scenario
     s = moe.session("recorded", checkpoints=CheckpointPolicy(every=4))

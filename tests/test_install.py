@@ -58,3 +58,17 @@ def test_cli_shows_split_characters_as_bytes():
     assert text_out.returncode == 0
     for line in text_out.stdout.splitlines()[:-1]:
         assert "'" in line or "bytes" in line
+
+
+def test_public_names_are_not_shadowed_by_submodules():
+    # importing a submodule sets it as a package attribute: no public name may equal a module name
+    import importlib
+    import types
+
+    import strata_lab
+
+    for module in set(strata_lab._EXPORTS.values()):
+        importlib.import_module(module)
+    for name in strata_lab._EXPORTS:
+        value = getattr(strata_lab, name)
+        assert not isinstance(value, types.ModuleType), f"strata_lab.{name} is a module"

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from strata_lab.dump import load_dump
-from strata_lab.replay import compare_policies, parse_policy, replay
+from strata_lab.replayer import compare_policies, parse_policy, replay
 from strata_lab.state_model import (EveryN, MemoryBudget, NoCheckpoints, SessionState, TurnStart,
                                     parse_checkpoint_policy, predict_reuse)
 from strata_lab.divergence import CAUSES, find_divergence

@@ -6,7 +6,7 @@ import pytest
 
 from strata_lab.agents import ScriptConfig, run_script
 from strata_lab.record import Recorder
-from strata_lab.replay import replay
+from strata_lab.replayer import replay
 
 pytest.importorskip("strata_lab._engine")
 from strata_lab.sessions import Reproduction, reproduce, rewrite  # noqa: E402
