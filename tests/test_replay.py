@@ -21,8 +21,9 @@ def test_each_cause_has_its_known_answer(qwen3, tmp_path, name):
     row = rep.rows[1]
     assert row["cause"] == want["cause"], (row["cause"], row["text_context_held"], row["text_context_prompt"])
     assert row["reused"] == want["reused"]
-    if "reread" in want:
-        assert row["reread"] == want["reread"]
+    for key in ("reread", "lcp_ids", "lcp_text"):
+        if key in want:
+            assert row[key] == want[key], key
     assert row["read"] == row["prompt_len"] - row["reused"]
     assert rep["mismatches"] == 0, "recorded reused in the hand-built dump equals the prediction"
     assert rep.rows[0]["cause"] == "new_session"
@@ -64,6 +65,27 @@ def test_template_rewrite_text_context(qwen3, tmp_path):
     assert row["text_context_held"].endswith("|| '<think>\\nTwo plus two is four.\\n</think>\\n\\nThe answer is 4.<|im_end|>'") \
         or "|| '<think>" in row["text_context_held"]
     assert "|| 'The answer is 4." in row["text_context_prompt"]
+
+
+def test_merged_newline_before_the_reply_is_not_a_retokenization(qwen3, tmp_path):
+    calls, want = case(qwen3, "template_rewrite_newline")
+    held = calls[0]["prompt_ids"] + calls[0]["gen_ids"]
+    prompt = calls[1]["prompt_ids"]
+    d = find_divergence(held, prompt, qwen3, lcp_ids=want["lcp_ids"])
+    assert d.lcp_text == d.lcp_ids + 1 and not d.retokenized
+    assert qwen3.decode(held[d.lcp_ids:d.lcp_ids + 2]) == "\n<think>" and qwen3.decode(prompt[d.lcp_ids:d.lcp_ids + 1]) == "\n\n\n"
+    # a genuine retokenization realigns on a shared token boundary before the text parts
+    calls, _ = case(qwen3, "retokenized_reply")
+    held = calls[0]["prompt_ids"] + calls[0]["gen_ids"]
+    lcp = len(calls[0]["prompt_ids"]) + 2
+    assert find_divergence(held, calls[1]["prompt_ids"], qwen3, lcp_ids=lcp).retokenized
+    # the same merge inside a user turn whose text changed is a history edit
+    p1 = qwen3.encode("<|im_start|>user\nfoo\n<|im_end|>\n<|im_start|>assistant\n")
+    p2 = qwen3.encode("<|im_start|>user\nfoo\n\n<|im_end|>\n<|im_start|>assistant\n")
+    path = write(tmp_path / "h.jsonl", [dict(prompt_ids=p1, reused=0, gen_ids=qwen3.encode("Hi.<|im_end|>")),
+                                        dict(prompt_ids=p2, reused=0)])
+    row = replay(path, tokenizer=qwen3).rows[1]
+    assert row["lcp_text"] > row["lcp_ids"] and row["cause"] == "history_edit"
 
 
 def test_counterfactual_keep_drained(qwen3, tmp_path):
