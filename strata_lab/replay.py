@@ -283,6 +283,54 @@ def _keep_drained(prompt, state: SessionState, tok):
     return tok.encode((pb[:cut] + tok.ids_bytes(drained) + pb[cut:]).decode("utf-8", errors="replace"))
 
 
+class _Request:
+    """The request a session's server is serving, as the replay's counterfactual tracks it.
+
+    The server (strata_lab/server/generation.py) encodes a request's prompt once; a thinking-budget wrap-up
+    continues with prompt = first prompt + thought ids + kept drained ids + wrap-up ids, built from ids and
+    never re-encoded; and it calls remember_reply(first prompt, every id of the reply) once, after the
+    request's last engine call. A counterfactual that re-encoded the wrap-up prompt's text would re-tokenize
+    ids the engine holds (drained ' ],\n' + wrap-up '\n\n' encode as ' ],\n\n\n') and lose reuse the
+    server keeps.
+    """
+
+    def __init__(self, request_id, recorded_prompt, prompt):
+        self.request_id = request_id
+        self.recorded_prompt = list(recorded_prompt)
+        self.prompt = list(prompt)
+        self.reply: list[int] = []
+
+    def continued_by(self, rec) -> bool:
+        """Whether `rec` is a later engine call of this request (a wrap-up continuation)."""
+        rp = rec["prompt_ids"]
+        return (self.request_id is not None and rec.get("request_id") == self.request_id
+                and int(rec.get("call") or 0) > 0 and len(rp) >= len(self.recorded_prompt)
+                and rp[:len(self.recorded_prompt)] == self.recorded_prompt)
+
+    def continuation(self, rec) -> list[int]:
+        """This call's prompt in the counterfactual: our first prompt plus the ids the server appended."""
+        return self.prompt + list(rec["prompt_ids"][len(self.recorded_prompt):])
+
+    def add_call(self, prompt, gen, drained, tok) -> None:
+        """The reply so far, as the server assembles it: ids after the first prompt, this call's generated
+        ids, and the leading plain drained ids (server.generation.plain_drained)."""
+        from .server.generation import plain_drained
+        from .server.output import TextStream
+
+        stops = tuple(i for i in (tok.im_end_id, tok.eos_id) if i is not None)
+        reply = list(prompt[len(self.prompt):]) + list(gen)
+        text = TextStream(tok)  # the server's stream of the reply's text: does it end inside a character?
+        for i in reply:
+            if i not in stops:
+                text.push(i)
+        self.reply = reply + plain_drained(tok, drained, stops, mid_character=text.mid_character)
+
+    def remember(self, encoder, tok) -> None:
+        # ids past the vocabulary (a random model's spare rows) have no text: the server stops there
+        known = next((k for k, i in enumerate(self.reply) if i >= tok.vocab_size), len(self.reply))
+        encoder.remember_reply(self.prompt, self.reply[:known])
+
+
 def _make_encoder(tok):
     try:
         from .encoder import PromptEncoder
@@ -342,6 +390,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
 
     states: dict[str, SessionState] = {}
     encoders: dict = {}
+    requests: dict[str, _Request] = {}  # per session: the request in flight (counterfactual policies)
     peak_bytes: dict[str, int] = {}
     rows: list[dict] = []
     recorded_ms = 0.0
@@ -355,13 +404,21 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
                                             else TurnStart(), full_hit=full_hit)
             peak_bytes[sid] = 0
         prompt = rec["prompt_ids"]
-        if policy.keep_drained:
-            prompt = _keep_drained(prompt, st, tok) or prompt
-        if policy.reply_ids:
-            enc = encoders.get(sid)
-            if enc is None:
-                enc = encoders[sid] = _make_encoder(tok)
-            prompt = list(enc.encode(tok.decode(prompt)))
+        if policy_changes_prompts(policy):
+            req = requests.get(sid)
+            if req is not None and req.continued_by(rec):
+                prompt = req.continuation(rec)  # a wrap-up call: the server builds it from ids
+            else:
+                if req is not None and policy.reply_ids:
+                    req.remember(encoders[sid], tok)  # the server remembers a reply when its request ends
+                if policy.keep_drained:
+                    prompt = _keep_drained(prompt, st, tok) or prompt
+                if policy.reply_ids:
+                    enc = encoders.get(sid)
+                    if enc is None:
+                        enc = encoders[sid] = _make_encoder(tok)
+                    prompt = list(enc.encode(tok.decode(prompt)))
+                req = requests[sid] = _Request(rec.get("request_id"), rec["prompt_ids"], prompt)
         held = st.held
         held_before = len(held)
         lcp = lcp_len(prompt, held)
@@ -377,8 +434,8 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         if ckpt == "recorded" and model == "hybrid":
             st.checkpoints.clear()
             st.checkpoints.update((int(c), None) for c in rec["checkpoints"] if 0 < int(c) <= len(st.held))
-        if policy.reply_ids:
-            encoders[sid].remember_reply(prompt, list(gen) + (list(drained) if policy.keep_drained else []))
+        if policy_changes_prompts(policy):
+            requests[sid].add_call(prompt, gen, drained, tok)
         snap = st.snapshot_bytes() if isinstance(ckpt, CheckpointPolicy) else \
             len(st.checkpoints) * DEFAULT_SNAPSHOT_BYTES * (model == "hybrid")
         peak_bytes[sid] = max(peak_bytes[sid], snap)

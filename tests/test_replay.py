@@ -130,6 +130,46 @@ def test_reply_ids_policy_uses_the_encoder(qwen3, tmp_path):
     assert row["cause"] == "none" and row["reused"] == row["held_before"]
 
 
+def _budget_request_dump(tok, path):
+    """A thinking-budget request as strata_lab/server/generation.py runs it: call 0 stops at the budget and
+    drains ' ],\n'; call 1 continues with prompt = first prompt + thought + kept drained + wrap-up ids (ids,
+    not re-encoded: ' ],\n' + '\n\n' would BPE to ' ],' + '\n\n\n'). The model writes ' öğrenci' in two
+    pieces in call 1. The next request re-sends the whole reply as text."""
+    from strata_lab.server.generation import WRAP_UP
+
+    enc = tok.encode
+    p0 = enc("<|im_start|>user\nCount.<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    gen0, drained0 = enc("Counting letters"), enc(" ],\n")
+    p1 = p0 + gen0 + drained0 + enc(WRAP_UP)
+    gen1 = enc("The word") + [130947, 5855] + enc(" has one.") + [tok.im_end_id]
+    text2 = tok.decode(p1 + gen1) + "\n<|im_start|>user\nMore.<|im_end|>\n<|im_start|>assistant\n"
+    p2 = enc(text2)
+    assert enc(tok.decode(p1))[:len(p1)] != p1  # re-encoding the wrap-up prompt would part from held
+    return write(path, [dict(prompt_ids=p0, reused=0, gen_ids=gen0, drained_ids=drained0, finish="budget",
+                             request_id="r1", call=0),
+                        dict(prompt_ids=p1, reused=len(p0) + len(gen0) + len(drained0), gen_ids=gen1,
+                             request_id="r1", call=1),
+                        dict(prompt_ids=p2, reused=len(p0), request_id="r2")])  # BPE parts at ' ],\n'
+
+
+
+def test_reply_ids_policy_models_the_wrap_up_call(qwen3, tmp_path):
+    pytest.importorskip("strata_lab.encoder")
+    path = _budget_request_dump(qwen3, tmp_path / "budget.jsonl")
+    base = replay(path, tokenizer=qwen3)
+    assert base["mismatches"] == 0 and base.rows[2]["cause"] == "retokenized_reply"
+    for policy in ("reply-ids", "fixes"):
+        rep = replay(path, tokenizer=qwen3, policy=policy)
+        r0, r1, r2 = rep.rows
+        # the wrap-up call's prompt is built from ids, so it extends what the engine holds, as recorded
+        assert (r1["cause"], r1["reused"], r1["prompt_len"]) == ("none", base.rows[1]["reused"],
+                                                                base.rows[1]["prompt_len"]), policy
+        # the server remembered the whole reply (thought + kept drained + wrap-up + answer) once, against the
+        # first prompt: the next request keeps every held id
+        assert (r2["cause"], r2["reused"], r2["reread"]) == ("none", r2["held_before"], 0), policy
+        assert rep["reread"] < base["reread"]
+
+
 def test_policy_specs_validate():
     assert parse_policy("fixes+budget:512").keep_drained
     assert isinstance(parse_checkpoint_policy("budget:144").capacity, int)
