@@ -331,6 +331,43 @@ class _Request:
         encoder.remember_reply(self.prompt, self.reply[:known])
 
 
+class _Rewriter:
+    """The prompts a server under a prompt-changing policy would have sent, call by call.
+
+    `prompt(rec, state)` before each call (state: the session's SessionState, for the drained splice),
+    `finish(rec, prompt)` after it. A request's first call is rebuilt (drained splice, then the session's
+    PromptEncoder, which remembers earlier replies); a later call of the same request (a wrap-up) is the
+    rebuilt first prompt plus the ids the server appended, as the server does (see _Request).
+    """
+
+    def __init__(self, policy: Policy, tok):
+        self.policy = policy
+        self.tok = tok
+        self.encoders: dict = {}
+        self.requests: dict[str, _Request] = {}  # per session: the request in flight
+
+    def prompt(self, rec, state: SessionState) -> list[int]:
+        sid, tok, policy = str(rec["session"]), self.tok, self.policy
+        req = self.requests.get(sid)
+        if req is not None and req.continued_by(rec):
+            return req.continuation(rec)
+        if req is not None and policy.reply_ids:
+            req.remember(self.encoders[sid], tok)  # the server remembers a reply when its request ends
+        prompt = list(rec["prompt_ids"])
+        if policy.keep_drained:
+            prompt = _keep_drained(prompt, state, tok) or prompt
+        if policy.reply_ids:
+            enc = self.encoders.get(sid)
+            if enc is None:
+                enc = self.encoders[sid] = _make_encoder(tok)
+            prompt = list(enc.encode(tok.decode(prompt)))
+        self.requests[sid] = _Request(rec.get("request_id"), rec["prompt_ids"], prompt)
+        return prompt
+
+    def finish(self, rec, prompt) -> None:
+        self.requests[str(rec["session"])].add_call(prompt, rec["gen_ids"], rec["drained_ids"], self.tok)
+
+
 def _make_encoder(tok):
     try:
         from .encoder import PromptEncoder
@@ -389,8 +426,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         it = tqdm(records, desc=f"replay {policy.name}", unit="call")
 
     states: dict[str, SessionState] = {}
-    encoders: dict = {}
-    requests: dict[str, _Request] = {}  # per session: the request in flight (counterfactual policies)
+    rewriter = _Rewriter(policy, tok) if policy_changes_prompts(policy) else None
     peak_bytes: dict[str, int] = {}
     rows: list[dict] = []
     recorded_ms = 0.0
@@ -403,22 +439,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
             st = states[sid] = SessionState(model=model, policy=ckpt if isinstance(ckpt, CheckpointPolicy)
                                             else TurnStart(), full_hit=full_hit)
             peak_bytes[sid] = 0
-        prompt = rec["prompt_ids"]
-        if policy_changes_prompts(policy):
-            req = requests.get(sid)
-            if req is not None and req.continued_by(rec):
-                prompt = req.continuation(rec)  # a wrap-up call: the server builds it from ids
-            else:
-                if req is not None and policy.reply_ids:
-                    req.remember(encoders[sid], tok)  # the server remembers a reply when its request ends
-                if policy.keep_drained:
-                    prompt = _keep_drained(prompt, st, tok) or prompt
-                if policy.reply_ids:
-                    enc = encoders.get(sid)
-                    if enc is None:
-                        enc = encoders[sid] = _make_encoder(tok)
-                    prompt = list(enc.encode(tok.decode(prompt)))
-                req = requests[sid] = _Request(rec.get("request_id"), rec["prompt_ids"], prompt)
+        prompt = rewriter.prompt(rec, st) if rewriter is not None else rec["prompt_ids"]
         held = st.held
         held_before = len(held)
         lcp = lcp_len(prompt, held)
@@ -434,8 +455,8 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         if ckpt == "recorded" and model == "hybrid":
             st.checkpoints.clear()
             st.checkpoints.update((int(c), None) for c in rec["checkpoints"] if 0 < int(c) <= len(st.held))
-        if policy_changes_prompts(policy):
-            requests[sid].add_call(prompt, gen, drained, tok)
+        if rewriter is not None:
+            rewriter.finish(rec, prompt)
         snap = st.snapshot_bytes() if isinstance(ckpt, CheckpointPolicy) else \
             len(st.checkpoints) * DEFAULT_SNAPSHOT_BYTES * (model == "hybrid")
         peak_bytes[sid] = max(peak_bytes[sid], snap)
