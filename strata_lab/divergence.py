@@ -27,6 +27,11 @@ class Divergence:
     text_context_prompt: str = ""
     held_ids_at: tuple = ()       # a few ids at the id divergence, held side
     prompt_ids_at: tuple = ()
+    # True when the ids part on the same text and realign (a token boundary both sides share) before the
+    # texts part, or the held text never parts: a genuine retokenization. False when lcp_text > lcp_ids only
+    # because a prompt token merged across the text divergence (e.g. held '\n' + '<think>' vs prompt
+    # '\n\n\n': the ids part one token early because the text after them changed).
+    retokenized: bool = False
 
 
 def _show(before: bytes, after: bytes, width: int) -> str:
@@ -65,7 +70,8 @@ def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40)
         while k < m and hb[k] == pbuf[k]:
             k += 1
         break
-    d = Divergence(lcp_ids=lcp_ids, lcp_text=hi, byte_in_token=k)
+    d = Divergence(lcp_ids=lcp_ids, lcp_text=hi, byte_in_token=k,
+                   retokenized=_realigned(held, prompt, tb, lcp_ids, hi))
     if lcp_ids < nh or lcp_ids < np_:
         before = tok.ids_bytes(held[max(0, lcp_ids - _CTX_TOKENS):lcp_ids])
         d.id_context_held = "held: " + _show(before, tok.ids_bytes(held[lcp_ids:lcp_ids + _CTX_TOKENS]), context_chars)
@@ -81,6 +87,32 @@ def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40)
         d.text_context_prompt = "prompt: " + _show(before, pbuf[k:] + tok.ids_bytes(prompt[pi:pi + _CTX_TOKENS]),
                                                    context_chars)
     return d
+
+
+def _realigned(held, prompt, tb, lcp_ids: int, lcp_text: int) -> bool:
+    """Whether the id divergence at `lcp_ids` is a retokenization of text both sides share: the held text
+    never parts (`lcp_text == len(held)`), or held and prompt tokens share a boundary after `lcp_ids` and no
+    later than the text divergence. Without one, the prompt's token at `lcp_ids` spans the text divergence:
+    BPE merged across text that changed, and the miss is the text change's.
+    """
+    if lcp_text <= lcp_ids:
+        return False
+    if lcp_text >= len(held):
+        return True
+    ends = set()
+    off = 0
+    for i in range(lcp_ids, lcp_text):
+        off += len(tb(held[i]))
+        ends.add(off)
+    last = off  # the held ids before the text divergence end here; the divergence is at or after it
+    off = 0
+    for i in range(lcp_ids, len(prompt)):
+        off += len(tb(prompt[i]))
+        if off in ends:
+            return True
+        if off > last:
+            return False
+    return False
 
 
 def _in_segment(segments, pos: int, kinds) -> bool:
@@ -120,8 +152,11 @@ def classify(*, held, prompt, segments, div: Divergence | None, reused: int, tar
     - new_session: the session held nothing;
     - none / checkpoint: the prompt extends held or is a prefix of it; `checkpoint` when the state
       model still could not reuse `target` (a hybrid model without a snapshot there);
-    - retokenized_reply / retokenized_prompt: the ids part while the text goes on (lcp_text > lcp_ids);
-      `reply` when the id divergence lies in generated or drained ids;
+    - retokenized_reply / retokenized_prompt: the ids part while the text goes on (lcp_text > lcp_ids)
+      and realign before the text parts (`div.retokenized`); `reply` when the id divergence lies in
+      generated or drained ids. A prompt token that merges across the text divergence (Qwen3's template
+      drops a reply's `<think>` block and the '\n' after 'assistant' joins the reply's leading newlines)
+      is not a retokenization: the text change decides the cause below;
     - drained_dropped: the text parts where held has drained ids;
     - template_rewrite: the text parts inside a reply (generated ids, or an assistant turn);
     - history_edit: the text parts before that (system, user, tool turns).
@@ -131,7 +166,7 @@ def classify(*, held, prompt, segments, div: Divergence | None, reused: int, tar
     lcp = div.lcp_ids if div is not None else 0
     if lcp >= len(held) or lcp >= len(prompt):
         return "none" if reused >= target else "checkpoint"
-    if div.lcp_text > div.lcp_ids:
+    if div.lcp_text > div.lcp_ids and div.retokenized:
         return "retokenized_reply" if _in_segment(segments, div.lcp_ids, ("gen", "drained")) else "retokenized_prompt"
     pos = div.lcp_text
     if _in_segment(segments, pos, ("drained",)):

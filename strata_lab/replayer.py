@@ -283,6 +283,91 @@ def _keep_drained(prompt, state: SessionState, tok):
     return tok.encode((pb[:cut] + tok.ids_bytes(drained) + pb[cut:]).decode("utf-8", errors="replace"))
 
 
+class _Request:
+    """The request a session's server is serving, as the replay's counterfactual tracks it.
+
+    The server (strata_lab/server/generation.py) encodes a request's prompt once; a thinking-budget wrap-up
+    continues with prompt = first prompt + thought ids + kept drained ids + wrap-up ids, built from ids and
+    never re-encoded; and it calls remember_reply(first prompt, every id of the reply) once, after the
+    request's last engine call. A counterfactual that re-encoded the wrap-up prompt's text would re-tokenize
+    ids the engine holds (drained ' ],\n' + wrap-up '\n\n' encode as ' ],\n\n\n') and lose reuse the
+    server keeps.
+    """
+
+    def __init__(self, request_id, recorded_prompt, prompt):
+        self.request_id = request_id
+        self.recorded_prompt = list(recorded_prompt)
+        self.prompt = list(prompt)
+        self.reply: list[int] = []
+
+    def continued_by(self, rec) -> bool:
+        """Whether `rec` is a later engine call of this request (a wrap-up continuation)."""
+        rp = rec["prompt_ids"]
+        return (self.request_id is not None and rec.get("request_id") == self.request_id
+                and int(rec.get("call") or 0) > 0 and len(rp) >= len(self.recorded_prompt)
+                and rp[:len(self.recorded_prompt)] == self.recorded_prompt)
+
+    def continuation(self, rec) -> list[int]:
+        """This call's prompt in the counterfactual: our first prompt plus the ids the server appended."""
+        return self.prompt + list(rec["prompt_ids"][len(self.recorded_prompt):])
+
+    def add_call(self, prompt, gen, drained, tok) -> None:
+        """The reply so far, as the server assembles it: ids after the first prompt, this call's generated
+        ids, and the leading plain drained ids (server.generation.plain_drained)."""
+        from .server.generation import plain_drained
+        from .server.output import TextStream
+
+        stops = tuple(i for i in (tok.im_end_id, tok.eos_id) if i is not None)
+        reply = list(prompt[len(self.prompt):]) + list(gen)
+        text = TextStream(tok)  # the server's stream of the reply's text: does it end inside a character?
+        for i in reply:
+            if i not in stops:
+                text.push(i)
+        self.reply = reply + plain_drained(tok, drained, stops, mid_character=text.mid_character)
+
+    def remember(self, encoder, tok) -> None:
+        # ids past the vocabulary (a random model's spare rows) have no text: the server stops there
+        known = next((k for k, i in enumerate(self.reply) if i >= tok.vocab_size), len(self.reply))
+        encoder.remember_reply(self.prompt, self.reply[:known])
+
+
+class _Rewriter:
+    """The prompts a server under a prompt-changing policy would have sent, call by call.
+
+    `prompt(rec, state)` before each call (state: the session's SessionState, for the drained splice),
+    `finish(rec, prompt)` after it. A request's first call is rebuilt (drained splice, then the session's
+    PromptEncoder, which remembers earlier replies); a later call of the same request (a wrap-up) is the
+    rebuilt first prompt plus the ids the server appended, as the server does (see _Request).
+    """
+
+    def __init__(self, policy: Policy, tok):
+        self.policy = policy
+        self.tok = tok
+        self.encoders: dict = {}
+        self.requests: dict[str, _Request] = {}  # per session: the request in flight
+
+    def prompt(self, rec, state: SessionState) -> list[int]:
+        sid, tok, policy = str(rec["session"]), self.tok, self.policy
+        req = self.requests.get(sid)
+        if req is not None and req.continued_by(rec):
+            return req.continuation(rec)
+        if req is not None and policy.reply_ids:
+            req.remember(self.encoders[sid], tok)  # the server remembers a reply when its request ends
+        prompt = list(rec["prompt_ids"])
+        if policy.keep_drained:
+            prompt = _keep_drained(prompt, state, tok) or prompt
+        if policy.reply_ids:
+            enc = self.encoders.get(sid)
+            if enc is None:
+                enc = self.encoders[sid] = _make_encoder(tok)
+            prompt = list(enc.encode(tok.decode(prompt)))
+        self.requests[sid] = _Request(rec.get("request_id"), rec["prompt_ids"], prompt)
+        return prompt
+
+    def finish(self, rec, prompt) -> None:
+        self.requests[str(rec["session"])].add_call(prompt, rec["gen_ids"], rec["drained_ids"], self.tok)
+
+
 def _make_encoder(tok):
     try:
         from .encoder import PromptEncoder
@@ -343,7 +428,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         it = tqdm(records, desc=f"replay {policy.name}", unit="call")
 
     states: dict[str, SessionState] = {}
-    encoders: dict = {}
+    rewriter = _Rewriter(policy, tok) if policy_changes_prompts(policy) else None
     peak_bytes: dict[str, int] = {}
     rows: list[dict] = []
     recorded_ms = 0.0
@@ -356,14 +441,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
             st = states[sid] = SessionState(model=model, policy=ckpt if isinstance(ckpt, CheckpointPolicy)
                                             else TurnStart(bytes_per_snapshot=snap_bytes), full_hit=full_hit)
             peak_bytes[sid] = 0
-        prompt = rec["prompt_ids"]
-        if policy.keep_drained:
-            prompt = _keep_drained(prompt, st, tok) or prompt
-        if policy.reply_ids:
-            enc = encoders.get(sid)
-            if enc is None:
-                enc = encoders[sid] = _make_encoder(tok)
-            prompt = list(enc.encode(tok.decode(prompt)))
+        prompt = rewriter.prompt(rec, st) if rewriter is not None else rec["prompt_ids"]
         held = st.held
         held_before = len(held)
         lcp = lcp_len(prompt, held)
@@ -379,8 +457,8 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         if ckpt == "recorded":  # both models: an attention-only snapshot's logits serve a full hit
             st.checkpoints.clear()
             st.checkpoints.update((int(c), None) for c in rec["checkpoints"] if 0 < int(c) <= len(st.held))
-        if policy.reply_ids:
-            encoders[sid].remember_reply(prompt, list(gen) + (list(drained) if policy.keep_drained else []))
+        if rewriter is not None:
+            rewriter.finish(rec, prompt)
         snap = st.snapshot_bytes()
         peak_bytes[sid] = max(peak_bytes[sid], snap)
 

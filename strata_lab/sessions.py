@@ -125,27 +125,21 @@ class Reproduction:
 
 def _policy_prompts(records, policy, tok) -> Iterator[tuple[dict, list[int]]]:
     """Each record with the prompt a server under `policy` would have sent (the replay's own rules)."""
-    from .replayer import _keep_drained, _make_encoder, parse_policy
+    from .replayer import _Rewriter, parse_policy, policy_changes_prompts
     from .state_model import SessionState
 
     policy = parse_policy(policy) if isinstance(policy, str) else policy
-    if policy.checkpoint_policy is not None:
+    if policy.checkpoint_policy is not None or not policy_changes_prompts(policy):
         raise ValueError(f"policy: rewrite changes prompts only (reply-ids, keep-drained), got {policy.name!r}")
-    states, encoders = {}, {}
+    states = {}
+    rewriter = _Rewriter(policy, tok)
     for rec in records:
         sid = str(rec["session"])
         st = states.setdefault(sid, SessionState(model="attention"))  # held ids and segments only
-        prompt = list(rec["prompt_ids"])
-        if policy.keep_drained:
-            prompt = _keep_drained(prompt, st, tok) or prompt
-        if policy.reply_ids:
-            enc = encoders.setdefault(sid, _make_encoder(tok))
-            prompt = list(enc.encode(tok.decode(prompt)))
+        prompt = rewriter.prompt(rec, st)
         st.call(prompt)
         st.finish(rec["gen_ids"], rec["drained_ids"])
-        if policy.reply_ids:
-            encoders[sid].remember_reply(prompt, list(rec["gen_ids"]) +
-                                         (list(rec["drained_ids"]) if policy.keep_drained else []))
+        rewriter.finish(rec, prompt)
         yield rec, prompt
 
 

@@ -55,6 +55,23 @@ def case(tok, name):
         p2 = enc(p1_text() + "The answer is 4.<|im_end|>" + follow)   # earlier reasoning stripped
         return [dict(prompt_ids=p1, reused=0, gen_ids=gen),
                 dict(prompt_ids=p2, reused=len(p1))], dict(cause="template_rewrite", reused=len(p1), reread=0)
+    if name == "template_rewrite_newline":
+        # Qwen3's real template, non-thinking: the generation prompt ends with an empty think block, the model
+        # writes '\n\nHello there.'. Once the next user query arrives the template drops that block, so the
+        # '\n' after 'assistant' now meets the reply's '\n\n' and BPE merges them into one '\n\n\n' token:
+        # the ids part one token before the text does, but only because the text after them changed.
+        from strata_lab import ChatTemplate
+
+        tmpl = ChatTemplate.from_name("qwen3")
+        msgs = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Say hi."}]
+        p1 = enc(tmpl.render(msgs, enable_thinking=False))          # ...assistant\n<think>\n\n</think>\n\n
+        gen = enc("\n\nHello there.<|im_end|>")
+        msgs = msgs + [{"role": "assistant", "content": "\n\nHello there."}, {"role": "user", "content": "More."}]
+        p2 = enc(tmpl.render(msgs, enable_thinking=False))          # ...assistant\n\n\nHello there.<|im_end|>...
+        think = p1.index(tok.token_id("<think>"))                    # held: 'assistant' '\n' || '<think>'
+        return [dict(prompt_ids=p1, reused=0, gen_ids=gen),
+                dict(prompt_ids=p2, reused=0)], dict(cause="template_rewrite", reused=0, reread=think,
+                                                     lcp_ids=think - 1, lcp_text=think)
     if name == "history_edit":
         gen = enc("Hello there.<|im_end|>")
         p2 = enc(p1_text().replace("2024-01-01", "2024-01-02") + "Hello there.<|im_end|>" + follow)
@@ -80,5 +97,6 @@ def case(tok, name):
     raise KeyError(name)
 
 
-CASES = ("none", "retokenized_reply", "drained_dropped", "template_rewrite", "history_edit", "checkpoint", "retry",
+CASES = ("none", "retokenized_reply", "drained_dropped", "template_rewrite", "template_rewrite_newline",
+         "history_edit", "checkpoint", "retry",
          "new_session")

@@ -21,8 +21,9 @@ def test_each_cause_has_its_known_answer(qwen3, tmp_path, name):
     row = rep.rows[1]
     assert row["cause"] == want["cause"], (row["cause"], row["text_context_held"], row["text_context_prompt"])
     assert row["reused"] == want["reused"]
-    if "reread" in want:
-        assert row["reread"] == want["reread"]
+    for key in ("reread", "lcp_ids", "lcp_text"):
+        if key in want:
+            assert row[key] == want[key], key
     assert row["read"] == row["prompt_len"] - row["reused"]
     assert rep["mismatches"] == 0, "recorded reused in the hand-built dump equals the prediction"
     assert rep.rows[0]["cause"] == "new_session"
@@ -79,6 +80,27 @@ def test_template_rewrite_text_context(qwen3, tmp_path):
     assert "|| 'The answer is 4." in row["text_context_prompt"]
 
 
+def test_merged_newline_before_the_reply_is_not_a_retokenization(qwen3, tmp_path):
+    calls, want = case(qwen3, "template_rewrite_newline")
+    held = calls[0]["prompt_ids"] + calls[0]["gen_ids"]
+    prompt = calls[1]["prompt_ids"]
+    d = find_divergence(held, prompt, qwen3, lcp_ids=want["lcp_ids"])
+    assert d.lcp_text == d.lcp_ids + 1 and not d.retokenized
+    assert qwen3.decode(held[d.lcp_ids:d.lcp_ids + 2]) == "\n<think>" and qwen3.decode(prompt[d.lcp_ids:d.lcp_ids + 1]) == "\n\n\n"
+    # a genuine retokenization realigns on a shared token boundary before the text parts
+    calls, _ = case(qwen3, "retokenized_reply")
+    held = calls[0]["prompt_ids"] + calls[0]["gen_ids"]
+    lcp = len(calls[0]["prompt_ids"]) + 2
+    assert find_divergence(held, calls[1]["prompt_ids"], qwen3, lcp_ids=lcp).retokenized
+    # the same merge inside a user turn whose text changed is a history edit
+    p1 = qwen3.encode("<|im_start|>user\nfoo\n<|im_end|>\n<|im_start|>assistant\n")
+    p2 = qwen3.encode("<|im_start|>user\nfoo\n\n<|im_end|>\n<|im_start|>assistant\n")
+    path = write(tmp_path / "h.jsonl", [dict(prompt_ids=p1, reused=0, gen_ids=qwen3.encode("Hi.<|im_end|>")),
+                                        dict(prompt_ids=p2, reused=0)])
+    row = replay(path, tokenizer=qwen3).rows[1]
+    assert row["lcp_text"] > row["lcp_ids"] and row["cause"] == "history_edit"
+
+
 def test_counterfactual_keep_drained(qwen3, tmp_path):
     calls, _ = case(qwen3, "drained_dropped")
     path = write(tmp_path / "d.jsonl", calls)
@@ -119,6 +141,46 @@ def test_reply_ids_policy_uses_the_encoder(qwen3, tmp_path):
     path = write(tmp_path / "d.jsonl", calls)
     row = replay(path, tokenizer=qwen3, policy="fixes").rows[1]
     assert row["cause"] == "none" and row["reused"] == row["held_before"]
+
+
+def _budget_request_dump(tok, path):
+    """A thinking-budget request as strata_lab/server/generation.py runs it: call 0 stops at the budget and
+    drains ' ],\n'; call 1 continues with prompt = first prompt + thought + kept drained + wrap-up ids (ids,
+    not re-encoded: ' ],\n' + '\n\n' would BPE to ' ],' + '\n\n\n'). The model writes ' öğrenci' in two
+    pieces in call 1. The next request re-sends the whole reply as text."""
+    from strata_lab.server.generation import WRAP_UP
+
+    enc = tok.encode
+    p0 = enc("<|im_start|>user\nCount.<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    gen0, drained0 = enc("Counting letters"), enc(" ],\n")
+    p1 = p0 + gen0 + drained0 + enc(WRAP_UP)
+    gen1 = enc("The word") + [130947, 5855] + enc(" has one.") + [tok.im_end_id]
+    text2 = tok.decode(p1 + gen1) + "\n<|im_start|>user\nMore.<|im_end|>\n<|im_start|>assistant\n"
+    p2 = enc(text2)
+    assert enc(tok.decode(p1))[:len(p1)] != p1  # re-encoding the wrap-up prompt would part from held
+    return write(path, [dict(prompt_ids=p0, reused=0, gen_ids=gen0, drained_ids=drained0, finish="budget",
+                             request_id="r1", call=0),
+                        dict(prompt_ids=p1, reused=len(p0) + len(gen0) + len(drained0), gen_ids=gen1,
+                             request_id="r1", call=1),
+                        dict(prompt_ids=p2, reused=len(p0), request_id="r2")])  # BPE parts at ' ],\n'
+
+
+
+def test_reply_ids_policy_models_the_wrap_up_call(qwen3, tmp_path):
+    pytest.importorskip("strata_lab.encoder")
+    path = _budget_request_dump(qwen3, tmp_path / "budget.jsonl")
+    base = replay(path, tokenizer=qwen3)
+    assert base["mismatches"] == 0 and base.rows[2]["cause"] == "retokenized_reply"
+    for policy in ("reply-ids", "fixes"):
+        rep = replay(path, tokenizer=qwen3, policy=policy)
+        r0, r1, r2 = rep.rows
+        # the wrap-up call's prompt is built from ids, so it extends what the engine holds, as recorded
+        assert (r1["cause"], r1["reused"], r1["prompt_len"]) == ("none", base.rows[1]["reused"],
+                                                                base.rows[1]["prompt_len"]), policy
+        # the server remembered the whole reply (thought + kept drained + wrap-up + answer) once, against the
+        # first prompt: the next request keeps every held id
+        assert (r2["cause"], r2["reused"], r2["reread"]) == ("none", r2["held_before"], 0), policy
+        assert rep["reread"] < base["reread"]
 
 
 def test_policy_specs_validate():

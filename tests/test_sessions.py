@@ -1,5 +1,6 @@
 """sessions: reproduce and rewrite dumps through the real engine (tiny models, real Qwen vocab);
 record against the real server when it is part of this build."""
+import glob
 import os
 
 import pytest
@@ -62,6 +63,22 @@ def test_rewrite_under_fixes_reads_less(synthetic, tmp_path, qwen3):
         rewrite(base, tmp_path / "x.jsonl", policy="recorded")
     with pytest.raises(ValueError, match="policy"):
         rewrite(base, tmp_path / "y.jsonl", policy="every:64")
+
+
+_SHIPPED = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "dumps", "*.jsonl")))
+
+
+@pytest.mark.parametrize("path", _SHIPPED, ids=[os.path.basename(p) for p in _SHIPPED])
+def test_counterfactual_prompts_match_the_engine_on_shipped_dumps(path, tmp_path, qwen3):
+    # the replay's counterfactual (wrap-up calls built from ids, one remember_reply per request) predicts
+    # what the engine reuses when it is sent those prompts, on every call; and reply-id reuse never re-reads
+    # more than the recording (thinking.jsonl used to: 240 -> 254, from re-encoding the wrap-up prompts)
+    base = replay(path, tokenizer=qwen3)
+    for policy in ("reply-ids", "fixes"):
+        r = rewrite(path, tmp_path / f"{policy}.jsonl", policy=policy, tokenizer=qwen3)
+        pred = replay(path, tokenizer=qwen3, policy=policy)
+        assert [row["reused"] for row in r.rows] == [row["reused"] for row in pred.rows], policy
+        assert pred["reread"] <= base["reread"], policy
 
 
 def test_script_config_validates():
