@@ -596,11 +596,93 @@ void add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+// ---------------------------------------------------------------- attention (AVX-512)
+// exp for x <= 0 (softmax): Cephes expf polynomial after n = round(x log2 e), scaled by 2^n (~1 ulp).
+STRATA_AVX512 static inline __m512 exp_avx512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+// One query vector against keys 0..nk-1: scores, softmax, weighted sum of values, all in registers
+// (NC = ceil(hd / 16) vectors per head). The work for a query does not depend on which other queries
+// share the call, so prefill and decode give it the same bits.
+template <int NC>
+STRATA_AVX512 static void attend_avx512(const float* qv, const float* k, const float* v, int64_t stride, int64_t nk,
+                                        int hd, float scale, float* sc, float* o) {
+  const __mmask16 last = hd % 16 ? __mmask16((1u << (hd % 16)) - 1) : __mmask16(0xffff);
+#define ld(p, c) ((c) == NC - 1 ? _mm512_maskz_loadu_ps(last, (p) + 16 * (c)) : _mm512_loadu_ps((p) + 16 * (c)))
+  __m512 q[NC];
+  for (int c = 0; c < NC; ++c) q[c] = ld(qv, c);
+  int64_t j = 0;
+  for (; j + 4 <= nk; j += 4) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int c = 0; c < NC; ++c) {
+      a0 = _mm512_fmadd_ps(q[c], ld(k + (j + 0) * stride, c), a0);
+      a1 = _mm512_fmadd_ps(q[c], ld(k + (j + 1) * stride, c), a1);
+      a2 = _mm512_fmadd_ps(q[c], ld(k + (j + 2) * stride, c), a2);
+      a3 = _mm512_fmadd_ps(q[c], ld(k + (j + 3) * stride, c), a3);
+    }
+    sc[j] = _mm512_reduce_add_ps(a0) * scale;
+    sc[j + 1] = _mm512_reduce_add_ps(a1) * scale;
+    sc[j + 2] = _mm512_reduce_add_ps(a2) * scale;
+    sc[j + 3] = _mm512_reduce_add_ps(a3) * scale;
+  }
+  for (; j < nk; ++j) {
+    __m512 a = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) a = _mm512_fmadd_ps(q[c], ld(k + j * stride, c), a);
+    sc[j] = _mm512_reduce_add_ps(a) * scale;
+  }
+  __m512 mxv = _mm512_set1_ps(-INFINITY);
+  for (j = 0; j < nk; j += 16) {
+    const __mmask16 m = nk - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - j)) - 1);
+    mxv = _mm512_mask_max_ps(mxv, m, mxv, _mm512_maskz_loadu_ps(m, sc + j));
+  }
+  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv));
+  __m512 sum = _mm512_setzero_ps();
+  for (j = 0; j < nk; j += 16) {
+    const __mmask16 m = nk - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - j)) - 1);
+    __m512 e = _mm512_maskz_mov_ps(m, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), mx)));
+    _mm512_mask_storeu_ps(sc + j, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const float inv = 1.0f / _mm512_reduce_add_ps(sum);
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (j = 0; j < nk; ++j) {
+    const __m512 w = _mm512_set1_ps(sc[j] * inv);
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(w, ld(v + j * stride, c), acc[c]);
+  }
+  for (int c = 0; c < NC; ++c) {
+    if (c == NC - 1) _mm512_mask_storeu_ps(o + 16 * c, last, acc[c]);
+    else _mm512_storeu_ps(o + 16 * c, acc[c]);
+  }
+#undef ld
+}
+
+using Attend = void (*)(const float*, const float*, const float*, int64_t, int64_t, int, float, float*, float*);
+static Attend attend_fn(int hd) {
+  static const Attend t[8] = {attend_avx512<1>, attend_avx512<2>, attend_avx512<3>, attend_avx512<4>,
+                              attend_avx512<5>, attend_avx512<6>, attend_avx512<7>, attend_avx512<8>};
+  return hd <= 128 ? t[(hd + 15) / 16 - 1] : nullptr;
+}
+
 void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v, int64_t pos0,
                float* out) {
   const int group = H / Hkv;
   const float scale = 1.0f / std::sqrt(float(hd));
   const int64_t kv_stride = int64_t(Hkv) * hd;
+  const Attend fast = vec(level()) == Level::AVX512 ? attend_fn(hd) : nullptr;
 #pragma omp parallel
   {
     std::vector<float> scores(size_t(pos0 + n));
@@ -610,6 +692,11 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
         const int64_t p = pos0 + i;  // keys 0..p are visible
         const int g = h / group;
         const float* qv = q + (i * H + h) * hd;
+        if (fast) {
+          fast(qv, k + int64_t(g) * hd, v + int64_t(g) * hd, kv_stride, p + 1, hd, scale, scores.data(),
+               out + (i * H + h) * hd);
+          continue;
+        }
         float mx = -INFINITY;
         for (int64_t j = 0; j <= p; ++j) {
           float sc = dot(qv, k + j * kv_stride + int64_t(g) * hd, hd) * scale;
