@@ -4,6 +4,16 @@ llama.cpp (llama-cpp-python + gguf), on one random Qwen3-0.6B-shaped checkpoint 
     PYTHONPATH=$PWD python benchmarks/engine.py [--prefill 512] [--decode 128] [--threads 2] [--skip hf,llama]
 
 Prints tokens/s per system and ratios against strata. The checkpoint is cached under build/bench/.
+
+The llama.cpp peer is optional and skipped (with a note) when absent; it needs two third-party packages
+that are not project dependencies (llama-cpp-python compiles llama.cpp, minutes on 2 cores):
+
+    pip install gguf
+    CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python
+
+The same random weights are written once as a qwen3 GGUF (f16 matrices, f32 norms, the real Qwen3 vocab)
+next to the checkpoint, and the llama.cpp build's CPU features are printed with its numbers. strata picks
+its kernels at run time (avx512bf16 > avx512 > avx2 > scalar; STRATA_KERNEL=avx512 caps it).
 """
 from __future__ import annotations
 
@@ -187,16 +197,21 @@ def bench_llama(path, prompt, n_decode, threads):
                           n_ubatch=len(prompt), n_threads=threads, n_threads_batch=threads, logits_all=False,
                           verbose=False)
     print("  llama.cpp build:", llama_cpp.llama_print_system_info().decode().strip(), flush=True)
+    V = llm.n_vocab()
+
+    def last_argmax():  # logits of the last evaluated token (logits_all=False keeps only that row)
+        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(V,))))
+
     llm.eval(prompt[:16])  # warm up (page in weights)
     llm.reset()
     t0 = time.perf_counter()
     llm.eval(prompt)
     t1 = time.perf_counter()
-    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    nxt = last_argmax()
     t2 = time.perf_counter()
     for _ in range(n_decode):
         llm.eval([nxt])
-        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        nxt = last_argmax()
     t3 = time.perf_counter()
     return len(prompt) / (t1 - t0), n_decode / (t3 - t2)
 
@@ -214,7 +229,10 @@ def main(argv=None):
     prompt = np.random.default_rng(0).integers(0, 151669, args.prefill).tolist()
 
     rows = {}
-    print(f"{args.preset} bf16 weights, prefill {args.prefill}, decode {args.decode}, {args.threads} threads", flush=True)
+    from strata_lab.engine import _ext
+
+    print(f"{args.preset} bf16 weights, prefill {args.prefill}, decode {args.decode}, {args.threads} threads, "
+          f"strata kernels {_ext().kernel_level()}", flush=True)
     runs = [("strata", lambda: bench_strata(path, prompt, args.decode, args.threads))]
     if "hf" not in skip:
         runs.append(("transformers bf16", lambda: bench_hf(path, prompt, args.decode, args.threads, "bf16")))
@@ -226,7 +244,7 @@ def main(argv=None):
         try:
             rows[name] = fn()
         except (ImportError, NotImplementedError) as e:
-            print(f"  {name:18s} skipped: {e}")
+            print(f"  {name:18s} skipped: {e}", flush=True)
             continue
         print(f"  {name:18s} prefill {rows[name][0]:8.1f} tok/s   decode {rows[name][1]:6.2f} tok/s", flush=True)
     ours = rows["strata"]
