@@ -14,17 +14,31 @@ from strata_lab.engine import Engine  # noqa: E402
 IDS = [9707, 1879, 0, 151643, 151645, 13, 220, 14990, 135992, 128, 253, 42, 7, 99999, 151935, 3]
 
 
-def _hf_logits(path, ids):
+def _hf_logits(path, ids, dtype="float32"):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    model = transformers.Qwen3ForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    model = transformers.Qwen3ForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
     with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+@pytest.fixture
+def f32_activations():
+    """Cap the kernels at avx512: bf16 weights then meet f32 activations (upcast), as in transformers f32.
+
+    At the avx512bf16 level (vdpbf16ps) activations are rounded to bf16 before bf16-weight matmuls; that
+    is llama.cpp's and transformers-bf16's numerics, not an exact upcast, so the 1e-4 parity with
+    transformers f32 is checked with the level capped, and the bf16 path gets its own bound below.
+    """
+    best = _engine.kernel_level()
+    _engine.set_kernel_level("avx512")
+    yield
+    _engine.set_kernel_level(best)
 
 
 @pytest.mark.parametrize("dtype,preset,shards", [
     ("float32", "tiny", 1), ("bfloat16", "tiny", 1), ("float16", "tiny-untied", 1), ("float32", "tiny-untied", 3)])
-def test_logits_match_transformers(tmp_path, dtype, preset, shards):
+def test_logits_match_transformers(tmp_path, f32_activations, dtype, preset, shards):
     path = make_tiny(tmp_path / "ck", preset=preset, dtype=dtype, shards=shards, seed=3)
     ours = Engine.load(path, threads=2).forward(IDS)
     ref = _hf_logits(path, IDS)
@@ -33,15 +47,31 @@ def test_logits_match_transformers(tmp_path, dtype, preset, shards):
     assert np.abs(ours - ref).max() <= 1e-4
 
 
-@pytest.mark.parametrize("level", ["scalar", "avx2", "avx512"])
+def test_bf16_dot_path_is_closer_to_f32_than_transformers_bf16(tmp_path):
+    """At the best level bf16 weights may meet bf16-rounded activations (vdpbf16ps, f32 accumulation).
+
+    That costs precision against the exact upcast, but must stay clearly inside what transformers in
+    bf16 (every activation and accumulation in bf16) loses on the same weights.
+    """
+    path = make_tiny(tmp_path / "ck", preset="tiny", dtype="bfloat16", seed=3)
+    ours = Engine.load(path, threads=2).forward(IDS)
+    ref = _hf_logits(path, IDS)
+    hf_bf16 = _hf_logits(path, IDS, "bfloat16")
+    err, err_hf = np.abs(ours - ref).max(), np.abs(hf_bf16 - ref).max()
+    assert err <= 0.75 * err_hf, (err, err_hf)  # measured: 0.09 vs 0.17
+    assert np.argmax(ours[-1]) == np.argmax(ref[-1])
+
+
+@pytest.mark.parametrize("level", ["scalar", "avx2", "avx512", "avx512bf16"])
 def test_every_kernel_level_agrees(tiny_dir, level):
     ref = Engine.load(tiny_dir, threads=2).forward(IDS)
+    best = _engine.kernel_level()
     try:
         used = _engine.set_kernel_level(level)
         out = Engine.load(tiny_dir, threads=1).forward(IDS)
     finally:
-        _engine.set_kernel_level("avx512")
-    assert used in ("scalar", "avx2", "avx512")
+        _engine.set_kernel_level(best)
+    assert used in ("scalar", "avx2", "avx512", "avx512bf16")
     np.testing.assert_allclose(out, ref, atol=2e-5)
 
 

@@ -28,6 +28,23 @@ def test_prefill_then_decode_equals_full_forward(tiny_engine):
     np.testing.assert_array_equal(s.last_logits(), full[-1])  # bit-identical, not just close
 
 
+@pytest.mark.parametrize("overrides", [None, {"hidden_size": 40, "intermediate_size": 100, "head_dim": 10}])
+def test_bf16_weights_decode_bit_identical_to_full_forward(tmp_path, overrides):
+    """bf16 weights take the vdpbf16ps kernels where the CPU has them; K = 40/100 exercise the masked tail."""
+    from strata_lab.checkpoints import make_tiny
+    from strata_lab.engine import Engine
+
+    eng = Engine.load(make_tiny(tmp_path, dtype="bfloat16", seed=5, overrides=overrides), threads=2)
+    prompt = PROMPT * 2  # 24 tokens: several 6-token prefill tiles plus a remainder
+    s = eng.session("bf16")
+    r = s.generate(prompt, max_new_tokens=4).result
+    full = eng.forward(s.held_ids)
+    assert r.gen_ids == [int(np.argmax(full[i])) for i in range(len(prompt) - 1, len(s.held_ids) - 1)]
+    np.testing.assert_array_equal(s.last_logits(), full[-1])
+    s.generate(prompt[:17], max_new_tokens=0)  # truncate then re-read 1 token
+    np.testing.assert_array_equal(s.last_logits(), eng.forward(prompt[:17])[-1])
+
+
 def test_reuse_after_generate_extends_held(tiny_engine):
     s = fresh(tiny_engine, "reuse")
     s.generate(PROMPT, max_new_tokens=4, sampling=HOT).result

@@ -96,11 +96,11 @@ void register_checkpoint(py::module_& m) {
   m.def("kernel_level", [] { return std::string(kernels::level_name(kernels::level())); });
   m.def("set_kernel_level", [](const std::string& name) {
     kernels::Level l = name == "scalar" ? kernels::Level::Scalar : name == "avx2" ? kernels::Level::AVX2
-                     : name == "avx512" ? kernels::Level::AVX512
-                     : throw std::invalid_argument("kernel level must be 'scalar', 'avx2' or 'avx512', got '" + name + "'");
+                     : name == "avx512" ? kernels::Level::AVX512 : name == "avx512bf16" ? kernels::Level::AVX512BF16
+                     : throw std::invalid_argument("kernel level must be 'scalar', 'avx2', 'avx512' or 'avx512bf16', got '" + name + "'");
     kernels::set_level(l);
     return std::string(kernels::level_name(kernels::level()));
-  }, "Use at most this vector level (scalar|avx2|avx512); returns the level in use.");
+  }, "Use at most this vector level (scalar|avx2|avx512|avx512bf16); returns the level in use.");
 }
 
 void register_engine(py::module_& m) {

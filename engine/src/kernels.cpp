@@ -22,7 +22,7 @@ static Level detect() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-    return Level::AVX512;
+    return __builtin_cpu_supports("avx512bf16") ? Level::AVX512BF16 : Level::AVX512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
     return Level::AVX2;
 #endif
@@ -31,10 +31,11 @@ static Level detect() {
 
 static Level initial_level() {
   Level best = detect();
-  const char* env = std::getenv("STRATA_KERNEL");  // scalar | avx2 | avx512: cap for debugging
+  const char* env = std::getenv("STRATA_KERNEL");  // scalar | avx2 | avx512 | avx512bf16: cap for debugging
   if (env) {
     std::string s(env);
-    Level want = s == "scalar" ? Level::Scalar : s == "avx2" ? Level::AVX2 : Level::AVX512;
+    Level want = s == "scalar" ? Level::Scalar : s == "avx2" ? Level::AVX2 : s == "avx512" ? Level::AVX512
+                                                                                         : Level::AVX512BF16;
     if (int(want) < int(best)) return want;
   }
   return best;
@@ -45,8 +46,11 @@ static Level g_level = initial_level();
 Level best_level() { return detect(); }
 Level level() { return g_level; }
 void set_level(Level l) { g_level = int(l) <= int(best_level()) ? l : best_level(); }
+// The f32-activation kernels of a level: AVX512BF16 differs from AVX512 only for bf16 weights.
+static Level vec(Level l) { return l == Level::AVX512BF16 ? Level::AVX512 : l; }
+
 const char* level_name(Level l) {
-  return l == Level::AVX512 ? "avx512" : l == Level::AVX2 ? "avx2" : "scalar";
+  return l == Level::AVX512BF16 ? "avx512bf16" : l == Level::AVX512 ? "avx512" : l == Level::AVX2 ? "avx2" : "scalar";
 }
 
 // ---------------------------------------------------------------- conversions
@@ -301,6 +305,103 @@ STRATA_AVX512 static void micro_avx512(const void* w, int64_t ldw, const float* 
     for (int r = 0; r < NR; ++r) y[t * ldy + r] = _mm512_reduce_add_ps(acc[t][r]);
 }
 
+// ---------------------------------------------------------------- AVX512-BF16 (vdpbf16ps)
+// bf16 weights only: activations are rounded to bf16 (round to nearest even) once per matmul, and each
+// instruction multiplies 32 bf16 pairs exactly and adds them into 16 f32 lanes, twice the MACs of an f32
+// FMA. Decode and prefill share this kernel (one accumulator per token x row, the same k order), so a
+// token's logits stay bit-identical however many tokens were computed with it.
+#define STRATA_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c")))
+
+template <int NT, int NR>
+STRATA_AVX512BF16 static void micro_bf16dp(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t ldx,
+                                           int64_t K, float* y, int64_t ldy) {
+  __m512 acc[NT][NR];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512bh xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x + t * ldx + k);
+    for (int r = 0; r < NR; ++r) {
+      __m512bh wv = (__m512bh)_mm512_loadu_si512(w + r * ldw + k);
+      for (int t = 0; t < NT; ++t) acc[t][r] = _mm512_dpbf16_ps(acc[t][r], xv[t], wv);
+    }
+  }
+  if (k < K) {
+    const __mmask32 m = __mmask32((1ull << (K - k)) - 1);
+    __m512bh xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = (__m512bh)_mm512_maskz_loadu_epi16(m, x + t * ldx + k);
+    for (int r = 0; r < NR; ++r) {
+      __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * ldw + k);
+      for (int t = 0; t < NT; ++t) acc[t][r] = _mm512_dpbf16_ps(acc[t][r], xv[t], wv);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) y[t * ldy + r] = _mm512_reduce_add_ps(acc[t][r]);
+}
+
+// out[0..K) = bf16(x[0..K)), round to nearest even (NaN kept quiet); the same bits as f32_to_bf16.
+STRATA_AVX512BF16 static void to_bf16_avx512(const float* x, int64_t K, uint16_t* out) {
+  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  int64_t k = 0;
+  for (; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (K - k)) - 1);
+    __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + k));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+    _mm256_mask_storeu_epi16(out + k, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  }
+}
+
+using MicroBh = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t);
+#define STRATA_ROW4(T) micro_bf16dp<T, 1>, micro_bf16dp<T, 2>, micro_bf16dp<T, 3>, micro_bf16dp<T, 4>
+static MicroBh micro_bh(int nt, int nr) {
+  static const MicroBh t[6][4] = {{STRATA_ROW4(1)}, {STRATA_ROW4(2)}, {STRATA_ROW4(3)},
+                                  {STRATA_ROW4(4)}, {STRATA_ROW4(5)}, {STRATA_ROW4(6)}};
+  return t[nt - 1][nr - 1];
+}
+#undef STRATA_ROW4
+
+static void matmul_bf16dp(const Mat& w, const float* x, int64_t n, float* y) {
+  const int64_t rows = w.rows, K = w.cols, ldx = (K + 31) / 32 * 32;
+  const uint16_t* base = static_cast<const uint16_t*>(w.data);
+  std::vector<uint16_t> xb(size_t(n * ldx), 0);
+#pragma omp parallel for schedule(static) if (n > 16)
+  for (int64_t t = 0; t < n; ++t) to_bf16_avx512(x + t * K, K, xb.data() + t * ldx);
+  constexpr int TN = 6;
+  if (n <= TN) {  // decode: weight rows stream from memory once, 4 at a time
+    const int64_t quads = (rows + 3) / 4;
+#pragma omp parallel for schedule(static)
+    for (int64_t qd = 0; qd < quads; ++qd) {
+      const int64_t r0 = qd * 4;
+      const int nr = int(std::min<int64_t>(4, rows - r0));
+      float tile[TN * 4];
+      micro_bh(int(n), nr)(base + r0 * K, K, xb.data(), ldx, K, tile, 4);
+      for (int64_t t = 0; t < n; ++t)
+        for (int r = 0; r < nr; ++r) y[t * rows + r0 + r] = tile[t * 4 + r];
+    }
+    return;
+  }
+  // Prefill: a block of RB weight rows (bf16, RB*K*2 bytes) stays in L2 while every token tile passes.
+  const int64_t RB = 64, nblocks = (rows + RB - 1) / RB;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t r0 = b * RB, nr_block = std::min(RB, rows - r0);
+    float tile[TN * 4];
+    for (int64_t t0 = 0; t0 < n; t0 += TN) {
+      const int nt = int(std::min<int64_t>(TN, n - t0));
+      for (int64_t rr = 0; rr < nr_block; rr += 4) {
+        const int nr = int(std::min<int64_t>(4, nr_block - rr));
+        micro_bh(nt, nr)(base + (r0 + rr) * K, K, xb.data() + t0 * ldx, ldx, K, tile, 4);
+        for (int t = 0; t < nt; ++t)
+          for (int r = 0; r < nr; ++r) y[(t0 + t) * rows + r0 + rr + r] = tile[t * 4 + r];
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- tables
 using DotW = float (*)(const void*, const float*, int64_t);
 using Cvt = void (*)(const void*, int64_t, float*);
@@ -320,7 +421,7 @@ static DotW dotw_fn(Level l, DType d) {
       {dotw_scalar_f32, dotw_scalar_bf16, dotw_scalar_f16},
       {dotw_avx2<DType::F32>, dotw_avx2<DType::BF16>, dotw_avx2<DType::F16>},
       {dotw_avx512<DType::F32>, dotw_avx512<DType::BF16>, dotw_avx512<DType::F16>}};
-  return t[int(l)][dt_index(d)];
+  return t[int(vec(l))][dt_index(d)];
 }
 
 static Cvt cvt_fn(Level l, DType d) {
@@ -328,7 +429,7 @@ static Cvt cvt_fn(Level l, DType d) {
       {cvt_scalar_f32, cvt_scalar_bf16, cvt_scalar_f16},
       {cvt_avx2<DType::F32>, cvt_avx2<DType::BF16>, cvt_avx2<DType::F16>},
       {cvt_avx512<DType::F32>, cvt_avx512<DType::BF16>, cvt_avx512<DType::F16>}};
-  return t[int(l)][dt_index(d)];
+  return t[int(vec(l))][dt_index(d)];
 }
 
 // Scalar: rows converted to f32 one at a time, then the same dot as everywhere else.
@@ -361,7 +462,7 @@ static Micro micro256(int nt, int nr) {
 #undef STRATA_ROW4
 
 static Micro micro_fn(Level l, DType dt, int nt, int nr) {
-  if (l == Level::AVX512)
+  if (vec(l) == Level::AVX512)
     return dt == DType::F32 ? micro512<DType::F32>(nt, nr) : dt == DType::BF16 ? micro512<DType::BF16>(nt, nr)
                                                                               : micro512<DType::F16>(nt, nr);
   return dt == DType::F32 ? micro256<DType::F32>(nt, nr) : dt == DType::BF16 ? micro256<DType::BF16>(nt, nr)
@@ -382,7 +483,7 @@ void row_f32(const Mat& w, int64_t r, float* out) {
 float dot(const float* a, const float* b, int64_t n) { return dotw_fn(level(), DType::F32)(a, b, n); }
 
 void axpy(float a, const float* x, float* y, int64_t n) {
-  Level l = level();
+  Level l = vec(level());
   if (l == Level::AVX512) axpy_avx512(a, x, y, n);
   else if (l == Level::AVX2) axpy_avx2(a, x, y, n);
   else {
@@ -396,7 +497,8 @@ void matmul(const Mat& w, const float* x, int64_t n, float* y) {
   const int64_t rows = w.rows, K = w.cols;
   const size_t es = dtype_size(w.dtype);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const Level lv = level();
+  if (level() == Level::AVX512BF16 && w.dtype == DType::BF16) { matmul_bf16dp(w, x, n, y); return; }
+  const Level lv = vec(level());
   const int TN = lv == Level::AVX512 ? 6 : 3;  // token tile (register budget: NT*4 accumulators)
   if (n <= TN) {
     // Decode: weight rows stream from memory once, 4 at a time, converted in registers.
@@ -494,11 +596,93 @@ void add(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+// ---------------------------------------------------------------- attention (AVX-512)
+// exp for x <= 0 (softmax): Cephes expf polynomial after n = round(x log2 e), scaled by 2^n (~1 ulp).
+STRATA_AVX512 static inline __m512 exp_avx512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+// One query vector against keys 0..nk-1: scores, softmax, weighted sum of values, all in registers
+// (NC = ceil(hd / 16) vectors per head). The work for a query does not depend on which other queries
+// share the call, so prefill and decode give it the same bits.
+template <int NC>
+STRATA_AVX512 static void attend_avx512(const float* qv, const float* k, const float* v, int64_t stride, int64_t nk,
+                                        int hd, float scale, float* sc, float* o) {
+  const __mmask16 last = hd % 16 ? __mmask16((1u << (hd % 16)) - 1) : __mmask16(0xffff);
+#define ld(p, c) ((c) == NC - 1 ? _mm512_maskz_loadu_ps(last, (p) + 16 * (c)) : _mm512_loadu_ps((p) + 16 * (c)))
+  __m512 q[NC];
+  for (int c = 0; c < NC; ++c) q[c] = ld(qv, c);
+  int64_t j = 0;
+  for (; j + 4 <= nk; j += 4) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int c = 0; c < NC; ++c) {
+      a0 = _mm512_fmadd_ps(q[c], ld(k + (j + 0) * stride, c), a0);
+      a1 = _mm512_fmadd_ps(q[c], ld(k + (j + 1) * stride, c), a1);
+      a2 = _mm512_fmadd_ps(q[c], ld(k + (j + 2) * stride, c), a2);
+      a3 = _mm512_fmadd_ps(q[c], ld(k + (j + 3) * stride, c), a3);
+    }
+    sc[j] = _mm512_reduce_add_ps(a0) * scale;
+    sc[j + 1] = _mm512_reduce_add_ps(a1) * scale;
+    sc[j + 2] = _mm512_reduce_add_ps(a2) * scale;
+    sc[j + 3] = _mm512_reduce_add_ps(a3) * scale;
+  }
+  for (; j < nk; ++j) {
+    __m512 a = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) a = _mm512_fmadd_ps(q[c], ld(k + j * stride, c), a);
+    sc[j] = _mm512_reduce_add_ps(a) * scale;
+  }
+  __m512 mxv = _mm512_set1_ps(-INFINITY);
+  for (j = 0; j < nk; j += 16) {
+    const __mmask16 m = nk - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - j)) - 1);
+    mxv = _mm512_mask_max_ps(mxv, m, mxv, _mm512_maskz_loadu_ps(m, sc + j));
+  }
+  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv));
+  __m512 sum = _mm512_setzero_ps();
+  for (j = 0; j < nk; j += 16) {
+    const __mmask16 m = nk - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - j)) - 1);
+    __m512 e = _mm512_maskz_mov_ps(m, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), mx)));
+    _mm512_mask_storeu_ps(sc + j, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const float inv = 1.0f / _mm512_reduce_add_ps(sum);
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (j = 0; j < nk; ++j) {
+    const __m512 w = _mm512_set1_ps(sc[j] * inv);
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(w, ld(v + j * stride, c), acc[c]);
+  }
+  for (int c = 0; c < NC; ++c) {
+    if (c == NC - 1) _mm512_mask_storeu_ps(o + 16 * c, last, acc[c]);
+    else _mm512_storeu_ps(o + 16 * c, acc[c]);
+  }
+#undef ld
+}
+
+using Attend = void (*)(const float*, const float*, const float*, int64_t, int64_t, int, float, float*, float*);
+static Attend attend_fn(int hd) {
+  static const Attend t[8] = {attend_avx512<1>, attend_avx512<2>, attend_avx512<3>, attend_avx512<4>,
+                              attend_avx512<5>, attend_avx512<6>, attend_avx512<7>, attend_avx512<8>};
+  return hd <= 128 ? t[(hd + 15) / 16 - 1] : nullptr;
+}
+
 void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v, int64_t pos0,
                float* out) {
   const int group = H / Hkv;
   const float scale = 1.0f / std::sqrt(float(hd));
   const int64_t kv_stride = int64_t(Hkv) * hd;
+  const Attend fast = vec(level()) == Level::AVX512 ? attend_fn(hd) : nullptr;
 #pragma omp parallel
   {
     std::vector<float> scores(size_t(pos0 + n));
@@ -508,6 +692,11 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
         const int64_t p = pos0 + i;  // keys 0..p are visible
         const int g = h / group;
         const float* qv = q + (i * H + h) * hd;
+        if (fast) {
+          fast(qv, k + int64_t(g) * hd, v + int64_t(g) * hd, kv_stride, p + 1, hd, scale, scores.data(),
+               out + (i * H + h) * hd);
+          continue;
+        }
         float mx = -INFINITY;
         for (int64_t j = 0; j <= p; ++j) {
           float sc = dot(qv, k + j * kv_stride + int64_t(g) * hd, hd) * scale;

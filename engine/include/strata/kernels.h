@@ -1,5 +1,5 @@
 // Compute kernels shared by every model: matmul against f32/f16/bf16 weights, norms, RoPE, attention.
-// Vector code is chosen at run time (AVX-512, AVX2+FMA+F16C, or scalar); builds stay portable.
+// Vector code is chosen at run time (AVX-512 BF16, AVX-512, AVX2+FMA+F16C, or scalar); builds stay portable.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -9,7 +9,9 @@
 namespace strata {
 namespace kernels {
 
-enum class Level : int { Scalar = 0, AVX2 = 1, AVX512 = 2 };
+// AVX512BF16 = AVX512 plus vdpbf16ps: bf16 weights then meet bf16-rounded activations (2x the MACs of
+// f32 FMAs); f32/f16 weights run exactly as at AVX512.
+enum class Level : int { Scalar = 0, AVX2 = 1, AVX512 = 2, AVX512BF16 = 3 };
 Level best_level();            // what this CPU supports
 Level level();                 // what is in use
 void set_level(Level l);       // force a lower level (tests); clamped to best_level()
@@ -21,8 +23,10 @@ float f16_to_f32(uint16_t h);
 
 // out[cols] = row r of w as float32.
 void row_f32(const Mat& w, int64_t r, float* out);
-// y[n, w.rows] = x[n, w.cols] @ w^T. n == 1..3 streams rows (decode, memory-bound); larger n runs a
-// blocked GEMM over rows converted once to f32 (prefill, compute-bound). OpenMP over rows.
+// y[n, w.rows] = x[n, w.cols] @ w^T. Small n streams rows (decode, memory-bound); larger n runs a
+// blocked GEMM (prefill, compute-bound): over rows converted once to f32, or, for bf16 weights at level
+// AVX512BF16, straight over the bf16 rows with x rounded to bf16. OpenMP over rows. Every path gives a
+// token the same bits whatever n is.
 void matmul(const Mat& w, const float* x, int64_t n, float* y);
 
 // y[d] = w * x * rsqrt(mean(x^2) + eps); y may alias x. w may be nullptr (w = 1).
