@@ -211,17 +211,21 @@ def serve(*, model=None, dump=None, reply_id_reuse: bool = True, threads: int = 
           timeout: float = 60.0) -> Iterator[str]:
     """Run `strata-lab serve` in a subprocess on a free port; yields its base URL (…/v1); stops it after."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "strata_lab", "serve", "--port", str(port), "--threads", str(threads),
-           "--model", str(_model_for([], model))]
+    from ._spawn import child_process_args
+
+    cmd = ["serve", "--port", str(port), "--threads", str(threads),
+           "--model", str(Path(_model_for([], model)).resolve())]
     if dump is not None:
-        cmd += ["--dump", str(dump)]
+        cmd += ["--dump", str(Path(dump).resolve())]
     if not reply_id_reuse:
         cmd += ["--no-reply-reuse"]
     if stop_latency:
         cmd += ["--stop-latency", str(stop_latency)]
     log = open(os.devnull, "wb") if os.environ.get("STRATA_SERVE_LOG") is None \
         else open(os.environ["STRATA_SERVE_LOG"], "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    spawn = child_process_args(cmd)
+    proc = subprocess.Popen(**spawn, stdout=log, stderr=subprocess.STDOUT)
+    cmd = spawn["args"]
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout

@@ -5,14 +5,10 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -35,12 +31,13 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.dump = tmp / f"{name}.jsonl"
         self.log = tmp / f"{name}.log"
-        cmd = [sys.executable, "-m", "strata_lab", "serve", "--port", str(self.port), "--dump", str(self.dump),
-               *args]
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                    **(env or {})}
+        from strata_lab._spawn import child_process_args
+
+        # the child imports the same strata_lab as the tests (installed, or a checkout on PYTHONPATH)
+        spawn = child_process_args(["serve", "--port", self.port, "--dump", self.dump, *args],
+                                   env={**os.environ, **(env or {})})
         self._log = open(self.log, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+        self.proc = subprocess.Popen(**spawn, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait(self, timeout: float = 60) -> "ServerProcess":
         deadline = time.time() + timeout

@@ -75,6 +75,10 @@ def test_env_var_turns_recording_on(tiny_dir, tmp_path):
     path = tmp_path / "env.jsonl"
     code = ("from strata_lab import Engine; s = Engine.load(%r, threads=1).session('env');"
             "[s.generate([1, 2, 3, 4], max_new_tokens=2).result for _ in range(2)]" % str(tiny_dir))
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "STRATA_PROMPT_DUMP": str(path)})
+    from strata_lab._spawn import child_process_args
+
+    spawn = child_process_args([], env={**os.environ, "STRATA_PROMPT_DUMP": str(path)})
+    spawn["args"] = [sys.executable, "-c", code]  # the same strata_lab as this test, not the checkout's sources
+    subprocess.run(**spawn, check=True)
     recs = list(load_dump(path))
     assert [r["reused"] for r in recs] == [0, 4]  # same prompt again: the turn-start snapshot has its logits

@@ -18,7 +18,11 @@ def test_import_is_quick_and_quiet():
     code = ("import sys, time; t = time.perf_counter(); import strata_lab; dt = time.perf_counter() - t;"
             "heavy = [m for m in ('numpy', 'pandas', 'matplotlib', 'tokenizers', 'fastapi', 'ipywidgets', "
             "'strata_lab._engine') if m in sys.modules]; print(dt, heavy)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    from strata_lab._spawn import child_process_args
+
+    spawn = child_process_args([])
+    spawn["args"] = [sys.executable, "-c", code]
+    out = subprocess.run(**spawn, capture_output=True, text=True, check=True)
     assert out.stderr == ""
     dt, heavy = out.stdout.split(" ", 1)
     assert heavy.strip() == "[]", f"import strata_lab pulled in {heavy}"
@@ -26,8 +30,10 @@ def test_import_is_quick_and_quiet():
 
 
 def _cli(*args, input=None):
-    return subprocess.run([sys.executable, "-m", "strata_lab", *args], capture_output=True, text=True,
-                          input=input, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    from strata_lab._spawn import child_process_args
+
+    spawn = child_process_args(args, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    return subprocess.run(**spawn, capture_output=True, text=True, input=input)
 
 
 def test_cli_help_lists_subcommands():
