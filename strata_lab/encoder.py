@@ -24,6 +24,11 @@ every class), so this is an upper bound. Each cut stores `reach`, the prefix max
 is safe iff `cut <= d' and reach <= d'`, where d' is d moved back to the start of any added-token text of
 the new prompt that begins before d and ends after it, and no added-token text straddles the cut.
 
+Long fresh text (>= 2 * `chunk_chars`) is encoded in up to 8 chunks with the tokenizer's `encode_batch`
+(Rust threads, GIL released). Each split is proved exact by the same rule, read the other way: the chunk
+before a split p, which runs a little past p, must have a pre-token start at p whose reach lies inside it;
+otherwise the rest is encoded in one call (see `_encode_fresh`).
+
 >>> from strata_lab import load_tokenizer
 >>> tok = load_tokenizer("qwen3")
 >>> enc = PromptEncoder(tok)
