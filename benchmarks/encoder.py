@@ -63,7 +63,7 @@ def timed(fn, arg):
     return time.perf_counter() - t0, out
 
 
-def measure(prompts: list[str], tokenizer, repeats: int, chunk_chars: int = 16_384):
+def measure(prompts: list[str], tokenizer, repeats: int, chunk_chars: int = 4096):
     """Per-turn fastest times of (full encode, incremental encode, tokenizer on the new text alone) over
     `repeats` interleaved replays, and whether the ids were identical."""
     best_full = [float("inf")] * len(prompts)
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("--turns", type=int, default=50)
     ap.add_argument("--target-tokens", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--chunk-chars", type=int, default=16_384,
+    ap.add_argument("--chunk-chars", type=int, default=4096,
                     help="PromptEncoder chunk_chars: new text of >= 2x this is encoded in parallel chunks")
     args = ap.parse_args(argv)
     if args.turns < 1 or args.target_tokens < 1 or args.repeats < 1:

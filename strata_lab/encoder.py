@@ -121,7 +121,7 @@ class PromptEncoder:
     """
 
     def __init__(self, tokenizer, max_chars: int = 1_000_000, max_tokens: int = 262_144,
-                 chunk_chars: int = 16_384):
+                 chunk_chars: int = 4096):
         for name, value in (("max_chars", max_chars), ("max_tokens", max_tokens), ("chunk_chars", chunk_chars)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
