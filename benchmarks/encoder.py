@@ -63,7 +63,7 @@ def timed(fn, arg):
     return time.perf_counter() - t0, out
 
 
-def measure(prompts: list[str], tokenizer, repeats: int):
+def measure(prompts: list[str], tokenizer, repeats: int, chunk_chars: int = 4096):
     """Per-turn fastest times of (full encode, incremental encode, tokenizer on the new text alone) over
     `repeats` interleaved replays, and whether the ids were identical."""
     best_full = [float("inf")] * len(prompts)
@@ -71,7 +71,7 @@ def measure(prompts: list[str], tokenizer, repeats: int):
     best_new = [float("inf")] * len(prompts)
     same = True
     for r in range(repeats):
-        enc = PromptEncoder(tokenizer)
+        enc = PromptEncoder(tokenizer, chunk_chars=chunk_chars)
         for k, p in enumerate(tqdm(prompts, desc=f"replay {r + 1}/{repeats}", leave=False)):
             new_text = p[len(prompts[k - 1]) if k else 0:]  # each prompt extends the previous one
             best_new[k] = min(best_new[k], timed(tokenizer.encode, new_text)[0])
@@ -104,6 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--turns", type=int, default=50)
     ap.add_argument("--target-tokens", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--chunk-chars", type=int, default=4096,
+                    help="PromptEncoder chunk_chars: new text of >= 2x this is encoded in parallel chunks")
     args = ap.parse_args(argv)
     if args.turns < 1 or args.target_tokens < 1 or args.repeats < 1:
         raise ValueError("--turns, --target-tokens and --repeats must be positive")
@@ -111,11 +113,12 @@ def main(argv=None) -> int:
     prompts = session(args.turns, args.target_tokens)
     tok.encode("warm up")
     PromptEncoder(tok).encode("warm up")  # per-tokenizer tables, class table
-    best_full, best_inc, best_new, same = measure(prompts, tok, args.repeats)
+    best_full, best_inc, best_new, same = measure(prompts, tok, args.repeats, args.chunk_chars)
     t_full, t_inc, t_new = sum(best_full), sum(best_inc), sum(best_new)
     n_tokens = len(tok.encode(prompts[-1]))
     print(f"session: {len(prompts)} turns, last prompt {len(prompts[-1]):,} chars / {n_tokens:,} tokens, "
           f"{sum(map(len, prompts)):,} chars encoded in total by tokenizer.encode")
+    print(f"PromptEncoder chunk_chars={args.chunk_chars}")
     print(f"timing: per-turn fastest of {args.repeats} interleaved replays (time.perf_counter)")
     print(f"tokenizer.encode (full every turn): {t_full:8.3f} s")
     print(f"PromptEncoder (incremental):        {t_inc:8.3f} s")

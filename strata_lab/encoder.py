@@ -24,6 +24,11 @@ every class), so this is an upper bound. Each cut stores `reach`, the prefix max
 is safe iff `cut <= d' and reach <= d'`, where d' is d moved back to the start of any added-token text of
 the new prompt that begins before d and ends after it, and no added-token text straddles the cut.
 
+Long fresh text (>= 2 * `chunk_chars`) is encoded in up to 8 chunks with the tokenizer's `encode_batch`
+(Rust threads, GIL released). Each split is proved exact by the same rule, read the other way: the chunk
+before a split p, which runs a little past p, must have a pre-token start at p whose reach lies inside it;
+otherwise the rest is encoded in one call (see `_encode_fresh`).
+
 >>> from strata_lab import load_tokenizer
 >>> tok = load_tokenizer("qwen3")
 >>> enc = PromptEncoder(tok)
@@ -115,15 +120,18 @@ class PromptEncoder:
     True
     """
 
-    def __init__(self, tokenizer, max_chars: int = 1_000_000, max_tokens: int = 262_144):
-        for name, value in (("max_chars", max_chars), ("max_tokens", max_tokens)):
+    def __init__(self, tokenizer, max_chars: int = 1_000_000, max_tokens: int = 262_144,
+                 chunk_chars: int = 4096):
+        for name, value in (("max_chars", max_chars), ("max_tokens", max_tokens), ("chunk_chars", chunk_chars)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.tokenizer = tokenizer
         self.max_chars = max_chars
         self.max_tokens = max_tokens
+        self.chunk_chars = chunk_chars  # new text of >= 2 * chunk_chars is encoded in chunks, in parallel
         self.last_stats: EncodeStats | None = None
         self._entries: list[_Entry] = []  # oldest first
+        self._chunks_used = 0
         self._tags = {t: i for t, i in tokenizer.added_tokens.items()}
         self._tag_ids = frozenset(self._tags.values())
         self._max_tag = max((len(t) for t in self._tags), default=0)
@@ -156,10 +164,8 @@ class PromptEncoder:
                 best, best_j, best_c, best_d = entry, j, c, d
         kept = int(best.cut_tokens[best_j]) if best is not None else 0
         start_reach = int(best.cut_reach[best_j]) if best is not None else 0
-        sub = text[best_c:]
-        fresh = self.tokenizer.hf.encode(sub, add_special_tokens=False)
-        fresh_ids = fresh.ids
-        f_chars, f_tokens, f_reach = self._fresh_cuts(sub, best_c, fresh, fresh_ids, kept, start_reach)
+        fresh_ids, q, tok_idx, window = self._encode_fresh(text[best_c:])
+        f_chars, f_tokens, f_reach = _cuts(q, tok_idx, window, best_c, kept, start_reach)
         supersede = best is not None and kept and best_d == len(best.text)  # text starts with best.text
         if supersede:  # wholly matched: the new entry takes over its id list (no copy of a long prompt)
             ids = best.ids
@@ -312,17 +318,103 @@ class PromptEncoder:
                     return s
         return None
 
-    def _fresh_cuts(self, sub: str, c: int, fresh, fresh_ids: list, kept: int, start_reach: int):
-        """Cuts at the pre-token starts of `sub == text[c:]` (as encoded in `fresh`) with their reach."""
+    def _encode_fresh(self, sub: str):
+        """Ids of `sub` and its pre-tokens (starts, first token index, window), relative to `sub`.
+
+        Long text is split at a few pre-token starts p into chunks sub[p_i:p_{i+1} + overlap] encoded with
+        `encode_batch` (Rust threads). A split p is used only where the chunk before it proves it exact,
+        by the same rule as an entry's cuts: p is a pre-token start of the chunk with reach inside the
+        chunk (so the chunk's ids before p are those of the whole), and no added token straddles p (so
+        sub[p:] encodes as the whole does after p: the regex has no lookbehind). A split that fails the
+        check falls back to encoding the rest in one call. Chunk ends sit before ASCII characters, so
+        each chunk of the NFC text is NFC itself.
+        """
+        hf = self.tokenizer.hf
+        splits = self._splits(sub)
+        self._chunks_used = 1  # how many chunks the last fresh text was encoded in (for tests)
+        if not splits:
+            fresh = hf.encode(sub, add_special_tokens=False)
+            return (fresh.ids,) + self._pretokens(sub, fresh, fresh.ids)
+        starts = [0] + [p for p, _ in splits]
+        ends = [e for _, e in splits] + [len(sub)]
+        chunks = [sub[a:b] for a, b in zip(starts, ends)]
+        encs = hf.encode_batch(chunks, add_special_tokens=False)
+        ids: list = []
+        parts = []
+        for i, (chunk, fresh) in enumerate(zip(chunks, encs)):
+            a = starts[i]
+            chunk_ids = fresh.ids
+            q, tok_idx, window = self._pretokens(chunk, fresh, chunk_ids)
+            if i + 1 < len(chunks):
+                m = self._split_ok(sub, a, starts[i + 1], ends[i], q, window)
+                if m is None:  # not provably exact: encode the rest in one call
+                    rest = sub[a:]
+                    fresh = hf.encode(rest, add_special_tokens=False)
+                    chunk_ids = fresh.ids
+                    q, tok_idx, window = self._pretokens(rest, fresh, chunk_ids)
+                    m = len(q)
+                    ends = None
+            else:
+                m = len(q)
+            n_tok = int(tok_idx[m]) if m < len(q) else len(chunk_ids)
+            parts.append((q[:m] + a, tok_idx[:m] + len(ids), window[:m] + a))
+            ids.extend(chunk_ids[:n_tok] if n_tok < len(chunk_ids) else chunk_ids)
+            if ends is None:
+                break
+        self._chunks_used = len(parts)
+        q, tok_idx, window = (np.concatenate([p[k] for p in parts]) for k in range(3))
+        return ids, q, tok_idx, window
+
+    def _splits(self, sub: str) -> list:
+        """(p, e) pairs: chunk starts p (after a newline, before ASCII non-space) and the end e of the
+        chunk before each (p + overlap, moved to the next ASCII character)."""
+        n = len(sub)
+        k = min(n // self.chunk_chars, 8)
+        if k < 2:
+            return []
+        out = []
+        overlap = min(256, self.chunk_chars)  # text past the split the chunk before it sees
+        prev = 0
+        for i in range(1, k):
+            t = max(i * n // k, prev + 1)
+            p = sub.find("\n", t, min(n, t + n // (2 * k)))
+            while p != -1 and not ("!" <= sub[p + 1: p + 2] <= "~"):
+                p = sub.find("\n", p + 1, min(n, t + n // (2 * k)))
+            if p == -1:
+                continue
+            p += 1
+            e = p + overlap
+            while e < n and sub[e] >= "\x80":
+                e += 1
+            if e >= n:
+                break
+            out.append((p, e))
+            prev = p
+        return out
+
+    def _split_ok(self, sub: str, a: int, p: int, e: int, q: np.ndarray, window: np.ndarray):
+        """Index of the pre-token starting at `p` in the chunk sub[a:e] if the split at p is exact."""
+        m = int(np.searchsorted(q, p - a, "left"))
+        if m >= len(q) or int(q[m]) != p - a or self._tag_across(sub, p) is not None:
+            return None
+        s = self._tag_across(sub, e)
+        d = (e if s is None else s) - a  # the chunk and sub[a:] differ from d on
+        if p - a > d or (m and int(window[:m].max()) > d):
+            return None
+        return m
+
+    def _pretokens(self, sub: str, fresh, fresh_ids: list):
+        """Pre-token starts of `sub` (as encoded in `fresh`), their first token index and window."""
         n_tok = len(fresh_ids)
         if n_tok == 0:
-            return (np.asarray([c], np.int64), np.asarray([kept], np.int64), np.asarray([start_reach], np.int64))
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
         words = np.array(fresh.word_ids, dtype=np.float64)  # None (added tokens) -> nan, never equal
         first = np.ones(n_tok, dtype=bool)
         first[1:] = words[1:] != words[:-1]
         tok_idx = np.flatnonzero(first)
         all_ids = np.array(fresh_ids, dtype=np.int64)
-        q = self._token_starts(sub, fresh, all_ids)[tok_idx]  # pre-token starts, relative to c
+        q = self._token_starts(sub, fresh, all_ids)[tok_idx]  # pre-token starts, relative to sub
         ids = all_ids[tok_idx]
         is_tag = self._is_tag[ids]
         n = len(sub)
@@ -336,11 +428,7 @@ class PromptEncoder:
         window = np.maximum(np.maximum(q + 3, run_end[q] + 1), run_end[q + 1] + 1)
         # a scan that reaches the segment end examined the tag (or end of text) that ends the segment
         window = np.where((window > seg_end) | is_tag, sentinel, window)
-        # cut i is the start of pre-token i; its reach covers pre-tokens before it
-        reach = np.empty(len(q), np.int64)
-        reach[0] = start_reach
-        np.maximum.accumulate(np.maximum(window[:-1] + c, start_reach), out=reach[1:])
-        return q + c, tok_idx + kept, reach
+        return q, tok_idx.astype(np.int64), window
 
     def _token_starts(self, sub: str, fresh, ids: np.ndarray) -> np.ndarray:
         """Character offset in `sub` of each token's first byte, from the tokens' byte lengths."""
@@ -355,6 +443,16 @@ class PromptEncoder:
         chars_before = np.zeros(len(raw) + 1, np.int64)
         np.cumsum((raw & 0xC0) != 0x80, out=chars_before[1:])
         return chars_before[starts]
+
+
+def _cuts(q: np.ndarray, tok_idx: np.ndarray, window: np.ndarray, c: int, kept: int, start_reach: int):
+    """Cuts at the pre-token starts of text[c:] with their reach (cut i covers pre-tokens before it)."""
+    if len(q) == 0:
+        return (np.asarray([c], np.int64), np.asarray([kept], np.int64), np.asarray([start_reach], np.int64))
+    reach = np.empty(len(q), np.int64)
+    reach[0] = start_reach
+    np.maximum.accumulate(np.maximum(window[:-1] + c, start_reach), out=reach[1:])
+    return q + c, tok_idx + kept, reach
 
 
 _BYTE_LENGTHS: dict = {}  # id(tokenizer) -> (tokenizer, lengths)

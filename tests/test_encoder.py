@@ -219,3 +219,33 @@ def test_nfc_across_the_junction(qwen3, old, new):
     enc.encode(old)
     ids = enc.encode(new)
     assert ids == qwen3.encode(nfc(new)) and qwen3.decode(ids) == nfc(new)
+
+
+@st.composite
+def chunky_texts(draw):
+    """Texts with many newline-then-ASCII split candidates between hazard fragments."""
+    parts = draw(st.lists(st.tuples(texts(4), st.sampled_from(("\n", "\n\n", " \n", ".\n", "\r\n"))),
+                          min_size=2, max_size=10))
+    lead = st.sampled_from(("a", "x = 1", "<|im_end|>", "<think>", "'s", "1", "  b", "#", "é"))
+    return "".join(t + nl + draw(lead) for t, nl in parts)
+
+
+@SETTINGS
+@given(st.lists(chunky_texts(), min_size=1, max_size=3), st.integers(1, 12))
+def test_chunked_fresh_encoding_is_exact(qwen3, pieces, chunk_chars):
+    """A lowered chunk threshold forces encode_batch splits (and their fallbacks) on small texts."""
+    enc = PromptEncoder(qwen3, chunk_chars=chunk_chars)
+    t = ""
+    for piece in pieces:
+        t += piece
+        assert enc.encode(t) == qwen3.encode(nfc(t))
+
+
+def test_long_new_text_is_encoded_in_chunks(qwen3):
+    text = "".join(f"line {i}: öğrenci {i * 7} 这个函数 <think>x</think>\n" for i in range(400))
+    enc = PromptEncoder(qwen3, chunk_chars=2048)
+    assert enc.encode(text) == qwen3.encode(text)
+    assert enc._chunks_used >= 4
+    more = text + "".join(f"at {i}:\t🙂 ok\n" for i in range(700))
+    assert enc.encode(more) == qwen3.encode(more)
+    assert enc._chunks_used >= 2 and enc.last_stats.kept_ids > 0
