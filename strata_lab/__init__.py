@@ -21,6 +21,7 @@ _EXPORTS = {
     "Sampling": "strata_lab.engine",
     "CheckpointPolicy": "strata_lab.engine",
     "make_tiny": "strata_lab.checkpoints",
+    "embedded_model": "strata_lab.checkpoints",
     "Recorder": "strata_lab.record",
     "record_to": "strata_lab.record",
     "load_dump": "strata_lab.dump",
