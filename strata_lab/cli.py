@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
     p.add_argument("--policy", action="append", default=[],
                    help="compare a counterfactual policy (repeatable): reply-ids, keep-drained, fixes, every:N, "
-                        "budget:MIB[:N], at:P1,P2, none; join with '+'")
+                        "budget:MIB[:N], at:P1,P2, none, header (also snapshot before the generation "
+                        "prompt's <|im_start|>), before-last:ID; join with '+'")
     p.add_argument("--model", choices=["hybrid", "attention"], default="hybrid")
     p.add_argument("--checkpoints", default="turn", help="checkpoint policy of the baseline (default: turn)")
     p.add_argument("--full-hit", choices=["held_logits", "last_held_only", "reread_last", "saved_logits"],

@@ -108,14 +108,23 @@ class CheckpointPolicy:
     else (its KV cache can be cut anywhere); hybrid models also save the recurrent state and restore it
     when the prompt leaves the held ids. ``budget_mib`` counts the logits too.
 
+    ``before_last`` (a token id, None: off) also snapshots, after each prompt read, the position just
+    before the LAST occurrence of that id in the prompt: with ``<|im_start|>`` (151644) the generation
+    prompt's header, where the next prompt parts from the held ids when the template rewrites the reply
+    (Qwen3 strips its empty ``<think>`` block once a new user turn arrives). The read splits there, so
+    the snapshot is exact; it is taken only when that position is read by this call.
+
     >>> CheckpointPolicy(every=256, budget_mib=512).every
     256
+    >>> CheckpointPolicy(before_last=151644).before_last
+    151644
     """
 
     at_prompt_end: bool = True          # one snapshot at the end of each prompt (the turn start)
     every: int = 0                      # also every N tokens (0: off)
     positions: tuple[int, ...] = ()     # also at these positions
     budget_mib: float = 0.0             # evict least recently used snapshots beyond this (0: no limit)
+    before_last: Optional[int] = None   # also just before the last occurrence of this id in each prompt
 
     def __post_init__(self):
         if int(self.every) < 0:
@@ -124,11 +133,15 @@ class CheckpointPolicy:
             raise ValueError(f"positions must be > 0, got {list(self.positions)}")
         if not self.budget_mib >= 0:
             raise ValueError(f"budget_mib must be >= 0, got {self.budget_mib}")
+        b = self.before_last
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < 2**31):
+            raise ValueError(f"before_last must be a token id (int >= 0) or None, got {b!r}")
 
     def _native(self):
         p = _ext().CheckpointPolicy()
         p.at_prompt_end, p.every = bool(self.at_prompt_end), int(self.every)
         p.positions, p.budget_mib = [int(x) for x in self.positions], float(self.budget_mib)
+        p.before_last = -1 if self.before_last is None else int(self.before_last)
         return p
 
 

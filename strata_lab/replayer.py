@@ -65,10 +65,18 @@ class Policy:
 
 def parse_policy(spec: str, *, bytes_per_snapshot: int = DEFAULT_SNAPSHOT_BYTES) -> Policy:
     """A policy from a CLI spec: parts joined by "+", each one of recorded, reply-ids, keep-drained,
-    fixes (both), or a checkpoint spec (turn, none, every:N, at:P,.., budget:MIB[:N], ckpt-recorded).
+    fixes (both), or a checkpoint spec (turn, none, every:N, at:P,.., budget:MIB[:N], ckpt-recorded,
+    header, before-last:ID; "every:N,header" adds the header snapshot to another kind).
+
+    "header" keeps, besides the turn start, a snapshot just before the last ``<|im_start|>`` of each prompt
+    (the generation prompt's header): on a hybrid model it serves the next prompt when the template
+    rewrites the previous reply (Qwen3 strips its empty ``<think>`` block once a user turn arrives).
+    "before-last:ID" does the same for any token id.
 
     >>> parse_policy("reply-ids+every:256")
-    Policy(name='reply-ids+every:256', reply_ids=True, keep_drained=False, checkpoint_policy=EveryN(bytes_per_snapshot=75497472, n=256, turn_start=True))
+    Policy(name='reply-ids+every:256', reply_ids=True, keep_drained=False, checkpoint_policy=EveryN(bytes_per_snapshot=75497472, before_last=None, n=256, turn_start=True))
+    >>> parse_policy("header").checkpoint_policy.before_last
+    151644
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"policy must be a non-empty spec, got {spec!r}")

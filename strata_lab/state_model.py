@@ -39,7 +39,8 @@ from typing import Sequence
 __all__ = [
     "CheckpointPolicy", "TurnStart", "EveryN", "Positions", "MemoryBudget", "NoCheckpoints",
     "SessionState", "CallPrediction", "lcp_len", "predict_reuse", "reuse_target", "parse_checkpoint_policy",
-    "DEFAULT_SNAPSHOT_BYTES", "ATTENTION_SNAPSHOT_BYTES", "MODELS", "FULL_HIT_RULES",
+    "DEFAULT_SNAPSHOT_BYTES", "ATTENTION_SNAPSHOT_BYTES", "MODELS", "FULL_HIT_RULES", "IM_START_ID",
+    "before_last_pos",
 ]
 
 MODELS = ("hybrid", "attention")
@@ -83,13 +84,35 @@ class CheckpointPolicy:
 
     `bytes_per_snapshot` sizes MemoryBudget's capacity and the reported memory: for an attention-only
     model a snapshot is just logits (ATTENTION_SNAPSHOT_BYTES for Qwen3's vocabulary).
+
+    `before_last` (a token id, None: off; any policy) also snapshots, after each prompt read, the position
+    just before the LAST occurrence of that id in the prompt, when the call reads it (reused < p): the
+    engine's ``CheckpointPolicy.before_last``. With ``<|im_start|>`` (151644) that is the generation
+    prompt's header, where a template that rewrites the previous reply makes the next prompt diverge.
+
+    >>> TurnStart(before_last=9).prompt_positions([1, 9, 2, 9, 3], 0)
+    [3, 5]
     """
 
     bytes_per_snapshot: int = field(default=DEFAULT_SNAPSHOT_BYTES, kw_only=True)
+    before_last: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self):
         if not isinstance(self.bytes_per_snapshot, int) or self.bytes_per_snapshot <= 0:
             raise ValueError(f"bytes_per_snapshot must be a positive int, got {self.bytes_per_snapshot!r}")
+        b = self.before_last
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
+            raise ValueError(f"before_last must be a token id (int >= 0) or None, got {b!r}")
+
+    def prompt_positions(self, prompt: Sequence[int], start: int) -> list[int]:
+        """Snapshot positions, ascending, created by reading `prompt` from `start` (the prefill span):
+        `positions(start, len(prompt), prompt_end=True)` plus the before_last position."""
+        end = len(prompt)
+        out = self.positions(start, end, prompt_end=True)
+        p = before_last_pos(prompt, self.before_last)
+        if p is not None and start < p < end and p not in out:
+            out = sorted([*out, p])
+        return out
 
     def positions(self, start: int, end: int, *, prompt_end: bool) -> list[int]:
         """Snapshot positions in (start, end] created by reading ids start..end.
@@ -105,7 +128,25 @@ class CheckpointPolicy:
 
     @property
     def name(self) -> str:
-        return type(self).__name__
+        return type(self).__name__ + self._suffix()
+
+    def _suffix(self) -> str:
+        return "" if self.before_last is None else f"+before_last({self.before_last})"
+
+
+def before_last_pos(prompt: Sequence[int], token_id: int | None) -> int | None:
+    """Index of the last occurrence of `token_id` in `prompt` (the position just before it), None when
+    off, absent, or only at index 0.
+
+    >>> before_last_pos([5, 1, 7, 1, 8], 1), before_last_pos([1, 2], 1), before_last_pos([1, 2], None)
+    (3, None, None)
+    """
+    if token_id is None:
+        return None
+    for i in range(len(prompt) - 1, 0, -1):
+        if prompt[i] == token_id:
+            return i
+    return None
 
 
 @dataclass(frozen=True)
@@ -148,7 +189,7 @@ class EveryN(CheckpointPolicy):
 
     @property
     def name(self):
-        return f"EveryN({self.n})"
+        return f"EveryN({self.n})" + self._suffix()
 
 
 @dataclass(frozen=True)
@@ -204,34 +245,62 @@ class MemoryBudget(CheckpointPolicy):
     @property
     def name(self):
         inner = f", every={self.every}" if self.every else ""
-        return f"MemoryBudget({self.mib:g} MiB{inner})"
+        return f"MemoryBudget({self.mib:g} MiB{inner})" + self._suffix()
 
 
-def parse_checkpoint_policy(spec: str, *, bytes_per_snapshot: int = DEFAULT_SNAPSHOT_BYTES) -> CheckpointPolicy:
-    """Build a policy from a short spec: "turn", "none", "every:N", "at:P1,P2", "budget:MIB[:N]".
+# <|im_start|> in the Qwen vocabulary: "header" checkpoints sit just before the generation prompt's header.
+IM_START_ID = 151644
+
+
+def parse_checkpoint_policy(spec: str, *, bytes_per_snapshot: int = DEFAULT_SNAPSHOT_BYTES,
+                            before_last: int | None = None) -> CheckpointPolicy:
+    """Build a policy from a short spec: "turn", "none", "every:N", "at:P1,P2", "budget:MIB[:N]", plus
+    "header" (TurnStart and a snapshot before the last <|im_start|> of each prompt: before_last=151644)
+    or "before-last:ID" (the same with any id). A ",header" / ",before-last:ID" suffix adds it to any
+    other kind ("every:256,header"); `before_last` sets it for every kind.
 
     >>> parse_checkpoint_policy("every:512")
-    EveryN(bytes_per_snapshot=75497472, n=512, turn_start=True)
+    EveryN(bytes_per_snapshot=75497472, before_last=None, n=512, turn_start=True)
+    >>> parse_checkpoint_policy("header").name, parse_checkpoint_policy("every:64,before-last:7").name
+    ('TurnStart+before_last(151644)', 'EveryN(64)+before_last(7)')
     """
-    kind, _, arg = spec.partition(":")
-    kind = kind.strip().lower()
+    spec = spec.strip()
+    low = spec.lower().replace("_", "-")
     try:
+        # a trailing ",header" / ",before-last:ID" on another kind
+        for key in (",header", ",before-last:"):
+            i = low.find(key)
+            if i > 0:
+                before_last = _header_id(low[i + 1:])
+                spec, low = spec[:i], low[:i]
+                break
+        if low in ("header", "turn+header") or low.startswith("before-last:"):
+            return TurnStart(bytes_per_snapshot=bytes_per_snapshot, before_last=_header_id(low))
+        kind, _, arg = spec.partition(":")
+        kind = kind.strip().lower()
+        kw = dict(bytes_per_snapshot=bytes_per_snapshot, before_last=before_last)
         if kind in ("turn", "turnstart", "turn_start"):
-            return TurnStart(bytes_per_snapshot=bytes_per_snapshot)
+            return TurnStart(**kw)
         if kind == "none":
-            return NoCheckpoints(bytes_per_snapshot=bytes_per_snapshot)
+            return NoCheckpoints(**kw)
         if kind in ("every", "everyn"):
-            return EveryN(n=int(arg), bytes_per_snapshot=bytes_per_snapshot)
+            return EveryN(n=int(arg), **kw)
         if kind in ("at", "positions"):
-            return Positions(at=tuple(int(p) for p in arg.split(",") if p), bytes_per_snapshot=bytes_per_snapshot)
+            return Positions(at=tuple(int(p) for p in arg.split(",") if p), **kw)
         if kind in ("budget", "memory"):
             mib, _, every = arg.partition(":")
-            return MemoryBudget(mib=float(mib), every=int(every) if every else None,
-                                bytes_per_snapshot=bytes_per_snapshot)
+            return MemoryBudget(mib=float(mib), every=int(every) if every else None, **kw)
     except ValueError as exc:
         raise ValueError(f"checkpoint policy {spec!r}: {exc}") from None
     raise ValueError(f"checkpoint policy {spec!r}: unknown kind {kind!r} "
-                     "(turn, none, every:N, at:P1,P2, budget:MIB[:N])")
+                     "(turn, none, every:N, at:P1,P2, budget:MIB[:N], header, before-last:ID)")
+
+
+def _header_id(part: str) -> int:
+    if part == "header":
+        return IM_START_ID
+    _, _, arg = part.partition(":")
+    return int(arg)
 
 
 # --- the rule --------------------------------------------------------------------------------------
@@ -337,7 +406,7 @@ class SessionState:
         self._cut(reused)
         self.held.extend(prompt[reused:])
         self._add_segment(reused, len(self.held), "prompt")
-        self._snapshot(reused, len(self.held), prompt_end=True)
+        self._snapshot(reused, len(self.held), prompt_end=True, prompt=prompt)
         self.calls += 1
         return CallPrediction(len(prompt), held_before, lcp, reused, restored, n_ckpt)
 
@@ -375,9 +444,11 @@ class SessionState:
         if end > start:
             self.segments.append((start, end, kind, self.calls - (kind != "prompt")))
 
-    def _snapshot(self, start: int, end: int, *, prompt_end: bool) -> None:
+    def _snapshot(self, start: int, end: int, *, prompt_end: bool, prompt=None) -> None:
         cap = self.policy.capacity
-        for p in self.policy.positions(start, end, prompt_end=prompt_end):
+        ps = self.policy.prompt_positions(prompt, start) if prompt is not None else \
+            self.policy.positions(start, end, prompt_end=prompt_end)
+        for p in ps:
             self.checkpoints[p] = None
             self.checkpoints.move_to_end(p)
             if cap is not None:

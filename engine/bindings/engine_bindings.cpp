@@ -58,7 +58,8 @@ void register_options(py::module_& m) {
       .def_readwrite("at_prompt_end", &CheckpointPolicy::at_prompt_end)
       .def_readwrite("every", &CheckpointPolicy::every)
       .def_readwrite("positions", &CheckpointPolicy::positions)
-      .def_readwrite("budget_mib", &CheckpointPolicy::budget_mib);
+      .def_readwrite("budget_mib", &CheckpointPolicy::budget_mib)
+      .def_readwrite("before_last", &CheckpointPolicy::before_last);
   py::class_<GenerateOptions>(m, "GenerateOptions")
       .def(py::init<>())
       .def_readwrite("max_new_tokens", &GenerateOptions::max_new_tokens)

@@ -19,6 +19,9 @@ void CheckpointPolicy::validate() const {
   for (int64_t p : positions)
     if (p <= 0) throw std::invalid_argument("checkpoints.positions must be > 0, got " + std::to_string(p));
   if (!(budget_mib >= 0.0)) throw std::invalid_argument("checkpoints.budget_mib must be >= 0");
+  if (before_last < -1)
+    throw std::invalid_argument("checkpoints.before_last must be a token id or -1 (off), got " +
+                                std::to_string(before_last));
 }
 
 Session::Session(std::shared_ptr<Model> model, std::string name, CheckpointPolicy policy)
@@ -105,8 +108,16 @@ void Session::cut_to(int64_t pos, int64_t restore) {
   snapshots_.erase(snapshots_.upper_bound(pos), snapshots_.end());
 }
 
+int64_t Session::before_last_pos(const std::vector<int32_t>& prompt) const {
+  if (policy_.before_last < 0) return -1;
+  for (int64_t i = int64_t(prompt.size()) - 1; i > 0; --i)
+    if (prompt[size_t(i)] == policy_.before_last) return i;
+  return -1;  // absent, or only at index 0 (no position before it)
+}
+
 bool Session::is_checkpoint_pos(int64_t pos) const {
   if (pos <= 0) return false;
+  if (pos == extra_pos_) return true;
   if (policy_.every > 0 && pos % policy_.every == 0) return true;
   return std::find(policy_.positions.begin(), policy_.positions.end(), pos) != policy_.positions.end();
 }
@@ -185,7 +196,14 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
   r.used_saved_logits = p.saved_logits;
 
   cut_to(p.reused, p.restore);
-  if (!p.saved_logits) read(prompt.data() + p.reused, P - p.reused, true);
+  extra_pos_ = before_last_pos(prompt);  // read() splits there and snapshots it (only when reused < it)
+  try {
+    if (!p.saved_logits) read(prompt.data() + p.reused, P - p.reused, true);
+  } catch (...) {
+    extra_pos_ = -1;
+    throw;
+  }
+  extra_pos_ = -1;
   maybe_checkpoint(true);
   r.prefill_ms = ms_since(t0);
 

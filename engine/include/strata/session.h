@@ -16,6 +16,8 @@
 // The checkpoint policy applies to every model: every snapshot holds the logits after its last id
 // (vocab_size floats, counted in snapshot_bytes and the budget); an attention-only model's snapshot
 // holds only those (its KV cache can be cut anywhere).
+// before_last: a prompt read is split at p = the index of the last occurrence of that id in the prompt
+// when reused < p (p < len(prompt) always), so the snapshot at p is exact and keeps the logits after p.
 // Every generated id, drained ids included, is read into the state before the call returns, so held
 // = prompt + gen_ids + drained_ids afterwards.
 #pragma once
@@ -38,6 +40,10 @@ struct CheckpointPolicy {
   int64_t every = 0;                 // also every N tokens (0: off)
   std::vector<int64_t> positions;    // also at these positions
   double budget_mib = 0.0;           // keep snapshots within this many MiB, evicting the least recently used (0: no limit)
+  // also, after each prompt read, at the position just before the LAST occurrence of this id in the prompt
+  // (-1: off). With <|im_start|> that is the generation prompt's header: a template that rewrites the
+  // previous reply (Qwen3 strips its empty <think> block) diverges right after it.
+  int32_t before_last = -1;
   void validate() const;
 };
 
@@ -100,6 +106,7 @@ class Session {
   void take_checkpoint();
   void enforce_budget();
   bool is_checkpoint_pos(int64_t pos) const;
+  int64_t before_last_pos(const std::vector<int32_t>& prompt) const;
 
   std::shared_ptr<Model> model_;
   std::string name_;
@@ -110,6 +117,7 @@ class Session {
   struct Entry { StateSnapshot snap; uint64_t last_used = 0; };
   std::map<int64_t, Entry> snapshots_;
   uint64_t tick_ = 0;
+  int64_t extra_pos_ = -1;           // the before_last position of the prompt being read (-1: none)
   mutable std::mutex mu_;            // guards held_/snapshots_ for readers while a call runs
   std::atomic<bool> busy_{false};
 };
