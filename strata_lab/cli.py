@@ -86,7 +86,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=args.api_key,
                        max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
                        max_body_bytes=args.max_body, template=args.template, model_name=args.alias,
-                       stop_latency=args.stop_latency))
+                       stop_latency=args.stop_latency, header_checkpoint=not args.no_header_checkpoint))
     return 0
 
 
@@ -149,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alias", help="model name reported to clients")
     p.add_argument("--stop-latency", type=int, default=0,
                    help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")
+    p.add_argument("--no-header-checkpoint", action="store_true",
+                   help="no checkpoint before the generation prompt's <|im_start|> (only the turn start)")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("demo", help="serve an agent session with reply-id reuse off and on; replay and compare")

@@ -43,7 +43,8 @@ __all__ = ["record", "reproduce", "rewrite", "serve", "model_kind", "Recorded", 
 class _EngineRunner:
     """One loaded model, sessions by name, one call = (prompt, forced ids) -> what the engine did."""
 
-    def __init__(self, path, *, threads: int = 1):
+    def __init__(self, path, *, threads: int = 1, before_last: int | None = None):
+        self.before_last = before_last
         cfg = json.loads((Path(path) / "config.json").read_text())
         self.kind = "hybrid" if cfg.get("model_type") == "qwen3_next" else "attention"
         self.name = f"{cfg.get('model_type')}:{Path(path).name}"
@@ -55,7 +56,10 @@ class _EngineRunner:
     def call(self, session: str, prompt_ids, force_ids) -> dict:
         s = self._sessions.get(session)
         if s is None:
-            s = self._sessions[session] = self._engine.session(f"repro-{session}")
+            from .engine import CheckpointPolicy
+
+            s = self._sessions[session] = self._engine.session(
+                f"repro-{session}", checkpoints=CheckpointPolicy(before_last=self.before_last))
             s.reset()
         r = s.generate(list(prompt_ids), max_new_tokens=len(force_ids), force_ids=list(force_ids)).result
         return {"reused": r.reused, "prefill_ms": r.prefill_ms, "decode_ms": r.decode_ms,
@@ -70,6 +74,18 @@ def _model_for(records, model) -> Path:
     if model is not None:
         return Path(model)
     return embedded_model(model_kind(records))
+
+
+def _recorded_header(records) -> int | None:
+    """<|im_start|>'s id when the recording server kept header checkpoints (a recorded checkpoint sits just
+    before the last <|im_start|> of some prompt: `strata-lab serve` without --no-header-checkpoint), else None."""
+    from .state_model import IM_START_ID, before_last_pos
+
+    for r in records:
+        p = before_last_pos(r["prompt_ids"], IM_START_ID)
+        if p is not None and p in set(r.get("checkpoints") or ()):
+            return IM_START_ID
+    return None
 
 
 def model_kind(records) -> str:
@@ -148,7 +164,7 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer) -> Reproduct
     from .record import Recorder
 
     records = load_dump(dump).records()
-    runner = _EngineRunner(_model_for(records, model), threads=threads)
+    runner = _EngineRunner(_model_for(records, model), threads=threads, before_last=_recorded_header(records))
     if isinstance(tokenizer, str):
         from .tokenizer import load_tokenizer
 

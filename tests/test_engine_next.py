@@ -42,13 +42,13 @@ def _snapshot_bytes(shape) -> int:
 
 def _predictor(policy: CheckpointPolicy, snap_bytes: int) -> SessionState:
     """The state model configured like the engine's native policy."""
+    kw = dict(bytes_per_snapshot=snap_bytes, before_last=policy.before_last)
     if policy.budget_mib:
         inner = dict(every=policy.every or None)
-        return SessionState(policy=MemoryBudget(mib=policy.budget_mib, bytes_per_snapshot=snap_bytes, **inner))
+        return SessionState(policy=MemoryBudget(mib=policy.budget_mib, **kw, **inner))
     if policy.every:
-        return SessionState(policy=EveryN(n=policy.every, turn_start=policy.at_prompt_end,
-                                          bytes_per_snapshot=snap_bytes))
-    return SessionState(policy=TurnStart(bytes_per_snapshot=snap_bytes))
+        return SessionState(policy=EveryN(n=policy.every, turn_start=policy.at_prompt_end, **kw))
+    return SessionState(policy=TurnStart(**kw))
 
 
 def _call(session, pred, prompt, **kw):
@@ -199,18 +199,32 @@ def test_budget_evicts_least_recently_used(moe):
 _TWO_SNAPSHOTS_MIB = 2.5 * _snapshot_bytes(NEXT_PRESETS["tiny-moe"]) / 2**20
 
 
+MARK = 151644  # <|im_start|>: the header checkpoints' id
+
+
 @pytest.mark.parametrize("policy", [CheckpointPolicy(), CheckpointPolicy(every=5),
-                                    CheckpointPolicy(every=3, budget_mib=_TWO_SNAPSHOTS_MIB)],
-                         ids=["turn", "every5", "budget"])
+                                    CheckpointPolicy(every=3, budget_mib=_TWO_SNAPSHOTS_MIB),
+                                    CheckpointPolicy(before_last=MARK),
+                                    CheckpointPolicy(every=3, budget_mib=_TWO_SNAPSHOTS_MIB, before_last=MARK)],
+                         ids=["turn", "every5", "budget", "header", "budget-header"])
 def test_random_sessions_reuse_equals_state_model(moe, policy):
     """Random agent-like call sequences: extend, cut inside replies, repeat, retry; the engine's reuse and
-    checkpoints equal the weight-free prediction on every call."""
+    checkpoints equal the weight-free prediction on every call. With before_last, new prompt ids are
+    often that id, so header snapshots land inside prompts, get restored, cut and evicted."""
     rng = np.random.default_rng(11)
+    if policy.before_last is not None:
+        def _ids(n, seed=0):
+            ids = np.random.default_rng(seed).integers(0, 151643, n)
+            ids[np.random.default_rng(seed + 1).random(n) < 0.35] = MARK
+            return [int(i) for i in ids]
+    else:
+        _ids = globals()["_ids"]
     s = moe.session("random", checkpoints=policy)
     s.reset()
     pred = _predictor(policy, _snapshot_bytes(NEXT_PRESETS["tiny-moe"]))
     last = None
-    for _ in range(12):
+    restored = header = 0
+    for _ in range(16 if policy.before_last is not None else 12):
         held = s.held_ids
         kind = rng.integers(0, 5) if held else 0
         if kind == 0:
@@ -225,8 +239,11 @@ def test_random_sessions_reuse_equals_state_model(moe, policy):
         else:  # a retry of the previous prompt (ends on its turn-start snapshot when that survives)
             prompt = last
         last = prompt
-        _call(s, pred, prompt, max_new_tokens=int(rng.integers(0, 6)))
+        r = _call(s, pred, prompt, max_new_tokens=int(rng.integers(0, 6)))
+        restored += (r.restored_checkpoint or 0) > 0
+        header += 0 < (r.restored_checkpoint or 0) < len(prompt) and prompt[r.restored_checkpoint] == MARK
     assert np.abs(s.last_logits() - moe.forward(s.held_ids)[-1]).max() <= TOL
+    assert restored > 0 and (header > 0 or policy.before_last is None or policy.budget_mib)
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ def load_state(config: ServerConfig) -> ServerState:
     from pathlib import Path
 
     from strata_lab.encoder import PromptEncoder
-    from strata_lab.engine import Engine
+    from strata_lab.engine import CheckpointPolicy, Engine
     from strata_lab.record import Recorder
     from strata_lab.template import ChatTemplate
     from strata_lab.tokenizer import load_tokenizer
@@ -57,7 +57,9 @@ def load_state(config: ServerConfig) -> ServerState:
     tokenizer = load_tokenizer("qwen3")
     recorder = Recorder(config.dump) if config.dump else Recorder.from_env()
     name = config.model_name or model_path.name
-    runner = ChatRunner(tokenizer=tokenizer, session=engine.session(config.session), session_name=config.session,
+    policy = CheckpointPolicy(before_last=tokenizer.token_id("<|im_start|>")) if config.header_checkpoint else None
+    runner = ChatRunner(tokenizer=tokenizer, session=engine.session(config.session, checkpoints=policy),
+                        session_name=config.session,
                         encoder=PromptEncoder(tokenizer), max_context=config.max_context, recorder=recorder,
                         reply_reuse=config.reply_reuse, model_name=name,
                         stop_latency=config.stop_latency)

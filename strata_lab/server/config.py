@@ -30,6 +30,9 @@ class ServerConfig:
     model_name: str | None = None
     session: str = "default"
     stop_latency: int = 0             # engine steps a STOP takes to land (production engines: 1-3)
+    # also checkpoint before the generation prompt's header (the last <|im_start|> of each prompt): on a
+    # hybrid model it serves the next prompt when the template strips the previous reply's <think> block
+    header_checkpoint: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
