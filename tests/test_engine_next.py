@@ -363,3 +363,47 @@ def test_make_tiny_dispatches_to_qwen3_next(tmp_path):
     ef = Engine.load(make_tiny(tmp_path / "f", arch="qwen3_next", overrides=SMALL))
     assert eb.info["weight_bytes"] * 2 == ef.info["weight_bytes"]
     assert np.isfinite(eb.forward([3, 4, 5])).all()
+
+
+@pytest.mark.parametrize("header", [True, False], ids=["header", "turn-only"])
+def test_template_rewrite_restores_header_checkpoint(moe, qwen3, header):
+    """The Qwen3 template strips the previous reply's empty <think> block once a user turn arrives, so the
+    next prompt parts from the held ids right after the old generation prompt's header. A before_last
+    checkpoint (just before that <|im_start|>) serves it: the call reads only the assistant turn onward;
+    with the turn start only, a hybrid session starts over from 0."""
+    from strata_lab import ChatTemplate
+
+    tok, tmpl = qwen3, ChatTemplate.from_name("qwen3")
+    im_start = tok.token_id("<|im_start|>")
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
+    # thinking off: the generation prompt ends with an empty '<think>\n\n</think>\n\n' block
+    p1 = tok.encode(tmpl.render(msgs, enable_thinking=False))
+    assert tok.decode(p1).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    reply_text = "Blue."
+    reply = tok.encode(reply_text) + [tok.token_id("<|im_end|>")]
+    msgs2 = msgs + [{"role": "assistant", "content": reply_text}, {"role": "user", "content": "Another?"}]
+    p2 = tok.encode(tmpl.render(msgs2, enable_thinking=False))
+    lcp = next(i for i, (a, b) in enumerate(zip(p1 + reply, p2)) if a != b)
+    hdr = max(i for i, t in enumerate(p1) if t == im_start)  # before '<|im_start|>assistant\n'
+    # the old reply's empty think block is gone: p2 parts right after the old generation prompt's header,
+    # before the turn-start checkpoint at len(p1)
+    assert tok.decode(p1[hdr:lcp]) == "<|im_start|>assistant\n" and lcp < len(p1) and p2[hdr] == im_start
+
+    policy = CheckpointPolicy(before_last=im_start if header else None)
+    s = moe.session(f"rewrite-{header}", checkpoints=policy)
+    s.reset()
+    pred = _predictor(policy, _snapshot_bytes(NEXT_PRESETS["tiny-moe"]))
+    r1 = _call(s, pred, p1, max_new_tokens=len(reply), force_ids=reply)
+    assert r1.checkpoints == ([hdr, len(p1)] if header else [len(p1)])
+    r2 = _call(s, pred, p2, max_new_tokens=0)
+    if header:
+        assert (r2.reused, r2.restored_checkpoint, r2.tokens_read) == (hdr, hdr, len(p2) - hdr)
+        assert hdr in r2.checkpoints  # kept for the next rewrite
+    else:
+        assert (r2.reused, r2.tokens_read) == (0, len(p2))
+    assert np.abs(s.last_logits() - moe.forward(p2)[-1]).max() <= TOL
+    # the header snapshot's logits are exact: a prompt ending there is served from it, nothing read
+    if header:
+        r3 = _call(s, pred, p2[:hdr], max_new_tokens=0)
+        assert r3.used_saved_logits and r3.tokens_read == 0
+        assert np.abs(s.last_logits() - moe.forward(p2[:hdr])[-1]).max() <= TOL
