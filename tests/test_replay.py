@@ -274,3 +274,42 @@ def test_recorded_engine_dumps_match_prediction(qwen3, path):
     rep = replay(path, tokenizer=qwen3, model=model, checkpoint_policy="recorded")
     assert rep["mismatches"] == 0, [(r["session"], r["index"], r["recorded_reused"], r["reused"])
                                     for r in rep.rows if r["recorded_reused"] != r["reused"]][:5]
+
+
+def test_header_policy_on_the_shipped_agent_dump(qwen3):
+    """`--policy header`: a snapshot before the generation prompt's <|im_start|> serves the template
+    rewrite (the old reply's empty <think> block stripped) that sends the baseline back to 0."""
+    path = os.path.join(os.path.dirname(__file__), "..", "dumps", "agent.jsonl")
+    base = replay(path, tokenizer=qwen3, model="hybrid", checkpoint_policy="turn")
+    hdr = replay(path, tokenizer=qwen3, model="hybrid", policy="header")
+    assert hdr["reused"] > base["reused"] and hdr["reread"] < base["reread"] // 2
+    assert hdr["prompt_tokens"] == base["prompt_tokens"]
+    worst = max(base.rows, key=lambda r: r["reread"])
+    assert worst["cause"] == "template_rewrite" and worst["reused"] == 0
+    assert hdr.rows[base.rows.index(worst)]["reused"] > 0
+
+
+@pytest.mark.parametrize("spec,want", [
+    ("header", TurnStart(before_last=151644)), ("before-last:7", TurnStart(before_last=7)),
+    ("every:64,header", EveryN(64, before_last=151644)), ("budget:288,before-last:9", MemoryBudget(mib=288, before_last=9)),
+    ("none,header", NoCheckpoints(before_last=151644))])
+def test_parse_header_specs(spec, want):
+    assert parse_policy(spec).checkpoint_policy == want
+
+
+@pytest.mark.parametrize("spec", ["before-last:x", "before-last:-3", "every:4,before-last:"])
+def test_bad_header_specs_raise(spec):
+    with pytest.raises(ValueError, match="before_last|invalid literal"):
+        parse_policy(spec)
+
+
+def test_header_prediction_matches_state_model_rules():
+    s = SessionState(policy=TurnStart(before_last=9))
+    s.call([1, 9, 2, 9, 3])
+    assert list(s.checkpoints) == [3, 5]
+    s.finish([4, 5])
+    assert s.call([1, 9, 2, 9, 3, 4, 5, 9, 6]).reused == 7  # extends held; the header at 7 is not read
+    assert list(s.checkpoints) == [3, 5, 9]
+    s.finish([])
+    p = s.call([1, 9, 2, 9, 7, 9, 8])  # diverges after the first header: restores 3, snapshots 5
+    assert (p.reused, p.restored_checkpoint, list(s.checkpoints)) == (3, 3, [3, 5, 7])

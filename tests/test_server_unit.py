@@ -194,3 +194,20 @@ def test_stream_shapes_for_tool_calls():
     an = _frames(AnthropicStream("id", "m", 3).event(call))
     assert [f["type"] for f in an] == ["content_block_start", "content_block_delta", "content_block_stop"]
     assert an[0]["content_block"]["type"] == "tool_use" and json.loads(an[1]["delta"]["partial_json"]) == {"x": 1}
+
+
+@pytest.mark.parametrize("argv,on", [([], True), (["--no-header-checkpoint"], False)])
+def test_header_checkpoint_option_reaches_the_engine_session(argv, on):
+    """Default on: the server's session also checkpoints before each prompt's last <|im_start|>."""
+    pytest.importorskip("strata_lab._engine")
+    from strata_lab.cli import build_parser
+    from strata_lab.server.app import load_state
+
+    args = build_parser().parse_args(["serve", *argv])
+    assert args.no_header_checkpoint is not on and ServerConfig().header_checkpoint
+    st = load_state(ServerConfig(port=0, header_checkpoint=not args.no_header_checkpoint))
+    session = st.runner.session
+    ids = st.tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    r = session.generate(ids, max_new_tokens=0).result
+    head = max(i for i, t in enumerate(ids) if t == st.tokenizer.token_id("<|im_start|>"))
+    assert r.checkpoints == ([head, len(ids)] if on else [len(ids)])
