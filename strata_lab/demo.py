@@ -80,5 +80,8 @@ def run_demo(png="strata-demo.png", *, out_dir=None, model="hybrid", turns: int 
     off, on = rows
     say(f"\nreply-id reuse: {off['reread']} -> {on['reread']} tokens re-read, {off['read']} -> {on['read']} read "
         f"({kind} model, replay agrees with the engine on every call)")
+    turn_only = replay(on["dump"], model=kind, policy="turn")  # the server without its header checkpoint
+    say(f"header checkpoint (before the generation prompt's <|im_start|>): {turn_only['reread']} -> {on['reread']} "
+        f"tokens re-read, {turn_only['read']} -> {on['read']} read (reuse on; turn start only -> recorded)")
     say(f"dumps in {out_dir}; plot written to {png}")
     return table
