@@ -221,21 +221,24 @@ def test_busy_session_raises(tiny_engine):
         stream.result
 
 
-@pytest.mark.parametrize("every,budget_snaps", [(0, 0), (3, 0), (3, 2)], ids=["turn", "every3", "budget"])
-def test_random_sessions_reuse_equals_state_model(tiny_engine, every, budget_snaps):
+@pytest.mark.parametrize("every,budget_snaps,header", [(0, 0, None), (3, 0, None), (3, 2, None), (0, 0, 151644),
+                                                       (3, 2, 151644)],
+                         ids=["turn", "every3", "budget", "header", "budget-header"])
+def test_random_sessions_reuse_equals_state_model(tiny_engine, every, budget_snaps, header):
     """Attention-only: retries, prefixes, cuts and extensions; the engine's reuse and checkpoints equal
     the weight-free prediction on every call (its snapshots are just logits, 4 * vocab bytes each)."""
     from strata_lab.state_model import EveryN, MemoryBudget, SessionState, TurnStart
 
     per = 4 * tiny_engine.info["vocab_size"]
     if budget_snaps:
-        policy = CheckpointPolicy(every=every, budget_mib=(budget_snaps + 0.5) * per / 2**20)
-        model = MemoryBudget(mib=policy.budget_mib, every=every, bytes_per_snapshot=per)
+        policy = CheckpointPolicy(every=every, budget_mib=(budget_snaps + 0.5) * per / 2**20, before_last=header)
+        model = MemoryBudget(mib=policy.budget_mib, every=every, bytes_per_snapshot=per, before_last=header)
     else:
-        policy = CheckpointPolicy(every=every)
-        model = EveryN(every, bytes_per_snapshot=per) if every else TurnStart(bytes_per_snapshot=per)
+        policy = CheckpointPolicy(every=every, before_last=header)
+        model = EveryN(every, bytes_per_snapshot=per, before_last=header) if every else \
+            TurnStart(bytes_per_snapshot=per, before_last=header)
     pred = SessionState(model="attention", policy=model)
-    s = tiny_engine.session(f"rand{every}-{budget_snaps}", checkpoints=policy)
+    s = tiny_engine.session(f"rand{every}-{budget_snaps}-{header}", checkpoints=policy)
     s.reset()
     rng = np.random.default_rng(5)
     hits = 0
@@ -243,9 +246,11 @@ def test_random_sessions_reuse_equals_state_model(tiny_engine, every, budget_sna
         held = s.held_ids
         kind = int(rng.integers(0, 4)) if held else 0
         if kind == 0:
-            prompt = held + [int(x) for x in rng.integers(0, 151643, int(rng.integers(1, 6)))]
+            new = [int(x) for x in rng.integers(0, 151643, int(rng.integers(1, 6)))]
+            prompt = held + ([header if rng.random() < 0.4 else x for x in new] if header else new)
         elif kind == 1:
-            prompt = held[: int(rng.integers(1, len(held) + 1))] + [int(rng.integers(0, 151643))]
+            new = int(rng.integers(0, 151643))
+            prompt = held[: int(rng.integers(1, len(held) + 1))] + [header if header and rng.random() < 0.4 else new]
         elif kind == 2:
             prompt = held[: int(rng.integers(1, len(held) + 1))]
         else:  # a retry: the previous call's prompt
