@@ -266,6 +266,13 @@ class Session:
     def reset(self) -> None:
         self._s.reset()
 
+    def checkpoint_policy(self) -> dict:
+        """The session's checkpoint policy as a plain dict (the fields of ``CheckpointPolicy``)."""
+        p = self._s.policy()
+        return {"at_prompt_end": bool(p.at_prompt_end), "every": int(p.every),
+                "positions": [int(x) for x in p.positions], "budget_mib": float(p.budget_mib),
+                "before_last": None if p.before_last < 0 else int(p.before_last)}
+
     def plan(self, prompt_ids: Sequence[int]) -> dict:
         """The reuse the next call with ``prompt_ids`` would get (lcp, reused, restore, saved_logits)."""
         return self._s.plan(_as_ids(prompt_ids, "prompt_ids", self._engine.vocab_size))
@@ -311,6 +318,9 @@ class Session:
             record = active()
         if record is not None and record is not False and not hasattr(record, "write_call"):
             raise TypeError(f"record must be None, False or a Recorder, got {type(record).__name__}")
+        if record:
+            # the policy that produced the line's checkpoints, so a reproduction can use the same one
+            record_meta = {"checkpoint_policy": self.checkpoint_policy(), **(record_meta or {})}
         job = _ext().StreamJob(self._s, prompt, opts, V)
         return Stream(job, session=self.name, prompt_ids=prompt, recorder=record or None,
                       record_meta=record_meta)

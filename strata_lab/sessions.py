@@ -43,8 +43,8 @@ __all__ = ["record", "reproduce", "rewrite", "serve", "model_kind", "Recorded", 
 class _EngineRunner:
     """One loaded model, sessions by name, one call = (prompt, forced ids) -> what the engine did."""
 
-    def __init__(self, path, *, threads: int = 1, before_last: int | None = None):
-        self.before_last = before_last
+    def __init__(self, path, *, threads: int = 1, policies: dict | None = None):
+        self.policies = policies or {}  # session -> CheckpointPolicy (default policy when absent)
         cfg = json.loads((Path(path) / "config.json").read_text())
         self.kind = "hybrid" if cfg.get("model_type") == "qwen3_next" else "attention"
         self.name = f"{cfg.get('model_type')}:{Path(path).name}"
@@ -59,7 +59,7 @@ class _EngineRunner:
             from .engine import CheckpointPolicy
 
             s = self._sessions[session] = self._engine.session(
-                f"repro-{session}", checkpoints=CheckpointPolicy(before_last=self.before_last))
+                f"repro-{session}", checkpoints=self.policies.get(session, CheckpointPolicy()))
             s.reset()
         r = s.generate(list(prompt_ids), max_new_tokens=len(force_ids), force_ids=list(force_ids)).result
         return {"reused": r.reused, "prefill_ms": r.prefill_ms, "decode_ms": r.decode_ms,
@@ -76,16 +76,24 @@ def _model_for(records, model) -> Path:
     return embedded_model(model_kind(records))
 
 
-def _recorded_header(records) -> int | None:
-    """<|im_start|>'s id when the recording server kept header checkpoints (a recorded checkpoint sits just
-    before the last <|im_start|> of some prompt: `strata-lab serve` without --no-header-checkpoint), else None."""
+def _recorded_policies(records) -> dict:
+    """session -> the CheckpointPolicy its calls were recorded with: the `checkpoint_policy` field the
+    engine writes into each line, or for older dumps a guess (header checkpoints when a recorded
+    checkpoint sits just before the last <|im_start|> of some prompt, as `strata-lab serve` keeps them)."""
+    from .engine import CheckpointPolicy
     from .state_model import IM_START_ID, before_last_pos
 
+    policies: dict = {}
     for r in records:
+        sid = r.get("session", "default")
+        written = r.get("checkpoint_policy")
+        if isinstance(written, dict):
+            policies.setdefault(sid, CheckpointPolicy(**{**written, "positions": tuple(written.get("positions", ()))}))
+            continue
         p = before_last_pos(r["prompt_ids"], IM_START_ID)
         if p is not None and p in set(r.get("checkpoints") or ()):
-            return IM_START_ID
-    return None
+            policies[sid] = CheckpointPolicy(before_last=IM_START_ID)
+    return policies
 
 
 def model_kind(records) -> str:
@@ -164,7 +172,7 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer) -> Reproduct
     from .record import Recorder
 
     records = load_dump(dump).records()
-    runner = _EngineRunner(_model_for(records, model), threads=threads, before_last=_recorded_header(records))
+    runner = _EngineRunner(_model_for(records, model), threads=threads, policies=_recorded_policies(records))
     if isinstance(tokenizer, str):
         from .tokenizer import load_tokenizer
 

@@ -82,3 +82,25 @@ def test_env_var_turns_recording_on(tiny_dir, tmp_path):
     subprocess.run(**spawn, check=True)
     recs = list(load_dump(path))
     assert [r["reused"] for r in recs] == [0, 4]  # same prompt again: the turn-start snapshot has its logits
+
+
+def test_lines_carry_the_checkpoint_policy_and_reproduce_uses_it(tmp_path):
+    # a hybrid session with an every-3 policy: reproducing the dump needs that policy to be exact
+    from strata_lab import embedded_model
+    from strata_lab.engine import CheckpointPolicy, Engine
+    from strata_lab.sessions import reproduce
+
+    engine = Engine.load(embedded_model("hybrid"), threads=1)
+    s = engine.session("policy", checkpoints=CheckpointPolicy(every=3))
+    s.reset()
+    path = tmp_path / "policy.jsonl"
+    with record_to(path):
+        r = s.generate(PROMPT, max_new_tokens=4, sampling=Sampling(temperature=1.0, seed=5)).result
+        # the next prompt parts inside the reply: only an every-3 checkpoint serves it
+        s.generate(PROMPT + r.gen_ids[:2] + [9707, 1879], max_new_tokens=1).result
+    recs = list(load_dump(path))
+    assert recs[0]["checkpoint_policy"] == {"at_prompt_end": True, "every": 3, "positions": [], "budget_mib": 0.0,
+                                            "before_last": None}
+    assert recs[1]["reused"] == 9  # the checkpoint at 9 (every 3) inside the reply, not the turn start at 8
+    rep = reproduce(path, model=str(embedded_model("hybrid")))
+    assert rep.exact
