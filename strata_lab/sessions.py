@@ -232,7 +232,7 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def serve(*, model=None, dump=None, reply_id_reuse: bool = True, threads: int = 1, stop_latency: int = 0,
-          timeout: float = 60.0) -> Iterator[str]:
+          header_checkpoint: bool = True, timeout: float = 60.0) -> Iterator[str]:
     """Run `strata-lab serve` in a subprocess on a free port; yields its base URL (…/v1); stops it after."""
     port = _free_port()
     from ._spawn import child_process_args
@@ -243,6 +243,8 @@ def serve(*, model=None, dump=None, reply_id_reuse: bool = True, threads: int = 
         cmd += ["--dump", str(Path(dump).resolve())]
     if not reply_id_reuse:
         cmd += ["--no-reply-reuse"]
+    if not header_checkpoint:
+        cmd += ["--no-header-checkpoint"]
     if stop_latency:
         cmd += ["--stop-latency", str(stop_latency)]
     log = open(os.devnull, "wb") if os.environ.get("STRATA_SERVE_LOG") is None \
@@ -295,11 +297,12 @@ class Recorded:
 
 def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turns: int = 4,
            max_tokens: int = 24, seed: int = 0, threads: int = 1, stop_latency: int | None = None,
-           base_url: str | None = None) -> Recorded:
+           header_checkpoint: bool = True, base_url: str | None = None) -> Recorded:
     """Record a scripted session ('agent', 'thinking' or 'webui', see strata_lab.agents) into `out`.
 
     `stop_latency`: engine steps a STOP takes to land (default: 2 for 'thinking', whose budget STOPs then
-    leave drained ids, else 0).
+    leave drained ids, else 0). `header_checkpoint=False` runs the server with only turn-start checkpoints
+    (`--no-header-checkpoint`), which keeps template-rewrite misses visible in the recording.
 
     Starts the server itself (dumping to `out`) unless `base_url` points at one already running, in which
     case that server's own --dump file receives the calls and `out` must be None.
@@ -323,7 +326,7 @@ def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turn
     if stop_latency is None:
         stop_latency = 2 if scenario == "thinking" else 0
     with serve(model=model, dump=out, reply_id_reuse=reply_id_reuse, threads=threads,
-               stop_latency=stop_latency) as url:
+               stop_latency=stop_latency, header_checkpoint=header_checkpoint) as url:
         n = run_script(scenario, url, cfg)
     calls = len(load_dump(out).records()) if out.exists() else 0
     return Recorded(str(out), scenario, reply_id_reuse, n, calls, time.perf_counter() - t0)
@@ -345,6 +348,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-latency", type=int, help="engine steps a STOP takes (default: 2 for thinking, else 0)")
+    p.add_argument("--no-header-checkpoint", action="store_true",
+                   help="server keeps turn-start checkpoints only (template rewrites then fall back further)")
     for name in ("reproduce", "rewrite"):
         q = sub.add_parser(name, help=f"{name} a dump through the engine")
         q.add_argument("dump")
@@ -355,7 +360,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "record":
         print(record(args.scenario, args.out, model=args.model, reply_id_reuse=args.reply_id_reuse, turns=args.turns,
-                     max_tokens=args.max_tokens, seed=args.seed, stop_latency=args.stop_latency))
+                     max_tokens=args.max_tokens, seed=args.seed, stop_latency=args.stop_latency,
+                     header_checkpoint=not args.no_header_checkpoint))
         return 0
     if args.command == "reproduce":
         r = reproduce(args.dump, model=args.model, out=args.out)
