@@ -65,18 +65,26 @@ for r in report.worst(3):
 from strata_lab.widgets import DivergenceViewer
 viewer = DivergenceViewer(DUMPS / "agent.jsonl", tokenizer=tok, only_misses=True)
 viewer'''),
-    md("## Policies: what would the fixes have saved?"),
+    md("## Policies: what would the fixes have saved?\n\n"
+       "`reply-ids` re-encodes each prompt as the server would with reply-id reuse on; `header` adds a "
+       "checkpoint just before the generation prompt's `<|im_start|>`, which serves the template rewrite "
+       "(the stripped `<think>` block) that the turn-start checkpoint cannot; `every:64` checkpoints inside "
+       "replies too, at the cost of snapshot memory."),
     code('''
 from strata_lab.replayer import compare_policies
-table = compare_policies(dump, ["recorded", "reply-ids", "keep-drained", "fixes", "every:64"], tokenizer=tok)
+table = compare_policies(dump, ["recorded", "reply-ids", "keep-drained", "fixes", "header", "fixes+header",
+                                "every:64"], tokenizer=tok)
 table'''),
     code('''
 best = table.set_index("policy")
 assert best.loc["reply-ids", "reread"] <= best.loc["recorded", "reread"]
+assert best.loc["header", "reread"] < best.loc["recorded", "reread"]
 from strata_lab.plots import plot_report
 plot_report(frame, TMP / "agent.png", policies=table)
 print("wrote", TMP / "agent.png")'''),
-    md("The thinking-budget session: a late STOP leaves drained ids in the engine that the next prompt lacks."),
+    md("The thinking-budget session: a late STOP leaves drained ids in the engine. The server keeps the plain-text "
+       "ones in the wrap-up call's prompt (pr-1536), so `keep-drained` only matters for ids it had to drop; the "
+       "misses left come from the template stripping the reasoning on the next turn."),
     code('''
 thinking = replay(DUMPS / "thinking.jsonl", tokenizer=tok, checkpoint_policy="recorded")
 print(thinking.format(worst=2))
