@@ -17,6 +17,24 @@ void use_threads(int threads) {
 #endif
 }
 
+DecoderIO load_decoder_io(Checkpoint& c, const std::string& model_type, int64_t V, int64_t D, int64_t L,
+                          const LoadOptions& opts, ModelInfo& info) {
+  info.model_type = model_type;
+  info.vocab_size = V;
+  info.hidden_size = D;
+  info.num_layers = L;
+  const int64_t cfg_ctx = c.cfg_int("max_position_embeddings", 32768);
+  info.max_context = opts.max_context > 0 ? opts.max_context : cfg_ctx;
+
+  DecoderIO io;
+  const bool tied = c.cfg_bool("tie_word_embeddings", false);
+  io.embed = c.mat("model.embed_tokens.weight", {V, D});
+  io.final_norm = c.to_f32("model.norm.weight", {D});
+  io.lm_head = tied ? io.embed : c.mat("lm_head.weight", {V, D});
+  if (tied && c.has("lm_head.weight")) c.mat("lm_head.weight", {V, D});  // tolerated duplicate; unused
+  return io;
+}
+
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts) {
   if (opts.threads < 0) throw std::invalid_argument("threads must be >= 0, got " + std::to_string(opts.threads));
   if (opts.max_context < 0) throw std::invalid_argument("max_context must be >= 0, got " + std::to_string(opts.max_context));

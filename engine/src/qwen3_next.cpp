@@ -107,18 +107,10 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptio
   inv_freq_ = k::rope_inv_freq(theta, int(rd));
   ad_ = next::AttnDims{D_, H, Hkv, hd, rd, eps_};
 
-  info_.model_type = "qwen3_next";
-  info_.vocab_size = V;
-  info_.hidden_size = D_;
-  info_.num_layers = L;
-  const int64_t cfg_ctx = c.cfg_int("max_position_embeddings", 32768);
-  info_.max_context = opts.max_context > 0 ? opts.max_context : cfg_ctx;
-
-  const bool tied = c.cfg_bool("tie_word_embeddings", false);
-  embed_ = c.mat("model.embed_tokens.weight", {V, D_});
-  final_norm_ = c.to_f32("model.norm.weight", {D_});
-  lm_head_ = tied ? embed_ : c.mat("lm_head.weight", {V, D_});
-  if (tied && c.has("lm_head.weight")) c.mat("lm_head.weight", {V, D_});  // tolerated duplicate; unused
+  DecoderIO io = load_decoder_io(c, "qwen3_next", V, D_, L, opts, info_);
+  embed_ = io.embed;
+  lm_head_ = io.lm_head;
+  final_norm_ = std::move(io.final_norm);
 
   const std::vector<bool> attn = attention_layers(c, L);
   const std::vector<int64_t> mlp_only = int_list(c, "mlp_only_layers");

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "strata/checkpoint.h"
 #include "strata/state.h"
@@ -42,6 +43,16 @@ class Model {
  protected:
   int threads_ = 0;
 };
+
+// What every decoder-only checkpoint shares: the embedding, the final norm and the lm_head (tied to the
+// embedding or separate; a tied checkpoint that still carries lm_head.weight is tolerated, unused). Also
+// fills info's model_type, vocab_size, hidden_size, num_layers and max_context (opts, else the config).
+struct DecoderIO {
+  Mat embed, lm_head;
+  std::vector<float> final_norm;
+};
+DecoderIO load_decoder_io(Checkpoint& c, const std::string& model_type, int64_t V, int64_t D, int64_t L,
+                          const LoadOptions& opts, ModelInfo& info);
 
 // Dispatches on config.json model_type; throws CheckpointError for unknown types or bad files.
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts);
