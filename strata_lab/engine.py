@@ -163,6 +163,13 @@ class GenerateResult:
     decode_ms: float
     checkpoints: list[int] = field(default_factory=list)  # positions restorable after the call
 
+    @property
+    def reread(self) -> int:
+        """Prompt ids the session held (they matched its ids) but read again: min(lcp, held_before) - reused.
+        On a hybrid model this is the cost of having no checkpoint at the divergence; the replay's reread
+        also counts ids that part only where the text does not (see docs/DUMP_FORMAT.md)."""
+        return max(0, min(self.lcp, self.held_before) - self.reused)
+
 
 class Stream:
     """Iterates the generated ids of one call as the C++ decode thread produces them.

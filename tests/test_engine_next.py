@@ -124,6 +124,7 @@ def test_restore_checkpoint_then_continue_equals_fresh_forward(moe):
     p2 = prompt + r1.gen_ids[:5] + [7, 8, 9]
     r2 = _call(s, pred, p2, max_new_tokens=0)
     assert (r2.lcp, r2.reused, r2.restored_checkpoint, r2.tokens_read) == (35, 32, 32, 6)
+    assert r2.reread == 3 and r1.reread == 0  # held 35 matching ids, restored to 32: 3 read again
     assert np.abs(s.last_logits() - moe.forward(p2)[-1]).max() <= TOL
     assert s.checkpoints == [8, 16, 24, 30, 32, 38]
     # extending the held ids reuses everything, nothing restored
