@@ -390,6 +390,23 @@ def test_disconnect_mid_stream_stops_and_keeps_drained(server):
     assert r.status_code == 200
 
 
+def test_disconnect_while_waiting_for_a_whole_answer_stops_it(server):
+    import time
+
+    before = len(server.lines())
+    with pytest.raises(httpx.TimeoutException):  # the client gives up before the answer is done
+        httpx.post(server.url + "/v1/chat/completions", timeout=0.5, json={"messages": USER, "n_predict": -1})
+    for _ in range(200):
+        lines = new_lines(server, before)
+        if lines:
+            break
+        time.sleep(0.05)
+    (line,) = lines
+    assert line["finish"] == "cancelled"
+    assert len(line["gen_ids"]) < CTX - len(line["prompt_ids"])
+    assert chat(server, max_tokens=1, messages=USER).status_code == 200
+
+
 def test_concurrent_clients_one_dump_line_per_engine_call(server):
     before = len(server.lines())
     errors = []

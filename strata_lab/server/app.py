@@ -6,6 +6,7 @@ worker (worker.py), so requests never interleave.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -84,6 +85,15 @@ def _as_error(payload) -> Exception:
     return payload if isinstance(payload, Exception) else RuntimeError(str(payload))
 
 
+async def _cancel_on_disconnect(request, job, every: float = 0.1) -> None:
+    """A non-streaming client that goes away stops its generation too (its drained ids are kept)."""
+    while True:
+        if await request.is_disconnected():
+            job.cancel()
+            return
+        await asyncio.sleep(every)
+
+
 async def _chat(request, req: ChatRequest):
     from starlette.responses import JSONResponse, StreamingResponse
 
@@ -99,11 +109,15 @@ async def _chat(request, req: ChatRequest):
             raise _as_error(payload)
         if not req.stream:
             summary = None
-            async for kind, payload in events:
-                if kind == "error":
-                    raise _as_error(payload)
-                if kind == "done":
-                    summary = payload
+            watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+            try:
+                async for kind, payload in events:
+                    if kind == "error":
+                        raise _as_error(payload)
+                    if kind == "done":
+                        summary = payload
+            finally:
+                watcher.cancel()
             build = openai_response if openai else anthropic_response
             return JSONResponse(build(summary, model=st.model_name, request_id=plan.request_id))
     except BaseException:
