@@ -180,7 +180,7 @@ class Stream:
     soon as the call has ended and its result is read (iteration to the end reads it).
     """
 
-    _STOP_REASONS = ("cancelled", "budget")
+    _STOP_REASONS = ("cancelled", "budget", "stop")
 
     def __init__(self, job, *, session: str = "", prompt_ids: Sequence[int] = (), recorder=None,
                  record_meta: Optional[dict] = None):
@@ -204,8 +204,9 @@ class Stream:
         return i
 
     def stop(self, reason: str = "cancelled") -> None:
-        """Ask the decode loop to stop. ``reason`` ("cancelled" or "budget": a thinking budget ran out)
-        becomes the call's finish when the stop takes effect before the call ends by itself."""
+        """Ask the decode loop to stop. ``reason`` ("cancelled"; "budget": a thinking budget ran out; "stop":
+        a stop sequence appeared in the text) becomes the call's finish when the stop takes effect before
+        the call ends by itself."""
         if reason not in self._STOP_REASONS:
             raise ValueError(f"reason must be one of {self._STOP_REASONS}, got {reason!r}")
         if self._stop_reason is None:

@@ -94,6 +94,44 @@ def test_openai_chat_and_stream_agree(server, oa):
         [line["reused"] for line in lines]
 
 
+def _stop_case(oa):
+    """A greedy answer and a stop sequence from its middle (the first place that text appears)."""
+    full = oa.chat.completions.create(model="x", messages=USER, max_tokens=16, temperature=0).choices[0].message
+    text = full.content
+    assert len(text) >= 8, text
+    for start in range(len(text) // 2, len(text) - 3):
+        stop = text[start:start + 3]
+        if stop.strip() and text.find(stop) == start:
+            return text, stop, start
+    pytest.skip("no unique 3-character stop sequence in the greedy answer")
+
+
+def test_stop_sequences_cut_the_output_in_both_dialects(server, oa, an):
+    text, stop, at = _stop_case(oa)
+    before = len(server.lines())
+    r = oa.chat.completions.create(model="x", messages=USER, max_tokens=16, temperature=0, stop=[stop, "\u2603never"])
+    assert r.choices[0].message.content == text[:at] and r.choices[0].finish_reason == "stop"
+    chunks = list(oa.chat.completions.create(model="x", messages=USER, max_tokens=16, temperature=0, stop=stop,
+                                             stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text[:at]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    lines = new_lines(server, before)
+    assert [line["finish"] for line in lines] == ["stop", "stop"]  # the engine was stopped there
+    m = an.messages.create(model="x", extra_body=T0, max_tokens=16, messages=USER, stop_sequences=[stop])
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
+    assert "".join(b.text for b in m.content if b.type == "text") == text[:at]
+    with an.messages.stream(model="x", extra_body=T0, max_tokens=16, messages=USER, stop_sequences=[stop]) as st:
+        assert "".join(st.text_stream) == text[:at]
+        assert st.get_final_message().stop_reason == "stop_sequence"
+
+
+@pytest.mark.parametrize("body, field", [({"stop": 5}, "stop"), ({"stop": ["a", ""]}, "stop[1]"),
+                                         ({"stop": ["a", "b", "c", "d", "e"]}, "stop")])
+def test_bad_stop_is_a_400_naming_the_field(server, body, field):
+    r = chat(server, max_tokens=1, **body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
 def test_anthropic_messages_and_stream_agree(server, an):
     m = an.messages.create(model="x", extra_body=T0, max_tokens=6, messages=USER, system="Be brief.")
     assert m.role == "assistant" and m.stop_reason in ("max_tokens", "end_turn")

@@ -211,3 +211,28 @@ def test_header_checkpoint_option_reaches_the_engine_session(argv, on):
     r = session.generate(ids, max_new_tokens=0).result
     head = max(i for i, t in enumerate(ids) if t == st.tokenizer.token_id("<|im_start|>"))
     assert r.checkpoints == ([head, len(ids)] if on else [len(ids)])
+
+
+def test_stop_sequences_parse_in_both_dialects():
+    msgs = [{"role": "user", "content": "x"}]
+    assert parse_openai({"messages": msgs, "stop": "END"}).stop == ("END",)
+    assert parse_openai({"messages": msgs, "stop": ["a", "b"]}).stop == ("a", "b")
+    assert parse_openai({"messages": msgs}).stop == ()
+    assert parse_anthropic({"messages": msgs, "max_tokens": 1, "stop_sequences": ["\n\nHuman:"]}).stop == ("\n\nHuman:",)
+    with pytest.raises(RequestError) as err:
+        parse_anthropic({"messages": msgs, "max_tokens": 1, "stop_sequences": "END"})  # Anthropic takes a list
+    assert err.value.field == "stop_sequences"
+
+
+def test_stop_matcher_holds_back_a_possible_start_and_cuts_at_the_first_hit():
+    from strata_lab.server.output import StopMatcher
+
+    m = StopMatcher(["</answer>", "STOP"])
+    out = [m.push(piece) for piece in ["The ans", "wer is 4", "2</ans", "wer> and more"]]
+    assert "".join(out) == "The answer is 42" and m.hit == "</answer>"
+    assert m.push("ignored") == "" and m.flush() == ""
+    m = StopMatcher(["STOP"])
+    assert m.push("no ST") == "no " and m.flush() == "ST" and m.hit is None
+    m = StopMatcher(["bb", "abc"])  # the earliest hit in the text wins
+    assert m.push("xabcbb") == "x" and m.hit == "abc"
+    assert StopMatcher([]).push("anything") == "anything"

@@ -33,6 +33,12 @@ def _finish(summary) -> str:
     return "tool_calls" if summary.tool_calls else summary.finish
 
 
+def _anthropic_stop(summary) -> str:
+    if summary.stop_sequence is not None and not summary.tool_calls:
+        return "stop_sequence"
+    return _ANTHROPIC_STOP[_finish(summary)]
+
+
 def openai_usage(summary) -> dict:
     return {"prompt_tokens": summary.prompt_tokens, "completion_tokens": summary.completion_tokens,
             "total_tokens": summary.prompt_tokens + summary.completion_tokens,
@@ -71,7 +77,7 @@ def anthropic_response(summary, *, model: str, request_id: str) -> dict:
     for call in summary.tool_calls:
         content.append({"type": "tool_use", "id": new_id("toolu_"), "name": call.name, "input": call.arguments})
     return {"id": request_id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": _ANTHROPIC_STOP[_finish(summary)], "stop_sequence": None,
+            "stop_reason": _anthropic_stop(summary), "stop_sequence": summary.stop_sequence,
             "usage": anthropic_usage(summary), "timings": summary.timings()}
 
 
@@ -165,8 +171,8 @@ class AnthropicStream:
 
     def done(self, summary) -> list[str]:
         return self._close() + [
-            self._frame("message_delta", {"delta": {"stop_reason": _ANTHROPIC_STOP[_finish(summary)],
-                                                    "stop_sequence": None},
+            self._frame("message_delta", {"delta": {"stop_reason": _anthropic_stop(summary),
+                                                    "stop_sequence": summary.stop_sequence},
                                           "usage": anthropic_usage(summary), "timings": summary.timings()}),
             self._frame("message_stop", {})]
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Sequence
 
 from .errors import RequestError
-from .output import Event, OutputParser, TextStream
+from .output import Event, OutputParser, StopMatcher, TextStream
 from .request import ChatRequest
 
 __all__ = ["ChatRunner", "Plan", "Summary", "WRAP_UP", "plain_drained"]
@@ -57,6 +57,7 @@ class Summary:
     reasoning: str = ""
     content: str = ""
     tool_calls: list = field(default_factory=list)
+    stop_sequence: str | None = None  # the stop sequence that ended the output, if one did
 
     def timings(self) -> dict:
         """llama.cpp-style timings summed over the request's engine calls."""
@@ -149,13 +150,14 @@ class ChatRunner:
         parser = OutputParser()
         parser.prime(plan.assistant_text)
         text = TextStream(self.tokenizer)
+        matcher = StopMatcher(req.stop)  # stop sequences: the text ends before the first one
         events: list[Event] = []
 
         def feed(ids: Sequence[int]) -> None:
             for i in ids:
                 if i in self.stop_ids:  # the end of the turn is not text
                     continue
-                for ev in parser.feed(text.push(i)):
+                for ev in parser.feed(matcher.push(text.push(i))):
                     events.append(ev)
                     job.emit("event", ev)
 
@@ -165,17 +167,18 @@ class ChatRunner:
         max_new = self._room(len(prompt_ids), limit)
         meta = {"request_id": plan.request_id, "call": 0, "encoder": encoder_stats, "model": self.model_name}
         consumed, hit_budget, thought = self._generate(job, prompt_ids, max_new, sampling, feed, parser, budget,
-                                                       meta)
+                                                       meta, matcher)
         result = consumed["result"]
         gen_ids = list(result.gen_ids)
         drained = list(result.drained_ids)
         feed(gen_ids[consumed["n"]:])  # ids the engine passed on after we stopped reading
-        finish = "cancelled" if job.cancelled else "budget" if hit_budget else result.finish
+        finish = ("cancelled" if job.cancelled else "stop" if matcher.hit is not None else
+                  "budget" if hit_budget else result.finish)
         calls.append(self._stats(0, prompt_ids, result))
         reply_ids = gen_ids + plain_drained(self.tokenizer, drained, self.stop_ids, mid_character=text.mid_character)
         completion = len(reply_ids)
 
-        if hit_budget and not job.cancelled:
+        if hit_budget and not job.cancelled and matcher.hit is None:
             kept = reply_ids[len(gen_ids):]
             feed(kept)
             wrap_ids = self.tokenizer.encode(WRAP_UP) if parser.in_reasoning else []
@@ -185,11 +188,13 @@ class ChatRunner:
             if len(prompt2) <= self.max_context:
                 max_new2 = self._room(len(prompt2), remaining)
                 meta2 = {"request_id": plan.request_id, "call": 1, "model": self.model_name}
-                consumed2, _, _ = self._generate(job, prompt2, max_new2, sampling, feed, parser, None, meta2)
+                consumed2, _, _ = self._generate(job, prompt2, max_new2, sampling, feed, parser, None, meta2,
+                                                 matcher)
                 result = consumed2["result"]
                 gen2 = list(result.gen_ids)
                 feed(gen2[consumed2["n"]:])
-                finish = "cancelled" if job.cancelled else result.finish
+                finish = ("cancelled" if job.cancelled else "stop" if matcher.hit is not None else
+                          result.finish)
                 calls.append(self._stats(1, prompt2, result))
                 more = gen2 + plain_drained(self.tokenizer, result.drained_ids, self.stop_ids,
                                             mid_character=text.mid_character)
@@ -198,7 +203,7 @@ class ChatRunner:
             else:
                 finish = "length"
 
-        tail = text.flush()
+        tail = matcher.push(text.flush()) + matcher.flush()
         for ev in parser.feed(tail) + parser.finish() if tail else parser.finish():
             events.append(ev)
             job.emit("event", ev)
@@ -212,7 +217,7 @@ class ChatRunner:
             finish = "length"
         summary = Summary(finish=finish, prompt_tokens=len(prompt_ids), completion_tokens=completion,
                           cached_tokens=calls[0].reused, calls=calls, reasoning=reasoning, content=content,
-                          tool_calls=tool_calls)
+                          tool_calls=tool_calls, stop_sequence=matcher.hit)
         if req.schema is not None and not job.cancelled:
             self._check_schema(req, plan, content)
         job.emit("done", summary)
@@ -233,8 +238,9 @@ class ChatRunner:
                                f"generate exceed the context of {self.max_context} tokens",
                                code="context_length_exceeded")
 
-    def _generate(self, job, prompt_ids, max_new, sampling, feed, parser, budget, record_meta):
-        """One engine call, fed token by token; stops at the budget or when the job is cancelled.
+    def _generate(self, job, prompt_ids, max_new, sampling, feed, parser, budget, record_meta, matcher):
+        """One engine call, fed token by token; stops at a stop sequence, at the budget, or when the job is
+        cancelled.
 
         The engine writes the call's dump line (with `record_meta`) when the call ends."""
         self.engine_calls += 1
@@ -255,6 +261,10 @@ class ChatRunner:
             counts = parser.in_reasoning
             feed([token])
             n += 1
+            if matcher.hit is not None:
+                stream.stop(reason="stop")
+                stopped = True
+                continue
             if counts:
                 thought += 1
                 if budget is not None and thought >= budget and parser.in_reasoning:

@@ -61,6 +61,45 @@ class TextStream:
         return bool(self._pending)
 
 
+class StopMatcher:
+    """Cuts generated text before the first stop sequence; holds back a tail that may start one.
+
+    >>> m = StopMatcher(["END"])
+    >>> m.push("hello E"), m.push("ND more"), m.hit
+    ('hello ', '', 'END')
+    >>> m = StopMatcher(["END"]); m.push("a E"), m.flush()
+    ('a ', 'E')
+    """
+
+    def __init__(self, stops):
+        self.stops = tuple(stops)
+        self.hit: str | None = None
+        self._held = ""
+
+    def push(self, text: str) -> str:
+        if self.hit is not None or not self.stops:
+            return "" if self.hit is not None else text
+        data = self._held + text
+        found = [(data.find(s), s) for s in self.stops if s in data]
+        if found:
+            at, self.hit = min(found)
+            self._held = ""
+            return data[:at]
+        # keep the longest tail that is a proper prefix of a stop sequence
+        keep = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(data)), keep, -1):
+                if data.endswith(s[:k]):
+                    keep = k
+                    break
+        self._held = data[len(data) - keep:] if keep else ""
+        return data[:len(data) - keep]
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.hit is not None else held
+
+
 def _complete_prefix(data: bytes) -> int:
     """Length of the longest prefix of `data` that does not end inside a UTF-8 character."""
     n = len(data)

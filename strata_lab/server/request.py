@@ -47,6 +47,7 @@ class ChatRequest:
     enable_thinking: bool | None = None
     thinking_budget: int | None = None
     response_format: dict | None = None  # {"type": "json_schema", "json_schema": {"name", "schema"}}
+    stop: tuple[str, ...] = ()           # stop sequences: generation ends before the first one in the text
     model: str | None = None
     extra: dict = field(default_factory=dict)
 
@@ -305,7 +306,26 @@ def parse_openai(body: Any) -> ChatRequest:
         req["enable_thinking"] = _bool(body["enable_thinking"], "enable_thinking")
     if body.get("thinking_budget") is not None:
         req["thinking_budget"] = check_int(body["thinking_budget"], "thinking_budget", minimum=1)
+    req["stop"] = _stop_sequences(body.get("stop"), "stop", allow_str=True)
     return ChatRequest(**req)
+
+
+def _stop_sequences(value: Any, name: str, *, allow_str: bool) -> tuple[str, ...]:
+    """OpenAI `stop` (a string or up to 4 strings) / Anthropic `stop_sequences` (a list of strings)."""
+    if value is None:
+        return ()
+    if allow_str and isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise RequestError(name, "must be " + ("a string or " if allow_str else "") + "an array of strings")
+    if allow_str and len(value) > 4:
+        raise RequestError(name, f"holds at most 4 sequences, got {len(value)}")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise RequestError(f"{name}[{i}]", "must be a non-empty string")
+        out.append(item)
+    return tuple(out)
 
 
 # --- Anthropic --------------------------------------------------------------------------------------
@@ -434,4 +454,5 @@ def parse_anthropic(body: Any) -> ChatRequest:
             req["enable_thinking"] = False
         else:
             raise RequestError("thinking.type", f"must be 'enabled' or 'disabled', got {kind!r}")
+    req["stop"] = _stop_sequences(body.get("stop_sequences"), "stop_sequences", allow_str=False)
     return ChatRequest(**req)
