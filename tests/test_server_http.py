@@ -54,6 +54,16 @@ def new_lines(server, before):
     return server.lines()[before:]
 
 
+def wait_for_lines(server, before, seconds: float = 10.0):
+    """The dump lines written since `before`, once there are some (an ended call writes its line)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (lines := new_lines(server, before)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return lines
+
+
 # --- endpoints ----------------------------------------------------------------------------------------
 def test_info_endpoints(server, oa):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
@@ -413,14 +423,7 @@ def test_disconnect_mid_stream_stops_and_keeps_drained(server):
         for n, _ in enumerate(r.iter_lines()):
             if n > 8:
                 break
-    import time
-
-    for _ in range(100):
-        lines = new_lines(server, before)
-        if lines:
-            break
-        time.sleep(0.05)
-    (line,) = lines
+    (line,) = wait_for_lines(server, before)
     assert line["finish"] == "cancelled" and len(line["drained_ids"]) == 2
     assert len(line["gen_ids"]) < CTX - len(line["prompt_ids"])
     # the next request finds prompt + generated + drained ids in the session
@@ -429,17 +432,10 @@ def test_disconnect_mid_stream_stops_and_keeps_drained(server):
 
 
 def test_disconnect_while_waiting_for_a_whole_answer_stops_it(server):
-    import time
-
     before = len(server.lines())
     with pytest.raises(httpx.TimeoutException):  # the client gives up before the answer is done
         httpx.post(server.url + "/v1/chat/completions", timeout=0.5, json={"messages": USER, "n_predict": -1})
-    for _ in range(200):
-        lines = new_lines(server, before)
-        if lines:
-            break
-        time.sleep(0.05)
-    (line,) = lines
+    (line,) = wait_for_lines(server, before)
     assert line["finish"] == "cancelled"
     assert len(line["gen_ids"]) < CTX - len(line["prompt_ids"])
     assert chat(server, max_tokens=1, messages=USER).status_code == 200

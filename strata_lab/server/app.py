@@ -81,6 +81,13 @@ async def _json_body(request) -> Any:
         raise RequestError("body", f"is not valid JSON: {exc}") from None
 
 
+async def _json_object(request) -> dict:
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise RequestError("body", "must be a JSON object")
+    return body
+
+
 def _as_error(payload) -> Exception:
     return payload if isinstance(payload, Exception) else RuntimeError(str(payload))
 
@@ -183,9 +190,7 @@ async def props(request: Request):
 
 async def tokenize(request: Request):
     st: ServerState = request.app.state.strata
-    body = await _json_body(request)
-    if not isinstance(body, dict):
-        raise RequestError("body", "must be a JSON object")
+    body = await _json_object(request)
     content = body.get("content")
     if not isinstance(content, str):
         raise RequestError("content", "must be a string")
@@ -197,9 +202,7 @@ async def tokenize(request: Request):
 
 async def detokenize(request: Request):
     st: ServerState = request.app.state.strata
-    body = await _json_body(request)
-    if not isinstance(body, dict):
-        raise RequestError("body", "must be a JSON object")
+    body = await _json_object(request)
     ids = body.get("tokens")
     if not isinstance(ids, list):
         raise RequestError("tokens", "must be an array of token ids")
