@@ -21,7 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from strata_lab import load_tokenizer
-from strata_lab.encoder import PromptEncoder
+from strata_lab.text.encoder import PromptEncoder
 
 ROOT = Path(__file__).resolve().parents[1]
 PROSE = ("Öğrenci sınavı geçti ve çok mutlu oldu. ", "这个函数返回一个列表。", "Die Straße ist lang. ",

@@ -33,7 +33,7 @@ def _decode_ms(session, steps: int) -> float:
 
 
 def main(argv=None) -> None:
-    from strata_lab._tiny_next import NEXT_PRESETS, make_tiny_next
+    from strata_lab.tiny import NEXT_PRESETS, make_tiny
     from strata_lab.engine import CheckpointPolicy, Engine
 
     ap = argparse.ArgumentParser()
@@ -49,10 +49,12 @@ def main(argv=None) -> None:
     # the mixers' own work is what a decode step measures.
     b = NEXT_PRESETS["bench"]
     layers = 2
-    common = dict(preset="bench", dtype="bfloat16", vocab_size=4096, num_hidden_layers=layers, num_experts=0,
+    common = dict(vocab_size=4096, num_hidden_layers=layers, num_experts=0,
                   hidden_size=256, intermediate_size=512, tie_word_embeddings=True)
-    variants = {"GDN": make_tiny_next(f"{tmp.name}/gdn", full_attention_interval=layers + 1, **common),
-                "attention": make_tiny_next(f"{tmp.name}/att", full_attention_interval=1, **common)}
+    variants = {"GDN": make_tiny(f"{tmp.name}/gdn", "qwen3_next", "bench", dtype="bfloat16",
+                                 overrides=dict(common, full_attention_interval=layers + 1)),
+                "attention": make_tiny(f"{tmp.name}/att", "qwen3_next", "bench", dtype="bfloat16",
+                                       overrides=dict(common, full_attention_interval=1))}
     ids = [int(i) for i in rng.integers(0, 4096, max(args.contexts))]
     table: dict[str, list[float]] = {}
     for name, path in variants.items():
@@ -77,7 +79,7 @@ def main(argv=None) -> None:
 
     # 2-3. the bench preset: snapshot cost, prefill vs decode
     t = time.perf_counter()
-    path = make_tiny_next(f"{tmp.name}/bench", preset="bench", dtype="bfloat16")
+    path = make_tiny(f"{tmp.name}/bench", "qwen3_next", "bench", dtype="bfloat16")
     eng = Engine.load(path, threads=args.threads)
     print(f"\nbench preset built+loaded in {time.perf_counter() - t:.1f}s "
           f"({eng.info['weight_bytes'] / 2**20:.0f} MiB of bf16 weights)")

@@ -16,7 +16,7 @@ import time
 
 
 def make_dump(path: str, target_mb: float) -> int:
-    from strata_lab.record import Recorder
+    from strata_lab.dump.writer import Recorder
 
     rng = random.Random(0)
     calls = 0
@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=64.0)
     ap.add_argument("--replay-calls", type=int, default=300)
     args = ap.parse_args()
-    from strata_lab.dump import load_dump
+    from strata_lab.dump.reader import load_dump
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bench.jsonl")

@@ -1,3 +1,3 @@
-from .cli import main
+from strata_lab.cli import main
 
 raise SystemExit(main())

@@ -27,6 +27,7 @@ class CheckpointPolicy:
     every: int
     positions: list[int]
     budget_mib: float
+    before_last: int
     def __init__(self) -> None: ...
 
 class GenerateOptions:

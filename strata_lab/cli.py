@@ -7,7 +7,7 @@ import sys
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
-    from .tokenizer import load_tokenizer
+    from strata_lab.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
     text = args.text if args.text is not None else sys.stdin.read()
@@ -36,8 +36,8 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from .dump import load_dump
-    from .replayer import compare_policies, replay
+    from strata_lab.dump.reader import load_dump
+    from strata_lab.replayer import compare_policies, replay
 
     dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
     kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
@@ -51,7 +51,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print("\npolicy comparison:")
         print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     if args.png:
-        from .plots import plot_report
+        from strata_lab.notebook.plots import plot_report
 
         plot_report(report.to_frame(), args.png, policies=table)
         print(f"\nwrote {args.png}")
@@ -59,7 +59,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_template(args: argparse.Namespace) -> int:
-    from .template import TEMPLATE_PRESETS, ChatTemplate
+    from strata_lab.text.template import TEMPLATE_PRESETS, ChatTemplate
 
     tmpl = (ChatTemplate.from_name(args.template) if args.template in TEMPLATE_PRESETS
             else ChatTemplate.from_file(args.template))
@@ -81,7 +81,7 @@ def _cmd_template(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .server import ServerConfig, serve
+    from strata_lab.server import ServerConfig, serve
 
     serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=args.api_key,
                        max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
@@ -91,10 +91,30 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from strata_lab.sessions.demo import run_demo
 
     run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
     return 0
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    from strata_lab.sessions import record
+
+    print(record(args.scenario, args.out, model=args.model, reply_id_reuse=args.reply_id_reuse, turns=args.turns,
+                 max_tokens=args.max_tokens, seed=args.seed, stop_latency=args.stop_latency,
+                 header_checkpoint=not args.no_header_checkpoint))
+    return 0
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from strata_lab.sessions import reproduce, rewrite
+
+    if args.command == "reproduce":
+        r = reproduce(args.dump, model=args.model, out=args.out)
+    else:
+        r = rewrite(args.dump, args.out, policy=args.policy, model=args.model)
+    print(r.summary())
+    return 0 if args.command != "reproduce" or r.exact else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,7 +180,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=4, help="agent turns (default 4)")
     p.set_defaults(func=_cmd_demo)
 
+    from strata_lab.sessions.agents import SCENARIOS
+
+    p = sub.add_parser("record", help="record a scripted agent session against a real server into a dump")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="agent")
+    p.add_argument("--out", required=True, help="dump file to write")
+    p.add_argument("--model", help="model folder, or hybrid / attention (embedded tiny models)")
+    p.add_argument("--reply-id-reuse", action="store_true", help="server reuses the replies' own ids")
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-latency", type=int, help="engine steps a STOP takes (default: 2 for thinking, else 0)")
+    p.add_argument("--no-header-checkpoint", action="store_true",
+                   help="server keeps turn-start checkpoints only (template rewrites then fall back further)")
+    p.set_defaults(func=_cmd_record)
+    for name, text in (("reproduce", "send a dump's prompts through a fresh engine and compare reuse"),
+                       ("rewrite", "rebuild a dump's prompts under a replay policy and run them on the engine")):
+        q = sub.add_parser(name, help=text)
+        q.add_argument("dump")
+        q.add_argument("--model", help="model folder, or hybrid / attention (default: the one the dump names)")
+        q.add_argument("--out", required=name == "rewrite", help="dump file the engine calls are recorded to")
+        if name == "rewrite":
+            q.add_argument("--policy", default="reply-ids", help="replay policy (see `strata-lab replay --help`)")
+        q.set_defaults(func=_cmd_reproduce)
+
     return parser
+
+
+# third-party module -> the extra that brings it (pyproject.toml [project.optional-dependencies])
+_EXTRAS = {"fastapi": "server", "uvicorn": "server", "openai": "server", "httpx": "server",
+           "ipywidgets": "notebook", "hypothesis": "testing"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,6 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        extra = _EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"strata-lab {args.command}: error: {exc.name} is missing; install it with "
+              f"pip install 'strata-lab[{extra}]'", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"strata-lab {args.command}: error: {exc}", file=sys.stderr)
         return 2

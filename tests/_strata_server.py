@@ -18,7 +18,7 @@ def free_port() -> int:
 
 def tiny_model(kind: str = "hybrid") -> Path:
     """The server's own default checkpoint (generated once into the test cache)."""
-    from strata_lab.checkpoints import embedded_model
+    from strata_lab.tiny import embedded_model
 
     return embedded_model(kind)
 

@@ -17,7 +17,7 @@ def qwen3():
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A tiny Qwen3 checkpoint with float32 weights (hidden 64, 2 layers, real vocab)."""
-    from strata_lab.checkpoints import make_tiny
+    from strata_lab.tiny import make_tiny
 
     return make_tiny(tmp_path_factory.mktemp("tiny_f32"), dtype="float32")
 

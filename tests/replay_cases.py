@@ -1,7 +1,7 @@
 """Hand-built sessions with a known replay answer for each cause, written as real dump files."""
 from __future__ import annotations
 
-from strata_lab.record import Recorder
+from strata_lab.dump.writer import Recorder
 
 SYSTEM = "<|im_start|>system\nYou are helpful. Date: 2024-01-01<|im_end|>\n"
 

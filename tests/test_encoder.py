@@ -5,8 +5,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strata_lab.encoder import PromptEncoder
-from strata_lab.strategies import agent_sessions, alternative_tokenizations, texts
+from strata_lab.text.encoder import PromptEncoder
+from strata_lab.testing.strategies import agent_sessions, alternative_tokenizations, texts
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CHAT = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"

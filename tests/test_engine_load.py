@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 _engine = pytest.importorskip("strata_lab._engine")
-from strata_lab.checkpoints import make_tiny, write_safetensors  # noqa: E402
+from strata_lab.tiny import make_tiny, write_safetensors  # noqa: E402
 from strata_lab.engine import Engine  # noqa: E402
 
 IDS = [9707, 1879, 0, 151643, 151645, 13, 220, 14990, 135992, 128, 253, 42, 7, 99999, 151935, 3]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("strata_lab._engine")
-from strata_lab._tiny_next import NEXT_PRESETS, make_tiny_next  # noqa: E402
+from strata_lab.tiny import NEXT_PRESETS, make_tiny  # noqa: E402
 from strata_lab.engine import CheckpointPolicy, Engine  # noqa: E402
 from strata_lab.state_model import EveryN, MemoryBudget, SessionState, TurnStart  # noqa: E402
 
@@ -27,7 +27,7 @@ def _ids(n, seed=0, hi=151643):
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
     """tiny-moe (untied lm_head, 2 GDN + 2 attention layers, MoE with one dense layer), 32-wide."""
-    return Engine.load(make_tiny_next(tmp_path_factory.mktemp("moe"), preset="tiny-moe", **SMALL), threads=2)
+    return Engine.load(make_tiny(tmp_path_factory.mktemp("moe"), "qwen3_next", "tiny-moe", overrides=SMALL), threads=2)
 
 
 def _snapshot_bytes(shape) -> int:
@@ -68,7 +68,7 @@ def test_logits_match_transformers(tmp_path, preset, pattern):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    path = make_tiny_next(tmp_path, preset=preset, pattern=pattern, mtp=True, seed=3)
+    path = make_tiny(tmp_path, "qwen3_next", preset, seed=3, pattern=pattern, mtp=True)
     cfg = json.loads((path / "config.json").read_text())
     assert ("layer_types" in cfg) == (pattern == "layer_types")
     hf = transformers.Qwen3NextForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -281,7 +281,7 @@ def test_reference_scenario_retokenized_reply(moe, scenario, every):
 
 
 def test_recorded_engine_session_replays_to_the_same_reuse(moe, scenario, qwen3, tmp_path):
-    from strata_lab.record import Recorder
+    from strata_lab.dump.writer import Recorder
     from strata_lab.replayer import replay
 
     turn1, reply, turn2, _ = scenario
@@ -317,7 +317,7 @@ def test_bad_checkpoints_raise(tmp_path):
 
     from strata_lab.engine import CheckpointError
 
-    path = make_tiny_next(tmp_path / "a", mtp=True, **SMALL)
+    path = make_tiny(tmp_path / "a", "qwen3_next", overrides=SMALL, mtp=True)
     Engine.load(path)  # mtp.* tensors are ignored
     t = load_file(str(path / "model.safetensors"))
     save_file(dict(t, **{"model.layers.0.extra.weight": np.zeros(3, np.float32)}), str(path / "model.safetensors"))
@@ -338,7 +338,7 @@ def test_bad_checkpoints_raise(tmp_path):
     with pytest.raises(CheckpointError, match="linear_num_value_heads"):
         Engine.load(path)
     with pytest.raises(ValueError, match="pattern"):
-        make_tiny_next(tmp_path / "b", pattern="nope")
+        make_tiny(tmp_path / "b", "qwen3_next", pattern="nope")
 
 
 def test_out_of_range_ids(moe):

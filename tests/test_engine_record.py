@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("strata_lab._engine")
 from strata_lab import load_dump, record_to, replay  # noqa: E402
 from strata_lab.engine import Sampling  # noqa: E402
-from strata_lab.record import Recorder  # noqa: E402
+from strata_lab.dump.writer import Recorder  # noqa: E402
 
 PROMPT = [9707, 1879, 13, 220, 14990, 135992, 42, 7]
 
@@ -88,7 +88,7 @@ def test_lines_carry_the_checkpoint_policy_and_reproduce_uses_it(tmp_path):
     # a hybrid session with an every-3 policy: reproducing the dump needs that policy to be exact
     from strata_lab import embedded_model
     from strata_lab.engine import CheckpointPolicy, Engine
-    from strata_lab.sessions import reproduce
+    from strata_lab.sessions.runs import reproduce
 
     engine = Engine.load(embedded_model("hybrid"), threads=1)
     s = engine.session("policy", checkpoints=CheckpointPolicy(every=3))

@@ -6,10 +6,10 @@ import warnings
 
 import pytest
 
-from strata_lab import record
+from strata_lab.dump import writer as record
 from strata_lab.cli import main
-from strata_lab.dump import DumpWarning, load_dump
-from strata_lab.record import ENV_VAR, Recorder, active, record_to
+from strata_lab.dump.reader import DumpWarning, load_dump
+from strata_lab.dump.writer import ENV_VAR, Recorder, active, record_to
 
 from replay_cases import case, write
 

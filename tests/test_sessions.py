@@ -5,12 +5,12 @@ import os
 
 import pytest
 
-from strata_lab.agents import ScriptConfig, run_script
-from strata_lab.record import Recorder
+from strata_lab.sessions.agents import ScriptConfig, run_script
+from strata_lab.dump.writer import Recorder
 from strata_lab.replayer import replay
 
 pytest.importorskip("strata_lab._engine")
-from strata_lab.sessions import Reproduction, reproduce, rewrite  # noqa: E402
+from strata_lab.sessions.runs import Reproduction, reproduce, rewrite  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +99,8 @@ server = pytest.mark.skipif(not _has_server(), reason="this build has no `strata
 
 @server
 def test_record_webui_session_against_the_server(tmp_path, qwen3):
-    from strata_lab.dump import load_dump
-    from strata_lab.sessions import record
+    from strata_lab.dump.reader import load_dump
+    from strata_lab.sessions.runs import record
 
     out = tmp_path / "webui.jsonl"
     rec = record("webui", out, turns=2, max_tokens=6, seed=3)

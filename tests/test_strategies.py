@@ -4,7 +4,7 @@ import unicodedata
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from strata_lab.strategies import FRAGMENTS, agent_sessions, alternative_tokenizations, conversations, texts
+from strata_lab.testing.strategies import FRAGMENTS, agent_sessions, alternative_tokenizations, conversations, texts
 
 SETTINGS = settings(max_examples=40, deadline=None)
 

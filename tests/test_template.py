@@ -5,10 +5,10 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import strata_lab.messages as messages_module
-import strata_lab.template as template_module
+import strata_lab.text.messages as messages_module
+import strata_lab.text.template as template_module
 from strata_lab import ChatTemplate
-from strata_lab.template import TemplateInputError, TemplateRenderError
+from strata_lab.text.template import TemplateInputError, TemplateRenderError
 
 SYS = "<|im_start|>system\n"
 USER = "<|im_start|>user\n"

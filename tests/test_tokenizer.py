@@ -5,7 +5,7 @@ import unicodedata
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from strata_lab.tokenizer import QWEN_PATTERN, TOKENIZER_SPECS, _resource_path, read_tiktoken_ranks
+from strata_lab.text.tokenizer import QWEN_PATTERN, TOKENIZER_SPECS, _resource_path, read_tiktoken_ranks
 
 tiktoken = pytest.importorskip("tiktoken")
 

@@ -101,7 +101,7 @@ void register_checkpoint(py::module_& m) {
                      : throw std::invalid_argument("kernel level must be 'scalar', 'avx2', 'avx512' or 'avx512bf16', got '" + name + "'");
     kernels::set_level(l);
     return std::string(kernels::level_name(kernels::level()));
-  }, "Use at most this vector level (scalar|avx2|avx512|avx512bf16); returns the level in use.");
+  }, py::arg("name"), "Use at most this vector level (scalar|avx2|avx512|avx512bf16); returns the level in use.");
 }
 
 void register_engine(py::module_& m) {

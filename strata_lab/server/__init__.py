@@ -5,9 +5,9 @@ package loads nothing heavy: FastAPI and the engine are imported when the app is
 """
 from __future__ import annotations
 
-from .config import ServerConfig
-from .errors import RequestError
-from .request import ChatRequest, parse_anthropic, parse_openai
+from strata_lab.server.config import ServerConfig
+from strata_lab.server.errors import RequestError
+from strata_lab.server.request import ChatRequest, parse_anthropic, parse_openai
 
 __all__ = ["ServerConfig", "ChatRequest", "RequestError", "parse_openai", "parse_anthropic", "serve",
            "create_app", "load_state"]
@@ -15,18 +15,18 @@ __all__ = ["ServerConfig", "ChatRequest", "RequestError", "parse_openai", "parse
 
 def serve(config: ServerConfig) -> None:
     """Serve until interrupted (see strata_lab.server.app.serve)."""
-    from .app import serve as _serve
+    from strata_lab.server.app import serve as _serve
 
     _serve(config)
 
 
 def create_app(state):
-    from .app import create_app as _create
+    from strata_lab.server.app import create_app as _create
 
     return _create(state)
 
 
 def load_state(config: ServerConfig):
-    from .app import load_state as _load
+    from strata_lab.server.app import load_state as _load
 
     return _load(config)

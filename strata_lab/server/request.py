@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RequestError
+from strata_lab.server.errors import RequestError
 
 __all__ = ["ChatRequest", "parse_openai", "parse_anthropic", "check_int"]
 

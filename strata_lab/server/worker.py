@@ -67,7 +67,7 @@ class Job:
             if not self.cancelled:
                 self.fn(self)
         except BaseException as exc:  # reported to the client, never kills the worker
-            from .errors import RequestError
+            from strata_lab.server.errors import RequestError
 
             if not isinstance(exc, RequestError):
                 traceback.print_exc(file=sys.stderr)

@@ -1,8 +1,7 @@
-"""Random-weight Qwen3-Next (``qwen3_next``) checkpoints in the exact Hugging Face layout.
+"""Random-weight Qwen3-Next (``qwen3_next``) model folders in the exact Hugging Face layout.
 
-``make_tiny(arch="qwen3_next")`` dispatches here. Only numpy and safetensors are used, so tests and
-benchmarks never download weights. Tensor names and shapes follow /work/shared/ENGINE_SPEC.md; the
-layer pattern can be written either as ``layer_types`` or as ``full_attention_interval`` (both
+``make_tiny(path, "qwen3_next", ...)`` dispatches here. Only numpy is used, so tests and benchmarks never
+download weights. Tensor names and shapes follow docs/ENGINE.md; the layer pattern can be written either as ``layer_types`` or as ``full_attention_interval`` (both
 spellings occur on the Hub), and ``mtp.*`` tensors (multi-token prediction) can be added to check that
 loaders ignore them.
 """
@@ -15,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["NextShape", "NEXT_PRESETS", "make_tiny_next", "write_next"]
+from strata_lab.tiny.writer import special_token_ids, write_folder_files, write_weights
+
+__all__ = ["NextShape", "NEXT_PRESETS", "config_dict", "write"]
 
 
 @dataclass(frozen=True)
@@ -168,51 +169,32 @@ def config_dict(shape: NextShape, *, pattern: str = "layer_types") -> dict:
         d["full_attention_interval"] = interval
     d.update(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", hidden_act="silu",
              attention_bias=False, max_position_embeddings=32768, torch_dtype="float32")
-    if shape.vocab_size > 151645:  # the real Qwen special ids only exist in a full-size vocab
-        d.update(bos_token_id=151643, eos_token_id=151645)
+    ids = special_token_ids()
+    if shape.vocab_size > max(ids.values()):  # the real Qwen special ids only exist in a full-size vocab
+        d.update(bos_token_id=ids["bos"], eos_token_id=ids["eos"])
     return d
 
 
-def make_tiny_next(path: str | os.PathLike, *, preset: str = "tiny", seed: int = 0,
-                   pattern: str = "layer_types", mtp: bool = False, dtype: str = "float32",
-                   **overrides) -> Path:
-    """Write a random-weight ``qwen3_next`` checkpoint to ``path`` and return the path.
-
-    ``preset`` is a key of ``NEXT_PRESETS`` ("tiny", "tiny-moe", "bench"); keyword overrides change
-    single shape fields (e.g. ``num_experts=0``). ``dtype`` is "float32", "bfloat16" or "float16".
-    Like every ``make_tiny`` checkpoint it carries tokenizer.json (the real Qwen3 vocab) and
-    tokenizer_config.json.
+def write(path: str | os.PathLike, shape: NextShape, *, seed: int = 0, dtype: str = "float32",
+          shards: int = 1, pattern: str = "layer_types", mtp: bool = False) -> Path:
+    """Write a random ``qwen3_next`` model folder of ``shape``; ``pattern`` is how config.json spells the
+    layer pattern ("layer_types" or "full_attention_interval"), ``mtp`` adds multi-token-prediction
+    tensors that loaders must ignore.
 
     >>> import tempfile, json
-    >>> p = make_tiny_next(tempfile.mkdtemp(), preset="tiny-moe", hidden_size=32)
+    >>> from strata_lab.tiny import make_tiny
+    >>> p = make_tiny(tempfile.mkdtemp(), "qwen3_next", "tiny-moe", overrides={"hidden_size": 32})
     >>> json.load(open(p / "config.json"))["model_type"], (p / "tokenizer.json").exists()
     ('qwen3_next', True)
     """
-    if preset not in NEXT_PRESETS:
-        raise ValueError(f"preset must be one of {sorted(NEXT_PRESETS)}, got {preset!r}")
-    shape = replace(NEXT_PRESETS[preset], **overrides) if overrides else NEXT_PRESETS[preset]
-    return write_next(path, shape=shape, seed=seed, dtype=dtype, pattern=pattern, mtp=mtp)
-
-
-def write_next(path: str | os.PathLike, *, shape: NextShape, seed: int = 0, dtype: str = "float32",
-               shards: int = 1, pattern: str = "layer_types", mtp: bool = False) -> Path:
-    """The writer behind ``make_tiny(arch="qwen3_next", preset=...)`` and ``make_tiny_next``."""
-    from .checkpoints import DTYPES, _write_tokenizer, write_safetensors
-
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if shards != 1:
-        raise ValueError(f"shards must be 1 for qwen3_next tiny checkpoints, got {shards}")
+        raise ValueError(f"shards must be 1 for qwen3_next model folders, got {shards}")
     cfg = config_dict(shape, pattern=pattern)
     rng = np.random.default_rng(seed)
     tensors = _tensors(shape, rng, 1.0 / np.sqrt(shape.hidden_size), mtp)
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     cfg["torch_dtype"] = dtype
-    write_safetensors(out / "model.safetensors", {k: (dtype, v.shape) for k, v in tensors.items()},
-                      tensors.__getitem__, dtype=dtype)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": False}))
-    _write_tokenizer(out)
+    write_weights(out, {k: v.shape for k, v in tensors.items()}, tensors.__getitem__, dtype=dtype)
+    write_folder_files(out, cfg, {"do_sample": False})
     return out

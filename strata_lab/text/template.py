@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
-from .messages import (TemplateInputError, content_text, structured_output_instruction, validate_messages,
+from strata_lab.text.messages import (TemplateInputError, content_text, structured_output_instruction, validate_messages,
                        validate_tools, with_instruction)
 
 __all__ = ["ChatTemplate", "AppendOnlyFinding", "TemplateInputError", "TemplateRenderError",
@@ -199,7 +199,7 @@ class ChatTemplate:
         if name not in TEMPLATE_PRESETS:
             raise ValueError(f"name: unknown chat template {name!r}; known: {', '.join(sorted(TEMPLATE_PRESETS))}")
         filename, special = TEMPLATE_PRESETS[name]
-        source = resources.files("strata_lab").joinpath("templates").joinpath(filename).read_text("utf-8")
+        source = resources.files("strata_lab.text").joinpath("templates").joinpath(filename).read_text("utf-8")
         return cls(source, name=name, special_tokens=special)
 
     @classmethod

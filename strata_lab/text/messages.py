@@ -8,7 +8,7 @@ or a list of text parts. Every error names the message index and the field, so t
 >>> validate_messages([{"role": "tool", "content": "x"}])
 Traceback (most recent call last):
 ...
-strata_lab.messages.TemplateInputError: messages[0].tool_call_id: must be a non-empty string
+strata_lab.text.messages.TemplateInputError: messages[0].tool_call_id: must be a non-empty string
 """
 from __future__ import annotations
 

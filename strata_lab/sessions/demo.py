@@ -1,6 +1,6 @@
 """`strata-lab demo`: one agent session served twice (reply-id reuse off, then on), replayed and compared.
 
-1. records the scripted agent session (`strata_lab.agents`) against `strata-lab serve` on the embedded tiny
+1. records the scripted agent session (`strata_lab.sessions.agents`) against `strata-lab serve` on the embedded tiny
    model, once with reply-id reuse off and once on, each into its own dump;
 2. replays both (the state model must agree with what the engine reported);
 3. prints reused, read, reread and seconds for both runs;
@@ -21,7 +21,7 @@ def _plot(frames: dict, table, path) -> None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    from .plots import plot_reuse, stacked_reuse
+    from strata_lab.notebook.plots import plot_reuse, stacked_reuse
 
     fig, axes = plt.subplots(1, len(frames) + 1, figsize=(5 * (len(frames) + 1), 3.6))
     for ax, (name, frame) in zip(axes, frames.items()):
@@ -43,9 +43,9 @@ def run_demo(png="strata-demo.png", *, out_dir=None, model="hybrid", turns: int 
     (a new temp dir by default), the plot to `png`."""
     import pandas as pd
 
-    from .dump import load_dump
-    from .replayer import replay
-    from .sessions import model_kind, record
+    from strata_lab.dump.reader import load_dump
+    from strata_lab.replayer import replay
+    from strata_lab.sessions.runs import model_kind, record
 
     say = (lambda *a: None) if quiet else print
     out_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="strata-demo-"))

@@ -1,18 +1,18 @@
 """Agent sessions: record one against the server, reproduce a dump through the engine, rewrite it.
 
 * `record(scenario, out)` starts `strata-lab serve` on a free port (the tiny hybrid model unless `model`
-  names one, dumping every engine call to `out`) and drives a scripted agent (`strata_lab.agents`) against it
+  names one, dumping every engine call to `out`) and drives a scripted agent (`strata_lab.sessions.agents`) against it
   with the openai SDK. The script decides the tool calls and their results; the model writes the replies.
 * `reproduce(dump)` sends the same prompts through a fresh engine, forcing each call's generated and
   drained ids, and reports whether `reused` and `read` reproduce exactly and how the prefill timings compare.
 * `rewrite(dump, out, policy)` rebuilds the prompts as a server with a fix would have sent them (reply-id
   reuse, drained ids kept) and runs them through the engine the same way, recording a new dump.
 
-    python -m strata_lab.sessions record --scenario agent --out dumps/agent.jsonl
+    strata-lab record --scenario agent --out dumps/agent.jsonl
 
 >>> import tempfile, os
 >>> from strata_lab import load_tokenizer
->>> from strata_lab.record import Recorder
+>>> from strata_lab.dump.writer import Recorder
 >>> tok = load_tokenizer("qwen3")
 >>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
 >>> p1 = tok.encode("<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n")
@@ -48,7 +48,7 @@ class _EngineRunner:
         cfg = json.loads((Path(path) / "config.json").read_text())
         self.kind = "hybrid" if cfg.get("model_type") == "qwen3_next" else "attention"
         self.name = f"{cfg.get('model_type')}:{Path(path).name}"
-        from .engine import Engine
+        from strata_lab.engine import Engine
 
         self._engine = Engine.load(path, threads=threads)
         self._sessions: dict[str, object] = {}
@@ -56,7 +56,7 @@ class _EngineRunner:
     def call(self, session: str, prompt_ids, force_ids) -> dict:
         s = self._sessions.get(session)
         if s is None:
-            from .engine import CheckpointPolicy
+            from strata_lab.engine import CheckpointPolicy
 
             s = self._sessions[session] = self._engine.session(
                 f"repro-{session}", checkpoints=self.policies.get(session, CheckpointPolicy()))
@@ -67,7 +67,7 @@ class _EngineRunner:
 
 
 def _model_for(records, model) -> Path:
-    from .checkpoints import EMBEDDED_KINDS, embedded_model
+    from strata_lab.tiny import EMBEDDED_KINDS, embedded_model
 
     if model is not None and model in EMBEDDED_KINDS:
         return embedded_model(model)
@@ -80,8 +80,8 @@ def _recorded_policies(records) -> dict:
     """session -> the CheckpointPolicy its calls were recorded with: the `checkpoint_policy` field the
     engine writes into each line, or for older dumps a guess (header checkpoints when a recorded
     checkpoint sits just before the last <|im_start|> of some prompt, as `strata-lab serve` keeps them)."""
-    from .engine import CheckpointPolicy
-    from .state_model import IM_START_ID, before_last_pos
+    from strata_lab.engine import CheckpointPolicy
+    from strata_lab.state_model import IM_START_ID, before_last_pos
 
     policies: dict = {}
     for r in records:
@@ -149,8 +149,8 @@ class Reproduction:
 
 def _policy_prompts(records, policy, tok) -> Iterator[tuple[dict, list[int]]]:
     """Each record with the prompt a server under `policy` would have sent (the replay's own rules)."""
-    from .replayer import _Rewriter, parse_policy, policy_changes_prompts
-    from .state_model import SessionState
+    from strata_lab.replayer import _Rewriter, parse_policy, policy_changes_prompts
+    from strata_lab.state_model import SessionState
 
     policy = parse_policy(policy) if isinstance(policy, str) else policy
     if policy.checkpoint_policy is not None or not policy_changes_prompts(policy):
@@ -168,13 +168,13 @@ def _policy_prompts(records, policy, tok) -> Iterator[tuple[dict, list[int]]]:
 
 
 def _run(dump, *, policy: str, model, out, threads: int, tokenizer) -> Reproduction:
-    from .dump import load_dump
-    from .record import Recorder
+    from strata_lab.dump.reader import load_dump
+    from strata_lab.dump.writer import Recorder
 
     records = load_dump(dump).records()
     runner = _EngineRunner(_model_for(records, model), threads=threads, policies=_recorded_policies(records))
     if isinstance(tokenizer, str):
-        from .tokenizer import load_tokenizer
+        from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
     pairs = ((r, list(r["prompt_ids"])) for r in records) if policy == "recorded" else \
@@ -235,7 +235,7 @@ def serve(*, model=None, dump=None, reply_id_reuse: bool = True, threads: int = 
           header_checkpoint: bool = True, timeout: float = 60.0) -> Iterator[str]:
     """Run `strata-lab serve` in a subprocess on a free port; yields its base URL (…/v1); stops it after."""
     port = _free_port()
-    from ._spawn import child_process_args
+    from strata_lab._spawn import child_process_args
 
     cmd = ["serve", "--port", str(port), "--threads", str(threads),
            "--model", str(Path(_model_for([], model)).resolve())]
@@ -298,7 +298,7 @@ class Recorded:
 def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turns: int = 4,
            max_tokens: int = 24, seed: int = 0, threads: int = 1, stop_latency: int | None = None,
            header_checkpoint: bool = True, base_url: str | None = None) -> Recorded:
-    """Record a scripted session ('agent', 'thinking' or 'webui', see strata_lab.agents) into `out`.
+    """Record a scripted session ('agent', 'thinking' or 'webui', see strata_lab.sessions.agents) into `out`.
 
     `stop_latency`: engine steps a STOP takes to land (default: 2 for 'thinking', whose budget STOPs then
     leave drained ids, else 0). `header_checkpoint=False` runs the server with only turn-start checkpoints
@@ -307,8 +307,8 @@ def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turn
     Starts the server itself (dumping to `out`) unless `base_url` points at one already running, in which
     case that server's own --dump file receives the calls and `out` must be None.
     """
-    from .agents import SCENARIOS, ScriptConfig, run_script
-    from .dump import load_dump
+    from strata_lab.sessions.agents import SCENARIOS, ScriptConfig, run_script
+    from strata_lab.dump.reader import load_dump
 
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {sorted(SCENARIOS)}, got {scenario!r}")
@@ -330,46 +330,3 @@ def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turn
         n = run_script(scenario, url, cfg)
     calls = len(load_dump(out).records()) if out.exists() else 0
     return Recorded(str(out), scenario, reply_id_reuse, n, calls, time.perf_counter() - t0)
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    from .agents import SCENARIOS
-
-    parser = argparse.ArgumentParser(prog="python -m strata_lab.sessions", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("record", help="record a scripted session against the server")
-    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="agent")
-    p.add_argument("--out", required=True)
-    p.add_argument("--model", help="checkpoint directory, or hybrid / attention (embedded tiny models)")
-    p.add_argument("--reply-id-reuse", action="store_true")
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=24)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stop-latency", type=int, help="engine steps a STOP takes (default: 2 for thinking, else 0)")
-    p.add_argument("--no-header-checkpoint", action="store_true",
-                   help="server keeps turn-start checkpoints only (template rewrites then fall back further)")
-    for name in ("reproduce", "rewrite"):
-        q = sub.add_parser(name, help=f"{name} a dump through the engine")
-        q.add_argument("dump")
-        q.add_argument("--model")
-        q.add_argument("--out", required=name == "rewrite")
-        if name == "rewrite":
-            q.add_argument("--policy", default="reply-ids")
-    args = parser.parse_args(argv)
-    if args.command == "record":
-        print(record(args.scenario, args.out, model=args.model, reply_id_reuse=args.reply_id_reuse, turns=args.turns,
-                     max_tokens=args.max_tokens, seed=args.seed, stop_latency=args.stop_latency,
-                     header_checkpoint=not args.no_header_checkpoint))
-        return 0
-    if args.command == "reproduce":
-        r = reproduce(args.dump, model=args.model, out=args.out)
-    else:
-        r = rewrite(args.dump, args.out, policy=args.policy, model=args.model)
-    print(r.summary())
-    return 0 if args.command != "reproduce" or r.exact else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Hypothesis strategies for property tests of tokenizer boundaries and agent sessions."""
