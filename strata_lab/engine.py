@@ -1,6 +1,6 @@
 """Python face of the C++ engine: Engine, Session, Stream, Sampling, CheckpointPolicy.
 
-A Session follows Contract 1 (shared/DESIGN.md). Its reuse rule, which the replay models exactly:
+A Session follows Contract 1 (docs/CONTRACTS.md). Its reuse rule, which the replay models exactly:
 
 * ``lcp`` = longest common prefix of the prompt and the held ids.
 * If the prompt equals the held ids, ``reused = len(prompt)``: nothing is read, the logits the session

@@ -29,6 +29,9 @@ Long fresh text (>= 2 * `chunk_chars`) is encoded in up to 8 chunks with the tok
 before a split p, which runs a little past p, must have a pre-token start at p whose reach lies inside it;
 otherwise the rest is encoded in one call (see `_encode_fresh`).
 
+Why one module: the cut rule, the entry store and the chunked fresh encode share one invariant (a cut's
+`reach`); split across files, a change to one would silently break the proof the others rely on.
+
 >>> from strata_lab import load_tokenizer
 >>> tok = load_tokenizer("qwen3")
 >>> enc = PromptEncoder(tok)
