@@ -284,7 +284,7 @@ class DivergenceViewer(_Widget):
 
     def show(self, position: int) -> str:
         """Show the call at `position` (among the viewer's calls); returns the aligned-view HTML."""
-        from .divergence import find_divergence
+        from .replayer.divergence import find_divergence
 
         if not 0 <= position < len(self.order):
             raise ValueError(f"position must be in [0, {len(self.order)}), got {position}")
