@@ -103,10 +103,12 @@ def snapshot_positions(policy: CheckpointPolicy, start: int, end: int, *, prompt
     >>> snapshot_positions(CheckpointPolicy(every=4, positions=(10,)), 2, 11, prompt_end=True)
     [4, 8, 10, 11]
     """
+    last = [end] if prompt_end and policy.at_prompt_end and end > 0 else []
+    if not policy.every and not policy.positions:
+        return last
     out = set(range((start // policy.every + 1) * policy.every, end + 1, policy.every)) if policy.every else set()
-    out.update(p for p in policy.positions if start < p <= end)
-    if prompt_end and policy.at_prompt_end and end > 0:
-        out.add(end)
+    out.update([p for p in policy.positions if start < p <= end])
+    out.update(last)
     return sorted(out)
 
 
