@@ -141,3 +141,26 @@ def test_dask_two_workers_equal_in_process(qwen3, tmp_path):
     _same_report(here, there)
     with pytest.raises(ValueError, match="store"):
         replay(src, tokenizer=qwen3, cluster="local:2")
+
+
+def test_fleet_generator_renders_real_sessions_with_realistic_causes(qwen3, tmp_path):
+    from strata_lab.fleet import FleetConfig, generate_fleet, write_fleet
+
+    cfg = FleetConfig(sessions=12, replicas=3, seed=2, p_edit=0.3, p_budget_stop=0.3)
+    recs = list(generate_fleet(cfg, tokenizer=qwen3))
+    assert recs == list(generate_fleet(cfg, tokenizer=qwen3))  # seeded
+    assert [r["ts"] for r in recs] == sorted(r["ts"] for r in recs)
+    assert len({r["replica"] for r in recs}) == 3 and any(".sub" in r["session"] for r in recs)
+    text = qwen3.decode(recs[-1]["prompt_ids"])
+    assert text.startswith("<|im_start|>system\nYou are a") and "<tools>" in text
+    path = tmp_path / "f.jsonl"
+    assert write_fleet(path, cfg, tokenizer=qwen3) == len(recs)
+    rep = replay(path, tokenizer=qwen3, checkpoint_policy="recorded")
+    assert rep["mismatches"] == 0  # the recorded reuse is the state model's
+    for cause in ("retokenized_reply", "template_rewrite", "drained_dropped", "history_edit"):
+        assert rep["causes"].get(cause, 0) > 0, rep["causes"]
+    info = convert_jsonl(path, tmp_path / "s")
+    assert info["bytes_in"] > 10 * info["bytes_out"]  # agent-like traces: >= 10x smaller as Parquet
+    _same_report(rep, replay(tmp_path / "s", tokenizer=qwen3, checkpoint_policy="recorded"))
+    with pytest.raises(ValueError, match="p_edit"):
+        FleetConfig(p_edit=2.0)
