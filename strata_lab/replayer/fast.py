@@ -120,8 +120,26 @@ def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None):
     return seqs, rows, sum(peak.values()), out[0]
 
 
+def session_ends(partitions: list[str]) -> dict[str, int]:
+    """Session -> seq of its last call (from two scalar columns): after it, its state can go."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from ..store.writer import segment_files
+
+    tables = [pq.read_table(f, columns=["session", "seq"]) for p in partitions for f in segment_files(p)]
+    if not tables:
+        return {}
+    t = pa.concat_tables(tables)
+    t = t.filter(pc.is_valid(t["session"]))
+    g = t.group_by("session").aggregate([("seq", "max")])
+    return dict(zip(g["session"].to_pylist(), g["seq_max"].to_pylist()))
+
+
 def _loop(partitions, opts, tok, cost_model, progress, states, last, peak, seqs, rows, recorded_ckpts, out):
     recorded_ms = None
+    ends = session_ends(partitions)
     for k, n, row in domain_rows(partitions):
         rec = _record(row)
         sid = str(rec["session"])
@@ -157,6 +175,8 @@ def _loop(partitions, opts, tok, cost_model, progress, states, last, peak, seqs,
             recorded_ms = (recorded_ms or 0.0) + t
         seqs.append(row["seq"])
         rows.append(r)
+        if ends.get(row["session"]) == row["seq"]:  # the session's last call: free its held ids
+            del states[sid], last[sid]
         if progress is not None:
             progress.update(1)
     out[0] = recorded_ms
