@@ -25,6 +25,7 @@ True
 from __future__ import annotations
 
 import datetime as _dt
+from array import array
 import functools
 
 import orjson
@@ -66,7 +67,16 @@ def _int(v) -> bool:
 
 
 def _ids_ok(v) -> bool:
-    return type(v) is list and all(type(i) is int and 0 <= i <= _INT32 for i in v)
+    """A list of ints in 0..2**31-1 (checked in C: array('i') rejects floats and overflows)."""
+    if type(v) is not list:
+        return False
+    if not v:
+        return True
+    try:
+        a = array("i", v)
+    except (TypeError, OverflowError):
+        return False
+    return min(a) >= 0 and True not in v[:1] and False not in v[:1]
 
 
 def _float(v) -> bool:
@@ -113,8 +123,8 @@ class RowEncoder:
             elif k == "timings" and type(v) is dict and list(v) == ["prefill_ms", "decode_ms"] \
                     and _float(v["prefill_ms"]) and _float(v["decode_ms"]):
                 row["prefill_ms"], row["decode_ms"] = v["prefill_ms"], v["decode_ms"]
-            elif k == "prompt_ids" and _ids_ok(v):
-                pass
+            elif k == "prompt_ids" and type(v) is list:
+                pass  # delta-encoded below (its new ids checked there)
             else:
                 extra[k] = v
         row["keys"] = ",".join(rec)
@@ -122,21 +132,24 @@ class RowEncoder:
             row["raw"] = line.decode("utf-8")
         prompt = rec.get("prompt_ids")
         sid = row["session"]
+        row["parent_call"], row["shared_len"], row["prompt_len"] = -1, 0, -1
         if "prompt_ids" not in extra and prompt is not None:
             prev = self._last.get(sid) if sid is not None else None
             shared = 0
             if prev is not None:
                 from ..replayer.state import lcp_len
 
-                shared = lcp_len(prompt, prev[1])
-            row["parent_call"] = prev[0] if prev is not None and shared > 0 else -1
-            row["shared_len"] = shared if row["parent_call"] >= 0 else 0
-            row["suffix_ids"] = prompt[row["shared_len"]:]
-            row["prompt_len"] = len(prompt)
-            if sid is not None:
-                self._last[sid] = (self.rows, prompt)
-        else:
-            row["parent_call"], row["shared_len"], row["prompt_len"] = -1, 0, -1
+                shared = lcp_len(prompt, prev[1])  # the parent's ids were checked when it was encoded
+            suffix = prompt[shared:] if shared > 0 else prompt
+            if _ids_ok(suffix):
+                row["parent_call"] = prev[0] if shared > 0 else -1
+                row["shared_len"] = shared
+                row["suffix_ids"] = suffix
+                row["prompt_len"] = len(prompt)
+                if sid is not None:
+                    self._last[sid] = (self.rows, prompt)
+            else:
+                extra["prompt_ids"] = prompt  # not ids the columns hold: kept as they are
         row["extra"] = orjson.dumps(extra).decode() if extra else None
         if row["raw"] is None and orjson.dumps(rec) != line:
             row["raw"] = line.decode("utf-8")  # not orjson's own writing: keep the bytes
