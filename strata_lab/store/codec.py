@@ -76,7 +76,7 @@ def _ids_ok(v) -> bool:
         a = array("i", v)
     except (TypeError, OverflowError):
         return False
-    return min(a) >= 0 and True not in v[:1] and False not in v[:1]
+    return min(a) >= 0 and type(v[0]) is not bool  # (a bool past the first id would read back as an int)
 
 
 def _float(v) -> bool:
