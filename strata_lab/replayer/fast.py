@@ -20,7 +20,7 @@ import orjson
 from .state import lcp_len
 from .step import CallRow, recorded_prefill_ms, step
 
-__all__ = ["DeltaPrompt", "replay_domain", "domain_rows"]
+__all__ = ["DeltaPrompt", "DomainSteps", "replay_domain", "domain_rows", "session_ends", "cost_samples"]
 
 _ROW_COLUMNS = ["seq", "session", "request_id", "ts", "call", "parent_call", "shared_len", "suffix_ids",
                 "prompt_len", "reused", "gen_ids", "drained_ids", "checkpoints", "prefill_ms", "decode_ms",
@@ -94,30 +94,93 @@ def _record(row: dict) -> dict:
     return rec
 
 
+class DomainSteps:
+    """The replay of one cache domain as a stream: iterating yields (seq, CallRow) in store order.
+
+    With `show` set (a function), each call's (held ids before, prompt ids, held segments) are copied and
+    handed to it first: what a viewer draws; off by default (no copies: work stays ~ the new ids).
+    `peak_bytes` (summed over sessions) and `recorded_ms` are complete once the stream ends.
+    """
+
+    def __init__(self, partitions: list[str], opts, tok, cost_model, *, show=None):
+        if opts.policy.changes_prompts:
+            raise ValueError("the delta replay serves prompt-keeping policies; rewrite policies replay records")
+        self.partitions, self.opts, self.tok, self.cost_model, self.show = partitions, opts, tok, cost_model, show
+        self.peak: dict = {}
+        self.recorded_ms = None
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.peak.values())
+
+    def __iter__(self):
+        opts, tok, cost_model, peak = self.opts, self.tok, self.cost_model, self.peak
+        states: dict = {}
+        last: dict = {}       # session -> (partition, row, prompt_len) of its previous call
+        recorded_ckpts = opts.recorded_checkpoints
+        ends = session_ends(self.partitions)
+        for k, n, row in domain_rows(self.partitions):
+            rec = _record(row)
+            sid = str(rec["session"])
+            st = states.get(sid)
+            first = st is None
+            if first:
+                st = states[sid] = opts.new_state()
+                peak[sid] = 0
+            held = st.held
+            parent, shared, suffix = row["parent_call"], row["shared_len"], row["suffix_ids"]
+            if row["prompt_len"] is None or row["prompt_len"] < 0:
+                prompt = rec["prompt_ids"]  # not delta-encoded (kept whole in the line)
+                lcp = lcp_len(prompt, held)
+            elif parent < 0:
+                prompt = suffix
+                lcp = lcp_len(prompt, held)
+            else:
+                prev = last.get(sid)
+                if prev is None or prev[0] != k or prev[1] != parent:
+                    raise ValueError(f"store row seq {row['seq']}: parent_call {parent} is not session {sid!r}'s "
+                                     "previous call in its partition")
+                prompt = DeltaPrompt(held, shared, suffix)
+                plen = prev[2]
+                lcp = shared if shared < plen else plen + lcp_len(suffix, held[plen:])
+            if self.show is not None:
+                self.show(list(held), list(prompt), list(st.segments))
+            r = step(st, prompt, rec, tok=tok, first=first, recorded_checkpoints=recorded_ckpts,
+                     cost_model=cost_model, context_chars=opts.context_chars, lcp=lcp)
+            last[sid] = (k, n, r.prompt_len)
+            b = st.snapshot_bytes()
+            if b > peak[sid]:
+                peak[sid] = b
+            t = recorded_prefill_ms(rec)
+            if t is not None:
+                self.recorded_ms = (self.recorded_ms or 0.0) + t
+            if ends.get(row["session"]) == row["seq"]:  # the session's last call: free its held ids
+                del states[sid], last[sid]
+            yield row["seq"], r
+
+
 def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None):
     """Replay one cache domain (its partitions merged in seq order).
 
     Returns (seqs, rows, peak snapshot bytes summed over sessions, recorded prefill ms or None).
     """
-    if opts.policy.changes_prompts:
-        raise ValueError("the delta replay serves prompt-keeping policies; rewrite policies replay records")
-    states: dict = {}
-    last: dict = {}       # session -> (partition, row, prompt_len) of its previous call
-    peak: dict = {}
+    steps = DomainSteps(partitions, opts, tok, cost_model)
     seqs: list[int] = []
     rows: list[CallRow] = []
-    recorded_ckpts = opts.recorded_checkpoints
     # the loop allocates many small objects and frees few: the cyclic GC would rescan the growing rows
     # and states again and again (measured: ~30% of the time). Nothing here makes cycles.
-    out = [None]  # the recorded prefill ms
     gc_was_on = gc.isenabled()
     gc.disable()
     try:
-        _loop(partitions, opts, tok, cost_model, progress, states, last, peak, seqs, rows, recorded_ckpts, out)
+        for seq, r in steps:
+            seqs.append(seq)
+            rows.append(r)
+            if progress is not None:
+                progress.update(1)
     finally:
         if gc_was_on:
             gc.enable()
-    return seqs, rows, sum(peak.values()), out[0]
+    return seqs, rows, steps.peak_bytes, steps.recorded_ms
 
 
 def session_ends(partitions: list[str]) -> dict[str, int]:
@@ -135,51 +198,6 @@ def session_ends(partitions: list[str]) -> dict[str, int]:
     t = t.filter(pc.is_valid(t["session"]))
     g = t.group_by("session").aggregate([("seq", "max")])
     return dict(zip(g["session"].to_pylist(), g["seq_max"].to_pylist()))
-
-
-def _loop(partitions, opts, tok, cost_model, progress, states, last, peak, seqs, rows, recorded_ckpts, out):
-    recorded_ms = None
-    ends = session_ends(partitions)
-    for k, n, row in domain_rows(partitions):
-        rec = _record(row)
-        sid = str(rec["session"])
-        st = states.get(sid)
-        first = st is None
-        if first:
-            st = states[sid] = opts.new_state()
-            peak[sid] = 0
-        held = st.held
-        parent, shared, suffix = row["parent_call"], row["shared_len"], row["suffix_ids"]
-        if row["prompt_len"] is None or row["prompt_len"] < 0:
-            prompt = rec["prompt_ids"]  # not delta-encoded (kept whole in the line)
-            lcp = lcp_len(prompt, held)
-        elif parent < 0:
-            prompt = suffix
-            lcp = lcp_len(prompt, held)
-        else:
-            prev = last.get(sid)
-            if prev is None or prev[0] != k or prev[1] != parent:
-                raise ValueError(f"store row seq {row['seq']}: parent_call {parent} is not session {sid!r}'s "
-                                 "previous call in its partition")
-            prompt = DeltaPrompt(held, shared, suffix)
-            plen = prev[2]
-            lcp = shared if shared < plen else plen + lcp_len(suffix, held[plen:])
-        r = step(st, prompt, rec, tok=tok, first=first, recorded_checkpoints=recorded_ckpts, cost_model=cost_model,
-                 context_chars=opts.context_chars, lcp=lcp)
-        last[sid] = (k, n, r.prompt_len)
-        b = st.snapshot_bytes()
-        if b > peak[sid]:
-            peak[sid] = b
-        t = recorded_prefill_ms(rec)
-        if t is not None:
-            recorded_ms = (recorded_ms or 0.0) + t
-        seqs.append(row["seq"])
-        rows.append(r)
-        if ends.get(row["session"]) == row["seq"]:  # the session's last call: free its held ids
-            del states[sid], last[sid]
-        if progress is not None:
-            progress.update(1)
-    out[0] = recorded_ms
 
 
 def cost_samples(partitions: list[str]) -> list[tuple[int, int, float]]:
