@@ -164,3 +164,22 @@ def test_fleet_generator_renders_real_sessions_with_realistic_causes(qwen3, tmp_
     _same_report(rep, replay(tmp_path / "s", tokenizer=qwen3, checkpoint_policy="recorded"))
     with pytest.raises(ValueError, match="p_edit"):
         FleetConfig(p_edit=2.0)
+
+
+def test_recorder_writes_a_store_directly(tmp_path):
+    from strata_lab.record import Recorder, active, record_to
+    from strata_lab.store.recorder import StoreRecorder
+
+    calls = [dict(session="s", prompt_ids=list(range(1, 5 + k)), reused=k, gen_ids=[7, 8], ts=1.7e9 + k,
+                  request_id=f"q{k}", prefill_ms=1.5, decode_ms=2.0, checkpoints=[4 + k]) for k in range(7)]
+    with Recorder(tmp_path / "d.jsonl") as rec:
+        for c in calls:
+            rec.write_call(**c)
+    with record_to(str(tmp_path / "st") + "/") as rec:
+        assert isinstance(rec, StoreRecorder) and active() is rec
+        for c in calls:
+            rec.write_call(**c)
+        with pytest.raises(ValueError, match="reused"):
+            rec.write_call(session="s", prompt_ids=[1], reused=5)
+    assert rec.closed and rec.lines == 7
+    assert list(Store(tmp_path / "st").lines()) == _lines(tmp_path / "d.jsonl")
