@@ -27,6 +27,9 @@ _EXPORTS = {
     "load_dump": "strata_lab.dump",
     "Dump": "strata_lab.dump",
     "replay": "strata_lab.replayer",
+    "Store": "strata_lab.store",
+    "convert_jsonl": "strata_lab.store",
+    "StoreRecorder": "strata_lab.store.recorder",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
