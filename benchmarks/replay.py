@@ -24,7 +24,7 @@ import orjson
 
 
 def make_dump(path: str, target_mb: float) -> int:
-    from strata_lab.record import Recorder
+    from strata_lab.dump.writer import Recorder
 
     rng = random.Random(0)
     calls = 0

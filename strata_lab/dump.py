@@ -5,7 +5,7 @@ schema) is skipped with a `DumpWarning` naming the file and line; unknown fields
 Files are read line by line, so a dump never has to fit in memory unless you ask for a frame.
 
 >>> import os, tempfile
->>> from strata_lab.record import Recorder
+>>> from strata_lab.dump.writer import Recorder
 >>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
 >>> with Recorder(path) as rec:
 ...     rec.write_call(session="s", prompt_ids=[1, 2], reused=0, gen_ids=[3], finish="stop", note="hi")
@@ -219,7 +219,7 @@ def load_dump(path_or_paths) -> Dump:
     if isinstance(path_or_paths, (str, os.PathLike)):
         p = os.fspath(path_or_paths)
         if os.path.isdir(p) and any(n.startswith("day=") for n in os.listdir(p)):
-            from .store import Store  # a Parquet store (strata-lab convert, StoreRecorder)
+            from strata_lab.store import Store  # a Parquet store (strata-lab convert, StoreRecorder)
 
             return Store(p)
         if os.path.isdir(p):

@@ -164,7 +164,7 @@ def open_recorder(path: str | os.PathLike) -> Recorder:
     """A JSONL `Recorder`, or a Parquet `StoreRecorder` when `path` ends in "/" or is a directory."""
     p = os.fspath(path)
     if p.endswith(("/", os.sep)) or os.path.isdir(p):
-        from .store.recorder import StoreRecorder
+        from strata_lab.store.recorder import StoreRecorder
 
         return StoreRecorder(p)
     return Recorder(p)

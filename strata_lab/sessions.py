@@ -1,7 +1,7 @@
 """Agent sessions: record one against the server, reproduce a dump through the engine, rewrite it.
 
 * `record(scenario, out)` starts `strata-lab serve` on a free port (the tiny hybrid model unless `model`
-  names one, dumping every engine call to `out`) and drives a scripted agent (`strata_lab.agents`) against it
+  names one, dumping every engine call to `out`) and drives a scripted agent (`strata_lab.sessions.agents`) against it
   with the openai SDK. The script decides the tool calls and their results; the model writes the replies.
 * `reproduce(dump)` sends the same prompts through a fresh engine, forcing each call's generated and
   drained ids, and reports whether `reused` and `read` reproduce exactly and how the prefill timings compare.
@@ -12,7 +12,7 @@
 
 >>> import tempfile, os
 >>> from strata_lab import load_tokenizer
->>> from strata_lab.record import Recorder
+>>> from strata_lab.dump.writer import Recorder
 >>> tok = load_tokenizer("qwen3")
 >>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
 >>> p1 = tok.encode("<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n")
@@ -48,7 +48,7 @@ class _EngineRunner:
         cfg = json.loads((Path(path) / "config.json").read_text())
         self.kind = "hybrid" if cfg.get("model_type") == "qwen3_next" else "attention"
         self.name = f"{cfg.get('model_type')}:{Path(path).name}"
-        from .engine import Engine
+        from strata_lab.engine import Engine
 
         self._engine = Engine.load(path, threads=threads)
         self._sessions: dict[str, object] = {}
@@ -56,7 +56,7 @@ class _EngineRunner:
     def call(self, session: str, prompt_ids, force_ids) -> dict:
         s = self._sessions.get(session)
         if s is None:
-            from .engine import CheckpointPolicy
+            from strata_lab.engine import CheckpointPolicy
 
             s = self._sessions[session] = self._engine.session(
                 f"repro-{session}", checkpoints=self.policies.get(session, CheckpointPolicy()))
@@ -67,7 +67,7 @@ class _EngineRunner:
 
 
 def _model_for(records, model) -> Path:
-    from .checkpoints import EMBEDDED_KINDS, embedded_model
+    from strata_lab.tiny import EMBEDDED_KINDS, embedded_model
 
     if model is not None and model in EMBEDDED_KINDS:
         return embedded_model(model)
@@ -80,8 +80,8 @@ def _recorded_policies(records) -> dict:
     """session -> the CheckpointPolicy its calls were recorded with: the `checkpoint_policy` field the
     engine writes into each line, or for older dumps a guess (header checkpoints when a recorded
     checkpoint sits just before the last <|im_start|> of some prompt, as `strata-lab serve` keeps them)."""
-    from .engine import CheckpointPolicy
-    from .replayer.state import IM_START_ID, before_last_pos
+    from strata_lab.engine import CheckpointPolicy
+    from strata_lab.replayer.state import IM_START_ID, before_last_pos
 
     policies: dict = {}
     for r in records:
@@ -149,7 +149,7 @@ class Reproduction:
 
 def _policy_prompts(records, policy, tok) -> Iterator[tuple[dict, list[int]]]:
     """Each record with the prompt a server under `policy` would have sent (the replay's own rules)."""
-    from .replayer import PromptRewriter, SessionState, parse_policy
+    from strata_lab.replayer import PromptRewriter, SessionState, parse_policy
 
     policy = parse_policy(policy) if isinstance(policy, str) else policy
     if policy.checkpoint_policy is not None or not policy.changes_prompts:
@@ -167,13 +167,13 @@ def _policy_prompts(records, policy, tok) -> Iterator[tuple[dict, list[int]]]:
 
 
 def _run(dump, *, policy: str, model, out, threads: int, tokenizer) -> Reproduction:
-    from .dump import load_dump
-    from .record import Recorder
+    from strata_lab.dump import load_dump
+    from strata_lab.dump.writer import Recorder
 
     records = load_dump(dump).records()
     runner = _EngineRunner(_model_for(records, model), threads=threads, policies=_recorded_policies(records))
     if isinstance(tokenizer, str):
-        from .tokenizer import load_tokenizer
+        from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
     pairs = ((r, list(r["prompt_ids"])) for r in records) if policy == "recorded" else \
@@ -234,7 +234,7 @@ def serve(*, model=None, dump=None, reply_id_reuse: bool = True, threads: int = 
           header_checkpoint: bool = True, timeout: float = 60.0) -> Iterator[str]:
     """Run `strata-lab serve` in a subprocess on a free port; yields its base URL (…/v1); stops it after."""
     port = _free_port()
-    from ._spawn import child_process_args
+    from strata_lab._spawn import child_process_args
 
     cmd = ["serve", "--port", str(port), "--threads", str(threads),
            "--model", str(Path(_model_for([], model)).resolve())]
@@ -297,7 +297,7 @@ class Recorded:
 def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turns: int = 4,
            max_tokens: int = 24, seed: int = 0, threads: int = 1, stop_latency: int | None = None,
            header_checkpoint: bool = True, base_url: str | None = None) -> Recorded:
-    """Record a scripted session ('agent', 'thinking' or 'webui', see strata_lab.agents) into `out`.
+    """Record a scripted session ('agent', 'thinking' or 'webui', see strata_lab.sessions.agents) into `out`.
 
     `stop_latency`: engine steps a STOP takes to land (default: 2 for 'thinking', whose budget STOPs then
     leave drained ids, else 0). `header_checkpoint=False` runs the server with only turn-start checkpoints
@@ -306,8 +306,8 @@ def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turn
     Starts the server itself (dumping to `out`) unless `base_url` points at one already running, in which
     case that server's own --dump file receives the calls and `out` must be None.
     """
-    from .agents import SCENARIOS, ScriptConfig, run_script
-    from .dump import load_dump
+    from strata_lab.sessions.agents import SCENARIOS, ScriptConfig, run_script
+    from strata_lab.dump import load_dump
 
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {sorted(SCENARIOS)}, got {scenario!r}")
@@ -334,7 +334,7 @@ def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turn
 def main(argv=None) -> int:
     import argparse
 
-    from .agents import SCENARIOS
+    from strata_lab.sessions.agents import SCENARIOS
 
     parser = argparse.ArgumentParser(prog="python -m strata_lab.sessions", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)

@@ -17,7 +17,7 @@ import io
 import json
 from typing import Sequence
 
-from .tokview import aligned_html, tokens_html
+from strata_lab.notebook.tokview import aligned_html, tokens_html
 
 __all__ = ["TemplateExplorer", "PrefixExperiment", "DivergenceViewer", "ReuseDashboard"]
 
@@ -30,7 +30,7 @@ _ERR = '<div style="color:#b00020; font-family:monospace">{}</div>'
 
 def _tok(tokenizer):
     if isinstance(tokenizer, str):
-        from .tokenizer import load_tokenizer
+        from strata_lab.text.tokenizer import load_tokenizer
 
         return load_tokenizer(tokenizer)
     return tokenizer
@@ -38,7 +38,7 @@ def _tok(tokenizer):
 
 def _tmpl(template):
     if isinstance(template, str):
-        from .template import ChatTemplate
+        from strata_lab.text.template import ChatTemplate
 
         return ChatTemplate.from_name(template)
     return template
@@ -188,7 +188,7 @@ class PrefixExperiment(_Widget):
         probs = np.exp(logits - logits.max())
         probs /= probs.sum()
         top = np.argsort(-probs)[:self.top_k]
-        from .engine import Sampling
+        from strata_lab.engine import Sampling
 
         session = self.engine.session(f"prefix-experiment-{len(self.results)}-{id(self)}")
         session.reset()
@@ -232,15 +232,15 @@ class DivergenceViewer(_Widget):
                  full_hit: str = "held_logits", only_misses: bool = False, page_size: int = 200):
         import ipywidgets as W
 
-        from .dump import load_dump
-        from .replayer import replay
+        from strata_lab.dump import load_dump
+        from strata_lab.replayer import replay
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
         self.only_misses = only_misses
         self.pager = None
         if type(self.dump).__name__ == "Store":  # a store: page through it, never load it whole
-            from .replayer.pages import StorePager
+            from strata_lab.replayer.pages import StorePager
 
             self.report = None
             self.pager = StorePager(self.dump, page_size=page_size, tokenizer=self.tok, model=model,
@@ -326,7 +326,7 @@ class DivergenceViewer(_Widget):
 
     def show(self, position: int, *, force: bool = False) -> str:
         """Show the call at `position` (among the viewer's calls); returns the aligned-view HTML."""
-        from .replayer.divergence import find_divergence
+        from strata_lab.replayer.divergence import find_divergence
 
         if not 0 <= position < len(self.order):
             raise ValueError(f"position must be in [0, {len(self.order)}), got {position}")
@@ -369,7 +369,7 @@ class ReuseDashboard(_Widget):
                  tokenizer="qwen3", model: str = "hybrid", checkpoint_policy=None):
         import ipywidgets as W
 
-        from .dump import load_dump
+        from strata_lab.dump import load_dump
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
@@ -388,8 +388,8 @@ class ReuseDashboard(_Widget):
 
     def refresh(self):
         """Replay under the selected policies; update the summary, the table and the plot. Returns the table."""
-        from .plots import plot_report
-        from .replayer import compare_policies, replay
+        from strata_lab.notebook.plots import plot_report
+        from strata_lab.replayer import compare_policies, replay
 
         self.report = replay(self.dump, **self.kwargs)
         chosen = list(self.policies.value) or ["recorded"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("strata_lab._engine")
-from strata_lab._tiny_next import NEXT_PRESETS, make_tiny_next  # noqa: E402
+from strata_lab.tiny.qwen3_next import NEXT_PRESETS, make_tiny_next  # noqa: E402
 from strata_lab.engine import CheckpointPolicy, Engine  # noqa: E402
 from strata_lab.replayer.state import SessionState  # noqa: E402
 
@@ -275,7 +275,7 @@ def test_reference_scenario_retokenized_reply(moe, scenario, every):
 
 
 def test_recorded_engine_session_replays_to_the_same_reuse(moe, scenario, qwen3, tmp_path):
-    from strata_lab.record import Recorder
+    from strata_lab.dump.writer import Recorder
     from strata_lab.replayer import replay
 
     turn1, reply, turn2, _ = scenario

@@ -31,7 +31,7 @@ def test_prefill_then_decode_equals_full_forward(tiny_engine):
 @pytest.mark.parametrize("overrides", [None, {"hidden_size": 40, "intermediate_size": 100, "head_dim": 10}])
 def test_bf16_weights_decode_bit_identical_to_full_forward(tmp_path, overrides):
     """bf16 weights take the vdpbf16ps kernels where the CPU has them; K = 40/100 exercise the masked tail."""
-    from strata_lab.checkpoints import make_tiny
+    from strata_lab.tiny import make_tiny
     from strata_lab.engine import Engine
 
     eng = Engine.load(make_tiny(tmp_path, dtype="bfloat16", seed=5, overrides=overrides), threads=2)

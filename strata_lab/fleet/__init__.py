@@ -2,6 +2,6 @@
 rendered with the real chat template and tokenizer (`generate_fleet`, `FleetConfig`)."""
 from __future__ import annotations
 
-from .generator import FleetConfig, generate_fleet, write_fleet
+from strata_lab.fleet.generator import FleetConfig, generate_fleet, write_fleet
 
 __all__ = ["FleetConfig", "generate_fleet", "write_fleet"]

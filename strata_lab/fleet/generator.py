@@ -120,9 +120,9 @@ class _Session:
         self.messages = [{"role": "system", "content": sysmsg}]
         self.tools = fleet.tools
         self.subagent = subagent
-        from ..encoder import PromptEncoder
+        from strata_lab.text.encoder import PromptEncoder
 
-        from ..replayer.state import SessionState
+        from strata_lab.replayer.state import SessionState
 
         self.encoder = PromptEncoder(fleet.tok)
         self.state = SessionState(model="hybrid")
@@ -213,8 +213,8 @@ class _Session:
 
 class _Fleet:
     def __init__(self, cfg: FleetConfig, tokenizer):
-        from ..template import ChatTemplate
-        from ..tokenizer import load_tokenizer
+        from strata_lab.text.template import ChatTemplate
+        from strata_lab.text.tokenizer import load_tokenizer
 
         self.cfg = cfg
         self.tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer

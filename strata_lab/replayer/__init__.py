@@ -7,13 +7,13 @@ The replay never imports the HTTP server: the text rules it shares with it live 
 """
 from __future__ import annotations
 
-from .core import ReplayOptions, compare_policies, fit_cost, replay, resolve_options
-from .costs import CostModel
-from .divergence import CAUSES, Divergence, classify, find_divergence
-from .policies import Policy, PromptRewriter, keep_drained_prompt, parse_policy, policy_changes_prompts
-from .report import Report
-from .state import SessionState, parse_checkpoint_policy, predict_reuse
-from .step import CallRow, step
+from strata_lab.replayer.core import ReplayOptions, compare_policies, fit_cost, replay, resolve_options
+from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.divergence import CAUSES, Divergence, classify, find_divergence
+from strata_lab.replayer.policies import Policy, PromptRewriter, keep_drained_prompt, parse_policy, policy_changes_prompts
+from strata_lab.replayer.report import Report
+from strata_lab.replayer.state import SessionState, parse_checkpoint_policy, predict_reuse
+from strata_lab.replayer.step import CallRow, step
 
 __all__ = ["replay", "compare_policies", "fit_cost", "ReplayOptions", "resolve_options", "CostModel", "CAUSES",
            "Divergence", "classify", "find_divergence", "Policy", "PromptRewriter", "keep_drained_prompt",

@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import functools
 
-from .report import Report
+from strata_lab.replayer.report import Report
 
 __all__ = ["replay_on_cluster", "connect"]
 
 
 @functools.lru_cache(maxsize=4)
 def _worker_tokenizer(name: str):
-    from ..tokenizer import load_tokenizer
+    from strata_lab.text.tokenizer import load_tokenizer
 
     return load_tokenizer(name)
 
 
 def _domain_task(partitions, opts, tokenizer, cost_model):
-    from .fast import replay_domain
+    from strata_lab.replayer.fast import replay_domain
 
     tok = _worker_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     return replay_domain(partitions, opts, tok, cost_model)
@@ -61,7 +61,7 @@ def replay_on_cluster(store, opts, tokenizer, cost_model, *, cluster, progress: 
     """The distributed replay behind `replay(store, cluster=...)`."""
     from distributed import as_completed
 
-    from .core import fit_cost_store
+    from strata_lab.replayer.core import fit_cost_store
 
     if opts.policy.changes_prompts:
         raise ValueError("cluster: prompt-rewriting policies (reply-ids, keep-drained) replay in-process only")

@@ -17,8 +17,8 @@ from typing import Iterator
 
 import orjson
 
-from .state import lcp_len
-from .step import CallRow, recorded_prefill_ms, step
+from strata_lab.replayer.state import lcp_len
+from strata_lab.replayer.step import CallRow, recorded_prefill_ms, step
 
 __all__ = ["DeltaPrompt", "DomainSteps", "replay_domain", "domain_rows", "session_ends", "cost_samples"]
 
@@ -59,7 +59,7 @@ class DeltaPrompt(Sequence):
 
 def domain_rows(partitions: list[str], batch_rows: int = 4096) -> Iterator[tuple[int, int, dict]]:
     """(partition index, row number in its partition, row) of a cache domain, in seq order."""
-    from ..store.reader import iter_partition_rows
+    from strata_lab.store.reader import iter_partition_rows
 
     def one(k, part):
         for n, row in enumerate(iter_partition_rows(part, columns=_ROW_COLUMNS, batch_rows=batch_rows)):
@@ -189,7 +189,7 @@ def session_ends(partitions: list[str]) -> dict[str, int]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from ..store.writer import segment_files
+    from strata_lab.store.writer import segment_files
 
     tables = [pq.read_table(f, columns=["session", "seq"]) for p in partitions for f in segment_files(p)]
     if not tables:
@@ -203,7 +203,7 @@ def session_ends(partitions: list[str]) -> dict[str, int]:
 def cost_samples(partitions: list[str]) -> list[tuple[int, int, float]]:
     """(read, reused, prefill_ms) of every call that has them, in seq order: what fit_cost reads. Only the
     scalar columns are read (no id lists)."""
-    from ..store.reader import iter_partition_rows
+    from strata_lab.store.reader import iter_partition_rows
 
     out = []
     cols = ["seq", "prompt_len", "reused", "prefill_ms", "decode_ms", "keys", "extra", "raw"]

@@ -14,8 +14,8 @@ replay where the last one stopped; going back replays the domain again from its 
 """
 from __future__ import annotations
 
-from .core import load_tokenizer_arg, resolve_options
-from .fast import DomainSteps
+from strata_lab.replayer.core import load_tokenizer_arg, resolve_options
+from strata_lab.replayer.fast import DomainSteps
 
 __all__ = ["StorePager"]
 
@@ -25,7 +25,7 @@ class StorePager:
 
     def __init__(self, store, *, domain: str | None = None, page_size: int = 100, tokenizer="qwen3",
                  model: str = "hybrid", checkpoint_policy=None, full_hit: str = "held_logits"):
-        from .core import fit_cost_store
+        from strata_lab.replayer.core import fit_cost_store
 
         if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")

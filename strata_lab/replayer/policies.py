@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine import CheckpointPolicy
-from ..text.stream import ends_mid_character, plain_drained
-from .divergence import find_divergence
-from .state import SessionState, lcp_len, parse_checkpoint_policy
+from strata_lab.engine import CheckpointPolicy
+from strata_lab.text.stream import ends_mid_character, plain_drained
+from strata_lab.replayer.divergence import find_divergence
+from strata_lab.replayer.state import SessionState, lcp_len, parse_checkpoint_policy
 
 __all__ = ["Policy", "parse_policy", "policy_changes_prompts", "PromptRewriter", "keep_drained_prompt"]
 
@@ -205,6 +205,6 @@ class PromptRewriter:
 
 
 def _make_encoder(tok):
-    from ..encoder import PromptEncoder
+    from strata_lab.text.encoder import PromptEncoder
 
     return PromptEncoder(tok)

@@ -38,7 +38,7 @@ from typing import Sequence
 
 # The one snapshot-policy type: the engine's. The state model reads its fields; the engine converts it to
 # the extension's own struct (CheckpointPolicy._native).
-from ..engine import CheckpointPolicy
+from strata_lab.engine import CheckpointPolicy
 
 __all__ = [
     "CheckpointPolicy", "SessionState", "CallPrediction", "lcp_len", "predict_reuse", "reuse_target",

@@ -4,7 +4,7 @@
 session's state by the call's reply, and returns a `CallRow`. `CallRow` owns the report's columns and
 their pandas dtypes (docs/DUMP_FORMAT.md, "replay report").
 
->>> from strata_lab.tokenizer import load_tokenizer
+>>> from strata_lab.text.tokenizer import load_tokenizer
 >>> tok = load_tokenizer("qwen3")
 >>> st = SessionState(model="attention")
 >>> rec = {"session": "s", "prompt_ids": [9707, 11], "gen_ids": [0], "drained_ids": [], "checkpoints": [],
@@ -19,9 +19,9 @@ import math
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from .costs import CostModel
-from .divergence import classify, find_divergence
-from .state import SessionState, lcp_len
+from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.divergence import classify, find_divergence
+from strata_lab.replayer.state import SessionState, lcp_len
 
 __all__ = ["CallRow", "step"]
 

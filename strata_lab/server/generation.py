@@ -17,10 +17,10 @@ import uuid
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Sequence
 
-from ..text.stream import plain_drained
-from .errors import RequestError
-from .output import Event, OutputParser, StopMatcher, TextStream
-from .request import ChatRequest
+from strata_lab.text.stream import plain_drained
+from strata_lab.server.errors import RequestError
+from strata_lab.server.output import Event, OutputParser, StopMatcher, TextStream
+from strata_lab.server.request import ChatRequest
 
 __all__ = ["ChatRunner", "Plan", "Summary", "WRAP_UP", "plain_drained"]
 
@@ -182,7 +182,7 @@ class ChatRunner:
         if self.reply_reuse:
             self.encoder.remember_reply(prompt_ids, reply_ids)
 
-        from .output import collect
+        from strata_lab.server.output import collect
 
         reasoning, content, tool_calls = collect(events)
         if finish == "budget":

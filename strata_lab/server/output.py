@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..text.stream import TextStream
+from strata_lab.text.stream import TextStream
 
 __all__ = ["TextStream", "OutputParser", "Event", "ToolCall", "parse_tool_call"]
 

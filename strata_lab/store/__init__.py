@@ -5,8 +5,8 @@
 """
 from __future__ import annotations
 
-from .convert import convert_jsonl
-from .reader import Store, is_store
-from .writer import StoreWarning, StoreWriter
+from strata_lab.store.convert import convert_jsonl
+from strata_lab.store.reader import Store, is_store
+from strata_lab.store.writer import StoreWarning, StoreWriter
 
 __all__ = ["Store", "is_store", "StoreWriter", "StoreWarning", "convert_jsonl"]

@@ -137,7 +137,7 @@ class RowEncoder:
             prev = self._last.get(sid) if sid is not None else None
             shared = 0
             if prev is not None:
-                from ..replayer.state import lcp_len
+                from strata_lab.replayer.state import lcp_len
 
                 shared = lcp_len(prompt, prev[1])  # the parent's ids were checked when it was encoded
             suffix = prompt[shared:] if shared > 0 else prompt

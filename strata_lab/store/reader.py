@@ -19,8 +19,8 @@ import heapq
 import os
 from typing import Iterator
 
-from .codec import RowDecoder, with_defaults
-from .writer import check_open_markers, partitions, segment_files
+from strata_lab.store.codec import RowDecoder, with_defaults
+from strata_lab.store.writer import check_open_markers, partitions, segment_files
 
 __all__ = ["Store", "is_store"]
 

@@ -19,8 +19,8 @@ import os
 import threading
 from collections.abc import Mapping
 
-from ..record import Recorder
-from .writer import StoreWriter
+from strata_lab.dump.writer import Recorder
+from strata_lab.store.writer import StoreWriter
 
 __all__ = ["StoreRecorder"]
 

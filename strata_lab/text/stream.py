@@ -5,7 +5,7 @@ inside a UTF-8 character. `plain_drained` is the drained-ids rule the server app
 STOP (the leading plain-text run of the drained ids joins the reply); the replay's counterfactuals use the
 same function, so a replayed server keeps exactly the ids the real one keeps.
 
->>> from strata_lab.tokenizer import load_tokenizer
+>>> from strata_lab.text.tokenizer import load_tokenizer
 >>> tok = load_tokenizer("qwen3")
 >>> ts = TextStream(tok)
 >>> ts.push(128), ts.push(253), ts.flush()   # 'ğ' as two byte ids
@@ -68,7 +68,7 @@ def _complete_prefix(data: bytes) -> int:
 def ends_mid_character(tokenizer, ids: Sequence[int], stop_ids: Sequence[int] = ()) -> bool:
     """Whether the text of `ids` (stop ids left out, as the server streams them) ends inside a character.
 
-    >>> from strata_lab.tokenizer import load_tokenizer
+    >>> from strata_lab.text.tokenizer import load_tokenizer
     >>> ends_mid_character(load_tokenizer("qwen3"), [128])
     True
     """
