@@ -1,9 +1,13 @@
-"""Ingest and replay speed: strata_lab.load_dump (orjson, streaming) vs plain json.loads per line.
+"""Trace storage, ingest and replay speed: JSONL vs the Parquet store, the record replay vs the delta replay,
+in-process vs Dask, and peak memory. Every ratio is against a peer measured in the same run.
 
-    PYTHONPATH=$PWD python benchmarks/replay.py [--mb 64]
+    PYTHONPATH=$PWD python benchmarks/replay.py [--mb 16] [--sessions 40] [--tile 8] [--no-dask]
 
-Writes a synthetic agent-like dump (sessions whose prompts grow turn by turn) to a temp dir, then
-prints MB/s for both readers and their ratio, and the replay rate in calls/s.
+Workloads: "random" (the synthetic agent-like dump this benchmark always used: sessions whose prompts grow
+turn by turn with random ids) and "fleet" (strata_lab.fleet: agent sessions rendered with the real template
+and tokenizer, tiled --tile times with renamed sessions so the trace is large without generating it all).
+"old replay" is `replay(dump.jsonl)` (the record path, what replay ran before the store); "today's line" is
+that measured as this benchmark printed it before (first 300 calls, tokenizer load included).
 """
 from __future__ import annotations
 
@@ -11,8 +15,12 @@ import argparse
 import json
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import time
+
+import orjson
 
 
 def make_dump(path: str, target_mb: float) -> int:
@@ -35,6 +43,22 @@ def make_dump(path: str, target_mb: float) -> int:
     return calls
 
 
+def make_fleet(path: str, sessions: int, tile: int, tok) -> int:
+    """A generated fleet, tiled: copy k renames sessions and replicas and shifts time by k hours."""
+    from strata_lab.fleet import FleetConfig, generate_fleet
+
+    recs = list(generate_fleet(FleetConfig(sessions=sessions, replicas=4, seed=0), tokenizer=tok))
+    n = 0
+    with open(path, "wb") as f:
+        for k in range(tile):
+            for r in recs:
+                r2 = dict(r, session=f"{r['session']}-k{k}", replica=f"{r['replica']}-k{k % 2}",
+                          ts=r["ts"] + 3600.0 * k, request_id=f"{r['request_id']}-k{k}")
+                f.write(orjson.dumps(r2) + b"\n")
+                n += 1
+    return n
+
+
 def best_of(fn, n=3) -> float:
     times = []
     for _ in range(n):
@@ -44,47 +68,122 @@ def best_of(fn, n=3) -> float:
     return min(times)
 
 
+_HWM = ("def hwm(key='VmHWM'):\n    for line in open('/proc/self/status'):\n        if line.startswith(key):\n"
+        "            return int(line.split()[1]) / 1024\n")
+
+
+def peak_rss_mib(setup: str, code: str) -> tuple[float, float]:
+    """(RSS after `setup`, peak RSS while `code` runs after it), in MiB, in a child Python. The peak is
+    reset between the two (Linux: echo 5 > /proc/self/clear_refs), so the second is the code's own peak."""
+    prog = (_HWM + setup + "\nbase = hwm('VmRSS')\nopen('/proc/self/clear_refs', 'w').write('5')\n" + code +
+            "\nprint('RSS', base, hwm())")
+    out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    base, peak = out.stdout.split("RSS")[-1].split()
+    return float(base), float(peak)
+
+
+def bench_workload(name, path, calls, tok, tmp, args) -> None:
+    from strata_lab.dump import load_dump
+    from strata_lab.replayer import replay
+    from strata_lab.store import Store, convert_jsonl
+    from strata_lab.replayer.fast import domain_rows
+
+    mb = os.path.getsize(path) / 2**20
+    print(f"\n== {name}: {calls} calls, {mb:.1f} MB JSONL")
+    store = os.path.join(tmp, f"{name}-store")
+    t0 = time.perf_counter()
+    info = convert_jsonl(path, store)
+    t_conv = time.perf_counter() - t0
+    pq_mb = info["bytes_out"] / 2**20
+    print(f"size      : JSONL {mb:8.1f} MB | Parquet {pq_mb:7.2f} MB | {mb / pq_mb:5.1f}x smaller (target >= 10x)")
+
+    def ours():
+        assert sum(1 for _ in load_dump(path)) == calls
+
+    def plain():
+        with open(path, "rb") as f:
+            assert sum(1 for line in f if json.loads(line)) == calls
+
+    st = Store(store)
+
+    def read_store():  # what any replay must do at least: read every row of the store
+        assert sum(1 for _ in domain_rows(st.partitions)) == calls
+
+    t_ours, t_plain, t_read = best_of(ours), best_of(plain), best_of(read_store)
+    print(f"ingest    : load_dump (orjson) {mb / t_ours:7.1f} MB/s | json.loads {mb / t_plain:7.1f} MB/s | "
+          f"{t_plain / t_ours:.2f}x")
+    print(f"convert   : JSONL -> Parquet {mb / t_conv:7.1f} MB/s | store read {mb / t_read:7.1f} MB/s of JSONL "
+          f"({calls / t_read:.0f} calls/s)")
+
+    t0 = time.perf_counter()
+    old = replay(path, tokenizer=tok)
+    t_old = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    new = replay(store, tokenizer=tok)
+    t_new = time.perf_counter() - t0
+    assert new.to_frame().equals(old.to_frame()), "store replay differs from the JSONL replay"
+    ids = old["prompt_tokens"]
+    print(f"replay    : old (JSONL records) {calls / t_old:8.0f} calls/s {ids / t_old / 1e6:7.2f} M ids/s")
+    print(f"            new (store, delta)  {calls / t_new:8.0f} calls/s {ids / t_new / 1e6:7.2f} M ids/s | "
+          f"{t_old / t_new:.1f}x the old path; {t_read / t_new:.2f}x the plain store read (target >= 0.5x)")
+    small = os.path.join(tmp, f"{name}-small.jsonl")
+    with open(path, "rb") as src, open(small, "wb") as dst:
+        for i, line in enumerate(src):
+            if i >= args.replay_calls:
+                break
+            dst.write(line)
+    t0 = time.perf_counter()
+    rep = replay(small)  # as this benchmark measured replay before: tokenizer load included
+    dt = time.perf_counter() - t0
+    print(f"            today's line ({rep['calls']} calls, tokenizer load included) {rep['calls'] / dt:8.0f} "
+          f"calls/s {rep['prompt_tokens'] / dt / 1e6:.2f} M ids/s | new is {calls / t_new / (rep['calls'] / dt):.1f}x")
+
+    if not args.no_dask:
+        from distributed import Client, LocalCluster
+
+        for workers in (1, 2):
+            with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                              dashboard_address=":0") as lc, Client(lc) as client:
+                from strata_lab.replayer.distributed import _worker_tokenizer
+
+                client.run(lambda: _worker_tokenizer("qwen3").token_bytes(0))  # tokenizer loaded on every worker
+                replay(store, tokenizer="qwen3", cluster=client)  # and the replay's modules imported
+                t0 = time.perf_counter()
+                d = replay(store, tokenizer="qwen3", cluster=client)
+                t_d = time.perf_counter() - t0
+            assert d.to_frame().equals(new.to_frame()), "dask replay differs"
+            print(f"dask      : {workers} worker(s) {calls / t_d:8.0f} calls/s {ids / t_d / 1e6:7.2f} M ids/s | "
+                  f"{t_new / t_d:.2f}x in-process ({len(st.domains())} cache domains)")
+
+    load = "import gc, strata_lab as sl; tok = sl.load_tokenizer('qwen3'); tok.token_bytes(0); gc.collect()"
+    base, rss_old = peak_rss_mib(load, f"r = sl.replay({path!r}, tokenizer=tok)")
+    _, rss_new = peak_rss_mib(load, f"r = sl.replay({store!r}, tokenizer=tok)")
+    print(f"peak RSS  : tokenizer loaded {base:6.0f} MiB | during old replay {rss_old:6.0f} MiB | during store "
+          f"replay {rss_new:6.0f} MiB | growth {rss_new - base:.0f} vs {rss_old - base:.0f} MiB "
+          f"({(rss_new - base) / max(rss_old - base, 1):.2f}x); logical trace {mb:.0f} MB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mb", type=float, default=64.0)
+    ap.add_argument("--mb", type=float, default=16.0, help="size of the random-id dump")
+    ap.add_argument("--sessions", type=int, default=40, help="sessions of the generated fleet")
+    ap.add_argument("--tile", type=int, default=6, help="copies of the generated fleet")
     ap.add_argument("--replay-calls", type=int, default=300)
+    ap.add_argument("--no-dask", action="store_true")
     args = ap.parse_args()
-    from strata_lab.dump.reader import load_dump
+    import strata_lab as sl
 
+    tok = sl.load_tokenizer("qwen3")
+    tok.token_bytes(0)  # build the byte table once, outside every timing
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "bench.jsonl")
-        calls = make_dump(path, args.mb)
-        mb = os.path.getsize(path) / 2**20
-
-        def ours():
-            n = sum(1 for _ in load_dump(path))
-            assert n == calls
-
-        def plain():
-            n = 0
-            with open(path, "rb") as f:
-                for line in f:
-                    json.loads(line)
-                    n += 1
-            assert n == calls
-
-        t_ours, t_plain = best_of(ours), best_of(plain)
-        print(f"dump: {mb:.1f} MB, {calls} calls")
-        print(f"load_dump (orjson): {mb / t_ours:7.1f} MB/s")
-        print(f"json.loads        : {mb / t_plain:7.1f} MB/s")
-        print(f"ratio             : {t_plain / t_ours:.2f}x faster than json.loads")
-
-        from strata_lab.replayer import replay
-        small = os.path.join(tmp, "small.jsonl")
-        with open(path, "rb") as src, open(small, "wb") as dst:
-            for i, line in enumerate(src):
-                if i >= args.replay_calls:
-                    break
-                dst.write(line)
+        path = os.path.join(tmp, "random.jsonl")
+        bench_workload("random", path, make_dump(path, args.mb), tok, tmp, args)
+        path = os.path.join(tmp, "fleet.jsonl")
         t0 = time.perf_counter()
-        rep = replay(small)
-        dt = time.perf_counter() - t0
-        print(f"replay            : {rep['calls'] / dt:7.1f} calls/s ({rep['prompt_tokens'] / dt / 1e6:.2f} M prompt ids/s)")
+        n = make_fleet(path, args.sessions, args.tile, tok)
+        print(f"\n(fleet generated in {time.perf_counter() - t0:.0f} s)")
+        bench_workload("fleet", path, n, tok, tmp, args)
 
 
 if __name__ == "__main__":

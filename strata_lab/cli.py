@@ -42,7 +42,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
     kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
               full_hit=args.full_hit)
-    report = replay(dump, policy="recorded", progress=not args.quiet, **kw)
+    report = replay(dump, policy="recorded", progress=not args.quiet, cluster=args.dask, **kw)
     print(report.format(worst=args.worst))
     table = None
     if args.policy:
@@ -117,6 +117,22 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return 0 if args.command != "reproduce" or r.exact else 1
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from strata_lab.store import Store, convert_jsonl
+
+    if args.to_jsonl:
+        if len(args.dump) != 1:
+            raise ValueError("dump: --to-jsonl reads one store")
+        n = Store(args.dump[0]).to_jsonl(args.out)
+        print(f"wrote {n} lines to {args.out}")
+        return 0
+    info = convert_jsonl(args.dump, args.out, row_group_rows=args.row_group, progress=not args.quiet)
+    ratio = info["bytes_in"] / info["bytes_out"] if info["bytes_out"] else float("nan")
+    print(f"{info['lines']} calls ({info['skipped']} bad lines skipped): {info['bytes_in'] / 2**20:.1f} MB JSONL -> "
+          f"{info['bytes_out'] / 2**20:.1f} MB Parquet ({ratio:.1f}x smaller) in {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="strata-lab",
@@ -131,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_tokenize)
 
     p = sub.add_parser("replay", help="replay dumps: reuse, re-read cost and the cause of each miss")
-    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files, one directory of them, or a Parquet store")
     p.add_argument("--policy", action="append", default=[],
                    help="compare a counterfactual policy (repeatable): reply-ids, keep-drained, fixes, every:N, "
                         "budget:MIB[:N], at:P1,P2, none, header (also snapshot before the generation "
@@ -145,7 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worst", type=int, default=5, help="how many worst divergences to show")
     p.add_argument("--png", help="write the plots to this PNG file")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dask", metavar="ADDRESS|local[:N]",
+                   help="replay a store on Dask: a scheduler address (tcp://host:8786) or local[:N] (a LocalCluster "
+                        "of N workers); one task per replica")
     p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser("convert", help="convert JSONL dumps to a Parquet store (and back with --to-jsonl)")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files, in time order (or one store with --to-jsonl)")
+    p.add_argument("--out", required=True, help="store directory to write (or the JSONL file with --to-jsonl)")
+    p.add_argument("--row-group", type=int, default=8192, help="calls per Parquet row group (default 8192)")
+    p.add_argument("--to-jsonl", action="store_true", help="write a store back to JSONL, line for line")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("template", help="render a conversation with a chat template, or lint it")
     p.add_argument("conversation", help="JSON file: a list of messages or {messages, tools, ...} ('-': stdin)")

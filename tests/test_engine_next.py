@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("strata_lab._engine")
 from strata_lab.tiny import NEXT_PRESETS, make_tiny  # noqa: E402
 from strata_lab.engine import CheckpointPolicy, Engine  # noqa: E402
-from strata_lab.state_model import EveryN, MemoryBudget, SessionState, TurnStart  # noqa: E402
+from strata_lab.replayer.state import SessionState  # noqa: E402
 
 TOL = 1e-4
 SMALL = dict(hidden_size=32, intermediate_size=48, moe_intermediate_size=16, shared_expert_intermediate_size=24)
@@ -41,14 +41,8 @@ def _snapshot_bytes(shape) -> int:
 
 
 def _predictor(policy: CheckpointPolicy, snap_bytes: int) -> SessionState:
-    """The state model configured like the engine's native policy."""
-    kw = dict(bytes_per_snapshot=snap_bytes, before_last=policy.before_last)
-    if policy.budget_mib:
-        inner = dict(every=policy.every or None)
-        return SessionState(policy=MemoryBudget(mib=policy.budget_mib, **kw, **inner))
-    if policy.every:
-        return SessionState(policy=EveryN(n=policy.every, turn_start=policy.at_prompt_end, **kw))
-    return SessionState(policy=TurnStart(**kw))
+    """The state model under the engine's own policy (one type), with the engine's snapshot size."""
+    return SessionState(policy=policy, bytes_per_snapshot=snap_bytes)
 
 
 def _call(session, pred, prompt, **kw):
@@ -307,7 +301,7 @@ def test_recorded_engine_session_replays_to_the_same_reuse(moe, scenario, qwen3,
     assert [r["recorded_reused"] for r in rep.rows] == [r["reused"] for r in rep.rows]
     assert rep.rows[1]["cause"] == "retokenized_reply"
     # and the same dump under the policy the session ran with, predicted from the ids alone
-    rep2 = replay(path, tokenizer=qwen3, model="hybrid", checkpoint_policy=EveryN(n=4))
+    rep2 = replay(path, tokenizer=qwen3, model="hybrid", checkpoint_policy=CheckpointPolicy(every=4))
     assert rep2["mismatches"] == 0
 
 

@@ -227,17 +227,14 @@ def test_busy_session_raises(tiny_engine):
 def test_random_sessions_reuse_equals_state_model(tiny_engine, every, budget_snaps, header):
     """Attention-only: retries, prefixes, cuts and extensions; the engine's reuse and checkpoints equal
     the weight-free prediction on every call (its snapshots are just logits, 4 * vocab bytes each)."""
-    from strata_lab.state_model import EveryN, MemoryBudget, SessionState, TurnStart
+    from strata_lab.replayer.state import SessionState
 
     per = 4 * tiny_engine.info["vocab_size"]
     if budget_snaps:
         policy = CheckpointPolicy(every=every, budget_mib=(budget_snaps + 0.5) * per / 2**20, before_last=header)
-        model = MemoryBudget(mib=policy.budget_mib, every=every, bytes_per_snapshot=per, before_last=header)
     else:
         policy = CheckpointPolicy(every=every, before_last=header)
-        model = EveryN(every, bytes_per_snapshot=per, before_last=header) if every else \
-            TurnStart(bytes_per_snapshot=per, before_last=header)
-    pred = SessionState(model="attention", policy=model)
+    pred = SessionState(model="attention", policy=policy, bytes_per_snapshot=per)  # one policy type
     s = tiny_engine.session(f"rand{every}-{budget_snaps}-{header}", checkpoints=policy)
     s.reset()
     rng = np.random.default_rng(5)

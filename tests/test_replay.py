@@ -6,9 +6,10 @@ from hypothesis import given, settings, strategies as st
 
 from strata_lab.dump.reader import load_dump
 from strata_lab.replayer import compare_policies, parse_policy, replay
-from strata_lab.state_model import (EveryN, MemoryBudget, NoCheckpoints, SessionState, TurnStart,
-                                    parse_checkpoint_policy, predict_reuse)
-from strata_lab.divergence import CAUSES, find_divergence
+from strata_lab.engine import CheckpointPolicy
+from strata_lab.replayer.state import (DEFAULT_SNAPSHOT_BYTES, SessionState, parse_checkpoint_policy,
+                                       predict_reuse, snapshot_capacity)
+from strata_lab.replayer.divergence import CAUSES, find_divergence
 
 from replay_cases import CASES, case, write
 
@@ -41,7 +42,7 @@ def test_retokenized_reply_context_and_attention(qwen3, tmp_path):
     assert row["text_context_held"] == ""  # no text divergence inside what the session held
     assert row["lcp_text"] == row["held_before"]  # the whole reply's text matched
     # with snapshots inside replies the hybrid model gets closer to the divergence
-    row = replay(path, tokenizer=qwen3, checkpoint_policy=EveryN(2)).rows[1]
+    row = replay(path, tokenizer=qwen3, checkpoint_policy=CheckpointPolicy(every=2)).rows[1]
     assert want["reused"] < row["reused"] <= want["attention_reused"]
 
 
@@ -185,18 +186,18 @@ def test_reply_ids_policy_models_the_wrap_up_call(qwen3, tmp_path):
 
 def test_policy_specs_validate():
     assert parse_policy("fixes+budget:512").keep_drained
-    assert isinstance(parse_checkpoint_policy("budget:144").capacity, int)
+    assert snapshot_capacity(parse_checkpoint_policy("budget:144"), DEFAULT_SNAPSHOT_BYTES) == 2
     for bad in ("every:0", "every:x", "budget:-1", "wat"):
         with pytest.raises(ValueError):
             parse_policy(bad)
-    with pytest.raises(ValueError, match="n must"):
-        EveryN(0)
+    with pytest.raises(ValueError, match="every must"):
+        CheckpointPolicy(every=-1)
     with pytest.raises(ValueError, match="model"):
         SessionState(model="mamba")
 
 
 def test_memory_budget_evicts_lru():
-    s = SessionState(policy=MemoryBudget(mib=2, bytes_per_snapshot=2**20, every=10))
+    s = SessionState(policy=CheckpointPolicy(budget_mib=2, every=10), bytes_per_snapshot=2**20)
     s.call(list(range(1, 31)))
     assert list(s.checkpoints) == [20, 30] and s.snapshot_bytes() == 2 * 2**20
 
@@ -220,11 +221,11 @@ def sessions(draw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(sessions(), st.sampled_from([TurnStart(), EveryN(3), NoCheckpoints()]))
+@given(sessions(), st.sampled_from([CheckpointPolicy(), CheckpointPolicy(every=3), CheckpointPolicy(at_prompt_end=False)]))
 def test_random_sessions_obey_contract_1(qwen3, calls, policy):
     hyb = SessionState(model="hybrid", policy=policy)
     att = SessionState(model="attention", policy=policy)
-    full = SessionState(model="hybrid", policy=EveryN(1))  # a snapshot (with logits) at every position
+    full = SessionState(model="hybrid", policy=CheckpointPolicy(every=1))  # a snapshot (with logits) at every position
     held = []
     for prompt, gen, drained in calls:
         att_ckpts = set(att.checkpoints)  # their snapshots keep the logits
@@ -290,9 +291,10 @@ def test_header_policy_on_the_shipped_agent_dump(qwen3):
 
 
 @pytest.mark.parametrize("spec,want", [
-    ("header", TurnStart(before_last=151644)), ("before-last:7", TurnStart(before_last=7)),
-    ("every:64,header", EveryN(64, before_last=151644)), ("budget:288,before-last:9", MemoryBudget(mib=288, before_last=9)),
-    ("none,header", NoCheckpoints(before_last=151644))])
+    ("header", CheckpointPolicy(before_last=151644)), ("before-last:7", CheckpointPolicy(before_last=7)),
+    ("every:64,header", CheckpointPolicy(every=64, before_last=151644)),
+    ("budget:288,before-last:9", CheckpointPolicy(budget_mib=288, before_last=9)),
+    ("none,header", CheckpointPolicy(at_prompt_end=False, before_last=151644))])
 def test_parse_header_specs(spec, want):
     assert parse_policy(spec).checkpoint_policy == want
 
@@ -304,7 +306,7 @@ def test_bad_header_specs_raise(spec):
 
 
 def test_header_prediction_matches_state_model_rules():
-    s = SessionState(policy=TurnStart(before_last=9))
+    s = SessionState(policy=CheckpointPolicy(before_last=9))
     s.call([1, 9, 2, 9, 3])
     assert list(s.checkpoints) == [3, 5]
     s.finish([4, 5])
@@ -313,3 +315,28 @@ def test_header_prediction_matches_state_model_rules():
     s.finish([])
     p = s.call([1, 9, 2, 9, 7, 9, 8])  # diverges after the first header: restores 3, snapshots 5
     assert (p.reused, p.restored_checkpoint, list(s.checkpoints)) == (3, 3, [3, 5, 7])
+
+
+def test_one_snapshot_policy_type_and_wrong_types_raise(qwen3, tmp_path):
+    """The engine's CheckpointPolicy is the replay's too; anything else is a TypeError, not a fallback."""
+    import strata_lab as sl
+
+    calls, _ = case(qwen3, CASES[0])
+    path = write(tmp_path / "d.jsonl", calls)
+    every = replay(path, tokenizer=qwen3, checkpoint_policy=sl.CheckpointPolicy(every=2))
+    assert every["snapshot_mib"] > replay(path, tokenizer=qwen3)["snapshot_mib"]  # the policy was applied
+    for bad in (object(), {"every": 2}, 256):
+        with pytest.raises(TypeError, match="checkpoint_policy"):
+            sl.replay(path, tokenizer=qwen3, checkpoint_policy=bad)
+    with pytest.raises(TypeError, match="policy must"):
+        SessionState(policy="every:4")
+
+
+def test_replay_does_not_import_the_server():
+    import subprocess
+    import sys
+
+    code = ("import sys, strata_lab.replayer, strata_lab.sessions; "
+            "print(sorted(m for m in sys.modules if m.startswith('strata_lab.server')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

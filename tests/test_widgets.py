@@ -144,3 +144,36 @@ def test_prefix_experiment_on_the_tiny_engine(tmp_path):
     assert "with prefix" in w.right.value and str(with_["gen_ids"][0]) in w.right.value
     with pytest.raises(ValueError, match="top_k"):
         PrefixExperiment(engine, top_k=0)
+
+
+def test_divergence_viewer_pages_through_a_store(dump_path, tmp_path):
+    """On a store the viewer holds one page of one replica's calls, replayed as pages turn."""
+    import glob
+    import os
+
+    from strata_lab.store import convert_jsonl
+
+    whole = DivergenceViewer(dump_path)
+    convert_jsonl(dump_path, tmp_path / "s")
+    v = DivergenceViewer(str(tmp_path / "s"), page_size=2)
+    assert v.report is None and len(v.calls) == 2 and v.pager.page == 0
+    assert v.header.value == whole.header.value
+    v.show(1)
+    whole.show(1)
+    assert v.header.value == whole.header.value and v.context.value == whole.context.value
+    assert v.turn_page(1) and len(v.calls) == 1 and v.pager.page == 1
+    whole.show(2)
+    assert v.header.value == whole.header.value and "drained_dropped" in v.header.value
+    assert not v.turn_page(1)            # the end: nothing changes
+    assert v.turn_page(-1) and v.pager.page == 0 and "new_session" in v.header.value
+    with pytest.raises(ValueError, match="page_size"):
+        DivergenceViewer(str(tmp_path / "s"), page_size=0)
+    # a shipped multi-session dump: pages never hold more than page_size calls
+    shipped = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "dumps", "webui.jsonl")))[0]
+    convert_jsonl(shipped, tmp_path / "w")
+    w = DivergenceViewer(str(tmp_path / "w"), page_size=5)
+    seen = len(w.calls)
+    while w.turn_page(1):
+        assert len(w.calls) <= 5
+        seen += len(w.calls)
+    assert seen == 12

@@ -21,7 +21,7 @@ import os
 import warnings
 from typing import Iterable, Iterator
 
-__all__ = ["Dump", "load_dump", "DumpWarning", "parse_line"]
+__all__ = ["Dump", "load_dump", "DumpWarning", "parse_line", "check_record"]
 
 SCHEMA_PREFIX = "strata-dump/"
 _MAX_WARNINGS_PER_FILE = 20
@@ -55,6 +55,11 @@ def parse_line(line: bytes | str) -> dict:
         rec = _loads(line)
     except _DecodeError as exc:
         raise ValueError(f"not valid JSON ({exc})") from None
+    return check_record(rec)
+
+
+def check_record(rec) -> dict:
+    """Validate a parsed dump line and give it the defaults (in place); ValueError says what is wrong."""
     if not isinstance(rec, dict):
         raise ValueError(f"not a JSON object ({type(rec).__name__})")
     schema = rec.get("schema")
@@ -199,7 +204,8 @@ class Dump:
 
 
 def load_dump(path_or_paths) -> Dump:
-    """Open one dump file, several, or a directory of `*.jsonl` files (sorted by name).
+    """Open one dump file, several, a directory of `*.jsonl` files (sorted by name), or a Parquet store
+    (a directory with ``day=*/replica=*`` partitions; returns a `strata_lab.store.Store`).
 
     >>> load_dump("/nonexistent.jsonl")
     Traceback (most recent call last):
@@ -208,8 +214,14 @@ def load_dump(path_or_paths) -> Dump:
     """
     if isinstance(path_or_paths, Dump):
         return path_or_paths
+    if type(path_or_paths).__name__ == "Store":
+        return path_or_paths
     if isinstance(path_or_paths, (str, os.PathLike)):
         p = os.fspath(path_or_paths)
+        if os.path.isdir(p) and any(n.startswith("day=") for n in os.listdir(p)):
+            from strata_lab.store import Store  # a Parquet store (strata-lab convert, StoreRecorder)
+
+            return Store(p)
         if os.path.isdir(p):
             names = sorted(n for n in os.listdir(p) if n.endswith(".jsonl"))
             if not names:

@@ -26,7 +26,7 @@ import time
 import uuid
 from typing import Any, Iterator, Mapping, Sequence
 
-__all__ = ["Recorder", "record_to", "active", "SCHEMA", "ENV_VAR", "FINISH_REASONS"]
+__all__ = ["Recorder", "record_to", "active", "open_recorder", "SCHEMA", "ENV_VAR", "FINISH_REASONS"]
 
 SCHEMA = "strata-dump/1"
 ENV_VAR = "STRATA_PROMPT_DUMP"
@@ -160,6 +160,16 @@ class Recorder:
         return f"Recorder({self.path!r}, lines={self.lines})"
 
 
+def open_recorder(path: str | os.PathLike) -> Recorder:
+    """A JSONL `Recorder`, or a Parquet `StoreRecorder` when `path` ends in "/" or is a directory."""
+    p = os.fspath(path)
+    if p.endswith(("/", os.sep)) or os.path.isdir(p):
+        from strata_lab.store.recorder import StoreRecorder
+
+        return StoreRecorder(p)
+    return Recorder(p)
+
+
 def active() -> Recorder | None:
     """The recorder engine calls should write to now, or None (recording off).
 
@@ -175,17 +185,18 @@ def active() -> Recorder | None:
         if _env_recorder is None or _env_recorder.path != path or _env_recorder.closed:
             if _env_recorder is not None:
                 _env_recorder.close()
-            _env_recorder = Recorder(path)
+            _env_recorder = open_recorder(path)
         return _env_recorder
 
 
 @contextlib.contextmanager
 def record_to(path: str | os.PathLike) -> Iterator[Recorder]:
-    """Record every engine call of this process to `path` while the block runs.
+    """Record every engine call of this process to `path` while the block runs (a directory: a Parquet
+    store, see strata_lab.store.recorder).
 
     The recorder is removed and closed in `finally`, also when the block raises.
     """
-    rec = Recorder(path)
+    rec = open_recorder(path)
     _installed.append(rec)
     try:
         yield rec

@@ -221,12 +221,15 @@ class DivergenceViewer(_Widget):
     """Step through a dump's calls: held vs prompt aligned at their first id divergence and first text
     divergence, with the cause and reused / read / reread from the replay (recorded prompts).
 
+    On a Parquet store the viewer pages: one replica (cache domain) at a time, `page_size` calls per page,
+    replayed as you turn pages (`turn_page`), so the store is never loaded whole.
+
     >>> v = DivergenceViewer("dumps/agent.jsonl")            # doctest: +SKIP
     >>> v.show(3); v.panel.value                              # doctest: +SKIP
     """
 
     def __init__(self, dump, *, tokenizer="qwen3", model: str = "hybrid", checkpoint_policy=None,
-                 full_hit: str = "held_logits", only_misses: bool = False):
+                 full_hit: str = "held_logits", only_misses: bool = False, page_size: int = 200):
         import ipywidgets as W
 
         from strata_lab.dump.reader import load_dump
@@ -234,13 +237,22 @@ class DivergenceViewer(_Widget):
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
-        self.report = replay(self.dump, tokenizer=self.tok, model=model, checkpoint_policy=checkpoint_policy,
-                             full_hit=full_hit)
-        self.calls = self._pair(self.dump.records(), self.report.rows)
+        self.only_misses = only_misses
+        self.pager = None
+        if type(self.dump).__name__ == "Store":  # a store: page through it, never load it whole
+            from strata_lab.replayer.pages import StorePager
+
+            self.report = None
+            self.pager = StorePager(self.dump, page_size=page_size, tokenizer=self.tok, model=model,
+                                    checkpoint_policy=checkpoint_policy, full_hit=full_hit)
+            self.calls = self.pager.calls
+        else:
+            self.report = replay(self.dump, tokenizer=self.tok, model=model, checkpoint_policy=checkpoint_policy,
+                                 full_hit=full_hit)
+            self.calls = self._pair(self.dump.records(), self.report.rows)
         if not self.calls:
             raise ValueError("dump: no engine calls to show")
-        self.order = [i for i, c in enumerate(self.calls)
-                      if not only_misses or c["row"]["cause"] not in ("none", "new_session")] or [0]
+        self.order = self._order()
         self.slider = W.IntSlider(0, min=0, max=len(self.order) - 1, description="call")
         self.prev, self.next = W.Button(description="◀", layout=W.Layout(width="40px")), \
             W.Button(description="▶", layout=W.Layout(width="40px"))
@@ -250,9 +262,39 @@ class DivergenceViewer(_Widget):
         self.worst.on_click(lambda _b: self.next_miss())
         self.header, self.panel, self.context = W.HTML(), W.HTML(), W.HTML()
         self.slider.observe(lambda ch: self.show(ch["new"]), names="value")
-        self.widget = W.VBox([W.HBox([self.prev, self.slider, self.next, self.worst]), self.header, self.panel,
-                              self.context])
+        bar = [self.prev, self.slider, self.next, self.worst]
+        if self.pager is not None:
+            self.prev_page_button = W.Button(description="◀ page")
+            self.next_page_button = W.Button(description="page ▶")
+            self.prev_page_button.on_click(lambda _b: self.turn_page(-1))
+            self.next_page_button.on_click(lambda _b: self.turn_page(1))
+            self.domain_box = W.Dropdown(options=list(self.pager.domains), value=self.pager.domain,
+                                         description="replica")
+            self.domain_box.observe(lambda ch: self.turn_page(0, domain=ch["new"]), names="value")
+            bar += [self.prev_page_button, self.next_page_button, self.domain_box]
+        self.widget = W.VBox([W.HBox(bar), self.header, self.panel, self.context])
         self.show(0)
+
+    def _order(self) -> list[int]:
+        return [i for i, c in enumerate(self.calls)
+                if not self.only_misses or c["row"]["cause"] not in ("none", "new_session")] or [0]
+
+    def turn_page(self, direction: int, *, domain: str | None = None) -> bool:
+        """Store mode: the next (+1) or previous (-1) page of calls, or the first page of another replica."""
+        if self.pager is None:
+            raise ValueError("turn_page: only a store is paged (this viewer holds a whole dump)")
+        if domain is not None:
+            self.pager.set_domain(domain)
+            moved = True
+        else:
+            moved = self.pager.next_page() if direction > 0 else self.pager.prev_page()
+        if moved:
+            self.calls = self.pager.calls
+            self.order = self._order()
+            self.slider.value = 0
+            self.slider.max = len(self.order) - 1
+            self.show(0, force=True)
+        return moved
 
     @staticmethod
     def _pair(records, rows) -> list[dict]:
@@ -282,13 +324,13 @@ class DivergenceViewer(_Widget):
                 return j
         return self.slider.value
 
-    def show(self, position: int) -> str:
+    def show(self, position: int, *, force: bool = False) -> str:
         """Show the call at `position` (among the viewer's calls); returns the aligned-view HTML."""
-        from strata_lab.divergence import find_divergence
+        from strata_lab.replayer.divergence import find_divergence
 
         if not 0 <= position < len(self.order):
             raise ValueError(f"position must be in [0, {len(self.order)}), got {position}")
-        if self.slider.value != position:
+        if self.slider.value != position and not force:
             self.slider.value = position  # the observer calls show() again
             return self.panel.value
         c = self.calls[self.order[position]]

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Sequence
 
+from strata_lab.text.stream import plain_drained
 from strata_lab.server.errors import RequestError
 from strata_lab.server.output import Event, OutputParser, StopMatcher, TextStream
 from strata_lab.server.request import ChatRequest
@@ -68,35 +69,6 @@ class Summary:
                 "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
                 "predicted_n": self.completion_tokens, "predicted_ms": predicted_ms,
                 "predicted_per_second": self.completion_tokens / predicted_ms * 1000 if predicted_ms > 0 else 0.0}
-
-
-def plain_drained(tokenizer, drained_ids: Sequence[int], stop_ids: Sequence[int], *, mid_character: bool) -> list[int]:
-    """The leading drained ids that may join the thinking: plain text only (pr-1536).
-
-    A stop id, a special id, a piece holding `<`, or a piece that is not whole UTF-8 ends the run; so does
-    a thought that already ends inside a character.
-
-    >>> from strata_lab import load_tokenizer
-    >>> tok = load_tokenizer("qwen3")
-    >>> plain_drained(tok, tok.encode(" so the") + tok.encode("</think>") + [11], [151645], mid_character=False)
-    [773, 279]
-    """
-    if mid_character:
-        return []
-    kept = []
-    special = tokenizer.special_ids
-    for i in drained_ids:
-        if i in stop_ids or i in special:
-            break
-        try:
-            piece = tokenizer.token_bytes(i)
-            text = piece.decode("utf-8")
-        except (ValueError, UnicodeDecodeError):
-            break
-        if not piece or "<" in text:
-            break
-        kept.append(int(i))
-    return kept
 
 
 def _stats_dict(stats: Any) -> dict | None:

@@ -18,47 +18,13 @@ import json
 from dataclasses import dataclass
 from typing import Iterable
 
+from strata_lab.text.stream import TextStream
+
 __all__ = ["TextStream", "OutputParser", "Event", "ToolCall", "parse_tool_call"]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _TAGS = (THINK_OPEN, THINK_CLOSE, CALL_OPEN, CALL_CLOSE)
-
-
-class TextStream:
-    """Incremental ids -> text that holds back an incomplete UTF-8 sequence until it completes.
-
-    Ids the tokenizer does not know (a model's spare embedding rows) stand for no text.
-
-    >>> from strata_lab import load_tokenizer
-    >>> ts = TextStream(load_tokenizer("qwen3"))
-    >>> ts.push(128), ts.push(253), ts.flush()   # 'ğ' as two byte ids
-    ('', 'ğ', '')
-    """
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self._pending = b""
-
-    def id_bytes(self, token_id: int) -> bytes:
-        try:
-            return self.tokenizer.token_bytes(token_id)
-        except ValueError:
-            return b""
-
-    def push(self, token_id: int) -> str:
-        data = self._pending + self.id_bytes(token_id)
-        cut = _complete_prefix(data)
-        self._pending = data[cut:]
-        return data[:cut].decode("utf-8", errors="replace")
-
-    def flush(self) -> str:
-        data, self._pending = self._pending, b""
-        return data.decode("utf-8", errors="replace")
-
-    @property
-    def mid_character(self) -> bool:
-        return bool(self._pending)
 
 
 class StopMatcher:
@@ -98,20 +64,6 @@ class StopMatcher:
     def flush(self) -> str:
         held, self._held = self._held, ""
         return "" if self.hit is not None else held
-
-
-def _complete_prefix(data: bytes) -> int:
-    """Length of the longest prefix of `data` that does not end inside a UTF-8 character."""
-    n = len(data)
-    for back in range(1, min(4, n) + 1):
-        b = data[n - back]
-        if b & 0xC0 == 0x80:      # continuation byte: keep looking for the lead byte
-            continue
-        if b < 0x80:
-            return n
-        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
-        return n if back >= need else n - back
-    return n  # only continuation bytes: invalid anyway, let the decoder replace them
 
 
 @dataclass(frozen=True)

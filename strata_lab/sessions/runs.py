@@ -81,7 +81,7 @@ def _recorded_policies(records) -> dict:
     engine writes into each line, or for older dumps a guess (header checkpoints when a recorded
     checkpoint sits just before the last <|im_start|> of some prompt, as `strata-lab serve` keeps them)."""
     from strata_lab.engine import CheckpointPolicy
-    from strata_lab.state_model import IM_START_ID, before_last_pos
+    from strata_lab.replayer.state import IM_START_ID, before_last_pos
 
     policies: dict = {}
     for r in records:
@@ -149,14 +149,13 @@ class Reproduction:
 
 def _policy_prompts(records, policy, tok) -> Iterator[tuple[dict, list[int]]]:
     """Each record with the prompt a server under `policy` would have sent (the replay's own rules)."""
-    from strata_lab.replayer import _Rewriter, parse_policy, policy_changes_prompts
-    from strata_lab.state_model import SessionState
+    from strata_lab.replayer import PromptRewriter, SessionState, parse_policy
 
     policy = parse_policy(policy) if isinstance(policy, str) else policy
-    if policy.checkpoint_policy is not None or not policy_changes_prompts(policy):
+    if policy.checkpoint_policy is not None or not policy.changes_prompts:
         raise ValueError(f"policy: rewrite changes prompts only (reply-ids, keep-drained), got {policy.name!r}")
     states = {}
-    rewriter = _Rewriter(policy, tok)
+    rewriter = PromptRewriter(policy, tok)
     for rec in records:
         sid = str(rec["session"])
         st = states.setdefault(sid, SessionState(model="attention"))  # held ids and segments only

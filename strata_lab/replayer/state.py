@@ -1,4 +1,4 @@
-"""Contract 1 without weights: which prompt ids a session can reuse, and where it keeps checkpoints.
+"""The session state model: which prompt ids a session can reuse, and where it keeps snapshots (no weights).
 
 The engine (C++) and the replay share these rules; engine tests assert `engine reused == predicted`.
 
@@ -36,11 +36,15 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
+# The one snapshot-policy type: the engine's. The state model reads its fields; the engine converts it to
+# the extension's own struct (CheckpointPolicy._native).
+from strata_lab.engine import CheckpointPolicy
+
 __all__ = [
-    "CheckpointPolicy", "TurnStart", "EveryN", "Positions", "MemoryBudget", "NoCheckpoints",
-    "SessionState", "CallPrediction", "lcp_len", "predict_reuse", "reuse_target", "parse_checkpoint_policy",
-    "DEFAULT_SNAPSHOT_BYTES", "ATTENTION_SNAPSHOT_BYTES", "MODELS", "FULL_HIT_RULES", "IM_START_ID",
-    "before_last_pos",
+    "CheckpointPolicy", "SessionState", "CallPrediction", "lcp_len", "predict_reuse", "reuse_target",
+    "parse_checkpoint_policy", "snapshot_positions", "prompt_positions", "snapshot_capacity", "describe_policy",
+    "default_snapshot_bytes", "DEFAULT_SNAPSHOT_BYTES", "ATTENTION_SNAPSHOT_BYTES", "MODELS", "FULL_HIT_RULES",
+    "IM_START_ID", "before_last_pos",
 ]
 
 MODELS = ("hybrid", "attention")
@@ -53,6 +57,17 @@ FULL_HIT_RULES = ("held_logits", "last_held_only", "reread_last", "saved_logits"
 DEFAULT_SNAPSHOT_BYTES = 72 * 2**20
 # One attention-only snapshot: just the fp32 logits over Qwen3's 151936 embedding rows.
 ATTENTION_SNAPSHOT_BYTES = 4 * 151936
+
+
+def default_snapshot_bytes(model: str) -> int:
+    """Bytes one snapshot takes on a model kind: recurrent state on a hybrid model, logits on attention.
+
+    >>> default_snapshot_bytes("attention")
+    607744
+    """
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    return DEFAULT_SNAPSHOT_BYTES if model == "hybrid" else ATTENTION_SNAPSHOT_BYTES
 
 
 def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -77,61 +92,69 @@ def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-# --- checkpoint policies -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CheckpointPolicy:
-    """Where a session saves snapshots. Subclasses say which positions a read span creates.
+# --- checkpoint policies: the engine's one type, read by the state model ----------------------------
+def snapshot_positions(policy: CheckpointPolicy, start: int, end: int, *, prompt_end: bool) -> list[int]:
+    """Snapshot positions, ascending, in (start, end] created by reading ids start..end, as the engine
+    takes them: every `every` positions, at `positions`, and at the prompt's end when `at_prompt_end`
+    (`prompt_end` is True for the prefill span, False for decode).
 
-    `bytes_per_snapshot` sizes MemoryBudget's capacity and the reported memory: for an attention-only
-    model a snapshot is just logits (ATTENTION_SNAPSHOT_BYTES for Qwen3's vocabulary).
+    >>> snapshot_positions(CheckpointPolicy(every=4), 2, 11, prompt_end=False)
+    [4, 8]
+    >>> snapshot_positions(CheckpointPolicy(every=4, positions=(10,)), 2, 11, prompt_end=True)
+    [4, 8, 10, 11]
+    """
+    last = [end] if prompt_end and policy.at_prompt_end and end > 0 else []
+    if not policy.every and not policy.positions:
+        return last
+    out = set(range((start // policy.every + 1) * policy.every, end + 1, policy.every)) if policy.every else set()
+    out.update([p for p in policy.positions if start < p <= end])
+    out.update(last)
+    return sorted(out)
 
-    `before_last` (a token id, None: off; any policy) also snapshots, after each prompt read, the position
-    just before the LAST occurrence of that id in the prompt, when the call reads it (reused < p): the
-    engine's ``CheckpointPolicy.before_last``. With ``<|im_start|>`` (151644) that is the generation
-    prompt's header, where a template that rewrites the previous reply makes the next prompt diverge.
 
-    >>> TurnStart(before_last=9).prompt_positions([1, 9, 2, 9, 3], 0)
+def prompt_positions(policy: CheckpointPolicy, prompt: Sequence[int], start: int) -> list[int]:
+    """Snapshot positions created by reading `prompt` from `start` (the prefill span): the span's
+    positions plus the `before_last` one (just before the last occurrence of that id, when read).
+
+    >>> prompt_positions(CheckpointPolicy(before_last=9), [1, 9, 2, 9, 3], 0)
     [3, 5]
     """
+    end = len(prompt)
+    out = snapshot_positions(policy, start, end, prompt_end=True)
+    p = before_last_pos(prompt, policy.before_last)
+    if p is not None and start < p < end and p not in out:
+        out = sorted([*out, p])
+    return out
 
-    bytes_per_snapshot: int = field(default=DEFAULT_SNAPSHOT_BYTES, kw_only=True)
-    before_last: int | None = field(default=None, kw_only=True)
 
-    def __post_init__(self):
-        if not isinstance(self.bytes_per_snapshot, int) or self.bytes_per_snapshot <= 0:
-            raise ValueError(f"bytes_per_snapshot must be a positive int, got {self.bytes_per_snapshot!r}")
-        b = self.before_last
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
-            raise ValueError(f"before_last must be a token id (int >= 0) or None, got {b!r}")
+def snapshot_capacity(policy: CheckpointPolicy, bytes_per_snapshot: int) -> int | None:
+    """Most snapshots kept at once under the policy's MiB budget (None: no budget).
 
-    def prompt_positions(self, prompt: Sequence[int], start: int) -> list[int]:
-        """Snapshot positions, ascending, created by reading `prompt` from `start` (the prefill span):
-        `positions(start, len(prompt), prompt_end=True)` plus the before_last position."""
-        end = len(prompt)
-        out = self.positions(start, end, prompt_end=True)
-        p = before_last_pos(prompt, self.before_last)
-        if p is not None and start < p < end and p not in out:
-            out = sorted([*out, p])
-        return out
-
-    def positions(self, start: int, end: int, *, prompt_end: bool) -> list[int]:
-        """Snapshot positions in (start, end] created by reading ids start..end.
-
-        `prompt_end` is True for the prefill span (end = len(prompt)), False for decode.
-        """
-        raise NotImplementedError
-
-    @property
-    def capacity(self) -> int | None:
-        """Most snapshots kept at once (None: unbounded)."""
+    >>> snapshot_capacity(CheckpointPolicy(budget_mib=288), 72 * 2**20), snapshot_capacity(CheckpointPolicy(), 1)
+    (4, None)
+    """
+    if not policy.budget_mib:
         return None
+    return int(policy.budget_mib * 2**20 // bytes_per_snapshot)
 
-    @property
-    def name(self) -> str:
-        return type(self).__name__ + self._suffix()
 
-    def _suffix(self) -> str:
-        return "" if self.before_last is None else f"+before_last({self.before_last})"
+def describe_policy(policy: CheckpointPolicy) -> str:
+    """A short spec that parse_checkpoint_policy reads back.
+
+    >>> describe_policy(parse_checkpoint_policy("budget:288:64,header"))
+    'budget:288:64,header'
+    """
+    if policy.budget_mib:
+        out = f"budget:{policy.budget_mib:g}" + (f":{policy.every}" if policy.every else "")
+    elif policy.every:
+        out = f"every:{policy.every}"
+    elif policy.positions:
+        out = "at:" + ",".join(str(p) for p in policy.positions)
+    else:
+        out = "turn" if policy.at_prompt_end else "none"
+    if policy.before_last is not None:
+        out += ",header" if policy.before_last == IM_START_ID else f",before-last:{policy.before_last}"
+    return out
 
 
 def before_last_pos(prompt: Sequence[int], token_id: int | None) -> int | None:
@@ -149,123 +172,26 @@ def before_last_pos(prompt: Sequence[int], token_id: int | None) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
-class NoCheckpoints(CheckpointPolicy):
-    """No snapshots at all: a hybrid session can only extend what it holds or start from 0."""
-
-    def positions(self, start, end, *, prompt_end):
-        return []
-
-
-@dataclass(frozen=True)
-class TurnStart(CheckpointPolicy):
-    """The default: one snapshot at the end of each prompt (the turn start of the reply)."""
-
-    def positions(self, start, end, *, prompt_end):
-        return [end] if prompt_end and end > 0 else []
-
-
-@dataclass(frozen=True)
-class EveryN(CheckpointPolicy):
-    """A snapshot every `n` positions, inside replies too, plus the turn start (unless turn_start=False).
-
-    >>> EveryN(4).positions(2, 11, prompt_end=False)
-    [4, 8]
-    """
-
-    n: int = 256
-    turn_start: bool = True
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not isinstance(self.n, int) or self.n <= 0:
-            raise ValueError(f"n must be a positive int, got {self.n!r}")
-
-    def positions(self, start, end, *, prompt_end):
-        out = list(range((start // self.n + 1) * self.n, end + 1, self.n))
-        if prompt_end and self.turn_start and end > 0 and (not out or out[-1] != end):
-            out.append(end)
-        return out
-
-    @property
-    def name(self):
-        return f"EveryN({self.n})" + self._suffix()
-
-
-@dataclass(frozen=True)
-class Positions(CheckpointPolicy):
-    """Snapshots at chosen absolute positions (plus the turn start if turn_start=True)."""
-
-    at: tuple = ()
-    turn_start: bool = False
-
-    def __post_init__(self):
-        super().__post_init__()
-        at = tuple(sorted(set(self.at)))
-        if any(not isinstance(p, int) or p <= 0 for p in at):
-            raise ValueError(f"at must hold positive ints, got {self.at!r}")
-        object.__setattr__(self, "at", at)
-
-    def positions(self, start, end, *, prompt_end):
-        out = [p for p in self.at if start < p <= end]
-        if prompt_end and self.turn_start and end > 0 and end not in out:
-            out.append(end)
-        return out
-
-
-@dataclass(frozen=True)
-class MemoryBudget(CheckpointPolicy):
-    """Snapshots of an inner policy, at most `mib` MiB of them, least recently used evicted first.
-
-    >>> MemoryBudget(mib=288, bytes_per_snapshot=72 * 2**20).capacity
-    4
-    """
-
-    mib: float = 1024.0
-    every: int | None = None   # inner policy: EveryN(every) when set, else TurnStart
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not isinstance(self.mib, (int, float)) or self.mib <= 0:
-            raise ValueError(f"mib must be a positive number, got {self.mib!r}")
-        if self.every is not None and (not isinstance(self.every, int) or self.every <= 0):
-            raise ValueError(f"every must be a positive int or None, got {self.every!r}")
-        if self.capacity < 1:
-            raise ValueError(f"mib={self.mib} holds no snapshot of {self.bytes_per_snapshot} bytes")
-
-    def positions(self, start, end, *, prompt_end):
-        inner = EveryN(self.every, bytes_per_snapshot=self.bytes_per_snapshot) if self.every else \
-            TurnStart(bytes_per_snapshot=self.bytes_per_snapshot)
-        return inner.positions(start, end, prompt_end=prompt_end)
-
-    @property
-    def capacity(self):
-        return int(self.mib * 2**20 // self.bytes_per_snapshot)
-
-    @property
-    def name(self):
-        inner = f", every={self.every}" if self.every else ""
-        return f"MemoryBudget({self.mib:g} MiB{inner})" + self._suffix()
-
-
 # <|im_start|> in the Qwen vocabulary: "header" checkpoints sit just before the generation prompt's header.
 IM_START_ID = 151644
 
 
-def parse_checkpoint_policy(spec: str, *, bytes_per_snapshot: int = DEFAULT_SNAPSHOT_BYTES,
-                            before_last: int | None = None) -> CheckpointPolicy:
-    """Build a policy from a short spec: "turn", "none", "every:N", "at:P1,P2", "budget:MIB[:N]", plus
-    "header" (TurnStart and a snapshot before the last <|im_start|> of each prompt: before_last=151644)
-    or "before-last:ID" (the same with any id). A ",header" / ",before-last:ID" suffix adds it to any
-    other kind ("every:256,header"); `before_last` sets it for every kind.
+def parse_checkpoint_policy(spec: str, *, before_last: int | None = None) -> CheckpointPolicy:
+    """Build a CheckpointPolicy from a short spec: "turn", "none", "every:N", "at:P1,P2", "budget:MIB[:N]",
+    plus "header" (the turn start and a snapshot before the last <|im_start|> of each prompt:
+    before_last=151644) or "before-last:ID" (the same with any id). A ",header" / ",before-last:ID" suffix
+    adds it to any other kind ("every:256,header"); `before_last` sets it for every kind.
 
     >>> parse_checkpoint_policy("every:512")
-    EveryN(bytes_per_snapshot=75497472, before_last=None, n=512, turn_start=True)
-    >>> parse_checkpoint_policy("header").name, parse_checkpoint_policy("every:64,before-last:7").name
-    ('TurnStart+before_last(151644)', 'EveryN(64)+before_last(7)')
+    CheckpointPolicy(at_prompt_end=True, every=512, positions=(), budget_mib=0.0, before_last=None)
+    >>> parse_checkpoint_policy("header").before_last, parse_checkpoint_policy("every:64,before-last:7").before_last
+    (151644, 7)
     """
+    if not isinstance(spec, str):
+        raise TypeError(f"checkpoint policy spec must be a str, got {type(spec).__name__}")
     spec = spec.strip()
     low = spec.lower().replace("_", "-")
+    kind = low
     try:
         # a trailing ",header" / ",before-last:ID" on another kind
         for key in (",header", ",before-last:"):
@@ -275,21 +201,29 @@ def parse_checkpoint_policy(spec: str, *, bytes_per_snapshot: int = DEFAULT_SNAP
                 spec, low = spec[:i], low[:i]
                 break
         if low in ("header", "turn+header") or low.startswith("before-last:"):
-            return TurnStart(bytes_per_snapshot=bytes_per_snapshot, before_last=_header_id(low))
+            return CheckpointPolicy(before_last=_header_id(low))
         kind, _, arg = spec.partition(":")
         kind = kind.strip().lower()
-        kw = dict(bytes_per_snapshot=bytes_per_snapshot, before_last=before_last)
-        if kind in ("turn", "turnstart", "turn_start"):
-            return TurnStart(**kw)
+        if kind in ("turn", "turnstart", "turn-start", "turn_start"):
+            return CheckpointPolicy(before_last=before_last)
         if kind == "none":
-            return NoCheckpoints(**kw)
+            return CheckpointPolicy(at_prompt_end=False, before_last=before_last)
         if kind in ("every", "everyn"):
-            return EveryN(n=int(arg), **kw)
+            n = int(arg)
+            if n <= 0:
+                raise ValueError(f"n must be a positive int, got {n}")
+            return CheckpointPolicy(every=n, before_last=before_last)
         if kind in ("at", "positions"):
-            return Positions(at=tuple(int(p) for p in arg.split(",") if p), **kw)
+            at = tuple(sorted({int(p) for p in arg.split(",") if p}))
+            return CheckpointPolicy(at_prompt_end=False, positions=at, before_last=before_last)
         if kind in ("budget", "memory"):
             mib, _, every = arg.partition(":")
-            return MemoryBudget(mib=float(mib), every=int(every) if every else None, **kw)
+            if not float(mib) > 0:
+                raise ValueError(f"mib must be a positive number, got {mib}")
+            n = int(every) if every else 0
+            if n < 0:
+                raise ValueError(f"every must be a positive int, got {n}")
+            return CheckpointPolicy(budget_mib=float(mib), every=n, before_last=before_last)
     except ValueError as exc:
         raise ValueError(f"checkpoint policy {spec!r}: {exc}") from None
     raise ValueError(f"checkpoint policy {spec!r}: unknown kind {kind!r} "
@@ -322,7 +256,13 @@ def predict_reuse(prompt: Sequence[int], held: Sequence[int], checkpoints, *, mo
     if lcp is None:
         lcp = lcp_len(prompt, held)
     target = reuse_target(len(prompt), len(held), lcp, full_hit, checkpoints)
-    if model == "attention" or target == len(held):
+    return reuse_from_target(target, len(held), checkpoints, model)
+
+
+def reuse_from_target(target: int, held_len: int, checkpoints, model: str) -> int:
+    """What the state can serve of `target` ids: all of it on attention or when the state is already there
+    (target == held_len); else the nearest snapshot at or before it (0 if none)."""
+    if model == "attention" or target == held_len:
         return target
     return max((c for c in checkpoints if c <= target), default=0)
 
@@ -358,6 +298,8 @@ class CallPrediction:
     restored_checkpoint: int | None   # the snapshot restored (None: state already there or 0); on an
     # attention-only model only a full hit on a checkpoint restores (its logits)
     checkpoints_before: int           # snapshots held when the call arrived
+    target: int = 0                   # what the ids alone allow (the LCP, less the last prompt id when its
+    # logits must be computed); reused falls short of it on a hybrid model without a snapshot there
 
 
 @dataclass
@@ -369,13 +311,15 @@ class SessionState:
     """
 
     model: str = "hybrid"
-    policy: CheckpointPolicy = field(default_factory=TurnStart)
+    policy: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     full_hit: str = "held_logits"
+    bytes_per_snapshot: int | None = None   # None: default_snapshot_bytes(model); sizes budget_mib
     held: list = field(default_factory=list)
     checkpoints: "OrderedDict[int, None]" = field(default_factory=OrderedDict)  # LRU order, oldest first
     segments: list = field(default_factory=list)
     calls: int = 0
     peak_snapshots: int = 0
+    capacity: int | None = field(default=None, init=False)   # most snapshots kept (from budget_mib)
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -383,7 +327,15 @@ class SessionState:
         if self.full_hit not in FULL_HIT_RULES:
             raise ValueError(f"full_hit must be one of {FULL_HIT_RULES}, got {self.full_hit!r}")
         if not isinstance(self.policy, CheckpointPolicy):
-            raise ValueError(f"policy must be a CheckpointPolicy, got {self.policy!r}")
+            raise TypeError(f"policy must be a strata_lab.CheckpointPolicy, got {type(self.policy).__name__}")
+        if self.bytes_per_snapshot is None:
+            self.bytes_per_snapshot = default_snapshot_bytes(self.model)
+        b = self.bytes_per_snapshot
+        if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
+            raise ValueError(f"bytes_per_snapshot must be a positive int, got {b!r}")
+        self.capacity = snapshot_capacity(self.policy, b)
+        if self.capacity is not None and self.capacity < 1:
+            raise ValueError(f"budget_mib={self.policy.budget_mib} holds no snapshot of {b} bytes")
 
     @property
     def uses_checkpoints(self) -> bool:
@@ -391,24 +343,36 @@ class SessionState:
         checkpoints: their logits serve a prompt that ends exactly on one."""
         return self.model == "hybrid"
 
+    def plan(self, prompt: Sequence[int], *, lcp: int | None = None) -> CallPrediction:
+        """What a call with `prompt` reuses; changes nothing (`apply` it next). `lcp`: if known already."""
+        held_before = len(self.held)
+        if lcp is None:
+            lcp = lcp_len(prompt, self.held)
+        target = reuse_target(len(prompt), held_before, lcp, self.full_hit, self.checkpoints)
+        reused = reuse_from_target(target, held_before, self.checkpoints, self.model)
+        restored = reused if (reused != held_before and reused in self.checkpoints
+                              and (self.uses_checkpoints or reused == len(prompt))) else None
+        return CallPrediction(len(prompt), held_before, lcp, reused, restored, len(self.checkpoints), target)
+
+    def apply(self, prompt: Sequence[int], pred: CallPrediction) -> None:
+        """Make the planned call: restore the snapshot at `pred.reused`, drop what lies past it, and read the
+        prompt from there (prefill). Work is proportional to the ids that change, not the prompt."""
+        if pred.restored_checkpoint is not None:
+            self.checkpoints.move_to_end(pred.restored_checkpoint)  # a restore counts as a use for LRU
+        self._cut(pred.reused)
+        # held[:lcp] already equals prompt[:lcp]: the ids re-read from `reused` are the same ones
+        del self.held[pred.lcp:]
+        self.held.extend(prompt[pred.lcp:])
+        self._add_segment(pred.reused, len(self.held), "prompt")
+        self._snapshot(pred.reused, len(self.held), prompt_end=True, prompt=prompt)
+        self.calls += 1
+
     def call(self, prompt_ids: Sequence[int]) -> CallPrediction:
         """Reuse for `prompt_ids`, then cut held there and append the prompt (prefill)."""
-        prompt = list(prompt_ids)
-        held_before = len(self.held)
-        n_ckpt = len(self.checkpoints)
-        lcp = lcp_len(prompt, self.held)
-        reused = predict_reuse(prompt, self.held, self.checkpoints, model=self.model,
-                               full_hit=self.full_hit, lcp=lcp)
-        restored = None
-        if reused != held_before and reused in self.checkpoints and (self.uses_checkpoints or reused == len(prompt)):
-            restored = reused
-            self.checkpoints.move_to_end(reused)  # a restore counts as a use for LRU
-        self._cut(reused)
-        self.held.extend(prompt[reused:])
-        self._add_segment(reused, len(self.held), "prompt")
-        self._snapshot(reused, len(self.held), prompt_end=True, prompt=prompt)
-        self.calls += 1
-        return CallPrediction(len(prompt), held_before, lcp, reused, restored, n_ckpt)
+        prompt = prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids)
+        pred = self.plan(prompt)
+        self.apply(prompt, pred)
+        return pred
 
     def finish(self, gen_ids: Sequence[int] = (), drained_ids: Sequence[int] = ()) -> None:
         """Generated and drained ids join held (decode), with any checkpoints the policy takes there."""
@@ -426,12 +390,12 @@ class SessionState:
         self.segments.clear()
 
     def snapshot_bytes(self) -> int:
-        return len(self.checkpoints) * self.policy.bytes_per_snapshot
+        return len(self.checkpoints) * self.bytes_per_snapshot
 
     # -- internals ----------------------------------------------------------------------------------
     def _cut(self, n: int) -> None:
+        """Drop the snapshots and segment origins past position n (the ids are cut by the caller)."""
         if n < len(self.held):
-            del self.held[n:]
             for c in [c for c in self.checkpoints if c > n]:
                 del self.checkpoints[c]
             while self.segments and self.segments[-1][0] >= n:
@@ -445,9 +409,9 @@ class SessionState:
             self.segments.append((start, end, kind, self.calls - (kind != "prompt")))
 
     def _snapshot(self, start: int, end: int, *, prompt_end: bool, prompt=None) -> None:
-        cap = self.policy.capacity
-        ps = self.policy.prompt_positions(prompt, start) if prompt is not None else \
-            self.policy.positions(start, end, prompt_end=prompt_end)
+        cap = self.capacity
+        ps = prompt_positions(self.policy, prompt, start) if prompt is not None else \
+            snapshot_positions(self.policy, start, end, prompt_end=prompt_end)
         for p in ps:
             self.checkpoints[p] = None
             self.checkpoints.move_to_end(p)

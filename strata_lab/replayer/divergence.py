@@ -40,6 +40,31 @@ def _show(before: bytes, after: bytes, width: int) -> str:
     return f"{b!r} || {a!r}"
 
 
+class _TokenBytes(dict):
+    """id -> bytes, filled from the tokenizer on first use (a dict lookup instead of a checked call)."""
+
+    def __init__(self, tok):
+        super().__init__()
+        self.tok = tok
+
+    def __missing__(self, token_id):
+        value = self[token_id] = self.tok.token_bytes(token_id)
+        return value
+
+    def ids_bytes(self, ids) -> bytes:
+        return b"".join(map(self.__getitem__, ids))
+
+
+_TOKEN_BYTES: dict = {}
+
+
+def _token_bytes(tok) -> _TokenBytes:
+    cache = _TOKEN_BYTES.get(id(tok))
+    if cache is None or cache.tok is not tok:
+        cache = _TOKEN_BYTES[id(tok)] = _TokenBytes(tok)
+    return cache
+
+
 def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40) -> Divergence:
     """Walk both id sequences from `lcp_ids` byte by byte until their texts part.
 
@@ -51,7 +76,8 @@ def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40)
     >>> d.lcp_ids, d.lcp_text, d.text_context_held
     (1, 4, "held: 'Hi öğrenci is ' || 'here'")
     """
-    tb = tok.token_bytes
+    cache = _token_bytes(tok)
+    tb, ids_bytes = cache.__getitem__, cache.ids_bytes
     nh, np_ = len(held), len(prompt)
     hi, pi = lcp_ids, lcp_ids
     pbuf = b""
@@ -73,18 +99,18 @@ def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40)
     d = Divergence(lcp_ids=lcp_ids, lcp_text=hi, byte_in_token=k,
                    retokenized=_realigned(held, prompt, tb, lcp_ids, hi))
     if lcp_ids < nh or lcp_ids < np_:
-        before = tok.ids_bytes(held[max(0, lcp_ids - _CTX_TOKENS):lcp_ids])
-        d.id_context_held = "held: " + _show(before, tok.ids_bytes(held[lcp_ids:lcp_ids + _CTX_TOKENS]), context_chars)
-        d.id_context_prompt = "prompt: " + _show(before, tok.ids_bytes(prompt[lcp_ids:lcp_ids + _CTX_TOKENS]),
+        before = ids_bytes(held[max(0, lcp_ids - _CTX_TOKENS):lcp_ids])
+        d.id_context_held = "held: " + _show(before, ids_bytes(held[lcp_ids:lcp_ids + _CTX_TOKENS]), context_chars)
+        d.id_context_prompt = "prompt: " + _show(before, ids_bytes(prompt[lcp_ids:lcp_ids + _CTX_TOKENS]),
                                                  context_chars)
         d.held_ids_at = tuple(held[lcp_ids:lcp_ids + 4])
         d.prompt_ids_at = tuple(prompt[lcp_ids:lcp_ids + 4])
     if hi < nh:
         hb = tb(held[hi])
-        before = tok.ids_bytes(held[max(0, hi - _CTX_TOKENS):hi]) + hb[:k]
-        d.text_context_held = "held: " + _show(before, hb[k:] + tok.ids_bytes(held[hi + 1:hi + _CTX_TOKENS]),
+        before = ids_bytes(held[max(0, hi - _CTX_TOKENS):hi]) + hb[:k]
+        d.text_context_held = "held: " + _show(before, hb[k:] + ids_bytes(held[hi + 1:hi + _CTX_TOKENS]),
                                                context_chars)
-        d.text_context_prompt = "prompt: " + _show(before, pbuf[k:] + tok.ids_bytes(prompt[pi:pi + _CTX_TOKENS]),
+        d.text_context_prompt = "prompt: " + _show(before, pbuf[k:] + ids_bytes(prompt[pi:pi + _CTX_TOKENS]),
                                                    context_chars)
     return d
 

@@ -1,0 +1,21 @@
+"""The replay stage: step recorded sessions through the session state model, explain every miss, try fixes.
+
+Modules: `state` (which ids a session reuses, where it keeps snapshots), `divergence` (where and why a
+prompt leaves what the session held), `costs` (a prefill cost model), `policies` (counterfactual prompts),
+`step` (one call -> one typed row), `report` (totals, frames, text), `core` (`replay`).
+The replay never imports the HTTP server: the text rules it shares with it live in `strata_lab.text.stream`.
+"""
+from __future__ import annotations
+
+from strata_lab.replayer.core import ReplayOptions, compare_policies, fit_cost, replay, resolve_options
+from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.divergence import CAUSES, Divergence, classify, find_divergence
+from strata_lab.replayer.policies import Policy, PromptRewriter, keep_drained_prompt, parse_policy, policy_changes_prompts
+from strata_lab.replayer.report import Report
+from strata_lab.replayer.state import SessionState, parse_checkpoint_policy, predict_reuse
+from strata_lab.replayer.step import CallRow, step
+
+__all__ = ["replay", "compare_policies", "fit_cost", "ReplayOptions", "resolve_options", "CostModel", "CAUSES",
+           "Divergence", "classify", "find_divergence", "Policy", "PromptRewriter", "keep_drained_prompt",
+           "parse_policy", "policy_changes_prompts", "Report", "SessionState", "parse_checkpoint_policy",
+           "predict_reuse", "CallRow", "step"]

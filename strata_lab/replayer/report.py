@@ -1,0 +1,161 @@
+"""The replay report: per-call rows (CallRow) and totals, as a mapping, frames and text.
+
+>>> from strata_lab.replayer import replay
+>>> r = replay("dumps/agent.jsonl", model="attention")   # doctest: +SKIP
+>>> r["reread"], r.summary()                          # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+
+from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.policies import Policy
+from strata_lab.replayer.step import CallRow
+
+__all__ = ["Report"]
+
+
+def _fmt_s(x: float) -> str:
+    if x != x:
+        return "n/a"
+    return f"{x:.0f} s" if abs(x) >= 100 else f"{x:.3g} s"
+
+
+class Report(Mapping):
+    """The replay of one dump under one policy. A read-only mapping of totals, plus per-call rows.
+
+    `report["reread"]`, `report["causes"]`..., `report.rows` (one CallRow per call), `report.to_frame()`,
+    `report.sessions_frame()`, `report.summary()`, `report.worst(n)`, `report.format()`.
+    """
+
+    def __init__(self, rows: list[CallRow], *, policy: Policy, model: str, cost_model: CostModel | None,
+                 snapshot_bytes: int, recorded_prefill_s: float | None):
+        self.rows = rows
+        self.policy = policy
+        self.model = model
+        self.cost_model = cost_model
+        self.snapshot_bytes = snapshot_bytes
+        self._totals = self._compute_totals(recorded_prefill_s)
+
+    def _compute_totals(self, recorded_prefill_s):
+        rows = self.rows
+        prompt = sum(r.prompt_len for r in rows)
+        reused = sum(r.reused for r in rows)
+        reread = sum(r.reread for r in rows)
+        predicted_s = sum(r.prefill_s for r in rows) if self.cost_model else math.nan
+        rec_known = [r for r in rows if r.recorded_reused is not None]
+        return {
+            "policy": self.policy.name,
+            "model": self.model,
+            "sessions": len({r.session for r in rows}),
+            "calls": len(rows),
+            "prompt_tokens": prompt,
+            "reused": reused,
+            "read": prompt - reused,
+            "reread": reread,
+            "hit_rate": reused / prompt if prompt else math.nan,
+            "reread_s": sum(r.reread_s for r in rows) if self.cost_model else math.nan,
+            "prefill_s": recorded_prefill_s if recorded_prefill_s is not None else predicted_s,
+            "predicted_prefill_s": predicted_s,
+            "snapshot_mib": self.snapshot_bytes / 2**20,
+            "causes": dict(Counter(r.cause for r in rows)),
+            "mismatches": sum(1 for r in rec_known if r.recorded_reused != r.reused),
+            "compared": len(rec_known),
+        }
+
+    def __getitem__(self, key):
+        return self._totals[key]
+
+    def __iter__(self):
+        return iter(self._totals)
+
+    def __len__(self):
+        return len(self._totals)
+
+    def to_frame(self):
+        """One row per engine call with typed columns (Contract 3)."""
+        import pandas as pd
+
+        rows = self.rows
+        return pd.DataFrame({col: pd.Series([getattr(r, col) for r in rows], dtype=dtype)
+                             for col, dtype in CallRow.DTYPES.items()})
+
+    def sessions_frame(self):
+        """Per-session totals: calls, prompt tokens, reused, read, reread, reread seconds, causes."""
+        import pandas as pd
+
+        df = self.to_frame()
+        if df.empty:
+            return pd.DataFrame(columns=["session", "calls", "prompt_tokens", "reused", "read", "reread",
+                                         "reread_s", "causes"])
+        g = df.groupby("session", sort=False, observed=True)
+        out = pd.DataFrame({
+            "calls": g.size(),
+            "prompt_tokens": g["prompt_len"].sum(),
+            "reused": g["reused"].sum(),
+            "read": g["read"].sum(),
+            "reread": g["reread"].sum(),
+            "reread_s": g["reread_s"].sum(min_count=1),
+            "causes": g["cause"].agg(lambda s: ", ".join(f"{k} {v}" for k, v in Counter(s).most_common()
+                                                         if k != "none")),
+        }).reset_index()
+        return out
+
+    def summary(self) -> str:
+        """One sentence: how much prefill time went to re-reading what the engine held."""
+        t = self._totals
+        if self.cost_model is None:
+            return (f"{t['reread']} of {t['prompt_tokens']} prompt tokens were re-read although the engine held "
+                    f"them (no prefill timings to put seconds on it)")
+        total = t["prefill_s"]
+        pct = 100.0 * t["reread_s"] / total if total else math.nan
+        return (f"about {_fmt_s(t['reread_s'])} of {_fmt_s(total)} ({pct:.0f}%) went to re-reading "
+                f"what the engine held")
+
+    def worst(self, n: int = 5) -> list[dict]:
+        """The n calls that re-read the most held tokens."""
+        return sorted((r for r in self.rows if r.reread > 0 or r.cause not in ("none", "new_session")),
+                      key=lambda r: (-r.reread, -(r.held_before - r.reused)))[:n]
+
+    def format(self, *, worst: int = 5) -> str:
+        """The text the CLI prints: per-session table, totals, causes, worst divergences."""
+        t = self._totals
+        lines = [f"replay: policy {t['policy']}, model {t['model']}, {t['sessions']} sessions, {t['calls']} calls"]
+        if self.cost_model is not None:
+            lines.append("cost model: " + self.cost_model.describe())
+        sf = self.sessions_frame()
+        if len(sf):
+            lines.append("")
+            lines.append(sf.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+        lines.append("")
+        lines.append(f"total: {t['calls']} calls, {t['prompt_tokens']} prompt tokens, {t['reused']} reused, "
+                     f"{t['read']} read, {t['reread']} reread ({_fmt_s(t['reread_s'])}), hit rate "
+                     f"{t['hit_rate']:.1%}")
+        lines.append("causes: " + ", ".join(f"{k} {v}" for k, v in Counter(t["causes"]).most_common()))
+        if t["compared"]:
+            lines.append(f"recorded vs predicted reused: {t['compared'] - t['mismatches']}/{t['compared']} agree")
+        lines.append(self.summary())
+        bad = self.worst(worst)
+        if bad:
+            lines.append("")
+            lines.append(f"worst divergences (top {len(bad)} by reread):")
+            for r in bad:
+                lines.append(f"- session {r['session']} call {r['index']}: {r['cause']}, reused {r['reused']} "
+                             f"of held {r['held_before']}, lcp_ids {r['lcp_ids']}, lcp_text {r['lcp_text']}, "
+                             f"reread {r['reread']}")
+                for key in ("id_context_held", "id_context_prompt"):
+                    if r[key]:
+                        lines.append(f"    ids  {r[key]}")
+                if r.held_ids_at:
+                    lines.append(f"    ids  held {list(r['held_ids_at'])} vs prompt {list(r['prompt_ids_at'])}")
+                for key in ("text_context_held", "text_context_prompt"):
+                    if r[key]:
+                        lines.append(f"    text {r[key]}")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        t = self._totals
+        return (f"Report(policy={t['policy']!r}, calls={t['calls']}, reused={t['reused']}, read={t['read']}, "
+                f"reread={t['reread']})")

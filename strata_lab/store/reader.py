@@ -1,0 +1,136 @@
+"""Reading a store: records in their original order, one partition (cache domain) at a time, or as lines.
+
+`Store` reads like `strata_lab.dump.Dump` (iterate records, `records()`, `sessions()`), streaming a row
+group at a time, so a store never has to fit in memory. `Store.lines()` gives back the original JSONL
+lines, byte for byte.
+
+>>> import tempfile
+>>> from strata_lab.store.writer import StoreWriter
+>>> d = tempfile.mkdtemp()
+>>> with StoreWriter(d) as w:
+...     for p in ([1, 2], [1, 2, 3, 4]):
+...         w.write({"ts": 1.0, "session": "s", "prompt_ids": p, "gen_ids": [3]})
+>>> [r["prompt_ids"] for r in Store(d)]
+[[1, 2], [1, 2, 3, 4]]
+"""
+from __future__ import annotations
+
+import heapq
+import os
+from typing import Iterator
+
+from strata_lab.store.codec import RowDecoder, with_defaults
+from strata_lab.store.writer import check_open_markers, partitions, segment_files
+
+__all__ = ["Store", "is_store"]
+
+
+def is_store(path) -> bool:
+    """Whether `path` is a store directory (holds ``day=*`` partitions)."""
+    p = os.fspath(path)
+    return os.path.isdir(p) and any(n.startswith("day=") for n in os.listdir(p))
+
+
+def iter_partition_rows(partition: str, *, columns=None, batch_rows: int = 2048) -> Iterator[dict]:
+    """The rows of one partition, in order, a batch at a time (each row a dict of column values)."""
+    import pyarrow.parquet as pq
+
+    for f in segment_files(partition):
+        pf = pq.ParquetFile(f)
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
+            yield from batch.to_pylist()
+
+
+class Store:
+    """A Parquet trace store (see strata_lab.store.writer for the layout)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = os.fspath(root)
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"store not found: {self.root}")
+        self.partitions = partitions(self.root)
+        if not self.partitions:
+            raise FileNotFoundError(f"no day=*/replica=* partitions in store {self.root}")
+        check_open_markers(self.root)
+        self.paths = segment_files(self.root)
+
+    # --- cache domains ------------------------------------------------------------------------------
+    def domains(self) -> dict[str, list[str]]:
+        """Replica -> its partitions (all days, in order): a replica's calls share one cache and are
+        replayed in order on one worker; replicas are independent."""
+        out: dict[str, list[str]] = {}
+        for p in self.partitions:
+            out.setdefault(os.path.basename(p)[len("replica="):], []).append(p)
+        return dict(sorted(out.items()))
+
+    # --- records --------------------------------------------------------------------------------------
+    def iter_partition(self, partition: str, *, raw: bool = False) -> Iterator[tuple[int, dict | bytes]]:
+        """(seq, record) of one partition in order; with raw=True, (seq, original line bytes)."""
+        dec = RowDecoder()
+        for row in iter_partition_rows(partition):
+            yield row["seq"], (dec.line(row) if raw else with_defaults(dec.record(row)))
+
+    def iter_domain(self, domain: str, *, raw: bool = False) -> Iterator[tuple[int, dict | bytes]]:
+        """(seq, record) of one cache domain (a replica, all days), in the original order."""
+        parts = self.domains()[domain]
+        yield from heapq.merge(*(self.iter_partition(p, raw=raw) for p in parts), key=lambda t: t[0])
+
+    def _merged(self, raw: bool):
+        return heapq.merge(*(self.iter_partition(p, raw=raw) for p in self.partitions), key=lambda t: t[0])
+
+    def __iter__(self) -> Iterator[dict]:
+        for _seq, rec in self._merged(False):
+            yield rec
+
+    def records(self) -> list[dict]:
+        """All records as a list (reads the whole store)."""
+        return list(self)
+
+    def sessions(self) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for rec in self:
+            out.setdefault(str(rec["session"]), []).append(rec)
+        return out
+
+    def lines(self) -> Iterator[bytes]:
+        """The original JSONL lines (without newline), in the original order."""
+        for _seq, line in self._merged(True):
+            yield line
+
+    def to_jsonl(self, path: str | os.PathLike) -> int:
+        """Write the original JSONL dump back; returns the number of lines."""
+        n = 0
+        with open(path, "wb") as f:
+            for line in self.lines():
+                f.write(line + b"\n")
+                n += 1
+        return n
+
+    @property
+    def num_rows(self) -> int:
+        import pyarrow.parquet as pq
+
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in self.paths)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(os.path.getsize(p) for p in self.paths)
+
+    def to_frame(self):
+        """A pandas DataFrame, one row per call (like Dump.to_frame; reads the whole store)."""
+        import pandas as pd
+
+        recs = self.records()
+        return pd.DataFrame({
+            "ts": pd.Series([r.get("ts") for r in recs], dtype="float64"),
+            "request_id": pd.Series([r.get("request_id") for r in recs], dtype="string"),
+            "session": pd.Series([str(r["session"]) for r in recs], dtype="string"),
+            "call": pd.Series([r["call"] for r in recs], dtype="int64"),
+            "prompt_len": pd.Series([len(r["prompt_ids"]) for r in recs], dtype="int64"),
+            "reused": pd.Series([r.get("reused") for r in recs], dtype="Int64"),
+            "gen_len": pd.Series([len(r["gen_ids"]) for r in recs], dtype="int64"),
+            "drained_len": pd.Series([len(r["drained_ids"]) for r in recs], dtype="int64"),
+        })
+
+    def __repr__(self) -> str:
+        return f"Store({self.root!r}, partitions={len(self.partitions)})"

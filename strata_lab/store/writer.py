@@ -1,0 +1,176 @@
+"""Writing a store: Parquet files partitioned by day and replica, written one row group at a time.
+
+Layout: ``<dir>/day=YYYY-MM-DD/replica=NAME/seg-NNNNNN.parquet``. Each segment file is written whole and
+renamed into place, so a reader never sees half a file. A writer buffers one row group per partition;
+while it holds one, the partition has an ``_open`` marker, removed when the row group is written. A
+writer that is killed loses at most its open row groups, and the next writer or reader of the store
+says so (`StoreWarning`) and clears the marker.
+
+>>> import tempfile
+>>> d = tempfile.mkdtemp()
+>>> with StoreWriter(d) as w:
+...     w.write_line(b'{"ts":0.5,"session":"s","prompt_ids":[1,2],"gen_ids":[3]}')
+>>> sorted(os.path.relpath(p, d) for p in segment_files(d))
+['day=1970-01-01/replica=default/seg-000000.parquet']
+"""
+from __future__ import annotations
+
+import glob
+import os
+import time
+import warnings
+
+import orjson
+
+from strata_lab.store.codec import RowEncoder, arrow_schema, parse, partition_of
+
+__all__ = ["StoreWriter", "StoreWarning", "segment_files", "partitions", "check_open_markers"]
+
+MARKER = "_open"
+
+
+class StoreWarning(UserWarning):
+    """Something in a store was lost or skipped (a writer killed with a row group open)."""
+
+
+def partitions(root: str) -> list[str]:
+    """Partition directories of a store, sorted (day, then replica)."""
+    return sorted(p for p in glob.glob(os.path.join(root, "day=*", "replica=*")) if os.path.isdir(p))
+
+
+def segment_files(root_or_partition: str) -> list[str]:
+    """Segment files of a store or of one partition, in order."""
+    parts = [root_or_partition] if os.path.basename(root_or_partition).startswith("replica=") \
+        else partitions(root_or_partition)
+    return [f for p in parts for f in sorted(glob.glob(os.path.join(p, "seg-*.parquet")))]
+
+
+def check_open_markers(root: str, *, clear: bool = False) -> list[str]:
+    """Warn about partitions whose writer died with a row group open; return their paths."""
+    lost = []
+    for p in partitions(root):
+        m = os.path.join(p, MARKER)
+        if os.path.exists(m):
+            try:
+                with open(m, "rb") as f:
+                    info = orjson.loads(f.read() or b"{}")
+            except (OSError, orjson.JSONDecodeError):
+                info = {}
+            since = info.get("since")
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(since)) + " UTC" if since else "an unknown time"
+            warnings.warn(f"{p}: a writer (pid {info.get('pid', '?')}) did not close: the calls it buffered since "
+                          f"{when} (at most one row group) were lost", StoreWarning, stacklevel=3)
+            lost.append(p)
+            if clear:
+                os.unlink(m)
+    return lost
+
+
+class _Partition:
+    def __init__(self, path: str, row_group_rows: int):
+        import pyarrow.parquet as pq
+
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.row_group_rows = row_group_rows
+        files = segment_files(path)
+        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        self.next_seg = (int(os.path.basename(files[-1])[4:10]) + 1) if files else 0
+        self.encoder = RowEncoder(first_row=rows)
+        self.buffer: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        if not self.buffer:
+            tmp = os.path.join(self.path, MARKER + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(orjson.dumps({"pid": os.getpid(), "since": time.time()}))
+            os.replace(tmp, os.path.join(self.path, MARKER))
+        self.buffer.append(row)
+        if len(self.buffer) >= self.row_group_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = arrow_schema()
+        table = pa.Table.from_pylist(self.buffer, schema=schema)
+        final = os.path.join(self.path, f"seg-{self.next_seg:06d}.parquet")
+        tmp = final + ".tmp"
+        pq.write_table(table, tmp, compression="zstd", row_group_size=len(self.buffer), use_dictionary=True)
+        os.replace(tmp, final)
+        self.next_seg += 1
+        self.buffer = []
+        try:
+            os.unlink(os.path.join(self.path, MARKER))
+        except FileNotFoundError:
+            pass
+
+
+class StoreWriter:
+    """Appends dump lines (or records) to a store, partitioned by (day, replica), one row group per flush.
+
+    Lines of one session must come in call order, as the recorder writes them. One writer per store.
+    `row_group_rows` calls are buffered per partition before a segment file is written.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, row_group_rows: int = 4096):
+        if not isinstance(row_group_rows, int) or row_group_rows < 1:
+            raise ValueError(f"row_group_rows must be a positive int, got {row_group_rows!r}")
+        self.root = os.fspath(root)
+        os.makedirs(self.root, exist_ok=True)
+        check_open_markers(self.root, clear=True)
+        self.row_group_rows = row_group_rows
+        self._parts: dict[tuple, _Partition] = {}
+        self.seq = _next_seq(self.root)
+        self.rows = 0
+        self.closed = False
+
+    def write_line(self, line: bytes, rec: dict | None = None) -> None:
+        """Append one dump line (its parsed object may be passed along)."""
+        if self.closed:
+            raise ValueError(f"store writer for {self.root} is closed")
+        if rec is None:
+            rec = parse(line)
+        key = partition_of(rec)
+        part = self._parts.get(key)
+        if part is None:
+            part = self._parts[key] = _Partition(
+                os.path.join(self.root, f"day={key[0]}", f"replica={key[1]}"), self.row_group_rows)
+        part.add(part.encoder.encode(line, rec, seq=self.seq))
+        self.seq += 1
+        self.rows += 1
+
+    def write(self, record: dict) -> None:
+        """Append one record (serialised as the JSONL recorder would)."""
+        self.write_line(orjson.dumps(dict(record)), dict(record))
+
+    def flush(self) -> None:
+        for p in self._parts.values():
+            p.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.flush()
+            self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _next_seq(root: str) -> int:
+    import pyarrow.parquet as pq
+
+    best = -1
+    for f in segment_files(root):
+        md = pq.ParquetFile(f).metadata
+        for i in range(md.num_row_groups):
+            st = md.row_group(i).column(0).statistics
+            if st is not None and st.has_min_max:
+                best = max(best, int(st.max))
+    return best + 1
