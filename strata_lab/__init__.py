@@ -27,9 +27,9 @@ _EXPORTS = {
     "load_dump": "strata_lab.dump.reader",
     "Dump": "strata_lab.dump.reader",
     "replay": "strata_lab.replayer",
-    "Store": "strata_lab.store",
-    "convert_jsonl": "strata_lab.store",
-    "StoreRecorder": "strata_lab.store.recorder",
+    "Store": "strata_lab.dump",
+    "convert_jsonl": "strata_lab.dump",
+    "StoreRecorder": "strata_lab.dump.writer",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -56,6 +56,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from strata_lab.text.encoder import PromptEncoder
     from strata_lab.text.template import ChatTemplate
     from strata_lab.text.tokenizer import Tokenizer, load_tokenizer
-    from strata_lab.store import Store, convert_jsonl
-    from strata_lab.store.recorder import StoreRecorder
+    from strata_lab.dump import Store, convert_jsonl
+    from strata_lab.dump.writer import StoreRecorder
     from strata_lab.tiny import embedded_model, make_tiny

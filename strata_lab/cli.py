@@ -118,7 +118,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from strata_lab.store import Store, convert_jsonl
+    from strata_lab.dump import Store, convert_jsonl
 
     if args.to_jsonl:
         if len(args.dump) != 1:

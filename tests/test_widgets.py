@@ -151,7 +151,7 @@ def test_divergence_viewer_pages_through_a_store(dump_path, tmp_path):
     import glob
     import os
 
-    from strata_lab.store import convert_jsonl
+    from strata_lab.dump import convert_jsonl
 
     whole = DivergenceViewer(dump_path)
     convert_jsonl(dump_path, tmp_path / "s")

@@ -141,7 +141,7 @@ void register_engine(py::module_& m) {
         return e.session(name, p ? &*p : nullptr);
       }, py::arg("name"), py::arg("policy") = py::none())
       .def("session_names", &Engine::session_names)
-      .def("drop_session", &Engine::drop_session);
+      .def("drop_session", &Engine::drop_session, py::arg("name"));
 }
 
 void register_session(py::module_& m) {

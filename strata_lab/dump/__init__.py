@@ -1,7 +1,16 @@
-"""Dumps: one strata-dump/1 line per engine call (docs/DUMP_FORMAT.md), written by `writer`, read by `reader`."""
+"""Dumps: one strata-dump/1 record per engine call (docs/DUMP_FORMAT.md).
+
+`writer` appends JSONL lines (`Recorder`) or Parquet row groups (`StoreRecorder`); `reader` reads JSONL
+(`load_dump`, which also opens a store directory); the columnar store is `store` (read), `store_writer`,
+`store_codec` (delta-encoded prompts) and `convert` (JSONL -> Parquet).
+"""
 from __future__ import annotations
 
+from strata_lab.dump.convert import convert_jsonl
 from strata_lab.dump.reader import Dump, DumpWarning, load_dump, parse_line
-from strata_lab.dump.writer import Recorder, record_to
+from strata_lab.dump.store import Store, is_store
+from strata_lab.dump.store_writer import StoreWarning, StoreWriter
+from strata_lab.dump.writer import Recorder, StoreRecorder, record_to
 
-__all__ = ["Dump", "DumpWarning", "load_dump", "parse_line", "Recorder", "record_to"]
+__all__ = ["Dump", "DumpWarning", "load_dump", "parse_line", "Recorder", "StoreRecorder", "record_to", "Store",
+           "is_store", "StoreWriter", "StoreWarning", "convert_jsonl"]

@@ -205,7 +205,7 @@ class Dump:
 
 def load_dump(path_or_paths) -> Dump:
     """Open one dump file, several, a directory of `*.jsonl` files (sorted by name), or a Parquet store
-    (a directory with ``day=*/replica=*`` partitions; returns a `strata_lab.store.Store`).
+    (a directory with ``day=*/replica=*`` partitions; returns a `strata_lab.dump.Store`).
 
     >>> load_dump("/nonexistent.jsonl")
     Traceback (most recent call last):
@@ -219,7 +219,7 @@ def load_dump(path_or_paths) -> Dump:
     if isinstance(path_or_paths, (str, os.PathLike)):
         p = os.fspath(path_or_paths)
         if os.path.isdir(p) and any(n.startswith("day=") for n in os.listdir(p)):
-            from strata_lab.store import Store  # a Parquet store (strata-lab convert, StoreRecorder)
+            from strata_lab.dump.store import Store  # a Parquet store (strata-lab convert, StoreRecorder)
 
             return Store(p)
         if os.path.isdir(p):

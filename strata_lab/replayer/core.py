@@ -31,6 +31,7 @@ from typing import Iterable
 from strata_lab.dump import Dump, load_dump
 from strata_lab.engine import CheckpointPolicy
 from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.fast import fit_cost_store
 from strata_lab.replayer.policies import Policy, PromptRewriter, parse_policy
 from strata_lab.replayer.report import Report
 from strata_lab.replayer.state import FULL_HIT_RULES, MODELS, SessionState, default_snapshot_bytes, parse_checkpoint_policy
@@ -115,16 +116,6 @@ def fit_cost(records: Iterable[dict]) -> CostModel | None:
             samples.append((len(rec["prompt_ids"]) - reused, reused, t))
     try:
         return CostModel.fit(samples)
-    except ValueError:
-        return None
-
-
-def fit_cost_store(store) -> CostModel | None:
-    """fit_cost on a store, from its columns (no prompt is rebuilt)."""
-    from strata_lab.replayer.fast import cost_samples
-
-    try:
-        return CostModel.fit(cost_samples(store.partitions))
     except ValueError:
         return None
 

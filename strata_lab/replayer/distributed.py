@@ -61,7 +61,7 @@ def replay_on_cluster(store, opts, tokenizer, cost_model, *, cluster, progress: 
     """The distributed replay behind `replay(store, cluster=...)`."""
     from distributed import as_completed
 
-    from strata_lab.replayer.core import fit_cost_store
+    from strata_lab.replayer.fast import fit_cost_store
 
     if opts.policy.changes_prompts:
         raise ValueError("cluster: prompt-rewriting policies (reply-ids, keep-drained) replay in-process only")

@@ -10,6 +10,8 @@ session's own held ids.
 """
 from __future__ import annotations
 
+from strata_lab.replayer.costs import CostModel
+
 import gc
 import heapq
 from collections.abc import Sequence
@@ -59,7 +61,7 @@ class DeltaPrompt(Sequence):
 
 def domain_rows(partitions: list[str], batch_rows: int = 4096) -> Iterator[tuple[int, int, dict]]:
     """(partition index, row number in its partition, row) of a cache domain, in seq order."""
-    from strata_lab.store.reader import iter_partition_rows
+    from strata_lab.dump.store import iter_partition_rows
 
     def one(k, part):
         for n, row in enumerate(iter_partition_rows(part, columns=_ROW_COLUMNS, batch_rows=batch_rows)):
@@ -189,7 +191,7 @@ def session_ends(partitions: list[str]) -> dict[str, int]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from strata_lab.store.writer import segment_files
+    from strata_lab.dump.store_writer import segment_files
 
     tables = [pq.read_table(f, columns=["session", "seq"]) for p in partitions for f in segment_files(p)]
     if not tables:
@@ -203,7 +205,7 @@ def session_ends(partitions: list[str]) -> dict[str, int]:
 def cost_samples(partitions: list[str]) -> list[tuple[int, int, float]]:
     """(read, reused, prefill_ms) of every call that has them, in seq order: what fit_cost reads. Only the
     scalar columns are read (no id lists)."""
-    from strata_lab.store.reader import iter_partition_rows
+    from strata_lab.dump.store import iter_partition_rows
 
     out = []
     cols = ["seq", "prompt_len", "reused", "prefill_ms", "decode_ms", "keys", "extra", "raw"]
@@ -226,3 +228,11 @@ def cost_samples(partitions: list[str]) -> list[tuple[int, int, float]]:
                 out.append((row["seq"], (plen - reused, reused, t)))
     out.sort(key=lambda x: x[0])
     return [s for _q, s in out]
+
+
+def fit_cost_store(store) -> CostModel | None:
+    """fit_cost on a store, from its columns (no prompt is rebuilt)."""
+    try:
+        return CostModel.fit(cost_samples(store.partitions))
+    except ValueError:
+        return None

@@ -5,7 +5,7 @@ replay where the last one stopped; going back replays the domain again from its 
 (without copying ids). The divergence viewer uses this for stores.
 
 >>> import tempfile
->>> from strata_lab.store import convert_jsonl, Store
+>>> from strata_lab.dump import convert_jsonl, Store
 >>> d = tempfile.mkdtemp()
 >>> _ = convert_jsonl("dumps/agent.jsonl", d)                     # doctest: +SKIP
 >>> pager = StorePager(Store(d), page_size=2)                    # doctest: +SKIP
@@ -25,7 +25,7 @@ class StorePager:
 
     def __init__(self, store, *, domain: str | None = None, page_size: int = 100, tokenizer="qwen3",
                  model: str = "hybrid", checkpoint_policy=None, full_hit: str = "held_logits"):
-        from strata_lab.replayer.core import fit_cost_store
+        from strata_lab.replayer.fast import fit_cost_store
 
         if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
             raise ValueError(f"page_size must be a positive int, got {page_size!r}")

@@ -38,6 +38,7 @@ from typing import Sequence
 
 # The one snapshot-policy type: the engine's. The state model reads its fields; the engine converts it to
 # the extension's own struct (CheckpointPolicy._native).
+from strata_lab.text.ids import lcp_len
 from strata_lab.engine import CheckpointPolicy
 
 __all__ = [
@@ -68,28 +69,6 @@ def default_snapshot_bytes(model: str) -> int:
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     return DEFAULT_SNAPSHOT_BYTES if model == "hybrid" else ATTENTION_SNAPSHOT_BYTES
-
-
-def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two id sequences.
-
-    >>> lcp_len([1, 2, 3], [1, 2, 4, 5])
-    2
-    """
-    a = a if isinstance(a, list) else list(a)
-    b = b if isinstance(b, list) else list(b)
-    n = min(len(a), len(b))
-    i = 0
-    # compare chunks first: list slices compare in C, far faster than a Python loop on long ids
-    while i < n:
-        j = min(i + 2048, n)
-        if a[i:j] == b[i:j]:
-            i = j
-            continue
-        while a[i] == b[i]:
-            i += 1
-        return i
-    return n
 
 
 # --- checkpoint policies: the engine's one type, read by the state model ----------------------------

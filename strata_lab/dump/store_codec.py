@@ -30,6 +30,8 @@ import functools
 
 import orjson
 
+from strata_lab.text.ids import lcp_len
+
 __all__ = ["arrow_schema", "COLUMNS", "RowEncoder", "RowDecoder", "parse", "partition_of", "with_defaults"]
 
 _INT32 = 2**31 - 1
@@ -137,8 +139,6 @@ class RowEncoder:
             prev = self._last.get(sid) if sid is not None else None
             shared = 0
             if prev is not None:
-                from strata_lab.replayer.state import lcp_len
-
                 shared = lcp_len(prompt, prev[1])  # the parent's ids were checked when it was encoded
             suffix = prompt[shared:] if shared > 0 else prompt
             if _ids_ok(suffix):

@@ -5,7 +5,7 @@ group at a time, so a store never has to fit in memory. `Store.lines()` gives ba
 lines, byte for byte.
 
 >>> import tempfile
->>> from strata_lab.store.writer import StoreWriter
+>>> from strata_lab.dump.store_writer import StoreWriter
 >>> d = tempfile.mkdtemp()
 >>> with StoreWriter(d) as w:
 ...     for p in ([1, 2], [1, 2, 3, 4]):
@@ -19,8 +19,8 @@ import heapq
 import os
 from typing import Iterator
 
-from strata_lab.store.codec import RowDecoder, with_defaults
-from strata_lab.store.writer import check_open_markers, partitions, segment_files
+from strata_lab.dump.store_codec import RowDecoder, with_defaults
+from strata_lab.dump.store_writer import check_open_markers, partitions, segment_files
 
 __all__ = ["Store", "is_store"]
 
@@ -42,7 +42,7 @@ def iter_partition_rows(partition: str, *, columns=None, batch_rows: int = 2048)
 
 
 class Store:
-    """A Parquet trace store (see strata_lab.store.writer for the layout)."""
+    """A Parquet trace store (see strata_lab.dump.store_writer for the layout)."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = os.fspath(root)

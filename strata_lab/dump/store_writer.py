@@ -22,7 +22,7 @@ import warnings
 
 import orjson
 
-from strata_lab.store.codec import RowEncoder, arrow_schema, parse, partition_of
+from strata_lab.dump.store_codec import RowEncoder, arrow_schema, parse, partition_of
 
 __all__ = ["StoreWriter", "StoreWarning", "segment_files", "partitions", "check_open_markers"]
 

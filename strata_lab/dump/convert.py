@@ -7,7 +7,7 @@
 ...     _ = f.write(b'{"session":"s","prompt_ids":[1,2]}\\n{"session":"s","prompt_ids":[1,2,5]}\\n')
 >>> convert_jsonl(src, os.path.join(d, "store"))["lines"]
 2
->>> from strata_lab.store import Store
+>>> from strata_lab.dump import Store
 >>> list(Store(os.path.join(d, "store")).lines())
 [b'{"session":"s","prompt_ids":[1,2]}', b'{"session":"s","prompt_ids":[1,2,5]}']
 """
@@ -19,7 +19,7 @@ import warnings
 
 import orjson
 
-from strata_lab.store.writer import StoreWriter
+from strata_lab.dump.store_writer import StoreWriter
 
 __all__ = ["convert_jsonl"]
 
@@ -28,7 +28,7 @@ def convert_jsonl(paths, out: str | os.PathLike, *, row_group_rows: int = 8192, 
     """Convert JSONL dump file(s) to a store at `out`; lines the dump reader would skip (torn, not a
     dump line) are skipped with the same `DumpWarning`. Returns lines, skipped, bytes in and out, seconds.
     """
-    from strata_lab.dump import DumpWarning, check_record
+    from strata_lab.dump.reader import DumpWarning, check_record
 
     paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
     for p in paths:
@@ -61,7 +61,7 @@ def convert_jsonl(paths, out: str | os.PathLike, *, row_group_rows: int = 8192, 
                     lines += 1
     if bar is not None:
         bar.close()
-    from strata_lab.store.writer import segment_files
+    from strata_lab.dump.store_writer import segment_files
 
     out_bytes = sum(os.path.getsize(f) for f in segment_files(os.fspath(out)))
     return {"lines": lines, "skipped": skipped, "bytes_in": total, "bytes_out": out_bytes,

@@ -1,0 +1,28 @@
+"""Helpers on token-id sequences shared by every stage: the longest common prefix."""
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = ["lcp_len"]
+
+
+def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences.
+
+    >>> lcp_len([1, 2, 3], [1, 2, 4, 5])
+    2
+    """
+    a = a if isinstance(a, list) else list(a)
+    b = b if isinstance(b, list) else list(b)
+    n = min(len(a), len(b))
+    i = 0
+    # compare chunks first: list slices compare in C, far faster than a Python loop on long ids
+    while i < n:
+        j = min(i + 2048, n)
+        if a[i:j] == b[i:j]:
+            i = j
+            continue
+        while a[i] == b[i]:
+            i += 1
+        return i
+    return n
