@@ -29,7 +29,7 @@ _ERR = f'<div style="color:{ALERT}; font-family:monospace">{{}}</div>'
 # Text boxes take the width their box gives them: "100%" plus the widgets' own 2 px margins overflowed it.
 _FILL = dict(width="auto", max_width="100%")
 # Qwen3's template writes an empty <think></think> before any assistant prefix, whatever enable_thinking says.
-_PREFIX_THINK = "with a prefix the template always writes an empty &lt;think&gt; block"
+_PREFIX_THINK = "a prefix always follows an empty &lt;think&gt; block"
 
 
 def _tok(tokenizer):
@@ -95,8 +95,9 @@ class TemplateExplorer(_Widget):
                                  layout=W.Layout(**_FILL))
         thinking = {None: "default", True: "on", False: "off"}[enable_thinking]
         self.thinking = W.ToggleButtons(options=["default", "on", "off"], value=thinking,
-                                        description="thinking")
-        self.thinking_note = W.HTML()
+                                        description="thinking", style={"button_width": "72px"},
+                                        layout=W.Layout(flex="0 0 auto"))
+        self.thinking_note = W.HTML(layout=W.Layout(flex="1 1 0", min_width="0"))
         # PrefixExperiment clears this: there thinking still shapes the run without the prefix
         self.lock_thinking = True
         self.summary = W.HTML()
@@ -160,7 +161,7 @@ class TemplateExplorer(_Widget):
         self.thinking.disabled = has_prefix and self.lock_thinking
         note = ""
         if has_prefix:
-            note = (f"{_PREFIX_THINK}, so thinking has no effect" if self.lock_thinking
+            note = (f"{_PREFIX_THINK}: thinking has no effect" if self.lock_thinking
                     else f"{_PREFIX_THINK}: thinking changes only the run without prefix")
         self.thinking_note.value = (f'<span style="font:12px sans-serif; color:{MUTED}">{note}</span>'
                                     if note else "")

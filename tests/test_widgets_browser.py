@@ -310,12 +310,22 @@ class Page:
         return self.js(_JS_OUTPUTS + "return widgetOutputs()[arguments[0]];", index)
 
     def shoot(self, kind, theme):
-        if self.shots:
+        """With STRATA_WIDGET_SHOTS set: a PNG of the widget (a window tall enough for all of it, 64 colours)."""
+        if not self.shots:
+            return
+        from PIL import Image
+
+        height = self.js("return arguments[0].getBoundingClientRect().height", self.element(kind))
+        self.d.set_window_size(1280, int(height) + 300)
+        try:
             el = self.element(kind)
-            self.js("arguments[0].scrollIntoView({block: 'start'})", el)
+            self.js("arguments[0].scrollIntoView({block: 'center'})", el)
             path = pathlib.Path(self.shots) / f"{kind}-{theme}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             el.screenshot(str(path))
+            Image.open(path).convert("RGB").quantize(64).save(path, optimize=True)
+        finally:
+            self.d.set_window_size(1280, 1000)
 
 
 def _control(view, label):
