@@ -192,7 +192,7 @@ return views.map((out, i) => {
     texts.push({text: own.slice(0, 30), chip: el.hasAttribute('data-pos'), ...c});
   }
   const overflow = [];
-  const boxes = [out, root, ...out.querySelectorAll('*')].filter(Boolean);
+  const boxes = new Set([out, ...out.querySelectorAll('*')]);
   for (const el of boxes) {
     const ox = getComputedStyle(el).overflowX;
     const scrolls = ox === 'auto' || ox === 'scroll';
@@ -213,14 +213,17 @@ const cells = [...w.content.model.cells];
 const code = cells.filter(c => c.type === 'code');
 const errors = [];
 let widgets = 0;
+const tags = [];  // HTML printed as text instead of rendered
 for (const c of code) for (const o of c.outputs.toJSON()) {
   if (o.output_type === 'error') errors.push(`${o.ename}: ${o.evalue}`);
+  const text = o.output_type === 'stream' ? [].concat(o.text).join('') : '';
+  if (/<\/?(b|i|div|span|table|code)\b[^>]*>/.test(text)) tags.push(text.slice(0, 80));
   if (o.data && o.data['%s']) widgets++;
 }
 const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
 return {path: w.context.path, status: kernel ? kernel.status : 'none',
         pending: code.filter(c => c.executionCount === null).length, errors,
-        widgets, shown: widgetOutputs().length,
+        widgets, shown: widgetOutputs().length, tags,
         widgetErrors: document.body.innerText.includes('Error displaying widget')};
 """ % WIDGET_MIME
 
@@ -273,6 +276,7 @@ class Page:
             lambda _: (s := self.js(_JS_STATE)) and (s["errors"] or (not s["pending"] and s["status"] == "idle"))
             and s, f"the notebook did not finish within {RUN_TIMEOUT} s")
         assert not state["errors"], f"{self.name}: cells raised: {state['errors']}"
+        self.check(not state["tags"], f"{self.name}: HTML printed with its tags: {state['tags']}")
         # widget views render from comm messages after the cell finished: wait for each to draw or fail
         self.wait().until(lambda _: (s := self.js(_JS_STATE))["shown"] >= s["widgets"], "widget views not drawn")
 
