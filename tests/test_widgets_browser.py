@@ -28,7 +28,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = [p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))
-             if re.search(r"strata_lab\.widgets", p.read_text(encoding="utf-8"))]
+             if re.search(r"strata_lab(\.notebook)?\.widgets", p.read_text(encoding="utf-8"))]
 THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 MIN_CONTRAST = 4.5  # WCAG AA for body text
 RUN_TIMEOUT = 240   # seconds for a whole notebook (replays, a tiny engine) on a loaded 2-core machine
