@@ -106,8 +106,7 @@ class TemplateExplorer(_Widget):
         for child in (self.messages, self.tools, self.prefix, self.thinking):
             child.observe(lambda _change: self.render(), names="value")
         self.widget = W.VBox([self.messages, self.tools, W.HBox([self.thinking, self.thinking_note]), self.prefix,
-                              self.summary,
-                              self.output, self.ids_box])
+                              self.summary, self.output, self.ids_box])
         self.prompt_text, self.ids, self.prefix_token, self.error = "", [], None, None
         self.render()
 
