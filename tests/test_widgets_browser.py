@@ -2,10 +2,11 @@
 
 JupyterLab runs on 127.0.0.1 (free port, token, a temp root holding copies of the notebooks that use
 widgets); Debian's `chromium` + `chromium-driver` are driven by selenium (no browser downloads). Each
-notebook is run whole, every widget is used (a prefix typed with a leading newline, thinking toggled, the viewer
-stepped, policies compared on the dashboard), and the rendered DOM is checked in the light and the dark
+notebook is run whole, every widget is used (a prefix typed with a leading newline, thinking toggled, the
+viewer stepped, policies compared on the dashboard), and the rendered DOM is checked in the light and the dark
 theme: no "Error displaying widget", values updated, token text and the widgets' own HTML text readable
-(WCAG contrast >= 4.5:1, computed from the computed styles), no horizontal overflow.
+(WCAG contrast >= 4.5:1, computed from the computed styles), no horizontal overflow, no HTML printed with its
+tags, no errors in the browser console.
 
 All checks of a notebook run; the failures are reported together, with page screenshots in a temp folder.
 `STRATA_WIDGET_SHOTS=docs/widgets pytest tests/test_widgets_browser.py` also writes one PNG per widget and
@@ -125,6 +126,7 @@ def driver():
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1280,1000", "--force-device-scale-factor=1", "--hide-scrollbars"):
         opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, read after each notebook
     d = webdriver.Chrome(service=Service(chromedriver), options=opts)
     d.set_script_timeout(60)
     yield d
@@ -513,6 +515,11 @@ def test_widgets_in_jupyterlab(path, lab, driver):
                 except Exception:
                     pass
             page.failures.append(f"screenshots in {shots}")
+        try:  # the console stays clean (reading the log also empties it for the next notebook)
+            errors = [e["message"][:200] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+            page.check(not errors, f"browser console errors: {errors[:5]}")
+        except Exception as exc:
+            page.failures.append(f"could not read the browser console: {exc}")
         try:  # free the kernel: the next notebook gets its own
             driver.execute_script("const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
                                   "if (w && w.sessionContext) w.sessionContext.shutdown();")
