@@ -339,7 +339,8 @@ class DivergenceViewer(_Widget):
             + (f' ({r["reread_s"] * 1000:.1f} ms)' if r["reread_s"] == r["reread_s"] else "")
             + f', generated {r["gen_len"]}, drained {r["drained_len"]}</div>')
         if not c["held"]:
-            self.panel.value = f'<div style="font-family:sans-serif; color:{MUTED}">new session: nothing held</div>'
+            self.panel.value = (f'<div style="font-family:sans-serif; color:{MUTED}">'
+                                'new session: nothing held</div>')
             self.context.value = ""
             return self.panel.value
         d = find_divergence(c["held"], c["prompt"], self.tok, lcp_ids=r["lcp_ids"])

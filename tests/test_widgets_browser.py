@@ -96,7 +96,8 @@ def lab(tmp_path_factory):
         deadline = time.monotonic() + 90
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"jupyterlab exited {proc.returncode}: {(base / 'lab.log').read_text()[-2000:]}")
+                tail = (base / "lab.log").read_text()[-2000:]
+                raise RuntimeError(f"jupyterlab exited {proc.returncode}: {tail}")
             try:
                 if httpx.get(f"{url}/api/status", params={"token": token}, timeout=2).status_code == 200:
                     break
