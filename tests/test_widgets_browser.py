@@ -484,7 +484,7 @@ INTERACT = {"TemplateExplorer": _template_explorer, "PrefixExperiment": _prefix_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_widgets_in_jupyterlab(path, lab, driver):
+def test_widgets_in_jupyterlab(path, driver, lab):  # driver first: no browser, no JupyterLab
     page = Page(driver, lab, path.stem, os.environ.get("STRATA_WIDGET_SHOTS"))
     try:
         page.open_and_run()
