@@ -17,7 +17,7 @@ import io
 import json
 from typing import Sequence
 
-from .tokview import ALERT, MUTED, aligned_html, tokens_html
+from strata_lab.notebook.tokview import ALERT, MUTED, aligned_html, tokens_html
 
 __all__ = ["TemplateExplorer", "PrefixExperiment", "DivergenceViewer", "ReuseDashboard"]
 
@@ -34,7 +34,7 @@ _PREFIX_THINK = "a prefix always follows an empty &lt;think&gt; block"
 
 def _tok(tokenizer):
     if isinstance(tokenizer, str):
-        from .tokenizer import load_tokenizer
+        from strata_lab.text.tokenizer import load_tokenizer
 
         return load_tokenizer(tokenizer)
     return tokenizer
@@ -42,7 +42,7 @@ def _tok(tokenizer):
 
 def _tmpl(template):
     if isinstance(template, str):
-        from .template import ChatTemplate
+        from strata_lab.text.template import ChatTemplate
 
         return ChatTemplate.from_name(template)
     return template
@@ -214,7 +214,7 @@ class PrefixExperiment(_Widget):
         probs = np.exp(logits - logits.max())
         probs /= probs.sum()
         top = np.argsort(-probs)[:self.top_k]
-        from .engine import Sampling
+        from strata_lab.engine import Sampling
 
         session = self.engine.session(f"prefix-experiment-{len(self.results)}-{id(self)}")
         session.reset()
@@ -255,8 +255,8 @@ class DivergenceViewer(_Widget):
                  full_hit: str = "held_logits", only_misses: bool = False):
         import ipywidgets as W
 
-        from .dump import load_dump
-        from .replayer import replay
+        from strata_lab.dump import load_dump
+        from strata_lab.replayer import replay
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
@@ -318,7 +318,7 @@ class DivergenceViewer(_Widget):
 
     def show(self, position: int) -> str:
         """Show the call at `position` (among the viewer's calls, from 0); returns the aligned-view HTML."""
-        from .divergence import find_divergence
+        from strata_lab.replayer.divergence import find_divergence
 
         if not 0 <= position < len(self.order):
             raise ValueError(f"position must be in [0, {len(self.order)}), got {position}")
@@ -363,7 +363,7 @@ class ReuseDashboard(_Widget):
                  tokenizer="qwen3", model: str = "hybrid", checkpoint_policy=None):
         import ipywidgets as W
 
-        from .dump import load_dump
+        from strata_lab.dump import load_dump
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
@@ -382,8 +382,8 @@ class ReuseDashboard(_Widget):
 
     def refresh(self):
         """Replay under the selected policies; update the summary, the table and the plot. Returns the table."""
-        from .plots import plot_report
-        from .replayer import compare_policies, replay
+        from strata_lab.notebook.plots import plot_report
+        from strata_lab.replayer import compare_policies, replay
 
         self.report = replay(self.dump, **self.kwargs)
         chosen = list(self.policies.value) or ["recorded"]

@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from strata_lab.record import Recorder
-from strata_lab.tokview import COLORS, INK, aligned_html, byte_to_token, pieces, tokens_html
-from strata_lab.widgets import DivergenceViewer, ReuseDashboard, TemplateExplorer
+from strata_lab.dump.writer import Recorder
+from strata_lab.notebook.tokview import COLORS, INK, aligned_html, byte_to_token, pieces, tokens_html
+from strata_lab.notebook.widgets import DivergenceViewer, ReuseDashboard, TemplateExplorer
 
 
 def _chips(html_text):
@@ -131,9 +131,9 @@ def test_reuse_dashboard(dump_path):
 
 def test_prefix_experiment_on_the_tiny_engine(tmp_path):
     pytest.importorskip("strata_lab._engine")
-    from strata_lab.checkpoints import make_tiny
+    from strata_lab.tiny import make_tiny
     from strata_lab.engine import Engine
-    from strata_lab.widgets import PrefixExperiment
+    from strata_lab.notebook.widgets import PrefixExperiment
 
     engine = Engine.load(make_tiny(tmp_path / "m"), threads=1)
     w = PrefixExperiment(engine, [{"role": "user", "content": "Merhaba"}], assistant_prefix="Tamam,",
