@@ -217,17 +217,18 @@ The chat template turns messages into prompt text; an assistant prefix (prefill)
 the model continues. `TemplateExplorer` shows the rendered prompt with token boundaries and where the prefix
 starts; `PrefixExperiment` runs an engine with and without the prefix."""),
     code('''
+from IPython.display import HTML, display
 from strata_lab.notebook.widgets import TemplateExplorer
 tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
 explorer = TemplateExplorer([{"role": "user", "content": "Öğrenci listesini oku."}], tools=tools,
                             assistant_prefix="<tool_call>\\n", enable_thinking=False)
-print(explorer.summary.value)
+display(HTML(explorer.summary.value))
 explorer'''),
     md("Changing an input re-renders (as typing in the widget does):"),
     code('''
 explorer.prefix.value = "\\nSure"
-print(explorer.summary.value)          # the prefix's newline merged with the template's: one token spans both
+display(HTML(explorer.summary.value))  # the prefix's newline merged with the template's: one token spans both
 explorer.thinking.value = "on"
 print(repr(explorer.prompt_text[-60:]))'''),
     md("""

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from strata_lab.dump.writer import Recorder
-from strata_lab.notebook.tokview import COLORS, aligned_html, byte_to_token, pieces, tokens_html
+from strata_lab.notebook.tokview import COLORS, INK, aligned_html, byte_to_token, pieces, tokens_html
 from strata_lab.notebook.widgets import DivergenceViewer, ReuseDashboard, TemplateExplorer
 
 
@@ -43,6 +43,7 @@ def test_tokens_html_alternates_and_escapes(qwen3):
     h = tokens_html(qwen3, ids)
     chips = _chips(h)
     assert len(chips) == len(ids)
+    assert h.count(f"color:{INK};") == len(ids)  # chips set their text colour, not only the background
     assert all(c == COLORS["ab"[i % 2]] for i, (_, c) in enumerate(chips))
     assert "<b>" not in h and "&lt;" in h and "&gt;" in h
 
@@ -60,8 +61,10 @@ def test_template_explorer_prefix_and_thinking(qwen3):
     # a prefix starting with a newline merges with the template's own newline: the token straddles
     w.prefix.value = "\nx"
     assert "BPE merged across the boundary" in w.summary.value
+    assert w.thinking.disabled and "empty &lt;think&gt; block" in w.thinking_note.value  # moot with a prefix
     w.prefix.value = ""
     assert w.prefix_token is None and "prefix" not in w.summary.value
+    assert not w.thinking.disabled and w.thinking_note.value == ""
     off = w.prompt_text
     w.thinking.value = "on"
     assert w.prompt_text != off and "<think>" not in w.prompt_text[-20:]
@@ -88,7 +91,8 @@ def test_divergence_viewer_steps_and_highlights(dump_path):
     assert len(v.calls) == 3
     assert "new session" in v.panel.value and "new_session" in v.header.value
     v.show(1)
-    assert v.slider.value == 1
+    assert v.position == 1 and v.slider.value == 2  # the slider counts from 1, as the header does
+    assert "call 2 of 3" in v.header.value and v.slider.description == "call"
     assert "retokenized_reply" in v.header.value and "reread <b" in v.header.value
     held, prompt = v.panel.value.split("prompt [")
     hchips = dict(_chips(held))
@@ -98,7 +102,7 @@ def test_divergence_viewer_steps_and_highlights(dump_path):
     assert _chips(prompt)[11 - 0][1] == COLORS["same_text"]   # ' öğrenci' on the prompt side
     assert "first id divergence" in v.context.value
     v._step(1)
-    assert v.slider.value == 2 and "drained_dropped" in v.header.value
+    assert v.position == 2 and "drained_dropped" in v.header.value
     assert dict(_chips(v.panel.value.split("prompt [")[0]))["26"] == COLORS["diverge"]
     assert "first text divergence" in v.context.value
     assert v.next_miss() == 1  # wraps around to the retokenized reply
@@ -109,6 +113,8 @@ def test_divergence_viewer_steps_and_highlights(dump_path):
 def test_divergence_viewer_only_misses(dump_path):
     v = DivergenceViewer(dump_path, only_misses=True)
     assert [v.calls[i]["row"]["cause"] for i in v.order] == ["retokenized_reply", "drained_dropped"]
+    assert v.slider.description == "miss" and (v.slider.min, v.slider.max, v.slider.value) == (1, 2, 1)
+    assert "miss 1 of 2" in v.header.value and "index 1" in v.header.value
 
 
 def test_reuse_dashboard(dump_path):

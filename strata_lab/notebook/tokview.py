@@ -15,7 +15,9 @@ from typing import Callable, Sequence
 
 __all__ = ["pieces", "tokens_html", "aligned_html", "byte_to_token"]
 
-# background per token class; the two plain shades alternate so token boundaries show
+# background per token class; the two plain shades alternate so token boundaries show. Chips set their text
+# colour too (INK): a theme's own text colour (white in JupyterLab Dark) is unreadable on these pastels.
+INK = "#1f2328"
 COLORS = {
     "a": "#e8eef7", "b": "#f7efe0",            # plain tokens, alternating
     "common": "#eeeeee",                        # ids both sides share (reused or reusable)
@@ -24,6 +26,9 @@ COLORS = {
     "gen": "#d8f0d2", "drained": "#f1d4f7",     # held ids the model generated / drained after STOP
     "prefix": "#cfe3ff",                        # assistant prefix (TemplateExplorer)
 }
+# text on the page's own background follows the JupyterLab theme (the fallbacks serve VS Code, saved HTML)
+MUTED = "var(--jp-ui-font-color2, #555)"
+ALERT = "var(--jp-error-color1, #c0392b)"
 _BOX = ("font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; line-height: 1.9; "
         "white-space: pre-wrap; word-break: break-all")
 
@@ -49,8 +54,8 @@ def pieces(tok, ids: Sequence[int]) -> list[tuple[int, int, str]]:
 def _chip(text: str, ids: Sequence[int], pos: int, color: str, extra: str = "") -> str:
     shown = html.escape(text).replace("\n", "↵\n").replace("\t", "⇥")
     title = f"pos {pos}: id{'s' if len(ids) > 1 else ''} {' '.join(map(str, ids))}"
-    return (f'<span title="{title}" data-pos="{pos}" style="background:{color}; border-radius:2px; '
-            f'padding:1px 0; margin-right:1px;{extra}">{shown}</span>')
+    return (f'<span title="{title}" data-pos="{pos}" style="background:{color}; color:{INK}; '
+            f'border-radius:2px; padding:1px 0; margin-right:1px;{extra}">{shown}</span>')
 
 
 def tokens_html(tok, ids: Sequence[int], *, cls: Callable[[int], str | None] | None = None, offset: int = 0,
@@ -79,7 +84,7 @@ def tokens_html(tok, ids: Sequence[int], *, cls: Callable[[int], str | None] | N
 
 
 def _bar(label: str) -> str:
-    return (f'<span style="border-left:2px solid #c0392b; margin:0 2px; padding-left:2px; color:#c0392b; '
+    return (f'<span style="border-left:2px solid {ALERT}; margin:0 2px; padding-left:2px; color:{ALERT}; '
             f'font-size:10px; vertical-align:super">{html.escape(label)}</span>')
 
 
@@ -141,7 +146,7 @@ def aligned_html(tok, held: Sequence[int], prompt: Sequence[int], *, lcp_ids: in
             m[side_text_tok] = "text ≠" if lcp_text < len(held) else "held text ends"
         return m
 
-    label = 'style="font:11px sans-serif; color:#555; margin-top:4px"'
+    label = f'style="font:11px sans-serif; color:{MUTED}; margin-top:4px"'
     return (f'<div {label}>held [{start}:{h_end}] of {len(held)}</div>'
             + tokens_html(tok, list(held[start:h_end]), cls=held_cls, offset=start, marks=marks(lcp_text))
             + f'<div {label}>prompt [{start}:{p_end}] of {len(prompt)}</div>'

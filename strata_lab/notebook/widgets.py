@@ -17,7 +17,7 @@ import io
 import json
 from typing import Sequence
 
-from strata_lab.notebook.tokview import aligned_html, tokens_html
+from strata_lab.notebook.tokview import ALERT, MUTED, aligned_html, tokens_html
 
 __all__ = ["TemplateExplorer", "PrefixExperiment", "DivergenceViewer", "ReuseDashboard"]
 
@@ -25,7 +25,11 @@ _DEFAULT_MESSAGES = [
     {"role": "system", "content": "You are a careful assistant."},
     {"role": "user", "content": "Öğrenci listesini [a-zçğıöşü]+ ile filtrele."},
 ]
-_ERR = '<div style="color:#b00020; font-family:monospace">{}</div>'
+_ERR = f'<div style="color:{ALERT}; font-family:monospace">{{}}</div>'
+# Text boxes take the width their box gives them: "100%" plus the widgets' own 2 px margins overflowed it.
+_FILL = dict(width="auto", max_width="100%")
+# Qwen3's template writes an empty <think></think> before any assistant prefix, whatever enable_thinking says.
+_PREFIX_THINK = "a prefix always follows an empty &lt;think&gt; block"
 
 
 def _tok(tokenizer):
@@ -80,27 +84,35 @@ class TemplateExplorer(_Widget):
         self.template = _tmpl(template)
         self.tok = _tok(tokenizer)
         self.messages = W.Textarea(json.dumps(list(messages or _DEFAULT_MESSAGES), ensure_ascii=False, indent=1),
-                                   description="messages", layout=W.Layout(width="100%", height="140px"))
+                                   description="messages", layout=W.Layout(height="140px", **_FILL))
         self.tools = W.Textarea(json.dumps(tools, ensure_ascii=False, indent=1) if tools else "",
                                 description="tools", placeholder="[] (JSON list of tool schemas)",
-                                layout=W.Layout(width="100%", height="60px"))
-        self.prefix = W.Text(assistant_prefix, description="prefix", placeholder="assistant prefix (prefill)",
-                             layout=W.Layout(width="100%"))
+                                layout=W.Layout(height="60px", **_FILL))
+        # a text area, not a one-line box: a prefix may start with (or hold) a newline, and a one-line box
+        # silently drops it (the token boundary this widget exists to show goes with it)
+        self.prefix = W.Textarea(assistant_prefix, description="prefix", rows=2,
+                                 placeholder="assistant prefix (prefill); Enter types a newline",
+                                 layout=W.Layout(**_FILL))
         thinking = {None: "default", True: "on", False: "off"}[enable_thinking]
         self.thinking = W.ToggleButtons(options=["default", "on", "off"], value=thinking,
-                                        description="thinking")
+                                        description="thinking", style={"button_width": "72px"},
+                                        layout=W.Layout(flex="0 0 auto"))
+        self.thinking_note = W.HTML(layout=W.Layout(flex="1 1 0", min_width="0"))
+        # PrefixExperiment clears this: there thinking still shapes the run without the prefix
+        self.lock_thinking = True
         self.summary = W.HTML()
         self.output = W.HTML()
-        self.ids_box = W.Textarea(disabled=True, description="ids", layout=W.Layout(width="100%", height="60px"))
+        self.ids_box = W.Textarea(disabled=True, description="ids", layout=W.Layout(height="60px", **_FILL))
         for child in (self.messages, self.tools, self.prefix, self.thinking):
             child.observe(lambda _change: self.render(), names="value")
-        self.widget = W.VBox([self.messages, self.tools, W.HBox([self.thinking]), self.prefix, self.summary,
-                              self.output, self.ids_box])
+        self.widget = W.VBox([self.messages, self.tools, W.HBox([self.thinking, self.thinking_note]), self.prefix,
+                              self.summary, self.output, self.ids_box])
         self.prompt_text, self.ids, self.prefix_token, self.error = "", [], None, None
         self.render()
 
     def render(self) -> str:
         """Render from the current inputs; returns the output HTML (an error message on bad input)."""
+        self._show_thinking_state(bool(self.prefix.value))
         try:
             messages = _parse_json(self.messages.value, "messages", list) or []
             tools = _parse_json(self.tools.value, "tools", list)
@@ -143,6 +155,16 @@ class TemplateExplorer(_Widget):
         self.ids_box.value = " ".join(map(str, ids))
         return self.output.value
 
+    def _show_thinking_state(self, has_prefix: bool) -> None:
+        # a prefix makes the thinking buttons moot: say so (and disable them) rather than let them do nothing
+        self.thinking.disabled = has_prefix and self.lock_thinking
+        note = ""
+        if has_prefix:
+            note = (f"{_PREFIX_THINK}: thinking has no effect" if self.lock_thinking
+                    else f"{_PREFIX_THINK}: thinking changes only the run without prefix")
+        self.thinking_note.value = (f'<span style="font:12px sans-serif; color:{MUTED}">{note}</span>'
+                                    if note else "")
+
 
 # --- PrefixExperiment -----------------------------------------------------------------------------------
 class PrefixExperiment(_Widget):
@@ -166,13 +188,17 @@ class PrefixExperiment(_Widget):
         self.explorer = TemplateExplorer(messages, assistant_prefix=assistant_prefix,
                                          enable_thinking=enable_thinking, template=template, tokenizer=tokenizer)
         self.tok = self.explorer.tok
+        self.explorer.lock_thinking = False
+        self.explorer.render()
         self.max_new_tokens = W.IntSlider(max_new_tokens, min=1, max=128, description="new tokens")
         self.button = W.Button(description="run", button_style="primary")
         self.button.on_click(lambda _b: self.run())
-        self.left, self.right = W.HTML(), W.HTML()
-        self.widget = W.VBox([self.explorer.messages, self.explorer.prefix, self.explorer.thinking,
-                              W.HBox([self.max_new_tokens, self.button]),
-                              W.HBox([self.left, self.right], layout=W.Layout(width="100%"))])
+        # the two sides share the row; min_width 0 lets a long continuation wrap instead of widening it
+        half = dict(flex="1 1 0", min_width="0")
+        self.left, self.right = W.HTML(layout=W.Layout(**half)), W.HTML(layout=W.Layout(**half))
+        self.widget = W.VBox([self.explorer.messages, self.explorer.prefix,
+                              W.HBox([self.explorer.thinking, self.explorer.thinking_note]),
+                              W.HBox([self.max_new_tokens, self.button]), W.HBox([self.left, self.right])])
         self.results: dict = {}
 
     def _side(self, prefix: str) -> dict:
@@ -253,7 +279,10 @@ class DivergenceViewer(_Widget):
         if not self.calls:
             raise ValueError("dump: no engine calls to show")
         self.order = self._order()
-        self.slider = W.IntSlider(0, min=0, max=len(self.order) - 1, description="call")
+        # the slider counts from 1, in the unit it steps through (the header says "miss 2 of 5" to match);
+        # positions in the API (show, next_miss) count from 0
+        self.unit = "miss" if only_misses else "call"
+        self.slider = W.IntSlider(1, min=1, max=len(self.order), description=self.unit)
         self.prev, self.next = W.Button(description="◀", layout=W.Layout(width="40px")), \
             W.Button(description="▶", layout=W.Layout(width="40px"))
         self.prev.on_click(lambda _b: self._step(-1))
@@ -261,7 +290,7 @@ class DivergenceViewer(_Widget):
         self.worst = W.Button(description="next miss")
         self.worst.on_click(lambda _b: self.next_miss())
         self.header, self.panel, self.context = W.HTML(), W.HTML(), W.HTML()
-        self.slider.observe(lambda ch: self.show(ch["new"]), names="value")
+        self.slider.observe(lambda ch: self.show(ch["new"] - 1), names="value")
         bar = [self.prev, self.slider, self.next, self.worst]
         if self.pager is not None:
             self.prev_page_button = W.Button(description="◀ page")
@@ -291,8 +320,8 @@ class DivergenceViewer(_Widget):
         if moved:
             self.calls = self.pager.calls
             self.order = self._order()
-            self.slider.value = 0
-            self.slider.max = len(self.order) - 1
+            self.slider.value = 1
+            self.slider.max = len(self.order)
             self.show(0, force=True)
         return moved
 
@@ -311,42 +340,49 @@ class DivergenceViewer(_Widget):
             held[sid] = list(rec["prompt_ids"]) + list(rec["gen_ids"]) + list(rec["drained_ids"])
         return out
 
+    @property
+    def position(self) -> int:
+        """The position shown, from 0 (the slider shows it from 1)."""
+        return self.slider.value - 1
+
     def _step(self, d: int) -> None:
-        self.slider.value = min(max(self.slider.value + d, 0), self.slider.max)
+        self.slider.value = min(max(self.slider.value + d, self.slider.min), self.slider.max)
 
     def next_miss(self) -> int:
         """Move to the next call that re-read held tokens (wraps around); returns its position."""
         n = len(self.order)
         for k in range(1, n + 1):
-            j = (self.slider.value + k) % n
+            j = (self.position + k) % n
             if self.calls[self.order[j]]["row"]["reread"] > 0:
-                self.slider.value = j
+                self.slider.value = j + 1
                 return j
-        return self.slider.value
+        return self.position
 
     def show(self, position: int, *, force: bool = False) -> str:
-        """Show the call at `position` (among the viewer's calls); returns the aligned-view HTML."""
+        """Show the call at `position` (among the viewer's calls, from 0); returns the aligned-view HTML."""
         from strata_lab.replayer.divergence import find_divergence
 
         if not 0 <= position < len(self.order):
             raise ValueError(f"position must be in [0, {len(self.order)}), got {position}")
-        if self.slider.value != position and not force:
-            self.slider.value = position  # the observer calls show() again
+        if self.position != position and not force:
+            self.slider.value = position + 1  # the observer calls show() again
             return self.panel.value
         c = self.calls[self.order[position]]
         r = c["row"]
         rec_reused = r["recorded_reused"]
         self.header.value = (
-            f'<div style="font-family:sans-serif"><b>session {html.escape(str(r["session"]))}, call {r["index"]}</b>'
+            f'<div style="font-family:sans-serif"><b>{self.unit} {position + 1} of {len(self.order)}</b>: '
+            f'session {html.escape(str(r["session"]))}, index {r["index"]}'
             f' (request {html.escape(str(r["request_id"]))}.{r["call"]}): cause <b>{r["cause"]}</b>; '
             f'prompt {r["prompt_len"]}, held {r["held_before"]}, lcp_ids {r["lcp_ids"]}, lcp_text {r["lcp_text"]}'
             f'<br>reused <b>{r["reused"]}</b>'
             + (f" (engine recorded {rec_reused})" if rec_reused is not None else "")
-            + f', read <b>{r["read"]}</b>, reread <b style="color:#b00020">{r["reread"]}</b>'
+            + f', read <b>{r["read"]}</b>, reread <b style="color:{ALERT}">{r["reread"]}</b>'
             + (f' ({r["reread_s"] * 1000:.1f} ms)' if r["reread_s"] == r["reread_s"] else "")
             + f', generated {r["gen_len"]}, drained {r["drained_len"]}</div>')
         if not c["held"]:
-            self.panel.value = '<div style="font-family:sans-serif; color:#555">new session: nothing held</div>'
+            self.panel.value = (f'<div style="font-family:sans-serif; color:{MUTED}">'
+                                'new session: nothing held</div>')
             self.context.value = ""
             return self.panel.value
         d = find_divergence(c["held"], c["prompt"], self.tok, lcp_ids=r["lcp_ids"])
@@ -369,7 +405,7 @@ class ReuseDashboard(_Widget):
                  tokenizer="qwen3", model: str = "hybrid", checkpoint_policy=None):
         import ipywidgets as W
 
-        from strata_lab.dump.reader import load_dump
+        from strata_lab.dump import load_dump
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
