@@ -340,6 +340,10 @@ class DivergenceViewer(_Widget):
             held[sid] = list(rec["prompt_ids"]) + list(rec["gen_ids"]) + list(rec["drained_ids"])
         return out
 
+    def _label(self, position: int) -> str:
+        page = f" on page {self.pager.page + 1}" if self.pager is not None else ""
+        return f"{self.unit} {position + 1} of {len(self.order)}{page}"
+
     @property
     def position(self) -> int:
         """The position shown, from 0 (the slider shows it from 1)."""
@@ -371,7 +375,7 @@ class DivergenceViewer(_Widget):
         r = c["row"]
         rec_reused = r["recorded_reused"]
         self.header.value = (
-            f'<div style="font-family:sans-serif"><b>{self.unit} {position + 1} of {len(self.order)}</b>: '
+            f'<div style="font-family:sans-serif"><b>{self._label(position)}</b>: '
             f'session {html.escape(str(r["session"]))}, index {r["index"]}'
             f' (request {html.escape(str(r["request_id"]))}.{r["call"]}): cause <b>{r["cause"]}</b>; '
             f'prompt {r["prompt_len"]}, held {r["held_before"]}, lcp_ids {r["lcp_ids"]}, lcp_text {r["lcp_text"]}'
