@@ -40,6 +40,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from .replayer import compare_policies, replay
 
     dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
+    if args.engine:
+        return _replay_engines(dump, args)
     kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
               full_hit=args.full_hit)
     report = replay(dump, policy="recorded", progress=not args.quiet, **kw)
@@ -54,6 +56,28 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         from .plots import plot_report
 
         plot_report(report.to_frame(), args.png, policies=table)
+        print(f"\nwrote {args.png}")
+    return 0
+
+
+def _replay_engines(dump, args: argparse.Namespace) -> int:
+    from .caches.replay import replay_engines
+
+    report = replay_engines(dump, args.engine, tokenizer=args.tokenizer, progress=not args.quiet and not args.json)
+    if args.json:
+        text = report.to_json()
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text)
+            print(f"wrote {args.json}")
+        return 0
+    print(report.format())
+    if args.png:
+        from .caches.sweeps import plot_engines
+
+        plot_engines(report, args.png)
         print(f"\nwrote {args.png}")
     return 0
 
@@ -116,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare a counterfactual policy (repeatable): reply-ids, keep-drained, fixes, every:N, "
                         "budget:MIB[:N], at:P1,P2, none, header (also snapshot before the generation "
                         "prompt's <|im_start|>), before-last:ID; join with '+'")
+    p.add_argument("--engine", action="append", default=[],
+                   help="replay under another engine's cache (repeatable): vllm, sglang, llama.cpp, trtllm, openai, "
+                        "anthropic, strata; name@version and :key=value,... overrides, e.g. llama.cpp:slots=4")
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                   help="with --engine: write the deterministic JSON report (to stdout without PATH)")
     p.add_argument("--model", choices=["hybrid", "attention"], default="hybrid")
     p.add_argument("--checkpoints", default="turn", help="checkpoint policy of the baseline (default: turn)")
     p.add_argument("--full-hit", choices=["held_logits", "last_held_only", "reread_last", "saved_logits"],

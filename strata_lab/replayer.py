@@ -399,12 +399,20 @@ def _fit_cost(records: list[dict]) -> CostModel | None:
 
 def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy | str | None = None,
            tokenizer="qwen3", policy: Policy | str = "recorded", full_hit: str = "held_logits",
-           cost_model: CostModel | None = None, progress: bool = False, context_chars: int = 40) -> Report:
+           cost_model: CostModel | None = None, progress: bool = False, context_chars: int = 40,
+           engine=None, **engine_params) -> Report:
     """Replay a dump (path, paths, or Dump) under `policy`; return a Report with one row per call.
 
     `checkpoint_policy` (default TurnStart) applies unless the policy names its own; "recorded" uses
     the checkpoints each dump line reports. `cost_model` defaults to a fit on the dump's prefill_ms.
+    `engine="vllm"` (any `strata_lab.caches` spec, `engine_params` as its overrides) replays another
+    engine's cache instead and returns a `caches.EnginesReport`.
     """
+    if engine is not None or engine_params:  # another engine's cache model: strata_lab.caches
+        from .caches.replay import replay_one_engine
+
+        return replay_one_engine(dump, engine, engine_params, tokenizer=tokenizer, cost_model=cost_model,
+                                 progress=progress)
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
     if full_hit not in FULL_HIT_RULES:

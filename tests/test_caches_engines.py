@@ -130,7 +130,7 @@ def test_sglang_caps_at_input_minus_one_and_pages():
     d = Driver("sglang:page_size=4")
     d("a", range(10))                                   # inserted: 8 ids (whole pages)
     assert d("b", list(range(9)) + [77]).reused == 8
-    assert d("c", list(range(7)) + [77]).reused == 4    # 7 shared -> 1 page... wait: 7 // 4 pages = 4
+    assert d("c", list(range(7)) + [77]).reused == 4    # 7 shared -> one whole page
 
 
 def test_sglang_inserts_generated_ids_at_request_end():

@@ -27,7 +27,7 @@ from .calls import Call, calls_from_dump, lcp
 from .fleet import Router
 from .presets import parse_engine
 
-__all__ = ["replay_engines", "EnginesReport"]
+__all__ = ["replay_engines", "replay_one_engine", "EnginesReport"]
 
 # cause vocabulary of the strata replay that names a divergence of the prompt from what the session held
 _DIVERGENCE = {"retokenized_reply", "retokenized_prompt", "drained_dropped", "template_rewrite", "history_edit"}
@@ -171,6 +171,13 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     return EnginesReport(cols, presets, evictions, cost_model)
 
 
+def replay_one_engine(dump, engine, params: dict, **kw) -> "EnginesReport":
+    """`strata_lab.replay(dump, engine=..., **params)`: one engine, `params` as preset overrides."""
+    if engine is None:
+        raise ValueError(f"engine must name an engine to take {sorted(params)}")
+    return replay_engines(dump, [parse_engine(engine).with_(**params) if params else engine], **kw)
+
+
 class EnginesReport:
     """Per-call rows of every engine (`frame()`), per-engine totals (`summary()`), text (`format()`), and a
     deterministic JSON report (`to_json()`)."""
@@ -239,12 +246,10 @@ class EnginesReport:
         return head + "\n\n" + "\n".join(self.lines())
 
     def to_json(self) -> str:
-        """The report as JSON: same input, identical bytes (sorted keys, NaN as null, fixed float digits)."""
+        """The report as JSON: same input, identical bytes (sorted keys, NaN as null, shortest float repr)."""
         def clean(v):
             if v is None or (isinstance(v, float) and not math.isfinite(v)):
                 return None
-            if isinstance(v, float):
-                return float(f"{v:.9g}")
             if isinstance(v, (np.integer,)):
                 return int(v)
             if isinstance(v, (np.floating,)):
