@@ -6,7 +6,7 @@ engine code it cites; each test names the rule it checks.
 import pytest
 
 from strata_lab.caches.base import Hint
-from strata_lab.caches.calls import Call, as_ids, lcp
+from strata_lab.caches.calls import Call, as_ids, lcp_call
 from strata_lab.caches.presets import parse_engine
 
 
@@ -24,12 +24,12 @@ class Driver:
         if prev is None:
             hint = Hint(None, 0, 0)
         else:
-            n = lcp(prompt, prev)
+            n = lcp_call(prompt, prev)
             hint = Hint(prev, n, min(n, len(prompt) - 1))
         c = Call(self.n, session, prompt, as_ids(list(output)), ts=ts, **kw)
         self.n += 1
         plan = self.model.step(c, hint)
-        self.last[session] = c.sequence()
+        self.last[session] = c
         return plan
 
 

@@ -36,9 +36,13 @@ ENGINE_CAUSES = ("block_rounding", "evicted", "expired", "below_minimum", "slot_
 class Hint:
     """The session's view of a call, shared by every engine's model (see module docstring)."""
 
-    prev: np.ndarray | None   # ids the session's previous call left (prompt + output), None on its first call
-    lcp: int                  # common prefix of prev and this prompt
+    prev: Call | None         # the session's previous call (it left prev.prompt + prev.output), None: first call
+    lcp: int                  # common prefix of what prev left and this prompt
     exact: int                # min(lcp, prompt_len - 1): a token-exact cache's reuse
+
+    @property
+    def held(self) -> int:
+        return self.prev.held_len if self.prev is not None else 0
 
 
 @dataclass(slots=True)

@@ -30,7 +30,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["Call", "calls_from_dump", "calls_from_records", "as_ids", "lcp"]
+__all__ = ["Call", "calls_from_dump", "calls_from_records", "as_ids", "lcp", "lcp_call"]
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 
@@ -57,6 +57,14 @@ def lcp(a: np.ndarray, b: np.ndarray) -> int:
     return n
 
 
+def lcp_call(ids: np.ndarray, call: "Call") -> int:
+    """Common prefix of `ids` and what `call` left (prompt + output), without concatenating them."""
+    n = lcp(ids, call.prompt)
+    if n == len(call.prompt) and len(call.output) and n < len(ids):
+        n += lcp(ids[n:], call.output)
+    return n
+
+
 @dataclass(eq=False, slots=True)
 class Call:
     """One engine call: who sent it, when, the exact prompt ids and the ids the call left behind."""
@@ -80,6 +88,18 @@ class Call:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt)
+
+    @property
+    def held_len(self) -> int:
+        """Ids the call leaves in a session's state: prompt + output."""
+        return len(self.prompt) + len(self.output)
+
+    def tail(self, start: int) -> np.ndarray:
+        """`sequence()[start:]` without building the whole sequence (the output is short, the prompt long)."""
+        P = len(self.prompt)
+        if start >= P:
+            return self.output[start - P:]
+        return np.concatenate([self.prompt[start:], self.output]) if len(self.output) else self.prompt[start:]
 
     def sequence(self) -> np.ndarray:
         """prompt + output: every id the call leaves in a session's state."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from .base import CacheModel, Hint, Plan
 from .calls import Call
 from .presets import EnginePreset, _positive_int
-from .vllm import _ROOT, chain_hashes
+from .vllm import chain_hashes
 
 __all__ = ["Preset", "Model"]
 
@@ -66,7 +66,7 @@ class Model(CacheModel):
     def plan(self, call: Call, hint: Hint) -> Plan:
         pre, G = self.preset, self.preset.granularity
         P = call.prompt_len
-        keys = chain_hashes(call.prompt, 0, P // G, _ROOT, G, call.cache_salt)
+        keys = chain_hashes(call.prompt, 0, 0, G, call.cache_salt).tolist()
         k, expired, owner = 0, False, None
         for h in keys:
             e = self.entries.get(h)

@@ -23,7 +23,7 @@ from collections import Counter
 import numpy as np
 
 from .base import Hint
-from .calls import Call, calls_from_dump, lcp
+from .calls import Call, calls_from_dump, lcp_call
 from .fleet import Router
 from .presets import parse_engine
 
@@ -32,8 +32,9 @@ __all__ = ["replay_engines", "replay_one_engine", "EnginesReport"]
 # cause vocabulary of the strata replay that names a divergence of the prompt from what the session held
 _DIVERGENCE = {"retokenized_reply", "retokenized_prompt", "drained_dropped", "template_rewrite", "history_edit"}
 
-# engine causes that hold whatever the prompt did: they win over a divergence cause
-_EXTERNAL = {"evicted", "expired", "below_minimum", "slot_stolen", "lookback", "routing"}
+# engine causes that a divergence explains better (a hybrid falling back to its last state because the
+# prompt parted from what it held): the divergence cause wins over these, as in the strata replay
+_FALLBACK = {"checkpoint", "no_state_checkpoint", "not_cached", None}
 
 _DTYPES = {
     "engine": "category", "spec": "category", "replica": "int64", "index": "int64", "session": "string",
@@ -52,7 +53,7 @@ def _order(calls: list[Call]) -> list[int]:
 
 def _hints(calls: list[Call], order: list[int]) -> dict[int, tuple]:
     """Per call: (Hint, turn in session). One LCP per call against what its session's last call left."""
-    last: dict[str, np.ndarray] = {}
+    last: dict[str, Call] = {}
     turns: Counter = Counter()
     out = {}
     for i in order:
@@ -61,11 +62,11 @@ def _hints(calls: list[Call], order: list[int]) -> dict[int, tuple]:
         if prev is None:
             h = Hint(None, 0, 0)
         else:
-            n = lcp(c.prompt, prev)
+            n = lcp_call(c.prompt, prev)
             h = Hint(prev, n, min(n, max(c.prompt_len - 1, 0)))
         out[i] = (h, turns[c.session])
         turns[c.session] += 1
-        last[c.session] = c.sequence()
+        last[c.session] = c
     return out
 
 
@@ -138,14 +139,14 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
             moved = where.get(c.session, r) != r
             where[c.session] = r
             reused = plan.reused
-            diverged = hint.prev is not None and hint.lcp < len(hint.prev) and hint.lcp < c.prompt_len
+            diverged = hint.prev is not None and hint.lcp < hint.held and hint.lcp < c.prompt_len
             if hint.prev is None:
                 cause = "none" if reused else "new_session"
             elif reused < hint.exact and moved:
                 cause = "routing"
-            elif reused < hint.exact and (plan.cause in _EXTERNAL or not diverged):
+            elif reused < hint.exact and (plan.cause not in _FALLBACK or not diverged):
                 cause = plan.cause or "not_cached"
-                if cause == "not_cached" and reused == len(hint.prev) - 1 == hint.exact - 1:
+                if cause == "not_cached" and reused == hint.held - 1 == hint.exact - 1:
                     cause = "last_output_token"   # the last generated id is never fed back: no KV for it
             elif diverged:  # the loss starts where the prompt parts from what the session left
                 d = divergence[i] if divergence is not None else "diverged"
@@ -159,7 +160,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
             rep_ok = c.reported is not None and c.reported_by in (None, preset.engine)
             for k, v in (("engine", preset.engine), ("spec", spec), ("replica", r), ("index", c.index),
                          ("session", c.session), ("turn", turn), ("ts", c.ts if c.ts is not None else math.nan),
-                         ("prompt_len", c.prompt_len), ("held_before", len(hint.prev) if hint.prev is not None else 0),
+                         ("prompt_len", c.prompt_len), ("held_before", hint.held),
                          ("lcp", hint.lcp), ("exact", hint.exact), ("reused", reused), ("read", read),
                          ("reread", reread), ("unit", plan.unit), ("source", plan.source), ("cause", cause),
                          ("written", plan.written),

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import CacheModel, Hint, Plan
-from .calls import Call, lcp
+from .calls import Call, lcp, lcp_call
 from .presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
 
 __all__ = ["Preset", "Model"]
@@ -102,7 +102,7 @@ class Model(CacheModel):
         self.clock = 0                      # logical time: one tick per call (LRU order)
         self.heap: list = []
         self.states: "OrderedDict[int, _Node]" = OrderedDict()  # nodes holding a recurrent state, LRU first
-        self.paths: dict = {}               # session -> (seq, [nodes root..leaf], [their ends])
+        self.paths: dict = {}               # session -> (last call, [nodes root..leaf], [their ends], salt)
         self.lost_sessions: set = set()     # sessions whose nodes were evicted since their last call
 
     def _root(self, salt):
@@ -168,8 +168,8 @@ class Model(CacheModel):
         node, pos = self._root(call.cache_salt), 0
         st = self.paths.get(call.session)
         if st is not None and st[3] == call.cache_salt:  # start from the deepest live node the session left
-            seq, nodes, ends, _ = st
-            shared = min(hint.lcp if seq is hint.prev else lcp(prompt, seq), limit)
+            last, nodes, ends, _ = st
+            shared = min(hint.lcp if last is hint.prev else lcp_call(prompt, last), limit)
             i = int(np.searchsorted(ends, shared, side="right")) - 1
             while i >= 0 and not nodes[i].alive:
                 i -= 1
@@ -242,27 +242,29 @@ class Model(CacheModel):
 
     def admit(self, call: Call, plan: Plan) -> None:
         path, kv = plan.state
-        seq = call.sequence()
         n = call.prompt_len + max(len(call.output) - 1, 0)   # kv_committed_len
         n -= n % self.P
+        tail = call.tail(kv)[:n - kv]   # the ids past the match: tail[i] is position kv + i
         for x in path:
             x.lock += 1
         node = path[-1] if path else self._root(call.cache_salt)
-        node, pos = self._walk(node, seq, kv, n)
-        if pos < n:
-            if self.cap is not None and self.tokens + (n - pos) > self.cap:
-                self._evict_tokens(self.tokens + (n - pos) - self.cap)
-                node, pos = self._walk(node, seq, pos, n)  # a split may have moved the cut
-            if pos < n:
-                room = n - pos if self.cap is None else max(min(n - pos, self.cap - self.tokens), 0)
+        node, rel = self._walk(node, tail, 0, len(tail))
+        if rel < len(tail):
+            need = len(tail) - rel
+            if self.cap is not None and self.tokens + need > self.cap:
+                self._evict_tokens(self.tokens + need - self.cap)
+                node, rel = self._walk(node, tail, rel, len(tail))  # a split may have moved the cut
+            if rel < len(tail):
+                room = len(tail) - rel if self.cap is None else max(min(len(tail) - rel, self.cap - self.tokens), 0)
                 room -= room % self.P
                 if room:
-                    leaf = _Node(seq[pos:pos + room], node, pos + room, self.clock, call.index, call.session,
-                                 next(self.ids))
-                    node.children[self._first(seq, pos)] = leaf
+                    leaf = _Node(tail[rel:rel + room], node, kv + rel + room, self.clock, call.index,
+                                 call.session, next(self.ids))
+                    node.children[self._first(tail, rel)] = leaf
                     self.tokens += room
                     self._push(leaf)
-                    node, pos = leaf, pos + room
+                    node, rel = leaf, rel + room
+        pos = kv + rel
         for x in path:
             x.lock -= 1
         if self.hybrid and node.parent is not None:
@@ -286,5 +288,5 @@ class Model(CacheModel):
             nodes.append(x)
             x = x.parent
         nodes.reverse()
-        self.paths[call.session] = (seq, nodes, np.fromiter((x.end for x in nodes), np.int64, len(nodes)),
+        self.paths[call.session] = (call, nodes, np.fromiter((x.end for x in nodes), np.int64, len(nodes)),
                                     call.cache_salt)

@@ -28,13 +28,15 @@ call are kept and checked in one vectorised gather; only blocks past the common 
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from .base import CacheModel, Hint, Plan
-from .calls import Call, lcp
-from .presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes, parse_engine
+from .calls import Call, lcp_call
+from .presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
+from .presets import parse_engine  # noqa: F401  (the doctest above)
 
 __all__ = ["Preset", "Model", "chain_hashes"]
 
@@ -81,18 +83,60 @@ class Preset(EnginePreset):
         return None
 
 
-def chain_hashes(seq: np.ndarray, start: int, end: int, parent: int, block: int, salt) -> list[int]:
-    """Keys of blocks start..end-1 of `seq`: hash((parent key, block ids, extra keys)), chained."""
-    out = []
-    if end <= start:
-        return out
-    data = seq[start * block:end * block].tobytes()
-    w = 4 * block  # int32 ids
-    h = parent
-    for k in range(end - start):
-        h = hash((h, data[k * w:(k + 1) * w], salt if start + k == 0 else None))
-        out.append(h)
-    return out
+# Block keys, vectorised: each block's ids are mixed into one 64-bit content word (per-position odd
+# multipliers, then the splitmix64 finaliser), and the chain is a polynomial over those words:
+#   key_k = parent * M^(k+1) + sum_{j<=k} c_j * M^(k-j)   (mod 2^64)
+# computed for all new blocks at once as M^k * cumsum(c_j * M^-j). Equal keys <=> equal (parent, ids, extra)
+# up to 64-bit collisions, as with vLLM's own hashes.
+_M = np.uint64(0x9E3779B97F4A7C15)
+_MINV = np.uint64(pow(0x9E3779B97F4A7C15, -1, 1 << 64))
+_W = np.random.default_rng(0x5EED).integers(1, 1 << 62, 4096, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+_pows: dict = {}
+
+
+def _powers(n: int):
+    got = _pows.get("n", 0)
+    if got < n + 1:
+        m = max(n + 1, 2 * got, 1024)
+        with np.errstate(over="ignore"):
+            pw = np.cumprod(np.full(m, _M, dtype=np.uint64), dtype=np.uint64)
+            inv = np.cumprod(np.full(m, _MINV, dtype=np.uint64), dtype=np.uint64)
+        one = np.ones(1, dtype=np.uint64)
+        _pows.update(n=m, pw=np.concatenate([one, pw]), inv=np.concatenate([one, inv]))
+    return _pows["pw"], _pows["inv"]
+
+
+def _mix(x):
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def chain_hashes(ids: np.ndarray, first: int, parent: int, block: int, salt=None) -> np.ndarray:
+    """Keys (int64) of the full blocks of `ids`, the first of which is block number `first` of its
+    sequence, chained to `parent` (the previous block's key; unused when first == 0). `salt` (cache_salt,
+    LoRA name) is an extra key of block 0 only.
+
+    >>> a = chain_hashes(np.arange(8, dtype=np.int32), 0, 0, 4)
+    >>> b = chain_hashes(np.arange(4, 8, dtype=np.int32), 1, int(a[0]), 4)
+    >>> bool(a[1] == b[0]), len(chain_hashes(np.arange(7, dtype=np.int32), 0, 0, 4))
+    (True, 1)
+    """
+    n = len(ids) // block
+    if n == 0:
+        return np.zeros(0, np.int64)
+    # array arithmetic on uint64 wraps mod 2^64 silently (only numpy scalar ops warn)
+    x = ids[:n * block].astype(np.uint64).reshape(n, block)
+    c = _mix((x * _W[:block]).sum(axis=1, dtype=np.uint64))
+    if first == 0 and salt is not None:
+        c[:1] ^= np.array([zlib.crc32(str(salt).encode()) | (1 << 40)], dtype=np.uint64)
+    pw, inv = _powers(n)
+    h = pw[:n] * np.cumsum(c * inv[:n], dtype=np.uint64)
+    start = np.array([(parent if first > 0 else _ROOT) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+    h += start * pw[1:n + 1]
+    return h.view(np.int64)
 
 
 class Model(CacheModel):
@@ -114,12 +158,12 @@ class Model(CacheModel):
         self.blk_state = np.zeros(n, dtype=bool)      # a recurrent state at its end (hybrid)
         self.next_new = 0                             # blocks never used so far (the queue's head)
         self.release = 0
-        self.cands: list = []
-        self.ckeys: list = []
+        self.cands = np.zeros(0, np.int64)
+        self.ckeys = np.zeros(0, np.int64)
         self.cpos = 0
         self.by_hash: dict[int, int] = {}
         self.tomb: set = set()                        # keys evicted (and not cached again)
-        self.sessions: dict[str, tuple] = {}          # session -> (seq, keys[int64], block ids[int64], salt)
+        self.sessions: dict[str, tuple] = {}          # session -> (last call, keys[int64], block ids[int64], salt)
 
     # -- pool --------------------------------------------------------------------------------------
     def _grow(self):
@@ -130,33 +174,56 @@ class Model(CacheModel):
             b[:len(a)] = a
             setattr(self, name, b)
 
-    def _refill(self):
+    def _refill(self, need: int):
         free = np.flatnonzero(self.blk_free[:self.next_new])
         if not len(free):
             raise RuntimeError("vllm: no free block (a request needs more blocks than the pool holds)")
         keys = self.blk_key[free]
-        m = min(len(free), max(64, len(free) // 8))
+        m = min(len(free), max(64, need, len(free) // 8))
         part = np.argpartition(keys, m - 1)[:m] if m < len(free) else np.arange(len(free))
         order = part[np.argsort(keys[part], kind="stable")]
-        self.cands, self.ckeys, self.cpos = free[order].tolist(), keys[order].tolist(), 0
+        self.cands, self.ckeys, self.cpos = free[order], keys[order], 0
 
-    def _pop(self) -> int:
-        if self.cap is None or self.next_new < self.cap:
-            b = self.next_new
-            self.next_new += 1
-            if b >= len(self.blk_hash):
+    def _alloc(self, n: int) -> np.ndarray:
+        """Pop n blocks off the free queue's head: never-used blocks first, then the least recently freed
+        (evicting their keys). The candidate list is the queue's head in key order; entries touched since
+        it was built are skipped (their key changed), and every block freed later sorts after it."""
+        got = []
+        fresh = n if self.cap is None else max(min(n, self.cap - self.next_new), 0)
+        if fresh:
+            while self.next_new + fresh > len(self.blk_hash):
                 self._grow()
-            return b
-        while True:
+            got.append(np.arange(self.next_new, self.next_new + fresh, dtype=np.int64))
+            self.next_new += fresh
+        rest = n - fresh
+        while rest > 0:
             if self.cpos >= len(self.cands):
-                self._refill()
-            b, key = self.cands[self.cpos], self.ckeys[self.cpos]
-            self.cpos += 1
-            if self.blk_free[b] and self.blk_key[b] == key:
-                self.blk_free[b] = False
-                if self.blk_cached[b]:
-                    self._drop(b)
-                return b
+                self._refill(rest)
+            chunk = self.cands[self.cpos:]
+            ok = self.blk_free[chunk] & (self.blk_key[chunk] == self.ckeys[self.cpos:])
+            idx = np.flatnonzero(ok)[:rest]
+            self.cpos = len(self.cands) if len(idx) < rest else self.cpos + int(idx[-1]) + 1
+            sel = chunk[idx]
+            if len(sel):
+                self.blk_free[sel] = False
+                self._drop_many(sel[self.blk_cached[sel]])
+                got.append(sel)
+                rest -= len(sel)
+        return np.concatenate(got) if len(got) > 1 else (got[0] if got else np.zeros(0, np.int64))
+
+    def _drop_many(self, bs: np.ndarray):
+        """Evict the keys of blocks `bs` (popped off the free queue)."""
+        if not len(bs):
+            return
+        hs = self.blk_hash[bs].tolist()
+        by_hash = self.by_hash
+        for h, b in zip(hs, bs.tolist()):
+            if by_hash.get(h) == b:
+                del by_hash[h]
+        self.tomb.update(hs)
+        self.blk_cached[bs] = False
+        self.blk_state[bs] = False
+        self.evictions += len(bs)
 
     def _drop(self, b: int):
         h = int(self.blk_hash[b])
@@ -186,106 +253,106 @@ class Model(CacheModel):
     def plan(self, call: Call, hint: Hint) -> Plan:
         B, prompt, P = self.B, call.prompt, call.prompt_len
         if self.mode == "none":
-            return Plan(0, cause="no_state_checkpoint" if hint.exact > 0 else None, state=(np.zeros(0, np.int64), []))
+            return Plan(0, cause="no_state_checkpoint" if hint.exact > 0 else None,
+                        state=(np.zeros(0, np.int64), np.zeros(0, np.int64)))
         st = self.sessions.get(call.session)
         if st is not None and st[3] == call.cache_salt:
-            seq, keys, ids, _ = st
-            shared = hint.lcp if seq is hint.prev else lcp(prompt, seq)
+            last, keys, ids = st[0], st[1], st[2]
+            shared = hint.lcp if last is hint.prev else lcp_call(prompt, last)
             n_shared = min(shared // B, len(keys), len(ids))
         else:
             keys, ids, n_shared = np.zeros(0, np.int64), np.zeros(0, np.int64), 0
         n_prompt = P // B
         n_max = (P - 1) // B if P else 0          # hit <= prompt_len - 1, floored to a block
-        new_keys = chain_hashes(prompt, n_shared, n_prompt, int(keys[n_shared - 1]) if n_shared else _ROOT,
-                                B, call.cache_salt)
+        # keys of every full block the call will hold (prompt, then fed output), hashed once, past the
+        # blocks the session already has keys for
+        computed = P + max(len(call.output) - 1, 0) if self.preset.cache_output else P
+        n_full = computed // B
+        tail = call.tail(n_shared * B)[:(n_full - n_shared) * B] if n_full > n_prompt else \
+            prompt[n_shared * B:n_prompt * B]
+        new_keys = chain_hashes(tail, n_shared, int(keys[n_shared - 1]) if n_shared else 0, B, call.cache_salt)
+        akeys = np.concatenate([keys[:n_shared], new_keys]) if n_shared else new_keys   # [max(n_full, n_prompt)]
+        pkeys = akeys[:n_prompt]
         m = min(n_shared, n_max)
         hit = ids[:m]
-        if m:  # the blocks the session left: still holding their keys?
-            ok = self.blk_cached[hit] & (self.blk_hash[hit] == keys[:m])
+        if m and (st[4] != self.evictions):  # blocks the session left: still holding their keys?
+            ok = self.blk_cached[hit] & (self.blk_hash[hit] == pkeys[:m])
             if not ok.all():
                 m = int(ok.argmin())
                 hit = hit[:m]
         more = []
         k = m
-        while k < n_max:  # blocks past what the session left (or cached by others)
-            h = int(keys[k]) if k < n_shared else new_keys[k - n_shared]
-            b = self.by_hash.get(h)
-            if b is None or not self.blk_cached[b]:
-                break
-            more.append(b)
-            k += 1
+        by_hash, cached = self.by_hash, self.blk_cached
+        if k < n_max:
+            for h in pkeys[k:n_max].tolist():  # past what the session left (or cached by other sessions)
+                b = by_hash.get(h)
+                if b is None or not cached[b]:
+                    break
+                more.append(b)
+            k += len(more)
         hit_ids = np.concatenate([hit, np.asarray(more, dtype=np.int64)]) if more else hit
         attn = k
         if self.mode == "align" and k:
             states = np.flatnonzero(self.blk_state[hit_ids])
             k = int(states[-1]) + 1 if len(states) else 0
             hit_ids = hit_ids[:k]
-        all_keys = (keys[:n_shared], new_keys)
         reused = k * B
         cause = None
         if reused < hint.exact:
-            nxt = int(keys[k]) if k < n_shared else (new_keys[k - n_shared] if k - n_shared < len(new_keys) else None)
             if attn > k:
                 cause = "no_state_checkpoint"
             elif (hint.exact // B) * B <= reused:
                 cause = "block_rounding"
-            elif nxt is not None and nxt in self.tomb:
+            elif k < len(pkeys) and int(pkeys[k]) in self.tomb:
                 cause = "evicted"
             else:
                 cause = "not_cached"
         unit = f"blocks 0-{k - 1}" if k else ""
         source = int(self.blk_owner[hit_ids[-1]]) if k else None
-        return Plan(reused, unit=unit, source=source, cause=cause, state=(hit_ids, all_keys))
+        return Plan(reused, unit=unit, source=source, cause=cause, state=(hit_ids, akeys))
 
     def admit(self, call: Call, plan: Plan) -> None:
         if self.mode == "none":
             return
         B = self.B
-        hit_ids, (old_keys, new_keys) = plan.state
+        hit_ids, akeys = plan.state
         k = len(hit_ids)
         P = call.prompt_len
         computed = P + max(len(call.output) - 1, 0) if self.preset.cache_output else P
-        seq = call.sequence()
         n_full = computed // B
         n_need = -(-computed // B)
-        # keys of every full block of the computed ids: prompt blocks (planned) + output blocks
-        n_prompt = P // B
-        keys = np.empty(n_full, dtype=np.int64) if n_full else np.zeros(0, np.int64)
-        head = np.concatenate([old_keys, np.asarray(new_keys, dtype=np.int64)])[:min(n_prompt, n_full)]
-        keys[:len(head)] = head
-        if n_full > len(head):
-            keys[len(head):] = chain_hashes(seq, len(head), n_full, int(head[-1]) if len(head) else _ROOT, B,
-                                            call.cache_salt)
-        self.blk_free[hit_ids] = False  # touched: out of the free queue while the request runs
+        keys = akeys[:n_full]
+        bounded = self.cap is not None   # an unbounded pool never evicts: no free queue to keep
+        if bounded:
+            self.blk_free[hit_ids] = False  # touched: out of the free queue while the request runs
         n_new = min(n_need - k, self._free_count(k))
-        new_ids = np.fromiter((self._pop() for _ in range(n_new)), dtype=np.int64, count=n_new)
-        start = k * B
-        C = self.preset.max_num_batched_tokens
-        for i, b in enumerate(new_ids.tolist()):
-            j = k + i
-            if j >= n_full:
-                break  # the partial last block: no key
-            h = int(keys[j])
-            end = (j + 1) * B
+        new_ids = self._alloc(n_new)
+        j1 = min(k + len(new_ids), n_full)   # new blocks k..j1-1 are full: they get keys
+        if j1 > k:
+            full_ids = new_ids[:j1 - k]
+            ends = np.arange(k + 1, j1 + 1, dtype=np.int64) * B
             if self.mode == "align":
-                self.blk_state[b] = end > P or end == P or (end - start) % C == 0
+                C = self.preset.max_num_batched_tokens
+                self.blk_state[full_ids] = (ends >= P) | ((ends - k * B) % C == 0)
             else:
-                self.blk_state[b] = True
-            if h in self.by_hash and self.blk_cached[self.by_hash[h]]:
-                continue  # an identical block is cached already (a full repeat's last block): not merged
-            self.by_hash[h] = b
-            self.blk_hash[b] = h
-            self.blk_cached[b] = True
-            self.blk_owner[b] = call.index
-            self.tomb.discard(h)
+                self.blk_state[full_ids] = True
+            by_hash = self.by_hash
+            fresh = [(h, b) for h, b in zip(keys[k:j1].tolist(), full_ids.tolist()) if h not in by_hash]
+            # an identical block cached already (a full repeat's recomputed last block) is not merged
+            if fresh:
+                by_hash.update(fresh)
+                hs = [h for h, _ in fresh]
+                bs = np.fromiter((b for _, b in fresh), dtype=np.int64, count=len(fresh))
+                self.blk_hash[bs] = hs
+                self.blk_cached[bs] = True
+                self.blk_owner[bs] = call.index
+                if self.tomb:
+                    self.tomb.difference_update(hs)
         # the request ends: all its blocks go back to the queue's tail in reverse order
-        all_ids = np.concatenate([hit_ids, new_ids])
+        all_ids = np.concatenate([hit_ids, new_ids]) if len(new_ids) else hit_ids
         n = len(all_ids)
-        if n:
+        if n and bounded:
             self.blk_key[all_ids[::-1]] = self.release + np.arange(n, dtype=np.int64)
             self.release += n
             self.blk_free[all_ids] = True
-        self.sessions[call.session] = (seq, keys, all_ids[:n_full], call.cache_salt)
-
-
-parse_engine  # re-exported for the doctest above
+        self.sessions[call.session] = (call, keys, all_ids[:n_full], call.cache_salt, self.evictions)
