@@ -82,6 +82,25 @@ def _replay_engines(dump, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_lint(args: argparse.Namespace) -> int:
+    from .caches.calls import write_calls
+    from .caches.lint import before_after, fix_calls, lint_calls
+    from .dump import load_dump
+
+    dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
+    engines = args.engine or ["vllm", "sglang", "llama.cpp", "anthropic"]
+    findings = lint_calls(dump, args.tokenizer, engines=engines)
+    for f in findings:
+        print(f)
+    print(f"{len(findings)} finding(s)")
+    if args.fix:
+        fixed = fix_calls(dump, findings, tokenizer=args.tokenizer)
+        write_calls(fixed, args.fix)
+        print(f"wrote {args.fix}\n")
+        print(before_after(dump, fixed, engines).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    return 1 if findings and not args.fix else 0
+
+
 def _cmd_template(args: argparse.Namespace) -> int:
     from .template import TEMPLATE_PRESETS, ChatTemplate
 
@@ -155,6 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--png", help="write the plots to this PNG file")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser("lint", help="find text that breaks the prompt prefix across calls; --fix moves it")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
+    p.add_argument("--engine", action="append", default=[], help="engines to price findings on (repeatable)")
+    p.add_argument("--fix", metavar="OUT", help="write the fixed trace here and replay before/after")
+    p.add_argument("--tokenizer", default="qwen3")
+    p.set_defaults(func=_cmd_lint)
 
     p = sub.add_parser("template", help="render a conversation with a chat template, or lint it")
     p.add_argument("conversation", help="JSON file: a list of messages or {messages, tools, ...} ('-': stdin)")

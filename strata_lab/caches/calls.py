@@ -30,7 +30,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["Call", "calls_from_dump", "calls_from_records", "as_ids", "lcp", "lcp_call"]
+__all__ = ["Call", "calls_from_dump", "calls_from_records", "as_ids", "lcp", "lcp_call", "write_calls"]
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 
@@ -165,3 +165,28 @@ def calls_from_dump(dump) -> list[Call]:
 
     d = dump if isinstance(dump, Dump) else load_dump(dump)
     return list(calls_from_records(d))
+
+
+def write_calls(calls: Iterable[Call], path) -> None:
+    """Write calls as strata-dump/1 lines (mode 0600: they hold token ids of private conversations).
+
+    A call read from a dump keeps its other fields; the prompt, breakpoints and output are the call's own.
+    """
+    import os
+
+    import orjson
+
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        for c in calls:
+            rec = dict(c.record or {})
+            rec.update(schema="strata-dump/1", session=c.session, prompt_ids=c.prompt.tolist())
+            if c.record is None:
+                rec["gen_ids"] = c.output.tolist()
+            if c.ts is not None:
+                rec["ts"] = c.ts
+            if c.breakpoints is not None:
+                rec["cache_control"] = list(c.breakpoints)
+            if c.content_blocks is not None:
+                rec["content_blocks"] = list(c.content_blocks)
+            f.write(orjson.dumps(rec) + b"\n")

@@ -13,8 +13,9 @@ Rules (each `Finding` names the call, the position and the text):
 | `prefix_mid_block` | the prefix shared by all sessions ends mid-block (vLLM / TRT-LLM blocks) | none: the lost ids are reported |
 | `below_minimum` | a prompt under the hosted minimum that the next call of its session extends | none |
 
-`tokens` of a finding is what the call re-reads because of it, per engine: the replay's `reread` of that call
-for divergences, the ids past the last whole block for `prefix_mid_block`, the prompt for `below_minimum`.
+`tokens` of a finding is what it costs the call, per engine: the ids the session held (up to the prompt's
+length) that the engine does not reuse, for divergences; the ids past the last whole block for
+`prefix_mid_block`; the prompt for `below_minimum`.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from .calls import Call, as_ids, calls_from_dump
 
-__all__ = ["Finding", "lint_calls", "fix_calls", "RULES"]
+__all__ = ["Finding", "lint_calls", "fix_calls", "before_after", "RULES"]
 
 RULES = ("volatile_system", "per_user_early", "tool_schema_order", "reasoning_stripped", "breakpoint_lookback",
          "prefix_mid_block", "below_minimum")
@@ -163,7 +164,9 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
     if price and out:
         rep = replay_engines(calls, engines)
         df = rep.frame()
-        rr = {(e, i): v for e, i, v in zip(df["engine"].astype(str), df["index"], df["reread"])}
+        # what the finding costs a call: ids the session held that the engine does not reuse
+        lost = (df[["held_before", "prompt_len"]].min(axis=1) - df["reused"]).clip(lower=0)
+        rr = {(e, i): v for e, i, v in zip(df["engine"].astype(str), df["index"], lost)}
         for f in out:
             if not f.tokens:
                 f.tokens = {parse_engine(e).engine: int(rr.get((parse_engine(e).engine, f.index), 0)) for e in engines}
@@ -250,3 +253,16 @@ def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
             last_bp[c.session] = max(bps)
         out.append(fixed)
     return out
+
+
+def before_after(dump, fixed, engines=("vllm", "sglang", "llama.cpp", "anthropic")):
+    """One row per engine: reused, re-read and hit rate before and after the fix (a pandas DataFrame)."""
+    import pandas as pd
+
+    from .replay import replay_engines
+
+    b = replay_engines(dump, engines).summary()
+    a = replay_engines(fixed, engines).summary()
+    return pd.DataFrame({"engine": b["spec"], "reused_before": b["reused"], "reused_after": a["reused"],
+                         "reread_before": b["reread"], "reread_after": a["reread"],
+                         "hit_rate_before": b["hit_rate"], "hit_rate_after": a["hit_rate"]})
