@@ -103,3 +103,32 @@ def test_cli_engines_json_is_deterministic(capsys):
 def test_cli_bad_engine_is_an_error_naming_the_field(capsys):
     assert main(["replay", DUMPS[0], "--engine", "vllm:blok_size=3", "-q"]) == 2
     assert "blok_size" in capsys.readouterr().err
+
+
+def test_engine_explorer_widget_headless():
+    pytest.importorskip("ipywidgets")
+    from strata_lab.caches.widget import EngineExplorer
+
+    w = EngineExplorer(DUMPS[0], engines=("vllm", "sglang"))
+    assert "vllm@0.33" in w.summary.value and w.image.value[:4] == b"\x89PNG"
+    w.overrides.value = "llama.cpp:slots=4"
+    w.run()
+    assert "llama.cpp@b7000:slots=4" in w.summary.value
+    w.overrides.value = "vllm:blok_size=3"
+    before = w.summary.value
+    assert w.run() is None and "blok_size" in w.error.value and w.summary.value == before
+
+
+def test_sweeps_and_cli_lint(tmp_path, capsys):
+    from strata_lab.caches.sweeps import plot_budget_sweep, sweep_budget
+
+    df = sweep_budget(DUMPS[0], ["vllm", "sglang"], [64, 512, 100000])
+    for _, g in df.groupby("engine"):
+        assert g["hit_rate"].is_monotonic_increasing and g["hit_rate"].iloc[0] < g["hit_rate"].iloc[-1]
+    plot_budget_sweep(df, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+    out = tmp_path / "fixed.jsonl"
+    assert main(["lint", DUMPS[0], "--engine", "vllm", "--fix", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "reasoning_stripped" in text and "reused_before" in text and out.exists()
+    assert oct(os.stat(out).st_mode & 0o777) == "0o600"
