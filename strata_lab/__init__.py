@@ -27,6 +27,8 @@ _EXPORTS = {
     "load_dump": "strata_lab.dump",
     "Dump": "strata_lab.dump",
     "replay": "strata_lab.replayer",
+    "replay_engines": "strata_lab.caches.replay",
+    "parse_engine": "strata_lab.caches.presets",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
