@@ -331,3 +331,23 @@ def test_presets_are_frozen_and_versioned():
     q = parse_engine("vllm:block_size=32,kv_blocks=8774")
     assert q.spec() == "vllm@0.33:block_size=32,kv_blocks=8774" and parse_engine(q.spec()) == q
     assert parse_engine("llama.cpp@latest").ctx_checkpoints == 32
+
+
+def test_sglang_mamba_states_have_their_own_budget():
+    d = Driver("sglang:model=qwen3-next-80b-a3b,mamba_slots=1")
+    d("a", [1, 2, 3, 4])                                # state at the end of [1, 2, 3, 4] (no output)
+    d("b", [5, 6, 7, 8])                                # second state: a's state goes (KV stays: a tombstone)
+    assert d("b", [5, 6, 7, 8, 9]).reused == 4          # b's state is the one kept
+    p = d("a", [1, 2, 3, 4, 9])
+    assert (p.reused, p.cause) == (0, "no_state_checkpoint")
+
+
+def test_openai_routes_by_the_first_tokens():
+    from strata_lab.caches.fleet import Router
+    from strata_lab.caches.presets import parse_engine
+
+    r = Router(parse_engine("openai:replicas=8"))
+    same = {r.route(Call(i, f"s{i}", as_ids(list(range(300)) + [i]))) for i in range(10)}
+    assert len(same) == 1                               # one prefix: one cache machine
+    other = {r.route(Call(i, "x", as_ids([i] + list(range(300))))) for i in range(40)}
+    assert len(other) > 1
