@@ -83,8 +83,9 @@ def _divergence_causes(dump, tokenizer) -> list[str] | None:
 def _fit_cost(calls: list[Call]):
     from ..costs import CostModel
 
+    # (read, start, ms) from each call the serving engine timed and reported its reuse for
     samples = [(c.prompt_len - c.reported, c.reported, c.prefill_ms) for c in calls
-               if c.reported is not None and c.prefill_ms is not None and c.reported_by == "strata"]
+               if c.reported is not None and c.prefill_ms is not None]
     try:
         return CostModel.fit(samples)
     except ValueError:
