@@ -163,7 +163,7 @@ class Model(CacheModel):
         self.cpos = 0
         self.by_hash: dict[int, int] = {}
         self.tomb: set = set()                        # keys evicted (and not cached again)
-        self.sessions: dict[str, tuple] = {}          # session -> (last call, keys[int64], block ids[int64], salt)
+        self.sessions: dict[str, tuple] = {}  # session -> (last call, key buf, id buf, length, salt, evictions)
 
     # -- pool --------------------------------------------------------------------------------------
     def _grow(self):
@@ -253,49 +253,55 @@ class Model(CacheModel):
     def plan(self, call: Call, hint: Hint) -> Plan:
         B, prompt, P = self.B, call.prompt, call.prompt_len
         if self.mode == "none":
-            return Plan(0, cause="no_state_checkpoint" if hint.exact > 0 else None,
-                        state=(np.zeros(0, np.int64), np.zeros(0, np.int64)))
-        st = self.sessions.get(call.session)
-        if st is not None and st[3] == call.cache_salt:
-            last, keys, ids = st[0], st[1], st[2]
-            shared = hint.lcp if last is hint.prev else lcp_call(prompt, last)
-            n_shared = min(shared // B, len(keys), len(ids))
-        else:
-            keys, ids, n_shared = np.zeros(0, np.int64), np.zeros(0, np.int64), 0
-        n_prompt = P // B
-        n_max = (P - 1) // B if P else 0          # hit <= prompt_len - 1, floored to a block
-        # keys of every full block the call will hold (prompt, then fed output), hashed once, past the
-        # blocks the session already has keys for
+            return Plan(0, cause="no_state_checkpoint" if hint.exact > 0 else None, state=None)
         computed = P + max(len(call.output) - 1, 0) if self.preset.cache_output else P
-        n_full = computed // B
-        tail = call.tail(n_shared * B)[:(n_full - n_shared) * B] if n_full > n_prompt else \
+        n_prompt, n_full, n_need = P // B, computed // B, -(-computed // B)
+        n_total = max(n_full, n_prompt)
+        n_max = (P - 1) // B if P else 0          # hit <= prompt_len - 1, floored to a block
+        # The session keeps growable buffers of its chain's keys and block ids (kb, ib: [capacity]); this
+        # call's chain overwrites them from the first block it does not share, so nothing is copied.
+        st = self.sessions.get(call.session)
+        if st is not None and st[4] == call.cache_salt:
+            last, kb, ib, L = st[0], st[1], st[2], st[3]
+            shared = hint.lcp if last is hint.prev else lcp_call(prompt, last)
+            n_shared = min(shared // B, L)
+            fresh_ok = st[5] == self.evictions   # nothing evicted since: the session's blocks still hold
+        else:
+            kb = ib = None
+            n_shared, fresh_ok = 0, True
+        if kb is None or len(kb) < n_need:
+            cap = max(64, 2 * n_need)
+            nkb, nib = np.empty(cap, np.int64), np.empty(cap, np.int64)
+            if n_shared:
+                nkb[:n_shared], nib[:n_shared] = kb[:n_shared], ib[:n_shared]
+            kb, ib = nkb, nib
+        # keys of every full block the call will hold (prompt, then fed output), past the shared ones
+        tail = call.tail(n_shared * B)[:(n_total - n_shared) * B] if n_full > n_prompt else \
             prompt[n_shared * B:n_prompt * B]
-        new_keys = chain_hashes(tail, n_shared, int(keys[n_shared - 1]) if n_shared else 0, B, call.cache_salt)
-        akeys = np.concatenate([keys[:n_shared], new_keys]) if n_shared else new_keys   # [max(n_full, n_prompt)]
-        pkeys = akeys[:n_prompt]
+        kb[n_shared:n_total] = chain_hashes(tail, n_shared, int(kb[n_shared - 1]) if n_shared else 0, B,
+                                            call.cache_salt)
         m = min(n_shared, n_max)
-        hit = ids[:m]
-        if m and (st[4] != self.evictions):  # blocks the session left: still holding their keys?
-            ok = self.blk_cached[hit] & (self.blk_hash[hit] == pkeys[:m])
+        if m and not fresh_ok:  # blocks the session left: still holding their keys?
+            hit = ib[:m]
+            ok = self.blk_cached[hit] & (self.blk_hash[hit] == kb[:m])
             if not ok.all():
                 m = int(ok.argmin())
-                hit = hit[:m]
-        more = []
         k = m
-        by_hash, cached = self.by_hash, self.blk_cached
         if k < n_max:
-            for h in pkeys[k:n_max].tolist():  # past what the session left (or cached by other sessions)
+            by_hash, cached = self.by_hash, self.blk_cached
+            more = []
+            for h in kb[k:n_max].tolist():  # past what the session left (or cached by other sessions)
                 b = by_hash.get(h)
                 if b is None or not cached[b]:
                     break
                 more.append(b)
-            k += len(more)
-        hit_ids = np.concatenate([hit, np.asarray(more, dtype=np.int64)]) if more else hit
+            if more:
+                ib[k:k + len(more)] = more
+                k += len(more)
         attn = k
         if self.mode == "align" and k:
-            states = np.flatnonzero(self.blk_state[hit_ids])
+            states = np.flatnonzero(self.blk_state[ib[:k]])
             k = int(states[-1]) + 1 if len(states) else 0
-            hit_ids = hit_ids[:k]
         reused = k * B
         cause = None
         if reused < hint.exact:
@@ -303,41 +309,37 @@ class Model(CacheModel):
                 cause = "no_state_checkpoint"
             elif (hint.exact // B) * B <= reused:
                 cause = "block_rounding"
-            elif k < len(pkeys) and int(pkeys[k]) in self.tomb:
+            elif k < n_prompt and int(kb[k]) in self.tomb:
                 cause = "evicted"
             else:
                 cause = "not_cached"
         unit = f"blocks 0-{k - 1}" if k else ""
-        source = int(self.blk_owner[hit_ids[-1]]) if k else None
-        return Plan(reused, unit=unit, source=source, cause=cause, state=(hit_ids, akeys))
+        source = int(self.blk_owner[ib[k - 1]]) if k else None
+        return Plan(reused, unit=unit, source=source, cause=cause, state=(kb, ib, k, n_full, n_need))
 
     def admit(self, call: Call, plan: Plan) -> None:
         if self.mode == "none":
             return
-        B = self.B
-        hit_ids, akeys = plan.state
-        k = len(hit_ids)
-        P = call.prompt_len
-        computed = P + max(len(call.output) - 1, 0) if self.preset.cache_output else P
-        n_full = computed // B
-        n_need = -(-computed // B)
-        keys = akeys[:n_full]
+        B, P = self.B, call.prompt_len
+        kb, ib, k, n_full, n_need = plan.state
+        hit_ids = ib[:k]
         bounded = self.cap is not None   # an unbounded pool never evicts: no free queue to keep
         if bounded:
             self.blk_free[hit_ids] = False  # touched: out of the free queue while the request runs
         n_new = min(n_need - k, self._free_count(k))
         new_ids = self._alloc(n_new)
+        ib[k:k + len(new_ids)] = new_ids
         j1 = min(k + len(new_ids), n_full)   # new blocks k..j1-1 are full: they get keys
         if j1 > k:
             full_ids = new_ids[:j1 - k]
-            ends = np.arange(k + 1, j1 + 1, dtype=np.int64) * B
             if self.mode == "align":
+                ends = np.arange(k + 1, j1 + 1, dtype=np.int64) * B
                 C = self.preset.max_num_batched_tokens
                 self.blk_state[full_ids] = (ends >= P) | ((ends - k * B) % C == 0)
             else:
                 self.blk_state[full_ids] = True
             by_hash = self.by_hash
-            fresh = [(h, b) for h, b in zip(keys[k:j1].tolist(), full_ids.tolist()) if h not in by_hash]
+            fresh = [(h, b) for h, b in zip(kb[k:j1].tolist(), full_ids.tolist()) if h not in by_hash]
             # an identical block cached already (a full repeat's recomputed last block) is not merged
             if fresh:
                 by_hash.update(fresh)
@@ -349,10 +351,10 @@ class Model(CacheModel):
                 if self.tomb:
                     self.tomb.difference_update(hs)
         # the request ends: all its blocks go back to the queue's tail in reverse order
-        all_ids = np.concatenate([hit_ids, new_ids]) if len(new_ids) else hit_ids
-        n = len(all_ids)
+        n = k + len(new_ids)
         if n and bounded:
+            all_ids = ib[:n]
             self.blk_key[all_ids[::-1]] = self.release + np.arange(n, dtype=np.int64)
             self.release += n
             self.blk_free[all_ids] = True
-        self.sessions[call.session] = (call, keys, all_ids[:n_full], call.cache_salt, self.evictions)
+        self.sessions[call.session] = (call, kb, ib, min(n_full, n), call.cache_salt, self.evictions)
