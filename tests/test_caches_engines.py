@@ -87,6 +87,15 @@ def test_vllm_eviction_order_under_a_tiny_pool():
     assert (p.reused, p.cause) == (0, "evicted")
 
 
+def test_vllm_evict_to_a_budget_follows_the_free_queue():
+    d = Driver("vllm:block_size=2,kv_blocks=8")
+    d("A", [1, 2, 3, 4, 0])
+    d("B", [5, 6, 7, 8, 0])
+    assert d.model.evict(2) == 2                        # A's blocks were freed first
+    assert d("B", [5, 6, 7, 8, 1]).reused == 4
+    assert d("A", [1, 2, 3, 4, 1]).reused == 0
+
+
 def test_vllm_capacity_in_tokens_and_bytes():
     assert parse_engine("vllm:kv_tokens=1600").capacity_blocks() == 100
     # qwen3-8b: 2 x 36 layers x 8 kv heads x 128 x 2 bytes = 147456 B/token; x16 per block

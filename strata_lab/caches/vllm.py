@@ -162,7 +162,6 @@ class Model(CacheModel):
         self.ckeys = np.zeros(0, np.int64)
         self.cpos = 0
         self.by_hash: dict[int, int] = {}
-        self.tomb: set = set()                        # keys evicted (and not cached again)
         self.sessions: dict[str, tuple] = {}  # session -> (last call, key buf, id buf, length, salt, evictions)
 
     # -- pool --------------------------------------------------------------------------------------
@@ -220,34 +219,25 @@ class Model(CacheModel):
         for h, b in zip(hs, bs.tolist()):
             if by_hash.get(h) == b:
                 del by_hash[h]
-        self.tomb.update(hs)
         self.blk_cached[bs] = False
         self.blk_state[bs] = False
         self.evictions += len(bs)
-
-    def _drop(self, b: int):
-        h = int(self.blk_hash[b])
-        if self.by_hash.get(h) == b:
-            del self.by_hash[h]
-        self.tomb.add(h)
-        self.blk_cached[b] = False
-        self.blk_state[b] = False
-        self.evictions += 1
 
     def _free_count(self, in_use: int) -> int:
         return (self.cap - in_use) if self.cap is not None else 1 << 62
 
     def evict(self, budget: int) -> int:
-        """Evict free cached blocks, LRU first, until at most `budget` blocks hold a key."""
-        gone = 0
-        while int(self.blk_cached.sum()) > budget:
-            free = np.flatnonzero(self.blk_free[:self.next_new] & self.blk_cached[:self.next_new])
-            if not len(free):
-                break
-            b = int(free[np.argmin(self.blk_key[free])])
-            self._drop(b)
-            gone += 1
-        return gone
+        """Evict free cached blocks in free-queue order until at most `budget` blocks hold a key (a bounded
+        pool; an unbounded one keeps no queue and evicts nothing)."""
+        if self.cap is None:
+            return 0
+        n = int(self.blk_cached[:self.next_new].sum()) - budget
+        if n <= 0:
+            return 0
+        free = np.flatnonzero(self.blk_free[:self.next_new] & self.blk_cached[:self.next_new])
+        order = free[np.argsort(self.blk_key[free], kind="stable")][:n]
+        self._drop_many(order)
+        return len(order)
 
     # -- the call ----------------------------------------------------------------------------------
     def plan(self, call: Call, hint: Hint) -> Plan:
@@ -309,7 +299,7 @@ class Model(CacheModel):
                 cause = "no_state_checkpoint"
             elif (hint.exact // B) * B <= reused:
                 cause = "block_rounding"
-            elif k < n_prompt and int(kb[k]) in self.tomb:
+            elif k < min(n_shared, n_max):   # the session held block k when it left: evicted since
                 cause = "evicted"
             else:
                 cause = "not_cached"
@@ -348,8 +338,6 @@ class Model(CacheModel):
                 self.blk_hash[bs] = hs
                 self.blk_cached[bs] = True
                 self.blk_owner[bs] = call.index
-                if self.tomb:
-                    self.tomb.difference_update(hs)
         # the request ends: all its blocks go back to the queue's tail in reverse order
         n = k + len(new_ids)
         if n and bounded:
