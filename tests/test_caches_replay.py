@@ -132,3 +132,20 @@ def test_sweeps_and_cli_lint(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "reasoning_stripped" in text and "reused_before" in text and out.exists()
     assert oct(os.stat(out).st_mode & 0o777) == "0o600"
+
+
+def test_json_report_is_identical_across_processes_and_hash_seeds(tmp_path):
+    import subprocess
+
+    from strata_lab._spawn import child_process_args
+
+    outs = []
+    for seed in ("1", "2"):
+        path = tmp_path / f"r{seed}.json"
+        spawn = child_process_args(["replay", DUMPS[0], "--engine", "vllm", "--engine",
+                                    "sglang:replicas=2,routing=cache_aware", "--engine", "anthropic",
+                                    "--engine", "strata", "--json", str(path)],
+                                   env={**os.environ, "PYTHONHASHSEED": seed})
+        subprocess.run(**spawn, capture_output=True, text=True, check=True)
+        outs.append(path.read_bytes())
+    assert outs[0] == outs[1] and len(outs[0]) > 1000
