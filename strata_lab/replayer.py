@@ -8,7 +8,7 @@ the re-read. Counterfactual policies replay the same dump as if a fix had shippe
 
 >>> import os, tempfile
 >>> from strata_lab import load_tokenizer
->>> from strata_lab.record import Recorder
+>>> from strata_lab.dump.writer import Recorder
 >>> tok = load_tokenizer("qwen3")
 >>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
 >>> p1 = tok.encode("<|im_start|>user\\nsay it<|im_end|>\\n<|im_start|>assistant\\n")
@@ -31,10 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .costs import CostModel
-from .divergence import CAUSES, classify, find_divergence
-from .dump import Dump, load_dump
-from .state_model import (ATTENTION_SNAPSHOT_BYTES, CheckpointPolicy, DEFAULT_SNAPSHOT_BYTES, FULL_HIT_RULES,
+from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.divergence import CAUSES, classify, find_divergence
+from strata_lab.dump import Dump, load_dump
+from strata_lab.replayer.state import (ATTENTION_SNAPSHOT_BYTES, CheckpointPolicy, DEFAULT_SNAPSHOT_BYTES, FULL_HIT_RULES,
                           MODELS, SessionState, TurnStart, lcp_len, parse_checkpoint_policy, predict_reuse,
                           reuse_target)
 
@@ -322,8 +322,8 @@ class _Request:
     def add_call(self, prompt, gen, drained, tok) -> None:
         """The reply so far, as the server assembles it: ids after the first prompt, this call's generated
         ids, and the leading plain drained ids (server.generation.plain_drained)."""
-        from .server.generation import plain_drained
-        from .server.output import TextStream
+        from strata_lab.server.generation import plain_drained
+        from strata_lab.server.output import TextStream
 
         stops = tuple(i for i in (tok.im_end_id, tok.eos_id) if i is not None)
         reply = list(prompt[len(self.prompt):]) + list(gen)
@@ -378,7 +378,7 @@ class _Rewriter:
 
 def _make_encoder(tok):
     try:
-        from .encoder import PromptEncoder
+        from strata_lab.text.encoder import PromptEncoder
     except ImportError as exc:
         raise ValueError("policy reply_ids needs strata_lab.encoder.PromptEncoder, which this build lacks") from exc
     return PromptEncoder(tok)
@@ -409,7 +409,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
     engine's cache instead and returns a `caches.EnginesReport`.
     """
     if engine is not None or engine_params:  # another engine's cache model: strata_lab.caches
-        from .caches.replay import replay_one_engine
+        from strata_lab.caches.replay import replay_one_engine
 
         return replay_one_engine(dump, engine, engine_params, tokenizer=tokenizer, cost_model=cost_model,
                                  progress=progress)
@@ -429,7 +429,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
     if ckpt is None:
         ckpt = TurnStart(bytes_per_snapshot=snap_bytes)
     if isinstance(tokenizer, str):
-        from .tokenizer import load_tokenizer
+        from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
     tok = tokenizer

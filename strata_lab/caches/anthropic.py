@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import CacheModel, Hint, Plan
-from .calls import Call
-from .presets import EnginePreset, _positive_int
+from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.calls import Call
+from strata_lab.caches.presets import EnginePreset, _positive_int
 
 __all__ = ["Preset", "Model"]
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .calls import Call
+from strata_lab.caches.calls import Call
 
 __all__ = ["CacheModel", "Plan", "Hint", "ENGINE_CAUSES"]
 

@@ -152,7 +152,7 @@ def calls_from_dump(dump) -> list[Call]:
     """All calls of a dump (a `Dump`, a path, or paths), in file order.
 
     >>> import os, tempfile
-    >>> from strata_lab.record import Recorder
+    >>> from strata_lab.dump.writer import Recorder
     >>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
     >>> with Recorder(path) as rec:
     ...     rec.write_call(session="s", prompt_ids=[1, 2], reused=0, gen_ids=[3], finish="stop")
@@ -161,7 +161,7 @@ def calls_from_dump(dump) -> list[Call]:
     """
     if isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call):
         return list(dump)
-    from ..dump import Dump, load_dump
+    from strata_lab.dump import Dump, load_dump
 
     d = dump if isinstance(dump, Dump) else load_dump(dump)
     return list(calls_from_records(d))

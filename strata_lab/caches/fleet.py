@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import zlib
 
-from .calls import Call
+from strata_lab.caches.calls import Call
 
 __all__ = ["Router"]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .calls import Call, as_ids, calls_from_dump
+from strata_lab.caches.calls import Call, as_ids, calls_from_dump
 
 __all__ = ["Finding", "lint_calls", "fix_calls", "before_after", "RULES"]
 
@@ -90,8 +90,8 @@ def _sessions(calls):
 
 def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic"), price: bool = True):
     """All findings on a trace (a path, `Dump`, or `Call`s), each priced per engine (see module docstring)."""
-    from .presets import parse_engine
-    from .replay import replay_engines
+    from strata_lab.caches.presets import parse_engine
+    from strata_lab.caches.replay import replay_engines
 
     calls = calls_from_dump(dump)
     tok = _tokenizer(tokenizer)
@@ -122,7 +122,7 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
             if _VOLATILE.sub("#", old) != _VOLATILE.sub("#", new) and a[la[1]:_system_end(a)] == b[lb[1]:end]:
                 out.append(Finding("per_user_early", c.index, c.session, lb[0], new))
     # template rewrites of reasoning: the strata replay's divergence causes (rows in file order, like calls)
-    from ..replayer import replay
+    from strata_lab.replayer import replay
 
     if not (isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call)):
         rep = replay(dump, model="attention", checkpoint_policy="turn", tokenizer=tok)
@@ -174,14 +174,14 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
 
 
 def _lcp_all(a: np.ndarray, b: np.ndarray) -> int:
-    from .calls import lcp
+    from strata_lab.caches.calls import lcp
 
     return lcp(a, b)
 
 
 def _tokenizer(tok):
     if isinstance(tok, str):
-        from ..tokenizer import load_tokenizer
+        from strata_lab.text.tokenizer import load_tokenizer
 
         return load_tokenizer(tok)
     return tok
@@ -206,7 +206,7 @@ def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
     `volatile_system` / `per_user_early` names (by its line number) moves to the end of the last user
     message of every prompt; tools become canonical JSON; a breakpoint is added where the look-back ends.
     """
-    from .presets import parse_engine
+    from strata_lab.caches.presets import parse_engine
 
     calls = calls_from_dump(dump)
     tok = _tokenizer(tokenizer)
@@ -259,7 +259,7 @@ def before_after(dump, fixed, engines=("vllm", "sglang", "llama.cpp", "anthropic
     """One row per engine: reused, re-read and hit rate before and after the fix (a pandas DataFrame)."""
     import pandas as pd
 
-    from .replay import replay_engines
+    from strata_lab.caches.replay import replay_engines
 
     b = replay_engines(dump, engines).summary()
     a = replay_engines(fixed, engines).summary()

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import CacheModel, Hint, Plan
-from .calls import Call
-from .presets import EnginePreset, _positive_int
-from .vllm import chain_hashes
+from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.calls import Call
+from strata_lab.caches.presets import EnginePreset, _positive_int
+from strata_lab.caches.vllm import chain_hashes
 
 __all__ = ["Preset", "Model"]
 

@@ -5,7 +5,7 @@ Calls from every session share one cache per replica, in arrival (`ts`) order (f
 no `ts`). Each engine gets fresh models; the session view (`Hint`) is computed once for all of them.
 
 >>> import os, tempfile
->>> from strata_lab.record import Recorder
+>>> from strata_lab.dump.writer import Recorder
 >>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
 >>> with Recorder(path) as rec:
 ...     rec.write_call(session="s", prompt_ids=list(range(40)), reused=0, gen_ids=[7, 8])
@@ -22,10 +22,10 @@ from collections import Counter
 
 import numpy as np
 
-from .base import Hint
-from .calls import Call, calls_from_dump, lcp_call
-from .fleet import Router
-from .presets import parse_engine
+from strata_lab.caches.base import Hint
+from strata_lab.caches.calls import Call, calls_from_dump, lcp_call
+from strata_lab.caches.fleet import Router
+from strata_lab.caches.presets import parse_engine
 
 __all__ = ["replay_engines", "replay_one_engine", "EnginesReport"]
 
@@ -74,14 +74,14 @@ def _divergence_causes(dump, tokenizer) -> list[str] | None:
     """The strata replay's cause per call (attention model: only divergences), or None without a tokenizer."""
     if tokenizer is None or (isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call)):
         return None
-    from ..replayer import replay
+    from strata_lab.replayer import replay
 
     rep = replay(dump, model="attention", checkpoint_policy="turn", tokenizer=tokenizer)
     return [r["cause"] for r in rep.rows]
 
 
 def _fit_cost(calls: list[Call]):
-    from ..costs import CostModel
+    from strata_lab.replayer.costs import CostModel
 
     # (read, start, ms) from each call the serving engine timed and reported its reuse for
     samples = [(c.prompt_len - c.reported, c.reported, c.prefill_ms) for c in calls
@@ -112,7 +112,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         presets = [p.with_(**kw) if p.engine == name else p for p in presets]
     calls = calls_from_dump(dump)
     if isinstance(tokenizer, str):
-        from ..tokenizer import load_tokenizer
+        from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
     divergence = _divergence_causes(dump, tokenizer)

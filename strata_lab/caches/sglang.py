@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import CacheModel, Hint, Plan
-from .calls import Call, lcp, lcp_call
-from .presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
+from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.calls import Call, lcp, lcp_call
+from strata_lab.caches.presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
 
 __all__ = ["Preset", "Model"]
 

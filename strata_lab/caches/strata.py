@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import CacheModel, Hint, Plan
-from .calls import Call
-from .presets import EnginePreset
+from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.calls import Call
+from strata_lab.caches.presets import EnginePreset
 
 __all__ = ["Preset", "Model"]
 
@@ -32,7 +32,7 @@ class Preset(EnginePreset):
 
     def __post_init__(self):
         super().__post_init__()
-        from ..state_model import FULL_HIT_RULES, MODELS, parse_checkpoint_policy
+        from strata_lab.replayer.state import FULL_HIT_RULES, MODELS, parse_checkpoint_policy
 
         if self.kind not in MODELS:
             raise ValueError(f"strata: kind must be one of {MODELS}, got {self.kind!r}")
@@ -50,7 +50,7 @@ class Model(CacheModel):
 
     def __init__(self, preset: Preset):
         super().__init__(preset)
-        from ..state_model import (ATTENTION_SNAPSHOT_BYTES, DEFAULT_SNAPSHOT_BYTES, TurnStart,
+        from strata_lab.replayer.state import (ATTENTION_SNAPSHOT_BYTES, DEFAULT_SNAPSHOT_BYTES, TurnStart,
                                    parse_checkpoint_policy)
 
         snap = DEFAULT_SNAPSHOT_BYTES if preset.kind == "hybrid" else ATTENTION_SNAPSHOT_BYTES
@@ -60,7 +60,7 @@ class Model(CacheModel):
         self.states: dict = {}
 
     def plan(self, call: Call, hint: Hint) -> Plan:
-        from ..state_model import SessionState
+        from strata_lab.replayer.state import SessionState
 
         st = self.states.get(call.session)
         if st is None:

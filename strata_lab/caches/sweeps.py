@@ -1,7 +1,7 @@
 """Sweeps and plots: hit rate and re-read seconds as the cache budget shrinks, and engine against engine.
 
 >>> import os, tempfile
->>> from strata_lab.record import Recorder
+>>> from strata_lab.dump.writer import Recorder
 >>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
 >>> with Recorder(path) as rec:
 ...     for s in range(3):
@@ -14,8 +14,8 @@
 """
 from __future__ import annotations
 
-from .presets import parse_engine
-from .replay import replay_engines
+from strata_lab.caches.presets import parse_engine
+from strata_lab.caches.replay import replay_engines
 
 __all__ = ["sweep_budget", "compare_engines", "plot_budget_sweep", "plot_engines", "BUDGET_FIELD"]
 
@@ -30,7 +30,7 @@ def sweep_budget(dump, engines=("vllm", "sglang"), budgets=(), *, field: str | N
     (engine, budget): hit rate, reused, re-read ids and seconds, evictions."""
     import pandas as pd
 
-    from .calls import calls_from_dump
+    from strata_lab.caches.calls import calls_from_dump
 
     calls = calls_from_dump(dump)
     if not budgets:

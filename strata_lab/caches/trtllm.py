@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import CacheModel, Hint, Plan
-from .calls import Call, lcp
-from .presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
+from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.calls import Call, lcp
+from strata_lab.caches.presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
 
 __all__ = ["Preset", "Model"]
 

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import CacheModel, Hint, Plan
-from .calls import Call, lcp_call
-from .presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
-from .presets import parse_engine  # noqa: F401  (the doctest above)
+from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.calls import Call, lcp_call
+from strata_lab.caches.presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
+from strata_lab.caches.presets import parse_engine  # noqa: F401  (the doctest above)
 
 __all__ = ["Preset", "Model", "chain_hashes"]
 

@@ -1,6 +1,6 @@
 """A notebook widget: pick engines and parameters, see the per-call reuse bars and the summary update.
 
-Like the widgets in `strata_lab.widgets`, it holds its children as attributes and its update logic is one
+Like the widgets in `strata_lab.notebook.widgets`, it holds its children as attributes and its update logic is one
 plain method (`run`), so tests drive it headless. ipywidgets and matplotlib are imported when it is built.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ class EngineExplorer:
     def __init__(self, dump, *, engines=("strata", "vllm", "sglang", "llama.cpp"), tokenizer=None):
         import ipywidgets as W
 
-        from .calls import calls_from_dump
+        from strata_lab.caches.calls import calls_from_dump
 
         self.calls = calls_from_dump(dump)
         self.dump = dump
@@ -50,8 +50,8 @@ class EngineExplorer:
         """Replay under the chosen specs; a bad spec shows its error (naming the field) and changes nothing."""
         import matplotlib.pyplot as plt
 
-        from .replay import replay_engines
-        from .sweeps import plot_engines
+        from strata_lab.caches.replay import replay_engines
+        from strata_lab.caches.sweeps import plot_engines
 
         try:
             specs = self.specs()
