@@ -30,6 +30,8 @@ _EXPORTS = {
     "Store": "strata_lab.dump",
     "convert_jsonl": "strata_lab.dump",
     "StoreRecorder": "strata_lab.dump.writer",
+    "replay_engines": "strata_lab.caches.replay",
+    "parse_engine": "strata_lab.caches.presets",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -58,4 +60,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from strata_lab.text.tokenizer import Tokenizer, load_tokenizer
     from strata_lab.dump import Store, convert_jsonl
     from strata_lab.dump.writer import StoreRecorder
+    from strata_lab.caches.presets import parse_engine
+    from strata_lab.caches.replay import replay_engines
     from strata_lab.tiny import embedded_model, make_tiny

@@ -40,6 +40,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from strata_lab.replayer import compare_policies, replay
 
     dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
+    if args.engine:
+        return _replay_engines(dump, args)
     kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
               full_hit=args.full_hit)
     report = replay(dump, policy="recorded", progress=not args.quiet, cluster=args.dask, **kw)
@@ -56,6 +58,47 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         plot_report(report.to_frame(), args.png, policies=table)
         print(f"\nwrote {args.png}")
     return 0
+
+
+def _replay_engines(dump, args: argparse.Namespace) -> int:
+    from strata_lab.caches.replay import replay_engines
+
+    report = replay_engines(dump, args.engine, tokenizer=args.tokenizer, progress=not args.quiet and not args.json)
+    if args.json:
+        text = report.to_json()
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text)
+            print(f"wrote {args.json}")
+        return 0
+    print(report.format())
+    if args.png:
+        from strata_lab.caches.sweeps import plot_engines
+
+        plot_engines(report, args.png)
+        print(f"\nwrote {args.png}")
+    return 0
+
+
+def _cmd_lint(args: argparse.Namespace) -> int:
+    from strata_lab.caches.calls import write_calls
+    from strata_lab.caches.lint import before_after, fix_calls, lint_calls
+    from strata_lab.dump import load_dump
+
+    dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
+    engines = args.engine or ["vllm", "sglang", "llama.cpp", "anthropic"]
+    findings = lint_calls(dump, args.tokenizer, engines=engines)
+    for f in findings:
+        print(f)
+    print(f"{len(findings)} finding(s)")
+    if args.fix:
+        fixed = fix_calls(dump, findings, tokenizer=args.tokenizer)
+        write_calls(fixed, args.fix)
+        print(f"wrote {args.fix}\n")
+        print(before_after(dump, fixed, engines).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    return 1 if findings and not args.fix else 0
 
 
 def _cmd_template(args: argparse.Namespace) -> int:
@@ -152,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare a counterfactual policy (repeatable): reply-ids, keep-drained, fixes, every:N, "
                         "budget:MIB[:N], at:P1,P2, none, header (also snapshot before the generation "
                         "prompt's <|im_start|>), before-last:ID; join with '+'")
+    p.add_argument("--engine", action="append", default=[],
+                   help="replay under another engine's cache (repeatable): vllm, sglang, llama.cpp, trtllm, openai, "
+                        "anthropic, strata; name@version and :key=value,... overrides, e.g. llama.cpp:slots=4")
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                   help="with --engine: write the deterministic JSON report (to stdout without PATH)")
     p.add_argument("--model", choices=["hybrid", "attention"], default="hybrid")
     p.add_argument("--checkpoints", default="turn", help="checkpoint policy of the baseline (default: turn)")
     p.add_argument("--full-hit", choices=["held_logits", "last_held_only", "reread_last", "saved_logits"],
@@ -173,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to-jsonl", action="store_true", help="write a store back to JSONL, line for line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_convert)
+    p = sub.add_parser("lint", help="find text that breaks the prompt prefix across calls; --fix moves it")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
+    p.add_argument("--engine", action="append", default=[], help="engines to price findings on (repeatable)")
+    p.add_argument("--fix", metavar="OUT", help="write the fixed trace here and replay before/after")
+    p.add_argument("--tokenizer", default="qwen3")
+    p.set_defaults(func=_cmd_lint)
 
     p = sub.add_parser("template", help="render a conversation with a chat template, or lint it")
     p.add_argument("conversation", help="JSON file: a list of messages or {messages, tools, ...} ('-': stdin)")

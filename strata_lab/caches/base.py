@@ -1,0 +1,94 @@
+"""The one interface every engine's cache model implements, and what a call's plan reports.
+
+A `CacheModel` is one server replica's prompt cache. The replay drives it call by call, in arrival order:
+
+    model.advance(call.ts)          # time passes: TTL expiry (hosted APIs), nothing for block pools
+    plan = model.plan(call, hint)   # how many prompt ids the cache serves, which unit served them, why not more
+    model.admit(call, plan)         # what the call leaves behind (prompt, generated ids), evicting under the budget
+
+`hint` is the session's view, computed once by the replay for every engine: the ids the session's previous
+call left (`prev`), their common prefix with this prompt (`lcp`) and `exact`, the most a token-exact cache
+that re-reads the last prompt token could reuse (`min(lcp, prompt_len - 1)`). Models compare themselves to
+`exact` to name what they lost: `block_rounding`, `evicted`, `expired`, `below_minimum`, `slot_stolen`,
+`no_state_checkpoint`, `lookback`, `not_cached`;
+`last_output_token` (the last generated id is never fed back, so no engine but ours holds its KV); the replay adds `routing`, `new_session` and the divergence
+causes of the strata replay (`retokenized_reply`, `template_rewrite`, ...).
+
+>>> Plan(reused=32, unit="blocks 0-1").reused
+32
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata_lab.caches.calls import Call
+
+__all__ = ["CacheModel", "Plan", "Hint", "ENGINE_CAUSES"]
+
+# Causes a cache model can give for reusing less than `hint.exact`.
+ENGINE_CAUSES = ("block_rounding", "evicted", "expired", "below_minimum", "slot_stolen", "no_state_checkpoint",
+                 "lookback", "not_cached", "last_output_token", "routing")
+
+
+@dataclass(slots=True)
+class Hint:
+    """The session's view of a call, shared by every engine's model (see module docstring)."""
+
+    prev: Call | None         # the session's previous call (it left prev.prompt + prev.output), None: first call
+    lcp: int                  # common prefix of what prev left and this prompt
+    exact: int                # min(lcp, prompt_len - 1): a token-exact cache's reuse
+
+    @property
+    def held(self) -> int:
+        return self.prev.held_len if self.prev is not None else 0
+
+
+@dataclass(slots=True)
+class Plan:
+    """What a cache model decides for one call before it runs."""
+
+    reused: int                  # prompt ids served from the cache
+    unit: str = ""               # the cached unit that served them ("blocks 0-77", "slot 2", "node 5", ...)
+    source: int | None = None    # index of the call that wrote that unit
+    cause: str | None = None     # why fewer than hint.exact were served (one of ENGINE_CAUSES)
+    written: int = 0             # prompt ids written to the cache by this call (hosted: cache creation)
+    state: object = None         # model-private data carried from plan to admit
+
+
+class CacheModel:
+    """One replica's prompt cache. Subclasses implement `plan` and `admit`; `advance` and `evict` default to
+    nothing to do (block pools evict inside `admit`, under their capacity)."""
+
+    engine = "base"
+
+    def __init__(self, preset):
+        self.preset = preset
+        self.now = 0.0
+        self.evictions = 0
+
+    def advance(self, now: float | None) -> None:
+        """Move the clock to `now` (seconds); expire what timed out. Time never goes back."""
+        if now is not None and now > self.now:
+            self.now = now
+
+    def plan(self, call: Call, hint: Hint) -> Plan:
+        raise NotImplementedError
+
+    def admit(self, call: Call, plan: Plan) -> None:
+        raise NotImplementedError
+
+    def evict(self, budget: int) -> int:
+        """Evict until at most `budget` capacity units (the model's own: blocks, tokens, entries) stay
+        cached; return how many units went. Models whose admission evicts by itself may leave this a no-op."""
+        return 0
+
+    def step(self, call: Call, hint: Hint) -> Plan:
+        self.advance(call.ts)
+        plan = self.plan(call, hint)
+        self.admit(call, plan)
+        return plan
+
+    def describe(self) -> str:
+        return self.preset.spec()

@@ -1,0 +1,192 @@
+"""The calls a cache model replays: one `Call` per engine call, taken from a strata-dump/1 `Dump`.
+
+This is the only place that reads dump records; importers that produce other traces (issue 14's `Trace`)
+plug in here by yielding the same `Call`s. Ids become numpy int32 arrays once, so every engine model
+compares and hashes them with vectorised operations.
+
+Optional per-call fields read from a dump line (all absent in our own dumps):
+
+| field | meaning |
+|---|---|
+| `cached_tokens` | the engine's own report (vLLM `num_cached_tokens`, SGLang `meta_info.cached_tokens`, llama.cpp `timings.cache_n`, OpenAI `cached_tokens`, Anthropic `cache_read_input_tokens`) |
+| `cache_engine` | which engine wrote `cached_tokens` (`vllm`, `sglang`, `llama.cpp`, `openai`, `anthropic`, ...) |
+| `cache_control` | Anthropic breakpoints: token positions where a `cache_control` block ends (the prefix `prompt_ids[:p]`) |
+| `content_blocks` | token positions where content blocks end (Anthropic look-back counts these) |
+| `cache_salt` | vLLM/SGLang `cache_salt` (or a LoRA name): requests with different salts share nothing |
+
+Without `cached_tokens`, our own dumps' `reused` is the report (engine `strata`).
+
+>>> c = Call(index=0, session="s", prompt=as_ids([1, 2, 3]), output=as_ids([4]))
+>>> c.prompt_len, c.sequence().tolist()
+(3, [1, 2, 3, 4])
+>>> lcp(as_ids([1, 2, 3]), as_ids([1, 2, 9, 9]))
+2
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+__all__ = ["Call", "calls_from_dump", "calls_from_records", "as_ids", "lcp", "lcp_call", "write_calls"]
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+def as_ids(ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Token ids as a read-only int32 array (shared, never copied again)."""
+    a = np.asarray(ids, dtype=np.int32) if len(ids) else _EMPTY
+    a.flags.writeable = False
+    return a
+
+
+def lcp(a: np.ndarray, b: np.ndarray) -> int:
+    """Longest common prefix of two id arrays: vectorised, in chunks so an early mismatch stops early."""
+    n = min(len(a), len(b))
+    i = 0
+    step = 4096
+    while i < n:
+        j = min(i + step, n)
+        ne = a[i:j] != b[i:j]
+        if ne.any():
+            return i + int(ne.argmax())
+        i = j
+        step *= 4
+    return n
+
+
+def lcp_call(ids: np.ndarray, call: "Call") -> int:
+    """Common prefix of `ids` and what `call` left (prompt + output), without concatenating them."""
+    n = lcp(ids, call.prompt)
+    if n == len(call.prompt) and len(call.output) and n < len(ids):
+        n += lcp(ids[n:], call.output)
+    return n
+
+
+@dataclass(eq=False, slots=True)
+class Call:
+    """One engine call: who sent it, when, the exact prompt ids and the ids the call left behind."""
+
+    index: int                     # position in the trace (file order)
+    session: str
+    prompt: np.ndarray             # int32 prompt ids
+    output: np.ndarray = field(default_factory=lambda: _EMPTY)  # generated + drained ids, in order
+    ts: float | None = None        # arrival time, seconds
+    reported: int | None = None    # cached tokens the serving engine reported for this call
+    reported_by: str | None = None  # which engine reported it ("strata" for our dumps' `reused`)
+    breakpoints: tuple | None = None  # Anthropic cache_control positions (None: automatic / not given)
+    content_blocks: tuple | None = None  # content-block end positions (None: derive from the ids)
+    cache_salt: str | None = None
+    request_id: str | None = None
+    call: int = 0
+    prefill_ms: float | None = None
+    record: dict | None = None     # the dump line (the strata model replays it)
+    memo: np.ndarray | None = field(default=None, repr=False)  # sequence(), built once
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def held_len(self) -> int:
+        """Ids the call leaves in a session's state: prompt + output."""
+        return len(self.prompt) + len(self.output)
+
+    def tail(self, start: int) -> np.ndarray:
+        """`sequence()[start:]` without building the whole sequence (the output is short, the prompt long)."""
+        P = len(self.prompt)
+        if start >= P:
+            return self.output[start - P:]
+        return np.concatenate([self.prompt[start:], self.output]) if len(self.output) else self.prompt[start:]
+
+    def sequence(self) -> np.ndarray:
+        """prompt + output: every id the call leaves in a session's state."""
+        if self.memo is None:
+            self.memo = np.concatenate([self.prompt, self.output]) if len(self.output) else self.prompt
+        return self.memo
+
+
+def _int_tuple(v, name: str, index: int) -> tuple | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v):
+        raise ValueError(f"call {index}: {name} must be a list of non-negative ints, got {v!r}")
+    return tuple(sorted(set(v)))
+
+
+def calls_from_records(records: Iterable[dict]) -> Iterator[Call]:
+    """`Call`s from strata-dump/1 records (dicts as `Dump` yields them), in the given order."""
+    for i, rec in enumerate(records):
+        prompt = as_ids(rec["prompt_ids"])
+        gen, drained = rec.get("gen_ids") or [], rec.get("drained_ids") or []
+        output = as_ids(list(gen) + list(drained)) if gen or drained else _EMPTY
+        ts = rec.get("ts")
+        ts = float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts) else None
+        cached = rec.get("cached_tokens")
+        reused = rec.get("reused")
+        if isinstance(cached, int) and not isinstance(cached, bool):
+            reported, by = cached, rec.get("cache_engine") if isinstance(rec.get("cache_engine"), str) else None
+        elif isinstance(reused, int) and not isinstance(reused, bool):
+            reported, by = reused, "strata"
+        else:
+            reported, by = None, None
+        t = rec.get("timings") if isinstance(rec.get("timings"), dict) else {}
+        ms = t.get("prefill_ms")
+        bps = _int_tuple(rec.get("cache_control"), "cache_control", i)
+        blocks = _int_tuple(rec.get("content_blocks"), "content_blocks", i)
+        for name, pos in (("cache_control", bps), ("content_blocks", blocks)):
+            if pos and pos[-1] > len(prompt):
+                raise ValueError(f"call {i}: {name} position {pos[-1]} is past the prompt ({len(prompt)} ids)")
+        salt = rec.get("cache_salt")
+        yield Call(index=i, session=str(rec.get("session", "default")), prompt=prompt, output=output, ts=ts,
+                   reported=reported, reported_by=by, breakpoints=bps, content_blocks=blocks,
+                   cache_salt=salt if isinstance(salt, str) else None, request_id=rec.get("request_id"),
+                   call=int(rec.get("call") or 0),
+                   prefill_ms=float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None,
+                   record=rec)
+
+
+def calls_from_dump(dump) -> list[Call]:
+    """All calls of a dump (a `Dump`, a path, or paths), in file order.
+
+    >>> import os, tempfile
+    >>> from strata_lab.dump.writer import Recorder
+    >>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
+    >>> with Recorder(path) as rec:
+    ...     rec.write_call(session="s", prompt_ids=[1, 2], reused=0, gen_ids=[3], finish="stop")
+    >>> [(c.session, c.prompt.tolist(), c.output.tolist(), c.reported_by) for c in calls_from_dump(path)]
+    [('s', [1, 2], [3], 'strata')]
+    """
+    if isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call):
+        return list(dump)
+    from strata_lab.dump import Dump, load_dump
+
+    d = dump if isinstance(dump, Dump) else load_dump(dump)
+    return list(calls_from_records(d))
+
+
+def write_calls(calls: Iterable[Call], path) -> None:
+    """Write calls as strata-dump/1 lines (mode 0600: they hold token ids of private conversations).
+
+    A call read from a dump keeps its other fields; the prompt, breakpoints and output are the call's own.
+    """
+    import os
+
+    import orjson
+
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        for c in calls:
+            rec = dict(c.record or {})
+            rec.update(schema="strata-dump/1", session=c.session, prompt_ids=c.prompt.tolist())
+            if c.record is None:
+                rec["gen_ids"] = c.output.tolist()
+            if c.ts is not None:
+                rec["ts"] = c.ts
+            if c.breakpoints is not None:
+                rec["cache_control"] = list(c.breakpoints)
+            if c.content_blocks is not None:
+                rec["content_blocks"] = list(c.content_blocks)
+            f.write(orjson.dumps(rec) + b"\n")

@@ -1,0 +1,268 @@
+"""Lint a trace for text that breaks the prompt prefix across calls, price each finding per engine, and fix
+what can be fixed by moving content (never deleting it).
+
+Rules (each `Finding` names the call, the position and the text):
+
+| rule | fires when | fix |
+|---|---|---|
+| `volatile_system` | consecutive prompts of a session part inside the system message on a line that differs only in digits / hex (a timestamp, a request id) | move the line to the end of the last user message |
+| `per_user_early` | the first prompts of two sessions part inside the system message on a line with other words (a user's name, plan, locale) and agree again after it | move the line to the end of the last user message |
+| `tool_schema_order` | a `<tools>` definition whose text changes while its JSON does not (key order, whitespace) | rewrite every tool as canonical JSON (sorted keys) |
+| `reasoning_stripped` | the template drops an earlier reply's `<think>` block (the strata replay's `template_rewrite` there) | none here: keep reasoning in the template |
+| `breakpoint_lookback` | an Anthropic breakpoint more than `lookback_blocks` content blocks past the session's previous one | add a breakpoint at the last boundary the look-back still reaches |
+| `prefix_mid_block` | the prefix shared by all sessions ends mid-block (vLLM / TRT-LLM blocks) | none: the lost ids are reported |
+| `below_minimum` | a prompt under the hosted minimum that the next call of its session extends | none |
+
+`tokens` of a finding is what it costs the call, per engine: the ids the session held (up to the prompt's
+length) that the engine does not reuse, for divergences; the ids past the last whole block for
+`prefix_mid_block`; the prompt for `below_minimum`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from strata_lab.caches.calls import Call, as_ids, calls_from_dump
+
+__all__ = ["Finding", "lint_calls", "fix_calls", "before_after", "RULES"]
+
+RULES = ("volatile_system", "per_user_early", "tool_schema_order", "reasoning_stripped", "breakpoint_lookback",
+         "prefix_mid_block", "below_minimum")
+FIXABLE = ("volatile_system", "per_user_early", "tool_schema_order", "breakpoint_lookback")
+_VOLATILE = re.compile(r"[0-9a-fA-F]+")
+_END, _START = "<|im_end|>", "<|im_start|>"
+
+
+@dataclass
+class Finding:
+    rule: str
+    index: int                 # the call (trace index)
+    session: str
+    position: int              # char offset in the prompt text (ids for block / minimum rules)
+    text: str                  # the text that breaks the prefix (a line, a tool, ...)
+    tokens: dict = field(default_factory=dict)   # engine -> ids re-read because of it
+
+    def __str__(self):
+        cost = ", ".join(f"{k} {v}" for k, v in self.tokens.items())
+        return f"{self.rule}: call {self.index} (session {self.session}) at {self.position}: {self.text!r}" + \
+            (f" [{cost}]" if cost else "")
+
+
+def _line_at(text: str, pos: int) -> tuple[int, int]:
+    a = text.rfind("\n", 0, pos) + 1
+    b = text.find("\n", pos)
+    return a, (len(text) if b < 0 else b)
+
+
+def _first_diff(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _system_end(text: str) -> int:
+    return text.find(_END) if text.startswith(_START + "system") else -1
+
+
+def _tools(text: str) -> list[str]:
+    a, b = text.find("<tools>\n"), text.find("\n</tools>")
+    return text[a + 8:b].split("\n") if 0 <= a < b else []
+
+
+def _canonical(line: str) -> str | None:
+    try:
+        return json.dumps(json.loads(line), sort_keys=True, ensure_ascii=False)
+    except ValueError:
+        return None
+
+
+def _sessions(calls):
+    by: dict = {}
+    for c in calls:
+        by.setdefault(c.session, []).append(c)
+    return by
+
+
+def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic"), price: bool = True):
+    """All findings on a trace (a path, `Dump`, or `Call`s), each priced per engine (see module docstring)."""
+    from strata_lab.caches.presets import parse_engine
+    from strata_lab.caches.replay import replay_engines
+
+    calls = calls_from_dump(dump)
+    tok = _tokenizer(tokenizer)
+    texts = {c.index: tok.decode(c.prompt.tolist()) for c in calls}
+    out: list[Finding] = []
+    sessions = _sessions(calls)
+    for sid, cs in sessions.items():
+        for prev, c in zip(cs, cs[1:]):
+            a, b = texts[prev.index], texts[c.index]
+            d = _first_diff(a, b)
+            end = _system_end(b)
+            if 0 <= d < end:
+                la, lb = _line_at(a, d), _line_at(b, d)
+                old, new = a[la[0]:la[1]], b[lb[0]:lb[1]]
+                if _VOLATILE.sub("#", old) == _VOLATILE.sub("#", new):
+                    out.append(Finding("volatile_system", c.index, sid, lb[0], new))
+            ta, tb = _tools(a), _tools(b)
+            if ta != tb and len(ta) == len(tb) and [_canonical(x) for x in ta] == [_canonical(x) for x in tb]:
+                k = next(i for i, (x, y) in enumerate(zip(ta, tb)) if x != y)
+                out.append(Finding("tool_schema_order", c.index, sid, b.find(tb[k]), tb[k][:80]))
+    firsts = [cs[0] for cs in sessions.values()]
+    for prev, c in zip(firsts, firsts[1:]):
+        a, b = texts[prev.index], texts[c.index]
+        d, end = _first_diff(a, b), _system_end(b)
+        if 0 <= d < end:
+            la, lb = _line_at(a, d), _line_at(b, d)
+            old, new = a[la[0]:la[1]], b[lb[0]:lb[1]]
+            if _VOLATILE.sub("#", old) != _VOLATILE.sub("#", new) and a[la[1]:_system_end(a)] == b[lb[1]:end]:
+                out.append(Finding("per_user_early", c.index, c.session, lb[0], new))
+    # template rewrites of reasoning: the strata replay's divergence causes (rows in file order, like calls)
+    from strata_lab.replayer import replay
+
+    if not (isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call)):
+        rep = replay(dump, model="attention", checkpoint_policy="turn", tokenizer=tok)
+        for c, r in zip(calls, rep.rows):
+            if r["cause"] == "template_rewrite" and "<think>" in (r["text_context_held"] or ""):
+                out.append(Finding("reasoning_stripped", c.index, c.session, r["lcp_ids"],
+                                   r["text_context_held"][:80]))
+    # Anthropic look-back
+    anth = parse_engine("anthropic")
+    for sid, cs in sessions.items():
+        last_bp = None
+        for c in cs:
+            bps = anth.breakpoints(c)
+            bounds = anth.boundaries(c)
+            if last_bp is not None and bps:
+                gap = sum(1 for b in bounds if last_bp < b <= min(x for x in bps if x > last_bp)) \
+                    if any(x > last_bp for x in bps) else 0
+                if gap >= anth.lookback_blocks:
+                    out.append(Finding("breakpoint_lookback", c.index, sid, max(bps),
+                                       f"{gap} content blocks since the breakpoint at {last_bp}"))
+            if bps:
+                last_bp = max(bps)
+    # the prefix every session shares, against block sizes
+    if len(firsts) > 1:
+        shared = min(_lcp_all(firsts[0].prompt, f.prompt) for f in firsts[1:])
+        for spec in ("vllm", "trtllm"):
+            B = parse_engine(spec).block if spec == "vllm" else parse_engine(spec).tokens_per_block
+            if shared % B and shared > B:
+                out.append(Finding("prefix_mid_block", firsts[1].index, firsts[1].session, shared,
+                                   f"{shared} shared ids = {shared // B} blocks of {B} + {shared % B}",
+                                   {spec: shared % B}))
+    hosted_min = min(parse_engine("anthropic").min_tokens, parse_engine("openai").min_tokens)
+    for sid, cs in sessions.items():
+        for prev, c in zip(cs, cs[1:]):
+            if prev.prompt_len < hosted_min and _lcp_all(prev.prompt, c.prompt) == prev.prompt_len:
+                out.append(Finding("below_minimum", prev.index, sid, prev.prompt_len,
+                                   f"{prev.prompt_len} ids < {hosted_min}",
+                                   {"openai": prev.prompt_len, "anthropic": prev.prompt_len}))
+    if price and out:
+        rep = replay_engines(calls, engines)
+        df = rep.frame()
+        # what the finding costs a call: ids the session held that the engine does not reuse
+        lost = (df[["held_before", "prompt_len"]].min(axis=1) - df["reused"]).clip(lower=0)
+        rr = {(e, i): v for e, i, v in zip(df["engine"].astype(str), df["index"], lost)}
+        for f in out:
+            if not f.tokens:
+                f.tokens = {parse_engine(e).engine: int(rr.get((parse_engine(e).engine, f.index), 0)) for e in engines}
+    return sorted(out, key=lambda f: (f.index, RULES.index(f.rule)))
+
+
+def _lcp_all(a: np.ndarray, b: np.ndarray) -> int:
+    from strata_lab.caches.calls import lcp
+
+    return lcp(a, b)
+
+
+def _tokenizer(tok):
+    if isinstance(tok, str):
+        from strata_lab.text.tokenizer import load_tokenizer
+
+        return load_tokenizer(tok)
+    return tok
+
+
+def _move_line_to_end(text: str, start: int, end: int) -> str:
+    """Take text[start:end] (a line of the system message) out, with its newline, and append it to the end
+    of the last user message (before that message's <|im_end|>)."""
+    line = text[start:end]
+    cut = text[:start] + text[end + 1:] if text[end:end + 1] == "\n" else text[:start] + text[end:]
+    u = cut.rfind(_START + "user\n")
+    if u < 0:
+        return text
+    e = cut.find(_END, u)
+    return cut[:e] + "\n" + line + cut[e:]
+
+
+def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
+    """The trace with every fixable finding fixed (content moved or re-serialised, never removed).
+
+    Prompts are decoded, rewritten and encoded again; outputs stay as recorded. A system-message line that
+    `volatile_system` / `per_user_early` names (by its line number) moves to the end of the last user
+    message of every prompt; tools become canonical JSON; a breakpoint is added where the look-back ends.
+    """
+    from strata_lab.caches.presets import parse_engine
+
+    calls = calls_from_dump(dump)
+    tok = _tokenizer(tokenizer)
+    findings = lint_calls(dump, tok, price=False) if findings is None else findings
+    rules = {f.rule for f in findings}
+    texts = {}
+    lines = set()
+    for f in findings:
+        if f.rule in ("volatile_system", "per_user_early"):
+            c = next(x for x in calls if x.index == f.index)
+            t = texts.setdefault(c.index, tok.decode(c.prompt.tolist()))
+            lines.add(t[:f.position].count("\n"))
+    anth = parse_engine("anthropic")
+    lookback = anth.lookback_blocks
+    out, last_bp = [], {}
+    for c in calls:
+        text = texts.get(c.index) or tok.decode(c.prompt.tolist())
+        new = text
+        end = _system_end(new)
+        if lines and end > 0:
+            starts = [0] + [i + 1 for i, ch in enumerate(new[:end]) if ch == "\n"]
+            for n in sorted(lines, reverse=True):  # bottom first: earlier line numbers stay valid
+                if n < len(starts) and n > 0:
+                    a = starts[n]
+                    b = new.find("\n", a)
+                    if 0 <= b < end:
+                        new = _move_line_to_end(new, a, b)
+        if "tool_schema_order" in rules:
+            ts = _tools(new)
+            if ts:
+                a = new.find("<tools>\n") + 8
+                old = "\n".join(ts)
+                new = new[:a] + "\n".join(_canonical(x) or x for x in ts) + new[a + len(old):]
+        prompt = c.prompt if new == text else as_ids(tok.encode(new))
+        fixed = replace(c, prompt=prompt, memo=None)
+        if "breakpoint_lookback" in rules and c.breakpoints and prompt is c.prompt:
+            bounds = anth.boundaries(c)
+            prev = last_bp.get(c.session)
+            bps = list(c.breakpoints)
+            later = [b for b in bounds if prev is not None and b > prev]
+            if later and len(bps) < anth.max_breakpoints and len(later) >= lookback and later[lookback - 2] < min(bps):
+                bps = sorted(bps + [later[lookback - 2]])   # the look-back from here still reaches prev
+            fixed = replace(fixed, breakpoints=tuple(bps))
+            last_bp[c.session] = max(bps)
+        out.append(fixed)
+    return out
+
+
+def before_after(dump, fixed, engines=("vllm", "sglang", "llama.cpp", "anthropic")):
+    """One row per engine: reused, re-read and hit rate before and after the fix (a pandas DataFrame)."""
+    import pandas as pd
+
+    from strata_lab.caches.replay import replay_engines
+
+    b = replay_engines(dump, engines).summary()
+    a = replay_engines(fixed, engines).summary()
+    return pd.DataFrame({"engine": b["spec"], "reused_before": b["reused"], "reused_after": a["reused"],
+                         "reread_before": b["reread"], "reread_after": a["reread"],
+                         "hit_rate_before": b["hit_rate"], "hit_rate_after": a["hit_rate"]})

@@ -1,0 +1,106 @@
+"""OpenAI prompt caching (developers.openai.com/api/docs/guides/prompt-caching): not a block pool.
+
+- Automatic for prompts of at least `min_tokens` (1024); the cached prefix must match exactly.
+- Hits come in `granularity` steps (128 in the documented rule: 1024, 1152, 1280, ...).
+- An entry lives `ttl_s` after its last use (5-10 min idle in memory; "24h" extended retention: 86400).
+- Requests are routed by a hash of the first `route_tokens` ids (and `prompt_cache_key`): with
+  `replicas=K` the replay's `prefix_hash` router sends them to one of K cache machines.
+- Price: uncached input at `input_usd_per_mtok`, cached at `cached_input_multiplier` x that, output apart.
+
+>>> from strata_lab.caches.calls import Call, as_ids
+>>> from strata_lab.caches.base import Hint
+>>> from strata_lab.caches.presets import parse_engine
+>>> m = parse_engine("openai").build()
+>>> ids = list(range(1300))
+>>> _ = m.step(Call(0, "a", as_ids(ids), ts=0.0), Hint(None, 0, 0))
+>>> m.step(Call(1, "a", as_ids(ids + [7]), ts=10.0), Hint(None, 0, 0)).reused     # 1024 + 2 x 128
+1280
+>>> p = m.step(Call(2, "a", as_ids(ids + [8]), ts=2000.0), Hint(None, 1300, 1300)); (p.reused, p.cause)
+(0, 'expired')
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.calls import Call
+from strata_lab.caches.presets import EnginePreset, _positive_int
+from strata_lab.caches.vllm import chain_hashes
+
+__all__ = ["Preset", "Model"]
+
+
+@dataclass(frozen=True)
+class Preset(EnginePreset):
+    engine = "openai"
+    min_tokens: int = 1024
+    granularity: int = 128
+    route_tokens: int = 256
+    ttl_s: float = 600.0
+    input_usd_per_mtok: float = 1.25
+    cached_input_multiplier: float = 0.1
+    output_usd_per_mtok: float = 10.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        for f in ("min_tokens", "granularity", "route_tokens"):
+            _positive_int(self, f)
+        for f in ("ttl_s", "input_usd_per_mtok", "cached_input_multiplier", "output_usd_per_mtok"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"openai: {f} must be a number >= 0, got {v!r}")
+
+    def dollars(self, prompt_len: int, output_len: int, read: int, written: int) -> float:
+        r = self.input_usd_per_mtok / 1e6
+        return (prompt_len - read) * r + read * r * self.cached_input_multiplier \
+            + output_len * self.output_usd_per_mtok / 1e6
+
+
+class Model(CacheModel):
+    engine = "openai"
+
+    def __init__(self, preset: Preset):
+        super().__init__(preset)
+        self.entries: dict[int, list] = {}   # chunk key -> [expiry, owner call]
+
+    def plan(self, call: Call, hint: Hint) -> Plan:
+        pre, G = self.preset, self.preset.granularity
+        P = call.prompt_len
+        keys = chain_hashes(call.prompt, 0, 0, G, call.cache_salt).tolist()
+        k, expired, owner = 0, False, None
+        for h in keys:
+            e = self.entries.get(h)
+            if e is None:
+                break
+            if e[0] <= self.now:
+                expired = True
+                break
+            owner = e[1]
+            k += 1
+        matched = k * G
+        reused = matched if matched >= pre.min_tokens else 0
+        cause = None
+        if reused < hint.exact:
+            if P < pre.min_tokens or hint.exact < pre.min_tokens:
+                cause = "below_minimum"
+            elif expired:
+                cause = "expired"
+            elif hint.exact - hint.exact % G <= reused:
+                cause = "block_rounding"
+            else:
+                cause = "not_cached"
+        return Plan(reused, unit=f"prefix {reused}" if reused else "", source=owner if reused else None,
+                    cause=cause, written=(len(keys) * G - reused) if P >= pre.min_tokens else 0,
+                    state=(keys, k if reused else 0))
+
+    def admit(self, call: Call, plan: Plan) -> None:
+        keys, hit = plan.state
+        if call.prompt_len < self.preset.min_tokens:
+            return
+        until = self.now + self.preset.ttl_s
+        for i, h in enumerate(keys):
+            e = self.entries.get(h)
+            if e is None or e[0] <= self.now:
+                self.entries[h] = [until, call.index]
+            else:
+                e[0] = until  # used again: idle timer restarts

@@ -1,0 +1,87 @@
+"""Our engine (Contract 1) as a cache model: one `SessionState` per session, the replay's own rule, so its
+reuse equals what our engine reported on every call of every recorded dump.
+
+`checkpoints="recorded"` (default) applies the checkpoints each dump line reports; any checkpoint spec of
+`strata-lab replay --checkpoints` (turn, every:N, header, budget:MIB) models a policy instead.
+
+>>> from strata_lab.caches.calls import Call, as_ids
+>>> from strata_lab.caches.base import Hint
+>>> from strata_lab.caches.presets import parse_engine
+>>> m = parse_engine("strata:checkpoints=turn").build()
+>>> _ = m.step(Call(0, "s", as_ids([1, 2, 3, 4]), as_ids([5, 6])), Hint(None, 0, 0))
+>>> m.step(Call(1, "s", as_ids([1, 2, 3, 4, 5, 9])), Hint(None, 5, 5)).reused   # back to the turn start
+4
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.calls import Call
+from strata_lab.caches.presets import EnginePreset
+
+__all__ = ["Preset", "Model"]
+
+
+@dataclass(frozen=True)
+class Preset(EnginePreset):
+    engine = "strata"
+    kind: str = "hybrid"
+    checkpoints: str = "recorded"
+    full_hit: str = "held_logits"
+
+    def __post_init__(self):
+        super().__post_init__()
+        from strata_lab.replayer.state import FULL_HIT_RULES, MODELS, parse_checkpoint_policy
+
+        if self.kind not in MODELS:
+            raise ValueError(f"strata: kind must be one of {MODELS}, got {self.kind!r}")
+        if self.full_hit not in FULL_HIT_RULES:
+            raise ValueError(f"strata: full_hit must be one of {FULL_HIT_RULES}, got {self.full_hit!r}")
+        if self.checkpoints != "recorded":
+            try:
+                parse_checkpoint_policy(self.checkpoints)
+            except ValueError as exc:
+                raise ValueError(f"strata: checkpoints: {exc}") from None
+
+
+class Model(CacheModel):
+    engine = "strata"
+
+    def __init__(self, preset: Preset):
+        super().__init__(preset)
+        from strata_lab.replayer.state import (ATTENTION_SNAPSHOT_BYTES, DEFAULT_SNAPSHOT_BYTES, TurnStart,
+                                   parse_checkpoint_policy)
+
+        snap = DEFAULT_SNAPSHOT_BYTES if preset.kind == "hybrid" else ATTENTION_SNAPSHOT_BYTES
+        self.recorded = preset.checkpoints == "recorded"
+        self.policy = TurnStart(bytes_per_snapshot=snap) if self.recorded else \
+            parse_checkpoint_policy(preset.checkpoints, bytes_per_snapshot=snap)
+        self.states: dict = {}
+
+    def plan(self, call: Call, hint: Hint) -> Plan:
+        from strata_lab.replayer.state import SessionState
+
+        st = self.states.get(call.session)
+        if st is None:
+            st = self.states[call.session] = SessionState(model=self.preset.kind, policy=self.policy,
+                                                          full_hit=self.preset.full_hit)
+        pred = st.call(call.prompt.tolist())
+        cause = None
+        if pred.reused < hint.exact and self.preset.kind == "hybrid":
+            cause = "checkpoint"
+        unit = ""
+        if pred.reused:
+            unit = f"checkpoint {pred.restored_checkpoint}" if pred.restored_checkpoint is not None else "session state"
+        return Plan(pred.reused, unit=unit, source=None, cause=cause, state=st)
+
+    def admit(self, call: Call, plan: Plan) -> None:
+        st = plan.state
+        rec = call.record or {}
+        if call.record is not None:
+            st.finish(rec.get("gen_ids") or [], rec.get("drained_ids") or [])
+        else:
+            st.finish(call.output.tolist(), [])
+        if self.recorded and call.record is not None:
+            st.checkpoints.clear()
+            st.checkpoints.update((int(c), None) for c in rec.get("checkpoints") or [] if 0 < int(c) <= len(st.held))
