@@ -50,13 +50,13 @@ class Model(CacheModel):
 
     def __init__(self, preset: Preset):
         super().__init__(preset)
-        from strata_lab.replayer.state import (ATTENTION_SNAPSHOT_BYTES, DEFAULT_SNAPSHOT_BYTES, TurnStart,
-                                   parse_checkpoint_policy)
+        from strata_lab.engine import CheckpointPolicy
+        from strata_lab.replayer.state import default_snapshot_bytes, parse_checkpoint_policy
 
-        snap = DEFAULT_SNAPSHOT_BYTES if preset.kind == "hybrid" else ATTENTION_SNAPSHOT_BYTES
+        self.snapshot_bytes = default_snapshot_bytes(preset.kind)
         self.recorded = preset.checkpoints == "recorded"
-        self.policy = TurnStart(bytes_per_snapshot=snap) if self.recorded else \
-            parse_checkpoint_policy(preset.checkpoints, bytes_per_snapshot=snap)
+        # "recorded": the turn-start policy, with each call's recorded checkpoints adopted after it
+        self.policy = CheckpointPolicy() if self.recorded else parse_checkpoint_policy(preset.checkpoints)
         self.states: dict = {}
 
     def plan(self, call: Call, hint: Hint) -> Plan:
@@ -65,7 +65,8 @@ class Model(CacheModel):
         st = self.states.get(call.session)
         if st is None:
             st = self.states[call.session] = SessionState(model=self.preset.kind, policy=self.policy,
-                                                          full_hit=self.preset.full_hit)
+                                                          full_hit=self.preset.full_hit,
+                                                          bytes_per_snapshot=self.snapshot_bytes)
         pred = st.call(call.prompt.tolist())
         cause = None
         if pred.reused < hint.exact and self.preset.kind == "hybrid":

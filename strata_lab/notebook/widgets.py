@@ -5,6 +5,10 @@ root `.widget`), or drive it from code: the update methods (`render`, `run`, `sh
 calls and the children's `.value` is what a test or a script reads. ipywidgets and matplotlib are imported
 when a widget is built, never when this module is.
 
+Why one module: the four widgets share one base (`_Widget`: display, theme-safe HTML, the tokenizer
+argument) and their layout rules (no overflow, chips readable in every theme), which the browser test
+holds them to together; apart, each would restate them.
+
 >>> w = TemplateExplorer(messages=[{"role": "user", "content": "Merhaba"}], assistant_prefix="Sure",
 ...                      enable_thinking=False)
 >>> w.prompt_text.endswith("</think>\\n\\nSure"), w.prefix_token == len(w.ids) - 1
