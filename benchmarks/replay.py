@@ -24,7 +24,7 @@ import orjson
 
 
 def make_dump(path: str, target_mb: float) -> int:
-    from strata_lab.record import Recorder
+    from strata_lab.dump.writer import Recorder
 
     rng = random.Random(0)
     calls = 0
@@ -86,7 +86,7 @@ def peak_rss_mib(setup: str, code: str) -> tuple[float, float]:
 def bench_workload(name, path, calls, tok, tmp, args) -> None:
     from strata_lab.dump import load_dump
     from strata_lab.replayer import replay
-    from strata_lab.store import Store, convert_jsonl
+    from strata_lab.dump import Store, convert_jsonl
     from strata_lab.replayer.fast import domain_rows
 
     mb = os.path.getsize(path) / 2**20

@@ -133,7 +133,7 @@ def test_policy_table_and_summary(qwen3, tmp_path):
 
 
 def test_reply_ids_policy_uses_the_encoder(qwen3, tmp_path):
-    pytest.importorskip("strata_lab.encoder")
+    pytest.importorskip("strata_lab.text.encoder")
     calls, _ = case(qwen3, "retokenized_reply")
     path = write(tmp_path / "r.jsonl", calls)
     row = replay(path, tokenizer=qwen3, policy="reply-ids").rows[1]
@@ -168,7 +168,7 @@ def _budget_request_dump(tok, path):
 
 
 def test_reply_ids_policy_models_the_wrap_up_call(qwen3, tmp_path):
-    pytest.importorskip("strata_lab.encoder")
+    pytest.importorskip("strata_lab.text.encoder")
     path = _budget_request_dump(qwen3, tmp_path / "budget.jsonl")
     base = replay(path, tokenizer=qwen3)
     assert base["mismatches"] == 0 and base.rows[2]["cause"] == "retokenized_reply"

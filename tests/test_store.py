@@ -11,7 +11,7 @@ import pytest
 
 from strata_lab.dump import load_dump
 from strata_lab.replayer import replay
-from strata_lab.store import Store, StoreWarning, StoreWriter, convert_jsonl
+from strata_lab.dump import Store, StoreWarning, StoreWriter, convert_jsonl
 
 _SHIPPED = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "dumps", "*.jsonl")))
 
@@ -99,7 +99,7 @@ def test_store_replay_equals_jsonl_replay(qwen3, tmp_path, policy, model):
 
 
 def test_writer_killed_loses_only_the_open_row_group_and_says_so(tmp_path):
-    code = ("import os, sys; sys.path.insert(0, sys.argv[2]); from strata_lab.store import StoreWriter\n"
+    code = ("import os, sys; sys.path.insert(0, sys.argv[2]); from strata_lab.dump import StoreWriter\n"
             "w = StoreWriter(sys.argv[1], row_group_rows=4)\n"
             "for i in range(10): w.write({'ts': 1.7e9, 'session': 's', 'prompt_ids': list(range(i + 1))})\n"
             "os._exit(9)\n")
@@ -169,8 +169,8 @@ def test_fleet_generator_renders_real_sessions_with_realistic_causes(qwen3, tmp_
 
 
 def test_recorder_writes_a_store_directly(tmp_path):
-    from strata_lab.record import Recorder, active, record_to
-    from strata_lab.store.recorder import StoreRecorder
+    from strata_lab.dump.writer import Recorder, active, record_to
+    from strata_lab.dump.writer import StoreRecorder
 
     calls = [dict(session="s", prompt_ids=list(range(1, 5 + k)), reused=k, gen_ids=[7, 8], ts=1.7e9 + k,
                   request_id=f"q{k}", prefill_ms=1.5, decode_ms=2.0, checkpoints=[4 + k]) for k in range(7)]

@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from strata_lab.record import Recorder
-from strata_lab.tokview import COLORS, aligned_html, byte_to_token, pieces, tokens_html
-from strata_lab.widgets import DivergenceViewer, ReuseDashboard, TemplateExplorer
+from strata_lab.dump.writer import Recorder
+from strata_lab.notebook.tokview import COLORS, aligned_html, byte_to_token, pieces, tokens_html
+from strata_lab.notebook.widgets import DivergenceViewer, ReuseDashboard, TemplateExplorer
 
 
 def _chips(html_text):
@@ -125,9 +125,9 @@ def test_reuse_dashboard(dump_path):
 
 def test_prefix_experiment_on_the_tiny_engine(tmp_path):
     pytest.importorskip("strata_lab._engine")
-    from strata_lab.checkpoints import make_tiny
+    from strata_lab.tiny import make_tiny
     from strata_lab.engine import Engine
-    from strata_lab.widgets import PrefixExperiment
+    from strata_lab.notebook.widgets import PrefixExperiment
 
     engine = Engine.load(make_tiny(tmp_path / "m"), threads=1)
     w = PrefixExperiment(engine, [{"role": "user", "content": "Merhaba"}], assistant_prefix="Tamam,",
@@ -151,7 +151,7 @@ def test_divergence_viewer_pages_through_a_store(dump_path, tmp_path):
     import glob
     import os
 
-    from strata_lab.store import convert_jsonl
+    from strata_lab.dump import convert_jsonl
 
     whole = DivergenceViewer(dump_path)
     convert_jsonl(dump_path, tmp_path / "s")
@@ -180,7 +180,7 @@ def test_divergence_viewer_pages_through_a_store(dump_path, tmp_path):
 
 
 def test_reuse_dashboard_on_a_store(dump_path, tmp_path):
-    from strata_lab.store import convert_jsonl
+    from strata_lab.dump import convert_jsonl
 
     convert_jsonl(dump_path, tmp_path / "s")
     a = ReuseDashboard(dump_path, policies=("recorded", "every:4", "fixes"))

@@ -8,7 +8,7 @@ the re-read. Counterfactual policies replay the same dump as if a fix had shippe
 
 >>> import os, tempfile
 >>> from strata_lab import load_tokenizer
->>> from strata_lab.record import Recorder
+>>> from strata_lab.dump.writer import Recorder
 >>> tok = load_tokenizer("qwen3")
 >>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
 >>> p1 = tok.encode("<|im_start|>user\\nsay it<|im_end|>\\n<|im_start|>assistant\\n")
@@ -28,13 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..dump import Dump, load_dump
-from ..engine import CheckpointPolicy
-from .costs import CostModel
-from .policies import Policy, PromptRewriter, parse_policy
-from .report import Report
-from .state import FULL_HIT_RULES, MODELS, SessionState, default_snapshot_bytes, parse_checkpoint_policy
-from .step import CallRow, recorded_prefill_ms, step
+from strata_lab.dump import Dump, load_dump
+from strata_lab.engine import CheckpointPolicy
+from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.policies import Policy, PromptRewriter, parse_policy
+from strata_lab.replayer.report import Report
+from strata_lab.replayer.state import FULL_HIT_RULES, MODELS, SessionState, default_snapshot_bytes, parse_checkpoint_policy
+from strata_lab.replayer.step import CallRow, recorded_prefill_ms, step
 
 __all__ = ["replay", "compare_policies", "fit_cost", "ReplayOptions", "resolve_options"]
 
@@ -99,7 +99,7 @@ def resolve_options(*, model: str = "hybrid", checkpoint_policy: CheckpointPolic
 def load_tokenizer_arg(tokenizer):
     """A Tokenizer from a name ("qwen3") or the object itself."""
     if isinstance(tokenizer, str):
-        from ..tokenizer import load_tokenizer
+        from strata_lab.text.tokenizer import load_tokenizer
 
         return load_tokenizer(tokenizer)
     return tokenizer
@@ -121,7 +121,7 @@ def fit_cost(records: Iterable[dict]) -> CostModel | None:
 
 def fit_cost_store(store) -> CostModel | None:
     """fit_cost on a store, from its columns (no prompt is rebuilt)."""
-    from .fast import cost_samples
+    from strata_lab.replayer.fast import cost_samples
 
     try:
         return CostModel.fit(cost_samples(store.partitions))
@@ -186,7 +186,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
     if cluster is not None:
         if store is None:
             raise ValueError("cluster: distributed replay reads a store (strata-lab convert dump.jsonl --out DIR)")
-        from .distributed import replay_on_cluster
+        from strata_lab.replayer.distributed import replay_on_cluster
 
         return replay_on_cluster(store, opts, tokenizer, cost_model, cluster=cluster, progress=progress)
     tok = load_tokenizer_arg(tokenizer)
@@ -201,7 +201,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         bar = tqdm(total=store.num_rows if delta else len(records), desc=f"replay {opts.policy.name}", unit="call")
     try:
         if delta:  # the store's delta encoding: per-call work ~ the new ids
-            from .fast import replay_domain
+            from strata_lab.replayer.fast import replay_domain
 
             _seqs, rows, snap_bytes, recorded_ms = replay_domain(store.partitions, opts, tok, cost_model, bar)
             recorded_s = recorded_ms / 1000.0 if recorded_ms is not None else None

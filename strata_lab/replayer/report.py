@@ -10,9 +10,9 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 
-from .costs import CostModel
-from .policies import Policy
-from .step import CallRow
+from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.policies import Policy
+from strata_lab.replayer.step import CallRow
 
 __all__ = ["Report"]
 

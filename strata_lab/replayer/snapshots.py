@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..engine import CheckpointPolicy
+from strata_lab.engine import CheckpointPolicy
 
 __all__ = ["CheckpointPolicy", "snapshot_positions", "prompt_positions", "snapshot_capacity", "describe_policy",
            "before_last_pos", "parse_checkpoint_policy", "IM_START_ID"]

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 # The one snapshot-policy type is the engine's; snapshots.py reads its fields for the state model.
-from .snapshots import (IM_START_ID, CheckpointPolicy, before_last_pos, describe_policy, parse_checkpoint_policy,
+from strata_lab.replayer.snapshots import (IM_START_ID, CheckpointPolicy, before_last_pos, describe_policy, parse_checkpoint_policy,
                         prompt_positions, snapshot_capacity, snapshot_positions)
 
 __all__ = [
