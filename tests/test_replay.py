@@ -340,3 +340,11 @@ def test_replay_does_not_import_the_server():
             "print(sorted(m for m in sys.modules if m.startswith('strata_lab.server')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_strata_lab_replay_is_the_function():
+    import types
+
+    import strata_lab as sl
+
+    assert isinstance(sl.replay, types.FunctionType) and sl.replay is replay

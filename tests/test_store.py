@@ -139,6 +139,8 @@ def test_dask_two_workers_equal_in_process(qwen3, tmp_path):
     here = replay(tmp_path / "s", tokenizer=qwen3, policy="every:16")
     there = replay(tmp_path / "s", tokenizer="qwen3", policy="every:16", cluster="local:2")
     _same_report(here, there)
+    ddf = there.to_dask_frame(npartitions=3)
+    assert ddf.npartitions == 3 and ddf["reread"].sum().compute() == here["reread"]
     with pytest.raises(ValueError, match="store"):
         replay(src, tokenizer=qwen3, cluster="local:2")
 

@@ -187,3 +187,12 @@ def test_divergence_viewer_pages_through_a_store(dump_path, tmp_path):
         assert len(w.calls) <= 5
         seen += len(w.calls)
     assert seen == 12
+
+
+def test_reuse_dashboard_on_a_store(dump_path, tmp_path):
+    from strata_lab.dump import convert_jsonl
+
+    convert_jsonl(dump_path, tmp_path / "s")
+    a = ReuseDashboard(dump_path, policies=("recorded", "every:4", "fixes"))
+    b = ReuseDashboard(str(tmp_path / "s"), policies=("recorded", "every:4", "fixes"))
+    assert a.comparison.equals(b.comparison)

@@ -226,7 +226,8 @@ def compare_policies(dump, policies: Iterable[Policy | str] = ("recorded", "keep
 
     dump = load_dump(dump)
     if kwargs.get("cost_model") is None:
-        kwargs["cost_model"] = fit_cost(dump.records())
+        is_store = type(dump).__name__ == "Store"
+        kwargs["cost_model"] = fit_cost_store(dump) if is_store else fit_cost(dump.records())
     if isinstance(kwargs.get("tokenizer"), str) or "tokenizer" not in kwargs:
         kwargs["tokenizer"] = load_tokenizer_arg(kwargs.get("tokenizer", "qwen3"))
     rows = []

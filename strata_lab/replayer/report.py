@@ -82,6 +82,14 @@ class Report(Mapping):
         return pd.DataFrame({col: pd.Series([getattr(r, col) for r in rows], dtype=dtype)
                              for col, dtype in CallRow.DTYPES.items()})
 
+    def to_dask_frame(self, npartitions: int = 1):
+        """The same rows as a dask.dataframe (for pipelines that continue on a cluster)."""
+        import dask.dataframe as dd
+
+        if not isinstance(npartitions, int) or isinstance(npartitions, bool) or npartitions < 1:
+            raise ValueError(f"npartitions must be a positive int, got {npartitions!r}")
+        return dd.from_pandas(self.to_frame(), npartitions=npartitions)
+
     def sessions_frame(self):
         """Per-session totals: calls, prompt tokens, reused, read, reread, reread seconds, causes."""
         import pandas as pd
