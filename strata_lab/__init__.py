@@ -27,6 +27,8 @@ _EXPORTS = {
     "load_dump": "strata_lab.dump",
     "Dump": "strata_lab.dump",
     "replay": "strata_lab.replayer",
+    "load_trace": "strata_lab.traces.trace",
+    "Trace": "strata_lab.traces.trace",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
