@@ -5,7 +5,7 @@
 >>> body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
 >>> _ = open(path, "w").write(json.dumps(body) + "\\n")
 >>> trace = load_trace(path)
->>> trace.detected[path][0], len(trace), trace.to_frame()[["session", "call", "fidelity"]].values.tolist()
+>>> trace.detected[path][0], len(trace.calls()), trace.to_frame()[["session", "call", "fidelity"]].values.tolist()
 ('openai', 1, [['calls-1', 0, 'messages']])
 """
 from __future__ import annotations
@@ -60,10 +60,8 @@ class Trace:
                 yield call
 
     def calls(self) -> list[dict]:
-        return list(self)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
+        """Every call, read into a list (no __len__: a trace is streamed, counting it means reading it)."""
+        return [c for c in self]
 
     def to_frame(self):
         """One row per call: the `FIELDS` columns with typed scalars (ts float64, counts Int64, fidelity and

@@ -65,7 +65,8 @@ def read(src: Source) -> Iterator[dict]:
             if call["prompt_ids"] is None:
                 src.skip(lineno, "JSON line without prompt_token_ids (ask with return_token_ids)")
                 continue
-            call.update(source=src.where(lineno), prompt_len=len(call["prompt_ids"]))
+            call.update(source=src.where(lineno), prompt_len=len(call["prompt_ids"]), fidelity="ids",
+                        messages=call["messages"] if isinstance(rec.get("request"), dict) else None)
             call["session"] = chain.session_of_ids(call["prompt_ids"], call["response_ids"] or ())
             yield from ready(force=True)
             yield call
