@@ -157,7 +157,7 @@ def test_har_streams_and_key_order():
     assert streamed["response_text"] == "Use the cache." and streamed["cached_tokens"] == 176
     assert "streamed response" in streamed["notes"] and "streamed response" not in plain["notes"]
     assert claude["response_text"] == "Hello!"
-    assert json.loads(claude["response_tool_calls"][0]["function"]["arguments"]) == {"q": "strata"}
+    assert claude["response_tool_calls"][0]["function"]["arguments"] == {"q": "strata"}
     # the second client sent the tool schema with its keys in another order: kept, so the render differs
     assert list(plain["tools"][0]) == ["type", "function"] and list(streamed["tools"][0]) == ["function", "type"]
     rows = replay(load_trace(FIX / "capture.har").to_dump("qwen3"), model="attention").rows

@@ -74,23 +74,30 @@ def text_parts(content: Any, notes: list) -> Any:
 
 
 def tool_call(call_id: Any, name: Any, arguments: Any) -> dict:
-    """An OpenAI tool call; object arguments become a JSON string as the wire format carries them."""
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+    """An OpenAI tool call. Object arguments (Anthropic, Codex actions, OTel parts) stay objects: templates
+    render them with their own ``tojson``, as servers do after parsing the arguments."""
+    if arguments is None:
+        arguments = {}
+    elif not isinstance(arguments, (str, dict)):
+        arguments = json.dumps(arguments, ensure_ascii=False)
     out = {"type": "function", "function": {"name": str(name or "tool"), "arguments": arguments}}
     if call_id:
         out["id"] = str(call_id)
     return out
 
 
-def _message_key(m: dict) -> bytes:
-    # loose identity: role, text, tool call names/arguments; wire details (None vs "", part lists) do not split
+def _message_key(m: dict) -> int:
+    # loose identity: role, text, tool call names/arguments; wire details (None vs "", part lists) do not split.
+    # Python's str hash is computed once per string object and is in-process only, like the session keys.
     content = m.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    calls = [(c.get("function") or {}).get("name", "") + (c.get("function") or {}).get("arguments", "")
-             for c in m.get("tool_calls") or () if isinstance(c, dict)]
-    return "\x00".join([str(m.get("role")), (content or "").strip(), *calls]).encode("utf-8", "replace")
+    if content.__class__ is not str:
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict)) if isinstance(content, list) \
+            else ""
+    calls = m.get("tool_calls")
+    if calls:
+        calls = tuple((c.get("function") or {}).get("name", "") + str((c.get("function") or {}).get("arguments", ""))
+                      for c in calls if isinstance(c, dict))
+    return hash((m.get("role"), content, calls or ()))
 
 
 class SessionChain:
@@ -99,7 +106,7 @@ class SessionChain:
 
     def __init__(self, prefix: str, *, recent_lengths: int = 256):
         self.prefix = prefix
-        self._seen: dict[bytes, str] = {}
+        self._seen: dict = {}  # prefix digest (int for messages, bytes for ids) -> session
         self._count = 0
         self._lengths: deque[int] = deque(maxlen=recent_lengths)  # id prompts: lengths worth probing
 
@@ -108,17 +115,16 @@ class SessionChain:
         return f"{self.prefix}-{self._count}"
 
     def session_of_messages(self, messages: Sequence[dict], reply: dict | None = None) -> str:
-        h = hashlib.blake2b(digest_size=16)
+        h = 0
         digests = []
         for m in messages:
-            h.update(hashlib.blake2b(_message_key(m), digest_size=16).digest())
-            digests.append(h.copy().digest())
+            h = hash((h, _message_key(m)))
+            digests.append(h)
         session = next((self._seen[d] for d in reversed(digests) if d in self._seen), None) or self._new()
         if digests:
             self._seen.setdefault(digests[-1], session)
         if reply is not None:
-            h.update(hashlib.blake2b(_message_key(reply), digest_size=16).digest())
-            self._seen.setdefault(h.digest(), session)
+            self._seen.setdefault(hash((h, _message_key(reply))), session)
         return session
 
     def session_of_ids(self, prompt_ids: Sequence[int], reply_ids: Iterable[int] = ()) -> str:

@@ -42,7 +42,9 @@ def convert_messages(messages: list, notes: list) -> list[dict]:
             raise ValueError(f"message must be an object, got {type(m).__name__}")
         role = _ROLES.get(m.get("role"), m.get("role"))
         msg = {"role": role}
-        content = text_parts(m.get("content"), notes)
+        content = m.get("content")
+        if content is not None and content.__class__ is not str:
+            content = text_parts(content, notes)
         if content is not None:
             msg["content"] = content
         elif role != "assistant":
