@@ -302,3 +302,23 @@ def test_doctests():
     for name in ("source", "calls", "openai", "anthropic", "registry", "render", "trace"):
         mod = importlib.import_module(f"strata_lab.traces.{name}")
         assert doctest.testmod(mod).failed == 0, name
+
+
+def test_claude_code_keeps_a_bounded_number_of_open_sessions(tmp_path, monkeypatch):
+    import strata_lab.traces.claude_code as cc
+
+    monkeypatch.setattr(cc, "MAX_OPEN_SESSIONS", 2)
+    lines = []
+    for turn in range(2):
+        for s in ("a", "b", "c"):  # three sessions interleaved: the oldest is closed when the third opens
+            lines.append({"type": "user", "sessionId": s, "uuid": f"{s}u{turn}", "parentUuid": f"{s}a{turn - 1}" if turn else None,
+                          "message": {"role": "user", "content": f"q{turn}"}})
+            lines.append({"type": "assistant", "sessionId": s, "uuid": f"{s}a{turn}", "parentUuid": f"{s}u{turn}",
+                          "message": {"id": f"{s}m{turn}", "role": "assistant", "content": [{"type": "text", "text": "ok"}]}})
+    path = tmp_path / "many.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        calls = load_trace(path).calls()
+    assert len(calls) == 6
+    assert any("seen again" in str(w.message) and "history restarts" in str(w.message) for w in caught)

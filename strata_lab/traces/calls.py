@@ -104,11 +104,17 @@ class SessionChain:
     """Derives session keys by prefix-chaining: each call registers its prompt and its prompt + reply; a later
     call whose prompt starts with a registered sequence joins that session (the longest one wins)."""
 
-    def __init__(self, prefix: str, *, recent_lengths: int = 256):
+    def __init__(self, prefix: str, *, recent_lengths: int = 256, max_entries: int = 1 << 20):
         self.prefix = prefix
         self._seen: dict = {}  # prefix digest (int for messages, bytes for ids) -> session
         self._count = 0
+        self._max = max_entries  # oldest digests go first: a session idle for a million calls starts anew
         self._lengths: deque[int] = deque(maxlen=recent_lengths)  # id prompts: lengths worth probing
+
+    def _remember(self, digest, session: str) -> None:
+        self._seen.setdefault(digest, session)
+        if len(self._seen) > self._max:
+            del self._seen[next(iter(self._seen))]
 
     def _new(self) -> str:
         self._count += 1
@@ -122,9 +128,9 @@ class SessionChain:
             digests.append(h)
         session = next((self._seen[d] for d in reversed(digests) if d in self._seen), None) or self._new()
         if digests:
-            self._seen.setdefault(digests[-1], session)
+            self._remember(digests[-1], session)
         if reply is not None:
-            self._seen.setdefault(hash((h, _message_key(reply))), session)
+            self._remember(hash((h, _message_key(reply))), session)
         return session
 
     def session_of_ids(self, prompt_ids: Sequence[int], reply_ids: Iterable[int] = ()) -> str:
@@ -138,6 +144,6 @@ class SessionChain:
         session = session or self._new()
         full = raw + array("q", reply_ids).tobytes()
         for data in (raw, full):
-            self._seen.setdefault(hashlib.blake2b(data, digest_size=16).digest(), session)
+            self._remember(hashlib.blake2b(data, digest_size=16).digest(), session)
             self._lengths.append(len(data) // 8)
         return session

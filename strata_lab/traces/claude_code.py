@@ -9,6 +9,7 @@ after others (``/compact``) restarts the history.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from datetime import datetime
 from typing import Iterator
 
@@ -19,6 +20,9 @@ from .source import Source
 NAME = "claude-code"
 _EVENT_TYPES = ("user", "assistant", "summary", "system", "file-history-snapshot", "queue-operation")
 NOT_LOGGED = "system prompt and tool definitions not in the log"
+# conversations whose history is kept at once; a file is one session plus its sidechains, so this bounds memory
+# on concatenated logs without splitting real sessions (one evicted and seen again restarts, with a note)
+MAX_OPEN_SESSIONS = 32
 
 
 def detect(first: dict) -> bool:
@@ -67,7 +71,8 @@ def _flush(s: _Session, src: Source) -> dict | None:
 
 
 def read(src: Source) -> Iterator[dict]:
-    sessions: dict[str, _Session] = {}
+    sessions: OrderedDict[str, _Session] = OrderedDict()
+    closed: set[str] = set()
     for lineno, rec in src.json_lines():
         kind = rec.get("type")
         if kind not in ("user", "assistant"):
@@ -81,7 +86,17 @@ def read(src: Source) -> Iterator[dict]:
         key = f"{sid}/agent-{rec.get('agentId') or 'sidechain'}" if sidechain else sid
         s = sessions.get(key)
         if s is None:
+            if key in closed:
+                src.note(lineno, f"session {key} seen again after {MAX_OPEN_SESSIONS} others: its history restarts")
             s = sessions[key] = _Session(key)
+            if len(sessions) > MAX_OPEN_SESSIONS:
+                old_key, old = sessions.popitem(last=False)
+                closed.add(old_key)
+                done = _flush(old, src)
+                if done is not None:
+                    yield done
+        else:
+            sessions.move_to_end(key)
         if kind == "assistant":
             if msg.get("model") == "<synthetic>" or rec.get("isApiErrorMessage"):
                 continue  # written by the client, not returned by the model
