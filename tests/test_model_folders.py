@@ -184,3 +184,23 @@ def test_folder_errors_name_the_problem(tmp_path):
     (tmp_path / "x.gguf").write_bytes(b"nope")
     with pytest.raises(ValueError, match="not a readable GGUF"):
         ChatTemplate.from_file(tmp_path / "x.gguf")
+
+
+@pytest.mark.parametrize("family", ["bytelevel", "spbpe", "unigram"])
+def test_imported_trace_renders_and_replays_with_any_family(folders, hf_tokenizers, family, tmp_path):
+    import warnings
+
+    from strata_lab import load_trace, replay
+    from strata_lab.traces import TraceWarning
+
+    fixture = Path(__file__).parent / "fixtures" / "traces" / "openai.jsonl"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)
+        trace = load_trace(fixture)
+        calls = trace.calls()
+        dump = trace.to_dump(folders[family], out=tmp_path / "d.jsonl")  # template from the same folder
+        report = replay(dump, model="attention", tokenizer=load_tokenizer(folders[family]))
+    hf = hf_tokenizers[family]
+    for call, rec in zip(calls, dump.records()):
+        assert rec["prompt_ids"] == _hf_ids(hf, call["messages"], tools=call["tools"], add_generation_prompt=True)
+    assert len(report.rows) == len(calls) and report.rows[1]["reused"] > 0
