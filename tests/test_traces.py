@@ -322,3 +322,13 @@ def test_claude_code_keeps_a_bounded_number_of_open_sessions(tmp_path, monkeypat
         calls = load_trace(path).calls()
     assert len(calls) == 6
     assert any("seen again" in str(w.message) and "history restarts" in str(w.message) for w in caught)
+
+
+def test_a_directory_skips_files_that_are_not_logs(tmp_path):
+    import shutil
+
+    shutil.copy(FIX / "codex-rollout.jsonl", tmp_path / "rollout.jsonl")
+    (tmp_path / "README.txt").write_text("notes about these logs\n")
+    with pytest.warns(TraceWarning, match="README.txt: skipped: format: cannot tell"):
+        trace = load_trace(tmp_path)
+    assert list(trace.detected.values())[0][0] == "codex" and len(trace.paths) == 1

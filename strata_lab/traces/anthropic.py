@@ -11,7 +11,6 @@ blocks, ``tools``), optionally with its response (``{"request", "response"}`` or
 """
 from __future__ import annotations
 
-import json
 from typing import Iterator
 
 from .calls import SessionChain, image_placeholder, new_call, tool_call
@@ -179,7 +178,3 @@ def read(src: Source) -> Iterator[dict]:
         call["session"] = str(sid) if sid else chain.session_of_messages(head + call["messages"],
                                                                           reply_message(call))
         yield call
-
-
-def dumps_input(value) -> str:
-    return json.dumps(value, ensure_ascii=False)

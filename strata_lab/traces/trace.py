@@ -41,7 +41,15 @@ class Trace:
         self.detected: dict[str, tuple[str, str]] = {}
         for p in self.paths:
             src = Source(p)
-            self.detected[p] = (format, "given") if format is not None else detect_format(src)
+            try:
+                self.detected[p] = (format, "given") if format is not None else detect_format(src)
+            except ValueError as exc:
+                if len(self.paths) == 1:
+                    raise
+                warnings.warn(f"{p}: skipped: {exc}", TraceWarning, stacklevel=2)  # a README beside the logs
+        self.paths = [p for p in self.paths if p in self.detected]
+        if not self.paths:
+            raise ValueError("format: no file's format could be detected; pass format=")
 
     @property
     def formats(self) -> list[str]:
