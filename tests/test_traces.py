@@ -332,3 +332,37 @@ def test_a_directory_skips_files_that_are_not_logs(tmp_path):
     with pytest.warns(TraceWarning, match="README.txt: skipped: format: cannot tell"):
         trace = load_trace(tmp_path)
     assert list(trace.detected.values())[0][0] == "codex" and len(trace.paths) == 1
+
+
+def test_generated_ids_in_the_log_show_retokenized_replies(tmp_path, qwen3):
+    # a vLLM log whose reply ids are not the canonical encoding of their text (' öğrenci' in two pieces):
+    # the next prompt re-encodes the text, and the replay names the cause
+    p1 = qwen3.encode("<|im_start|>user\nsay it<|im_end|>\n<|im_start|>assistant\n")
+    reply = qwen3.encode("Hi") + [130947, 5855] + [qwen3.im_end_id]
+    p2 = p1 + qwen3.encode("Hi öğrenci<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")
+    ids = lambda xs: "[" + ", ".join(map(str, xs)) + "]"  # noqa: E731
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        f"DEBUG 11-30 12:00:00 [logger.py:50] Request r1 details: prompt: 'x', prompt_token_ids: {ids(p1)}, x.\n"
+        f"INFO 11-30 12:00:01 [logger.py:71] Generated response r1: output: 'Hi öğrenci', output_token_ids: {ids(reply)}, x\n"
+        f"DEBUG 11-30 12:00:02 [logger.py:50] Request r2 details: prompt: 'y', prompt_token_ids: {ids(p2)}, x.\n")
+    trace = load_trace(log)
+    assert trace.detected[str(log)][0] == "vllm-log"
+    rows = replay(trace.to_dump(qwen3), tokenizer=qwen3, model="attention").rows
+    assert [r["cause"] for r in rows] == ["new_session", "retokenized_reply"]
+
+
+def test_json_arrays_stream_with_bounded_memory(tmp_path):
+    import tracemalloc
+
+    conv = {"conversations": [{"from": "human", "value": "q" * 3000}, {"from": "gpt", "value": "a" * 3000}]}
+    path = tmp_path / "big.json"
+    with open(path, "w") as f:
+        f.write("[\n")
+        f.write(",\n".join(json.dumps({**conv, "id": f"c{i}"}) for i in range(6000)))
+        f.write("\n]\n")
+    tracemalloc.start()
+    n = sum(1 for _ in load_trace(path))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert n == 6000 and peak < path.stat().st_size / 4, (peak, path.stat().st_size)  # a 1 MiB window, not the file
