@@ -45,8 +45,14 @@ def _replay_input(args: argparse.Namespace):
     from .dump import load_dump
     from .traces.trace import load_trace
 
+    import warnings
+
+    from .traces.source import TraceWarning
+
     paths = args.dump if len(args.dump) > 1 else args.dump[0]
-    trace = load_trace(paths, format=args.format, progress=not args.quiet)
+    with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
+        warnings.simplefilter("ignore", TraceWarning)
+        trace = load_trace(paths, format=args.format, progress=not args.quiet)
     if trace.formats == ["strata"]:
         return load_dump(paths)
     _describe(trace)
