@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
@@ -40,7 +42,7 @@ def _describe(trace) -> None:
         print(f"{path}: {fmt} ({why})")
 
 
-def _replay_input(args: argparse.Namespace):
+def _replay_input(args: argparse.Namespace, tmp: str):
     """A Dump for `replay`: strata dumps as they are; any other log imported through Trace.to_dump."""
     from .dump import load_dump
     from .traces.trace import load_trace
@@ -56,7 +58,7 @@ def _replay_input(args: argparse.Namespace):
     if trace.formats == ["strata"]:
         return load_dump(paths)
     _describe(trace)
-    return trace.to_dump(args.tokenizer, args.template)
+    return trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
@@ -87,9 +89,13 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="strata-replay-") as tmp:  # an imported log's rendered dump
+        return _replay(args, _replay_input(args, tmp))
+
+
+def _replay(args: argparse.Namespace, dump) -> int:
     from .replayer import compare_policies, replay
 
-    dump = _replay_input(args)
     kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
               full_hit=args.full_hit)
     report = replay(dump, policy="recorded", progress=not args.quiet, **kw)

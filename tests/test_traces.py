@@ -151,7 +151,7 @@ def test_otel_semconv_and_older_events():
     assert old["prompt_tokens"] == 21
 
 
-def test_har_streams_and_key_order():
+def test_har_streams_and_key_order(tmp_path):
     _, calls, _ = read("capture.har")
     plain, streamed, claude = calls
     assert streamed["response_text"] == "Use the cache." and streamed["cached_tokens"] == 176
@@ -160,7 +160,7 @@ def test_har_streams_and_key_order():
     assert claude["response_tool_calls"][0]["function"]["arguments"] == {"q": "strata"}
     # the second client sent the tool schema with its keys in another order: kept, so the render differs
     assert list(plain["tools"][0]) == ["type", "function"] and list(streamed["tools"][0]) == ["function", "type"]
-    rows = replay(load_trace(FIX / "capture.har").to_dump("qwen3"), model="attention").rows
+    rows = replay(load_trace(FIX / "capture.har").to_dump("qwen3", out=tmp_path / "d.jsonl"), model="attention").rows
     assert rows[1]["cause"] == "history_edit" and "tools" in rows[1]["text_context_held"] + rows[1]["text_context_prompt"]
 
 
@@ -174,13 +174,13 @@ def test_id_logs_keep_ids_and_chain_sessions(qwen3):
     assert "ids cut by --log-requests-level 2 (use level 3)" in sg[2]["notes"] and sg[2]["prompt_len"] == 4000
 
 
-def test_llamacpp_lengths_and_ground_truth():
+def test_llamacpp_lengths_and_ground_truth(tmp_path):
     _, calls, _ = read("llama-server.log")
     assert [c["cached_tokens"] for c in calls] == [0, 1204, 0, 236]
     assert [c["prompt_len"] for c in calls] == [1208, 1290, 1400, 300]
     assert "restored context checkpoint" in calls[1]["notes"] and "forced full prompt re-processing" in calls[2]["notes"]
     # placeholder ids keep the reported reuse: the replay of the rendered dump reuses what llama.cpp reported
-    rows = replay(load_trace(FIX / "llama-server.log").to_dump("qwen3"), model="attention").rows
+    rows = replay(load_trace(FIX / "llama-server.log").to_dump("qwen3", out=tmp_path / "d.jsonl"), model="attention").rows
     assert [r["lcp_ids"] for r in rows] == [0, 1204, 0, 0] and [r["prompt_len"] for r in rows] == [1208, 1290, 1400, 300]
 
 
@@ -348,7 +348,7 @@ def test_generated_ids_in_the_log_show_retokenized_replies(tmp_path, qwen3):
         f"DEBUG 11-30 12:00:02 [logger.py:50] Request r2 details: prompt: 'y', prompt_token_ids: {ids(p2)}, x.\n")
     trace = load_trace(log)
     assert trace.detected[str(log)][0] == "vllm-log"
-    rows = replay(trace.to_dump(qwen3), tokenizer=qwen3, model="attention").rows
+    rows = replay(trace.to_dump(qwen3, out=tmp_path / "d.jsonl"), tokenizer=qwen3, model="attention").rows
     assert [r["cause"] for r in rows] == ["new_session", "retokenized_reply"]
 
 
