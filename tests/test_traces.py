@@ -366,3 +366,13 @@ def test_json_arrays_stream_with_bounded_memory(tmp_path):
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert n == 6000 and peak < path.stat().st_size / 4, (peak, path.stat().st_size)  # a 1 MiB window, not the file
+
+
+def test_chat_template_kwargs_of_the_request_reach_the_template(tmp_path, qwen3):
+    body = {"model": "m", "messages": [{"role": "user", "content": "2+2?"}],
+            "chat_template_kwargs": {"enable_thinking": False}}
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(body) + "\n" + json.dumps({k: v for k, v in body.items() if k != "chat_template_kwargs"}) + "\n")
+    off, default = load_trace(path).to_dump(qwen3, out=tmp_path / "d.jsonl").records()
+    assert qwen3.decode(off["prompt_ids"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert qwen3.decode(default["prompt_ids"]).endswith("<|im_start|>assistant\n")

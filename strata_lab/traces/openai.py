@@ -106,6 +106,9 @@ def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME) -
     call = new_call(format=fmt, fidelity="messages", model=body.get("model"), notes=notes,
                     messages=convert_messages(body["messages"], notes),
                     tools=[t for t in body.get("tools") or () if isinstance(t, dict)] or None)
+    kwargs = body.get("chat_template_kwargs")  # vLLM/SGLang: e.g. {"enable_thinking": false}, reaches the template
+    if isinstance(kwargs, dict) and kwargs:
+        call["extra"] = {"chat_template_kwargs": kwargs}
     apply_response(call, response)
     return call
 

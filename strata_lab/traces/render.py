@@ -69,7 +69,9 @@ def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None
         if not gen and call["response_text"]:
             gen = tokenizer.encode(call["response_text"])
     elif call["fidelity"] == "messages":
-        kw = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        kw = dict((call.get("extra") or {}).get("chat_template_kwargs") or {})  # what the client asked for
+        if enable_thinking is not None:
+            kw["enable_thinking"] = enable_thinking
         msgs = _messages(call)
         text = template.render(msgs, tools=call["tools"], add_generation_prompt=True, **kw)
         prompt = tokenizer.encode(text)
