@@ -62,7 +62,7 @@ for r in report.worst(3):
     print("    held ids", list(r["held_ids_at"]), "prompt ids", list(r["prompt_ids_at"]))'''),
     md("Step through the calls that missed: held and prompt aligned, the first id and text divergence marked."),
     code('''
-from strata_lab.widgets import DivergenceViewer
+from strata_lab.notebook.widgets import DivergenceViewer
 viewer = DivergenceViewer(DUMPS / "agent.jsonl", tokenizer=tok, only_misses=True)
 viewer'''),
     md("## Policies: what would the fixes have saved?\n\n"
@@ -79,7 +79,7 @@ table'''),
 best = table.set_index("policy")
 assert best.loc["reply-ids", "reread"] <= best.loc["recorded", "reread"]
 assert best.loc["header", "reread"] < best.loc["recorded", "reread"]
-from strata_lab.plots import plot_report
+from strata_lab.notebook.plots import plot_report
 plot_report(frame, TMP / "agent.png", policies=table)
 print("wrote", TMP / "agent.png")'''),
     md("The thinking-budget session: a late STOP leaves drained ids in the engine. The server keeps the plain-text "
@@ -90,7 +90,7 @@ thinking = replay(DUMPS / "thinking.jsonl", tokenizer=tok, checkpoint_policy="re
 print(thinking.format(worst=2))
 compare_policies(DUMPS / "thinking.jsonl", ["recorded", "keep-drained"], tokenizer=tok)'''),
     code('''
-from strata_lab.widgets import ReuseDashboard
+from strata_lab.notebook.widgets import ReuseDashboard
 ReuseDashboard(DUMPS / "thinking.jsonl", policies=("recorded", "keep-drained", "fixes"), tokenizer=tok)'''),
 ]
 
@@ -107,7 +107,7 @@ import tempfile
 from hypothesis.configuration import set_hypothesis_home_dir
 set_hypothesis_home_dir(tempfile.mkdtemp(prefix="strata-nb-"))  # hypothesis' own files go to a temp dir
 from strata_lab import load_tokenizer
-from strata_lab.tokview import tokens_html
+from strata_lab.notebook.tokview import tokens_html
 from IPython.display import HTML, display
 tok = load_tokenizer("qwen3")
 for text in [" öğrenci", " hello", "[a-zçğıöşü]+", "2024-05-01", "<think>\\nhm\\n</think>"]:
@@ -122,12 +122,12 @@ for text, ids in alternatives.items():
     md("""
 ## Strategies
 
-`strata_lab.strategies` builds texts from boundary hazards (Turkish letters, combining marks, emoji, tag
+`strata_lab.testing.strategies` builds texts from boundary hazards (Turkish letters, combining marks, emoji, tag
 fragments, whitespace runs, digits, code) and alternative tokenizations of them. Drawn here with a fixed
 seed through hypothesis itself."""),
     code('''
 from hypothesis import given, settings, HealthCheck, strategies as st
-from strata_lab.strategies import alternative_tokenizations, texts
+from strata_lab.testing.strategies import alternative_tokenizations, texts
 
 drawn = []
 @settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
@@ -149,7 +149,7 @@ for t, c, a in differ[:5]:
 * told a reply (`remember_reply(prompt_ids, gen_ids)`), it keeps the model's own ids when the next prompt
   renders the reply again, so the prompt extends what the engine holds."""),
     code('''
-from strata_lab.encoder import PromptEncoder
+from strata_lab.text.encoder import PromptEncoder
 
 @settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(texts(8), texts(8))
@@ -217,7 +217,7 @@ The chat template turns messages into prompt text; an assistant prefix (prefill)
 the model continues. `TemplateExplorer` shows the rendered prompt with token boundaries and where the prefix
 starts; `PrefixExperiment` runs an engine with and without the prefix."""),
     code('''
-from strata_lab.widgets import TemplateExplorer
+from strata_lab.notebook.widgets import TemplateExplorer
 tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
 explorer = TemplateExplorer([{"role": "user", "content": "Öğrenci listesini oku."}], tools=tools,
@@ -245,9 +245,9 @@ for finding in ChatTemplate.from_name("qwen3").check_append_only(conversation):
     md("## Prefill on an engine (the embedded tiny model: random weights, so the words are noise; the mechanics are real)"),
     code('''
 import tempfile
-from strata_lab.checkpoints import make_tiny
+from strata_lab.tiny import make_tiny
 from strata_lab.engine import Engine
-from strata_lab.widgets import PrefixExperiment
+from strata_lab.notebook.widgets import PrefixExperiment
 engine = Engine.load(make_tiny(tempfile.mkdtemp(prefix="strata-nb-")), threads=1)
 experiment = PrefixExperiment(engine, [{"role": "user", "content": "Merhaba!"}], assistant_prefix="Tamam,",
                               max_new_tokens=8)

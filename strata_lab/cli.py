@@ -9,7 +9,7 @@ import tempfile
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
-    from .tokenizer import load_tokenizer
+    from strata_lab.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
     text = args.text if args.text is not None else sys.stdin.read()
@@ -44,12 +44,12 @@ def _describe(trace) -> None:
 
 def _replay_input(args: argparse.Namespace, tmp: str):
     """A Dump for `replay`: strata dumps as they are; any other log imported through Trace.to_dump."""
-    from .dump import load_dump
-    from .traces.trace import load_trace
+    from strata_lab.dump import load_dump
+    from strata_lab.traces.trace import load_trace
 
     import warnings
 
-    from .traces.source import TraceWarning
+    from strata_lab.traces.source import TraceWarning
 
     paths = args.dump if len(args.dump) > 1 else args.dump[0]
     with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
@@ -64,7 +64,7 @@ def _replay_input(args: argparse.Namespace, tmp: str):
 def _cmd_import(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from .traces.trace import load_trace
+    from strata_lab.traces.trace import load_trace
 
     trace = load_trace(args.log if len(args.log) > 1 else args.log[0], format=args.format, progress=not args.quiet)
     _describe(trace)
@@ -94,7 +94,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace, dump) -> int:
-    from .replayer import compare_policies, replay
+    from strata_lab.replayer import compare_policies, replay
 
     kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
               full_hit=args.full_hit)
@@ -107,7 +107,7 @@ def _replay(args: argparse.Namespace, dump) -> int:
         print("\npolicy comparison:")
         print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     if args.png:
-        from .plots import plot_report
+        from strata_lab.notebook.plots import plot_report
 
         plot_report(report.to_frame(), args.png, policies=table)
         print(f"\nwrote {args.png}")
@@ -115,7 +115,7 @@ def _replay(args: argparse.Namespace, dump) -> int:
 
 
 def _cmd_template(args: argparse.Namespace) -> int:
-    from .template import TEMPLATE_PRESETS, ChatTemplate
+    from strata_lab.text.template import TEMPLATE_PRESETS, ChatTemplate
 
     tmpl = (ChatTemplate.from_name(args.template) if args.template in TEMPLATE_PRESETS
             else ChatTemplate.from_file(args.template))
@@ -137,7 +137,7 @@ def _cmd_template(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .server import ServerConfig, serve
+    from strata_lab.server import ServerConfig, serve
 
     serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=args.api_key,
                        max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
@@ -147,7 +147,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from strata_lab.sessions.demo import run_demo
 
     run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
     return 0

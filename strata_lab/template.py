@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
-from .messages import (TemplateInputError, content_text, structured_output_instruction, validate_messages,
+from strata_lab.text.messages import (TemplateInputError, content_text, structured_output_instruction, validate_messages,
                        validate_tools, with_instruction)
 
 __all__ = ["ChatTemplate", "AppendOnlyFinding", "TemplateInputError", "TemplateRenderError",

@@ -8,15 +8,15 @@ __all__ = ["load_trace", "Trace", "READERS", "TraceWarning"]
 
 def __getattr__(name: str):
     if name in ("load_trace", "Trace"):
-        from . import trace
+        from strata_lab.traces import trace
 
         return getattr(trace, name)
     if name == "READERS":
-        from .registry import READERS
+        from strata_lab.traces.registry import READERS
 
         return READERS
     if name == "TraceWarning":
-        from .source import TraceWarning
+        from strata_lab.traces.source import TraceWarning
 
         return TraceWarning
     raise AttributeError(f"module 'strata_lab.traces' has no attribute {name!r}")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .calls import SessionChain, image_placeholder, new_call, tool_call
-from .openai import reply_message
-from .source import Source
+from strata_lab.traces.calls import SessionChain, image_placeholder, new_call, tool_call
+from strata_lab.traces.openai import reply_message
+from strata_lab.traces.source import Source
 
 NAME = "anthropic"
 
@@ -26,7 +26,7 @@ def detect(first: dict) -> bool:
         return False
     if "system" in body or "anthropic_version" in body or (first.get("response") or {}).get("type") == "message":
         return True
-    from .openai import _has_blocks
+    from strata_lab.traces.openai import _has_blocks
 
     return _has_blocks(body["messages"])
 

@@ -13,9 +13,9 @@ from collections import OrderedDict
 from datetime import datetime
 from typing import Iterator
 
-from .anthropic import apply_usage, convert_messages
-from .calls import new_call
-from .source import Source
+from strata_lab.traces.anthropic import apply_usage, convert_messages
+from strata_lab.traces.calls import new_call
+from strata_lab.traces.source import Source
 
 NAME = "claude-code"
 _EVENT_TYPES = ("user", "assistant", "summary", "system", "file-history-snapshot", "queue-operation")

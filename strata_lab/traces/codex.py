@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Iterator
 
-from .calls import new_call, text_parts, tool_call
-from .claude_code import parse_ts
-from .source import Source
+from strata_lab.traces.calls import new_call, text_parts, tool_call
+from strata_lab.traces.claude_code import parse_ts
+from strata_lab.traces.source import Source
 
 NAME = "codex"
 _TYPES = ("session_meta", "response_item", "event_msg", "turn_context", "compacted")

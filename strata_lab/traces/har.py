@@ -10,11 +10,11 @@ import base64
 import json
 from typing import Iterator
 
-from . import anthropic, openai
-from .calls import SessionChain
-from .claude_code import parse_ts
-from .openai import reply_message
-from .source import Source
+from strata_lab.traces import anthropic, openai
+from strata_lab.traces.calls import SessionChain
+from strata_lab.traces.claude_code import parse_ts
+from strata_lab.traces.openai import reply_message
+from strata_lab.traces.source import Source
 
 NAME = "har"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from .calls import new_call
-from .source import Source, loads
+from strata_lab.traces.calls import new_call
+from strata_lab.traces.source import Source, loads
 
 NAME = "llama.cpp-log"
 _SLOT = re.compile(rb"slot\s+\w+: id\s+(\d+) \| task (\d+) \|")

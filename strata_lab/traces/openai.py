@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .calls import SessionChain, new_call, text_parts, tool_call
-from .source import Source
+from strata_lab.traces.calls import SessionChain, new_call, text_parts, tool_call
+from strata_lab.traces.source import Source
 
 NAME = "openai"
 _ROLES = {"developer": "system", "function": "tool"}

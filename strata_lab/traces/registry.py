@@ -5,9 +5,9 @@
 """
 from __future__ import annotations
 
-from . import (anthropic, claude_code, codex, har, llamacpp_log, openai, otel, sglang_log, sharegpt, strata,
+from strata_lab.traces import (anthropic, claude_code, codex, har, llamacpp_log, openai, otel, sglang_log, sharegpt, strata,
                vllm_log)
-from .source import Source, loads
+from strata_lab.traces.source import Source, loads
 
 __all__ = ["READERS", "detect_format"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from .calls import SessionChain, new_call
-from .source import Source, loads
+from strata_lab.traces.calls import SessionChain, new_call
+from strata_lab.traces.source import Source, loads
 
 NAME = "sglang-log"
 _RID = re.compile(rb"rid='([^']*)'")

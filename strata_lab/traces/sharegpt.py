@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .calls import new_call
-from .source import Source
+from strata_lab.traces.calls import new_call
+from strata_lab.traces.source import Source
 
 NAME = "sharegpt"
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",

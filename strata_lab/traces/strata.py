@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..dump import parse_line
-from .calls import new_call
-from .source import Source
+from strata_lab.dump import parse_line
+from strata_lab.traces.calls import new_call
+from strata_lab.traces.source import Source
 
 NAME = "strata"
 

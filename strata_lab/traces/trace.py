@@ -15,10 +15,10 @@ import os
 import warnings
 from typing import Iterable, Iterator
 
-from .calls import FIELDS
-from .registry import READERS, detect_format
-from .render import LengthsSynth, render_call
-from .source import Source, TraceWarning
+from strata_lab.traces.calls import FIELDS
+from strata_lab.traces.registry import READERS, detect_format
+from strata_lab.traces.render import LengthsSynth, render_call
+from strata_lab.traces.source import Source, TraceWarning
 
 __all__ = ["Trace", "load_trace"]
 
@@ -161,7 +161,7 @@ class Trace:
 
         from orjson import dumps
 
-        from ..dump import load_dump
+        from strata_lab.dump import load_dump
 
         if out is None:
             out = os.path.join(tempfile.mkdtemp(prefix="strata-trace-"), "trace.jsonl")
@@ -195,8 +195,8 @@ class Trace:
 def resolve(tokenizer, template):
     """A Tokenizer and ChatTemplate from names, files or folders (the template defaults to the tokenizer's
     folder, or our qwen3 preset for the named Qwen vocabularies)."""
-    from ..template import TEMPLATE_PRESETS, ChatTemplate
-    from ..tokenizer import Tokenizer, load_tokenizer
+    from strata_lab.text.template import TEMPLATE_PRESETS, ChatTemplate
+    from strata_lab.text.tokenizer import Tokenizer, load_tokenizer
 
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     if isinstance(template, ChatTemplate):

@@ -12,9 +12,9 @@ from collections import OrderedDict
 from datetime import datetime
 from typing import Iterator
 
-from . import openai
-from .calls import SessionChain, new_call
-from .source import Source, loads
+from strata_lab.traces import openai
+from strata_lab.traces.calls import SessionChain, new_call
+from strata_lab.traces.source import Source, loads
 
 NAME = "vllm-log"
 _REQUEST = re.compile(rb"(?:Received request|Request) (\S+?):? (?:details: )?prompt: .*?prompt_token_ids: \[([\d,\s]*)\]")
