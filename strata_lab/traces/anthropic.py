@@ -1,0 +1,180 @@
+"""Anthropic Messages API logs: one JSON per line holding a request body (``system``, ``messages`` with content
+blocks, ``tools``), optionally with its response (``{"request", "response"}`` or a ``response`` key). The
+``cache_control`` breakpoints are kept (``cache_breakpoints``), thinking becomes reasoning, images a placeholder.
+
+>>> call = from_request({"model": "claude", "system": [{"type": "text", "text": "S", "cache_control":
+...     {"type": "ephemeral"}}], "messages": [{"role": "user", "content": "hi"}]},
+...     {"content": [{"type": "text", "text": "yo"}], "usage": {"input_tokens": 3,
+...      "cache_read_input_tokens": 10, "cache_creation_input_tokens": 0, "output_tokens": 2}})
+>>> call["system"], call["cache_breakpoints"], call["prompt_tokens"], call["cache_read_tokens"]
+('S', ['system[0]'], 13, 10)
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from strata_lab.traces.calls import SessionChain, image_placeholder, new_call, tool_call
+from strata_lab.traces.openai import reply_message
+from strata_lab.traces.source import Source
+
+NAME = "anthropic"
+
+
+def detect(first: dict) -> bool:
+    body = first.get("request", first)
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return False
+    if "system" in body or "anthropic_version" in body or (first.get("response") or {}).get("type") == "message":
+        return True
+    from strata_lab.traces.openai import _has_blocks
+
+    return _has_blocks(body["messages"])
+
+
+def _blocks(content) -> list:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [b for b in content or () if isinstance(b, dict)]
+
+
+def _result_text(content, notes: list) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for b in _blocks(content):
+        if b.get("type") == "text":
+            parts.append(b.get("text", ""))
+        elif b.get("type") in ("image", "document"):
+            parts.append(image_placeholder(notes)["text"])
+    return "".join(parts)
+
+
+def convert_messages(messages: list, notes: list, marks: list | None = None) -> list[dict]:
+    """Anthropic messages into the internal shape: tool_use -> tool_calls, tool_result -> tool messages (before
+    the user's own text), thinking -> reasoning_content, images -> ``[image]``."""
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise ValueError(f"messages[{i}].role: must be user or assistant")
+        parts, calls, reasoning, results = [], [], [], []
+        for j, b in enumerate(_blocks(m.get("content"))):
+            if marks is not None and b.get("cache_control"):
+                marks.append(f"messages[{i}].content[{j}]")
+            kind = b.get("type")
+            if kind == "text":
+                parts.append({"type": "text", "text": b.get("text", "")})
+            elif kind in ("image", "document"):
+                parts.append(image_placeholder(notes))
+            elif kind == "tool_use":
+                calls.append(tool_call(b.get("id"), b.get("name"), b.get("input")))
+            elif kind == "tool_result":
+                results.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id") or "call"),
+                                "content": _result_text(b.get("content"), notes)})
+            elif kind == "thinking":
+                reasoning.append(b.get("thinking", ""))
+            elif kind == "redacted_thinking" and "redacted thinking" not in notes:
+                notes.append("redacted thinking")
+        if m["role"] == "user":
+            out.extend(results)
+            if parts or not results:
+                out.append({"role": "user", "content": parts if len(parts) != 1 else parts[0]["text"]})
+        else:
+            msg = {"role": "assistant", "content": parts if len(parts) != 1 else parts[0]["text"]}
+            if not parts:
+                msg["content"] = ""
+            if reasoning:
+                msg["reasoning_content"] = "".join(reasoning)
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+    return out
+
+
+def convert_tools(tools) -> list[dict] | None:
+    out = []
+    for t in tools or ():
+        if isinstance(t, dict) and "name" in t:
+            fn = {"name": t["name"]}
+            if "description" in t:
+                fn["description"] = t["description"]
+            fn["parameters"] = t.get("input_schema", {"type": "object", "properties": {}})
+            out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def apply_response(call: dict, response: dict | None) -> None:
+    """Fill a call's reply and usage from a Messages API response (or an assembled stream)."""
+    if not isinstance(response, dict):
+        return
+    if response.get("type") == "error":
+        call["notes"].append("error response")
+        return
+    texts, reasoning, calls = [], [], []
+    for b in _blocks(response.get("content")):
+        if b.get("type") == "text":
+            texts.append(b.get("text", ""))
+        elif b.get("type") == "thinking":
+            reasoning.append(b.get("thinking", ""))
+        elif b.get("type") == "tool_use":
+            calls.append(tool_call(b.get("id"), b.get("name"), b.get("input")))
+    call["response_text"] = "".join(texts)
+    call["response_reasoning"] = "".join(reasoning) or None
+    call["response_tool_calls"] = calls or None
+    call["finish"] = response.get("stop_reason")
+    call["model"] = response.get("model") or call["model"]
+    call["request_id"] = response.get("id") or call["request_id"]
+    apply_usage(call, response.get("usage"))
+
+
+def apply_usage(call: dict, usage) -> None:
+    if not isinstance(usage, dict):
+        return
+    counts = [usage.get(k) for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")]
+    if any(isinstance(c, int) for c in counts):
+        # Anthropic's input_tokens counts only what follows the last breakpoint: the prompt is the sum
+        call["prompt_tokens"] = sum(c for c in counts if isinstance(c, int))
+    call["cache_creation_tokens"] = usage.get("cache_creation_input_tokens")
+    call["cache_read_tokens"] = usage.get("cache_read_input_tokens")
+    call["cached_tokens"] = usage.get("cache_read_input_tokens")
+    call["completion_tokens"] = usage.get("output_tokens")
+
+
+def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME) -> dict:
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise ValueError("messages: missing or empty")
+    notes: list = []
+    marks: list = []
+    system = body.get("system")
+    if isinstance(system, list):
+        marks.extend(f"system[{k}]" for k, b in enumerate(system) if isinstance(b, dict) and b.get("cache_control"))
+        system = "\n\n".join(b.get("text", "") for b in system if isinstance(b, dict) and b.get("type") == "text")
+    tools = body.get("tools") or []
+    marks.extend(f"tools[{k}]" for k, t in enumerate(tools) if isinstance(t, dict) and t.get("cache_control"))
+    if isinstance(body.get("cache_control"), dict):
+        marks.append("auto")  # automatic mode: one top-level breakpoint that moves to the last block
+    messages = convert_messages(body["messages"], notes, marks)
+    call = new_call(format=fmt, fidelity="messages", model=body.get("model"), notes=notes,
+                    system=system if isinstance(system, str) and system else None, messages=messages,
+                    tools=convert_tools(tools), cache_breakpoints=marks or None)
+    apply_response(call, response)
+    return call
+
+
+def read(src: Source) -> Iterator[dict]:
+    chain = SessionChain(src.stem)
+    for lineno, rec in src.json_lines():
+        body, response = (rec["request"], rec.get("response")) if isinstance(rec.get("request"), dict) \
+            else (rec, rec.get("response"))
+        try:
+            call = from_request(body, response)
+        except ValueError as exc:
+            src.skip(lineno, str(exc))
+            continue
+        call["source"] = src.where(lineno)
+        ts = rec.get("ts") or rec.get("timestamp")
+        call["ts"] = float(ts) if isinstance(ts, (int, float)) else None
+        sid = rec.get("session") or (body.get("metadata") or {}).get("user_id")
+        head = [{"role": "system", "content": call["system"]}] if call["system"] else []
+        call["session"] = str(sid) if sid else chain.session_of_messages(head + call["messages"],
+                                                                          reply_message(call))
+        yield call

@@ -1,0 +1,149 @@
+"""One model call as every reader yields it (a dict with the `FIELDS` below), the conversion helpers readers
+share (content parts, image placeholders, tool calls), and the session key for logs that carry none: a call
+continues the session whose earlier prompt (or prompt + reply) is a prefix of its own.
+
+>>> chain = SessionChain("openai")
+>>> a = [{"role": "user", "content": "hi"}]
+>>> chain.session_of_messages(a, {"role": "assistant", "content": "hello"})
+'openai-1'
+>>> chain.session_of_messages(a + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}])
+'openai-1'
+>>> chain.session_of_messages([{"role": "user", "content": "other"}])
+'openai-2'
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from array import array
+from collections import deque
+from typing import Any, Iterable, Sequence
+
+__all__ = ["FIELDS", "FIDELITIES", "new_call", "text_parts", "image_placeholder", "tool_call", "SessionChain"]
+
+FIDELITIES = ("ids", "messages", "lengths")
+# every call has these keys (None when the log does not say)
+FIELDS = ("ts", "session", "call", "model", "fidelity", "source", "format", "request_id",
+          "system", "messages", "tools", "prompt_ids", "prompt_len",
+          "response_text", "response_reasoning", "response_tool_calls", "response_ids",
+          "prompt_tokens", "completion_tokens", "cached_tokens", "cache_read_tokens", "cache_creation_tokens",
+          "cache_breakpoints", "finish", "notes", "extra")
+
+IMAGE_PLACEHOLDER = "[image]"
+
+
+def new_call(**fields: Any) -> dict:
+    """A call dict with every field present; unknown names are an error (a reader bug, not bad input)."""
+    unknown = set(fields) - set(FIELDS)
+    if unknown:
+        raise TypeError(f"unknown call fields: {sorted(unknown)}")
+    call = dict.fromkeys(FIELDS)
+    call.update(fields)
+    if call["notes"] is None:
+        call["notes"] = []
+    return call
+
+
+def image_placeholder(notes: list) -> dict:
+    if "image placeholder" not in notes:
+        notes.append("image placeholder")
+    return {"type": "text", "text": IMAGE_PLACEHOLDER}
+
+
+def text_parts(content: Any, notes: list) -> Any:
+    """OpenAI-shaped content: a string stays; a list keeps its text parts and turns images, audio and files into
+    a ``[image]`` text placeholder (noted), so templates that accept text parts render it."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        content = [content]
+    if not isinstance(content, list):
+        return json.dumps(content, ensure_ascii=False)
+    out = []
+    for part in content:
+        if isinstance(part, str):
+            out.append({"type": "text", "text": part})
+        elif not isinstance(part, dict):
+            continue
+        elif part.get("type") in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
+            out.append({"type": "text", "text": part["text"]})
+        elif part.get("type") in ("image_url", "image", "input_image", "input_audio", "file", "document",
+                                  "image_file"):
+            out.append(image_placeholder(notes))
+    return out
+
+
+def tool_call(call_id: Any, name: Any, arguments: Any) -> dict:
+    """An OpenAI tool call. Object arguments (Anthropic, Codex actions, OTel parts) stay objects: templates
+    render them with their own ``tojson``, as servers do after parsing the arguments."""
+    if arguments is None:
+        arguments = {}
+    elif not isinstance(arguments, (str, dict)):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    out = {"type": "function", "function": {"name": str(name or "tool"), "arguments": arguments}}
+    if call_id:
+        out["id"] = str(call_id)
+    return out
+
+
+def _message_key(m: dict) -> int:
+    # loose identity: role, text, tool call names/arguments; wire details (None vs "", part lists) do not split.
+    # Python's str hash is computed once per string object and is in-process only, like the session keys.
+    content = m.get("content")
+    if content.__class__ is not str:
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict)) if isinstance(content, list) \
+            else ""
+    calls = m.get("tool_calls")
+    if calls:
+        calls = tuple((c.get("function") or {}).get("name", "") + str((c.get("function") or {}).get("arguments", ""))
+                      for c in calls if isinstance(c, dict))
+    return hash((m.get("role"), content, calls or ()))
+
+
+class SessionChain:
+    """Derives session keys by prefix-chaining: each call registers its prompt and its prompt + reply; a later
+    call whose prompt starts with a registered sequence joins that session (the longest one wins)."""
+
+    def __init__(self, prefix: str, *, recent_lengths: int = 256, max_entries: int = 1 << 20):
+        self.prefix = prefix
+        self._seen: dict = {}  # prefix digest (int for messages, bytes for ids) -> session
+        self._count = 0
+        self._max = max_entries  # oldest digests go first: a session idle for a million calls starts anew
+        self._lengths: deque[int] = deque(maxlen=recent_lengths)  # id prompts: lengths worth probing
+
+    def _remember(self, digest, session: str) -> None:
+        self._seen.setdefault(digest, session)
+        if len(self._seen) > self._max:
+            del self._seen[next(iter(self._seen))]
+
+    def _new(self) -> str:
+        self._count += 1
+        return f"{self.prefix}-{self._count}"
+
+    def session_of_messages(self, messages: Sequence[dict], reply: dict | None = None) -> str:
+        h = 0
+        digests = []
+        for m in messages:
+            h = hash((h, _message_key(m)))
+            digests.append(h)
+        session = next((self._seen[d] for d in reversed(digests) if d in self._seen), None) or self._new()
+        if digests:
+            self._remember(digests[-1], session)
+        if reply is not None:
+            self._remember(hash((h, _message_key(reply))), session)
+        return session
+
+    def session_of_ids(self, prompt_ids: Sequence[int], reply_ids: Iterable[int] = ()) -> str:
+        raw = array("q", prompt_ids).tobytes()
+        session = None
+        for n in sorted(set(self._lengths), reverse=True):
+            if n <= len(prompt_ids):
+                session = self._seen.get(hashlib.blake2b(raw[: 8 * n], digest_size=16).digest())
+                if session is not None:
+                    break
+        session = session or self._new()
+        full = raw + array("q", reply_ids).tobytes()
+        for data in (raw, full):
+            self._remember(hashlib.blake2b(data, digest_size=16).digest(), session)
+            self._lengths.append(len(data) // 8)
+        return session

@@ -1,0 +1,146 @@
+"""Codex CLI rollout JSONL (``~/.codex/sessions/YYYY/MM/DD/rollout-<ts>-<uuid>.jsonl``): ``RolloutLine{timestamp,
+type, payload}`` with types ``session_meta``, ``turn_context``, ``response_item``, ``event_msg``, ``compacted``.
+A ``token_count`` event closes one model call: its prompt is every item before the outputs (assistant
+messages, reasoning, tool calls) that came since the previous call; ``last_token_usage`` carries
+``input_tokens`` and ``cached_input_tokens`` (hosted cache ground truth). Encrypted reasoning is noted.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from strata_lab.traces.calls import new_call, text_parts, tool_call
+from strata_lab.traces.claude_code import parse_ts
+from strata_lab.traces.source import Source
+
+NAME = "codex"
+_TYPES = ("session_meta", "response_item", "event_msg", "turn_context", "compacted")
+_OUTPUTS = ("reasoning", "function_call", "custom_tool_call", "local_shell_call", "web_search_call")
+
+
+def detect(first: dict) -> bool:
+    return first.get("type") in _TYPES and isinstance(first.get("payload"), dict)
+
+
+def _text(content, notes) -> str:
+    parts = text_parts(content, notes)
+    return parts if isinstance(parts, str) else "".join(p["text"] for p in parts or ())
+
+
+class _Rollout:
+    def __init__(self):
+        self.session = None
+        self.system = None
+        self.model = None
+        self.history: list[dict] = []
+        self.outputs: list[dict] = []  # output items since the last call
+        self.first_line = None
+        self.notes: list = []
+
+    def add_output(self, item: dict) -> None:
+        kind = item.get("type")
+        last = self.outputs[-1] if self.outputs else None
+        if kind == "message":
+            msg = {"role": "assistant", "content": _text(item.get("content"), self.notes)}
+            if last is not None and "content" not in last:  # reasoning or tool calls waiting for text
+                last.update(msg)
+                return
+            self.outputs.append(msg)
+            return
+        if last is None or (last.get("content") and kind == "reasoning") or "tool_calls" in last and kind == "reasoning":
+            last = {"role": "assistant"}
+            self.outputs.append(last)
+        if kind == "reasoning":
+            summary = "".join(s.get("text", "") for s in item.get("summary") or () if isinstance(s, dict))
+            if summary:
+                last["reasoning_content"] = last.get("reasoning_content", "") + summary
+            elif item.get("encrypted_content") and "encrypted reasoning" not in self.notes:
+                self.notes.append("encrypted reasoning")
+        else:
+            args = item.get("arguments") if kind == "function_call" else item.get("input") \
+                if kind == "custom_tool_call" else item.get("action")
+            last.setdefault("tool_calls", []).append(tool_call(item.get("call_id") or item.get("id"),
+                                                               item.get("name") or kind, args))
+
+
+def _flush(r: _Rollout, src: Source, lineno: int, info: dict | None) -> dict | None:
+    if not r.outputs:
+        return None
+    replies = r.outputs
+    notes = list(r.notes)
+    content = "".join(m.get("content") or "" for m in replies)
+    reasoning = "".join(m.get("reasoning_content", "") for m in replies) or None
+    calls = [c for m in replies for c in m.get("tool_calls", ())] or None
+    call = new_call(format=NAME, fidelity="messages", session=r.session, source=src.where(r.first_line),
+                    model=r.model, system=r.system, messages=list(r.history), notes=notes,
+                    response_text=content, response_reasoning=reasoning, response_tool_calls=calls)
+    if info is None:
+        notes.append("no token_count for this call")
+    else:
+        usage = info.get("last_token_usage") or {}
+        call["prompt_tokens"] = usage.get("input_tokens")
+        call["cached_tokens"] = usage.get("cached_input_tokens")
+        call["completion_tokens"] = usage.get("output_tokens")
+    for m in replies:
+        m.setdefault("content", "")
+    merged = {"role": "assistant", "content": content}
+    if reasoning:
+        merged["reasoning_content"] = reasoning
+    if calls:
+        merged["tool_calls"] = calls
+    r.history.append(merged)
+    r.outputs = []
+    r.first_line = None
+    return call
+
+
+def read(src: Source) -> Iterator[dict]:
+    r = _Rollout()
+    for lineno, rec in src.json_lines():
+        kind, p = rec.get("type"), rec.get("payload")
+        if not isinstance(p, dict):
+            src.skip(lineno, "line without a payload object")
+            continue
+        if kind == "session_meta":
+            meta = p.get("meta", p)
+            r.session = str(meta.get("id") or r.session or "codex")
+            base = meta.get("base_instructions")
+            text = base.get("text") if isinstance(base, dict) else base or meta.get("instructions")
+            r.system = text if isinstance(text, str) and text else None
+        elif kind == "turn_context":
+            r.model = p.get("model") or r.model
+        elif kind == "compacted":
+            done = _flush(r, src, lineno, None)
+            if done is not None:
+                yield done
+            r.history = [{"role": "user", "content": str(p.get("message", ""))}]
+        elif kind == "response_item":
+            item_kind = p.get("type")
+            is_output = item_kind in _OUTPUTS or (item_kind == "message" and p.get("role") == "assistant")
+            if is_output:
+                r.first_line = r.first_line or lineno
+                r.add_output(p)
+                continue
+            done = _flush(r, src, lineno, None)
+            if done is not None:
+                yield done
+            if item_kind == "message":
+                role = {"developer": "system"}.get(p.get("role"), p.get("role"))
+                r.history.append({"role": role if role in ("system", "user") else "user",
+                                  "content": _text(p.get("content"), r.notes)})
+            elif item_kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
+                out = p.get("output")
+                if isinstance(out, dict):
+                    out = out.get("content", json.dumps(out))
+                r.history.append({"role": "tool", "tool_call_id": str(p.get("call_id") or "call"),
+                                  "content": out if isinstance(out, str) else json.dumps(out)})
+        elif kind == "event_msg" and p.get("type") == "token_count" and isinstance(p.get("info"), dict):
+            line = r.first_line
+            done = _flush(r, src, lineno, p["info"])
+            if done is not None:
+                done["ts"] = parse_ts(rec.get("timestamp"))
+                done["source"] = src.where(line)
+                yield done
+    done = _flush(r, src, None, None)
+    if done is not None:
+        yield done

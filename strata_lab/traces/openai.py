@@ -1,0 +1,149 @@
+"""OpenAI chat-completions logs: one JSON per line holding a request body, ``{"request", "response"}`` pairs, or
+Batch API input lines (``{"custom_id", "method", "url", "body"}``). A response with vLLM's
+``prompt_token_ids`` / ``choices[].token_ids`` (``return_token_ids``) gives the call its ids.
+
+>>> call = from_request({"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+...                     {"choices": [{"message": {"content": "hello"}, "finish_reason": "stop"}],
+...                      "usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}})
+>>> call["response_text"], call["prompt_tokens"], call["cached_tokens"], call["fidelity"]
+('hello', 9, 0, 'messages')
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from strata_lab.traces.calls import SessionChain, new_call, text_parts, tool_call
+from strata_lab.traces.source import Source
+
+NAME = "openai"
+_ROLES = {"developer": "system", "function": "tool"}
+
+
+def detect(first: dict) -> bool:
+    body = first.get("body") if isinstance(first.get("body"), dict) else first.get("request", first)
+    return isinstance(body, dict) and isinstance(body.get("messages"), list) and "system" not in body \
+        and not _has_blocks(body["messages"])
+
+
+def _has_blocks(messages) -> bool:  # Anthropic content blocks (tool_use / tool_result) mean the other dialect
+    for m in messages[:8]:
+        c = m.get("content") if isinstance(m, dict) else None
+        if isinstance(c, list) and any(isinstance(p, dict) and p.get("type") in ("tool_use", "tool_result")
+                                       for p in c):
+            return True
+    return False
+
+
+def convert_messages(messages: list, notes: list) -> list[dict]:
+    """Wire messages into the internal shape (OpenAI's, text parts only, reasoning as reasoning_content)."""
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            raise ValueError(f"message must be an object, got {type(m).__name__}")
+        role = _ROLES.get(m.get("role"), m.get("role"))
+        msg = {"role": role}
+        content = m.get("content")
+        if content is not None and content.__class__ is not str:
+            content = text_parts(content, notes)
+        if content is not None:
+            msg["content"] = content
+        elif role != "assistant":
+            msg["content"] = ""
+        if role == "assistant":
+            reasoning = m.get("reasoning_content") or m.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                msg["reasoning_content"] = reasoning
+            calls = [tool_call(c.get("id"), (c.get("function") or {}).get("name"),
+                               (c.get("function") or {}).get("arguments"))
+                     for c in m.get("tool_calls") or () if isinstance(c, dict)]
+            if calls:
+                msg["tool_calls"] = calls
+        if role == "tool":
+            msg["tool_call_id"] = str(m.get("tool_call_id") or m.get("name") or "call")
+        if isinstance(m.get("name"), str) and role in ("user", "system"):
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def apply_response(call: dict, response: dict | None) -> None:
+    """Fill a call's reply and reported usage from a chat.completion (or a streamed one, assembled)."""
+    if not isinstance(response, dict):
+        return
+    choices = response.get("choices") or []
+    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+    message = choice.get("message") or {}
+    content = message.get("content")
+    call["response_text"] = content if isinstance(content, str) else None
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    call["response_reasoning"] = reasoning if isinstance(reasoning, str) else None
+    calls = [tool_call(c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
+             for c in message.get("tool_calls") or () if isinstance(c, dict)]
+    call["response_tool_calls"] = calls or None
+    call["finish"] = choice.get("finish_reason")
+    call["model"] = response.get("model") or call["model"]
+    call["request_id"] = response.get("id") or call["request_id"]
+    usage = response.get("usage") or {}
+    call["prompt_tokens"] = usage.get("prompt_tokens")
+    call["completion_tokens"] = usage.get("completion_tokens")
+    details = usage.get("prompt_tokens_details") or {}
+    call["cached_tokens"] = details.get("cached_tokens")
+    if isinstance(response.get("prompt_token_ids"), list):  # vLLM return_token_ids
+        call["prompt_ids"] = response["prompt_token_ids"]
+        call["fidelity"] = "ids"
+        if isinstance(choice.get("token_ids"), list):
+            call["response_ids"] = choice["token_ids"]
+    timings = response.get("timings")  # llama.cpp adds its timings to OpenAI responses
+    if isinstance(timings, dict) and call["cached_tokens"] is None and isinstance(timings.get("cache_n"), int):
+        call["cached_tokens"] = timings["cache_n"]
+
+
+def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME) -> dict:
+    """One call from a chat-completions request body (and its response, if logged)."""
+    notes: list = []
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise ValueError("messages: missing or empty")
+    call = new_call(format=fmt, fidelity="messages", model=body.get("model"), notes=notes,
+                    messages=convert_messages(body["messages"], notes),
+                    tools=[t for t in body.get("tools") or () if isinstance(t, dict)] or None)
+    kwargs = body.get("chat_template_kwargs")  # vLLM/SGLang: e.g. {"enable_thinking": false}, reaches the template
+    if isinstance(kwargs, dict) and kwargs:
+        call["extra"] = {"chat_template_kwargs": kwargs}
+    apply_response(call, response)
+    return call
+
+
+def read(src: Source) -> Iterator[dict]:
+    chain = SessionChain(src.stem)
+    for lineno, rec in src.json_lines():
+        body, response = rec, None
+        if isinstance(rec.get("body"), dict) and "custom_id" in rec:  # Batch API input line
+            body = rec["body"]
+        elif isinstance(rec.get("request"), dict):
+            body, response = rec["request"], rec.get("response")
+        elif isinstance(rec.get("response"), dict) and "messages" in rec:
+            response = rec["response"]
+        if isinstance(response, dict) and isinstance(response.get("body"), dict):  # batch output shape
+            response = response["body"]
+        try:
+            call = from_request(body, response)
+        except ValueError as exc:
+            src.skip(lineno, str(exc))
+            continue
+        call["source"] = src.where(lineno)
+        call["request_id"] = call["request_id"] or rec.get("custom_id")
+        ts = rec.get("ts") or rec.get("timestamp") or rec.get("created") or (response or {}).get("created")
+        call["ts"] = float(ts) if isinstance(ts, (int, float)) else None
+        sid = rec.get("session") or rec.get("session_id") or (body.get("metadata") or {}).get("session_id")
+        call["session"] = str(sid) if sid else chain.session_of_messages(call["messages"], reply_message(call))
+        yield call
+
+
+def reply_message(call: dict) -> dict | None:
+    """The call's reply as the next request would resend it (for prefix-chaining)."""
+    if call["response_text"] is None and not call["response_tool_calls"]:
+        return None
+    m = {"role": "assistant", "content": call["response_text"] or ""}
+    if call["response_tool_calls"]:
+        m["tool_calls"] = call["response_tool_calls"]
+    return m

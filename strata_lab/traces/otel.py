@@ -1,0 +1,191 @@
+"""OpenTelemetry GenAI spans exported as JSON: OTLP-JSON (``{"resourceSpans": [...]}`` one request per line, as
+the collector's file exporter writes), one span object per line (the Python console exporter), or a JSON array
+of spans. Messages come from ``gen_ai.input.messages`` / ``gen_ai.output.messages`` / ``gen_ai.system_instructions``
+(parts: text, tool_call, tool_call_response, reasoning, blobs), or the older ``gen_ai.content.prompt`` /
+``gen_ai.content.completion`` events (``gen_ai.prompt`` / ``gen_ai.completion`` JSON) and indexed
+``gen_ai.prompt.N.role``/``content`` attributes. Usage: ``gen_ai.usage.input_tokens`` (includes the cache
+buckets), ``gen_ai.usage.cache_read.input_tokens``, ``gen_ai.usage.cache_creation.input_tokens``. Session:
+``gen_ai.conversation.id``, else prefix-chaining.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from strata_lab.traces.calls import SessionChain, image_placeholder, new_call, text_parts, tool_call
+from strata_lab.traces.claude_code import parse_ts
+from strata_lab.traces.openai import convert_messages as openai_messages, reply_message
+from strata_lab.traces.source import Source
+
+NAME = "otel"
+
+
+def detect(first: dict) -> bool:
+    if "resourceSpans" in first:
+        return True
+    attrs = first.get("attributes")
+    return isinstance(attrs, (dict, list)) and ("span_id" in first or "spanId" in first or "context" in first
+                                                or "traceId" in first)
+
+
+def _value(v):
+    if not isinstance(v, dict):
+        return v
+    for key in ("stringValue", "boolValue", "doubleValue"):
+        if key in v:
+            return v[key]
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "arrayValue" in v:
+        return [_value(x) for x in (v["arrayValue"].get("values") or ())]
+    return None
+
+
+def _attrs(raw) -> dict:
+    if isinstance(raw, dict):
+        return raw
+    return {a.get("key"): _value(a.get("value")) for a in raw or () if isinstance(a, dict)}
+
+
+def _spans(rec: dict) -> Iterator[dict]:
+    if "resourceSpans" in rec:
+        for rs in rec.get("resourceSpans") or ():
+            for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
+                yield from ss.get("spans") or ()
+    else:
+        yield rec
+
+
+def _json(value):
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    return value
+
+
+def _from_parts(messages: list, notes: list) -> list[dict]:
+    """Semconv messages (role + parts) into the internal shape."""
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        if "parts" not in m:  # already chat-shaped (some instrumentations)
+            out.extend(openai_messages([m], notes))
+            continue
+        role = m.get("role", "user")
+        text, calls, reasoning = [], [], []
+        for p in m.get("parts") or ():
+            kind = p.get("type")
+            if kind == "text":
+                text.append(str(p.get("content", "")))
+            elif kind == "reasoning":
+                reasoning.append(str(p.get("content", "")))
+            elif kind == "tool_call":
+                calls.append(tool_call(p.get("id"), p.get("name"), p.get("arguments")))
+            elif kind == "tool_call_response":
+                resp = p.get("response", p.get("result"))
+                out.append({"role": "tool", "tool_call_id": str(p.get("id") or "call"),
+                            "content": resp if isinstance(resp, str) else json.dumps(resp, ensure_ascii=False)})
+            elif kind in ("blob", "uri", "file", "image"):
+                text.append(image_placeholder(notes)["text"])
+        if role == "tool" and not text:
+            continue  # the tool messages were emitted above
+        msg = {"role": role if role in ("system", "user", "assistant") else "user", "content": "".join(text)}
+        if reasoning and msg["role"] == "assistant":
+            msg["reasoning_content"] = "".join(reasoning)
+        if calls and msg["role"] == "assistant":
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+def _indexed(attrs: dict, prefix: str) -> list[dict]:
+    out, i = [], 0
+    while f"{prefix}.{i}.role" in attrs or f"{prefix}.{i}.content" in attrs:
+        out.append({"role": attrs.get(f"{prefix}.{i}.role", "assistant"), "content": attrs.get(f"{prefix}.{i}.content")})
+        i += 1
+    return out
+
+
+def from_span(span: dict) -> dict | None:
+    """One call from a GenAI span, or None when the span is not a model call."""
+    attrs = _attrs(span.get("attributes"))
+    events = {e.get("name"): _attrs(e.get("attributes")) for e in span.get("events") or () if isinstance(e, dict)}
+    notes: list = []
+    if "gen_ai.input.messages" in attrs:
+        messages = _from_parts(_json(attrs["gen_ai.input.messages"]) or [], notes)
+        output = _from_parts(_json(attrs.get("gen_ai.output.messages")) or [], notes)
+    elif "gen_ai.content.prompt" in events:
+        messages = openai_messages(_json(events["gen_ai.content.prompt"].get("gen_ai.prompt")) or [], notes)
+        output = openai_messages(_json((events.get("gen_ai.content.completion") or {}).get("gen_ai.completion"))
+                                 or [], notes)
+    elif "gen_ai.prompt.0.content" in attrs:
+        messages = openai_messages(_indexed(attrs, "gen_ai.prompt"), notes)
+        output = openai_messages(_indexed(attrs, "gen_ai.completion"), notes)
+    else:
+        return None
+    system = _json(attrs.get("gen_ai.system_instructions"))
+    if isinstance(system, list):
+        system = "".join(p.get("content", "") for p in system if isinstance(p, dict) and p.get("type") == "text")
+    tools = _json(attrs.get("gen_ai.tool.definitions"))
+    if isinstance(tools, list):
+        tools = [t if "function" in t else {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+                 for t in tools if isinstance(t, dict)] or None
+    reply = next((m for m in output if m.get("role") == "assistant"), None) or {}
+    content = reply.get("content")
+    call = new_call(format=NAME, fidelity="messages", notes=notes, messages=messages,
+                    system=system if isinstance(system, str) and system else None,
+                    tools=tools if isinstance(tools, list) else None,
+                    model=attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model"),
+                    request_id=attrs.get("gen_ai.response.id") or span.get("spanId") or span.get("span_id"),
+                    response_text=content if isinstance(content, str) else text_parts_text(content),
+                    response_reasoning=reply.get("reasoning_content"),
+                    response_tool_calls=reply.get("tool_calls"),
+                    prompt_tokens=attrs.get("gen_ai.usage.input_tokens", attrs.get("gen_ai.usage.prompt_tokens")),
+                    completion_tokens=attrs.get("gen_ai.usage.output_tokens"),
+                    cache_read_tokens=attrs.get("gen_ai.usage.cache_read.input_tokens"),
+                    cache_creation_tokens=attrs.get("gen_ai.usage.cache_creation.input_tokens"))
+    call["cached_tokens"] = call["cache_read_tokens"]
+    reasons = attrs.get("gen_ai.response.finish_reasons")
+    call["finish"] = reasons[0] if isinstance(reasons, list) and reasons else None
+    start = span.get("startTimeUnixNano") or span.get("start_time")
+    call["ts"] = int(start) / 1e9 if isinstance(start, (int, str)) and str(start).isdigit() else parse_ts(start)
+    call["session"] = attrs.get("gen_ai.conversation.id")
+    if not messages:
+        raise ValueError("span has no input messages (content capture off?)")
+    return call
+
+
+def text_parts_text(content) -> str | None:
+    if content is None:
+        return None
+    return "".join(p.get("text", "") for p in text_parts(content, []) or ())
+
+
+def _records(src: Source) -> Iterator[tuple[int, dict]]:
+    if src.head(4096).lstrip().startswith(b"["):
+        for lineno, item in src.array_items():
+            if isinstance(item, dict):
+                yield lineno, item
+    else:
+        yield from src.json_lines()
+
+
+def read(src: Source) -> Iterator[dict]:
+    chain = SessionChain(src.stem)
+    for lineno, rec in _records(src):
+        for span in _spans(rec):
+            try:
+                call = from_span(span)
+            except (ValueError, TypeError, AttributeError) as exc:
+                src.skip(lineno, f"span {span.get('name')!r}: {exc}")
+                continue
+            if call is None:
+                continue  # not a GenAI model call (tool spans, HTTP spans ...)
+            call["source"] = src.where(lineno)
+            head = [{"role": "system", "content": call["system"]}] if call["system"] else []
+            call["session"] = str(call["session"]) if call["session"] else chain.session_of_messages(
+                head + call["messages"], reply_message(call))
+            yield call

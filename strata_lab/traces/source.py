@@ -1,0 +1,174 @@
+"""One log file as readers see it: its lines (streamed, with a byte-progress bar), a JSON-array stream for logs
+that are one big document (ShareGPT, HAR, OTLP dumps), and skip-with-warning naming ``file:line``.
+
+>>> import tempfile, os, warnings
+>>> path = os.path.join(tempfile.mkdtemp(), "x.jsonl")
+>>> _ = open(path, "w").write('{"a": 1}\\nnot json\\n')
+>>> src = Source(path)
+>>> with warnings.catch_warnings(record=True) as w:
+...     warnings.simplefilter("always")
+...     print([rec for _, rec in src.json_lines()])
+[{'a': 1}]
+>>> str(w[0].message).endswith("x.jsonl:2: skipped: not valid JSON")
+True
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Iterator
+
+try:
+    from orjson import JSONDecodeError as _DecodeError, loads
+except ImportError:  # pragma: no cover - orjson is a core dependency
+    from json import JSONDecodeError as _DecodeError, loads
+
+__all__ = ["Source", "TraceWarning", "loads"]
+
+MAX_WARNINGS_PER_FILE = 20
+
+
+class TraceWarning(UserWarning):
+    """A log record was skipped (or kept with a caveat); the message names file:line."""
+
+
+class Source:
+    """A log file being read: `lines()` streams (lineno, bytes); `skip(lineno, why)` warns."""
+
+    def __init__(self, path: str | os.PathLike, *, progress: bool = False):
+        self.path = os.fspath(path)
+        if not os.path.isfile(self.path):
+            raise FileNotFoundError(f"path: no such log file {self.path}")
+        self.progress = progress
+        self.skipped = 0
+        self.size = os.path.getsize(self.path)
+
+    @property
+    def stem(self) -> str:
+        """The file name without its suffix: the prefix of session keys derived by prefix-chaining."""
+        return os.path.splitext(os.path.basename(self.path))[0]
+
+    def skip(self, lineno: int | None, why: str) -> None:
+        self.skipped += 1
+        if self.skipped <= MAX_WARNINGS_PER_FILE:
+            at = f"{self.path}:{lineno}" if lineno is not None else self.path
+            warnings.warn(f"{at}: skipped: {why}", TraceWarning, stacklevel=4)
+        elif self.skipped == MAX_WARNINGS_PER_FILE + 1:
+            warnings.warn(f"{self.path}: more records skipped; warnings stop here", TraceWarning, stacklevel=4)
+
+    def note(self, lineno: int | None, what: str) -> None:
+        """A record kept with a caveat the user should know about (e.g. truncated ids)."""
+        warnings.warn(f"{self.path}:{lineno}: {what}", TraceWarning, stacklevel=4)
+
+    def where(self, lineno: int | None) -> str:
+        return f"{self.path}:{lineno}" if lineno is not None else self.path
+
+    def _bar(self):
+        if not self.progress:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.size, unit="B", unit_scale=True, desc=os.path.basename(self.path), leave=False)
+
+    def lines(self) -> Iterator[tuple[int, bytes]]:
+        """(line number, raw line) for every non-blank line, streamed with a 1 MiB buffer."""
+        bar = self._bar()
+        try:
+            with open(self.path, "rb", buffering=1 << 20) as f:
+                for lineno, line in enumerate(f, 1):
+                    if bar is not None:
+                        bar.update(len(line))
+                    if line.strip():
+                        yield lineno, line
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def json_lines(self) -> Iterator[tuple[int, dict]]:
+        """(line number, object) for each line that is a JSON object; other lines are skipped with a warning."""
+        for lineno, line in self.lines():
+            try:
+                rec = loads(line)
+            except _DecodeError:
+                self.skip(lineno, "not valid JSON" + ("" if line.endswith(b"\n") else " (torn last line)"))
+                continue
+            if not isinstance(rec, dict):
+                self.skip(lineno, f"not a JSON object ({type(rec).__name__})")
+                continue
+            yield lineno, rec
+
+    def head(self, n: int = 65536) -> bytes:
+        with open(self.path, "rb") as f:
+            return f.read(n)
+
+    def array_items(self, key: str | None = None) -> Iterator[tuple[int, object]]:
+        """Stream the items of a top-level JSON array (or of the array under `key`, found by text search, as in
+        a HAR's ``"entries"``) without loading the document: (line number of the item's start, item)."""
+        decoder = json.JSONDecoder()
+        bar = self._bar()
+        with open(self.path, "r", encoding="utf-8", errors="replace") as f:
+            buf, pos, lineno, eof = "", 0, 1, False
+
+            def more() -> bool:
+                nonlocal buf, pos, eof
+                chunk = f.read(1 << 20)
+                if bar is not None:
+                    bar.update(len(chunk.encode("utf-8", "replace")))
+                if not chunk:
+                    eof = True
+                    return False
+                buf = buf[pos:] + chunk
+                pos = 0
+                return True
+
+            def skip_ws(chars: str) -> None:
+                nonlocal pos, lineno
+                while True:
+                    while pos < len(buf) and buf[pos] in chars:
+                        lineno += buf[pos] == "\n"
+                        pos += 1
+                    if pos < len(buf) or not more():
+                        return
+
+            try:
+                more()
+                if key is not None:  # find '"key"' then its '['
+                    needle = json.dumps(key)
+                    while True:
+                        i = buf.find(needle, pos)
+                        if i >= 0:
+                            lineno += buf.count("\n", pos, i)
+                            pos = i + len(needle)
+                            break
+                        keep = len(buf) - len(needle)
+                        lineno += buf.count("\n", pos, max(keep, pos))
+                        pos = max(keep, pos)
+                        if not more():
+                            return
+                    skip_ws(" \t\r\n:")
+                else:
+                    skip_ws(" \t\r\n")
+                if pos >= len(buf) or buf[pos] != "[":
+                    self.skip(lineno, "expected a JSON array" + (f" under {key!r}" if key else ""))
+                    return
+                pos += 1
+                while True:
+                    skip_ws(" \t\r\n,")
+                    if pos >= len(buf) or buf[pos] == "]":
+                        return
+                    while True:
+                        try:
+                            item, end = decoder.raw_decode(buf, pos)
+                            break
+                        except json.JSONDecodeError as exc:
+                            if eof or not more():
+                                self.skip(lineno, f"not valid JSON ({exc.msg})")
+                                return
+                    start = lineno
+                    lineno += buf.count("\n", pos, end)
+                    pos = end
+                    yield start, item
+            finally:
+                if bar is not None:
+                    bar.close()

@@ -1,0 +1,232 @@
+"""The trace table: every model call of one or more logs, one row each, whatever format they came in.
+
+>>> import os, json, tempfile
+>>> path = os.path.join(tempfile.mkdtemp(), "calls.jsonl")
+>>> body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+>>> _ = open(path, "w").write(json.dumps(body) + "\\n")
+>>> trace = load_trace(path)
+>>> trace.detected[path][0], len(trace.calls()), trace.to_frame()[["session", "call", "fidelity"]].values.tolist()
+('openai', 1, [['calls-1', 0, 'messages']])
+"""
+from __future__ import annotations
+
+import glob as _glob
+import os
+import warnings
+from typing import Iterable, Iterator
+
+from strata_lab.traces.calls import FIELDS
+from strata_lab.traces.registry import READERS, detect_format
+from strata_lab.traces.render import LengthsSynth, render_call
+from strata_lab.traces.source import Source, TraceWarning
+
+__all__ = ["Trace", "load_trace"]
+
+_INT_COLS = ("prompt_len", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_read_tokens",
+             "cache_creation_tokens")
+_JSON_COLS = ("messages", "tools", "response_tool_calls", "extra")
+
+
+class Trace:
+    """Calls read from `paths` (each in `format`, or the detected one: `detected[path] = (format, why)`).
+    Iterating streams the files; `to_frame()` gives pandas; `to_dump()` renders to strata-dump/1."""
+
+    def __init__(self, paths: Iterable[str | os.PathLike], format: str | None = None, *, progress: bool = False):
+        self.paths = [os.fspath(p) for p in paths]
+        if not self.paths:
+            raise ValueError("path: no log files given (or the glob matched nothing)")
+        if format is not None and format not in READERS:
+            raise ValueError(f"format: unknown {format!r}; known: {', '.join(READERS)}")
+        self.progress = progress
+        self.detected: dict[str, tuple[str, str]] = {}
+        for p in self.paths:
+            src = Source(p)
+            try:
+                self.detected[p] = (format, "given") if format is not None else detect_format(src)
+            except ValueError as exc:
+                if len(self.paths) == 1:
+                    raise
+                warnings.warn(f"{p}: skipped: {exc}", TraceWarning, stacklevel=2)  # a README beside the logs
+        self.paths = [p for p in self.paths if p in self.detected]
+        if not self.paths:
+            raise ValueError("format: no file's format could be detected; pass format=")
+
+    @property
+    def formats(self) -> list[str]:
+        return sorted({f for f, _ in self.detected.values()})
+
+    def __iter__(self) -> Iterator[dict]:
+        counts: dict[str, int] = {}
+        for p in self.paths:
+            fmt = self.detected[p][0]
+            for call in READERS[fmt].read(Source(p, progress=self.progress)):
+                call["session"] = str(call["session"] or fmt)
+                call["call"] = counts.get(call["session"], 0)
+                counts[call["session"]] = call["call"] + 1
+                if call["prompt_ids"] is not None and call["prompt_len"] is None:
+                    call["prompt_len"] = len(call["prompt_ids"])
+                yield call
+
+    def calls(self) -> list[dict]:
+        """Every call, read into a list (no __len__: a trace is streamed, counting it means reading it)."""
+        return [c for c in self]
+
+    def to_frame(self):
+        """One row per call: the `FIELDS` columns with typed scalars (ts float64, counts Int64, fidelity and
+        format categories) and object columns for messages, tools, ids and notes; plus n_messages."""
+        import pandas as pd
+
+        cols: dict[str, list] = {k: [] for k in FIELDS}
+        for call in self:
+            for k in FIELDS:
+                cols[k].append(call[k])
+        df = pd.DataFrame({k: pd.Series(v, dtype="object") for k, v in cols.items()})
+        df["ts"] = pd.Series(cols["ts"], dtype="float64")
+        df["call"] = pd.Series(cols["call"], dtype="int64")
+        for k in ("session", "model", "source", "request_id", "system", "response_text", "response_reasoning",
+                  "finish"):
+            df[k] = pd.Series(cols[k], dtype="string")
+        for k in ("fidelity", "format"):
+            df[k] = pd.Series(cols[k], dtype="category")
+        for k in _INT_COLS:
+            df[k] = pd.Series(cols[k], dtype="Int64")
+        df.insert(df.columns.get_loc("messages"), "n_messages",
+                  pd.Series([len(m) if m is not None else 0 for m in cols["messages"]], dtype="int64"))
+        return df
+
+    def render(self, tokenizer="qwen3", template=None, *, enable_thinking: bool | None = None,
+               progress: bool = False) -> Iterator[tuple[dict, object]]:
+        """(call, Rendered) for every call; calls the template cannot render are skipped with a TraceWarning."""
+        tok, tmpl = resolve(tokenizer, template)
+        synth = LengthsSynth(tok)
+        it: Iterable[dict] = self
+        if progress:
+            from tqdm.auto import tqdm
+
+            it = tqdm(self, desc="render", unit="call")
+        for call in it:
+            try:
+                r = synth.render(call) if call["fidelity"] == "lengths" else \
+                    render_call(call, tok, tmpl, enable_thinking=enable_thinking)
+            except ValueError as exc:
+                warnings.warn(f"{call['source']}: skipped: not rendered: {exc}", TraceWarning, stacklevel=2)
+                continue
+            yield call, r
+
+    def render_check(self, tokenizer="qwen3", template=None, **kw):
+        """Per call: rendered length vs the reported prompt_tokens (`render_exact`, `render_diff`)."""
+        import pandas as pd
+
+        rows = [{"session": c["session"], "call": c["call"], "source": c["source"], "fidelity": c["fidelity"],
+                 "rendered_len": len(r.prompt_ids), "prompt_tokens": c["prompt_tokens"], "render_exact": r.exact,
+                 "render_diff": r.diff} for c, r in self.render(tokenizer, template, **kw)]
+        df = pd.DataFrame(rows, columns=["session", "call", "source", "fidelity", "rendered_len", "prompt_tokens",
+                                         "render_exact", "render_diff"])
+        df["prompt_tokens"] = df["prompt_tokens"].astype("Int64")
+        df["render_diff"] = df["render_diff"].astype("Int64")
+        df["render_exact"] = df["render_exact"].astype("boolean")
+        return df
+
+    def dump_records(self, tokenizer="qwen3", template=None, *, checkpoint_policy: dict | None = None,
+                     **kw) -> Iterator[dict]:
+        """strata-dump/1 records, one per rendered call (see `to_dump`)."""
+        for call, r in self.render(tokenizer, template, **kw):
+            rec = {"schema": "strata-dump/1", "ts": call["ts"], "request_id": call["request_id"],
+                   "session": call["session"], "call": call["call"], "prompt_ids": r.prompt_ids,
+                   "gen_ids": r.gen_ids, "drained_ids": [], "finish": "stop", "timings": {}, "checkpoints": []}
+            if call["format"] == "strata":
+                rec.update(call["extra"] or {})
+            if call["model"] is not None:
+                rec["model"] = call["model"]
+            rec.update(source=call["source"], fidelity=call["fidelity"], trace_format=call["format"],
+                       render_exact=r.exact, render_diff=r.diff, reported_prompt_tokens=call["prompt_tokens"],
+                       reported_cached_tokens=call["cached_tokens"])
+            if call["cache_read_tokens"] is not None or call["cache_creation_tokens"] is not None:
+                rec["reported_cache_read_tokens"] = call["cache_read_tokens"]
+                rec["reported_cache_creation_tokens"] = call["cache_creation_tokens"]
+            if r.synthetic:
+                rec["synthetic_ids"] = True
+            if checkpoint_policy is not None:
+                rec["checkpoint_policy"] = dict(checkpoint_policy)
+            yield rec
+
+    def to_dump(self, tokenizer="qwen3", template=None, out=None, *, checkpoint_policy: dict | None = None,
+                **kw):
+        """Render every call and write strata-dump/1 lines to `out` (default: a new temp file); returns the
+        `Dump`, so `replay`, `sessions.reproduce` and the notebooks work on it. `tokenizer`: a name, a model
+        folder or tokenizer.json; `template`: a ChatTemplate, preset name, file or folder (default: the
+        tokenizer's folder, or qwen3). `checkpoint_policy` (CheckpointPolicy fields) is written into each line
+        for `reproduce`. Lines carry `render_exact` / `render_diff` and the reported usage."""
+        import tempfile
+
+        from orjson import dumps
+
+        from strata_lab.dump import load_dump
+
+        if out is None:
+            out = os.path.join(tempfile.mkdtemp(prefix="strata-trace-"), "trace.jsonl")
+        out = os.fspath(out)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # token ids of private conversations
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            for rec in self.dump_records(tokenizer, template, checkpoint_policy=checkpoint_policy, **kw):
+                f.write(dumps(rec) + b"\n")
+        return load_dump(out)
+
+    def write(self, out, tokenizer="qwen3", template=None, **kw) -> str:
+        """`out` ending .parquet: the trace table (message/tool columns as JSON text); .jsonl: `to_dump`."""
+        out = os.fspath(out)
+        if out.endswith(".parquet"):
+            import json
+
+            df = self.to_frame()
+            for k in _JSON_COLS:
+                df[k] = [None if v is None else json.dumps(v, ensure_ascii=False) for v in df[k]]
+            df.to_parquet(out, engine="pyarrow", index=False)
+        elif out.endswith(".jsonl"):
+            self.to_dump(tokenizer, template, out, **kw)
+        else:
+            raise ValueError(f"out: {out} must end in .parquet (trace table) or .jsonl (strata-dump/1)")
+        return out
+
+    def __repr__(self) -> str:
+        return f"Trace({len(self.paths)} file(s), formats={self.formats})"
+
+
+def resolve(tokenizer, template):
+    """A Tokenizer and ChatTemplate from names, files or folders (the template defaults to the tokenizer's
+    folder, or our qwen3 preset for the named Qwen vocabularies)."""
+    from strata_lab.text.template import TEMPLATE_PRESETS, ChatTemplate
+    from strata_lab.text.tokenizer import Tokenizer, load_tokenizer
+
+    tok = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
+    if isinstance(template, ChatTemplate):
+        return tok, template
+    if template is None:
+        template = "qwen3" if not isinstance(tokenizer, (str, os.PathLike)) or not os.path.isdir(tokenizer) \
+            else tokenizer
+    if isinstance(template, str) and template in TEMPLATE_PRESETS:
+        return tok, ChatTemplate.from_name(template)
+    return tok, ChatTemplate.from_file(template)
+
+
+def load_trace(path_or_paths_or_glob, format: str | None = None, *, progress: bool = False) -> Trace:
+    """Read logs into a `Trace`: a file, a list of files, a directory (its files, by name, recursively) or a
+    glob. `format=None` detects each file's format (`trace.detected` says which and why).
+
+    >>> load_trace("/nonexistent/*.jsonl")
+    Traceback (most recent call last):
+    ...
+    ValueError: path: no log files given (or the glob matched nothing)
+    """
+    arg = path_or_paths_or_glob
+    if isinstance(arg, (str, os.PathLike)):
+        p = os.fspath(arg)
+        if os.path.isdir(p):
+            paths = sorted(os.path.join(d, n) for d, _, names in os.walk(p) for n in names if not n.startswith("."))
+        elif any(ch in p for ch in "*?["):
+            paths = sorted(_glob.glob(p, recursive=True))
+        else:
+            paths = [p]
+    else:
+        paths = [os.fspath(x) for x in arg]
+    return Trace(paths, format, progress=progress)
