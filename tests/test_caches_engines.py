@@ -1,6 +1,6 @@
 """Each engine's cache model against its documented behaviour, with hand-computed expectations.
 
-The rules come from the research note (shared/research/cache-policies-and-logs.md, section 1) and the
+The rules come from the research note (docs/research/cache-policies-and-logs.md, section 1) and the
 engine code it cites; each test names the rule it checks.
 """
 import pytest
