@@ -80,13 +80,42 @@ def _cmd_template(args: argparse.Namespace) -> int:
     return 0
 
 
+API_KEY_ENV = "STRATA_API_KEY"
+
+
+def _api_key(args: argparse.Namespace, environ=None) -> str | None:
+    """The key from --api-key, else --api-key-file (first line), else $STRATA_API_KEY; None: no key.
+
+    >>> _api_key(argparse.Namespace(api_key=None, api_key_file=None), {"STRATA_API_KEY": "k"})
+    'k'
+    """
+    import os
+
+    if args.api_key is not None:
+        return args.api_key
+    if args.api_key_file is not None:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key = f.readline().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--api-key-file {args.api_key_file}: cannot read it ({exc})") from None
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file}: the first line is empty")
+        return key
+    return (os.environ if environ is None else environ).get(API_KEY_ENV) or None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .server import ServerConfig, serve
 
-    serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=args.api_key,
+    serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=_api_key(args),
                        max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
                        max_body_bytes=args.max_body, template=args.template, model_name=args.alias,
-                       stop_latency=args.stop_latency, header_checkpoint=not args.no_header_checkpoint))
+                       stop_latency=args.stop_latency, header_checkpoint=not args.no_header_checkpoint,
+                       allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(args.cors),
+                       body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
+                       max_tokens_default=args.max_tokens_default, no_mmap=args.no_mmap,
+                       check_weights=args.check_weights))
     return 0
 
 
@@ -140,9 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--dump", help="append a strata-dump/1 line per engine call here ($STRATA_PROMPT_DUMP)")
-    p.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key)")
+    p.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key); it shows in the "
+                   f"process list, so prefer --api-key-file or ${API_KEY_ENV}")
+    p.add_argument("--api-key-file", metavar="PATH", help="read the key from the first line of this file")
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
-    p.add_argument("--threads", type=int, default=0, help="engine threads (0 = engine default)")
+    p.add_argument("--threads", type=int, default=0, help="engine threads (0 = engine default; at most 4 per core)")
     p.add_argument("--no-reply-reuse", action="store_true", help="do not reuse a reply's own ids (A/B runs)")
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="request body limit in bytes")
     p.add_argument("--template", default="qwen3", help="chat template preset")
@@ -151,6 +182,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")
     p.add_argument("--no-header-checkpoint", action="store_true",
                    help="no checkpoint before the generation prompt's <|im_start|> (only the turn start)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header is NAME (repeatable; by default only the bound "
+                        "address, and localhost when bound to loopback)")
+    p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                   help="allow browser requests from ORIGIN, e.g. https://app.example (repeatable; default: none)")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request body may take (408 after)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0, help="seconds an idle connection is kept")
+    p.add_argument("--max-tokens-default", type=int, default=1024,
+                   help="output cap of a request that sets none (OpenAI max_tokens absent or null; default 1024)")
+    p.add_argument("--no-mmap", action="store_true",
+                   help="read the weights into memory instead of mapping model.safetensors")
+    p.add_argument("--check-weights", action="store_true", help="refuse weights holding NaN or infinity at load")
+    p.epilog = (f"The API key can come from --api-key, --api-key-file or the {API_KEY_ENV} environment variable "
+                "(in that order). See docs/SECURITY.md.")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("demo", help="serve an agent session with reply-id reuse off and on; replay and compare")

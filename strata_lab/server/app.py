@@ -1,4 +1,4 @@
-"""The HTTP layer: one route table, one error wrapper, a gate for API keys and body size.
+"""The HTTP layer: one route table, one error wrapper; the front door (Host, Origin, key, limits) is security.py.
 
 Each dialect's JSON is parsed into one `ChatRequest` at the edge (request.py); everything after that is
 dialect-free until the response is shaped again (dialects.py). Engine work goes through a single FIFO
@@ -7,7 +7,6 @@ worker (worker.py), so requests never interleave.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 from dataclasses import dataclass
@@ -63,7 +62,7 @@ def load_state(config: ServerConfig) -> ServerState:
                         session_name=config.session,
                         encoder=PromptEncoder(tokenizer), max_context=config.max_context, recorder=recorder,
                         reply_reuse=config.reply_reuse, model_name=name,
-                        stop_latency=config.stop_latency)
+                        stop_latency=config.stop_latency, max_tokens_default=config.max_tokens_default)
     runner.engine = engine  # keep the engine alive as long as its session
     return ServerState(config=config, tokenizer=tokenizer, template=ChatTemplate.from_name(config.template),
                        runner=runner, worker=EngineWorker(), model_name=name, model_path=str(model_path),
@@ -180,7 +179,9 @@ async def health(request: Request):
 
 async def props(request: Request):
     st: ServerState = request.app.state.strata
-    return {"default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": -1}},
+    cap = st.config.max_tokens_default
+    return {"default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": cap}},
+            "max_tokens_default": cap,
             "total_slots": 1, "model_alias": st.model_name, "model_path": st.model_path,
             "chat_template": st.template.source, "template": st.template.name,
             "reply_reuse": st.runner.reply_reuse, "stop_latency": st.runner.stop_latency, "dump": st.runner.recorder is not None,
@@ -246,60 +247,6 @@ ROUTES = [
 ]
 
 
-class Gate:
-    """ASGI middleware: API key (Bearer or x-api-key) and a request body size limit."""
-
-    OPEN_PATHS = ("/health",)
-
-    def __init__(self, app, *, api_key: str | None, max_body_bytes: int):
-        self.app = app
-        self.api_key = api_key
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        path = scope.get("path", "")
-        if self.api_key and path not in self.OPEN_PATHS and not self._authorized(headers):
-            return await _send_error(send, RequestError(None, "a valid API key is required (Authorization: Bearer "
-                                                        "KEY or x-api-key: KEY)", code="invalid_api_key",
-                                                        status=401), path)
-        length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.max_body_bytes:
-            return await _send_error(send, self._too_large(), path)
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise self._too_large()
-            return message
-
-        await self.app(scope, limited_receive, send)
-
-    def _authorized(self, headers: dict) -> bool:
-        given = headers.get("x-api-key") or ""
-        auth = headers.get("authorization", "")
-        if auth[:7].lower() == "bearer ":
-            given = given or auth[7:].strip()
-        return bool(given) and hmac.compare_digest(given.encode(), self.api_key.encode())
-
-    def _too_large(self) -> RequestError:
-        return RequestError("body", f"is larger than the limit of {self.max_body_bytes} bytes",
-                            code="request_too_large", status=413)
-
-
-async def _send_error(send, err: RequestError, path: str) -> None:
-    body = json.dumps(error_body(err, path)).encode()
-    await send({"type": "http.response.start", "status": err.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
 def create_app(state: ServerState):
     """The ASGI app for a loaded `ServerState` (see `load_state`)."""
     from fastapi import FastAPI
@@ -338,7 +285,9 @@ def create_app(state: ServerState):
         if state.runner.recorder is not None:
             state.runner.recorder.close()
 
-    return Gate(app, api_key=state.config.api_key, max_body_bytes=state.config.max_body_bytes)
+    from .security import wrap
+
+    return wrap(app, state.config)
 
 
 def serve(config: ServerConfig) -> None:
@@ -352,4 +301,5 @@ def serve(config: ServerConfig) -> None:
     print(f"strata-lab serve: {state.model_name} on http://{config.host}:{config.port} "
           f"(context {config.max_context}, reply reuse {'on' if config.reply_reuse else 'off'})",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
+                timeout_keep_alive=config.keep_alive_timeout)

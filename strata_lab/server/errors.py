@@ -14,10 +14,11 @@ from __future__ import annotations
 __all__ = ["RequestError", "openai_error", "anthropic_error", "error_body"]
 
 # HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors)
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                    413: "request_too_large", 422: "invalid_request_error", 500: "api_error",
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+                    415: "invalid_request_error", 422: "invalid_request_error", 500: "api_error",
                     503: "overloaded_error"}
-_OPENAI_TYPES = {401: "authentication_error", 404: "not_found_error", 500: "server_error",
+_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 500: "server_error",
                  503: "server_error"}
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import RequestError
+from .schemas import check_schema
 
 __all__ = ["ChatRequest", "parse_openai", "parse_anthropic", "check_int"]
 
@@ -162,14 +163,7 @@ def _response_format(value: Any, name: str = "response_format") -> dict | None:
         raise RequestError(f"{name}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
     spec = _dict(value.get("json_schema"), f"{name}.json_schema")
     schema = _dict(spec.get("schema", {}), f"{name}.json_schema.schema")
-    import jsonschema
-
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise RequestError(f"{name}.json_schema.schema", f"is not a valid JSON schema: {exc.message}") from None
-    except Exception as exc:  # odd $schema values and the like
-        raise RequestError(f"{name}.json_schema.schema", f"is not a valid JSON schema: {exc}") from None
+    check_schema(schema, f"{name}.json_schema.schema")
     title = spec.get("name", "response")
     return {"type": "json_schema", "json_schema": {"name": _str(title, f"{name}.json_schema.name"),
                                                    "schema": schema}}
