@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, OSError, KeyError) as exc:
         print(f"strata-lab {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

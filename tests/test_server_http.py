@@ -66,7 +66,7 @@ def wait_for_lines(server, before, seconds: float = 10.0):
 
 # --- endpoints ----------------------------------------------------------------------------------------
 def test_info_endpoints(server, oa):
-    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(server.url + "/health").json() == {"status": "ok", "dump_lost_lines": 0}
     assert [m.id for m in oa.models.list()] == [tiny_model().name]
     props = httpx.get(server.url + "/props").json()
     assert props["default_generation_settings"]["n_ctx"] == CTX and props["total_slots"] == 1

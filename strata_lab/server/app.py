@@ -55,7 +55,9 @@ def load_state(config: ServerConfig) -> ServerState:
     model_path = Path(config.model) if config.model else embedded_model("hybrid")
     engine = Engine.load(str(model_path), **kwargs)
     tokenizer = load_tokenizer("qwen3")
-    recorder = Recorder(config.dump) if config.dump else Recorder.from_env()
+    recorder = Recorder(config.dump, on_error="count") if config.dump else Recorder.from_env(on_error="count")
+    if recorder is not None:
+        recorder.check_writable()  # fail fast at start-up, not after the first generation
     name = config.model_name or model_path.name
     policy = CheckpointPolicy(before_last=tokenizer.token_id("<|im_start|>")) if config.header_checkpoint else None
     runner = ChatRunner(tokenizer=tokenizer, session=engine.session(config.session, checkpoints=policy),
@@ -173,8 +175,19 @@ async def models(request: Request):
                                         "meta": {"n_ctx": st.config.max_context, "path": st.model_path}}]}
 
 
+def _dump_status(st: ServerState) -> dict | None:
+    rec = st.runner.recorder
+    if rec is None:
+        return None
+    return {"path": rec.path, "lines": rec.lines, "lost_lines": rec.lost, "last_error": rec.last_error}
+
+
 async def health(request: Request):
-    return {"status": "ok"}
+    st: ServerState = request.app.state.strata
+    out = {"status": "ok"}
+    if st.runner.recorder is not None:  # lost dump lines do not stop the service, but they are visible
+        out["dump_lost_lines"] = st.runner.recorder.lost
+    return out
 
 
 async def props(request: Request):
@@ -184,7 +197,7 @@ async def props(request: Request):
             "max_tokens_default": cap,
             "total_slots": 1, "model_alias": st.model_name, "model_path": st.model_path,
             "chat_template": st.template.source, "template": st.template.name,
-            "reply_reuse": st.runner.reply_reuse, "stop_latency": st.runner.stop_latency, "dump": st.runner.recorder is not None,
+            "reply_reuse": st.runner.reply_reuse, "stop_latency": st.runner.stop_latency, "dump": _dump_status(st),
             "queue": {"waiting": st.worker.waiting, "done": st.worker.done},
             "engine_calls": st.runner.engine_calls}
 
