@@ -14,6 +14,7 @@ from typing import Any
 
 from .config import ServerConfig
 from .dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
+from .body import json_body as _json_body, json_object as _json_object
 from .errors import RequestError, error_body
 from .generation import ChatRunner
 from .prompt import make_plan
@@ -72,23 +73,6 @@ def load_state(config: ServerConfig) -> ServerState:
 
 
 # --- request helpers --------------------------------------------------------------------------------
-async def _json_body(request) -> Any:
-    raw = await request.body()
-    if not raw:
-        raise RequestError("body", "a JSON body is required")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise RequestError("body", f"is not valid JSON: {exc}") from None
-
-
-async def _json_object(request) -> dict:
-    body = await _json_body(request)
-    if not isinstance(body, dict):
-        raise RequestError("body", "must be a JSON object")
-    return body
-
-
 def _as_error(payload) -> Exception:
     return payload if isinstance(payload, Exception) else RuntimeError(str(payload))
 
@@ -105,8 +89,10 @@ async def _cancel_on_disconnect(request, job, every: float = 0.1) -> None:
 async def _chat(request, req: ChatRequest):
     from starlette.responses import JSONResponse, StreamingResponse
 
+    from starlette.concurrency import run_in_threadpool
+
     st: ServerState = request.app.state.strata
-    plan = make_plan(st.template, req)
+    plan = await run_in_threadpool(make_plan, st.template, req)  # a big render must not stall the event loop
     openai = req.dialect == "openai"
     plan.request_id = new_id("chatcmpl-" if openai else "msg_")
     job = st.worker.submit(lambda job: st.runner.run(job, req, plan))
@@ -132,7 +118,9 @@ async def _chat(request, req: ChatRequest):
         job.cancel()
         raise
 
-    fmt = (OpenAIStream if openai else AnthropicStream)(plan.request_id, st.model_name, payload["prompt_tokens"])
+    fmt = (OpenAIStream if openai else AnthropicStream)(plan.request_id, st.model_name, payload["prompt_tokens"],
+                                                        include_usage=req.include_usage,
+                                                        cached_tokens=payload.get("cached_tokens", 0))
 
     async def frames():
         for frame in fmt.start():
@@ -202,16 +190,39 @@ async def props(request: Request):
             "engine_calls": st.runner.engine_calls}
 
 
+def _encode(tokenizer, text: str) -> list[int]:
+    # encode_batch releases the GIL (encode holds it): a 4 MB text must not stall /health and the rest
+    return tokenizer.encode_batch([text])[0] if len(text) > 65536 else tokenizer.encode(text)
+
+
+def _piece(tokenizer, token_id: int):
+    """A token's text when its bytes are whole UTF-8, else the list of its byte values (as llama.cpp)."""
+    raw = tokenizer.token_bytes(token_id)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
 async def tokenize(request: Request):
+    from starlette.concurrency import run_in_threadpool
+
     st: ServerState = request.app.state.strata
     body = await _json_object(request)
     content = body.get("content")
     if not isinstance(content, str):
         raise RequestError("content", "must be a string")
-    ids = st.tokenizer.encode(content)
-    if body.get("with_pieces") is True:
-        return {"tokens": [{"id": i, "piece": st.tokenizer.id_to_piece(i)} for i in ids]}
-    return {"tokens": ids}
+    pieces = body.get("with_pieces")
+    if pieces is not None and not isinstance(pieces, bool):
+        raise RequestError("with_pieces", "must be a boolean")
+
+    def work():
+        ids = _encode(st.tokenizer, content)
+        if pieces:
+            return {"tokens": [{"id": i, "piece": _piece(st.tokenizer, i)} for i in ids]}
+        return {"tokens": ids}
+
+    return await run_in_threadpool(work)
 
 
 async def detokenize(request: Request):
@@ -227,9 +238,16 @@ async def detokenize(request: Request):
 
 async def apply_template(request: Request):
     """The prompt text a chat request renders to, and its ids (plain BPE: no remembered reply ids)."""
+    from starlette.concurrency import run_in_threadpool
+
     st: ServerState = request.app.state.strata
-    plan = make_plan(st.template, parse_openai(await _json_body(request)))
-    return {"prompt": plan.prompt_text, "ids": st.tokenizer.encode(plan.prompt_text)}
+    req = parse_openai(await _json_body(request))
+
+    def work():
+        plan = make_plan(st.template, req)
+        return {"prompt": plan.prompt_text, "ids": _encode(st.tokenizer, plan.prompt_text)}
+
+    return await run_in_threadpool(work)
 
 
 def _body_schema(properties: dict, required: list[str]) -> dict:

@@ -145,7 +145,9 @@ class ChatRunner:
             x = len(self.tokenizer.encode(base))
             z = len(prompt_ids)
             _debug(f"assistant prefill: {z - x} tokens (prompt {x} -> {z}, generation starts at position {z})")
-        job.emit("start", {"prompt_tokens": len(prompt_ids)})
+        # the reuse the engine will apply (Contract 1's rule, the same the call follows): message_start's usage
+        cached = int(self.session.plan(prompt_ids)["reused"])
+        job.emit("start", {"prompt_tokens": len(prompt_ids), "cached_tokens": cached})
 
         sampling = Sampling(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                             seed=req.seed if req.seed is not None else 0)
