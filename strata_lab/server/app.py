@@ -50,7 +50,7 @@ def load_state(config: ServerConfig) -> ServerState:
 
     from strata_lab.checkpoints import embedded_model
 
-    kwargs = {"max_context": config.max_context}
+    kwargs = {"max_context": config.max_context, "mmap": not config.no_mmap, "check_weights": config.check_weights}
     if config.threads:
         kwargs["threads"] = config.threads
     model_path = Path(config.model) if config.model else embedded_model("hybrid")
