@@ -38,8 +38,13 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .dump import load_dump
     from .replayer import compare_policies, replay
+    from .tokenizer import load_tokenizer
 
-    dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
+    rows = load_tokenizer(args.tokenizer).embedding_rows  # ids past the model's rows make a line bad
+    dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0], vocab_size=rows)
+    if next(iter(dump), None) is None:
+        raise ValueError(f"no engine calls in {', '.join(dump.paths)}: the dump is empty or every line was "
+                         "skipped (see the warnings above); nothing to replay")
     kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
               full_hit=args.full_hit)
     report = replay(dump, policy="recorded", progress=not args.quiet, **kw)
