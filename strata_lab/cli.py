@@ -6,11 +6,36 @@ import json
 import sys
 
 
-def _cmd_tokenize(args: argparse.Namespace) -> int:
+def _load_tokenizer(name: str):
+    """load_tokenizer, with any failure (a binary file, a foreign format) as one ValueError naming the option."""
     from .tokenizer import load_tokenizer
 
-    tok = load_tokenizer(args.tokenizer)
-    text = args.text if args.text is not None else sys.stdin.read()
+    try:
+        return load_tokenizer(name)
+    except (ValueError, OSError):
+        raise
+    except Exception as exc:  # the tokenizers library raises plain Exception for unreadable files
+        raise ValueError(f"--tokenizer {name}: cannot load it ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+def _utf8_text(text: str | None) -> str:
+    """The argument, or standard input decoded strictly: invalid UTF-8 is a clear error, not a traceback."""
+    if text is None:
+        raw = sys.stdin.buffer.read()
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        text.encode("utf-8")  # the shell passes undecodable bytes as lone surrogates
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"the text argument is not valid UTF-8 (character {exc.start})") from None
+    return text
+
+
+def _cmd_tokenize(args: argparse.Namespace) -> int:
+    tok = _load_tokenizer(args.tokenizer)
+    text = _utf8_text(args.text)
     ids = tok.encode(text)
     if args.json:
         rows = []
@@ -38,9 +63,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from .dump import load_dump
     from .replayer import compare_policies, replay
-    from .tokenizer import load_tokenizer
-
-    rows = load_tokenizer(args.tokenizer).embedding_rows  # ids past the model's rows make a line bad
+    rows = _load_tokenizer(args.tokenizer).embedding_rows  # ids past the model's rows make a line bad
     dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0], vocab_size=rows)
     if next(iter(dump), None) is None:
         raise ValueError(f"no engine calls in {', '.join(dump.paths)}: the dump is empty or every line was "
@@ -68,8 +91,16 @@ def _cmd_template(args: argparse.Namespace) -> int:
 
     tmpl = (ChatTemplate.from_name(args.template) if args.template in TEMPLATE_PRESETS
             else ChatTemplate.from_file(args.template))
-    with open(args.conversation, encoding="utf-8") if args.conversation != "-" else sys.stdin as f:
-        data = json.load(f)
+    try:
+        with open(args.conversation, encoding="utf-8") if args.conversation != "-" else sys.stdin as f:
+            data = json.load(f)
+    except UnicodeDecodeError:
+        raise ValueError(f"{args.conversation} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{args.conversation} is not valid JSON ({exc})") from None
+    if not isinstance(data, (list, dict)):
+        raise ValueError(f"{args.conversation} must hold a list of messages or an object with 'messages', "
+                         f"got {type(data).__name__}")
     request = {"messages": data} if isinstance(data, list) else dict(data)
     messages = request.pop("messages", None)
     options = {k: request[k] for k in ("tools", "response_format", "enable_thinking") if k in request}
@@ -125,7 +156,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import os
+
     from .demo import run_demo
+
+    if args.model not in ("hybrid", "attention") and not os.path.isfile(os.path.join(args.model, "config.json")):
+        raise ValueError(f"--model must be hybrid, attention or a model directory (with config.json), "
+                         f"got {args.model!r}")
 
     run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
     return 0
@@ -222,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ValueError, OSError, KeyError) as exc:
-        print(f"strata-lab {args.command}: error: {exc}", file=sys.stderr)
+        message = " ".join(str(exc).split())  # one line, whatever the exception held
+        print(f"strata-lab {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -248,21 +248,31 @@ static void check_config_ranges(const Json& cfg, const std::string& cfg_path) {
       "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
       "intermediate_size", "max_position_embeddings", "full_attention_interval", "linear_num_key_heads",
       "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
-      "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
       "decoder_sparse_step"};
+  // 0 is meaningful here: a dense model has no experts
+  static const char* const counts[] = {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                       "shared_expert_intermediate_size"};
   const int64_t limit = int64_t(1) << 24;
-  for (const char* key : positive_ints) {
+  auto check_int = [&](const char* key, int64_t lo) {
     const Json* v = cfg.find(key);
-    if (!v || v->is_null()) continue;
-    if (!v->is_number() || !v->integral || v->integer < 1 || v->integer > limit)
-      throw CheckpointError(cfg_path + ": field '" + key + "' must be an integer in 1.." + std::to_string(limit) +
-                            ", got " + (v->is_number() ? std::to_string(v->number) : std::string("a non-number")));
-  }
+    if (!v || v->is_null()) return;
+    if (!v->is_number() || !v->integral || v->integer < lo || v->integer > limit) {
+      std::ostringstream m;
+      m << cfg_path << ": field '" << key << "' must be an integer in " << lo << ".." << limit << ", got ";
+      if (v->is_number()) m << v->number; else m << "a non-number";
+      throw CheckpointError(m.str());
+    }
+  };
+  for (const char* key : positive_ints) check_int(key, 1);
+  for (const char* key : counts) check_int(key, 0);
   auto check_float = [&](const Json* v, const std::string& key, bool allow_zero) {
     if (!v || v->is_null()) return;
-    if (!v->is_number() || !std::isfinite(v->number) || v->number < 0 || (!allow_zero && v->number == 0))
-      throw CheckpointError(cfg_path + ": field '" + key + "' must be a finite number " + (allow_zero ? ">= 0" : "> 0") +
-                            (v->is_number() ? ", got " + std::to_string(v->number) : std::string()));
+    if (!v->is_number() || !std::isfinite(v->number) || v->number < 0 || (!allow_zero && v->number == 0)) {
+      std::ostringstream m;
+      m << cfg_path << ": field '" << key << "' must be a finite number " << (allow_zero ? ">= 0" : "> 0");
+      if (v->is_number()) m << ", got " << v->number;
+      throw CheckpointError(m.str());
+    }
   };
   check_float(cfg.find("rope_theta"), "rope_theta", false);
   check_float(cfg.find("rms_norm_eps"), "rms_norm_eps", true);

@@ -50,15 +50,16 @@ def load_state(config: ServerConfig) -> ServerState:
 
     from strata_lab.checkpoints import embedded_model
 
+    # the dump first: a bad one fails in a moment, not after the model has loaded
+    recorder = Recorder(config.dump, on_error="count") if config.dump else Recorder.from_env(on_error="count")
+    if recorder is not None:
+        recorder.check_writable()  # fail fast at start-up, not after the first generation
     kwargs = {"max_context": config.max_context, "mmap": not config.no_mmap, "check_weights": config.check_weights}
     if config.threads:
         kwargs["threads"] = config.threads
     model_path = Path(config.model) if config.model else embedded_model("hybrid")
     engine = Engine.load(str(model_path), **kwargs)
     tokenizer = load_tokenizer("qwen3")
-    recorder = Recorder(config.dump, on_error="count") if config.dump else Recorder.from_env(on_error="count")
-    if recorder is not None:
-        recorder.check_writable()  # fail fast at start-up, not after the first generation
     name = config.model_name or model_path.name
     policy = CheckpointPolicy(before_last=tokenizer.token_id("<|im_start|>")) if config.header_checkpoint else None
     runner = ChatRunner(tokenizer=tokenizer, session=engine.session(config.session, checkpoints=policy),
