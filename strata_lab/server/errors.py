@@ -26,11 +26,20 @@ class RequestError(ValueError):
     """A request the server will not run; `field` names the JSON field at fault (dotted path)."""
 
     def __init__(self, field: str | None, message: str, *, code: str = "invalid_value", status: int = 400):
+        # messages quote client text; a lone surrogate there would make the error itself unencodable
+        field, message = _printable(field), _printable(message)
         self.field = field
         self.message = f"{field}: {message}" if field else message
         self.code = code
         self.status = status
         super().__init__(self.message)
+
+
+def _printable(text: str | None) -> str | None:
+    """`text` with anything UTF-8 cannot carry (lone surrogates) written as a backslash escape."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def openai_error(err: RequestError) -> dict:
