@@ -3,7 +3,9 @@ import json
 import os
 import resource
 import subprocess
+import re
 import sys
+import threading
 import warnings
 
 import httpx
@@ -47,8 +49,20 @@ def test_non_regular_dump_is_refused(tmp_path, kind):
         os.mkfifo(path)  # before the fix, opening this for writing hung
     else:
         path = "/dev/null"
-    with pytest.raises(ValueError, match="directory|not a regular file"):
-        Recorder(path)
+    outcome = []
+
+    def try_open():  # in a thread: before the fix a FIFO blocked the open forever
+        try:
+            Recorder(path)
+            outcome.append(None)
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=try_open, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert outcome, "the open hung"
+    assert isinstance(outcome[0], ValueError) and re.search("directory|not a regular file", str(outcome[0]))
 
 
 @pytest.mark.parametrize("on_error", ["count", "raise"])

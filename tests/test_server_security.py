@@ -23,7 +23,8 @@ GOOD_ORIGIN = "http://good.example"
 def server(tmp_path_factory):
     srv = ServerProcess(tmp_path_factory.mktemp("sec"), "--model", str(tiny_model()), "--ctx", "512",
                         "--cors", GOOD_ORIGIN, "--allowed-host", "strata.internal",
-                        "--max-tokens-default", "4", "--body-timeout", "1").wait()
+                        "--max-tokens-default", "4", "--body-timeout", "1",
+                        "--keep-alive-timeout", "1").wait()
     yield srv
     srv.stop()
 
@@ -207,3 +208,14 @@ def test_stalled_body_is_cut_off(server):
                   b"Content-Length: 100\r\n\r\n{\"content\"")
         data = s.recv(4096)  # --body-timeout 1: the server answers and closes; before the fix this hung
     assert data.startswith(b"HTTP/1.1 408"), data[:200]
+
+
+def test_idle_keep_alive_connection_is_closed(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n")
+        first = s.recv(4096)
+        assert first.startswith(b"HTTP/1.1 200")
+        rest = b""
+        while chunk := s.recv(4096):  # --keep-alive-timeout 1: the server closes the idle connection
+            rest += chunk
+    assert b"HTTP/1.1" not in rest
