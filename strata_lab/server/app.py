@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import ServerConfig
-from .dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
 from .body import json_body as _json_body, json_object as _json_object
+from .dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
 from .errors import RequestError, error_body
 from .generation import ChatRunner
 from .prompt import make_plan
 from .request import ChatRequest, check_int, parse_anthropic, parse_openai
 from .worker import EngineWorker
 
-from starlette.requests import Request  # the app module is only imported to build the app
+from starlette.concurrency import run_in_threadpool  # the app module is only imported to build the app
+from starlette.requests import Request
 
 __all__ = ["create_app", "load_state", "ServerState", "serve"]
 
@@ -89,8 +90,6 @@ async def _cancel_on_disconnect(request, job, every: float = 0.1) -> None:
 
 async def _chat(request, req: ChatRequest):
     from starlette.responses import JSONResponse, StreamingResponse
-
-    from starlette.concurrency import run_in_threadpool
 
     st: ServerState = request.app.state.strata
     plan = await run_in_threadpool(make_plan, st.template, req)  # a big render must not stall the event loop
@@ -206,8 +205,6 @@ def _piece(tokenizer, token_id: int):
 
 
 async def tokenize(request: Request):
-    from starlette.concurrency import run_in_threadpool
-
     st: ServerState = request.app.state.strata
     body = await _json_object(request)
     content = body.get("content")
@@ -239,8 +236,6 @@ async def detokenize(request: Request):
 
 async def apply_template(request: Request):
     """The prompt text a chat request renders to, and its ids (plain BPE: no remembered reply ids)."""
-    from starlette.concurrency import run_in_threadpool
-
     st: ServerState = request.app.state.strata
     req = parse_openai(await _json_body(request))
 

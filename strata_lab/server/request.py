@@ -1,5 +1,7 @@
 """One internal request type, `ChatRequest`, and the two parsers that fill it at the edge.
 
+Fields the server does not implement are refused first, from the one table in unsupported.py.
+
 OpenAI `/v1/chat/completions` and Anthropic `/v1/messages` bodies are checked field by field; a bad field
 raises `RequestError` naming it (the HTTP layer turns that into a 400 before any work). Unknown fields are
 ignored. Messages end up in OpenAI shape, which is what the chat template renders. The ecosystem's ways
@@ -20,6 +22,7 @@ from typing import Any
 
 from .errors import RequestError
 from .schemas import check_schema
+from .unsupported import UNSUPPORTED, refuse_unsupported
 
 __all__ = ["ChatRequest", "parse_openai", "parse_anthropic", "check_int", "UNSUPPORTED"]
 
@@ -67,39 +70,6 @@ class ChatRequest:
         if self.response_format and self.response_format.get("type") == "json_schema":
             return self.response_format["json_schema"]["schema"]
         return None
-
-
-# --- fields the APIs define that this server does not implement (yet) --------------------------------
-# A client that sets one gets a 400 naming it, never a silent 200 that ignored it. One row per field:
-# (dialect, field, unsupported(value, body) -> bool, what is not supported). Delete a row when its
-# feature lands (and parse the field below instead).
-UNSUPPORTED: tuple = (
-    ("openai", "n", lambda v, b: v is not None and v != 1, "only one choice (n = 1) is supported"),
-    ("openai", "logprobs", lambda v, b: v not in (None, False), "log probabilities are not supported"),
-    ("openai", "top_logprobs", lambda v, b: v is not None, "log probabilities are not supported"),
-    ("openai", "logit_bias", lambda v, b: v not in (None, {}), "logit_bias is not supported"),
-    ("openai", "tool_choice", lambda v, b: v not in (None, "auto", "none"),
-     "only 'auto' and 'none' are supported (not 'required' or a named function)"),
-    ("openai", "grammar", lambda v, b: v is not None, "grammars are not supported"),
-    ("openai", "add_generation_prompt", lambda v, b: v is not None and v is not (not b.get("continue_final_message")),
-     "the assistant turn is always opened, except with continue_final_message, which continues it"),
-    ("anthropic", "tool_choice", lambda v, b: v is not None and not (isinstance(v, dict) and v.get("type") in
-                                                                     ("auto", "none")),
-     "only {'type': 'auto'} and {'type': 'none'} are supported"),
-)
-
-
-def _refuse_unsupported(body: dict, dialect: str) -> None:
-    """RequestError for the first UNSUPPORTED field `body` sets.
-
-    >>> _refuse_unsupported({"n": 2}, "openai")
-    Traceback (most recent call last):
-    ...
-    strata_lab.server.errors.RequestError: n: is not supported by this server: only one choice (n = 1) is supported
-    """
-    for row_dialect, name, unsupported, why in UNSUPPORTED:
-        if row_dialect == dialect and name in body and unsupported(body[name], body):
-            raise RequestError(name, f"is not supported by this server: {why}", code="unsupported_parameter")
 
 
 # --- field checks -----------------------------------------------------------------------------------
@@ -293,7 +263,7 @@ def parse_openai(body: Any) -> ChatRequest:
     2
     """
     body = _body(body)
-    _refuse_unsupported(body, "openai")
+    refuse_unsupported(body, "openai")
     req: dict = {"dialect": "openai", "messages": _openai_messages(body.get("messages"))}
     req["model"] = _str(body["model"], "model") if body.get("model") is not None else None
     if body.get("stream") is not None:
@@ -452,7 +422,7 @@ def parse_anthropic(body: Any) -> ChatRequest:
     {'role': 'system', 'content': 'be brief'}
     """
     body = _body(body)
-    _refuse_unsupported(body, "anthropic")
+    refuse_unsupported(body, "anthropic")
     if body.get("max_tokens") is None:
         raise RequestError("max_tokens", "is required")
     req: dict = {"dialect": "anthropic", "max_tokens": check_int(body["max_tokens"], "max_tokens", minimum=0)}
