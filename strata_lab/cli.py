@@ -8,7 +8,7 @@ import sys
 
 def _load_tokenizer(name: str):
     """load_tokenizer, with any failure (a binary file, a foreign format) as one ValueError naming the option."""
-    from .tokenizer import load_tokenizer
+    from strata_lab.text.tokenizer import load_tokenizer
 
     try:
         return load_tokenizer(name)
@@ -61,8 +61,8 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from .dump import load_dump
-    from .replayer import compare_policies, replay
+    from strata_lab.dump import load_dump
+    from strata_lab.replayer import compare_policies, replay
     rows = _load_tokenizer(args.tokenizer).embedding_rows  # ids past the model's rows make a line bad
     dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0], vocab_size=rows)
     if next(iter(dump), None) is None:
@@ -79,7 +79,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print("\npolicy comparison:")
         print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     if args.png:
-        from .plots import plot_report
+        from strata_lab.notebook.plots import plot_report
 
         plot_report(report.to_frame(), args.png, policies=table)
         print(f"\nwrote {args.png}")
@@ -87,7 +87,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_template(args: argparse.Namespace) -> int:
-    from .template import TEMPLATE_PRESETS, ChatTemplate
+    from strata_lab.text.template import TEMPLATE_PRESETS, ChatTemplate
 
     tmpl = (ChatTemplate.from_name(args.template) if args.template in TEMPLATE_PRESETS
             else ChatTemplate.from_file(args.template))
@@ -142,7 +142,7 @@ def _api_key(args: argparse.Namespace, environ=None) -> str | None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .server import ServerConfig, serve
+    from strata_lab.server import ServerConfig, serve
 
     serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=_api_key(args),
                        max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
@@ -158,7 +158,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     import os
 
-    from .demo import run_demo
+    from strata_lab.sessions.demo import run_demo
 
     if args.model not in ("hybrid", "attention") and not os.path.isfile(os.path.join(args.model, "config.json")):
         raise ValueError(f"--model must be hybrid, attention or a model directory (with config.json), "

@@ -6,7 +6,7 @@ is skipped with a `DumpWarning` naming the file and line; unknown fields are kep
 Files are read line by line, so a dump never has to fit in memory unless you ask for a frame.
 
 >>> import os, tempfile
->>> from strata_lab.record import Recorder
+>>> from strata_lab.dump.writer import Recorder
 >>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
 >>> with Recorder(path) as rec:
 ...     rec.write_call(session="s", prompt_ids=[1, 2], reused=0, gen_ids=[3], finish="stop", note="hi")
@@ -22,7 +22,7 @@ import os
 import warnings
 from typing import Iterable, Iterator
 
-from .record import FINISH_REASONS  # one list of finish reasons: the writer's
+from strata_lab.dump.writer import FINISH_REASONS  # one list of finish reasons: the writer's
 
 __all__ = ["Dump", "load_dump", "DumpWarning", "parse_line"]
 

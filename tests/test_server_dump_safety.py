@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from _strata_server import free_port, tiny_model
-from strata_lab.record import Recorder
+from strata_lab.dump.writer import Recorder
 
 
 # --- the recorder's open ------------------------------------------------------------------------------------

@@ -12,14 +12,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .config import ServerConfig
-from .body import json_body as _json_body, json_object as _json_object
-from .dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
-from .errors import RequestError, error_body
-from .generation import ChatRunner
-from .prompt import make_plan
-from .request import ChatRequest, check_int, parse_anthropic, parse_openai
-from .worker import EngineWorker
+from strata_lab.server.config import ServerConfig
+from strata_lab.server.body import json_body as _json_body, json_object as _json_object
+from strata_lab.server.dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
+from strata_lab.server.errors import RequestError, error_body
+from strata_lab.server.generation import ChatRunner
+from strata_lab.server.prompt import make_plan
+from strata_lab.server.request import ChatRequest, check_int, parse_anthropic, parse_openai
+from strata_lab.server.worker import EngineWorker
 
 from starlette.concurrency import run_in_threadpool  # the app module is only imported to build the app
 from starlette.requests import Request
@@ -43,13 +43,13 @@ def load_state(config: ServerConfig) -> ServerState:
     """Load tokenizer, template, engine, encoder and recorder for `config`."""
     from pathlib import Path
 
-    from strata_lab.encoder import PromptEncoder
+    from strata_lab.text.encoder import PromptEncoder
     from strata_lab.engine import CheckpointPolicy, Engine
-    from strata_lab.record import Recorder
-    from strata_lab.template import ChatTemplate
-    from strata_lab.tokenizer import load_tokenizer
+    from strata_lab.dump.writer import Recorder
+    from strata_lab.text.template import ChatTemplate
+    from strata_lab.text.tokenizer import load_tokenizer
 
-    from strata_lab.checkpoints import embedded_model
+    from strata_lab.tiny import embedded_model
 
     # the dump first: a bad one fails in a moment, not after the model has loaded
     recorder = Recorder(config.dump, on_error="count") if config.dump else Recorder.from_env(on_error="count")
@@ -312,7 +312,7 @@ def create_app(state: ServerState):
         if state.runner.recorder is not None:
             state.runner.recorder.close()
 
-    from .security import wrap
+    from strata_lab.server.security import wrap
 
     return wrap(app, state.config)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import RequestError
+from strata_lab.server.errors import RequestError
 
 __all__ = ["json_body", "json_object", "first_bad_string", "check_text"]
 

@@ -13,8 +13,8 @@ import json
 import time
 import uuid
 
-from .errors import RequestError, anthropic_error, openai_error
-from .output import Event, ToolCall
+from strata_lab.server.errors import RequestError, anthropic_error, openai_error
+from strata_lab.server.output import Event, ToolCall
 
 __all__ = ["openai_response", "anthropic_response", "OpenAIStream", "AnthropicStream", "new_id"]
 

@@ -17,9 +17,9 @@ import uuid
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Sequence
 
-from .errors import RequestError
-from .output import Event, OutputParser, StopMatcher, TextStream
-from .request import ChatRequest
+from strata_lab.server.errors import RequestError
+from strata_lab.server.output import Event, OutputParser, StopMatcher, TextStream
+from strata_lab.server.request import ChatRequest
 
 __all__ = ["ChatRunner", "Plan", "Summary", "WRAP_UP", "plain_drained"]
 
@@ -214,7 +214,7 @@ class ChatRunner:
         if self.reply_reuse:
             self.encoder.remember_reply(prompt_ids, reply_ids)
 
-        from .output import collect
+        from strata_lab.server.output import collect
 
         reasoning, content, tool_calls = collect(events)
         if finish == "budget":
@@ -288,7 +288,7 @@ class ChatRunner:
 
         import jsonschema
 
-        from .schemas import schema_validator
+        from strata_lab.server.schemas import schema_validator
 
         # The logical reply is prefix + continuation: a prefix may open the JSON the model completes.
         text = (plan.prefix_text or "") + content

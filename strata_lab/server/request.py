@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RequestError
-from .schemas import check_schema
-from .unsupported import UNSUPPORTED, refuse_unsupported
+from strata_lab.server.errors import RequestError
+from strata_lab.server.schemas import check_schema
+from strata_lab.server.unsupported import UNSUPPORTED, refuse_unsupported
 
 __all__ = ["ChatRequest", "parse_openai", "parse_anthropic", "check_int", "UNSUPPORTED"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import RequestError
+from strata_lab.server.errors import RequestError
 
 __all__ = ["check_schema", "schema_validator"]
 

@@ -25,7 +25,7 @@ import asyncio
 import hmac
 import json
 
-from .errors import RequestError, error_body
+from strata_lab.server.errors import RequestError, error_body
 
 __all__ = ["Guard", "Gate", "allowed_hosts", "host_name", "is_json_type", "wrap"]
 

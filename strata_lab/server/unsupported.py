@@ -6,7 +6,7 @@ here and parse the field in request.py.
 """
 from __future__ import annotations
 
-from .errors import RequestError
+from strata_lab.server.errors import RequestError
 
 __all__ = ["UNSUPPORTED", "refuse_unsupported"]
 
