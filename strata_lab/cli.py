@@ -8,11 +8,36 @@ import sys
 import tempfile
 
 
-def _cmd_tokenize(args: argparse.Namespace) -> int:
+def _load_tokenizer(name: str):
+    """load_tokenizer, with any failure (a binary file, a foreign format) as one ValueError naming the option."""
     from strata_lab.text.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(args.tokenizer)
-    text = args.text if args.text is not None else sys.stdin.read()
+    try:
+        return load_tokenizer(name)
+    except (ValueError, OSError):
+        raise
+    except Exception as exc:  # the tokenizers library raises plain Exception for unreadable files
+        raise ValueError(f"--tokenizer {name}: cannot load it ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+def _utf8_text(text: str | None) -> str:
+    """The argument, or standard input decoded strictly: invalid UTF-8 is a clear error, not a traceback."""
+    if text is None:
+        raw = sys.stdin.buffer.read()
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        text.encode("utf-8")  # the shell passes undecodable bytes as lone surrogates
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"the text argument is not valid UTF-8 (character {exc.start})") from None
+    return text
+
+
+def _cmd_tokenize(args: argparse.Namespace) -> int:
+    tok = _load_tokenizer(args.tokenizer)
+    text = _utf8_text(args.text)
     ids = tok.encode(text)
     if args.json:
         rows = []
@@ -56,11 +81,12 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     paths = args.dump if len(args.dump) > 1 else args.dump[0]
     if isinstance(paths, str) and is_store(paths):  # a Parquet store (strata-lab convert)
         return load_dump(paths)
+    rows = _load_tokenizer(args.tokenizer).embedding_rows  # ids past the model's rows make a line bad
     with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
         warnings.simplefilter("ignore", TraceWarning)
         trace = load_trace(paths, format=args.format, progress=not args.quiet)
     if trace.formats == ["strata"]:
-        return load_dump(paths)
+        return load_dump(paths, vocab_size=rows)
     _describe(trace)
     return trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
 
@@ -100,6 +126,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace, dump) -> int:
     from strata_lab.replayer import compare_policies, replay
 
+    if type(dump).__name__ == "Dump" and next(iter(dump), None) is None:
+        raise ValueError(f"no engine calls in {', '.join(dump.paths)}: the dump is empty or every line was "
+                         "skipped (see the warnings above); nothing to replay")
     if args.engine:
         return _replay_engines(dump, args)
 
@@ -167,8 +196,16 @@ def _cmd_template(args: argparse.Namespace) -> int:
 
     tmpl = (ChatTemplate.from_name(args.template) if args.template in TEMPLATE_PRESETS
             else ChatTemplate.from_file(args.template))
-    with open(args.conversation, encoding="utf-8") if args.conversation != "-" else sys.stdin as f:
-        data = json.load(f)
+    try:
+        with open(args.conversation, encoding="utf-8") if args.conversation != "-" else sys.stdin as f:
+            data = json.load(f)
+    except UnicodeDecodeError:
+        raise ValueError(f"{args.conversation} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{args.conversation} is not valid JSON ({exc})") from None
+    if not isinstance(data, (list, dict)):
+        raise ValueError(f"{args.conversation} must hold a list of messages or an object with 'messages', "
+                         f"got {type(data).__name__}")
     request = {"messages": data} if isinstance(data, list) else dict(data)
     messages = request.pop("messages", None)
     options = {k: request[k] for k in ("tools", "response_format", "enable_thinking") if k in request}
@@ -184,18 +221,53 @@ def _cmd_template(args: argparse.Namespace) -> int:
     return 0
 
 
+API_KEY_ENV = "STRATA_API_KEY"
+
+
+def _api_key(args: argparse.Namespace, environ=None) -> str | None:
+    """The key from --api-key, else --api-key-file (first line), else $STRATA_API_KEY; None: no key.
+
+    >>> _api_key(argparse.Namespace(api_key=None, api_key_file=None), {"STRATA_API_KEY": "k"})
+    'k'
+    """
+    import os
+
+    if args.api_key is not None:
+        return args.api_key
+    if args.api_key_file is not None:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key = f.readline().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--api-key-file {args.api_key_file}: cannot read it ({exc})") from None
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file}: the first line is empty")
+        return key
+    return (os.environ if environ is None else environ).get(API_KEY_ENV) or None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from strata_lab.server import ServerConfig, serve
 
-    serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=args.api_key,
+    serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=_api_key(args),
                        max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
                        max_body_bytes=args.max_body, template=args.template, model_name=args.alias,
-                       stop_latency=args.stop_latency, header_checkpoint=not args.no_header_checkpoint))
+                       stop_latency=args.stop_latency, header_checkpoint=not args.no_header_checkpoint,
+                       allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(args.cors),
+                       body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
+                       max_tokens_default=args.max_tokens_default, no_mmap=args.no_mmap,
+                       check_weights=args.check_weights))
     return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import os
+
     from strata_lab.sessions.demo import run_demo
+
+    if args.model not in ("hybrid", "attention") and not os.path.isfile(os.path.join(args.model, "config.json")):
+        raise ValueError(f"--model must be hybrid, attention or a model directory (with config.json), "
+                         f"got {args.model!r}")
 
     run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
     return 0
@@ -317,9 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--dump", help="append a strata-dump/1 line per engine call here ($STRATA_PROMPT_DUMP)")
-    p.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key)")
+    p.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key); it shows in the "
+                   f"process list, so prefer --api-key-file or ${API_KEY_ENV}")
+    p.add_argument("--api-key-file", metavar="PATH", help="read the key from the first line of this file")
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
-    p.add_argument("--threads", type=int, default=0, help="engine threads (0 = engine default)")
+    p.add_argument("--threads", type=int, default=0, help="engine threads (0 = engine default; at most 4 per core)")
     p.add_argument("--no-reply-reuse", action="store_true", help="do not reuse a reply's own ids (A/B runs)")
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="request body limit in bytes")
     p.add_argument("--template", default="qwen3", help="chat template preset")
@@ -328,6 +402,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")
     p.add_argument("--no-header-checkpoint", action="store_true",
                    help="no checkpoint before the generation prompt's <|im_start|> (only the turn start)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header is NAME (repeatable; by default only the bound "
+                        "address, and localhost when bound to loopback)")
+    p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                   help="allow browser requests from ORIGIN, e.g. https://app.example (repeatable; default: none)")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request body may take (408 after)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0, help="seconds an idle connection is kept")
+    p.add_argument("--max-tokens-default", type=int, default=1024,
+                   help="output cap of a request that sets none (OpenAI max_tokens absent or null; default 1024)")
+    p.add_argument("--no-mmap", action="store_true",
+                   help="read the weights into memory instead of mapping model.safetensors")
+    p.add_argument("--check-weights", action="store_true", help="refuse weights holding NaN or infinity at load")
+    p.epilog = (f"The API key can come from --api-key, --api-key-file or the {API_KEY_ENV} environment variable "
+                "(in that order). See docs/SECURITY.md.")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("demo", help="serve an agent session with reply-id reuse off and on; replay and compare")
@@ -384,8 +472,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata-lab {args.command}: error: {exc.name} is missing; install it with "
               f"pip install 'strata-lab[{extra}]'", file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        print(f"strata-lab {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError, KeyError) as exc:
+        message = " ".join(str(exc).split())  # one line, whatever the exception held
+        print(f"strata-lab {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -348,18 +348,38 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, threads: Optional[int] = None,
-             max_context: Optional[int] = None) -> "Engine":
-        """Load a Hugging Face checkpoint directory (config.json + safetensors, f32/f16/bf16, mmapped).
+             max_context: Optional[int] = None, mmap: bool = True, check_weights: bool = False) -> "Engine":
+        """Load a Hugging Face checkpoint directory (config.json + safetensors, f32/f16/bf16).
 
-        ``threads``: OpenMP threads (None: all cores). ``max_context``: tokens a session may hold
-        (None: config max_position_embeddings). Bad files raise CheckpointError (a ValueError).
+        ``threads``: OpenMP threads (None: all cores; at most 4 per core). ``max_context``: tokens a session
+        may hold (None: config max_position_embeddings). Bad files raise CheckpointError (a ValueError)
+        naming the file, field or tensor: non-regular files (a FIFO), out-of-range config values
+        (``rope_theta <= 0``, ``rms_norm_eps < 0``, sizes < 1), overlapping tensor offsets.
+
+        ``mmap=True`` (default) maps the weights: fast, shared with the page cache, but the file must not
+        change while the engine lives. Rewriting it in place changes the weights under the engine, and
+        truncating it kills the process with SIGBUS on the next read of a lost page. Replace checkpoints by
+        writing a new file and renaming it over the old one (the mapping keeps the old inode), or load with
+        ``mmap=False``, which reads the weights into memory once. ``check_weights=True`` refuses weights
+        holding NaN or infinity (one extra pass over them).
+
+        >>> import tempfile
+        >>> from strata_lab.tiny import make_tiny
+        >>> Engine.load(make_tiny(tempfile.mkdtemp()), threads=1, mmap=False, check_weights=True).vocab_size
+        151936
         """
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+        if threads is not None and threads > 4 * (os.cpu_count() or 1):
+            raise ValueError(f"threads must be <= {4 * (os.cpu_count() or 1)} (4 x {os.cpu_count()} cores), "
+                             f"got {threads}")
         if max_context is not None and (not isinstance(max_context, int) or max_context < 1):
             raise ValueError(f"max_context must be a positive int or None, got {max_context!r}")
+        for name, value in (("mmap", mmap), ("check_weights", check_weights)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
         path = os.fspath(path)
-        return cls(_ext().Engine(path, threads or 0, max_context or 0), path)
+        return cls(_ext().Engine(path, threads or 0, max_context or 0, mmap, check_weights), path)
 
     @property
     def vocab_size(self) -> int:

@@ -66,7 +66,7 @@ def wait_for_lines(server, before, seconds: float = 10.0):
 
 # --- endpoints ----------------------------------------------------------------------------------------
 def test_info_endpoints(server, oa):
-    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(server.url + "/health").json() == {"status": "ok", "dump_lost_lines": 0}
     assert [m.id for m in oa.models.list()] == [tiny_model().name]
     props = httpx.get(server.url + "/props").json()
     assert props["default_generation_settings"]["n_ctx"] == CTX and props["total_slots"] == 1
@@ -92,8 +92,10 @@ def test_openai_chat_and_stream_agree(server, oa):
     timings = r.model_extra["timings"]
     assert set(timings) >= {"prompt_n", "cache_n", "predicted_n", "prompt_ms", "predicted_ms"}
     assert timings["prompt_n"] + timings["cache_n"] == r.usage.prompt_tokens
-    chunks = list(oa.chat.completions.create(model="x", messages=USER, max_tokens=6, temperature=0, stream=True))
+    chunks = list(oa.chat.completions.create(model="x", messages=USER, max_tokens=6, temperature=0, stream=True,
+                                             stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices == [] and all(c.usage is None for c in chunks[:-1])
     assert text == r.choices[0].message.content
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
@@ -166,11 +168,13 @@ def test_n_predict_zero_is_prompt_only(server):
 
 
 def test_n_predict_zero_streaming(server):
-    chunks, _ = sse(server, "/v1/chat/completions", {"messages": USER, "n_predict": 0, "stream": True})
-    assert len(chunks) == 2
+    chunks, _ = sse(server, "/v1/chat/completions", {"messages": USER, "n_predict": 0, "stream": True,
+                                                     "stream_options": {"include_usage": True}})
+    assert len(chunks) == 3
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert chunks[1]["choices"][0]["finish_reason"] == "length" and chunks[1]["usage"]["completion_tokens"] == 0
-    assert not any(c["choices"][0]["delta"].get("content") for c in chunks)
+    assert chunks[1]["choices"][0]["finish_reason"] == "length" and chunks[2]["usage"]["completion_tokens"] == 0
+    assert chunks[2]["choices"] == []
+    assert not any(c["choices"][0]["delta"].get("content") for c in chunks[:2])
 
 
 def test_n_predict_caps_and_loses_to_max_tokens(server):
@@ -304,7 +308,7 @@ def test_openai_tool_call_from_a_prefilled_call(server, oa):
                                              extra_body={"assistant_prefix": CALL, "n_predict": 0}))
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert len(deltas) == 1 and deltas[0].function.name == "get_weather" and deltas[0].index == 0
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert chunks[-1].choices[0].finish_reason == "tool_calls" and chunks[-1].usage is None
 
 
 def test_anthropic_tool_use_from_a_prefilled_call(server, an):
@@ -400,9 +404,10 @@ def test_thinking_budget_anthropic(server, an, qwen3):
 
 # --- errors, limits ---------------------------------------------------------------------------------------
 def test_bad_json_and_body_limit(server):
-    r = httpx.post(server.url + "/v1/chat/completions", content=b"{not json", timeout=10)
+    json_type = {"Content-Type": "application/json"}
+    r = httpx.post(server.url + "/v1/chat/completions", content=b"{not json", timeout=10, headers=json_type)
     assert r.status_code == 400 and r.json()["error"]["param"] == "body"
-    r = httpx.post(server.url + "/v1/messages", content=b"x" * (5 * 1024 * 1024), timeout=30)
+    r = httpx.post(server.url + "/v1/messages", content=b"x" * (5 * 1024 * 1024), timeout=30, headers=json_type)
     assert r.status_code == 413 and r.json()["type"] == "error"
 
 

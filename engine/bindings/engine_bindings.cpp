@@ -106,14 +106,17 @@ void register_checkpoint(py::module_& m) {
 
 void register_engine(py::module_& m) {
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
-      .def(py::init([](const std::string& path, int threads, int64_t max_context) {
+      .def(py::init([](const std::string& path, int threads, int64_t max_context, bool mmap, bool check_finite) {
              LoadOptions o;
              o.threads = threads;
              o.max_context = max_context;
+             o.use_mmap = mmap;
+             o.check_finite = check_finite;
              py::gil_scoped_release release;
              return std::make_shared<Engine>(path, o);
            }),
-           py::arg("path"), py::arg("threads") = 0, py::arg("max_context") = 0)
+           py::arg("path"), py::arg("threads") = 0, py::arg("max_context") = 0, py::arg("mmap") = true,
+           py::arg("check_finite") = false)
       .def("info", [](const Engine& e) {
         const ModelInfo& i = e.info();
         py::dict d;

@@ -5,6 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -118,22 +121,82 @@ std::vector<TensorInfo> SafetensorsFile::parse_header(const std::string& header,
     ti.nbytes = size_t(e - b);
     out.push_back(std::move(ti));
   }
+  // Two tensors sharing bytes would alias each other's weights: refuse (empty tensors take no bytes).
+  std::vector<const TensorInfo*> by_offset;
+  for (const auto& t : out)
+    if (t.nbytes) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](const TensorInfo* a, const TensorInfo* b) {
+    return uintptr_t(a->data) < uintptr_t(b->data);
+  });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const TensorInfo& a = *by_offset[i - 1];
+    const TensorInfo& b = *by_offset[i];
+    if (uintptr_t(b.data) < uintptr_t(a.data) + a.nbytes)
+      throw CheckpointError("safetensors header: tensor '" + b.name + "': data_offsets overlap those of tensor '" +
+                            a.name + "'");
+  }
   return out;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
+static bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// Opens `path` read-only if it is a regular file (O_NONBLOCK: a FIFO must not hang the open); returns fd and size.
+static int open_regular(const std::string& path, size_t& size) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw CheckpointError("cannot open " + path + ": " + std::strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) { ::close(fd); throw CheckpointError("cannot stat " + path); }
-  size_t size = size_t(st.st_size);
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw CheckpointError(path + ": not a regular file (a FIFO, device or directory); refusing to read it");
+  }
+  size = size_t(st.st_size);
+  return fd;
+}
+
+// Reads exactly `size` bytes from fd into dst; throws if the file is shorter now (changed while loading).
+static void read_all(int fd, void* dst, size_t size, const std::string& path) {
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::pread(fd, static_cast<uint8_t*>(dst) + done, size - done, off_t(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw CheckpointError(path + ": read failed or the file shrank while loading");
+    done += size_t(n);
+  }
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path, bool use_mmap) : path_(path) {
+  size_t size = 0;
+  int fd = open_regular(path, size);
   if (size < 8) { ::close(fd); throw CheckpointError(path + ": truncated safetensors file (" + std::to_string(size) + " bytes)"); }
-  void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (m == MAP_FAILED) throw CheckpointError("cannot mmap " + path);
-  map_ = m;
-  map_size_ = size;
-  const uint8_t* base = static_cast<const uint8_t*>(m);
+  const uint8_t* base = nullptr;
+  if (use_mmap) {
+    // A mapped file that is truncated or rewritten in place while the engine runs changes or loses pages
+    // under it (SIGBUS on a truncation): replace checkpoints by renaming a new file, or load with mmap=false.
+    void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (m == MAP_FAILED) throw CheckpointError("cannot mmap " + path);
+    map_ = m;
+    map_size_ = size;
+    base = static_cast<const uint8_t*>(m);
+  } else {
+    // 64-byte aligned, so tensor data has the alignment it would have in a (page-aligned) mapping mod 64
+    buffer_ = std::aligned_alloc(64, (size + 63) / 64 * 64);
+    if (!buffer_) { ::close(fd); throw CheckpointError(path + ": out of memory reading " + std::to_string(size) + " bytes"); }
+    try {
+      read_all(fd, buffer_, size, path);
+    } catch (...) {
+      ::close(fd);
+      std::free(buffer_);
+      buffer_ = nullptr;
+      throw;
+    }
+    ::close(fd);
+    base = static_cast<const uint8_t*>(buffer_);
+  }
   uint64_t n = 0;
   for (int k = 7; k >= 0; --k) n = (n << 8) | base[k];
   try {
@@ -145,35 +208,84 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     std::string header(reinterpret_cast<const char*>(base + 8), size_t(n));
     tensors_ = parse_header(header, size - 8 - n);
   } catch (const CheckpointError& e) {
-    munmap(map_, map_size_);
+    if (map_) munmap(map_, map_size_);
     map_ = nullptr;
+    std::free(buffer_);
+    buffer_ = nullptr;
     std::string msg = e.what();
     if (msg.rfind(path, 0) != 0) msg = path + ": " + msg;
     throw CheckpointError(msg);
   }
   const uint8_t* data = base + 8 + n;
   for (auto& t : tensors_) t.data = data + reinterpret_cast<uintptr_t>(t.data);
-  madvise(map_, map_size_, MADV_WILLNEED);
+  if (map_) madvise(map_, map_size_, MADV_WILLNEED);
 }
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_) munmap(map_, map_size_);
+  std::free(buffer_);
 }
 
 static std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw CheckpointError("missing file " + path);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
+  if (!exists(path)) throw CheckpointError("missing file " + path);
+  size_t size = 0;
+  int fd = open_regular(path, size);
+  if (size > (size_t(64) << 20)) { ::close(fd); throw CheckpointError(path + ": larger than 64 MiB; not a config file"); }
+  std::string out(size, '\0');
+  try {
+    read_all(fd, out.data(), size, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return out;
 }
 
-static bool exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
+// Config values that, out of range, would load silently and compute garbage (zeros, NaN) or huge buffers.
+static void check_config_ranges(const Json& cfg, const std::string& cfg_path) {
+  static const char* const positive_ints[] = {
+      "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+      "intermediate_size", "max_position_embeddings", "full_attention_interval", "linear_num_key_heads",
+      "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+      "decoder_sparse_step"};
+  // 0 is meaningful here: a dense model has no experts
+  static const char* const counts[] = {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                       "shared_expert_intermediate_size"};
+  const int64_t limit = int64_t(1) << 24;
+  auto check_int = [&](const char* key, int64_t lo) {
+    const Json* v = cfg.find(key);
+    if (!v || v->is_null()) return;
+    if (!v->is_number() || !v->integral || v->integer < lo || v->integer > limit) {
+      std::ostringstream m;
+      m << cfg_path << ": field '" << key << "' must be an integer in " << lo << ".." << limit << ", got ";
+      if (v->is_number()) m << v->number; else m << "a non-number";
+      throw CheckpointError(m.str());
+    }
+  };
+  for (const char* key : positive_ints) check_int(key, 1);
+  for (const char* key : counts) check_int(key, 0);
+  auto check_float = [&](const Json* v, const std::string& key, bool allow_zero) {
+    if (!v || v->is_null()) return;
+    if (!v->is_number() || !std::isfinite(v->number) || v->number < 0 || (!allow_zero && v->number == 0)) {
+      std::ostringstream m;
+      m << cfg_path << ": field '" << key << "' must be a finite number " << (allow_zero ? ">= 0" : "> 0");
+      if (v->is_number()) m << ", got " << v->number;
+      throw CheckpointError(m.str());
+    }
+  };
+  check_float(cfg.find("rope_theta"), "rope_theta", false);
+  check_float(cfg.find("rms_norm_eps"), "rms_norm_eps", true);
+  check_float(cfg.find("partial_rotary_factor"), "partial_rotary_factor", false);
+  if (const Json* rp = cfg.find("rope_parameters"); rp && rp->is_object()) {
+    check_float(rp->find("rope_theta"), "rope_parameters.rope_theta", false);
+    check_float(rp->find("partial_rotary_factor"), "rope_parameters.partial_rotary_factor", false);
+  }
+  if (const Json* v = cfg.find("partial_rotary_factor"); v && v->is_number() && v->number > 1)
+    throw CheckpointError(cfg_path + ": field 'partial_rotary_factor' must be <= 1");
 }
 
-Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
+Checkpoint::Checkpoint(const std::string& dir, bool use_mmap) : dir_(dir) {
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw CheckpointError("not a checkpoint directory: " + dir);
   std::string cfg_path = dir + "/config.json";
@@ -183,6 +295,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     throw CheckpointError(cfg_path + ": " + e.what());
   }
   if (!config_.is_object()) throw CheckpointError(cfg_path + ": not a JSON object");
+  check_config_ranges(config_, cfg_path);
 
   std::vector<std::string> shard_names;
   std::string index_path = dir + "/model.safetensors.index.json";
@@ -208,7 +321,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     throw CheckpointError(dir + ": neither model.safetensors nor model.safetensors.index.json found");
   }
   for (const auto& f : shard_names) {
-    files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + f));
+    files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + f, use_mmap));
     for (const auto& t : files_.back()->tensors()) {
       if (by_name_.count(t.name)) throw CheckpointError("tensor '" + t.name + "' appears in two shards");
       by_name_[t.name] = &t;
@@ -300,6 +413,33 @@ void Checkpoint::check_all_used(const std::vector<std::string>& ignored_prefixes
     for (size_t i = 0; i < extra.size() && i < 5; ++i) msg += (i ? ", '" : "'") + extra[i] + "'";
     if (extra.size() > 5) msg += " and " + std::to_string(extra.size() - 5) + " more";
     throw CheckpointError(msg);
+  }
+}
+
+void Checkpoint::check_finite() const {
+  // Non-finite = all exponent bits set, in each format's own layout.
+  for (const auto& kv : by_name_) {
+    const TensorInfo& t = *kv.second;
+    const int64_t n = t.numel();
+    int64_t bad = -1;
+    if (t.dtype == DType::F32) {
+      const uint32_t* p = reinterpret_cast<const uint32_t*>(t.data);
+      for (int64_t i = 0; i < n && bad < 0; ++i) {
+        uint32_t w;
+        std::memcpy(&w, p + i, 4);
+        if ((w & 0x7f800000u) == 0x7f800000u) bad = i;
+      }
+    } else if (t.dtype == DType::F16 || t.dtype == DType::BF16) {
+      const uint16_t mask = t.dtype == DType::F16 ? 0x7c00 : 0x7f80;
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(t.data);
+      for (int64_t i = 0; i < n && bad < 0; ++i) {
+        uint16_t w;
+        std::memcpy(&w, p + i, 2);
+        if ((w & mask) == mask) bad = i;
+      }
+    }
+    if (bad >= 0)
+      throw CheckpointError(dir_ + ": tensor '" + t.name + "' holds NaN or infinity (element " + std::to_string(bad) + ")");
   }
 }
 

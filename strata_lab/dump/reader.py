@@ -1,7 +1,8 @@
 """Reading "strata-dump/1" files: stream records, or get a typed pandas frame with one row per call.
 
-A line that is not a JSON object with `prompt_ids` (a torn last line after a crash, garbage, a foreign
-schema) is skipped with a `DumpWarning` naming the file and line; unknown fields are kept as they are.
+A line that is not a valid record (a torn last line after a crash, garbage, a foreign schema, a field
+outside docs/DUMP_FORMAT.md: a negative or non-integer id, `reused` past the prompt, an unknown `finish`)
+is skipped with a `DumpWarning` naming the file and line; unknown fields are kept as they are.
 Files are read line by line, so a dump never has to fit in memory unless you ask for a frame.
 
 >>> import os, tempfile
@@ -21,6 +22,8 @@ import os
 import warnings
 from typing import Iterable, Iterator
 
+from strata_lab.dump.writer import FINISH_REASONS  # one list of finish reasons: the writer's
+
 __all__ = ["Dump", "load_dump", "DumpWarning", "parse_line", "check_record"]
 
 SCHEMA_PREFIX = "strata-dump/"
@@ -39,10 +42,33 @@ class DumpWarning(UserWarning):
 _DEFAULTS = (("gen_ids", list), ("drained_ids", list), ("checkpoints", list), ("timings", dict))
 
 
-def parse_line(line: bytes | str) -> dict:
+_ID_LIMIT = 2**31  # ids are int32 in the engine; a vocabulary, when given, is the tighter bound
+_ID_LISTS = ("prompt_ids", "gen_ids", "drained_ids", "checkpoints")
+
+
+def _check_ids(rec: dict, name: str, vocab_size: int | None) -> None:
+    ids = rec[name]
+    if not ids:
+        return
+    # every element, not just the ends: a float or a string inside would otherwise reach the replay
+    if set(map(type, ids)) != {int}:
+        bad = next(i for i, v in enumerate(ids) if type(v) is not int)
+        raise ValueError(f"{name}[{bad}] must be an int, got {ids[bad]!r}")
+    low, high = min(ids), max(ids)
+    limit = _ID_LIMIT if vocab_size is None or name == "checkpoints" else vocab_size
+    if low < 0 or high >= limit:
+        bad = next(i for i, v in enumerate(ids) if not 0 <= v < limit)
+        what = "a position" if name == "checkpoints" else "an id"
+        raise ValueError(f"{name}[{bad}] = {ids[bad]} is not {what} in 0..{limit - 1}")
+
+
+def parse_line(line: bytes | str, vocab_size: int | None = None) -> dict:
     """Parse one dump line into a record, or raise ValueError saying what is wrong.
 
-    Missing optional fields get defaults (empty id lists, session "default", call 0); unknown fields stay.
+    Every field is checked against docs/DUMP_FORMAT.md: id lists hold ints in 0..vocab_size-1 (0..2**31-1
+    with no vocabulary), `reused` is an int in 0..len(prompt_ids), `finish` one of the documented
+    reasons, `call` an int >= 0. Missing optional fields get defaults (empty id lists, session "default",
+    call 0); unknown fields stay.
 
     >>> parse_line(b'{"prompt_ids": [1, 2], "x": 1}')["gen_ids"]
     []
@@ -50,24 +76,30 @@ def parse_line(line: bytes | str) -> dict:
     Traceback (most recent call last):
     ...
     ValueError: prompt_ids must be a list of ints
+    >>> parse_line(b'{"prompt_ids": [1, 2.5]}')
+    Traceback (most recent call last):
+    ...
+    ValueError: prompt_ids[1] must be an int, got 2.5
+    >>> parse_line(b'{"prompt_ids": [1, 2], "reused": 3}')
+    Traceback (most recent call last):
+    ...
+    ValueError: reused must be an int in 0..2 (the prompt's length), got 3
     """
     try:
         rec = _loads(line)
     except _DecodeError as exc:
         raise ValueError(f"not valid JSON ({exc})") from None
-    return check_record(rec)
+    return check_record(rec, vocab_size)
 
 
-def check_record(rec) -> dict:
+def check_record(rec, vocab_size: int | None = None) -> dict:
     """Validate a parsed dump line and give it the defaults (in place); ValueError says what is wrong."""
     if not isinstance(rec, dict):
         raise ValueError(f"not a JSON object ({type(rec).__name__})")
     schema = rec.get("schema")
     if schema is not None and not (isinstance(schema, str) and schema.startswith(SCHEMA_PREFIX)):
         raise ValueError(f"schema {schema!r} is not {SCHEMA_PREFIX}N")
-    ids = rec.get("prompt_ids")
-    # check the ends only: a full per-id check would double the ingest time; ids are ints by contract
-    if not isinstance(ids, list) or (ids and not (type(ids[0]) is int and type(ids[-1]) is int)):
+    if not isinstance(rec.get("prompt_ids"), list):
         raise ValueError("prompt_ids must be a list of ints")
     for name, kind in _DEFAULTS:
         v = rec.get(name)
@@ -75,19 +107,30 @@ def check_record(rec) -> dict:
             rec[name] = kind()
         elif not isinstance(v, kind):
             raise ValueError(f"{name} must be a {kind.__name__}, got {type(v).__name__}")
+    for name in _ID_LISTS:
+        _check_ids(rec, name, vocab_size)
+    reused = rec.get("reused")
+    n = len(rec["prompt_ids"])
+    if reused is not None and (type(reused) is not int or not 0 <= reused <= n):
+        raise ValueError(f"reused must be an int in 0..{n} (the prompt's length), got {reused!r}")
+    finish = rec.get("finish")
+    if finish is not None and finish not in FINISH_REASONS:
+        raise ValueError(f"finish must be one of {', '.join(FINISH_REASONS)}, got {finish!r}")
+    call = rec.setdefault("call", 0)
+    if type(call) is not int or call < 0:
+        raise ValueError(f"call must be an int >= 0, got {call!r}")
     rec.setdefault("session", "default")
-    rec.setdefault("call", 0)
     return rec
 
 
-def _iter_file(path: str) -> Iterator[dict]:
+def _iter_file(path: str, vocab_size: int | None = None) -> Iterator[dict]:
     skipped = 0
     with open(path, "rb", buffering=1 << 20) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                yield parse_line(line)
+                yield parse_line(line, vocab_size)
             except ValueError as exc:
                 skipped += 1
                 torn = not line.endswith(b"\n")
@@ -105,8 +148,11 @@ class Dump:
     pass them in time order.
     """
 
-    def __init__(self, paths: Iterable[str | os.PathLike]):
+    def __init__(self, paths: Iterable[str | os.PathLike], *, vocab_size: int | None = None):
         self.paths = [os.fspath(p) for p in paths]
+        if vocab_size is not None and (type(vocab_size) is not int or vocab_size < 1):
+            raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
+        self.vocab_size = vocab_size  # ids at or past it make a line bad (None: only the int32 bound)
         if not self.paths:
             raise ValueError("paths must name at least one dump file")
         for p in self.paths:
@@ -115,7 +161,7 @@ class Dump:
 
     def __iter__(self) -> Iterator[dict]:
         for p in self.paths:
-            yield from _iter_file(p)
+            yield from _iter_file(p, self.vocab_size)
 
     def records(self) -> list[dict]:
         """All records as a list (reads the files)."""
@@ -151,7 +197,7 @@ class Dump:
         extra: dict[str, list] = {}
         n = 0
         for p in self.paths:
-            for rec in _iter_file(p):
+            for rec in _iter_file(p, self.vocab_size):
                 t = rec["timings"]
                 enc = rec.get("encoder")
                 cols["file"].append(p)
@@ -203,9 +249,11 @@ class Dump:
         return f"Dump({self.paths!r})"
 
 
-def load_dump(path_or_paths) -> Dump:
+def load_dump(path_or_paths, *, vocab_size: int | None = None) -> Dump:
     """Open one dump file, several, a directory of `*.jsonl` files (sorted by name), or a Parquet store
     (a directory with ``day=*/replica=*`` partitions; returns a `strata_lab.dump.Store`).
+
+    `vocab_size` makes a line whose ids reach past the vocabulary a bad line (skipped with a warning).
 
     >>> load_dump("/nonexistent.jsonl")
     Traceback (most recent call last):
@@ -226,6 +274,6 @@ def load_dump(path_or_paths) -> Dump:
             names = sorted(n for n in os.listdir(p) if n.endswith(".jsonl"))
             if not names:
                 raise FileNotFoundError(f"no *.jsonl dump files in {p}")
-            return Dump(os.path.join(p, n) for n in names)
-        return Dump([p])
-    return Dump(path_or_paths)
+            return Dump((os.path.join(p, n) for n in names), vocab_size=vocab_size)
+        return Dump([p], vocab_size=vocab_size)
+    return Dump(path_or_paths, vocab_size=vocab_size)

@@ -6,7 +6,8 @@ dict lookup and an environment read, nothing else.
 
 Each line is written with a single `os.write` on a descriptor opened with O_APPEND, under a lock, so
 concurrent writers in one process never interleave and a crash leaves at most one torn last line
-(readers skip it). Files are created with mode 0600: they hold the token ids of private conversations.
+(readers skip it). Files are created with mode 0600: they hold the token ids of private conversations; an
+existing file is opened without following a symbolic link, must be a regular file, and is narrowed to 0600.
 
 >>> import os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "calls.jsonl")
@@ -20,10 +21,14 @@ True
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
+import sys
 import threading
 import time
 import uuid
+import warnings
 from typing import Any, Iterator, Mapping, Sequence
 
 __all__ = ["Recorder", "StoreRecorder", "record_to", "active", "open_recorder", "SCHEMA", "ENV_VAR", "FINISH_REASONS"]
@@ -68,21 +73,25 @@ class Recorder:
     >>> rec.close()
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, on_error: str = "raise"):
         self.path = os.fspath(path)
         if not self.path:
             raise ValueError("path must be a non-empty file name")
-        # os.open with an explicit mode: the file is never world-readable, not even for an instant
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
-                                       0o600)
+        if on_error not in ("raise", "count"):
+            raise ValueError(f"on_error must be 'raise' or 'count', got {on_error!r}")
+        self.on_error = on_error  # "count": a failed write is counted in `lost` and logged, never raised
+        self._fd: int | None = _open_dump(self.path)
         self._lock = threading.Lock()
         self.lines = 0
+        self.lost = 0              # lines a failed write lost (on_error="count")
+        self._torn = False         # the last write stopped mid-line
+        self.last_error: str | None = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Recorder | None":
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, on_error: str = "raise") -> "Recorder | None":
         """A recorder for `$STRATA_PROMPT_DUMP`, or None when it is unset or empty."""
         path = (os.environ if environ is None else environ).get(ENV_VAR, "")
-        return cls(path) if path else None
+        return cls(path, on_error=on_error) if path else None
 
     # --- writing ----------------------------------------------------------------------------------
     def write(self, record: Mapping[str, Any]) -> None:
@@ -93,11 +102,34 @@ class Recorder:
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"recorder for {self.path} is closed")
-            view = memoryview(line)
-            while view:  # a regular file takes it in one write; loop only for exotic targets
-                n = os.write(self._fd, view)
-                view = view[n:]
+            if self._torn:  # the last write stopped mid-line: end that torn line so this one reads clean
+                line = b"\n" + line
+            try:
+                view = memoryview(line)
+                while view:  # a regular file takes it in one write; loop only for exotic targets
+                    n = os.write(self._fd, view)
+                    view = view[n:]
+                    self._torn = bool(view)
+            except OSError as exc:  # disk full, quota, file size limit: the caller's work is not lost
+                if self.on_error == "raise":
+                    raise
+                self.lost += 1
+                self.last_error = f"{type(exc).__name__}: {exc.strerror or exc}"
+                if self.lost == 1 or self.lost % 100 == 0:  # a full disk must not flood the log either
+                    print(f"strata-lab: dump {self.path}: lost {self.lost} line(s) so far ({self.last_error})",
+                          file=sys.stderr, flush=True)
+                return
             self.lines += 1
+
+    def check_writable(self, min_free_bytes: int = 1 << 20) -> None:
+        """Raise OSError unless the dump's file system has room (`min_free_bytes`): a start-up check."""
+        with self._lock:
+            if self._fd is None:
+                raise ValueError(f"recorder for {self.path} is closed")
+            st = os.fstatvfs(self._fd)
+        free = st.f_bavail * st.f_frsize
+        if free < min_free_bytes:
+            raise OSError(errno.ENOSPC, f"dump {self.path}: only {free} bytes free on its file system")
 
     def write_call(self, *, session: str, prompt_ids: Sequence[int], reused: int,
                    gen_ids: Sequence[int] = (), drained_ids: Sequence[int] = (), finish: str = "stop",
@@ -166,6 +198,41 @@ def open_recorder(path: str | os.PathLike) -> Recorder:
     if p.endswith(("/", os.sep)) or os.path.isdir(p):
         return StoreRecorder(p)
     return Recorder(p)
+def _open_dump(path: str) -> int:
+    """Open `path` for appending: never through a symbolic link, only a regular file, mode 0600 at most.
+
+    A file someone else made readable (0644) is narrowed to 0600 with a warning; one we cannot narrow
+    (another owner) is refused. O_NONBLOCK keeps a FIFO from hanging the open; it is refused right after.
+    """
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_NONBLOCK", 0))
+    try:
+        # an explicit mode: the file is never world-readable, not even for an instant
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"dump {path} is a symbolic link; refusing to follow it (name the target)") from None
+        if exc.errno == errno.EISDIR:
+            raise ValueError(f"dump {path} is a directory; name a file") from None
+        if exc.errno == errno.ENXIO:
+            raise ValueError(f"dump {path} is not a regular file (a FIFO with no reader)") from None
+        raise ValueError(f"dump {path}: cannot open it for appending ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"dump {path} is not a regular file (a device, FIFO or socket); name a file")
+        if st.st_mode & 0o077:
+            if st.st_uid != os.geteuid():
+                raise ValueError(f"dump {path} has mode {oct(st.st_mode & 0o777)} and belongs to another user; "
+                                 "dumps hold private conversations and must be 0600")
+            os.fchmod(fd, 0o600)
+            warnings.warn(f"dump {path} had mode {oct(st.st_mode & 0o777)}; narrowed it to 0600 (dumps hold "
+                          "private conversations)", stacklevel=4)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def active() -> Recorder | None:

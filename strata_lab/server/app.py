@@ -1,4 +1,4 @@
-"""The HTTP layer: one route table, one error wrapper, a gate for API keys and body size.
+"""The HTTP layer: one route table, one error wrapper; the front door (Host, Origin, key, limits) is security.py.
 
 Each dialect's JSON is parsed into one `ChatRequest` at the edge (request.py); everything after that is
 dialect-free until the response is shaped again (dialects.py). Engine work goes through a single FIFO
@@ -7,13 +7,13 @@ worker (worker.py), so requests never interleave.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from strata_lab.server.config import ServerConfig
+from strata_lab.server.body import json_body as _json_body, json_object as _json_object
 from strata_lab.server.dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
 from strata_lab.server.errors import RequestError, error_body
 from strata_lab.server.generation import ChatRunner
@@ -21,7 +21,8 @@ from strata_lab.server.prompt import make_plan
 from strata_lab.server.request import ChatRequest, check_int, parse_anthropic, parse_openai
 from strata_lab.server.worker import EngineWorker
 
-from starlette.requests import Request  # the app module is only imported to build the app
+from starlette.concurrency import run_in_threadpool  # the app module is only imported to build the app
+from starlette.requests import Request
 
 __all__ = ["create_app", "load_state", "ServerState", "serve"]
 
@@ -50,20 +51,23 @@ def load_state(config: ServerConfig) -> ServerState:
 
     from strata_lab.tiny import embedded_model
 
-    kwargs = {"max_context": config.max_context}
+    # the dump first: a bad one fails in a moment, not after the model has loaded
+    recorder = Recorder(config.dump, on_error="count") if config.dump else Recorder.from_env(on_error="count")
+    if recorder is not None:
+        recorder.check_writable()  # fail fast at start-up, not after the first generation
+    kwargs = {"max_context": config.max_context, "mmap": not config.no_mmap, "check_weights": config.check_weights}
     if config.threads:
         kwargs["threads"] = config.threads
     model_path = Path(config.model) if config.model else embedded_model("hybrid")
     engine = Engine.load(str(model_path), **kwargs)
     tokenizer = load_tokenizer("qwen3")
-    recorder = Recorder(config.dump) if config.dump else Recorder.from_env()
     name = config.model_name or model_path.name
     policy = CheckpointPolicy(before_last=tokenizer.token_id("<|im_start|>")) if config.header_checkpoint else None
     runner = ChatRunner(tokenizer=tokenizer, session=engine.session(config.session, checkpoints=policy),
                         session_name=config.session,
                         encoder=PromptEncoder(tokenizer), max_context=config.max_context, recorder=recorder,
                         reply_reuse=config.reply_reuse, model_name=name,
-                        stop_latency=config.stop_latency)
+                        stop_latency=config.stop_latency, max_tokens_default=config.max_tokens_default)
     runner.engine = engine  # keep the engine alive as long as its session
     return ServerState(config=config, tokenizer=tokenizer, template=ChatTemplate.from_name(config.template),
                        runner=runner, worker=EngineWorker(), model_name=name, model_path=str(model_path),
@@ -71,23 +75,6 @@ def load_state(config: ServerConfig) -> ServerState:
 
 
 # --- request helpers --------------------------------------------------------------------------------
-async def _json_body(request) -> Any:
-    raw = await request.body()
-    if not raw:
-        raise RequestError("body", "a JSON body is required")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise RequestError("body", f"is not valid JSON: {exc}") from None
-
-
-async def _json_object(request) -> dict:
-    body = await _json_body(request)
-    if not isinstance(body, dict):
-        raise RequestError("body", "must be a JSON object")
-    return body
-
-
 def _as_error(payload) -> Exception:
     return payload if isinstance(payload, Exception) else RuntimeError(str(payload))
 
@@ -105,7 +92,7 @@ async def _chat(request, req: ChatRequest):
     from starlette.responses import JSONResponse, StreamingResponse
 
     st: ServerState = request.app.state.strata
-    plan = make_plan(st.template, req)
+    plan = await run_in_threadpool(make_plan, st.template, req)  # a big render must not stall the event loop
     openai = req.dialect == "openai"
     plan.request_id = new_id("chatcmpl-" if openai else "msg_")
     job = st.worker.submit(lambda job: st.runner.run(job, req, plan))
@@ -131,7 +118,9 @@ async def _chat(request, req: ChatRequest):
         job.cancel()
         raise
 
-    fmt = (OpenAIStream if openai else AnthropicStream)(plan.request_id, st.model_name, payload["prompt_tokens"])
+    fmt = (OpenAIStream if openai else AnthropicStream)(plan.request_id, st.model_name, payload["prompt_tokens"],
+                                                        include_usage=req.include_usage,
+                                                        cached_tokens=payload.get("cached_tokens", 0))
 
     async def frames():
         for frame in fmt.start():
@@ -174,18 +163,45 @@ async def models(request: Request):
                                         "meta": {"n_ctx": st.config.max_context, "path": st.model_path}}]}
 
 
+def _dump_status(st: ServerState) -> dict | None:
+    rec = st.runner.recorder
+    if rec is None:
+        return None
+    return {"path": rec.path, "lines": rec.lines, "lost_lines": rec.lost, "last_error": rec.last_error}
+
+
 async def health(request: Request):
-    return {"status": "ok"}
+    st: ServerState = request.app.state.strata
+    out = {"status": "ok"}
+    if st.runner.recorder is not None:  # lost dump lines do not stop the service, but they are visible
+        out["dump_lost_lines"] = st.runner.recorder.lost
+    return out
 
 
 async def props(request: Request):
     st: ServerState = request.app.state.strata
-    return {"default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": -1}},
+    cap = st.config.max_tokens_default
+    return {"default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": cap}},
+            "max_tokens_default": cap,
             "total_slots": 1, "model_alias": st.model_name, "model_path": st.model_path,
             "chat_template": st.template.source, "template": st.template.name,
-            "reply_reuse": st.runner.reply_reuse, "stop_latency": st.runner.stop_latency, "dump": st.runner.recorder is not None,
+            "reply_reuse": st.runner.reply_reuse, "stop_latency": st.runner.stop_latency, "dump": _dump_status(st),
             "queue": {"waiting": st.worker.waiting, "done": st.worker.done},
             "engine_calls": st.runner.engine_calls}
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    # encode_batch releases the GIL (encode holds it): a 4 MB text must not stall /health and the rest
+    return tokenizer.encode_batch([text])[0] if len(text) > 65536 else tokenizer.encode(text)
+
+
+def _piece(tokenizer, token_id: int):
+    """A token's text when its bytes are whole UTF-8, else the list of its byte values (as llama.cpp)."""
+    raw = tokenizer.token_bytes(token_id)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
 
 
 async def tokenize(request: Request):
@@ -194,10 +210,17 @@ async def tokenize(request: Request):
     content = body.get("content")
     if not isinstance(content, str):
         raise RequestError("content", "must be a string")
-    ids = st.tokenizer.encode(content)
-    if body.get("with_pieces") is True:
-        return {"tokens": [{"id": i, "piece": st.tokenizer.id_to_piece(i)} for i in ids]}
-    return {"tokens": ids}
+    pieces = body.get("with_pieces")
+    if pieces is not None and not isinstance(pieces, bool):
+        raise RequestError("with_pieces", "must be a boolean")
+
+    def work():
+        ids = _encode(st.tokenizer, content)
+        if pieces:
+            return {"tokens": [{"id": i, "piece": _piece(st.tokenizer, i)} for i in ids]}
+        return {"tokens": ids}
+
+    return await run_in_threadpool(work)
 
 
 async def detokenize(request: Request):
@@ -214,8 +237,13 @@ async def detokenize(request: Request):
 async def apply_template(request: Request):
     """The prompt text a chat request renders to, and its ids (plain BPE: no remembered reply ids)."""
     st: ServerState = request.app.state.strata
-    plan = make_plan(st.template, parse_openai(await _json_body(request)))
-    return {"prompt": plan.prompt_text, "ids": st.tokenizer.encode(plan.prompt_text)}
+    req = parse_openai(await _json_body(request))
+
+    def work():
+        plan = make_plan(st.template, req)
+        return {"prompt": plan.prompt_text, "ids": _encode(st.tokenizer, plan.prompt_text)}
+
+    return await run_in_threadpool(work)
 
 
 def _body_schema(properties: dict, required: list[str]) -> dict:
@@ -244,60 +272,6 @@ ROUTES = [
                                                      ["tokens"])),
     ("POST", "/apply-template", apply_template, _body_schema(_CHAT, ["messages"])),
 ]
-
-
-class Gate:
-    """ASGI middleware: API key (Bearer or x-api-key) and a request body size limit."""
-
-    OPEN_PATHS = ("/health",)
-
-    def __init__(self, app, *, api_key: str | None, max_body_bytes: int):
-        self.app = app
-        self.api_key = api_key
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        path = scope.get("path", "")
-        if self.api_key and path not in self.OPEN_PATHS and not self._authorized(headers):
-            return await _send_error(send, RequestError(None, "a valid API key is required (Authorization: Bearer "
-                                                        "KEY or x-api-key: KEY)", code="invalid_api_key",
-                                                        status=401), path)
-        length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.max_body_bytes:
-            return await _send_error(send, self._too_large(), path)
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise self._too_large()
-            return message
-
-        await self.app(scope, limited_receive, send)
-
-    def _authorized(self, headers: dict) -> bool:
-        given = headers.get("x-api-key") or ""
-        auth = headers.get("authorization", "")
-        if auth[:7].lower() == "bearer ":
-            given = given or auth[7:].strip()
-        return bool(given) and hmac.compare_digest(given.encode(), self.api_key.encode())
-
-    def _too_large(self) -> RequestError:
-        return RequestError("body", f"is larger than the limit of {self.max_body_bytes} bytes",
-                            code="request_too_large", status=413)
-
-
-async def _send_error(send, err: RequestError, path: str) -> None:
-    body = json.dumps(error_body(err, path)).encode()
-    await send({"type": "http.response.start", "status": err.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def create_app(state: ServerState):
@@ -338,7 +312,9 @@ def create_app(state: ServerState):
         if state.runner.recorder is not None:
             state.runner.recorder.close()
 
-    return Gate(app, api_key=state.config.api_key, max_body_bytes=state.config.max_body_bytes)
+    from strata_lab.server.security import wrap
+
+    return wrap(app, state.config)
 
 
 def serve(config: ServerConfig) -> None:
@@ -352,4 +328,5 @@ def serve(config: ServerConfig) -> None:
     print(f"strata-lab serve: {state.model_name} on http://{config.host}:{config.port} "
           f"(context {config.max_context}, reply reuse {'on' if config.reply_reuse else 'off'})",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
+                timeout_keep_alive=config.keep_alive_timeout)

@@ -9,10 +9,16 @@ ValueError: port must be in 0..65535, got 70000
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ServerConfig"]
+__all__ = ["ServerConfig", "max_threads"]
+
+
+def max_threads() -> int:
+    """The most engine threads a server accepts: 4 per core (more only thrashes; far more kills the process)."""
+    return 4 * (os.cpu_count() or 1)
 
 
 @dataclass
@@ -33,6 +39,13 @@ class ServerConfig:
     # also checkpoint before the generation prompt's header (the last <|im_start|> of each prompt): on a
     # hybrid model it serves the next prompt when the template strips the previous reply's <think> block
     header_checkpoint: bool = True
+    allowed_hosts: tuple[str, ...] = ()   # Host names answered besides the bound address (DNS rebinding guard)
+    cors_origins: tuple[str, ...] = ()    # browser origins allowed cross-origin (CORS is off without them)
+    body_timeout: float = 30.0            # seconds a request body may take to arrive (408 after)
+    keep_alive_timeout: float = 5.0       # seconds an idle keep-alive connection is held
+    max_tokens_default: int = 1024        # output cap when a request names none (OpenAI max_tokens absent/null)
+    no_mmap: bool = False                 # read the weights into memory instead of mapping the file
+    check_weights: bool = False           # refuse weights holding NaN or infinity (one pass over them)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -45,6 +58,21 @@ class ServerConfig:
             raise ValueError(f"stop_latency must be >= 0, got {self.stop_latency}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.threads > max_threads():
+            raise ValueError(f"threads must be <= {max_threads()} (4 x {os.cpu_count()} cores), got {self.threads}")
+        if not 0 < self.body_timeout <= 3600:
+            raise ValueError(f"body_timeout must be in (0, 3600] seconds, got {self.body_timeout}")
+        if not 0 < self.keep_alive_timeout <= 3600:
+            raise ValueError(f"keep_alive_timeout must be in (0, 3600] seconds, got {self.keep_alive_timeout}")
+        if self.max_tokens_default < 1:
+            raise ValueError(f"max_tokens_default must be >= 1, got {self.max_tokens_default}")
+        self.allowed_hosts, self.cors_origins = tuple(self.allowed_hosts), tuple(self.cors_origins)
+        for origin in self.cors_origins:
+            if origin == "*" or "://" not in origin or origin.endswith("/"):
+                raise ValueError(f"cors_origins must hold origins like https://app.example (no '*', no path), "
+                                 f"got {origin!r}")
+        if self.dump is not None and not self.dump:
+            raise ValueError("dump must name a file (leave it unset to record nothing)")
         if self.api_key == "":
             raise ValueError("api_key must not be empty (leave it unset for no key)")
         if self.model is not None and not Path(self.model).is_dir():

@@ -84,10 +84,12 @@ def anthropic_response(summary, *, model: str, request_id: str) -> dict:
 class OpenAIStream:
     """SSE frames of one streamed chat completion."""
 
-    def __init__(self, request_id: str, model: str, prompt_tokens: int):
+    def __init__(self, request_id: str, model: str, prompt_tokens: int, *, include_usage: bool = False,
+                 cached_tokens: int = 0):
         self.request_id, self.model = request_id, model
         self.created = int(time.time())
         self.calls = 0
+        self.include_usage = include_usage  # stream_options.include_usage: one usage chunk before [DONE]
 
     def _chunk(self, delta: dict, finish=None, **extra) -> str:
         body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
@@ -108,8 +110,12 @@ class OpenAIStream:
         return [frame]
 
     def done(self, summary) -> list[str]:
-        return [self._chunk({}, _finish(summary), usage=openai_usage(summary), timings=summary.timings()),
-                "data: [DONE]\n\n"]
+        frames = [self._chunk({}, _finish(summary), timings=summary.timings())]
+        if self.include_usage:  # OpenAI: a last chunk with no choices carries the usage
+            body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
+                    "model": self.model, "choices": [], "usage": openai_usage(summary)}
+            frames.append(f"data: {_dumps(body)}\n\n")
+        return frames + ["data: [DONE]\n\n"]
 
     def error(self, err: RequestError) -> list[str]:
         return [f"data: {_dumps(openai_error(err))}\n\n", "data: [DONE]\n\n"]
@@ -118,8 +124,10 @@ class OpenAIStream:
 class AnthropicStream:
     """SSE frames of one streamed message: message_start, content blocks, message_delta, message_stop."""
 
-    def __init__(self, request_id: str, model: str, prompt_tokens: int):
+    def __init__(self, request_id: str, model: str, prompt_tokens: int, *, include_usage: bool = True,
+                 cached_tokens: int = 0):
         self.request_id, self.model, self.prompt_tokens = request_id, model, prompt_tokens
+        self.cached_tokens = cached_tokens  # the engine's planned reuse: the same split as the final usage
         self.index = -1
         self.open: str | None = None
 
@@ -130,7 +138,8 @@ class AnthropicStream:
     def start(self) -> list[str]:
         message = {"id": self.request_id, "type": "message", "role": "assistant", "model": self.model,
                    "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}
+                   "usage": {"input_tokens": self.prompt_tokens - self.cached_tokens, "output_tokens": 0,
+                             "cache_read_input_tokens": self.cached_tokens, "cache_creation_input_tokens": 0}}
         return [self._frame("message_start", {"message": message})]
 
     def _close(self) -> list[str]:

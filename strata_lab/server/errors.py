@@ -14,10 +14,11 @@ from __future__ import annotations
 __all__ = ["RequestError", "openai_error", "anthropic_error", "error_body"]
 
 # HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors)
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                    413: "request_too_large", 422: "invalid_request_error", 500: "api_error",
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+                    415: "invalid_request_error", 422: "invalid_request_error", 500: "api_error",
                     503: "overloaded_error"}
-_OPENAI_TYPES = {401: "authentication_error", 404: "not_found_error", 500: "server_error",
+_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 500: "server_error",
                  503: "server_error"}
 
 
@@ -25,11 +26,20 @@ class RequestError(ValueError):
     """A request the server will not run; `field` names the JSON field at fault (dotted path)."""
 
     def __init__(self, field: str | None, message: str, *, code: str = "invalid_value", status: int = 400):
+        # messages quote client text; a lone surrogate there would make the error itself unencodable
+        field, message = _printable(field), _printable(message)
         self.field = field
         self.message = f"{field}: {message}" if field else message
         self.code = code
         self.status = status
         super().__init__(self.message)
+
+
+def _printable(text: str | None) -> str | None:
+    """`text` with anything UTF-8 cannot carry (lone surrogates) written as a backslash escape."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def openai_error(err: RequestError) -> dict:

@@ -90,7 +90,8 @@ class ChatRunner:
     """Owns the engine session, the prompt encoder and the recorder; runs requests one at a time."""
 
     def __init__(self, *, tokenizer, session, session_name: str, encoder, max_context: int,
-                 recorder=None, reply_reuse: bool = True, model_name: str = "strata", stop_latency: int = 0):
+                 recorder=None, reply_reuse: bool = True, model_name: str = "strata", stop_latency: int = 0,
+                 max_tokens_default: int | None = None):
         self.tokenizer = tokenizer
         self.session = session
         self.session_name = session_name
@@ -102,6 +103,7 @@ class ChatRunner:
         self.stop_ids = tuple(i for i in (tokenizer.im_end_id, tokenizer.eos_id) if i is not None)
         self.stop_latency = stop_latency  # engine steps before a STOP takes effect (models a late STOP)
         self.engine_calls = 0
+        self.max_tokens_default = max_tokens_default  # the cap of a request that names none (None: the context)
 
     # --- one request ------------------------------------------------------------------------------
     def run(self, job, req: ChatRequest, plan: Plan) -> None:
@@ -115,7 +117,9 @@ class ChatRunner:
             x = len(self.tokenizer.encode(base))
             z = len(prompt_ids)
             _debug(f"assistant prefill: {z - x} tokens (prompt {x} -> {z}, generation starts at position {z})")
-        job.emit("start", {"prompt_tokens": len(prompt_ids)})
+        # the reuse the engine will apply (Contract 1's rule, the same the call follows): message_start's usage
+        cached = int(self.session.plan(prompt_ids)["reused"])
+        job.emit("start", {"prompt_tokens": len(prompt_ids), "cached_tokens": cached})
 
         sampling = Sampling(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                             seed=req.seed if req.seed is not None else 0)
@@ -135,7 +139,7 @@ class ChatRunner:
 
         budget = req.thinking_budget
         calls: list[CallStats] = []
-        limit = req.max_tokens
+        limit = req.max_tokens if req.max_tokens is not None else self.max_tokens_default
         max_new = self._room(len(prompt_ids), limit)
         meta = {"request_id": plan.request_id, "call": 0, "encoder": encoder_stats, "model": self.model_name}
         consumed, hit_budget, thought = self._generate(job, prompt_ids, max_new, sampling, feed, parser, budget,
@@ -256,14 +260,21 @@ class ChatRunner:
 
         import jsonschema
 
+        from strata_lab.server.schemas import schema_validator
+
         # The logical reply is prefix + continuation: a prefix may open the JSON the model completes.
         text = (plan.prefix_text or "") + content
         try:
             value = json.loads(text)
-            jsonschema.validate(value, req.schema)
+            error = jsonschema.exceptions.best_match(schema_validator(req.schema).iter_errors(value))
+            if error is not None:
+                raise error
         except ValueError as exc:
             raise RequestError("response_format", f"the output is not valid JSON: {exc}",
                                code="structured_output_failed", status=422) from None
         except jsonschema.ValidationError as exc:
             raise RequestError("response_format", f"the output does not match the schema: {exc.message}",
+                               code="structured_output_failed", status=422) from None
+        except Exception as exc:  # the schema was checked at parse time; never a 500
+            raise RequestError("response_format", f"the output could not be checked: {type(exc).__name__}",
                                code="structured_output_failed", status=422) from None

@@ -1,5 +1,7 @@
 """One internal request type, `ChatRequest`, and the two parsers that fill it at the edge.
 
+Fields the server does not implement are refused first, from the one table in unsupported.py.
+
 OpenAI `/v1/chat/completions` and Anthropic `/v1/messages` bodies are checked field by field; a bad field
 raises `RequestError` naming it (the HTTP layer turns that into a 400 before any work). Unknown fields are
 ignored. Messages end up in OpenAI shape, which is what the chat template renders. The ecosystem's ways
@@ -19,8 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_lab.server.errors import RequestError
+from strata_lab.server.schemas import check_schema
+from strata_lab.server.unsupported import UNSUPPORTED, refuse_unsupported
 
-__all__ = ["ChatRequest", "parse_openai", "parse_anthropic", "check_int"]
+__all__ = ["ChatRequest", "parse_openai", "parse_anthropic", "check_int", "UNSUPPORTED"]
 
 _OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -37,6 +41,7 @@ class ChatRequest:
     messages: list[dict]
     tools: list[dict] | None = None
     stream: bool = False
+    include_usage: bool = False           # OpenAI stream_options.include_usage
     max_tokens: int | None = None
     max_tokens_field: str = "max_tokens"
     temperature: float = 1.0
@@ -162,14 +167,7 @@ def _response_format(value: Any, name: str = "response_format") -> dict | None:
         raise RequestError(f"{name}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
     spec = _dict(value.get("json_schema"), f"{name}.json_schema")
     schema = _dict(spec.get("schema", {}), f"{name}.json_schema.schema")
-    import jsonschema
-
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise RequestError(f"{name}.json_schema.schema", f"is not a valid JSON schema: {exc.message}") from None
-    except Exception as exc:  # odd $schema values and the like
-        raise RequestError(f"{name}.json_schema.schema", f"is not a valid JSON schema: {exc}") from None
+    check_schema(schema, f"{name}.json_schema.schema")
     title = spec.get("name", "response")
     return {"type": "json_schema", "json_schema": {"name": _str(title, f"{name}.json_schema.name"),
                                                    "schema": schema}}
@@ -265,10 +263,18 @@ def parse_openai(body: Any) -> ChatRequest:
     2
     """
     body = _body(body)
+    refuse_unsupported(body, "openai")
     req: dict = {"dialect": "openai", "messages": _openai_messages(body.get("messages"))}
     req["model"] = _str(body["model"], "model") if body.get("model") is not None else None
     if body.get("stream") is not None:
         req["stream"] = _bool(body["stream"], "stream")
+    options = body.get("stream_options")
+    if options is not None:
+        options = _dict(options, "stream_options")
+        if not req.get("stream"):
+            raise RequestError("stream_options", "is only allowed when stream is true")
+        if options.get("include_usage") is not None:
+            req["include_usage"] = _bool(options["include_usage"], "stream_options.include_usage")
     n_predict = None
     if body.get("n_predict") is not None:
         n_predict = check_int(body["n_predict"], "n_predict", minimum=-1)
@@ -416,6 +422,7 @@ def parse_anthropic(body: Any) -> ChatRequest:
     {'role': 'system', 'content': 'be brief'}
     """
     body = _body(body)
+    refuse_unsupported(body, "anthropic")
     if body.get("max_tokens") is None:
         raise RequestError("max_tokens", "is required")
     req: dict = {"dialect": "anthropic", "max_tokens": check_int(body["max_tokens"], "max_tokens", minimum=0)}

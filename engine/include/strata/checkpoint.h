@@ -1,5 +1,6 @@
 // Hugging Face checkpoint directories: config.json plus model.safetensors or a sharded
-// model.safetensors.index.json. Tensors are memory-mapped and handed out as views, never copied.
+// model.safetensors.index.json. Tensors are memory-mapped (or, with use_mmap=false, read into one buffer per
+// file) and handed out as views, never copied. Only regular files are opened (a FIFO would hang the load).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -45,7 +46,8 @@ struct TensorInfo {
 // One safetensors file: the header is validated completely before any tensor is handed out.
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);  // mmap + parse; throws CheckpointError
+  // mmap (or read) + parse; throws CheckpointError
+  explicit SafetensorsFile(const std::string& path, bool use_mmap = true);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -60,13 +62,15 @@ class SafetensorsFile {
   std::string path_;
   void* map_ = nullptr;
   size_t map_size_ = 0;
+  void* buffer_ = nullptr;  // use_mmap=false: the whole file, read at load
   std::vector<TensorInfo> tensors_;
 };
 
 // A checkpoint directory: the parsed config and every tensor of every shard by name.
 class Checkpoint {
  public:
-  explicit Checkpoint(const std::string& dir);  // throws CheckpointError
+  // Parses and range-checks config.json, opens every shard; throws CheckpointError naming the field or file.
+  explicit Checkpoint(const std::string& dir, bool use_mmap = true);
   const std::string& dir() const { return dir_; }
   const Json& config() const { return config_; }
 
@@ -88,6 +92,8 @@ class Checkpoint {
   // Throws if a tensor was never requested (an extra tensor), except names starting with an ignored prefix.
   void check_all_used(const std::vector<std::string>& ignored_prefixes) const;
   std::vector<std::string> names() const;
+  // Throws CheckpointError naming the first tensor holding NaN or infinity (one pass over the weights).
+  void check_finite() const;
   const TensorInfo& tensor_info(const std::string& name) const { return *by_name_.at(name); }
 
  private:

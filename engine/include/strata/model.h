@@ -23,6 +23,8 @@ struct ModelInfo {
 struct LoadOptions {
   int threads = 0;            // 0: all cores (OpenMP default)
   int64_t max_context = 0;    // 0: config max_position_embeddings
+  bool use_mmap = true;       // false: read the weights into memory (immune to the file changing later)
+  bool check_finite = false;  // refuse weights holding NaN or infinity (costs one pass over them)
 };
 
 enum class Logits { None, Last, All };

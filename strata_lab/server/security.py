@@ -1,0 +1,179 @@
+"""The server's front door: who may talk to it, in what shape, and for how long (docs/SECURITY.md).
+
+Two ASGI middlewares wrap the app, outermost first:
+
+* `Guard` refuses what a browser page on another site could send: a `Host` that is not a name of the
+  bound address or an `--allowed-host` (DNS rebinding, 403), an `Origin` not given with `--cors` (403),
+  and a non-JSON body on a POST route (415: a page may POST `text/plain` without a CORS preflight).
+  CORS itself is opt-in: for `--cors` origins Starlette's `CORSMiddleware` answers preflights and adds the
+  response headers.
+* `Gate` checks the API key (Bearer or x-api-key; /health and preflights are open), the body size, and
+  how long the body may take to arrive (a stalled upload gets a 408, never an open-ended hold).
+
+>>> allowed_hosts("127.0.0.1", ()) >= {"127.0.0.1", "localhost"}
+True
+>>> allowed_hosts("0.0.0.0", ()) is None  # a wildcard bind checks no Host unless names are given
+True
+>>> host_name("[::1]:8080"), host_name("LocalHost:80"), host_name("example.com")
+('::1', 'localhost', 'example.com')
+>>> is_json_type("application/json; charset=utf-8"), is_json_type("text/plain"), is_json_type(None)
+(True, False, False)
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+
+from strata_lab.server.errors import RequestError, error_body
+
+__all__ = ["Guard", "Gate", "allowed_hosts", "host_name", "is_json_type", "wrap"]
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+_WILDCARD = {"0.0.0.0", "::", ""}
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
+CORS_HEADERS = ["authorization", "content-type", "x-api-key", "anthropic-version", "anthropic-beta",
+                "openai-organization", "openai-project", "x-stainless-lang", "x-stainless-arch"]
+
+
+def allowed_hosts(bind: str, extra) -> set[str] | None:
+    """Host header names the server answers to; None: any (a wildcard bind with no names given)."""
+    names = {host_name(h) for h in extra}
+    bind = bind.strip("[]").lower()
+    if bind in _WILDCARD:
+        return names or None
+    names.add(bind)
+    if bind in _LOOPBACK:
+        names |= _LOOPBACK
+    return names
+
+
+def host_name(value: str) -> str:
+    """The name in a Host header: lower case, without the port (IPv6 literals without brackets)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value[1:]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def is_json_type(value: str | None) -> bool:
+    """A JSON media type (`application/json`, `application/*+json`), parameters ignored."""
+    if not value:
+        return False
+    media = value.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _headers(scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+async def send_error(send, err: RequestError, path: str) -> None:
+    body = json.dumps(error_body(err, path)).encode()
+    await send({"type": "http.response.start", "status": err.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    """ASGI middleware: Host, Origin and content-type policy (see the module docstring)."""
+
+    def __init__(self, app, *, hosts: set[str] | None, origins: tuple[str, ...]):
+        self.app = app
+        self.hosts = hosts
+        self.origins = set(origins)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = _headers(scope)
+        path = scope.get("path", "")
+        err = self._refusal(scope, headers)
+        if err is not None:
+            return await send_error(send, err, path)
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope, headers) -> RequestError | None:
+        host = headers.get("host")
+        if self.hosts is not None and host is not None and host_name(host) not in self.hosts:
+            return RequestError(None, f"Host {host!r} is not a name this server answers to (see --allowed-host)",
+                                code="host_not_allowed", status=403)
+        origin = headers.get("origin")
+        if origin is not None and origin not in self.origins:
+            return RequestError(None, f"Origin {origin!r} is not allowed (cross-origin requests need --cors "
+                                "ORIGIN)", code="origin_not_allowed", status=403)
+        if scope.get("method") in _BODY_METHODS and not is_json_type(headers.get("content-type")):
+            return RequestError("body", "must be sent with Content-Type: application/json, got "
+                                f"{headers.get('content-type')!r}", code="unsupported_media_type", status=415)
+        return None
+
+
+class Gate:
+    """ASGI middleware: API key (Bearer or x-api-key), body size limit and body arrival time limit."""
+
+    OPEN_PATHS = ("/health",)
+
+    def __init__(self, app, *, api_key: str | None, max_body_bytes: int, body_timeout: float = 30.0):
+        self.app = app
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = _headers(scope)
+        path = scope.get("path", "")
+        if self.api_key and path not in self.OPEN_PATHS and scope.get("method") != "OPTIONS" and \
+                not self._authorized(headers):
+            return await send_error(send, RequestError(None, "a valid API key is required (Authorization: Bearer "
+                                                       "KEY or x-api-key: KEY)", code="invalid_api_key",
+                                                       status=401), path)
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return await send_error(send, self._too_large(), path)
+        seen = 0
+        body_done = False
+
+        async def limited_receive():
+            nonlocal seen, body_done
+            if body_done:  # later receives wait for a disconnect: no time limit on those
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.body_timeout)
+            except asyncio.TimeoutError:
+                raise RequestError("body", f"did not arrive within {self.body_timeout:g} s",
+                                   code="request_timeout", status=408) from None
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body_bytes:
+                    raise self._too_large()
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    def _authorized(self, headers: dict) -> bool:
+        given = headers.get("x-api-key") or ""
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            given = given or auth[7:].strip()
+        return bool(given) and hmac.compare_digest(given.encode(), self.api_key.encode())
+
+    def _too_large(self) -> RequestError:
+        return RequestError("body", f"is larger than the limit of {self.max_body_bytes} bytes",
+                            code="request_too_large", status=413)
+
+
+def wrap(app, config):
+    """`app` behind Gate, CORS (when `config.cors_origins`) and Guard, for a ServerConfig."""
+    inner = Gate(app, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                 body_timeout=config.body_timeout)
+    if config.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        inner = CORSMiddleware(inner, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                               allow_headers=CORS_HEADERS, max_age=600)
+    return Guard(inner, hosts=allowed_hosts(config.host, config.allowed_hosts), origins=config.cors_origins)
