@@ -14,8 +14,8 @@ def _load_tokenizer(name: str):
 
     try:
         return load_tokenizer(name)
-    except (ValueError, OSError):
-        raise
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"--tokenizer {name}: {exc}") from None
     except Exception as exc:  # the tokenizers library raises plain Exception for unreadable files
         raise ValueError(f"--tokenizer {name}: cannot load it ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 
@@ -82,9 +82,15 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     if isinstance(paths, str) and is_store(paths):  # a Parquet store (strata-lab convert)
         return load_dump(paths)
     rows = _load_tokenizer(args.tokenizer).embedding_rows  # ids past the model's rows make a line bad
-    with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
-        warnings.simplefilter("ignore", TraceWarning)
-        trace = load_trace(paths, format=args.format, progress=not args.quiet)
+    try:
+        with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
+            warnings.simplefilter("ignore", TraceWarning)
+            trace = load_trace(paths, format=args.format, progress=not args.quiet)
+    except ValueError:
+        names = [paths] if isinstance(paths, str) else list(paths)
+        if args.format is not None or not all(str(n).endswith(".jsonl") for n in names):
+            raise
+        return load_dump(paths, vocab_size=rows)  # no format to detect (empty, or no valid line): a dump
     if trace.formats == ["strata"]:
         return load_dump(paths, vocab_size=rows)
     _describe(trace)
