@@ -19,6 +19,7 @@ from .errors import RequestError, error_body
 from .generation import ChatRunner
 from .prompt import make_plan
 from .request import ChatRequest, check_int, parse_anthropic, parse_openai
+from .slots import SlotPool, slot_names
 from .worker import EngineWorker
 
 from starlette.requests import Request  # the app module is only imported to build the app
@@ -59,15 +60,26 @@ def load_state(config: ServerConfig) -> ServerState:
     recorder = Recorder(config.dump) if config.dump else Recorder.from_env()
     name = config.model_name or model_path.name
     policy = CheckpointPolicy(before_last=tokenizer.token_id("<|im_start|>")) if config.header_checkpoint else None
-    runner = ChatRunner(tokenizer=tokenizer, session=engine.session(config.session, checkpoints=policy),
-                        session_name=config.session,
-                        encoder=PromptEncoder(tokenizer), max_context=config.max_context, recorder=recorder,
-                        reply_reuse=config.reply_reuse, model_name=name,
-                        stop_latency=config.stop_latency)
-    runner.engine = engine  # keep the engine alive as long as its session
-    return ServerState(config=config, tokenizer=tokenizer, template=ChatTemplate.from_name(config.template),
+    names = slot_names(config.session, config.slots)
+    pool = SlotPool([engine.session(n, checkpoints=policy) for n in names], names=names,
+                    similarity=config.slot_similarity)
+    from .grammar import GrammarCompiler
+
+    runner = ChatRunner(tokenizer=tokenizer, pool=pool, encoder=PromptEncoder(tokenizer),
+                        max_context=config.max_context, recorder=recorder, reply_reuse=config.reply_reuse,
+                        model_name=name, stop_latency=config.stop_latency, engine=engine,
+                        grammars=GrammarCompiler(tokenizer, engine.vocab_size, max_string=config.grammar_max_string,
+                                                 max_items=config.grammar_max_items))
+    return ServerState(config=config, tokenizer=tokenizer, template=load_template(config.template),
                        runner=runner, worker=EngineWorker(), model_name=name, model_path=str(model_path),
                        started=time.time())
+
+
+def load_template(spec: str):
+    """`--chat-template NAME|PATH`: a preset name, else any HF template file or folder (ChatTemplate.from_file)."""
+    from strata_lab.template import TEMPLATE_PRESETS, ChatTemplate
+
+    return ChatTemplate.from_name(spec) if spec in TEMPLATE_PRESETS else ChatTemplate.from_file(spec)
 
 
 # --- request helpers --------------------------------------------------------------------------------
@@ -101,13 +113,34 @@ async def _cancel_on_disconnect(request, job, every: float = 0.1) -> None:
         await asyncio.sleep(every)
 
 
-async def _chat(request, req: ChatRequest):
-    from starlette.responses import JSONResponse, StreamingResponse
+def _session_key(request) -> str | None:
+    key = request.headers.get("x-session-id")
+    if key is not None and not 0 < len(key) <= 256:
+        raise RequestError("x-session-id", "must be a non-empty header of at most 256 characters")
+    return key
 
+
+async def _chat(request, req: ChatRequest):
     st: ServerState = request.app.state.strata
     plan = make_plan(st.template, req)
     openai = req.dialect == "openai"
     plan.request_id = new_id("chatcmpl-" if openai else "msg_")
+    if openai:
+        def build(summary, **kw):
+            return openai_response(summary, tokenizer=st.tokenizer, logprobs=req.features.logprobs is not None, **kw)
+    else:
+        build = anthropic_response
+    return await _run(request, req, plan, build, OpenAIStream if openai else AnthropicStream)
+
+
+async def _run(request, req: ChatRequest, plan, build, stream_cls):
+    """Queue the request's engine work; answer with build(summary) or stream_cls's SSE frames."""
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    st: ServerState = request.app.state.strata
+    if req.features.constraint is not None or req.features.tool_choice not in (None, "none") or \
+            req.response_format is not None:
+        st.runner.grammars.check(req)  # a bad grammar / schema is a 400 before the request queues
     job = st.worker.submit(lambda job: st.runner.run(job, req, plan))
     events = job.events()
     try:
@@ -125,13 +158,12 @@ async def _chat(request, req: ChatRequest):
                         summary = payload
             finally:
                 watcher.cancel()
-            build = openai_response if openai else anthropic_response
             return JSONResponse(build(summary, model=st.model_name, request_id=plan.request_id))
     except BaseException:
         job.cancel()
         raise
 
-    fmt = (OpenAIStream if openai else AnthropicStream)(plan.request_id, st.model_name, payload["prompt_tokens"])
+    fmt = stream_cls(plan.request_id, st.model_name, payload["prompt_tokens"])
 
     async def frames():
         for frame in fmt.start():
@@ -160,11 +192,58 @@ async def _chat(request, req: ChatRequest):
 
 # --- handlers ---------------------------------------------------------------------------------------
 async def chat_completions(request: Request):
-    return await _chat(request, parse_openai(await _json_body(request)))
+    return await _chat(request, parse_openai(await _json_body(request), session_key=_session_key(request)))
 
 
 async def messages(request: Request):
-    return await _chat(request, parse_anthropic(await _json_body(request)))
+    return await _chat(request, parse_anthropic(await _json_body(request), session_key=_session_key(request)))
+
+
+async def completions(request: Request):
+    """OpenAI /v1/completions: a text or token-id prompt, no chat template."""
+    from .completions import CompletionStream, completion_response, parse_completion
+
+    st: ServerState = request.app.state.strata
+    req, plan = parse_completion(await _json_body(request), "openai", vocab_size=st.runner.engine.vocab_size,
+                                 session_key=_session_key(request))
+    plan.request_id = new_id("cmpl-")
+
+    def build(summary, **kw):
+        return completion_response(summary, req, st.tokenizer, **kw)
+
+    return await _run(request, req, plan, build, CompletionStream)
+
+
+async def llama_completion(request: Request):
+    """llama.cpp /completion: prompt as text or ids, n_predict, cache_prompt, n_probs, id_slot, timings."""
+    from functools import partial
+
+    from .completions import LlamaStream, llama_response, parse_completion
+
+    st: ServerState = request.app.state.strata
+    req, plan = parse_completion(await _json_body(request), "llama", vocab_size=st.runner.engine.vocab_size,
+                                 session_key=_session_key(request))
+    plan.request_id = new_id("cmpl-")
+
+    def build(summary, **kw):
+        return llama_response(summary, req, st.tokenizer, **kw)
+
+    return await _run(request, req, plan, build, partial(LlamaStream, req=req, tokenizer=st.tokenizer))
+
+
+async def count_tokens(request: Request):
+    """Anthropic /v1/messages/count_tokens: the rendered prompt's length, nothing generated."""
+    st: ServerState = request.app.state.strata
+    body = await _json_object(request)
+    req = parse_anthropic({"max_tokens": 1, **body})
+    plan = make_plan(st.template, req)
+    return {"input_tokens": len(st.tokenizer.encode(plan.prompt_text))}
+
+
+async def slots(request: Request):
+    """Each slot: its session name, held length, requests served, last use, checkpoints."""
+    st: ServerState = request.app.state.strata
+    return st.runner.pool.as_list()
 
 
 async def models(request: Request):
@@ -181,7 +260,7 @@ async def health(request: Request):
 async def props(request: Request):
     st: ServerState = request.app.state.strata
     return {"default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": -1}},
-            "total_slots": 1, "model_alias": st.model_name, "model_path": st.model_path,
+            "total_slots": len(st.runner.pool), "model_alias": st.model_name, "model_path": st.model_path,
             "chat_template": st.template.source, "template": st.template.name,
             "reply_reuse": st.runner.reply_reuse, "stop_latency": st.runner.stop_latency, "dump": st.runner.recorder is not None,
             "queue": {"waiting": st.worker.waiting, "done": st.worker.done},
@@ -230,12 +309,25 @@ _CHAT = {"messages": {"type": "array", "items": _MESSAGE}, "max_tokens": {"type"
          "assistant_prefix": {"type": "string"}, "thinking_budget": {"type": "integer"},
          "seed": {"type": "integer"}}
 
+_COMPLETION = {"prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
+               "max_tokens": {"type": "integer"}, "n_predict": {"type": "integer"}, "stream": {"type": "boolean"},
+               "temperature": {"type": "number"}, "seed": {"type": "integer"}, "logprobs": {"type": "integer"},
+               "echo": {"type": "boolean"}, "n": {"type": "integer"}, "cache_prompt": {"type": "boolean"},
+               "n_probs": {"type": "integer"}, "id_slot": {"type": "integer"}}
+
 # The route table: method, path, handler, OpenAPI request body.
 ROUTES = [
     ("POST", "/v1/chat/completions", chat_completions, _body_schema(_CHAT, ["messages"])),
     ("POST", "/v1/messages", messages, _body_schema({**_CHAT, "system": {"type": "string"}},
                                                     ["messages", "max_tokens"])),
     ("GET", "/v1/models", models, None),
+    ("POST", "/chat/completions", chat_completions, _body_schema(_CHAT, ["messages"])),  # aliases without /v1
+    ("GET", "/models", models, None),
+    ("POST", "/v1/completions", completions, _body_schema(_COMPLETION, ["prompt"])),
+    ("POST", "/completions", completions, _body_schema(_COMPLETION, ["prompt"])),
+    ("POST", "/completion", llama_completion, _body_schema(_COMPLETION, ["prompt"])),
+    ("POST", "/v1/messages/count_tokens", count_tokens, _body_schema(_CHAT, ["messages"])),
+    ("GET", "/slots", slots, None),
     ("GET", "/health", health, None),
     ("GET", "/props", props, None),
     ("POST", "/tokenize", tokenize, _body_schema({"content": {"type": "string"},

@@ -55,7 +55,7 @@ def _openai_call(call: ToolCall, index: int) -> dict:
             "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
 
 
-def openai_response(summary, *, model: str, request_id: str) -> dict:
+def _openai_message(summary) -> dict:
     message: dict = {"role": "assistant", "content": summary.content}
     if summary.reasoning:
         message["reasoning_content"] = summary.reasoning
@@ -63,9 +63,37 @@ def openai_response(summary, *, model: str, request_id: str) -> dict:
         message["tool_calls"] = [{k: v for k, v in _openai_call(c, i).items() if k != "index"}
                                  for i, c in enumerate(summary.tool_calls)]
         message["content"] = summary.content or None
-    return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": _finish(summary), "logprobs": None}],
-            "usage": openai_usage(summary), "timings": summary.timings()}
+    return message
+
+
+def _prompt_logprobs(summary, tokenizer) -> list | None:
+    """vLLM's prompt_logprobs: None for the first prompt id, then {id: {logprob, rank, decoded_token}}."""
+    if summary.prompt_logprobs is None:
+        return None
+    out: list = [None]
+    for e in summary.prompt_logprobs:
+        entry = {str(e.id): {"logprob": e.logprob, "rank": None, "decoded_token": tokenizer.decode([e.id])}}
+        for rank, (i, lp) in enumerate(e.top, 1):
+            entry.setdefault(str(i), {"logprob": lp, "rank": rank, "decoded_token": tokenizer.decode([i])})
+            if i == e.id:
+                entry[str(i)]["rank"] = rank
+        out.append(entry)
+    return out
+
+
+def openai_response(summary, *, model: str, request_id: str, tokenizer=None, logprobs: bool = False) -> dict:
+    """The chat.completion body: one choice per Summary in `summary.choices` (n > 1), logprobs when asked."""
+    from .completions import logprob_entry
+
+    choices = []
+    for s in summary.choices or [summary]:
+        lp = {"content": [logprob_entry(tokenizer, e) for e in s.logprobs]} if logprobs else None
+        choices.append({"index": s.index, "message": _openai_message(s), "finish_reason": _finish(s), "logprobs": lp})
+    body = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": openai_usage(summary), "timings": summary.timings()}
+    if summary.prompt_logprobs is not None:
+        body["prompt_logprobs"] = _prompt_logprobs(summary, tokenizer)
+    return body
 
 
 def anthropic_response(summary, *, model: str, request_id: str) -> dict:
