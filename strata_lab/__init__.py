@@ -20,6 +20,8 @@ _EXPORTS = {
     "Stream": "strata_lab.engine",
     "Sampling": "strata_lab.engine",
     "CheckpointPolicy": "strata_lab.engine",
+    "TokenLogprob": "strata_lab.engine",
+    "TokenGrammar": "strata_lab.grammar",
     "make_tiny": "strata_lab.checkpoints",
     "embedded_model": "strata_lab.checkpoints",
     "Recorder": "strata_lab.record",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import ServerConfig
+from .completions import logprob_entry
 from .dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
 from .errors import RequestError, error_body
 from .generation import ChatRunner
@@ -171,6 +172,8 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
         async for kind, payload in events:
             if kind == "event":
                 out = fmt.event(payload)
+            elif kind == "logprobs":
+                out = fmt.logprobs(logprob_entry(st.tokenizer, payload)) if hasattr(fmt, "logprobs") else []
             elif kind == "done":
                 out = fmt.done(payload)
             else:

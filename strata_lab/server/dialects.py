@@ -135,6 +135,13 @@ class OpenAIStream:
         self.calls += 1
         return [frame]
 
+    def logprobs(self, entry: dict) -> list[str]:
+        """One generated id's logprobs, as a chunk with an empty delta right after that id's text."""
+        body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": [{"index": 0, "delta": {}, "finish_reason": None,
+                                                  "logprobs": {"content": [entry]}}]}
+        return [f"data: {_dumps(body)}\n\n"]
+
     def done(self, summary) -> list[str]:
         return [self._chunk({}, _finish(summary), usage=openai_usage(summary), timings=summary.timings()),
                 "data: [DONE]\n\n"]

@@ -359,6 +359,8 @@ class ChatRunner:
             counts = out.parser.in_reasoning
             out.feed([token])
             consumed += 1
+            if call.logprobs is not None and out.index == 0 and token not in self.stop_ids:
+                job.emit("logprobs", stream.logprobs[-1])  # streamed after the text it produced
             if out.matcher.hit is not None:
                 stream.stop(reason="stop")
                 stopped = True

@@ -26,8 +26,12 @@ class GrammarCompiler:
 
     def _tg(self):
         with self._lock:
-            if self._grammar is None:  # built on first use: ~1 s, and xgrammar imports torch
-                from strata_lab.grammar import TokenGrammar
+            if self._grammar is None:  # built on first use: ~3 s, and xgrammar imports torch
+                try:
+                    from strata_lab.grammar import TokenGrammar
+                except ImportError:
+                    raise RequestError(None, "constrained decoding needs xgrammar on the server: "
+                                       "pip install 'strata-lab[grammar]'", code="grammar_unavailable") from None
 
                 self._grammar = TokenGrammar(self.tokenizer, self.vocab_size, max_string=self.max_string,
                                              max_items=self.max_items)
