@@ -218,3 +218,27 @@ def test_streamed_logprobs_match_the_non_streamed_ones(oa):
     streamed = [e for chunk in oa.chat.completions.create(**body, stream=True)
                 for c in chunk.choices if c.logprobs is not None for e in c.logprobs.content]
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in whole]
+
+
+def test_slot_rule_similarity_then_lru_without_a_server():
+    from strata_lab.server.slots import SlotPool, _Held
+
+    a, b, c = _Held([1, 2, 3, 4, 5, 6]), _Held([7, 8, 9]), _Held([])
+    pool = SlotPool([a, b, c], names=["x", "y", "z"], similarity=0.5)
+    assert pool.choose([1, 2, 3, 4, 5, 6, 10]).id == 0      # 6/7 of the prompt held: slot 0
+    assert pool.choose([1, 2, 99, 98, 97, 96]).id == 1      # 2/6 only: least recently used (never; lowest id)
+    assert pool.choose([7, 42, 43]).id == 2                 # 1/3 of slot 1: LRU again, slot 2 never used
+    assert pool.choose([50], key="u").id == 0               # LRU, and the key binds to it
+    assert pool.choose([7, 8, 9, 1], key="u").id == 0       # the key wins over similarity
+    assert pool.choose([7, 8, 9, 1], slot=1, key="u").id == 1  # id_slot wins over everything
+
+
+def test_features_parse_in_both_dialects():
+    from strata_lab.server.features import parse_features
+
+    f = parse_features({"n_probs": 3, "id_slot": -1, "cache_prompt": False, "grammar": 'root ::= "a"'}, "openai")
+    assert (f.logprobs, f.slot, f.cache_prompt, f.constraint.kind) == (3, None, False, "gbnf")
+    f = parse_features({"metadata": {"user_id": "u1"}, "tool_choice": {"type": "any"}}, "anthropic")
+    assert (f.session_key, f.tool_choice) == ("u1", "required")
+    assert parse_features({"user": "x"}, "openai", header_key="h").session_key == "h"
+    assert parse_features({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "openai").tool_choice == "f"
