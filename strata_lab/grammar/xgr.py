@@ -62,11 +62,12 @@ class GrammarError(ValueError):
 class GrammarMask:
     """The engine's per-step mask for one generation: `mask(n_produced, last_id, bits) -> True`."""
 
-    def __init__(self, compiled, vocab_size: int):
+    def __init__(self, compiled, vocab_size: int, stop_ids: Sequence[int] = ()):
         import xgrammar as xgr
 
         self._matcher = xgr.GrammarMatcher(compiled)
         self.mask_words = (vocab_size + 31) // 32
+        self.stop_ids = tuple(stop_ids)
         self.rejected = 0  # ids the matcher refused (forced ids; never a sampled one)
 
     def __call__(self, n_produced: int, last_id: int, bits: np.ndarray) -> bool:
@@ -75,7 +76,11 @@ class GrammarMask:
         if n_produced > 0 and not self._matcher.accept_token(int(last_id)):
             self.rejected += 1
         if self._matcher.is_terminated():
-            return False
+            # it accepted a stop id the caller does not stop on: from here on only stop ids
+            bits[:] = 0
+            for i in self.stop_ids:
+                bits[i >> 5] |= np.uint32(1 << (i & 31))
+            return bool(self.stop_ids)
         self._matcher.fill_next_token_bitmask(torch.from_numpy(bits.view(np.int32)).view(1, -1))
         return True
 
@@ -85,12 +90,14 @@ class GrammarMask:
 
 
 class CompiledGrammar:
-    def __init__(self, compiled, vocab_size: int):
+    def __init__(self, compiled, vocab_size: int, stop_ids: Sequence[int]):
         self._compiled = compiled
         self.vocab_size = vocab_size
+        self.stop_ids = tuple(stop_ids)
 
     def mask(self) -> GrammarMask:
-        return GrammarMask(self._compiled, self.vocab_size)
+        """A fresh per-generation mask (the engine calls it on its decode thread)."""
+        return GrammarMask(self._compiled, self.vocab_size, self.stop_ids)
 
 
 # The tag spelling our output parser and Qwen3's template use (strata_lab/templates/qwen3.jinja).
@@ -117,6 +124,7 @@ class TokenGrammar:
             except ValueError:
                 vocab.append(b"")
         stops = [i for i in (tokenizer.im_end_id, tokenizer.eos_id) if i is not None]
+        self.stop_ids = tuple(stops)
         self._info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size,
                                        stop_token_ids=stops)
         self._compiler = xgr.GrammarCompiler(self._info, max_threads=threads)
@@ -127,7 +135,7 @@ class TokenGrammar:
         with self._lock:
             if key not in self._cache:
                 try:
-                    self._cache[key] = CompiledGrammar(build(), self.vocab_size)
+                    self._cache[key] = CompiledGrammar(build(), self.vocab_size, self.stop_ids)
                 except (RuntimeError, ValueError, TypeError) as exc:
                     raise GrammarError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
                 if len(self._cache) > 256:
