@@ -198,7 +198,7 @@ def test_slot_named_by_id_and_by_session_key(tmp_path):
         srv.stop()
 
 
-@pytest.mark.parametrize("body,field", [({"n": 0}, "n"), ({"n": 2, "stream": True}, "n"),
+@pytest.mark.parametrize("body,field", [({"n": 0}, "n"), ({"n": 17}, "n"),
                                         ({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": "yes"}, "logprobs"),
                                         ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
                                         ({"tool_choice": "required"}, "tool_choice"),
@@ -242,3 +242,16 @@ def test_features_parse_in_both_dialects():
     assert (f.session_key, f.tool_choice) == ("u1", "required")
     assert parse_features({"user": "x"}, "openai", header_key="h").session_key == "h"
     assert parse_features({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "openai").tool_choice == "f"
+
+
+def test_streamed_n_choices_equal_the_non_streamed_ones(oa):
+    body = dict(model="m", messages=[{"role": "user", "content": "two ways"}], max_tokens=5, temperature=1.0,
+                n=2, seed=21)
+    whole = [c.message.content for c in oa.chat.completions.create(**body).choices]
+    texts, finishes = {0: "", 1: ""}, {}
+    for chunk in oa.chat.completions.create(**body, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert [texts[0], texts[1]] == whole and set(finishes) == {0, 1}

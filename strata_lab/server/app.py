@@ -172,6 +172,8 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
         async for kind, payload in events:
             if kind == "event":
                 out = fmt.event(payload)
+            elif kind == "choice_event":
+                out = fmt.choice_event(*payload) if hasattr(fmt, "choice_event") else []
             elif kind == "logprobs":
                 out = fmt.logprobs(logprob_entry(st.tokenizer, payload)) if hasattr(fmt, "logprobs") else []
             elif kind == "done":

@@ -110,30 +110,36 @@ def anthropic_response(summary, *, model: str, request_id: str) -> dict:
 
 
 class OpenAIStream:
-    """SSE frames of one streamed chat completion."""
+    """SSE frames of one streamed chat completion (n > 1: each choice's chunks carry its index)."""
 
     def __init__(self, request_id: str, model: str, prompt_tokens: int):
         self.request_id, self.model = request_id, model
         self.created = int(time.time())
-        self.calls = 0
+        self.calls: dict[int, int] = {}  # tool calls sent so far, per choice
 
-    def _chunk(self, delta: dict, finish=None, **extra) -> str:
+    def _chunk(self, delta: dict, finish=None, index: int = 0, **extra) -> str:
         body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                "model": self.model, "choices": [{"index": index, "delta": delta, "finish_reason": finish,
                                                   "logprobs": None}], **extra}
         return f"data: {_dumps(body)}\n\n"
 
     def start(self) -> list[str]:
         return [self._chunk({"role": "assistant", "content": ""})]
 
-    def event(self, ev: Event) -> list[str]:
+    def event(self, ev: Event, index: int = 0) -> list[str]:
         if ev.kind == "content":
-            return [self._chunk({"content": ev.text})]
+            return [self._chunk({"content": ev.text}, index=index)]
         if ev.kind == "reasoning":
-            return [self._chunk({"reasoning_content": ev.text})]
-        frame = self._chunk({"tool_calls": [_openai_call(ev.call, self.calls)]})
-        self.calls += 1
-        return [frame]
+            return [self._chunk({"reasoning_content": ev.text}, index=index)]
+        n = self.calls.get(index, 0)
+        self.calls[index] = n + 1
+        return [self._chunk({"tool_calls": [_openai_call(ev.call, n)]}, index=index)]
+
+    def choice_event(self, index: int, ev: Event) -> list[str]:
+        """An event of choice `index` > 0 (n > 1); its first one opens the choice with the role."""
+        opened = [] if index in self.calls else [self._chunk({"role": "assistant", "content": ""}, index=index)]
+        self.calls.setdefault(index, 0)
+        return opened + self.event(ev, index)
 
     def logprobs(self, entry: dict) -> list[str]:
         """One generated id's logprobs, as a chunk with an empty delta right after that id's text."""
@@ -143,7 +149,8 @@ class OpenAIStream:
         return [f"data: {_dumps(body)}\n\n"]
 
     def done(self, summary) -> list[str]:
-        return [self._chunk({}, _finish(summary), usage=openai_usage(summary), timings=summary.timings()),
+        others = [self._chunk({}, _finish(c), index=c.index) for c in summary.choices[1:]]
+        return others + [self._chunk({}, _finish(summary), usage=openai_usage(summary), timings=summary.timings()),
                 "data: [DONE]\n\n"]
 
     def error(self, err: RequestError) -> list[str]:

@@ -167,8 +167,10 @@ class _Choice:
     def _emit(self, evs) -> None:
         for ev in evs:
             self.events.append(ev)
-            if self.index == 0:  # streaming serves one choice
+            if self.index == 0:
                 self.job.emit("event", ev)
+            else:  # n > 1: streamed with the choice's index (OpenAI chat)
+                self.job.emit("choice_event", (self.index, ev))
 
     def feed(self, ids: Sequence[int]) -> None:
         for i in ids:

@@ -316,8 +316,8 @@ def parse_openai(body: Any, *, session_key: str | None = None) -> ChatRequest:
 def _features(body: dict, dialect: str, req: dict, session_key: str | None) -> Features:
     """The issue-17 fields (features.py), checked against what the rest of the request asks for."""
     f = parse_features(body, dialect, header_key=session_key)
-    if f.n > 1 and req.get("stream"):
-        raise RequestError("n", "n > 1 is served without streaming only")
+    if f.n > 1 and dialect == "anthropic":
+        raise RequestError("n", "is not an Anthropic field (one message per request)")
     if f.tool_choice not in (None, "none", "required") and not any(
             t["function"]["name"] == f.tool_choice for t in req.get("tools") or ()):
         raise RequestError("tool_choice", f"names {f.tool_choice!r}, which is not in tools")
