@@ -255,3 +255,15 @@ def test_streamed_n_choices_equal_the_non_streamed_ones(oa):
             if c.finish_reason:
                 finishes[c.index] = c.finish_reason
     assert [texts[0], texts[1]] == whole and set(finishes) == {0, 1}
+
+
+def test_tool_choice_none_hides_the_tools_from_the_prompt():
+    from strata_lab.server.prompt import make_plan
+    from strata_lab.server.request import parse_openai
+    from strata_lab.template import ChatTemplate
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = {"messages": [{"role": "user", "content": "x"}], "tools": tools}
+    t = ChatTemplate.from_name("qwen3")
+    assert "<tools>" in make_plan(t, parse_openai(body)).prompt_text
+    assert "<tools>" not in make_plan(t, parse_openai({**body, "tool_choice": "none"})).prompt_text
