@@ -11,10 +11,10 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it. Modules are imported on first attribute access.
 _EXPORTS = {
-    "Tokenizer": "strata_lab.tokenizer",
-    "load_tokenizer": "strata_lab.tokenizer",
-    "ChatTemplate": "strata_lab.template",
-    "PromptEncoder": "strata_lab.encoder",
+    "Tokenizer": "strata_lab.text.tokenizer",
+    "load_tokenizer": "strata_lab.text.tokenizer",
+    "ChatTemplate": "strata_lab.text.template",
+    "PromptEncoder": "strata_lab.text.encoder",
     "Engine": "strata_lab.engine",
     "Session": "strata_lab.engine",
     "Stream": "strata_lab.engine",
@@ -22,10 +22,10 @@ _EXPORTS = {
     "CheckpointPolicy": "strata_lab.engine",
     "TokenLogprob": "strata_lab.engine",
     "TokenGrammar": "strata_lab.grammar",
-    "make_tiny": "strata_lab.checkpoints",
-    "embedded_model": "strata_lab.checkpoints",
-    "Recorder": "strata_lab.record",
-    "record_to": "strata_lab.record",
+    "make_tiny": "strata_lab.tiny",
+    "embedded_model": "strata_lab.tiny",
+    "Recorder": "strata_lab.dump.writer",
+    "record_to": "strata_lab.dump.writer",
     "load_dump": "strata_lab.dump",
     "Dump": "strata_lab.dump",
     "replay": "strata_lab.replayer",
@@ -48,4 +48,4 @@ def __dir__():
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from .tokenizer import Tokenizer, load_tokenizer
+    from strata_lab.text.tokenizer import Tokenizer, load_tokenizer

@@ -7,7 +7,7 @@ import sys
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
-    from .tokenizer import load_tokenizer
+    from strata_lab.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
     text = args.text if args.text is not None else sys.stdin.read()
@@ -36,8 +36,8 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from .dump import load_dump
-    from .replayer import compare_policies, replay
+    from strata_lab.dump import load_dump
+    from strata_lab.replayer import compare_policies, replay
 
     dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
     kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
@@ -51,7 +51,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print("\npolicy comparison:")
         print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     if args.png:
-        from .plots import plot_report
+        from strata_lab.notebook.plots import plot_report
 
         plot_report(report.to_frame(), args.png, policies=table)
         print(f"\nwrote {args.png}")
@@ -59,7 +59,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_template(args: argparse.Namespace) -> int:
-    from .template import TEMPLATE_PRESETS, ChatTemplate
+    from strata_lab.text.template import TEMPLATE_PRESETS, ChatTemplate
 
     tmpl = (ChatTemplate.from_name(args.template) if args.template in TEMPLATE_PRESETS
             else ChatTemplate.from_file(args.template))
@@ -81,7 +81,7 @@ def _cmd_template(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .server import ServerConfig, serve
+    from strata_lab.server import ServerConfig, serve
 
     serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=args.api_key,
                        max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
@@ -93,7 +93,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from strata_lab.sessions.demo import run_demo
 
     run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
     return 0

@@ -16,7 +16,7 @@ A Session follows Contract 1 (shared/DESIGN.md). Its reuse rule, which the repla
   ``held_ids == prompt_ids + gen_ids + drained_ids``.
 
 >>> import tempfile
->>> from strata_lab.checkpoints import make_tiny
+>>> from strata_lab.tiny import make_tiny
 >>> engine = Engine.load(make_tiny(tempfile.mkdtemp()), threads=1)
 >>> s = engine.session("demo")
 >>> r = s.generate([9707, 1879], max_new_tokens=3).result
@@ -43,7 +43,7 @@ def _ext():
     # or oversubscribed cores spinning threads starve each other (measured: 2.8 vs 21 tok/s decode).
     # libgomp reads this once when the extension loads; a value the user set wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-    from . import _engine
+    from strata_lab import _engine
 
     return _engine
 
@@ -337,7 +337,7 @@ class Session:
         records nothing. ``record_meta`` adds fields to the line (request_id, call, encoder, model, ts).
 
         >>> import tempfile
-        >>> from strata_lab.checkpoints import make_tiny
+        >>> from strata_lab.tiny import make_tiny
         >>> s = Engine.load(make_tiny(tempfile.mkdtemp()), threads=1).session("a")
         >>> stream = s.generate([1, 2, 3], max_new_tokens=4, sampling=Sampling(temperature=1.0, seed=7))
         >>> ids = list(stream)
@@ -367,7 +367,7 @@ class Session:
             opts.set_token_mask(token_mask)
         prompt = _as_ids(prompt_ids, "prompt_ids", V)
         if record is None:
-            from .record import active
+            from strata_lab.dump.writer import active
 
             record = active()
         if record is not None and record is not False and not hasattr(record, "write_call"):
@@ -424,7 +424,7 @@ class Engine:
         in C++ in chunks): ``len(ids) - 1`` entries, with ``top_n`` alternatives each.
 
         >>> import tempfile
-        >>> from strata_lab.checkpoints import make_tiny
+        >>> from strata_lab.tiny import make_tiny
         >>> e = Engine.load(make_tiny(tempfile.mkdtemp()), threads=1)
         >>> lps = e.prompt_logprobs([9707, 1879, 13], top_n=2)
         >>> len(lps), lps[0].id, len(lps[0].top), lps[0].logprob <= 0

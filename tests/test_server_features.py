@@ -125,7 +125,7 @@ def test_count_tokens_aliases_and_chat_template_option(dense, tmp_path):
 
 
 def test_chat_template_from_a_file(tmp_path, tiny_dir):
-    from strata_lab.template import ChatTemplate
+    from strata_lab.text.template import ChatTemplate
 
     path = tmp_path / "t.jinja"
     path.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
@@ -260,7 +260,7 @@ def test_streamed_n_choices_equal_the_non_streamed_ones(oa):
 def test_tool_choice_none_hides_the_tools_from_the_prompt():
     from strata_lab.server.prompt import make_plan
     from strata_lab.server.request import parse_openai
-    from strata_lab.template import ChatTemplate
+    from strata_lab.text.template import ChatTemplate
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     body = {"messages": [{"role": "user", "content": "x"}], "tools": tools}

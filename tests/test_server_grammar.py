@@ -21,7 +21,7 @@ PROMPT = "<|im_start|>user\nanswer in JSON<|im_end|>\n<|im_start|>assistant\n"
 
 @pytest.fixture(scope="module")
 def grammar_env(qwen3):
-    from strata_lab.checkpoints import embedded_model
+    from strata_lab.tiny import embedded_model
     from strata_lab.engine import Engine
     from strata_lab.grammar import TokenGrammar
 

@@ -13,15 +13,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .config import ServerConfig
-from .completions import logprob_entry
-from .dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
-from .errors import RequestError, error_body
-from .generation import ChatRunner
-from .prompt import make_plan
-from .request import ChatRequest, check_int, parse_anthropic, parse_openai
-from .slots import SlotPool, slot_names
-from .worker import EngineWorker
+from strata_lab.server.config import ServerConfig
+from strata_lab.server.completions import logprob_entry
+from strata_lab.server.dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
+from strata_lab.server.errors import RequestError, error_body
+from strata_lab.server.generation import ChatRunner
+from strata_lab.server.prompt import make_plan
+from strata_lab.server.request import ChatRequest, check_int, parse_anthropic, parse_openai
+from strata_lab.server.slots import SlotPool, slot_names
+from strata_lab.server.worker import EngineWorker
 
 from starlette.requests import Request  # the app module is only imported to build the app
 
@@ -44,13 +44,13 @@ def load_state(config: ServerConfig) -> ServerState:
     """Load tokenizer, template, engine, encoder and recorder for `config`."""
     from pathlib import Path
 
-    from strata_lab.encoder import PromptEncoder
+    from strata_lab.text.encoder import PromptEncoder
     from strata_lab.engine import CheckpointPolicy, Engine
-    from strata_lab.record import Recorder
-    from strata_lab.template import ChatTemplate
-    from strata_lab.tokenizer import load_tokenizer
+    from strata_lab.dump.writer import Recorder
+    from strata_lab.text.template import ChatTemplate
+    from strata_lab.text.tokenizer import load_tokenizer
 
-    from strata_lab.checkpoints import embedded_model
+    from strata_lab.tiny import embedded_model
 
     kwargs = {"max_context": config.max_context}
     if config.threads:
@@ -64,7 +64,7 @@ def load_state(config: ServerConfig) -> ServerState:
     names = slot_names(config.session, config.slots)
     pool = SlotPool([engine.session(n, checkpoints=policy) for n in names], names=names,
                     similarity=config.slot_similarity)
-    from .grammar import GrammarCompiler
+    from strata_lab.server.grammar import GrammarCompiler
 
     runner = ChatRunner(tokenizer=tokenizer, pool=pool, encoder=PromptEncoder(tokenizer),
                         max_context=config.max_context, recorder=recorder, reply_reuse=config.reply_reuse,
@@ -78,7 +78,7 @@ def load_state(config: ServerConfig) -> ServerState:
 
 def load_template(spec: str):
     """`--chat-template NAME|PATH`: a preset name, else any HF template file or folder (ChatTemplate.from_file)."""
-    from strata_lab.template import TEMPLATE_PRESETS, ChatTemplate
+    from strata_lab.text.template import TEMPLATE_PRESETS, ChatTemplate
 
     return ChatTemplate.from_name(spec) if spec in TEMPLATE_PRESETS else ChatTemplate.from_file(spec)
 
@@ -206,7 +206,7 @@ async def messages(request: Request):
 
 async def completions(request: Request):
     """OpenAI /v1/completions: a text or token-id prompt, no chat template."""
-    from .completions import CompletionStream, completion_response, parse_completion
+    from strata_lab.server.completions import CompletionStream, completion_response, parse_completion
 
     st: ServerState = request.app.state.strata
     req, plan = parse_completion(await _json_body(request), "openai", vocab_size=st.runner.engine.vocab_size,
@@ -223,7 +223,7 @@ async def llama_completion(request: Request):
     """llama.cpp /completion: prompt as text or ids, n_predict, cache_prompt, n_probs, id_slot, timings."""
     from functools import partial
 
-    from .completions import LlamaStream, llama_response, parse_completion
+    from strata_lab.server.completions import LlamaStream, llama_response, parse_completion
 
     st: ServerState = request.app.state.strata
     req, plan = parse_completion(await _json_body(request), "llama", vocab_size=st.runner.engine.vocab_size,

@@ -16,10 +16,10 @@ import json
 import time
 from typing import Any
 
-from .errors import RequestError, openai_error
-from .features import parse_features
-from .generation import Plan
-from .request import ChatRequest, _bool, _sampling, _stop_sequences, check_int
+from strata_lab.server.errors import RequestError, openai_error
+from strata_lab.server.features import parse_features
+from strata_lab.server.generation import Plan
+from strata_lab.server.request import ChatRequest, _bool, _sampling, _stop_sequences, check_int
 
 __all__ = ["parse_completion", "completion_response", "llama_response", "CompletionStream", "LlamaStream",
            "logprob_entry"]

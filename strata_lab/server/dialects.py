@@ -13,8 +13,8 @@ import json
 import time
 import uuid
 
-from .errors import RequestError, anthropic_error, openai_error
-from .output import Event, ToolCall
+from strata_lab.server.errors import RequestError, anthropic_error, openai_error
+from strata_lab.server.output import Event, ToolCall
 
 __all__ = ["openai_response", "anthropic_response", "OpenAIStream", "AnthropicStream", "new_id"]
 
@@ -83,7 +83,7 @@ def _prompt_logprobs(summary, tokenizer) -> list | None:
 
 def openai_response(summary, *, model: str, request_id: str, tokenizer=None, logprobs: bool = False) -> dict:
     """The chat.completion body: one choice per Summary in `summary.choices` (n > 1), logprobs when asked."""
-    from .completions import logprob_entry
+    from strata_lab.server.completions import logprob_entry
 
     choices = []
     for s in summary.choices or [summary]:

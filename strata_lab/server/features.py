@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import RequestError
+from strata_lab.server.errors import RequestError
 
 __all__ = ["Features", "Constraint", "parse_features", "MAX_N", "MAX_TOP_LOGPROBS"]
 

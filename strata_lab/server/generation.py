@@ -23,9 +23,9 @@ import uuid
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Sequence
 
-from .errors import RequestError
-from .output import Event, OutputParser, StopMatcher, TextStream
-from .request import ChatRequest
+from strata_lab.server.errors import RequestError
+from strata_lab.server.output import Event, OutputParser, StopMatcher, TextStream
+from strata_lab.server.request import ChatRequest
 
 __all__ = ["ChatRunner", "Plan", "Summary", "WRAP_UP", "plain_drained", "EngineCall", "CallOutcome", "choice_seed"]
 
@@ -311,7 +311,7 @@ class ChatRunner:
         if self.reply_reuse and plan.prompt_ids is None:
             self.encoder.remember_reply(prompt_ids, reply_ids)
 
-        from .output import collect
+        from strata_lab.server.output import collect
 
         reasoning, content, tool_calls = collect(out.events)
         if finish == "budget":

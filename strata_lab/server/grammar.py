@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 
-from .errors import RequestError
-from .request import ChatRequest
+from strata_lab.server.errors import RequestError
+from strata_lab.server.request import ChatRequest
 
 __all__ = ["GrammarCompiler"]
 

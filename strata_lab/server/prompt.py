@@ -1,6 +1,6 @@
 """Render a ChatRequest into prompt text, with what the output parser must know about the assistant turn.
 
->>> from strata_lab.template import ChatTemplate
+>>> from strata_lab.text.template import ChatTemplate
 >>> from strata_lab.server.request import parse_openai
 >>> plan = make_plan(ChatTemplate.from_name("qwen3"),
 ...                  parse_openai({"messages": [{"role": "user", "content": "hi"}], "assistant_prefix": "Hello"}))
@@ -9,10 +9,10 @@
 """
 from __future__ import annotations
 
-from .errors import RequestError
-from .generation import Plan
-from .output import OutputParser
-from .request import ChatRequest
+from strata_lab.server.errors import RequestError
+from strata_lab.server.generation import Plan
+from strata_lab.server.output import OutputParser
+from strata_lab.server.request import ChatRequest
 
 __all__ = ["make_plan", "ASSISTANT_HEADER"]
 
@@ -25,7 +25,7 @@ def make_plan(template, req: ChatRequest) -> Plan:
     A thinking budget means "think, up to N tokens": if the rendered turn does not already open a
     reasoning block, the prompt opens one, so the budget has something to count.
     """
-    from strata_lab.template import TemplateInputError, TemplateRenderError
+    from strata_lab.text.template import TemplateInputError, TemplateRenderError
 
     try:
         # tool_choice "none": the model is not shown the tools, so it writes a message

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RequestError
-from .features import Features, parse_features
+from strata_lab.server.errors import RequestError
+from strata_lab.server.features import Features, parse_features
 
 __all__ = ["ChatRequest", "parse_openai", "parse_anthropic", "check_int"]
 

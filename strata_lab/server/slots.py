@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .errors import RequestError
+from strata_lab.server.errors import RequestError
 
 __all__ = ["Slot", "SlotPool", "slot_names"]
 
