@@ -20,6 +20,8 @@ _EXPORTS = {
     "Stream": "strata_lab.engine",
     "Sampling": "strata_lab.engine",
     "CheckpointPolicy": "strata_lab.engine",
+    "TokenLogprob": "strata_lab.engine",
+    "TokenGrammar": "strata_lab.grammar",
     "make_tiny": "strata_lab.tiny",
     "embedded_model": "strata_lab.tiny",
     "Recorder": "strata_lab.dump.writer",
@@ -64,5 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from strata_lab.dump.writer import StoreRecorder
     from strata_lab.caches.presets import parse_engine
     from strata_lab.caches.replay import replay_engines
+    from strata_lab.engine import TokenLogprob
+    from strata_lab.grammar import TokenGrammar
     from strata_lab.tiny import embedded_model, make_tiny
     from strata_lab.traces.trace import Trace, load_trace

@@ -262,7 +262,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(args.cors),
                        body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
                        max_tokens_default=args.max_tokens_default, no_mmap=args.no_mmap,
-                       check_weights=args.check_weights))
+                       check_weights=args.check_weights,
+                       slots=args.slots, slot_similarity=args.slot_similarity,
+                       grammar_max_string=args.grammar_max_string or None,
+                       grammar_max_items=args.grammar_max_items or None))
     return 0
 
 
@@ -402,7 +405,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="engine threads (0 = engine default; at most 4 per core)")
     p.add_argument("--no-reply-reuse", action="store_true", help="do not reuse a reply's own ids (A/B runs)")
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="request body limit in bytes")
-    p.add_argument("--template", default="qwen3", help="chat template preset")
+    p.add_argument("--chat-template", "--template", "--chat-template-file", dest="template", default="qwen3",
+                   help="chat template: a preset name (qwen3), or any HF template (.jinja, tokenizer_config.json, "
+                        "model folder)")
+    p.add_argument("--slots", type=int, default=1,
+                   help="engine sessions served in turn (id_slot / x-session-id / user pick one, else the LCP "
+                        "similarity rule, else least recently used)")
+    p.add_argument("--grammar-max-string", type=int, default=256,
+                   help="constrained output: unbounded strings in a schema get this maxLength (0: unbounded)")
+    p.add_argument("--grammar-max-items", type=int, default=16,
+                   help="constrained output: unbounded arrays in a schema get this maxItems (0: unbounded)")
+    p.add_argument("--slot-similarity", type=float, default=0.5,
+                   help="share of the prompt a slot's held ids must cover to be chosen by similarity")
     p.add_argument("--alias", help="model name reported to clients")
     p.add_argument("--stop-latency", type=int, default=0,
                    help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")

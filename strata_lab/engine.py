@@ -34,7 +34,8 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Engine", "Session", "Stream", "Sampling", "CheckpointPolicy", "GenerateResult", "CheckpointError"]
+__all__ = ["Engine", "Session", "Stream", "Sampling", "CheckpointPolicy", "GenerateResult", "CheckpointError",
+           "TokenLogprob"]
 
 
 def _ext():
@@ -146,6 +147,25 @@ class CheckpointPolicy:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One id's log-probability and its best alternatives, computed in C++ from the engine's logits.
+
+    The distribution is the log-softmax of the model's raw logits: before temperature, top-k/top-p/min-p
+    and any grammar mask (as vLLM and OpenAI report them), so a temperature-0 id is always ``top[0]``.
+    ``top`` is sorted best first (lowest id on ties).
+    """
+
+    id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def _from_native(cls, raw) -> "TokenLogprob":
+        i, lp, top = raw
+        return cls(int(i), float(lp), tuple((int(a), float(b)) for a, b in top))
+
+
+@dataclass(frozen=True)
 class GenerateResult:
     """What one generate call did (one dump line's worth)."""
 
@@ -162,6 +182,7 @@ class GenerateResult:
     prefill_ms: float
     decode_ms: float
     checkpoints: list[int] = field(default_factory=list)  # positions restorable after the call
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per gen_ids entry when asked for
 
     @property
     def reread(self) -> int:
@@ -183,8 +204,11 @@ class Stream:
     _STOP_REASONS = ("cancelled", "budget", "stop")
 
     def __init__(self, job, *, session: str = "", prompt_ids: Sequence[int] = (), recorder=None,
-                 record_meta: Optional[dict] = None):
+                 record_meta: Optional[dict] = None, logprobs: bool = False, token_mask=None):
         self._job = job
+        self._with_logprobs = logprobs
+        self._token_mask = token_mask  # kept alive while the decode thread may call it
+        self.logprobs: list[TokenLogprob] = []  # entries of the ids yielded so far (when asked for)
         self._result: Optional[GenerateResult] = None
         self._stop_reason: Optional[str] = None
         self._session = session
@@ -197,11 +221,17 @@ class Stream:
         return self
 
     def __next__(self) -> int:
-        i = self._job.next()  # blocks with the GIL released
-        if i is None:
-            self.result  # the call has ended: settle the result (and its dump line) now
-            raise StopIteration
-        return i
+        if self._with_logprobs:
+            raw = self._job.next_entry()  # blocks with the GIL released
+            if raw is not None:
+                self.logprobs.append(TokenLogprob._from_native(raw))
+                return self.logprobs[-1].id
+        else:
+            i = self._job.next()  # blocks with the GIL released
+            if i is not None:
+                return i
+        self.result  # the call has ended: settle the result (and its dump line) now
+        raise StopIteration
 
     def stop(self, reason: str = "cancelled") -> None:
         """Ask the decode loop to stop. ``reason`` ("cancelled"; "budget": a thinking budget ran out; "stop":
@@ -223,6 +253,7 @@ class Stream:
             raw = self._job.result()
             if raw["finish"] == "cancelled" and self._stop_reason is not None:
                 raw["finish"] = self._stop_reason
+            raw["logprobs"] = [TokenLogprob._from_native(e) for e in raw["logprobs"]]
             self._result = GenerateResult(**raw)
             if self._recorder is not None:
                 self._write_dump_line(self._result)
@@ -287,12 +318,19 @@ class Session:
 
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Sampling = Sampling(),
                  stop_ids: Sequence[int] = (), force_ids: Optional[Sequence[int]] = None,
-                 stop_latency: int = 0, record=None, record_meta: Optional[dict] = None) -> Stream:
+                 stop_latency: int = 0, record=None, record_meta: Optional[dict] = None,
+                 logprobs: Optional[int] = None, token_mask=None) -> Stream:
         """Start one call: reuse per Contract 1, read the rest of the prompt, then decode.
 
         ``max_new_tokens=0`` only reads the prompt. ``force_ids`` decodes those ids instead of sampling
         (min(len(force_ids), max_new_tokens) steps). ``stop_latency`` delays the loop's reaction to
         ``stop()`` by that many steps (models a late STOP). Bad input raises before any work.
+
+        ``logprobs=n`` (0..1024) reports each generated id's logprob and its n best alternatives
+        (``TokenLogprob``: raw logits, before temperature and mask) in ``stream.logprobs`` as ids arrive
+        and in ``result.logprobs``. ``token_mask`` (e.g. a ``strata_lab.grammar.GrammarMask``) is called on
+        the decode thread before each sampled step, ``token_mask(n_produced, last_id, bits) -> bool``, and
+        its ``mask_words`` uint32 bitmask restricts the ids sampled; the session's own logits stay as they are.
 
         Recording (strata-dump/1, one line per call): ``record=None`` uses the active recorder
         (``STRATA_PROMPT_DUMP`` or ``strata_lab.record_to``), a ``Recorder`` uses that one, ``False``
@@ -319,6 +357,14 @@ class Session:
             opts.has_force = True
             opts.force_ids = _as_ids(list(force_ids), "force_ids", V)
         opts.stop_latency = int(stop_latency)
+        if logprobs is not None:
+            if isinstance(logprobs, bool) or not isinstance(logprobs, (int, np.integer)) or not 0 <= logprobs <= 1024:
+                raise ValueError(f"logprobs must be None or an int in 0..1024, got {logprobs!r}")
+            opts.logprobs = int(logprobs)
+        if token_mask is not None:
+            if not callable(token_mask) or not hasattr(token_mask, "mask_words"):
+                raise TypeError("token_mask must be callable with a mask_words attribute")
+            opts.set_token_mask(token_mask)
         prompt = _as_ids(prompt_ids, "prompt_ids", V)
         if record is None:
             from strata_lab.dump.writer import active
@@ -331,7 +377,7 @@ class Session:
             record_meta = {"checkpoint_policy": self.checkpoint_policy(), **(record_meta or {})}
         job = _ext().StreamJob(self._s, prompt, opts, V)
         return Stream(job, session=self.name, prompt_ids=prompt, recorder=record or None,
-                      record_meta=record_meta)
+                      record_meta=record_meta, logprobs=logprobs is not None, token_mask=token_mask)
 
     def __repr__(self) -> str:
         return f"Session({self.name!r}, held={len(self.held_ids)}, checkpoints={self.checkpoints})"
@@ -392,6 +438,22 @@ class Engine:
     def forward(self, ids: Sequence[int]) -> np.ndarray:
         """Logits ``[len(ids), vocab_size]`` (float32) of a fresh sequence; no session is touched."""
         return self._e.forward(_as_ids(ids, "ids", self.vocab_size))
+
+    def prompt_logprobs(self, ids: Sequence[int], *, top_n: int = 0) -> list[TokenLogprob]:
+        """Logprob of each prompt id after the first, given the ids before it (a fresh sequence, computed
+        in C++ in chunks): ``len(ids) - 1`` entries, with ``top_n`` alternatives each.
+
+        >>> import tempfile
+        >>> from strata_lab.tiny import make_tiny
+        >>> e = Engine.load(make_tiny(tempfile.mkdtemp()), threads=1)
+        >>> lps = e.prompt_logprobs([9707, 1879, 13], top_n=2)
+        >>> len(lps), lps[0].id, len(lps[0].top), lps[0].logprob <= 0
+        (2, 1879, 2, True)
+        """
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or not 0 <= top_n <= 1024:
+            raise ValueError(f"top_n must be an int in 0..1024, got {top_n!r}")
+        return [TokenLogprob._from_native(e) for e in self._e.prompt_logprobs(_as_ids(ids, "ids", self.vocab_size),
+                                                                              top_n)]
 
     def session(self, name: str, *, checkpoints: Optional[CheckpointPolicy] = None) -> Session:
         """The session called ``name`` (created on first use; ``checkpoints`` sets its policy)."""

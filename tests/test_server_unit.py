@@ -206,7 +206,7 @@ def test_header_checkpoint_option_reaches_the_engine_session(argv, on):
     args = build_parser().parse_args(["serve", *argv])
     assert args.no_header_checkpoint is not on and ServerConfig().header_checkpoint
     st = load_state(ServerConfig(port=0, header_checkpoint=not args.no_header_checkpoint))
-    session = st.runner.session
+    session = st.runner.pool.slots[0].session
     ids = st.tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     r = session.generate(ids, max_new_tokens=0).result
     head = max(i for i, t in enumerate(ids) if t == st.tokenizer.token_id("<|im_start|>"))

@@ -25,6 +25,19 @@ std::vector<int32_t> to_ids(const std::vector<int64_t>& v, int64_t vocab, const 
   return out;
 }
 
+// (id, logprob, [(alt_id, alt_logprob), ...]) -- the shape strata_lab.engine.TokenLogprob is built from
+py::tuple logprob_tuple(const TokenLogprob& e) {
+  py::list top;
+  for (const auto& t : e.top) top.append(py::make_tuple(t.first, t.second));
+  return py::make_tuple(e.id, e.logprob, top);
+}
+
+py::list logprob_list(const std::vector<TokenLogprob>& v) {
+  py::list out;
+  for (const auto& e : v) out.append(logprob_tuple(e));
+  return out;
+}
+
 py::dict result_dict(const GenerateResult& r) {
   py::dict d;
   d["prompt_len"] = r.prompt_len;
@@ -40,6 +53,7 @@ py::dict result_dict(const GenerateResult& r) {
   d["prefill_ms"] = r.prefill_ms;
   d["decode_ms"] = r.decode_ms;
   d["checkpoints"] = r.checkpoints;
+  d["logprobs"] = logprob_list(r.logprobs);
   return d;
 }
 
@@ -67,7 +81,21 @@ void register_options(py::module_& m) {
       .def_readwrite("stop_ids", &GenerateOptions::stop_ids)
       .def_readwrite("has_force", &GenerateOptions::has_force)
       .def_readwrite("force_ids", &GenerateOptions::force_ids)
-      .def_readwrite("stop_latency", &GenerateOptions::stop_latency);
+      .def_readwrite("stop_latency", &GenerateOptions::stop_latency)
+      .def_readwrite("logprobs", &GenerateOptions::logprobs)
+      .def("set_token_mask", [](GenerateOptions& o, py::object fn) {
+        if (fn.is_none()) { o.token_mask = nullptr; return; }
+        // Called on the decode thread: fn(n_produced, last_id or -1, bits) with bits a writable uint32
+        // numpy view of the mask (ceil(vocab / 32) words); returns True when it filled the mask.
+        auto holder = std::make_shared<py::object>(fn);
+        o.token_mask = [holder](const std::vector<int32_t>& produced, uint32_t* bits) -> bool {
+          py::gil_scoped_acquire gil;
+          py::ssize_t words = py::cast<py::ssize_t>(holder->attr("mask_words"));
+          py::array_t<uint32_t> view({words}, {py::ssize_t(sizeof(uint32_t))}, bits, py::none());
+          const int32_t last = produced.empty() ? -1 : produced.back();
+          return py::cast<bool>((*holder)(py::int_(produced.size()), last, view));
+        };
+      }, py::arg("fn"), "fn(n_produced, last_id, bits) -> bool, with a mask_words attribute; None: no mask.");
 }
 
 void register_checkpoint(py::module_& m) {
@@ -140,6 +168,15 @@ void register_engine(py::module_& m) {
         std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
         return out;
       }, py::arg("ids"))
+      .def("prompt_logprobs", [](Engine& e, const std::vector<int64_t>& ids, int64_t top_n) {
+        std::vector<int32_t> v = to_ids(ids, e.info().vocab_size, "ids");
+        std::vector<TokenLogprob> out;
+        {
+          py::gil_scoped_release release;
+          out = e.prompt_logprobs(v, top_n);
+        }
+        return logprob_list(out);
+      }, py::arg("ids"), py::arg("top_n") = 0)
       .def("session", [](Engine& e, const std::string& name, std::optional<CheckpointPolicy> p) {
         return e.session(name, p ? &*p : nullptr);
       }, py::arg("name"), py::arg("policy") = py::none())
@@ -193,6 +230,16 @@ void register_stream(py::module_& m) {
         if (!ok) return py::none();
         return py::int_(id);
       }, "Next generated id, blocking; None at the end.")
+      .def("next_entry", [](StreamJob& j) -> py::object {
+        TokenLogprob e;
+        bool ok;
+        {
+          py::gil_scoped_release release;
+          ok = j.next(&e);
+        }
+        if (!ok) return py::none();
+        return logprob_tuple(e);
+      }, "Next generated id with its logprob entry (id, logprob, top), blocking; None at the end.")
       .def("stop", &StreamJob::stop)
       .def("done", &StreamJob::done)
       .def("result", [](StreamJob& j) {

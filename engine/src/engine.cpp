@@ -6,7 +6,7 @@ namespace strata {
 
 Engine::Engine(const std::string& dir, const LoadOptions& opts) : model_(load_model(dir, opts)) {}
 
-std::vector<float> Engine::forward(const std::vector<int32_t>& ids) {
+void Engine::check(const std::vector<int32_t>& ids) const {
   const ModelInfo& mi = model_->info();
   if (ids.empty()) throw std::invalid_argument("ids must not be empty");
   if (int64_t(ids.size()) > mi.max_context)
@@ -16,11 +16,35 @@ std::vector<float> Engine::forward(const std::vector<int32_t>& ids) {
     if (ids[i] < 0 || ids[i] >= mi.vocab_size)
       throw std::invalid_argument("ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
                                   " is out of range [0, " + std::to_string(mi.vocab_size) + ")");
+}
+
+std::vector<float> Engine::forward(const std::vector<int32_t>& ids) {
+  const ModelInfo& mi = model_->info();
+  check(ids);
   auto st = model_->new_state();
   const int64_t n = int64_t(ids.size());
   std::vector<float> logits(size_t(n * mi.vocab_size));
   model_->forward(ids.data(), n, *st, Logits::All, logits.data());
   return logits;
+}
+
+std::vector<TokenLogprob> Engine::prompt_logprobs(const std::vector<int32_t>& ids, int64_t top_n) {
+  const ModelInfo& mi = model_->info();
+  if (top_n < 0 || top_n > 1024) throw std::invalid_argument("top_n must be in 0..1024, got " + std::to_string(top_n));
+  check(ids);
+  const int64_t V = mi.vocab_size, n = int64_t(ids.size());
+  constexpr int64_t kChunk = 64;  // 64 x 151669 floats = 39 MB of logits at a time
+  auto st = model_->new_state();
+  std::vector<float> logits(size_t(kChunk * V));
+  std::vector<TokenLogprob> out;
+  out.reserve(size_t(std::max<int64_t>(n - 1, 0)));
+  for (int64_t s = 0; s < n - 1; s += kChunk) {  // the last id's logits predict nothing in the prompt
+    const int64_t m = std::min(kChunk, n - 1 - s);
+    model_->forward(ids.data() + s, m, *st, Logits::All, logits.data());
+    for (int64_t j = 0; j < m; ++j)
+      out.push_back(token_logprob(logits.data() + j * V, V, ids[size_t(s + j + 1)], top_n));
+  }
+  return out;
 }
 
 std::shared_ptr<Session> Engine::session(const std::string& name, const CheckpointPolicy* policy) {

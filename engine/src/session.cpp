@@ -50,6 +50,8 @@ void Session::validate(const std::vector<int32_t>& prompt, const GenerateOptions
   check_ids(prompt, mi.vocab_size, "prompt_ids");
   if (opts.max_new_tokens < 0)
     throw std::invalid_argument("max_new_tokens must be >= 0, got " + std::to_string(opts.max_new_tokens));
+  if (opts.logprobs < -1 || opts.logprobs > 1024)
+    throw std::invalid_argument("logprobs must be -1 (off) or in 0..1024, got " + std::to_string(opts.logprobs));
   if (opts.stop_latency < 0)
     throw std::invalid_argument("stop_latency must be >= 0, got " + std::to_string(opts.stop_latency));
   opts.sampling.validate();
@@ -181,7 +183,7 @@ void Session::read(const int32_t* ids, int64_t n, bool want_logits) {
 }
 
 GenerateResult Session::generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts,
-                                 const std::function<void(int32_t)>& on_token, const std::atomic<bool>* stop) {
+                                 const OnToken& on_token, const std::atomic<bool>* stop) {
   validate(prompt, opts);
   GenerateResult r;
   const auto t0 = Clock::now();
@@ -212,17 +214,32 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
   const int64_t steps = opts.has_force ? std::min<int64_t>(opts.max_new_tokens, int64_t(opts.force_ids.size()))
                                        : opts.max_new_tokens;
   Sampler sampler(opts.sampling);
+  std::vector<float> masked;                   // the grammar's copy: the session's own logits stay untouched
+  std::vector<uint32_t> bits(size_t((V + 31) / 32));
+  std::vector<int32_t> produced;               // this call's ids so far (gen + drained), for the mask
   std::string natural = "length";
   int64_t req_step = -1;  // step during which the STOP request was first seen
   for (int64_t i = 0; i < steps; ++i) {
     if (stop && req_step < 0 && stop->load()) req_step = i - 1;  // arrived between steps
     if (req_step >= 0 && i > req_step + opts.stop_latency) break;
-    const int32_t id = opts.has_force ? opts.force_ids[size_t(i)] : sampler.sample(last_logits_.data(), V);
+    int32_t id;
+    if (opts.has_force) {
+      id = opts.force_ids[size_t(i)];
+    } else if (opts.token_mask && opts.token_mask(produced, bits.data())) {
+      masked = last_logits_;
+      apply_token_mask(masked.data(), V, bits.data());
+      id = sampler.sample(masked.data(), V);
+    } else {
+      id = sampler.sample(last_logits_.data(), V);
+    }
+    produced.push_back(id);
     if (stop && req_step < 0 && stop->load()) req_step = i;
     if (req_step >= 0) r.drained_ids.push_back(id);
     else {
       r.gen_ids.push_back(id);
-      if (on_token) on_token(id);
+      // raw logits: before temperature, filters and the grammar mask (see logprobs.h)
+      if (opts.logprobs >= 0) r.logprobs.push_back(token_logprob(last_logits_.data(), V, id, opts.logprobs));
+      if (on_token) on_token(id, opts.logprobs >= 0 ? &r.logprobs.back() : nullptr);
     }
     read(&id, 1, true);
     maybe_checkpoint(false);

@@ -13,8 +13,10 @@ StreamJob::StreamJob(std::shared_ptr<Session> session, std::vector<int32_t> prom
     GenerateResult r;
     std::exception_ptr err;
     try {
-      r = session_->generate(prompt, opts, [this](int32_t id) {
-        { std::lock_guard<std::mutex> g(mu_); queue_.push_back(id); }
+      r = session_->generate(prompt, opts, [this](int32_t id, const TokenLogprob* lp) {
+        TokenLogprob e = lp ? *lp : TokenLogprob{};
+        e.id = id;
+        { std::lock_guard<std::mutex> g(mu_); queue_.push_back(std::move(e)); }
         cv_.notify_all();
       }, &stop_);
     } catch (...) {
@@ -36,10 +38,17 @@ StreamJob::~StreamJob() {
 }
 
 bool StreamJob::next(int32_t* id) {
+  TokenLogprob e;
+  if (!next(&e)) return false;
+  *id = e.id;
+  return true;
+}
+
+bool StreamJob::next(TokenLogprob* entry) {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return !queue_.empty() || finished_; });
   if (!queue_.empty()) {
-    *id = queue_.front();
+    *entry = std::move(queue_.front());
     queue_.pop_front();
     return true;
   }

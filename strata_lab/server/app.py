@@ -14,11 +14,13 @@ from typing import Any
 
 from strata_lab.server.config import ServerConfig
 from strata_lab.server.body import json_body as _json_body, json_object as _json_object
+from strata_lab.server.completions import logprob_entry
 from strata_lab.server.dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
 from strata_lab.server.errors import RequestError, error_body
 from strata_lab.server.generation import ChatRunner
 from strata_lab.server.prompt import make_plan
 from strata_lab.server.request import ChatRequest, check_int, parse_anthropic, parse_openai
+from strata_lab.server.slots import SlotPool, slot_names
 from strata_lab.server.worker import EngineWorker
 
 from starlette.concurrency import run_in_threadpool  # the app module is only imported to build the app
@@ -63,15 +65,27 @@ def load_state(config: ServerConfig) -> ServerState:
     tokenizer = load_tokenizer("qwen3")
     name = config.model_name or model_path.name
     policy = CheckpointPolicy(before_last=tokenizer.token_id("<|im_start|>")) if config.header_checkpoint else None
-    runner = ChatRunner(tokenizer=tokenizer, session=engine.session(config.session, checkpoints=policy),
-                        session_name=config.session,
-                        encoder=PromptEncoder(tokenizer), max_context=config.max_context, recorder=recorder,
-                        reply_reuse=config.reply_reuse, model_name=name,
-                        stop_latency=config.stop_latency, max_tokens_default=config.max_tokens_default)
-    runner.engine = engine  # keep the engine alive as long as its session
-    return ServerState(config=config, tokenizer=tokenizer, template=ChatTemplate.from_name(config.template),
+    names = slot_names(config.session, config.slots)
+    pool = SlotPool([engine.session(n, checkpoints=policy) for n in names], names=names,
+                    similarity=config.slot_similarity)
+    from strata_lab.server.grammar import GrammarCompiler
+
+    runner = ChatRunner(tokenizer=tokenizer, pool=pool, encoder=PromptEncoder(tokenizer),
+                        max_context=config.max_context, recorder=recorder, reply_reuse=config.reply_reuse,
+                        model_name=name, stop_latency=config.stop_latency, engine=engine,
+                        max_tokens_default=config.max_tokens_default,
+                        grammars=GrammarCompiler(tokenizer, engine.vocab_size, max_string=config.grammar_max_string,
+                                                 max_items=config.grammar_max_items))
+    return ServerState(config=config, tokenizer=tokenizer, template=load_template(config.template),
                        runner=runner, worker=EngineWorker(), model_name=name, model_path=str(model_path),
                        started=time.time())
+
+
+def load_template(spec: str):
+    """`--chat-template NAME|PATH`: a preset name, else any HF template file or folder (ChatTemplate.from_file)."""
+    from strata_lab.text.template import TEMPLATE_PRESETS, ChatTemplate
+
+    return ChatTemplate.from_name(spec) if spec in TEMPLATE_PRESETS else ChatTemplate.from_file(spec)
 
 
 # --- request helpers --------------------------------------------------------------------------------
@@ -88,13 +102,34 @@ async def _cancel_on_disconnect(request, job, every: float = 0.1) -> None:
         await asyncio.sleep(every)
 
 
-async def _chat(request, req: ChatRequest):
-    from starlette.responses import JSONResponse, StreamingResponse
+def _session_key(request) -> str | None:
+    key = request.headers.get("x-session-id")
+    if key is not None and not 0 < len(key) <= 256:
+        raise RequestError("x-session-id", "must be a non-empty header of at most 256 characters")
+    return key
 
+
+async def _chat(request, req: ChatRequest):
     st: ServerState = request.app.state.strata
     plan = await run_in_threadpool(make_plan, st.template, req)  # a big render must not stall the event loop
     openai = req.dialect == "openai"
     plan.request_id = new_id("chatcmpl-" if openai else "msg_")
+    if openai:
+        def build(summary, **kw):
+            return openai_response(summary, tokenizer=st.tokenizer, logprobs=req.features.logprobs is not None, **kw)
+    else:
+        build = anthropic_response
+    return await _run(request, req, plan, build, OpenAIStream if openai else AnthropicStream)
+
+
+async def _run(request, req: ChatRequest, plan, build, stream_cls):
+    """Queue the request's engine work; answer with build(summary) or stream_cls's SSE frames."""
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    st: ServerState = request.app.state.strata
+    if req.features.constraint is not None or req.features.tool_choice not in (None, "none") or \
+            req.response_format is not None:
+        st.runner.grammars.check(req)  # a bad grammar / schema is a 400 before the request queues
     job = st.worker.submit(lambda job: st.runner.run(job, req, plan))
     events = job.events()
     try:
@@ -112,15 +147,13 @@ async def _chat(request, req: ChatRequest):
                         summary = payload
             finally:
                 watcher.cancel()
-            build = openai_response if openai else anthropic_response
             return JSONResponse(build(summary, model=st.model_name, request_id=plan.request_id))
     except BaseException:
         job.cancel()
         raise
 
-    fmt = (OpenAIStream if openai else AnthropicStream)(plan.request_id, st.model_name, payload["prompt_tokens"],
-                                                        include_usage=req.include_usage,
-                                                        cached_tokens=payload.get("cached_tokens", 0))
+    fmt = stream_cls(plan.request_id, st.model_name, payload["prompt_tokens"], include_usage=req.include_usage,
+                     cached_tokens=payload.get("cached_tokens", 0))
 
     async def frames():
         for frame in fmt.start():
@@ -128,6 +161,10 @@ async def _chat(request, req: ChatRequest):
         async for kind, payload in events:
             if kind == "event":
                 out = fmt.event(payload)
+            elif kind == "choice_event":
+                out = fmt.choice_event(*payload) if hasattr(fmt, "choice_event") else []
+            elif kind == "logprobs":
+                out = fmt.logprobs(logprob_entry(st.tokenizer, payload)) if hasattr(fmt, "logprobs") else []
             elif kind == "done":
                 out = fmt.done(payload)
             else:
@@ -149,11 +186,58 @@ async def _chat(request, req: ChatRequest):
 
 # --- handlers ---------------------------------------------------------------------------------------
 async def chat_completions(request: Request):
-    return await _chat(request, parse_openai(await _json_body(request)))
+    return await _chat(request, parse_openai(await _json_body(request), session_key=_session_key(request)))
 
 
 async def messages(request: Request):
-    return await _chat(request, parse_anthropic(await _json_body(request)))
+    return await _chat(request, parse_anthropic(await _json_body(request), session_key=_session_key(request)))
+
+
+async def completions(request: Request):
+    """OpenAI /v1/completions: a text or token-id prompt, no chat template."""
+    from strata_lab.server.completions import CompletionStream, completion_response, parse_completion
+
+    st: ServerState = request.app.state.strata
+    req, plan = parse_completion(await _json_body(request), "openai", vocab_size=st.runner.engine.vocab_size,
+                                 session_key=_session_key(request))
+    plan.request_id = new_id("cmpl-")
+
+    def build(summary, **kw):
+        return completion_response(summary, req, st.tokenizer, **kw)
+
+    return await _run(request, req, plan, build, CompletionStream)
+
+
+async def llama_completion(request: Request):
+    """llama.cpp /completion: prompt as text or ids, n_predict, cache_prompt, n_probs, id_slot, timings."""
+    from functools import partial
+
+    from strata_lab.server.completions import LlamaStream, llama_response, parse_completion
+
+    st: ServerState = request.app.state.strata
+    req, plan = parse_completion(await _json_body(request), "llama", vocab_size=st.runner.engine.vocab_size,
+                                 session_key=_session_key(request))
+    plan.request_id = new_id("cmpl-")
+
+    def build(summary, **kw):
+        return llama_response(summary, req, st.tokenizer, **kw)
+
+    return await _run(request, req, plan, build, partial(LlamaStream, req=req, tokenizer=st.tokenizer))
+
+
+async def count_tokens(request: Request):
+    """Anthropic /v1/messages/count_tokens: the rendered prompt's length, nothing generated."""
+    st: ServerState = request.app.state.strata
+    body = await _json_object(request)
+    req = parse_anthropic({"max_tokens": 1, **body})
+    plan = make_plan(st.template, req)
+    return {"input_tokens": len(st.tokenizer.encode(plan.prompt_text))}
+
+
+async def slots(request: Request):
+    """Each slot: its session name, held length, requests served, last use, checkpoints."""
+    st: ServerState = request.app.state.strata
+    return st.runner.pool.as_list()
 
 
 async def models(request: Request):
@@ -183,7 +267,7 @@ async def props(request: Request):
     cap = st.config.max_tokens_default
     return {"default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": cap}},
             "max_tokens_default": cap,
-            "total_slots": 1, "model_alias": st.model_name, "model_path": st.model_path,
+            "total_slots": len(st.runner.pool), "model_alias": st.model_name, "model_path": st.model_path,
             "chat_template": st.template.source, "template": st.template.name,
             "reply_reuse": st.runner.reply_reuse, "stop_latency": st.runner.stop_latency, "dump": _dump_status(st),
             "queue": {"waiting": st.worker.waiting, "done": st.worker.done},
@@ -258,12 +342,25 @@ _CHAT = {"messages": {"type": "array", "items": _MESSAGE}, "max_tokens": {"type"
          "assistant_prefix": {"type": "string"}, "thinking_budget": {"type": "integer"},
          "seed": {"type": "integer"}}
 
+_COMPLETION = {"prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
+               "max_tokens": {"type": "integer"}, "n_predict": {"type": "integer"}, "stream": {"type": "boolean"},
+               "temperature": {"type": "number"}, "seed": {"type": "integer"}, "logprobs": {"type": "integer"},
+               "echo": {"type": "boolean"}, "n": {"type": "integer"}, "cache_prompt": {"type": "boolean"},
+               "n_probs": {"type": "integer"}, "id_slot": {"type": "integer"}}
+
 # The route table: method, path, handler, OpenAPI request body.
 ROUTES = [
     ("POST", "/v1/chat/completions", chat_completions, _body_schema(_CHAT, ["messages"])),
     ("POST", "/v1/messages", messages, _body_schema({**_CHAT, "system": {"type": "string"}},
                                                     ["messages", "max_tokens"])),
     ("GET", "/v1/models", models, None),
+    ("POST", "/chat/completions", chat_completions, _body_schema(_CHAT, ["messages"])),  # aliases without /v1
+    ("GET", "/models", models, None),
+    ("POST", "/v1/completions", completions, _body_schema(_COMPLETION, ["prompt"])),
+    ("POST", "/completions", completions, _body_schema(_COMPLETION, ["prompt"])),
+    ("POST", "/completion", llama_completion, _body_schema(_COMPLETION, ["prompt"])),
+    ("POST", "/v1/messages/count_tokens", count_tokens, _body_schema(_CHAT, ["messages"])),
+    ("GET", "/slots", slots, None),
     ("GET", "/health", health, None),
     ("GET", "/props", props, None),
     ("POST", "/tokenize", tokenize, _body_schema({"content": {"type": "string"},

@@ -32,7 +32,7 @@ class ServerConfig:
     threads: int = 0                  # 0 = the engine's default
     reply_reuse: bool = True          # PromptEncoder.remember_reply after each request
     max_body_bytes: int = 4 * 1024 * 1024
-    template: str = "qwen3"
+    template: str = "qwen3"             # a preset name, or a .jinja / tokenizer_config.json / model folder path
     model_name: str | None = None
     session: str = "default"
     stop_latency: int = 0             # engine steps a STOP takes to land (production engines: 1-3)
@@ -46,6 +46,11 @@ class ServerConfig:
     max_tokens_default: int = 1024        # output cap when a request names none (OpenAI max_tokens absent/null)
     no_mmap: bool = False                 # read the weights into memory instead of mapping the file
     check_weights: bool = False           # refuse weights holding NaN or infinity (one pass over them)
+    slots: int = 1                    # engine sessions; requests pick one (id_slot, session key, LCP, LRU)
+    slot_similarity: float = 0.5      # a slot whose held ids cover more than this share of the prompt wins
+    # constrained decoding bounds a schema's unbounded strings / arrays (grammar.bound_schema; None: off)
+    grammar_max_string: int | None = 256
+    grammar_max_items: int | None = 16
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -56,6 +61,10 @@ class ServerConfig:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.stop_latency < 0:
             raise ValueError(f"stop_latency must be >= 0, got {self.stop_latency}")
+        if not 1 <= self.slots <= 64:
+            raise ValueError(f"slots must be in 1..64, got {self.slots}")
+        if not 0.0 <= self.slot_similarity <= 1.0:
+            raise ValueError(f"slot_similarity must be in [0, 1], got {self.slot_similarity}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
         if self.threads > max_threads():

@@ -55,7 +55,7 @@ def _openai_call(call: ToolCall, index: int) -> dict:
             "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
 
 
-def openai_response(summary, *, model: str, request_id: str) -> dict:
+def _openai_message(summary) -> dict:
     message: dict = {"role": "assistant", "content": summary.content}
     if summary.reasoning:
         message["reasoning_content"] = summary.reasoning
@@ -63,9 +63,37 @@ def openai_response(summary, *, model: str, request_id: str) -> dict:
         message["tool_calls"] = [{k: v for k, v in _openai_call(c, i).items() if k != "index"}
                                  for i, c in enumerate(summary.tool_calls)]
         message["content"] = summary.content or None
-    return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": _finish(summary), "logprobs": None}],
-            "usage": openai_usage(summary), "timings": summary.timings()}
+    return message
+
+
+def _prompt_logprobs(summary, tokenizer) -> list | None:
+    """vLLM's prompt_logprobs: None for the first prompt id, then {id: {logprob, rank, decoded_token}}."""
+    if summary.prompt_logprobs is None:
+        return None
+    out: list = [None]
+    for e in summary.prompt_logprobs:
+        entry = {str(e.id): {"logprob": e.logprob, "rank": None, "decoded_token": tokenizer.decode([e.id])}}
+        for rank, (i, lp) in enumerate(e.top, 1):
+            entry.setdefault(str(i), {"logprob": lp, "rank": rank, "decoded_token": tokenizer.decode([i])})
+            if i == e.id:
+                entry[str(i)]["rank"] = rank
+        out.append(entry)
+    return out
+
+
+def openai_response(summary, *, model: str, request_id: str, tokenizer=None, logprobs: bool = False) -> dict:
+    """The chat.completion body: one choice per Summary in `summary.choices` (n > 1), logprobs when asked."""
+    from strata_lab.server.completions import logprob_entry
+
+    choices = []
+    for s in summary.choices or [summary]:
+        lp = {"content": [logprob_entry(tokenizer, e) for e in s.logprobs]} if logprobs else None
+        choices.append({"index": s.index, "message": _openai_message(s), "finish_reason": _finish(s), "logprobs": lp})
+    body = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": openai_usage(summary), "timings": summary.timings()}
+    if summary.prompt_logprobs is not None:
+        body["prompt_logprobs"] = _prompt_logprobs(summary, tokenizer)
+    return body
 
 
 def anthropic_response(summary, *, model: str, request_id: str) -> dict:
@@ -82,35 +110,49 @@ def anthropic_response(summary, *, model: str, request_id: str) -> dict:
 
 
 class OpenAIStream:
-    """SSE frames of one streamed chat completion."""
+    """SSE frames of one streamed chat completion (n > 1: each choice's chunks carry its index)."""
 
     def __init__(self, request_id: str, model: str, prompt_tokens: int, *, include_usage: bool = False,
                  cached_tokens: int = 0):
         self.request_id, self.model = request_id, model
         self.created = int(time.time())
-        self.calls = 0
+        self.calls: dict[int, int] = {}  # tool calls sent so far, per choice
         self.include_usage = include_usage  # stream_options.include_usage: one usage chunk before [DONE]
 
-    def _chunk(self, delta: dict, finish=None, **extra) -> str:
+    def _chunk(self, delta: dict, finish=None, index: int = 0, **extra) -> str:
         body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                "model": self.model, "choices": [{"index": index, "delta": delta, "finish_reason": finish,
                                                   "logprobs": None}], **extra}
         return f"data: {_dumps(body)}\n\n"
 
     def start(self) -> list[str]:
         return [self._chunk({"role": "assistant", "content": ""})]
 
-    def event(self, ev: Event) -> list[str]:
+    def event(self, ev: Event, index: int = 0) -> list[str]:
         if ev.kind == "content":
-            return [self._chunk({"content": ev.text})]
+            return [self._chunk({"content": ev.text}, index=index)]
         if ev.kind == "reasoning":
-            return [self._chunk({"reasoning_content": ev.text})]
-        frame = self._chunk({"tool_calls": [_openai_call(ev.call, self.calls)]})
-        self.calls += 1
-        return [frame]
+            return [self._chunk({"reasoning_content": ev.text}, index=index)]
+        n = self.calls.get(index, 0)
+        self.calls[index] = n + 1
+        return [self._chunk({"tool_calls": [_openai_call(ev.call, n)]}, index=index)]
+
+    def choice_event(self, index: int, ev: Event) -> list[str]:
+        """An event of choice `index` > 0 (n > 1); its first one opens the choice with the role."""
+        opened = [] if index in self.calls else [self._chunk({"role": "assistant", "content": ""}, index=index)]
+        self.calls.setdefault(index, 0)
+        return opened + self.event(ev, index)
+
+    def logprobs(self, entry: dict) -> list[str]:
+        """One generated id's logprobs, as a chunk with an empty delta right after that id's text."""
+        body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": [{"index": 0, "delta": {}, "finish_reason": None,
+                                                  "logprobs": {"content": [entry]}}]}
+        return [f"data: {_dumps(body)}\n\n"]
 
     def done(self, summary) -> list[str]:
-        frames = [self._chunk({}, _finish(summary), timings=summary.timings())]
+        frames = [self._chunk({}, _finish(c), index=c.index) for c in summary.choices[1:]]
+        frames.append(self._chunk({}, _finish(summary), timings=summary.timings()))
         if self.include_usage:  # OpenAI: a last chunk with no choices carries the usage
             body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
                     "model": self.model, "choices": [], "usage": openai_usage(summary)}

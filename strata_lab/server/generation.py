@@ -2,6 +2,12 @@
 
 `ChatRunner.run(job, req, plan)` runs on the engine worker's thread (one request at a time). It emits
 ("start", info), then ("event", output.Event) as text arrives, then ("done", Summary) or ("error", exc).
+Every engine call goes through `ChatRunner.call(job, EngineCall, choice) -> CallOutcome`.
+
+Slots (`--slots N`): the runner picks the request's slot (slots.py) once its prompt ids are known. `n > 1`
+runs n calls on that slot with the same prompt: the first reads it, the others restore the snapshot at
+the prompt's end (Contract 1: a prompt that is a prefix of held ending on a checkpoint reads nothing), so
+the prompt is read once; choice i samples with its own seed stream (`choice_seed`).
 
 Thinking budget (pr-1536): while the output is inside `<think>`, generated ids are counted; at the budget
 the runner calls `stream.stop()`. Ids the engine drained after the STOP are in its state: the leading run
@@ -22,7 +28,7 @@ from strata_lab.server.errors import RequestError
 from strata_lab.server.output import Event, OutputParser, StopMatcher, TextStream
 from strata_lab.server.request import ChatRequest
 
-__all__ = ["ChatRunner", "Plan", "Summary", "WRAP_UP", "plain_drained"]
+__all__ = ["ChatRunner", "Plan", "Summary", "WRAP_UP", "plain_drained", "EngineCall", "CallOutcome", "choice_seed"]
 
 # Qwen's own wording for closing a reasoning cut short by a budget.
 WRAP_UP = ("\n\nConsidering the limited time by the user, I have to give the solution based on the "
@@ -37,6 +43,8 @@ class Plan:
     assistant_text: str          # the rendered assistant turn so far (after its header): primes the parser
     prefix_text: str | None      # the assistant prefix as appended (for the debug accounting)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    prompt_ids: list[int] | None = None  # completions: these ids go to the engine as given (no encoder)
+    raw: bool = False                    # completions: all output is content (no <think>/<tool_call> routing)
 
 
 @dataclass
@@ -59,6 +67,13 @@ class Summary:
     content: str = ""
     tool_calls: list = field(default_factory=list)
     stop_sequence: str | None = None  # the stop sequence that ended the output, if one did
+    index: int = 0                    # the choice (n > 1)
+    gen_ids: list = field(default_factory=list)    # the reply's ids (the turn end excluded)
+    logprobs: list = field(default_factory=list)   # engine.TokenLogprob per gen id, when asked for
+    choices: list = field(default_factory=list)    # every choice's Summary (this one first) when n > 1
+    prompt_ids: list = field(default_factory=list)
+    prompt_logprobs: list | None = None            # engine.TokenLogprob per prompt id after the first
+    slot: int = 0
 
     def timings(self) -> dict:
         """llama.cpp-style timings summed over the request's engine calls."""
@@ -69,6 +84,76 @@ class Summary:
                 "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
                 "predicted_n": self.completion_tokens, "predicted_ms": predicted_ms,
                 "predicted_per_second": self.completion_tokens / predicted_ms * 1000 if predicted_ms > 0 else 0.0}
+
+
+def choice_seed(seed: int | None, index: int) -> int:
+    """The seed of choice `index`: the request's seed for choice 0, then a splitmix step per choice, so
+    choices differ and the same request gives the same choices.
+
+    >>> choice_seed(7, 0), choice_seed(7, 1) != choice_seed(7, 2)
+    (7, True)
+    """
+    base = 0 if seed is None else int(seed)
+    return (base + index * 0x9E3779B97F4A7C15) % 2**64
+
+
+@dataclass
+class EngineCall:
+    """One engine call the runner makes: the prompt, the cap, how to sample, what to record."""
+
+    prompt_ids: list[int]
+    max_new: int
+    sampling: Any                     # engine.Sampling
+    record_meta: dict
+    budget: int | None = None         # thinking budget: stop after this many reasoning ids
+    logprobs: int | None = None
+    token_mask: Any = None            # grammar mask for the decode loop (grammar.GrammarMask)
+
+
+@dataclass
+class CallOutcome:
+    """What one engine call did, as the runner saw it."""
+
+    result: Any                       # engine.GenerateResult
+    consumed: int                     # ids fed to the output while the stream ran (the rest came after a stop)
+    hit_budget: bool                  # stopped by the thinking budget
+
+
+class _Choice:
+    """One choice's output path: ids -> UTF-8 text -> stop sequences -> reasoning/content/tool calls."""
+
+    def __init__(self, runner: "ChatRunner", job, plan: Plan, req: ChatRequest, index: int):
+        self.runner, self.job, self.index, self.raw = runner, job, index, plan.raw
+        self.parser = OutputParser()
+        if not plan.raw:
+            self.parser.prime(plan.assistant_text)
+        self.text = TextStream(runner.tokenizer)
+        self.matcher = StopMatcher(req.stop)  # stop sequences: the text ends before the first one
+        self.events: list[Event] = []
+
+    def _route(self, text: str) -> list[Event]:
+        if self.raw:
+            return [Event("content", text)] if text else []
+        return self.parser.feed(text)
+
+    def _emit(self, evs) -> None:
+        for ev in evs:
+            self.events.append(ev)
+            if self.index == 0:
+                self.job.emit("event", ev)
+            else:  # n > 1: streamed with the choice's index (OpenAI chat)
+                self.job.emit("choice_event", (self.index, ev))
+
+    def feed(self, ids: Sequence[int]) -> None:
+        for i in ids:
+            if i in self.runner.stop_ids:  # the end of the turn is not text
+                continue
+            self._emit(self._route(self.matcher.push(self.text.push(i))))
+
+    def finish(self) -> None:
+        tail = self.matcher.push(self.text.flush()) + self.matcher.flush()
+        evs = self._route(tail) if tail else []
+        self._emit(evs + ([] if self.raw else self.parser.finish()))
 
 
 def _stats_dict(stats: Any) -> dict | None:
@@ -87,19 +172,20 @@ def _debug(line: str) -> None:
 
 
 class ChatRunner:
-    """Owns the engine session, the prompt encoder and the recorder; runs requests one at a time."""
+    """Owns the slots (engine sessions), the prompt encoder and the recorder; runs requests one at a time."""
 
-    def __init__(self, *, tokenizer, session, session_name: str, encoder, max_context: int,
-                 recorder=None, reply_reuse: bool = True, model_name: str = "strata", stop_latency: int = 0,
+    def __init__(self, *, tokenizer, pool, encoder, max_context: int, recorder=None, reply_reuse: bool = True,
+                 model_name: str = "strata", stop_latency: int = 0, engine=None, grammars=None,
                  max_tokens_default: int | None = None):
         self.tokenizer = tokenizer
-        self.session = session
-        self.session_name = session_name
+        self.pool = pool                  # slots.SlotPool
         self.encoder = encoder
         self.max_context = max_context
         self.recorder = recorder
         self.reply_reuse = reply_reuse
         self.model_name = model_name
+        self.engine = engine              # strata_lab.engine.Engine: prompt logprobs (and keeps sessions alive)
+        self.grammars = grammars          # grammar.GrammarCompiler, or None (constraints then 400 at parse)
         self.stop_ids = tuple(i for i in (tokenizer.im_end_id, tokenizer.eos_id) if i is not None)
         self.stop_latency = stop_latency  # engine steps before a STOP takes effect (models a late STOP)
         self.engine_calls = 0
@@ -107,96 +193,113 @@ class ChatRunner:
 
     # --- one request ------------------------------------------------------------------------------
     def run(self, job, req: ChatRequest, plan: Plan) -> None:
-        from strata_lab.engine import Sampling
-
-        prompt_ids = list(self.encoder.encode(plan.prompt_text))
-        encoder_stats = _stats_dict(getattr(self.encoder, "last_stats", None))
+        f = req.features
+        if plan.prompt_ids is not None:
+            prompt_ids, encoder_stats = list(plan.prompt_ids), None
+        else:
+            prompt_ids = list(self.encoder.encode(plan.prompt_text))
+            encoder_stats = _stats_dict(getattr(self.encoder, "last_stats", None))
         self._check_context(req, prompt_ids)
         if plan.prefix_text:
             base = plan.prompt_text[:len(plan.prompt_text) - len(plan.prefix_text)]
             x = len(self.tokenizer.encode(base))
             z = len(prompt_ids)
             _debug(f"assistant prefill: {z - x} tokens (prompt {x} -> {z}, generation starts at position {z})")
+        slot = self.pool.choose(prompt_ids, slot=f.slot, key=f.session_key)
+        if not f.cache_prompt:
+            slot.session.reset()
         # the reuse the engine will apply (Contract 1's rule, the same the call follows): message_start's usage
-        cached = int(self.session.plan(prompt_ids)["reused"])
-        job.emit("start", {"prompt_tokens": len(prompt_ids), "cached_tokens": cached})
+        cached = int(slot.session.plan(prompt_ids)["reused"])
+        job.emit("start", {"prompt_tokens": len(prompt_ids), "cached_tokens": cached, "slot": slot.id})
+        prompt_lp = None
+        if f.prompt_logprobs is not None:
+            prompt_lp = self.engine.prompt_logprobs(prompt_ids, top_n=f.prompt_logprobs)
 
+        summaries, calls_made = [], 0
+        for index in range(f.n):
+            if job.cancelled and index > 0:
+                break
+            s, used = self._choice(job, req, plan, slot, prompt_ids, index, calls_made,
+                                   encoder_stats if index == 0 else None)
+            calls_made += used
+            summaries.append(s)
+        first = summaries[0]
+        first.choices = summaries
+        first.prompt_logprobs = prompt_lp
+        first.prompt_ids = prompt_ids
+        first.slot = slot.id
+        first.completion_tokens = sum(s.completion_tokens for s in summaries)
+        job.emit("done", first)
+
+    def _choice(self, job, req: ChatRequest, plan: Plan, slot, prompt_ids: list[int], index: int, call0: int,
+                encoder_stats) -> tuple[Summary, int]:
+        """One choice: the first call, a thinking-budget wrap-up call if needed; returns (Summary, calls)."""
+        from strata_lab.engine import Sampling
+
+        f = req.features
         sampling = Sampling(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                            seed=req.seed if req.seed is not None else 0)
-        parser = OutputParser()
-        parser.prime(plan.assistant_text)
-        text = TextStream(self.tokenizer)
-        matcher = StopMatcher(req.stop)  # stop sequences: the text ends before the first one
-        events: list[Event] = []
-
-        def feed(ids: Sequence[int]) -> None:
-            for i in ids:
-                if i in self.stop_ids:  # the end of the turn is not text
-                    continue
-                for ev in parser.feed(matcher.push(text.push(i))):
-                    events.append(ev)
-                    job.emit("event", ev)
-
-        budget = req.thinking_budget
-        calls: list[CallStats] = []
+                            seed=choice_seed(req.seed, index))
+        out = _Choice(self, job, plan, req, index)
+        mask = self.grammars.mask_for(req) if self.grammars is not None else None
         limit = req.max_tokens if req.max_tokens is not None else self.max_tokens_default
-        max_new = self._room(len(prompt_ids), limit)
-        meta = {"request_id": plan.request_id, "call": 0, "encoder": encoder_stats, "model": self.model_name}
-        consumed, hit_budget, thought = self._generate(job, prompt_ids, max_new, sampling, feed, parser, budget,
-                                                       meta, matcher)
-        result = consumed["result"]
+        meta = {"request_id": plan.request_id, "call": call0, "model": self.model_name}
+        if encoder_stats is not None:
+            meta["encoder"] = encoder_stats
+        first = self.call(job, slot, EngineCall(prompt_ids, self._room(len(prompt_ids), limit), sampling, meta,
+                                                budget=req.thinking_budget, logprobs=f.logprobs, token_mask=mask), out)
+        result = first.result
         gen_ids = list(result.gen_ids)
-        drained = list(result.drained_ids)
-        feed(gen_ids[consumed["n"]:])  # ids the engine passed on after we stopped reading
-        finish = ("cancelled" if job.cancelled else "stop" if matcher.hit is not None else
-                  "budget" if hit_budget else result.finish)
-        calls.append(self._stats(0, prompt_ids, result))
-        reply_ids = gen_ids + plain_drained(self.tokenizer, drained, self.stop_ids, mid_character=text.mid_character)
+        out.feed(gen_ids[first.consumed:])  # ids the engine passed on after we stopped reading
+        finish = ("cancelled" if job.cancelled else "stop" if out.matcher.hit is not None else
+                  "budget" if first.hit_budget else result.finish)
+        calls = [self._stats(0, prompt_ids, result)]
+        logprobs = list(result.logprobs)
+        reply_ids = gen_ids + plain_drained(self.tokenizer, result.drained_ids, self.stop_ids,
+                                            mid_character=out.text.mid_character)
         completion = len(reply_ids)
 
-        if hit_budget and not job.cancelled and matcher.hit is None:
+        if first.hit_budget and not job.cancelled and out.matcher.hit is None:
+            # wrap-up: the first prompt + thought ids + kept drained ids + the closing words, one more call
             kept = reply_ids[len(gen_ids):]
-            feed(kept)
-            wrap_ids = self.tokenizer.encode(WRAP_UP) if parser.in_reasoning else []
-            feed(wrap_ids)
+            out.feed(kept)
+            wrap_ids = self.tokenizer.encode(WRAP_UP) if out.parser.in_reasoning else []
+            out.feed(wrap_ids)
             prompt2 = prompt_ids + gen_ids + kept + wrap_ids
             remaining = None if limit is None else max(0, limit - completion)
             if len(prompt2) <= self.max_context:
-                max_new2 = self._room(len(prompt2), remaining)
-                meta2 = {"request_id": plan.request_id, "call": 1, "model": self.model_name}
-                consumed2, _, _ = self._generate(job, prompt2, max_new2, sampling, feed, parser, None, meta2,
-                                                 matcher)
-                result = consumed2["result"]
+                meta2 = {"request_id": plan.request_id, "call": call0 + 1, "model": self.model_name}
+                second = self.call(job, slot, EngineCall(prompt2, self._room(len(prompt2), remaining), sampling,
+                                                         meta2, logprobs=f.logprobs), out)
+                result = second.result
                 gen2 = list(result.gen_ids)
-                feed(gen2[consumed2["n"]:])
-                finish = ("cancelled" if job.cancelled else "stop" if matcher.hit is not None else
-                          result.finish)
+                out.feed(gen2[second.consumed:])
+                finish = "cancelled" if job.cancelled else "stop" if out.matcher.hit is not None else result.finish
                 calls.append(self._stats(1, prompt2, result))
                 more = gen2 + plain_drained(self.tokenizer, result.drained_ids, self.stop_ids,
-                                            mid_character=text.mid_character)
+                                            mid_character=out.text.mid_character)
                 reply_ids = gen_ids + kept + wrap_ids + more
+                logprobs += list(result.logprobs)
                 completion += len(more)
             else:
                 finish = "length"
 
-        tail = matcher.push(text.flush()) + matcher.flush()
-        for ev in parser.feed(tail) + parser.finish() if tail else parser.finish():
-            events.append(ev)
-            job.emit("event", ev)
-        if self.reply_reuse:
+        out.finish()
+        if self.reply_reuse and plan.prompt_ids is None:
             self.encoder.remember_reply(prompt_ids, reply_ids)
 
         from strata_lab.server.output import collect
 
-        reasoning, content, tool_calls = collect(events)
+        reasoning, content, tool_calls = collect(out.events)
         if finish == "budget":
             finish = "length"
         summary = Summary(finish=finish, prompt_tokens=len(prompt_ids), completion_tokens=completion,
                           cached_tokens=calls[0].reused, calls=calls, reasoning=reasoning, content=content,
-                          tool_calls=tool_calls, stop_sequence=matcher.hit)
+                          tool_calls=tool_calls, stop_sequence=out.matcher.hit, index=index,
+                          gen_ids=[i for i in reply_ids if i not in self.stop_ids],
+                          logprobs=[e for e in logprobs if e.id not in self.stop_ids])
         if req.schema is not None and not job.cancelled:
-            self._check_schema(req, plan, content)
-        job.emit("done", summary)
+            self._check_schema(req, plan, content, finish)
+        return summary, len(calls)
 
     # --- pieces -----------------------------------------------------------------------------------
     def _room(self, prompt_len: int, limit: int | None) -> int:
@@ -214,19 +317,16 @@ class ChatRunner:
                                f"generate exceed the context of {self.max_context} tokens",
                                code="context_length_exceeded")
 
-    def _generate(self, job, prompt_ids, max_new, sampling, feed, parser, budget, record_meta, matcher):
-        """One engine call, fed token by token; stops at a stop sequence, at the budget, or when the job is
-        cancelled.
-
-        The engine writes the call's dump line (with `record_meta`) when the call ends."""
+    def call(self, job, slot, call: EngineCall, out: _Choice) -> CallOutcome:
+        """One engine call on `slot`, fed to `out` id by id; stops at a stop sequence, at the thinking
+        budget, or when the job is cancelled. The engine writes the call's dump line when it ends."""
         self.engine_calls += 1
-        stream = self.session.generate(prompt_ids, max_new_tokens=max_new, sampling=sampling,
+        stream = slot.session.generate(call.prompt_ids, max_new_tokens=call.max_new, sampling=call.sampling,
                                        stop_ids=self.stop_ids, stop_latency=self.stop_latency,
-                                       record=self.recorder or False, record_meta=record_meta)
-        n = 0
-        thought = 0
-        hit_budget = False
-        stopped = False
+                                       record=self.recorder or False, record_meta=call.record_meta,
+                                       logprobs=call.logprobs, token_mask=call.token_mask)
+        consumed, thought = 0, 0
+        hit_budget = stopped = False
         for token in stream:
             if stopped:
                 continue  # draining: the engine keeps these, result.drained_ids lists them
@@ -234,19 +334,21 @@ class ChatRunner:
                 stream.stop()
                 stopped = True
                 continue
-            counts = parser.in_reasoning
-            feed([token])
-            n += 1
-            if matcher.hit is not None:
+            counts = out.parser.in_reasoning
+            out.feed([token])
+            consumed += 1
+            if call.logprobs is not None and out.index == 0 and token not in self.stop_ids:
+                job.emit("logprobs", stream.logprobs[-1])  # streamed after the text it produced
+            if out.matcher.hit is not None:
                 stream.stop(reason="stop")
                 stopped = True
                 continue
             if counts:
                 thought += 1
-                if budget is not None and thought >= budget and parser.in_reasoning:
+                if call.budget is not None and thought >= call.budget and out.parser.in_reasoning:
                     stream.stop(reason="budget")
                     stopped = hit_budget = True
-        return {"result": stream.result, "n": n}, hit_budget, thought
+        return CallOutcome(result=stream.result, consumed=consumed, hit_budget=hit_budget)
 
     def _stats(self, call: int, prompt_ids, result) -> CallStats:
         reused = int(result.reused)
@@ -255,7 +357,7 @@ class ChatRunner:
         return CallStats(len(prompt_ids), reused, len(result.gen_ids), float(result.prefill_ms),
                          float(result.decode_ms))
 
-    def _check_schema(self, req: ChatRequest, plan: Plan, content: str) -> None:
+    def _check_schema(self, req: ChatRequest, plan: Plan, content: str, finish: str) -> None:
         import json
 
         import jsonschema
@@ -264,16 +366,17 @@ class ChatRunner:
 
         # The logical reply is prefix + continuation: a prefix may open the JSON the model completes.
         text = (plan.prefix_text or "") + content
+        cut = " (the output was cut by the token limit)" if finish == "length" else ""
         try:
             value = json.loads(text)
             error = jsonschema.exceptions.best_match(schema_validator(req.schema).iter_errors(value))
             if error is not None:
                 raise error
         except ValueError as exc:
-            raise RequestError("response_format", f"the output is not valid JSON: {exc}",
+            raise RequestError("response_format", f"the output is not valid JSON{cut}: {exc}",
                                code="structured_output_failed", status=422) from None
         except jsonschema.ValidationError as exc:
-            raise RequestError("response_format", f"the output does not match the schema: {exc.message}",
+            raise RequestError("response_format", f"the output does not match the schema{cut}: {exc.message}",
                                code="structured_output_failed", status=422) from None
         except Exception as exc:  # the schema was checked at parse time; never a 500
             raise RequestError("response_format", f"the output could not be checked: {type(exc).__name__}",

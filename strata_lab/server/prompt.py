@@ -28,7 +28,9 @@ def make_plan(template, req: ChatRequest) -> Plan:
     from strata_lab.text.template import TemplateInputError, TemplateRenderError
 
     try:
-        text = template.render(req.messages, tools=req.tools, add_generation_prompt=True,
+        # tool_choice "none": the model is not shown the tools, so it writes a message
+        tools = None if req.features.tool_choice == "none" else req.tools
+        text = template.render(req.messages, tools=tools, add_generation_prompt=True,
                                assistant_prefix=req.assistant_prefix, enable_thinking=req.enable_thinking,
                                response_format=req.response_format)
     except TemplateInputError as exc:

@@ -23,6 +23,7 @@ from typing import Any
 from strata_lab.server.errors import RequestError
 from strata_lab.server.schemas import check_schema
 from strata_lab.server.unsupported import UNSUPPORTED, refuse_unsupported
+from strata_lab.server.features import Features, parse_features
 
 __all__ = ["ChatRequest", "parse_openai", "parse_anthropic", "check_int", "UNSUPPORTED"]
 
@@ -55,6 +56,7 @@ class ChatRequest:
     stop: tuple[str, ...] = ()           # stop sequences: generation ends before the first one in the text
     model: str | None = None
     extra: dict = field(default_factory=dict)
+    features: Features = field(default_factory=Features)  # n, logprobs, slots, constraints (features.py)
 
     def __post_init__(self) -> None:
         if self.dialect not in ("openai", "anthropic"):
@@ -253,7 +255,7 @@ def _openai_messages(value: Any) -> list[dict]:
     return messages
 
 
-def parse_openai(body: Any) -> ChatRequest:
+def parse_openai(body: Any, *, session_key: str | None = None) -> ChatRequest:
     """Check an OpenAI chat-completions body and turn it into a ChatRequest.
 
     Output cap, in order: `max_completion_tokens`, `max_tokens`, then llama.cpp's `n_predict`
@@ -313,7 +315,21 @@ def parse_openai(body: Any) -> ChatRequest:
     if body.get("thinking_budget") is not None:
         req["thinking_budget"] = check_int(body["thinking_budget"], "thinking_budget", minimum=1)
     req["stop"] = _stop_sequences(body.get("stop"), "stop", allow_str=True)
+    req["features"] = _features(body, "openai", req, session_key)
     return ChatRequest(**req)
+
+
+def _features(body: dict, dialect: str, req: dict, session_key: str | None) -> Features:
+    """The issue-17 fields (features.py), checked against what the rest of the request asks for."""
+    f = parse_features(body, dialect, header_key=session_key)
+    if f.n > 1 and dialect == "anthropic":
+        raise RequestError("n", "is not an Anthropic field (one message per request)")
+    if f.tool_choice not in (None, "none", "required") and not any(
+            t["function"]["name"] == f.tool_choice for t in req.get("tools") or ()):
+        raise RequestError("tool_choice", f"names {f.tool_choice!r}, which is not in tools")
+    if f.tool_choice == "required" and not req.get("tools"):
+        raise RequestError("tool_choice", "requires tools")
+    return f
 
 
 def _stop_sequences(value: Any, name: str, *, allow_str: bool) -> tuple[str, ...]:
@@ -412,11 +428,12 @@ def _anthropic_tools(value: Any) -> list[dict] | None:
     return tools or None
 
 
-def parse_anthropic(body: Any) -> ChatRequest:
+def parse_anthropic(body: Any, *, session_key: str | None = None) -> ChatRequest:
     """Check an Anthropic messages body and turn it into a ChatRequest.
 
     A trailing assistant message is the assistant prefix (Anthropic's prefill). `max_tokens` is required;
     0 evaluates the prompt only. `thinking: {"type": "enabled", "budget_tokens": N}` sets the budget.
+    `session_key` (the x-session-id header) picks the slot before `metadata.user_id` does.
 
     >>> parse_anthropic({"max_tokens": 8, "system": "be brief", "messages": [{"role": "user", "content": "hi"}]}).messages[0]
     {'role': 'system', 'content': 'be brief'}
@@ -462,4 +479,5 @@ def parse_anthropic(body: Any) -> ChatRequest:
         else:
             raise RequestError("thinking.type", f"must be 'enabled' or 'disabled', got {kind!r}")
     req["stop"] = _stop_sequences(body.get("stop_sequences"), "stop_sequences", allow_str=False)
+    req["features"] = _features(body, "anthropic", req, session_key)
     return ChatRequest(**req)

@@ -2,7 +2,7 @@
 
 A client that sets one gets a 400 naming it and saying it is unsupported, never a silent 200 that ignored
 it. The request parsers (request.py) call `refuse_unsupported` first. When a feature lands, delete its row
-here and parse the field in request.py.
+here and parse the field (features.py parses n, logprobs, tool_choice, grammar and the other issue-17 fields).
 """
 from __future__ import annotations
 
@@ -12,28 +12,19 @@ __all__ = ["UNSUPPORTED", "refuse_unsupported"]
 
 # One row per field: (dialect, field, unsupported(value, body) -> bool, what is not supported).
 UNSUPPORTED: tuple = (
-    ("openai", "n", lambda v, b: v is not None and v != 1, "only one choice (n = 1) is supported"),
-    ("openai", "logprobs", lambda v, b: v not in (None, False), "log probabilities are not supported"),
-    ("openai", "top_logprobs", lambda v, b: v is not None, "log probabilities are not supported"),
     ("openai", "logit_bias", lambda v, b: v not in (None, {}), "logit_bias is not supported"),
-    ("openai", "tool_choice", lambda v, b: v not in (None, "auto", "none"),
-     "only 'auto' and 'none' are supported (not 'required' or a named function)"),
-    ("openai", "grammar", lambda v, b: v is not None, "grammars are not supported"),
     ("openai", "add_generation_prompt", lambda v, b: v is not None and v is not (not b.get("continue_final_message")),
      "the assistant turn is always opened, except with continue_final_message, which continues it"),
-    ("anthropic", "tool_choice", lambda v, b: v is not None and not (isinstance(v, dict) and v.get("type") in
-                                                                     ("auto", "none")),
-     "only {'type': 'auto'} and {'type': 'none'} are supported"),
 )
 
 
 def refuse_unsupported(body: dict, dialect: str) -> None:
     """RequestError for the first UNSUPPORTED field `body` sets.
 
-    >>> refuse_unsupported({"n": 2}, "openai")
+    >>> refuse_unsupported({"logit_bias": {"1": 5}}, "openai")
     Traceback (most recent call last):
     ...
-    strata_lab.server.errors.RequestError: n: is not supported by this server: only one choice (n = 1) is supported
+    strata_lab.server.errors.RequestError: logit_bias: is not supported by this server: logit_bias is not supported
     """
     for row_dialect, name, unsupported, why in UNSUPPORTED:
         if row_dialect == dialect and name in body and unsupported(body[name], body):

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/logprobs.h"
 #include "strata/model.h"
 #include "strata/session.h"
 
@@ -17,12 +18,17 @@ class Engine {
   const ModelInfo& info() const { return model_->info(); }
   // Logits [len(ids), V] of a fresh sequence (no session touched).
   std::vector<float> forward(const std::vector<int32_t>& ids);
+  // Prompt logprobs of a fresh sequence: entry j is ids[j + 1] under log-softmax of the logits after
+  // ids[0..j] (len(ids) - 1 entries), with top_n alternatives each. Read in chunks, so memory stays
+  // at chunk x vocab floats whatever the length.
+  std::vector<TokenLogprob> prompt_logprobs(const std::vector<int32_t>& ids, int64_t top_n);
   // The session called name, created with policy if new (an existing one gets the policy when given).
   std::shared_ptr<Session> session(const std::string& name, const CheckpointPolicy* policy);
   std::vector<std::string> session_names() const;
   void drop_session(const std::string& name);
 
  private:
+  void check(const std::vector<int32_t>& ids) const;  // non-empty, within max_context and the vocabulary
   std::shared_ptr<Model> model_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_;

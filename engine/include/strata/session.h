@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/logprobs.h"
 #include "strata/model.h"
 #include "strata/sampler.h"
 
@@ -54,6 +55,8 @@ struct GenerateOptions {
   bool has_force = false;
   std::vector<int32_t> force_ids;    // decode these instead of sampling (min(len, max_new_tokens) steps)
   int64_t stop_latency = 0;          // steps between a STOP request and the loop acting on it (models a late STOP)
+  int64_t logprobs = -1;             // -1: off; n >= 0: each produced id's logprob and its n best alternatives
+  TokenMaskFn token_mask;            // grammar mask applied to a copy of the logits before each sampled step
 };
 
 struct GenerateResult {
@@ -65,6 +68,7 @@ struct GenerateResult {
   int64_t restored_checkpoint = -1;  // position of the snapshot restored, -1 if none
   bool used_saved_logits = false;
   std::vector<int32_t> gen_ids, drained_ids;
+  std::vector<TokenLogprob> logprobs;  // one per gen_ids entry when opts.logprobs >= 0
   std::string finish;                // "stop" | "length" | "cancelled"
   double prefill_ms = 0, decode_ms = 0;
   std::vector<int64_t> checkpoints;  // after the call
@@ -80,10 +84,11 @@ class Session {
   // The reuse Contract 1 gives for this prompt, without doing anything.
   struct Plan { int64_t lcp = 0, reused = 0, restore = -1; bool saved_logits = false; };
   Plan plan(const std::vector<int32_t>& prompt) const;
-  // Runs one call. on_token gets each id that is not drained, as soon as it is produced. stop may be
-  // set from another thread at any time.
+  // Runs one call. on_token gets each id that is not drained, as soon as it is produced, with its
+  // logprob entry (null when opts.logprobs < 0). stop may be set from another thread at any time.
+  using OnToken = std::function<void(int32_t, const TokenLogprob*)>;
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts,
-                          const std::function<void(int32_t)>& on_token, const std::atomic<bool>* stop);
+                          const OnToken& on_token, const std::atomic<bool>* stop);
 
   std::vector<int32_t> held() const;
   // Logits after the last held id (empty when nothing is held).

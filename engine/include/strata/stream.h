@@ -24,6 +24,8 @@ class StreamJob {
   // Next non-drained id; false once the call has finished and the queue is empty. Rethrows a
   // failure of the decode thread.
   bool next(int32_t* id);
+  // The same, with the id's logprob entry (empty top and logprob 0 when logprobs are off).
+  bool next(TokenLogprob* entry);
   void stop() { stop_.store(true); }
   bool done() const;
   // Waits for the end of the call.
@@ -34,7 +36,7 @@ class StreamJob {
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<int32_t> queue_;
+  std::deque<TokenLogprob> queue_;
   bool finished_ = false;
   std::exception_ptr error_;
   GenerateResult result_;

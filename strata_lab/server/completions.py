@@ -1,0 +1,218 @@
+"""Raw-prompt completions: OpenAI `/v1/completions` and llama.cpp `/completion`.
+
+The prompt is text (encoded as is: no chat template) or a list of token ids, which go to the engine as
+given (no template, no retokenization): the way to send a recorded prompt through the server byte for
+byte, or to score alternative tokenizations of one text with logprobs / `echo`.
+
+>>> req, plan = parse_completion({"prompt": [9707, 1879], "max_tokens": 3}, "openai", vocab_size=151669)
+>>> plan.prompt_ids, req.max_tokens, plan.raw
+([9707, 1879], 3, True)
+>>> parse_completion({"prompt": "Hi", "n_predict": -1}, "llama", vocab_size=10)[0].max_tokens is None
+True
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from strata_lab.server.errors import RequestError, openai_error
+from strata_lab.server.features import parse_features
+from strata_lab.server.generation import Plan
+from strata_lab.server.request import ChatRequest, _bool, _sampling, _stop_sequences, check_int
+
+__all__ = ["parse_completion", "completion_response", "llama_response", "CompletionStream", "LlamaStream",
+           "logprob_entry"]
+
+
+def _prompt(value: Any, vocab_size: int) -> tuple[str | None, list[int] | None]:
+    """(text, None) or (None, ids). OpenAI's one-element batch forms ([str], [[int]]) are accepted."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        if not value:
+            raise RequestError("prompt", "must not be empty")
+        return value, None
+    if isinstance(value, list) and value:
+        for i, v in enumerate(value):
+            check_int(v, f"prompt[{i}]", minimum=0, maximum=vocab_size - 1)
+        return None, list(value)
+    raise RequestError("prompt", "must be a non-empty string or a non-empty array of token ids "
+                       "(one prompt per request)")
+
+
+def parse_completion(body: Any, dialect: str, *, vocab_size: int,
+                     session_key: str | None = None) -> tuple[ChatRequest, Plan]:
+    """Check a completion body (`dialect` "openai" for /v1/completions, "llama" for /completion)."""
+    if not isinstance(body, dict):
+        raise RequestError("body", "must be a JSON object")
+    text, ids = _prompt(body.get("prompt"), vocab_size)
+    req: dict = {"dialect": "openai", "messages": []}
+    if body.get("stream") is not None:
+        req["stream"] = _bool(body["stream"], "stream")
+    if dialect == "openai":
+        req["max_tokens"] = 16 if body.get("max_tokens") is None else check_int(body["max_tokens"], "max_tokens",
+                                                                                  minimum=0)
+    elif body.get("n_predict") is not None:
+        n = check_int(body["n_predict"], "n_predict", minimum=-1)
+        req["max_tokens"] = None if n < 0 else n
+        req["max_tokens_field"] = "n_predict"
+    _sampling(body, req)
+    req["stop"] = _stop_sequences(body.get("stop"), "stop", allow_str=dialect == "openai")
+    echo = False
+    if body.get("echo") is not None:
+        echo = _bool(body["echo"], "echo")
+    features = parse_features({k: v for k, v in body.items() if k != "echo"}, "openai", header_key=session_key)
+    if echo and features.logprobs is not None and features.prompt_logprobs is None:
+        from dataclasses import replace
+
+        features = replace(features, prompt_logprobs=features.logprobs)
+    if features.n > 1 and req.get("stream"):
+        raise RequestError("n", "n > 1 is served without streaming only")
+    req["features"] = features
+    req["model"] = body.get("model") if isinstance(body.get("model"), str) else None
+    chat = ChatRequest(**req)
+    chat.extra["echo"] = echo
+    plan = Plan(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None, prompt_ids=ids,
+                raw=True)
+    return chat, plan
+
+
+def _piece(tokenizer, i: int) -> tuple[str, list[int]]:
+    try:
+        b = tokenizer.token_bytes(i)
+    except ValueError:
+        b = b""
+    return b.decode("utf-8", errors="replace"), list(b)
+
+
+def logprob_entry(tokenizer, e) -> dict:
+    """OpenAI chat's logprobs.content entry for one engine.TokenLogprob."""
+    token, raw = _piece(tokenizer, e.id)
+    top = []
+    for i, lp in e.top:
+        t, b = _piece(tokenizer, i)
+        top.append({"token": t, "logprob": lp, "bytes": b})
+    return {"token": token, "logprob": e.logprob, "bytes": raw, "top_logprobs": top}
+
+
+def _legacy_logprobs(tokenizer, entries, *, first_none: int = 0, offset0: int = 0) -> dict:
+    """/v1/completions logprobs: tokens, token_logprobs, top_logprobs (token -> logprob), text_offset."""
+    tokens, lps, tops, offsets = [], [], [], []
+    offset = offset0
+    for i, e in entries:
+        t, _ = _piece(tokenizer, i)
+        tokens.append(t)
+        offsets.append(offset)
+        offset += len(t)
+        lps.append(None if e is None else e.logprob)
+        tops.append(None if e is None else {_piece(tokenizer, a)[0]: lp for a, lp in e.top})
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _finish(s) -> str:
+    return "stop" if s.finish in ("stop", "cancelled") else s.finish
+
+
+def completion_response(summary, req: ChatRequest, tokenizer, *, model: str, request_id: str) -> dict:
+    echo = req.extra.get("echo", False)
+    prompt_text = tokenizer.decode(summary.prompt_ids) if echo else ""
+    choices = []
+    for s in summary.choices or [summary]:
+        lp = None
+        if req.features.logprobs is not None:
+            entries = [(e.id, e) for e in s.logprobs]
+            if echo and summary.prompt_logprobs is not None:
+                pl = summary.prompt_logprobs
+                entries = [(summary.prompt_ids[0], None)] + [(e.id, e) for e in pl] + entries
+            lp = _legacy_logprobs(tokenizer, entries)
+        choices.append({"text": prompt_text + s.content, "index": s.index, "logprobs": lp,
+                        "finish_reason": _finish(s)})
+    return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": {"prompt_tokens": summary.prompt_tokens,
+                                          "completion_tokens": summary.completion_tokens,
+                                          "total_tokens": summary.prompt_tokens + summary.completion_tokens,
+                                          "prompt_tokens_details": {"cached_tokens": summary.cached_tokens}},
+            "timings": summary.timings()}
+
+
+def _stop_type(s) -> str:
+    if s.stop_sequence is not None:
+        return "word"
+    return {"stop": "eos", "length": "limit"}.get(s.finish, "none")
+
+
+def _llama_probs(tokenizer, entries) -> list[dict]:
+    out = []
+    for e in entries:
+        token, raw = _piece(tokenizer, e.id)
+        out.append({"id": e.id, "token": token, "logprob": e.logprob, "bytes": raw,
+                    "top_logprobs": [{"id": i, "token": _piece(tokenizer, i)[0], "logprob": lp,
+                                      "bytes": _piece(tokenizer, i)[1]} for i, lp in e.top]})
+    return out
+
+
+def llama_response(summary, req: ChatRequest, tokenizer, *, model: str, request_id: str) -> dict:
+    """llama.cpp /completion's body: content, ids, stop type, slot, timings, completion_probabilities."""
+    body = {"content": summary.content, "tokens": summary.gen_ids, "id_slot": summary.slot, "stop": True,
+            "model": model, "tokens_predicted": summary.completion_tokens,
+            "tokens_evaluated": summary.prompt_tokens, "tokens_cached": summary.cached_tokens,
+            "stop_type": _stop_type(summary), "stopping_word": summary.stop_sequence or "",
+            "truncated": False, "timings": summary.timings()}
+    if req.features.logprobs is not None:
+        body["completion_probabilities"] = _llama_probs(tokenizer, summary.logprobs)
+    return body
+
+
+def _frame(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class CompletionStream:
+    """SSE frames of a streamed /v1/completions response."""
+
+    def __init__(self, request_id: str, model: str, prompt_tokens: int, *, include_usage: bool = False,
+                 cached_tokens: int = 0):
+        # include_usage / cached_tokens: the chat streams' options, taken for one constructor shape (unused here)
+        self.request_id, self.model, self.created = request_id, model, int(time.time())
+
+    def _chunk(self, text: str, finish=None, **extra) -> str:
+        return _frame({"id": self.request_id, "object": "text_completion", "created": self.created,
+                       "model": self.model, "choices": [{"text": text, "index": 0, "logprobs": None,
+                                                         "finish_reason": finish}], **extra})
+
+    def start(self) -> list[str]:
+        return []
+
+    def event(self, ev) -> list[str]:
+        return [self._chunk(ev.text)]
+
+    def done(self, summary) -> list[str]:
+        usage = {"prompt_tokens": summary.prompt_tokens, "completion_tokens": summary.completion_tokens,
+                 "total_tokens": summary.prompt_tokens + summary.completion_tokens}
+        return [self._chunk("", _finish(summary), usage=usage), "data: [DONE]\n\n"]
+
+    def error(self, err: RequestError) -> list[str]:
+        return [_frame(openai_error(err)), "data: [DONE]\n\n"]
+
+
+class LlamaStream:
+    """SSE frames of a streamed llama.cpp /completion: {"content", "stop": false} ... then the final body."""
+
+    def __init__(self, request_id: str, model: str, prompt_tokens: int, *, req=None, tokenizer=None,
+                 include_usage: bool = False, cached_tokens: int = 0):  # the last two: unused, as above
+        self.request_id, self.model, self.req, self.tokenizer = request_id, model, req, tokenizer
+
+    def start(self) -> list[str]:
+        return []
+
+    def event(self, ev) -> list[str]:
+        return [_frame({"content": ev.text, "stop": False})]
+
+    def done(self, summary) -> list[str]:
+        body = llama_response(summary, self.req, self.tokenizer, model=self.model, request_id=self.request_id)
+        body["content"] = ""
+        return [_frame(body)]
+
+    def error(self, err: RequestError) -> list[str]:
+        return [_frame({"error": {"code": err.status, "message": str(err), "type": err.code}})]

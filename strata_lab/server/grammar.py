@@ -1,0 +1,67 @@
+"""Which grammar a request's output must follow, compiled lazily over the server's vocabulary.
+
+`response_format` json_object / json_schema, llama.cpp `grammar` (GBNF) and `json_schema`, and
+`tool_choice` required / any / a named tool (the call generated in the template's tool-call syntax, so
+the output parser reads it back as a tool call). `check(req)` compiles before the request queues (a bad
+schema or grammar is a 400 naming the field); `mask_for(req)` hands a fresh per-generation mask to the
+engine call.
+"""
+from __future__ import annotations
+
+import threading
+
+from strata_lab.server.errors import RequestError
+from strata_lab.server.request import ChatRequest
+
+__all__ = ["GrammarCompiler"]
+
+
+class GrammarCompiler:
+    def __init__(self, tokenizer, vocab_size: int, *, max_string: int | None = None, max_items: int | None = None):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_string, self.max_items = max_string, max_items
+        self._grammar = None
+        self._lock = threading.Lock()
+
+    def _tg(self):
+        with self._lock:
+            if self._grammar is None:  # built on first use: ~3 s, and xgrammar imports torch
+                try:
+                    from strata_lab.grammar import TokenGrammar
+                except ImportError:
+                    raise RequestError(None, "constrained decoding needs xgrammar on the server: "
+                                       "pip install 'strata-lab[grammar]'", code="grammar_unavailable") from None
+
+                self._grammar = TokenGrammar(self.tokenizer, self.vocab_size, max_string=self.max_string,
+                                             max_items=self.max_items)
+            return self._grammar
+
+    def compiled(self, req: ChatRequest):
+        """The compiled grammar for `req`, or None when its output is free."""
+        from strata_lab.grammar.xgr import GrammarError
+
+        f = req.features
+        field = "response_format"
+        try:
+            if f.tool_choice not in (None, "none") and req.tools:
+                field = "tool_choice"
+                name = None if f.tool_choice == "required" else f.tool_choice
+                return self._tg().tool_call(req.tools, name)
+            if f.constraint is not None:
+                field = f.constraint.field
+                if f.constraint.kind == "gbnf":
+                    return self._tg().gbnf(f.constraint.source)
+                return self._tg().json_schema(f.constraint.source, think_prefix=not req.messages == [])
+            if req.schema is not None:
+                return self._tg().json_schema(req.schema, think_prefix=True)
+        except GrammarError as exc:
+            raise RequestError(field, f"cannot be compiled into a grammar: {exc}") from None
+        return None
+
+    def check(self, req: ChatRequest) -> None:
+        self.compiled(req)
+
+    def mask_for(self, req: ChatRequest):
+        g = self.compiled(req)
+        return None if g is None else g.mask()
