@@ -24,6 +24,9 @@ A Session follows Contract 1 (docs/CONTRACTS.md). Its reuse rule, which the repl
 (0, 2, 3, 'length')
 >>> s.generate(s.held_ids + [13], max_new_tokens=0).result.reused
 5
+
+Why one module: Engine, Session and Stream share the native handles' lifetimes (a Stream keeps its
+Session and Engine alive, the recorder writes when a stream ends); split apart, those rules would hide.
 """
 from __future__ import annotations
 

@@ -3,6 +3,9 @@
 Each dialect's JSON is parsed into one `ChatRequest` at the edge (request.py); everything after that is
 dialect-free until the response is shaped again (dialects.py). Engine work goes through a single FIFO
 worker (worker.py), so requests never interleave.
+
+Why one module: it is the route table; every route's handler is a few lines that hand over to the
+parsers, the worker and the stream shapers, and one place lists them all.
 """
 from __future__ import annotations
 

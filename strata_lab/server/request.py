@@ -14,6 +14,9 @@ of continuing an assistant turn (Anthropic's trailing assistant message, `contin
 >>> parse_anthropic({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"},
 ...                  {"role": "assistant", "content": "Sure:"}]}).assistant_prefix
 'Sure:'
+
+Why one module: both dialects fill the same `ChatRequest` with the same field helpers; one file keeps
+the two parsers side by side, so a field is validated the same way in both.
 """
 from __future__ import annotations
 

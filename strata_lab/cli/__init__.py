@@ -1,0 +1,194 @@
+"""The `strata-lab` command line: the parser and `main`. Each subcommand's handler (in `commands` and
+`analysis`) imports what it needs when it runs."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from strata_lab.cli.analysis import (_cmd_convert, _cmd_import, _cmd_lint, _cmd_replay)
+from strata_lab.cli.commands import (API_KEY_ENV, _cmd_demo, _cmd_record, _cmd_reproduce, _cmd_serve, _cmd_template,
+                                     _cmd_tokenize)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="strata-lab",
+        description="Understand and fix prompt re-reading in LLM serving.")
+    parser.add_argument("--version", action="version", version=f"strata-lab {__import__('strata_lab').__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("tokenize", help="show the ids and pieces of a text")
+    p.add_argument("text", nargs="?", help="text to tokenize (default: standard input)")
+    p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a tokenizer.json / model dir")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_tokenize)
+
+    p = sub.add_parser("import", help="read a log (OpenAI, Anthropic, OTel, Claude Code, Codex, HAR, vLLM, SGLang, "
+                                      "llama.cpp, ShareGPT) into a trace table or a strata-dump/1 file")
+    p.add_argument("log", nargs="+", help="log files, a directory or a glob")
+    p.add_argument("--format", help="reader name (default: detected per file)")
+    p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json")
+    p.add_argument("--template", help="chat template: preset, .jinja, tokenizer_config.json, .gguf or folder "
+                                      "(default: the tokenizer's folder, else qwen3)")
+    p.add_argument("--out", required=True, help="trace.parquet (the table) or dump.jsonl (rendered ids)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_import)
+
+    p = sub.add_parser("replay", help="replay dumps or imported logs: reuse, re-read cost and the cause of each miss")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them), a Parquet "
+                                          "store, or any log `strata-lab import` reads")
+    p.add_argument("--format", help="log format (default: detected; strata dumps replay as they are)")
+    p.add_argument("--template", help="chat template for message-level logs (default: the tokenizer's folder, "
+                                      "else qwen3)")
+    p.add_argument("--policy", action="append", default=[],
+                   help="compare a counterfactual policy (repeatable): reply-ids, keep-drained, fixes, every:N, "
+                        "budget:MIB[:N], at:P1,P2, none, header (also snapshot before the generation "
+                        "prompt's <|im_start|>), before-last:ID; join with '+'")
+    p.add_argument("--engine", action="append", default=[],
+                   help="replay under another engine's cache (repeatable): vllm, sglang, llama.cpp, trtllm, openai, "
+                        "anthropic, strata; name@version and :key=value,... overrides, e.g. llama.cpp:slots=4")
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                   help="with --engine: write the deterministic JSON report (to stdout without PATH)")
+    p.add_argument("--model", choices=["hybrid", "attention"], default="hybrid")
+    p.add_argument("--checkpoints", default="turn", help="checkpoint policy of the baseline (default: turn)")
+    p.add_argument("--full-hit", choices=["held_logits", "last_held_only", "reread_last", "saved_logits"],
+                   default="held_logits",
+                   help="what the engine does when the whole prompt is held")
+    p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json")
+    p.add_argument("--worst", type=int, default=5, help="how many worst divergences to show")
+    p.add_argument("--png", help="write the plots to this PNG file")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dask", metavar="ADDRESS|local[:N]",
+                   help="replay a store on Dask: a scheduler address (tcp://host:8786) or local[:N] (a LocalCluster "
+                        "of N workers); one task per replica")
+    p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser("convert", help="convert JSONL dumps to a Parquet store (and back with --to-jsonl)")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files, in time order (or one store with --to-jsonl)")
+    p.add_argument("--out", required=True, help="store directory to write (or the JSONL file with --to-jsonl)")
+    p.add_argument("--row-group", type=int, default=8192, help="calls per Parquet row group (default 8192)")
+    p.add_argument("--to-jsonl", action="store_true", help="write a store back to JSONL, line for line")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_convert)
+    p = sub.add_parser("lint", help="find text that breaks the prompt prefix across calls; --fix moves it")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
+    p.add_argument("--engine", action="append", default=[], help="engines to price findings on (repeatable)")
+    p.add_argument("--fix", metavar="OUT", help="write the fixed trace here and replay before/after")
+    p.add_argument("--tokenizer", default="qwen3")
+    p.set_defaults(func=_cmd_lint)
+
+    p = sub.add_parser("template", help="render a conversation with a chat template, or lint it")
+    p.add_argument("conversation", help="JSON file: a list of messages or {messages, tools, ...} ('-': stdin)")
+    p.add_argument("--template", default="qwen3", help="qwen3, a .jinja file, or a tokenizer_config.json")
+    p.add_argument("--prefix", help="assistant prefix (prefill) for the final turn")
+    p.add_argument("--no-generation-prompt", action="store_true", help="do not open an assistant turn")
+    p.add_argument("--lint", action="store_true", help="report where the template is not append-only")
+    p.set_defaults(func=_cmd_template)
+
+    p = sub.add_parser("serve", help="run the OpenAI/Anthropic-compatible server")
+    p.add_argument("--model", help="model directory (default: the tiny generated hybrid checkpoint)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--dump", help="append a strata-dump/1 line per engine call here ($STRATA_PROMPT_DUMP)")
+    p.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key); it shows in the "
+                   f"process list, so prefer --api-key-file or ${API_KEY_ENV}")
+    p.add_argument("--api-key-file", metavar="PATH", help="read the key from the first line of this file")
+    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
+    p.add_argument("--threads", type=int, default=0, help="engine threads (0 = engine default; at most 4 per core)")
+    p.add_argument("--no-reply-reuse", action="store_true", help="do not reuse a reply's own ids (A/B runs)")
+    p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="request body limit in bytes")
+    p.add_argument("--chat-template", "--template", "--chat-template-file", dest="template", default="qwen3",
+                   help="chat template: a preset name (qwen3), or any HF template (.jinja, tokenizer_config.json, "
+                        "model folder)")
+    p.add_argument("--slots", type=int, default=1,
+                   help="engine sessions served in turn (id_slot / x-session-id / user pick one, else the LCP "
+                        "similarity rule, else least recently used)")
+    p.add_argument("--grammar-max-string", type=int, default=256,
+                   help="constrained output: unbounded strings in a schema get this maxLength (0: unbounded)")
+    p.add_argument("--grammar-max-items", type=int, default=16,
+                   help="constrained output: unbounded arrays in a schema get this maxItems (0: unbounded)")
+    p.add_argument("--slot-similarity", type=float, default=0.5,
+                   help="share of the prompt a slot's held ids must cover to be chosen by similarity")
+    p.add_argument("--alias", help="model name reported to clients")
+    p.add_argument("--stop-latency", type=int, default=0,
+                   help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")
+    p.add_argument("--no-header-checkpoint", action="store_true",
+                   help="no checkpoint before the generation prompt's <|im_start|> (only the turn start)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header is NAME (repeatable; by default only the bound "
+                        "address, and localhost when bound to loopback)")
+    p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                   help="allow browser requests from ORIGIN, e.g. https://app.example (repeatable; default: none)")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request body may take (408 after)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0, help="seconds an idle connection is kept")
+    p.add_argument("--max-tokens-default", type=int, default=1024,
+                   help="output cap of a request that sets none (OpenAI max_tokens absent or null; default 1024)")
+    p.add_argument("--no-mmap", action="store_true",
+                   help="read the weights into memory instead of mapping model.safetensors")
+    p.add_argument("--check-weights", action="store_true", help="refuse weights holding NaN or infinity at load")
+    p.epilog = (f"The API key can come from --api-key, --api-key-file or the {API_KEY_ENV} environment variable "
+                "(in that order). See docs/SECURITY.md.")
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("demo", help="serve an agent session with reply-id reuse off and on; replay and compare")
+    p.add_argument("--png", default="strata-demo.png", help="where to write the plot (default: strata-demo.png)")
+    p.add_argument("--out-dir", help="keep the two dumps here (default: a temp dir)")
+    p.add_argument("--model", default="hybrid", help="hybrid or attention (embedded tiny models), or a model dir")
+    p.add_argument("--turns", type=int, default=4, help="agent turns (default 4)")
+    p.set_defaults(func=_cmd_demo)
+
+    from strata_lab.sessions.agents import SCENARIOS
+
+    p = sub.add_parser("record", help="record a scripted agent session against a real server into a dump")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="agent")
+    p.add_argument("--out", required=True, help="dump file to write")
+    p.add_argument("--model", help="model folder, or hybrid / attention (embedded tiny models)")
+    p.add_argument("--reply-id-reuse", action="store_true", help="server reuses the replies' own ids")
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-latency", type=int, help="engine steps a STOP takes (default: 2 for thinking, else 0)")
+    p.add_argument("--no-header-checkpoint", action="store_true",
+                   help="server keeps turn-start checkpoints only (template rewrites then fall back further)")
+    p.set_defaults(func=_cmd_record)
+    for name, text in (("reproduce", "send a dump's prompts through a fresh engine and compare reuse"),
+                       ("rewrite", "rebuild a dump's prompts under a replay policy and run them on the engine")):
+        q = sub.add_parser(name, help=text)
+        q.add_argument("dump")
+        q.add_argument("--model", help="model folder, or hybrid / attention (default: the one the dump names)")
+        q.add_argument("--out", required=name == "rewrite", help="dump file the engine calls are recorded to")
+        if name == "rewrite":
+            q.add_argument("--policy", default="reply-ids", help="replay policy (see `strata-lab replay --help`)")
+        q.set_defaults(func=_cmd_reproduce)
+
+    return parser
+
+
+# third-party module -> the extra that brings it (pyproject.toml [project.optional-dependencies])
+_EXTRAS = {"fastapi": "server", "uvicorn": "server", "openai": "server", "httpx": "server",
+           "ipywidgets": "notebook", "hypothesis": "testing"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        extra = _EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"strata-lab {args.command}: error: {exc.name} is missing; install it with "
+              f"pip install 'strata-lab[{extra}]'", file=sys.stderr)
+        return 2
+    except (ValueError, OSError, KeyError) as exc:
+        message = " ".join(str(exc).split())  # one line, whatever the exception held
+        print(f"strata-lab {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

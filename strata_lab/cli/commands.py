@@ -1,0 +1,165 @@
+"""`strata-lab tokenize | template | serve | demo | record | reproduce | rewrite`: one handler per command."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _load_tokenizer(name: str):
+    """load_tokenizer, with any failure (a binary file, a foreign format) as one ValueError naming the option."""
+    from strata_lab.text.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(name)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"--tokenizer {name}: {exc}") from None
+    except Exception as exc:  # the tokenizers library raises plain Exception for unreadable files
+        raise ValueError(f"--tokenizer {name}: cannot load it ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+def _utf8_text(text: str | None) -> str:
+    """The argument, or standard input decoded strictly: invalid UTF-8 is a clear error, not a traceback."""
+    if text is None:
+        raw = sys.stdin.buffer.read()
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        text.encode("utf-8")  # the shell passes undecodable bytes as lone surrogates
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"the text argument is not valid UTF-8 (character {exc.start})") from None
+    return text
+
+
+def _cmd_tokenize(args: argparse.Namespace) -> int:
+    tok = _load_tokenizer(args.tokenizer)
+    text = _utf8_text(args.text)
+    ids = tok.encode(text)
+    if args.json:
+        rows = []
+        for i in ids:
+            raw = tok.token_bytes(i)
+            try:
+                piece, valid = raw.decode("utf-8"), True
+            except UnicodeDecodeError:
+                piece, valid = None, False
+            rows.append({"id": i, "piece": piece, "bytes": raw.hex(), "utf8": valid})
+        print(json.dumps({"tokenizer": tok.name, "count": len(ids), "ids": ids, "tokens": rows},
+                         ensure_ascii=False))
+        return 0
+    for i in ids:
+        raw = tok.token_bytes(i)
+        try:
+            shown = repr(raw.decode("utf-8"))
+        except UnicodeDecodeError:  # half a character: show the raw bytes
+            shown = "bytes " + raw.hex(" ")
+        print(f"{i:>8}  {shown}")
+    print(f"{len(ids)} tokens")
+    return 0
+
+
+def _cmd_template(args: argparse.Namespace) -> int:
+    from strata_lab.text.template import TEMPLATE_PRESETS, ChatTemplate
+
+    tmpl = (ChatTemplate.from_name(args.template) if args.template in TEMPLATE_PRESETS
+            else ChatTemplate.from_file(args.template))
+    try:
+        with open(args.conversation, encoding="utf-8") if args.conversation != "-" else sys.stdin as f:
+            data = json.load(f)
+    except UnicodeDecodeError:
+        raise ValueError(f"{args.conversation} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{args.conversation} is not valid JSON ({exc})") from None
+    if not isinstance(data, (list, dict)):
+        raise ValueError(f"{args.conversation} must hold a list of messages or an object with 'messages', "
+                         f"got {type(data).__name__}")
+    request = {"messages": data} if isinstance(data, list) else dict(data)
+    messages = request.pop("messages", None)
+    options = {k: request[k] for k in ("tools", "response_format", "enable_thinking") if k in request}
+    if args.lint:
+        findings = tmpl.check_append_only(messages, **options)
+        for finding in findings:
+            print(finding)
+        print(f"{len(findings)} finding(s): template {tmpl.name!r} is "
+              f"{'not ' if findings else ''}append-only on this conversation")
+        return 1 if findings else 0
+    sys.stdout.write(tmpl.render(messages, assistant_prefix=args.prefix or request.get("assistant_prefix"),
+                                 add_generation_prompt=not args.no_generation_prompt, **options))
+    return 0
+
+
+API_KEY_ENV = "STRATA_API_KEY"
+
+
+def _api_key(args: argparse.Namespace, environ=None) -> str | None:
+    """The key from --api-key, else --api-key-file (first line), else $STRATA_API_KEY; None: no key.
+
+    >>> _api_key(argparse.Namespace(api_key=None, api_key_file=None), {"STRATA_API_KEY": "k"})
+    'k'
+    """
+    import os
+
+    if args.api_key is not None:
+        return args.api_key
+    if args.api_key_file is not None:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key = f.readline().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--api-key-file {args.api_key_file}: cannot read it ({exc})") from None
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file}: the first line is empty")
+        return key
+    return (os.environ if environ is None else environ).get(API_KEY_ENV) or None
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from strata_lab.server import ServerConfig, serve
+
+    serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=_api_key(args),
+                       max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
+                       max_body_bytes=args.max_body, template=args.template, model_name=args.alias,
+                       stop_latency=args.stop_latency, header_checkpoint=not args.no_header_checkpoint,
+                       allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(args.cors),
+                       body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
+                       max_tokens_default=args.max_tokens_default, no_mmap=args.no_mmap,
+                       check_weights=args.check_weights,
+                       slots=args.slots, slot_similarity=args.slot_similarity,
+                       grammar_max_string=args.grammar_max_string or None,
+                       grammar_max_items=args.grammar_max_items or None))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import os
+
+    from strata_lab.sessions.demo import run_demo
+
+    if args.model not in ("hybrid", "attention") and not os.path.isfile(os.path.join(args.model, "config.json")):
+        raise ValueError(f"--model must be hybrid, attention or a model directory (with config.json), "
+                         f"got {args.model!r}")
+
+    run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
+    return 0
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    from strata_lab.sessions import record
+
+    print(record(args.scenario, args.out, model=args.model, reply_id_reuse=args.reply_id_reuse, turns=args.turns,
+                 max_tokens=args.max_tokens, seed=args.seed, stop_latency=args.stop_latency,
+                 header_checkpoint=not args.no_header_checkpoint))
+    return 0
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from strata_lab.sessions import reproduce, rewrite
+
+    if args.command == "reproduce":
+        r = reproduce(args.dump, model=args.model, out=args.out)
+    else:
+        r = rewrite(args.dump, args.out, policy=args.policy, model=args.model)
+    print(r.summary())
+    return 0 if args.command != "reproduce" or r.exact else 1
