@@ -348,18 +348,28 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, threads: Optional[int] = None,
-             max_context: Optional[int] = None) -> "Engine":
+             max_context: Optional[int] = None, weights: Optional[str] = None) -> "Engine":
         """Load a Hugging Face checkpoint directory (config.json + safetensors, f32/f16/bf16, mmapped).
 
         ``threads``: OpenMP threads (None: all cores). ``max_context``: tokens a session may hold
-        (None: config max_position_embeddings). Bad files raise CheckpointError (a ValueError).
+        (None: config max_position_embeddings). ``weights``: None computes with the stored dtype;
+        ``"int8"`` quantises every projection matrix and the lm_head at load to int8 rows with one
+        float32 scale per row (absmax / 127): half the bytes of bf16 per decoded token, logits within
+        the bound stated in docs/ARCHITECTURE.md. Bad files raise CheckpointError (a ValueError).
+
+        >>> import tempfile
+        >>> from strata_lab.checkpoints import make_tiny
+        >>> Engine.load(make_tiny(tempfile.mkdtemp()), threads=1, weights="int8").info["weights"]
+        'int8'
         """
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive int or None, got {threads!r}")
         if max_context is not None and (not isinstance(max_context, int) or max_context < 1):
             raise ValueError(f"max_context must be a positive int or None, got {max_context!r}")
+        if weights not in (None, "stored", "int8"):
+            raise ValueError(f"weights must be None, 'stored' or 'int8', got {weights!r}")
         path = os.fspath(path)
-        return cls(_ext().Engine(path, threads or 0, max_context or 0), path)
+        return cls(_ext().Engine(path, threads or 0, max_context or 0, weights or "stored"), path)
 
     @property
     def vocab_size(self) -> int:

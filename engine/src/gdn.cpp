@@ -151,8 +151,8 @@ void gdn_forward(const GdnDims& d, const GdnWeights& w, const float* x, int64_t 
   const int64_t C = d.conv_channels(), P = d.qkvz_rows(), group = 2 * dk + 2 * r * dv;
   // 1-2. projections: P [T, Hk, (q dk | k dk | v r*dv | z r*dv)], BA [T, Hk, (b r | a r)]
   std::vector<float> proj((size_t)T * P), ba((size_t)T * 2 * Hv);
-  kernels::matmul(w.in_proj_qkvz, x, T, proj.data());
-  kernels::matmul(w.in_proj_ba, x, T, ba.data());
+  const kernels::MatOut in[2] = {{&w.in_proj_qkvz, proj.data()}, {&w.in_proj_ba, ba.data()}};
+  kernels::matmul_multi(in, 2, x, T);
   // 3. conv input rows ext [K-1 + T, C]: the saved window, then m_t = [Q_all | K_all | V_all]
   std::vector<float> ext((size_t)(K - 1 + T) * C), z((size_t)T * Hv * dv), b((size_t)T * Hv), a((size_t)T * Hv);
   std::copy(st.conv.begin(), st.conv.end(), ext.begin());
