@@ -33,7 +33,15 @@ void GdnState::reset() {
   std::fill(S.begin(), S.end(), 0.f);
 }
 
-void delta_recurrent(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
+// The delta-rule loops are `omp simd` loops in a portable build (SSE2 only); compiled here also for
+// AVX2+FMA and AVX-512, chosen at load (GCC function multiversioning), they run 2-4x wider.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define STRATA_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define STRATA_CLONES
+#endif
+
+STRATA_CLONES void delta_recurrent(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
                      const float* v, int64_t ldv, const float* beta, const float* g, int64_t ldbg, float* S,
                      float* o, int64_t ldo) {
   std::vector<float> kv(dv);
@@ -63,7 +71,7 @@ void delta_recurrent(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t 
   }
 }
 
-void delta_chunked(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
+STRATA_CLONES void delta_chunked(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
                    const float* v, int64_t ldv, const float* beta, const float* g, int64_t ldbg, float* S,
                    float* o, int64_t ldo, int64_t chunk) {
   // Per chunk of n <= L tokens with start state S (the spec's closed form; a short last chunk equals

@@ -47,6 +47,30 @@ static Level initial_level() {
 
 static Level g_level = initial_level();
 
+// Switches for A/B measurements in one process (benchmarks/ab_decode.py); the defaults are the fast paths.
+// Measured on a 2-core machine shared by ~8 builds (benchmarks/ab_decode.py, interleaved rounds): OpenMP
+// loops (threads sleeping at barriers) decoded 1.27x faster than the pool, whose helpers' spinning competes
+// for the same cores; the pool stays as an option for dedicated machines.
+static bool g_decode_pool = false;  // decode loops on pool.h (false: OpenMP dynamic loops)
+static bool g_bf16_eo = true;      // AVX2 bf16 rows in even/odd order (false: widening loads)
+void set_option(const std::string& name, bool on) {
+  if (name == "decode_pool") g_decode_pool = on;
+  else if (name == "bf16_eo") g_bf16_eo = on;
+  else throw std::invalid_argument("unknown kernel option '" + name + "' (decode_pool, bf16_eo)");
+}
+
+// A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
+template <class F>
+static void decode_for(int64_t n, int64_t grain, F&& f) {
+  if (g_decode_pool) {
+    pool::parallel_for(pool::current_threads(), n, grain, f);
+    return;
+  }
+  const int64_t chunks = (n + grain - 1) / grain;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t c = 0; c < chunks; ++c) f(c * grain, std::min(n, (c + 1) * grain));
+}
+
 Level best_level() { return detect(); }
 Level level() { return g_level; }
 void set_level(Level l) { g_level = int(l) <= int(best_level()) ? l : best_level(); }
@@ -442,7 +466,7 @@ static void matmul_bf16dp(const Mat& w, const float* x, int64_t n, float* y) {
   constexpr int TN = 6;
   if (n <= TN) {  // decode: weight rows stream from memory once, 4 at a time
     const int64_t quads = (rows + 3) / 4;
-    pool::parallel_for(pool::current_threads(), quads, 16, [&](int64_t q0, int64_t q1) {
+    decode_for(quads, 16, [&](int64_t q0, int64_t q1) {
       for (int64_t qd = q0; qd < q1; ++qd) {
         const int64_t r0 = qd * 4;
         const int nr = int(std::min<int64_t>(4, rows - r0));
@@ -573,7 +597,7 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 }
 
 // ---------------------------------------------------------------- matmul
-static bool use_eo(Level lv, const Mat& w) { return lv == Level::AVX2 && w.dtype == DType::BF16 && w.cols % 16 == 0; }
+static bool use_eo(Level lv, const Mat& w) { return g_bf16_eo && lv == Level::AVX2 && w.dtype == DType::BF16 && w.cols % 16 == 0; }
 
 // y[t, r] = tile[t, r] (times the row's scale for int8 weights), t < nt, r < nr.
 static inline void store_tile(const float* tile, int nt, int nr, const float* scale, float* y, int64_t ldy) {
@@ -657,7 +681,7 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + 3) / 4;
   const int64_t total = start[count];
   const float* xpp = xp.data();
-  pool::parallel_for(pool::current_threads(), total, 16, [&](int64_t q0, int64_t q1) {
+  decode_for(total, 16, [&](int64_t q0, int64_t q1) {
     float tile[6 * 4];
     for (int64_t qd = q0; qd < q1; ++qd) {
       int m = 0;
@@ -917,7 +941,7 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
     for (int64_t j = 0; j <= p; ++j) axpy(scores[j] * inv, v + j * kv_stride + int64_t(g) * hd, o, hd);
   };
   if (n <= 6) {  // decode: the barrier-free pool (pool.h), one chunk per head
-    pool::parallel_for(pool::current_threads(), n * H, 1, [&](int64_t b, int64_t e) {
+    decode_for(n * H, 1, [&](int64_t b, int64_t e) {
       thread_local std::vector<float> scores;
       if (scores.size() < size_t(pos0 + n)) scores.resize(size_t(pos0 + n));
       for (int64_t ih = b; ih < e; ++ih) one(ih / H, int(ih % H), scores.data());

@@ -6,6 +6,7 @@
 // thread ran a chunk. Helpers spin briefly for the next loop, then sleep.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 namespace strata::pool {
 
@@ -17,7 +18,9 @@ void run(int threads, int64_t n, int64_t grain, Fn fn, void* ctx);
 
 template <class F>
 void parallel_for(int threads, int64_t n, int64_t grain, F&& f) {
-  run(threads, n, grain, [](void* c, int64_t b, int64_t e) { (*static_cast<F*>(c))(b, e); }, &f);
+  using G = std::remove_reference_t<F>;
+  run(threads, n, grain, [](void* c, int64_t b, int64_t e) { (*static_cast<G*>(c))(b, e); },
+      const_cast<void*>(static_cast<const void*>(&f)));
 }
 
 // Threads a loop may use now: the OpenMP thread count of the calling thread (set by use_threads).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "profile.h"
 #include "strata/kernels.h"
 
 namespace strata {
@@ -183,6 +184,8 @@ std::unique_ptr<SessionState> Qwen3NextModel::new_state() const {
 
 void Qwen3NextModel::forward(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits) {
   use_threads(threads_);
+  const bool dec = n == 1;
+  prof::count_forward(dec, n);
   const int64_t D = D_;
   std::vector<float> h(size_t(n * D)), xn(size_t(n * D)), y(size_t(n * D));
   for (int64_t t = 0; t < n; ++t) k::row_f32(embed_, tokens[t], h.data() + t * D);
@@ -190,20 +193,27 @@ void Qwen3NextModel::forward(const int32_t* tokens, int64_t n, SessionState& sta
     const Layer& ly = layers_[li];
     // h += Mixer(RMSNorm(h)); h += MLP(RMSNorm(h))
     for (int64_t t = 0; t < n; ++t) k::rmsnorm_1p(h.data() + t * D, ly.input_norm.data(), D, eps_, xn.data() + t * D);
-    if (ly.attn)
+    if (ly.attn) {
+      prof::Scope ps(prof::Attention, dec);
       next::gated_attention_forward(ad_, ly.att, inv_freq_.data(), xn.data(), n,
                                     static_cast<AttentionKV&>(*state.layers[li]), y.data());
-    else
+    } else {
+      prof::Scope ps(prof::GDN, dec);
       next::gdn_forward(gd_, ly.gdn, xn.data(), n, static_cast<next::GdnState&>(*state.layers[li]), y.data());
+    }
     k::add(h.data(), y.data(), n * D);
     for (int64_t t = 0; t < n; ++t) k::rmsnorm_1p(h.data() + t * D, ly.post_norm.data(), D, eps_, xn.data() + t * D);
-    if (ly.moe) next::moe_forward(D, ly.moe_w, xn.data(), n, y.data());
-    else next::mlp_forward(D, ly.mlp, xn.data(), n, y.data());
+    {
+      prof::Scope ps(prof::MoE, dec);
+      if (ly.moe) next::moe_forward(D, ly.moe_w, xn.data(), n, y.data());
+      else next::mlp_forward(D, ly.mlp, xn.data(), n, y.data());
+    }
     k::add(h.data(), y.data(), n * D);
   }
   state.n_tokens += n;
 
   if (mode == Logits::None) return;
+  prof::Scope ps(prof::LMHead, dec);
   const int64_t first = mode == Logits::All ? 0 : n - 1, m = n - first;
   for (int64_t t = 0; t < m; ++t) k::rmsnorm_1p(h.data() + (first + t) * D, final_norm_.data(), D, eps_, xn.data() + t * D);
   k::matmul(lm_head_, xn.data(), m, logits);

@@ -2,6 +2,7 @@
 // Vector code is chosen at run time (AVX-512 BF16, AVX-512, AVX2+FMA+F16C, or scalar); builds stay portable.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "strata/checkpoint.h"
@@ -16,6 +17,8 @@ Level best_level();            // what this CPU supports
 Level level();                 // what is in use
 void set_level(Level l);       // force a lower level (tests); clamped to best_level()
 const char* level_name(Level l);
+// A/B switches ("decode_pool", "bf16_eo"; both on by default); unknown names throw.
+void set_option(const std::string& name, bool on);
 
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);  // round to nearest even
