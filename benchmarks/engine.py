@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+_USER_ENV = set(os.environ)  # before strata_lab.engine adds its defaults
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -214,6 +216,7 @@ def gguf_checkpoint(path: Path, qtype: str = "f16") -> Path:
 
 
 _LLAMA_INFO_SHOWN = set()
+_LLAMA_INFO = [""]
 
 
 def bench_llama(path, prompt, n_decode, threads, qtype="f16"):
@@ -229,7 +232,7 @@ def bench_llama(path, prompt, n_decode, threads, qtype="f16"):
                           verbose=False)
     if not _LLAMA_INFO_SHOWN:
         _LLAMA_INFO_SHOWN.add(1)
-        print("  llama.cpp build:", llama_cpp.llama_print_system_info().decode().strip(), flush=True)
+        _LLAMA_INFO[0] = "  llama.cpp build: " + llama_cpp.llama_print_system_info().decode().strip()
     V = llm.n_vocab()
 
     def last_argmax():  # logits of the last evaluated token (logits_all=False keeps only that row)
@@ -249,10 +252,59 @@ def bench_llama(path, prompt, n_decode, threads, qtype="f16"):
     return len(prompt) / (t1 - t0), n_decode / (t3 - t2)
 
 
+def peer_env():
+    """The peer's environment: OpenMP as its runtime defaults it (strata_lab.engine sets
+    OMP_WAIT_POLICY=passive for its own process only when the user had not)."""
+    env = dict(os.environ)
+    if env.get("OMP_WAIT_POLICY") == "passive" and "OMP_WAIT_POLICY" not in _USER_ENV:
+        env.pop("OMP_WAIT_POLICY")
+    return env
+
+
+def in_subprocess(kind, path, prompt, n_decode, threads, extra):
+    """Run a peer (transformers or llama.cpp) in a fresh interpreter and return (prefill, decode) tok/s.
+
+    Peers never share strata's process: torch ships its own libgomp.so.1, and once it is loaded strata's
+    OpenMP loops run on it (measured ~20-40x slower on the hybrid MoE decode), which would slow strata in
+    every round after the first and in the 1-thread and accuracy runs.
+    """
+    import subprocess
+    import sys
+
+    job = json.dumps({"kind": kind, "path": str(path), "prompt": list(prompt), "decode": n_decode,
+                      "threads": threads, "extra": extra})
+    r = subprocess.run([sys.executable, __file__, "--peer-job"], input=job, capture_output=True, text=True,
+                       env=peer_env())
+    for line in r.stdout.splitlines():
+        if line.startswith("PEER "):
+            res = json.loads(line[5:])
+            if "error" in res:
+                raise (ImportError if res["type"] == "ImportError" else NotImplementedError)(res["error"])
+            if res.get("info"):
+                print(res["info"], flush=True)
+            return res["prefill"], res["decode"]
+    raise RuntimeError(f"peer {kind} failed: {r.stderr[-2000:]}")
+
+
+def peer_job() -> None:
+    import sys
+
+    j = json.loads(sys.stdin.read())
+    prompt = j["prompt"]
+    try:
+        if j["kind"] == "hf":
+            p, d = bench_hf(Path(j["path"]), prompt, j["decode"], j["threads"], j["extra"])
+        else:
+            p, d = bench_llama(Path(j["path"]), prompt, j["decode"], j["threads"], j["extra"])
+        print("PEER " + json.dumps({"prefill": p, "decode": d, "info": _LLAMA_INFO[0]}))
+    except (ImportError, NotImplementedError) as e:
+        print("PEER " + json.dumps({"error": str(e), "type": type(e).__name__}))
+
+
 def bench_hf_ctx(path, prompt, n_decode, threads, dtype_name, max_ctx):
     if len(prompt) > max_ctx:
         raise NotImplementedError(f"context {len(prompt)} > --hf-max-context {max_ctx}")
-    return bench_hf(path, prompt, n_decode, threads, dtype_name)
+    return in_subprocess("hf", path, prompt, n_decode, threads, dtype_name)
 
 
 def int8_accuracy(path, threads, n_tokens, max_context):
@@ -327,7 +379,10 @@ def main(argv=None):
     ap.add_argument("--hf-max-context", type=int, default=2048)
     ap.add_argument("--accuracy-tokens", type=int, default=256)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for engine.md/.png")
+    ap.add_argument("--peer-job", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.peer_job:
+        return peer_job()
     contexts = [args.prefill] if args.prefill else sorted(args.contexts)
     skip = set(filter(None, args.skip.split(",")))
     path = checkpoint(args.preset)
@@ -351,8 +406,8 @@ def main(argv=None):
             systems.append(("transformers f32",
                             lambda p: bench_hf_ctx(path, p, args.decode, T, "f32", args.hf_max_context)))
     if "llama" not in skip:
-        systems.append(("llama.cpp f16", lambda p: bench_llama(path, p, args.decode, T, "f16")))
-        systems.append(("llama.cpp Q8_0", lambda p: bench_llama(path, p, args.decode, T, "q8_0")))
+        systems.append(("llama.cpp f16", lambda p: in_subprocess("llama", path, p, args.decode, T, "f16")))
+        systems.append(("llama.cpp Q8_0", lambda p: in_subprocess("llama", path, p, args.decode, T, "q8_0")))
 
     rows: dict = {}
     bw = {}  # weights -> best GB/s of the read loop over that many bytes

@@ -19,11 +19,14 @@ snapshot time and size, prefill throughput.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
 
 import numpy as np
+
+_USER_ENV = set(os.environ)  # before strata_lab.engine adds its defaults
 
 
 def _decode_ms(session, steps: int) -> float:
@@ -125,11 +128,43 @@ def main(argv=None) -> None:
         peers(args)
 
 
-def peers(args) -> None:
-    """Section 4: strata vs transformers' Qwen3-Next (CPU torch fallback) on the bench preset."""
+def _peer_env():
+    """The peer's environment: OpenMP as its runtime defaults it (strata_lab.engine sets
+    OMP_WAIT_POLICY=passive for its own process only when the user had not)."""
+    env = dict(os.environ)
+    if env.get("OMP_WAIT_POLICY") == "passive" and "OMP_WAIT_POLICY" not in _USER_ENV:
+        env.pop("OMP_WAIT_POLICY")
+    return env
+
+
+def hf_job() -> None:
+    import json
+    import sys
+
     import torch
     from transformers import Qwen3NextForCausalLM
 
+    j = json.loads(sys.stdin.read())
+    prompt, n_decode = j["prompt"], j["decode"]
+    torch.set_num_threads(j["threads"])
+    model = Qwen3NextForCausalLM.from_pretrained(j["path"], dtype=getattr(torch, j["dtype"])).eval()
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        model(ids[:, :8])  # warm up
+        t0 = time.perf_counter()
+        out = model(ids, use_cache=True)
+        t1 = time.perf_counter()
+        cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        t2 = time.perf_counter()
+        for _ in range(n_decode):
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        t3 = time.perf_counter()
+    print("HF " + json.dumps([len(prompt) / (t1 - t0), n_decode / (t3 - t2)]))
+
+
+def peers(args) -> None:
+    """Section 4: strata vs transformers' Qwen3-Next (CPU torch fallback) on the bench preset."""
     from strata_lab._tiny_next import make_tiny_next
     from strata_lab.engine import CheckpointPolicy, Engine
 
@@ -144,21 +179,21 @@ def peers(args) -> None:
     r = s.generate(prompt, max_new_tokens=args.peer_decode).result
     ours = (len(prompt) / (r.prefill_ms / 1e3), args.peer_decode / (r.decode_ms / 1e3))
 
-    torch.set_num_threads(threads)
-    model = Qwen3NextForCausalLM.from_pretrained(path, dtype=getattr(torch, args.hf_dtype)).eval()
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        model(ids[:, :8])  # warm up
-        t0 = time.perf_counter()
-        out = model(ids, use_cache=True)
-        t1 = time.perf_counter()
-        cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        t2 = time.perf_counter()
-        for _ in range(args.peer_decode):
-            out = model(nxt, past_key_values=cache, use_cache=True)
-            cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        t3 = time.perf_counter()
-    hf = (len(prompt) / (t1 - t0), args.peer_decode / (t3 - t2))
+    # transformers in a fresh interpreter: torch's own libgomp.so.1, once loaded, also runs strata's
+    # OpenMP loops (measured 20-40x slower MoE decode here), so the peers never share a process
+    import json
+    import subprocess
+    import sys
+
+    job = json.dumps({"path": str(path), "prompt": prompt, "decode": args.peer_decode, "threads": threads,
+                      "dtype": args.hf_dtype})
+    r = subprocess.run([sys.executable, __file__, "--hf-job"], input=job, capture_output=True, text=True,
+                       env=_peer_env())
+    line = [x for x in r.stdout.splitlines() if x.startswith("HF ")]
+    if not line:
+        raise RuntimeError(f"transformers peer failed: {r.stderr[-2000:]}")
+    hf = tuple(json.loads(line[0][3:]))
+
     print(f"\npeers, bench preset (bf16 weights), prefill {len(prompt)}, decode {args.peer_decode}, {threads} threads:")
     print("| system | prefill tok/s | decode tok/s |\n|---|---:|---:|")
     print(f"| strata | {ours[0]:.1f} | {ours[1]:.2f} |")
@@ -169,4 +204,9 @@ def peers(args) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:] == ["--hf-job"]:
+        hf_job()
+    else:
+        main()
