@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def checkpoint(preset: str) -> Path:
-    from strata_lab.checkpoints import make_tiny
+    from strata_lab.tiny import make_tiny
 
     path = ROOT / "build" / "bench" / f"{preset}-bf16"
     if not (path / "config.json").exists():

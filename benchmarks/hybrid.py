@@ -40,7 +40,7 @@ def _decode_ms(session, steps: int) -> float:
 
 
 def main(argv=None) -> None:
-    from strata_lab._tiny_next import NEXT_PRESETS, make_tiny_next
+    from strata_lab.tiny.qwen3_next import NEXT_PRESETS, make_tiny_next
     from strata_lab.engine import CheckpointPolicy, Engine
 
     ap = argparse.ArgumentParser()
@@ -165,7 +165,7 @@ def hf_job() -> None:
 
 def peers(args) -> None:
     """Section 4: strata vs transformers' Qwen3-Next (CPU torch fallback) on the bench preset."""
-    from strata_lab._tiny_next import make_tiny_next
+    from strata_lab.tiny.qwen3_next import make_tiny_next
     from strata_lab.engine import CheckpointPolicy, Engine
 
     tmp = tempfile.TemporaryDirectory()

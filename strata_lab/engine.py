@@ -16,7 +16,7 @@ A Session follows Contract 1 (shared/DESIGN.md). Its reuse rule, which the repla
   ``held_ids == prompt_ids + gen_ids + drained_ids``.
 
 >>> import tempfile
->>> from strata_lab.checkpoints import make_tiny
+>>> from strata_lab.tiny import make_tiny
 >>> engine = Engine.load(make_tiny(tempfile.mkdtemp()), threads=1)
 >>> s = engine.session("demo")
 >>> r = s.generate([9707, 1879], max_new_tokens=3).result
@@ -42,7 +42,7 @@ def _ext():
     # or oversubscribed cores spinning threads starve each other (measured: 2.8 vs 21 tok/s decode).
     # libgomp reads this once when the extension loads; a value the user set wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-    from . import _engine
+    from strata_lab import _engine
 
     return _engine
 
@@ -299,7 +299,7 @@ class Session:
         records nothing. ``record_meta`` adds fields to the line (request_id, call, encoder, model, ts).
 
         >>> import tempfile
-        >>> from strata_lab.checkpoints import make_tiny
+        >>> from strata_lab.tiny import make_tiny
         >>> s = Engine.load(make_tiny(tempfile.mkdtemp()), threads=1).session("a")
         >>> stream = s.generate([1, 2, 3], max_new_tokens=4, sampling=Sampling(temperature=1.0, seed=7))
         >>> ids = list(stream)
@@ -321,7 +321,7 @@ class Session:
         opts.stop_latency = int(stop_latency)
         prompt = _as_ids(prompt_ids, "prompt_ids", V)
         if record is None:
-            from .record import active
+            from strata_lab.dump.writer import active
 
             record = active()
         if record is not None and record is not False and not hasattr(record, "write_call"):
@@ -358,7 +358,7 @@ class Engine:
         the bound stated in docs/ARCHITECTURE.md. Bad files raise CheckpointError (a ValueError).
 
         >>> import tempfile
-        >>> from strata_lab.checkpoints import make_tiny
+        >>> from strata_lab.tiny import make_tiny
         >>> Engine.load(make_tiny(tempfile.mkdtemp()), threads=1, weights="int8").info["weights"]
         'int8'
         """

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 _engine = pytest.importorskip("strata_lab._engine")
-from strata_lab.checkpoints import make_tiny  # noqa: E402
+from strata_lab.tiny import make_tiny  # noqa: E402
 from strata_lab.engine import Engine  # noqa: E402
 
 IDS = [9707, 1879, 0, 151643, 151645, 13, 220, 14990, 135992, 128, 253, 42, 7, 99999, 151935, 3]
@@ -56,7 +56,7 @@ def test_int8_scalar_kernels_agree_with_vector_kernels(tiny_bf16):
 
 
 def test_int8_hybrid_model_loads_and_stays_close(tmp_path):
-    from strata_lab._tiny_next import make_tiny_next
+    from strata_lab.tiny.qwen3_next import make_tiny_next
 
     path = make_tiny_next(tmp_path / "next", dtype="bfloat16")
     ref = Engine.load(path, threads=2).forward(IDS[:8])
