@@ -397,7 +397,8 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, threads: Optional[int] = None,
-             max_context: Optional[int] = None, mmap: bool = True, check_weights: bool = False) -> "Engine":
+             max_context: Optional[int] = None, mmap: bool = True, check_weights: bool = False,
+             weights: Optional[str] = None) -> "Engine":
         """Load a Hugging Face checkpoint directory (config.json + safetensors, f32/f16/bf16).
 
         ``threads``: OpenMP threads (None: all cores; at most 4 per core). ``max_context``: tokens a session
@@ -412,10 +413,16 @@ class Engine:
         ``mmap=False``, which reads the weights into memory once. ``check_weights=True`` refuses weights
         holding NaN or infinity (one extra pass over them).
 
+        ``weights``: None computes with the stored dtype; ``"int8"`` quantises every projection matrix and
+        the lm_head at load to int8 rows with one float32 scale per row (absmax / 127): half the bytes of
+        bf16 per decoded token, logits within the bound stated in docs/ARCHITECTURE.md.
+
         >>> import tempfile
         >>> from strata_lab.tiny import make_tiny
         >>> Engine.load(make_tiny(tempfile.mkdtemp()), threads=1, mmap=False, check_weights=True).vocab_size
         151936
+        >>> Engine.load(make_tiny(tempfile.mkdtemp()), threads=1, weights="int8").info["weights"]
+        'int8'
         """
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive int or None, got {threads!r}")
@@ -427,8 +434,10 @@ class Engine:
         for name, value in (("mmap", mmap), ("check_weights", check_weights)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        if weights not in (None, "stored", "int8"):
+            raise ValueError(f"weights must be None, 'stored' or 'int8', got {weights!r}")
         path = os.fspath(path)
-        return cls(_ext().Engine(path, threads or 0, max_context or 0, mmap, check_weights), path)
+        return cls(_ext().Engine(path, threads or 0, max_context or 0, mmap, check_weights, weights or "stored"), path)
 
     @property
     def vocab_size(self) -> int:

@@ -122,6 +122,15 @@ void register_checkpoint(py::module_& m) {
     return out;
   }, py::arg("header"), py::arg("data_size"),
      "Parse and check a safetensors JSON header against a data area of data_size bytes (raises CheckpointError).");
+  m.def("read_bandwidth", [](int64_t bytes, int threads, int reps) {
+    if (bytes <= 0) throw std::invalid_argument("bytes must be positive");
+    py::gil_scoped_release release;
+    use_threads(threads);
+    return kernels::read_bandwidth(bytes, reps);
+  }, py::arg("bytes"), py::arg("threads") = 0, py::arg("reps") = 3,
+     "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
+  m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
+        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' or 'bf16_eo' (default on).");
   m.def("kernel_level", [] { return std::string(kernels::level_name(kernels::level())); });
   m.def("set_kernel_level", [](const std::string& name) {
     kernels::Level l = name == "scalar" ? kernels::Level::Scalar : name == "avx2" ? kernels::Level::AVX2
@@ -134,17 +143,20 @@ void register_checkpoint(py::module_& m) {
 
 void register_engine(py::module_& m) {
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
-      .def(py::init([](const std::string& path, int threads, int64_t max_context, bool mmap, bool check_finite) {
+      .def(py::init([](const std::string& path, int threads, int64_t max_context, bool mmap, bool check_finite,
+                       const std::string& weights) {
              LoadOptions o;
              o.threads = threads;
              o.max_context = max_context;
              o.use_mmap = mmap;
              o.check_finite = check_finite;
+             if (weights == "int8") o.weights = WeightFormat::Int8;
+             else if (weights != "stored") throw std::invalid_argument("weights must be 'stored' or 'int8', got '" + weights + "'");
              py::gil_scoped_release release;
              return std::make_shared<Engine>(path, o);
            }),
            py::arg("path"), py::arg("threads") = 0, py::arg("max_context") = 0, py::arg("mmap") = true,
-           py::arg("check_finite") = false)
+           py::arg("check_finite") = false, py::arg("weights") = "stored")
       .def("info", [](const Engine& e) {
         const ModelInfo& i = e.info();
         py::dict d;
@@ -154,6 +166,8 @@ void register_engine(py::module_& m) {
         d["num_layers"] = i.num_layers;
         d["max_context"] = i.max_context;
         d["weight_bytes"] = i.weight_bytes;
+        d["weights"] = i.weights;
+        d["stream_bytes"] = i.stream_bytes;
         return d;
       })
       .def("forward", [](Engine& e, const std::vector<int64_t>& ids) {

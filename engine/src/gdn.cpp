@@ -33,7 +33,15 @@ void GdnState::reset() {
   std::fill(S.begin(), S.end(), 0.f);
 }
 
-void delta_recurrent(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
+// The delta-rule loops are `omp simd` loops in a portable build (SSE2 only); compiled here also for
+// AVX2+FMA and AVX-512, chosen at load (GCC function multiversioning), they run 2-4x wider.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define STRATA_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define STRATA_CLONES
+#endif
+
+STRATA_CLONES void delta_recurrent(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
                      const float* v, int64_t ldv, const float* beta, const float* g, int64_t ldbg, float* S,
                      float* o, int64_t ldo) {
   std::vector<float> kv(dv);
@@ -63,7 +71,7 @@ void delta_recurrent(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t 
   }
 }
 
-void delta_chunked(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
+STRATA_CLONES void delta_chunked(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
                    const float* v, int64_t ldv, const float* beta, const float* g, int64_t ldbg, float* S,
                    float* o, int64_t ldo, int64_t chunk) {
   // Per chunk of n <= L tokens with start state S (the spec's closed form; a short last chunk equals
@@ -151,8 +159,8 @@ void gdn_forward(const GdnDims& d, const GdnWeights& w, const float* x, int64_t 
   const int64_t C = d.conv_channels(), P = d.qkvz_rows(), group = 2 * dk + 2 * r * dv;
   // 1-2. projections: P [T, Hk, (q dk | k dk | v r*dv | z r*dv)], BA [T, Hk, (b r | a r)]
   std::vector<float> proj((size_t)T * P), ba((size_t)T * 2 * Hv);
-  kernels::matmul(w.in_proj_qkvz, x, T, proj.data());
-  kernels::matmul(w.in_proj_ba, x, T, ba.data());
+  const kernels::MatOut in[2] = {{&w.in_proj_qkvz, proj.data()}, {&w.in_proj_ba, ba.data()}};
+  kernels::matmul_multi(in, 2, x, T);
   // 3. conv input rows ext [K-1 + T, C]: the saved window, then m_t = [Q_all | K_all | V_all]
   std::vector<float> ext((size_t)(K - 1 + T) * C), z((size_t)T * Hv * dv), b((size_t)T * Hv), a((size_t)T * Hv);
   std::copy(st.conv.begin(), st.conv.end(), ext.begin());

@@ -1,12 +1,16 @@
 #include "strata/kernels.h"
 
+#include "pool.h"
+
 // GCC 12 warns about its own AVX-512 intrinsic headers (false positives on the masked forms).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <stdexcept>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -42,6 +46,30 @@ static Level initial_level() {
 }
 
 static Level g_level = initial_level();
+
+// Switches for A/B measurements in one process (benchmarks/ab_decode.py); the defaults are the fast paths.
+// Measured on a 2-core machine shared by ~8 builds (benchmarks/ab_decode.py, interleaved rounds): OpenMP
+// loops (threads sleeping at barriers) decoded 1.27x faster than the pool, whose helpers' spinning competes
+// for the same cores; the pool stays as an option for dedicated machines.
+static bool g_decode_pool = false;  // decode loops on pool.h (false: OpenMP dynamic loops)
+static bool g_bf16_eo = true;      // AVX2 bf16 rows in even/odd order (false: widening loads)
+void set_option(const std::string& name, bool on) {
+  if (name == "decode_pool") g_decode_pool = on;
+  else if (name == "bf16_eo") g_bf16_eo = on;
+  else throw std::invalid_argument("unknown kernel option '" + name + "' (decode_pool, bf16_eo)");
+}
+
+// A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
+template <class F>
+static void decode_for(int64_t n, int64_t grain, F&& f) {
+  if (g_decode_pool) {
+    pool::parallel_for(pool::current_threads(), n, grain, f);
+    return;
+  }
+  const int64_t chunks = (n + grain - 1) / grain;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t c = 0; c < chunks; ++c) f(c * grain, std::min(n, (c + 1) * grain));
+}
 
 Level best_level() { return detect(); }
 Level level() { return g_level; }
@@ -99,6 +127,11 @@ static float dot_scalar(const float* a, const float* b, int64_t n) {
 
 static void cvt_scalar(DType dt, const void* src, int64_t n, float* out) {
   if (dt == DType::F32) { std::memcpy(out, src, size_t(n) * 4); return; }
+  if (dt == DType::I8) {
+    const int8_t* q = static_cast<const int8_t*>(src);
+    for (int64_t i = 0; i < n; ++i) out[i] = float(q[i]);
+    return;
+  }
   const uint16_t* p = static_cast<const uint16_t*>(src);
   if (dt == DType::BF16) for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]);
   else for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(p[i]);
@@ -108,10 +141,11 @@ static float dotw_scalar(DType dt, const void* w, const float* x, int64_t n) {
   if (dt == DType::F32) return dot_scalar(static_cast<const float*>(w), x, n);
   float buf[256];
   float s = 0.f;
-  const uint16_t* p = static_cast<const uint16_t*>(w);
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const size_t es = dtype_size(dt);
   for (int64_t i = 0; i < n; i += 256) {
     int64_t m = std::min<int64_t>(256, n - i);
-    cvt_scalar(dt, p + i, m, buf);
+    cvt_scalar(dt, p + size_t(i) * es, m, buf);
     s += dot_scalar(buf, x + i, m);
   }
   return s;
@@ -128,9 +162,22 @@ STRATA_AVX2 static inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// One weight element as float (tails); es: bytes per element of a weight dtype.
+template <DType DT>
+static inline float elem(const void* p, int64_t i) {
+  if constexpr (DT == DType::F32) return static_cast<const float*>(p)[i];
+  else if constexpr (DT == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  else if constexpr (DT == DType::I8) return float(static_cast<const int8_t*>(p)[i]);
+  else return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+}
+template <DType DT>
+constexpr size_t esize() { return DT == DType::F32 ? 4 : DT == DType::I8 ? 1 : 2; }
+
 template <DType DT>
 STRATA_AVX2 static inline __m256 ld8(const void* p, int64_t i) {
   if constexpr (DT == DType::F32) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+  else if constexpr (DT == DType::I8)
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(p) + i))));
   else if constexpr (DT == DType::BF16) {
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -152,12 +199,7 @@ STRATA_AVX2 static float dotw_avx2(const void* w, const float* x, int64_t n) {
   }
   for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(ld8<DT>(w, i), _mm256_loadu_ps(x + i), a0);
   float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; i < n; ++i) {
-    float wi = DT == DType::F32 ? static_cast<const float*>(w)[i]
-             : DT == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(w)[i])
-                                 : f16_to_f32(static_cast<const uint16_t*>(w)[i]);
-    s += wi * x[i];
-  }
+  for (; i < n; ++i) s += elem<DT>(w, i) * x[i];
   return s;
 }
 
@@ -165,10 +207,7 @@ template <DType DT>
 STRATA_AVX2 static void cvt_avx2(const void* src, int64_t n, float* out) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, ld8<DT>(src, i));
-  for (; i < n; ++i)
-    out[i] = DT == DType::F32 ? static_cast<const float*>(src)[i]
-           : DT == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(src)[i])
-                               : f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+  for (; i < n; ++i) out[i] = elem<DT>(src, i);
 }
 
 STRATA_AVX2 static void axpy_avx2(float a, const float* x, float* y, int64_t n) {
@@ -185,7 +224,7 @@ STRATA_AVX2 static void axpy_avx2(float a, const float* x, float* y, int64_t n) 
 template <DType DT, int NT, int NR>
 STRATA_AVX2 static void micro_avx2(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
                                    int64_t ldy) {
-  const size_t es = DT == DType::F32 ? 4 : 2;
+  const size_t es = esize<DT>();
   const uint8_t* wb = static_cast<const uint8_t*>(w);
   __m256 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
@@ -203,14 +242,64 @@ STRATA_AVX2 static void micro_avx2(const void* w, int64_t ldw, const float* x, i
     for (int r = 0; r < NR; ++r) {
       float s = hsum256(acc[t][r]);
       const void* row = wb + size_t(r * ldw) * es;
-      for (int64_t kk = k; kk < K; ++kk) {
-        float wk = DT == DType::F32 ? static_cast<const float*>(row)[kk]
-                 : DT == DType::BF16 ? bf16_to_f32(static_cast<const uint16_t*>(row)[kk])
-                                     : f16_to_f32(static_cast<const uint16_t*>(row)[kk]);
-        s += x[t * ldx + kk] * wk;
-      }
+      // std::fma: the same rounding in every instantiation (no contraction left to the compiler)
+      for (int64_t kk = k; kk < K; ++kk) s = std::fma(x[t * ldx + kk], elem<DT>(row, kk), s);
       y[t * ldy + r] = s;
     }
+}
+
+
+// bf16 rows at AVX2 with K % 16 == 0 ("eo" order): one 32-byte load holds 16 weights; a shift yields the
+// 8 even ones as f32 and a mask the 8 odd ones (3 ops per 16 weights instead of 6 with two widening
+// loads). x is read in the matching order (each block of 16 as its 8 even, then its 8 odd elements), and
+// prefill converts rows to that same order, so decode and prefill add the same products in the same order
+// (a token's logits stay bit-identical whatever n is).
+static void perm_eo(const float* x, int64_t K, float* xp) {
+  for (int64_t b = 0; b < K; b += 16)
+    for (int l = 0; l < 8; ++l) {
+      xp[b + l] = x[b + 2 * l];
+      xp[b + 8 + l] = x[b + 2 * l + 1];
+    }
+}
+
+STRATA_AVX2 static void cvt_bf16_eo(const void* src, int64_t K, float* out) {
+  const uint16_t* p = static_cast<const uint16_t*>(src);
+  const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));
+  for (int64_t k = 0; k < K; k += 16) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + k));
+    _mm256_storeu_ps(out + k, _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16)));
+    _mm256_storeu_ps(out + k + 8, _mm256_castsi256_ps(_mm256_and_si256(raw, hi)));
+  }
+}
+
+template <int NT, int NR>
+STRATA_AVX2 static void micro_bf16eo(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
+                                     int64_t ldy) {
+  const uint16_t* wb = static_cast<const uint16_t*>(w);
+  const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));
+  __m256 acc[NT][NR];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    if (NT == 1 && NR == 4) {  // decode: prefetch the next blocks of this row quad
+      for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(wb + r * ldw + k) + 512, _MM_HINT_T0);
+    }
+    __m256 xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + t * ldx + k);  // the even half
+    for (int r = 0; r < NR; ++r) {
+      const __m256 wv = _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + r * ldw + k)), 16));
+      for (int t = 0; t < NT; ++t) acc[t][r] = _mm256_fmadd_ps(xv[t], wv, acc[t][r]);
+    }
+    for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + t * ldx + k + 8);  // the odd half
+    for (int r = 0; r < NR; ++r) {
+      const __m256 wv = _mm256_castsi256_ps(
+          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + r * ldw + k)), hi));
+      for (int t = 0; t < NT; ++t) acc[t][r] = _mm256_fmadd_ps(xv[t], wv, acc[t][r]);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) y[t * ldy + r] = hsum256(acc[t][r]);
 }
 
 // ---------------------------------------------------------------- AVX-512
@@ -219,6 +308,8 @@ STRATA_AVX2 static void micro_avx2(const void* w, int64_t ldw, const float* x, i
 template <DType DT>
 STRATA_AVX512 static inline __m512 ld16(const void* p, int64_t i) {
   if constexpr (DT == DType::F32) return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+  else if constexpr (DT == DType::I8)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(p) + i))));
   else if constexpr (DT == DType::BF16) {
     __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -231,6 +322,8 @@ STRATA_AVX512 static inline __m512 ld16(const void* p, int64_t i) {
 template <DType DT>
 STRATA_AVX512 static inline __m512 ld16m(const void* p, int64_t i, __mmask16 m) {
   if constexpr (DT == DType::F32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+  else if constexpr (DT == DType::I8)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, static_cast<const int8_t*>(p) + i)));
   else if constexpr (DT == DType::BF16) {
     __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -278,7 +371,7 @@ STRATA_AVX512 static void axpy_avx512(float a, const float* x, float* y, int64_t
 template <DType DT, int NT, int NR>
 STRATA_AVX512 static void micro_avx512(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
                                        int64_t ldy) {
-  const size_t es = DT == DType::F32 ? 4 : 2;
+  const size_t es = esize<DT>();
   const uint8_t* wb = static_cast<const uint8_t*>(w);
   __m512 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
@@ -373,15 +466,16 @@ static void matmul_bf16dp(const Mat& w, const float* x, int64_t n, float* y) {
   constexpr int TN = 6;
   if (n <= TN) {  // decode: weight rows stream from memory once, 4 at a time
     const int64_t quads = (rows + 3) / 4;
-#pragma omp parallel for schedule(static)
-    for (int64_t qd = 0; qd < quads; ++qd) {
-      const int64_t r0 = qd * 4;
-      const int nr = int(std::min<int64_t>(4, rows - r0));
-      float tile[TN * 4];
-      micro_bh(int(n), nr)(base + r0 * K, K, xb.data(), ldx, K, tile, 4);
-      for (int64_t t = 0; t < n; ++t)
-        for (int r = 0; r < nr; ++r) y[t * rows + r0 + r] = tile[t * 4 + r];
-    }
+    decode_for(quads, 16, [&](int64_t q0, int64_t q1) {
+      for (int64_t qd = q0; qd < q1; ++qd) {
+        const int64_t r0 = qd * 4;
+        const int nr = int(std::min<int64_t>(4, rows - r0));
+        float tile[TN * 4];
+        micro_bh(int(n), nr)(base + r0 * K, K, xb.data(), ldx, K, tile, 4);
+        for (int64_t t = 0; t < n; ++t)
+          for (int r = 0; r < nr; ++r) y[t * rows + r0 + r] = tile[t * 4 + r];
+      }
+    });
     return;
   }
   // Prefill: a block of RB weight rows (bf16, RB*K*2 bytes) stays in L2 while every token tile passes.
@@ -407,7 +501,7 @@ using DotW = float (*)(const void*, const float*, int64_t);
 using Cvt = void (*)(const void*, int64_t, float*);
 using Micro = void (*)(const void*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
 
-static int dt_index(DType d) { return d == DType::F32 ? 0 : d == DType::BF16 ? 1 : 2; }
+static int dt_index(DType d) { return d == DType::F32 ? 0 : d == DType::BF16 ? 1 : d == DType::I8 ? 3 : 2; }
 
 static float dotw_scalar_f32(const void* w, const float* x, int64_t n) { return dotw_scalar(DType::F32, w, x, n); }
 static float dotw_scalar_bf16(const void* w, const float* x, int64_t n) { return dotw_scalar(DType::BF16, w, x, n); }
@@ -415,20 +509,22 @@ static float dotw_scalar_f16(const void* w, const float* x, int64_t n) { return 
 static void cvt_scalar_f32(const void* s, int64_t n, float* o) { cvt_scalar(DType::F32, s, n, o); }
 static void cvt_scalar_bf16(const void* s, int64_t n, float* o) { cvt_scalar(DType::BF16, s, n, o); }
 static void cvt_scalar_f16(const void* s, int64_t n, float* o) { cvt_scalar(DType::F16, s, n, o); }
+static float dotw_scalar_i8(const void* w, const float* x, int64_t n) { return dotw_scalar(DType::I8, w, x, n); }
+static void cvt_scalar_i8(const void* s, int64_t n, float* o) { cvt_scalar(DType::I8, s, n, o); }
 
 static DotW dotw_fn(Level l, DType d) {
-  static const DotW t[3][3] = {
-      {dotw_scalar_f32, dotw_scalar_bf16, dotw_scalar_f16},
-      {dotw_avx2<DType::F32>, dotw_avx2<DType::BF16>, dotw_avx2<DType::F16>},
-      {dotw_avx512<DType::F32>, dotw_avx512<DType::BF16>, dotw_avx512<DType::F16>}};
+  static const DotW t[3][4] = {
+      {dotw_scalar_f32, dotw_scalar_bf16, dotw_scalar_f16, dotw_scalar_i8},
+      {dotw_avx2<DType::F32>, dotw_avx2<DType::BF16>, dotw_avx2<DType::F16>, dotw_avx2<DType::I8>},
+      {dotw_avx512<DType::F32>, dotw_avx512<DType::BF16>, dotw_avx512<DType::F16>, dotw_avx512<DType::I8>}};
   return t[int(vec(l))][dt_index(d)];
 }
 
 static Cvt cvt_fn(Level l, DType d) {
-  static const Cvt t[3][3] = {
-      {cvt_scalar_f32, cvt_scalar_bf16, cvt_scalar_f16},
-      {cvt_avx2<DType::F32>, cvt_avx2<DType::BF16>, cvt_avx2<DType::F16>},
-      {cvt_avx512<DType::F32>, cvt_avx512<DType::BF16>, cvt_avx512<DType::F16>}};
+  static const Cvt t[3][4] = {
+      {cvt_scalar_f32, cvt_scalar_bf16, cvt_scalar_f16, cvt_scalar_i8},
+      {cvt_avx2<DType::F32>, cvt_avx2<DType::BF16>, cvt_avx2<DType::F16>, cvt_avx2<DType::I8>},
+      {cvt_avx512<DType::F32>, cvt_avx512<DType::BF16>, cvt_avx512<DType::F16>, cvt_avx512<DType::I8>}};
   return t[int(vec(l))][dt_index(d)];
 }
 
@@ -459,14 +555,20 @@ static Micro micro256(int nt, int nr) {
                                 {STRATA_ROW4(micro_avx2, DT, 3)}};
   return t[nt - 1][nr - 1];
 }
+static Micro micro_eo(int nt, int nr) {
+  static const Micro t[3][4] = {{micro_bf16eo<1, 1>, micro_bf16eo<1, 2>, micro_bf16eo<1, 3>, micro_bf16eo<1, 4>},
+                                {micro_bf16eo<2, 1>, micro_bf16eo<2, 2>, micro_bf16eo<2, 3>, micro_bf16eo<2, 4>},
+                                {micro_bf16eo<3, 1>, micro_bf16eo<3, 2>, micro_bf16eo<3, 3>, micro_bf16eo<3, 4>}};
+  return t[nt - 1][nr - 1];
+}
 #undef STRATA_ROW4
 
 static Micro micro_fn(Level l, DType dt, int nt, int nr) {
   if (vec(l) == Level::AVX512)
     return dt == DType::F32 ? micro512<DType::F32>(nt, nr) : dt == DType::BF16 ? micro512<DType::BF16>(nt, nr)
-                                                                              : micro512<DType::F16>(nt, nr);
+         : dt == DType::I8 ? micro512<DType::I8>(nt, nr) : micro512<DType::F16>(nt, nr);
   return dt == DType::F32 ? micro256<DType::F32>(nt, nr) : dt == DType::BF16 ? micro256<DType::BF16>(nt, nr)
-                                                                            : micro256<DType::F16>(nt, nr);
+       : dt == DType::I8 ? micro256<DType::I8>(nt, nr) : micro256<DType::F16>(nt, nr);
 }
 
 static void run_micro(Level l, DType dt, int nt, int nr, const void* w, int64_t ldw, const float* x, int64_t ldx,
@@ -478,6 +580,8 @@ static void run_micro(Level l, DType dt, int nt, int nr, const void* w, int64_t 
 void row_f32(const Mat& w, int64_t r, float* out) {
   size_t es = dtype_size(w.dtype);
   cvt_fn(level(), w.dtype)(static_cast<const uint8_t*>(w.data) + size_t(r * w.cols) * es, w.cols, out);
+  if (w.scale)
+    for (int64_t i = 0; i < w.cols; ++i) out[i] *= w.scale[r];
 }
 
 float dot(const float* a, const float* b, int64_t n) { return dotw_fn(level(), DType::F32)(a, b, n); }
@@ -493,31 +597,25 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 }
 
 // ---------------------------------------------------------------- matmul
-void matmul(const Mat& w, const float* x, int64_t n, float* y) {
+static bool use_eo(Level lv, const Mat& w) { return g_bf16_eo && lv == Level::AVX2 && w.dtype == DType::BF16 && w.cols % 16 == 0; }
+
+// y[t, r] = tile[t, r] (times the row's scale for int8 weights), t < nt, r < nr.
+static inline void store_tile(const float* tile, int nt, int nr, const float* scale, float* y, int64_t ldy) {
+  for (int t = 0; t < nt; ++t)
+    for (int r = 0; r < nr; ++r) y[t * ldy + r] = scale ? tile[t * 4 + r] * scale[r] : tile[t * 4 + r];
+}
+
+// Prefill (compute-bound): blocks of RB rows converted once to f32 (kept in L2) times tiles of TN tokens.
+static void prefill_one(Level lv, const Mat& w, const float* x, const float* xp, int64_t n, float* y) {
   const int64_t rows = w.rows, K = w.cols;
   const size_t es = dtype_size(w.dtype);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  if (level() == Level::AVX512BF16 && w.dtype == DType::BF16) { matmul_bf16dp(w, x, n, y); return; }
-  const Level lv = vec(level());
+  const bool eo = use_eo(lv, w);
+  const float* xin = eo ? xp : x;
   const int TN = lv == Level::AVX512 ? 6 : 3;  // token tile (register budget: NT*4 accumulators)
-  if (n <= TN) {
-    // Decode: weight rows stream from memory once, 4 at a time, converted in registers.
-    const int64_t quads = (rows + 3) / 4;
-#pragma omp parallel for schedule(static)
-    for (int64_t qd = 0; qd < quads; ++qd) {
-      const int64_t r0 = qd * 4;
-      const int nr = int(std::min<int64_t>(4, rows - r0));
-      float tile[6 * 4];
-      run_micro(lv, w.dtype, int(n), nr, base + size_t(r0 * K) * es, K, x, K, K, tile, 4);
-      for (int64_t t = 0; t < n; ++t)
-        for (int r = 0; r < nr; ++r) y[t * rows + r0 + r] = tile[t * 4 + r];
-    }
-    return;
-  }
-  // Prefill: blocks of RB rows (converted to f32 once, kept in L2) times tiles of TN tokens.
   const int64_t RB = 64;
   const int64_t nblocks = (rows + RB - 1) / RB;
-  Cvt cvt = cvt_fn(lv, w.dtype);
+  Cvt cvt = eo ? cvt_bf16_eo : cvt_fn(lv, w.dtype);
 #pragma omp parallel
   {
     std::vector<float> scratch;
@@ -537,11 +635,144 @@ void matmul(const Mat& w, const float* x, int64_t n, float* y) {
         const int nt = int(std::min<int64_t>(TN, n - t0));
         for (int64_t rr = 0; rr < nr_block; rr += 4) {
           const int nr = int(std::min<int64_t>(4, nr_block - rr));
-          run_micro(lv, DType::F32, nt, nr, wf + rr * K, K, x + t0 * K, K, K, tile, 4);
-          for (int t = 0; t < nt; ++t)
-            for (int r = 0; r < nr; ++r) y[(t0 + t) * rows + r0 + rr + r] = tile[t * 4 + r];
+          run_micro(lv, DType::F32, nt, nr, wf + rr * K, K, xin + t0 * K, K, K, tile, 4);
+          store_tile(tile, nt, nr, w.scale ? w.scale + r0 + rr : nullptr, y + t0 * rows + r0 + rr, rows);
         }
       }
+    }
+  }
+}
+
+void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
+  if (count <= 0) return;
+  if (count > 8) throw std::invalid_argument("matmul_multi: at most 8 outputs");
+  const int64_t K = outs[0].w->cols;
+  for (int i = 1; i < count; ++i)
+    if (outs[i].w->cols != K) throw std::invalid_argument("matmul_multi: outputs must share the input width");
+  const Level l = level();
+  if (l == Level::AVX512BF16) {
+    bool all_bf16 = true;
+    for (int i = 0; i < count; ++i) all_bf16 = all_bf16 && outs[i].w->dtype == DType::BF16;
+    if (!all_bf16) {
+      for (int i = 0; i < count; ++i) matmul(*outs[i].w, x, n, outs[i].y);
+      return;
+    }
+    for (int i = 0; i < count; ++i) matmul_bf16dp(*outs[i].w, x, n, outs[i].y);
+    return;
+  }
+  const Level lv = vec(l);
+  const int TN = lv == Level::AVX512 ? 6 : 3;
+  bool any_eo = false;
+  for (int i = 0; i < count; ++i) any_eo = any_eo || use_eo(lv, *outs[i].w);
+  std::vector<float> xp;
+  if (any_eo) {
+    xp.resize(size_t(n * K));
+    for (int64_t t = 0; t < n; ++t) perm_eo(x + t * K, K, xp.data() + t * K);
+  }
+  if (n > TN) {
+    for (int i = 0; i < count; ++i) prefill_one(lv, *outs[i].w, x, xp.data(), n, outs[i].y);
+    return;
+  }
+  // Decode (memory-bound): the rows of every output stream from memory once, 4 at a time, converted in
+  // registers; one loop for all outputs, chunks of 64 rows taken from a counter by the caller and the
+  // pool's helpers (pool.h: no join barrier, so a helper preempted on a shared machine holds no one up).
+  int64_t start[9];
+  start[0] = 0;
+  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + 3) / 4;
+  const int64_t total = start[count];
+  const float* xpp = xp.data();
+  decode_for(total, 16, [&](int64_t q0, int64_t q1) {
+    float tile[6 * 4];
+    for (int64_t qd = q0; qd < q1; ++qd) {
+      int m = 0;
+      while (qd >= start[m + 1]) ++m;
+      const Mat& w = *outs[m].w;
+      const int64_t r0 = (qd - start[m]) * 4;
+      const int nr = int(std::min<int64_t>(4, w.rows - r0));
+      const uint8_t* rowp = static_cast<const uint8_t*>(w.data) + size_t(r0 * K) * dtype_size(w.dtype);
+      if (use_eo(lv, w)) micro_eo(int(n), nr)(rowp, K, xpp, K, K, tile, 4);
+      else run_micro(lv, w.dtype, int(n), nr, rowp, K, x, K, K, tile, 4);
+      store_tile(tile, int(n), nr, w.scale ? w.scale + r0 : nullptr, outs[m].y + r0, w.rows);
+    }
+  });
+}
+
+void matmul(const Mat& w, const float* x, int64_t n, float* y) {
+  MatOut o{&w, y};
+  matmul_multi(&o, 1, x, n);
+}
+
+STRATA_AVX2 static uint64_t read_avx2(const uint8_t* p, int64_t bytes) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 128 <= bytes; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+static uint64_t read_scalar(const uint8_t* p, int64_t bytes) {
+  uint64_t s = 0;
+  for (int64_t i = 0; i + 8 <= bytes; i += 8) {
+    uint64_t v;
+    std::memcpy(&v, p + i, 8);
+    s += v;
+  }
+  return s;
+}
+
+// Reads `bytes` of memory with the current OpenMP threads, each thread one contiguous slice (as a decode
+// step streams its rows): the best GB/s over `reps` passes. A model's decode limit is this over the bytes
+// it streams per token.
+double read_bandwidth(int64_t bytes, int reps) {
+  bytes = std::max<int64_t>(bytes, int64_t(1) << 20) / 4096 * 4096;
+  uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(4096, size_t(bytes)));
+  if (!buf) throw std::bad_alloc();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < bytes; i += 4096) std::memset(buf + i, int(i >> 12), 4096);  // first touch
+  const bool avx = vec(level()) != Level::Scalar;
+  double best = 0.0;
+  uint64_t sink = 0;
+  for (int rep = 0; rep < std::max(reps, 1); ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    uint64_t tot = 0;
+#pragma omp parallel reduction(+ : tot)
+    {
+      int nt = 1, id = 0;
+#ifdef STRATA_HAVE_OPENMP
+      nt = omp_get_num_threads();
+      id = omp_get_thread_num();
+#endif
+      const int64_t per = (bytes / nt) / 128 * 128, lo = per * id, hi = id == nt - 1 ? bytes : lo + per;
+      tot += avx ? read_avx2(buf + lo, hi - lo) : read_scalar(buf + lo, hi - lo);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sink += tot;
+    best = std::max(best, double(bytes) / s / 1e9);
+  }
+  std::free(buf);
+  return sink == 1 ? best + 1e-300 : best;  // keep the sums observable
+}
+
+void quantize_rows_int8(const Mat& w, int8_t* q, float* scale) {
+  const int64_t K = w.cols;
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(K));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < w.rows; ++r) {
+      row_f32(w, r, row.data());
+      float amax = 0.f;
+      for (int64_t i = 0; i < K; ++i) amax = std::max(amax, std::fabs(row[i]));
+      const float s = amax > 0.f && std::isfinite(amax) ? amax / 127.f : 1.f;
+      int8_t* qr = q + r * K;
+      for (int64_t i = 0; i < K; ++i) qr[i] = int8_t(std::clamp(std::nearbyint(row[i] / s), -127.f, 127.f));
+      scale[r] = s;
     }
   }
 }
@@ -683,37 +914,46 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
   const float scale = 1.0f / std::sqrt(float(hd));
   const int64_t kv_stride = int64_t(Hkv) * hd;
   const Attend fast = vec(level()) == Level::AVX512 ? attend_fn(hd) : nullptr;
+  // One query head: scores, softmax, weighted values. The same work whichever thread runs it.
+  auto one = [&](int64_t i, int h, float* scores) {
+    const int64_t p = pos0 + i;  // keys 0..p are visible
+    const int g = h / group;
+    const float* qv = q + (i * H + h) * hd;
+    if (fast) {
+      fast(qv, k + int64_t(g) * hd, v + int64_t(g) * hd, kv_stride, p + 1, hd, scale, scores,
+           out + (i * H + h) * hd);
+      return;
+    }
+    float mx = -INFINITY;
+    for (int64_t j = 0; j <= p; ++j) {
+      float sc = dot(qv, k + j * kv_stride + int64_t(g) * hd, hd) * scale;
+      scores[j] = sc;
+      mx = std::max(mx, sc);
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j <= p; ++j) {
+      scores[j] = std::exp(scores[j] - mx);
+      sum += scores[j];
+    }
+    float* o = out + (i * H + h) * hd;
+    std::fill(o, o + hd, 0.f);
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j <= p; ++j) axpy(scores[j] * inv, v + j * kv_stride + int64_t(g) * hd, o, hd);
+  };
+  if (n <= 6) {  // decode: the barrier-free pool (pool.h), one chunk per head
+    decode_for(n * H, 1, [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> scores;
+      if (scores.size() < size_t(pos0 + n)) scores.resize(size_t(pos0 + n));
+      for (int64_t ih = b; ih < e; ++ih) one(ih / H, int(ih % H), scores.data());
+    });
+    return;
+  }
 #pragma omp parallel
   {
     std::vector<float> scores(size_t(pos0 + n));
 #pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) {
-      for (int h = 0; h < H; ++h) {
-        const int64_t p = pos0 + i;  // keys 0..p are visible
-        const int g = h / group;
-        const float* qv = q + (i * H + h) * hd;
-        if (fast) {
-          fast(qv, k + int64_t(g) * hd, v + int64_t(g) * hd, kv_stride, p + 1, hd, scale, scores.data(),
-               out + (i * H + h) * hd);
-          continue;
-        }
-        float mx = -INFINITY;
-        for (int64_t j = 0; j <= p; ++j) {
-          float sc = dot(qv, k + j * kv_stride + int64_t(g) * hd, hd) * scale;
-          scores[j] = sc;
-          mx = std::max(mx, sc);
-        }
-        float sum = 0.f;
-        for (int64_t j = 0; j <= p; ++j) {
-          scores[j] = std::exp(scores[j] - mx);
-          sum += scores[j];
-        }
-        float* o = out + (i * H + h) * hd;
-        std::fill(o, o + hd, 0.f);
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= p; ++j) axpy(scores[j] * inv, v + j * kv_stride + int64_t(g) * hd, o, hd);
-      }
-    }
+    for (int64_t i = 0; i < n; ++i)
+      for (int h = 0; h < H; ++h) one(i, h, scores.data());
   }
 }
 

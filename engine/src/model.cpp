@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "qwen3.h"
+#include "strata/kernels.h"
 #include "qwen3_next.h"
 
 namespace strata {
@@ -15,6 +16,26 @@ void use_threads(int threads) {
   static const int default_threads = omp_get_num_procs();
   omp_set_num_threads(threads > 0 ? threads : default_threads);
 #endif
+}
+
+Mat WeightStore::prepare_once(const Mat& w) {
+  if (format_ != WeightFormat::Int8 || w.dtype == DType::I8) return w;
+  auto q = std::make_unique<int8_t[]>(size_t(w.rows * w.cols));
+  auto s = std::make_unique<float[]>(size_t(w.rows));
+  kernels::quantize_rows_int8(w, q.get(), s.get());
+  Mat m = w;
+  m.dtype = DType::I8;
+  m.data = q.get();
+  m.scale = s.get();
+  q_.push_back(std::move(q));
+  scale_.push_back(std::move(s));
+  return m;
+}
+
+Mat WeightStore::prepare(const Mat& w) {
+  Mat m = prepare_once(w);
+  streamed_ += m.rows * m.cols * int64_t(dtype_size(m.dtype)) + (m.scale ? m.rows * 4 : 0);
+  return m;
 }
 
 DecoderIO load_decoder_io(Checkpoint& c, const std::string& model_type, int64_t V, int64_t D, int64_t L,

@@ -13,8 +13,8 @@ namespace k = kernels;
 
 void mlp_forward(int64_t D, const MlpWeights& w, const float* x, int64_t T, float* out) {
   std::vector<float> g(size_t(T * w.I)), u(size_t(T * w.I));
-  k::matmul(w.gate, x, T, g.data());
-  k::matmul(w.up, x, T, u.data());
+  const k::MatOut gu[2] = {{&w.gate, g.data()}, {&w.up, u.data()}};
+  k::matmul_multi(gu, 2, x, T);
   k::silu_mul(g.data(), u.data(), T * w.I);
   k::matmul(w.down, g.data(), T, out);
 }

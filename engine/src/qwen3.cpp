@@ -3,13 +3,15 @@
 #include <cmath>
 #include <string>
 
+#include "profile.h"
 #include "strata/kernels.h"
 
 namespace strata {
 
 namespace k = kernels;
 
-Qwen3Model::Qwen3Model(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts) : ckpt_(std::move(ckpt)) {
+Qwen3Model::Qwen3Model(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts)
+    : ckpt_(std::move(ckpt)), store_(opts.weights) {
   Checkpoint& c = *ckpt_;
   const int64_t V = c.cfg_int("vocab_size");
   D_ = c.cfg_int("hidden_size");
@@ -46,7 +48,7 @@ Qwen3Model::Qwen3Model(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts
 
   DecoderIO io = load_decoder_io(c, "qwen3", V, D_, L, opts, info_);
   embed_ = io.embed;
-  lm_head_ = io.lm_head;
+  lm_head_ = store_.prepare(io.lm_head);
   final_norm_ = std::move(io.final_norm);
   layers_.resize(size_t(L));
   for (int64_t i = 0; i < L; ++i) {
@@ -56,18 +58,20 @@ Qwen3Model::Qwen3Model(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts
     ly.post_norm = c.to_f32(p + "post_attention_layernorm.weight", {D_});
     ly.q_norm = c.to_f32(p + "self_attn.q_norm.weight", {hd_});
     ly.k_norm = c.to_f32(p + "self_attn.k_norm.weight", {hd_});
-    ly.wq = c.mat(p + "self_attn.q_proj.weight", {H_ * hd_, D_});
-    ly.wk = c.mat(p + "self_attn.k_proj.weight", {Hkv_ * hd_, D_});
-    ly.wv = c.mat(p + "self_attn.v_proj.weight", {Hkv_ * hd_, D_});
-    ly.wo = c.mat(p + "self_attn.o_proj.weight", {D_, H_ * hd_});
-    ly.w_gate = c.mat(p + "mlp.gate_proj.weight", {I_, D_});
-    ly.w_up = c.mat(p + "mlp.up_proj.weight", {I_, D_});
-    ly.w_down = c.mat(p + "mlp.down_proj.weight", {D_, I_});
+    ly.wq = store_.prepare(c.mat(p + "self_attn.q_proj.weight", {H_ * hd_, D_}));
+    ly.wk = store_.prepare(c.mat(p + "self_attn.k_proj.weight", {Hkv_ * hd_, D_}));
+    ly.wv = store_.prepare(c.mat(p + "self_attn.v_proj.weight", {Hkv_ * hd_, D_}));
+    ly.wo = store_.prepare(c.mat(p + "self_attn.o_proj.weight", {D_, H_ * hd_}));
+    ly.w_gate = store_.prepare(c.mat(p + "mlp.gate_proj.weight", {I_, D_}));
+    ly.w_up = store_.prepare(c.mat(p + "mlp.up_proj.weight", {I_, D_}));
+    ly.w_down = store_.prepare(c.mat(p + "mlp.down_proj.weight", {D_, I_}));
   }
   c.check_all_used({});
   int64_t wb = 0;
   for (const auto& name : c.names()) wb += int64_t(c.tensor_info(name).nbytes);
   info_.weight_bytes = wb;
+  info_.weights = store_.name();
+  info_.stream_bytes = store_.streamed();
   threads_ = opts.threads;
 }
 
@@ -79,48 +83,73 @@ std::unique_ptr<SessionState> Qwen3Model::new_state() const {
 
 void Qwen3Model::forward(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits) {
   use_threads(threads_);
+  const bool dec = n == 1;
+  prof::count_forward(dec, n);
   const int64_t D = D_, qd = H_ * hd_, kvd = Hkv_ * hd_, pos0 = state.n_tokens;
   // Activations, row-major per token: h [n, D], xn [n, D], q [n, H*hd], att [n, H*hd], g/u [n, I].
   std::vector<float> h(size_t(n * D)), xn(size_t(n * D)), tmp(size_t(n * D));
   std::vector<float> q(size_t(n * qd)), att(size_t(n * qd));
   std::vector<float> g(size_t(n * I_)), u(size_t(n * I_));
-  for (int64_t t = 0; t < n; ++t) k::row_f32(embed_, tokens[t], h.data() + t * D);
+  {
+    prof::Scope ps(prof::Embed, dec);
+    for (int64_t t = 0; t < n; ++t) k::row_f32(embed_, tokens[t], h.data() + t * D);
+  }
 
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& ly = layers_[li];
     auto& kv = static_cast<AttentionKV&>(*state.layers[li]);
-    for (int64_t t = 0; t < n; ++t) k::rmsnorm(h.data() + t * D, ly.input_norm.data(), D, eps_, xn.data() + t * D);
+    {
+      prof::Scope ps(prof::Norm, dec);
+      for (int64_t t = 0; t < n; ++t) k::rmsnorm(h.data() + t * D, ly.input_norm.data(), D, eps_, xn.data() + t * D);
+    }
     float *kc, *vc;
     kv.append(n, &kc, &vc);  // this chunk's rows of the cache: [n, Hkv, hd]
-    k::matmul(ly.wq, xn.data(), n, q.data());
-    k::matmul(ly.wk, xn.data(), n, kc);
-    k::matmul(ly.wv, xn.data(), n, vc);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t hh = 0; hh < H_; ++hh) {
-        float* qh = q.data() + (t * H_ + hh) * hd_;
-        k::rmsnorm(qh, ly.q_norm.data(), hd_, eps_, qh);
-      }
-      for (int64_t hh = 0; hh < Hkv_; ++hh) {
-        float* kh = kc + (t * Hkv_ + hh) * hd_;
-        k::rmsnorm(kh, ly.k_norm.data(), hd_, eps_, kh);
-      }
-      k::rope(q.data() + t * qd, int(H_), int(hd_), int(hd_), pos0 + t, inv_freq_.data());
-      k::rope(kc + t * kvd, int(Hkv_), int(hd_), int(hd_), pos0 + t, inv_freq_.data());
+    {
+      prof::Scope ps(prof::QKV, dec);
+      const k::MatOut qkv[3] = {{&ly.wq, q.data()}, {&ly.wk, kc}, {&ly.wv, vc}};
+      k::matmul_multi(qkv, 3, xn.data(), n);
     }
-    k::attention(q.data(), n, int(H_), int(Hkv_), int(hd_), kv.k(), kv.v(), pos0, att.data());
-    k::matmul(ly.wo, att.data(), n, tmp.data());
-    k::add(h.data(), tmp.data(), n * D);
-
-    for (int64_t t = 0; t < n; ++t) k::rmsnorm(h.data() + t * D, ly.post_norm.data(), D, eps_, xn.data() + t * D);
-    k::matmul(ly.w_gate, xn.data(), n, g.data());
-    k::matmul(ly.w_up, xn.data(), n, u.data());
-    k::silu_mul(g.data(), u.data(), n * I_);
-    k::matmul(ly.w_down, g.data(), n, tmp.data());
-    k::add(h.data(), tmp.data(), n * D);
+    {
+      prof::Scope ps(prof::Rope, dec);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t hh = 0; hh < H_; ++hh) {
+          float* qh = q.data() + (t * H_ + hh) * hd_;
+          k::rmsnorm(qh, ly.q_norm.data(), hd_, eps_, qh);
+        }
+        for (int64_t hh = 0; hh < Hkv_; ++hh) {
+          float* kh = kc + (t * Hkv_ + hh) * hd_;
+          k::rmsnorm(kh, ly.k_norm.data(), hd_, eps_, kh);
+        }
+        k::rope(q.data() + t * qd, int(H_), int(hd_), int(hd_), pos0 + t, inv_freq_.data());
+        k::rope(kc + t * kvd, int(Hkv_), int(hd_), int(hd_), pos0 + t, inv_freq_.data());
+      }
+    }
+    {
+      prof::Scope ps(prof::Attention, dec);
+      k::attention(q.data(), n, int(H_), int(Hkv_), int(hd_), kv.k(), kv.v(), pos0, att.data());
+    }
+    {
+      prof::Scope ps(prof::OProj, dec);
+      k::matmul(ly.wo, att.data(), n, tmp.data());
+      k::add(h.data(), tmp.data(), n * D);
+    }
+    {
+      prof::Scope ps(prof::GateUp, dec);
+      for (int64_t t = 0; t < n; ++t) k::rmsnorm(h.data() + t * D, ly.post_norm.data(), D, eps_, xn.data() + t * D);
+      const k::MatOut gu[2] = {{&ly.w_gate, g.data()}, {&ly.w_up, u.data()}};
+      k::matmul_multi(gu, 2, xn.data(), n);
+      k::silu_mul(g.data(), u.data(), n * I_);
+    }
+    {
+      prof::Scope ps(prof::Down, dec);
+      k::matmul(ly.w_down, g.data(), n, tmp.data());
+      k::add(h.data(), tmp.data(), n * D);
+    }
   }
   state.n_tokens = pos0 + n;
 
   if (mode == Logits::None) return;
+  prof::Scope ps(prof::LMHead, dec);
   const int64_t first = mode == Logits::All ? 0 : n - 1, m = n - first;
   for (int64_t t = 0; t < m; ++t) k::rmsnorm(h.data() + (first + t) * D, final_norm_.data(), D, eps_, xn.data() + t * D);
   k::matmul(lm_head_, xn.data(), m, logits);

@@ -28,6 +28,7 @@ class Qwen3Model final : public Model {
   Mat embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
+  WeightStore store_;  // int8 copies when loaded with weights=int8
 };
 
 }  // namespace strata

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "profile.h"
 #include "strata/kernels.h"
 
 namespace strata {
@@ -49,7 +50,8 @@ std::vector<bool> attention_layers(const Checkpoint& c, int64_t L) {
 
 }  // namespace
 
-Qwen3NextModel::Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts) : ckpt_(std::move(ckpt)) {
+Qwen3NextModel::Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts)
+    : ckpt_(std::move(ckpt)), store_(opts.weights) {
   Checkpoint& c = *ckpt_;
   const int64_t V = c.cfg_int("vocab_size");
   D_ = c.cfg_int("hidden_size");
@@ -109,17 +111,18 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptio
 
   DecoderIO io = load_decoder_io(c, "qwen3_next", V, D_, L, opts, info_);
   embed_ = io.embed;
-  lm_head_ = io.lm_head;
+  lm_head_ = store_.prepare(io.lm_head);
   final_norm_ = std::move(io.final_norm);
 
   const std::vector<bool> attn = attention_layers(c, L);
   const std::vector<int64_t> mlp_only = int_list(c, "mlp_only_layers");
-  auto mlp = [&](const std::string& p, int64_t inner) {
+  auto mlp = [&](const std::string& p, int64_t inner, bool every_token) {
     next::MlpWeights w;
     w.I = inner;
-    w.gate = c.mat(p + ".gate_proj.weight", {inner, D_});
-    w.up = c.mat(p + ".up_proj.weight", {inner, D_});
-    w.down = c.mat(p + ".down_proj.weight", {D_, inner});
+    auto prep = [&](const Mat& m) { return every_token ? store_.prepare(m) : store_.prepare_once(m); };
+    w.gate = prep(c.mat(p + ".gate_proj.weight", {inner, D_}));
+    w.up = prep(c.mat(p + ".up_proj.weight", {inner, D_}));
+    w.down = prep(c.mat(p + ".down_proj.weight", {D_, inner}));
     return w;
   };
   layers_.resize(size_t(L));
@@ -133,31 +136,31 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptio
     ly.post_norm = c.to_f32(p + "post_attention_layernorm.weight", {D_});
     if (ly.attn) {
       const std::string a = p + "self_attn.";
-      ly.att.q_proj = c.mat(a + "q_proj.weight", {2 * H * hd, D_});
-      ly.att.k_proj = c.mat(a + "k_proj.weight", {Hkv * hd, D_});
-      ly.att.v_proj = c.mat(a + "v_proj.weight", {Hkv * hd, D_});
-      ly.att.o_proj = c.mat(a + "o_proj.weight", {D_, H * hd});
+      ly.att.q_proj = store_.prepare(c.mat(a + "q_proj.weight", {2 * H * hd, D_}));
+      ly.att.k_proj = store_.prepare(c.mat(a + "k_proj.weight", {Hkv * hd, D_}));
+      ly.att.v_proj = store_.prepare(c.mat(a + "v_proj.weight", {Hkv * hd, D_}));
+      ly.att.o_proj = store_.prepare(c.mat(a + "o_proj.weight", {D_, H * hd}));
       ly.att.q_norm = c.to_f32(a + "q_norm.weight", {hd});
       ly.att.k_norm = c.to_f32(a + "k_norm.weight", {hd});
     } else {
       const std::string g = p + "linear_attn.";
-      ly.gdn.in_proj_qkvz = c.mat(g + "in_proj_qkvz.weight", {gd_.qkvz_rows(), D_});
-      ly.gdn.in_proj_ba = c.mat(g + "in_proj_ba.weight", {2 * gd_.Hv, D_});
-      ly.gdn.out_proj = c.mat(g + "out_proj.weight", {D_, gd_.Hv * gd_.dv});
+      ly.gdn.in_proj_qkvz = store_.prepare(c.mat(g + "in_proj_qkvz.weight", {gd_.qkvz_rows(), D_}));
+      ly.gdn.in_proj_ba = store_.prepare(c.mat(g + "in_proj_ba.weight", {2 * gd_.Hv, D_}));
+      ly.gdn.out_proj = store_.prepare(c.mat(g + "out_proj.weight", {D_, gd_.Hv * gd_.dv}));
       ly.gdn.conv = c.to_f32(g + "conv1d.weight", {gd_.conv_channels(), 1, gd_.K});
       ly.gdn.A_log = c.to_f32(g + "A_log", {gd_.Hv});
       ly.gdn.dt_bias = c.to_f32(g + "dt_bias", {gd_.Hv});
       ly.gdn.norm = c.to_f32(g + "norm.weight", {gd_.dv});
     }
     if (ly.moe) {
-      ly.moe_w.router = c.mat(p + "mlp.gate.weight", {E, D_});
-      for (int64_t e = 0; e < E; ++e) ly.moe_w.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e), moe_I));
-      ly.moe_w.shared = mlp(p + "mlp.shared_expert", shared_I);
+      ly.moe_w.router = store_.prepare(c.mat(p + "mlp.gate.weight", {E, D_}));
+      for (int64_t e = 0; e < E; ++e) ly.moe_w.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e), moe_I, false));
+      ly.moe_w.shared = mlp(p + "mlp.shared_expert", shared_I, true);
       ly.moe_w.shared_gate = c.to_f32(p + "mlp.shared_expert_gate.weight", {1, D_});
       ly.moe_w.top_k = top_k;
       ly.moe_w.norm_topk_prob = norm_topk;
     } else {
-      ly.mlp = mlp(p + "mlp", I);
+      ly.mlp = mlp(p + "mlp", I, true);
     }
   }
   c.check_all_used({"mtp."});
@@ -165,6 +168,8 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptio
   for (const auto& name : c.names())
     if (name.rfind("mtp.", 0) != 0) wb += int64_t(c.tensor_info(name).nbytes);
   info_.weight_bytes = wb;
+  info_.weights = store_.name();
+  info_.stream_bytes = store_.streamed();  // routed experts not counted (top-k of them run per token)
   threads_ = opts.threads;
 }
 
@@ -179,6 +184,8 @@ std::unique_ptr<SessionState> Qwen3NextModel::new_state() const {
 
 void Qwen3NextModel::forward(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits) {
   use_threads(threads_);
+  const bool dec = n == 1;
+  prof::count_forward(dec, n);
   const int64_t D = D_;
   std::vector<float> h(size_t(n * D)), xn(size_t(n * D)), y(size_t(n * D));
   for (int64_t t = 0; t < n; ++t) k::row_f32(embed_, tokens[t], h.data() + t * D);
@@ -186,20 +193,27 @@ void Qwen3NextModel::forward(const int32_t* tokens, int64_t n, SessionState& sta
     const Layer& ly = layers_[li];
     // h += Mixer(RMSNorm(h)); h += MLP(RMSNorm(h))
     for (int64_t t = 0; t < n; ++t) k::rmsnorm_1p(h.data() + t * D, ly.input_norm.data(), D, eps_, xn.data() + t * D);
-    if (ly.attn)
+    if (ly.attn) {
+      prof::Scope ps(prof::Attention, dec);
       next::gated_attention_forward(ad_, ly.att, inv_freq_.data(), xn.data(), n,
                                     static_cast<AttentionKV&>(*state.layers[li]), y.data());
-    else
+    } else {
+      prof::Scope ps(prof::GDN, dec);
       next::gdn_forward(gd_, ly.gdn, xn.data(), n, static_cast<next::GdnState&>(*state.layers[li]), y.data());
+    }
     k::add(h.data(), y.data(), n * D);
     for (int64_t t = 0; t < n; ++t) k::rmsnorm_1p(h.data() + t * D, ly.post_norm.data(), D, eps_, xn.data() + t * D);
-    if (ly.moe) next::moe_forward(D, ly.moe_w, xn.data(), n, y.data());
-    else next::mlp_forward(D, ly.mlp, xn.data(), n, y.data());
+    {
+      prof::Scope ps(prof::MoE, dec);
+      if (ly.moe) next::moe_forward(D, ly.moe_w, xn.data(), n, y.data());
+      else next::mlp_forward(D, ly.mlp, xn.data(), n, y.data());
+    }
     k::add(h.data(), y.data(), n * D);
   }
   state.n_tokens += n;
 
   if (mode == Logits::None) return;
+  prof::Scope ps(prof::LMHead, dec);
   const int64_t first = mode == Logits::All ? 0 : n - 1, m = n - first;
   for (int64_t t = 0; t < m; ++t) k::rmsnorm_1p(h.data() + (first + t) * D, final_norm_.data(), D, eps_, xn.data() + t * D);
   k::matmul(lm_head_, xn.data(), m, logits);

@@ -31,6 +31,7 @@ struct Mat {
   DType dtype = DType::F32;
   int64_t rows = 0, cols = 0;
   const void* data = nullptr;
+  const float* scale = nullptr;  // I8 (quantised at load): one scale per row, w[r] = scale[r] * q[r]
 };
 
 struct TensorInfo {

@@ -1,7 +1,8 @@
-// Compute kernels shared by every model: matmul against f32/f16/bf16 weights, norms, RoPE, attention.
+// Compute kernels shared by every model: matmul against f32/f16/bf16/int8 (row-scaled) weights, norms, RoPE, attention.
 // Vector code is chosen at run time (AVX-512 BF16, AVX-512, AVX2+FMA+F16C, or scalar); builds stay portable.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "strata/checkpoint.h"
@@ -16,6 +17,8 @@ Level best_level();            // what this CPU supports
 Level level();                 // what is in use
 void set_level(Level l);       // force a lower level (tests); clamped to best_level()
 const char* level_name(Level l);
+// A/B switches ("decode_pool", "bf16_eo"; both on by default); unknown names throw.
+void set_option(const std::string& name, bool on);
 
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);  // round to nearest even
@@ -28,6 +31,17 @@ void row_f32(const Mat& w, int64_t r, float* out);
 // AVX512BF16, straight over the bf16 rows with x rounded to bf16. OpenMP over rows. Every path gives a
 // token the same bits whatever n is.
 void matmul(const Mat& w, const float* x, int64_t n, float* y);
+// Several matrices with the same input width over the same x: outs[i].y = x @ outs[i].w^T. Decode runs
+// them in one parallel region (one barrier instead of `count`); results are the bits matmul() gives.
+struct MatOut {
+  const Mat* w;
+  float* y;
+};
+void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n);
+// Best GB/s of a read loop over `bytes` with the current OpenMP threads (the decode bandwidth limit).
+double read_bandwidth(int64_t bytes, int reps);
+// int8 weights with one f32 scale per row (absmax / 127, round to nearest): q [rows, cols], scale [rows].
+void quantize_rows_int8(const Mat& w, int8_t* q, float* scale);
 
 // y[d] = w * x * rsqrt(mean(x^2) + eps); y may alias x. w may be nullptr (w = 1).
 void rmsnorm(const float* x, const float* w, int64_t d, float eps, float* y);

@@ -18,13 +18,36 @@ struct ModelInfo {
   int64_t num_layers = 0;
   int64_t max_context = 0;    // tokens a session may hold
   int64_t weight_bytes = 0;   // bytes of weights as stored
+  std::string weights = "stored";  // how matrices are computed with: "stored" dtype or "int8"
+  int64_t stream_bytes = 0;   // bytes of matrices one decode step reads (every layer's + lm_head)
 };
+
+enum class WeightFormat { Stored, Int8 };
 
 struct LoadOptions {
   int threads = 0;            // 0: all cores (OpenMP default)
   int64_t max_context = 0;    // 0: config max_position_embeddings
   bool use_mmap = true;       // false: read the weights into memory (immune to the file changing later)
   bool check_finite = false;  // refuse weights holding NaN or infinity (costs one pass over them)
+  WeightFormat weights = WeightFormat::Stored;  // Int8: projection matrices and lm_head quantised at load
+};
+
+// Matrices as a model computes with them: the checkpoint's view unchanged, or (LoadOptions::weights ==
+// Int8) int8 rows with a per-row scale, quantised at load and owned here. Counts the bytes a decode step
+// streams (ModelInfo::stream_bytes).
+class WeightStore {
+ public:
+  explicit WeightStore(WeightFormat f = WeightFormat::Stored) : format_(f) {}
+  Mat prepare(const Mat& w);      // a per-token matrix (counted in streamed())
+  Mat prepare_once(const Mat& w); // the same, not counted (e.g. experts of which only some run)
+  int64_t streamed() const { return streamed_; }
+  const char* name() const { return format_ == WeightFormat::Int8 ? "int8" : "stored"; }
+
+ private:
+  WeightFormat format_;
+  int64_t streamed_ = 0;
+  std::vector<std::unique_ptr<int8_t[]>> q_;
+  std::vector<std::unique_ptr<float[]>> scale_;
 };
 
 enum class Logits { None, Last, All };

@@ -1,0 +1,69 @@
+"""A/B of decode-step implementations in one process, interleaved round by round, so a shared machine's
+load changes hit every variant alike: the barrier-free pool vs OpenMP loops, and (AVX2) the even/odd bf16
+kernel vs widening loads; also each variant's fraction of a read loop over the streamed bytes.
+
+    PYTHONPATH=$PWD python benchmarks/ab_decode.py [--rounds 6] [--steps 4] [--threads 2] [--weights int8]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+DEFAULT = "OpenMP + even/odd (default)"
+VARIANTS = {
+    DEFAULT: {"decode_pool": False, "bf16_eo": True},
+    "pool + even/odd": {"decode_pool": True, "bf16_eo": True},
+    "OpenMP + widening loads": {"decode_pool": False, "bf16_eo": False},
+}
+
+
+def main(argv=None):
+    from engine import checkpoint  # benchmarks/engine.py
+    from strata_lab.engine import Engine, _ext
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="qwen3-0.6b")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=4, help="decode steps per variant per round")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--weights", default=None)
+    args = ap.parse_args(argv)
+    ext = _ext()
+    eng = Engine.load(checkpoint(args.preset), threads=args.threads, weights=args.weights)
+    s = eng.session("ab")
+    s.generate(np.random.default_rng(0).integers(0, 151669, 64).tolist(), max_new_tokens=0)
+    times = {k: [] for k in VARIANTS}
+    bws = []
+    for rnd in range(args.rounds):
+        bws.append(ext.read_bandwidth(eng.info["stream_bytes"], args.threads, 1))
+        names = list(VARIANTS)
+        for name in names[rnd % len(names):] + names[:rnd % len(names)]:  # rotate the order
+            opts = VARIANTS[name]
+            for k, v in opts.items():
+                ext._set_kernel_option(k, v)
+            s.generate(s.held_ids, max_new_tokens=1)  # settle
+            t0 = time.perf_counter()
+            s.generate(s.held_ids, max_new_tokens=args.steps)
+            times[name].append((time.perf_counter() - t0) / args.steps)
+        print(f"round {rnd}: " + ", ".join(f"{k.split()[0]}{'/' + k.split()[2] if len(k.split()) > 2 else ''} "
+                                          f"{v[-1] * 1e3:.0f} ms" for k, v in times.items()), flush=True)
+    for k, v in VARIANTS[DEFAULT].items():
+        ext._set_kernel_option(k, v)
+    limit = statistics.median(bws) * 1e9 / eng.info["stream_bytes"]
+    base = statistics.median(times[DEFAULT])
+    print(f"read loop {statistics.median(bws):.1f} GB/s over {eng.info['stream_bytes'] / 1e9:.2f} GB -> "
+          f"limit {limit:.2f} tok/s")
+    for name, v in times.items():
+        m = statistics.median(v)
+        print(f"  {name:28s} {1 / m:6.2f} tok/s  x{base / m:4.2f} of default time  {1 / m / limit:.2f} of limit")
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    main()
