@@ -167,11 +167,11 @@ def hf_job() -> None:
 
 def peers(args) -> None:
     """Section 4: strata vs transformers' Qwen3-Next (CPU torch fallback) on the bench preset."""
-    from strata_lab.tiny.qwen3_next import make_tiny_next
+    from strata_lab.tiny import make_tiny
     from strata_lab.engine import CheckpointPolicy, Engine
 
     tmp = tempfile.TemporaryDirectory()
-    path = make_tiny_next(f"{tmp.name}/bench", preset="bench", dtype="bfloat16")
+    path = make_tiny(f"{tmp.name}/bench", "qwen3_next", "bench", dtype="bfloat16")
     prompt = [int(i) for i in np.random.default_rng(2).integers(0, 151643, args.peer_prefill)]
     threads = args.threads or 2
     eng = Engine.load(path, threads=threads)

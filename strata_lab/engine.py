@@ -37,7 +37,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Engine", "Session", "Stream", "Sampling", "CheckpointPolicy", "GenerateResult", "CheckpointError",
+__all__ = ["Engine", "Session", "Stream", "Sampling", "CheckpointPolicy", "GenerateResult", "ModelFolderError",
            "TokenLogprob"]
 
 
@@ -52,8 +52,8 @@ def _ext():
 
 
 def __getattr__(name: str):
-    if name == "CheckpointError":  # the extension's exception, without importing it at module import
-        return _ext().CheckpointError
+    if name == "ModelFolderError":  # the extension's exception, without importing it at module import
+        return _ext().ModelFolderError
     raise AttributeError(name)
 
 
@@ -399,10 +399,10 @@ class Engine:
     def load(cls, path: str | os.PathLike, *, threads: Optional[int] = None,
              max_context: Optional[int] = None, mmap: bool = True, check_weights: bool = False,
              weights: Optional[str] = None) -> "Engine":
-        """Load a Hugging Face checkpoint directory (config.json + safetensors, f32/f16/bf16).
+        """Load a Hugging Face model folder (config.json + safetensors, f32/f16/bf16).
 
         ``threads``: OpenMP threads (None: all cores; at most 4 per core). ``max_context``: tokens a session
-        may hold (None: config max_position_embeddings). Bad files raise CheckpointError (a ValueError)
+        may hold (None: config max_position_embeddings). Bad files raise ModelFolderError (a ValueError)
         naming the file, field or tensor: non-regular files (a FIFO), out-of-range config values
         (``rope_theta <= 0``, ``rms_norm_eps < 0``, sizes < 1), overlapping tensor offsets.
 

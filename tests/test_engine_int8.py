@@ -56,9 +56,9 @@ def test_int8_scalar_kernels_agree_with_vector_kernels(tiny_bf16):
 
 
 def test_int8_hybrid_model_loads_and_stays_close(tmp_path):
-    from strata_lab.tiny.qwen3_next import make_tiny_next
+    from strata_lab.tiny import make_tiny
 
-    path = make_tiny_next(tmp_path / "next", dtype="bfloat16")
+    path = make_tiny(tmp_path / "next", "qwen3_next", dtype="bfloat16")
     ref = Engine.load(path, threads=2).forward(IDS[:8])
     ours = Engine.load(path, threads=2, weights="int8").forward(IDS[:8])
     assert np.abs(ours - ref).max() <= 0.05 * np.abs(ref).max()

@@ -107,7 +107,7 @@ def test_bad_tensors_raise(tiny_dir, tmp_path, case, match):
             t["model.norm.weight"] = np.ones(65, np.float32)
 
     _rewrite_weights(path, edit)
-    with pytest.raises(_engine.CheckpointError, match=match):
+    with pytest.raises(_engine.ModelFolderError, match=match):
         Engine.load(path)
 
 
@@ -183,7 +183,7 @@ def test_header_parser_accepts_valid_header():
     hdr = json.dumps({"__metadata__": {"a": "b"}, "w": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]}})
     (t,) = _engine.parse_safetensors_header(hdr.encode(), 12)
     assert (t["name"], t["dtype"], t["shape"], t["nbytes"]) == ("w", "BF16", [2, 3], 12)
-    with pytest.raises(_engine.CheckpointError, match="past the end"):
+    with pytest.raises(_engine.ModelFolderError, match="past the end"):
         _engine.parse_safetensors_header(hdr.encode(), 11)
 
 
@@ -205,7 +205,7 @@ _entry = st.fixed_dictionaries({
 def test_header_parser_fuzz_never_crashes(data, size):
     try:
         out = _engine.parse_safetensors_header(data, size)
-    except _engine.CheckpointError:
+    except _engine.ModelFolderError:
         return
     for t in out:  # whatever it accepts is self-consistent
         assert t["begin"] + t["nbytes"] <= size
@@ -214,5 +214,5 @@ def test_header_parser_fuzz_never_crashes(data, size):
 @settings(max_examples=20, deadline=None)
 @given(depth=st.integers(1, 5000))
 def test_header_parser_deep_nesting(depth):
-    with pytest.raises(_engine.CheckpointError):
+    with pytest.raises(_engine.ModelFolderError):
         _engine.parse_safetensors_header(b"[" * depth + b"]" * depth, 0)

@@ -1,7 +1,7 @@
 """Engine tier: checkpoints a careless operator or an attacker could hand the loader (issue 13).
 
 FIFOs, out-of-range config values, overlapping tensor offsets, NaN weights, a file truncated under a
-running engine. Each must be a CheckpointError naming the field/tensor/file, or (no-mmap) harmless.
+running engine. Each must be a ModelFolderError naming the field/tensor/file, or (no-mmap) harmless.
 """
 import json
 import os
@@ -56,7 +56,7 @@ def test_out_of_range_config_values_name_the_field(tiny_dir, tmp_path, field, va
     cfg = json.loads((path / "config.json").read_text())
     cfg[field] = value
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(_engine.CheckpointError, match=f"field '{field}'"):
+    with pytest.raises(_engine.ModelFolderError, match=f"field '{field}'"):
         Engine.load(path, threads=1)
 
 
@@ -65,7 +65,7 @@ def test_rope_parameters_theta_is_checked(tiny_dir, tmp_path):
     cfg = json.loads((path / "config.json").read_text())
     cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": -5.0}
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(_engine.CheckpointError, match="rope_parameters.rope_theta"):
+    with pytest.raises(_engine.ModelFolderError, match="rope_parameters.rope_theta"):
         Engine.load(path, threads=1)
 
 
@@ -73,7 +73,7 @@ def test_overlapping_tensor_offsets_are_refused():
     hdr = {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
            "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]},
            "empty": {"dtype": "F32", "shape": [0], "data_offsets": [8, 8]}}
-    with pytest.raises(_engine.CheckpointError, match="tensor 'b': data_offsets overlap those of tensor 'a'"):
+    with pytest.raises(_engine.ModelFolderError, match="tensor 'b': data_offsets overlap those of tensor 'a'"):
         _engine.parse_safetensors_header(json.dumps(hdr).encode(), 24)
     hdr["b"]["data_offsets"] = [16, 32]  # adjacent is fine
     assert len(_engine.parse_safetensors_header(json.dumps(hdr).encode(), 32)) == 3
@@ -96,9 +96,9 @@ def test_nan_weights_refused_when_checked(tiny_dir, tmp_path, value):
     path = _copy(tiny_dir, tmp_path / "ck")
     _poison(path, "model.norm.weight", value)
     Engine.load(path, threads=1)  # unchecked: loads (the check costs a pass over the weights)
-    with pytest.raises(_engine.CheckpointError, match="tensor 'model.norm.weight' holds NaN or infinity"):
+    with pytest.raises(_engine.ModelFolderError, match="tensor 'model.norm.weight' holds NaN or infinity"):
         Engine.load(path, threads=1, check_weights=True)
-    with pytest.raises(_engine.CheckpointError, match="NaN"):
+    with pytest.raises(_engine.ModelFolderError, match="NaN"):
         Engine.load(path, threads=1, check_weights=True, mmap=False)
 
 

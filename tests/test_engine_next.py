@@ -31,7 +31,7 @@ def moe(tmp_path_factory):
 
 
 def _snapshot_bytes(shape) -> int:
-    """Bytes of one snapshot: conv window + fp32 S of every GDN layer (ENGINE_SPEC 'Session state'),
+    """Bytes of one snapshot: conv window + fp32 S of every GDN layer (docs/ENGINE.md 'Session state'),
     plus the fp32 logits after its last id."""
     s = shape
     C = 2 * s.linear_num_key_heads * s.linear_key_head_dim + s.linear_num_value_heads * s.linear_value_head_dim
@@ -309,27 +309,27 @@ def test_recorded_engine_session_replays_to_the_same_reuse(moe, scenario, qwen3,
 def test_bad_checkpoints_raise(tmp_path):
     from safetensors.numpy import load_file, save_file
 
-    from strata_lab.engine import CheckpointError
+    from strata_lab.engine import ModelFolderError
 
     path = make_tiny(tmp_path / "a", "qwen3_next", overrides=SMALL, mtp=True)
     Engine.load(path)  # mtp.* tensors are ignored
     t = load_file(str(path / "model.safetensors"))
     save_file(dict(t, **{"model.layers.0.extra.weight": np.zeros(3, np.float32)}), str(path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match="model.layers.0.extra.weight"):
+    with pytest.raises(ModelFolderError, match="model.layers.0.extra.weight"):
         Engine.load(path)
     save_file({k: v for k, v in t.items() if k != "model.layers.0.linear_attn.A_log"}, str(path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match="model.layers.0.linear_attn.A_log"):
+    with pytest.raises(ModelFolderError, match="model.layers.0.linear_attn.A_log"):
         Engine.load(path)
     save_file(dict(t, **{"model.layers.0.linear_attn.A_log": np.zeros(3, np.float32)}), str(path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match="A_log"):
+    with pytest.raises(ModelFolderError, match="A_log"):
         Engine.load(path)
     save_file(t, str(path / "model.safetensors"))
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps(dict(cfg, layer_types=cfg["layer_types"][:2])))
-    with pytest.raises(CheckpointError, match="layer_types"):
+    with pytest.raises(ModelFolderError, match="layer_types"):
         Engine.load(path)
     (path / "config.json").write_text(json.dumps(dict(cfg, linear_num_value_heads=3)))
-    with pytest.raises(CheckpointError, match="linear_num_value_heads"):
+    with pytest.raises(ModelFolderError, match="linear_num_value_heads"):
         Engine.load(path)
     with pytest.raises(ValueError, match="pattern"):
         make_tiny(tmp_path / "b", "qwen3_next", pattern="nope")

@@ -4,7 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "strata/checkpoint.h"
+#include "strata/model_folder.h"
 #include "strata/engine.h"
 #include "strata/kernels.h"
 #include "strata/stream.h"
@@ -99,11 +99,11 @@ void register_options(py::module_& m) {
 }
 
 void register_checkpoint(py::module_& m) {
-  static py::exception<CheckpointError> exc(m, "CheckpointError", PyExc_ValueError);
+  static py::exception<ModelFolderError> exc(m, "ModelFolderError", PyExc_ValueError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const CheckpointError& e) {
+    } catch (const ModelFolderError& e) {
       py::set_error(exc, e.what());
     }
   });
@@ -121,7 +121,7 @@ void register_checkpoint(py::module_& m) {
     }
     return out;
   }, py::arg("header"), py::arg("data_size"),
-     "Parse and check a safetensors JSON header against a data area of data_size bytes (raises CheckpointError).");
+     "Parse and check a safetensors JSON header against a data area of data_size bytes (raises ModelFolderError).");
   m.def("read_bandwidth", [](int64_t bytes, int threads, int reps) {
     if (bytes <= 0) throw std::invalid_argument("bytes must be positive");
     py::gil_scoped_release release;
@@ -216,7 +216,7 @@ void register_session(py::module_& m) {
       .def("reset", &Session::reset)
       .def("plan", [](const Session& s, const std::vector<int64_t>& prompt) {
         std::vector<int32_t> p(prompt.begin(), prompt.end());
-        Session::Plan pl = s.plan(p);
+        Session::ReusePlan pl = s.plan(p);
         py::dict d;
         d["lcp"] = pl.lcp;
         d["reused"] = pl.reused;

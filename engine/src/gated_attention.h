@@ -1,4 +1,4 @@
-// Qwen3-Next gated full attention, per ENGINE_SPEC.md: q_proj rows are [H, (q hd | gate hd)]
+// Qwen3-Next gated full attention, per docs/ENGINE.md: q_proj rows are [H, (q hd | gate hd)]
 // interleaved per head; q/k norms use (1 + w); partial RoPE on the first rd = hd * factor dims;
 // causal GQA softmax attention (kernels::attention); output times sigmoid(gate) before o_proj.
 // The KV cache is the core's AttentionKV (cut back to any prefix for free).
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "strata/checkpoint.h"
+#include "strata/model_folder.h"
 #include "strata/state.h"
 
 namespace strata::next {

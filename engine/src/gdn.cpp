@@ -1,4 +1,4 @@
-// Gated DeltaNet forward. Steps follow ENGINE_SPEC.md "GDN layer" 1-8; comments carry shapes.
+// Gated DeltaNet forward. Steps follow docs/ENGINE.md "GDN layer" 1-8; comments carry shapes.
 #include "gdn.h"
 
 #include <algorithm>

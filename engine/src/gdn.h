@@ -1,4 +1,4 @@
-// Gated DeltaNet (the "linear_attention" layers of Qwen3-Next), per ENGINE_SPEC.md.
+// Gated DeltaNet (the "linear_attention" layers of Qwen3-Next), per docs/ENGINE.md.
 //
 // Projection weights are zero-copy views into the mmapped checkpoint (Mat, any computable dtype); the
 // small per-channel tensors are float32 copies. The per-session state (GdnState, a LayerState) is the
@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "strata/checkpoint.h"
+#include "strata/model_folder.h"
 #include "strata/state.h"
 
 namespace strata::next {

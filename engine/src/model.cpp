@@ -38,7 +38,7 @@ Mat WeightStore::prepare(const Mat& w) {
   return m;
 }
 
-DecoderIO load_decoder_io(Checkpoint& c, const std::string& model_type, int64_t V, int64_t D, int64_t L,
+DecoderIO load_decoder_io(ModelFolder& c, const std::string& model_type, int64_t V, int64_t D, int64_t L,
                           const LoadOptions& opts, ModelInfo& info) {
   info.model_type = model_type;
   info.vocab_size = V;
@@ -59,13 +59,13 @@ DecoderIO load_decoder_io(Checkpoint& c, const std::string& model_type, int64_t 
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts) {
   if (opts.threads < 0) throw std::invalid_argument("threads must be >= 0, got " + std::to_string(opts.threads));
   if (opts.max_context < 0) throw std::invalid_argument("max_context must be >= 0, got " + std::to_string(opts.max_context));
-  auto ckpt = std::make_unique<Checkpoint>(dir, opts.use_mmap);
+  auto ckpt = std::make_unique<ModelFolder>(dir, opts.use_mmap);
   if (opts.check_finite) ckpt->check_finite();
   const std::string type = ckpt->model_type();
   // One line per architecture.
   if (type == "qwen3") return std::make_unique<Qwen3Model>(std::move(ckpt), opts);
   if (type == "qwen3_next") return std::make_unique<Qwen3NextModel>(std::move(ckpt), opts);
-  throw CheckpointError(dir + "/config.json: unknown model_type '" + type + "' (supported: qwen3, qwen3_next)");
+  throw ModelFolderError(dir + "/config.json: unknown model_type '" + type + "' (supported: qwen3, qwen3_next)");
 }
 
 }  // namespace strata

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "strata/checkpoint.h"
+#include "strata/model_folder.h"
 
 namespace strata::next {
 

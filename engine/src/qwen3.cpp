@@ -10,9 +10,9 @@ namespace strata {
 
 namespace k = kernels;
 
-Qwen3Model::Qwen3Model(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts)
+Qwen3Model::Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opts)
     : ckpt_(std::move(ckpt)), store_(opts.weights) {
-  Checkpoint& c = *ckpt_;
+  ModelFolder& c = *ckpt_;
   const int64_t V = c.cfg_int("vocab_size");
   D_ = c.cfg_int("hidden_size");
   const int64_t L = c.cfg_int("num_hidden_layers");
@@ -22,16 +22,16 @@ Qwen3Model::Qwen3Model(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts
   I_ = c.cfg_int("intermediate_size");
   eps_ = float(c.cfg_float("rms_norm_eps", 1e-6));
   auto positive = [&](const char* name, int64_t v) {
-    if (v <= 0) throw CheckpointError("config.json: field '" + std::string(name) + "' must be positive, got " + std::to_string(v));
+    if (v <= 0) throw ModelFolderError("config.json: field '" + std::string(name) + "' must be positive, got " + std::to_string(v));
   };
   positive("vocab_size", V); positive("hidden_size", D_); positive("num_hidden_layers", L);
   positive("num_attention_heads", H_); positive("num_key_value_heads", Hkv_); positive("head_dim", hd_);
   positive("intermediate_size", I_);
-  if (H_ % Hkv_ != 0) throw CheckpointError("config.json: num_attention_heads must be a multiple of num_key_value_heads");
-  if (hd_ % 2 != 0 || hd_ > 1024) throw CheckpointError("config.json: head_dim must be even and <= 1024");
-  if (c.cfg_bool("attention_bias", false)) throw CheckpointError("config.json: attention_bias=true is not supported");
+  if (H_ % Hkv_ != 0) throw ModelFolderError("config.json: num_attention_heads must be a multiple of num_key_value_heads");
+  if (hd_ % 2 != 0 || hd_ > 1024) throw ModelFolderError("config.json: head_dim must be even and <= 1024");
+  if (c.cfg_bool("attention_bias", false)) throw ModelFolderError("config.json: attention_bias=true is not supported");
   std::string act = c.cfg_str("hidden_act", "silu");
-  if (act != "silu") throw CheckpointError("config.json: hidden_act '" + act + "' is not supported (silu only)");
+  if (act != "silu") throw ModelFolderError("config.json: hidden_act '" + act + "' is not supported (silu only)");
   double theta = 10000.0;
   if (const Json* rp = c.config().find("rope_parameters"); rp && rp->is_object()) {
     if (const Json* t = rp->find("rope_theta"); t && t->is_number()) theta = t->number;
@@ -42,7 +42,7 @@ Qwen3Model::Qwen3Model(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts
     const Json* ty = rs->find("rope_type");
     if (!ty) ty = rs->find("type");
     if (ty && ty->is_string() && ty->string != "default")
-      throw CheckpointError("config.json: rope_scaling type '" + ty->string + "' is not supported");
+      throw ModelFolderError("config.json: rope_scaling type '" + ty->string + "' is not supported");
   }
   inv_freq_ = k::rope_inv_freq(theta, int(hd_));
 

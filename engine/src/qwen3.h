@@ -1,16 +1,16 @@
-// Qwen3 dense (model_type "qwen3"): ENGINE_SPEC.md "Qwen3 attention", SwiGLU MLP, tied or separate lm_head.
+// Qwen3 dense (model_type "qwen3"): docs/ENGINE.md "Qwen3 attention", SwiGLU MLP, tied or separate lm_head.
 #pragma once
 #include <memory>
 #include <vector>
 
-#include "strata/checkpoint.h"
+#include "strata/model_folder.h"
 #include "strata/model.h"
 
 namespace strata {
 
 class Qwen3Model final : public Model {
  public:
-  Qwen3Model(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts);
+  Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opts);
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<SessionState> new_state() const override;
   void forward(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits) override;
@@ -20,7 +20,7 @@ class Qwen3Model final : public Model {
     std::vector<float> input_norm, post_norm, q_norm, k_norm;  // [D], [D], [hd], [hd]
     Mat wq, wk, wv, wo, w_gate, w_up, w_down;                  // [out, in] as stored
   };
-  std::unique_ptr<Checkpoint> ckpt_;  // owns the mappings the Mats point into
+  std::unique_ptr<ModelFolder> ckpt_;  // owns the mappings the Mats point into
   ModelInfo info_;
   int64_t D_, H_, Hkv_, hd_, I_;
   float eps_;

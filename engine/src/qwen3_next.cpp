@@ -13,46 +13,46 @@ namespace k = kernels;
 namespace {
 
 // A config field that is an array of ints (mlp_only_layers) or absent.
-std::vector<int64_t> int_list(const Checkpoint& c, const std::string& key) {
+std::vector<int64_t> int_list(const ModelFolder& c, const std::string& key) {
   std::vector<int64_t> out;
   const Json* j = c.config().find(key);
   if (!j || j->is_null()) return out;
-  if (!j->is_array()) throw CheckpointError("config.json: field '" + key + "' must be a list of ints");
+  if (!j->is_array()) throw ModelFolderError("config.json: field '" + key + "' must be a list of ints");
   for (const Json& v : j->array) {
-    if (!v.is_number() || !v.integral) throw CheckpointError("config.json: field '" + key + "' must be a list of ints");
+    if (!v.is_number() || !v.integral) throw ModelFolderError("config.json: field '" + key + "' must be a list of ints");
     out.push_back(v.integer);
   }
   return out;
 }
 
 // Per layer: true for full attention. `layer_types` wins; else `full_attention_interval` (default 4).
-std::vector<bool> attention_layers(const Checkpoint& c, int64_t L) {
+std::vector<bool> attention_layers(const ModelFolder& c, int64_t L) {
   std::vector<bool> out(static_cast<size_t>(L));
   const Json* lt = c.config().find("layer_types");
   if (lt && !lt->is_null()) {
     if (!lt->is_array() || int64_t(lt->array.size()) != L)
-      throw CheckpointError("config.json: field 'layer_types' must be a list of num_hidden_layers = " +
+      throw ModelFolderError("config.json: field 'layer_types' must be a list of num_hidden_layers = " +
                             std::to_string(L) + " strings");
     for (int64_t i = 0; i < L; ++i) {
       const Json& v = lt->array[size_t(i)];
       if (v.is_string() && v.string == "full_attention") out[size_t(i)] = true;
       else if (v.is_string() && v.string == "linear_attention") out[size_t(i)] = false;
-      else throw CheckpointError("config.json: field 'layer_types' entry " + std::to_string(i) +
+      else throw ModelFolderError("config.json: field 'layer_types' entry " + std::to_string(i) +
                                  " must be 'full_attention' or 'linear_attention'");
     }
     return out;
   }
   const int64_t interval = c.cfg_int("full_attention_interval", 4);
-  if (interval <= 0) throw CheckpointError("config.json: field 'full_attention_interval' must be positive");
+  if (interval <= 0) throw ModelFolderError("config.json: field 'full_attention_interval' must be positive");
   for (int64_t i = 0; i < L; ++i) out[size_t(i)] = (i + 1) % interval == 0;
   return out;
 }
 
 }  // namespace
 
-Qwen3NextModel::Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts)
+Qwen3NextModel::Qwen3NextModel(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opts)
     : ckpt_(std::move(ckpt)), store_(opts.weights) {
-  Checkpoint& c = *ckpt_;
+  ModelFolder& c = *ckpt_;
   const int64_t V = c.cfg_int("vocab_size");
   D_ = c.cfg_int("hidden_size");
   const int64_t L = c.cfg_int("num_hidden_layers");
@@ -70,7 +70,7 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptio
   const int64_t sparse_step = c.cfg_int("decoder_sparse_step", 1);
   const bool norm_topk = c.cfg_bool("norm_topk_prob", true);
   auto positive = [&](const char* name, int64_t v) {
-    if (v <= 0) throw CheckpointError("config.json: field '" + std::string(name) + "' must be positive, got " + std::to_string(v));
+    if (v <= 0) throw ModelFolderError("config.json: field '" + std::string(name) + "' must be positive, got " + std::to_string(v));
   };
   positive("vocab_size", V); positive("hidden_size", D_); positive("num_hidden_layers", L);
   positive("num_attention_heads", H); positive("num_key_value_heads", Hkv); positive("head_dim", hd);
@@ -78,15 +78,15 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptio
   positive("linear_num_value_heads", gd_.Hv); positive("linear_key_head_dim", gd_.dk);
   positive("linear_value_head_dim", gd_.dv); positive("linear_conv_kernel_dim", gd_.K);
   positive("decoder_sparse_step", sparse_step);
-  if (H % Hkv) throw CheckpointError("config.json: num_attention_heads must be a multiple of num_key_value_heads");
+  if (H % Hkv) throw ModelFolderError("config.json: num_attention_heads must be a multiple of num_key_value_heads");
   if (gd_.Hv % gd_.Hk)
-    throw CheckpointError("config.json: linear_num_value_heads must be a multiple of linear_num_key_heads");
-  if (E < 0) throw CheckpointError("config.json: field 'num_experts' must be >= 0");
+    throw ModelFolderError("config.json: linear_num_value_heads must be a multiple of linear_num_key_heads");
+  if (E < 0) throw ModelFolderError("config.json: field 'num_experts' must be >= 0");
   if (E > 0 && (top_k <= 0 || top_k > E))
-    throw CheckpointError("config.json: field 'num_experts_per_tok' must be in 1..num_experts");
-  if (c.cfg_bool("attention_bias", false)) throw CheckpointError("config.json: attention_bias=true is not supported");
+    throw ModelFolderError("config.json: field 'num_experts_per_tok' must be in 1..num_experts");
+  if (c.cfg_bool("attention_bias", false)) throw ModelFolderError("config.json: attention_bias=true is not supported");
   const std::string act = c.cfg_str("hidden_act", "silu");
-  if (act != "silu") throw CheckpointError("config.json: hidden_act '" + act + "' is not supported (silu only)");
+  if (act != "silu") throw ModelFolderError("config.json: hidden_act '" + act + "' is not supported (silu only)");
 
   // RoPE: theta and partial_rotary_factor at top level (Hub files) or in rope_parameters (v5).
   double theta = c.cfg_float("rope_theta", 10000.0), factor = c.cfg_float("partial_rotary_factor", 0.25);
@@ -94,17 +94,17 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptio
     if (const Json* t = rp->find("rope_theta"); t && t->is_number()) theta = t->number;
     if (const Json* f = rp->find("partial_rotary_factor"); f && f->is_number()) factor = f->number;
     if (const Json* ty = rp->find("rope_type"); ty && ty->is_string() && ty->string != "default")
-      throw CheckpointError("config.json: rope_parameters.rope_type '" + ty->string + "' is not supported");
+      throw ModelFolderError("config.json: rope_parameters.rope_type '" + ty->string + "' is not supported");
   }
   if (const Json* rs = c.config().find("rope_scaling"); rs && rs->is_object()) {
     const Json* ty = rs->find("rope_type");
     if (!ty) ty = rs->find("type");
     if (ty && ty->is_string() && ty->string != "default")
-      throw CheckpointError("config.json: rope_scaling type '" + ty->string + "' is not supported");
+      throw ModelFolderError("config.json: rope_scaling type '" + ty->string + "' is not supported");
   }
   const int64_t rd = int64_t(double(hd) * factor);
   if (rd <= 0 || rd > hd || rd % 2 || rd > 1024)
-    throw CheckpointError("config.json: partial_rotary_factor " + std::to_string(factor) + " gives rotary dim " +
+    throw ModelFolderError("config.json: partial_rotary_factor " + std::to_string(factor) + " gives rotary dim " +
                           std::to_string(rd) + " (must be even, in 1..head_dim)");
   inv_freq_ = k::rope_inv_freq(theta, int(rd));
   ad_ = next::AttnDims{D_, H, Hkv, hd, rd, eps_};

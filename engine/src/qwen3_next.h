@@ -1,4 +1,4 @@
-// Qwen3-Next hybrid (model_type "qwen3_next"), per ENGINE_SPEC.md: Gated DeltaNet layers (GdnState:
+// Qwen3-Next hybrid (model_type "qwen3_next"), per docs/ENGINE.md: Gated DeltaNet layers (GdnState:
 // conv window + fp32 S, cannot roll back) interleaved with gated full-attention layers (AttentionKV),
 // each followed by a dense SwiGLU MLP or a MoE block. Weights are zero-copy views of the mmapped
 // checkpoint; mtp.* tensors (multi-token prediction) are ignored. Sessions (session.h) apply Contract 1
@@ -10,14 +10,14 @@
 #include "gated_attention.h"
 #include "gdn.h"
 #include "moe.h"
-#include "strata/checkpoint.h"
+#include "strata/model_folder.h"
 #include "strata/model.h"
 
 namespace strata {
 
 class Qwen3NextModel final : public Model {
  public:
-  Qwen3NextModel(std::unique_ptr<Checkpoint> ckpt, const LoadOptions& opts);
+  Qwen3NextModel(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opts);
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<SessionState> new_state() const override;
   void forward(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits) override;
@@ -31,7 +31,7 @@ class Qwen3NextModel final : public Model {
     next::MlpWeights mlp;
     next::MoeWeights moe_w;
   };
-  std::unique_ptr<Checkpoint> ckpt_;  // owns the mappings the Mats point into
+  std::unique_ptr<ModelFolder> ckpt_;  // owns the mappings the Mats point into
   ModelInfo info_;
   int64_t D_ = 0;
   float eps_ = 1e-6f;

@@ -63,9 +63,9 @@ void Session::validate(const std::vector<int32_t>& prompt, const GenerateOptions
                                 " exceeds max_context = " + std::to_string(mi.max_context));
 }
 
-Session::Plan Session::plan(const std::vector<int32_t>& prompt) const {
+Session::ReusePlan Session::plan(const std::vector<int32_t>& prompt) const {
   std::lock_guard<std::mutex> g(mu_);
-  Plan p;
+  ReusePlan p;
   const int64_t P = int64_t(prompt.size()), Hn = int64_t(held_.size());
   while (p.lcp < std::min(P, Hn) && prompt[size_t(p.lcp)] == held_[size_t(p.lcp)]) ++p.lcp;
   if (P > 0 && p.lcp == P && P == Hn) {
@@ -187,7 +187,7 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
   validate(prompt, opts);
   GenerateResult r;
   const auto t0 = Clock::now();
-  const Plan p = plan(prompt);
+  const ReusePlan p = plan(prompt);
   const int64_t P = int64_t(prompt.size());
   r.prompt_len = P;
   r.lcp = p.lcp;

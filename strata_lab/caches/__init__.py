@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "CacheModel": "strata_lab.caches.base", "Plan": "strata_lab.caches.base", "Hint": "strata_lab.caches.base",
+    "CacheModel": "strata_lab.caches.base", "CachePlan": "strata_lab.caches.base", "Hint": "strata_lab.caches.base",
     "Call": "strata_lab.caches.calls", "calls_from_dump": "strata_lab.caches.calls",
     "parse_engine": "strata_lab.caches.presets", "preset": "strata_lab.caches.presets",
     "EnginePreset": "strata_lab.caches.presets", "ModelShape": "strata_lab.caches.presets",

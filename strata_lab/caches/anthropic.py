@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.base import CacheModel, Hint, CachePlan
 from strata_lab.caches.calls import Call
 from strata_lab.caches.presets import EnginePreset, _positive_int
 
@@ -91,7 +91,7 @@ class Model(CacheModel):
         super().__init__(preset)
         self.entries: dict[int, list] = {}   # prefix key -> [expiry, owner call, position]
 
-    def plan(self, call: Call, hint: Hint) -> Plan:
+    def plan(self, call: Call, hint: Hint) -> CachePlan:
         pre = self.preset
         bps = pre.breakpoints(call)
         bounds = pre.boundaries(call)
@@ -134,10 +134,10 @@ class Model(CacheModel):
                 cause = "expired"
             else:
                 cause = "not_cached"
-        return Plan(read, unit=f"breakpoint {read}" if read else "", source=src, cause=cause, written=written,
+        return CachePlan(read, unit=f"breakpoint {read}" if read else "", source=src, cause=cause, written=written,
                     state=(bps, keys, index, read))
 
-    def admit(self, call: Call, plan: Plan) -> None:
+    def admit(self, call: Call, plan: CachePlan) -> None:
         bps, keys, index, read = plan.state
         until = self.now + self.preset.ttl_s
         if read:

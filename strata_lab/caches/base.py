@@ -14,7 +14,7 @@ that re-reads the last prompt token could reuse (`min(lcp, prompt_len - 1)`). Mo
 `last_output_token` (the last generated id is never fed back, so no engine but ours holds its KV); the replay adds `routing`, `new_session` and the divergence
 causes of the strata replay (`retokenized_reply`, `template_rewrite`, ...).
 
->>> Plan(reused=32, unit="blocks 0-1").reused
+>>> CachePlan(reused=32, unit="blocks 0-1").reused
 32
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 
 from strata_lab.caches.calls import Call
 
-__all__ = ["CacheModel", "Plan", "Hint", "ENGINE_CAUSES"]
+__all__ = ["CacheModel", "CachePlan", "Hint", "ENGINE_CAUSES"]
 
 # Causes a cache model can give for reusing less than `hint.exact`.
 ENGINE_CAUSES = ("block_rounding", "evicted", "expired", "below_minimum", "slot_stolen", "no_state_checkpoint",
@@ -46,7 +46,7 @@ class Hint:
 
 
 @dataclass(slots=True)
-class Plan:
+class CachePlan:
     """What a cache model decides for one call before it runs."""
 
     reused: int                  # prompt ids served from the cache
@@ -73,10 +73,10 @@ class CacheModel:
         if now is not None and now > self.now:
             self.now = now
 
-    def plan(self, call: Call, hint: Hint) -> Plan:
+    def plan(self, call: Call, hint: Hint) -> CachePlan:
         raise NotImplementedError
 
-    def admit(self, call: Call, plan: Plan) -> None:
+    def admit(self, call: Call, plan: CachePlan) -> None:
         raise NotImplementedError
 
     def evict(self, budget: int) -> int:
@@ -84,7 +84,7 @@ class CacheModel:
         cached; return how many units went. Models whose admission evicts by itself may leave this a no-op."""
         return 0
 
-    def step(self, call: Call, hint: Hint) -> Plan:
+    def step(self, call: Call, hint: Hint) -> CachePlan:
         self.advance(call.ts)
         plan = self.plan(call, hint)
         self.admit(call, plan)

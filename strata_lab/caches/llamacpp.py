@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.base import CacheModel, Hint, CachePlan
 from strata_lab.caches.calls import Call, lcp
 from strata_lab.caches.presets import EnginePreset, _positive_int
 
@@ -118,7 +118,7 @@ class Model(CacheModel):
                 self.evictions += 1
 
     # -- the call ----------------------------------------------------------------------------------
-    def plan(self, call: Call, hint: Hint) -> Plan:
+    def plan(self, call: Call, hint: Hint) -> CachePlan:
         self.clock += 1
         prompt, P = call.prompt, call.prompt_len
         slot, n_past = self._choose(prompt)
@@ -170,7 +170,7 @@ class Model(CacheModel):
                 + (f" +{shifted} shifted" if shifted else "")
         else:
             unit = ""
-        return Plan(reused, unit=unit, source=slot.owner if reused else None, cause=cause,
+        return CachePlan(reused, unit=unit, source=slot.owner if reused else None, cause=cause,
                     state=(slot, n_past))
 
     def _chunk_reuse(self, cache: np.ndarray, prompt: np.ndarray, n_past: int) -> int:
@@ -189,7 +189,7 @@ class Model(CacheModel):
                 head_c += 1
         return got
 
-    def admit(self, call: Call, plan: Plan) -> None:
+    def admit(self, call: Call, plan: CachePlan) -> None:
         slot, n_past = plan.state
         P = call.prompt_len
         pre = self.preset

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.base import CacheModel, Hint, CachePlan
 from strata_lab.caches.calls import Call
 from strata_lab.caches.presets import EnginePreset, _positive_int
 from strata_lab.caches.vllm import chain_hashes
@@ -63,7 +63,7 @@ class Model(CacheModel):
         super().__init__(preset)
         self.entries: dict[int, list] = {}   # chunk key -> [expiry, owner call]
 
-    def plan(self, call: Call, hint: Hint) -> Plan:
+    def plan(self, call: Call, hint: Hint) -> CachePlan:
         pre, G = self.preset, self.preset.granularity
         P = call.prompt_len
         keys = chain_hashes(call.prompt, 0, 0, G, call.cache_salt).tolist()
@@ -89,11 +89,11 @@ class Model(CacheModel):
                 cause = "block_rounding"
             else:
                 cause = "not_cached"
-        return Plan(reused, unit=f"prefix {reused}" if reused else "", source=owner if reused else None,
+        return CachePlan(reused, unit=f"prefix {reused}" if reused else "", source=owner if reused else None,
                     cause=cause, written=(len(keys) * G - reused) if P >= pre.min_tokens else 0,
                     state=(keys, k if reused else 0))
 
-    def admit(self, call: Call, plan: Plan) -> None:
+    def admit(self, call: Call, plan: CachePlan) -> None:
         keys, hit = plan.state
         if call.prompt_len < self.preset.min_tokens:
             return

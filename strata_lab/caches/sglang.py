@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.base import CacheModel, Hint, CachePlan
 from strata_lab.caches.calls import Call, lcp, lcp_call
 from strata_lab.caches.presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
 
@@ -160,7 +160,7 @@ class Model(CacheModel):
             node, pos = child, pos + m
         return node, pos
 
-    def plan(self, call: Call, hint: Hint) -> Plan:
+    def plan(self, call: Call, hint: Hint) -> CachePlan:
         self.clock += 1
         prompt, P = call.prompt, call.prompt_len
         limit = max(P - 1, 0)
@@ -203,7 +203,7 @@ class Model(CacheModel):
                 cause = "not_cached"
         self.lost_sessions.discard(call.session)
         unit = f"node {node.id} (depth {pos})" if pos else ""
-        return Plan(pos, unit=unit, source=node.owner if pos else None, cause=cause, state=(path, kv))
+        return CachePlan(pos, unit=unit, source=node.owner if pos else None, cause=cause, state=(path, kv))
 
     def _evict_tokens(self, need: int) -> None:
         """Free at least `need` tokens by evicting unlocked leaves, lowest score first."""
@@ -240,7 +240,7 @@ class Model(CacheModel):
             self._evict_tokens(self.tokens - budget)
         return before - self.tokens
 
-    def admit(self, call: Call, plan: Plan) -> None:
+    def admit(self, call: Call, plan: CachePlan) -> None:
         path, kv = plan.state
         n = call.prompt_len + max(len(call.output) - 1, 0)   # kv_committed_len
         n -= n % self.P

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.base import CacheModel, Hint, CachePlan
 from strata_lab.caches.calls import Call
 from strata_lab.caches.presets import EnginePreset
 
@@ -59,7 +59,7 @@ class Model(CacheModel):
         self.policy = CheckpointPolicy() if self.recorded else parse_checkpoint_policy(preset.checkpoints)
         self.states: dict = {}
 
-    def plan(self, call: Call, hint: Hint) -> Plan:
+    def plan(self, call: Call, hint: Hint) -> CachePlan:
         from strata_lab.replayer.state import SessionState
 
         st = self.states.get(call.session)
@@ -74,9 +74,9 @@ class Model(CacheModel):
         unit = ""
         if pred.reused:
             unit = f"checkpoint {pred.restored_checkpoint}" if pred.restored_checkpoint is not None else "session state"
-        return Plan(pred.reused, unit=unit, source=None, cause=cause, state=st)
+        return CachePlan(pred.reused, unit=unit, source=None, cause=cause, state=st)
 
-    def admit(self, call: Call, plan: Plan) -> None:
+    def admit(self, call: Call, plan: CachePlan) -> None:
         st = plan.state
         rec = call.record or {}
         if call.record is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.base import CacheModel, Hint, CachePlan
 from strata_lab.caches.calls import Call, lcp
 from strata_lab.caches.presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
 
@@ -82,7 +82,7 @@ class Model(CacheModel):
         self.heap: list = []
         self.lost: set = set()
 
-    def plan(self, call: Call, hint: Hint) -> Plan:
+    def plan(self, call: Call, hint: Hint) -> CachePlan:
         self.clock += 1
         T, prompt = self.T, call.prompt
         limit = max(call.prompt_len - 1, 0)
@@ -107,7 +107,7 @@ class Model(CacheModel):
         self.lost.discard(call.session)
         unit = (f"blocks 0-{k - 1}" if k else "") + (f" +{copied} copied" if copied else "")
         src = path[-1].owner if path else None
-        return Plan(reused, unit=unit.strip(), source=src if reused else None, cause=cause, state=path)
+        return CachePlan(reused, unit=unit.strip(), source=src if reused else None, cause=cause, state=path)
 
     def _push(self, b):
         heapq.heappush(self.heap, (b.priority, b.time, b.n, b))
@@ -145,7 +145,7 @@ class Model(CacheModel):
             gone += 1
         return gone
 
-    def admit(self, call: Call, plan: Plan) -> None:
+    def admit(self, call: Call, plan: CachePlan) -> None:
         T = self.T
         path = plan.state
         for b in path:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata_lab.caches.base import CacheModel, Hint, Plan
+from strata_lab.caches.base import CacheModel, Hint, CachePlan
 from strata_lab.caches.calls import Call, lcp_call
 from strata_lab.caches.presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
 from strata_lab.caches.presets import parse_engine  # noqa: F401  (the doctest above)
@@ -240,10 +240,10 @@ class Model(CacheModel):
         return len(order)
 
     # -- the call ----------------------------------------------------------------------------------
-    def plan(self, call: Call, hint: Hint) -> Plan:
+    def plan(self, call: Call, hint: Hint) -> CachePlan:
         B, prompt, P = self.B, call.prompt, call.prompt_len
         if self.mode == "none":
-            return Plan(0, cause="no_state_checkpoint" if hint.exact > 0 else None, state=None)
+            return CachePlan(0, cause="no_state_checkpoint" if hint.exact > 0 else None, state=None)
         computed = P + max(len(call.output) - 1, 0) if self.preset.cache_output else P
         n_prompt, n_full, n_need = P // B, computed // B, -(-computed // B)
         n_total = max(n_full, n_prompt)
@@ -305,9 +305,9 @@ class Model(CacheModel):
                 cause = "not_cached"
         unit = f"blocks 0-{k - 1}" if k else ""
         source = int(self.blk_owner[ib[k - 1]]) if k else None
-        return Plan(reused, unit=unit, source=source, cause=cause, state=(kb, ib, k, n_full, n_need))
+        return CachePlan(reused, unit=unit, source=source, cause=cause, state=(kb, ib, k, n_full, n_need))
 
-    def admit(self, call: Call, plan: Plan) -> None:
+    def admit(self, call: Call, plan: CachePlan) -> None:
         if self.mode == "none":
             return
         B, P = self.B, call.prompt_len

@@ -53,7 +53,7 @@ MODELS = ("hybrid", "attention")
 # "held_logits" is the C++ engine's rule: saved logits when prompt == held, or at a checkpoint at exactly
 # len(prompt); "last_held_only": only when prompt == held (the engine before snapshots kept logits).
 FULL_HIT_RULES = ("held_logits", "last_held_only", "reread_last", "saved_logits")
-# One recurrent-state snapshot of the 80B-A3B shape: ~2 MiB of S per GDN layer x 36 layers (ENGINE_SPEC);
+# One recurrent-state snapshot of the 80B-A3B shape: ~2 MiB of S per GDN layer x 36 layers (docs/ENGINE.md);
 # its saved logits (ATTENTION_SNAPSHOT_BYTES, under 1% more) are left out of this round figure.
 DEFAULT_SNAPSHOT_BYTES = 72 * 2**20
 # One attention-only snapshot: just the fp32 logits over Qwen3's 151936 embedding rows.

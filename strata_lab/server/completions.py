@@ -18,7 +18,7 @@ from typing import Any
 
 from strata_lab.server.errors import RequestError, openai_error
 from strata_lab.server.features import parse_features
-from strata_lab.server.generation import Plan
+from strata_lab.server.generation import PromptPlan
 from strata_lab.server.request import ChatRequest, _bool, _sampling, _stop_sequences, check_int
 
 __all__ = ["parse_completion", "completion_response", "llama_response", "CompletionStream", "LlamaStream",
@@ -42,7 +42,7 @@ def _prompt(value: Any, vocab_size: int) -> tuple[str | None, list[int] | None]:
 
 
 def parse_completion(body: Any, dialect: str, *, vocab_size: int,
-                     session_key: str | None = None) -> tuple[ChatRequest, Plan]:
+                     session_key: str | None = None) -> tuple[ChatRequest, PromptPlan]:
     """Check a completion body (`dialect` "openai" for /v1/completions, "llama" for /completion)."""
     if not isinstance(body, dict):
         raise RequestError("body", "must be a JSON object")
@@ -73,7 +73,7 @@ def parse_completion(body: Any, dialect: str, *, vocab_size: int,
     req["model"] = body.get("model") if isinstance(body.get("model"), str) else None
     chat = ChatRequest(**req)
     chat.extra["echo"] = echo
-    plan = Plan(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None, prompt_ids=ids,
+    plan = PromptPlan(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None, prompt_ids=ids,
                 raw=True)
     return chat, plan
 

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from strata_lab.server.errors import RequestError
-from strata_lab.server.generation import Plan
+from strata_lab.server.generation import PromptPlan
 from strata_lab.server.output import OutputParser
 from strata_lab.server.request import ChatRequest
 
@@ -19,7 +19,7 @@ __all__ = ["make_plan", "ASSISTANT_HEADER"]
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
 
 
-def make_plan(template, req: ChatRequest) -> Plan:
+def make_plan(template, req: ChatRequest) -> PromptPlan:
     """Render `req` with `template`; a template complaint becomes a 400 naming the field.
 
     A thinking budget means "think, up to N tokens": if the rendered turn does not already open a
@@ -46,4 +46,4 @@ def make_plan(template, req: ChatRequest) -> Plan:
         if probe.state == "content" and not assistant:
             text += "<think>\n"
             assistant += "<think>\n"
-    return Plan(prompt_text=text, assistant_text=assistant, prefix_text=req.assistant_prefix)
+    return PromptPlan(prompt_text=text, assistant_text=assistant, prefix_text=req.assistant_prefix)

@@ -207,7 +207,7 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer) -> Reproduct
 
 def reproduce(dump, *, model=None, out=None, threads: int = 1, tokenizer="qwen3") -> Reproduction:
     """Run a dump's prompts through a fresh engine, each call forced to the recorded generated + drained
-    ids, and compare reused / read / prefill time with the recording. `model`: a checkpoint directory,
+    ids, and compare reused / read / prefill time with the recording. `model`: a model folder,
     'hybrid' / 'attention' (the embedded tiny models), or None (from the dump's `model` field).
     `out` writes the engine run as a dump."""
     return _run(dump, policy="recorded", model=model, out=out, threads=threads, tokenizer=tokenizer)

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/checkpoint.h"
+#include "strata/model_folder.h"
 
 namespace strata {
 namespace kernels {

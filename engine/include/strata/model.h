@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/checkpoint.h"
+#include "strata/model_folder.h"
 #include "strata/state.h"
 
 namespace strata {
@@ -76,10 +76,10 @@ struct DecoderIO {
   Mat embed, lm_head;
   std::vector<float> final_norm;
 };
-DecoderIO load_decoder_io(Checkpoint& c, const std::string& model_type, int64_t V, int64_t D, int64_t L,
+DecoderIO load_decoder_io(ModelFolder& c, const std::string& model_type, int64_t V, int64_t D, int64_t L,
                           const LoadOptions& opts, ModelInfo& info);
 
-// Dispatches on config.json model_type; throws CheckpointError for unknown types or bad files.
+// Dispatches on config.json model_type; throws ModelFolderError for unknown types or bad files.
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts);
 
 // Sets the OpenMP thread count of the calling thread (0 = default). Models call it at forward start.

@@ -1,5 +1,5 @@
 // A session: the ids it holds, its model state, its checkpoints; generate() applies Contract 1
-// (shared/DESIGN.md) and runs the decode loop with STOP and drain.
+// (docs/CONTRACTS.md) and runs the decode loop with STOP and drain.
 //
 // Reuse rule (the Python replay models exactly this):
 //   lcp = longest common prefix of prompt and held.
@@ -82,8 +82,8 @@ class Session {
   // std::runtime_error (session busy) before any work.
   void validate(const std::vector<int32_t>& prompt, const GenerateOptions& opts) const;
   // The reuse Contract 1 gives for this prompt, without doing anything.
-  struct Plan { int64_t lcp = 0, reused = 0, restore = -1; bool saved_logits = false; };
-  Plan plan(const std::vector<int32_t>& prompt) const;
+  struct ReusePlan { int64_t lcp = 0, reused = 0, restore = -1; bool saved_logits = false; };
+  ReusePlan plan(const std::vector<int32_t>& prompt) const;
   // Runs one call. on_token gets each id that is not drained, as soon as it is produced, with its
   // logprob entry (null when opts.logprobs < 0). stop may be set from another thread at any time.
   using OnToken = std::function<void(int32_t, const TokenLogprob*)>;

@@ -14,8 +14,8 @@
 
 namespace strata {
 
-// Raised for every problem with a checkpoint's files (Python: strata_lab._engine.CheckpointError).
-class CheckpointError : public std::runtime_error {
+// Raised for every problem with a checkpoint's files (Python: strata_lab._engine.ModelFolderError).
+class ModelFolderError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -47,7 +47,7 @@ struct TensorInfo {
 // One safetensors file: the header is validated completely before any tensor is handed out.
 class SafetensorsFile {
  public:
-  // mmap (or read) + parse; throws CheckpointError
+  // mmap (or read) + parse; throws ModelFolderError
   explicit SafetensorsFile(const std::string& path, bool use_mmap = true);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -68,14 +68,14 @@ class SafetensorsFile {
 };
 
 // A checkpoint directory: the parsed config and every tensor of every shard by name.
-class Checkpoint {
+class ModelFolder {
  public:
-  // Parses and range-checks config.json, opens every shard; throws CheckpointError naming the field or file.
-  explicit Checkpoint(const std::string& dir, bool use_mmap = true);
+  // Parses and range-checks config.json, opens every shard; throws ModelFolderError naming the field or file.
+  explicit ModelFolder(const std::string& dir, bool use_mmap = true);
   const std::string& dir() const { return dir_; }
   const Json& config() const { return config_; }
 
-  // Config accessors: throw CheckpointError naming the field when missing or mistyped.
+  // Config accessors: throw ModelFolderError naming the field when missing or mistyped.
   int64_t cfg_int(const std::string& key) const;
   int64_t cfg_int(const std::string& key, int64_t fallback) const;
   double cfg_float(const std::string& key, double fallback) const;
@@ -93,7 +93,7 @@ class Checkpoint {
   // Throws if a tensor was never requested (an extra tensor), except names starting with an ignored prefix.
   void check_all_used(const std::vector<std::string>& ignored_prefixes) const;
   std::vector<std::string> names() const;
-  // Throws CheckpointError naming the first tensor holding NaN or infinity (one pass over the weights).
+  // Throws ModelFolderError naming the first tensor holding NaN or infinity (one pass over the weights).
   void check_finite() const;
   const TensorInfo& tensor_info(const std::string& name) const { return *by_name_.at(name); }
 

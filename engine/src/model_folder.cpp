@@ -1,4 +1,4 @@
-#include "strata/checkpoint.h"
+#include "strata/model_folder.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -68,16 +68,16 @@ std::vector<TensorInfo> SafetensorsFile::parse_header(const std::string& header,
   try {
     j = Json::parse(header, 16);
   } catch (const std::invalid_argument& e) {
-    throw CheckpointError(std::string("safetensors header: ") + e.what());
+    throw ModelFolderError(std::string("safetensors header: ") + e.what());
   }
-  if (!j.is_object()) throw CheckpointError("safetensors header: not a JSON object");
+  if (!j.is_object()) throw ModelFolderError("safetensors header: not a JSON object");
   std::vector<TensorInfo> out;
   for (const auto& kv : j.object) {
     if (kv.first == "__metadata__") continue;
     const std::string& name = kv.first;
     const Json& t = kv.second;
     auto bad = [&](const std::string& why) {
-      return CheckpointError("safetensors header: tensor '" + name + "': " + why);
+      return ModelFolderError("safetensors header: tensor '" + name + "': " + why);
     };
     if (!t.is_object()) throw bad("entry is not an object");
     const Json* dt = t.find("dtype");
@@ -132,7 +132,7 @@ std::vector<TensorInfo> SafetensorsFile::parse_header(const std::string& header,
     const TensorInfo& a = *by_offset[i - 1];
     const TensorInfo& b = *by_offset[i];
     if (uintptr_t(b.data) < uintptr_t(a.data) + a.nbytes)
-      throw CheckpointError("safetensors header: tensor '" + b.name + "': data_offsets overlap those of tensor '" +
+      throw ModelFolderError("safetensors header: tensor '" + b.name + "': data_offsets overlap those of tensor '" +
                             a.name + "'");
   }
   return out;
@@ -146,12 +146,12 @@ static bool exists(const std::string& path) {
 // Opens `path` read-only if it is a regular file (O_NONBLOCK: a FIFO must not hang the open); returns fd and size.
 static int open_regular(const std::string& path, size_t& size) {
   int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw CheckpointError("cannot open " + path + ": " + std::strerror(errno));
+  if (fd < 0) throw ModelFolderError("cannot open " + path + ": " + std::strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) != 0) { ::close(fd); throw CheckpointError("cannot stat " + path); }
+  if (fstat(fd, &st) != 0) { ::close(fd); throw ModelFolderError("cannot stat " + path); }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw CheckpointError(path + ": not a regular file (a FIFO, device or directory); refusing to read it");
+    throw ModelFolderError(path + ": not a regular file (a FIFO, device or directory); refusing to read it");
   }
   size = size_t(st.st_size);
   return fd;
@@ -163,7 +163,7 @@ static void read_all(int fd, void* dst, size_t size, const std::string& path) {
   while (done < size) {
     ssize_t n = ::pread(fd, static_cast<uint8_t*>(dst) + done, size - done, off_t(done));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw CheckpointError(path + ": read failed or the file shrank while loading");
+    if (n <= 0) throw ModelFolderError(path + ": read failed or the file shrank while loading");
     done += size_t(n);
   }
 }
@@ -171,21 +171,21 @@ static void read_all(int fd, void* dst, size_t size, const std::string& path) {
 SafetensorsFile::SafetensorsFile(const std::string& path, bool use_mmap) : path_(path) {
   size_t size = 0;
   int fd = open_regular(path, size);
-  if (size < 8) { ::close(fd); throw CheckpointError(path + ": truncated safetensors file (" + std::to_string(size) + " bytes)"); }
+  if (size < 8) { ::close(fd); throw ModelFolderError(path + ": truncated safetensors file (" + std::to_string(size) + " bytes)"); }
   const uint8_t* base = nullptr;
   if (use_mmap) {
     // A mapped file that is truncated or rewritten in place while the engine runs changes or loses pages
     // under it (SIGBUS on a truncation): replace checkpoints by renaming a new file, or load with mmap=false.
     void* m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
-    if (m == MAP_FAILED) throw CheckpointError("cannot mmap " + path);
+    if (m == MAP_FAILED) throw ModelFolderError("cannot mmap " + path);
     map_ = m;
     map_size_ = size;
     base = static_cast<const uint8_t*>(m);
   } else {
     // 64-byte aligned, so tensor data has the alignment it would have in a (page-aligned) mapping mod 64
     buffer_ = std::aligned_alloc(64, (size + 63) / 64 * 64);
-    if (!buffer_) { ::close(fd); throw CheckpointError(path + ": out of memory reading " + std::to_string(size) + " bytes"); }
+    if (!buffer_) { ::close(fd); throw ModelFolderError(path + ": out of memory reading " + std::to_string(size) + " bytes"); }
     try {
       read_all(fd, buffer_, size, path);
     } catch (...) {
@@ -203,18 +203,18 @@ SafetensorsFile::SafetensorsFile(const std::string& path, bool use_mmap) : path_
     if (n > size - 8) {
       std::ostringstream msg;
       msg << path << ": truncated safetensors file (header claims " << n << " bytes, file has " << size << ")";
-      throw CheckpointError(msg.str());
+      throw ModelFolderError(msg.str());
     }
     std::string header(reinterpret_cast<const char*>(base + 8), size_t(n));
     tensors_ = parse_header(header, size - 8 - n);
-  } catch (const CheckpointError& e) {
+  } catch (const ModelFolderError& e) {
     if (map_) munmap(map_, map_size_);
     map_ = nullptr;
     std::free(buffer_);
     buffer_ = nullptr;
     std::string msg = e.what();
     if (msg.rfind(path, 0) != 0) msg = path + ": " + msg;
-    throw CheckpointError(msg);
+    throw ModelFolderError(msg);
   }
   const uint8_t* data = base + 8 + n;
   for (auto& t : tensors_) t.data = data + reinterpret_cast<uintptr_t>(t.data);
@@ -227,10 +227,10 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 static std::string read_text(const std::string& path) {
-  if (!exists(path)) throw CheckpointError("missing file " + path);
+  if (!exists(path)) throw ModelFolderError("missing file " + path);
   size_t size = 0;
   int fd = open_regular(path, size);
-  if (size > (size_t(64) << 20)) { ::close(fd); throw CheckpointError(path + ": larger than 64 MiB; not a config file"); }
+  if (size > (size_t(64) << 20)) { ::close(fd); throw ModelFolderError(path + ": larger than 64 MiB; not a config file"); }
   std::string out(size, '\0');
   try {
     read_all(fd, out.data(), size, path);
@@ -260,7 +260,7 @@ static void check_config_ranges(const Json& cfg, const std::string& cfg_path) {
       std::ostringstream m;
       m << cfg_path << ": field '" << key << "' must be an integer in " << lo << ".." << limit << ", got ";
       if (v->is_number()) m << v->number; else m << "a non-number";
-      throw CheckpointError(m.str());
+      throw ModelFolderError(m.str());
     }
   };
   for (const char* key : positive_ints) check_int(key, 1);
@@ -271,7 +271,7 @@ static void check_config_ranges(const Json& cfg, const std::string& cfg_path) {
       std::ostringstream m;
       m << cfg_path << ": field '" << key << "' must be a finite number " << (allow_zero ? ">= 0" : "> 0");
       if (v->is_number()) m << ", got " << v->number;
-      throw CheckpointError(m.str());
+      throw ModelFolderError(m.str());
     }
   };
   check_float(cfg.find("rope_theta"), "rope_theta", false);
@@ -282,19 +282,19 @@ static void check_config_ranges(const Json& cfg, const std::string& cfg_path) {
     check_float(rp->find("partial_rotary_factor"), "rope_parameters.partial_rotary_factor", false);
   }
   if (const Json* v = cfg.find("partial_rotary_factor"); v && v->is_number() && v->number > 1)
-    throw CheckpointError(cfg_path + ": field 'partial_rotary_factor' must be <= 1");
+    throw ModelFolderError(cfg_path + ": field 'partial_rotary_factor' must be <= 1");
 }
 
-Checkpoint::Checkpoint(const std::string& dir, bool use_mmap) : dir_(dir) {
+ModelFolder::ModelFolder(const std::string& dir, bool use_mmap) : dir_(dir) {
   struct stat st;
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw CheckpointError("not a checkpoint directory: " + dir);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw ModelFolderError("not a checkpoint directory: " + dir);
   std::string cfg_path = dir + "/config.json";
   try {
     config_ = Json::parse(read_text(cfg_path));
   } catch (const std::invalid_argument& e) {
-    throw CheckpointError(cfg_path + ": " + e.what());
+    throw ModelFolderError(cfg_path + ": " + e.what());
   }
-  if (!config_.is_object()) throw CheckpointError(cfg_path + ": not a JSON object");
+  if (!config_.is_object()) throw ModelFolderError(cfg_path + ": not a JSON object");
   check_config_ranges(config_, cfg_path);
 
   std::vector<std::string> shard_names;
@@ -306,82 +306,82 @@ Checkpoint::Checkpoint(const std::string& dir, bool use_mmap) : dir_(dir) {
     try {
       idx = Json::parse(read_text(index_path));
     } catch (const std::invalid_argument& e) {
-      throw CheckpointError(index_path + ": " + e.what());
+      throw ModelFolderError(index_path + ": " + e.what());
     }
     const Json* wm = idx.find("weight_map");
-    if (!wm || !wm->is_object()) throw CheckpointError(index_path + ": missing object 'weight_map'");
+    if (!wm || !wm->is_object()) throw ModelFolderError(index_path + ": missing object 'weight_map'");
     std::set<std::string> seen;
     for (const auto& kv : wm->object) {
-      if (!kv.second.is_string()) throw CheckpointError(index_path + ": weight_map['" + kv.first + "'] is not a file name");
+      if (!kv.second.is_string()) throw ModelFolderError(index_path + ": weight_map['" + kv.first + "'] is not a file name");
       const std::string& f = kv.second.string;
-      if (f.find('/') != std::string::npos) throw CheckpointError(index_path + ": shard name '" + f + "' has a path separator");
+      if (f.find('/') != std::string::npos) throw ModelFolderError(index_path + ": shard name '" + f + "' has a path separator");
       if (seen.insert(f).second) shard_names.push_back(f);
     }
   } else {
-    throw CheckpointError(dir + ": neither model.safetensors nor model.safetensors.index.json found");
+    throw ModelFolderError(dir + ": neither model.safetensors nor model.safetensors.index.json found");
   }
   for (const auto& f : shard_names) {
     files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + f, use_mmap));
     for (const auto& t : files_.back()->tensors()) {
-      if (by_name_.count(t.name)) throw CheckpointError("tensor '" + t.name + "' appears in two shards");
+      if (by_name_.count(t.name)) throw ModelFolderError("tensor '" + t.name + "' appears in two shards");
       by_name_[t.name] = &t;
     }
   }
 }
 
-int64_t Checkpoint::cfg_int(const std::string& key) const {
+int64_t ModelFolder::cfg_int(const std::string& key) const {
   const Json* v = config_.find(key);
-  if (!v) throw CheckpointError("config.json: missing field '" + key + "'");
-  if (!v->is_number() || !v->integral) throw CheckpointError("config.json: field '" + key + "' must be an integer");
+  if (!v) throw ModelFolderError("config.json: missing field '" + key + "'");
+  if (!v->is_number() || !v->integral) throw ModelFolderError("config.json: field '" + key + "' must be an integer");
   return v->integer;
 }
 
-int64_t Checkpoint::cfg_int(const std::string& key, int64_t fallback) const {
+int64_t ModelFolder::cfg_int(const std::string& key, int64_t fallback) const {
   const Json* v = config_.find(key);
   if (!v || v->is_null()) return fallback;
   return cfg_int(key);
 }
 
-double Checkpoint::cfg_float(const std::string& key, double fallback) const {
+double ModelFolder::cfg_float(const std::string& key, double fallback) const {
   const Json* v = config_.find(key);
   if (!v || v->is_null()) return fallback;
-  if (!v->is_number()) throw CheckpointError("config.json: field '" + key + "' must be a number");
+  if (!v->is_number()) throw ModelFolderError("config.json: field '" + key + "' must be a number");
   return v->number;
 }
 
-bool Checkpoint::cfg_bool(const std::string& key, bool fallback) const {
+bool ModelFolder::cfg_bool(const std::string& key, bool fallback) const {
   const Json* v = config_.find(key);
   if (!v || v->is_null()) return fallback;
-  if (v->kind != Json::Kind::Bool) throw CheckpointError("config.json: field '" + key + "' must be true or false");
+  if (v->kind != Json::Kind::Bool) throw ModelFolderError("config.json: field '" + key + "' must be true or false");
   return v->boolean;
 }
 
-std::string Checkpoint::cfg_str(const std::string& key, const std::string& fallback) const {
+std::string ModelFolder::cfg_str(const std::string& key, const std::string& fallback) const {
   const Json* v = config_.find(key);
   if (!v || v->is_null()) return fallback;
-  if (!v->is_string()) throw CheckpointError("config.json: field '" + key + "' must be a string");
+  if (!v->is_string()) throw ModelFolderError("config.json: field '" + key + "' must be a string");
   return v->string;
 }
 
-std::string Checkpoint::model_type() const {
+std::string ModelFolder::model_type() const {
   std::string t = cfg_str("model_type", "");
-  if (t.empty()) throw CheckpointError("config.json: missing field 'model_type'");
+  if (t.empty()) throw ModelFolderError("config.json: missing field 'model_type'");
   return t;
 }
 
-const TensorInfo& Checkpoint::tensor(const std::string& name, const std::vector<int64_t>& shape) {
+const TensorInfo& ModelFolder::tensor(const std::string& name, const std::vector<int64_t>& shape) {
   auto it = by_name_.find(name);
-  if (it == by_name_.end()) throw CheckpointError(dir_ + ": missing tensor '" + name + "' (expected shape " + shape_str(shape) + ")");
+  if (it == by_name_.end()) throw ModelFolderError(dir_ + ": missing tensor '" + name + "' (expected shape " + shape_str(shape) + ")");
   const TensorInfo& t = *it->second;
   if (t.shape != shape)
-    throw CheckpointError(dir_ + ": tensor '" + name + "' has shape " + shape_str(t.shape) + ", expected " + shape_str(shape));
+    throw ModelFolderError(dir_ + ": tensor '" + name + "' has shape " + shape_str(t.shape) + ", expected " + shape_str(shape));
   if (!dtype_supported(t.dtype))
-    throw CheckpointError(dir_ + ": tensor '" + name + "' has unsupported dtype " + t.dtype_str + " (supported: F32, F16, BF16)");
+    throw ModelFolderError(dir_ + ": tensor '" + name + "' has unsupported dtype " + t.dtype_str + " (supported: F32, F16, BF16)");
   used_.insert(name);
   return t;
 }
 
-Mat Checkpoint::mat(const std::string& name, const std::vector<int64_t>& shape) {
+Mat ModelFolder::mat(const std::string& name, const std::vector<int64_t>& shape) {
   const TensorInfo& t = tensor(name, shape);
   Mat m;
   m.dtype = t.dtype;
@@ -392,14 +392,14 @@ Mat Checkpoint::mat(const std::string& name, const std::vector<int64_t>& shape) 
   return m;
 }
 
-std::vector<float> Checkpoint::to_f32(const std::string& name, const std::vector<int64_t>& shape) {
+std::vector<float> ModelFolder::to_f32(const std::string& name, const std::vector<int64_t>& shape) {
   Mat m = mat(name, shape);
   std::vector<float> out(size_t(m.rows * m.cols));
   for (int64_t r = 0; r < m.rows; ++r) kernels::row_f32(m, r, out.data() + r * m.cols);
   return out;
 }
 
-void Checkpoint::check_all_used(const std::vector<std::string>& ignored_prefixes) const {
+void ModelFolder::check_all_used(const std::vector<std::string>& ignored_prefixes) const {
   std::vector<std::string> extra;
   for (const auto& kv : by_name_) {
     if (used_.count(kv.first)) continue;
@@ -412,11 +412,11 @@ void Checkpoint::check_all_used(const std::vector<std::string>& ignored_prefixes
     std::string msg = dir_ + ": unexpected tensor(s) not used by the model: ";
     for (size_t i = 0; i < extra.size() && i < 5; ++i) msg += (i ? ", '" : "'") + extra[i] + "'";
     if (extra.size() > 5) msg += " and " + std::to_string(extra.size() - 5) + " more";
-    throw CheckpointError(msg);
+    throw ModelFolderError(msg);
   }
 }
 
-void Checkpoint::check_finite() const {
+void ModelFolder::check_finite() const {
   // Non-finite = all exponent bits set, in each format's own layout.
   for (const auto& kv : by_name_) {
     const TensorInfo& t = *kv.second;
@@ -439,11 +439,11 @@ void Checkpoint::check_finite() const {
       }
     }
     if (bad >= 0)
-      throw CheckpointError(dir_ + ": tensor '" + t.name + "' holds NaN or infinity (element " + std::to_string(bad) + ")");
+      throw ModelFolderError(dir_ + ": tensor '" + t.name + "' holds NaN or infinity (element " + std::to_string(bad) + ")");
   }
 }
 
-std::vector<std::string> Checkpoint::names() const {
+std::vector<std::string> ModelFolder::names() const {
   std::vector<std::string> out;
   for (const auto& kv : by_name_) out.push_back(kv.first);
   return out;
