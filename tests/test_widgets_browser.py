@@ -29,7 +29,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = [p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))
-             if re.search(r"strata_lab(\.notebook)?\.widgets", p.read_text(encoding="utf-8"))]
+             if re.search(r"strata_lab(\.notebook)?\.widgets|strata_lab\.caches\.widget", p.read_text(encoding="utf-8"))]
 THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 MIN_CONTRAST = 4.5  # WCAG AA for body text
 RUN_TIMEOUT = 240   # seconds for a whole notebook (replays, a tiny engine) on a loaded 2-core machine
@@ -184,6 +184,7 @@ return views.map((out, i) => {
   const buttons = [...out.querySelectorAll('button')].map(b => b.textContent.trim());
   let kind = 'unknown';
   if (buttons.includes('next miss')) kind = 'DivergenceViewer';
+  else if (buttons.includes('replay')) kind = 'EngineExplorer';
   else if (buttons.includes('compare')) kind = 'ReuseDashboard';
   else if (buttons.includes('run')) kind = 'PrefixExperiment';
   else if (labels.includes('prefix')) kind = 'TemplateExplorer';
@@ -478,8 +479,51 @@ def _reuse_dashboard(page):
         page.check(False, "ReuseDashboard: the plot did not change")
 
 
+def _engine_explorer(page):
+    """Tick engines, type an override spec, replay: the summary lists exactly those specs and the plot
+    changes; a bad spec shows an error naming the field and leaves the summary as it was."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    view = page.element("EngineExplorer")
+    select = Select(view.find_element(By.TAG_NAME, "select"))  # the engines
+    box = view.find_element(By.TAG_NAME, "textarea")            # one spec per line
+    image = view.find_element(By.TAG_NAME, "img").get_attribute("src")
+
+    def replay():
+        next(b for b in view.find_elements(By.TAG_NAME, "button") if b.text.strip() == "replay").click()
+
+    def specs():  # first column of the summary table
+        rows = view.find_elements(By.CSS_SELECTOR, "table tbody tr")
+        return [r.find_elements(By.TAG_NAME, "td")[0].text for r in rows]
+
+    select.deselect_all()
+    for engine in ("strata", "sglang"):
+        select.select_by_visible_text(engine)
+    _retype(box, "vllm:block_size=32")
+    replay()
+    try:
+        page.wait(120).until(lambda _: len(specs()) == 3 and specs()[0].startswith("strata")
+                             and specs()[1].startswith("sglang") and "block_size=32" in specs()[2])
+    except Exception:
+        page.check(False, f"EngineExplorer: replay shows {specs()} for strata, sglang, vllm:block_size=32")
+    try:
+        page.wait(30).until(lambda _: view.find_element(By.TAG_NAME, "img").get_attribute("src") != image)
+    except Exception:
+        page.check(False, "EngineExplorer: the plot did not change")
+    before = specs()
+    _retype(box, "vllm:bogus_field=1")
+    replay()
+    try:
+        page.wait(60).until(lambda _: "bogus_field" in view.text)
+    except Exception:
+        page.check(False, "EngineExplorer: a bad spec shows no error naming the field")
+    page.check(specs() == before, f"EngineExplorer: a bad spec changed the summary ({before} -> {specs()})")
+
+
 INTERACT = {"TemplateExplorer": _template_explorer, "PrefixExperiment": _prefix_experiment,
-            "DivergenceViewer": _divergence_viewer, "ReuseDashboard": _reuse_dashboard}
+            "DivergenceViewer": _divergence_viewer, "ReuseDashboard": _reuse_dashboard,
+            "EngineExplorer": _engine_explorer}
 
 
 @pytest.mark.slow

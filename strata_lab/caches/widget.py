@@ -10,7 +10,8 @@ import io
 
 __all__ = ["EngineExplorer"]
 
-_ERR = '<div style="color:#b00020; font-family:monospace">{}</div>'
+# the theme's error colour (readable in light and dark JupyterLab), as notebook.tokview.ALERT
+_ERR = '<div style="color:var(--jp-error-color1, #c0392b); font-family:monospace">{}</div>'
 
 
 class EngineExplorer:
