@@ -28,7 +28,7 @@ _EXPORTS = {
     "record_to": "strata_lab.dump.writer",
     "load_dump": "strata_lab.dump.reader",
     "Dump": "strata_lab.dump.reader",
-    "replay": "strata_lab.replayer",
+    "replay": "strata_lab.caches.replay",   # ours, or engine="vllm" etc.: caches/replay.py
     "Store": "strata_lab.dump",
     "convert_jsonl": "strata_lab.dump",
     "StoreRecorder": "strata_lab.dump.writer",
@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from strata_lab.dump.reader import Dump, load_dump
     from strata_lab.dump.writer import Recorder, record_to
     from strata_lab.engine import CheckpointPolicy, Engine, Sampling, Session, Stream
-    from strata_lab.replayer import replay
+    from strata_lab.caches.replay import replay
     from strata_lab.text.encoder import PromptEncoder
     from strata_lab.text.template import ChatTemplate
     from strata_lab.text.tokenizer import Tokenizer, load_tokenizer

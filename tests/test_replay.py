@@ -347,4 +347,7 @@ def test_strata_lab_replay_is_the_function():
 
     import strata_lab as sl
 
-    assert isinstance(sl.replay, types.FunctionType) and sl.replay is replay
+    from strata_lab.caches.replay import replay as public_replay
+
+    # the public replay sits above the replayer (ours) and the engine cache models (engine="vllm")
+    assert isinstance(sl.replay, types.FunctionType) and sl.replay is public_replay

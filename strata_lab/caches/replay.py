@@ -27,7 +27,7 @@ from strata_lab.caches.calls import Call, calls_from_dump, lcp_call
 from strata_lab.caches.fleet import Router
 from strata_lab.caches.presets import parse_engine
 
-__all__ = ["replay_engines", "replay_one_engine", "EnginesReport"]
+__all__ = ["replay", "replay_engines", "EnginesReport"]
 
 # cause vocabulary of the strata replay that names a divergence of the prompt from what the session held
 _DIVERGENCE = {"retokenized_reply", "retokenized_prompt", "drained_dropped", "template_rewrite", "history_edit"}
@@ -173,11 +173,28 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     return EnginesReport(cols, presets, evictions, cost_model)
 
 
-def replay_one_engine(dump, engine, params: dict, **kw) -> "EnginesReport":
-    """`strata_lab.replay(dump, engine=..., **params)`: one engine, `params` as preset overrides."""
+def replay(dump, *, engine=None, **kwargs):
+    """`strata_lab.replay`: our engine's weight-free replay (`strata_lab.replayer.replay`, a `Report`), or,
+    with `engine="vllm"` (any spec), that engine's cache model (an `EnginesReport`): then `tokenizer`,
+    `cost_model` and `progress` are the replay's and every other keyword overrides the preset.
+
+    It sits here, above both, so that the replayer never imports the engine cache models that build on it.
+
+    >>> import inspect
+    >>> "engine" in inspect.signature(replay).parameters
+    True
+    """
+    import inspect
+
+    from strata_lab.replayer import replay as replay_ours
+
+    if engine is None and not set(kwargs) - set(inspect.signature(replay_ours).parameters):
+        return replay_ours(dump, **kwargs)
+    own = {k: kwargs.pop(k) for k in ("tokenizer", "cost_model", "progress") if k in kwargs}
     if engine is None:
-        raise ValueError(f"engine must name an engine to take {sorted(params)}")
-    return replay_engines(dump, [parse_engine(engine).with_(**params) if params else engine], **kw)
+        raise ValueError(f"engine must name an engine to take {sorted(kwargs)}")
+    return replay_engines(dump, [parse_engine(engine).with_(**kwargs) if kwargs else engine], **own)
+
 
 
 class EnginesReport:

@@ -156,7 +156,7 @@ def replay_records(records: Iterable[dict], opts: ReplayOptions, tok, cost_model
 def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy | str | None = None,
            tokenizer="qwen3", policy: Policy | str = "recorded", full_hit: str = "held_logits",
            cost_model: CostModel | None = None, progress: bool = False, context_chars: int = 40,
-           bytes_per_snapshot: int | None = None, cluster=None, engine=None, **engine_params) -> Report:
+           bytes_per_snapshot: int | None = None, cluster=None) -> Report:
     """Replay a dump (path, paths, Dump, or a Parquet store) under `policy`; return a Report, one row per call.
 
     A store replays from its delta encoding (work per call ~ its new ids). `cluster` (a dask.distributed
@@ -168,14 +168,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
     line reports. `cost_model` defaults to a fit on the dump's prefill_ms. `bytes_per_snapshot` sizes
     budgets and the reported memory (default: a recurrent-state snapshot on hybrid, logits on attention).
 
-    `engine="vllm"` (any `strata_lab.caches` spec, `engine_params` as its overrides) replays another
-    engine's cache model instead and returns a `caches.EnginesReport`.
     """
-    if engine is not None or engine_params:  # another engine's cache model: strata_lab.caches
-        from strata_lab.caches.replay import replay_one_engine  # the one upward import (pyproject ignores it)
-
-        return replay_one_engine(dump, engine, engine_params, tokenizer=tokenizer, cost_model=cost_model,
-                                 progress=progress)
     opts = resolve_options(model=model, checkpoint_policy=checkpoint_policy, policy=policy, full_hit=full_hit,
                            bytes_per_snapshot=bytes_per_snapshot, context_chars=context_chars)
     if cost_model is not None and not isinstance(cost_model, CostModel):
