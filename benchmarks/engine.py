@@ -80,19 +80,9 @@ def bench_hf(path, prompt, n_decode, threads, dtype_name):
     torch.set_num_threads(threads)
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype_name]
     model = Qwen3ForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager").eval()
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        model(ids[:, :16])  # warm up
-        t0 = time.perf_counter()
-        out = model(ids, use_cache=True)
-        t1 = time.perf_counter()
-        cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        t2 = time.perf_counter()
-        for _ in range(n_decode):
-            out = model(nxt, past_key_values=cache, use_cache=True)
-            cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        t3 = time.perf_counter()
-    return len(prompt) / (t1 - t0), n_decode / (t3 - t2)
+    from hf_timing import prefill_decode_tok_s
+
+    return prefill_decode_tok_s(model, prompt, n_decode, warm=16)
 
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:

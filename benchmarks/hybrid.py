@@ -150,19 +150,9 @@ def hf_job() -> None:
     prompt, n_decode = j["prompt"], j["decode"]
     torch.set_num_threads(j["threads"])
     model = Qwen3NextForCausalLM.from_pretrained(j["path"], dtype=getattr(torch, j["dtype"])).eval()
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        model(ids[:, :8])  # warm up
-        t0 = time.perf_counter()
-        out = model(ids, use_cache=True)
-        t1 = time.perf_counter()
-        cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        t2 = time.perf_counter()
-        for _ in range(n_decode):
-            out = model(nxt, past_key_values=cache, use_cache=True)
-            cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        t3 = time.perf_counter()
-    print("HF " + json.dumps([len(prompt) / (t1 - t0), n_decode / (t3 - t2)]))
+    from hf_timing import prefill_decode_tok_s
+
+    print("HF " + json.dumps(list(prefill_decode_tok_s(model, prompt, n_decode, warm=8))))
 
 
 def peers(args) -> None:
