@@ -34,8 +34,9 @@ from strata_lab.replayer.costs import CostModel
 from strata_lab.replayer.fast import fit_cost_store
 from strata_lab.replayer.policies import Policy, PromptRewriter, parse_policy
 from strata_lab.replayer.report import Report
+from strata_lab.replayer.rowtable import RowTable
 from strata_lab.replayer.state import FULL_HIT_RULES, MODELS, SessionState, default_snapshot_bytes, parse_checkpoint_policy
-from strata_lab.replayer.step import CallRow, recorded_prefill_ms, step
+from strata_lab.replayer.step import recorded_prefill_ms, step
 
 __all__ = ["replay", "compare_policies", "fit_cost", "ReplayOptions", "resolve_options"]
 
@@ -121,14 +122,14 @@ def fit_cost(records: Iterable[dict]) -> CostModel | None:
 
 
 def replay_records(records: Iterable[dict], opts: ReplayOptions, tok, cost_model: CostModel | None,
-                   progress=None) -> tuple[list[CallRow], int, float | None]:
+                   progress=None) -> tuple[RowTable, int, float | None]:
     """Step each record through its session's state: the rows, the sum of the sessions' peak snapshot
     bytes, and the recorded prefill seconds (None when no line has any)."""
     policy = opts.policy
     rewriter = PromptRewriter(policy, tok) if policy.changes_prompts else None
     states: dict[str, SessionState] = {}
     peak: dict[str, int] = {}
-    rows: list[CallRow] = []
+    rows = RowTable()
     recorded_ms = None
     for rec in records:
         sid = str(rec["session"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 from strata_lab.replayer.report import Report
+from strata_lab.replayer.rowtable import RowTable
 
 __all__ = ["replay_on_cluster", "connect"]
 
@@ -26,7 +27,8 @@ def _domain_task(partitions, opts, tokenizer, cost_model):
     from strata_lab.replayer.fast import replay_domain
 
     tok = _worker_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
-    return replay_domain(partitions, opts, tok, cost_model)
+    seqs, rows, snap, ms = replay_domain(partitions, opts, tok, cost_model)
+    return seqs, rows.batches(), snap, ms   # Arrow batches travel compactly
 
 
 def connect(cluster):
@@ -55,6 +57,19 @@ def sum_in_order(xs) -> float:
     for x in xs:
         total += x
     return total
+
+
+def _merge_in_store_order(results) -> RowTable:
+    """The domains' rows as one RowTable in store (seq) order, merged column-wise in Arrow."""
+    import pyarrow as pa
+
+    batches = [b for res in results for b in res[1]]
+    seqs = [s for res in results for s in res[0]]
+    if not batches:
+        return RowTable()
+    table = pa.Table.from_batches(batches)
+    order = pa.array(seqs, type=pa.int64()).to_numpy().argsort(kind="stable")
+    return RowTable.from_batches(table.take(pa.array(order)).combine_chunks().to_batches(max_chunksize=8192))
 
 
 def replay_on_cluster(store, opts, tokenizer, cost_model, *, cluster, progress: bool = False) -> Report:
@@ -90,10 +105,9 @@ def replay_on_cluster(store, opts, tokenizer, cost_model, *, cluster, progress: 
             client.close()
             if cluster_obj is not None:
                 cluster_obj.close()
-    pairs = sorted(((s, r) for res in results for s, r in zip(res[0], res[1])), key=lambda t: t[0])
-    rows = [r for _s, r in pairs]
+    rows = _merge_in_store_order(results)
     snap = sum(res[2] for res in results)
-    ms = [r.prefill_ms for r in rows if r.prefill_ms == r.prefill_ms]  # in store order, as in-process sums
+    ms = [t for t in rows.column("prefill_ms") if t == t]  # in store order, as in-process sums
     recorded_s = sum_in_order(ms) / 1000.0 if any(res[3] is not None for res in results) else None
     if opts.policy.checkpoint_policy is not None:
         recorded_s = None

@@ -79,13 +79,14 @@ def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40)
     cache = _token_bytes(tok)
     tb, ids_bytes = cache.__getitem__, cache.ids_bytes
     nh, np_ = len(held), len(prompt)
+    ptail = prompt[lcp_ids:]  # one slice (a list) instead of an index per id: prompt may be a DeltaPrompt
     hi, pi = lcp_ids, lcp_ids
     pbuf = b""
     k = 0
     while hi < nh:
         hb = tb(held[hi])
         while len(pbuf) < len(hb) and pi < np_:
-            pbuf += tb(prompt[pi])
+            pbuf += tb(ptail[pi - lcp_ids])
             pi += 1
         if pbuf.startswith(hb):
             pbuf = pbuf[len(hb):]
@@ -97,7 +98,7 @@ def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40)
             k += 1
         break
     d = Divergence(lcp_ids=lcp_ids, lcp_text=hi, byte_in_token=k,
-                   retokenized=_realigned(held, prompt, tb, lcp_ids, hi))
+                   retokenized=_realigned(held, ptail, tb, lcp_ids, hi))
     if lcp_ids < nh or lcp_ids < np_:
         before = ids_bytes(held[max(0, lcp_ids - _CTX_TOKENS):lcp_ids])
         d.id_context_held = "held: " + _show(before, ids_bytes(held[lcp_ids:lcp_ids + _CTX_TOKENS]), context_chars)
@@ -110,13 +111,14 @@ def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40)
         before = ids_bytes(held[max(0, hi - _CTX_TOKENS):hi]) + hb[:k]
         d.text_context_held = "held: " + _show(before, hb[k:] + ids_bytes(held[hi + 1:hi + _CTX_TOKENS]),
                                                context_chars)
-        d.text_context_prompt = "prompt: " + _show(before, pbuf[k:] + ids_bytes(prompt[pi:pi + _CTX_TOKENS]),
+        d.text_context_prompt = "prompt: " + _show(before, pbuf[k:] + ids_bytes(ptail[pi - lcp_ids:pi - lcp_ids + _CTX_TOKENS]),
                                                    context_chars)
     return d
 
 
-def _realigned(held, prompt, tb, lcp_ids: int, lcp_text: int) -> bool:
-    """Whether the id divergence at `lcp_ids` is a retokenization of text both sides share: the held text
+def _realigned(held, ptail, tb, lcp_ids: int, lcp_text: int) -> bool:
+    """Whether the id divergence at `lcp_ids` is a retokenization of text both sides share (`ptail`: the
+    prompt's ids from `lcp_ids` on): the held text
     never parts (`lcp_text == len(held)`), or held and prompt tokens share a boundary after `lcp_ids` and no
     later than the text divergence. Without one, the prompt's token at `lcp_ids` spans the text divergence:
     BPE merged across text that changed, and the miss is the text change's.
@@ -132,8 +134,8 @@ def _realigned(held, prompt, tb, lcp_ids: int, lcp_text: int) -> bool:
         ends.add(off)
     last = off  # the held ids before the text divergence end here; the divergence is at or after it
     off = 0
-    for i in range(lcp_ids, len(prompt)):
-        off += len(tb(prompt[i]))
+    for i in ptail:
+        off += len(tb(i))
         if off in ends:
             return True
         if off > last:
@@ -172,7 +174,7 @@ def _assistant_id(tok):
 
 
 def classify(*, held, prompt, segments, div: Divergence | None, reused: int, target: int, tok,
-             first_call: bool) -> str:
+             first_call: bool, lcp_ids: int | None = None) -> str:
     """The cause of a call's miss, from the divergence and where it lies.
 
     - new_session: the session held nothing;
@@ -189,7 +191,7 @@ def classify(*, held, prompt, segments, div: Divergence | None, reused: int, tar
     """
     if not held:
         return "new_session"
-    lcp = div.lcp_ids if div is not None else 0
+    lcp = div.lcp_ids if div is not None else (lcp_ids if lcp_ids is not None else 0)
     if lcp >= len(held) or lcp >= len(prompt):
         return "none" if reused >= target else "checkpoint"
     if div.lcp_text > div.lcp_ids and div.retokenized:

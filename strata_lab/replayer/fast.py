@@ -19,8 +19,9 @@ from typing import Iterator
 
 import orjson
 
+from strata_lab.replayer.rowtable import RowTable
 from strata_lab.replayer.state import lcp_len
-from strata_lab.replayer.step import CallRow, recorded_prefill_ms, step
+from strata_lab.replayer.step import recorded_prefill_ms, step
 
 __all__ = ["DeltaPrompt", "DomainSteps", "replay_domain", "domain_rows", "session_ends", "cost_samples"]
 
@@ -59,35 +60,85 @@ class DeltaPrompt(Sequence):
         return self.tail[i - base] if i >= base else self.held[i]
 
 
-def domain_rows(partitions: list[str], batch_rows: int = 4096) -> Iterator[tuple[int, int, dict]]:
-    """(partition index, row number in its partition, row) of a cache domain, in seq order."""
-    from strata_lab.dump.store import iter_partition_rows
+# column positions in the row tuples domain_rows yields
+(_SEQ, _SESSION, _REQUEST_ID, _TS, _CALL, _PARENT, _SHARED, _SUFFIX, _PROMPT_LEN, _REUSED, _GEN, _DRAINED,
+ _CKPTS, _PREFILL_MS, _DECODE_MS, _KEYS, _EXTRA, _RAW) = range(len(_ROW_COLUMNS))
+
+
+def _partition_tuples(partition: str, batch_rows: int) -> Iterator[tuple]:
+    """The rows of one partition as tuples in `_ROW_COLUMNS` order: a column at a time from Arrow (one
+    C-level conversion per column and batch), no dict per row."""
+    import pyarrow.parquet as pq
+
+    from strata_lab.dump.store_writer import segment_files
+
+    for f in segment_files(partition):
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=_ROW_COLUMNS):
+            yield from zip(*(c.to_pylist() for c in batch.columns))
+
+
+def domain_rows(partitions: list[str], batch_rows: int = 8192) -> Iterator[tuple[int, int, tuple]]:
+    """(partition index, row number in its partition, row tuple in `_ROW_COLUMNS` order) of a cache
+    domain, in seq order."""
+    if len(partitions) == 1:
+        for n, row in enumerate(_partition_tuples(partitions[0], batch_rows)):
+            yield 0, n, row
+        return
 
     def one(k, part):
-        for n, row in enumerate(iter_partition_rows(part, columns=_ROW_COLUMNS, batch_rows=batch_rows)):
-            yield row["seq"], k, n, row
+        for n, row in enumerate(_partition_tuples(part, batch_rows)):
+            yield row[_SEQ], k, n, row
 
     for _seq, k, n, row in heapq.merge(*(one(k, p) for k, p in enumerate(partitions)), key=lambda t: t[0]):
         yield k, n, row
 
 
-def _record(row: dict) -> dict:
+_EMPTY_TIMINGS: dict = {}
+_NEEDED_KEYS = ("session", "call", "ts", "request_id", "reused")
+_FULL_KEYS: dict[str, bool] = {}  # a line's key list -> whether it names every field of _NEEDED_KEYS
+
+
+def _all_keys(keys: str | None) -> bool:
+    ok = _FULL_KEYS.get(keys)
+    if ok is None:
+        names = set(keys.split(",")) if keys else set()
+        ok = _FULL_KEYS[keys] = all(k in names for k in _NEEDED_KEYS)
+        if len(_FULL_KEYS) > 4096:
+            _FULL_KEYS.clear()
+    return ok
+
+
+def _record(row: tuple) -> dict:
     """The fields `step` reads, from a row's columns (with the line's own values where they had none)."""
-    if row["raw"] is not None:
-        rec = orjson.loads(row["raw"])
+    raw, extra, keys = row[_RAW], row[_EXTRA], row[_KEYS]
+    if raw is None and _all_keys(keys):  # the common line: its scalar fields all have their columns
+        pm = row[_PREFILL_MS]
+        rec = {"session": row[_SESSION], "request_id": row[_REQUEST_ID], "ts": row[_TS], "call": row[_CALL],
+               "reused": row[_REUSED], "gen_ids": row[_GEN] or [], "drained_ids": row[_DRAINED] or [],
+               "checkpoints": row[_CKPTS] or [],
+               "timings": {"prefill_ms": pm, "decode_ms": row[_DECODE_MS]} if pm is not None else _EMPTY_TIMINGS}
+        if not extra:
+            return rec
+        rec.update(orjson.loads(extra))  # fields without a column (a replica), or values of another type
+        for name, kind in (("gen_ids", list), ("drained_ids", list), ("checkpoints", list), ("timings", dict)):
+            if rec.get(name) is None:
+                rec[name] = kind()
+        return rec
+    if raw is not None:
+        rec = orjson.loads(raw)
     else:
         t = {}
-        if row["prefill_ms"] is not None:
-            t = {"prefill_ms": row["prefill_ms"], "decode_ms": row["decode_ms"]}
-        rec = {"session": row["session"], "request_id": row["request_id"], "ts": row["ts"], "call": row["call"],
-               "reused": row["reused"], "gen_ids": row["gen_ids"], "drained_ids": row["drained_ids"],
-               "checkpoints": row["checkpoints"], "timings": t}
-        keys = row["keys"].split(",") if row["keys"] else ()
+        if row[_PREFILL_MS] is not None:
+            t = {"prefill_ms": row[_PREFILL_MS], "decode_ms": row[_DECODE_MS]}
+        rec = {"session": row[_SESSION], "request_id": row[_REQUEST_ID], "ts": row[_TS], "call": row[_CALL],
+               "reused": row[_REUSED], "gen_ids": row[_GEN], "drained_ids": row[_DRAINED],
+               "checkpoints": row[_CKPTS], "timings": t}
+        keys = keys.split(",") if keys else ()
         for k in ("session", "call", "ts", "request_id", "reused"):  # absent from the line: as the reader has it
             if k not in keys:
                 rec.pop(k)
-        if row["extra"]:
-            rec.update(orjson.loads(row["extra"]))
+        if extra:
+            rec.update(orjson.loads(extra))
     for name, kind in (("gen_ids", list), ("drained_ids", list), ("checkpoints", list), ("timings", dict)):
         if rec.get(name) is None:
             rec[name] = kind()
@@ -130,8 +181,8 @@ class DomainSteps:
                 st = states[sid] = opts.new_state()
                 peak[sid] = 0
             held = st.held
-            parent, shared, suffix = row["parent_call"], row["shared_len"], row["suffix_ids"]
-            if row["prompt_len"] is None or row["prompt_len"] < 0:
+            parent, shared, suffix, plen_col = row[_PARENT], row[_SHARED], row[_SUFFIX], row[_PROMPT_LEN]
+            if plen_col is None or plen_col < 0:
                 prompt = rec["prompt_ids"]  # not delta-encoded (kept whole in the line)
                 lcp = lcp_len(prompt, held)
             elif parent < 0:
@@ -140,7 +191,7 @@ class DomainSteps:
             else:
                 prev = last.get(sid)
                 if prev is None or prev[0] != k or prev[1] != parent:
-                    raise ValueError(f"store row seq {row['seq']}: parent_call {parent} is not session {sid!r}'s "
+                    raise ValueError(f"store row seq {row[_SEQ]}: parent_call {parent} is not session {sid!r}'s "
                                      "previous call in its partition")
                 prompt = DeltaPrompt(held, shared, suffix)
                 plen = prev[2]
@@ -156,19 +207,19 @@ class DomainSteps:
             t = recorded_prefill_ms(rec)
             if t is not None:
                 self.recorded_ms = (self.recorded_ms or 0.0) + t
-            if ends.get(row["session"]) == row["seq"]:  # the session's last call: free its held ids
+            if ends.get(row[_SESSION]) == row[_SEQ]:  # the session's last call: free its held ids
                 del states[sid], last[sid]
-            yield row["seq"], r
+            yield row[_SEQ], r
 
 
 def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None):
     """Replay one cache domain (its partitions merged in seq order).
 
-    Returns (seqs, rows, peak snapshot bytes summed over sessions, recorded prefill ms or None).
+    Returns (seqs, rows (a RowTable), peak snapshot bytes summed over sessions, recorded prefill ms or None).
     """
     steps = DomainSteps(partitions, opts, tok, cost_model)
     seqs: list[int] = []
-    rows: list[CallRow] = []
+    rows = RowTable()  # column-wise: memory ~ a few hundred bytes a call
     # the loop allocates many small objects and frees few: the cyclic GC would rescan the growing rows
     # and states again and again (measured: ~30% of the time). Nothing here makes cycles.
     gc_was_on = gc.isenabled()

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from strata_lab.replayer.costs import CostModel
 from strata_lab.replayer.policies import Policy
+from strata_lab.replayer.rowtable import RowTable
 from strata_lab.replayer.step import CallRow
 
 __all__ = ["Report"]
@@ -30,9 +31,10 @@ class Report(Mapping):
     `report.sessions_frame()`, `report.summary()`, `report.worst(n)`, `report.format()`.
     """
 
-    def __init__(self, rows: list[CallRow], *, policy: Policy, model: str, cost_model: CostModel | None,
+    def __init__(self, rows, *, policy: Policy, model: str, cost_model: CostModel | None,
                  snapshot_bytes: int, recorded_prefill_s: float | None):
-        self.rows = rows
+        # rows: CallRows (any iterable) or a RowTable; kept column-wise (strata_lab.replayer.rowtable)
+        self.rows = rows if isinstance(rows, RowTable) else RowTable(rows)
         self.policy = policy
         self.model = model
         self.cost_model = cost_model
@@ -40,29 +42,31 @@ class Report(Mapping):
         self._totals = self._compute_totals(recorded_prefill_s)
 
     def _compute_totals(self, recorded_prefill_s):
-        rows = self.rows
-        prompt = sum(r.prompt_len for r in rows)
-        reused = sum(r.reused for r in rows)
-        reread = sum(r.reread for r in rows)
-        predicted_s = sum(r.prefill_s for r in rows) if self.cost_model else math.nan
-        rec_known = [r for r in rows if r.recorded_reused is not None]
+        col = self.rows.column
+        prompt = sum(col("prompt_len"))
+        reused_col = col("reused")
+        reused = sum(reused_col)
+        reread = sum(col("reread"))
+        predicted_s = sum(col("prefill_s")) if self.cost_model else math.nan
+        recorded = col("recorded_reused")
+        known = [(rr, r) for rr, r in zip(recorded, reused_col) if rr is not None]
         return {
             "policy": self.policy.name,
             "model": self.model,
-            "sessions": len({r.session for r in rows}),
-            "calls": len(rows),
+            "sessions": len(set(col("session"))),
+            "calls": len(self.rows),
             "prompt_tokens": prompt,
             "reused": reused,
             "read": prompt - reused,
             "reread": reread,
             "hit_rate": reused / prompt if prompt else math.nan,
-            "reread_s": sum(r.reread_s for r in rows) if self.cost_model else math.nan,
+            "reread_s": sum(col("reread_s")) if self.cost_model else math.nan,
             "prefill_s": recorded_prefill_s if recorded_prefill_s is not None else predicted_s,
             "predicted_prefill_s": predicted_s,
             "snapshot_mib": self.snapshot_bytes / 2**20,
-            "causes": dict(Counter(r.cause for r in rows)),
-            "mismatches": sum(1 for r in rec_known if r.recorded_reused != r.reused),
-            "compared": len(rec_known),
+            "causes": dict(Counter(col("cause"))),
+            "mismatches": sum(1 for rr, r in known if rr != r),
+            "compared": len(known),
         }
 
     def __getitem__(self, key):
@@ -78,9 +82,14 @@ class Report(Mapping):
         """One row per engine call with typed columns (Contract 3)."""
         import pandas as pd
 
-        rows = self.rows
-        return pd.DataFrame({col: pd.Series([getattr(r, col) for r in rows], dtype=dtype)
-                             for col, dtype in CallRow.DTYPES.items()})
+        table = self.rows.table()
+        out = {}
+        for col, dtype in CallRow.DTYPES.items():
+            values = table.column(col).to_pylist()
+            if dtype == "object":
+                values = [tuple(v) for v in values]
+            out[col] = pd.Series(values, dtype=dtype)
+        return pd.DataFrame(out)
 
     def to_dask_frame(self, npartitions: int = 1):
         """The same rows as a dask.dataframe (for pipelines that continue on a cluster)."""
@@ -122,10 +131,13 @@ class Report(Mapping):
         return (f"about {_fmt_s(t['reread_s'])} of {_fmt_s(total)} ({pct:.0f}%) went to re-reading "
                 f"what the engine held")
 
-    def worst(self, n: int = 5) -> list[dict]:
-        """The n calls that re-read the most held tokens."""
-        return sorted((r for r in self.rows if r.reread > 0 or r.cause not in ("none", "new_session")),
-                      key=lambda r: (-r.reread, -(r.held_before - r.reused)))[:n]
+    def worst(self, n: int = 5) -> list[CallRow]:
+        """The n calls that re-read the most held tokens (ties: the larger miss, then the earlier call)."""
+        col = self.rows.column
+        reread, cause, held, reused = col("reread"), col("cause"), col("held_before"), col("reused")
+        picked = [i for i in range(len(reread)) if reread[i] > 0 or cause[i] not in ("none", "new_session")]
+        picked.sort(key=lambda i: (-reread[i], -(held[i] - reused[i])))
+        return [self.rows[i] for i in picked[:n]]
 
     def format(self, *, worst: int = 5) -> str:
         """The text the CLI prints: per-session table, totals, causes, worst divergences."""

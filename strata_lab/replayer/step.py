@@ -108,11 +108,14 @@ def step(state: SessionState, prompt, rec, *, tok, first: bool, recorded_checkpo
     held_before = len(held)
     if lcp is None:
         lcp = lcp_len(prompt, held)
-    div = find_divergence(held, prompt, tok, lcp_ids=lcp, context_chars=context_chars) if held else None
+    # Only a prompt that leaves held (lcp < len(held)) diverges: the byte walk and the context strings are
+    # paid on misses. A prompt that extends held keeps every held id's text: lcp_text = len(held).
+    div = find_divergence(held, prompt, tok, lcp_ids=lcp, context_chars=context_chars) \
+        if lcp < held_before else None
     pred = state.plan(prompt, lcp=lcp)  # the one reuse computation of this call
     target = pred.target
     cause = classify(held=held, prompt=prompt, segments=state.segments, div=div, reused=pred.reused,
-                     target=target, tok=tok, first_call=first)
+                     target=target, tok=tok, first_call=first, lcp_ids=lcp)
     state.apply(prompt, pred)
     gen, drained = rec["gen_ids"], rec["drained_ids"]
     state.finish(gen, drained)
@@ -120,7 +123,7 @@ def step(state: SessionState, prompt, rec, *, tok, first: bool, recorded_checkpo
         state.checkpoints.clear()
         state.checkpoints.update((int(c), None) for c in rec["checkpoints"] if 0 < int(c) <= len(state.held))
 
-    lcp_text = div.lcp_text if div is not None else 0
+    lcp_text = div.lcp_text if div is not None else held_before
     useful = min(lcp_text, held_before, target if lcp_text >= len(prompt) else lcp_text)
     reread = max(useful - pred.reused, 0)
     read = len(prompt) - pred.reused
