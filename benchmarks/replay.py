@@ -2,12 +2,17 @@
 in-process vs Dask, and peak memory. Every ratio is against a peer measured in the same run.
 
     PYTHONPATH=$PWD python benchmarks/replay.py [--mb 16] [--sessions 40] [--tile 8] [--no-dask]
+        [--baseline-rev 8edd006 | --baseline-dir DIR | --no-baseline] [--big-gb 20]
 
 Workloads: "random" (the synthetic agent-like dump this benchmark always used: sessions whose prompts grow
 turn by turn with random ids) and "fleet" (strata_lab.fleet: agent sessions rendered with the real template
 and tokenizer, tiled --tile times with renamed sessions so the trace is large without generating it all).
-"old replay" is `replay(dump.jsonl)` (the record path, what replay ran before the store); "today's line" is
-that measured as this benchmark printed it before (first 300 calls, tokenizer load included).
+"old replay" is `replay(dump.jsonl)` (the record path of this checkout). "baseline" is the replay of the code
+when the fleet-scale issue was filed (git rev --baseline-rev, checked out and built once under
+build/replay-baseline/, or an existing built checkout given with --baseline-dir), run on the same JSONL in a
+child interpreter in the same run, tokenizer loaded before the clock starts: the "today's rate" the issue's
+30x target is measured against. --big-gb N tiles the fleet store (renamed sessions, shifted seq) into a store
+of N GB of logical JSONL and reports the in-process replay's calls/s and peak RSS on it.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import tempfile
 import time
 
 import orjson
+from tqdm import tqdm
 
 
 def make_dump(path: str, target_mb: float) -> int:
@@ -72,7 +78,7 @@ _HWM = ("def hwm(key='VmHWM'):\n    for line in open('/proc/self/status'):\n    
         "            return int(line.split()[1]) / 1024\n")
 
 
-def peak_rss_mib(setup: str, code: str) -> tuple[float, float]:
+def peak_rss_mib(setup: str, code: str, *, with_output: bool = False):
     """(RSS after `setup`, peak RSS while `code` runs after it), in MiB, in a child Python. The peak is
     reset between the two (Linux: echo 5 > /proc/self/clear_refs), so the second is the code's own peak."""
     prog = (_HWM + setup + "\nbase = hwm('VmRSS')\nopen('/proc/self/clear_refs', 'w').write('5')\n" + code +
@@ -80,10 +86,60 @@ def peak_rss_mib(setup: str, code: str) -> tuple[float, float]:
     out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     base, peak = out.stdout.split("RSS")[-1].split()
+    if with_output:
+        return float(base), float(peak), out.stdout.split("RSS")[0]
     return float(base), float(peak)
 
 
-def bench_workload(name, path, calls, tok, tmp, args) -> None:
+BASELINE_REV = "8edd006"  # main when the fleet-scale issue was filed (its "today's rate")
+
+_BASELINE_PROG = """
+import sys, time
+import strata_lab as sl
+tok = sl.load_tokenizer("qwen3")
+tok.encode("warm up")
+t0 = time.perf_counter()
+r = sl.replay(sys.argv[1], tokenizer=tok)
+dt = time.perf_counter() - t0
+print("BASELINE", r["calls"], r["prompt_tokens"], dt)
+"""
+
+
+def baseline_checkout(args) -> str | None:
+    """A built checkout of the baseline revision (made once under build/replay-baseline/), or None."""
+    from pathlib import Path
+
+    if args.no_baseline:
+        return None
+    if args.baseline_dir:
+        return args.baseline_dir
+    root = Path(__file__).resolve().parents[1]
+    dest = root / "build" / "replay-baseline" / args.baseline_rev
+    if not list((dest / "strata_lab").glob("_engine*.so")):
+        print(f"(building the baseline {args.baseline_rev} in {dest}: once, a few minutes)", flush=True)
+        try:
+            if not (dest / ".git").exists():
+                subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "--force", str(dest),
+                                args.baseline_rev], check=True, capture_output=True)
+            subprocess.run(["bash", str(dest / "scripts" / "dev_build.sh")], check=True, capture_output=True,
+                           cwd=dest)
+        except (subprocess.CalledProcessError, OSError) as e:
+            print(f"(no baseline: {e})")
+            return None
+    return str(dest)
+
+
+def baseline_rate(checkout: str, path: str) -> tuple[int, int, float]:
+    """(calls, prompt ids, seconds) of the baseline checkout's replay of `path`, in a child interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = checkout
+    out = subprocess.run([sys.executable, "-c", _BASELINE_PROG, path], capture_output=True, text=True,
+                         check=True, env=env, cwd=checkout)
+    calls, ids, dt = out.stdout.split("BASELINE")[-1].split()[:3]
+    return int(calls), int(ids), float(dt)
+
+
+def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
     from strata_lab.dump import load_dump
     from strata_lab.replayer import replay
     from strata_lab.dump import Store, convert_jsonl
@@ -129,6 +185,11 @@ def bench_workload(name, path, calls, tok, tmp, args) -> None:
     print(f"replay    : old (JSONL records) {calls / t_old:8.0f} calls/s {ids / t_old / 1e6:7.2f} M ids/s")
     print(f"            new (store, delta)  {calls / t_new:8.0f} calls/s {ids / t_new / 1e6:7.2f} M ids/s | "
           f"{t_old / t_new:.1f}x the old path; {t_read / t_new:.2f}x the plain store read (target >= 0.5x)")
+    if baseline is not None:
+        b_calls, b_ids, b_dt = min((baseline_rate(baseline, path) for _ in range(2)), key=lambda t: t[2])
+        assert b_calls == calls
+        print(f"            baseline (rev {os.path.basename(baseline)}, same dump) {b_calls / b_dt:6.0f} calls/s "
+              f"{b_ids / b_dt / 1e6:5.2f} M ids/s | new is {b_dt / t_new:.1f}x (target >= 30x)")
     small = os.path.join(tmp, f"{name}-small.jsonl")
     with open(path, "rb") as src, open(small, "wb") as dst:
         for i, line in enumerate(src):
@@ -166,6 +227,62 @@ def bench_workload(name, path, calls, tok, tmp, args) -> None:
           f"({(rss_new - base) / max(rss_old - base, 1):.2f}x); logical trace {mb:.0f} MB")
 
 
+def tile_store(src: str, dst: str, copies: int) -> int:
+    """`copies` copies of store `src` in `dst`, one after another: copy c renames sessions and request ids
+    (suffix ~c), shifts seq by c x rows, and becomes segment c of each partition (parent rows shifted with
+    it). Returns the rows written. Arrow does the work column-wise; nothing is replayed or decoded."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from strata_lab.dump.store_writer import partitions, segment_files
+
+    parts = {os.path.relpath(p, src): pq.read_table(segment_files(p)[0]) for p in partitions(src)}
+    for p in partitions(src):
+        assert len(segment_files(p)) == 1, "tile_store reads one segment per partition"
+    total = sum(t.num_rows for t in parts.values())
+    for rel, t in parts.items():
+        os.makedirs(os.path.join(dst, rel), exist_ok=True)
+        n = t.num_rows
+        for c in tqdm(range(copies), desc=f"tile {rel}", unit="copy", leave=False):
+            tag = pa.scalar(f"~{c}")
+            parent = t["parent_call"]
+            cols = {
+                "seq": pc.add(t["seq"], c * total),
+                "session": pc.binary_join_element_wise(t["session"], tag, ""),
+                "request_id": pc.binary_join_element_wise(t["request_id"], tag, ""),
+                "parent_call": pc.if_else(pc.less(parent, 0), parent, pc.add(parent, c * n)),
+            }
+            out = t
+            for k, v in cols.items():
+                out = out.set_column(out.schema.get_field_index(k), k, v.cast(t.schema.field(k).type))
+            pq.write_table(out, os.path.join(dst, rel, f"seg-{c:06d}.parquet"))
+    return total * copies
+
+
+def bench_big(fleet_path: str, fleet_store: str, tmp: str, gb: float) -> None:
+    """Replay a store of `gb` GB logical JSONL (the fleet store, tiled): calls/s and the peak RSS."""
+    from strata_lab.dump import Store
+
+    mb = os.path.getsize(fleet_path) / 2**20
+    copies = max(1, round(gb * 1024 / mb))
+    big = os.path.join(tmp, "big-store")
+    t0 = time.perf_counter()
+    rows = tile_store(fleet_store, big, copies)
+    store_mb = sum(os.path.getsize(f) for f in Store(big).paths) / 2**20
+    print(f"\n== big: {copies} copies of the fleet trace = {copies * mb / 1024:.1f} GB logical JSONL, {rows} calls, "
+          f"store {store_mb:.0f} MB (tiled in {time.perf_counter() - t0:.0f} s)")
+    load = "import gc, time, strata_lab as sl; tok = sl.load_tokenizer('qwen3'); tok.token_bytes(0); gc.collect()"
+    code = (f"t0 = time.perf_counter(); r = sl.replay({big!r}, tokenizer=tok); dt = time.perf_counter() - t0\n"
+            "print('RATE', r['calls'] / dt, r['prompt_tokens'] / dt / 1e6, r['calls'])")
+    base, peak, out = peak_rss_mib(load, code, with_output=True)
+    rate, ids_rate, calls = out.split("RATE")[-1].split()
+    assert int(calls) == rows
+    print(f"replay    : {float(rate):8.0f} calls/s {float(ids_rate):7.2f} M ids/s in-process")
+    print(f"peak RSS  : tokenizer loaded {base:6.0f} MiB | during the replay {peak:6.0f} MiB (target < 1024 MiB for "
+          f"20 GB logical); growth {peak - base:.0f} MiB = {(peak - base) * 2**20 / rows:.0f} bytes a call")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=16.0, help="size of the random-id dump")
@@ -173,19 +290,26 @@ def main() -> None:
     ap.add_argument("--tile", type=int, default=6, help="copies of the generated fleet")
     ap.add_argument("--replay-calls", type=int, default=300)
     ap.add_argument("--no-dask", action="store_true")
+    ap.add_argument("--baseline-rev", default=BASELINE_REV, help="git rev whose replay is the 30x baseline")
+    ap.add_argument("--baseline-dir", default=None, help="an already built checkout of the baseline")
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--big-gb", type=float, default=0.0, help="also replay a tiled store of this many GB logical")
     args = ap.parse_args()
     import strata_lab as sl
 
     tok = sl.load_tokenizer("qwen3")
     tok.token_bytes(0)  # build the byte table once, outside every timing
+    baseline = baseline_checkout(args)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "random.jsonl")
-        bench_workload("random", path, make_dump(path, args.mb), tok, tmp, args)
+        bench_workload("random", path, make_dump(path, args.mb), tok, tmp, args, baseline)
         path = os.path.join(tmp, "fleet.jsonl")
         t0 = time.perf_counter()
         n = make_fleet(path, args.sessions, args.tile, tok)
         print(f"\n(fleet generated in {time.perf_counter() - t0:.0f} s)")
-        bench_workload("fleet", path, n, tok, tmp, args)
+        bench_workload("fleet", path, n, tok, tmp, args, baseline)
+        if args.big_gb > 0:
+            bench_big(path, os.path.join(tmp, "fleet-store"), tmp, args.big_gb)
 
 
 if __name__ == "__main__":

@@ -65,19 +65,34 @@ class DeltaPrompt(Sequence):
  _CKPTS, _PREFILL_MS, _DECODE_MS, _KEYS, _EXTRA, _RAW) = range(len(_ROW_COLUMNS))
 
 
+def _lazy_lists(col) -> Iterator[list | None]:
+    """The lists of an Arrow list column one row at a time, from its flat numpy buffers: a batch holds
+    4 bytes an id, not a Python int each (a batch of long prompts as Python lists is tens of MB)."""
+    offs = col.offsets.to_numpy()
+    vals = col.values.to_numpy(zero_copy_only=False)
+    if col.null_count:
+        nulls = col.is_null().to_pylist()
+        for i in range(len(col)):
+            yield None if nulls[i] else vals[offs[i]:offs[i + 1]].tolist()
+    else:
+        for i in range(len(col)):
+            yield vals[offs[i]:offs[i + 1]].tolist()
+
+
 def _partition_tuples(partition: str, batch_rows: int) -> Iterator[tuple]:
-    """The rows of one partition as tuples in `_ROW_COLUMNS` order: a column at a time from Arrow (one
-    C-level conversion per column and batch), no dict per row."""
+    """The rows of one partition as tuples in `_ROW_COLUMNS` order: scalar columns converted a batch at a
+    time (one C-level call per column), id lists a row at a time from the batch's flat buffers."""
     import pyarrow.parquet as pq
+    import pyarrow.types as pt
 
     from strata_lab.dump.store_writer import segment_files
 
     for f in segment_files(partition):
         for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=_ROW_COLUMNS):
-            yield from zip(*(c.to_pylist() for c in batch.columns))
+            yield from zip(*(_lazy_lists(c) if pt.is_list(c.type) else c.to_pylist() for c in batch.columns))
 
 
-def domain_rows(partitions: list[str], batch_rows: int = 8192) -> Iterator[tuple[int, int, tuple]]:
+def domain_rows(partitions: list[str], batch_rows: int = 1024) -> Iterator[tuple[int, int, tuple]]:
     """(partition index, row number in its partition, row tuple in `_ROW_COLUMNS` order) of a cache
     domain, in seq order."""
     if len(partitions) == 1:
@@ -204,8 +219,8 @@ class DomainSteps:
             b = st.snapshot_bytes()
             if b > peak[sid]:
                 peak[sid] = b
-            t = recorded_prefill_ms(rec)
-            if t is not None:
+            t = r.prefill_ms  # the recorded prefill_ms (NaN: none)
+            if t == t:
                 self.recorded_ms = (self.recorded_ms or 0.0) + t
             if ends.get(row[_SESSION]) == row[_SEQ]:  # the session's last call: free its held ids
                 del states[sid], last[sid]

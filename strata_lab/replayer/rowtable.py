@@ -31,6 +31,7 @@ from strata_lab.replayer.step import COLUMNS, CallRow
 __all__ = ["RowTable"]
 
 _TUPLE_COLUMNS = frozenset(c for c, d in CallRow.DTYPES.items() if d == "object")
+_CAUSE = COLUMNS.index("cause")
 
 
 def _arrow_types() -> dict:
@@ -44,7 +45,7 @@ def _arrow_types() -> dict:
 class RowTable(Sequence):
     """CallRows in chunks of Arrow record batches (see the module docstring). Append-only."""
 
-    def __init__(self, rows: Iterable[CallRow] = (), *, chunk: int = 8192):
+    def __init__(self, rows: Iterable[CallRow] = (), *, chunk: int = 4096):
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"chunk must be a positive int, got {chunk!r}")
         self.chunk = chunk
@@ -71,12 +72,13 @@ class RowTable(Sequence):
             return
         types = _arrow_types()
         arrays = [pa.array([getattr(r, c) for r in rows], type=types[c]) for c in COLUMNS]
+        arrays[_CAUSE] = arrays[_CAUSE].dictionary_encode()  # a handful of distinct causes: 1-byte codes
         self._batches.append(pa.RecordBatch.from_arrays(arrays, names=COLUMNS))
         self._ends.append((self._ends[-1] if self._ends else 0) + len(rows))
         self._pending = []
 
     @classmethod
-    def from_batches(cls, batches: Iterable, *, chunk: int = 8192) -> "RowTable":
+    def from_batches(cls, batches: Iterable, *, chunk: int = 4096) -> "RowTable":
         """A table over record batches with CallRow's columns (as `batches()` gives them)."""
         t = cls(chunk=chunk)
         for b in batches:

@@ -11,6 +11,8 @@ def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
 
     >>> lcp_len([1, 2, 3], [1, 2, 4, 5])
     2
+    >>> lcp_len(list(range(5000)), list(range(3001)) + [0] * 10), lcp_len([], [1])
+    (3001, 0)
     """
     a = a if isinstance(a, list) else list(a)
     b = b if isinstance(b, list) else list(b)
@@ -22,7 +24,15 @@ def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i:j] == b[i:j]:
             i = j
             continue
-        while a[i] == b[i]:
-            i += 1
-        return i
+        # the first difference lies in [i, j): halve the window with slice compares, then step
+        lo, hi = i, j
+        while hi - lo > 16:
+            mid = (lo + hi) // 2
+            if a[lo:mid] == b[lo:mid]:
+                lo = mid
+            else:
+                hi = mid
+        while a[lo] == b[lo]:
+            lo += 1
+        return lo
     return n
