@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Mapping
@@ -42,31 +43,44 @@ class Report(Mapping):
         self._totals = self._compute_totals(recorded_prefill_s)
 
     def _compute_totals(self, recorded_prefill_s):
-        col = self.rows.column
-        prompt = sum(col("prompt_len"))
-        reused_col = col("reused")
-        reused = sum(reused_col)
-        reread = sum(col("reread"))
-        predicted_s = sum(col("prefill_s")) if self.cost_model else math.nan
-        recorded = col("recorded_reused")
-        known = [(rr, r) for rr, r in zip(recorded, reused_col) if rr is not None]
+        # a chunk of rows at a time (bounded memory on millions of calls); sums run in row order
+        prompt = reused = reread = mismatches = compared = 0
+        prefill_s = reread_s = 0.0
+        sessions: set = set()
+        causes: Counter = Counter()
+        names = ["prompt_len", "reused", "reread", "prefill_s", "reread_s", "recorded_reused", "session", "cause"]
+        for pl, ru, rr, ps, rs, rec, sess, cause in self.rows.iter_columns(names):
+            prompt += sum(pl)
+            reused += sum(ru)
+            reread += sum(rr)
+            for x in ps:
+                prefill_s += x
+            for x in rs:
+                reread_s += x
+            for a, b in zip(rec, ru):
+                if a is not None:
+                    compared += 1
+                    mismatches += a != b
+            sessions.update(sess)
+            causes.update(cause)
+        predicted_s = prefill_s if self.cost_model else math.nan
         return {
             "policy": self.policy.name,
             "model": self.model,
-            "sessions": len(set(col("session"))),
+            "sessions": len(sessions),
             "calls": len(self.rows),
             "prompt_tokens": prompt,
             "reused": reused,
             "read": prompt - reused,
             "reread": reread,
             "hit_rate": reused / prompt if prompt else math.nan,
-            "reread_s": sum(col("reread_s")) if self.cost_model else math.nan,
+            "reread_s": reread_s if self.cost_model else math.nan,
             "prefill_s": recorded_prefill_s if recorded_prefill_s is not None else predicted_s,
             "predicted_prefill_s": predicted_s,
             "snapshot_mib": self.snapshot_bytes / 2**20,
-            "causes": dict(Counter(col("cause"))),
-            "mismatches": sum(1 for rr, r in known if rr != r),
-            "compared": len(known),
+            "causes": dict(causes),
+            "mismatches": mismatches,
+            "compared": compared,
         }
 
     def __getitem__(self, key):
@@ -133,11 +147,15 @@ class Report(Mapping):
 
     def worst(self, n: int = 5) -> list[CallRow]:
         """The n calls that re-read the most held tokens (ties: the larger miss, then the earlier call)."""
-        col = self.rows.column
-        reread, cause, held, reused = col("reread"), col("cause"), col("held_before"), col("reused")
-        picked = [i for i in range(len(reread)) if reread[i] > 0 or cause[i] not in ("none", "new_session")]
-        picked.sort(key=lambda i: (-reread[i], -(held[i] - reused[i])))
-        return [self.rows[i] for i in picked[:n]]
+        def candidates():
+            i = 0
+            for reread, cause, held, reused in self.rows.iter_columns(["reread", "cause", "held_before", "reused"]):
+                for k in range(len(reread)):
+                    if reread[k] > 0 or cause[k] not in ("none", "new_session"):
+                        yield (-reread[k], -(held[k] - reused[k]), i + k)
+                i += len(reread)
+
+        return [self.rows[i] for _a, _b, i in heapq.nsmallest(n, candidates())]
 
     def format(self, *, worst: int = 5) -> str:
         """The text the CLI prints: per-session table, totals, causes, worst divergences."""

@@ -115,6 +115,17 @@ class RowTable(Sequence):
             out = [tuple(v) for v in out]
         return out
 
+    def iter_columns(self, names: Sequence[str]) -> Iterator[list[list]]:
+        """The named columns a chunk at a time (lists of Python values, one list per name): totals over
+        millions of rows without holding a whole column as Python objects."""
+        for name in names:
+            if name not in CallRow.DTYPES:
+                raise KeyError(name)
+        self._pack()
+        for b in self._batches:
+            cols = [b.column(name).to_pylist() for name in names]
+            yield [[tuple(v) for v in c] if name in _TUPLE_COLUMNS else c for name, c in zip(names, cols)]
+
     def __len__(self) -> int:
         return (self._ends[-1] if self._ends else 0) + len(self._pending)
 
