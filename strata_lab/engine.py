@@ -41,11 +41,36 @@ __all__ = ["Engine", "Session", "Stream", "Sampling", "CheckpointPolicy", "Gener
            "TokenLogprob"]
 
 
+_OMP_CHECKED = False
+
+
+def _libgomp_mapped() -> bool:
+    """Whether a libgomp is already loaded in this process (Linux; False where /proc is absent)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return b"libgomp" in f.read()
+    except OSError:
+        return False
+
+
 def _ext():
     # Sleeping, not spinning, at OpenMP barriers: a decode step has ~200 parallel regions, and on shared
     # or oversubscribed cores spinning threads starve each other (measured: 2.8 vs 21 tok/s decode).
-    # libgomp reads this once when the extension loads; a value the user set wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    # libgomp reads this once when it loads; a value the user set wins.
+    global _OMP_CHECKED
+    if not _OMP_CHECKED:
+        _OMP_CHECKED = True
+        if "OMP_WAIT_POLICY" not in os.environ and _libgomp_mapped():
+            # PyTorch ships libgomp.so.1 under the same soname: loaded first, it is ours too, already set up
+            # with spinning waits. Too late to change; say what to do.
+            import warnings
+
+            warnings.warn("an OpenMP runtime (libgomp, e.g. PyTorch's) was loaded before strata_lab's engine, "
+                          "with OMP_WAIT_POLICY unset: its threads spin at the engine's barriers, which can make "
+                          "it many times slower on few cores. Set OMP_WAIT_POLICY=passive in the environment "
+                          "before Python starts, or import strata_lab.engine before torch.", RuntimeWarning,
+                          stacklevel=3)
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     from strata_lab import _engine
 
     return _engine

@@ -216,3 +216,37 @@ def test_header_parser_fuzz_never_crashes(data, size):
 def test_header_parser_deep_nesting(depth):
     with pytest.raises(_engine.ModelFolderError):
         _engine.parse_safetensors_header(b"[" * depth + b"]" * depth, 0)
+
+
+_OMP_PROG = """
+import os, sys, warnings
+os.environ.pop("OMP_WAIT_POLICY", None)
+if sys.argv[1] == "torch-first":
+    import torch  # loads PyTorch's libgomp.so.1 before the engine's
+warnings.simplefilter("error")
+from strata_lab.engine import _ext
+try:
+    _ext()
+except RuntimeWarning as e:
+    print("WARNED", e)
+else:
+    print("QUIET", os.environ["OMP_WAIT_POLICY"])
+"""
+
+
+@pytest.mark.parametrize("order,want", [("torch-first", "WARNED"), ("engine-first", "QUIET passive")])
+def test_libgomp_loaded_first_is_named(order, want):
+    """PyTorch's libgomp loaded before the engine (same soname, so it becomes ours, spinning) gets a
+    warning that says what to do; the engine loaded first sets the sleeping wait policy quietly."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", _OMP_PROG, order], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(want), out.stdout
+    if want == "WARNED":
+        assert "OMP_WAIT_POLICY=passive" in out.stdout
