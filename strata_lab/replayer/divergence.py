@@ -8,6 +8,7 @@ the held ids whose bytes lie wholly before the first byte where the texts differ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 __all__ = ["Divergence", "find_divergence", "classify", "CAUSES"]
 
@@ -83,6 +84,28 @@ def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40)
     hi, pi = lcp_ids, lcp_ids
     pbuf = b""
     k = 0
+    # Windows of held ids first: a window whose bytes the prompt's bytes start with is consumed whole
+    # (bytes joined and compared in C). The state after it is the one the id-by-id walk below reaches (the
+    # prompt is read just far enough to cover the window). A window that parts is walked id by id from its
+    # start, so the result is the id-by-id walk's.
+    w = 64
+    while hi < nh:
+        hbytes = ids_bytes(held[hi:hi + w])
+        buf, j = pbuf, pi
+        if len(buf) < len(hbytes) and j < np_:
+            parts = [buf]
+            have = len(buf)
+            while have < len(hbytes) and j < np_:
+                b = tb(ptail[j - lcp_ids])
+                parts.append(b)
+                have += len(b)
+                j += 1
+            buf = b"".join(parts)
+        if not buf.startswith(hbytes):
+            break
+        pbuf, pi = buf[len(hbytes):], j
+        hi = min(hi + w, nh)
+        w = min(w * 2, 4096)
     while hi < nh:
         hb = tb(held[hi])
         while len(pbuf) < len(hb) and pi < np_:
@@ -127,15 +150,9 @@ def _realigned(held, ptail, tb, lcp_ids: int, lcp_text: int) -> bool:
         return False
     if lcp_text >= len(held):
         return True
-    ends = set()
-    off = 0
-    for i in range(lcp_ids, lcp_text):
-        off += len(tb(held[i]))
-        ends.add(off)
-    last = off  # the held ids before the text divergence end here; the divergence is at or after it
-    off = 0
-    for i in ptail:
-        off += len(tb(i))
+    ends = set(accumulate(map(len, map(tb, held[lcp_ids:lcp_text]))))
+    last = max(ends)  # the held ids before the text divergence end here; the divergence is at or after it
+    for off in accumulate(map(len, map(tb, ptail))):
         if off in ends:
             return True
         if off > last:
