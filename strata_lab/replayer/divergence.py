@@ -86,8 +86,8 @@ def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40)
     k = 0
     # Windows of held ids first: a window whose bytes the prompt's bytes start with is consumed whole
     # (bytes joined and compared in C). The state after it is the one the id-by-id walk below reaches (the
-    # prompt is read just far enough to cover the window). A window that parts is walked id by id from its
-    # start, so the result is the id-by-id walk's.
+    # prompt is read just far enough to cover the window). A window that parts is halved and tried again;
+    # below 16 ids it is walked id by id from its start, so the result is the id-by-id walk's.
     w = 64
     while hi < nh:
         hbytes = ids_bytes(held[hi:hi + w])
@@ -102,7 +102,10 @@ def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40)
                 j += 1
             buf = b"".join(parts)
         if not buf.startswith(hbytes):
-            break
+            if w <= 16:
+                break
+            w //= 2  # the texts part inside this window: narrow it down before walking id by id
+            continue
         pbuf, pi = buf[len(hbytes):], j
         hi = min(hi + w, nh)
         w = min(w * 2, 4096)

@@ -270,30 +270,49 @@ def session_ends(partitions: list[str]) -> dict[str, int]:
 
 def cost_samples(partitions: list[str]) -> list[tuple[int, int, float]]:
     """(read, reused, prefill_ms) of every call that has them, in seq order: what fit_cost reads. Only the
-    scalar columns are read (no id lists)."""
-    from strata_lab.dump.store import iter_partition_rows
+    scalar columns are read (no id lists); rows whose fields all have their columns are taken column-wise,
+    the rest (a raw line, extra fields) one by one."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
-    out = []
-    cols = ["seq", "prompt_len", "reused", "prefill_ms", "decode_ms", "keys", "extra", "raw"]
-    for part in partitions:
-        for row in iter_partition_rows(part, columns=cols, batch_rows=65536):
-            if row["raw"] is not None or row["extra"] is not None:
-                rec = orjson.loads(row["raw"]) if row["raw"] is not None else None
-                if rec is None:
-                    rec = {"reused": row["reused"], "timings": {"prefill_ms": row["prefill_ms"]}
-                           if row["prefill_ms"] is not None else {}}
-                    rec.update(orjson.loads(row["extra"]))
-                reused, plen = rec.get("reused"), row["prompt_len"]
-                if plen is None or plen < 0:
-                    plen = len(rec.get("prompt_ids") or [])
-                t = recorded_prefill_ms({"timings": rec.get("timings") if isinstance(rec.get("timings"), dict)
-                                         else {}})
-            else:
-                reused, plen, t = row["reused"], row["prompt_len"], row["prefill_ms"]
-            if isinstance(reused, int) and t is not None:
-                out.append((row["seq"], (plen - reused, reused, t)))
-    out.sort(key=lambda x: x[0])
-    return [s for _q, s in out]
+    from strata_lab.dump.store_writer import segment_files
+
+    cols = ["seq", "prompt_len", "reused", "prefill_ms", "keys", "extra", "raw"]
+    seqs, reads, starts, times = [], [], [], []
+    for f in (f for part in partitions for f in segment_files(part)):
+        t = pq.read_table(f, columns=cols)
+        odd = pc.or_(pc.is_valid(t["raw"]), pc.is_valid(t["extra"]))
+        known = pc.and_(pc.and_(pc.is_valid(t["reused"]), pc.is_valid(t["prefill_ms"])),
+                        pc.and_(pc.is_valid(t["prompt_len"]), pc.greater_equal(t["prompt_len"], 0)))
+        plain = t.filter(pc.and_(pc.invert(odd), known))
+        seqs.append(plain["seq"].to_numpy())
+        reused = plain["reused"].to_numpy()
+        reads.append(plain["prompt_len"].to_numpy().astype(np.int64) - reused)
+        starts.append(reused)
+        times.append(plain["prefill_ms"].to_numpy())
+        for row in t.filter(odd).to_pylist():
+            rec = orjson.loads(row["raw"]) if row["raw"] is not None else None
+            if rec is None:
+                rec = {"reused": row["reused"], "timings": {"prefill_ms": row["prefill_ms"]}
+                       if row["prefill_ms"] is not None else {}}
+                rec.update(orjson.loads(row["extra"]))
+            reused, plen = rec.get("reused"), row["prompt_len"]
+            if plen is None or plen < 0:
+                plen = len(rec.get("prompt_ids") or [])
+            ms = recorded_prefill_ms({"timings": rec.get("timings") if isinstance(rec.get("timings"), dict)
+                                      else {}})
+            if isinstance(reused, int) and ms is not None:
+                seqs.append(np.array([row["seq"]]))
+                reads.append(np.array([plen - reused]))
+                starts.append(np.array([reused]))
+                times.append(np.array([ms], dtype=np.float64))
+    if not seqs:
+        return []
+    seq = np.concatenate(seqs)
+    order = np.argsort(seq, kind="stable")
+    cat = [np.concatenate(x)[order].tolist() for x in (reads, starts, times)]
+    return list(zip(*cat))
 
 
 def fit_cost_store(store) -> CostModel | None:

@@ -17,6 +17,9 @@ def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
     a = a if isinstance(a, list) else list(a)
     b = b if isinstance(b, list) else list(b)
     n = min(len(a), len(b))
+    if n <= 4096:  # one compare in C, copying only the longer side's head
+        if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
+            return n
     i = 0
     # compare chunks first: list slices compare in C, far faster than a Python loop on long ids
     while i < n:
