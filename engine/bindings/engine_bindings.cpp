@@ -130,7 +130,7 @@ void register_checkpoint(py::module_& m) {
   }, py::arg("bytes"), py::arg("threads") = 0, py::arg("reps") = 3,
      "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
-        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' or 'bf16_eo' (default on).");
+        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo' or 'gdn_matrix' (default on).");
   m.def("kernel_level", [] { return std::string(kernels::level_name(kernels::level())); });
   m.def("set_kernel_level", [](const std::string& name) {
     kernels::Level l = name == "scalar" ? kernels::Level::Scalar : name == "avx2" ? kernels::Level::AVX2

@@ -53,10 +53,21 @@ static Level g_level = initial_level();
 // for the same cores; the pool stays as an option for dedicated machines.
 static bool g_decode_pool = false;  // decode loops on pool.h (false: OpenMP dynamic loops)
 static bool g_bf16_eo = true;      // AVX2 bf16 rows in even/odd order (false: widening loads)
+static bool g_gdn_matrix = [] {    // GDN chunked prefill in matrix form (false: the older row loops)
+  const char* e = std::getenv("STRATA_GDN_SCALAR");
+  return !(e && *e && std::string(e) != "0");
+}();
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
   else if (name == "bf16_eo") g_bf16_eo = on;
-  else throw std::invalid_argument("unknown kernel option '" + name + "' (decode_pool, bf16_eo)");
+  else if (name == "gdn_matrix") g_gdn_matrix = on;
+  else throw std::invalid_argument("unknown kernel option '" + name + "' (decode_pool, bf16_eo, gdn_matrix)");
+}
+bool option(const std::string& name) {
+  if (name == "decode_pool") return g_decode_pool;
+  if (name == "bf16_eo") return g_bf16_eo;
+  if (name == "gdn_matrix") return g_gdn_matrix;
+  throw std::invalid_argument("unknown kernel option '" + name + "' (decode_pool, bf16_eo, gdn_matrix)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -593,6 +604,78 @@ void axpy(float a, const float* x, float* y, int64_t n) {
   else {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+  }
+}
+
+// ---------------------------------------------------------------- small f32 GEMM (one thread)
+// C[M, N] (+)= A[M, K] @ B[K, N]; A element (i, p) at A[i * ars + p * acs] (a transposed A is acs = ld,
+// ars = 1), B and C row-major. The AVX2 tile holds MR rows x NV vectors of 8 columns in registers and
+// broadcasts one A element per row per step; the last vector of a row may be masked (N % 8 columns).
+// lower: A is lower triangular (A(i, p) = 0 for p > i), so row block i0.. stops at p < i0 + MR.
+STRATA_AVX2 static inline __m256i tail_mask(int64_t r) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(r)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+template <int MR, int NV, bool MASK>
+STRATA_AVX2 static void gemm_tile_avx2(int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
+                                       int64_t ldb, float* C, int64_t ldc, bool acc, __m256i m) {
+  __m256 c[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) {
+      float* cp = C + r * ldc + 8 * v;
+      c[r][v] = !acc ? _mm256_setzero_ps() : (MASK && v == NV - 1) ? _mm256_maskload_ps(cp, m) : _mm256_loadu_ps(cp);
+    }
+  for (int64_t p = 0; p < K; ++p) {
+    const float* bp = B + p * ldb;
+    __m256 b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = (MASK && v == NV - 1) ? _mm256_maskload_ps(bp + 8 * v, m) : _mm256_loadu_ps(bp + 8 * v);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(A + r * ars + p * acs);
+      for (int v = 0; v < NV; ++v) c[r][v] = _mm256_fmadd_ps(a, b[v], c[r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) {
+      float* cp = C + r * ldc + 8 * v;
+      if (MASK && v == NV - 1) _mm256_maskstore_ps(cp, m, c[r][v]);
+      else _mm256_storeu_ps(cp, c[r][v]);
+    }
+}
+template <int MR>
+STRATA_AVX2 static void gemm_rows_avx2(int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs,
+                                       const float* B, int64_t ldb, float* C, int64_t ldc, bool acc) {
+  int64_t j = 0;
+  const __m256i none = _mm256_setzero_si256();
+  for (; j + 16 <= N; j += 16) gemm_tile_avx2<MR, 2, false>(K, A, ars, acs, B + j, ldb, C + j, ldc, acc, none);
+  if (j + 8 <= N) { gemm_tile_avx2<MR, 1, false>(K, A, ars, acs, B + j, ldb, C + j, ldc, acc, none); j += 8; }
+  if (j < N) gemm_tile_avx2<MR, 1, true>(K, A, ars, acs, B + j, ldb, C + j, ldc, acc, tail_mask(N - j));
+}
+STRATA_AVX2 static void gemm_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs,
+                                  const float* B, int64_t ldb, float* C, int64_t ldc, bool acc, bool lower) {
+  constexpr int MR = 4;
+  int64_t i = 0;
+  for (; i + MR <= M; i += MR)
+    gemm_rows_avx2<MR>(N, lower ? std::min(K, i + MR) : K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc, acc);
+  for (; i < M; ++i)
+    gemm_rows_avx2<1>(N, lower ? std::min(K, i + 1) : K, A + i * ars, ars, acs, B, ldb, C + i * ldc, ldc, acc);
+}
+
+void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
+              int64_t ldb, float* C, int64_t ldc, bool accumulate, bool lower) {
+  if (M <= 0 || N <= 0) return;
+  if (vec(level()) != Level::Scalar) {
+    gemm_avx2(M, N, K, A, ars, acs, B, ldb, C, ldc, accumulate, lower);
+    return;
+  }
+  for (int64_t i = 0; i < M; ++i) {
+    float* ci = C + i * ldc;
+    if (!accumulate) std::fill(ci, ci + N, 0.f);
+    const int64_t kend = lower ? std::min(K, i + 1) : K;
+    for (int64_t p = 0; p < kend; ++p) {
+      const float a = A[i * ars + p * acs];
+      const float* bp = B + p * ldb;
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) ci[j] += a * bp[j];
+    }
   }
 }
 
