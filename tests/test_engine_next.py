@@ -96,6 +96,45 @@ def test_prefill_equals_token_by_token_decode_at_any_chunking(moe):
     assert np.abs(s.last_logits() - full[-1]).max() <= TOL
 
 
+@pytest.mark.parametrize("path", ["matrix", "matrix-scalar-kernels", "rows"])
+def test_chunked_prefill_state_equals_recurrent_state(tmp_path, path):
+    """The state a chunked prefill leaves is the token-by-token recurrent state.
+
+    n = 150 = 64 + 64 + 22 (more than two 64-token GDN chunks, not a multiple of the chunk), on head dims
+    that are not multiples of the 8-wide GEMM vectors (dk 24, dv 40: masked column tails, row tails). Session
+    A prefills the 150 ids in one call, session B reads them one decode step (recurrent GDN step) at a
+    time; then both decode the same 24 further ids one step each. The state is only observable through
+    the logits, so every step's logits are compared: a state difference would carry into each of them.
+    Tolerance: 1e-4 absolute on logits of magnitude ~5 (fp32 state, sums in a different order).
+    Paths: the matrix form on the best kernels, on the scalar fallback, and the older row form.
+    """
+    from strata_lab import _engine
+
+    shape = dict(SMALL, vocab_size=4096, linear_key_head_dim=24, linear_value_head_dim=40)
+    eng = Engine.load(make_tiny(tmp_path, "qwen3_next", "tiny", seed=4, overrides=shape), threads=2)
+    ids = _ids(174, seed=9, hi=4096)
+    best = _engine.kernel_level()
+    try:
+        if path == "rows":
+            _engine._set_kernel_option("gdn_matrix", False)
+        elif path == "matrix-scalar-kernels":
+            _engine.set_kernel_level("scalar")
+        a = eng.session("prefill")
+        a.generate(ids[:150], max_new_tokens=0)
+        b = eng.session("steps")
+        for n in range(1, 151):
+            b.generate(ids[:n], max_new_tokens=0)
+        assert np.abs(a.last_logits() - b.last_logits()).max() <= TOL
+        for n in range(151, len(ids) + 1):
+            a.generate(ids[:n], max_new_tokens=0)
+            b.generate(ids[:n], max_new_tokens=0)
+            assert np.abs(a.last_logits() - b.last_logits()).max() <= TOL, n
+        assert np.abs(a.last_logits()).max() > 1.0  # logits are not trivially small
+    finally:
+        _engine._set_kernel_option("gdn_matrix", True)
+        _engine.set_kernel_level(best)
+
+
 def test_prefill_longer_than_the_session_chunk(moe):
     ids = _ids(530, seed=6)  # the session reads 512, then 18
     s = moe.session("long")

@@ -34,9 +34,11 @@ void GdnState::reset() {
 }
 
 // The delta-rule loops are `omp simd` loops in a portable build (SSE2 only); compiled here also for
-// AVX2+FMA and AVX-512, chosen at load (GCC function multiversioning), they run 2-4x wider.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define STRATA_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+// AVX2+FMA and AVX-512, chosen at load (GCC function multiversioning), they run 2-4x wider. The clones
+// name ISA levels, not CPU models: GCC dispatches "arch=haswell" with __builtin_cpu_is, so an AMD EPYC
+// with AVX2+FMA got the SSE2 default; x86-64-v3 (AVX2, FMA, F16C, BMI) and v4 (AVX-512) test features.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define STRATA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define STRATA_CLONES
 #endif
@@ -185,10 +187,14 @@ STRATA_CLONES static void delta_chunked_matrix(int64_t T, int64_t dk, int64_t dv
       bt[i] = beta[(size_t)(c0 + i) * ldbg];
     }
     // Kt [dk, n] (ld L) = K^T
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t m = 0; m < dk; ++m) Kt[(size_t)m * L + j] = K0[(size_t)j * ldk + m];
-    gemm_f32(n, n, dk, K0, ldk, 1, Kt.data(), L, G.data(), L);  // G = K K^T
-    gemm_f32(n, n, dk, Q0, ldq, 1, Kt.data(), L, P.data(), L);  // P = Q K^T
+    for (int64_t m = 0; m < dk; ++m)
+      for (int64_t j = 0; j < n; ++j) Kt[(size_t)m * L + j] = K0[(size_t)j * ldk + m];
+    // G = K K^T, P = Q K^T: only the lower triangles are used, so blocks of 16 rows stop at their diagonal
+    for (int64_t i0 = 0; i0 < n; i0 += 16) {
+      const int64_t rows = std::min<int64_t>(16, n - i0), cols = std::min<int64_t>(n, i0 + 16);
+      gemm_f32(rows, cols, dk, K0 + (size_t)i0 * ldk, ldk, 1, Kt.data(), L, G.data() + (size_t)i0 * L, L);
+      gemm_f32(rows, cols, dk, Q0 + (size_t)i0 * ldq, ldq, 1, Kt.data(), L, P.data() + (size_t)i0 * L, L);
+    }
     // masks and decays; T row by row: T_i = e_i - sum_{j<i} A_ij T_j (T_j is zero past column j)
     for (int64_t i = 0; i < n; ++i) {
       float* Pi = P.data() + (size_t)i * L;
@@ -200,14 +206,11 @@ STRATA_CLONES static void delta_chunked_matrix(int64_t T, int64_t dk, int64_t dv
         arow[j] = bt[i] * Gi[j] * e;
       }
       std::fill(Pi + i + 1, Pi + n, 0.f);
-      std::fill(Ti, Ti + n, 0.f);
+      // T_i[0:i] = -arow[0:i] T[0:i, 0:i] (a one-row GEMM; T is zero above its diagonal)
+      for (int64_t j = 0; j < i; ++j) arow[j] = -arow[j];
+      gemm_f32(1, i, i, arow.data(), L, 1, Tm.data(), L, Ti, L);
+      std::fill(Ti + i, Ti + n, 0.f);
       Ti[i] = 1.f;
-      for (int64_t j = 0; j < i; ++j) {
-        const float a = arow[j];
-        const float* Tj = Tm.data() + (size_t)j * L;
-#pragma omp simd
-        for (int64_t c = 0; c <= j; ++c) Ti[c] -= a * Tj[c];
-      }
     }
     // R = diag(beta) V - diag(beta e^gamma) K S ; Qe = diag(e^gamma) Q
     for (int64_t i = 0; i < n; ++i) {

@@ -618,27 +618,53 @@ STRATA_AVX2 static inline __m256i tail_mask(int64_t r) {
 template <int MR, int NV, bool MASK>
 STRATA_AVX2 static void gemm_tile_avx2(int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
                                        int64_t ldb, float* C, int64_t ldc, bool acc, __m256i m) {
-  __m256 c[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) {
-      float* cp = C + r * ldc + 8 * v;
-      c[r][v] = !acc ? _mm256_setzero_ps() : (MASK && v == NV - 1) ? _mm256_maskload_ps(cp, m) : _mm256_loadu_ps(cp);
-    }
+  // Named accumulators (an array of __m256 indexed in loops is kept on the stack by GCC 12).
+  static_assert(MR >= 1 && MR <= 4 && NV >= 1 && NV <= 2, "tile");
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+#define ld(p, last) ((MASK && (last)) ? _mm256_maskload_ps((p), m) : _mm256_loadu_ps(p))
+#define st(p, last, x) ((MASK && (last)) ? _mm256_maskstore_ps((p), m, (x)) : _mm256_storeu_ps((p), (x)))
+  if (acc) {
+    c00 = ld(C, NV == 1);
+    if (NV == 2) c01 = ld(C + 8, true);
+    if (MR > 1) { c10 = ld(C + ldc, NV == 1); if (NV == 2) c11 = ld(C + ldc + 8, true); }
+    if (MR > 2) { c20 = ld(C + 2 * ldc, NV == 1); if (NV == 2) c21 = ld(C + 2 * ldc + 8, true); }
+    if (MR > 3) { c30 = ld(C + 3 * ldc, NV == 1); if (NV == 2) c31 = ld(C + 3 * ldc + 8, true); }
+  }
+  const float* a0 = A;
+  const float* a1 = A + ars;
+  const float* a2 = A + 2 * ars;
+  const float* a3 = A + 3 * ars;
   for (int64_t p = 0; p < K; ++p) {
     const float* bp = B + p * ldb;
-    __m256 b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = (MASK && v == NV - 1) ? _mm256_maskload_ps(bp + 8 * v, m) : _mm256_loadu_ps(bp + 8 * v);
-    for (int r = 0; r < MR; ++r) {
-      const __m256 a = _mm256_broadcast_ss(A + r * ars + p * acs);
-      for (int v = 0; v < NV; ++v) c[r][v] = _mm256_fmadd_ps(a, b[v], c[r][v]);
+    const __m256 b0 = ld(bp, NV == 1);
+    const __m256 b1 = NV == 2 ? ld(bp + 8, true) : b0;
+    const int64_t o = p * acs;
+    __m256 a = _mm256_broadcast_ss(a0 + o);
+    c00 = _mm256_fmadd_ps(a, b0, c00);
+    if (NV == 2) c01 = _mm256_fmadd_ps(a, b1, c01);
+    if (MR > 1) {
+      a = _mm256_broadcast_ss(a1 + o);
+      c10 = _mm256_fmadd_ps(a, b0, c10);
+      if (NV == 2) c11 = _mm256_fmadd_ps(a, b1, c11);
+    }
+    if (MR > 2) {
+      a = _mm256_broadcast_ss(a2 + o);
+      c20 = _mm256_fmadd_ps(a, b0, c20);
+      if (NV == 2) c21 = _mm256_fmadd_ps(a, b1, c21);
+    }
+    if (MR > 3) {
+      a = _mm256_broadcast_ss(a3 + o);
+      c30 = _mm256_fmadd_ps(a, b0, c30);
+      if (NV == 2) c31 = _mm256_fmadd_ps(a, b1, c31);
     }
   }
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) {
-      float* cp = C + r * ldc + 8 * v;
-      if (MASK && v == NV - 1) _mm256_maskstore_ps(cp, m, c[r][v]);
-      else _mm256_storeu_ps(cp, c[r][v]);
-    }
+  st(C, NV == 1, c00);
+  if (NV == 2) st(C + 8, true, c01);
+  if (MR > 1) { st(C + ldc, NV == 1, c10); if (NV == 2) st(C + ldc + 8, true, c11); }
+  if (MR > 2) { st(C + 2 * ldc, NV == 1, c20); if (NV == 2) st(C + 2 * ldc + 8, true, c21); }
+  if (MR > 3) { st(C + 3 * ldc, NV == 1, c30); if (NV == 2) st(C + 3 * ldc + 8, true, c31); }
+#undef ld
+#undef st
 }
 template <int MR>
 STRATA_AVX2 static void gemm_rows_avx2(int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs,
