@@ -11,6 +11,10 @@ snapshot time and size, prefill throughput.
    6 GDN + 2 attention layers, MoE 16 experts top-4 + shared expert, real Qwen vocab, bf16), measured as
    the decode slowdown of a snapshot-every-token policy over no snapshots.
 3. Prefill tokens/s of the bench preset, against its own decode tokens/s.
+3b. GDN chunked prefill, matrix form vs the older row form (kernel option "gdn_matrix"; the process can
+   also start on the row form with STRATA_GDN_SCALAR=1), interleaved in one process: prefill of
+   --ab-tokens tokens on the bench preset, and on its GDN-only variant from section 1 (D=256, small vocab:
+   the mixer dominates); medians of --ab-reps rounds, printed as row/matrix time ratios.
 4. Peers on the bench preset, same weights, same threads: transformers' Qwen3-Next on CPU (its torch
    fallback for the Gated DeltaNet kernels; --hf-dtype float32 by default) for prefill of --peer-prefill
    tokens and decode of --peer-decode tokens, printed as strata/transformers ratios (--skip-peers to omit).
@@ -52,9 +56,15 @@ def main(argv=None) -> None:
     ap.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--only-peers", action="store_true", help="section 4 only")
+    ap.add_argument("--ab-tokens", type=int, default=512)
+    ap.add_argument("--ab-reps", type=int, default=5)
+    ap.add_argument("--only-ab", action="store_true", help="section 3b only")
     args = ap.parse_args(argv)
     if args.only_peers:
         peers(args)
+        return
+    if args.only_ab:
+        gdn_ab(args)
         return
     rng = np.random.default_rng(0)
     tmp = tempfile.TemporaryDirectory()
@@ -126,8 +136,44 @@ def main(argv=None) -> None:
     print(f"re-reading a 1000-token reply costs ~{1000 / prefill_tps:.1f} s of prefill vs {mib:.2f} MiB for "
           f"one more checkpoint")
     tmp.cleanup()
+    gdn_ab(args)
     if not args.skip_peers:
         peers(args)
+
+
+def gdn_ab(args) -> None:
+    """Section 3b: GDN chunked prefill, matrix form vs row form, same weights, same process, interleaved."""
+    from strata_lab import _engine
+    from strata_lab.tiny import make_tiny
+    from strata_lab.engine import CheckpointPolicy, Engine
+
+    tmp = tempfile.TemporaryDirectory()
+    common = dict(vocab_size=4096, num_hidden_layers=2, num_experts=0, hidden_size=256, intermediate_size=512,
+                  tie_word_embeddings=True, full_attention_interval=3)
+    models = {"bench preset (6 GDN + 2 attention, MoE)": (make_tiny(f"{tmp.name}/bench", "qwen3_next", "bench",
+                                                                    dtype="bfloat16"), 151643),
+              "GDN-only (2 GDN layers, D=256)": (make_tiny(f"{tmp.name}/gdn", "qwen3_next", "bench",
+                                                           dtype="bfloat16", overrides=common), 4096)}
+    print(f"\nGDN chunked prefill A/B, {args.ab_tokens} tokens, medians of {args.ab_reps} interleaved rounds:")
+    print("| model | matrix form ms | row form ms | row/matrix |\n|---|---:|---:|---:|")
+    try:
+        for name, (path, hi) in models.items():
+            eng = Engine.load(path, threads=args.threads)
+            ids = [int(i) for i in np.random.default_rng(3).integers(0, hi, args.ab_tokens)]
+            s = eng.session("ab", checkpoints=CheckpointPolicy(at_prompt_end=False))
+            times: dict[bool, list[float]] = {True: [], False: []}
+            for rep in range(args.ab_reps + 1):  # round 0 warms up
+                for on in (True, False):
+                    _engine._set_kernel_option("gdn_matrix", on)
+                    s.reset()
+                    ms = s.generate(ids, max_new_tokens=0).result.prefill_ms
+                    if rep:
+                        times[on].append(ms)
+            new, old = statistics.median(times[True]), statistics.median(times[False])
+            print(f"| {name} | {new:.1f} | {old:.1f} | x{old / new:.2f} |")
+    finally:
+        _engine._set_kernel_option("gdn_matrix", True)
+        tmp.cleanup()
 
 
 def _peer_env():
