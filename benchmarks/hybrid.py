@@ -14,7 +14,9 @@ snapshot time and size, prefill throughput.
 3b. GDN chunked prefill, matrix form vs the older row form (kernel option "gdn_matrix"; the process can
    also start on the row form with STRATA_GDN_SCALAR=1), interleaved in one process: prefill of
    --ab-tokens tokens on the bench preset, and on its GDN-only variant from section 1 (D=256, small vocab:
-   the mixer dominates); medians of --ab-reps rounds, printed as row/matrix time ratios.
+   the mixer dominates); medians of --ab-reps rounds, printed as row/matrix time ratios. Then the delta
+   rule alone (one head, the bench preset's dk = dv = 64, --ab-tokens tokens, one thread) in matrix form,
+   row form and token by token (the recurrent decode step).
 4. Peers on the bench preset, same weights, same threads: transformers' Qwen3-Next on CPU (its torch
    fallback for the Gated DeltaNet kernels; --hf-dtype float32 by default) for prefill of --peer-prefill
    tokens and decode of --peer-decode tokens, printed as strata/transformers ratios (--skip-peers to omit).
@@ -144,7 +146,7 @@ def main(argv=None) -> None:
 def gdn_ab(args) -> None:
     """Section 3b: GDN chunked prefill, matrix form vs row form, same weights, same process, interleaved."""
     from strata_lab import _engine
-    from strata_lab.tiny import make_tiny
+    from strata_lab.tiny import NEXT_PRESETS, make_tiny
     from strata_lab.engine import CheckpointPolicy, Engine
 
     tmp = tempfile.TemporaryDirectory()
@@ -174,6 +176,27 @@ def gdn_ab(args) -> None:
     finally:
         _engine._set_kernel_option("gdn_matrix", True)
         tmp.cleanup()
+    b = NEXT_PRESETS["bench"]
+    dk, dv, T = b.linear_key_head_dim, b.linear_value_head_dim, args.ab_tokens
+    rng = np.random.default_rng(4)
+    q, k = rng.standard_normal((T, dk), np.float32), rng.standard_normal((T, dk), np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True) * np.sqrt(dk)
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    v = rng.standard_normal((T, dv), np.float32)
+    beta = np.full(T, 0.5, np.float32)
+    g = (-0.1 * np.abs(rng.standard_normal(T))).astype(np.float32)
+    S0 = np.zeros((dk, dv), np.float32)
+    reps = max(20, 4 * args.ab_reps)
+    t: dict[str, list[float]] = {"matrix": [], "rows": [], "recurrent": []}
+    for _ in range(reps + 1):
+        for mode in t:
+            t0 = time.perf_counter()
+            _engine._gdn_delta(q, k, v, beta, g, S0, mode=mode)
+            t[mode].append(time.perf_counter() - t0)
+    med = {m: statistics.median(x[1:]) * 1e3 for m, x in t.items()}
+    print(f"delta rule alone, one head, dk=dv={dk}, {T} tokens, medians of {reps}: matrix {med['matrix']:.3f} ms, "
+          f"rows {med['rows']:.3f} ms, token by token {med['recurrent']:.3f} ms: rows/matrix "
+          f"x{med['rows'] / med['matrix']:.2f}, token-by-token/matrix x{med['recurrent'] / med['matrix']:.2f}")
 
 
 def _peer_env():
