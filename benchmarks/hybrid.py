@@ -11,6 +11,12 @@ snapshot time and size, prefill throughput.
    6 GDN + 2 attention layers, MoE 16 experts top-4 + shared expert, real Qwen vocab, bf16), measured as
    the decode slowdown of a snapshot-every-token policy over no snapshots.
 3. Prefill tokens/s of the bench preset, against its own decode tokens/s.
+3b. GDN chunked prefill, matrix form vs the older row form (kernel option "gdn_matrix"; the process can
+   also start on the row form with STRATA_GDN_SCALAR=1), interleaved in one process: prefill of
+   --ab-tokens tokens on the bench preset, and on its GDN-only variant from section 1 (D=256, small vocab:
+   the mixer dominates); medians of --ab-reps rounds, printed as row/matrix time ratios. Then the delta
+   rule alone (one head, the bench preset's dk = dv = 64, --ab-tokens tokens, one thread) in matrix form,
+   row form and token by token (the recurrent decode step).
 4. Peers on the bench preset, same weights, same threads: transformers' Qwen3-Next on CPU (its torch
    fallback for the Gated DeltaNet kernels; --hf-dtype float32 by default) for prefill of --peer-prefill
    tokens and decode of --peer-decode tokens, printed as strata/transformers ratios (--skip-peers to omit).
@@ -52,9 +58,15 @@ def main(argv=None) -> None:
     ap.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--only-peers", action="store_true", help="section 4 only")
+    ap.add_argument("--ab-tokens", type=int, default=512)
+    ap.add_argument("--ab-reps", type=int, default=5)
+    ap.add_argument("--only-ab", action="store_true", help="section 3b only")
     args = ap.parse_args(argv)
     if args.only_peers:
         peers(args)
+        return
+    if args.only_ab:
+        gdn_ab(args)
         return
     rng = np.random.default_rng(0)
     tmp = tempfile.TemporaryDirectory()
@@ -126,8 +138,65 @@ def main(argv=None) -> None:
     print(f"re-reading a 1000-token reply costs ~{1000 / prefill_tps:.1f} s of prefill vs {mib:.2f} MiB for "
           f"one more checkpoint")
     tmp.cleanup()
+    gdn_ab(args)
     if not args.skip_peers:
         peers(args)
+
+
+def gdn_ab(args) -> None:
+    """Section 3b: GDN chunked prefill, matrix form vs row form, same weights, same process, interleaved."""
+    from strata_lab import _engine
+    from strata_lab.tiny import NEXT_PRESETS, make_tiny
+    from strata_lab.engine import CheckpointPolicy, Engine
+
+    tmp = tempfile.TemporaryDirectory()
+    common = dict(vocab_size=4096, num_hidden_layers=2, num_experts=0, hidden_size=256, intermediate_size=512,
+                  tie_word_embeddings=True, full_attention_interval=3)
+    models = {"bench preset (6 GDN + 2 attention, MoE)": (make_tiny(f"{tmp.name}/bench", "qwen3_next", "bench",
+                                                                    dtype="bfloat16"), 151643),
+              "GDN-only (2 GDN layers, D=256)": (make_tiny(f"{tmp.name}/gdn", "qwen3_next", "bench",
+                                                           dtype="bfloat16", overrides=common), 4096)}
+    print(f"\nGDN chunked prefill A/B, {args.ab_tokens} tokens, medians of {args.ab_reps} interleaved rounds:")
+    print("| model | matrix form ms | row form ms | row/matrix |\n|---|---:|---:|---:|")
+    try:
+        for name, (path, hi) in models.items():
+            eng = Engine.load(path, threads=args.threads)
+            ids = [int(i) for i in np.random.default_rng(3).integers(0, hi, args.ab_tokens)]
+            s = eng.session("ab", checkpoints=CheckpointPolicy(at_prompt_end=False))
+            times: dict[bool, list[float]] = {True: [], False: []}
+            for rep in range(args.ab_reps + 1):  # round 0 warms up
+                for on in (True, False):
+                    _engine._set_kernel_option("gdn_matrix", on)
+                    s.reset()
+                    ms = s.generate(ids, max_new_tokens=0).result.prefill_ms
+                    if rep:
+                        times[on].append(ms)
+            new, old = statistics.median(times[True]), statistics.median(times[False])
+            print(f"| {name} | {new:.1f} | {old:.1f} | x{old / new:.2f} |")
+    finally:
+        _engine._set_kernel_option("gdn_matrix", True)
+        tmp.cleanup()
+    b = NEXT_PRESETS["bench"]
+    dk, dv, T = b.linear_key_head_dim, b.linear_value_head_dim, args.ab_tokens
+    rng = np.random.default_rng(4)
+    q, k = rng.standard_normal((T, dk), np.float32), rng.standard_normal((T, dk), np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True) * np.sqrt(dk)
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    v = rng.standard_normal((T, dv), np.float32)
+    beta = np.full(T, 0.5, np.float32)
+    g = (-0.1 * np.abs(rng.standard_normal(T))).astype(np.float32)
+    S0 = np.zeros((dk, dv), np.float32)
+    reps = max(20, 4 * args.ab_reps)
+    t: dict[str, list[float]] = {"matrix": [], "rows": [], "recurrent": []}
+    for _ in range(reps + 1):
+        for mode in t:
+            t0 = time.perf_counter()
+            _engine._gdn_delta(q, k, v, beta, g, S0, mode=mode)
+            t[mode].append(time.perf_counter() - t0)
+    med = {m: statistics.median(x[1:]) * 1e3 for m, x in t.items()}
+    print(f"delta rule alone, one head, dk=dv={dk}, {T} tokens, medians of {reps}: matrix {med['matrix']:.3f} ms, "
+          f"rows {med['rows']:.3f} ms, token by token {med['recurrent']:.3f} ms: rows/matrix "
+          f"x{med['rows'] / med['matrix']:.2f}, token-by-token/matrix x{med['recurrent'] / med['matrix']:.2f}")
 
 
 def _peer_env():

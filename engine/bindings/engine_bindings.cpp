@@ -8,6 +8,7 @@
 #include "strata/engine.h"
 #include "strata/kernels.h"
 #include "strata/stream.h"
+#include "../src/gdn.h"
 
 namespace py = pybind11;
 using namespace strata;
@@ -130,7 +131,45 @@ void register_checkpoint(py::module_& m) {
   }, py::arg("bytes"), py::arg("threads") = 0, py::arg("reps") = 3,
      "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
-        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' or 'bf16_eo' (default on).");
+        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo' or 'gdn_matrix' (default on).");
+  m.def("_gdn_delta", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                         py::array_t<float, py::array::c_style | py::array::forcecast> k,
+                         py::array_t<float, py::array::c_style | py::array::forcecast> v,
+                         py::array_t<float, py::array::c_style | py::array::forcecast> beta,
+                         py::array_t<float, py::array::c_style | py::array::forcecast> g,
+                         py::array_t<float, py::array::c_style | py::array::forcecast> state,
+                         const std::string& mode, int64_t chunk) {
+    if (q.ndim() != 2 || k.ndim() != 2 || v.ndim() != 2 || beta.ndim() != 1 || g.ndim() != 1 || state.ndim() != 2)
+      throw std::invalid_argument("q, k [T, dk], v [T, dv], beta, g [T], state [dk, dv]");
+    const int64_t T = q.shape(0), dk = q.shape(1), dv = v.shape(1);
+    if (k.shape(0) != T || k.shape(1) != dk || v.shape(0) != T || beta.shape(0) != T || g.shape(0) != T ||
+        state.shape(0) != dk || state.shape(1) != dv || T < 1)
+      throw std::invalid_argument("q, k [T, dk], v [T, dv], beta, g [T], state [dk, dv] with T >= 1");
+    if (chunk < 1) throw std::invalid_argument("chunk must be >= 1");
+    if (mode != "matrix" && mode != "rows" && mode != "recurrent")
+      throw std::invalid_argument("mode must be 'matrix', 'rows' or 'recurrent', got '" + mode + "'");
+    py::array_t<float> o({T, dv});
+    py::array_t<float> S({dk, dv});
+    std::copy(state.data(), state.data() + dk * dv, S.mutable_data());
+    const float *qp = q.data(), *kp = k.data(), *vp = v.data(), *bp = beta.data(), *gp = g.data();
+    float *Sp = S.mutable_data(), *op = o.mutable_data();
+    {
+      py::gil_scoped_release release;
+      if (mode == "recurrent") {
+        next::delta_recurrent(T, dk, dv, qp, dk, kp, dk, vp, dv, bp, gp, 1, Sp, op, dv);
+      } else {
+        const bool was = kernels::option("gdn_matrix");
+        kernels::set_option("gdn_matrix", mode == "matrix");
+        next::delta_chunked(T, dk, dv, qp, dk, kp, dk, vp, dv, bp, gp, 1, Sp, op, dv, chunk);
+        kernels::set_option("gdn_matrix", was);
+      }
+    }
+    return py::make_tuple(o, S);
+  }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("beta"), py::arg("g"), py::arg("state"),
+     py::arg("mode") = "matrix", py::arg("chunk") = 64,
+     "The Gated DeltaNet delta rule alone, one head, fp32 (tests and benchmarks): returns (o [T, dv], final "
+     "state [dk, dv]) from start state `state`; mode 'matrix' (chunked, matrix form), 'rows' (chunked, row "
+     "form) or 'recurrent' (token by token).");
   m.def("kernel_level", [] { return std::string(kernels::level_name(kernels::level())); });
   m.def("set_kernel_level", [](const std::string& name) {
     kernels::Level l = name == "scalar" ? kernels::Level::Scalar : name == "avx2" ? kernels::Level::AVX2

@@ -34,9 +34,11 @@ void GdnState::reset() {
 }
 
 // The delta-rule loops are `omp simd` loops in a portable build (SSE2 only); compiled here also for
-// AVX2+FMA and AVX-512, chosen at load (GCC function multiversioning), they run 2-4x wider.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define STRATA_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+// AVX2+FMA and AVX-512, chosen at load (GCC function multiversioning), they run 2-4x wider. The clones
+// name ISA levels, not CPU models: GCC dispatches "arch=haswell" with __builtin_cpu_is, so an AMD EPYC
+// with AVX2+FMA got the SSE2 default; x86-64-v3 (AVX2, FMA, F16C, BMI) and v4 (AVX-512) test features.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define STRATA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define STRATA_CLONES
 #endif
@@ -71,7 +73,8 @@ STRATA_CLONES void delta_recurrent(int64_t T, int64_t dk, int64_t dv, const floa
   }
 }
 
-STRATA_CLONES void delta_chunked(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
+// The older chunked form, row by row (kept for A/B: kernel option "gdn_matrix" off, or STRATA_GDN_SCALAR=1).
+STRATA_CLONES static void delta_chunked_rows(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
                    const float* v, int64_t ldv, const float* beta, const float* g, int64_t ldbg, float* S,
                    float* o, int64_t ldo, int64_t chunk) {
   // Per chunk of n <= L tokens with start state S (the spec's closed form; a short last chunk equals
@@ -151,6 +154,103 @@ STRATA_CLONES void delta_chunked(int64_t T, int64_t dk, int64_t dv, const float*
       }
     }
   }
+}
+
+// The chunked form as matrix products (the WY / UT-transform form of the reference chunk_gated_delta_rule).
+// Per chunk of n <= L tokens, with gamma = cumsum(g), Dm_ij = e^{gamma_i - gamma_j} (j <= i):
+//   G = K K^T, P = (Q K^T) * Dm (lower, diagonal included)             [n, n]: two GEMMs over dk
+//   T = (I + A)^{-1}, A = strictly_lower(diag(beta) G * Dm)             [n, n]: forward substitution, once
+//   V' = T (diag(beta) V - diag(beta e^gamma) K S)                      [n, dv]: GEMM over dk, lower GEMM
+//   O = diag(e^gamma) Q S + P V'                                        [n, dv]: GEMM over dk, lower GEMM
+//   S <- e^{gamma_n} S + (diag(e^{gamma_n - gamma}) K)^T V'             [dk, dv]: GEMM over n
+// (V' equals U - W S of the row form: T diag(beta) V = U, T diag(beta e^gamma) K = W.) The GEMMs run on
+// kernels::gemm_f32 (AVX2+FMA register tiles, chosen at run time); callers parallelise over heads.
+STRATA_CLONES static void delta_chunked_matrix(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq,
+                                               const float* k, int64_t ldk, const float* v, int64_t ldv,
+                                               const float* beta, const float* g, int64_t ldbg, float* S, float* o,
+                                               int64_t ldo, int64_t chunk) {
+  using kernels::gemm_f32;
+  const int64_t L = chunk;
+  std::vector<float> gam(L), eg(L), bt(L), arow(L), Kt((size_t)dk * L), G((size_t)L * L), P((size_t)L * L),
+      Tm((size_t)L * L), Qe((size_t)L * dk), Kb((size_t)L * dk), R((size_t)L * dv), U((size_t)L * dv);
+  for (int64_t c0 = 0; c0 < T; c0 += L) {
+    const int64_t n = std::min(L, T - c0);
+    const float* Q0 = q + (size_t)c0 * ldq;
+    const float* K0 = k + (size_t)c0 * ldk;
+    const float* V0 = v + (size_t)c0 * ldv;
+    float* O0 = o + (size_t)c0 * ldo;
+    float acc = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+      acc += g[(size_t)(c0 + i) * ldbg];
+      gam[i] = acc;
+      eg[i] = std::exp(acc);
+      bt[i] = beta[(size_t)(c0 + i) * ldbg];
+    }
+    // Kt [dk, n] (ld L) = K^T
+    for (int64_t m = 0; m < dk; ++m)
+      for (int64_t j = 0; j < n; ++j) Kt[(size_t)m * L + j] = K0[(size_t)j * ldk + m];
+    // G = K K^T, P = Q K^T: only the lower triangles are used, so blocks of 16 rows stop at their diagonal
+    for (int64_t i0 = 0; i0 < n; i0 += 16) {
+      const int64_t rows = std::min<int64_t>(16, n - i0), cols = std::min<int64_t>(n, i0 + 16);
+      gemm_f32(rows, cols, dk, K0 + (size_t)i0 * ldk, ldk, 1, Kt.data(), L, G.data() + (size_t)i0 * L, L);
+      gemm_f32(rows, cols, dk, Q0 + (size_t)i0 * ldq, ldq, 1, Kt.data(), L, P.data() + (size_t)i0 * L, L);
+    }
+    // masks and decays; T row by row: T_i = e_i - sum_{j<i} A_ij T_j (T_j is zero past column j)
+    for (int64_t i = 0; i < n; ++i) {
+      float* Pi = P.data() + (size_t)i * L;
+      float* Ti = Tm.data() + (size_t)i * L;
+      const float* Gi = G.data() + (size_t)i * L;
+      for (int64_t j = 0; j <= i; ++j) {
+        const float e = std::exp(gam[i] - gam[j]);
+        Pi[j] *= e;
+        arow[j] = bt[i] * Gi[j] * e;
+      }
+      std::fill(Pi + i + 1, Pi + n, 0.f);
+      // T_i[0:i] = -arow[0:i] T[0:i, 0:i] (a one-row GEMM; T is zero above its diagonal)
+      for (int64_t j = 0; j < i; ++j) arow[j] = -arow[j];
+      gemm_f32(1, i, i, arow.data(), L, 1, Tm.data(), L, Ti, L);
+      std::fill(Ti + i, Ti + n, 0.f);
+      Ti[i] = 1.f;
+    }
+    // R = diag(beta) V - diag(beta e^gamma) K S ; Qe = diag(e^gamma) Q
+    for (int64_t i = 0; i < n; ++i) {
+      const float* Vi = V0 + (size_t)i * ldv;
+      const float* Ki = K0 + (size_t)i * ldk;
+      const float* Qi = Q0 + (size_t)i * ldq;
+      float* Ri = R.data() + (size_t)i * dv;
+      float* Kbi = Kb.data() + (size_t)i * dk;
+      float* Qei = Qe.data() + (size_t)i * dk;
+      const float b = bt[i], nbe = -bt[i] * eg[i], e = eg[i];
+#pragma omp simd
+      for (int64_t j = 0; j < dv; ++j) Ri[j] = b * Vi[j];
+#pragma omp simd
+      for (int64_t m = 0; m < dk; ++m) { Kbi[m] = nbe * Ki[m]; Qei[m] = e * Qi[m]; }
+    }
+    gemm_f32(n, dv, dk, Kb.data(), dk, 1, S, dv, R.data(), dv, /*accumulate=*/true);
+    gemm_f32(n, dv, n, Tm.data(), L, 1, R.data(), dv, U.data(), dv, false, /*lower=*/true);  // V' = T R
+    gemm_f32(n, dv, dk, Qe.data(), dk, 1, S, dv, O0, ldo);                                 // O = Qe S
+    gemm_f32(n, dv, n, P.data(), L, 1, U.data(), dv, O0, ldo, true, /*lower=*/true);       // O += P V'
+    // S <- e^{gamma_n} S + Kd^T V', Kd^T = Kt with column j scaled by e^{gamma_n - gamma_j}
+    const float gl = gam[n - 1], egl = eg[n - 1];
+    for (int64_t j = 0; j < n; ++j) arow[j] = std::exp(gl - gam[j]);
+    for (int64_t m = 0; m < dk; ++m) {
+      float* Ktm = Kt.data() + (size_t)m * L;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) Ktm[j] *= arow[j];
+    }
+#pragma omp simd
+    for (int64_t m = 0; m < dk * dv; ++m) S[m] *= egl;
+    gemm_f32(dk, dv, n, Kt.data(), L, 1, U.data(), dv, S, dv, /*accumulate=*/true);
+  }
+}
+
+void delta_chunked(int64_t T, int64_t dk, int64_t dv, const float* q, int64_t ldq, const float* k, int64_t ldk,
+                   const float* v, int64_t ldv, const float* beta, const float* g, int64_t ldbg, float* S,
+                   float* o, int64_t ldo, int64_t chunk) {
+  if (kernels::option("gdn_matrix"))
+    delta_chunked_matrix(T, dk, dv, q, ldq, k, ldk, v, ldv, beta, g, ldbg, S, o, ldo, chunk);
+  else
+    delta_chunked_rows(T, dk, dv, q, ldq, k, ldk, v, ldv, beta, g, ldbg, S, o, ldo, chunk);
 }
 
 void gdn_forward(const GdnDims& d, const GdnWeights& w, const float* x, int64_t T, GdnState& st, float* out,

@@ -375,10 +375,47 @@ const TensorInfo& ModelFolder::tensor(const std::string& name, const std::vector
   const TensorInfo& t = *it->second;
   if (t.shape != shape)
     throw ModelFolderError(dir_ + ": tensor '" + name + "' has shape " + shape_str(t.shape) + ", expected " + shape_str(shape));
-  if (!dtype_supported(t.dtype))
-    throw ModelFolderError(dir_ + ": tensor '" + name + "' has unsupported dtype " + t.dtype_str + " (supported: F32, F16, BF16)");
+  if (!dtype_supported(t.dtype) && t.dtype != DType::I8)
+    throw ModelFolderError(dir_ + ": tensor '" + name + "' has unsupported dtype " + t.dtype_str +
+                           " (supported: F32, F16, BF16, or I8 with a per-row '" + name + "_scale')");
   used_.insert(name);
   return t;
+}
+
+// An I8 tensor's per-row scales: `<name>_scale`, [rows, 1] or [rows], F32 (F16/BF16 converted), finite
+// and > 0; w[r] = scale[r] * q[r] (symmetric, compressed-tensors' "channel" strategy). Copied into owned
+// float32 (rows * 4 bytes): the int8 rows themselves stay views into the file.
+const float* ModelFolder::int8_scale(const std::string& name, int64_t rows) {
+  const std::string sn = name + "_scale";
+  if (by_name_.count(name + "_zero_point"))
+    throw ModelFolderError(dir_ + ": int8 tensor '" + name + "' has a zero point ('" + name +
+                           "_zero_point'); only symmetric per-row scales are supported");
+  auto it = by_name_.find(sn);
+  if (it == by_name_.end())
+    throw ModelFolderError(dir_ + ": int8 tensor '" + name + "' has no scale tensor '" + sn + "' (expected F32 [" +
+                           std::to_string(rows) + ", 1])");
+  const TensorInfo& t = *it->second;
+  if (!(t.shape == std::vector<int64_t>{rows, 1} || t.shape == std::vector<int64_t>{rows}))
+    throw ModelFolderError(dir_ + ": scale tensor '" + sn + "' of int8 tensor '" + name + "' has shape " +
+                           shape_str(t.shape) + ", expected [" + std::to_string(rows) +
+                           ", 1] (one scale per row; group-wise scales are not supported)");
+  if (!dtype_supported(t.dtype))
+    throw ModelFolderError(dir_ + ": scale tensor '" + sn + "' has unsupported dtype " + t.dtype_str +
+                           " (supported: F32, F16, BF16)");
+  Mat m;
+  m.dtype = t.dtype;
+  m.data = t.data;
+  m.rows = 1;
+  m.cols = rows;
+  auto out = std::make_unique<float[]>(size_t(rows));
+  kernels::row_f32(m, 0, out.get());
+  for (int64_t r = 0; r < rows; ++r)
+    if (!(std::isfinite(out[size_t(r)]) && out[size_t(r)] > 0.f))
+      throw ModelFolderError(dir_ + ": scale tensor '" + sn + "' has a non-positive or non-finite scale at row " +
+                             std::to_string(r));
+  used_.insert(sn);
+  scales_.push_back(std::move(out));
+  return scales_.back().get();
 }
 
 Mat ModelFolder::mat(const std::string& name, const std::vector<int64_t>& shape) {
@@ -389,6 +426,7 @@ Mat ModelFolder::mat(const std::string& name, const std::vector<int64_t>& shape)
   if (shape.size() == 1) { m.rows = 1; m.cols = shape[0]; }
   else if (shape.size() == 2) { m.rows = shape[0]; m.cols = shape[1]; }
   else { m.rows = shape[0]; m.cols = t.numel() / (shape[0] ? shape[0] : 1); }
+  if (t.dtype == DType::I8) m.scale = int8_scale(name, m.rows);
   return m;
 }
 

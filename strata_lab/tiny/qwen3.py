@@ -15,7 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
-from strata_lab.tiny.writer import special_token_ids, write_folder_files, write_weights
+from strata_lab.tiny.writer import int8_quantization_config, special_token_ids, write_folder_files, write_weights
 
 __all__ = ["Qwen3Shape", "QWEN3_PRESETS", "write"]
 
@@ -113,16 +113,21 @@ def _qwen3_config(s: Qwen3Shape, dtype: str) -> dict:
 
 
 def write(path: str | os.PathLike, shape: Qwen3Shape, *, seed: int = 0, dtype: str = "float32",
-          shards: int = 1) -> Path:
-    """Write a random Qwen3 dense model folder of ``shape`` to ``path``; returns the directory."""
+          shards: int = 1, weights: str | None = None) -> Path:
+    """Write a random Qwen3 dense model folder of ``shape`` to ``path``; returns the directory.
+    ``weights="int8"`` stores the projection matrices (and an untied lm_head) as int8 rows with per-row
+    scales (writer.write_weights)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     specs = list(_qwen3_specs(shape))
     inits = {name: (s, init) for name, s, init in specs}
     write_weights(path, {n: s for n, s, _ in specs}, lambda name: _random_tensor(rng, *inits[name]),
-                  dtype=dtype, shards=shards)
-    write_folder_files(path, _qwen3_config(shape, dtype),
+                  dtype=dtype, shards=shards, int8=weights == "int8")
+    config = _qwen3_config(shape, dtype)
+    if weights == "int8":
+        config["quantization_config"] = int8_quantization_config(["lm_head"] if shape.tie_word_embeddings else [])
+    write_folder_files(path, config,
                        {"pad_token_id": special_token_ids()["bos"], "do_sample": True, "temperature": 0.6,
                         "top_k": 20, "top_p": 0.95})
     return path

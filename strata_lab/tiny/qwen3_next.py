@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata_lab.tiny.writer import special_token_ids, write_folder_files, write_weights
+from strata_lab.tiny.writer import int8_quantization_config, special_token_ids, write_folder_files, write_weights
 
 __all__ = ["NextShape", "NEXT_PRESETS", "config_dict", "write"]
 
@@ -176,10 +176,11 @@ def config_dict(shape: NextShape, *, pattern: str = "layer_types") -> dict:
 
 
 def write(path: str | os.PathLike, shape: NextShape, *, seed: int = 0, dtype: str = "float32",
-          shards: int = 1, pattern: str = "layer_types", mtp: bool = False) -> Path:
+          shards: int = 1, pattern: str = "layer_types", mtp: bool = False, weights: str | None = None) -> Path:
     """Write a random ``qwen3_next`` model folder of ``shape``; ``pattern`` is how config.json spells the
     layer pattern ("layer_types" or "full_attention_interval"), ``mtp`` adds multi-token-prediction
-    tensors that loaders must ignore.
+    tensors that loaders must ignore, ``weights="int8"`` stores the projection, router and untied lm_head
+    matrices as int8 rows with per-row scales (writer.write_weights).
 
     >>> import tempfile, json
     >>> from strata_lab.tiny import make_tiny
@@ -195,6 +196,10 @@ def write(path: str | os.PathLike, shape: NextShape, *, seed: int = 0, dtype: st
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     cfg["torch_dtype"] = dtype
-    write_weights(out, {k: v.shape for k, v in tensors.items()}, tensors.__getitem__, dtype=dtype)
+    write_weights(out, {k: v.shape for k, v in tensors.items()}, tensors.__getitem__, dtype=dtype,
+                  int8=weights == "int8")
+    if weights == "int8":
+        cfg["quantization_config"] = int8_quantization_config(
+            (["lm_head"] if shape.tie_word_embeddings else []) + ["re:.*shared_expert_gate$", "re:^mtp\\..*"])
     write_folder_files(out, cfg, {"do_sample": False})
     return out

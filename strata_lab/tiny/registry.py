@@ -24,13 +24,16 @@ ARCHS: dict[str, tuple[Callable[..., Path], Mapping[str, Any], frozenset[str]]] 
 
 def make_tiny(path: str | os.PathLike, arch: str = "qwen3", preset: str = "tiny", seed: int = 0,
               dtype: str = "float32", *, shards: int = 1, overrides: Mapping[str, Any] | None = None,
-              **options: Any) -> Path:
+              weights: str | None = None, **options: Any) -> Path:
     """Write a random-weight model folder in the Hugging Face layout and return its path.
 
     ``preset`` names a shape (``"tiny"``: hidden 64, 2 layers, real 151936-row embedding;
     ``"qwen3-0.6b"`` for benchmarks); ``overrides`` replaces shape fields; ``dtype`` is the stored
     weight type (float32, bfloat16, float16); ``shards`` > 1 writes a sharded index; ``options`` are the
-    architecture's own (qwen3_next: ``pattern``, ``mtp``).
+    architecture's own (qwen3_next: ``pattern``, ``mtp``). ``weights="int8"`` writes an int8-stored folder
+    (docs/ENGINE.md "int8 checkpoints"): the matrices the engine quantises under ``weights="int8"`` as I8
+    ``<name>`` plus F32 ``<name>_scale`` [rows, 1], quantised from their ``dtype`` values exactly as the
+    engine's quantise-at-load does; the other tensors in ``dtype``.
 
     >>> import json, tempfile
     >>> p = make_tiny(tempfile.mkdtemp(), overrides={"num_hidden_layers": 1})
@@ -41,6 +44,8 @@ def make_tiny(path: str | os.PathLike, arch: str = "qwen3", preset: str = "tiny"
         raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {arch!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if weights not in (None, "stored", "int8"):
+        raise ValueError(f"weights must be None, 'stored' or 'int8', got {weights!r}")
     if int(shards) < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
     writer, presets, known = ARCHS[arch]
@@ -52,6 +57,8 @@ def make_tiny(path: str | os.PathLike, arch: str = "qwen3", preset: str = "tiny"
     shape = presets[preset]
     if overrides:
         shape = replace(shape, **dict(overrides))
+    if weights == "int8":
+        options["weights"] = "int8"
     return writer(path, shape, seed=seed, dtype=dtype, shards=int(shards), **options)
 
 

@@ -17,8 +17,10 @@ Level best_level();            // what this CPU supports
 Level level();                 // what is in use
 void set_level(Level l);       // force a lower level (tests); clamped to best_level()
 const char* level_name(Level l);
-// A/B switches ("decode_pool", "bf16_eo"; both on by default); unknown names throw.
+// A/B switches: "decode_pool" (off by default), "bf16_eo", "gdn_matrix" (on by default; the environment
+// variable STRATA_GDN_SCALAR=1 starts a process with it off); unknown names throw.
 void set_option(const std::string& name, bool on);
+bool option(const std::string& name);
 
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);  // round to nearest even
@@ -54,6 +56,12 @@ void rope(float* x, int n_heads, int hd, int rd, int64_t pos, const float* inv_f
 void silu_mul(float* g, const float* u, int64_t n);  // g = silu(g) * u
 void add(float* y, const float* x, int64_t n);       // y += x
 float dot(const float* a, const float* b, int64_t n);
+// One-thread f32 GEMM for small blocks (callers parallelise around it): C[M, N] = A @ B, or C += A @ B
+// with accumulate. A element (i, p) is A[i * ars + p * acs] (ars = lda, acs = 1 for row-major A; ars = 1,
+// acs = ld for a transposed one); B [K, N] and C row-major with leading dims ldb, ldc. lower: A is lower
+// triangular with zeros stored above the diagonal; the product then skips the all-zero blocks.
+void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
+              int64_t ldb, float* C, int64_t ldc, bool accumulate = false, bool lower = false);
 void axpy(float a, const float* x, float* y, int64_t n);  // y += a * x
 
 // Causal GQA attention for n queries at positions pos0..pos0+n-1.

@@ -84,9 +84,11 @@ class ModelFolder {
   std::string model_type() const;
 
   bool has(const std::string& name) const { return by_name_.count(name) != 0; }
-  // The tensor `name` with exactly `shape` in a computable dtype; marks it used.
+  // The tensor `name` with exactly `shape` in a computable dtype (F32, F16, BF16, I8); marks it used.
   const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape);
-  // As a 2-D view: [rows, cols] for a 2-D tensor, [1, n] for a 1-D one.
+  // As a 2-D view: [rows, cols] for a 2-D tensor, [1, n] for a 1-D one. An I8 tensor (an int8-stored
+  // checkpoint, docs/ENGINE.md "int8 checkpoints") comes with its per-row scales from `<name>_scale`
+  // ([rows, 1] F32; missing, misshapen or non-positive scales throw naming the tensor).
   Mat mat(const std::string& name, const std::vector<int64_t>& shape);
   // A copy converted to float32 (for small tensors: norms).
   std::vector<float> to_f32(const std::string& name, const std::vector<int64_t>& shape);
@@ -103,6 +105,8 @@ class ModelFolder {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorInfo*> by_name_;
   std::set<std::string> used_;
+  std::vector<std::unique_ptr<float[]>> scales_;  // per-row scales of I8 tensors, as float32
+  const float* int8_scale(const std::string& name, int64_t rows);
 };
 
 std::string shape_str(const std::vector<int64_t>& shape);
