@@ -56,7 +56,23 @@ class CostModel:
         if not rows:
             raise ValueError("samples: no call read tokens with a positive prefill_ms to fit")
         arr = np.asarray(rows, dtype=np.float64)
-        read, start, t = arr[:, 0], arr[:, 1], arr[:, 2]
+        return cls.fit_arrays(arr[:, 0], arr[:, 1], arr[:, 2])
+
+    @classmethod
+    def fit_arrays(cls, read, start, t) -> "CostModel":
+        """`fit` on three equal-length arrays (read, start, prefill_ms): no Python object per call.
+
+        >>> import numpy as np
+        >>> CostModel.fit_arrays(np.array([100, 0, 200]), np.array([0, 5, 0]), np.array([10.0, 3.0, 20.0])).per_token_ms
+        0.1
+        """
+        import numpy as np
+
+        read, start, t = (np.asarray(x, dtype=np.float64) for x in (read, start, t))
+        keep = (read > 0) & (t > 0)
+        read, start, t = read[keep], start[keep], t[keep]
+        if not len(read):
+            raise ValueError("samples: no call read tokens with a positive prefill_ms to fit")
         X = np.stack([read, _ctx(read, start)], axis=1)
         # scale columns so lstsq is well conditioned (the context column is ~1e6 x larger)
         scale = np.maximum(np.abs(X).max(axis=0), 1e-30)
@@ -69,7 +85,7 @@ class CostModel:
         pred = X @ coef
         ss_tot = float(((t - t.mean()) ** 2).sum())
         r2 = 1.0 - float(((t - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else None
-        return cls(float(coef[0]), float(coef[1]), points=len(rows), r2=r2)
+        return cls(float(coef[0]), float(coef[1]), points=len(read), r2=r2)
 
     def describe(self) -> str:
         fit = f", fitted on {self.points} calls" + (f", R^2 {self.r2:.3f}" if self.r2 is not None else "") \

@@ -14,6 +14,7 @@ from strata_lab.replayer.costs import CostModel
 
 import gc
 import heapq
+from array import array
 from collections.abc import Sequence
 from typing import Iterator
 
@@ -233,7 +234,7 @@ def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None):
     Returns (seqs, rows (a RowTable), peak snapshot bytes summed over sessions, recorded prefill ms or None).
     """
     steps = DomainSteps(partitions, opts, tok, cost_model)
-    seqs: list[int] = []
+    seqs = array("q")  # 8 bytes a call
     rows = RowTable()  # column-wise: memory ~ a few hundred bytes a call
     # the loop allocates many small objects and frees few: the cyclic GC would rescan the growing rows
     # and states again and again (measured: ~30% of the time). Nothing here makes cycles.
@@ -268,8 +269,8 @@ def session_ends(partitions: list[str]) -> dict[str, int]:
     return dict(zip(g["session"].to_pylist(), g["seq_max"].to_pylist()))
 
 
-def cost_samples(partitions: list[str]) -> list[tuple[int, int, float]]:
-    """(read, reused, prefill_ms) of every call that has them, in seq order: what fit_cost reads. Only the
+def cost_samples(partitions: list[str]):
+    """(read, reused, prefill_ms) arrays over every call that has them, in seq order: what fit_cost reads. Only the
     scalar columns are read (no id lists); rows whose fields all have their columns are taken column-wise,
     the rest (a raw line, extra fields) one by one."""
     import numpy as np
@@ -308,16 +309,14 @@ def cost_samples(partitions: list[str]) -> list[tuple[int, int, float]]:
                 starts.append(np.array([reused]))
                 times.append(np.array([ms], dtype=np.float64))
     if not seqs:
-        return []
-    seq = np.concatenate(seqs)
-    order = np.argsort(seq, kind="stable")
-    cat = [np.concatenate(x)[order].tolist() for x in (reads, starts, times)]
-    return list(zip(*cat))
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+    order = np.argsort(np.concatenate(seqs), kind="stable")
+    return tuple(np.concatenate(x)[order] for x in (reads, starts, times))
 
 
 def fit_cost_store(store) -> CostModel | None:
     """fit_cost on a store, from its columns (no prompt is rebuilt)."""
     try:
-        return CostModel.fit(cost_samples(store.partitions))
+        return CostModel.fit_arrays(*cost_samples(store.partitions))
     except ValueError:
         return None
