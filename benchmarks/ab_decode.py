@@ -12,11 +12,12 @@ import time
 
 import numpy as np
 
-DEFAULT = "OpenMP + even/odd (default)"
+DEFAULT = "OpenMP + even/odd + linear prefetch (default)"
 VARIANTS = {
-    DEFAULT: {"decode_pool": False, "bf16_eo": True},
-    "pool + even/odd": {"decode_pool": True, "bf16_eo": True},
-    "OpenMP + widening loads": {"decode_pool": False, "bf16_eo": False},
+    DEFAULT: {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True},
+    "OpenMP + even/odd + per-row prefetch": {"decode_pool": False, "bf16_eo": True, "linear_prefetch": False},
+    "pool + even/odd + linear prefetch": {"decode_pool": True, "bf16_eo": True, "linear_prefetch": True},
+    "OpenMP + widening loads + linear prefetch": {"decode_pool": False, "bf16_eo": False, "linear_prefetch": True},
 }
 
 
@@ -48,8 +49,8 @@ def main(argv=None):
             t0 = time.perf_counter()
             s.generate(s.held_ids, max_new_tokens=args.steps)
             times[name].append((time.perf_counter() - t0) / args.steps)
-        print(f"round {rnd}: " + ", ".join(f"{k.split()[0]}{'/' + k.split()[2] if len(k.split()) > 2 else ''} "
-                                          f"{v[-1] * 1e3:.0f} ms" for k, v in times.items()), flush=True)
+        print(f"round {rnd}: " + ", ".join(f"#{i} {v[-1] * 1e3:.0f} ms" for i, v in enumerate(times.values())),
+              flush=True)
     for k, v in VARIANTS[DEFAULT].items():
         ext._set_kernel_option(k, v)
     limit = statistics.median(bws) * 1e9 / eng.info["stream_bytes"]
@@ -58,7 +59,7 @@ def main(argv=None):
           f"limit {limit:.2f} tok/s")
     for name, v in times.items():
         m = statistics.median(v)
-        print(f"  {name:28s} {1 / m:6.2f} tok/s  x{base / m:4.2f} of default time  {1 / m / limit:.2f} of limit")
+        print(f"  #{list(times).index(name)} {name:45s} {1 / m:6.2f} tok/s  x{base / m:4.2f} of default time  {1 / m / limit:.2f} of limit")
 
 
 if __name__ == "__main__":

@@ -53,10 +53,21 @@ static Level g_level = initial_level();
 // for the same cores; the pool stays as an option for dedicated machines.
 static bool g_decode_pool = false;  // decode loops on pool.h (false: OpenMP dynamic loops)
 static bool g_bf16_eo = true;      // AVX2 bf16 rows in even/odd order (false: widening loads)
+// Decode matvec prefetch: software prefetch of the bytes kLinearPrefetch ahead in memory order (a block of
+// rows is one contiguous range, read as NR interleaved row streams, which the hardware prefetcher follows
+// poorly); false: the earlier per-row prefetch 512 bytes ahead in each row (bf16 only).
+static bool g_linear_prefetch = true;
+static int64_t initial_prefetch_distance() {
+  const char* e = std::getenv("STRATA_PREFETCH_BYTES");  // tuning aid; default 8 KiB
+  const long v = e ? std::strtol(e, nullptr, 10) : 8192;
+  return std::clamp<long>(v, 0, 1 << 20);
+}
+static const int64_t kLinearPrefetch = initial_prefetch_distance();
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
   else if (name == "bf16_eo") g_bf16_eo = on;
-  else throw std::invalid_argument("unknown kernel option '" + name + "' (decode_pool, bf16_eo)");
+  else if (name == "linear_prefetch") g_linear_prefetch = on;
+  else throw std::invalid_argument("unknown kernel option '" + name + "' (decode_pool, bf16_eo, linear_prefetch)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -221,7 +232,9 @@ STRATA_AVX2 static void axpy_avx2(float a, const float* x, float* y, int64_t n) 
 // NT tokens x NR rows of dot products over K; w rows in dtype DT (f32 for converted blocks), ldw in
 // elements. Prefill and decode both run through these kernels, so a token's logits do not depend on how
 // many tokens were computed with it (bit-identical reuse).
-template <DType DT, int NT, int NR>
+// PF (decode: rows contiguous, ldw == K, streamed from memory): software prefetch in memory order,
+// kLinearPrefetch bytes ahead of the NR-row block's read position (see g_linear_prefetch).
+template <DType DT, int NT, int NR, bool PF = false>
 STRATA_AVX2 static void micro_avx2(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
                                    int64_t ldy) {
   const size_t es = esize<DT>();
@@ -229,8 +242,14 @@ STRATA_AVX2 static void micro_avx2(const void* w, int64_t ldw, const float* x, i
   __m256 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+  constexpr int64_t step = int64_t(NR) * 8 * int64_t(esize<DT>());  // block bytes read per k step
+  const char* pf = reinterpret_cast<const char*>(wb) + kLinearPrefetch;
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
+    if constexpr (PF) {
+      for (int64_t l = 0; l < step; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+      pf += step;
+    }
     __m256 xv[NT];
     for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + t * ldx + k);
     for (int r = 0; r < NR; ++r) {
@@ -280,8 +299,15 @@ STRATA_AVX2 static void micro_bf16eo(const void* w, int64_t ldw, const float* x,
   __m256 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+  // decode only (rows contiguous): prefetch in memory order, NR*32 bytes per k step (g_linear_prefetch),
+  // or the earlier per-row prefetch 512 bytes ahead
+  const bool linear = g_linear_prefetch;
+  const char* pf = reinterpret_cast<const char*>(wb) + kLinearPrefetch;
   for (int64_t k = 0; k < K; k += 16) {
-    if (NT == 1 && NR == 4) {  // decode: prefetch the next blocks of this row quad
+    if (linear) {
+      for (int l = 0; l < NR * 32; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+      pf += NR * 32;
+    } else if (NT == 1 && NR == 4) {
       for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(wb + r * ldw + k) + 512, _MM_HINT_T0);
     }
     __m256 xv[NT];
@@ -555,6 +581,14 @@ static Micro micro256(int nt, int nr) {
                                 {STRATA_ROW4(micro_avx2, DT, 3)}};
   return t[nt - 1][nr - 1];
 }
+#define STRATA_ROW4PF(D, T) micro_avx2<D, T, 1, true>, micro_avx2<D, T, 2, true>, micro_avx2<D, T, 3, true>, \
+                            micro_avx2<D, T, 4, true>
+template <DType DT>
+static Micro micro256pf(int nt, int nr) {  // decode: the same sums as micro256, with linear prefetch
+  static const Micro t[3][4] = {{STRATA_ROW4PF(DT, 1)}, {STRATA_ROW4PF(DT, 2)}, {STRATA_ROW4PF(DT, 3)}};
+  return t[nt - 1][nr - 1];
+}
+#undef STRATA_ROW4PF
 static Micro micro_eo(int nt, int nr) {
   static const Micro t[3][4] = {{micro_bf16eo<1, 1>, micro_bf16eo<1, 2>, micro_bf16eo<1, 3>, micro_bf16eo<1, 4>},
                                 {micro_bf16eo<2, 1>, micro_bf16eo<2, 2>, micro_bf16eo<2, 3>, micro_bf16eo<2, 4>},
@@ -575,6 +609,15 @@ static void run_micro(Level l, DType dt, int nt, int nr, const void* w, int64_t 
                       int64_t K, float* y, int64_t ldy) {
   if (l == Level::Scalar) micro_scalar(dt, nt, nr, w, ldw, x, ldx, K, y, ldy);
   else micro_fn(l, dt, nt, nr)(w, ldw, x, ldx, K, y, ldy);
+}
+
+// Decode rows straight from memory (ldw == K): at AVX2 the prefetching variant of the same kernel.
+static void run_micro_decode(Level l, DType dt, int nt, int nr, const void* w, int64_t ldw, const float* x,
+                             int64_t ldx, int64_t K, float* y, int64_t ldy) {
+  if (l != Level::AVX2 || !g_linear_prefetch) return run_micro(l, dt, nt, nr, w, ldw, x, ldx, K, y, ldy);
+  const Micro f = dt == DType::F32 ? micro256pf<DType::F32>(nt, nr) : dt == DType::BF16 ? micro256pf<DType::BF16>(nt, nr)
+                : dt == DType::I8 ? micro256pf<DType::I8>(nt, nr) : micro256pf<DType::F16>(nt, nr);
+  f(w, ldw, x, ldx, K, y, ldy);
 }
 
 void row_f32(const Mat& w, int64_t r, float* out) {
@@ -691,7 +734,7 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
       const int nr = int(std::min<int64_t>(4, w.rows - r0));
       const uint8_t* rowp = static_cast<const uint8_t*>(w.data) + size_t(r0 * K) * dtype_size(w.dtype);
       if (use_eo(lv, w)) micro_eo(int(n), nr)(rowp, K, xpp, K, K, tile, 4);
-      else run_micro(lv, w.dtype, int(n), nr, rowp, K, x, K, K, tile, 4);
+      else run_micro_decode(lv, w.dtype, int(n), nr, rowp, K, x, K, K, tile, 4);
       store_tile(tile, int(n), nr, w.scale ? w.scale + r0 : nullptr, outs[m].y + r0, w.rows);
     }
   });
