@@ -53,21 +53,26 @@ static Level g_level = initial_level();
 // for the same cores; the pool stays as an option for dedicated machines.
 static bool g_decode_pool = false;  // decode loops on pool.h (false: OpenMP dynamic loops)
 static bool g_bf16_eo = true;      // AVX2 bf16 rows in even/odd order (false: widening loads)
-// Decode matvec prefetch: software prefetch of the bytes kLinearPrefetch ahead in memory order (a block of
-// rows is one contiguous range, read as NR interleaved row streams, which the hardware prefetcher follows
-// poorly); false: the earlier per-row prefetch 512 bytes ahead in each row (bf16 only).
+// Decode matvec prefetch: a block of NR rows is one contiguous range of memory, read as NR interleaved
+// row streams, which the hardware prefetcher follows poorly. With linear prefetch each k step of a block
+// prefetches its share (1/(K/16)) of the next block plus kPrefetchAhead bytes, in memory order, into L2
+// (into L1 the next block and the current one evict each other); false: the earlier per-row prefetch 512
+// bytes ahead in each row, into L1. Measured with benchmarks/ab_decode.py (2 threads, shared 2-core
+// EPYC): bf16 decode x1.5-2.1 faster, int8 x1.5-1.7; L1 instead of L2 lost ~1.4x; 8 KiB beyond the next
+// block vs 0 or 32 KiB within noise.
 static bool g_linear_prefetch = true;
-static int64_t initial_prefetch_distance() {
-  const char* e = std::getenv("STRATA_PREFETCH_BYTES");  // tuning aid; default 8 KiB
-  const long v = e ? std::strtol(e, nullptr, 10) : 8192;
-  return std::clamp<long>(v, 0, 1 << 20);
-}
-static const int64_t kLinearPrefetch = initial_prefetch_distance();
+// One-token decode at AVX2 in blocks of 8 rows instead of 4 for weights that are not bf16 in even/odd
+// order (int8 above all: one FMA per 8 weights of a row, so 4 accumulator chains are latency-bound):
+// int8 ~x1.15; bf16 even/odd, which has two FMAs per 16 weights, was no faster with 8.
+static bool g_rows8 = true;
+constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
   else if (name == "bf16_eo") g_bf16_eo = on;
   else if (name == "linear_prefetch") g_linear_prefetch = on;
-  else throw std::invalid_argument("unknown kernel option '" + name + "' (decode_pool, bf16_eo, linear_prefetch)");
+  else if (name == "decode_rows8") g_rows8 = on;
+  else throw std::invalid_argument("unknown kernel option '" + name +
+                                   "' (decode_pool, bf16_eo, linear_prefetch, decode_rows8)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -232,8 +237,8 @@ STRATA_AVX2 static void axpy_avx2(float a, const float* x, float* y, int64_t n) 
 // NT tokens x NR rows of dot products over K; w rows in dtype DT (f32 for converted blocks), ldw in
 // elements. Prefill and decode both run through these kernels, so a token's logits do not depend on how
 // many tokens were computed with it (bit-identical reuse).
-// PF (decode: rows contiguous, ldw == K, streamed from memory): software prefetch in memory order,
-// kLinearPrefetch bytes ahead of the NR-row block's read position (see g_linear_prefetch).
+// PF (decode: rows contiguous, ldw == K, streamed from memory): software prefetch of the next block in
+// memory order (see g_linear_prefetch).
 template <DType DT, int NT, int NR, bool PF = false>
 STRATA_AVX2 static void micro_avx2(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
                                    int64_t ldy) {
@@ -243,11 +248,11 @@ STRATA_AVX2 static void micro_avx2(const void* w, int64_t ldw, const float* x, i
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
   constexpr int64_t step = int64_t(NR) * 8 * int64_t(esize<DT>());  // block bytes read per k step
-  const char* pf = reinterpret_cast<const char*>(wb) + kLinearPrefetch;
+  const char* pf = reinterpret_cast<const char*>(wb) + size_t(NR * ldw) * es + kPrefetchAhead;
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     if constexpr (PF) {
-      for (int64_t l = 0; l < step; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+      for (int64_t l = 0; l < step; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
       pf += step;
     }
     __m256 xv[NT];
@@ -302,10 +307,10 @@ STRATA_AVX2 static void micro_bf16eo(const void* w, int64_t ldw, const float* x,
   // decode only (rows contiguous): prefetch in memory order, NR*32 bytes per k step (g_linear_prefetch),
   // or the earlier per-row prefetch 512 bytes ahead
   const bool linear = g_linear_prefetch;
-  const char* pf = reinterpret_cast<const char*>(wb) + kLinearPrefetch;
+  const char* pf = reinterpret_cast<const char*>(wb + NR * ldw) + kPrefetchAhead;
   for (int64_t k = 0; k < K; k += 16) {
     if (linear) {
-      for (int l = 0; l < NR * 32; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+      for (int l = 0; l < NR * 32; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
       pf += NR * 32;
     } else if (NT == 1 && NR == 4) {
       for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(wb + r * ldw + k) + 512, _MM_HINT_T0);
@@ -589,6 +594,18 @@ static Micro micro256pf(int nt, int nr) {  // decode: the same sums as micro256,
   return t[nt - 1][nr - 1];
 }
 #undef STRATA_ROW4PF
+// One token, up to 8 rows (decode at AVX2): y[r] for r < nr, ldy 1.
+template <DType DT>
+static Micro micro256pf8(int nr) {
+  static const Micro t[8] = {micro_avx2<DT, 1, 1, true>, micro_avx2<DT, 1, 2, true>, micro_avx2<DT, 1, 3, true>,
+                             micro_avx2<DT, 1, 4, true>, micro_avx2<DT, 1, 5, true>, micro_avx2<DT, 1, 6, true>,
+                             micro_avx2<DT, 1, 7, true>, micro_avx2<DT, 1, 8, true>};
+  return t[nr - 1];
+}
+static Micro micro_pf8(DType dt, int nr) {
+  return dt == DType::F32 ? micro256pf8<DType::F32>(nr) : dt == DType::BF16 ? micro256pf8<DType::BF16>(nr)
+       : dt == DType::I8 ? micro256pf8<DType::I8>(nr) : micro256pf8<DType::F16>(nr);
+}
 static Micro micro_eo(int nt, int nr) {
   static const Micro t[3][4] = {{micro_bf16eo<1, 1>, micro_bf16eo<1, 2>, micro_bf16eo<1, 3>, micro_bf16eo<1, 4>},
                                 {micro_bf16eo<2, 1>, micro_bf16eo<2, 2>, micro_bf16eo<2, 3>, micro_bf16eo<2, 4>},
@@ -719,20 +736,31 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   // Decode (memory-bound): the rows of every output stream from memory once, 4 at a time, converted in
   // registers; one loop for all outputs, chunks of 64 rows taken from a counter by the caller and the
   // pool's helpers (pool.h: no join barrier, so a helper preempted on a shared machine holds no one up).
+  // One token at AVX2, weights not in even/odd order (g_rows8): blocks of 8 rows, twice the independent
+  // accumulator chains in flight (each row's sum is the same sequence of FMAs as with 4: same bits).
+  const bool rows8 = n == 1 && lv == Level::AVX2 && g_rows8 && !any_eo;
+  const int RBk = rows8 ? 8 : 4;
   int64_t start[9];
   start[0] = 0;
-  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + 3) / 4;
+  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + RBk - 1) / RBk;
   const int64_t total = start[count];
   const float* xpp = xp.data();
-  decode_for(total, 16, [&](int64_t q0, int64_t q1) {
+  decode_for(total, 64 / RBk, [&](int64_t q0, int64_t q1) {
     float tile[6 * 4];
     for (int64_t qd = q0; qd < q1; ++qd) {
       int m = 0;
       while (qd >= start[m + 1]) ++m;
       const Mat& w = *outs[m].w;
-      const int64_t r0 = (qd - start[m]) * 4;
-      const int nr = int(std::min<int64_t>(4, w.rows - r0));
+      const int64_t r0 = (qd - start[m]) * RBk;
+      const int nr = int(std::min<int64_t>(RBk, w.rows - r0));
       const uint8_t* rowp = static_cast<const uint8_t*>(w.data) + size_t(r0 * K) * dtype_size(w.dtype);
+      if (rows8) {
+        float y8[8];
+        micro_pf8(w.dtype, nr)(rowp, K, x, K, K, y8, 1);
+        float* yo = outs[m].y + r0;
+        for (int r = 0; r < nr; ++r) yo[r] = w.scale ? y8[r] * w.scale[r0 + r] : y8[r];
+        continue;
+      }
       if (use_eo(lv, w)) micro_eo(int(n), nr)(rowp, K, xpp, K, K, tile, 4);
       else run_micro_decode(lv, w.dtype, int(n), nr, rowp, K, x, K, K, tile, 4);
       store_tile(tile, int(n), nr, w.scale ? w.scale + r0 : nullptr, outs[m].y + r0, w.rows);
