@@ -1,7 +1,7 @@
 """A/B of decode-step implementations in one process, interleaved round by round, so a shared machine's
 load changes hit every variant alike: the barrier-free pool vs OpenMP loops, and (AVX2) the even/odd bf16
-kernel vs widening loads, linear prefetch (the next row block, into L2) vs per-row prefetch, 8-row vs 4-row
-blocks; also each variant's fraction of a read loop over the streamed bytes.
+kernel vs widening loads, linear prefetch (the next row block, into L2) vs per-row prefetch; also each
+variant's fraction of a read loop over the streamed bytes.
 
     PYTHONPATH=$PWD python benchmarks/ab_decode.py [--rounds 6] [--steps 4] [--threads 2] [--weights int8]
 """
@@ -13,12 +13,11 @@ import time
 
 import numpy as np
 
-DEFAULT = "default: OpenMP, even/odd, linear prefetch, 8-row blocks (int8)"
-_BASE = {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True, "decode_rows8": True}
+DEFAULT = "default: OpenMP, even/odd, linear prefetch"
+_BASE = {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True}
 VARIANTS = {
     DEFAULT: _BASE,
-    "per-row prefetch, 4-row blocks (before #18)": {**_BASE, "linear_prefetch": False, "decode_rows8": False},
-    "4-row blocks": {**_BASE, "decode_rows8": False},
+    "per-row prefetch (before #18)": {**_BASE, "linear_prefetch": False},
     "pool instead of OpenMP": {**_BASE, "decode_pool": True},
     "widening loads instead of even/odd": {**_BASE, "bf16_eo": False},
 }

@@ -61,18 +61,13 @@ static bool g_bf16_eo = true;      // AVX2 bf16 rows in even/odd order (false: w
 // EPYC): bf16 decode x1.5-2.1 faster, int8 x1.5-1.7; L1 instead of L2 lost ~1.4x; 8 KiB beyond the next
 // block vs 0 or 32 KiB within noise.
 static bool g_linear_prefetch = true;
-// One-token decode at AVX2 in blocks of 8 rows instead of 4 for weights that are not bf16 in even/odd
-// order (int8 above all: one FMA per 8 weights of a row, so 4 accumulator chains are latency-bound):
-// int8 ~x1.15; bf16 even/odd, which has two FMAs per 16 weights, was no faster with 8.
-static bool g_rows8 = true;
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
   else if (name == "bf16_eo") g_bf16_eo = on;
   else if (name == "linear_prefetch") g_linear_prefetch = on;
-  else if (name == "decode_rows8") g_rows8 = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, linear_prefetch, decode_rows8)");
+                                   "' (decode_pool, bf16_eo, linear_prefetch)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -304,8 +299,8 @@ STRATA_AVX2 static void micro_bf16eo(const void* w, int64_t ldw, const float* x,
   __m256 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
-  // decode only (rows contiguous): prefetch in memory order, NR*32 bytes per k step (g_linear_prefetch),
-  // or the earlier per-row prefetch 512 bytes ahead
+  // decode only (rows contiguous): each k step prefetches NR*32 bytes of the next block into L2
+  // (g_linear_prefetch), or (false) the earlier per-row prefetch 512 bytes ahead into L1
   const bool linear = g_linear_prefetch;
   const char* pf = reinterpret_cast<const char*>(wb + NR * ldw) + kPrefetchAhead;
   for (int64_t k = 0; k < K; k += 16) {
@@ -594,18 +589,6 @@ static Micro micro256pf(int nt, int nr) {  // decode: the same sums as micro256,
   return t[nt - 1][nr - 1];
 }
 #undef STRATA_ROW4PF
-// One token, up to 8 rows (decode at AVX2): y[r] for r < nr, ldy 1.
-template <DType DT>
-static Micro micro256pf8(int nr) {
-  static const Micro t[8] = {micro_avx2<DT, 1, 1, true>, micro_avx2<DT, 1, 2, true>, micro_avx2<DT, 1, 3, true>,
-                             micro_avx2<DT, 1, 4, true>, micro_avx2<DT, 1, 5, true>, micro_avx2<DT, 1, 6, true>,
-                             micro_avx2<DT, 1, 7, true>, micro_avx2<DT, 1, 8, true>};
-  return t[nr - 1];
-}
-static Micro micro_pf8(DType dt, int nr) {
-  return dt == DType::F32 ? micro256pf8<DType::F32>(nr) : dt == DType::BF16 ? micro256pf8<DType::BF16>(nr)
-       : dt == DType::I8 ? micro256pf8<DType::I8>(nr) : micro256pf8<DType::F16>(nr);
-}
 static Micro micro_eo(int nt, int nr) {
   static const Micro t[3][4] = {{micro_bf16eo<1, 1>, micro_bf16eo<1, 2>, micro_bf16eo<1, 3>, micro_bf16eo<1, 4>},
                                 {micro_bf16eo<2, 1>, micro_bf16eo<2, 2>, micro_bf16eo<2, 3>, micro_bf16eo<2, 4>},
@@ -736,31 +719,20 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   // Decode (memory-bound): the rows of every output stream from memory once, 4 at a time, converted in
   // registers; one loop for all outputs, chunks of 64 rows taken from a counter by the caller and the
   // pool's helpers (pool.h: no join barrier, so a helper preempted on a shared machine holds no one up).
-  // One token at AVX2, weights not in even/odd order (g_rows8): blocks of 8 rows, twice the independent
-  // accumulator chains in flight (each row's sum is the same sequence of FMAs as with 4: same bits).
-  const bool rows8 = n == 1 && lv == Level::AVX2 && g_rows8 && !any_eo;
-  const int RBk = rows8 ? 8 : 4;
   int64_t start[9];
   start[0] = 0;
-  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + RBk - 1) / RBk;
+  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + 3) / 4;
   const int64_t total = start[count];
   const float* xpp = xp.data();
-  decode_for(total, 64 / RBk, [&](int64_t q0, int64_t q1) {
+  decode_for(total, 16, [&](int64_t q0, int64_t q1) {
     float tile[6 * 4];
     for (int64_t qd = q0; qd < q1; ++qd) {
       int m = 0;
       while (qd >= start[m + 1]) ++m;
       const Mat& w = *outs[m].w;
-      const int64_t r0 = (qd - start[m]) * RBk;
-      const int nr = int(std::min<int64_t>(RBk, w.rows - r0));
+      const int64_t r0 = (qd - start[m]) * 4;
+      const int nr = int(std::min<int64_t>(4, w.rows - r0));
       const uint8_t* rowp = static_cast<const uint8_t*>(w.data) + size_t(r0 * K) * dtype_size(w.dtype);
-      if (rows8) {
-        float y8[8];
-        micro_pf8(w.dtype, nr)(rowp, K, x, K, K, y8, 1);
-        float* yo = outs[m].y + r0;
-        for (int r = 0; r < nr; ++r) yo[r] = w.scale ? y8[r] * w.scale[r0 + r] : y8[r];
-        continue;
-      }
       if (use_eo(lv, w)) micro_eo(int(n), nr)(rowp, K, xpp, K, K, tile, 4);
       else run_micro_decode(lv, w.dtype, int(n), nr, rowp, K, x, K, K, tile, 4);
       store_tile(tile, int(n), nr, w.scale ? w.scale + r0 : nullptr, outs[m].y + r0, w.rows);
