@@ -57,9 +57,10 @@ static bool g_bf16_eo = true;      // AVX2 bf16 rows in even/odd order (false: w
 // row streams, which the hardware prefetcher follows poorly. With linear prefetch each k step of a block
 // prefetches its share (1/(K/16)) of the next block plus kPrefetchAhead bytes, in memory order, into L2
 // (into L1 the next block and the current one evict each other); false: the earlier per-row prefetch 512
-// bytes ahead in each row, into L1. Measured with benchmarks/ab_decode.py (2 threads, shared 2-core
-// EPYC): bf16 decode x1.5-2.1 faster, int8 x1.5-1.7; L1 instead of L2 lost ~1.4x; 8 KiB beyond the next
-// block vs 0 or 32 KiB within noise.
+// bytes ahead in each row, into L1. Measured on a shared 2-core EPYC (AVX2), 2 threads: bf16 decode
+// x2.0-2.4 faster (benchmarks/ab_decode.py, in-process interleaved rounds; x2.1 old vs new .so in
+// alternating interpreters), int8 x1.6; prefetching into L1 instead lost ~1.4x; 8 KiB beyond the next
+// block vs 0 or 32 KiB: within noise; 8-row blocks instead of 4: not measurably faster.
 static bool g_linear_prefetch = true;
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
