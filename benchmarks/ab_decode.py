@@ -1,6 +1,7 @@
 """A/B of decode-step implementations in one process, interleaved round by round, so a shared machine's
 load changes hit every variant alike: the barrier-free pool vs OpenMP loops, and (AVX2) the even/odd bf16
-kernel vs widening loads; also each variant's fraction of a read loop over the streamed bytes.
+kernel vs widening loads, linear prefetch (the next row block, into L2) vs per-row prefetch; also each
+variant's fraction of a read loop over the streamed bytes.
 
     PYTHONPATH=$PWD python benchmarks/ab_decode.py [--rounds 6] [--steps 4] [--threads 2] [--weights int8]
 """
@@ -12,11 +13,13 @@ import time
 
 import numpy as np
 
-DEFAULT = "OpenMP + even/odd (default)"
+DEFAULT = "default: OpenMP, even/odd, linear prefetch"
+_BASE = {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True}
 VARIANTS = {
-    DEFAULT: {"decode_pool": False, "bf16_eo": True},
-    "pool + even/odd": {"decode_pool": True, "bf16_eo": True},
-    "OpenMP + widening loads": {"decode_pool": False, "bf16_eo": False},
+    DEFAULT: _BASE,
+    "per-row prefetch (before #18)": {**_BASE, "linear_prefetch": False},
+    "pool instead of OpenMP": {**_BASE, "decode_pool": True},
+    "widening loads instead of even/odd": {**_BASE, "bf16_eo": False},
 }
 
 
@@ -48,8 +51,8 @@ def main(argv=None):
             t0 = time.perf_counter()
             s.generate(s.held_ids, max_new_tokens=args.steps)
             times[name].append((time.perf_counter() - t0) / args.steps)
-        print(f"round {rnd}: " + ", ".join(f"{k.split()[0]}{'/' + k.split()[2] if len(k.split()) > 2 else ''} "
-                                          f"{v[-1] * 1e3:.0f} ms" for k, v in times.items()), flush=True)
+        print(f"round {rnd}: " + ", ".join(f"#{i} {v[-1] * 1e3:.0f} ms" for i, v in enumerate(times.values())),
+              flush=True)
     for k, v in VARIANTS[DEFAULT].items():
         ext._set_kernel_option(k, v)
     limit = statistics.median(bws) * 1e9 / eng.info["stream_bytes"]
@@ -58,7 +61,7 @@ def main(argv=None):
           f"limit {limit:.2f} tok/s")
     for name, v in times.items():
         m = statistics.median(v)
-        print(f"  {name:28s} {1 / m:6.2f} tok/s  x{base / m:4.2f} of default time  {1 / m / limit:.2f} of limit")
+        print(f"  #{list(times).index(name)} {name:45s} {1 / m:6.2f} tok/s  x{base / m:4.2f} of default time  {1 / m / limit:.2f} of limit")
 
 
 if __name__ == "__main__":
