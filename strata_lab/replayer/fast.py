@@ -281,9 +281,16 @@ def cost_samples(partitions: list[str]):
 
     cols = ["seq", "prompt_len", "reused", "prefill_ms", "keys", "extra", "raw"]
     seqs, reads, starts, times = [], [], [], []
+    odd_rows: list = []  # (seq, read, reused, ms) of rows read one by one
     for f in (f for part in partitions for f in segment_files(part)):
         t = pq.read_table(f, columns=cols)
-        odd = pc.or_(pc.is_valid(t["raw"]), pc.is_valid(t["extra"]))
+        extra = t["extra"]
+        # extra fields (a replica, ...) leave these columns as they are unless they name one of the fields
+        # read here (the substring test is conservative: such a row is read one by one)
+        touches = pc.fill_null(pc.or_(pc.or_(pc.match_substring(extra, '"reused"'),
+                                             pc.match_substring(extra, '"timings"')),
+                                      pc.match_substring(extra, '"prompt_ids"')), False)
+        odd = pc.or_(pc.is_valid(t["raw"]), touches)
         known = pc.and_(pc.and_(pc.is_valid(t["reused"]), pc.is_valid(t["prefill_ms"])),
                         pc.and_(pc.is_valid(t["prompt_len"]), pc.greater_equal(t["prompt_len"], 0)))
         plain = t.filter(pc.and_(pc.invert(odd), known))
@@ -304,10 +311,13 @@ def cost_samples(partitions: list[str]):
             ms = recorded_prefill_ms({"timings": rec.get("timings") if isinstance(rec.get("timings"), dict)
                                       else {}})
             if isinstance(reused, int) and ms is not None:
-                seqs.append(np.array([row["seq"]]))
-                reads.append(np.array([plen - reused]))
-                starts.append(np.array([reused]))
-                times.append(np.array([ms], dtype=np.float64))
+                odd_rows.append((row["seq"], plen - reused, reused, ms))
+    if odd_rows:
+        q, r, s_, m = zip(*odd_rows)
+        seqs.append(np.array(q, np.int64))
+        reads.append(np.array(r, np.int64))
+        starts.append(np.array(s_, np.int64))
+        times.append(np.array(m, np.float64))
     if not seqs:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
     order = np.argsort(np.concatenate(seqs), kind="stable")
