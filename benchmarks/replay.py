@@ -139,6 +139,14 @@ def baseline_rate(checkout: str, path: str) -> tuple[int, int, float]:
     return int(calls), int(ids), float(dt)
 
 
+def _warm_worker() -> None:
+    import pyarrow.compute  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
+    import strata_lab.replayer.fast  # noqa: F401
+    import strata_lab.replayer.report  # noqa: F401
+
+
 def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
     from strata_lab.dump import load_dump
     from strata_lab.replayer import replay
@@ -211,6 +219,7 @@ def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
                 from strata_lab.replayer.distributed import _worker_tokenizer
 
                 client.run(lambda: _worker_tokenizer("qwen3").token_bytes(0))  # tokenizer loaded on every worker
+                client.run(_warm_worker)  # and the replay's modules imported on every worker, not just one
                 replay(store, tokenizer="qwen3", cluster=client)  # and the replay's modules imported
                 t0 = time.perf_counter()
                 d = replay(store, tokenizer="qwen3", cluster=client)
