@@ -5,6 +5,9 @@ import pytest
 # Tests never touch the user's real cache: the built tokenizer goes to a per-run cache dir
 # unless the caller chose one (CI keeps it between steps of one run).
 os.environ.setdefault("STRATA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", "build", "test-cache"))
+# Some tests import torch (transformers references) before the engine loads: PyTorch's libgomp, loaded first,
+# would be the engine's too with spinning waits (strata_lab.engine warns). Sleeping waits from the start.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 
 @pytest.fixture(scope="session")
