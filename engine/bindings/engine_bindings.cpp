@@ -130,7 +130,29 @@ void register_checkpoint(py::module_& m) {
   }, py::arg("bytes"), py::arg("threads") = 0, py::arg("reps") = 3,
      "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
-        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' or 'bf16_eo' (default on).");
+        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool', 'bf16_eo' or 'attn_tiled' (default on).");
+  m.def("_attention", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                         py::array_t<float, py::array::c_style | py::array::forcecast> k,
+                         py::array_t<float, py::array::c_style | py::array::forcecast> v, int n_heads, int n_kv_heads,
+                         int threads) {
+    // q [n, H, hd]; k, v [T, Hkv, hd] with T >= n: the last n cache rows are the queries' own positions.
+    if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3) throw std::invalid_argument("q, k, v must be 3-d");
+    const int64_t n = q.shape(0), T = k.shape(0), hd = q.shape(2);
+    if (q.shape(1) != n_heads || k.shape(1) != n_kv_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+      throw std::invalid_argument("q must be [n, n_heads, hd] and k [T, n_kv_heads, hd], n_heads a multiple of n_kv_heads");
+    if (k.shape(2) != hd || v.shape(0) != T || v.shape(1) != n_kv_heads || v.shape(2) != hd || n < 1 || T < n)
+      throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd] with T >= n >= 1");
+    py::array_t<float> out({n, int64_t(n_heads), hd});
+    const float *qp = q.data(), *kp = k.data(), *vp = v.data();
+    float* op = out.mutable_data();
+    {
+      py::gil_scoped_release release;
+      use_threads(threads);
+      kernels::attention(qp, n, n_heads, n_kv_heads, int(hd), kp, vp, T - n, op);
+    }
+    return out;
+  }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("threads") = 0,
+     "The engine's causal GQA attention kernel on its own (tests, A/B timings): queries at positions T-n..T-1.");
   m.def("kernel_level", [] { return std::string(kernels::level_name(kernels::level())); });
   m.def("set_kernel_level", [](const std::string& name) {
     kernels::Level l = name == "scalar" ? kernels::Level::Scalar : name == "avx2" ? kernels::Level::AVX2
