@@ -8,6 +8,7 @@
 #include "strata/engine.h"
 #include "strata/kernels.h"
 #include "strata/stream.h"
+#include "../src/profile.h"
 
 namespace py = pybind11;
 using namespace strata;
@@ -153,6 +154,23 @@ void register_checkpoint(py::module_& m) {
     return out;
   }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("threads") = 0,
      "The engine's causal GQA attention kernel on its own (tests, A/B timings): queries at positions T-n..T-1.");
+  m.def("_profile", [](bool reset) {
+    // STRATA_PROFILE=1 per-op timers (set before the module loads): totals so far per phase, seconds per op.
+    const prof::Totals t = prof::totals_snapshot(reset);
+    py::dict out;
+    out["enabled"] = prof::enabled();
+    for (int d = 0; d < 2; ++d) {
+      py::dict ops;
+      for (int i = 0; i < prof::NumOps; ++i)
+        if (t.sec[d][i] > 0.0) ops[prof::op_name(i)] = t.sec[d][i];
+      py::dict ph;
+      ph["calls"] = t.calls[d];
+      ph["tokens"] = t.tokens[d];
+      ph["seconds"] = ops;
+      out[d ? "decode" : "prefill"] = ph;
+    }
+    return out;
+  }, py::arg("reset") = true, "Per-op profile totals (STRATA_PROFILE=1) per phase; reset zeroes them.");
   m.def("kernel_level", [] { return std::string(kernels::level_name(kernels::level())); });
   m.def("set_kernel_level", [](const std::string& name) {
     kernels::Level l = name == "scalar" ? kernels::Level::Scalar : name == "avx2" ? kernels::Level::AVX2
