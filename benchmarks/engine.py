@@ -418,6 +418,8 @@ def main(argv=None):
     ap.add_argument("--ab-max-context", type=int, default=4096,
                     help="longest context whose prefill --attn-ab runs with the old attention (decode: all)")
     ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
+    ap.add_argument("--q8-max-context", type=int, default=None,
+                    help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
     ap.add_argument("--accuracy-tokens", type=int, default=256)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for engine.md/.png")
     ap.add_argument("--peer-job", action="store_true", help=argparse.SUPPRESS)
@@ -467,8 +469,12 @@ def main(argv=None):
         fa = "+fa" if args.llama_flash_attn else ""
         systems.append(("llama.cpp f16", lambda p: in_subprocess("llama", path, p, args.decode, T, "f16" + fa)))
         if "llama-q8" not in skip:
-            systems.append(("llama.cpp Q8_0",
-                            lambda p: in_subprocess("llama", path, p, args.decode, T, "q8_0" + fa)))
+            def q8(p):
+                if args.q8_max_context is not None and len(p) > args.q8_max_context:
+                    raise NotImplementedError(f"context {len(p)} > --q8-max-context {args.q8_max_context}")
+                return in_subprocess("llama", path, p, args.decode, T, "q8_0" + fa)
+
+            systems.append(("llama.cpp Q8_0", q8))
 
     cfg = json.loads((path / "config.json").read_text())
     kv_token_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
@@ -504,6 +510,10 @@ def main(argv=None):
                 extra = (f"   attention {share['prefill'] * 100:.0f}% of prefill, {share['decode'] * 100:.0f}% of decode"
                          if share else "")
                 print(f"  {name:18s} ctx {c:6d} prefill {p:8.1f} tok/s   decode {d:6.2f} tok/s{extra}", flush=True)
+                partial = Path(args.out) / "engine.partial.md"  # the table so far, should a long run be cut short
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                partial.write_text(f"{head}; round {rnd + 1} of {args.repeat}, in progress\n\n"
+                                   + markdown(rows, contexts) + "\n")
 
     lines = [f"{head}; best of {args.repeat} round(s)", "", markdown(rows, contexts), ""]
     c0 = contexts[0]
@@ -543,6 +553,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     (out / "engine.md").write_text(text + "\n")
     plot(rows, contexts, out / "engine.png", head)
+    (out / "engine.partial.md").unlink(missing_ok=True)
     print(f"wrote {out / 'engine.md'} and {out / 'engine.png'}")
     return rows
 
