@@ -532,9 +532,14 @@ def main(argv=None):
                 pg = f"prefill time/token x{a[0] / b[0]:.2f}, " if a[0] == a[0] and b[0] == b[0] else ""
                 lines.append(f"- cost growth {name}, context {c_a} -> {c_b} (x{c_b / c_a:.0f}): "
                              f"{pg}decode time/token x{a[1] / b[1]:.2f}")
+    D, I, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    H, Hkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    mm_flops = 2 * L * (D * (H + 2 * Hkv) * hd + H * hd * D + 3 * D * I)  # per token, layer matmuls
     for (name, c), share in PROFILES.items():
-        lines.append(f"- {name}, context {c}: attention is {share['prefill'] * 100:.1f}% of prefill time and "
-                     f"{share['decode'] * 100:.1f}% of decode time (STRATA_PROFILE per-op timers, last round)")
+        att = 4 * hd * H * L * (c + 1) / 2  # per prefill token: QK and PV over (c + 1) / 2 keys on average
+        lines.append(f"- {name}, context {c}: attention is {share['prefill'] * 100:.1f}% of prefill time "
+                     f"({att / (att + mm_flops) * 100:.1f}% of prefill FLOPs) and {share['decode'] * 100:.1f}% of "
+                     f"decode time (STRATA_PROFILE per-op timers, last round)")
     if "scaling" not in skip and T > 1:
         p1, d1 = bench_strata(path, rng_prompt[:c0], args.decode, 1, None, max_ctx)
         nb = strata_engine(path, 1, None, max_ctx).info["stream_bytes"]
