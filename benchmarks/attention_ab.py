@@ -3,7 +3,7 @@ heads sharing K/V loads) against the per-query scalar loop it replaced (_set_ker
 False)), on one layer of Qwen3-0.6B's shape (16 query heads, 8 kv heads, head_dim 128), interleaved rounds,
 best time of each.
 
-    PYTHONPATH=$PWD python benchmarks/attention_ab.py [--threads 2] [--rounds 3] [--out benchmarks/results]
+    PYTHONPATH=$PWD python benchmarks/attention_ab.py [--threads 2] [--rounds 3] [--out benchmarks/results/long_context]
 
 Cases: prefill of a whole 4K prompt (4096 queries, causal); the last --tail queries of a 16K prefill
 (queries at positions 16384 - tail .. 16383: the per-query cost at 16K context, without the hour the old
@@ -28,7 +28,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tail", type=int, default=256, help="queries timed at the end of the 16K prefill")
     ap.add_argument("--heads", type=int, nargs=3, default=[16, 8, 128], metavar=("H", "HKV", "HD"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long_context"))
     args = ap.parse_args(argv)
     from strata_lab.engine import _ext
 

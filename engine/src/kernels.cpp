@@ -1061,6 +1061,14 @@ STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd
     const int64_t r0 = std::max<int64_t>(0, (t0 - pos0 - i0) * G);  // first row that sees key t0
     const float *kt = kg + t0 * kvs, *vt = vg + t0 * kvs;
     int64_t ldk = kvs;
+    if (!pack && t0 + ATT_KT <= pmax) {  // decode streams the cache: ask for the next tile's K/V rows now
+      const int64_t kn = std::min<int64_t>(ATT_KT, pmax + 1 - t0 - ATT_KT);
+      for (int64_t j = 0; j < kn; ++j)
+        for (int c = 0; c < hd; c += 16) {
+          _mm_prefetch(reinterpret_cast<const char*>(kt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(vt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
+        }
+    }
     if (pack) {
       for (int j = 0; j < kc; ++j) {
         std::memcpy(w.kt.data() + j * hd, kt + j * kvs, size_t(hd) * 4);
