@@ -3,7 +3,8 @@ transformers (eager, bf16 and f32) and, when installed, llama.cpp (llama-cpp-pyt
 GGUFs of the same weights), on one random Qwen3-0.6B-shaped checkpoint, at one or more context lengths.
 
     PYTHONPATH=$PWD python benchmarks/engine.py [--contexts 512 4096] [--decode 128] [--threads 2]
-        [--repeat 2] [--skip hf,hf-f32,llama,llama-q8,int8,accuracy,scaling] [--attn-ab] [--out benchmarks/results]
+        [--repeat 2] [--skip strata,hf,hf-f32,llama,llama-q8,int8,accuracy,scaling] [--attn-ab]
+        [--out benchmarks/results]
 
 Long context (issue 18): `--contexts 256 4096 16384 --decode 16 --skip hf,hf-f32,int8,accuracy,scaling
 --attn-ab` prefills 4K and 16K prompts and decodes at that context for strata and llama.cpp in one run.
@@ -411,7 +412,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over all systems; best tok/s per system (shared machines are noisy)")
-    ap.add_argument("--skip", default="", help="comma list of: hf, hf-f32, llama, int8, accuracy, scaling")
+    ap.add_argument("--skip", default="",
+                    help="comma list of: strata (bf16), hf, hf-f32, llama, llama-q8, int8, accuracy, scaling")
     ap.add_argument("--hf-max-context", type=int, default=2048)
     ap.add_argument("--attn-ab", action="store_true",
                     help="add 'strata bf16 old attention' (the per-query scalar attention) to the table")
@@ -454,7 +456,7 @@ def main(argv=None):
             return float("nan"), old_decode[len(p)]
         return bench_strata(path, p, args.decode, T, None, max_ctx, OLD, old_attention="all")
 
-    systems = [("strata bf16", strata_bf16)]
+    systems = [] if "strata" in skip else [("strata bf16", strata_bf16)]
     if args.attn_ab:
         systems.append((OLD, strata_old))
     if "int8" not in skip:
