@@ -52,13 +52,15 @@ os.environ.setdefault("STRATA_PROFILE", "1")  # per-op timers: attention's share
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def checkpoint(preset: str) -> Path:
+def checkpoint(preset: str, layers: int | None = None) -> Path:
+    """The cached random checkpoint of ``preset``; ``layers``: the same layer shape, fewer layers."""
     from strata_lab.tiny import make_tiny
 
-    path = ROOT / "build" / "bench" / f"{preset}-bf16"
+    path = ROOT / "build" / "bench" / (f"{preset}-bf16" if layers is None else f"{preset}-{layers}L-bf16")
     if not (path / "config.json").exists():
         print(f"writing {preset} bf16 checkpoint to {path} ...", flush=True)
-        make_tiny(path, preset=preset, dtype="bfloat16", seed=0)
+        make_tiny(path, preset=preset, dtype="bfloat16", seed=0,
+                  overrides=None if layers is None else {"num_hidden_layers": layers})
     return path
 
 
@@ -405,6 +407,8 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="qwen3-0.6b")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="the preset's layer shape with only this many layers (long contexts in bounded time)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[512],
                     help="prompt lengths: prefill of that many tokens, then decode at that context")
     ap.add_argument("--prefill", type=int, default=None, help="alias for a single --contexts value")
@@ -430,14 +434,14 @@ def main(argv=None):
         return peer_job()
     contexts = [args.prefill] if args.prefill else sorted(args.contexts)
     skip = set(filter(None, args.skip.split(",")))
-    path = checkpoint(args.preset)
+    path = checkpoint(args.preset, args.layers)
     rng_prompt = np.random.default_rng(0).integers(0, 151669, max(contexts)).tolist()
     max_ctx = max(contexts) + args.decode + 32
     from strata_lab.engine import _ext
 
     ext = _ext()
     T = args.threads
-    head = (f"{args.preset} bf16 weights, contexts {contexts}, decode {args.decode}, {T} threads, strata kernels "
+    head = (f"{args.preset}{'' if args.layers is None else f' ({args.layers} layers)'} bf16 weights, contexts {contexts}, decode {args.decode}, {T} threads, strata kernels "
             f"{ext.kernel_level()}, {platform.processor() or platform.machine()} ({os.cpu_count()} cpus)")
     print(head, flush=True)
 
