@@ -3,7 +3,15 @@ transformers (eager, bf16 and f32) and, when installed, llama.cpp (llama-cpp-pyt
 GGUFs of the same weights), on one random Qwen3-0.6B-shaped checkpoint, at one or more context lengths.
 
     PYTHONPATH=$PWD python benchmarks/engine.py [--contexts 512 4096] [--decode 128] [--threads 2]
-        [--repeat 2] [--skip hf,hf-f32,llama,int8,accuracy,scaling] [--out benchmarks/results]
+        [--repeat 2] [--skip strata,hf,hf-f32,llama,llama-q8,int8,accuracy,scaling] [--attn-ab]
+        [--out benchmarks/results]
+
+Long context (issue 18): `--contexts 256 4096 16384 --decode 16 --skip hf,hf-f32,int8,accuracy,scaling
+--attn-ab` prefills 4K and 16K prompts and decodes at that context for strata and llama.cpp in one run.
+strata's per-op timers (STRATA_PROFILE=1, on in this script) give attention's share of prefill and decode
+time at each context; --attn-ab adds a row with the attention kernel strata had before the tiled one (the
+per-query scalar loop): its prefill up to --ab-max-context (an hour per 16K prefill on 2 cores) and its
+decode at every context (the same held prompt, cut back and decoded again).
 
 Prints one markdown table (system x context: prefill and decode tok/s, ratios against strata bf16), the
 decode bandwidth limit measured in the same run (a read loop over a buffer the size of the bytes one
@@ -19,6 +27,10 @@ project dependencies (llama-cpp-python compiles llama.cpp, minutes on 2 cores):
     CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python
 
 transformers runs only up to --hf-max-context (eager attention materialises [heads, n, n] scores).
+llama.cpp prefills in micro-batches of 512 tokens (its default n_ubatch; one batch of n would need a
+[heads, n, n] score buffer, 16 GiB at 16K) without flash attention (its default; --llama-flash-attn).
+The decode bandwidth limit counts the weights and the KV cache a step reads at that context (strata keeps
+it in f32: 2 x layers x kv heads x head_dim x 4 bytes per token).
 strata picks its kernels at run time (avx512bf16 > avx512 > avx2 > scalar; STRATA_KERNEL=avx2 caps it).
 OpenMP threads sleep at barriers (OMP_WAIT_POLICY=passive, set by strata_lab.engine unless the user set
 it): on shared or oversubscribed cores spinning waiters starve the working threads.
@@ -35,17 +47,20 @@ from pathlib import Path
 import numpy as np
 
 _USER_ENV = set(os.environ)  # before strata_lab.engine adds its defaults
+os.environ.setdefault("STRATA_PROFILE", "1")  # per-op timers: attention's share (read before the module loads)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def checkpoint(preset: str) -> Path:
+def checkpoint(preset: str, layers: int | None = None) -> Path:
+    """The cached random checkpoint of ``preset``; ``layers``: the same layer shape, fewer layers."""
     from strata_lab.tiny import make_tiny
 
-    path = ROOT / "build" / "bench" / f"{preset}-bf16"
+    path = ROOT / "build" / "bench" / (f"{preset}-bf16" if layers is None else f"{preset}-{layers}L-bf16")
     if not (path / "config.json").exists():
         print(f"writing {preset} bf16 checkpoint to {path} ...", flush=True)
-        make_tiny(path, preset=preset, dtype="bfloat16", seed=0)
+        make_tiny(path, preset=preset, dtype="bfloat16", seed=0,
+                  overrides=None if layers is None else {"num_hidden_layers": layers})
     return path
 
 
@@ -61,16 +76,46 @@ def strata_engine(path, threads, weights, max_context):
     return _ENGINES[key]
 
 
-def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None):
+PROFILES: dict = {}  # (system, context) -> {"prefill"/"decode": attention's share of the timed ops}
+
+
+def _attention_share(prof, phase):
+    secs = prof[phase]["seconds"]
+    total = sum(secs.values())
+    return secs.get("attention", 0.0) / total if total > 0 else float("nan")
+
+
+def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None, name=None, old_attention=None):
+    """strata prefill and decode tok/s. old_attention: None (the tiled kernel), "decode" (also decode the held
+    prompt again with the old per-query attention and return that decode rate too), "all" (old kernel for
+    both prefill and decode)."""
+    from strata_lab.engine import _ext
+
+    ext = _ext()
     eng = strata_engine(path, threads, weights, max_context)
     s = eng.session("bench")
     s.reset()
     s.generate(prompt[:16], max_new_tokens=2).result  # warm up (page in weights)
     s.reset()
-    r = s.generate(prompt, max_new_tokens=n_decode).result
-    assert len(r.gen_ids) == n_decode
+    ext._set_kernel_option("attn_tiled", old_attention != "all")
+    try:
+        ext._profile(True)
+        r = s.generate(prompt, max_new_tokens=n_decode).result
+        prof = ext._profile(True)
+        assert len(r.gen_ids) == n_decode
+        old_d = None
+        if old_attention == "decode":  # same held prompt: cut back to it (1 token re-read), decode again
+            ext._set_kernel_option("attn_tiled", False)
+            r2 = s.generate(prompt, max_new_tokens=n_decode).result
+            assert r2.tokens_read <= 1 and len(r2.gen_ids) == n_decode, (r2.tokens_read, r2.reused, len(prompt))
+            old_d = n_decode / (r2.decode_ms / 1e3)
+    finally:
+        ext._set_kernel_option("attn_tiled", True)
     s.reset()
-    return len(prompt) / (r.prefill_ms / 1e3), n_decode / (r.decode_ms / 1e3)
+    if name and prof["enabled"]:
+        PROFILES[(name, len(prompt))] = {ph: _attention_share(prof, ph) for ph in ("prefill", "decode")}
+    p, d = len(prompt) / (r.prefill_ms / 1e3), n_decode / (r.decode_ms / 1e3)
+    return (p, d, old_d) if old_attention == "decode" else (p, d)
 
 
 def bench_hf(path, prompt, n_decode, threads, dtype_name):
@@ -216,10 +261,12 @@ def bench_llama(path, prompt, n_decode, threads, qtype="f16"):
     except ImportError as e:
         raise ImportError(f"{e.name} is not installed (pip install gguf llama-cpp-python)") from e
 
+    flash = qtype.endswith("+fa")
+    qtype = qtype.removesuffix("+fa")
     model_path = gguf_checkpoint(path, qtype)
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=len(prompt) + n_decode + 16, n_batch=len(prompt),
-                          n_ubatch=len(prompt), n_threads=threads, n_threads_batch=threads, logits_all=False,
-                          verbose=False)
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=len(prompt) + n_decode + 16,
+                          n_batch=min(len(prompt), 2048), n_ubatch=min(len(prompt), 512), flash_attn=flash,
+                          n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
     if not _LLAMA_INFO_SHOWN:
         _LLAMA_INFO_SHOWN.add(1)
         _LLAMA_INFO[0] = "  llama.cpp build: " + llama_cpp.llama_print_system_info().decode().strip()
@@ -325,7 +372,8 @@ def markdown(rows, contexts, base="strata bf16"):
                 continue
             p, d = rows[(name, c)]
             bp, bd = rows.get((base, c), (float("nan"), float("nan")))
-            out.append(f"| {name} | {c} | {p:.1f} | {d:.2f} | {p / bp:.2f} | {d / bd:.2f} |")
+            pt, pr = (f"{p:.1f}", f"{p / bp:.2f}") if p == p else ("not run", "")
+            out.append(f"| {name} | {c} | {pt} | {d:.2f} | {pr} | {d / bd:.2f} |")
     return "\n".join(out)
 
 
@@ -339,7 +387,8 @@ def plot(rows, contexts, out_png, title):
     for name in dict.fromkeys(n for n, _ in rows):
         cs = [c for c in contexts if (name, c) in rows]
         for ax, i in zip(axes, (0, 1)):
-            ax.plot(cs, [rows[(name, c)][i] for c in cs], marker="o", label=name)
+            pts = [(c, rows[(name, c)][i]) for c in cs if rows[(name, c)][i] == rows[(name, c)][i]]
+            ax.plot([c for c, _ in pts], [y for _, y in pts], marker="o", label=name)
     for ax, what in zip(axes, ("prefill", "decode")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -358,6 +407,8 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="qwen3-0.6b")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="the preset's layer shape with only this many layers (long contexts in bounded time)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[512],
                     help="prompt lengths: prefill of that many tokens, then decode at that context")
     ap.add_argument("--prefill", type=int, default=None, help="alias for a single --contexts value")
@@ -365,8 +416,16 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over all systems; best tok/s per system (shared machines are noisy)")
-    ap.add_argument("--skip", default="", help="comma list of: hf, hf-f32, llama, int8, accuracy, scaling")
+    ap.add_argument("--skip", default="",
+                    help="comma list of: strata (bf16), hf, hf-f32, llama, llama-q8, int8, accuracy, scaling")
     ap.add_argument("--hf-max-context", type=int, default=2048)
+    ap.add_argument("--attn-ab", action="store_true",
+                    help="add 'strata bf16 old attention' (the per-query scalar attention) to the table")
+    ap.add_argument("--ab-max-context", type=int, default=4096,
+                    help="longest context whose prefill --attn-ab runs with the old attention (decode: all)")
+    ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
+    ap.add_argument("--q8-max-context", type=int, default=None,
+                    help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
     ap.add_argument("--accuracy-tokens", type=int, default=256)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for engine.md/.png")
     ap.add_argument("--peer-job", action="store_true", help=argparse.SUPPRESS)
@@ -375,20 +434,37 @@ def main(argv=None):
         return peer_job()
     contexts = [args.prefill] if args.prefill else sorted(args.contexts)
     skip = set(filter(None, args.skip.split(",")))
-    path = checkpoint(args.preset)
+    path = checkpoint(args.preset, args.layers)
     rng_prompt = np.random.default_rng(0).integers(0, 151669, max(contexts)).tolist()
     max_ctx = max(contexts) + args.decode + 32
     from strata_lab.engine import _ext
 
     ext = _ext()
     T = args.threads
-    head = (f"{args.preset} bf16 weights, contexts {contexts}, decode {args.decode}, {T} threads, strata kernels "
+    head = (f"{args.preset}{'' if args.layers is None else f' ({args.layers} layers)'} bf16 weights, contexts {contexts}, decode {args.decode}, {T} threads, strata kernels "
             f"{ext.kernel_level()}, {platform.processor() or platform.machine()} ({os.cpu_count()} cpus)")
     print(head, flush=True)
 
-    systems = [("strata bf16", lambda p: bench_strata(path, p, args.decode, T, None, max_ctx))]
+    OLD = "strata bf16 old attention"
+    old_decode = {}  # context -> decode tok/s with the old attention, measured right after strata bf16's
+
+    def strata_bf16(p):
+        if not args.attn_ab:
+            return bench_strata(path, p, args.decode, T, None, max_ctx, "strata bf16")
+        pf, d, od = bench_strata(path, p, args.decode, T, None, max_ctx, "strata bf16", old_attention="decode")
+        old_decode[len(p)] = od
+        return pf, d
+
+    def strata_old(p):
+        if len(p) > args.ab_max_context:  # prefill too slow: the decode measured with strata bf16's prompt
+            return float("nan"), old_decode[len(p)]
+        return bench_strata(path, p, args.decode, T, None, max_ctx, OLD, old_attention="all")
+
+    systems = [] if "strata" in skip else [("strata bf16", strata_bf16)]
+    if args.attn_ab:
+        systems.append((OLD, strata_old))
     if "int8" not in skip:
-        systems.append(("strata int8", lambda p: bench_strata(path, p, args.decode, T, "int8", max_ctx)))
+        systems.append(("strata int8", lambda p: bench_strata(path, p, args.decode, T, "int8", max_ctx, "strata int8")))
     if "hf" not in skip:
         systems.append(("transformers bf16",
                         lambda p: bench_hf_ctx(path, p, args.decode, T, "bf16", args.hf_max_context)))
@@ -396,9 +472,18 @@ def main(argv=None):
             systems.append(("transformers f32",
                             lambda p: bench_hf_ctx(path, p, args.decode, T, "f32", args.hf_max_context)))
     if "llama" not in skip:
-        systems.append(("llama.cpp f16", lambda p: in_subprocess("llama", path, p, args.decode, T, "f16")))
-        systems.append(("llama.cpp Q8_0", lambda p: in_subprocess("llama", path, p, args.decode, T, "q8_0")))
+        fa = "+fa" if args.llama_flash_attn else ""
+        systems.append(("llama.cpp f16", lambda p: in_subprocess("llama", path, p, args.decode, T, "f16" + fa)))
+        if "llama-q8" not in skip:
+            def q8(p):
+                if args.q8_max_context is not None and len(p) > args.q8_max_context:
+                    raise NotImplementedError(f"context {len(p)} > --q8-max-context {args.q8_max_context}")
+                return in_subprocess("llama", path, p, args.decode, T, "q8_0" + fa)
 
+            systems.append(("llama.cpp Q8_0", q8))
+
+    cfg = json.loads((path / "config.json").read_text())
+    kv_token_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
     rows: dict = {}
     bw = {}  # weights -> best GB/s of the read loop over that many bytes
     skipped = set()
@@ -409,9 +494,10 @@ def main(argv=None):
                 if name in skipped:
                     continue
                 nbytes = 0
-                if name.startswith("strata"):
-                    wts = name.split()[-1]
+                if name.startswith("strata") and name != OLD:
+                    wts = name.split()[1]
                     nbytes = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx).info["stream_bytes"]
+                    nbytes += kv_token_bytes * (c + args.decode // 2)  # the f32 KV cache a mid-decode step reads
                     # the limit right before and right after: the faster of the best of 3 passes each (a
                     # single pass caught by a competing process on a shared machine understated the limit:
                     # fractions above 1)
@@ -428,23 +514,41 @@ def main(argv=None):
                     if d / limit > bw.get((name, c), (0.0, 0.0))[0]:
                         bw[(name, c)] = (d / limit, limit * nbytes / 1e9, limit)
                 best = rows.get((name, c), (0.0, 0.0))
-                rows[(name, c)] = (max(best[0], p), max(best[1], d))
-                print(f"  {name:18s} ctx {c:6d} prefill {p:8.1f} tok/s   decode {d:6.2f} tok/s", flush=True)
+                rows[(name, c)] = (max(best[0], p) if p == p else p, max(best[1], d))
+                share = PROFILES.get((name, c))
+                extra = (f"   attention {share['prefill'] * 100:.0f}% of prefill, {share['decode'] * 100:.0f}% of decode"
+                         if share else "")
+                print(f"  {name:18s} ctx {c:6d} prefill {p:8.1f} tok/s   decode {d:6.2f} tok/s{extra}", flush=True)
+                partial = Path(args.out) / "engine.partial.md"  # the table so far, should a long run be cut short
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                partial.write_text(f"{head}; round {rnd + 1} of {args.repeat}, in progress\n\n"
+                                   + markdown(rows, contexts) + "\n")
 
     lines = [f"{head}; best of {args.repeat} round(s)", "", markdown(rows, contexts), ""]
     c0 = contexts[0]
     for (name, c), (frac, gbs, limit) in bw.items():
         nbytes = gbs * 1e9 / limit
-        lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token; read loop over that many "
-                     f"bytes, {T} threads, best of 3 passes just before and 3 after: {gbs:.1f} GB/s = limit {limit:.1f} tok/s; decode "
+        lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token (weights + f32 KV cache); "
+                     f"read loop over that many bytes, {T} threads, best of 3 passes just before and 3 after: "
+                     f"{gbs:.1f} GB/s = limit {limit:.1f} tok/s; decode "
                      f"{rows[(name, c)][1]:.2f} tok/s = **{frac:.2f} of the bandwidth limit**")
     if len(contexts) > 1:
         for name in dict.fromkeys(n for n, _ in rows):
             cs = [c for c in contexts if (name, c) in rows]
-            if len(cs) > 1:
-                a, b = rows[(name, cs[0])], rows[(name, cs[-1])]
-                lines.append(f"- cost growth {name}, context {cs[0]} -> {cs[-1]} (x{cs[-1] / cs[0]:.0f}): "
-                             f"prefill time/token x{a[0] / b[0]:.2f}, decode time/token x{a[1] / b[1]:.2f}")
+            steps = list(zip(cs, cs[1:])) + ([(cs[0], cs[-1])] if len(cs) > 2 else [])
+            for c_a, c_b in steps:
+                a, b = rows[(name, c_a)], rows[(name, c_b)]
+                pg = f"prefill time/token x{a[0] / b[0]:.2f}, " if a[0] == a[0] and b[0] == b[0] else ""
+                lines.append(f"- cost growth {name}, context {c_a} -> {c_b} (x{c_b / c_a:.0f}): "
+                             f"{pg}decode time/token x{a[1] / b[1]:.2f}")
+    D, I, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    H, Hkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    mm_flops = 2 * L * (D * (H + 2 * Hkv) * hd + H * hd * D + 3 * D * I)  # per token, layer matmuls
+    for (name, c), share in PROFILES.items():
+        att = 4 * hd * H * L * (c + 1) / 2  # per prefill token: QK and PV over (c + 1) / 2 keys on average
+        lines.append(f"- {name}, context {c}: attention is {share['prefill'] * 100:.1f}% of prefill time "
+                     f"({att / (att + mm_flops) * 100:.1f}% of prefill FLOPs) and {share['decode'] * 100:.1f}% of "
+                     f"decode time (STRATA_PROFILE per-op timers, last round)")
     if "scaling" not in skip and T > 1:
         p1, d1 = bench_strata(path, rng_prompt[:c0], args.decode, 1, None, max_ctx)
         nb = strata_engine(path, 1, None, max_ctx).info["stream_bytes"]
@@ -463,6 +567,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     (out / "engine.md").write_text(text + "\n")
     plot(rows, contexts, out / "engine.png", head)
+    (out / "engine.partial.md").unlink(missing_ok=True)
     print(f"wrote {out / 'engine.md'} and {out / 'engine.png'}")
     return rows
 

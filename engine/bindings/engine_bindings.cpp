@@ -9,6 +9,7 @@
 #include "strata/kernels.h"
 #include "strata/stream.h"
 #include "../src/gdn.h"
+#include "../src/profile.h"
 
 namespace py = pybind11;
 using namespace strata;
@@ -131,7 +132,7 @@ void register_checkpoint(py::module_& m) {
   }, py::arg("bytes"), py::arg("threads") = 0, py::arg("reps") = 3,
      "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
-        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo' or 'gdn_matrix' (default on).");
+        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo', 'gdn_matrix', 'linear_prefetch' or 'attn_tiled' (default on).");
   m.def("_gdn_delta", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
                          py::array_t<float, py::array::c_style | py::array::forcecast> k,
                          py::array_t<float, py::array::c_style | py::array::forcecast> v,
@@ -170,6 +171,45 @@ void register_checkpoint(py::module_& m) {
      "The Gated DeltaNet delta rule alone, one head, fp32 (tests and benchmarks): returns (o [T, dv], final "
      "state [dk, dv]) from start state `state`; mode 'matrix' (chunked, matrix form), 'rows' (chunked, row "
      "form) or 'recurrent' (token by token).");
+  m.def("_attention", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                         py::array_t<float, py::array::c_style | py::array::forcecast> k,
+                         py::array_t<float, py::array::c_style | py::array::forcecast> v, int n_heads, int n_kv_heads,
+                         int threads) {
+    // q [n, H, hd]; k, v [T, Hkv, hd] with T >= n: the last n cache rows are the queries' own positions.
+    if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3) throw std::invalid_argument("q, k, v must be 3-d");
+    const int64_t n = q.shape(0), T = k.shape(0), hd = q.shape(2);
+    if (q.shape(1) != n_heads || k.shape(1) != n_kv_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+      throw std::invalid_argument("q must be [n, n_heads, hd] and k [T, n_kv_heads, hd], n_heads a multiple of n_kv_heads");
+    if (k.shape(2) != hd || v.shape(0) != T || v.shape(1) != n_kv_heads || v.shape(2) != hd || n < 1 || T < n)
+      throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd] with T >= n >= 1");
+    py::array_t<float> out({n, int64_t(n_heads), hd});
+    const float *qp = q.data(), *kp = k.data(), *vp = v.data();
+    float* op = out.mutable_data();
+    {
+      py::gil_scoped_release release;
+      use_threads(threads);
+      kernels::attention(qp, n, n_heads, n_kv_heads, int(hd), kp, vp, T - n, op);
+    }
+    return out;
+  }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("threads") = 0,
+     "The engine's causal GQA attention kernel on its own (tests, A/B timings): queries at positions T-n..T-1.");
+  m.def("_profile", [](bool reset) {
+    // STRATA_PROFILE=1 per-op timers (set before the module loads): totals so far per phase, seconds per op.
+    const prof::Totals t = prof::totals_snapshot(reset);
+    py::dict out;
+    out["enabled"] = prof::enabled();
+    for (int d = 0; d < 2; ++d) {
+      py::dict ops;
+      for (int i = 0; i < prof::NumOps; ++i)
+        if (t.sec[d][i] > 0.0) ops[prof::op_name(i)] = t.sec[d][i];
+      py::dict ph;
+      ph["calls"] = t.calls[d];
+      ph["tokens"] = t.tokens[d];
+      ph["seconds"] = ops;
+      out[d ? "decode" : "prefill"] = ph;
+    }
+    return out;
+  }, py::arg("reset") = true, "Per-op profile totals (STRATA_PROFILE=1) per phase; reset zeroes them.");
   m.def("kernel_level", [] { return std::string(kernels::level_name(kernels::level())); });
   m.def("set_kernel_level", [](const std::string& name) {
     kernels::Level l = name == "scalar" ? kernels::Level::Scalar : name == "avx2" ? kernels::Level::AVX2

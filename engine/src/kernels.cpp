@@ -66,22 +66,25 @@ static bool g_gdn_matrix = [] {    // GDN chunked prefill in matrix form (false:
 // alternating interpreters), int8 x1.6; prefetching into L1 instead lost ~1.4x; 8 KiB beyond the next
 // block vs 0 or 32 KiB: within noise; 8-row blocks instead of 4: not measurably faster.
 static bool g_linear_prefetch = true;
+static bool g_attn_tiled = true;   // AVX2 attention tiled with an online softmax (false: the per-query scalar loop)
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
   else if (name == "bf16_eo") g_bf16_eo = on;
   else if (name == "gdn_matrix") g_gdn_matrix = on;
   else if (name == "linear_prefetch") g_linear_prefetch = on;
+  else if (name == "attn_tiled") g_attn_tiled = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch)");
+                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled)");
 }
 bool option(const std::string& name) {
   if (name == "decode_pool") return g_decode_pool;
   if (name == "bf16_eo") return g_bf16_eo;
   if (name == "gdn_matrix") return g_gdn_matrix;
   if (name == "linear_prefetch") return g_linear_prefetch;
+  if (name == "attn_tiled") return g_attn_tiled;
   throw std::invalid_argument("unknown kernel option '" + name +
-                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch)");
+                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -1063,12 +1066,262 @@ static Attend attend_fn(int hd) {
   return hd <= 128 ? t[(hd + 15) / 16 - 1] : nullptr;
 }
 
+// ---------------------------------------------------------------- attention (AVX2 + FMA): tiled
+// Flash-style: a block of query rows (QB positions x the G query heads of one kv head, so GQA heads share
+// every K/V load) walks key tiles of KT keys with an online softmax (running max m, sum l, output O
+// rescaled by exp(m_old - m_new) per tile). K/V tiles are read once per block (packed contiguous when the
+// block has enough rows to pay for the copy) instead of once per query head, and no [n, n] or per-query
+// score row is materialised. Numerics: a query row's result depends only on its own position, not on the
+// other rows of its block: key tiles start at 0 and are KT long whatever the block, each score is one FMA
+// chain over hd then the same 8-lane reduction, and each row's sums run over its own keys in key order --
+// so decode gives a position exactly the bits the full forward gives it.
+constexpr int ATT_KT = 64;  // keys per tile (packed K and V tiles: 2 x 32 KiB at hd 128)
+constexpr int ATT_QB = 16;  // query positions per prefill block
+
+// exp for x <= 0 (softmax): Cephes expf polynomial after n = round(x log2 e), scaled by 2^n.
+STRATA_AVX2 static inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // 2^n stays a normal float
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// The four horizontal sums of a0..a3 as one __m128; each lane sums its own vector in the same order.
+STRATA_AVX2 static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// Scores of R query rows (q, ldq) against C <= 4 keys (k, ldk): s[r * lds + j] = (q_r . k_j) * scale.
+template <int R, int C>
+STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const float* k, int64_t ldk, int hd, float scale,
+                               float* s, int64_t lds) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+  for (int c = 0; c < hd; c += 8) {  // registers: R x 4 accumulators, R query chunks, 1 key chunk
+    __m256 qv[R];
+    for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q + r * ldq + c);
+    for (int j = 0; j < C; ++j) {
+      const __m256 kv = _mm256_loadu_ps(k + j * ldk + c);
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(qv[r], kv, acc[r][j]);
+    }
+  }
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int r = 0; r < R; ++r) {
+    alignas(16) float t[4];
+    _mm_store_ps(t, _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+    for (int j = 0; j < C; ++j) s[r * lds + j] = t[j];
+  }
+}
+
+// O[r, c0 : c0 + 8 C] = O * alpha_r + sum_{j < cnt_r} p[r, j] v[j, c0 : ...], keys in order, R rows sharing
+// each V load for the keys all of them see (j < cmin) and alone for the rest.
+template <int R, int C>
+STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, const float* alpha, const float* v,
+                               int64_t ldv, float* o, int64_t ldo) {
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  int cmin = cnt[0];
+  for (int r = 1; r < R; ++r) cmin = std::min(cmin, cnt[r]);
+  for (int j = 0; j < cmin; ++j) {
+    __m256 b[R];
+    for (int r = 0; r < R; ++r) b[r] = _mm256_broadcast_ss(p + r * ldp + j);
+    for (int c = 0; c < C; ++c) {
+      const __m256 vv = _mm256_loadu_ps(v + j * ldv + 8 * c);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(b[r], vv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = cmin; j < cnt[r]; ++j) {
+      const __m256 b = _mm256_broadcast_ss(p + r * ldp + j);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(b, _mm256_loadu_ps(v + j * ldv + 8 * c), acc[r][c]);
+    }
+  for (int r = 0; r < R; ++r) {
+    const __m256 a = _mm256_set1_ps(alpha[r]);
+    for (int c = 0; c < C; ++c) {
+      float* op = o + r * ldo + 8 * c;
+      _mm256_storeu_ps(op, _mm256_fmadd_ps(_mm256_loadu_ps(op), a, acc[r][c]));
+    }
+  }
+}
+
+template <int R>
+STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, const float* k, int64_t ldk, int C, int hd, float scale,
+                                 float* s, int64_t lds) {
+  switch (C) {
+    case 1: att_qk<R, 1>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    case 2: att_qk<R, 2>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    case 3: att_qk<R, 3>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    default: att_qk<R, 4>(q, ldq, k, ldk, hd, scale, s, lds); break;
+  }
+}
+
+template <int R>
+STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, const float* alpha, const float* v,
+                                 int64_t ldv, float* o, int64_t ldo, int C) {
+  switch (C) {
+    case 1: att_pv<R, 1>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    case 2: att_pv<R, 2>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    case 3: att_pv<R, 3>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    default: att_pv<R, 4>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+  }
+}
+
+// Per-thread buffers of the tiled kernel.
+struct AttScratch {
+  std::vector<float> q, o, s, kt, vt, m, l, alpha;
+  std::vector<int> cnt;
+  void fit(int64_t rows, int hd) {
+    if (int64_t(q.size()) < rows * hd) { q.resize(size_t(rows * hd)); o.resize(size_t(rows * hd)); }
+    if (int64_t(s.size()) < rows * ATT_KT) s.resize(size_t(rows * ATT_KT));
+    if (int64_t(kt.size()) < int64_t(ATT_KT) * hd) { kt.resize(size_t(ATT_KT * hd)); vt.resize(size_t(ATT_KT * hd)); }
+    if (int64_t(m.size()) < rows) { m.resize(size_t(rows)); l.resize(size_t(rows)); alpha.resize(size_t(rows)); cnt.resize(size_t(rows)); }
+  }
+};
+
+// Query positions i0..i1-1 (of the call's n; position pos0 + i) x the G heads of kv head g. Row r is
+// position i0 + r / G, head g G + r % G.
+STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd, const float* k, const float* v,
+                                          int64_t pos0, int64_t i0, int64_t i1, int g, bool pack, AttScratch& w,
+                                          float* out) {
+  const int G = H / Hkv;
+  const int64_t rows = (i1 - i0) * G, kvs = int64_t(Hkv) * hd;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  w.fit(rows, hd);
+  float *Q = w.q.data(), *O = w.o.data(), *S = w.s.data(), *M = w.m.data(), *L = w.l.data(), *A = w.alpha.data();
+  int* cnt = w.cnt.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(Q + r * hd, q + ((i0 + r / G) * H + int64_t(g) * G + r % G) * hd, size_t(hd) * 4);
+    std::fill(O + r * hd, O + (r + 1) * hd, 0.f);
+    M[r] = -INFINITY;
+    L[r] = 0.f;
+  }
+  const int64_t pmax = pos0 + i1 - 1;
+  const float* kg = k + int64_t(g) * hd;
+  const float* vg = v + int64_t(g) * hd;
+  const int C8 = hd / 8;
+  for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
+    const int kc = int(std::min<int64_t>(ATT_KT, pmax + 1 - t0));  // keys of this tile some row sees
+    const int64_t r0 = std::max<int64_t>(0, (t0 - pos0 - i0) * G);  // first row that sees key t0
+    const float *kt = kg + t0 * kvs, *vt = vg + t0 * kvs;
+    int64_t ldk = kvs;
+    if (!pack && t0 + ATT_KT <= pmax) {  // decode streams the cache: ask for the next tile's K/V rows now
+      const int64_t kn = std::min<int64_t>(ATT_KT, pmax + 1 - t0 - ATT_KT);
+      for (int64_t j = 0; j < kn; ++j)
+        for (int c = 0; c < hd; c += 16) {
+          _mm_prefetch(reinterpret_cast<const char*>(kt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(vt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
+        }
+    }
+    if (pack) {
+      for (int j = 0; j < kc; ++j) {
+        std::memcpy(w.kt.data() + j * hd, kt + j * kvs, size_t(hd) * 4);
+        std::memcpy(w.vt.data() + j * hd, vt + j * kvs, size_t(hd) * 4);
+      }
+      kt = w.kt.data();
+      vt = w.vt.data();
+      ldk = hd;
+    }
+    // scores: 3 rows x 4 keys per micro-tile, the 4 keys' rows kept in L1 over all the rows
+    for (int j = 0; j < kc; j += 4) {
+      const int C = std::min(4, kc - j);
+      int64_t r = r0;
+      for (; r + 3 <= rows; r += 3) att_qk_r<3>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
+      if (rows - r == 2) att_qk_r<2>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
+      else if (rows - r == 1) att_qk_r<1>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
+    }
+    // online softmax: each row over its own keys j < cnt (positions t0 + j <= its position)
+    for (int64_t r = r0; r < rows; ++r) {
+      const int c = int(std::min<int64_t>(kc, pos0 + i0 + r / G + 1 - t0));
+      cnt[r] = c;
+      float* sr = S + r * ATT_KT;
+      __m256 mx = _mm256_set1_ps(-INFINITY);
+      int j = 0;
+      for (; j + 8 <= c; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sr + j));
+      float mt = -INFINITY;
+      {
+        alignas(32) float t[8];
+        _mm256_store_ps(t, mx);
+        for (int e = 0; e < 8; ++e) mt = std::max(mt, t[e]);
+        for (int e = j; e < c; ++e) mt = std::max(mt, sr[e]);
+      }
+      const float mnew = std::max(M[r], mt);
+      A[r] = std::exp(M[r] - mnew);  // 0 on the first tile
+      M[r] = mnew;
+      const __m256 mv = _mm256_set1_ps(mnew);
+      __m256 sum = _mm256_setzero_ps();
+      for (j = 0; j < c; j += 8) {  // the last chunk's lanes past c are zeroed (S has room: KT % 8 == 0)
+        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
+        if (c - j < 8) {
+          const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+          e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c - j), lane)));
+        }
+        _mm256_storeu_ps(sr + j, e);
+        sum = _mm256_add_ps(sum, e);
+      }
+      L[r] = L[r] * A[r] + hsum256(sum);
+    }
+    // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile, the V column slice kept in L1
+    for (int c0 = 0; c0 < C8; c0 += 4) {
+      const int C = std::min(4, C8 - c0);
+      int64_t r = r0;
+      for (; r + 3 <= rows; r += 3)
+        att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+      if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+      else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m256 inv = _mm256_set1_ps(1.0f / L[r]);
+    float* dst = out + ((i0 + r / G) * H + int64_t(g) * G + r % G) * hd;
+    for (int c = 0; c < hd; c += 8) _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(O + r * hd + c), inv));
+  }
+}
+
+static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
+                                 int64_t pos0, float* out) {
+  if (n <= 6) {  // decode: one task per kv head, its n x G rows read the cache once, in place
+    decode_for(Hkv, 1, [&](int64_t b, int64_t e) {
+      thread_local AttScratch w;
+      for (int64_t g = b; g < e; ++g) attend_block_avx2(q, H, Hkv, hd, k, v, pos0, 0, n, int(g), false, w, out);
+    });
+    return;
+  }
+  const int64_t nb = (n + ATT_QB - 1) / ATT_QB, tasks = nb * Hkv;
+#pragma omp parallel
+  {
+    AttScratch w;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {  // the longest blocks (last positions) first
+      const int64_t b = nb - 1 - t / Hkv;
+      attend_block_avx2(q, H, Hkv, hd, k, v, pos0, b * ATT_QB, std::min(n, (b + 1) * ATT_QB), int(t % Hkv),
+                        true, w, out);
+    }
+  }
+}
+
 void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v, int64_t pos0,
                float* out) {
   const int group = H / Hkv;
   const float scale = 1.0f / std::sqrt(float(hd));
   const int64_t kv_stride = int64_t(Hkv) * hd;
   const Attend fast = vec(level()) == Level::AVX512 ? attend_fn(hd) : nullptr;
+  if (!fast && g_attn_tiled && vec(level()) == Level::AVX2 && hd % 8 == 0) {
+    attention_tiled_avx2(q, n, H, Hkv, hd, k, v, pos0, out);
+    return;
+  }
   // One query head: scores, softmax, weighted values. The same work whichever thread runs it.
   auto one = [&](int64_t i, int h, float* scores) {
     const int64_t p = pos0 + i;  // keys 0..p are visible

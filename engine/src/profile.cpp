@@ -11,13 +11,13 @@ namespace strata::prof {
 namespace {
 const char* const kNames[NumOps] = {"embed", "norm", "qkv", "rope", "attention", "o_proj",
                                     "gate_up", "down", "gdn", "moe", "lm_head", "other"};
-struct Totals {
+struct Locked {
   std::mutex mu;
   double sec[2][NumOps] = {};
   int64_t calls[2] = {}, tokens[2] = {};
 };
-Totals& totals() {
-  static Totals t;
+Locked& totals() {
+  static Locked t;
   return t;
 }
 bool read_env() {
@@ -34,21 +34,21 @@ bool enabled() {
 }
 
 void add(Op op, bool decode, double seconds) {
-  Totals& t = totals();
+  Locked& t = totals();
   std::lock_guard<std::mutex> g(t.mu);
   t.sec[decode ? 1 : 0][op] += seconds;
 }
 
 void count_forward(bool decode, int64_t tokens) {
   if (!enabled()) return;
-  Totals& t = totals();
+  Locked& t = totals();
   std::lock_guard<std::mutex> g(t.mu);
   t.calls[decode ? 1 : 0] += 1;
   t.tokens[decode ? 1 : 0] += tokens;
 }
 
 void report() {
-  Totals& t = totals();
+  Locked& t = totals();
   std::lock_guard<std::mutex> g(t.mu);
   for (int d = 1; d >= 0; --d) {
     double all = 0.0;
@@ -63,5 +63,22 @@ void report() {
                      100.0 * t.sec[d][i] / all, t.sec[d][i] * 1e3 / double(t.tokens[d]));
   }
 }
+
+Totals totals_snapshot(bool reset) {
+  Locked& t = totals();
+  std::lock_guard<std::mutex> g(t.mu);
+  Totals s;
+  std::memcpy(s.sec, t.sec, sizeof s.sec);
+  std::memcpy(s.calls, t.calls, sizeof s.calls);
+  std::memcpy(s.tokens, t.tokens, sizeof s.tokens);
+  if (reset) {
+    std::memset(t.sec, 0, sizeof t.sec);
+    std::memset(t.calls, 0, sizeof t.calls);
+    std::memset(t.tokens, 0, sizeof t.tokens);
+  }
+  return s;
+}
+
+const char* op_name(int op) { return op >= 0 && op < NumOps ? kNames[op] : "?"; }
 
 }  // namespace strata::prof

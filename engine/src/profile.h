@@ -14,6 +14,13 @@ bool enabled();
 void add(Op op, bool decode, double seconds);
 void count_forward(bool decode, int64_t tokens);
 void report();  // print the totals so far to stderr
+// The totals so far: per phase (0 prefill, 1 decode) seconds per op, forward calls and tokens; reset zeroes them.
+struct Totals {
+  double sec[2][NumOps];
+  int64_t calls[2], tokens[2];
+};
+Totals totals_snapshot(bool reset);
+const char* op_name(int op);
 
 // Times its own lifetime into `op` when profiling is on.
 class Scope {

@@ -1,0 +1,120 @@
+"""Engine tier: the attention kernel on its own (strata_lab._engine._attention) against a float64 numpy
+reference, at contexts longer than one key tile (64 keys) with sizes that fit no tile (n, context, head_dim
+odd multiples of 8, GQA groups of 1-3), at every vector level this machine runs (avx2: the tiled
+online-softmax kernel; scalar: the per-query loop); and the contract decode relies on: a query's output has
+the same bits whichever other queries share the call."""
+import numpy as np
+import pytest
+
+_engine = pytest.importorskip("strata_lab._engine")
+
+# |error| bound against float64: outputs are convex combinations of N(0, 1) values; float32 accumulation
+# over a few hundred keys and a 128-long dot measured ~1.5e-6.
+TOL = 2e-5
+
+# (queries n, context T, heads H, kv heads Hkv, head_dim hd): T > 64 (several key tiles, the last partial),
+# n not a multiple of the 16-position query block, hd not a multiple of 32 (partial column groups)
+CASES = [(150, 203, 4, 2, 40), (37, 37, 6, 2, 24), (3, 300, 6, 2, 128), (1, 129, 16, 8, 128), (97, 97, 3, 1, 8),
+         (70, 133, 3, 3, 16)]
+
+
+def reference(q, k, v):
+    n, H, hd = q.shape
+    T, Hkv, _ = k.shape
+    G = H // Hkv
+    q, k, v = q.astype(np.float64), k.astype(np.float64), v.astype(np.float64)
+    out = np.empty((n, H, hd))
+    visible = np.arange(T)[None, :] <= np.arange(T - n, T)[:, None]  # causal: query i at position T - n + i
+    for h in range(H):
+        s = np.where(visible, q[:, h] @ k[:, h // G].T / np.sqrt(hd), -np.inf)
+        p = np.exp(s - s.max(1, keepdims=True))
+        out[:, h] = (p / p.sum(1, keepdims=True)) @ v[:, h // G]
+    return out
+
+
+def inputs(n, T, H, Hkv, hd, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((n, H, hd), dtype=np.float32) * 3  # peaked softmax: the running max matters
+    k = rng.standard_normal((T, Hkv, hd), dtype=np.float32)
+    v = rng.standard_normal((T, Hkv, hd), dtype=np.float32)
+    return q, k, v
+
+
+def levels():
+    best = _engine.kernel_level()
+    order = ["scalar", "avx2", "avx512", "avx512bf16"]
+    return order[: order.index(best) + 1]
+
+
+@pytest.fixture(params=levels())
+def level(request):
+    best = _engine.kernel_level()
+    used = _engine.set_kernel_level(request.param)
+    assert used == request.param
+    yield used
+    _engine.set_kernel_level(best)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
+def test_attention_matches_float64_reference(level, case):
+    q, k, v = inputs(*case)
+    out = _engine._attention(q, k, v, case[2], case[3], threads=2)
+    assert out.shape == q.shape and out.dtype == np.float32
+    err = np.abs(out - reference(q, k, v)).max()
+    assert err <= TOL, f"{level}: max |error| {err:.2e} > {TOL}"
+
+
+def test_tiled_and_scalar_paths_agree_and_differ_from_a_wrong_mask():
+    """The A/B switch really selects another implementation, and both agree; a reference that lets the
+    queries see one future key does not (the comparison can fail)."""
+    q, k, v = inputs(100, 180, 4, 2, 64, seed=1)
+    tiled = _engine._attention(q, k, v, 4, 2)
+    _engine._set_kernel_option("attn_tiled", False)
+    try:
+        plain = _engine._attention(q, k, v, 4, 2)
+    finally:
+        _engine._set_kernel_option("attn_tiled", True)
+    assert np.abs(tiled - plain).max() <= TOL
+    leaky = reference(q, np.concatenate([k, k[-1:]]), np.concatenate([v, v[-1:] + 5]))  # shifted by one
+    assert np.abs(tiled - leaky).max() > 100 * TOL
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_each_query_has_the_same_bits_alone_as_in_any_block(level, threads):
+    """Decode computes one position alone against the whole cache; the full forward computes it in a
+    block with others. Every query, and every split of the queries into calls, must give the same bits."""
+    n, T, H, Hkv, hd = 90, 200, 6, 2, 128  # positions 110..199: two key tiles and a partial third
+    q, k, v = inputs(n, T, H, Hkv, hd, seed=2)
+    full = _engine._attention(q, k, v, H, Hkv, threads=threads)
+    for i in [0, 1, 15, 16, 17, 40, 63, 89]:  # one query, cache up to its own position
+        alone = _engine._attention(q[i:i + 1], k[:T - n + i + 1], v[:T - n + i + 1], H, Hkv, threads=threads)
+        assert np.array_equal(alone[0], full[i]), f"query {i} differs alone ({level})"
+    for a, b in [(0, 7), (7, 30), (30, 90)]:  # chunks that cut the 16-position blocks elsewhere
+        part = _engine._attention(q[a:b], k[:T - n + b], v[:T - n + b], H, Hkv, threads=threads)
+        assert np.array_equal(part, full[a:b])
+
+
+def test_attention_rejects_bad_shapes():
+    q, k, v = inputs(4, 10, 4, 2, 16)
+    with pytest.raises(ValueError):
+        _engine._attention(q, k, v, 3, 2)  # H does not match q
+    with pytest.raises(ValueError):
+        _engine._attention(q, k[:3], v[:3], 4, 2)  # fewer cache rows than queries
+
+
+def test_long_prompt_decode_bit_identical_to_full_forward(tmp_path):
+    """The engine-level contract across several key tiles: a 150-token prompt (prefill in query blocks),
+    then greedy decode; the last decode step's logits equal the full forward's row, bit for bit, and so does
+    re-reading one token after cutting the cache back to 131 (a position inside the third key tile)."""
+    from strata_lab.engine import Engine
+    from strata_lab.tiny import make_tiny
+
+    eng = Engine.load(make_tiny(tmp_path / "ck", dtype="bfloat16", seed=5), threads=2, max_context=512)
+    prompt = np.random.default_rng(3).integers(0, 151000, 150).tolist()
+    s = eng.session("long")
+    r = s.generate(prompt, max_new_tokens=4).result
+    full = eng.forward(s.held_ids)
+    assert r.gen_ids == [int(np.argmax(full[i])) for i in range(len(prompt) - 1, len(s.held_ids) - 1)]
+    np.testing.assert_array_equal(s.last_logits(), full[-1])
+    s.generate(prompt[:131], max_new_tokens=0)
+    np.testing.assert_array_equal(s.last_logits(), eng.forward(prompt[:131])[-1])
