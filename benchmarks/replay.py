@@ -196,7 +196,9 @@ def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
     if baseline is not None:
         b_calls, b_ids, b_dt = min((baseline_rate(baseline, path) for _ in range(2)), key=lambda t: t[2])
         assert b_calls == calls
-        print(f"            baseline (rev {os.path.basename(baseline)}, same dump) {b_calls / b_dt:6.0f} calls/s "
+        rev = subprocess.run(["git", "-C", baseline, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True).stdout.strip() or os.path.basename(baseline)
+        print(f"            baseline (rev {rev}, same dump) {b_calls / b_dt:6.0f} calls/s "
               f"{b_ids / b_dt / 1e6:5.2f} M ids/s | new is {b_dt / t_new:.1f}x (target >= 30x)")
     small = os.path.join(tmp, f"{name}-small.jsonl")
     with open(path, "rb") as src, open(small, "wb") as dst:
