@@ -242,10 +242,17 @@ def test_libgomp_loaded_first_is_named(order, want):
     import subprocess
     import sys
 
+    from pathlib import Path
+
+    import strata_lab
+
     pytest.importorskip("torch")
+    # the child imports this very strata_lab (the installed one under CI, not a checkout's sources)
+    root = str(Path(strata_lab.__file__).resolve().parent.parent)
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     out = subprocess.run([sys.executable, "-c", _OMP_PROG, order], capture_output=True, text=True, env=env,
-                         timeout=300)
+                         timeout=300, cwd=root)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith(want), out.stdout
     if want == "WARNED":

@@ -43,26 +43,32 @@ class Report(Mapping):
         self._totals = self._compute_totals(recorded_prefill_s)
 
     def _compute_totals(self, recorded_prefill_s):
-        # a chunk of rows at a time (bounded memory on millions of calls); sums run in row order
+        # a chunk of rows at a time, in Arrow compute (bounded memory and no Python object per call)
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         prompt = reused = reread = mismatches = compared = 0
         prefill_s = reread_s = 0.0
         sessions: set = set()
         causes: Counter = Counter()
-        names = ["prompt_len", "reused", "reread", "prefill_s", "reread_s", "recorded_reused", "session", "cause"]
-        for pl, ru, rr, ps, rs, rec, sess, cause in self.rows.iter_columns(names):
-            prompt += sum(pl)
-            reused += sum(ru)
-            reread += sum(rr)
-            for x in ps:
-                prefill_s += x
-            for x in rs:
-                reread_s += x
-            for a, b in zip(rec, ru):
-                if a is not None:
-                    compared += 1
-                    mismatches += a != b
-            sessions.update(sess)
-            causes.update(cause)
+
+        def total(col):
+            v = pc.sum(col).as_py()
+            return v if v is not None else 0
+
+        for b in self.rows.iter_batches():
+            prompt += total(b.column("prompt_len"))
+            reused += total(b.column("reused"))
+            reread += total(b.column("reread"))
+            prefill_s += float(total(b.column("prefill_s")))
+            reread_s += float(total(b.column("reread_s")))
+            rec = b.column("recorded_reused")
+            known = pc.is_valid(rec)
+            compared += total(pc.cast(known, pa.int64()))
+            mismatches += total(pc.cast(pc.fill_null(pc.not_equal(rec, b.column("reused")), False), pa.int64()))
+            sessions.update(pc.unique(b.column("session")).to_pylist())
+            vc = pc.value_counts(b.column("cause").cast(pa.string()))
+            causes.update(dict(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist())))
         predicted_s = prefill_s if self.cost_model else math.nan
         return {
             "policy": self.policy.name,

@@ -23,6 +23,7 @@ True
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Sequence
 from typing import Iterable, Iterator
 
@@ -32,6 +33,7 @@ __all__ = ["RowTable"]
 
 _TUPLE_COLUMNS = frozenset(c for c, d in CallRow.DTYPES.items() if d == "object")
 _CAUSE = COLUMNS.index("cause")
+_ROW_VALUES = operator.attrgetter(*COLUMNS)
 
 
 def _arrow_types() -> dict:
@@ -88,7 +90,8 @@ class RowTable(Sequence):
         if not rows:
             return
         types = _arrow_types()
-        arrays = [pa.array([getattr(r, c) for r in rows], type=types[c]) for c in COLUMNS]
+        columns = zip(*map(_ROW_VALUES, rows))  # one C-level attrgetter call a row, then columns
+        arrays = [pa.array(col, type=types[c]) for c, col in zip(COLUMNS, columns)]
         arrays[_CAUSE] = arrays[_CAUSE].dictionary_encode()  # a handful of distinct causes: 1-byte codes
         self._batches.append(_compress(pa.RecordBatch.from_arrays(arrays, names=COLUMNS)))
         self._ends.append((self._ends[-1] if self._ends else 0) + len(rows))
@@ -131,6 +134,12 @@ class RowTable(Sequence):
         if name in _TUPLE_COLUMNS:
             out = [tuple(v) for v in out]
         return out
+
+    def iter_batches(self) -> Iterator:
+        """The rows as Arrow record batches, one chunk decompressed at a time (packs pending rows first)."""
+        self._pack()
+        for b in self._batches:
+            yield _decompress(b)
 
     def iter_columns(self, names: Sequence[str]) -> Iterator[list[list]]:
         """The named columns a chunk at a time (lists of Python values, one list per name): totals over
