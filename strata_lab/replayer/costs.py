@@ -52,10 +52,9 @@ class CostModel:
         """
         import numpy as np
 
-        rows = [(r, s, t) for r, s, t in samples if r and r > 0 and t is not None and t == t and t > 0]
-        if not rows:
-            raise ValueError("samples: no call read tokens with a positive prefill_ms to fit")
-        arr = np.asarray(rows, dtype=np.float64)
+        # unknowns dropped here; which calls count (read > 0, prefill_ms > 0) is decided in fit_arrays
+        rows = [(r, s, t) for r, s, t in samples if r is not None and t is not None]
+        arr = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
         return cls.fit_arrays(arr[:, 0], arr[:, 1], arr[:, 2])
 
     @classmethod

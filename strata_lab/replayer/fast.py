@@ -20,6 +20,7 @@ from typing import Iterator
 
 import orjson
 
+from strata_lab.dump.store_codec import with_defaults
 from strata_lab.replayer.rowtable import RowTable
 from strata_lab.replayer.state import lcp_len
 from strata_lab.replayer.step import recorded_prefill_ms, step
@@ -109,7 +110,6 @@ def domain_rows(partitions: list[str], batch_rows: int = 1024) -> Iterator[tuple
         yield k, n, row
 
 
-_EMPTY_TIMINGS: dict = {}
 _NEEDED_KEYS = ("session", "call", "ts", "request_id", "reused")
 _FULL_KEYS: dict[str, bool] = {}  # a line's key list -> whether it names every field of _NEEDED_KEYS
 
@@ -127,40 +127,20 @@ def _all_keys(keys: str | None) -> bool:
 def _record(row: tuple) -> dict:
     """The fields `step` reads, from a row's columns (with the line's own values where they had none)."""
     raw, extra, keys = row[_RAW], row[_EXTRA], row[_KEYS]
-    if raw is None and _all_keys(keys):  # the common line: its scalar fields all have their columns
-        pm = row[_PREFILL_MS]
-        rec = {"session": row[_SESSION], "request_id": row[_REQUEST_ID], "ts": row[_TS], "call": row[_CALL],
-               "reused": row[_REUSED], "gen_ids": row[_GEN] or [], "drained_ids": row[_DRAINED] or [],
-               "checkpoints": row[_CKPTS] or [],
-               "timings": {"prefill_ms": pm, "decode_ms": row[_DECODE_MS]} if pm is not None else _EMPTY_TIMINGS}
-        if not extra:
-            return rec
-        rec.update(orjson.loads(extra))  # fields without a column (a replica), or values of another type
-        for name, kind in (("gen_ids", list), ("drained_ids", list), ("checkpoints", list), ("timings", dict)):
-            if rec.get(name) is None:
-                rec[name] = kind()
-        return rec
     if raw is not None:
-        rec = orjson.loads(raw)
-    else:
-        t = {}
-        if row[_PREFILL_MS] is not None:
-            t = {"prefill_ms": row[_PREFILL_MS], "decode_ms": row[_DECODE_MS]}
-        rec = {"session": row[_SESSION], "request_id": row[_REQUEST_ID], "ts": row[_TS], "call": row[_CALL],
-               "reused": row[_REUSED], "gen_ids": row[_GEN], "drained_ids": row[_DRAINED],
-               "checkpoints": row[_CKPTS], "timings": t}
-        keys = keys.split(",") if keys else ()
-        for k in ("session", "call", "ts", "request_id", "reused"):  # absent from the line: as the reader has it
-            if k not in keys:
+        return with_defaults(orjson.loads(raw))
+    pm = row[_PREFILL_MS]
+    rec = {"session": row[_SESSION], "request_id": row[_REQUEST_ID], "ts": row[_TS], "call": row[_CALL],
+           "reused": row[_REUSED], "gen_ids": row[_GEN], "drained_ids": row[_DRAINED], "checkpoints": row[_CKPTS],
+           "timings": {"prefill_ms": pm, "decode_ms": row[_DECODE_MS]} if pm is not None else {}}
+    if not _all_keys(keys):  # fields absent from the line stay absent, as the reader has them
+        names = keys.split(",") if keys else ()
+        for k in _NEEDED_KEYS:
+            if k not in names:
                 rec.pop(k)
-        if extra:
-            rec.update(orjson.loads(extra))
-    for name, kind in (("gen_ids", list), ("drained_ids", list), ("checkpoints", list), ("timings", dict)):
-        if rec.get(name) is None:
-            rec[name] = kind()
-    rec.setdefault("session", "default")
-    rec.setdefault("call", 0)
-    return rec
+    if extra:
+        rec.update(orjson.loads(extra))  # fields without a column (a replica), or values of another type
+    return with_defaults(rec)
 
 
 class DomainSteps:
