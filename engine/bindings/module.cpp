@@ -12,6 +12,8 @@ void register_checkpoint(py::module_& m);
 void register_engine(py::module_& m);
 void register_session(py::module_& m);
 void register_stream(py::module_& m);
+// replay_bindings.cpp
+void register_replay(py::module_& m);
 
 static void register_build_info(py::module_& m) {
   m.def("build_info", [] {
@@ -47,4 +49,5 @@ PYBIND11_MODULE(_engine, m) {
   register_engine(m);
   register_session(m);
   register_stream(m);
+  register_replay(m);
 }

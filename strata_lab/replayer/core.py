@@ -194,7 +194,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         bar = tqdm(total=store.num_rows if delta else len(records), desc=f"replay {opts.policy.name}", unit="call")
     try:
         if delta:  # the store's delta encoding: per-call work ~ the new ids
-            from strata_lab.replayer.fast import replay_domain
+            from strata_lab.replayer.native import replay_domain
 
             _seqs, rows, snap_bytes, recorded_ms = replay_domain(store.partitions, opts, tok, cost_model, bar)
             recorded_s = recorded_ms / 1000.0 if recorded_ms is not None else None

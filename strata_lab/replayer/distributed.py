@@ -24,7 +24,7 @@ def _worker_tokenizer(name: str):
 
 
 def _domain_task(partitions, opts, tokenizer, cost_model):
-    from strata_lab.replayer.fast import replay_domain
+    from strata_lab.replayer.native import replay_domain
 
     tok = _worker_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     seqs, rows, snap, ms = replay_domain(partitions, opts, tok, cost_model)

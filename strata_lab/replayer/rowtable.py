@@ -71,10 +71,14 @@ class RowTable(Sequence):
         self._batches: list = []          # zstd-compressed Arrow IPC streams, one record batch of `chunk` rows each
         self._ends: list[int] = []        # cumulative row count after each batch
         self._pending: list[CallRow] = []
+        self._pending_batches: list = []  # record batches appended whole (append_batch), not packed yet
+        self._pending_batch_rows = 0
         self.extend(rows)
 
     # --- writing ------------------------------------------------------------------------------------
     def append(self, row: CallRow) -> None:
+        if self._pending_batches:
+            self._pack()
         self._pending.append(row)
         if len(self._pending) >= self.chunk:
             self._pack()
@@ -83,9 +87,33 @@ class RowTable(Sequence):
         for r in rows:
             self.append(r)
 
+    def append_batch(self, batch) -> None:
+        """Append rows given column-wise: a record batch with CallRow's columns and types (`cause` plain
+        strings). Batches are packed together into chunks of about `chunk` rows."""
+        if tuple(batch.schema.names) != tuple(COLUMNS):
+            raise ValueError(f"batch: columns must be CallRow's {COLUMNS}, got {batch.schema.names}")
+        if self._pending:
+            self._pack()
+        if batch.num_rows:
+            self._pending_batches.append(batch)
+            self._pending_batch_rows += batch.num_rows
+            if self._pending_batch_rows >= self.chunk:
+                self._pack()
+
     def _pack(self) -> None:
         import pyarrow as pa
 
+        if self._pending_batches:
+            t = pa.Table.from_batches(self._pending_batches).combine_chunks()
+            cause = t.column(_CAUSE).combine_chunks()
+            t = t.set_column(_CAUSE, COLUMNS[_CAUSE], cause.dictionary_encode())
+            batch = t.to_batches()[0] if t.num_rows else None
+            n = self._pending_batch_rows
+            self._pending_batches, self._pending_batch_rows = [], 0
+            if batch is not None:
+                assert batch.num_rows == n
+                self._batches.append(_compress(batch))
+                self._ends.append((self._ends[-1] if self._ends else 0) + n)
         rows = self._pending
         if not rows:
             return
@@ -154,7 +182,7 @@ class RowTable(Sequence):
             yield [[tuple(v) for v in c] if name in _TUPLE_COLUMNS else c for name, c in zip(names, cols)]
 
     def __len__(self) -> int:
-        return (self._ends[-1] if self._ends else 0) + len(self._pending)
+        return (self._ends[-1] if self._ends else 0) + len(self._pending) + self._pending_batch_rows
 
     @staticmethod
     def _rows_of(batch) -> list[CallRow]:
@@ -165,6 +193,8 @@ class RowTable(Sequence):
         return [CallRow(*vals) for vals in zip(*cols)]
 
     def __iter__(self) -> Iterator[CallRow]:
+        if self._pending_batches:
+            self._pack()
         for b in list(self._batches):
             yield from self._rows_of(_decompress(b))
         yield from list(self._pending)
@@ -177,6 +207,8 @@ class RowTable(Sequence):
             i += n
         if not 0 <= i < n:
             raise IndexError("RowTable index out of range")
+        if self._pending_batches:
+            self._pack()
         packed = self._ends[-1] if self._ends else 0
         if i >= packed:
             return self._pending[i - packed]

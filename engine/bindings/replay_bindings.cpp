@@ -1,0 +1,187 @@
+// Bindings for the replay's per-call core (strata/replay_core.h): `_ReplayCore`, driven by
+// strata_lab/replayer/native.py. Batches cross as numpy arrays (Arrow's flat buffers), checked here.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "strata/replay_core.h"
+
+namespace py = pybind11;
+using namespace strata;
+
+namespace {
+
+template <typename T>
+using Arr = py::array_t<T, py::array::c_style>;
+
+template <typename T>
+const T* in_ptr(const py::tuple& t, size_t k, const char* name, py::ssize_t n) {
+  py::handle h = t[k];  // borrowed from the tuple, which the caller keeps alive: no conversion, no copy
+  if (!py::isinstance<Arr<T>>(h))
+    throw py::value_error(std::string("replay batch field ") + name + ": expected a C-contiguous numpy array of " +
+                          py::str(py::dtype::of<T>()).cast<std::string>());
+  auto a = py::reinterpret_borrow<py::array>(h);
+  if (a.ndim() != 1 || a.shape(0) < n)
+    throw py::value_error(std::string("replay batch field ") + name + ": expected at least " + std::to_string(n) +
+                          " values");
+  return static_cast<const T*>(a.data());
+}
+
+template <typename T>
+T* out_ptr(const py::tuple& t, size_t k, const char* name, py::ssize_t n) {
+  py::handle h = t[k];
+  if (!py::isinstance<Arr<T>>(h)) throw py::value_error(std::string("replay output ") + name + ": wrong dtype");
+  auto a = py::reinterpret_borrow<py::array>(h);
+  if ( !(a.flags() & py::array::c_style) || a.ndim() != 1 || a.shape(0) != n ||
+      !a.writeable())
+    throw py::value_error(std::string("replay output ") + name + ": expected a writable 1-d array of " +
+                          std::to_string(n) + " values of the right dtype");
+  return static_cast<T*>(a.mutable_data());
+}
+
+// ids as int32: a numpy int32 array passes without a copy; a list (or another dtype) is converted by numpy
+py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids_of(const py::handle& h) {
+  auto a = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(h);
+  if (!a) throw py::type_error("expected a sequence of token ids");
+  if (a.ndim() != 1) throw py::value_error("expected a 1-d sequence of token ids");
+  return a;
+}
+
+const char* kind_name(int32_t k) { return k == 0 ? "prompt" : k == 1 ? "gen" : "drained"; }
+
+}  // namespace
+
+void register_replay(py::module_& m) {
+  py::class_<ReplayCore>(m, "_ReplayCore",
+                         "The replay's session state model in C++ (strata_lab.replayer.native drives it).")
+      .def(py::init([](bool hybrid, int full_hit, int64_t every, std::vector<int64_t> positions, bool at_prompt_end,
+                       int64_t before_last, int64_t capacity, int64_t bytes_per_snapshot, bool recorded_checkpoints) {
+             ReplayRules r;
+             r.hybrid = hybrid;
+             r.full_hit = full_hit;
+             r.every = every;
+             r.positions = std::move(positions);
+             r.at_prompt_end = at_prompt_end;
+             r.before_last = before_last;
+             r.capacity = capacity;
+             r.bytes_per_snapshot = bytes_per_snapshot;
+             r.recorded_checkpoints = recorded_checkpoints;
+             return new ReplayCore(std::move(r));
+           }),
+           py::arg("hybrid"), py::arg("full_hit"), py::arg("every"), py::arg("positions"), py::arg("at_prompt_end"),
+           py::arg("before_last"), py::arg("capacity"), py::arg("bytes_per_snapshot"),
+           py::arg("recorded_checkpoints"))
+      .def("run",
+           [](ReplayCore& c, int64_t start, py::tuple ins, py::tuple outs) {
+             if (ins.size() != 17) throw py::value_error("run: ins must hold 17 arrays");
+             if (outs.size() != 11) throw py::value_error("run: outs must hold 11 arrays");
+             ReplayBatch b;
+             const py::ssize_t n = py::cast<py::array>(ins[0]).shape(0);
+             b.n = n;
+             if (start < 0 || start > n) throw py::value_error("run: start out of range");
+             b.code = in_ptr<int64_t>(ins, 0, "code", n);
+             b.slow = in_ptr<uint8_t>(ins, 1, "slow", n);
+             b.last = in_ptr<uint8_t>(ins, 2, "last", n);
+             b.part = in_ptr<int64_t>(ins, 3, "part", n);
+             b.row = in_ptr<int64_t>(ins, 4, "row", n);
+             b.parent = in_ptr<int64_t>(ins, 5, "parent", n);
+             b.shared = in_ptr<int64_t>(ins, 6, "shared", n);
+             b.prompt_len = in_ptr<int64_t>(ins, 7, "prompt_len", n);
+             b.suffix_off = in_ptr<int32_t>(ins, 8, "suffix_off", n + 1);
+             b.suffix = in_ptr<int32_t>(ins, 9, "suffix", 0);
+             b.gen_off = in_ptr<int32_t>(ins, 10, "gen_off", n + 1);
+             b.gen = in_ptr<int32_t>(ins, 11, "gen", 0);
+             b.drained_off = in_ptr<int32_t>(ins, 12, "drained_off", n + 1);
+             b.drained = in_ptr<int32_t>(ins, 13, "drained", 0);
+             b.ckpt_off = in_ptr<int32_t>(ins, 14, "ckpt_off", n + 1);
+             b.ckpt = in_ptr<int32_t>(ins, 15, "ckpt", 0);
+             b.prefill_ms = in_ptr<double>(ins, 16, "prefill_ms", n);
+             // the offsets must index inside their values
+             const struct { const int32_t* off; const char* name; size_t k; } lists[] = {
+                 {b.suffix_off, "suffix", 9}, {b.gen_off, "gen", 11}, {b.drained_off, "drained", 13},
+                 {b.ckpt_off, "ckpt", 15}};
+             for (const auto& l : lists) {
+               const py::ssize_t nv = py::cast<py::array>(ins[l.k]).shape(0);
+               for (py::ssize_t i = 0; i < n; ++i)
+                 if (l.off[i] < 0 || l.off[i + 1] < l.off[i] || l.off[i + 1] > nv)
+                   throw py::value_error(std::string("run: ") + l.name + " offsets out of range at row " +
+                                         std::to_string(i));
+             }
+             ReplayOut o;
+             o.prompt_len = out_ptr<int64_t>(outs, 0, "prompt_len", n);
+             o.held_before = out_ptr<int64_t>(outs, 1, "held_before", n);
+             o.lcp = out_ptr<int64_t>(outs, 2, "lcp", n);
+             o.reused = out_ptr<int64_t>(outs, 3, "reused", n);
+             o.target = out_ptr<int64_t>(outs, 4, "target", n);
+             o.reread = out_ptr<int64_t>(outs, 5, "reread", n);
+             o.snapshots = out_ptr<int64_t>(outs, 6, "snapshots", n);
+             o.index = out_ptr<int64_t>(outs, 7, "index", n);
+             o.gen_len = out_ptr<int64_t>(outs, 8, "gen_len", n);
+             o.drained_len = out_ptr<int64_t>(outs, 9, "drained_len", n);
+             o.cause = out_ptr<int8_t>(outs, 10, "cause", n);
+             py::gil_scoped_release release;
+             return c.run(b, start, o);
+           },
+           py::arg("start"), py::arg("ins"), py::arg("outs"),
+           "Step rows [start, n) of a batch until one needs Python; return its index (n: done).")
+      .def("has", &ReplayCore::has, py::arg("code"))
+      .def("open", &ReplayCore::open, py::arg("code"))
+      .def("close", &ReplayCore::close, py::arg("code"))
+      .def("held_len", [](const ReplayCore& c, int64_t code) { return int64_t(c.session(code).held.size()); },
+           py::arg("code"))
+      .def("held", [](const ReplayCore& c, int64_t code) {
+             const auto& h = c.session(code).held;
+             Arr<int32_t> a(py::ssize_t(h.size()));
+             std::copy(h.begin(), h.end(), a.mutable_data());
+             return a;
+           }, py::arg("code"), "A copy of the session's held ids (int32).")
+      .def("segments", [](const ReplayCore& c, int64_t code) {
+             py::list out;
+             for (const auto& s : c.session(code).segments)
+               out.append(py::make_tuple(s.start, s.end, kind_name(s.kind), s.call));
+             return out;
+           }, py::arg("code"), "(start, end, kind, call) of the held ids' origins.")
+      .def("checkpoints", [](const ReplayCore& c, int64_t code) {
+             auto v = c.session(code).ckpts;
+             std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+             std::vector<int64_t> out;
+             for (const auto& p : v) out.push_back(p.first);
+             return out;
+           }, py::arg("code"), "Snapshot positions, least recently used first.")
+      .def("calls", [](const ReplayCore& c, int64_t code) { return c.session(code).calls; }, py::arg("code"))
+      .def("last", [](const ReplayCore& c, int64_t code) {
+             const auto& s = c.session(code);
+             return py::make_tuple(s.last_part, s.last_row, s.last_plen);
+           }, py::arg("code"), "(partition, row, prompt_len) of the session's previous call.")
+      .def("lcp_with", [](const ReplayCore& c, int64_t code, int64_t from, py::handle ids) {
+             const auto v = ids_of(ids);
+             return c.lcp_with(code, from, v.data(), int64_t(v.size()));
+           }, py::arg("code"), py::arg("start"), py::arg("ids"),
+           "Common prefix of `ids` with the held ids from `start` on.")
+      .def("plan", [](const ReplayCore& c, int64_t code, int64_t prompt_len, int64_t lcp) {
+             const ReplayPlan p = c.plan(code, prompt_len, lcp);
+             return py::make_tuple(p.target, p.reused, p.restored < 0 ? py::object(py::none()) : py::int_(p.restored));
+           }, py::arg("code"), py::arg("prompt_len"), py::arg("lcp"), "(target, reused, restored checkpoint or None).")
+      .def("advance",
+           [](ReplayCore& c, int64_t code, int64_t prompt_len, int64_t lcp, py::handle tail, py::handle gen,
+              py::handle drained, py::handle ckpts, int64_t part, int64_t row) {
+             const auto t = ids_of(tail), g = ids_of(gen), d = ids_of(drained);
+             const auto k = ids_of(ckpts.is_none() ? py::handle(py::list()) : ckpts);
+             const ReplayStep r = c.advance(code, prompt_len, lcp, t.data(), int64_t(t.size()), g.data(),
+                                            int64_t(g.size()), d.data(), int64_t(d.size()), k.data(),
+                                            int64_t(k.size()), part, row);
+             return py::make_tuple(r.held_before, r.lcp, r.reused, r.target, r.snapshots, r.index);
+           },
+           py::arg("code"), py::arg("prompt_len"), py::arg("lcp"), py::arg("tail"), py::arg("gen"),
+           py::arg("drained"), py::arg("checkpoints"), py::arg("part"), py::arg("row"),
+           "Make one call (prompt = held[:lcp] + tail, then the reply joins held); return (held_before, lcp, "
+           "reused, target, snapshots, index).")
+      .def("add_recorded_ms", &ReplayCore::add_recorded_ms, py::arg("ms"))
+      .def_property_readonly("recorded_ms", [](const ReplayCore& c) {
+             return c.has_recorded_ms() ? py::object(py::float_(c.recorded_ms())) : py::object(py::none());
+           })
+      .def_property_readonly("peak_bytes", &ReplayCore::peak_bytes)
+      .def_property_readonly("live_sessions", &ReplayCore::live_sessions);
+}

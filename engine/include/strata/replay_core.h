@@ -1,0 +1,122 @@
+// The replay's session state model in C++: the per-call core of strata_lab's store replay.
+//
+// It applies the same rules as strata_lab/replayer/state.py `SessionState` (reuse target, snapshot restore,
+// cut, prompt/gen/drained segments, snapshot policy with LRU budget) to sessions keyed by an integer code,
+// fed by a store's delta encoding (parent_call, shared_len, suffix_ids). `run` steps the calls of a batch
+// until one needs Python: a miss (the prompt leaves what the session holds: the divergence is explained
+// with the tokenizer), a line the columns do not describe alone, or a parent that does not check out.
+// Python handles that call with `lcp_with` / `plan` / `advance` on the same state, then resumes `run`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+namespace strata {
+
+struct ReplayRules {
+  bool hybrid = true;          // a divergence restores a recurrent-state snapshot (else any cut works)
+  int full_hit = 0;            // 0 held_logits, 1 last_held_only, 2 reread_last, 3 saved_logits
+  int64_t every = 0;           // snapshot every N positions (0: off)
+  std::vector<int64_t> positions;
+  bool at_prompt_end = true;
+  int64_t before_last = -1;    // snapshot just before the last occurrence of this id in a prompt (-1: off)
+  int64_t capacity = -1;       // most snapshots kept (LRU); -1: no budget
+  int64_t bytes_per_snapshot = 0;
+  bool recorded_checkpoints = false;  // after a call, hold the line's own snapshots
+};
+
+struct ReplaySegment {
+  int64_t start, end;
+  int32_t kind;  // 0 prompt, 1 gen, 2 drained
+  int64_t call;
+};
+
+struct ReplaySession {
+  std::vector<int32_t> held;
+  std::vector<std::pair<int64_t, uint64_t>> ckpts;  // (position, last use): LRU = smallest stamp
+  std::vector<ReplaySegment> segments;
+  int64_t calls = 0;
+  int64_t last_part = -1, last_row = -1, last_plen = 0;  // the session's previous call
+};
+
+struct ReplayPlan {
+  int64_t target = 0, reused = 0, restored = -1;
+};
+
+// One call's results (what `run` writes per row and `advance` returns).
+struct ReplayStep {
+  int64_t held_before = 0, lcp = 0, reused = 0, target = 0, snapshots = 0, index = 0;
+};
+
+// A batch of store rows as flat arrays (Arrow list columns as offsets + values). Pointers stay owned by
+// the caller; lists may be absent (null offsets pointer: every row's list is empty).
+struct ReplayBatch {
+  int64_t n = 0;
+  const int64_t* code = nullptr;      // session code per row
+  const uint8_t* slow = nullptr;      // 1: Python reads this row (raw line, extra fields, missing keys)
+  const uint8_t* last = nullptr;      // 1: the session's last call (its state is freed after it)
+  const int64_t* part = nullptr;      // partition index
+  const int64_t* row = nullptr;       // row number in its partition
+  const int64_t* parent = nullptr;    // parent_call (-1: none)
+  const int64_t* shared = nullptr;    // shared_len
+  const int64_t* prompt_len = nullptr;  // -1: the prompt is not delta-encoded
+  const int32_t* suffix_off = nullptr; const int32_t* suffix = nullptr;  // Arrow list<int32> offsets, values
+  const int32_t* gen_off = nullptr; const int32_t* gen = nullptr;
+  const int32_t* drained_off = nullptr; const int32_t* drained = nullptr;
+  const int32_t* ckpt_off = nullptr; const int32_t* ckpt = nullptr;
+  const double* prefill_ms = nullptr;  // NaN: none recorded
+};
+
+// Per-row outputs of `run` (arrays of n, written for the rows `run` steps).
+struct ReplayOut {
+  int64_t* prompt_len; int64_t* held_before; int64_t* lcp; int64_t* reused; int64_t* target;
+  int64_t* reread; int64_t* snapshots; int64_t* index; int64_t* gen_len; int64_t* drained_len;
+  int8_t* cause;  // 0 none, 1 new_session, 2 checkpoint (misses: set by Python)
+};
+
+class ReplayCore {
+ public:
+  explicit ReplayCore(ReplayRules rules);
+
+  // Steps rows [start, n) until one needs Python; returns its index (n: the batch is done).
+  int64_t run(const ReplayBatch& b, int64_t start, const ReplayOut& out);
+
+  bool has(int64_t code) const { return sessions_.count(code) != 0; }
+  void open(int64_t code);
+  void close(int64_t code);
+  const ReplaySession& session(int64_t code) const;
+
+  // Common prefix of ids[0:n] with the session's held ids from `from` on.
+  int64_t lcp_with(int64_t code, int64_t from, const int32_t* ids, int64_t n) const;
+  ReplayPlan plan(int64_t code, int64_t prompt_len, int64_t lcp) const;
+  // Makes the call: the prompt is held[:lcp] + tail; then the reply (gen, drained) joins held.
+  // `ckpts` (recorded-checkpoint rules only) replaces the snapshots after the call.
+  ReplayStep advance(int64_t code, int64_t prompt_len, int64_t lcp, const int32_t* tail, int64_t ntail,
+                     const int32_t* gen, int64_t ngen, const int32_t* drained, int64_t ndrained,
+                     const int32_t* ckpts, int64_t nckpts, int64_t part, int64_t row);
+  void add_recorded_ms(double ms);
+
+  double recorded_ms() const { return recorded_ms_; }
+  bool has_recorded_ms() const { return has_recorded_; }
+  int64_t peak_bytes() const;
+  int64_t live_sessions() const { return int64_t(sessions_.size()); }
+  const ReplayRules& rules() const { return rules_; }
+
+ private:
+  ReplaySession& get(int64_t code);
+  void cut(ReplaySession& s, int64_t n);
+  void touch(ReplaySession& s, int64_t pos);
+  void snapshot_span(ReplaySession& s, int64_t start, int64_t end, bool prompt_end);
+  void note_peak(int64_t code, const ReplaySession& s);
+
+  ReplayRules rules_;
+  std::unordered_map<int64_t, std::unique_ptr<ReplaySession>> sessions_;
+  std::unordered_map<int64_t, int64_t> peak_;  // code -> most snapshot bytes it held (kept after close)
+  uint64_t tick_ = 0;
+  double recorded_ms_ = 0.0;
+  bool has_recorded_ = false;
+};
+
+}  // namespace strata

@@ -1,0 +1,442 @@
+"""The store replay on the C++ core: whole batches of calls stepped without a Python object per call.
+
+`replay_domain` reads a cache domain's rows as Arrow batches (partitions merged in seq order a batch at a
+time) and hands each batch's flat buffers to `strata_lab._engine._ReplayCore`, which keeps every session's
+held ids, snapshots and segments and applies the state model's rules (state.py) to the calls it can
+decide alone: a prompt that extends what the session holds. It stops at the calls that need Python:
+
+- a miss (the prompt leaves held): the divergence walk and the cause need the tokenizer's bytes;
+- a line the columns do not describe alone (a raw line, extra fields, absent keys, a whole prompt);
+- a parent that does not check out (the same error `fast.DomainSteps` raises).
+
+Python steps that call on the same C++ state (`lcp_with`, `plan`, `advance`) with the same functions
+`step` uses (`find_divergence`, `classify`), writes its row, and resumes the batch. The report's rows are
+built column-wise from the batch's own columns and the core's outputs. Results are identical to
+`fast.DomainSteps` (the Python reference the notebook pager still steps) and to the JSONL replay
+(tests/test_replay_native.py).
+
+>>> from strata_lab.replayer.native import HeldView
+>>> import numpy as np
+>>> h = HeldView(np.array([5, 6, 7], dtype=np.int32))
+>>> len(h), h[1], h[1:3], h[-1]
+(3, 6, [6, 7], 7)
+"""
+from __future__ import annotations
+
+import gc
+import math
+from array import array
+from collections.abc import Sequence
+from typing import Iterator
+
+import numpy as np
+
+from strata_lab.replayer.divergence import classify, find_divergence
+from strata_lab.replayer.fast import (_NEEDED_KEYS, _ROW_COLUMNS, DeltaPrompt, _all_keys, _record,
+                                      session_ends)
+from strata_lab.replayer.rowtable import RowTable
+from strata_lab.replayer.state import FULL_HIT_RULES
+from strata_lab.replayer.step import COLUMNS, recorded_prefill_ms
+
+__all__ = ["replay_domain", "domain_batches", "HeldView", "native_available"]
+
+_CAUSES = ("none", "new_session", "checkpoint")  # the core's cause codes for the calls it decides
+_INT_OUTS = ("prompt_len", "held_before", "lcp", "reused", "target", "reread", "snapshots", "index", "gen_len",
+             "drained_len")
+_LIST_COLUMNS = ("suffix_ids", "gen_ids", "drained_ids", "checkpoints")
+
+
+def native_available() -> bool:
+    """Whether the compiled engine has the replay core (a source checkout without a build has not)."""
+    try:
+        from strata_lab import _engine
+    except ImportError:
+        return False
+    return hasattr(_engine, "_ReplayCore")
+
+
+# the fields `_record` takes from a line for `step`: an `extra` that may hold one (a substring test, so
+# conservative: a value that merely contains the quoted name also sends the row to Python)
+_REPLAY_FIELDS = tuple(f'"{k}"' for k in ("session", "request_id", "ts", "call", "reused", "gen_ids",
+                                          "drained_ids", "checkpoints", "timings", "prompt_ids"))
+
+
+def _touches_replay(extra: str) -> bool:
+    return any(k in extra for k in _REPLAY_FIELDS)
+
+
+class HeldView(Sequence):
+    """A session's held ids (a numpy copy) read the way the divergence walk reads a list: slices are lists."""
+
+    __slots__ = ("a",)
+
+    def __init__(self, a):
+        self.a = a
+
+    def __len__(self):
+        return len(self.a)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.a[i].tolist()
+        return int(self.a[i])
+
+
+# --- reading: a domain's rows as Arrow batches in seq order ---------------------------------------
+def _partition_batches(partition: str, k: int, batch_rows: int):
+    """One partition's rows as record batches with `_part` (k) and `_row` (row number in the partition)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from strata_lab.dump.store_writer import segment_files
+
+    n = 0
+    for f in segment_files(partition):
+        for b in pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=_ROW_COLUMNS):
+            m = b.num_rows
+            if not m:
+                continue
+            b = b.append_column("_part", pa.array(np.full(m, k, dtype=np.int64)))
+            b = b.append_column("_row", pa.array(np.arange(n, n + m, dtype=np.int64)))
+            n += m
+            yield b
+
+
+def domain_batches(partitions: list[str], batch_rows: int = 1024) -> Iterator:
+    """A cache domain's rows as record batches in seq order (`_ROW_COLUMNS` plus `_part`, `_row`).
+
+    Several partitions (a replica's days) are merged a batch at a time: each round takes, from every
+    partition's current batch, the rows up to the smallest of their last seqs (no row later in any
+    partition can come before them), and sorts those by seq (stable: ties keep partition order, as
+    `fast.domain_rows`' heap merge does).
+    """
+    import pyarrow as pa
+
+    if len(partitions) == 1:
+        yield from _partition_batches(partitions[0], 0, batch_rows)
+        return
+    its = [_partition_batches(p, k, batch_rows) for k, p in enumerate(partitions)]
+    heads: list = [next(it, None) for it in its]
+    while True:
+        live = [k for k, h in enumerate(heads) if h is not None]
+        if not live:
+            return
+        seqs = {k: heads[k].column("seq").to_numpy() for k in live}
+        bound = min(seqs[k][-1] for k in live)
+        pieces = []
+        for k in live:
+            cut = int(np.searchsorted(seqs[k], bound, side="right"))
+            pieces.append(heads[k].slice(0, cut))
+            rest = heads[k].slice(cut)
+            heads[k] = rest if rest.num_rows else next(its[k], None)
+        pieces = [p for p in pieces if p.num_rows]
+        if len(pieces) == 1:  # one partition's rows only (a replica's days follow each other)
+            yield pieces[0]
+            continue
+        t = pa.Table.from_batches(pieces)
+        s = t.column("seq").to_numpy()
+        if not (np.diff(s) >= 0).all():
+            t = t.take(np.argsort(s, kind="stable"))
+        yield t.combine_chunks().to_batches()[0]
+
+
+# --- one batch's inputs for the core ---------------------------------------------------------------
+def _list_buffers(col):
+    """(offsets int32, values int32) of an Arrow list<int32> column (values: the whole child buffer)."""
+    offs = col.offsets.to_numpy()
+    vals = col.values.to_numpy(zero_copy_only=False)
+    if offs.dtype != np.int32:
+        offs = offs.astype(np.int32)
+    if vals.dtype != np.int32:
+        vals = vals.astype(np.int32)
+    return np.ascontiguousarray(offs), np.ascontiguousarray(vals)
+
+
+def _ints(col, null: int) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    return pc.fill_null(col, null).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+class _Domain:
+    """The replay of one cache domain on the C++ core (see the module docstring)."""
+
+    def __init__(self, partitions: list[str], opts, tok, cost_model):
+        from strata_lab import _engine
+
+        if opts.policy.changes_prompts:
+            raise ValueError("the delta replay serves prompt-keeping policies; rewrite policies replay records")
+        self.partitions, self.opts, self.tok, self.cost_model = partitions, opts, tok, cost_model
+        st = opts.new_state()  # the validated rules, read back for the core
+        p = st.policy
+        self.core = _engine._ReplayCore(
+            hybrid=st.model == "hybrid", full_hit=FULL_HIT_RULES.index(st.full_hit), every=int(p.every or 0),
+            positions=[int(x) for x in p.positions], at_prompt_end=bool(p.at_prompt_end),
+            before_last=-1 if p.before_last is None else int(p.before_last),
+            capacity=-1 if st.capacity is None else int(st.capacity), bytes_per_snapshot=int(st.bytes_per_snapshot),
+            recorded_checkpoints=opts.recorded_checkpoints)
+        self.bytes_per_snapshot = st.bytes_per_snapshot
+        self.codes: dict[str, int] = {}   # session -> the core's code
+        self.ends = session_ends(partitions)
+
+    def _code(self, sid: str) -> int:
+        c = self.codes.get(sid)
+        if c is None:
+            c = self.codes[sid] = len(self.codes)
+        return c
+
+    def batches(self, progress=None) -> Iterator[tuple[np.ndarray, object]]:
+        """(seqs, report rows as a record batch) per input batch."""
+        for b in domain_batches(self.partitions):
+            out = self._batch(b)
+            if progress is not None:
+                progress.update(b.num_rows)
+            yield out
+
+    def _batch(self, b):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = b.num_rows
+        col = b.column
+        seq = col("seq").to_numpy()
+        # sessions: codes through the batch's dictionary (a handful of distinct sessions per batch)
+        enc = col("session").dictionary_encode()
+        names = enc.dictionary.to_pylist()
+        idx = enc.indices.to_numpy(zero_copy_only=False)
+        null_session = enc.indices.is_null().to_numpy(zero_copy_only=False) if enc.null_count else None
+        idx = np.nan_to_num(idx, nan=0).astype(np.int64) if null_session is not None else idx.astype(np.int64)
+        u_code = np.array([self._code(s) for s in names] or [0], dtype=np.int64)
+        u_end = np.array([self.ends.get(s, -1) for s in names] or [-1], dtype=np.int64)
+        code = u_code[idx]
+        last = (seq == u_end[idx]).astype(np.uint8)
+        # rows Python reads: a raw line, extra fields, keys missing, no session column value
+        kenc = col("keys").dictionary_encode()
+        kfull = np.array([_all_keys(k) for k in kenc.dictionary.to_pylist()] or [False], dtype=bool)
+        kidx = kenc.indices
+        keys_ok = np.zeros(n, dtype=bool) if kidx.null_count == n else \
+            kfull[pc.fill_null(kidx, 0).to_numpy(zero_copy_only=False)] & kidx.is_valid().to_numpy(zero_copy_only=False)
+        # extra fields (a replica, ...) leave a row to the core unless they may name a field the replay reads
+        xenc = col("extra").dictionary_encode()
+        xidx = xenc.indices
+        touches = np.array([_touches_replay(x) for x in xenc.dictionary.to_pylist()] or [False], dtype=bool)
+        extra_slow = touches[pc.fill_null(xidx, 0).to_numpy(zero_copy_only=False)] & \
+            xidx.is_valid().to_numpy(zero_copy_only=False)
+        slow = ~keys_ok | col("raw").is_valid().to_numpy(zero_copy_only=False) | extra_slow
+        if null_session is not None:
+            slow |= null_session
+        lists = [_list_buffers(col(c)) for c in _LIST_COLUMNS]
+        prefill = pc.fill_null(col("prefill_ms"), math.nan).to_numpy(zero_copy_only=False)
+        ins = (code, slow.astype(np.uint8), last, col("_part").to_numpy(), col("_row").to_numpy(),
+               _ints(col("parent_call"), -1), _ints(col("shared_len"), 0), _ints(col("prompt_len"), -1),
+               *lists[0], *lists[1], *lists[2], *lists[3], np.ascontiguousarray(prefill, dtype=np.float64))
+        outs = {k: np.zeros(n, dtype=np.int64) for k in _INT_OUTS}
+        outs["cause"] = np.zeros(n, dtype=np.int8)
+        out_tuple = tuple(outs[k] for k in (*_INT_OUTS, "cause"))
+        over: dict[int, dict] = {}  # row -> values of the rows Python stepped
+        core = self.core
+        i = core.run(0, ins, out_tuple)
+        if i < n:
+            self._py = _PyRows(b, dict(zip(_LIST_COLUMNS, lists)))
+        while i < n:
+            over[i] = self._slow(b, i, outs)
+            i = core.run(i + 1, ins, out_tuple)
+        return seq, self._rows(b, outs, over)
+
+    # --- a call Python steps ------------------------------------------------------------------------
+    def _slow(self, b, i: int, outs) -> dict:
+        """Step row i in Python on the core's state (what fast.DomainSteps does for every row)."""
+        row = self._py.row(i)
+        k, n_row = self._py.part[i], self._py.rownum[i]
+        seq_i, parent, shared, suffix, plen_col = row[0], row[5], row[6], row[7], row[8]
+        rec = _record(row)
+        sid = str(rec["session"])
+        code = self._code(sid)
+        core, tok, opts = self.core, self.tok, self.opts
+        first = not core.has(code)
+        if first:
+            core.open(code)
+        held_before = core.held_len(code)
+        held = _LazyHeld(core, code, held_before)
+        if plen_col is None or plen_col < 0:
+            prompt = rec["prompt_ids"]  # not delta-encoded (kept whole in the line)
+            lcp = core.lcp_with(code, 0, prompt)
+        elif parent < 0:
+            prompt = suffix
+            lcp = core.lcp_with(code, 0, prompt)
+        else:
+            prev = None if first else core.last(code)
+            if prev is None or prev[0] != k or prev[1] != parent:
+                raise ValueError(f"store row seq {seq_i}: parent_call {parent} is not session {sid!r}'s "
+                                 "previous call in its partition")
+            prompt = DeltaPrompt(held, shared, suffix)
+            plen = prev[2]
+            lcp = shared if shared < plen else plen + core.lcp_with(code, plen, suffix)
+        div = find_divergence(held, prompt, tok, lcp_ids=lcp, context_chars=opts.context_chars) \
+            if lcp < held_before else None
+        target, reused, _restored = core.plan(code, len(prompt), lcp)
+        cause = classify(held=held, prompt=prompt, segments=core.segments(code) if div is not None else (),
+                         div=div, reused=reused, target=target, tok=tok, first_call=first, lcp_ids=lcp)
+        gen, drained = rec["gen_ids"], rec["drained_ids"]
+        ckpts = None
+        if opts.recorded_checkpoints:
+            ckpts = [int(c) for c in rec["checkpoints"]]
+            h_after = len(prompt) + len(gen) + len(drained)
+            ckpts = [c for c in ckpts if 0 < c <= h_after]
+        tail = prompt[lcp:]
+        _hb, _l, reused, target, snaps, index = core.advance(code, len(prompt), lcp, list(tail), gen, drained, ckpts,
+                                                            k, n_row)
+        plen = len(prompt)
+        lcp_text = div.lcp_text if div is not None else held_before
+        useful = min(lcp_text, held_before, target if lcp_text >= plen else lcp_text)
+        for name, v in (("prompt_len", plen), ("held_before", held_before), ("lcp", lcp), ("reused", reused),
+                        ("target", target), ("reread", max(useful - reused, 0)), ("snapshots", snaps),
+                        ("index", index), ("gen_len", len(gen)), ("drained_len", len(drained))):
+            outs[name][i] = v
+        t = recorded_prefill_ms(rec)
+        if t is not None:
+            core.add_recorded_ms(t)
+        rr = rec.get("reused")
+        o = {"session": sid, "request_id": rec.get("request_id"), "call": rec.get("call", 0), "ts": rec.get("ts"),
+             "lcp_text": lcp_text, "cause": cause,
+             "recorded_reused": rr if isinstance(rr, int) and not isinstance(rr, bool) else None,
+             "prefill_ms": t if t is not None else math.nan}
+        if div is not None:
+            o.update(id_context_held=div.id_context_held, id_context_prompt=div.id_context_prompt,
+                     text_context_held=div.text_context_held, text_context_prompt=div.text_context_prompt,
+                     held_ids_at=list(div.held_ids_at), prompt_ids_at=list(div.prompt_ids_at))
+        if self.ends.get(row[1]) == seq_i:  # the session's last call: free its held ids
+            core.close(code)
+        return o
+
+    # --- the report's rows for one batch, column-wise ------------------------------------------------
+    def _rows(self, b, outs, over: dict):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from strata_lab.replayer.rowtable import _arrow_types
+
+        n = b.num_rows
+        types = _arrow_types()
+        col = b.column
+
+        def patched(name, base):  # a column with the Python-stepped rows' own values
+            rows = [(i, o[name]) for i, o in over.items() if name in o]
+            if not rows:
+                return base
+            vals = base.to_pylist() if isinstance(base, (pa.Array, pa.ChunkedArray)) else list(base)
+            for i, v in rows:
+                vals[i] = v
+            return pa.array(vals, type=types[name])
+
+        reused = outs["reused"]
+        plen = outs["prompt_len"]
+        read = plen - reused
+        reread = outs["reread"]
+        lcp_text = outs["held_before"].copy()
+        for i, o in over.items():
+            lcp_text[i] = o["lcp_text"]
+        cause = np.asarray(_CAUSES, dtype=object)[outs["cause"]]
+        for i, o in over.items():
+            cause[i] = o["cause"]
+        prefill_ms = pc.fill_null(col("prefill_ms"), math.nan)
+        cm = self.cost_model
+        if cm is not None:
+            prefill_s, reread_s = cm.seconds(read, reused), cm.seconds(reread, reused)
+        else:
+            prefill_s = reread_s = np.full(n, math.nan)
+        gap = np.maximum(outs["target"] - reused, 0)
+        mib = outs["snapshots"] * self.bytes_per_snapshot / 2**20
+        empty = pa.array([""] * n, type=pa.string())
+        no_ids = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], type=pa.int64()))
+        data = {
+            "session": col("session"), "index": outs["index"], "request_id": col("request_id"), "call": col("call"),
+            "ts": col("ts"), "prompt_len": plen, "held_before": outs["held_before"], "lcp_ids": outs["lcp"],
+            "lcp_text": lcp_text, "reused": reused, "recorded_reused": col("reused"), "read": read, "reread": reread,
+            "cause": pa.array(cause, type=pa.string()), "checkpoint_gap": gap, "snapshots": outs["snapshots"],
+            "snapshot_mib": mib, "gen_len": outs["gen_len"], "drained_len": outs["drained_len"],
+            "prefill_ms": prefill_ms, "prefill_s": prefill_s, "reread_s": reread_s,
+            "id_context_held": empty, "id_context_prompt": empty, "text_context_held": empty,
+            "text_context_prompt": empty, "held_ids_at": no_ids, "prompt_ids_at": no_ids,
+        }
+        arrays = []
+        for name in COLUMNS:
+            v = data[name]
+            if name in ("session", "request_id", "call", "ts", "recorded_reused", "prefill_ms", "id_context_held",
+                        "id_context_prompt", "text_context_held", "text_context_prompt", "held_ids_at",
+                        "prompt_ids_at"):
+                v = patched(name, v)
+            arrays.append(v if isinstance(v, pa.Array) else pa.array(v, type=types[name]))
+        arrays = [a.cast(types[name]) if a.type != types[name] else a for name, a in zip(COLUMNS, arrays)]
+        return pa.RecordBatch.from_arrays(arrays, names=COLUMNS)
+
+
+class _PyRows:
+    """A batch's rows as `_ROW_COLUMNS` tuples for the calls Python steps: scalar columns converted once per
+    batch, id lists sliced from the batch's flat buffers (numpy int32; the suffix, which the walk slices,
+    as a list)."""
+
+    def __init__(self, b, lists: dict):
+        self.cols = [None if c in lists else b.column(c).to_pylist() for c in _ROW_COLUMNS]
+        self.lists = {_ROW_COLUMNS.index(c): v for c, v in lists.items()}
+        self.valid = {_ROW_COLUMNS.index(c): b.column(c).is_valid().to_numpy(zero_copy_only=False)
+                      for c in lists}
+        self.part = b.column("_part").to_pylist()
+        self.rownum = b.column("_row").to_pylist()
+
+    def row(self, i: int) -> tuple:
+        out = []
+        for j, c in enumerate(self.cols):
+            if c is not None:
+                out.append(c[i])
+            elif not self.valid[j][i]:
+                out.append(None)
+            else:
+                offs, vals = self.lists[j]
+                v = vals[offs[i]:offs[i + 1]]
+                out.append(v.tolist() if j == _SUFFIX else v)
+        return tuple(out)
+
+
+_SUFFIX = _ROW_COLUMNS.index("suffix_ids")
+
+
+class _LazyHeld(Sequence):
+    """A session's held ids fetched from the core on first read (a miss's walk reads a few windows; a hit
+    only asks the length)."""
+
+    __slots__ = ("core", "code", "n", "_view")
+
+    def __init__(self, core, code: int, n: int):
+        self.core, self.code, self.n, self._view = core, code, n, None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self._view is None:
+            self._view = HeldView(self.core.held(self.code))
+        return self._view[i]
+
+
+def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None):
+    """Replay one cache domain on the C++ core; the same return as `fast.replay_domain`:
+    (seqs, rows (a RowTable), peak snapshot bytes summed over sessions, recorded prefill ms or None).
+    Without a compiled engine (a source checkout not built yet) the Python reference runs instead."""
+    if not native_available():
+        from strata_lab.replayer import fast
+
+        return fast.replay_domain(partitions, opts, tok, cost_model, progress)
+    dom = _Domain(partitions, opts, tok, cost_model)
+    seqs = array("q")
+    rows = RowTable()
+    gc_was_on = gc.isenabled()
+    gc.disable()  # see fast.replay_domain: nothing here makes cycles
+    try:
+        for s, batch in dom.batches(progress):
+            seqs.extend(s.tolist())
+            rows.append_batch(batch)
+    finally:
+        if gc_was_on:
+            gc.enable()
+    return seqs, rows, dom.core.peak_bytes, dom.core.recorded_ms
