@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <string>
 
 #include "strata/replay_core.h"
@@ -49,6 +50,17 @@ py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids_of(const py:
   return a;
 }
 
+// (row, lcp_text, byte_in_token, prompt ids read, retokenized, cause, id_before, id_held_after, id_prompt_after,
+//  held_at, prompt_at, text windows (before, held_after, prompt_after) or None)
+py::tuple miss_tuple(const ReplayMiss& m) {
+  py::object text = m.has_text ? py::object(py::make_tuple(py::bytes(m.text_before), py::bytes(m.text_held_after),
+                                                           py::bytes(m.text_prompt_after)))
+                               : py::object(py::none());
+  return py::make_tuple(m.row, m.lcp_text, m.byte_in_token, m.prompt_read, m.retokenized, int(m.cause),
+                        py::bytes(m.id_before), py::bytes(m.id_held_after), py::bytes(m.id_prompt_after),
+                        py::tuple(py::cast(m.held_at)), py::tuple(py::cast(m.prompt_at)), text);
+}
+
 const char* kind_name(int32_t k) { return k == 0 ? "prompt" : k == 1 ? "gen" : "drained"; }
 
 }  // namespace
@@ -76,7 +88,7 @@ void register_replay(py::module_& m) {
       .def("run",
            [](ReplayCore& c, int64_t start, py::tuple ins, py::tuple outs) {
              if (ins.size() != 17) throw py::value_error("run: ins must hold 17 arrays");
-             if (outs.size() != 11) throw py::value_error("run: outs must hold 11 arrays");
+             if (outs.size() != 12) throw py::value_error("run: outs must hold 12 arrays");
              ReplayBatch b;
              const py::ssize_t n = py::cast<py::array>(ins[0]).shape(0);
              b.n = n;
@@ -120,7 +132,8 @@ void register_replay(py::module_& m) {
              o.index = out_ptr<int64_t>(outs, 7, "index", n);
              o.gen_len = out_ptr<int64_t>(outs, 8, "gen_len", n);
              o.drained_len = out_ptr<int64_t>(outs, 9, "drained_len", n);
-             o.cause = out_ptr<int8_t>(outs, 10, "cause", n);
+             o.lcp_text = out_ptr<int64_t>(outs, 10, "lcp_text", n);
+             o.cause = out_ptr<int8_t>(outs, 11, "cause", n);
              py::gil_scoped_release release;
              return c.run(b, start, o);
            },
@@ -178,6 +191,40 @@ void register_replay(py::module_& m) {
            py::arg("drained"), py::arg("checkpoints"), py::arg("part"), py::arg("row"),
            "Make one call (prompt = held[:lcp] + tail, then the reply joins held); return (held_before, lcp, "
            "reused, target, snapshots, index).")
+      .def("held_slice", [](const ReplayCore& c, int64_t code, int64_t start, int64_t stop) {
+             const auto& h = c.session(code).held;
+             const int64_t n = int64_t(h.size());
+             start = std::clamp<int64_t>(start, 0, n);
+             stop = std::clamp<int64_t>(stop, start, n);
+             py::list out(size_t(stop - start));
+             for (int64_t i = start; i < stop; ++i) out[size_t(i - start)] = py::int_(h[size_t(i)]);
+             return out;
+           }, py::arg("code"), py::arg("start"), py::arg("stop"), "held[start:stop] as a list (no negative indices).")
+      .def("set_vocab",
+           [](ReplayCore& c, py::bytes blob, std::vector<int64_t> offsets, int64_t im_start, int64_t assistant) {
+             c.set_vocab(std::string(blob), std::move(offsets), im_start, assistant);
+           },
+           py::arg("blob"), py::arg("offsets"), py::arg("im_start"), py::arg("assistant"),
+           "Token bytes (blob[offsets[i]:offsets[i+1]] is id i) and the ids classify reads (-1: none).")
+      .def("explain", [](const ReplayCore& c, int64_t code, int64_t lcp, py::handle ptail, int64_t reused,
+                         int64_t target) {
+             const auto t = ids_of(ptail);
+             ReplayMiss m;
+             {
+               py::gil_scoped_release release;
+               m = c.explain(code, lcp, t.data(), int64_t(t.size()), reused, target);
+             }
+             return miss_tuple(m);
+           }, py::arg("code"), py::arg("lcp"), py::arg("ptail"), py::arg("reused"), py::arg("target"),
+           "The divergence of a prompt held[:lcp] + ptail that leaves held: (row (-1), lcp_text, byte_in_token, "
+           "prompt ids read, retokenized, cause index, id context windows (3 bytes), held ids at, prompt ids at, "
+           "text context windows or None).")
+      .def("take_misses", [](ReplayCore& c) {
+             py::list out;
+             for (const auto& m : c.take_misses()) out.append(miss_tuple(m));
+             return out;
+           }, "The misses `run` explained since the last call, as `explain` gives them (row set).")
+      .def_property_readonly("has_vocab", &ReplayCore::has_vocab)
       .def("add_recorded_ms", &ReplayCore::add_recorded_ms, py::arg("ms"))
       .def_property_readonly("recorded_ms", [](const ReplayCore& c) {
              return c.has_recorded_ms() ? py::object(py::float_(c.recorded_ms())) : py::object(py::none());

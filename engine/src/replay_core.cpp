@@ -230,7 +230,14 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
       lcp = pprev + common_prefix(suffix, ns, s->held.data() + pprev, held_before - pprev);
       tail_from = lcp - sh;
     }
-    if (held_before > 0 && lcp < held_before) return i;  // a miss: Python explains it
+    const bool miss = held_before > 0 && lcp < held_before;
+    if (miss && !has_vocab()) return i;  // Python gives the vocabulary (or explains the miss itself)
+    ReplayMiss m;
+    if (miss) {
+      const ReplayPlan p = plan(code, plen, lcp);
+      m = explain(code, lcp, suffix + tail_from, ns - tail_from, p.reused, p.target);
+      m.row = i;
+    }
     if (!s) open(code);
     const int32_t* go = b.gen_off;
     const int32_t* dof = b.drained_off;
@@ -241,7 +248,8 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
                                  ngen, dof ? b.drained + dof[i] : nullptr, ndr, co ? b.ckpt + co[i] : nullptr, nck,
                                  b.part[i], b.row[i]);
     // a hit: the prompt extends held (lcp_text = held_before), or the session held nothing
-    const int64_t useful = std::min(held_before, held_before >= plen ? r.target : held_before);
+    const int64_t lcp_text = miss ? m.lcp_text : held_before;
+    const int64_t useful = std::min(std::min(lcp_text, held_before), lcp_text >= plen ? r.target : lcp_text);
     out.prompt_len[i] = plen;
     out.held_before[i] = held_before;
     out.lcp[i] = lcp;
@@ -252,12 +260,139 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
     out.index[i] = r.index;
     out.gen_len[i] = ngen;
     out.drained_len[i] = ndr;
-    out.cause[i] = held_before == 0 ? 1 : (r.reused >= r.target ? 0 : 2);
+    out.lcp_text[i] = lcp_text;
+    if (miss) {
+      out.cause[i] = m.cause;
+      misses_.push_back(std::move(m));
+    } else {
+      out.cause[i] = held_before == 0 ? kCauseNewSession : (r.reused >= r.target ? kCauseNone : kCauseCheckpoint);
+    }
     const double t = b.prefill_ms[i];
     if (!std::isnan(t)) add_recorded_ms(t);
     if (b.last[i]) close(code);
   }
   return b.n;
+}
+
+void ReplayCore::set_vocab(std::string blob, std::vector<int64_t> offsets, int64_t im_start, int64_t assistant) {
+  if (offsets.empty() || offsets.front() != 0 || offsets.back() != int64_t(blob.size()))
+    throw std::invalid_argument("vocab offsets must start at 0 and end at the blob's size");
+  for (size_t i = 1; i < offsets.size(); ++i)
+    if (offsets[i] < offsets[i - 1]) throw std::invalid_argument("vocab offsets must not decrease");
+  vocab_ = std::move(blob);
+  vocab_off_ = std::move(offsets);
+  im_start_ = im_start;
+  assistant_ = assistant;
+}
+
+std::string_view ReplayCore::token(int64_t id) const {
+  const int64_t n = int64_t(vocab_off_.size()) - 1;
+  if (id < 0 || id >= n)
+    throw std::invalid_argument("token id " + std::to_string(id) + " is out of range (0.." + std::to_string(n - 1) +
+                                ")");
+  return std::string_view(vocab_).substr(size_t(vocab_off_[size_t(id)]),
+                                         size_t(vocab_off_[size_t(id) + 1] - vocab_off_[size_t(id)]));
+}
+
+ReplayMiss ReplayCore::explain(int64_t code, int64_t lcp, const int32_t* ptail, int64_t nptail, int64_t reused,
+                               int64_t target) const {
+  if (!has_vocab()) throw std::logic_error("explain: set_vocab first");
+  const ReplaySession& s = session(code);
+  const auto& held = s.held;
+  const int64_t nh = int64_t(held.size()), plen = lcp + nptail;
+  if (lcp < 0 || lcp >= nh) throw std::invalid_argument("explain: lcp must be < the held ids");
+  ReplayMiss m;
+  // the byte walk (divergence.find_divergence): held ids one at a time against the prompt's bytes
+  int64_t hi = lcp, pi = 0;  // pi: ptail ids read
+  std::string& pbuf = m.pbuf;
+  while (hi < nh) {
+    const std::string_view hb = token(held[size_t(hi)]);
+    while (pbuf.size() < hb.size() && pi < nptail) pbuf.append(token(ptail[pi++]));
+    if (pbuf.size() >= hb.size() && std::string_view(pbuf).substr(0, hb.size()) == hb) {
+      pbuf.erase(0, hb.size());
+      ++hi;
+      continue;
+    }
+    const size_t mm = std::min(hb.size(), pbuf.size());
+    size_t k = 0;
+    while (k < mm && hb[k] == pbuf[k]) ++k;
+    m.byte_in_token = int64_t(k);
+    break;
+  }
+  m.lcp_text = hi;
+  m.prompt_read = lcp + pi;
+  // context windows (divergence.add_contexts): kCtx ids either side of each divergence
+  constexpr int64_t kCtx = 24;
+  auto held_bytes = [&](int64_t a, int64_t b) {
+    std::string out;
+    for (int64_t j = std::max<int64_t>(a, 0); j < std::min(b, nh); ++j) out.append(token(held[size_t(j)]));
+    return out;
+  };
+  auto tail_bytes = [&](int64_t a, int64_t b) {
+    std::string out;
+    for (int64_t j = std::max<int64_t>(a, 0); j < std::min(b, nptail); ++j) out.append(token(ptail[j]));
+    return out;
+  };
+  m.id_before = held_bytes(lcp - kCtx, lcp);
+  m.id_held_after = held_bytes(lcp, lcp + kCtx);
+  m.id_prompt_after = tail_bytes(0, kCtx);
+  m.held_at.assign(held.begin() + lcp, held.begin() + std::min(lcp + 4, nh));
+  m.prompt_at.assign(ptail, ptail + std::min<int64_t>(4, nptail));
+  if (hi < nh) {
+    const std::string_view hb = token(held[size_t(hi)]);
+    const size_t k = size_t(m.byte_in_token);
+    m.has_text = true;
+    m.text_before = held_bytes(hi - kCtx, hi);
+    m.text_before.append(hb.substr(0, k));
+    m.text_held_after = std::string(hb.substr(k)) + held_bytes(hi + 1, hi + kCtx);
+    m.text_prompt_after = (k < pbuf.size() ? pbuf.substr(k) : std::string()) + tail_bytes(pi, pi + kCtx);
+  }
+  // _realigned: held and prompt tokens share a boundary after lcp, no later than the text divergence
+  if (hi > lcp) {
+    if (hi >= nh) {
+      m.retokenized = true;
+    } else {
+      std::vector<int64_t> ends;
+      int64_t off = 0;
+      for (int64_t j = lcp; j < hi; ++j) ends.push_back(off += int64_t(token(held[size_t(j)]).size()));
+      const int64_t last = ends.back();
+      size_t e = 0;
+      int64_t poff = 0;
+      for (int64_t j = 0; j < nptail; ++j) {
+        poff += int64_t(token(ptail[j]).size());
+        while (e < ends.size() && ends[e] < poff) ++e;
+        if (e < ends.size() && ends[e] == poff) {
+          m.retokenized = true;
+          break;
+        }
+        if (poff > last) break;
+      }
+    }
+  }
+  // classify
+  auto in_segment = [&](int64_t pos, bool gen, bool drained) {
+    for (const auto& g : s.segments)
+      if (g.start <= pos && pos < g.end && ((gen && g.kind == 1) || (drained && g.kind == 2))) return true;
+    return false;
+  };
+  auto in_assistant_turn = [&](int64_t pos) {
+    if (im_start_ < 0) return false;
+    for (int64_t j = std::min(pos, nh - 1); j >= 0; --j)
+      if (held[size_t(j)] == im_start_) return j + 1 < nh && assistant_ >= 0 && held[size_t(j) + 1] == assistant_;
+    return false;
+  };
+  if (lcp >= plen) {
+    m.cause = reused >= target ? kCauseNone : kCauseCheckpoint;
+  } else if (m.lcp_text > lcp && m.retokenized) {
+    m.cause = in_segment(lcp, true, true) ? kCauseRetokReply : kCauseRetokPrompt;
+  } else if (in_segment(m.lcp_text, false, true)) {
+    m.cause = kCauseDrainedDropped;
+  } else if (in_segment(m.lcp_text, true, false) || in_assistant_turn(m.lcp_text)) {
+    m.cause = kCauseTemplateRewrite;
+  } else {
+    m.cause = kCauseHistoryEdit;
+  }
+  return m;
 }
 
 }  // namespace strata

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
-__all__ = ["Divergence", "find_divergence", "classify", "CAUSES"]
+__all__ = ["Divergence", "find_divergence", "add_contexts", "set_id_contexts", "set_text_contexts", "classify", "CAUSES"]
 
 CAUSES = ("none", "new_session", "retokenized_reply", "retokenized_prompt", "drained_dropped",
           "template_rewrite", "history_edit", "checkpoint")
@@ -125,21 +125,40 @@ def find_divergence(held, prompt, tok, *, lcp_ids: int, context_chars: int = 40)
         break
     d = Divergence(lcp_ids=lcp_ids, lcp_text=hi, byte_in_token=k,
                    retokenized=_realigned(held, ptail, tb, lcp_ids, hi))
+    add_contexts(d, held, prompt, ptail, pi, pbuf, tok, context_chars)
+    return d
+
+
+def add_contexts(d: Divergence, held, prompt, ptail, pi: int, pbuf: bytes, tok, context_chars: int) -> None:
+    """Fill `d`'s context strings and ids from the walk's end: `pi` prompt ids read, `pbuf` the prompt bytes
+    read past the held text's end (`ptail`: the prompt's ids from `d.lcp_ids` on)."""
+    cache = _token_bytes(tok)
+    tb, ids_bytes = cache.__getitem__, cache.ids_bytes
+    lcp_ids, hi, k = d.lcp_ids, d.lcp_text, d.byte_in_token
+    nh, np_ = len(held), len(prompt)
     if lcp_ids < nh or lcp_ids < np_:
         before = ids_bytes(held[max(0, lcp_ids - _CTX_TOKENS):lcp_ids])
-        d.id_context_held = "held: " + _show(before, ids_bytes(held[lcp_ids:lcp_ids + _CTX_TOKENS]), context_chars)
-        d.id_context_prompt = "prompt: " + _show(before, ids_bytes(prompt[lcp_ids:lcp_ids + _CTX_TOKENS]),
-                                                 context_chars)
+        set_id_contexts(d, before, ids_bytes(held[lcp_ids:lcp_ids + _CTX_TOKENS]),
+                        ids_bytes(prompt[lcp_ids:lcp_ids + _CTX_TOKENS]), context_chars)
         d.held_ids_at = tuple(held[lcp_ids:lcp_ids + 4])
         d.prompt_ids_at = tuple(prompt[lcp_ids:lcp_ids + 4])
     if hi < nh:
         hb = tb(held[hi])
-        before = ids_bytes(held[max(0, hi - _CTX_TOKENS):hi]) + hb[:k]
-        d.text_context_held = "held: " + _show(before, hb[k:] + ids_bytes(held[hi + 1:hi + _CTX_TOKENS]),
-                                               context_chars)
-        d.text_context_prompt = "prompt: " + _show(before, pbuf[k:] + ids_bytes(ptail[pi - lcp_ids:pi - lcp_ids + _CTX_TOKENS]),
-                                                   context_chars)
-    return d
+        set_text_contexts(d, ids_bytes(held[max(0, hi - _CTX_TOKENS):hi]) + hb[:k],
+                          hb[k:] + ids_bytes(held[hi + 1:hi + _CTX_TOKENS]),
+                          pbuf[k:] + ids_bytes(ptail[pi - lcp_ids:pi - lcp_ids + _CTX_TOKENS]), context_chars)
+
+
+def set_id_contexts(d: Divergence, before: bytes, held_after: bytes, prompt_after: bytes, width: int) -> None:
+    """The id divergence's context strings from its byte windows (`_CTX_TOKENS` ids either side)."""
+    d.id_context_held = "held: " + _show(before, held_after, width)
+    d.id_context_prompt = "prompt: " + _show(before, prompt_after, width)
+
+
+def set_text_contexts(d: Divergence, before: bytes, held_after: bytes, prompt_after: bytes, width: int) -> None:
+    """The text divergence's context strings from its byte windows."""
+    d.text_context_held = "held: " + _show(before, held_after, width)
+    d.text_context_prompt = "prompt: " + _show(before, prompt_after, width)
 
 
 def _realigned(held, ptail, tb, lcp_ids: int, lcp_text: int) -> bool:

@@ -31,7 +31,8 @@ from typing import Iterator
 
 import numpy as np
 
-from strata_lab.replayer.divergence import classify, find_divergence
+from strata_lab.replayer.divergence import (CAUSES, Divergence, _assistant_id, classify, find_divergence,
+                                            set_id_contexts, set_text_contexts)
 from strata_lab.replayer.fast import (_NEEDED_KEYS, _ROW_COLUMNS, DeltaPrompt, _all_keys, _record,
                                       session_ends)
 from strata_lab.replayer.rowtable import RowTable
@@ -40,9 +41,9 @@ from strata_lab.replayer.step import COLUMNS, recorded_prefill_ms
 
 __all__ = ["replay_domain", "domain_batches", "HeldView", "native_available"]
 
-_CAUSES = ("none", "new_session", "checkpoint")  # the core's cause codes for the calls it decides
+_CAUSES = CAUSES  # the core's cause codes index divergence.CAUSES
 _INT_OUTS = ("prompt_len", "held_before", "lcp", "reused", "target", "reread", "snapshots", "index", "gen_len",
-             "drained_len")
+             "drained_len", "lcp_text")
 _LIST_COLUMNS = ("suffix_ids", "gen_ids", "drained_ids", "checkpoints")
 
 
@@ -178,6 +179,20 @@ class _Domain:
         self.bytes_per_snapshot = st.bytes_per_snapshot
         self.codes: dict[str, int] = {}   # session -> the core's code
         self.ends = session_ends(partitions)
+        self._has_vocab: bool | None = None
+
+    def _vocab(self) -> bool:
+        """Give the core the tokenizer's bytes (on the first miss: a replay without one never pays it)."""
+        if self._has_vocab is None:
+            vb = getattr(self.tok, "vocab_bytes", None)
+            self._has_vocab = vb is not None
+            if vb is not None:
+                blob, offsets = vb()
+                im_start = getattr(self.tok, "im_start_id", None)
+                assistant = _assistant_id(self.tok)
+                self.core.set_vocab(blob, offsets, -1 if im_start is None else im_start,
+                                    -1 if assistant is None else assistant)
+        return self._has_vocab
 
     def _code(self, sid: str) -> int:
         c = self.codes.get(sid)
@@ -236,18 +251,24 @@ class _Domain:
         over: dict[int, dict] = {}  # row -> values of the rows Python stepped
         core = self.core
         i = core.run(0, ins, out_tuple)
+        if i < n and self._has_vocab is None:  # the first stop: a miss may only need the vocabulary
+            self._vocab()
+            i = core.run(i, ins, out_tuple)
         if i < n:
             self._py = _PyRows(b, dict(zip(_LIST_COLUMNS, lists)))
         while i < n:
             over[i] = self._slow(b, i, outs)
             i = core.run(i + 1, ins, out_tuple)
+        width = self.opts.context_chars
+        for m in core.take_misses():  # the misses the core explained: their context strings
+            over[m[0]] = _miss_contexts(m, width)
         return seq, self._rows(b, outs, over)
 
     # --- a call Python steps ------------------------------------------------------------------------
     def _slow(self, b, i: int, outs) -> dict:
         """Step row i in Python on the core's state (what fast.DomainSteps does for every row)."""
         row = self._py.row(i)
-        k, n_row = self._py.part[i], self._py.rownum[i]
+        part, n_row = self._py.part[i], self._py.rownum[i]
         seq_i, parent, shared, suffix, plen_col = row[0], row[5], row[6], row[7], row[8]
         rec = _record(row)
         sid = str(rec["session"])
@@ -266,17 +287,25 @@ class _Domain:
             lcp = core.lcp_with(code, 0, prompt)
         else:
             prev = None if first else core.last(code)
-            if prev is None or prev[0] != k or prev[1] != parent:
+            if prev is None or prev[0] != part or prev[1] != parent:
                 raise ValueError(f"store row seq {seq_i}: parent_call {parent} is not session {sid!r}'s "
                                  "previous call in its partition")
             prompt = DeltaPrompt(held, shared, suffix)
             plen = prev[2]
             lcp = shared if shared < plen else plen + core.lcp_with(code, plen, suffix)
-        div = find_divergence(held, prompt, tok, lcp_ids=lcp, context_chars=opts.context_chars) \
-            if lcp < held_before else None
         target, reused, _restored = core.plan(code, len(prompt), lcp)
-        cause = classify(held=held, prompt=prompt, segments=core.segments(code) if div is not None else (),
-                         div=div, reused=reused, target=target, tok=tok, first_call=first, lcp_ids=lcp)
+        if lcp >= held_before:  # extends held (or the session held nothing): no divergence to explain
+            div = None
+            cause = classify(held=held, prompt=prompt, segments=(), div=None, reused=reused, target=target, tok=tok,
+                             first_call=first, lcp_ids=lcp)
+        elif self._vocab():  # the walk and the cause in C++, the context strings here
+            m = core.explain(code, lcp, prompt[lcp:], reused, target)
+            div = _miss_divergence(m, lcp, opts.context_chars)
+            cause = CAUSES[m[5]]
+        else:  # a tokenizer without vocab_bytes: the Python walk
+            div = find_divergence(held, prompt, tok, lcp_ids=lcp, context_chars=opts.context_chars)
+            cause = classify(held=held, prompt=prompt, segments=core.segments(code), div=div, reused=reused,
+                             target=target, tok=tok, first_call=first, lcp_ids=lcp)
         gen, drained = rec["gen_ids"], rec["drained_ids"]
         ckpts = None
         if opts.recorded_checkpoints:
@@ -285,20 +314,20 @@ class _Domain:
             ckpts = [c for c in ckpts if 0 < c <= h_after]
         tail = prompt[lcp:]
         _hb, _l, reused, target, snaps, index = core.advance(code, len(prompt), lcp, list(tail), gen, drained, ckpts,
-                                                            k, n_row)
+                                                            part, n_row)
         plen = len(prompt)
         lcp_text = div.lcp_text if div is not None else held_before
         useful = min(lcp_text, held_before, target if lcp_text >= plen else lcp_text)
         for name, v in (("prompt_len", plen), ("held_before", held_before), ("lcp", lcp), ("reused", reused),
                         ("target", target), ("reread", max(useful - reused, 0)), ("snapshots", snaps),
-                        ("index", index), ("gen_len", len(gen)), ("drained_len", len(drained))):
+                        ("index", index), ("gen_len", len(gen)), ("drained_len", len(drained)),
+                        ("lcp_text", lcp_text), ("cause", CAUSES.index(cause))):
             outs[name][i] = v
         t = recorded_prefill_ms(rec)
         if t is not None:
             core.add_recorded_ms(t)
         rr = rec.get("reused")
         o = {"session": sid, "request_id": rec.get("request_id"), "call": rec.get("call", 0), "ts": rec.get("ts"),
-             "lcp_text": lcp_text, "cause": cause,
              "recorded_reused": rr if isinstance(rr, int) and not isinstance(rr, bool) else None,
              "prefill_ms": t if t is not None else math.nan}
         if div is not None:
@@ -333,12 +362,8 @@ class _Domain:
         plen = outs["prompt_len"]
         read = plen - reused
         reread = outs["reread"]
-        lcp_text = outs["held_before"].copy()
-        for i, o in over.items():
-            lcp_text[i] = o["lcp_text"]
+        lcp_text = outs["lcp_text"]
         cause = np.asarray(_CAUSES, dtype=object)[outs["cause"]]
-        for i, o in over.items():
-            cause[i] = o["cause"]
         prefill_ms = pc.fill_null(col("prefill_ms"), math.nan)
         cm = self.cost_model
         if cm is not None:
@@ -369,6 +394,25 @@ class _Domain:
             arrays.append(v if isinstance(v, pa.Array) else pa.array(v, type=types[name]))
         arrays = [a.cast(types[name]) if a.type != types[name] else a for name, a in zip(COLUMNS, arrays)]
         return pa.RecordBatch.from_arrays(arrays, names=COLUMNS)
+
+
+def _miss_divergence(m: tuple, lcp: int, width: int) -> Divergence:
+    """A Divergence from the core's explanation of a miss (`explain` / `take_misses`)."""
+    _row, lcp_text, in_token, _read, retok, _cause, before, held_after, prompt_after, held_at, prompt_at, text = m
+    d = Divergence(lcp_ids=lcp, lcp_text=lcp_text, byte_in_token=in_token, retokenized=retok)
+    set_id_contexts(d, before, held_after, prompt_after, width)
+    d.held_ids_at, d.prompt_ids_at = held_at, prompt_at
+    if text is not None:
+        set_text_contexts(d, *text, width)
+    return d
+
+
+def _miss_contexts(m: tuple, width: int) -> dict:
+    """The report columns a miss the core explained fills (its contexts)."""
+    d = _miss_divergence(m, 0, width)
+    return {"id_context_held": d.id_context_held, "id_context_prompt": d.id_context_prompt,
+            "text_context_held": d.text_context_held, "text_context_prompt": d.text_context_prompt,
+            "held_ids_at": list(d.held_ids_at), "prompt_ids_at": list(d.prompt_ids_at)}
 
 
 class _PyRows:
@@ -402,21 +446,27 @@ _SUFFIX = _ROW_COLUMNS.index("suffix_ids")
 
 
 class _LazyHeld(Sequence):
-    """A session's held ids fetched from the core on first read (a miss's walk reads a few windows; a hit
-    only asks the length)."""
+    """A session's held ids read from the core slice by slice (the context strings read a few windows)."""
 
-    __slots__ = ("core", "code", "n", "_view")
+    __slots__ = ("core", "code", "n")
 
     def __init__(self, core, code: int, n: int):
-        self.core, self.code, self.n, self._view = core, code, n, None
+        self.core, self.code, self.n = core, code, n
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        if self._view is None:
-            self._view = HeldView(self.core.held(self.code))
-        return self._view[i]
+        if isinstance(i, slice):
+            start, stop, stride = i.indices(self.n)
+            if stride != 1:
+                return self.core.held_slice(self.code, 0, self.n)[i]
+            return self.core.held_slice(self.code, start, stop)
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError("held index out of range")
+        return self.core.held_slice(self.code, i, i + 1)[0]
 
 
 def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None):

@@ -193,6 +193,7 @@ class Tokenizer:
         self._vocab_size = hf_tokenizer.get_vocab_size(with_added_tokens=True)
         self.embedding_rows = max(embedding_rows or 0, self._vocab_size)
         self._token_bytes: list[bytes] | None = None
+        self._vocab_blob: tuple[bytes, list[int]] | None = None
         self._byte_level = _is_byte_level(hf_tokenizer)
 
     # --- encoding -------------------------------------------------------------------------------
@@ -226,6 +227,24 @@ class Tokenizer:
         if not 0 <= int(token_id) < len(table) or table[int(token_id)] is None:
             raise ValueError(f"token id {token_id} is out of range for {self.name} (0..{len(table) - 1})")
         return table[int(token_id)]
+
+    def vocab_bytes(self) -> tuple[bytes, list[int]]:
+        """Every id's bytes at once: (blob, offsets), id i being blob[offsets[i]:offsets[i + 1]] (what a
+        native byte walk reads). Built once per tokenizer.
+
+        >>> from strata_lab import load_tokenizer
+        >>> tok = load_tokenizer("qwen3")
+        >>> blob, offs = tok.vocab_bytes()
+        >>> i = tok.encode(" hello")[0]
+        >>> blob[offs[i]:offs[i + 1]] == tok.token_bytes(i), len(offs) == tok.embedding_rows + 1
+        (True, True)
+        """
+        if self._vocab_blob is None:
+            from itertools import accumulate
+
+            table = self._bytes_table()
+            self._vocab_blob = (b"".join(table), list(accumulate(map(len, table), initial=0)))
+        return self._vocab_blob
 
     def ids_bytes(self, ids: Iterable[int]) -> bytes:
         """The concatenated bytes of `ids`."""

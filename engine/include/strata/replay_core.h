@@ -10,7 +10,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace strata {
@@ -73,15 +76,40 @@ struct ReplayBatch {
 struct ReplayOut {
   int64_t* prompt_len; int64_t* held_before; int64_t* lcp; int64_t* reused; int64_t* target;
   int64_t* reread; int64_t* snapshots; int64_t* index; int64_t* gen_len; int64_t* drained_len;
-  int8_t* cause;  // 0 none, 1 new_session, 2 checkpoint (misses: set by Python)
+  int64_t* lcp_text;
+  int8_t* cause;  // an index into divergence.CAUSES
+};
+
+// Why a prompt left what a session held (strata_lab/replayer/divergence.py `find_divergence` + `classify`):
+// the byte walk's end and the cause, as an index into divergence.CAUSES.
+enum ReplayCause : int8_t {
+  kCauseNone = 0, kCauseNewSession = 1, kCauseRetokReply = 2, kCauseRetokPrompt = 3, kCauseDrainedDropped = 4,
+  kCauseTemplateRewrite = 5, kCauseHistoryEdit = 6, kCauseCheckpoint = 7
+};
+
+struct ReplayMiss {
+  int64_t lcp_text = 0;       // held ids wholly before the first text divergence
+  int64_t byte_in_token = 0;  // offset of the first differing byte inside held[lcp_text]
+  int64_t prompt_read = 0;    // prompt ids the walk read (absolute position)
+  std::string pbuf;           // prompt bytes read past the held text matched
+  bool retokenized = false;
+  int8_t cause = kCauseNone;
+  // the context windows divergence.add_contexts shows, as bytes (Python decodes and quotes them)
+  std::string id_before, id_held_after, id_prompt_after;
+  bool has_text = false;  // the held text parts (lcp_text < held): the text windows below are set
+  std::string text_before, text_held_after, text_prompt_after;
+  std::vector<int32_t> held_at, prompt_at;  // a few ids at the id divergence
+  int64_t row = -1;                         // the batch row (`run`'s misses)
 };
 
 class ReplayCore {
  public:
   explicit ReplayCore(ReplayRules rules);
 
-  // Steps rows [start, n) until one needs Python; returns its index (n: the batch is done).
+  // Steps rows [start, n) until one needs Python; returns its index (n: the batch is done). Misses are
+  // explained here once the vocabulary is set (else `run` stops at them), their windows kept in `misses`.
   int64_t run(const ReplayBatch& b, int64_t start, const ReplayOut& out);
+  std::vector<ReplayMiss> take_misses() { return std::exchange(misses_, {}); }
 
   bool has(int64_t code) const { return sessions_.count(code) != 0; }
   void open(int64_t code);
@@ -98,6 +126,14 @@ class ReplayCore {
                      const int32_t* ckpts, int64_t nckpts, int64_t part, int64_t row);
   void add_recorded_ms(double ms);
 
+  // The tokenizer's bytes per id (blob + offsets, count + 1 of them) and the ids classify reads.
+  void set_vocab(std::string blob, std::vector<int64_t> offsets, int64_t im_start, int64_t assistant);
+  bool has_vocab() const { return !vocab_off_.empty(); }
+  // The divergence of prompt = held[:lcp] + ptail from the session's held ids (lcp < held), and its cause
+  // given the call's plan (reused, target). Changes nothing.
+  ReplayMiss explain(int64_t code, int64_t lcp, const int32_t* ptail, int64_t nptail, int64_t reused,
+                     int64_t target) const;
+
   double recorded_ms() const { return recorded_ms_; }
   bool has_recorded_ms() const { return has_recorded_; }
   int64_t peak_bytes() const;
@@ -111,7 +147,13 @@ class ReplayCore {
   void snapshot_span(ReplaySession& s, int64_t start, int64_t end, bool prompt_end);
   void note_peak(int64_t code, const ReplaySession& s);
 
+  std::string_view token(int64_t id) const;
+
   ReplayRules rules_;
+  std::string vocab_;
+  std::vector<int64_t> vocab_off_;
+  int64_t im_start_ = -1, assistant_ = -1;
+  std::vector<ReplayMiss> misses_;
   std::unordered_map<int64_t, std::unique_ptr<ReplaySession>> sessions_;
   std::unordered_map<int64_t, int64_t> peak_;  // code -> most snapshot bytes it held (kept after close)
   uint64_t tick_ = 0;
