@@ -225,9 +225,10 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
       // the previous call's prompt shares `shared` ids; past it the session held its reply
       if (!s || s->last_part != b.part[i] || s->last_row != b.parent[i]) return i;
       const int64_t sh = b.shared[i], pprev = s->last_plen;
-      if (sh != pprev) return i;  // the prompt leaves the previous one: a miss (or a malformed row)
+      if (sh < 0 || sh > pprev) return i;  // not a prefix of the previous prompt: Python reports the row
       plen = sh + ns;
-      lcp = pprev + common_prefix(suffix, ns, s->held.data() + pprev, held_before - pprev);
+      // a prompt that leaves the previous one parts from held there (the encoder's shared_len is the LCP)
+      lcp = sh < pprev ? sh : pprev + common_prefix(suffix, ns, s->held.data() + pprev, held_before - pprev);
       tail_from = lcp - sh;
     }
     const bool miss = held_before > 0 && lcp < held_before;
