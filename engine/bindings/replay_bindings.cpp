@@ -66,6 +66,16 @@ const char* kind_name(int32_t k) { return k == 0 ? "prompt" : k == 1 ? "gen" : "
 }  // namespace
 
 void register_replay(py::module_& m) {
+  py::class_<ReplayVocab, std::shared_ptr<ReplayVocab>>(m, "_ReplayVocab",
+                                                        "A tokenizer's bytes per id, for the replay core's byte walk.")
+      .def(py::init([](py::bytes blob, py::array_t<int64_t, py::array::c_style | py::array::forcecast> offsets,
+                       int64_t im_start, int64_t assistant) {
+             std::vector<int64_t> off(offsets.data(), offsets.data() + offsets.size());
+             return std::make_shared<ReplayVocab>(std::string(blob), std::move(off), im_start, assistant);
+           }),
+           py::arg("blob"), py::arg("offsets"), py::arg("im_start"), py::arg("assistant"))
+      .def_property_readonly("size", &ReplayVocab::size);
+
   py::class_<ReplayCore>(m, "_ReplayCore",
                          "The replay's session state model in C++ (strata_lab.replayer.native drives it).")
       .def(py::init([](bool hybrid, int full_hit, int64_t every, std::vector<int64_t> positions, bool at_prompt_end,
@@ -200,12 +210,7 @@ void register_replay(py::module_& m) {
              for (int64_t i = start; i < stop; ++i) out[size_t(i - start)] = py::int_(h[size_t(i)]);
              return out;
            }, py::arg("code"), py::arg("start"), py::arg("stop"), "held[start:stop] as a list (no negative indices).")
-      .def("set_vocab",
-           [](ReplayCore& c, py::bytes blob, std::vector<int64_t> offsets, int64_t im_start, int64_t assistant) {
-             c.set_vocab(std::string(blob), std::move(offsets), im_start, assistant);
-           },
-           py::arg("blob"), py::arg("offsets"), py::arg("im_start"), py::arg("assistant"),
-           "Token bytes (blob[offsets[i]:offsets[i+1]] is id i) and the ids classify reads (-1: none).")
+      .def("set_vocab", &ReplayCore::set_vocab, py::arg("vocab"), "Share a tokenizer's _ReplayVocab.")
       .def("explain", [](const ReplayCore& c, int64_t code, int64_t lcp, py::handle ptail, int64_t reused,
                          int64_t target) {
              const auto t = ids_of(ptail);

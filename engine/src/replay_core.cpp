@@ -275,24 +275,19 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
   return b.n;
 }
 
-void ReplayCore::set_vocab(std::string blob, std::vector<int64_t> offsets, int64_t im_start, int64_t assistant) {
-  if (offsets.empty() || offsets.front() != 0 || offsets.back() != int64_t(blob.size()))
+ReplayVocab::ReplayVocab(std::string b, std::vector<int64_t> o, int64_t ims, int64_t asst)
+    : blob(std::move(b)), off(std::move(o)), im_start(ims), assistant(asst) {
+  if (off.empty() || off.front() != 0 || off.back() != int64_t(blob.size()))
     throw std::invalid_argument("vocab offsets must start at 0 and end at the blob's size");
-  for (size_t i = 1; i < offsets.size(); ++i)
-    if (offsets[i] < offsets[i - 1]) throw std::invalid_argument("vocab offsets must not decrease");
-  vocab_ = std::move(blob);
-  vocab_off_ = std::move(offsets);
-  im_start_ = im_start;
-  assistant_ = assistant;
+  for (size_t i = 1; i < off.size(); ++i)
+    if (off[i] < off[i - 1]) throw std::invalid_argument("vocab offsets must not decrease");
 }
 
-std::string_view ReplayCore::token(int64_t id) const {
-  const int64_t n = int64_t(vocab_off_.size()) - 1;
-  if (id < 0 || id >= n)
-    throw std::invalid_argument("token id " + std::to_string(id) + " is out of range (0.." + std::to_string(n - 1) +
+std::string_view ReplayVocab::token(int64_t id) const {
+  if (id < 0 || id >= size())
+    throw std::invalid_argument("token id " + std::to_string(id) + " is out of range (0.." + std::to_string(size() - 1) +
                                 ")");
-  return std::string_view(vocab_).substr(size_t(vocab_off_[size_t(id)]),
-                                         size_t(vocab_off_[size_t(id) + 1] - vocab_off_[size_t(id)]));
+  return std::string_view(blob).substr(size_t(off[size_t(id)]), size_t(off[size_t(id) + 1] - off[size_t(id)]));
 }
 
 ReplayMiss ReplayCore::explain(int64_t code, int64_t lcp, const int32_t* ptail, int64_t nptail, int64_t reused,
@@ -377,9 +372,10 @@ ReplayMiss ReplayCore::explain(int64_t code, int64_t lcp, const int32_t* ptail, 
     return false;
   };
   auto in_assistant_turn = [&](int64_t pos) {
-    if (im_start_ < 0) return false;
+    const int64_t im_start = vocab_->im_start, assistant = vocab_->assistant;
+    if (im_start < 0) return false;
     for (int64_t j = std::min(pos, nh - 1); j >= 0; --j)
-      if (held[size_t(j)] == im_start_) return j + 1 < nh && assistant_ >= 0 && held[size_t(j) + 1] == assistant_;
+      if (held[size_t(j)] == im_start) return j + 1 < nh && assistant >= 0 && held[size_t(j) + 1] == assistant;
     return false;
   };
   if (lcp >= plen) {

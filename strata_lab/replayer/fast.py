@@ -240,7 +240,7 @@ def session_ends(partitions: list[str]) -> dict[str, int]:
 
     from strata_lab.dump.store_writer import segment_files
 
-    tables = [pq.read_table(f, columns=["session", "seq"]) for p in partitions for f in segment_files(p)]
+    tables = [pq.ParquetFile(f).read(columns=["session", "seq"]) for p in partitions for f in segment_files(p)]
     if not tables:
         return {}
     t = pa.concat_tables(tables)
@@ -263,7 +263,7 @@ def cost_samples(partitions: list[str]):
     seqs, reads, starts, times = [], [], [], []
     odd_rows: list = []  # (seq, read, reused, ms) of rows read one by one
     for f in (f for part in partitions for f in segment_files(part)):
-        t = pq.read_table(f, columns=cols)
+        t = pq.ParquetFile(f).read(columns=cols)
         extra = t["extra"]
         # extra fields (a replica, ...) leave these columns as they are unless they name one of the fields
         # read here (the substring test is conservative: such a row is read one by one)

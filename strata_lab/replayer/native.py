@@ -15,11 +15,9 @@ built column-wise from the batch's own columns and the core's outputs. Results a
 `fast.DomainSteps` (the Python reference the notebook pager still steps) and to the JSONL replay
 (tests/test_replay_native.py).
 
->>> from strata_lab.replayer.native import HeldView
->>> import numpy as np
->>> h = HeldView(np.array([5, 6, 7], dtype=np.int32))
->>> len(h), h[1], h[1:3], h[-1]
-(3, 6, [6, 7], 7)
+Why one module: reading a domain's batches, handing their buffers to the core, stepping the calls it
+leaves, and building the report's columns share one batch layout (`_ROW_COLUMNS` plus `_part`/`_row`, the
+core's input and output arrays); split apart, each piece would restate it.
 """
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ from strata_lab.replayer.rowtable import RowTable
 from strata_lab.replayer.state import FULL_HIT_RULES
 from strata_lab.replayer.step import COLUMNS, recorded_prefill_ms
 
-__all__ = ["replay_domain", "domain_batches", "HeldView", "native_available"]
+__all__ = ["replay_domain", "domain_batches", "native_available"]
 
 _CAUSES = CAUSES  # the core's cause codes index divergence.CAUSES
 _INT_OUTS = ("prompt_len", "held_before", "lcp", "reused", "target", "reread", "snapshots", "index", "gen_len",
@@ -63,24 +61,12 @@ _REPLAY_FIELDS = tuple(f'"{k}"' for k in ("session", "request_id", "ts", "call",
 
 
 def _touches_replay(extra: str) -> bool:
+    """Whether a row's extra fields may hold one `step` reads.
+
+    >>> _touches_replay('{"replica":"r0"}'), _touches_replay('{"reused":true}')
+    (False, True)
+    """
     return any(k in extra for k in _REPLAY_FIELDS)
-
-
-class HeldView(Sequence):
-    """A session's held ids (a numpy copy) read the way the divergence walk reads a list: slices are lists."""
-
-    __slots__ = ("a",)
-
-    def __init__(self, a):
-        self.a = a
-
-    def __len__(self):
-        return len(self.a)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return self.a[i].tolist()
-        return int(self.a[i])
 
 
 # --- reading: a domain's rows as Arrow batches in seq order ---------------------------------------
@@ -159,6 +145,30 @@ def _ints(col, null: int) -> np.ndarray:
     return pc.fill_null(col, null).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+_VOCABS: dict = {}  # id(tokenizer) -> (tokenizer, its _ReplayVocab): built once per tokenizer and process
+
+
+def _native_vocab(tok):
+    """The core's copy of `tok`'s bytes per id (None: the tokenizer cannot list them)."""
+    hit = _VOCABS.get(id(tok))
+    if hit is not None and hit[0] is tok:
+        return hit[1]
+    vb = getattr(tok, "vocab_bytes", None)
+    if vb is None:
+        return None
+    from strata_lab import _engine
+
+    blob, offsets = vb()
+    im_start = getattr(tok, "im_start_id", None)
+    assistant = _assistant_id(tok)
+    vocab = _engine._ReplayVocab(blob, np.asarray(offsets, dtype=np.int64), -1 if im_start is None else im_start,
+                                 -1 if assistant is None else assistant)
+    if len(_VOCABS) >= 4:
+        _VOCABS.clear()
+    _VOCABS[id(tok)] = (tok, vocab)
+    return vocab
+
+
 class _Domain:
     """The replay of one cache domain on the C++ core (see the module docstring)."""
 
@@ -184,14 +194,10 @@ class _Domain:
     def _vocab(self) -> bool:
         """Give the core the tokenizer's bytes (on the first miss: a replay without one never pays it)."""
         if self._has_vocab is None:
-            vb = getattr(self.tok, "vocab_bytes", None)
-            self._has_vocab = vb is not None
-            if vb is not None:
-                blob, offsets = vb()
-                im_start = getattr(self.tok, "im_start_id", None)
-                assistant = _assistant_id(self.tok)
-                self.core.set_vocab(blob, offsets, -1 if im_start is None else im_start,
-                                    -1 if assistant is None else assistant)
+            vocab = _native_vocab(self.tok)
+            self._has_vocab = vocab is not None
+            if vocab is not None:
+                self.core.set_vocab(vocab)
         return self._has_vocab
 
     def _code(self, sid: str) -> int:

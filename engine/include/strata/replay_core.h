@@ -102,6 +102,17 @@ struct ReplayMiss {
   int64_t row = -1;                         // the batch row (`run`'s misses)
 };
 
+// A tokenizer's bytes per id (id i is blob[off[i]:off[i+1]]) and the ids classify reads; built once per
+// tokenizer and shared by every core.
+struct ReplayVocab {
+  std::string blob;
+  std::vector<int64_t> off;
+  int64_t im_start = -1, assistant = -1;  // -1: none
+  ReplayVocab(std::string blob, std::vector<int64_t> off, int64_t im_start, int64_t assistant);
+  int64_t size() const { return int64_t(off.size()) - 1; }
+  std::string_view token(int64_t id) const;
+};
+
 class ReplayCore {
  public:
   explicit ReplayCore(ReplayRules rules);
@@ -126,9 +137,8 @@ class ReplayCore {
                      const int32_t* ckpts, int64_t nckpts, int64_t part, int64_t row);
   void add_recorded_ms(double ms);
 
-  // The tokenizer's bytes per id (blob + offsets, count + 1 of them) and the ids classify reads.
-  void set_vocab(std::string blob, std::vector<int64_t> offsets, int64_t im_start, int64_t assistant);
-  bool has_vocab() const { return !vocab_off_.empty(); }
+  void set_vocab(std::shared_ptr<const ReplayVocab> vocab) { vocab_ = std::move(vocab); }
+  bool has_vocab() const { return vocab_ != nullptr; }
   // The divergence of prompt = held[:lcp] + ptail from the session's held ids (lcp < held), and its cause
   // given the call's plan (reused, target). Changes nothing.
   ReplayMiss explain(int64_t code, int64_t lcp, const int32_t* ptail, int64_t nptail, int64_t reused,
@@ -147,12 +157,10 @@ class ReplayCore {
   void snapshot_span(ReplaySession& s, int64_t start, int64_t end, bool prompt_end);
   void note_peak(int64_t code, const ReplaySession& s);
 
-  std::string_view token(int64_t id) const;
+  std::string_view token(int64_t id) const { return vocab_->token(id); }
 
   ReplayRules rules_;
-  std::string vocab_;
-  std::vector<int64_t> vocab_off_;
-  int64_t im_start_ = -1, assistant_ = -1;
+  std::shared_ptr<const ReplayVocab> vocab_;
   std::vector<ReplayMiss> misses_;
   std::unordered_map<int64_t, std::unique_ptr<ReplaySession>> sessions_;
   std::unordered_map<int64_t, int64_t> peak_;  // code -> most snapshot bytes it held (kept after close)

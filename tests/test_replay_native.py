@@ -1,0 +1,240 @@
+"""The replay's C++ core (strata_lab._engine._ReplayCore) against the Python code it mirrors: the state model
+(SessionState), the divergence walk and classify, and the whole store replay (fast.DomainSteps), on
+generated sessions that extend, retry, edit, drop drained ids and re-encode replies."""
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from strata_lab.dump import Store, convert_jsonl
+from strata_lab.replayer import fast, native
+from strata_lab.replayer.core import resolve_options
+from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.divergence import CAUSES, classify, find_divergence
+from strata_lab.replayer.state import FULL_HIT_RULES, SessionState, parse_checkpoint_policy
+from strata_lab.text.ids import lcp_len
+
+pytestmark = pytest.mark.skipif(not native.native_available(), reason="needs the compiled engine")
+
+WORDS = ["the", " cat", " öğrenci", " naïve", "\n\n", " 東京", "<think>", "</think>", " is", " here", "!!", " 123",
+         "ab", " café", "\n", " ", "--", " résumé", "x", " 🙂", "<|im_start|>assistant\n", "<|im_start|>user\n",
+         "<|im_end|>\n"]
+POLICIES = ["turn", "none", "every:4", "at:3,9,20", "budget:3:3", "budget:2", "header", "every:8,header"]
+HYPO = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def pieces(tok, words, rng):
+    """Words as ids; some split into per-character ids (a reply's own pieces, not BPE's)."""
+    out = []
+    for w in words:
+        ids = tok.encode(w)
+        if rng.random() < 0.3 and len(w) > 1 and not w.startswith("<"):
+            ids = [i for ch in w for i in tok.encode(ch)]
+        out += ids
+    return out
+
+
+def new_core(model, spec, full_hit, *, bytes_per_snapshot=2**20, recorded=False):
+    from strata_lab import _engine
+
+    st_ = SessionState(model=model, policy=parse_checkpoint_policy(spec), full_hit=full_hit,
+                       bytes_per_snapshot=bytes_per_snapshot)
+    p = st_.policy
+    core = _engine._ReplayCore(hybrid=model == "hybrid", full_hit=FULL_HIT_RULES.index(full_hit), every=p.every,
+                               positions=list(p.positions), at_prompt_end=p.at_prompt_end,
+                               before_last=-1 if p.before_last is None else p.before_last,
+                               capacity=-1 if st_.capacity is None else st_.capacity,
+                               bytes_per_snapshot=bytes_per_snapshot, recorded_checkpoints=recorded)
+    return core, st_
+
+
+# --- the state model ------------------------------------------------------------------------------
+@HYPO
+@given(model=st.sampled_from(["hybrid", "attention"]), spec=st.sampled_from(POLICIES),
+       full_hit=st.sampled_from(FULL_HIT_RULES),
+       calls=st.lists(st.tuples(st.floats(0, 1.2), st.lists(st.sampled_from([5, 6, 7, 151644, 9]), max_size=12),
+                                st.integers(0, 6), st.integers(0, 2)), min_size=1, max_size=12))
+def test_core_steps_like_the_state_model(model, spec, full_hit, calls):
+    core, ref = new_core(model, spec, full_hit)
+    core.open(0)
+    peak = 0
+    for n, (keep, new, ngen, ndrained) in enumerate(calls):
+        held = list(ref.held)
+        cut = min(int(keep * len(held)), len(held))
+        prompt = held[:cut] + new
+        lcp = lcp_len(prompt, held)
+        pred = ref.plan(prompt)
+        assert core.plan(0, len(prompt), lcp) == (pred.target, pred.reused, pred.restored_checkpoint)
+        ref.apply(prompt, pred)
+        gen, drained = [11] * ngen, [12] * ndrained
+        ref.finish(gen, drained)
+        out = core.advance(0, len(prompt), lcp, prompt[lcp:], gen, drained, None, 0, n)
+        assert out == (len(held), lcp, pred.reused, pred.target, len(ref.checkpoints), n)
+        assert core.held(0).tolist() == ref.held
+        assert core.checkpoints(0) == list(ref.checkpoints)  # the LRU order too
+        assert core.segments(0) == ref.segments
+        assert core.calls(0) == ref.calls == n + 1
+        peak = max(peak, ref.snapshot_bytes())
+    assert core.peak_bytes == peak
+
+
+# --- the divergence walk and the cause ---------------------------------------------------------------
+@HYPO
+@given(words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=30), reply=st.lists(st.sampled_from(WORDS), max_size=12),
+       drained=st.lists(st.sampled_from(WORDS), max_size=3), cut=st.floats(0, 1),
+       edit=st.lists(st.sampled_from(WORDS), max_size=4), tail=st.lists(st.sampled_from(WORDS), max_size=12),
+       rebpe=st.booleans(), seed=st.integers(0, 2**16))
+def test_explain_matches_find_divergence_and_classify(qwen3, words, reply, drained, cut, edit, tail, rebpe, seed):
+    rng = random.Random(seed)
+    core, ref = new_core("hybrid", "turn", "held_logits")
+    core.set_vocab(native._native_vocab(qwen3))
+    core.open(0)
+    p1, gen, dr = pieces(qwen3, words, rng), pieces(qwen3, reply, rng), pieces(qwen3, drained, rng)
+    ref.call(p1)
+    ref.finish(gen, dr)
+    core.advance(0, len(p1), 0, p1, gen, dr, None, 0, 0)
+    text = words + reply + drained
+    k = int(cut * len(text))
+    new_words = text[:k] + edit + text[k:] + tail
+    prompt = qwen3.encode("".join(new_words)) if rebpe else pieces(qwen3, new_words, rng)
+    held = ref.held
+    lcp = lcp_len(prompt, held)
+    if lcp >= len(held):
+        return
+    pred = ref.plan(prompt)
+    want = find_divergence(held, prompt, qwen3, lcp_ids=lcp)
+    cause = classify(held=held, prompt=prompt, segments=ref.segments, div=want, reused=pred.reused,
+                     target=pred.target, tok=qwen3, first_call=False, lcp_ids=lcp)
+    m = core.explain(0, lcp, prompt[lcp:], pred.reused, pred.target)
+    assert native._miss_divergence(m, lcp, 40) == want
+    assert CAUSES[m[5]] == cause
+
+
+# --- the whole store replay -------------------------------------------------------------------------
+def _agent_dump(path, tok, rng, *, sessions=4, calls=14, replicas=2, odd=True):
+    """Sessions over two days and several replicas: turns that extend, re-encode the reply, edit history,
+    retry, drop drained ids; a few lines the columns cannot hold alone (extra fields, spaced JSON)."""
+    held: dict = {}
+    texts: dict = {}
+    lines = []
+    for i in range(sessions * calls):
+        sid = rng.randrange(sessions)
+        words = texts.get(sid, [])
+        h = held.get(sid, [])
+        op = rng.random()
+        if op < 0.45 or not h:      # the next turn: held as the model wrote it, plus new words
+            prompt = h + pieces(tok, [rng.choice(WORDS) for _ in range(rng.randrange(1, 8))], rng)
+        elif op < 0.65:             # the client re-encodes the whole conversation (BPE pieces)
+            prompt = tok.encode("".join(words)) + tok.encode(rng.choice(WORDS))
+        elif op < 0.8:              # history edited somewhere
+            k = rng.randrange(len(words) + 1)
+            prompt = pieces(tok, words[:k] + [rng.choice(WORDS)] + words[k:], rng)
+        else:                       # a retry of an earlier prefix
+            prompt = h[:rng.randrange(len(h) + 1)]
+        reply_words = [rng.choice(WORDS) for _ in range(rng.randrange(0, 6))]
+        gen = pieces(tok, reply_words, rng)
+        drained = pieces(tok, [rng.choice(WORDS)], rng) if rng.random() < 0.2 else []
+        rec = {"schema": "strata-dump/1", "ts": 1.7e9 + i * 700.0, "request_id": f"q{i}", "session": f"s{sid}",
+               "call": 0, "prompt_ids": prompt, "reused": 0, "gen_ids": gen, "drained_ids": drained,
+               "finish": "stop", "timings": {"prefill_ms": 1.0 + 0.01 * len(prompt), "decode_ms": 2.0},
+               "checkpoints": [len(prompt)], "replica": f"r{sid % replicas}"}
+        line = orjson.dumps(rec)
+        if odd and rng.random() < 0.08:
+            line = orjson.dumps({**rec, "ts": int(rec["ts"])})                      # an int ts: an extra field
+        elif odd and rng.random() < 0.05:
+            line = line.replace(b'","', b'", "', 1)                                 # not orjson's writing: raw
+        lines.append(line)
+        held[sid] = prompt + gen + drained
+        texts[sid] = [tok.decode([t]) for t in held[sid]]
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines) + b"\n")
+
+
+def _same_domain_replay(store, tok, **kw):
+    opts = resolve_options(**kw)
+    cm = fast.fit_cost_store(store)
+    for parts in store.domains().values():
+        a = fast.replay_domain(parts, opts, tok, cm)
+        b = native.replay_domain(parts, opts, tok, cm)
+        assert list(a[0]) == list(b[0])
+        assert a[1].table().equals(b[1].table()) or a[1].table().to_pylist() == b[1].table().to_pylist()
+        assert a[2:] == b[2:]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**20), model=st.sampled_from(["hybrid", "attention"]),
+       checkpoints=st.sampled_from([None, "every:16", "header", "recorded", "budget:300:32"]))
+def test_store_replay_on_the_core_equals_the_python_reference(qwen3, seed, model, checkpoints):
+    with tempfile.TemporaryDirectory() as d:
+        _agent_dump(os.path.join(d, "a.jsonl"), qwen3, random.Random(seed))
+        convert_jsonl(os.path.join(d, "a.jsonl"), os.path.join(d, "s"), row_group_rows=16)
+        _same_domain_replay(Store(os.path.join(d, "s")), qwen3, model=model, checkpoint_policy=checkpoints)
+
+
+def test_generated_fleet_replays_the_same_on_the_core(qwen3, tmp_path):
+    from strata_lab.fleet import FleetConfig, write_fleet
+
+    write_fleet(tmp_path / "f.jsonl", FleetConfig(sessions=10, replicas=2, seed=5), tokenizer=qwen3)
+    convert_jsonl(tmp_path / "f.jsonl", tmp_path / "s")
+    store = Store(tmp_path / "s")
+    _same_domain_replay(store, qwen3)
+    rows = native.replay_domain(next(iter(store.domains().values())), resolve_options(), qwen3, None)[1]
+    causes = set(rows.column("cause"))
+    assert {"retokenized_reply", "template_rewrite"} <= causes or {"history_edit"} <= causes, causes
+
+
+def test_core_refuses_bad_batches_naming_the_field():
+    core, _ = new_core("hybrid", "turn", "held_logits")
+    n = 3
+    i64 = np.zeros(n, dtype=np.int64)
+    offs = np.zeros(n + 1, dtype=np.int32)
+    vals = np.zeros(0, dtype=np.int32)
+    ins = [i64, np.zeros(n, np.uint8), np.zeros(n, np.uint8), i64, i64, i64 - 1, i64, i64, offs, vals, offs, vals,
+           offs, vals, offs, vals, np.zeros(n)]
+    outs = tuple([np.zeros(n, np.int64) for _ in range(11)] + [np.zeros(n, np.int8)])
+    assert core.run(0, tuple(ins), outs) == n  # empty prompts: valid
+    bad = list(ins)
+    bad[6] = i64.astype(np.int32)
+    with pytest.raises(ValueError, match="shared"):
+        core.run(0, tuple(bad), outs)
+    bad = list(ins)
+    bad[8] = np.array([0, 5, 5, 5], np.int32)  # offsets past the values
+    with pytest.raises(ValueError, match="suffix offsets"):
+        core.run(0, tuple(bad), outs)
+    with pytest.raises(ValueError, match="cause"):
+        core.run(0, tuple(ins), outs[:-1] + (np.zeros(n, np.int64),))
+    with pytest.raises(ValueError, match="17 arrays"):
+        core.run(0, tuple(ins[:-1]), outs)
+    with pytest.raises(IndexError):
+        core.held(99)
+    from strata_lab import _engine
+
+    with pytest.raises(ValueError, match="offsets"):
+        _engine._ReplayVocab(b"abc", np.array([0, 2], np.int64), -1, -1)
+
+
+def test_rowtable_takes_batches_and_rows_in_order(qwen3, tmp_path):
+    from strata_lab.replayer.rowtable import RowTable
+
+    _agent_dump(tmp_path / "a.jsonl", qwen3, random.Random(1), sessions=2, calls=6, replicas=1, odd=False)
+    convert_jsonl(tmp_path / "a.jsonl", tmp_path / "s")
+    parts = next(iter(Store(tmp_path / "s").domains().values()))
+    cm = CostModel(0.01, 1e-6)  # no NaN seconds: rows compare equal field by field
+    rows = list(native.replay_domain(parts, resolve_options(), qwen3, cm)[1])
+    t = RowTable(chunk=5)
+    ref = native.replay_domain(parts, resolve_options(), qwen3, cm)[1].batches()
+    t.append(rows[0])
+    t.append_batch(ref[0].slice(1, 4))
+    t.append(rows[5])
+    t.append_batch(ref[0].slice(6))
+    for b in ref[1:]:
+        t.append_batch(b)
+    assert len(t) == len(rows) and list(t) == rows and t[3] == rows[3] and t[-1] == rows[-1]
+    with pytest.raises(ValueError, match="columns"):
+        t.append_batch(ref[0].select(["session"]))
