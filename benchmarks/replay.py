@@ -7,7 +7,10 @@ in-process vs Dask, and peak memory. Every ratio is against a peer measured in t
 Workloads: "random" (the synthetic agent-like dump this benchmark always used: sessions whose prompts grow
 turn by turn with random ids) and "fleet" (strata_lab.fleet: agent sessions rendered with the real template
 and tokenizer, tiled --tile times with renamed sessions so the trace is large without generating it all).
-"old replay" is `replay(dump.jsonl)` (the record path of this checkout). "baseline" is the replay of the code
+"old replay" is `replay(dump.jsonl)` (the record path of this checkout); "new" is `replay(store)` (the C++ replay
+core, strata_lab/replayer/native.py), also timed per domain against its Python reference (fast.DomainSteps).
+"plain store read" reads every row as Python values (what a Python consumer of the store does at least); the
+stricter "Arrow batches only" reads the same columns in seq order without a Python value per row. "baseline" is the replay of the code
 when the fleet-scale issue was filed (git rev --baseline-rev, checked out and built once under
 build/replay-baseline/, or an existing built checkout given with --baseline-dir), run on the same JSONL in a
 child interpreter in the same run, tokenizer loaded before the clock starts: the "today's rate" the issue's
@@ -151,7 +154,10 @@ def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
     from strata_lab.dump import load_dump
     from strata_lab.replayer import replay
     from strata_lab.dump import Store, convert_jsonl
-    from strata_lab.replayer.fast import domain_rows
+    from strata_lab.replayer import fast, native
+    from strata_lab.replayer.core import resolve_options
+    from strata_lab.replayer.fast import domain_rows, fit_cost_store
+    from strata_lab.replayer.native import domain_batches
 
     mb = os.path.getsize(path) / 2**20
     print(f"\n== {name}: {calls} calls, {mb:.1f} MB JSONL")
@@ -171,10 +177,14 @@ def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
 
     st = Store(store)
 
-    def read_store():  # what any replay must do at least: read every row of the store
+    def read_store():  # what any replay must do at least: read every row of the store (as Python values)
         assert sum(1 for _ in domain_rows(st.partitions)) == calls
 
+    def read_arrow():  # stricter: the store's batches in seq order, no Python value per row
+        assert sum(b.num_rows for parts in st.domains().values() for b in domain_batches(parts)) == calls
+
     t_ours, t_plain, t_read = best_of(ours), best_of(plain), best_of(read_store)
+    t_arrow = best_of(read_arrow)
     print(f"ingest    : load_dump (orjson) {mb / t_ours:7.1f} MB/s | json.loads {mb / t_plain:7.1f} MB/s | "
           f"{t_plain / t_ours:.2f}x")
     print(f"convert   : JSONL -> Parquet {mb / t_conv:7.1f} MB/s | store read {mb / t_read:7.1f} MB/s of JSONL "
@@ -192,7 +202,17 @@ def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
     del old
     print(f"replay    : old (JSONL records) {calls / t_old:8.0f} calls/s {ids / t_old / 1e6:7.2f} M ids/s")
     print(f"            new (store, delta)  {calls / t_new:8.0f} calls/s {ids / t_new / 1e6:7.2f} M ids/s | "
-          f"{t_old / t_new:.1f}x the old path; {t_read / t_new:.2f}x the plain store read (target >= 0.5x)")
+          f"{t_old / t_new:.1f}x the old path; {t_read / t_new:.2f}x the plain store read (target >= 0.5x); "
+          f"{t_arrow / t_new:.2f}x reading its Arrow batches only")
+    opts = resolve_options()
+    cm = fit_cost_store(st)
+
+    def per_domain(fn):
+        return lambda: [fn(parts, opts, tok, cm) for parts in st.domains().values()]
+
+    t_core, t_py = best_of(per_domain(native.replay_domain)), best_of(per_domain(fast.replay_domain), n=2)
+    print(f"            C++ replay core {calls / t_core:8.0f} calls/s | Python reference (fast.DomainSteps) "
+          f"{calls / t_py:8.0f} calls/s | {t_py / t_core:.1f}x")
     if baseline is not None:
         b_calls, b_ids, b_dt = min((baseline_rate(baseline, path) for _ in range(2)), key=lambda t: t[2])
         assert b_calls == calls

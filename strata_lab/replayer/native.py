@@ -355,14 +355,33 @@ class _Domain:
         types = _arrow_types()
         col = b.column
 
+        # rows with their own values (stepped in Python) and rows with divergence contexts (every miss)
+        own = {i: o for i, o in over.items() if "session" in o}
+        ctx_rows = sorted(i for i, o in over.items() if "id_context_held" in o)
+        mask = None
+        if ctx_rows:
+            m = np.zeros(n, dtype=bool)
+            m[ctx_rows] = True
+            mask = pa.array(m)
+
         def patched(name, base):  # a column with the Python-stepped rows' own values
-            rows = [(i, o[name]) for i, o in over.items() if name in o]
-            if not rows:
+            if not own:
                 return base
             vals = base.to_pylist() if isinstance(base, (pa.Array, pa.ChunkedArray)) else list(base)
-            for i, v in rows:
-                vals[i] = v
+            for i, o in own.items():
+                vals[i] = o[name]
             return pa.array(vals, type=types[name])
+
+        def contexts(name, empty):  # "" / () except on the misses
+            if mask is None:
+                return empty
+            vals = [over[i][name] for i in ctx_rows]
+            if name in ("held_ids_at", "prompt_ids_at"):
+                out = [[]] * n
+                for i, v in zip(ctx_rows, vals):
+                    out[i] = v
+                return pa.array(out, type=types[name])
+            return pc.replace_with_mask(empty, mask, pa.array(vals, type=pa.string()))
 
         reused = outs["reused"]
         plen = outs["prompt_len"]
@@ -393,10 +412,11 @@ class _Domain:
         arrays = []
         for name in COLUMNS:
             v = data[name]
-            if name in ("session", "request_id", "call", "ts", "recorded_reused", "prefill_ms", "id_context_held",
-                        "id_context_prompt", "text_context_held", "text_context_prompt", "held_ids_at",
-                        "prompt_ids_at"):
+            if name in ("session", "request_id", "call", "ts", "recorded_reused", "prefill_ms"):
                 v = patched(name, v)
+            elif name in ("id_context_held", "id_context_prompt", "text_context_held", "text_context_prompt",
+                          "held_ids_at", "prompt_ids_at"):
+                v = contexts(name, v)
             arrays.append(v if isinstance(v, pa.Array) else pa.array(v, type=types[name]))
         arrays = [a.cast(types[name]) if a.type != types[name] else a for name, a in zip(COLUMNS, arrays)]
         return pa.RecordBatch.from_arrays(arrays, names=COLUMNS)
