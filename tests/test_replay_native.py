@@ -238,3 +238,23 @@ def test_rowtable_takes_batches_and_rows_in_order(qwen3, tmp_path):
     assert len(t) == len(rows) and list(t) == rows and t[3] == rows[3] and t[-1] == rows[-1]
     with pytest.raises(ValueError, match="columns"):
         t.append_batch(ref[0].select(["session"]))
+
+
+def test_read_ahead_keeps_order_raises_in_order_and_stops_when_closed():
+    import threading
+
+    def gen(n, fail_at=None):
+        for i in range(n):
+            if i == fail_at:
+                raise OSError("disk gone")
+            yield i
+
+    assert list(native._read_ahead(gen(50))) == list(range(50))
+    it = native._read_ahead(gen(10, fail_at=4))
+    assert [next(it) for _ in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(OSError, match="disk gone"):
+        next(it)
+    it = native._read_ahead(gen(10**6))
+    assert next(it) == 0
+    it.close()  # the reader thread is joined, not left reading a million items
+    assert not any(t.name == "strata-replay-read" for t in threading.enumerate())

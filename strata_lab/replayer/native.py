@@ -127,6 +127,49 @@ def domain_batches(partitions: list[str], batch_rows: int = 1024) -> Iterator:
         yield t.combine_chunks().to_batches()[0]
 
 
+def _read_ahead(batches: Iterator, depth: int = 2) -> Iterator:
+    """`batches`, read up to `depth` ahead on a thread: Parquet decoding (which releases the GIL) overlaps
+    the replay of the batch before. Errors are raised here, in order; closing the iterator stops the reader."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def reader():
+        try:
+            for b in batches:
+                if not put((b, None)):
+                    return
+            put((done, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put((None, exc))
+
+    t = threading.Thread(target=reader, name="strata-replay-read", daemon=True)
+    t.start()
+    try:
+        while True:
+            item, exc = q.get()
+            if exc is not None:
+                raise exc
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        t.join()
+
+
 # --- one batch's inputs for the core ---------------------------------------------------------------
 def _list_buffers(col):
     """(offsets int32, values int32) of an Arrow list<int32> column (values: the whole child buffer)."""
@@ -208,7 +251,7 @@ class _Domain:
 
     def batches(self, progress=None) -> Iterator[tuple[np.ndarray, object]]:
         """(seqs, report rows as a record batch) per input batch."""
-        for b in domain_batches(self.partitions):
+        for b in _read_ahead(domain_batches(self.partitions)):
             out = self._batch(b)
             if progress is not None:
                 progress.update(b.num_rows)
