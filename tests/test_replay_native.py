@@ -159,7 +159,8 @@ def _agent_dump(path, tok, rng, *, sessions=4, calls=14, replicas=2, odd=True):
 def _same_domain_replay(store, tok, **kw):
     opts = resolve_options(**kw)
     cm = fast.fit_cost_store(store)
-    for parts in store.domains().values():
+    # each cache domain, and the whole store merged by seq (its replicas' rows interleave)
+    for parts in [*store.domains().values(), store.partitions]:
         a = fast.replay_domain(parts, opts, tok, cm)
         b = native.replay_domain(parts, opts, tok, cm)
         assert list(a[0]) == list(b[0])
@@ -196,7 +197,7 @@ def test_core_refuses_bad_batches_naming_the_field():
     offs = np.zeros(n + 1, dtype=np.int32)
     vals = np.zeros(0, dtype=np.int32)
     ins = [i64, np.zeros(n, np.uint8), np.zeros(n, np.uint8), i64, i64, i64 - 1, i64, i64, offs, vals, offs, vals,
-           offs, vals, offs, vals, np.zeros(n)]
+           offs, vals, offs, vals, np.zeros(n), np.zeros(0, np.int64)]
     outs = tuple([np.zeros(n, np.int64) for _ in range(11)] + [np.zeros(n, np.int8)])
     assert core.run(0, tuple(ins), outs) == n  # empty prompts: valid
     bad = list(ins)
@@ -209,7 +210,11 @@ def test_core_refuses_bad_batches_naming_the_field():
         core.run(0, tuple(bad), outs)
     with pytest.raises(ValueError, match="cause"):
         core.run(0, tuple(ins), outs[:-1] + (np.zeros(n, np.int64),))
-    with pytest.raises(ValueError, match="17 arrays"):
+    bad = list(ins)
+    bad[17] = np.array([0, 1, 3])  # a perm must stay inside the batch
+    with pytest.raises(ValueError, match="perm"):
+        core.run(0, tuple(bad), outs)
+    with pytest.raises(ValueError, match="18 arrays"):
         core.run(0, tuple(ins[:-1]), outs)
     with pytest.raises(IndexError):
         core.held(99)

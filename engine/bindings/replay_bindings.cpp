@@ -97,7 +97,7 @@ void register_replay(py::module_& m) {
            py::arg("recorded_checkpoints"))
       .def("run",
            [](ReplayCore& c, int64_t start, py::tuple ins, py::tuple outs) {
-             if (ins.size() != 17) throw py::value_error("run: ins must hold 17 arrays");
+             if (ins.size() != 18) throw py::value_error("run: ins must hold 18 arrays");
              if (outs.size() != 12) throw py::value_error("run: outs must hold 12 arrays");
              ReplayBatch b;
              const py::ssize_t n = py::cast<py::array>(ins[0]).shape(0);
@@ -111,7 +111,7 @@ void register_replay(py::module_& m) {
              b.parent = in_ptr<int64_t>(ins, 5, "parent", n);
              b.shared = in_ptr<int64_t>(ins, 6, "shared", n);
              b.prompt_len = in_ptr<int64_t>(ins, 7, "prompt_len", n);
-             b.suffix_off = in_ptr<int32_t>(ins, 8, "suffix_off", n + 1);
+             b.suffix_off = in_ptr<int32_t>(ins, 8, "suffix_off", n + 1);  // (a perm's lists: as many rows)
              b.suffix = in_ptr<int32_t>(ins, 9, "suffix", 0);
              b.gen_off = in_ptr<int32_t>(ins, 10, "gen_off", n + 1);
              b.gen = in_ptr<int32_t>(ins, 11, "gen", 0);
@@ -120,17 +120,27 @@ void register_replay(py::module_& m) {
              b.ckpt_off = in_ptr<int32_t>(ins, 14, "ckpt_off", n + 1);
              b.ckpt = in_ptr<int32_t>(ins, 15, "ckpt", 0);
              b.prefill_ms = in_ptr<double>(ins, 16, "prefill_ms", n);
+             const py::ssize_t np_ = py::cast<py::array>(ins[17]).shape(0);
+             if (np_ != 0 && np_ != n) throw py::value_error("replay batch field perm: expected 0 or n values");
+             b.perm = np_ ? in_ptr<int64_t>(ins, 17, "perm", n) : nullptr;
+             py::ssize_t list_rows = n;  // rows of the list columns (the perm's range)
              // the offsets must index inside their values
              const struct { const int32_t* off; const char* name; size_t k; } lists[] = {
                  {b.suffix_off, "suffix", 9}, {b.gen_off, "gen", 11}, {b.drained_off, "drained", 13},
                  {b.ckpt_off, "ckpt", 15}};
              for (const auto& l : lists) {
                const py::ssize_t nv = py::cast<py::array>(ins[l.k]).shape(0);
-               for (py::ssize_t i = 0; i < n; ++i)
+               if (py::cast<py::array>(ins[l.k - 1]).shape(0) != list_rows + 1)
+                 throw py::value_error(std::string("run: ") + l.name + " offsets must hold n + 1 values");
+               for (py::ssize_t i = 0; i < list_rows; ++i)
                  if (l.off[i] < 0 || l.off[i + 1] < l.off[i] || l.off[i + 1] > nv)
                    throw py::value_error(std::string("run: ") + l.name + " offsets out of range at row " +
                                          std::to_string(i));
              }
+             if (b.perm)
+               for (py::ssize_t i = 0; i < n; ++i)
+                 if (b.perm[i] < 0 || b.perm[i] >= list_rows)
+                   throw py::value_error("run: perm out of range at row " + std::to_string(i));
              ReplayOut o;
              o.prompt_len = out_ptr<int64_t>(outs, 0, "prompt_len", n);
              o.held_before = out_ptr<int64_t>(outs, 1, "held_before", n);

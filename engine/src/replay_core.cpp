@@ -214,8 +214,9 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
     auto it = sessions_.find(code);
     ReplaySession* s = it == sessions_.end() ? nullptr : it->second.get();
     const int64_t held_before = s ? int64_t(s->held.size()) : 0;
-    const int32_t* suffix = b.suffix + b.suffix_off[i];
-    const int64_t ns = b.suffix_off[i + 1] - b.suffix_off[i];
+    const int64_t r = b.perm ? b.perm[i] : i;  // the row of the id lists
+    const int32_t* suffix = b.suffix + b.suffix_off[r];
+    const int64_t ns = b.suffix_off[r + 1] - b.suffix_off[r];
     int64_t plen, lcp, tail_from;
     if (b.parent[i] < 0) {  // a whole prompt
       plen = ns;
@@ -243,22 +244,22 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
     const int32_t* go = b.gen_off;
     const int32_t* dof = b.drained_off;
     const int32_t* co = b.ckpt_off;
-    const int64_t ngen = go ? go[i + 1] - go[i] : 0, ndr = dof ? dof[i + 1] - dof[i] : 0;
-    const int64_t nck = co ? co[i + 1] - co[i] : 0;
-    const ReplayStep r = advance(code, plen, lcp, suffix + tail_from, ns - tail_from, go ? b.gen + go[i] : nullptr,
-                                 ngen, dof ? b.drained + dof[i] : nullptr, ndr, co ? b.ckpt + co[i] : nullptr, nck,
-                                 b.part[i], b.row[i]);
+    const int64_t ngen = go ? go[r + 1] - go[r] : 0, ndr = dof ? dof[r + 1] - dof[r] : 0;
+    const int64_t nck = co ? co[r + 1] - co[r] : 0;
+    const ReplayStep st = advance(code, plen, lcp, suffix + tail_from, ns - tail_from, go ? b.gen + go[r] : nullptr,
+                                  ngen, dof ? b.drained + dof[r] : nullptr, ndr, co ? b.ckpt + co[r] : nullptr, nck,
+                                  b.part[i], b.row[i]);
     // a hit: the prompt extends held (lcp_text = held_before), or the session held nothing
     const int64_t lcp_text = miss ? m.lcp_text : held_before;
-    const int64_t useful = std::min(std::min(lcp_text, held_before), lcp_text >= plen ? r.target : lcp_text);
+    const int64_t useful = std::min(std::min(lcp_text, held_before), lcp_text >= plen ? st.target : lcp_text);
     out.prompt_len[i] = plen;
     out.held_before[i] = held_before;
     out.lcp[i] = lcp;
-    out.reused[i] = r.reused;
-    out.target[i] = r.target;
-    out.reread[i] = std::max<int64_t>(useful - r.reused, 0);
-    out.snapshots[i] = r.snapshots;
-    out.index[i] = r.index;
+    out.reused[i] = st.reused;
+    out.target[i] = st.target;
+    out.reread[i] = std::max<int64_t>(useful - st.reused, 0);
+    out.snapshots[i] = st.snapshots;
+    out.index[i] = st.index;
     out.gen_len[i] = ngen;
     out.drained_len[i] = ndr;
     out.lcp_text[i] = lcp_text;
@@ -266,7 +267,7 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
       out.cause[i] = m.cause;
       misses_.push_back(std::move(m));
     } else {
-      out.cause[i] = held_before == 0 ? kCauseNewSession : (r.reused >= r.target ? kCauseNone : kCauseCheckpoint);
+      out.cause[i] = held_before == 0 ? kCauseNewSession : (st.reused >= st.target ? kCauseNone : kCauseCheckpoint);
     }
     const double t = b.prefill_ms[i];
     if (!std::isnan(t)) add_recorded_ms(t);

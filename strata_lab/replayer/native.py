@@ -43,6 +43,8 @@ _CAUSES = CAUSES  # the core's cause codes index divergence.CAUSES
 _INT_OUTS = ("prompt_len", "held_before", "lcp", "reused", "target", "reread", "snapshots", "index", "gen_len",
              "drained_len", "lcp_text")
 _LIST_COLUMNS = ("suffix_ids", "gen_ids", "drained_ids", "checkpoints")
+_SCALARS = [c for c in _ROW_COLUMNS if c not in _LIST_COLUMNS] + ["_part", "_row"]
+_NO_PERM = np.zeros(0, dtype=np.int64)
 
 
 def native_available() -> bool:
@@ -90,17 +92,24 @@ def _partition_batches(partition: str, k: int, batch_rows: int):
 
 
 def domain_batches(partitions: list[str], batch_rows: int = 1024) -> Iterator:
-    """A cache domain's rows as record batches in seq order (`_ROW_COLUMNS` plus `_part`, `_row`).
+    """A cache domain's rows as record batches in seq order (`_ROW_COLUMNS` plus `_part`, `_row`)."""
+    for b, perm in _domain_pieces(partitions, batch_rows):
+        yield b if perm is None else b.take(perm)
 
-    Several partitions (a replica's days) are merged a batch at a time: each round takes, from every
-    partition's current batch, the rows up to the smallest of their last seqs (no row later in any
-    partition can come before them), and sorts those by seq (stable: ties keep partition order, as
-    `fast.domain_rows`' heap merge does).
+
+def _domain_pieces(partitions: list[str], batch_rows: int = 1024) -> Iterator:
+    """(batch, perm): a cache domain's rows a batch at a time; row perm[i] of the batch is its i-th in seq
+    order (perm None: the batch is in order). Several partitions (a replica's days, or a whole store) are
+    merged a batch at a time: each round takes, from every partition's current batch, the rows up to the
+    smallest of their last seqs (no row later in any partition can come before them). The order is stable
+    (ties keep partition order, as `fast.domain_rows`' heap merge does); the batch is not gathered (its id
+    lists are large), only ordered.
     """
     import pyarrow as pa
 
     if len(partitions) == 1:
-        yield from _partition_batches(partitions[0], 0, batch_rows)
+        for b in _partition_batches(partitions[0], 0, batch_rows):
+            yield b, None
         return
     its = [_partition_batches(p, k, batch_rows) for k, p in enumerate(partitions)]
     heads: list = [next(it, None) for it in its]
@@ -118,13 +127,13 @@ def domain_batches(partitions: list[str], batch_rows: int = 1024) -> Iterator:
             heads[k] = rest if rest.num_rows else next(its[k], None)
         pieces = [p for p in pieces if p.num_rows]
         if len(pieces) == 1:  # one partition's rows only (a replica's days follow each other)
-            yield pieces[0]
+            yield pieces[0], None
             continue
-        t = pa.Table.from_batches(pieces)
-        s = t.column("seq").to_numpy()
-        if not (np.diff(s) >= 0).all():
-            t = t.take(np.argsort(s, kind="stable"))
-        yield t.combine_chunks().to_batches()[0]
+        t = pa.Table.from_batches(pieces).combine_chunks()
+        b = t.to_batches()[0]
+        s = b.column("seq").to_numpy()
+        perm = np.argsort(s, kind="stable")
+        yield b, (None if (np.diff(s) >= 0).all() else perm)
 
 
 def _read_ahead(batches: Iterator, depth: int = 2) -> Iterator:
@@ -251,17 +260,18 @@ class _Domain:
 
     def batches(self, progress=None) -> Iterator[tuple[np.ndarray, object]]:
         """(seqs, report rows as a record batch) per input batch."""
-        for b in _read_ahead(domain_batches(self.partitions)):
-            out = self._batch(b)
+        for b, perm in _read_ahead(_domain_pieces(self.partitions)):
+            out = self._batch(b, perm)
             if progress is not None:
                 progress.update(b.num_rows)
             yield out
 
-    def _batch(self, b):
-        import pyarrow as pa
+    def _batch(self, lb, perm):
         import pyarrow.compute as pc
 
-        n = b.num_rows
+        n = lb.num_rows
+        # b: the scalar columns in seq order; lb: the id lists where they were read (row perm[i] is row i's)
+        b = lb if perm is None else lb.select(_SCALARS).take(perm)
         col = b.column
         seq = col("seq").to_numpy()
         # sessions: codes through the batch's dictionary (a handful of distinct sessions per batch)
@@ -289,11 +299,12 @@ class _Domain:
         slow = ~keys_ok | col("raw").is_valid().to_numpy(zero_copy_only=False) | extra_slow
         if null_session is not None:
             slow |= null_session
-        lists = [_list_buffers(col(c)) for c in _LIST_COLUMNS]
+        lists = [_list_buffers(lb.column(c)) for c in _LIST_COLUMNS]
         prefill = pc.fill_null(col("prefill_ms"), math.nan).to_numpy(zero_copy_only=False)
         ins = (code, slow.astype(np.uint8), last, col("_part").to_numpy(), col("_row").to_numpy(),
                _ints(col("parent_call"), -1), _ints(col("shared_len"), 0), _ints(col("prompt_len"), -1),
-               *lists[0], *lists[1], *lists[2], *lists[3], np.ascontiguousarray(prefill, dtype=np.float64))
+               *lists[0], *lists[1], *lists[2], *lists[3], np.ascontiguousarray(prefill, dtype=np.float64),
+               _NO_PERM if perm is None else perm.astype(np.int64, copy=False))
         outs = {k: np.zeros(n, dtype=np.int64) for k in _INT_OUTS}
         outs["cause"] = np.zeros(n, dtype=np.int8)
         out_tuple = tuple(outs[k] for k in (*_INT_OUTS, "cause"))
@@ -304,7 +315,7 @@ class _Domain:
             self._vocab()
             i = core.run(i, ins, out_tuple)
         if i < n:
-            self._py = _PyRows(b, dict(zip(_LIST_COLUMNS, lists)))
+            self._py = _PyRows(b, lb, dict(zip(_LIST_COLUMNS, lists)), perm)
         while i < n:
             over[i] = self._slow(b, i, outs)
             i = core.run(i + 1, ins, out_tuple)
@@ -489,24 +500,26 @@ class _PyRows:
     batch, id lists sliced from the batch's flat buffers (numpy int32; the suffix, which the walk slices,
     as a list)."""
 
-    def __init__(self, b, lists: dict):
+    def __init__(self, b, lb, lists: dict, perm):
         self.cols = [None if c in lists else b.column(c).to_pylist() for c in _ROW_COLUMNS]
         self.lists = {_ROW_COLUMNS.index(c): v for c, v in lists.items()}
-        self.valid = {_ROW_COLUMNS.index(c): b.column(c).is_valid().to_numpy(zero_copy_only=False)
+        self.valid = {_ROW_COLUMNS.index(c): lb.column(c).is_valid().to_numpy(zero_copy_only=False)
                       for c in lists}
         self.part = b.column("_part").to_pylist()
         self.rownum = b.column("_row").to_pylist()
+        self.perm = perm
 
     def row(self, i: int) -> tuple:
+        r = i if self.perm is None else int(self.perm[i])  # the id lists' row
         out = []
         for j, c in enumerate(self.cols):
             if c is not None:
                 out.append(c[i])
-            elif not self.valid[j][i]:
+            elif not self.valid[j][r]:
                 out.append(None)
             else:
                 offs, vals = self.lists[j]
-                v = vals[offs[i]:offs[i + 1]]
+                v = vals[offs[r]:offs[r + 1]]
                 out.append(v.tolist() if j == _SUFFIX else v)
         return tuple(out)
 

@@ -70,6 +70,9 @@ struct ReplayBatch {
   const int32_t* drained_off = nullptr; const int32_t* drained = nullptr;
   const int32_t* ckpt_off = nullptr; const int32_t* ckpt = nullptr;
   const double* prefill_ms = nullptr;  // NaN: none recorded
+  // row i's id lists are at list row perm[i] (a batch merged from several partitions keeps its lists in
+  // place and orders only the scalars); nullptr: at row i
+  const int64_t* perm = nullptr;
 };
 
 // Per-row outputs of `run` (arrays of n, written for the rows `run` steps).
