@@ -240,7 +240,8 @@ def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
                               dashboard_address=":0") as lc, Client(lc) as client:
                 from strata_lab.replayer.distributed import _worker_tokenizer
 
-                client.run(lambda: _worker_tokenizer("qwen3").token_bytes(0))  # tokenizer loaded on every worker
+                # tokenizer and its bytes table (the replay core's byte walk) loaded on every worker
+                client.run(lambda: _worker_tokenizer("qwen3").vocab_bytes() and None)
                 client.run(_warm_worker)  # and the replay's modules imported on every worker, not just one
                 replay(store, tokenizer="qwen3", cluster=client)  # and the replay's modules imported
                 t0 = time.perf_counter()
