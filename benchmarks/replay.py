@@ -267,7 +267,7 @@ def tile_store(src: str, dst: str, copies: int) -> int:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from strata_lab.dump.store_writer import partitions, segment_files
+    from strata_lab.dump.store_writer import _DICTIONARY_COLUMNS, partitions, segment_files
 
     parts = {os.path.relpath(p, src): pq.read_table(segment_files(p)[0]) for p in partitions(src)}
     for p in partitions(src):
@@ -288,7 +288,8 @@ def tile_store(src: str, dst: str, copies: int) -> int:
             out = t
             for k, v in cols.items():
                 out = out.set_column(out.schema.get_field_index(k), k, v.cast(t.schema.field(k).type))
-            pq.write_table(out, os.path.join(dst, rel, f"seg-{c:06d}.parquet"))
+            pq.write_table(out, os.path.join(dst, rel, f"seg-{c:06d}.parquet"), compression="zstd",
+                           use_dictionary=_DICTIONARY_COLUMNS)  # as the store writer writes them
     return total * copies
 
 

@@ -22,7 +22,7 @@ import warnings
 
 import orjson
 
-from strata_lab.dump.store_codec import RowEncoder, arrow_schema, parse, partition_of
+from strata_lab.dump.store_codec import COLUMNS as STORE_COLUMNS, RowEncoder, arrow_schema, parse, partition_of
 
 __all__ = ["StoreWriter", "StoreWarning", "segment_files", "partitions", "check_open_markers"]
 
@@ -36,6 +36,11 @@ class StoreWarning(UserWarning):
 def partitions(root: str) -> list[str]:
     """Partition directories of a store, sorted (day, then replica)."""
     return sorted(p for p in glob.glob(os.path.join(root, "day=*", "replica=*")) if os.path.isdir(p))
+
+
+# Dictionary pages for the repeated strings and scalars only: token-id lists compress better plain (zstd
+# finds their repeats; measured: fleet segments 0.14 vs 0.28 MB, random ids 1.62 vs 1.97 MB) and read as fast.
+_DICTIONARY_COLUMNS = [c for c in STORE_COLUMNS if c not in ("suffix_ids", "gen_ids", "drained_ids", "checkpoints")]
 
 
 def segment_files(root_or_partition: str) -> list[str]:
@@ -99,7 +104,8 @@ class _Partition:
         table = pa.Table.from_pylist(self.buffer, schema=schema)
         final = os.path.join(self.path, f"seg-{self.next_seg:06d}.parquet")
         tmp = final + ".tmp"
-        pq.write_table(table, tmp, compression="zstd", row_group_size=len(self.buffer), use_dictionary=True)
+        pq.write_table(table, tmp, compression="zstd", row_group_size=len(self.buffer),
+                       use_dictionary=_DICTIONARY_COLUMNS)
         os.replace(tmp, final)
         self.next_seg += 1
         self.buffer = []
