@@ -299,6 +299,14 @@ class Page:
 
     def inspect(self, where):
         views = self.views()
+        # a view just clicked may still be redrawing its chips (its header changes first): on a loaded machine
+        # give it a few seconds before calling a view without chips a failure
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+                v["kind"] in ("TemplateExplorer", "DivergenceViewer") and not any(t["chip"] for t in v["texts"])
+                for v in views):
+            time.sleep(0.25)
+            views = self.views()
         state = self.js(_JS_STATE)
         self.check(not state["widgetErrors"], f"{where}: the page shows 'Error displaying widget'")
         self.check(views and all(v["rendered"] for v in views), f"{where}: widget views not rendered: "
