@@ -178,6 +178,18 @@ def test_store_replay_on_the_core_equals_the_python_reference(qwen3, seed, model
         _same_domain_replay(Store(os.path.join(d, "s")), qwen3, model=model, checkpoint_policy=checkpoints)
 
 
+class _NoBytesTable:
+    """A tokenizer that cannot list every id's bytes at once (only token_bytes, one id at a time)."""
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    def __getattr__(self, name):
+        if name == "vocab_bytes":
+            raise AttributeError(name)
+        return getattr(self._tok, name)
+
+
 def test_generated_fleet_replays_the_same_on_the_core(qwen3, tmp_path):
     from strata_lab.fleet import FleetConfig, write_fleet
 
@@ -185,6 +197,7 @@ def test_generated_fleet_replays_the_same_on_the_core(qwen3, tmp_path):
     convert_jsonl(tmp_path / "f.jsonl", tmp_path / "s")
     store = Store(tmp_path / "s")
     _same_domain_replay(store, qwen3)
+    _same_domain_replay(store, _NoBytesTable(qwen3))  # a tokenizer without vocab_bytes: the Python walk
     rows = native.replay_domain(next(iter(store.domains().values())), resolve_options(), qwen3, None)[1]
     causes = set(rows.column("cause"))
     assert {"retokenized_reply", "template_rewrite"} <= causes or {"history_edit"} <= causes, causes
