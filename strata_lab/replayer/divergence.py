@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
-__all__ = ["Divergence", "find_divergence", "add_contexts", "set_id_contexts", "set_text_contexts", "classify", "CAUSES"]
+__all__ = ["Divergence", "find_divergence", "add_contexts", "set_id_contexts", "set_text_contexts", "context_pair", "classify", "CAUSES"]
 
 CAUSES = ("none", "new_session", "retokenized_reply", "retokenized_prompt", "drained_dropped",
           "template_rewrite", "history_edit", "checkpoint")
@@ -149,16 +149,23 @@ def add_contexts(d: Divergence, held, prompt, ptail, pi: int, pbuf: bytes, tok, 
                           pbuf[k:] + ids_bytes(ptail[pi - lcp_ids:pi - lcp_ids + _CTX_TOKENS]), context_chars)
 
 
+def context_pair(before: bytes, held_after: bytes, prompt_after: bytes, width: int) -> tuple[str, str]:
+    """(held, prompt) context strings of a divergence from its byte windows (`_CTX_TOKENS` ids either side).
+
+    >>> context_pair(b"say hi", b" there", b"!", 4)
+    ("held: 'y hi' || ' the'", "prompt: 'y hi' || '!'")
+    """
+    return "held: " + _show(before, held_after, width), "prompt: " + _show(before, prompt_after, width)
+
+
 def set_id_contexts(d: Divergence, before: bytes, held_after: bytes, prompt_after: bytes, width: int) -> None:
-    """The id divergence's context strings from its byte windows (`_CTX_TOKENS` ids either side)."""
-    d.id_context_held = "held: " + _show(before, held_after, width)
-    d.id_context_prompt = "prompt: " + _show(before, prompt_after, width)
+    """The id divergence's context strings from its byte windows."""
+    d.id_context_held, d.id_context_prompt = context_pair(before, held_after, prompt_after, width)
 
 
 def set_text_contexts(d: Divergence, before: bytes, held_after: bytes, prompt_after: bytes, width: int) -> None:
     """The text divergence's context strings from its byte windows."""
-    d.text_context_held = "held: " + _show(before, held_after, width)
-    d.text_context_prompt = "prompt: " + _show(before, prompt_after, width)
+    d.text_context_held, d.text_context_prompt = context_pair(before, held_after, prompt_after, width)
 
 
 def _realigned(held, ptail, tb, lcp_ids: int, lcp_text: int) -> bool:

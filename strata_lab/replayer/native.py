@@ -29,8 +29,8 @@ from typing import Iterator
 
 import numpy as np
 
-from strata_lab.replayer.divergence import (CAUSES, Divergence, _assistant_id, classify, find_divergence,
-                                            set_id_contexts, set_text_contexts)
+from strata_lab.replayer.divergence import (CAUSES, Divergence, _assistant_id, classify, context_pair,
+                                            find_divergence, set_id_contexts, set_text_contexts)
 from strata_lab.replayer.fast import (_NEEDED_KEYS, _ROW_COLUMNS, DeltaPrompt, _all_keys, _record,
                                       session_ends)
 from strata_lab.replayer.rowtable import RowTable
@@ -488,11 +488,11 @@ def _miss_divergence(m: tuple, lcp: int, width: int) -> Divergence:
 
 
 def _miss_contexts(m: tuple, width: int) -> dict:
-    """The report columns a miss the core explained fills (its contexts)."""
-    d = _miss_divergence(m, 0, width)
-    return {"id_context_held": d.id_context_held, "id_context_prompt": d.id_context_prompt,
-            "text_context_held": d.text_context_held, "text_context_prompt": d.text_context_prompt,
-            "held_ids_at": list(d.held_ids_at), "prompt_ids_at": list(d.prompt_ids_at)}
+    """The report columns a miss the core explained fills (its contexts; what `_miss_divergence` sets)."""
+    idh, idp = context_pair(m[6], m[7], m[8], width)
+    th, tp = context_pair(*m[11], width) if m[11] is not None else ("", "")
+    return {"id_context_held": idh, "id_context_prompt": idp, "text_context_held": th, "text_context_prompt": tp,
+            "held_ids_at": list(m[9]), "prompt_ids_at": list(m[10])}
 
 
 class _PyRows:
