@@ -3,6 +3,11 @@
 #ifdef STRATA_HAVE_OPENMP
 #include <omp.h>
 #endif
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <new>
+#include <string>
 #include <thread>
 
 #include "qwen3.h"
@@ -18,9 +23,21 @@ void use_threads(int threads) {
 #endif
 }
 
+void WeightStore::FreeDeleter::operator()(void* p) const { std::free(p); }
+
 Mat WeightStore::prepare_once(const Mat& w) {
   if (format_ != WeightFormat::Int8 || w.dtype == DType::I8) return w;
-  auto q = std::make_unique<int8_t[]>(size_t(w.rows * w.cols));
+  // 2 MiB-aligned and advised as transparent huge pages (THP "madvise" mode): decode streams these rows
+  // with software prefetch, which 4 KiB pages (a TLB miss per page) hold back.
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t bytes = (size_t(w.rows * w.cols) + kHuge - 1) / kHuge * kHuge;
+  void* mem = std::aligned_alloc(kHuge, bytes);
+  if (!mem) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  const char* env = std::getenv("STRATA_INT8_HUGEPAGES");  // "0": plain pages (A/B)
+  if (!(env && std::string(env) == "0")) ::madvise(mem, bytes, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+#endif
+  std::unique_ptr<int8_t[], FreeDeleter> q(static_cast<int8_t*>(mem));
   auto s = std::make_unique<float[]>(size_t(w.rows));
   kernels::quantize_rows_int8(w, q.get(), s.get());
   Mat m = w;

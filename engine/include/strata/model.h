@@ -46,7 +46,10 @@ class WeightStore {
  private:
   WeightFormat format_;
   int64_t streamed_ = 0;
-  std::vector<std::unique_ptr<int8_t[]>> q_;
+  struct FreeDeleter {
+    void operator()(void* p) const;
+  };
+  std::vector<std::unique_ptr<int8_t[], FreeDeleter>> q_;
   std::vector<std::unique_ptr<float[]>> scale_;
 };
 
