@@ -49,7 +49,12 @@ class WeightStore {
   struct FreeDeleter {
     void operator()(void* p) const;
   };
-  std::vector<std::unique_ptr<int8_t[], FreeDeleter>> q_;
+  struct Arena {  // int8 rows (huge-page backed where available)
+    std::unique_ptr<int8_t[], FreeDeleter> mem;
+    size_t used = 0, cap = 0;
+  };
+  int8_t* alloc_int8(size_t bytes);
+  std::vector<Arena> arenas_;
   std::vector<std::unique_ptr<float[]>> scale_;
 };
 
