@@ -28,7 +28,7 @@ void WeightStore::FreeDeleter::operator()(void* p) const { std::free(p); }
 
 // int8 rows live in arenas of >= 64 MiB, 2 MiB-aligned and advised as transparent huge pages (THP
 // "madvise" mode): decode streams them with software prefetch, which 4 KiB pages (a TLB miss and a
-// prefetch stop per page) hold back (int8 decode x1.3 on the shared 2-core box). A matrix goes into the
+// prefetch stop per page) hold back (int8 decode x1.1-1.3 on the shared 2-core VM). A matrix goes into the
 // first arena with room (64-byte aligned), else a new one; small matrices (MoE experts) share arenas.
 int8_t* WeightStore::alloc_int8(size_t bytes) {
   constexpr size_t kHuge = size_t(2) << 20, kArena = size_t(64) << 20;
