@@ -1,9 +1,11 @@
 """A/B of decode-step implementations in one process, interleaved round by round, so a shared machine's
 load changes hit every variant alike: the barrier-free pool vs OpenMP loops, and (AVX2) the even/odd bf16
-kernel vs widening loads, linear prefetch (the next row block, into L2) vs per-row prefetch; also each
-variant's fraction of a read loop over the streamed bytes.
+kernel vs widening loads, linear prefetch (the next row block, into L2) vs per-row prefetch, and (int8
+weights) integer dots against int8-quantised activations vs weights widened to f32; also each variant's
+fraction of a read loop over the streamed bytes.
 
     PYTHONPATH=$PWD python benchmarks/ab_decode.py [--rounds 6] [--steps 4] [--threads 2] [--weights int8]
+        [--variants "int8 widening"]  (the default and the variants whose names contain one of these)
 """
 from __future__ import annotations
 
@@ -14,12 +16,13 @@ import time
 import numpy as np
 
 DEFAULT = "default: OpenMP, even/odd, linear prefetch"
-_BASE = {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True}
+_BASE = {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True, "int8_dot": True}
 VARIANTS = {
     DEFAULT: _BASE,
     "per-row prefetch (before #18)": {**_BASE, "linear_prefetch": False},
     "pool instead of OpenMP": {**_BASE, "decode_pool": True},
     "widening loads instead of even/odd": {**_BASE, "bf16_eo": False},
+    "int8 widening to f32 (before int8_dot)": {**_BASE, "int8_dot": False},
 }
 
 
@@ -33,18 +36,22 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=4, help="decode steps per variant per round")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--weights", default=None)
+    ap.add_argument("--variants", nargs="*", default=None,
+                    help="run only the default and the variants whose names contain one of these strings")
     args = ap.parse_args(argv)
+    variants = {k: v for k, v in VARIANTS.items()
+                if k == DEFAULT or args.variants is None or any(p in k for p in args.variants)}
     ext = _ext()
     eng = Engine.load(checkpoint(args.preset), threads=args.threads, weights=args.weights)
     s = eng.session("ab")
     s.generate(np.random.default_rng(0).integers(0, 151669, 64).tolist(), max_new_tokens=0)
-    times = {k: [] for k in VARIANTS}
+    times = {k: [] for k in variants}
     bws = []
     for rnd in range(args.rounds):
         bws.append(ext.read_bandwidth(eng.info["stream_bytes"], args.threads, 1))
-        names = list(VARIANTS)
+        names = list(variants)
         for name in names[rnd % len(names):] + names[:rnd % len(names)]:  # rotate the order
-            opts = VARIANTS[name]
+            opts = variants[name]
             for k, v in opts.items():
                 ext._set_kernel_option(k, v)
             s.generate(s.held_ids, max_new_tokens=1)  # settle

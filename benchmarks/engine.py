@@ -1,4 +1,5 @@
-"""Prefill/decode speed of strata_lab's engine (bf16 weights, and int8 quantised at load) against
+"""Prefill/decode speed of strata_lab's engine (bf16 weights, and int8 quantised at load: int8 x int8-quantised
+activations; --int8-ab adds the int8 path with f32 activations it replaced) against
 transformers (eager, bf16 and f32) and, when installed, llama.cpp (llama-cpp-python + gguf: f16 and Q8_0
 GGUFs of the same weights), on one random Qwen3-0.6B-shaped checkpoint, at one or more context lengths.
 
@@ -85,15 +86,18 @@ def _attention_share(prof, phase):
     return secs.get("attention", 0.0) / total if total > 0 else float("nan")
 
 
-def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None, name=None, old_attention=None):
+def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None, name=None, old_attention=None,
+                 int8_dot=True):
     """strata prefill and decode tok/s. old_attention: None (the tiled kernel), "decode" (also decode the held
     prompt again with the old per-query attention and return that decode rate too), "all" (old kernel for
-    both prefill and decode)."""
+    both prefill and decode). int8_dot=False: int8 weights widened to f32 against f32 activations (the path
+    before int8 activations)."""
     from strata_lab.engine import _ext
 
     ext = _ext()
     eng = strata_engine(path, threads, weights, max_context)
     s = eng.session("bench")
+    ext._set_kernel_option("int8_dot", int8_dot)
     s.reset()
     s.generate(prompt[:16], max_new_tokens=2).result  # warm up (page in weights)
     s.reset()
@@ -111,6 +115,7 @@ def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None
             old_d = n_decode / (r2.decode_ms / 1e3)
     finally:
         ext._set_kernel_option("attn_tiled", True)
+        ext._set_kernel_option("int8_dot", True)
     s.reset()
     if name and prof["enabled"]:
         PROFILES[(name, len(prompt))] = {ph: _attention_share(prof, ph) for ph in ("prefill", "decode")}
@@ -344,9 +349,12 @@ def bench_hf_ctx(path, prompt, n_decode, threads, dtype_name, max_ctx):
     return in_subprocess("hf", path, prompt, n_decode, threads, dtype_name)
 
 
-def int8_accuracy(path, threads, n_tokens, max_context):
+def int8_accuracy(path, threads, n_tokens, max_context, int8_dot=True):
     """int8 weights against the bf16 weights computed in f32 (strata's f32 path: the exact upcast):
-    max |logit error| over a teacher-forced forward and greedy agreement over ``n_tokens`` generated ones."""
+    max |logit error| over a teacher-forced forward and greedy agreement over ``n_tokens`` generated ones.
+    int8_dot: activations quantised to int8 too (default), else f32 activations."""
+    from strata_lab.engine import _ext
+
     ref = strata_engine(path, threads, None, max_context)
     q8 = strata_engine(path, threads, "int8", max_context)
     prompt = np.random.default_rng(1).integers(0, 151669, 32).tolist()
@@ -355,7 +363,12 @@ def int8_accuracy(path, threads, n_tokens, max_context):
     gen = s.generate(prompt, max_new_tokens=n_tokens).result.gen_ids
     s.reset()
     ids = prompt + gen
-    a, b = ref.forward(ids), q8.forward(ids)
+    a = ref.forward(ids)
+    _ext()._set_kernel_option("int8_dot", int8_dot)
+    try:
+        b = q8.forward(ids)
+    finally:
+        _ext()._set_kernel_option("int8_dot", True)
     lo = len(prompt) - 1
     err = float(np.max(np.abs(a[lo:] - b[lo:])))
     scale = float(np.max(np.abs(a[lo:])))
@@ -423,6 +436,9 @@ def main(argv=None):
                     help="add 'strata bf16 old attention' (the per-query scalar attention) to the table")
     ap.add_argument("--ab-max-context", type=int, default=4096,
                     help="longest context whose prefill --attn-ab runs with the old attention (decode: all)")
+    ap.add_argument("--int8-ab", action="store_true",
+                    help="add 'strata int8 f32 act' (int8 weights widened to f32, f32 activations: the int8 path "
+                         "before int8_dot) to the table and its accuracy")
     ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
     ap.add_argument("--q8-max-context", type=int, default=None,
                     help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
@@ -465,6 +481,9 @@ def main(argv=None):
         systems.append((OLD, strata_old))
     if "int8" not in skip:
         systems.append(("strata int8", lambda p: bench_strata(path, p, args.decode, T, "int8", max_ctx, "strata int8")))
+        if args.int8_ab:
+            systems.append(("strata int8 f32 act", lambda p: bench_strata(path, p, args.decode, T, "int8", max_ctx,
+                                                                          "strata int8 f32 act", int8_dot=False)))
     if "hf" not in skip:
         systems.append(("transformers bf16",
                         lambda p: bench_hf_ctx(path, p, args.decode, T, "bf16", args.hf_max_context)))
@@ -558,9 +577,11 @@ def main(argv=None):
                      f"{pT:.1f} tok/s (x{pT / p1:.2f}), decode {d1:.2f} -> {dT:.2f} tok/s (x{dT / d1:.2f}); read "
                      f"loop {bw1:.1f} -> {bwT:.1f} GB/s (x{bwT / bw1:.2f})")
     if "int8" not in skip and "accuracy" not in skip:
-        err, scale, agree = int8_accuracy(path, T, args.accuracy_tokens, max_ctx)
-        lines.append(f"- int8 vs bf16 weights in f32, {args.accuracy_tokens} greedy tokens teacher-forced: max "
-                     f"|logit error| {err:.4f} (logits up to {scale:.2f}), greedy agreement {agree * 100:.1f}%")
+        for dot in (True, False) if args.int8_ab else (True,):
+            err, scale, agree = int8_accuracy(path, T, args.accuracy_tokens, max_ctx, int8_dot=dot)
+            what = "int8 (int8 activations, blocks of 32)" if dot else "int8 f32 act (weights widened to f32)"
+            lines.append(f"- {what} vs bf16 weights in f32, {args.accuracy_tokens} greedy tokens teacher-forced: max "
+                         f"|logit error| {err:.4f} (logits up to {scale:.2f}), greedy agreement {agree * 100:.1f}%")
     text = "\n".join(lines)
     print("\n" + text, flush=True)
     out = Path(args.out)

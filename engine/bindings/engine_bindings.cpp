@@ -132,7 +132,7 @@ void register_checkpoint(py::module_& m) {
   }, py::arg("bytes"), py::arg("threads") = 0, py::arg("reps") = 3,
      "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
-        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo', 'gdn_matrix', 'linear_prefetch' or 'attn_tiled' (default on).");
+        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo', 'gdn_matrix', 'linear_prefetch', 'attn_tiled' or 'int8_dot' (default on).");
   m.def("_gdn_delta", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
                          py::array_t<float, py::array::c_style | py::array::forcecast> k,
                          py::array_t<float, py::array::c_style | py::array::forcecast> v,
@@ -193,6 +193,31 @@ void register_checkpoint(py::module_& m) {
     return out;
   }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("threads") = 0,
      "The engine's causal GQA attention kernel on its own (tests, A/B timings): queries at positions T-n..T-1.");
+  m.def("_int8_matmul", [](py::array_t<int8_t, py::array::c_style | py::array::forcecast> w,
+                           py::array_t<float, py::array::c_style | py::array::forcecast> scale,
+                           py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads) {
+    // y [n, rows] = x [n, K] @ (scale[:, None] * w [rows, K])^T through kernels::matmul (int8 weights).
+    if (w.ndim() != 2 || x.ndim() != 2 || scale.ndim() != 1 || scale.shape(0) != w.shape(0) || x.shape(1) != w.shape(1) ||
+        x.shape(0) < 1 || w.shape(0) < 1 || w.shape(1) < 1)
+      throw std::invalid_argument("w must be [rows, K] int8, scale [rows], x [n, K] with n, rows, K >= 1");
+    Mat m;
+    m.dtype = DType::I8;
+    m.rows = w.shape(0);
+    m.cols = w.shape(1);
+    m.data = w.data();
+    m.scale = scale.data();
+    const int64_t n = x.shape(0);
+    py::array_t<float> out({n, m.rows});
+    const float* xp = x.data();
+    float* op = out.mutable_data();
+    {
+      py::gil_scoped_release release;
+      use_threads(threads);
+      kernels::matmul(m, xp, n, op);
+    }
+    return out;
+  }, py::arg("w"), py::arg("scale"), py::arg("x"), py::arg("threads") = 0,
+     "The engine's int8-weight matmul on its own (tests, A/B timings): x @ (scale * w)^T, rows scaled by scale.");
   m.def("_profile", [](bool reset) {
     // STRATA_PROFILE=1 per-op timers (set before the module loads): totals so far per phase, seconds per op.
     const prof::Totals t = prof::totals_snapshot(reset);

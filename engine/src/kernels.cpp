@@ -67,6 +67,9 @@ static bool g_gdn_matrix = [] {    // GDN chunked prefill in matrix form (false:
 // block vs 0 or 32 KiB: within noise; 8-row blocks instead of 4: not measurably faster.
 static bool g_linear_prefetch = true;
 static bool g_attn_tiled = true;   // AVX2 attention tiled with an online softmax (false: the per-query scalar loop)
+// int8 weights x activations quantised to int8 per token in blocks of 32 (integer dot products); false: the
+// weights widened to f32 against f32 activations.
+static bool g_int8_dot = true;
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
@@ -74,8 +77,9 @@ void set_option(const std::string& name, bool on) {
   else if (name == "gdn_matrix") g_gdn_matrix = on;
   else if (name == "linear_prefetch") g_linear_prefetch = on;
   else if (name == "attn_tiled") g_attn_tiled = on;
+  else if (name == "int8_dot") g_int8_dot = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled)");
+                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot)");
 }
 bool option(const std::string& name) {
   if (name == "decode_pool") return g_decode_pool;
@@ -83,8 +87,9 @@ bool option(const std::string& name) {
   if (name == "gdn_matrix") return g_gdn_matrix;
   if (name == "linear_prefetch") return g_linear_prefetch;
   if (name == "attn_tiled") return g_attn_tiled;
+  if (name == "int8_dot") return g_int8_dot;
   throw std::invalid_argument("unknown kernel option '" + name +
-                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled)");
+                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -343,6 +348,167 @@ STRATA_AVX2 static void micro_bf16eo(const void* w, int64_t ldw, const float* x,
   }
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) y[t * ldy + r] = hsum256(acc[t][r]);
+}
+
+// ---------------------------------------------------------------- int8 weights x int8 activations
+// Q8_0-style: each token row of x is quantised in blocks of QB = 32 (scale absmax/127, round to nearest
+// even, zero-padded to whole blocks); weights are int8 rows with one scale per row. A block's dot is an
+// exact int32 sum. Float order, identical in the scalar and the AVX2 kernel: lane j (bytes 4j..4j+3 of
+// every full block) accumulates fma(isum, xscale_b, acc_j) over blocks in order; then hsum256's tree
+// ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)); then a partial last block (K % 32) as fma(isum, xscale, s); the
+// row scale is applied by store_tile. A token's result depends only on its own row (decode == prefill).
+constexpr int64_t QB = 32;
+
+struct QAct {  // quantised activations: n rows of ldq int8 (whole blocks) and lds block scales
+  std::vector<int8_t> q;
+  std::vector<float> s;
+  int64_t ldq = 0, lds = 0;
+};
+
+static inline float q8_inv(float amax) { return amax > 0.f ? 127.f / amax : 0.f; }
+
+static void quant_row_scalar(const float* x, int64_t K, int8_t* q, float* s) {
+  for (int64_t k0 = 0, b = 0; k0 < K; k0 += QB, ++b) {
+    const int64_t m = std::min(QB, K - k0);
+    float amax = 0.f;
+    for (int64_t i = 0; i < m; ++i) amax = std::max(amax, std::fabs(x[k0 + i]));
+    const float id = q8_inv(amax);
+    for (int64_t i = 0; i < m; ++i) q[k0 + i] = int8_t(std::clamp(std::nearbyint(x[k0 + i] * id), -127.f, 127.f));
+    for (int64_t i = m; i < QB; ++i) q[k0 + i] = 0;
+    s[b] = amax / 127.f;
+  }
+}
+
+// The same bits as quant_row_scalar (max is exact, one rounding per product, round to nearest even).
+STRATA_AVX2 static void quant_row_avx2(const float* x, int64_t K, int8_t* q, float* s) {
+  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int64_t k0 = 0, b = 0;
+  for (; k0 + QB <= K; k0 += QB, ++b) {
+    __m256 v[4];
+    for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(x + k0 + 8 * j);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absm), _mm256_and_ps(v[1], absm)),
+                             _mm256_max_ps(_mm256_and_ps(v[2], absm), _mm256_and_ps(v[3], absm)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const __m256 id = _mm256_set1_ps(q8_inv(amax));
+    __m256i iv[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      iv[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+    }
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k0), _mm256_permutevar8x32_epi32(p, perm));
+    s[b] = amax / 127.f;
+  }
+  if (k0 < K) quant_row_scalar(x + k0, K - k0, q + k0, s + b);
+}
+
+static void quantize_act(bool vector, const float* x, int64_t n, int64_t K, QAct& a) {
+  const int64_t nb = (K + QB - 1) / QB;
+  a.ldq = nb * QB;
+  a.lds = nb;
+  if (int64_t(a.q.size()) < n * a.ldq) a.q.resize(size_t(n * a.ldq));
+  if (int64_t(a.s.size()) < n * nb) a.s.resize(size_t(n * nb));
+  int8_t* q = a.q.data();
+  float* s = a.s.data();
+#pragma omp parallel for schedule(static) if (n > 16)
+  for (int64_t t = 0; t < n; ++t) {
+    if (vector) quant_row_avx2(x + t * K, K, q + t * a.ldq, s + t * nb);
+    else quant_row_scalar(x + t * K, K, q + t * a.ldq, s + t * nb);
+  }
+}
+
+// Integer dot of the partial last block (m < 32 elements).
+static inline int32_t idot_tail(const int8_t* w, const int8_t* x, int64_t m) {
+  int32_t s = 0;
+  for (int64_t i = 0; i < m; ++i) s += int32_t(w[i]) * int32_t(x[i]);
+  return s;
+}
+
+// NT tokens x NR rows. w: int8 rows (ldw bytes apart), xq/xs: quantised rows (ldq, lds apart).
+// PF: decode's linear prefetch of the next block (see g_linear_prefetch), the same sums.
+// |w| <= 128 (sign_epi8 of -128 is 128 as u8), |x| <= 127: a maddubs pair sum is <= 32512, no saturation.
+template <int NT, int NR, bool PF>
+STRATA_AVX2 static void micro_q8(const int8_t* w, int64_t ldw, const int8_t* xq, int64_t ldq, const float* xs,
+                                 int64_t lds, int64_t K, float* y, int64_t ldy) {
+  __m256 acc[NT][NR];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t nbf = K / QB;
+  const char* pf = reinterpret_cast<const char*>(w + NR * ldw) + kPrefetchAhead;
+  for (int64_t b = 0; b < nbf; ++b) {
+    if constexpr (PF) {
+      for (int l = 0; l < NR * int(QB); l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
+      pf += NR * QB;
+    }
+    __m256i xv[NT];
+    __m256 sv[NT];
+    for (int t = 0; t < NT; ++t) {
+      xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * ldq + b * QB));
+      sv[t] = _mm256_broadcast_ss(xs + t * lds + b);
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * ldw + b * QB));
+      const __m256i aw = _mm256_sign_epi8(wv, wv);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv)), ones);
+        acc[t][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sv[t], acc[t][r]);
+      }
+    }
+  }
+  const int64_t k0 = nbf * QB;
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) {
+      float s = hsum256(acc[t][r]);
+      if (k0 < K) s = std::fma(float(idot_tail(w + r * ldw + k0, xq + t * ldq + k0, K - k0)), xs[t * lds + nbf], s);
+      y[t * ldy + r] = s;
+    }
+}
+
+// The scalar reference: the same integer sums and the same float operations in the same order.
+static void micro_q8_scalar(int nt, int nr, const int8_t* w, int64_t ldw, const int8_t* xq, int64_t ldq,
+                            const float* xs, int64_t lds, int64_t K, float* y, int64_t ldy) {
+  const int64_t nbf = K / QB, k0 = nbf * QB;
+  for (int t = 0; t < nt; ++t)
+    for (int r = 0; r < nr; ++r) {
+      const int8_t* wr = w + r * ldw;
+      const int8_t* xr = xq + t * ldq;
+      float l[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int64_t b = 0; b < nbf; ++b)
+        for (int j = 0; j < 8; ++j) {
+          const int64_t o = b * QB + 4 * j;
+          l[j] = std::fma(float(idot_tail(wr + o, xr + o, 4)), xs[t * lds + b], l[j]);
+        }
+      float s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+      if (k0 < K) s = std::fma(float(idot_tail(wr + k0, xr + k0, K - k0)), xs[t * lds + nbf], s);
+      y[t * ldy + r] = s;
+    }
+}
+
+using MicroQ8 = void (*)(const int8_t*, int64_t, const int8_t*, int64_t, const float*, int64_t, int64_t, float*,
+                         int64_t);
+#define STRATA_ROW4(T, P) micro_q8<T, 1, P>, micro_q8<T, 2, P>, micro_q8<T, 3, P>, micro_q8<T, 4, P>
+template <bool PF>
+static MicroQ8 micro_q8_fn(int nt, int nr) {
+  static const MicroQ8 t[6][4] = {{STRATA_ROW4(1, PF)}, {STRATA_ROW4(2, PF)}, {STRATA_ROW4(3, PF)},
+                                  {STRATA_ROW4(4, PF)}, {STRATA_ROW4(5, PF)}, {STRATA_ROW4(6, PF)}};
+  return t[nt - 1][nr - 1];
+}
+#undef STRATA_ROW4
+
+// nt x nr tile of int8 rows w (ldw = K) against quantised token rows t0.. of a; vector at any level above
+// scalar (AVX2 instructions; the same bits as the scalar kernel).
+static void run_q8(Level l, bool pf, int nt, int nr, const int8_t* w, const QAct& a, int64_t t0, int64_t K,
+                   float* y, int64_t ldy) {
+  const int8_t* xq = a.q.data() + t0 * a.ldq;
+  const float* xs = a.s.data() + t0 * a.lds;
+  if (l == Level::Scalar) micro_q8_scalar(nt, nr, w, K, xq, a.ldq, xs, a.lds, K, y, ldy);
+  else (pf ? micro_q8_fn<true>(nt, nr) : micro_q8_fn<false>(nt, nr))(w, K, xq, a.ldq, xs, a.lds, K, y, ldy);
 }
 
 // ---------------------------------------------------------------- AVX-512
@@ -801,6 +967,30 @@ static void prefill_one(Level lv, const Mat& w, const float* x, const float* xp,
   }
 }
 
+// Prefill of int8 rows against quantised activations: blocks of RB rows (int8, in L2) x tiles of TQ tokens.
+static void prefill_q8(Level lv, const Mat& w, const QAct& a, int64_t n, float* y) {
+  const int64_t rows = w.rows, K = w.cols;
+  const int8_t* base = static_cast<const int8_t*>(w.data);
+  constexpr int TQ = 3;  // token tile; 2..4 measured alike (AVX2, 1 and 2 threads)
+  const int64_t RB = 64;
+  const int64_t nblocks = (rows + RB - 1) / RB;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t r0 = b * RB, nr_block = std::min(RB, rows - r0);
+    float tile[6 * 4];
+    for (int64_t t0 = 0; t0 < n; t0 += TQ) {
+      const int nt = int(std::min<int64_t>(TQ, n - t0));
+      for (int64_t rr = 0; rr < nr_block; rr += 4) {
+        const int nr = int(std::min<int64_t>(4, nr_block - rr));
+        run_q8(lv, false, nt, nr, base + (r0 + rr) * K, a, t0, K, tile, 4);
+        store_tile(tile, nt, nr, w.scale + r0 + rr, y + t0 * rows + r0 + rr, rows);
+      }
+    }
+  }
+}
+
+static bool use_q8(const Mat& w) { return g_int8_dot && w.dtype == DType::I8; }
+
 void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   if (count <= 0) return;
   if (count > 8) throw std::invalid_argument("matmul_multi: at most 8 outputs");
@@ -808,27 +998,37 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   for (int i = 1; i < count; ++i)
     if (outs[i].w->cols != K) throw std::invalid_argument("matmul_multi: outputs must share the input width");
   const Level l = level();
-  if (l == Level::AVX512BF16) {
-    bool all_bf16 = true;
-    for (int i = 0; i < count; ++i) all_bf16 = all_bf16 && outs[i].w->dtype == DType::BF16;
-    if (!all_bf16) {
-      for (int i = 0; i < count; ++i) matmul(*outs[i].w, x, n, outs[i].y);
-      return;
+  MatOut rest[8];
+  if (l == Level::AVX512BF16) {  // bf16 weights with vdpbf16ps, the others as at AVX512
+    int nrest = 0;
+    for (int i = 0; i < count; ++i) {
+      if (outs[i].w->dtype == DType::BF16) matmul_bf16dp(*outs[i].w, x, n, outs[i].y);
+      else rest[nrest++] = outs[i];
     }
-    for (int i = 0; i < count; ++i) matmul_bf16dp(*outs[i].w, x, n, outs[i].y);
-    return;
+    if (nrest == 0) return;
+    outs = rest;
+    count = nrest;
   }
   const Level lv = vec(l);
   const int TN = lv == Level::AVX512 ? 6 : 3;
-  bool any_eo = false;
-  for (int i = 0; i < count; ++i) any_eo = any_eo || use_eo(lv, *outs[i].w);
+  bool any_eo = false, any_q8 = false;
+  for (int i = 0; i < count; ++i) {
+    any_eo = any_eo || use_eo(lv, *outs[i].w);
+    any_q8 = any_q8 || use_q8(*outs[i].w);
+  }
   std::vector<float> xp;
   if (any_eo) {
     xp.resize(size_t(n * K));
     for (int64_t t = 0; t < n; ++t) perm_eo(x + t * K, K, xp.data() + t * K);
   }
+  thread_local QAct tl_qa;  // reused buffers; the decode lambda reads them from other threads by reference
+  QAct& qa = tl_qa;
+  if (any_q8) quantize_act(lv != Level::Scalar, x, n, K, qa);
   if (n > TN) {
-    for (int i = 0; i < count; ++i) prefill_one(lv, *outs[i].w, x, xp.data(), n, outs[i].y);
+    for (int i = 0; i < count; ++i) {
+      if (use_q8(*outs[i].w)) prefill_q8(lv, *outs[i].w, qa, n, outs[i].y);
+      else prefill_one(lv, *outs[i].w, x, xp.data(), n, outs[i].y);
+    }
     return;
   }
   // Decode (memory-bound): the rows of every output stream from memory once, 4 at a time, converted in
@@ -848,7 +1048,8 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
       const int64_t r0 = (qd - start[m]) * 4;
       const int nr = int(std::min<int64_t>(4, w.rows - r0));
       const uint8_t* rowp = static_cast<const uint8_t*>(w.data) + size_t(r0 * K) * dtype_size(w.dtype);
-      if (use_eo(lv, w)) micro_eo(int(n), nr)(rowp, K, xpp, K, K, tile, 4);
+      if (use_q8(w)) run_q8(lv, g_linear_prefetch, int(n), nr, reinterpret_cast<const int8_t*>(rowp), qa, 0, K, tile, 4);
+      else if (use_eo(lv, w)) micro_eo(int(n), nr)(rowp, K, xpp, K, K, tile, 4);
       else run_micro_decode(lv, w.dtype, int(n), nr, rowp, K, x, K, K, tile, 4);
       store_tile(tile, int(n), nr, w.scale ? w.scale + r0 : nullptr, outs[m].y + r0, w.rows);
     }

@@ -18,7 +18,8 @@ Level level();                 // what is in use
 void set_level(Level l);       // force a lower level (tests); clamped to best_level()
 const char* level_name(Level l);
 // A/B switches: "decode_pool" (off by default), "bf16_eo", "gdn_matrix" (on by default; the environment
-// variable STRATA_GDN_SCALAR=1 starts a process with it off); unknown names throw.
+// variable STRATA_GDN_SCALAR=1 starts a process with it off), "linear_prefetch", "attn_tiled", "int8_dot"
+// (on by default: int8 weights against int8-quantised activations); unknown names throw.
 void set_option(const std::string& name, bool on);
 bool option(const std::string& name);
 
@@ -30,8 +31,9 @@ float f16_to_f32(uint16_t h);
 void row_f32(const Mat& w, int64_t r, float* out);
 // y[n, w.rows] = x[n, w.cols] @ w^T. Small n streams rows (decode, memory-bound); larger n runs a
 // blocked GEMM (prefill, compute-bound): over rows converted once to f32, or, for bf16 weights at level
-// AVX512BF16, straight over the bf16 rows with x rounded to bf16. OpenMP over rows. Every path gives a
-// token the same bits whatever n is.
+// AVX512BF16, straight over the bf16 rows with x rounded to bf16; int8 weights (option int8_dot) against
+// x quantised per token in blocks of 32, integer block dots. OpenMP over rows. Every path gives a token
+// the same bits whatever n is.
 void matmul(const Mat& w, const float* x, int64_t n, float* y);
 // Several matrices with the same input width over the same x: outs[i].y = x @ outs[i].w^T. Decode runs
 // them in one parallel region (one barrier instead of `count`); results are the bits matmul() gives.

@@ -46,7 +46,15 @@ class WeightStore {
  private:
   WeightFormat format_;
   int64_t streamed_ = 0;
-  std::vector<std::unique_ptr<int8_t[]>> q_;
+  struct FreeDeleter {
+    void operator()(void* p) const;
+  };
+  struct Arena {  // int8 rows (huge-page backed where available)
+    std::unique_ptr<int8_t[], FreeDeleter> mem;
+    size_t used = 0, cap = 0;
+  };
+  int8_t* alloc_int8(size_t bytes);
+  std::vector<Arena> arenas_;
   std::vector<std::unique_ptr<float[]>> scale_;
 };
 
