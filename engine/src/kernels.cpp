@@ -67,6 +67,7 @@ static bool g_gdn_matrix = [] {    // GDN chunked prefill in matrix form (false:
 // block vs 0 or 32 KiB: within noise; 8-row blocks instead of 4: not measurably faster.
 static bool g_linear_prefetch = true;
 static bool g_attn_tiled = true;   // AVX2 attention tiled with an online softmax (false: the per-query scalar loop)
+static bool g_attn_decode = true;  // AVX2 decode attention streams the cache with prefetch in step (false: per-tile burst)
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
@@ -74,8 +75,9 @@ void set_option(const std::string& name, bool on) {
   else if (name == "gdn_matrix") g_gdn_matrix = on;
   else if (name == "linear_prefetch") g_linear_prefetch = on;
   else if (name == "attn_tiled") g_attn_tiled = on;
+  else if (name == "attn_decode") g_attn_decode = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled)");
+                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, attn_decode)");
 }
 bool option(const std::string& name) {
   if (name == "decode_pool") return g_decode_pool;
@@ -83,8 +85,9 @@ bool option(const std::string& name) {
   if (name == "gdn_matrix") return g_gdn_matrix;
   if (name == "linear_prefetch") return g_linear_prefetch;
   if (name == "attn_tiled") return g_attn_tiled;
+  if (name == "attn_decode") return g_attn_decode;
   throw std::invalid_argument("unknown kernel option '" + name +
-                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled)");
+                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, attn_decode)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -1191,108 +1194,176 @@ struct AttScratch {
   }
 };
 
-// Query positions i0..i1-1 (of the call's n; position pos0 + i) x the G heads of kv head g. Row r is
-// position i0 + r / G, head g G + r % G.
-STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd, const float* k, const float* v,
-                                          int64_t pos0, int64_t i0, int64_t i1, int g, bool pack, AttScratch& w,
-                                          float* out) {
+// Decode streams the cache in place (each key row of a kv head is hd floats, Hkv hd apart): while the scores
+// of keys j..j+C-1 of a tile are computed, ask for the K and V rows ATT_DEC_AHEAD keys ahead into L2, so a
+// steady stream of lines is in flight behind the arithmetic (instead of a burst of 2 x 64 rows at the start
+// of each tile, which fills the miss buffers and evicts the tile being worked on from L1).
+constexpr int ATT_DEC_AHEAD = ATT_KT;
+STRATA_AVX2 static inline void att_decode_prefetch(const float* kt, const float* vt, int64_t kvs, int j, int C,
+                                                   int64_t t0, int64_t pmax, int hd) {
+  for (int jj = j; jj < j + C && t0 + jj + ATT_DEC_AHEAD <= pmax; ++jj) {
+    const float* kr = kt + (jj + ATT_DEC_AHEAD) * kvs;
+    const float* vr = vt + (jj + ATT_DEC_AHEAD) * kvs;
+    for (int c = 0; c < hd; c += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(kr + c), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(vr + c), _MM_HINT_T1);
+    }
+  }
+}
+
+// One block of query rows of the tiled kernel: positions i0..i1-1 (of the call's n; position pos0 + i) x the
+// G heads of kv head g; row r is position i0 + r / G, head g G + r % G. att_begin loads the rows, att_tile
+// folds the key tile starting at t0 into their online softmax (tiles in order), att_end writes O / l.
+struct AttBlock {
+  int H, Hkv, hd, g;
+  int64_t pos0, i0, i1, rows, kvs, pmax;
+  float scale;
+  AttScratch* w;
+};
+
+STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, int hd, int64_t pos0, int64_t i0,
+                                  int64_t i1, int g, AttScratch& w) {
   const int G = H / Hkv;
-  const int64_t rows = (i1 - i0) * G, kvs = int64_t(Hkv) * hd;
-  const float scale = 1.0f / std::sqrt(float(hd));
-  w.fit(rows, hd);
-  float *Q = w.q.data(), *O = w.o.data(), *S = w.s.data(), *M = w.m.data(), *L = w.l.data(), *A = w.alpha.data();
-  int* cnt = w.cnt.data();
-  for (int64_t r = 0; r < rows; ++r) {
+  b = AttBlock{H, Hkv, hd, g, pos0, i0, i1, (i1 - i0) * G, int64_t(Hkv) * hd, pos0 + i1 - 1,
+               1.0f / std::sqrt(float(hd)), &w};
+  w.fit(b.rows, hd);
+  float *Q = w.q.data(), *O = w.o.data(), *M = w.m.data(), *L = w.l.data();
+  for (int64_t r = 0; r < b.rows; ++r) {
     std::memcpy(Q + r * hd, q + ((i0 + r / G) * H + int64_t(g) * G + r % G) * hd, size_t(hd) * 4);
     std::fill(O + r * hd, O + (r + 1) * hd, 0.f);
     M[r] = -INFINITY;
     L[r] = 0.f;
   }
-  const int64_t pmax = pos0 + i1 - 1;
-  const float* kg = k + int64_t(g) * hd;
-  const float* vg = v + int64_t(g) * hd;
+}
+
+// pack: copy the tile's K/V rows contiguous first (prefill blocks); stream: prefetch ahead (decode).
+STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float* v, int64_t t0, bool pack,
+                                 bool stream) {
+  const int G = b.H / b.Hkv, hd = b.hd;
+  const int64_t rows = b.rows, kvs = b.kvs, pmax = b.pmax, pos0 = b.pos0, i0 = b.i0;
+  const float scale = b.scale;
+  AttScratch& w = *b.w;
+  float *Q = w.q.data(), *O = w.o.data(), *S = w.s.data(), *M = w.m.data(), *L = w.l.data(), *A = w.alpha.data();
+  int* cnt = w.cnt.data();
   const int C8 = hd / 8;
-  for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
-    const int kc = int(std::min<int64_t>(ATT_KT, pmax + 1 - t0));  // keys of this tile some row sees
-    const int64_t r0 = std::max<int64_t>(0, (t0 - pos0 - i0) * G);  // first row that sees key t0
-    const float *kt = kg + t0 * kvs, *vt = vg + t0 * kvs;
-    int64_t ldk = kvs;
-    if (!pack && t0 + ATT_KT <= pmax) {  // decode streams the cache: ask for the next tile's K/V rows now
-      const int64_t kn = std::min<int64_t>(ATT_KT, pmax + 1 - t0 - ATT_KT);
-      for (int64_t j = 0; j < kn; ++j)
-        for (int c = 0; c < hd; c += 16) {
-          _mm_prefetch(reinterpret_cast<const char*>(kt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(vt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
-        }
-    }
-    if (pack) {
-      for (int j = 0; j < kc; ++j) {
-        std::memcpy(w.kt.data() + j * hd, kt + j * kvs, size_t(hd) * 4);
-        std::memcpy(w.vt.data() + j * hd, vt + j * kvs, size_t(hd) * 4);
+  const int kc = int(std::min<int64_t>(ATT_KT, pmax + 1 - t0));  // keys of this tile some row sees
+  const int64_t r0 = std::max<int64_t>(0, (t0 - pos0 - i0) * G);  // first row that sees key t0
+  const float *kt = k + int64_t(b.g) * hd + t0 * kvs, *vt = v + int64_t(b.g) * hd + t0 * kvs;
+  int64_t ldk = kvs;
+  if (!pack && !stream && t0 + ATT_KT <= pmax) {  // (old decode) the next tile's K/V rows, all at once
+    const int64_t kn = std::min<int64_t>(ATT_KT, pmax + 1 - t0 - ATT_KT);
+    for (int64_t j = 0; j < kn; ++j)
+      for (int c = 0; c < hd; c += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(kt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(vt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
       }
-      kt = w.kt.data();
-      vt = w.vt.data();
-      ldk = hd;
-    }
-    // scores: 3 rows x 4 keys per micro-tile, the 4 keys' rows kept in L1 over all the rows
-    for (int j = 0; j < kc; j += 4) {
-      const int C = std::min(4, kc - j);
-      int64_t r = r0;
-      for (; r + 3 <= rows; r += 3) att_qk_r<3>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
-      if (rows - r == 2) att_qk_r<2>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
-      else if (rows - r == 1) att_qk_r<1>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
-    }
-    // online softmax: each row over its own keys j < cnt (positions t0 + j <= its position)
-    for (int64_t r = r0; r < rows; ++r) {
-      const int c = int(std::min<int64_t>(kc, pos0 + i0 + r / G + 1 - t0));
-      cnt[r] = c;
-      float* sr = S + r * ATT_KT;
-      __m256 mx = _mm256_set1_ps(-INFINITY);
-      int j = 0;
-      for (; j + 8 <= c; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sr + j));
-      float mt = -INFINITY;
-      {
-        alignas(32) float t[8];
-        _mm256_store_ps(t, mx);
-        for (int e = 0; e < 8; ++e) mt = std::max(mt, t[e]);
-        for (int e = j; e < c; ++e) mt = std::max(mt, sr[e]);
-      }
-      const float mnew = std::max(M[r], mt);
-      A[r] = std::exp(M[r] - mnew);  // 0 on the first tile
-      M[r] = mnew;
-      const __m256 mv = _mm256_set1_ps(mnew);
-      __m256 sum = _mm256_setzero_ps();
-      for (j = 0; j < c; j += 8) {  // the last chunk's lanes past c are zeroed (S has room: KT % 8 == 0)
-        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
-        if (c - j < 8) {
-          const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-          e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c - j), lane)));
-        }
-        _mm256_storeu_ps(sr + j, e);
-        sum = _mm256_add_ps(sum, e);
-      }
-      L[r] = L[r] * A[r] + hsum256(sum);
-    }
-    // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile, the V column slice kept in L1
-    for (int c0 = 0; c0 < C8; c0 += 4) {
-      const int C = std::min(4, C8 - c0);
-      int64_t r = r0;
-      for (; r + 3 <= rows; r += 3)
-        att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-      if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-      else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-    }
   }
-  for (int64_t r = 0; r < rows; ++r) {
+  if (pack) {
+    for (int j = 0; j < kc; ++j) {
+      std::memcpy(w.kt.data() + j * hd, kt + j * kvs, size_t(hd) * 4);
+      std::memcpy(w.vt.data() + j * hd, vt + j * kvs, size_t(hd) * 4);
+    }
+    kt = w.kt.data();
+    vt = w.vt.data();
+    ldk = hd;
+  }
+  // scores: 3 rows x 4 keys per micro-tile, the 4 keys' rows kept in L1 over all the rows
+  for (int j = 0; j < kc; j += 4) {
+    const int C = std::min(4, kc - j);
+    if (stream) att_decode_prefetch(kt, vt, kvs, j, C, t0, pmax, hd);
+    int64_t r = r0;
+    for (; r + 3 <= rows; r += 3) att_qk_r<3>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
+    if (rows - r == 2) att_qk_r<2>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
+    else if (rows - r == 1) att_qk_r<1>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
+  }
+  // online softmax: each row over its own keys j < cnt (positions t0 + j <= its position)
+  for (int64_t r = r0; r < rows; ++r) {
+    const int c = int(std::min<int64_t>(kc, pos0 + i0 + r / G + 1 - t0));
+    cnt[r] = c;
+    float* sr = S + r * ATT_KT;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= c; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sr + j));
+    float mt = -INFINITY;
+    {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, mx);
+      for (int e = 0; e < 8; ++e) mt = std::max(mt, t[e]);
+      for (int e = j; e < c; ++e) mt = std::max(mt, sr[e]);
+    }
+    const float mnew = std::max(M[r], mt);
+    A[r] = std::exp(M[r] - mnew);  // 0 on the first tile
+    M[r] = mnew;
+    const __m256 mv = _mm256_set1_ps(mnew);
+    __m256 sum = _mm256_setzero_ps();
+    for (j = 0; j < c; j += 8) {  // the last chunk's lanes past c are zeroed (S has room: KT % 8 == 0)
+      __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
+      if (c - j < 8) {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c - j), lane)));
+      }
+      _mm256_storeu_ps(sr + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    L[r] = L[r] * A[r] + hsum256(sum);
+  }
+  // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile, the V column slice kept in L1
+  for (int c0 = 0; c0 < C8; c0 += 4) {
+    const int C = std::min(4, C8 - c0);
+    int64_t r = r0;
+    for (; r + 3 <= rows; r += 3)
+      att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+    if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+    else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+  }
+}
+
+STRATA_AVX2 static void att_end(const AttBlock& b, float* out) {
+  const int G = b.H / b.Hkv, hd = b.hd;
+  const float *O = b.w->o.data(), *L = b.w->l.data();
+  for (int64_t r = 0; r < b.rows; ++r) {
     const __m256 inv = _mm256_set1_ps(1.0f / L[r]);
-    float* dst = out + ((i0 + r / G) * H + int64_t(g) * G + r % G) * hd;
+    float* dst = out + ((b.i0 + r / G) * b.H + int64_t(b.g) * G + r % G) * hd;
     for (int c = 0; c < hd; c += 8) _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(O + r * hd + c), inv));
   }
 }
 
+STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd, const float* k, const float* v,
+                                          int64_t pos0, int64_t i0, int64_t i1, int g, bool pack, AttScratch& w,
+                                          float* out) {
+  AttBlock b;
+  att_begin(b, q, H, Hkv, hd, pos0, i0, i1, g, w);
+  for (int64_t t0 = 0; t0 <= b.pmax; t0 += ATT_KT) att_tile(b, k, v, t0, pack, false);
+  att_end(b, out);
+}
+
+// Decode (attn_decode): each thread takes a contiguous run of kv heads and walks the key tiles once for all
+// of them (tile outer, heads inner), so it reads one contiguous span of every cache row per tile and keeps
+// a steady prefetch stream ahead; each row's arithmetic (tile order, per-tile softmax, P V) is the block
+// kernel's, so decode keeps the full forward's bits whatever the thread count.
+static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
+                                  int64_t pos0, float* out) {
+  const int T = std::max(1, std::min(Hkv, pool::current_threads()));
+  const int64_t grain = (Hkv + T - 1) / T;
+  decode_for(Hkv, grain, [&](int64_t g0, int64_t g1) {
+    thread_local std::vector<AttScratch> ws;
+    std::vector<AttBlock> bs(size_t(g1 - g0));
+    if (ws.size() < bs.size()) ws.resize(bs.size());
+    for (int64_t g = g0; g < g1; ++g) att_begin(bs[size_t(g - g0)], q, H, Hkv, hd, pos0, 0, n, int(g), ws[size_t(g - g0)]);
+    const int64_t pmax = pos0 + n - 1;
+    for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT)
+      for (auto& b : bs) att_tile(b, k, v, t0, false, true);
+    for (auto& b : bs) att_end(b, out);
+  });
+}
+
 static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
                                  int64_t pos0, float* out) {
-  if (n <= 6) {  // decode: one task per kv head, its n x G rows read the cache once, in place
+  if (n <= 6 && g_attn_decode) {
+    attention_decode_avx2(q, n, H, Hkv, hd, k, v, pos0, out);
+    return;
+  }
+  if (n <= 6) {  // (old decode) one task per kv head, its n x G rows read the cache once, in place
     decode_for(Hkv, 1, [&](int64_t b, int64_t e) {
       thread_local AttScratch w;
       for (int64_t g = b; g < e; ++g) attend_block_avx2(q, H, Hkv, hd, k, v, pos0, 0, n, int(g), false, w, out);
