@@ -1146,16 +1146,23 @@ STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, cons
       for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(b[r], vv, acc[r][c]);
     }
   }
-  for (int r = 0; r < R; ++r)
+  // (fully unrolled over r and c so that acc stays in registers: a run-time index into it made GCC store
+  // all of acc to the stack on every key of the loop above)
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    __m256 a[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) a[c] = acc[r][c];
     for (int j = cmin; j < cnt[r]; ++j) {
       const __m256 b = _mm256_broadcast_ss(p + r * ldp + j);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(b, _mm256_loadu_ps(v + j * ldv + 8 * c), acc[r][c]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(b, _mm256_loadu_ps(v + j * ldv + 8 * c), a[c]);
     }
-  for (int r = 0; r < R; ++r) {
-    const __m256 a = _mm256_set1_ps(alpha[r]);
+    const __m256 al = _mm256_set1_ps(alpha[r]);
+#pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
       float* op = o + r * ldo + 8 * c;
-      _mm256_storeu_ps(op, _mm256_fmadd_ps(_mm256_loadu_ps(op), a, acc[r][c]));
+      _mm256_storeu_ps(op, _mm256_fmadd_ps(_mm256_loadu_ps(op), al, a[c]));
     }
   }
 }
@@ -1194,19 +1201,24 @@ struct AttScratch {
   }
 };
 
-// Decode streams the cache in place (each key row of a kv head is hd floats, Hkv hd apart): while the scores
-// of keys j..j+C-1 of a tile are computed, ask for the K and V rows ATT_DEC_AHEAD keys ahead into L2, so a
-// steady stream of lines is in flight behind the arithmetic (instead of a burst of 2 x 64 rows at the start
-// of each tile, which fills the miss buffers and evicts the tile being worked on from L1).
-constexpr int ATT_DEC_AHEAD = ATT_KT;
-STRATA_AVX2 static inline void att_decode_prefetch(const float* kt, const float* vt, int64_t kvs, int j, int C,
-                                                   int64_t t0, int64_t pmax, int hd) {
-  for (int jj = j; jj < j + C && t0 + jj + ATT_DEC_AHEAD <= pmax; ++jj) {
-    const float* kr = kt + (jj + ATT_DEC_AHEAD) * kvs;
-    const float* vr = vt + (jj + ATT_DEC_AHEAD) * kvs;
-    for (int c = 0; c < hd; c += 16) {
-      _mm_prefetch(reinterpret_cast<const char*>(kr + c), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(vr + c), _MM_HINT_T1);
+// Decode streams the cache in place. A thread owns a contiguous run of kv heads, i.e. one contiguous span of
+// every cache row (span floats from column c0 of each K and V row); while it works on key tile t it asks
+// for the rows of tile t + 1 in address order, a few rows per step of the score loop, so the lines come in
+// as one steady sequential stream (into L2) behind the arithmetic rather than in the tile's strided order.
+struct AttPrefetch {
+  const float *k = nullptr, *v = nullptr;  // row 0, column c0 of the span
+  int64_t kvs = 0, span = 0;               // row stride, span length (floats)
+  int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
+  int per_step = 0;                        // rows per 4-key step
+};
+constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
+STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
+  for (int i = 0; i < p.per_step && p.row < p.end; ++i, ++p.row) {
+    const char* kr = reinterpret_cast<const char*>(p.k + p.row * p.kvs);
+    const char* vr = reinterpret_cast<const char*>(p.v + p.row * p.kvs);
+    for (int64_t c = 0; c < p.span * 4; c += 64) {
+      _mm_prefetch(kr + c, _MM_HINT_T1);
+      _mm_prefetch(vr + c, _MM_HINT_T1);
     }
   }
 }
@@ -1238,7 +1250,7 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
 
 // pack: copy the tile's K/V rows contiguous first (prefill blocks); stream: prefetch ahead (decode).
 STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float* v, int64_t t0, bool pack,
-                                 bool stream) {
+                                 bool stream, AttPrefetch* pf = nullptr) {
   const int G = b.H / b.Hkv, hd = b.hd;
   const int64_t rows = b.rows, kvs = b.kvs, pmax = b.pmax, pos0 = b.pos0, i0 = b.i0;
   const float scale = b.scale;
@@ -1270,7 +1282,7 @@ STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float*
   // scores: 3 rows x 4 keys per micro-tile, the 4 keys' rows kept in L1 over all the rows
   for (int j = 0; j < kc; j += 4) {
     const int C = std::min(4, kc - j);
-    if (stream) att_decode_prefetch(kt, vt, kvs, j, C, t0, pmax, hd);
+    if (pf) att_decode_prefetch(*pf);
     int64_t r = r0;
     for (; r + 3 <= rows; r += 3) att_qk_r<3>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
     if (rows - r == 2) att_qk_r<2>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
@@ -1350,9 +1362,21 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
     std::vector<AttBlock> bs(size_t(g1 - g0));
     if (ws.size() < bs.size()) ws.resize(bs.size());
     for (int64_t g = g0; g < g1; ++g) att_begin(bs[size_t(g - g0)], q, H, Hkv, hd, pos0, 0, n, int(g), ws[size_t(g - g0)]);
-    const int64_t pmax = pos0 + n - 1;
-    for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT)
-      for (auto& b : bs) att_tile(b, k, v, t0, false, true);
+    const int64_t pmax = pos0 + n - 1, nh = g1 - g0;
+    AttPrefetch pf;
+    pf.k = k + g0 * hd;
+    pf.v = v + g0 * hd;
+    pf.kvs = int64_t(Hkv) * hd;
+    pf.span = nh * hd;
+    pf.per_step = int((ATT_KT / nh + 15) / 16);  // 16 score steps per tile-head
+    for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
+      const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT, next_end = std::min(pmax + 1, a0 + ATT_KT);
+      pf.row = a0;
+      for (int64_t i = 0; i < nh; ++i) {
+        pf.end = std::min(next_end, a0 + (i + 1) * ((ATT_KT + nh - 1) / nh));
+        att_tile(bs[size_t(i)], k, v, t0, false, true, &pf);
+      }
+    }
     for (auto& b : bs) att_end(b, out);
   });
 }
