@@ -118,3 +118,48 @@ def test_long_prompt_decode_bit_identical_to_full_forward(tmp_path):
     np.testing.assert_array_equal(s.last_logits(), full[-1])
     s.generate(prompt[:131], max_new_tokens=0)
     np.testing.assert_array_equal(s.last_logits(), eng.forward(prompt[:131])[-1])
+
+
+# Decode (1-6 queries) at long contexts: the streaming decode path (kernel option attn_decode, on by default:
+# each thread walks the key tiles once for a contiguous run of kv heads) against float64, against the
+# per-kv-head decode it replaced (attn_decode off: same per-row arithmetic, so the same bits), over thread
+# counts, and against the same positions computed inside a prefill-sized call (decode == full forward).
+# Contexts not a multiple of the 64-key tile; GQA groups 1-4; kv head counts that 2 or 3 threads split
+# unevenly.
+DECODE_CASES = [(1, 1000, 16, 8, 128), (1, 2047, 8, 2, 64), (1, 3001, 12, 3, 128), (2, 1500, 4, 4, 40),
+                (3, 1099, 16, 4, 24), (6, 777, 6, 1, 128), (1, 65, 3, 3, 8)]
+
+
+def _decode_bits(q, k, v, H, Hkv, threads, on=True):
+    _engine._set_kernel_option("attn_decode", on)
+    try:
+        return _engine._attention(q, k, v, H, Hkv, threads=threads)
+    finally:
+        _engine._set_kernel_option("attn_decode", True)
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
+def test_decode_path_matches_reference_old_decode_and_thread_counts(level, case):
+    n, T, H, Hkv, hd = case
+    q, k, v = inputs(*case, seed=7)
+    assert _engine._kernel_option("attn_decode")
+    out = _decode_bits(q, k, v, H, Hkv, 2)
+    err = np.abs(out - reference(q, k, v)).max()
+    assert err <= TOL, f"{level}: max |error| {err:.2e} > {TOL}"
+    assert np.array_equal(out, _decode_bits(q, k, v, H, Hkv, 2, on=False)), "attn_decode on/off bits differ"
+    for threads in (1, 3):
+        assert np.array_equal(out, _decode_bits(q, k, v, H, Hkv, threads)), f"{threads} threads: other bits"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_path_bits_equal_the_prefill_block(threads):
+    """Positions 2990..3000 of a 3001-key context: each decoded alone (and two of them together) gives the
+    bits the prefill-sized call (tiled query blocks, packed key tiles) gives the same positions."""
+    n, T, H, Hkv, hd = 11, 3001, 8, 4, 128
+    q, k, v = inputs(n, T, H, Hkv, hd, seed=8)
+    full = _engine._attention(q, k, v, H, Hkv, threads=threads)
+    for i in [0, 5, 10]:
+        alone = _engine._attention(q[i:i + 1], k[:T - n + i + 1], v[:T - n + i + 1], H, Hkv, threads=threads)
+        assert np.array_equal(alone[0], full[i]), f"query {i} differs alone"
+    two = _engine._attention(q[3:5], k[:T - n + 5], v[:T - n + 5], H, Hkv, threads=threads)
+    assert np.array_equal(two, full[3:5])

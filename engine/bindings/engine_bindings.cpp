@@ -133,6 +133,9 @@ void register_checkpoint(py::module_& m) {
      "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
         py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo', 'gdn_matrix', 'linear_prefetch' or 'attn_tiled' (default on).");
+  m.def("_kernel_option", [](const std::string& name) { return kernels::option(name); }, py::arg("name"),
+        "Current value of a _set_kernel_option switch ('attn_decode', default on: decode attention streams the "
+        "cache, each thread walking the key tiles once for a contiguous run of kv heads; off: one task per kv head).");
   m.def("_gdn_delta", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
                          py::array_t<float, py::array::c_style | py::array::forcecast> k,
                          py::array_t<float, py::array::c_style | py::array::forcecast> v,
