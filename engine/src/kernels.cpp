@@ -68,6 +68,7 @@ static bool g_gdn_matrix = [] {    // GDN chunked prefill in matrix form (false:
 static bool g_linear_prefetch = true;
 static bool g_attn_tiled = true;   // AVX2 attention tiled with an online softmax (false: the per-query scalar loop)
 static bool g_attn_decode = true;  // AVX2 decode attention streams the cache with prefetch in step (false: per-tile burst)
+static bool g_kv_f16 = false;      // new KV caches hold f16 (AttentionKV::half); off: f32, parity with transformers f32
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
@@ -76,8 +77,9 @@ void set_option(const std::string& name, bool on) {
   else if (name == "linear_prefetch") g_linear_prefetch = on;
   else if (name == "attn_tiled") g_attn_tiled = on;
   else if (name == "attn_decode") g_attn_decode = on;
+  else if (name == "kv_f16") g_kv_f16 = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, attn_decode)");
+                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, attn_decode, kv_f16)");
 }
 bool option(const std::string& name) {
   if (name == "decode_pool") return g_decode_pool;
@@ -86,8 +88,9 @@ bool option(const std::string& name) {
   if (name == "linear_prefetch") return g_linear_prefetch;
   if (name == "attn_tiled") return g_attn_tiled;
   if (name == "attn_decode") return g_attn_decode;
+  if (name == "kv_f16") return g_kv_f16;
   throw std::invalid_argument("unknown kernel option '" + name +
-                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, attn_decode)");
+                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, attn_decode, kv_f16)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -126,6 +129,27 @@ uint16_t f32_to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));  // inf, NaN
+  if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to 65520 or more: inf
+  if (ax < 0x38800000u) {  // below 2^-14: subnormal (or zero), round(|f| 2^24) to nearest even
+    float a;
+    std::memcpy(&a, &ax, 4);
+    return uint16_t(sign | uint32_t(std::nearbyint(a * 16777216.0f)));
+  }
+  const uint32_t m = ax & 0x7fffffu, rem = m & 0x1fffu;
+  uint32_t h = ((((ax >> 23) - 127 + 15) << 10) | (m >> 13));
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right
+  return uint16_t(sign | h);
+}
+
+void f32_to_f16_rows(const float* x, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
 }
 
 float f16_to_f32(uint16_t h) {
@@ -1206,17 +1230,17 @@ struct AttScratch {
 // for the rows of tile t + 1 in address order, a few rows per step of the score loop, so the lines come in
 // as one steady sequential stream (into L2) behind the arithmetic rather than in the tile's strided order.
 struct AttPrefetch {
-  const float *k = nullptr, *v = nullptr;  // row 0, column c0 of the span
-  int64_t kvs = 0, span = 0;               // row stride, span length (floats)
+  const char *k = nullptr, *v = nullptr;  // row 0, column c0 of the span
+  int64_t kvs = 0, span = 0;              // row stride, span length (bytes)
   int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
   int per_step = 0;                        // rows per 4-key step
 };
 constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
 STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
   for (int i = 0; i < p.per_step && p.row < p.end; ++i, ++p.row) {
-    const char* kr = reinterpret_cast<const char*>(p.k + p.row * p.kvs);
-    const char* vr = reinterpret_cast<const char*>(p.v + p.row * p.kvs);
-    for (int64_t c = 0; c < p.span * 4; c += 64) {
+    const char* kr = p.k + p.row * p.kvs;
+    const char* vr = p.v + p.row * p.kvs;
+    for (int64_t c = 0; c < p.span; c += 64) {
       _mm_prefetch(kr + c, _MM_HINT_T1);
       _mm_prefetch(vr + c, _MM_HINT_T1);
     }
@@ -1231,13 +1255,15 @@ struct AttBlock {
   int64_t pos0, i0, i1, rows, kvs, pmax;
   float scale;
   AttScratch* w;
+  const uint16_t *k16, *v16;  // f16 cache (null: f32): every tile is widened into the pack buffers
 };
 
 STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, int hd, int64_t pos0, int64_t i0,
-                                  int64_t i1, int g, AttScratch& w) {
+                                  int64_t i1, int g, AttScratch& w, const uint16_t* k16 = nullptr,
+                                  const uint16_t* v16 = nullptr) {
   const int G = H / Hkv;
   b = AttBlock{H, Hkv, hd, g, pos0, i0, i1, (i1 - i0) * G, int64_t(Hkv) * hd, pos0 + i1 - 1,
-               1.0f / std::sqrt(float(hd)), &w};
+               1.0f / std::sqrt(float(hd)), &w, k16, v16};
   w.fit(b.rows, hd);
   float *Q = w.q.data(), *O = w.o.data(), *M = w.m.data(), *L = w.l.data();
   for (int64_t r = 0; r < b.rows; ++r) {
@@ -1260,9 +1286,25 @@ STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float*
   const int C8 = hd / 8;
   const int kc = int(std::min<int64_t>(ATT_KT, pmax + 1 - t0));  // keys of this tile some row sees
   const int64_t r0 = std::max<int64_t>(0, (t0 - pos0 - i0) * G);  // first row that sees key t0
-  const float *kt = k + int64_t(b.g) * hd + t0 * kvs, *vt = v + int64_t(b.g) * hd + t0 * kvs;
+  const float *kt = nullptr, *vt = nullptr;
   int64_t ldk = kvs;
-  if (!pack && !stream && t0 + ATT_KT <= pmax) {  // (old decode) the next tile's K/V rows, all at once
+  if (b.k16) {  // f16 cache: widen the tile's rows into the pack buffers (exact), then as f32
+    const uint16_t *k16 = b.k16 + int64_t(b.g) * hd + t0 * kvs, *v16 = b.v16 + int64_t(b.g) * hd + t0 * kvs;
+    float *kp = w.kt.data(), *vp = w.vt.data();
+    for (int j = 0; j < kc; ++j)
+      for (int c = 0; c < hd; c += 8) {
+        _mm256_storeu_ps(kp + j * hd + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k16 + j * kvs + c))));
+        _mm256_storeu_ps(vp + j * hd + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v16 + j * kvs + c))));
+      }
+    kt = kp;
+    vt = vp;
+    ldk = hd;
+    pack = false;
+  } else {
+    kt = k + int64_t(b.g) * hd + t0 * kvs;
+    vt = v + int64_t(b.g) * hd + t0 * kvs;
+  }
+  if (!b.k16 && !pack && !stream && t0 + ATT_KT <= pmax) {  // (old decode) the next tile's K/V rows, all at once
     const int64_t kn = std::min<int64_t>(ATT_KT, pmax + 1 - t0 - ATT_KT);
     for (int64_t j = 0; j < kn; ++j)
       for (int c = 0; c < hd; c += 16) {
@@ -1342,9 +1384,9 @@ STRATA_AVX2 static void att_end(const AttBlock& b, float* out) {
 
 STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd, const float* k, const float* v,
                                           int64_t pos0, int64_t i0, int64_t i1, int g, bool pack, AttScratch& w,
-                                          float* out) {
+                                          float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr) {
   AttBlock b;
-  att_begin(b, q, H, Hkv, hd, pos0, i0, i1, g, w);
+  att_begin(b, q, H, Hkv, hd, pos0, i0, i1, g, w, k16, v16);
   for (int64_t t0 = 0; t0 <= b.pmax; t0 += ATT_KT) att_tile(b, k, v, t0, pack, false);
   att_end(b, out);
 }
@@ -1354,20 +1396,22 @@ STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd
 // a steady prefetch stream ahead; each row's arithmetic (tile order, per-tile softmax, P V) is the block
 // kernel's, so decode keeps the full forward's bits whatever the thread count.
 static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
-                                  int64_t pos0, float* out) {
+                                  int64_t pos0, float* out, const uint16_t* k16, const uint16_t* v16) {
   const int T = std::max(1, std::min(Hkv, pool::current_threads()));
   const int64_t grain = (Hkv + T - 1) / T;
   decode_for(Hkv, grain, [&](int64_t g0, int64_t g1) {
     thread_local std::vector<AttScratch> ws;
     std::vector<AttBlock> bs(size_t(g1 - g0));
     if (ws.size() < bs.size()) ws.resize(bs.size());
-    for (int64_t g = g0; g < g1; ++g) att_begin(bs[size_t(g - g0)], q, H, Hkv, hd, pos0, 0, n, int(g), ws[size_t(g - g0)]);
+    for (int64_t g = g0; g < g1; ++g)
+      att_begin(bs[size_t(g - g0)], q, H, Hkv, hd, pos0, 0, n, int(g), ws[size_t(g - g0)], k16, v16);
     const int64_t pmax = pos0 + n - 1, nh = g1 - g0;
     AttPrefetch pf;
-    pf.k = k + g0 * hd;
-    pf.v = v + g0 * hd;
-    pf.kvs = int64_t(Hkv) * hd;
-    pf.span = nh * hd;
+    const int64_t es = k16 ? 2 : 4;  // bytes per cache element
+    pf.k = k16 ? reinterpret_cast<const char*>(k16 + g0 * hd) : reinterpret_cast<const char*>(k + g0 * hd);
+    pf.v = v16 ? reinterpret_cast<const char*>(v16 + g0 * hd) : reinterpret_cast<const char*>(v + g0 * hd);
+    pf.kvs = int64_t(Hkv) * hd * es;
+    pf.span = nh * hd * es;
     pf.per_step = int((ATT_KT / nh + 15) / 16);  // 16 score steps per tile-head
     for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
       const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT, next_end = std::min(pmax + 1, a0 + ATT_KT);
@@ -1382,15 +1426,15 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
 }
 
 static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
-                                 int64_t pos0, float* out) {
+                                 int64_t pos0, float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr) {
   if (n <= 6 && g_attn_decode) {
-    attention_decode_avx2(q, n, H, Hkv, hd, k, v, pos0, out);
+    attention_decode_avx2(q, n, H, Hkv, hd, k, v, pos0, out, k16, v16);
     return;
   }
   if (n <= 6) {  // (old decode) one task per kv head, its n x G rows read the cache once, in place
     decode_for(Hkv, 1, [&](int64_t b, int64_t e) {
       thread_local AttScratch w;
-      for (int64_t g = b; g < e; ++g) attend_block_avx2(q, H, Hkv, hd, k, v, pos0, 0, n, int(g), false, w, out);
+      for (int64_t g = b; g < e; ++g) attend_block_avx2(q, H, Hkv, hd, k, v, pos0, 0, n, int(g), false, w, out, k16, v16);
     });
     return;
   }
@@ -1402,7 +1446,7 @@ static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int 
     for (int64_t t = 0; t < tasks; ++t) {  // the longest blocks (last positions) first
       const int64_t b = nb - 1 - t / Hkv;
       attend_block_avx2(q, H, Hkv, hd, k, v, pos0, b * ATT_QB, std::min(n, (b + 1) * ATT_QB), int(t % Hkv),
-                        true, w, out);
+                        true, w, out, k16, v16);
     }
   }
 }
@@ -1458,6 +1502,22 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
     for (int64_t i = 0; i < n; ++i)
       for (int h = 0; h < H; ++h) one(i, h, scores.data());
   }
+}
+
+void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint16_t* k, const uint16_t* v,
+                   int64_t pos0, float* out) {
+  const bool avx512 = vec(level()) == Level::AVX512 && attend_fn(hd);
+  if (!avx512 && g_attn_tiled && vec(level()) == Level::AVX2 && hd % 8 == 0) {
+    attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, k, v);
+    return;
+  }
+  const int64_t m = (pos0 + n) * Hkv * hd;  // other levels: the whole cache widened (exact), then as f32
+  std::vector<float> kf(static_cast<size_t>(m)), vf(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) {
+    kf[size_t(i)] = f16_to_f32(k[i]);
+    vf[size_t(i)] = f16_to_f32(v[i]);
+  }
+  attention(q, n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
 }
 
 }  // namespace kernels
