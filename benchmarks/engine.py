@@ -115,7 +115,7 @@ def decode_ab(ext, s, prompt, n_decode, rounds):
 
 
 def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None, name=None, old_attention=None,
-                 decode_ab_rounds=0):
+                 decode_ab_rounds=0, kv_f16=False):
     """strata prefill and decode tok/s. old_attention: None (the tiled kernel), "decode" (also decode the held
     prompt again with the old per-query attention and return that decode rate too), "all" (old kernel for
     both prefill and decode)."""
@@ -123,7 +123,11 @@ def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None
 
     ext = _ext()
     eng = strata_engine(path, threads, weights, max_context)
-    s = eng.session("bench")
+    ext._set_kernel_option("kv_f16", kv_f16)  # read when a session's KV caches are created
+    try:
+        s = eng.session("bench-kv-f16" if kv_f16 else "bench")
+    finally:
+        ext._set_kernel_option("kv_f16", False)
     s.reset()
     s.generate(prompt[:16], max_new_tokens=2).result  # warm up (page in weights)
     s.reset()
@@ -459,6 +463,8 @@ def main(argv=None):
                     help="after strata bf16's decode, decode the held prompt again ROUNDS x 2 times alternating "
                          "the attn_decode kernel option off/on; adds 'strata bf16 old decode attention' (decode "
                          "only) and prints the per-op decode profile of both")
+    ap.add_argument("--kv-f16", action="store_true",
+                    help="add 'strata bf16 kv f16': the KV cache in f16 (kernel option kv_f16; half the cache bytes)")
     ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
     ap.add_argument("--q8-max-context", type=int, default=None,
                     help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
@@ -512,6 +518,9 @@ def main(argv=None):
         return bench_strata(path, p, args.decode, T, None, max_ctx, OLD, old_attention="all")
 
     systems = [] if "strata" in skip else [("strata bf16", strata_bf16)]
+    if args.kv_f16 and "strata" not in skip:
+        systems.append(("strata bf16 kv f16", lambda p: bench_strata(path, p, args.decode, T, None, max_ctx,
+                                                                     "strata bf16 kv f16", kv_f16=True)))
     if args.decode_ab and "strata" not in skip:
         systems.append((OLD_DEC, lambda p: (float("nan"), max(DECODE_AB[len(p)]["old"]))))
     if args.attn_ab:
@@ -551,6 +560,8 @@ def main(argv=None):
                     wts = name.split()[1]
                     nbytes = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx).info["stream_bytes"]
                     nbytes += kv_token_bytes * (c + args.decode // 2)  # the f32 KV cache a mid-decode step reads
+                    if name.endswith("kv f16"):
+                        nbytes -= kv_token_bytes * (c + args.decode // 2) // 2
                     # the limit right before and right after: the faster of the best of 3 passes each (a
                     # single pass caught by a competing process on a shared machine understated the limit:
                     # fractions above 1)
