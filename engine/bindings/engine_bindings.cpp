@@ -135,7 +135,8 @@ void register_checkpoint(py::module_& m) {
         py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo', 'gdn_matrix', 'linear_prefetch' or 'attn_tiled' (default on).");
   m.def("_kernel_option", [](const std::string& name) { return kernels::option(name); }, py::arg("name"),
         "Current value of a _set_kernel_option switch ('attn_decode', default on: decode attention streams the "
-        "cache, each thread walking the key tiles once for a contiguous run of kv heads; off: one task per kv head).");
+        "cache, each thread walking the key tiles once for a contiguous run of kv heads; off: one task per kv head. "
+        "'kv_f16', default off: KV caches created from then on hold f16).");
   m.def("_gdn_delta", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
                          py::array_t<float, py::array::c_style | py::array::forcecast> k,
                          py::array_t<float, py::array::c_style | py::array::forcecast> v,
