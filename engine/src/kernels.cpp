@@ -1129,9 +1129,15 @@ STRATA_AVX2 static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
+// 8 cache values as f32: f32 rows, or f16 rows (the kv_f16 cache) widened exactly.
+STRATA_AVX2 static inline __m256 att_ld8(const float* p) { return _mm256_loadu_ps(p); }
+STRATA_AVX2 static inline __m256 att_ld8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // Scores of R query rows (q, ldq) against C <= 4 keys (k, ldk): s[r * lds + j] = (q_r . k_j) * scale.
-template <int R, int C>
-STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const float* k, int64_t ldk, int hd, float scale,
+template <int R, int C, typename E>
+STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const E* k, int64_t ldk, int hd, float scale,
                                float* s, int64_t lds) {
   __m256 acc[R][4];
   for (int r = 0; r < R; ++r)
@@ -1140,7 +1146,7 @@ STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const float* k, int6
     __m256 qv[R];
     for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q + r * ldq + c);
     for (int j = 0; j < C; ++j) {
-      const __m256 kv = _mm256_loadu_ps(k + j * ldk + c);
+      const __m256 kv = att_ld8(k + j * ldk + c);
       for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(qv[r], kv, acc[r][j]);
     }
   }
@@ -1154,8 +1160,8 @@ STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const float* k, int6
 
 // O[r, c0 : c0 + 8 C] = O * alpha_r + sum_{j < cnt_r} p[r, j] v[j, c0 : ...], keys in order, R rows sharing
 // each V load for the keys all of them see (j < cmin) and alone for the rest.
-template <int R, int C>
-STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, const float* alpha, const float* v,
+template <int R, int C, typename E>
+STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, const float* alpha, const E* v,
                                int64_t ldv, float* o, int64_t ldo) {
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -1166,7 +1172,7 @@ STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, cons
     __m256 b[R];
     for (int r = 0; r < R; ++r) b[r] = _mm256_broadcast_ss(p + r * ldp + j);
     for (int c = 0; c < C; ++c) {
-      const __m256 vv = _mm256_loadu_ps(v + j * ldv + 8 * c);
+      const __m256 vv = att_ld8(v + j * ldv + 8 * c);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(b[r], vv, acc[r][c]);
     }
   }
@@ -1180,7 +1186,7 @@ STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, cons
     for (int j = cmin; j < cnt[r]; ++j) {
       const __m256 b = _mm256_broadcast_ss(p + r * ldp + j);
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(b, _mm256_loadu_ps(v + j * ldv + 8 * c), a[c]);
+      for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(b, att_ld8(v + j * ldv + 8 * c), a[c]);
     }
     const __m256 al = _mm256_set1_ps(alpha[r]);
 #pragma GCC unroll 8
@@ -1191,25 +1197,25 @@ STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, cons
   }
 }
 
-template <int R>
-STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, const float* k, int64_t ldk, int C, int hd, float scale,
+template <int R, typename E>
+STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, const E* k, int64_t ldk, int C, int hd, float scale,
                                  float* s, int64_t lds) {
   switch (C) {
-    case 1: att_qk<R, 1>(q, ldq, k, ldk, hd, scale, s, lds); break;
-    case 2: att_qk<R, 2>(q, ldq, k, ldk, hd, scale, s, lds); break;
-    case 3: att_qk<R, 3>(q, ldq, k, ldk, hd, scale, s, lds); break;
-    default: att_qk<R, 4>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    case 1: att_qk<R, 1, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    case 2: att_qk<R, 2, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    case 3: att_qk<R, 3, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    default: att_qk<R, 4, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
   }
 }
 
-template <int R>
-STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, const float* alpha, const float* v,
+template <int R, typename E>
+STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, const float* alpha, const E* v,
                                  int64_t ldv, float* o, int64_t ldo, int C) {
   switch (C) {
-    case 1: att_pv<R, 1>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
-    case 2: att_pv<R, 2>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
-    case 3: att_pv<R, 3>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
-    default: att_pv<R, 4>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    case 1: att_pv<R, 1, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    case 2: att_pv<R, 2, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    case 3: att_pv<R, 3, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    default: att_pv<R, 4, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
   }
 }
 
@@ -1274,53 +1280,17 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
   }
 }
 
-// pack: copy the tile's K/V rows contiguous first (prefill blocks); stream: prefetch ahead (decode).
-STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float* v, int64_t t0, bool pack,
-                                 bool stream, AttPrefetch* pf = nullptr) {
+// Scores, online softmax and P V of one key tile (t0, kc keys; K/V rows kt, vt with stride ldk, f32 or f16).
+template <typename E>
+STRATA_AVX2 static void att_tile_body(const AttBlock& b, const E* kt, const E* vt, int64_t ldk, int kc, int64_t r0,
+                                      int64_t t0, AttPrefetch* pf) {
   const int G = b.H / b.Hkv, hd = b.hd;
-  const int64_t rows = b.rows, kvs = b.kvs, pmax = b.pmax, pos0 = b.pos0, i0 = b.i0;
+  const int64_t rows = b.rows, pos0 = b.pos0, i0 = b.i0;
   const float scale = b.scale;
   AttScratch& w = *b.w;
   float *Q = w.q.data(), *O = w.o.data(), *S = w.s.data(), *M = w.m.data(), *L = w.l.data(), *A = w.alpha.data();
   int* cnt = w.cnt.data();
   const int C8 = hd / 8;
-  const int kc = int(std::min<int64_t>(ATT_KT, pmax + 1 - t0));  // keys of this tile some row sees
-  const int64_t r0 = std::max<int64_t>(0, (t0 - pos0 - i0) * G);  // first row that sees key t0
-  const float *kt = nullptr, *vt = nullptr;
-  int64_t ldk = kvs;
-  if (b.k16) {  // f16 cache: widen the tile's rows into the pack buffers (exact), then as f32
-    const uint16_t *k16 = b.k16 + int64_t(b.g) * hd + t0 * kvs, *v16 = b.v16 + int64_t(b.g) * hd + t0 * kvs;
-    float *kp = w.kt.data(), *vp = w.vt.data();
-    for (int j = 0; j < kc; ++j)
-      for (int c = 0; c < hd; c += 8) {
-        _mm256_storeu_ps(kp + j * hd + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k16 + j * kvs + c))));
-        _mm256_storeu_ps(vp + j * hd + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v16 + j * kvs + c))));
-      }
-    kt = kp;
-    vt = vp;
-    ldk = hd;
-    pack = false;
-  } else {
-    kt = k + int64_t(b.g) * hd + t0 * kvs;
-    vt = v + int64_t(b.g) * hd + t0 * kvs;
-  }
-  if (!b.k16 && !pack && !stream && t0 + ATT_KT <= pmax) {  // (old decode) the next tile's K/V rows, all at once
-    const int64_t kn = std::min<int64_t>(ATT_KT, pmax + 1 - t0 - ATT_KT);
-    for (int64_t j = 0; j < kn; ++j)
-      for (int c = 0; c < hd; c += 16) {
-        _mm_prefetch(reinterpret_cast<const char*>(kt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(vt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
-      }
-  }
-  if (pack) {
-    for (int j = 0; j < kc; ++j) {
-      std::memcpy(w.kt.data() + j * hd, kt + j * kvs, size_t(hd) * 4);
-      std::memcpy(w.vt.data() + j * hd, vt + j * kvs, size_t(hd) * 4);
-    }
-    kt = w.kt.data();
-    vt = w.vt.data();
-    ldk = hd;
-  }
   // scores: 3 rows x 4 keys per micro-tile, the 4 keys' rows kept in L1 over all the rows
   for (int j = 0; j < kc; j += 4) {
     const int C = std::min(4, kc - j);
@@ -1370,6 +1340,56 @@ STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float*
     if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
     else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
   }
+}
+
+// pack: copy the tile's K/V rows contiguous first (prefill blocks); stream: prefetch ahead (decode).
+STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float* v, int64_t t0, bool pack,
+                                 bool stream, AttPrefetch* pf = nullptr) {
+  const int G = b.H / b.Hkv, hd = b.hd;
+  const int64_t kvs = b.kvs, pmax = b.pmax, pos0 = b.pos0, i0 = b.i0;
+  AttScratch& w = *b.w;
+  const int kc = int(std::min<int64_t>(ATT_KT, pmax + 1 - t0));  // keys of this tile some row sees
+  const int64_t r0 = std::max<int64_t>(0, (t0 - pos0 - i0) * G);  // first row that sees key t0
+  const float *kt = nullptr, *vt = nullptr;
+  int64_t ldk = kvs;
+  if (b.k16 && stream) {  // f16 cache, decode: widened in registers as it is read, in place (same values)
+    att_tile_body(b, b.k16 + int64_t(b.g) * hd + t0 * kvs, b.v16 + int64_t(b.g) * hd + t0 * kvs, kvs, kc, r0, t0, pf);
+    return;
+  }
+  if (b.k16) {  // f16 cache: widen the tile's rows into the pack buffers (exact), then as f32
+    const uint16_t *k16 = b.k16 + int64_t(b.g) * hd + t0 * kvs, *v16 = b.v16 + int64_t(b.g) * hd + t0 * kvs;
+    float *kp = w.kt.data(), *vp = w.vt.data();
+    for (int j = 0; j < kc; ++j)
+      for (int c = 0; c < hd; c += 8) {
+        _mm256_storeu_ps(kp + j * hd + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k16 + j * kvs + c))));
+        _mm256_storeu_ps(vp + j * hd + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v16 + j * kvs + c))));
+      }
+    kt = kp;
+    vt = vp;
+    ldk = hd;
+    pack = false;
+  } else {
+    kt = k + int64_t(b.g) * hd + t0 * kvs;
+    vt = v + int64_t(b.g) * hd + t0 * kvs;
+  }
+  if (!b.k16 && !pack && !stream && t0 + ATT_KT <= pmax) {  // (old decode) the next tile's K/V rows, all at once
+    const int64_t kn = std::min<int64_t>(ATT_KT, pmax + 1 - t0 - ATT_KT);
+    for (int64_t j = 0; j < kn; ++j)
+      for (int c = 0; c < hd; c += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(kt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(vt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
+      }
+  }
+  if (pack) {
+    for (int j = 0; j < kc; ++j) {
+      std::memcpy(w.kt.data() + j * hd, kt + j * kvs, size_t(hd) * 4);
+      std::memcpy(w.vt.data() + j * hd, vt + j * kvs, size_t(hd) * 4);
+    }
+    kt = w.kt.data();
+    vt = w.vt.data();
+    ldk = hd;
+  }
+  att_tile_body(b, kt, vt, ldk, kc, r0, t0, pf);
 }
 
 STRATA_AVX2 static void att_end(const AttBlock& b, float* out) {
