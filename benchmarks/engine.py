@@ -592,7 +592,7 @@ def main(argv=None):
     c0 = contexts[0]
     for (name, c), (frac, gbs, limit) in bw.items():
         nbytes = gbs * 1e9 / limit
-        lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token (weights + f32 KV cache); "
+        lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token (weights + KV cache: f32, or f16 for kv f16); "
                      f"read loop over that many bytes, {T} threads, best of 3 passes just before and 3 after: "
                      f"{gbs:.1f} GB/s = limit {limit:.1f} tok/s; decode "
                      f"{rows[(name, c)][1]:.2f} tok/s = **{frac:.2f} of the bandwidth limit**")
