@@ -72,7 +72,8 @@ void axpy(float a, const float* x, float* y, int64_t n);  // y += a * x
 void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
                int64_t pos0, float* out);
 // The same with an f16 cache (AttentionKV::half()): the AVX2 tiled kernel widens each key tile as it packs
-// it (prefill and decode alike); other levels widen the whole cache first.
+// it (prefill) or in registers as it reads it (decode), the same values either way; other levels widen the
+// whole cache first.
 void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint16_t* k, const uint16_t* v,
                    int64_t pos0, float* out);
 
