@@ -43,6 +43,9 @@ void AttentionKV::commit() {
   const int64_t m = staged_ * row(), o = (length_ - staged_) * row();
   kernels::f32_to_f16_rows(k_.data(), k16_.data() + o, m);
   kernels::f32_to_f16_rows(v_.data(), v16_.data() + o, m);
+  if (staged_ > 64) {  // a prefill chunk's staging (2 x its rows in f32) is not kept: decode stages 1 row
+    k_.clear(); v_.clear(); k_.shrink_to_fit(); v_.shrink_to_fit();
+  }
   staged_ = 0;
 }
 
