@@ -86,8 +86,37 @@ def _attention_share(prof, phase):
     return secs.get("attention", 0.0) / total if total > 0 else float("nan")
 
 
+DECODE_AB: dict = {}  # context -> {"new"/"old": [decode tok/s per round], "prof_new"/"prof_old": ms/token per op}
+
+
+def _decode_ms_per_token(prof):
+    d = prof["decode"]
+    return {op: sec * 1e3 / max(1, d["tokens"]) for op, sec in d["seconds"].items()}
+
+
+def decode_ab(ext, s, prompt, n_decode, rounds):
+    """Decode the held prompt again, alternating attn_decode off/on (the decode attention before and after
+    the streaming decode path), rounds x 2 times; per-round tok/s and the per-op decode profile of each."""
+    out = {"new": [], "old": [], "prof_new": {}, "prof_old": {}}
+    try:
+        for rnd in range(rounds):
+            for on in ((False, True) if rnd % 2 == 0 else (True, False)):
+                ext._set_kernel_option("attn_decode", on)
+                ext._profile(True)
+                r = s.generate(prompt, max_new_tokens=n_decode).result
+                prof = ext._profile(True)
+                assert r.tokens_read <= 1 and len(r.gen_ids) == n_decode, (r.tokens_read, len(prompt))
+                key = "new" if on else "old"
+                out[key].append(n_decode / (r.decode_ms / 1e3))
+                if prof["enabled"]:
+                    out["prof_" + key] = _decode_ms_per_token(prof)
+    finally:
+        ext._set_kernel_option("attn_decode", True)
+    return out
+
+
 def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None, name=None, old_attention=None,
-                 int8_dot=True):
+                 int8_dot=True, decode_ab_rounds=0, kv_f16=False):
     """strata prefill and decode tok/s. old_attention: None (the tiled kernel), "decode" (also decode the held
     prompt again with the old per-query attention and return that decode rate too), "all" (old kernel for
     both prefill and decode). int8_dot=False: int8 weights widened to f32 against f32 activations (the path
@@ -96,7 +125,11 @@ def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None
 
     ext = _ext()
     eng = strata_engine(path, threads, weights, max_context)
-    s = eng.session("bench")
+    ext._set_kernel_option("kv_f16", kv_f16)  # read when a session's KV caches are created
+    try:
+        s = eng.session("bench-kv-f16" if kv_f16 else "bench")
+    finally:
+        ext._set_kernel_option("kv_f16", False)
     ext._set_kernel_option("int8_dot", int8_dot)
     s.reset()
     s.generate(prompt[:16], max_new_tokens=2).result  # warm up (page in weights)
@@ -113,6 +146,8 @@ def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None
             r2 = s.generate(prompt, max_new_tokens=n_decode).result
             assert r2.tokens_read <= 1 and len(r2.gen_ids) == n_decode, (r2.tokens_read, r2.reused, len(prompt))
             old_d = n_decode / (r2.decode_ms / 1e3)
+        if decode_ab_rounds:
+            DECODE_AB[len(prompt)] = decode_ab(ext, s, prompt, n_decode, decode_ab_rounds)
     finally:
         ext._set_kernel_option("attn_tiled", True)
         ext._set_kernel_option("int8_dot", True)
@@ -439,6 +474,12 @@ def main(argv=None):
     ap.add_argument("--int8-ab", action="store_true",
                     help="add 'strata int8 f32 act' (int8 weights widened to f32, f32 activations: the int8 path "
                          "before int8_dot) to the table and its accuracy")
+    ap.add_argument("--decode-ab", type=int, default=0, metavar="ROUNDS",
+                    help="after strata bf16's decode, decode the held prompt again ROUNDS x 2 times alternating "
+                         "the attn_decode kernel option off/on; adds 'strata bf16 old decode attention' (decode "
+                         "only) and prints the per-op decode profile of both")
+    ap.add_argument("--kv-f16", action="store_true",
+                    help="add 'strata bf16 kv f16': the KV cache in f16 (kernel option kv_f16; half the cache bytes)")
     ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
     ap.add_argument("--q8-max-context", type=int, default=None,
                     help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
@@ -464,7 +505,22 @@ def main(argv=None):
     OLD = "strata bf16 old attention"
     old_decode = {}  # context -> decode tok/s with the old attention, measured right after strata bf16's
 
+    OLD_DEC = "strata bf16 old decode attention"
+
     def strata_bf16(p):
+        if args.decode_ab:
+            pf, d = bench_strata(path, p, args.decode, T, None, max_ctx, "strata bf16", decode_ab_rounds=args.decode_ab)
+            ab = DECODE_AB[len(p)]
+            print(f"  decode A/B ctx {len(p)}: attn_decode on {['%.2f' % x for x in ab['new']]} tok/s, off "
+                  f"{['%.2f' % x for x in ab['old']]} tok/s; best on/off x{max(ab['new']) / max(ab['old']):.2f}, "
+                  f"median x{float(np.median(ab['new'])) / float(np.median(ab['old'])):.2f}", flush=True)
+            for key in ("prof_new", "prof_old"):
+                if ab[key]:
+                    tot = sum(ab[key].values())
+                    print(f"    decode profile attn_decode {'on ' if key == 'prof_new' else 'off'} (last round, "
+                          f"ms/token): total {tot:.2f}; " + ", ".join(f"{op} {ms:.2f} ({ms / tot * 100:.0f}%)"
+                          for op, ms in ab[key].items() if ms >= 0.005), flush=True)
+            return pf, max(d, max(ab["new"]))
         if not args.attn_ab:
             return bench_strata(path, p, args.decode, T, None, max_ctx, "strata bf16")
         pf, d, od = bench_strata(path, p, args.decode, T, None, max_ctx, "strata bf16", old_attention="decode")
@@ -477,6 +533,11 @@ def main(argv=None):
         return bench_strata(path, p, args.decode, T, None, max_ctx, OLD, old_attention="all")
 
     systems = [] if "strata" in skip else [("strata bf16", strata_bf16)]
+    if args.kv_f16 and "strata" not in skip:
+        systems.append(("strata bf16 kv f16", lambda p: bench_strata(path, p, args.decode, T, None, max_ctx,
+                                                                     "strata bf16 kv f16", kv_f16=True)))
+    if args.decode_ab and "strata" not in skip:
+        systems.append((OLD_DEC, lambda p: (float("nan"), max(DECODE_AB[len(p)]["old"]))))
     if args.attn_ab:
         systems.append((OLD, strata_old))
     if "int8" not in skip:
@@ -517,6 +578,8 @@ def main(argv=None):
                     wts = name.split()[1]
                     nbytes = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx).info["stream_bytes"]
                     nbytes += kv_token_bytes * (c + args.decode // 2)  # the f32 KV cache a mid-decode step reads
+                    if name.endswith("kv f16"):
+                        nbytes -= kv_token_bytes * (c + args.decode // 2) // 2
                     # the limit right before and right after: the faster of the best of 3 passes each (a
                     # single pass caught by a competing process on a shared machine understated the limit:
                     # fractions above 1)
@@ -547,7 +610,7 @@ def main(argv=None):
     c0 = contexts[0]
     for (name, c), (frac, gbs, limit) in bw.items():
         nbytes = gbs * 1e9 / limit
-        lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token (weights + f32 KV cache); "
+        lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token (weights + KV cache: f32, or f16 for kv f16); "
                      f"read loop over that many bytes, {T} threads, best of 3 passes just before and 3 after: "
                      f"{gbs:.1f} GB/s = limit {limit:.1f} tok/s; decode "
                      f"{rows[(name, c)][1]:.2f} tok/s = **{frac:.2f} of the bandwidth limit**")

@@ -118,3 +118,112 @@ def test_long_prompt_decode_bit_identical_to_full_forward(tmp_path):
     np.testing.assert_array_equal(s.last_logits(), full[-1])
     s.generate(prompt[:131], max_new_tokens=0)
     np.testing.assert_array_equal(s.last_logits(), eng.forward(prompt[:131])[-1])
+
+
+# Decode (1-6 queries) at long contexts: the streaming decode path (kernel option attn_decode, on by default:
+# each thread walks the key tiles once for a contiguous run of kv heads) against float64, against the
+# per-kv-head decode it replaced (attn_decode off: same per-row arithmetic, so the same bits), over thread
+# counts, and against the same positions computed inside a prefill-sized call (decode == full forward).
+# Contexts not a multiple of the 64-key tile; GQA groups 1-4; kv head counts that 2 or 3 threads split
+# unevenly.
+DECODE_CASES = [(1, 1000, 16, 8, 128), (1, 2047, 8, 2, 64), (1, 3001, 12, 3, 128), (2, 1500, 4, 4, 40),
+                (3, 1099, 16, 4, 24), (6, 777, 6, 1, 128), (1, 65, 3, 3, 8)]
+
+
+def _decode_bits(q, k, v, H, Hkv, threads, on=True):
+    _engine._set_kernel_option("attn_decode", on)
+    try:
+        return _engine._attention(q, k, v, H, Hkv, threads=threads)
+    finally:
+        _engine._set_kernel_option("attn_decode", True)
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
+def test_decode_path_matches_reference_old_decode_and_thread_counts(level, case):
+    n, T, H, Hkv, hd = case
+    q, k, v = inputs(*case, seed=7)
+    assert _engine._kernel_option("attn_decode")
+    out = _decode_bits(q, k, v, H, Hkv, 2)
+    err = np.abs(out - reference(q, k, v)).max()
+    assert err <= TOL, f"{level}: max |error| {err:.2e} > {TOL}"
+    assert np.array_equal(out, _decode_bits(q, k, v, H, Hkv, 2, on=False)), "attn_decode on/off bits differ"
+    for threads in (1, 3):
+        assert np.array_equal(out, _decode_bits(q, k, v, H, Hkv, threads)), f"{threads} threads: other bits"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_path_bits_equal_the_prefill_block(threads):
+    """Positions 2990..3000 of a 3001-key context: each decoded alone (and two of them together) gives the
+    bits the prefill-sized call (tiled query blocks, packed key tiles) gives the same positions."""
+    n, T, H, Hkv, hd = 11, 3001, 8, 4, 128
+    q, k, v = inputs(n, T, H, Hkv, hd, seed=8)
+    full = _engine._attention(q, k, v, H, Hkv, threads=threads)
+    for i in [0, 5, 10]:
+        alone = _engine._attention(q[i:i + 1], k[:T - n + i + 1], v[:T - n + i + 1], H, Hkv, threads=threads)
+        assert np.array_equal(alone[0], full[i]), f"query {i} differs alone"
+    two = _engine._attention(q[3:5], k[:T - n + 5], v[:T - n + 5], H, Hkv, threads=threads)
+    assert np.array_equal(two, full[3:5])
+
+
+# f16 KV cache (kernel option kv_f16, off by default): the cache rounded to f16 (round to nearest even,
+# numpy's float16), then the same kernel; checked against float64 attention over the rounded K/V, decode
+# (streaming path, 1 and 2 threads, on/off) against the prefill-sized call, and at the engine level: decode
+# logits equal the full forward's with the option on, and stay close to the f32 cache's.
+@pytest.mark.parametrize("case", CASES + DECODE_CASES[:4], ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
+def test_f16_cache_attention_matches_reference_on_rounded_kv(level, case):
+    n, T, H, Hkv, hd = case
+    q, k, v = inputs(*case, seed=9)
+    k[3, 0, :2] = [1e-6, -3e-7]  # f16 subnormals
+    out = _engine._attention(q, k, v, H, Hkv, threads=2, kv_f16=True)
+    k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+    err = np.abs(out - reference(q, k16, v16)).max()
+    assert err <= TOL, f"{level}: max |error| {err:.2e} > {TOL}"
+    # the cache's rounding is numpy's (nearest even), also near f16's top (65504; 65519 is the largest float32
+    # that rounds down to it): the f16 cache gives the bits the f32 kernel gives the pre-rounded values
+    v[1, 0, :4] = [4000.5, -60000.0, 65519.0, 2049.0]
+    k[2, -1, :2] = [0.1, 1.0 + 2.0**-11]  # a tie: rounds to even
+    out = _engine._attention(q, k, v, H, Hkv, threads=2, kv_f16=True)
+    k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+    assert np.array_equal(out, _engine._attention(q, k16, v16, H, Hkv, threads=2))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_f16_cache_decode_bits_equal_the_prefill_block(threads):
+    n, T, H, Hkv, hd = 11, 2001, 8, 4, 128
+    q, k, v = inputs(n, T, H, Hkv, hd, seed=10)
+    full = _engine._attention(q, k, v, H, Hkv, threads=threads, kv_f16=True)
+    for on in (True, False):
+        _engine._set_kernel_option("attn_decode", on)
+        try:
+            for i in [0, 10]:
+                alone = _engine._attention(q[i:i + 1], k[:T - n + i + 1], v[:T - n + i + 1], H, Hkv, threads=threads,
+                                           kv_f16=True)
+                assert np.array_equal(alone[0], full[i]), f"query {i} differs alone (attn_decode {on})"
+        finally:
+            _engine._set_kernel_option("attn_decode", True)
+
+
+def test_f16_cache_engine_decode_equals_full_forward_and_stays_close_to_f32(tmp_path):
+    from strata_lab.engine import Engine
+    from strata_lab.tiny import make_tiny
+
+    path = make_tiny(tmp_path / "ck", dtype="bfloat16", seed=5)
+    prompt = np.random.default_rng(4).integers(0, 151000, 150).tolist()
+    ref = Engine.load(path, threads=2, max_context=512).forward(prompt)  # f32 cache
+    assert not _engine._kernel_option("kv_f16")
+    _engine._set_kernel_option("kv_f16", True)
+    try:
+        eng = Engine.load(path, threads=2, max_context=512)
+        s = eng.session("f16")
+        r = s.generate(prompt, max_new_tokens=4).result
+        full = eng.forward(s.held_ids)
+        assert r.gen_ids == [int(np.argmax(full[i])) for i in range(len(prompt) - 1, len(s.held_ids) - 1)]
+        np.testing.assert_array_equal(s.last_logits(), full[-1])
+        s.generate(prompt[:131], max_new_tokens=0)
+        np.testing.assert_array_equal(s.last_logits(), eng.forward(prompt[:131])[-1])
+    finally:
+        _engine._set_kernel_option("kv_f16", False)
+    half = full[: len(prompt)]
+    assert not np.array_equal(half, ref)  # the option really changed the cache
+    scale = np.abs(ref).max()
+    assert np.abs(half - ref).max() <= 2e-2 * scale, (np.abs(half - ref).max(), scale)

@@ -133,6 +133,10 @@ void register_checkpoint(py::module_& m) {
      "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
         py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo', 'gdn_matrix', 'linear_prefetch', 'attn_tiled' or 'int8_dot' (default on).");
+  m.def("_kernel_option", [](const std::string& name) { return kernels::option(name); }, py::arg("name"),
+        "Current value of a _set_kernel_option switch ('attn_decode', default on: decode attention streams the "
+        "cache, each thread walking the key tiles once for a contiguous run of kv heads; off: one task per kv head. "
+        "'kv_f16', default off: KV caches created from then on hold f16).");
   m.def("_gdn_delta", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
                          py::array_t<float, py::array::c_style | py::array::forcecast> k,
                          py::array_t<float, py::array::c_style | py::array::forcecast> v,
@@ -174,7 +178,7 @@ void register_checkpoint(py::module_& m) {
   m.def("_attention", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
                          py::array_t<float, py::array::c_style | py::array::forcecast> k,
                          py::array_t<float, py::array::c_style | py::array::forcecast> v, int n_heads, int n_kv_heads,
-                         int threads) {
+                         int threads, bool kv_f16) {
     // q [n, H, hd]; k, v [T, Hkv, hd] with T >= n: the last n cache rows are the queries' own positions.
     if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3) throw std::invalid_argument("q, k, v must be 3-d");
     const int64_t n = q.shape(0), T = k.shape(0), hd = q.shape(2);
@@ -188,11 +192,21 @@ void register_checkpoint(py::module_& m) {
     {
       py::gil_scoped_release release;
       use_threads(threads);
-      kernels::attention(qp, n, n_heads, n_kv_heads, int(hd), kp, vp, T - n, op);
+      if (kv_f16) {  // the cache rounded to f16 as AttentionKV::commit() rounds it, then the f16 kernel
+        const int64_t m = T * n_kv_heads * hd;
+        std::vector<uint16_t> k16(static_cast<size_t>(m)), v16(static_cast<size_t>(m));
+        kernels::f32_to_f16_rows(kp, k16.data(), m);
+        kernels::f32_to_f16_rows(vp, v16.data(), m);
+        kernels::attention_f16(qp, n, n_heads, n_kv_heads, int(hd), k16.data(), v16.data(), T - n, op);
+      } else {
+        kernels::attention(qp, n, n_heads, n_kv_heads, int(hd), kp, vp, T - n, op);
+      }
     }
     return out;
   }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("threads") = 0,
-     "The engine's causal GQA attention kernel on its own (tests, A/B timings): queries at positions T-n..T-1.");
+     py::arg("kv_f16") = false,
+     "The engine's causal GQA attention kernel on its own (tests, A/B timings): queries at positions T-n..T-1. "
+     "kv_f16: k and v rounded to an f16 cache first (the kv_f16 kernel option's cache).");
   m.def("_int8_matmul", [](py::array_t<int8_t, py::array::c_style | py::array::forcecast> w,
                            py::array_t<float, py::array::c_style | py::array::forcecast> scale,
                            py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads) {

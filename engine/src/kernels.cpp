@@ -70,6 +70,8 @@ static bool g_attn_tiled = true;   // AVX2 attention tiled with an online softma
 // int8 weights x activations quantised to int8 per token in blocks of 32 (integer dot products); false: the
 // weights widened to f32 against f32 activations.
 static bool g_int8_dot = true;
+static bool g_attn_decode = true;  // AVX2 decode attention streams the cache with prefetch in step (false: per-tile burst)
+static bool g_kv_f16 = false;      // new KV caches hold f16 (AttentionKV::half); off: f32, parity with transformers f32
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
@@ -78,8 +80,10 @@ void set_option(const std::string& name, bool on) {
   else if (name == "linear_prefetch") g_linear_prefetch = on;
   else if (name == "attn_tiled") g_attn_tiled = on;
   else if (name == "int8_dot") g_int8_dot = on;
+  else if (name == "attn_decode") g_attn_decode = on;
+  else if (name == "kv_f16") g_kv_f16 = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot)");
+                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16)");
 }
 bool option(const std::string& name) {
   if (name == "decode_pool") return g_decode_pool;
@@ -88,8 +92,10 @@ bool option(const std::string& name) {
   if (name == "linear_prefetch") return g_linear_prefetch;
   if (name == "attn_tiled") return g_attn_tiled;
   if (name == "int8_dot") return g_int8_dot;
+  if (name == "attn_decode") return g_attn_decode;
+  if (name == "kv_f16") return g_kv_f16;
   throw std::invalid_argument("unknown kernel option '" + name +
-                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot)");
+                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -128,6 +134,27 @@ uint16_t f32_to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));  // inf, NaN
+  if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to 65520 or more: inf
+  if (ax < 0x38800000u) {  // below 2^-14: subnormal (or zero), round(|f| 2^24) to nearest even
+    float a;
+    std::memcpy(&a, &ax, 4);
+    return uint16_t(sign | uint32_t(std::nearbyint(a * 16777216.0f)));
+  }
+  const uint32_t m = ax & 0x7fffffu, rem = m & 0x1fffu;
+  uint32_t h = ((((ax >> 23) - 127 + 15) << 10) | (m >> 13));
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right
+  return uint16_t(sign | h);
+}
+
+void f32_to_f16_rows(const float* x, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
 }
 
 float f16_to_f32(uint16_t h) {
@@ -1303,9 +1330,15 @@ STRATA_AVX2 static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
+// 8 cache values as f32: f32 rows, or f16 rows (the kv_f16 cache) widened exactly.
+STRATA_AVX2 static inline __m256 att_ld8(const float* p) { return _mm256_loadu_ps(p); }
+STRATA_AVX2 static inline __m256 att_ld8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // Scores of R query rows (q, ldq) against C <= 4 keys (k, ldk): s[r * lds + j] = (q_r . k_j) * scale.
-template <int R, int C>
-STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const float* k, int64_t ldk, int hd, float scale,
+template <int R, int C, typename E>
+STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const E* k, int64_t ldk, int hd, float scale,
                                float* s, int64_t lds) {
   __m256 acc[R][4];
   for (int r = 0; r < R; ++r)
@@ -1314,7 +1347,7 @@ STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const float* k, int6
     __m256 qv[R];
     for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q + r * ldq + c);
     for (int j = 0; j < C; ++j) {
-      const __m256 kv = _mm256_loadu_ps(k + j * ldk + c);
+      const __m256 kv = att_ld8(k + j * ldk + c);
       for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(qv[r], kv, acc[r][j]);
     }
   }
@@ -1328,8 +1361,8 @@ STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const float* k, int6
 
 // O[r, c0 : c0 + 8 C] = O * alpha_r + sum_{j < cnt_r} p[r, j] v[j, c0 : ...], keys in order, R rows sharing
 // each V load for the keys all of them see (j < cmin) and alone for the rest.
-template <int R, int C>
-STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, const float* alpha, const float* v,
+template <int R, int C, typename E>
+STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, const float* alpha, const E* v,
                                int64_t ldv, float* o, int64_t ldo) {
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -1340,43 +1373,50 @@ STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, cons
     __m256 b[R];
     for (int r = 0; r < R; ++r) b[r] = _mm256_broadcast_ss(p + r * ldp + j);
     for (int c = 0; c < C; ++c) {
-      const __m256 vv = _mm256_loadu_ps(v + j * ldv + 8 * c);
+      const __m256 vv = att_ld8(v + j * ldv + 8 * c);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(b[r], vv, acc[r][c]);
     }
   }
-  for (int r = 0; r < R; ++r)
+  // (fully unrolled over r and c so that acc stays in registers: a run-time index into it made GCC store
+  // all of acc to the stack on every key of the loop above)
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    __m256 a[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) a[c] = acc[r][c];
     for (int j = cmin; j < cnt[r]; ++j) {
       const __m256 b = _mm256_broadcast_ss(p + r * ldp + j);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(b, _mm256_loadu_ps(v + j * ldv + 8 * c), acc[r][c]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(b, att_ld8(v + j * ldv + 8 * c), a[c]);
     }
-  for (int r = 0; r < R; ++r) {
-    const __m256 a = _mm256_set1_ps(alpha[r]);
+    const __m256 al = _mm256_set1_ps(alpha[r]);
+#pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
       float* op = o + r * ldo + 8 * c;
-      _mm256_storeu_ps(op, _mm256_fmadd_ps(_mm256_loadu_ps(op), a, acc[r][c]));
+      _mm256_storeu_ps(op, _mm256_fmadd_ps(_mm256_loadu_ps(op), al, a[c]));
     }
   }
 }
 
-template <int R>
-STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, const float* k, int64_t ldk, int C, int hd, float scale,
+template <int R, typename E>
+STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, const E* k, int64_t ldk, int C, int hd, float scale,
                                  float* s, int64_t lds) {
   switch (C) {
-    case 1: att_qk<R, 1>(q, ldq, k, ldk, hd, scale, s, lds); break;
-    case 2: att_qk<R, 2>(q, ldq, k, ldk, hd, scale, s, lds); break;
-    case 3: att_qk<R, 3>(q, ldq, k, ldk, hd, scale, s, lds); break;
-    default: att_qk<R, 4>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    case 1: att_qk<R, 1, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    case 2: att_qk<R, 2, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    case 3: att_qk<R, 3, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    default: att_qk<R, 4, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
   }
 }
 
-template <int R>
-STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, const float* alpha, const float* v,
+template <int R, typename E>
+STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, const float* alpha, const E* v,
                                  int64_t ldv, float* o, int64_t ldo, int C) {
   switch (C) {
-    case 1: att_pv<R, 1>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
-    case 2: att_pv<R, 2>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
-    case 3: att_pv<R, 3>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
-    default: att_pv<R, 4>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    case 1: att_pv<R, 1, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    case 2: att_pv<R, 2, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    case 3: att_pv<R, 3, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    default: att_pv<R, 4, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
   }
 }
 
@@ -1392,111 +1432,230 @@ struct AttScratch {
   }
 };
 
-// Query positions i0..i1-1 (of the call's n; position pos0 + i) x the G heads of kv head g. Row r is
-// position i0 + r / G, head g G + r % G.
-STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd, const float* k, const float* v,
-                                          int64_t pos0, int64_t i0, int64_t i1, int g, bool pack, AttScratch& w,
-                                          float* out) {
+// Decode streams the cache in place. A thread owns a contiguous run of kv heads, i.e. one contiguous span of
+// every cache row (span floats from column c0 of each K and V row); while it works on key tile t it asks
+// for the rows of tile t + 1 in address order, a few rows per step of the score loop, so the lines come in
+// as one steady sequential stream (into L2) behind the arithmetic rather than in the tile's strided order.
+struct AttPrefetch {
+  const char *k = nullptr, *v = nullptr;  // row 0, column c0 of the span
+  int64_t kvs = 0, span = 0;              // row stride, span length (bytes)
+  int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
+  int per_step = 0;                        // rows per 4-key step
+};
+constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
+STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
+  for (int i = 0; i < p.per_step && p.row < p.end; ++i, ++p.row) {
+    const char* kr = p.k + p.row * p.kvs;
+    const char* vr = p.v + p.row * p.kvs;
+    for (int64_t c = 0; c < p.span; c += 64) {
+      _mm_prefetch(kr + c, _MM_HINT_T1);
+      _mm_prefetch(vr + c, _MM_HINT_T1);
+    }
+  }
+}
+
+// One block of query rows of the tiled kernel: positions i0..i1-1 (of the call's n; position pos0 + i) x the
+// G heads of kv head g; row r is position i0 + r / G, head g G + r % G. att_begin loads the rows, att_tile
+// folds the key tile starting at t0 into their online softmax (tiles in order), att_end writes O / l.
+struct AttBlock {
+  int H, Hkv, hd, g;
+  int64_t pos0, i0, i1, rows, kvs, pmax;
+  float scale;
+  AttScratch* w;
+  const uint16_t *k16, *v16;  // f16 cache (null: f32): every tile is widened into the pack buffers
+};
+
+STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, int hd, int64_t pos0, int64_t i0,
+                                  int64_t i1, int g, AttScratch& w, const uint16_t* k16 = nullptr,
+                                  const uint16_t* v16 = nullptr) {
   const int G = H / Hkv;
-  const int64_t rows = (i1 - i0) * G, kvs = int64_t(Hkv) * hd;
-  const float scale = 1.0f / std::sqrt(float(hd));
-  w.fit(rows, hd);
-  float *Q = w.q.data(), *O = w.o.data(), *S = w.s.data(), *M = w.m.data(), *L = w.l.data(), *A = w.alpha.data();
-  int* cnt = w.cnt.data();
-  for (int64_t r = 0; r < rows; ++r) {
+  b = AttBlock{H, Hkv, hd, g, pos0, i0, i1, (i1 - i0) * G, int64_t(Hkv) * hd, pos0 + i1 - 1,
+               1.0f / std::sqrt(float(hd)), &w, k16, v16};
+  w.fit(b.rows, hd);
+  float *Q = w.q.data(), *O = w.o.data(), *M = w.m.data(), *L = w.l.data();
+  for (int64_t r = 0; r < b.rows; ++r) {
     std::memcpy(Q + r * hd, q + ((i0 + r / G) * H + int64_t(g) * G + r % G) * hd, size_t(hd) * 4);
     std::fill(O + r * hd, O + (r + 1) * hd, 0.f);
     M[r] = -INFINITY;
     L[r] = 0.f;
   }
-  const int64_t pmax = pos0 + i1 - 1;
-  const float* kg = k + int64_t(g) * hd;
-  const float* vg = v + int64_t(g) * hd;
+}
+
+// Scores, online softmax and P V of one key tile (t0, kc keys; K/V rows kt, vt with stride ldk, f32 or f16).
+template <typename E>
+STRATA_AVX2 static void att_tile_body(const AttBlock& b, const E* kt, const E* vt, int64_t ldk, int kc, int64_t r0,
+                                      int64_t t0, AttPrefetch* pf) {
+  const int G = b.H / b.Hkv, hd = b.hd;
+  const int64_t rows = b.rows, pos0 = b.pos0, i0 = b.i0;
+  const float scale = b.scale;
+  AttScratch& w = *b.w;
+  float *Q = w.q.data(), *O = w.o.data(), *S = w.s.data(), *M = w.m.data(), *L = w.l.data(), *A = w.alpha.data();
+  int* cnt = w.cnt.data();
   const int C8 = hd / 8;
-  for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
-    const int kc = int(std::min<int64_t>(ATT_KT, pmax + 1 - t0));  // keys of this tile some row sees
-    const int64_t r0 = std::max<int64_t>(0, (t0 - pos0 - i0) * G);  // first row that sees key t0
-    const float *kt = kg + t0 * kvs, *vt = vg + t0 * kvs;
-    int64_t ldk = kvs;
-    if (!pack && t0 + ATT_KT <= pmax) {  // decode streams the cache: ask for the next tile's K/V rows now
-      const int64_t kn = std::min<int64_t>(ATT_KT, pmax + 1 - t0 - ATT_KT);
-      for (int64_t j = 0; j < kn; ++j)
-        for (int c = 0; c < hd; c += 16) {
-          _mm_prefetch(reinterpret_cast<const char*>(kt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(vt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
-        }
-    }
-    if (pack) {
-      for (int j = 0; j < kc; ++j) {
-        std::memcpy(w.kt.data() + j * hd, kt + j * kvs, size_t(hd) * 4);
-        std::memcpy(w.vt.data() + j * hd, vt + j * kvs, size_t(hd) * 4);
-      }
-      kt = w.kt.data();
-      vt = w.vt.data();
-      ldk = hd;
-    }
-    // scores: 3 rows x 4 keys per micro-tile, the 4 keys' rows kept in L1 over all the rows
-    for (int j = 0; j < kc; j += 4) {
-      const int C = std::min(4, kc - j);
-      int64_t r = r0;
-      for (; r + 3 <= rows; r += 3) att_qk_r<3>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
-      if (rows - r == 2) att_qk_r<2>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
-      else if (rows - r == 1) att_qk_r<1>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
-    }
-    // online softmax: each row over its own keys j < cnt (positions t0 + j <= its position)
-    for (int64_t r = r0; r < rows; ++r) {
-      const int c = int(std::min<int64_t>(kc, pos0 + i0 + r / G + 1 - t0));
-      cnt[r] = c;
-      float* sr = S + r * ATT_KT;
-      __m256 mx = _mm256_set1_ps(-INFINITY);
-      int j = 0;
-      for (; j + 8 <= c; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sr + j));
-      float mt = -INFINITY;
-      {
-        alignas(32) float t[8];
-        _mm256_store_ps(t, mx);
-        for (int e = 0; e < 8; ++e) mt = std::max(mt, t[e]);
-        for (int e = j; e < c; ++e) mt = std::max(mt, sr[e]);
-      }
-      const float mnew = std::max(M[r], mt);
-      A[r] = std::exp(M[r] - mnew);  // 0 on the first tile
-      M[r] = mnew;
-      const __m256 mv = _mm256_set1_ps(mnew);
-      __m256 sum = _mm256_setzero_ps();
-      for (j = 0; j < c; j += 8) {  // the last chunk's lanes past c are zeroed (S has room: KT % 8 == 0)
-        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
-        if (c - j < 8) {
-          const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-          e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c - j), lane)));
-        }
-        _mm256_storeu_ps(sr + j, e);
-        sum = _mm256_add_ps(sum, e);
-      }
-      L[r] = L[r] * A[r] + hsum256(sum);
-    }
-    // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile, the V column slice kept in L1
-    for (int c0 = 0; c0 < C8; c0 += 4) {
-      const int C = std::min(4, C8 - c0);
-      int64_t r = r0;
-      for (; r + 3 <= rows; r += 3)
-        att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-      if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-      else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-    }
+  // scores: 3 rows x 4 keys per micro-tile, the 4 keys' rows kept in L1 over all the rows
+  for (int j = 0; j < kc; j += 4) {
+    const int C = std::min(4, kc - j);
+    if (pf) att_decode_prefetch(*pf);
+    int64_t r = r0;
+    for (; r + 3 <= rows; r += 3) att_qk_r<3>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
+    if (rows - r == 2) att_qk_r<2>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
+    else if (rows - r == 1) att_qk_r<1>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
   }
-  for (int64_t r = 0; r < rows; ++r) {
+  // online softmax: each row over its own keys j < cnt (positions t0 + j <= its position)
+  for (int64_t r = r0; r < rows; ++r) {
+    const int c = int(std::min<int64_t>(kc, pos0 + i0 + r / G + 1 - t0));
+    cnt[r] = c;
+    float* sr = S + r * ATT_KT;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= c; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sr + j));
+    float mt = -INFINITY;
+    {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, mx);
+      for (int e = 0; e < 8; ++e) mt = std::max(mt, t[e]);
+      for (int e = j; e < c; ++e) mt = std::max(mt, sr[e]);
+    }
+    const float mnew = std::max(M[r], mt);
+    A[r] = std::exp(M[r] - mnew);  // 0 on the first tile
+    M[r] = mnew;
+    const __m256 mv = _mm256_set1_ps(mnew);
+    __m256 sum = _mm256_setzero_ps();
+    for (j = 0; j < c; j += 8) {  // the last chunk's lanes past c are zeroed (S has room: KT % 8 == 0)
+      __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
+      if (c - j < 8) {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c - j), lane)));
+      }
+      _mm256_storeu_ps(sr + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    L[r] = L[r] * A[r] + hsum256(sum);
+  }
+  // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile, the V column slice kept in L1
+  for (int c0 = 0; c0 < C8; c0 += 4) {
+    const int C = std::min(4, C8 - c0);
+    int64_t r = r0;
+    for (; r + 3 <= rows; r += 3)
+      att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+    if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+    else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+  }
+}
+
+// pack: copy the tile's K/V rows contiguous first (prefill blocks); stream: prefetch ahead (decode).
+STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float* v, int64_t t0, bool pack,
+                                 bool stream, AttPrefetch* pf = nullptr) {
+  const int G = b.H / b.Hkv, hd = b.hd;
+  const int64_t kvs = b.kvs, pmax = b.pmax, pos0 = b.pos0, i0 = b.i0;
+  AttScratch& w = *b.w;
+  const int kc = int(std::min<int64_t>(ATT_KT, pmax + 1 - t0));  // keys of this tile some row sees
+  const int64_t r0 = std::max<int64_t>(0, (t0 - pos0 - i0) * G);  // first row that sees key t0
+  const float *kt = nullptr, *vt = nullptr;
+  int64_t ldk = kvs;
+  if (b.k16 && stream) {  // f16 cache, decode: widened in registers as it is read, in place (same values)
+    att_tile_body(b, b.k16 + int64_t(b.g) * hd + t0 * kvs, b.v16 + int64_t(b.g) * hd + t0 * kvs, kvs, kc, r0, t0, pf);
+    return;
+  }
+  if (b.k16) {  // f16 cache: widen the tile's rows into the pack buffers (exact), then as f32
+    const uint16_t *k16 = b.k16 + int64_t(b.g) * hd + t0 * kvs, *v16 = b.v16 + int64_t(b.g) * hd + t0 * kvs;
+    float *kp = w.kt.data(), *vp = w.vt.data();
+    for (int j = 0; j < kc; ++j)
+      for (int c = 0; c < hd; c += 8) {
+        _mm256_storeu_ps(kp + j * hd + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k16 + j * kvs + c))));
+        _mm256_storeu_ps(vp + j * hd + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v16 + j * kvs + c))));
+      }
+    kt = kp;
+    vt = vp;
+    ldk = hd;
+    pack = false;
+  } else {
+    kt = k + int64_t(b.g) * hd + t0 * kvs;
+    vt = v + int64_t(b.g) * hd + t0 * kvs;
+  }
+  if (!b.k16 && !pack && !stream && t0 + ATT_KT <= pmax) {  // (old decode) the next tile's K/V rows, all at once
+    const int64_t kn = std::min<int64_t>(ATT_KT, pmax + 1 - t0 - ATT_KT);
+    for (int64_t j = 0; j < kn; ++j)
+      for (int c = 0; c < hd; c += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(kt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(vt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
+      }
+  }
+  if (pack) {
+    for (int j = 0; j < kc; ++j) {
+      std::memcpy(w.kt.data() + j * hd, kt + j * kvs, size_t(hd) * 4);
+      std::memcpy(w.vt.data() + j * hd, vt + j * kvs, size_t(hd) * 4);
+    }
+    kt = w.kt.data();
+    vt = w.vt.data();
+    ldk = hd;
+  }
+  att_tile_body(b, kt, vt, ldk, kc, r0, t0, pf);
+}
+
+STRATA_AVX2 static void att_end(const AttBlock& b, float* out) {
+  const int G = b.H / b.Hkv, hd = b.hd;
+  const float *O = b.w->o.data(), *L = b.w->l.data();
+  for (int64_t r = 0; r < b.rows; ++r) {
     const __m256 inv = _mm256_set1_ps(1.0f / L[r]);
-    float* dst = out + ((i0 + r / G) * H + int64_t(g) * G + r % G) * hd;
+    float* dst = out + ((b.i0 + r / G) * b.H + int64_t(b.g) * G + r % G) * hd;
     for (int c = 0; c < hd; c += 8) _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(O + r * hd + c), inv));
   }
 }
 
+STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd, const float* k, const float* v,
+                                          int64_t pos0, int64_t i0, int64_t i1, int g, bool pack, AttScratch& w,
+                                          float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr) {
+  AttBlock b;
+  att_begin(b, q, H, Hkv, hd, pos0, i0, i1, g, w, k16, v16);
+  for (int64_t t0 = 0; t0 <= b.pmax; t0 += ATT_KT) att_tile(b, k, v, t0, pack, false);
+  att_end(b, out);
+}
+
+// Decode (attn_decode): each thread takes a contiguous run of kv heads and walks the key tiles once for all
+// of them (tile outer, heads inner), so it reads one contiguous span of every cache row per tile and keeps
+// a steady prefetch stream ahead; each row's arithmetic (tile order, per-tile softmax, P V) is the block
+// kernel's, so decode keeps the full forward's bits whatever the thread count.
+static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
+                                  int64_t pos0, float* out, const uint16_t* k16, const uint16_t* v16) {
+  const int T = std::max(1, std::min(Hkv, pool::current_threads()));
+  const int64_t grain = (Hkv + T - 1) / T;
+  decode_for(Hkv, grain, [&](int64_t g0, int64_t g1) {
+    thread_local std::vector<AttScratch> ws;
+    std::vector<AttBlock> bs(size_t(g1 - g0));
+    if (ws.size() < bs.size()) ws.resize(bs.size());
+    for (int64_t g = g0; g < g1; ++g)
+      att_begin(bs[size_t(g - g0)], q, H, Hkv, hd, pos0, 0, n, int(g), ws[size_t(g - g0)], k16, v16);
+    const int64_t pmax = pos0 + n - 1, nh = g1 - g0;
+    AttPrefetch pf;
+    const int64_t es = k16 ? 2 : 4;  // bytes per cache element
+    pf.k = k16 ? reinterpret_cast<const char*>(k16 + g0 * hd) : reinterpret_cast<const char*>(k + g0 * hd);
+    pf.v = v16 ? reinterpret_cast<const char*>(v16 + g0 * hd) : reinterpret_cast<const char*>(v + g0 * hd);
+    pf.kvs = int64_t(Hkv) * hd * es;
+    pf.span = nh * hd * es;
+    pf.per_step = int((ATT_KT / nh + 15) / 16);  // 16 score steps per tile-head
+    for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
+      const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT, next_end = std::min(pmax + 1, a0 + ATT_KT);
+      pf.row = a0;
+      for (int64_t i = 0; i < nh; ++i) {
+        pf.end = std::min(next_end, a0 + (i + 1) * ((ATT_KT + nh - 1) / nh));
+        att_tile(bs[size_t(i)], k, v, t0, false, true, &pf);
+      }
+    }
+    for (auto& b : bs) att_end(b, out);
+  });
+}
+
 static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
-                                 int64_t pos0, float* out) {
-  if (n <= 6) {  // decode: one task per kv head, its n x G rows read the cache once, in place
+                                 int64_t pos0, float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr) {
+  if (n <= 6 && g_attn_decode) {
+    attention_decode_avx2(q, n, H, Hkv, hd, k, v, pos0, out, k16, v16);
+    return;
+  }
+  if (n <= 6) {  // (old decode) one task per kv head, its n x G rows read the cache once, in place
     decode_for(Hkv, 1, [&](int64_t b, int64_t e) {
       thread_local AttScratch w;
-      for (int64_t g = b; g < e; ++g) attend_block_avx2(q, H, Hkv, hd, k, v, pos0, 0, n, int(g), false, w, out);
+      for (int64_t g = b; g < e; ++g) attend_block_avx2(q, H, Hkv, hd, k, v, pos0, 0, n, int(g), false, w, out, k16, v16);
     });
     return;
   }
@@ -1508,7 +1667,7 @@ static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int 
     for (int64_t t = 0; t < tasks; ++t) {  // the longest blocks (last positions) first
       const int64_t b = nb - 1 - t / Hkv;
       attend_block_avx2(q, H, Hkv, hd, k, v, pos0, b * ATT_QB, std::min(n, (b + 1) * ATT_QB), int(t % Hkv),
-                        true, w, out);
+                        true, w, out, k16, v16);
     }
   }
 }
@@ -1564,6 +1723,22 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
     for (int64_t i = 0; i < n; ++i)
       for (int h = 0; h < H; ++h) one(i, h, scores.data());
   }
+}
+
+void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint16_t* k, const uint16_t* v,
+                   int64_t pos0, float* out) {
+  const bool avx512 = vec(level()) == Level::AVX512 && attend_fn(hd);
+  if (!avx512 && g_attn_tiled && vec(level()) == Level::AVX2 && hd % 8 == 0) {
+    attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, k, v);
+    return;
+  }
+  const int64_t m = (pos0 + n) * Hkv * hd;  // other levels: the whole cache widened (exact), then as f32
+  std::vector<float> kf(static_cast<size_t>(m)), vf(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) {
+    kf[size_t(i)] = f16_to_f32(k[i]);
+    vf[size_t(i)] = f16_to_f32(v[i]);
+  }
+  attention(q, n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
 }
 
 }  // namespace kernels

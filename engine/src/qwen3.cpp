@@ -126,7 +126,9 @@ void Qwen3Model::forward(const int32_t* tokens, int64_t n, SessionState& state, 
     }
     {
       prof::Scope ps(prof::Attention, dec);
-      k::attention(q.data(), n, int(H_), int(Hkv_), int(hd_), kv.k(), kv.v(), pos0, att.data());
+      kv.commit();  // f16 cache: round this chunk's rows in (no-op for f32)
+      if (kv.half()) k::attention_f16(q.data(), n, int(H_), int(Hkv_), int(hd_), kv.k16(), kv.v16(), pos0, att.data());
+      else k::attention(q.data(), n, int(H_), int(Hkv_), int(hd_), kv.k(), kv.v(), pos0, att.data());
     }
     {
       prof::Scope ps(prof::OProj, dec);

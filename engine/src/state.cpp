@@ -1,10 +1,32 @@
 #include "strata/state.h"
 
+#include "strata/kernels.h"
+
 #include <algorithm>
 
 namespace strata {
 
+AttentionKV::AttentionKV(int n_kv_heads, int head_dim)
+    : n_kv_heads_(n_kv_heads), head_dim_(head_dim), half_(kernels::option("kv_f16")) {}
+
 void AttentionKV::append(int64_t n, float** k_out, float** v_out) {
+  if (half_) {
+    const size_t need = size_t((length_ + n) * row());
+    if (need > k16_.size()) {
+      size_t cap = std::max(need, k16_.size() * 3 / 2 + size_t(64 * row()));
+      k16_.resize(cap);
+      v16_.resize(cap);
+    }
+    if (k_.size() < size_t(n * row())) {
+      k_.resize(size_t(n * row()));
+      v_.resize(size_t(n * row()));
+    }
+    *k_out = k_.data();
+    *v_out = v_.data();
+    staged_ = n;
+    length_ += n;
+    return;
+  }
   const size_t need = size_t((length_ + n) * row());
   if (need > k_.size()) {
     size_t cap = std::max(need, k_.size() * 3 / 2 + size_t(64 * row()));
@@ -14,6 +36,17 @@ void AttentionKV::append(int64_t n, float** k_out, float** v_out) {
   *k_out = k_.data() + length_ * row();
   *v_out = v_.data() + length_ * row();
   length_ += n;
+}
+
+void AttentionKV::commit() {
+  if (!half_ || !staged_) return;
+  const int64_t m = staged_ * row(), o = (length_ - staged_) * row();
+  kernels::f32_to_f16_rows(k_.data(), k16_.data() + o, m);
+  kernels::f32_to_f16_rows(v_.data(), v16_.data() + o, m);
+  if (staged_ > 64) {  // a prefill chunk's staging (2 x its rows in f32) is not kept: decode stages 1 row
+    k_.clear(); v_.clear(); k_.shrink_to_fit(); v_.shrink_to_fit();
+  }
+  staged_ = 0;
 }
 
 int64_t SessionState::bytes() const {

@@ -26,6 +26,8 @@ bool option(const std::string& name);
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);  // round to nearest even
 float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);                                   // round to nearest even (IEEE binary16)
+void f32_to_f16_rows(const float* x, uint16_t* out, int64_t n);  // n values
 
 // out[cols] = row r of w as float32.
 void row_f32(const Mat& w, int64_t r, float* out);
@@ -71,6 +73,11 @@ void axpy(float a, const float* x, float* y, int64_t n);  // y += a * x
 // Query head h uses kv head h / (H / Hkv). Scores are scaled by 1/sqrt(hd); softmax in float32.
 void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
                int64_t pos0, float* out);
+// The same with an f16 cache (AttentionKV::half()): the AVX2 tiled kernel widens each key tile as it packs
+// it (prefill) or in registers as it reads it (decode), the same values either way; other levels widen the
+// whole cache first.
+void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint16_t* k, const uint16_t* v,
+                   int64_t pos0, float* out);
 
 }  // namespace kernels
 }  // namespace strata

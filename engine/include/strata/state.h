@@ -33,27 +33,43 @@ class LayerState {
 
 // KV cache of one attention layer. k, v: [capacity, n_kv_heads, head_dim]; K is stored after k_norm
 // and RoPE. Used by Qwen3 attention and by Qwen3-Next gated attention.
+// half(): the cache holds K and V in f16 (the kv_f16 kernel option, read when the cache is created; off by
+// default: f16 rounding breaks parity with transformers f32). append() then returns f32 staging rows for the
+// chunk; commit() (after K's norm and RoPE) rounds them into the cache, which attention then reads -- prefill
+// and decode alike, so decode still equals the full forward.
 class AttentionKV final : public LayerState {
  public:
-  AttentionKV(int n_kv_heads, int head_dim) : n_kv_heads_(n_kv_heads), head_dim_(head_dim) {}
+  AttentionKV(int n_kv_heads, int head_dim);
   int64_t length() const { return length_; }
   int64_t row() const { return int64_t(n_kv_heads_) * head_dim_; }
   // Makes room for n more tokens; returns pointers to rows [length, length + n) and advances length.
   void append(int64_t n, float** k_out, float** v_out);
+  void commit();  // half: round the rows append() returned into the cache (no-op otherwise)
+  bool half() const { return half_; }
   const float* k() const { return k_.data(); }
   const float* v() const { return v_.data(); }
+  const uint16_t* k16() const { return k16_.data(); }
+  const uint16_t* v16() const { return v16_.data(); }
 
-  int64_t bytes() const override { return int64_t((k_.capacity() + v_.capacity()) * sizeof(float)); }
+  int64_t bytes() const override {
+    return int64_t((k_.capacity() + v_.capacity()) * sizeof(float) + (k16_.capacity() + v16_.capacity()) * 2);
+  }
   bool can_truncate() const override { return true; }
   void truncate(int64_t n) override { if (n < length_) length_ = n; }
   std::unique_ptr<LayerSnapshot> snapshot() const override { return nullptr; }
   void restore(const LayerSnapshot&) override {}
-  void reset() override { length_ = 0; k_.clear(); v_.clear(); k_.shrink_to_fit(); v_.shrink_to_fit(); }
+  void reset() override {
+    length_ = staged_ = 0;
+    k_.clear(); v_.clear(); k_.shrink_to_fit(); v_.shrink_to_fit();
+    k16_.clear(); v16_.clear(); k16_.shrink_to_fit(); v16_.shrink_to_fit();
+  }
 
  private:
   int n_kv_heads_, head_dim_;
-  int64_t length_ = 0;
-  std::vector<float> k_, v_;
+  bool half_;
+  int64_t length_ = 0, staged_ = 0;
+  std::vector<float> k_, v_;         // the cache (f32), or the staged chunk (half)
+  std::vector<uint16_t> k16_, v16_;  // the cache (half)
 };
 
 // Everything a model needs to continue a sequence: per-layer states and the number of tokens read
