@@ -110,14 +110,21 @@ def test_long_prompt_decode_bit_identical_to_full_forward(tmp_path):
     from strata_lab.tiny import make_tiny
 
     eng = Engine.load(make_tiny(tmp_path / "ck", dtype="bfloat16", seed=5), threads=2, max_context=512)
-    prompt = np.random.default_rng(3).integers(0, 151000, 150).tolist()
-    s = eng.session("long")
+    _decode_equals_full_forward(eng, np.random.default_rng(3).integers(0, 151000, 150).tolist(), "long")
+
+
+def _decode_equals_full_forward(eng, prompt, name):
+    """Prefill `prompt`, greedy-decode 4 tokens, then cut back to 131 ids and re-read one: the greedy ids, the
+    last decode step's logits and the re-read logits equal the full forward's, bit for bit. Returns the full
+    forward's logits over the held ids."""
+    s = eng.session(name)
     r = s.generate(prompt, max_new_tokens=4).result
     full = eng.forward(s.held_ids)
     assert r.gen_ids == [int(np.argmax(full[i])) for i in range(len(prompt) - 1, len(s.held_ids) - 1)]
     np.testing.assert_array_equal(s.last_logits(), full[-1])
     s.generate(prompt[:131], max_new_tokens=0)
     np.testing.assert_array_equal(s.last_logits(), eng.forward(prompt[:131])[-1])
+    return full
 
 
 # Decode (1-6 queries) at long contexts: the streaming decode path (kernel option attn_decode, on by default:
@@ -213,14 +220,7 @@ def test_f16_cache_engine_decode_equals_full_forward_and_stays_close_to_f32(tmp_
     assert not _engine._kernel_option("kv_f16")
     _engine._set_kernel_option("kv_f16", True)
     try:
-        eng = Engine.load(path, threads=2, max_context=512)
-        s = eng.session("f16")
-        r = s.generate(prompt, max_new_tokens=4).result
-        full = eng.forward(s.held_ids)
-        assert r.gen_ids == [int(np.argmax(full[i])) for i in range(len(prompt) - 1, len(s.held_ids) - 1)]
-        np.testing.assert_array_equal(s.last_logits(), full[-1])
-        s.generate(prompt[:131], max_new_tokens=0)
-        np.testing.assert_array_equal(s.last_logits(), eng.forward(prompt[:131])[-1])
+        full = _decode_equals_full_forward(Engine.load(path, threads=2, max_context=512), prompt, "f16")
     finally:
         _engine._set_kernel_option("kv_f16", False)
     half = full[: len(prompt)]
