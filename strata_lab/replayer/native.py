@@ -31,15 +31,13 @@ import numpy as np
 
 from strata_lab.replayer.divergence import (CAUSES, Divergence, _assistant_id, classify, context_pair,
                                             find_divergence, set_id_contexts, set_text_contexts)
-from strata_lab.replayer.fast import (_NEEDED_KEYS, _ROW_COLUMNS, DeltaPrompt, _all_keys, _record,
-                                      session_ends)
+from strata_lab.replayer.fast import _ROW_COLUMNS, DeltaPrompt, _all_keys, _record, session_ends
 from strata_lab.replayer.rowtable import RowTable
 from strata_lab.replayer.state import FULL_HIT_RULES
 from strata_lab.replayer.step import COLUMNS, recorded_prefill_ms
 
 __all__ = ["replay_domain", "domain_batches", "native_available"]
 
-_CAUSES = CAUSES  # the core's cause codes index divergence.CAUSES
 _INT_OUTS = ("prompt_len", "held_before", "lcp", "reused", "target", "reread", "snapshots", "index", "gen_len",
              "drained_len", "lcp_text")
 _LIST_COLUMNS = ("suffix_ids", "gen_ids", "drained_ids", "checkpoints")
@@ -354,12 +352,13 @@ class _Domain:
             plen = prev[2]
             lcp = shared if shared < plen else plen + core.lcp_with(code, plen, suffix)
         target, reused, _restored = core.plan(code, len(prompt), lcp)
+        tail = prompt[lcp:]  # a list (DeltaPrompt slices are lists)
         if lcp >= held_before:  # extends held (or the session held nothing): no divergence to explain
             div = None
             cause = classify(held=held, prompt=prompt, segments=(), div=None, reused=reused, target=target, tok=tok,
                              first_call=first, lcp_ids=lcp)
         elif self._vocab():  # the walk and the cause in C++, the context strings here
-            m = core.explain(code, lcp, prompt[lcp:], reused, target)
+            m = core.explain(code, lcp, tail, reused, target)
             div = _miss_divergence(m, lcp, opts.context_chars)
             cause = CAUSES[m[5]]
         else:  # a tokenizer without vocab_bytes: the Python walk
@@ -372,9 +371,8 @@ class _Domain:
             ckpts = [int(c) for c in rec["checkpoints"]]
             h_after = len(prompt) + len(gen) + len(drained)
             ckpts = [c for c in ckpts if 0 < c <= h_after]
-        tail = prompt[lcp:]
-        _hb, _l, reused, target, snaps, index = core.advance(code, len(prompt), lcp, list(tail), gen, drained, ckpts,
-                                                            part, n_row)
+        _hb, _l, reused, target, snaps, index = core.advance(code, len(prompt), lcp, tail, gen, drained, ckpts, part,
+                                                            n_row)
         plen = len(prompt)
         lcp_text = div.lcp_text if div is not None else held_before
         useful = min(lcp_text, held_before, target if lcp_text >= plen else lcp_text)
@@ -442,7 +440,7 @@ class _Domain:
         read = plen - reused
         reread = outs["reread"]
         lcp_text = outs["lcp_text"]
-        cause = np.asarray(_CAUSES, dtype=object)[outs["cause"]]
+        cause = np.asarray(CAUSES, dtype=object)[outs["cause"]]  # the core's cause codes index CAUSES
         prefill_ms = pc.fill_null(col("prefill_ms"), math.nan)
         cm = self.cost_model
         if cm is not None:
