@@ -16,13 +16,15 @@ import time
 import numpy as np
 
 DEFAULT = "default: OpenMP, even/odd, linear prefetch"
-_BASE = {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True, "int8_dot": True}
+_BASE = {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True, "int8_dot": True, "decode_rows8": True, "decode_runs": True}
 VARIANTS = {
     DEFAULT: _BASE,
     "per-row prefetch (before #18)": {**_BASE, "linear_prefetch": False},
     "pool instead of OpenMP": {**_BASE, "decode_pool": True},
     "widening loads instead of even/odd": {**_BASE, "bf16_eo": False},
     "int8 widening to f32 (before int8_dot)": {**_BASE, "int8_dot": False},
+    "4 rows per decode call (before decode_rows8)": {**_BASE, "decode_rows8": False},
+    "dynamic chunks in turn (before decode_runs)": {**_BASE, "decode_runs": False},
 }
 
 

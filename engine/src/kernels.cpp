@@ -8,12 +8,14 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 #ifdef STRATA_HAVE_OPENMP
 #include <omp.h>
 #endif
@@ -72,6 +74,16 @@ static bool g_attn_tiled = true;   // AVX2 attention tiled with an online softma
 static bool g_int8_dot = true;
 static bool g_attn_decode = true;  // AVX2 decode attention streams the cache with prefetch in step (false: per-tile burst)
 static bool g_kv_f16 = false;      // new KV caches hold f16 (AttentionKV::half); off: f32, parity with transformers f32
+// Decode (one token) takes 8 rows per micro-kernel call where two whole 4-row quads of one matrix follow each
+// other (false: 4 rows). Each row keeps its own accumulator and order, so the sums are bit-identical; with 4
+// rows a step's FMA chains are too few to hide their latency and one core streamed bf16 rows at ~0.6 of a
+// read loop (benchmarks/ab_decode.py measures the two).
+static bool g_decode_rows8 = true;
+// Decode loops hand each thread one contiguous run of chunks (its rows stream from memory as one run, so the
+// next-block prefetch never lands in the other thread's rows) and a thread that finishes its run takes chunks
+// from the far end of another's (a preempted thread on a shared machine holds no one up); false: OpenMP's
+// dynamic schedule, chunks in turn, the two threads' runs interleaved.
+static bool g_decode_runs = true;
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
@@ -82,8 +94,10 @@ void set_option(const std::string& name, bool on) {
   else if (name == "int8_dot") g_int8_dot = on;
   else if (name == "attn_decode") g_attn_decode = on;
   else if (name == "kv_f16") g_kv_f16 = on;
+  else if (name == "decode_rows8") g_decode_rows8 = on;
+  else if (name == "decode_runs") g_decode_runs = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16)");
+                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16, decode_rows8, decode_runs)");
 }
 bool option(const std::string& name) {
   if (name == "decode_pool") return g_decode_pool;
@@ -94,8 +108,10 @@ bool option(const std::string& name) {
   if (name == "int8_dot") return g_int8_dot;
   if (name == "attn_decode") return g_attn_decode;
   if (name == "kv_f16") return g_kv_f16;
+  if (name == "decode_rows8") return g_decode_rows8;
+  if (name == "decode_runs") return g_decode_runs;
   throw std::invalid_argument("unknown kernel option '" + name +
-                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16)");
+                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16, decode_rows8, decode_runs)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -106,6 +122,40 @@ static void decode_for(int64_t n, int64_t grain, F&& f) {
     return;
   }
   const int64_t chunks = (n + grain - 1) / grain;
+#ifdef STRATA_HAVE_OPENMP
+  const int T = int(std::min<int64_t>(omp_get_max_threads(), chunks));
+  if (g_decode_runs && T > 1) {
+    // Run t is chunks [lo_t, hi_t): its owner takes from the front, other threads (once their own run is
+    // done) from the back; both ends of a run live in one 64-bit word (front << 32 | back), claimed by CAS.
+    struct alignas(64) Run {
+      std::atomic<uint64_t> ends;
+    };
+    std::vector<Run> runs(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t)
+      runs[size_t(t)].ends.store(uint64_t(chunks * t / T) << 32 | uint64_t(chunks * (t + 1) / T),
+                                 std::memory_order_relaxed);
+    auto claim = [&](Run& r, bool front) -> int64_t {
+      uint64_t e = r.ends.load(std::memory_order_relaxed);
+      for (;;) {
+        const uint64_t lo = e >> 32, hi = e & 0xffffffffu;
+        if (lo >= hi) return -1;
+        const uint64_t next = front ? (lo + 1) << 32 | hi : lo << 32 | (hi - 1);
+        if (r.ends.compare_exchange_weak(e, next, std::memory_order_acq_rel, std::memory_order_relaxed))
+          return int64_t(front ? lo : hi - 1);
+      }
+    };
+#pragma omp parallel num_threads(T)
+    {
+      const int me = omp_get_thread_num();
+      for (int64_t c; (c = claim(runs[size_t(me)], true)) >= 0;) f(c * grain, std::min(n, (c + 1) * grain));
+      for (int d = 1; d < T; ++d) {
+        Run& other = runs[size_t((me + d) % T)];
+        for (int64_t c; (c = claim(other, false)) >= 0;) f(c * grain, std::min(n, (c + 1) * grain));
+      }
+    }
+    return;
+  }
+#endif
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t c = 0; c < chunks; ++c) f(c * grain, std::min(n, (c + 1) * grain));
 }
@@ -1066,6 +1116,7 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + 3) / 4;
   const int64_t total = start[count];
   const float* xpp = xp.data();
+  const bool rows8 = g_decode_rows8 && n == 1 && lv == Level::AVX2;
   decode_for(total, 16, [&](int64_t q0, int64_t q1) {
     float tile[6 * 4];
     for (int64_t qd = q0; qd < q1; ++qd) {
@@ -1075,6 +1126,16 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
       const int64_t r0 = (qd - start[m]) * 4;
       const int nr = int(std::min<int64_t>(4, w.rows - r0));
       const uint8_t* rowp = static_cast<const uint8_t*>(w.data) + size_t(r0 * K) * dtype_size(w.dtype);
+      if (rows8 && qd + 1 < q1 && r0 + 8 <= w.rows && (use_eo(lv, w) || use_q8(w))) {
+        // two whole quads of one matrix: 8 rows per call, tile[0..7] (one token)
+        if (use_q8(w)) (g_linear_prefetch ? micro_q8<1, 8, true> : micro_q8<1, 8, false>)(
+            reinterpret_cast<const int8_t*>(rowp), K, qa.q.data(), qa.ldq, qa.s.data(), qa.lds, K, tile, 8);
+        else micro_bf16eo<1, 8>(rowp, K, xpp, K, K, tile, 8);
+        float* y = outs[m].y + r0;
+        for (int r = 0; r < 8; ++r) y[r] = w.scale ? tile[r] * w.scale[r0 + r] : tile[r];
+        ++qd;
+        continue;
+      }
       if (use_q8(w)) run_q8(lv, g_linear_prefetch, int(n), nr, reinterpret_cast<const int8_t*>(rowp), qa, 0, K, tile, 4);
       else if (use_eo(lv, w)) micro_eo(int(n), nr)(rowp, K, xpp, K, K, tile, 4);
       else run_micro_decode(lv, w.dtype, int(n), nr, rowp, K, x, K, K, tile, 4);

@@ -1,0 +1,67 @@
+"""Engine tier: the decode matvec loop's variants (kernel options decode_rows8: 8 rows per micro-kernel call;
+decode_runs: each thread a contiguous run of chunks, stealing from the far end of others') change which thread
+computes which rows and how many rows one call takes, never a row's arithmetic: every combination, at any
+thread count, gives the bits of the full forward (prefill kernels) and covers every row exactly once."""
+import itertools
+
+import numpy as np
+import pytest
+
+_engine = pytest.importorskip("strata_lab._engine")
+from strata_lab.engine import Engine  # noqa: E402
+from strata_lab.tiny import make_tiny  # noqa: E402
+
+OPTIONS = ("decode_rows8", "decode_runs")
+COMBOS = list(itertools.product([True, False], repeat=len(OPTIONS)))
+IDS = [9707, 1879, 0, 151643, 13, 220, 14990, 135992, 128, 253, 42, 7]
+
+
+@pytest.fixture
+def restore_options():
+    saved = {o: _engine._kernel_option(o) for o in OPTIONS}
+    yield
+    for o, v in saved.items():
+        _engine._set_kernel_option(o, v)
+
+
+def _set(combo):
+    for o, v in zip(OPTIONS, combo):
+        _engine._set_kernel_option(o, v)
+
+
+@pytest.mark.parametrize("rows", [8, 37, 64 * 5 + 3, 64 * 16 + 40])
+def test_int8_decode_rows_bit_identical_under_every_loop(rows, restore_options):
+    """n=1 (decode) rows equal the same token's row of an n=5 call (prefill tiles), for every option combination
+    and 1-3 threads; row counts with a partial last quad, a partial last chunk and many chunks (stealing)."""
+    rng = np.random.default_rng(rows)
+    K = 96
+    w = rng.integers(-127, 128, (rows, K), dtype=np.int8)
+    scale = (rng.random(rows) * 0.01 + 1e-3).astype(np.float32)
+    x = rng.standard_normal((5, K)).astype(np.float32)
+    full = _engine._int8_matmul(w, scale, x, threads=2)
+    exact = x.astype(np.float64) @ (w.astype(np.float64) * scale[:, None]).T
+    assert np.abs(full - exact).max() <= 0.02 * np.abs(exact).max()  # int8 activations: close, not exact
+    for combo in COMBOS:
+        _set(combo)
+        for threads in (1, 2, 3):
+            for t in (0, 3):
+                one = _engine._int8_matmul(w, scale, x[t:t + 1], threads=threads)
+                np.testing.assert_array_equal(one, full[t:t + 1], err_msg=f"{combo} threads={threads}")
+
+
+@pytest.mark.parametrize("weights", [None, "int8"])
+def test_decode_logits_equal_full_forward_under_every_loop(tmp_path_factory, weights, restore_options):
+    """bf16 rows (the even/odd kernel; the lm_head's 151,936 rows make many chunks) and int8 rows: a session's
+    decode logits equal the full forward's bits under every combination, at 1-3 threads."""
+    path = make_tiny(tmp_path_factory.mktemp("dl") / "ck", dtype="bfloat16", seed=5)
+    ref = None
+    for combo in COMBOS:
+        _set(combo)
+        for threads in (1, 2, 3):
+            eng = Engine.load(path, threads=threads, weights=weights)
+            s = eng.session("d")
+            s.generate(IDS, max_new_tokens=4)
+            full = eng.forward(s.held_ids)
+            np.testing.assert_array_equal(s.last_logits(), full[-1], err_msg=f"{combo} threads={threads}")
+            ref = full if ref is None else ref
+            np.testing.assert_array_equal(full, ref)  # the forward itself does not depend on the loop
