@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import time
 from pathlib import Path
 
@@ -170,126 +169,6 @@ def bench_hf(path, prompt, n_decode, threads, dtype_name):
     return prefill_decode_tok_s(model, prompt, n_decode, warm=16)
 
 
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Every tensor of a (single-file or sharded) safetensors checkpoint as float32 (bf16/f16/f32)."""
-    files = sorted(path.glob("*.safetensors"))
-    out = {}
-    for f in files:
-        raw = f.read_bytes()
-        n = int.from_bytes(raw[:8], "little")
-        header = json.loads(raw[8:8 + n])
-        data = memoryview(raw)[8 + n:]
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            a, b = info["data_offsets"]
-            buf, shape = data[a:b], info["shape"]
-            if info["dtype"] == "BF16":
-                arr = (np.frombuffer(buf, "<u2").astype(np.uint32) << 16).view(np.float32)
-            elif info["dtype"] == "F16":
-                arr = np.frombuffer(buf, "<f2").astype(np.float32)
-            elif info["dtype"] == "F32":
-                arr = np.frombuffer(buf, "<f4").copy()
-            else:
-                raise ValueError(f"{f.name}: tensor {name} has unsupported dtype {info['dtype']}")
-            out[name] = arr.reshape(shape)
-    return out
-
-
-def write_gguf(path: Path, out: Path, qtype: str = "f16") -> Path:
-    """Write the checkpoint at ``path`` as a llama.cpp qwen3 GGUF: matrices f16 (or Q8_0 with ``qtype="q8_0"``,
-    quantised by the gguf package), norms f32, real Qwen3 vocab.
-
-    Mirrors llama.cpp's convert_hf_to_gguf.py for Qwen3ForCausalLM: gpt2 BPE tokenizer with the qwen2
-    pre-tokenizer, token types NORMAL / CONTROL (special added tokens) / USER_DEFINED / UNUSED ([PADn]
-    rows past the tokenizer's vocab), no q/k permutation (NEOX RoPE), tied output unless lm_head exists.
-    """
-    import gguf
-
-    from strata_lab import load_tokenizer
-
-    cfg = json.loads((path / "config.json").read_text())
-    tok = load_tokenizer("qwen3")
-    tj = json.loads(tok.hf.to_str())
-    V = int(cfg["vocab_size"])
-    rev = {i: t for t, i in tj["model"]["vocab"].items()}
-    added = {a["id"]: a for a in tj["added_tokens"]}
-    tokens, types = [], []
-    for i in range(V):
-        if i in added:
-            tokens.append(added[i]["content"])
-            types.append(gguf.TokenType.CONTROL if added[i]["special"] else gguf.TokenType.USER_DEFINED)
-        elif i in rev:
-            tokens.append(rev[i])
-            types.append(gguf.TokenType.NORMAL)
-        else:
-            tokens.append(f"[PAD{i}]")
-            types.append(gguf.TokenType.UNUSED)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-
-    w = gguf.GGUFWriter(str(out), "qwen3")
-    w.add_name("strata random " + path.name)
-    w.add_context_length(int(cfg["max_position_embeddings"]))
-    w.add_embedding_length(int(cfg["hidden_size"]))
-    w.add_block_count(int(cfg["num_hidden_layers"]))
-    w.add_feed_forward_length(int(cfg["intermediate_size"]))
-    w.add_head_count(int(cfg["num_attention_heads"]))
-    w.add_head_count_kv(int(cfg["num_key_value_heads"]))
-    w.add_key_length(int(cfg["head_dim"]))
-    w.add_value_length(int(cfg["head_dim"]))
-    w.add_rope_freq_base(float(cfg["rope_theta"]))
-    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if qtype == "q8_0" else gguf.LlamaFileType.MOSTLY_F16)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(int(cfg["bos_token_id"]))
-    w.add_eos_token_id(int(cfg["eos_token_id"]))
-    w.add_pad_token_id(tok.token_id("<|endoftext|>"))
-    w.add_add_bos_token(False)
-
-    st = _read_safetensors(path)
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    per_layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                 "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-                 "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                 "mlp.down_proj": "ffn_down"}
-    for name, arr in st.items():
-        if name in names:
-            gname = names[name]
-        else:
-            m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.weight", name)
-            if not m or m.group(2) not in per_layer:
-                raise ValueError(f"no GGUF name for tensor {name}")
-            gname = f"blk.{m.group(1)}.{per_layer[m.group(2)]}.weight"
-        if arr.ndim != 2:
-            w.add_tensor(gname, arr.astype(np.float32))
-        elif qtype == "q8_0":
-            q = gguf.quants.quantize(arr.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(gname, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(gname, arr.astype(np.float16))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
-
-
-def gguf_checkpoint(path: Path, qtype: str = "f16") -> Path:
-    out = path.parent / f"{path.name}-{qtype}.gguf"
-    if not out.exists():
-        print(f"writing {out} ...", flush=True)
-        tmp = out.with_suffix(".tmp")
-        write_gguf(path, tmp, qtype)
-        tmp.rename(out)
-    return out
-
-
 _LLAMA_INFO_SHOWN = set()
 _LLAMA_INFO = [""]
 
@@ -303,7 +182,9 @@ def bench_llama(path, prompt, n_decode, threads, qtype="f16"):
 
     flash = qtype.endswith("+fa")
     qtype = qtype.removesuffix("+fa")
-    model_path = gguf_checkpoint(path, qtype)
+    from strata_lab.tiny.gguf_export import gguf_file
+
+    model_path = gguf_file(path, qtype)
     llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=len(prompt) + n_decode + 16,
                           n_batch=min(len(prompt), 2048), n_ubatch=min(len(prompt), 512), flash_attn=flash,
                           n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
