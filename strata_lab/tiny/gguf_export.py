@@ -1,5 +1,6 @@
 """GGUF files of a model folder, for running the same weights in llama.cpp (the benchmarks' peer and the
-writer's own test). Needs the ``gguf`` package, which is not a project dependency; it is imported on use.
+writer's own test). Uses the ``gguf`` package (imported on use); reading the files needs llama.cpp
+(llama-cpp-python), which is not a project dependency.
 
 ``write_gguf(folder, out, qtype)`` writes a ``qwen3`` GGUF of a Qwen3ForCausalLM folder or a ``qwen3next``
 GGUF of a Qwen3NextForCausalLM folder: matrices in ``qtype`` ("f32", "f16" or "q8_0", quantised by the gguf
@@ -26,6 +27,7 @@ raise ValueError here rather than a load error there.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -88,6 +90,7 @@ def split_qkvz(w: np.ndarray, hk: int, dk: int, hv: int, dv: int) -> tuple[np.nd
             z.reshape(-1, cols))
 
 
+@functools.lru_cache(maxsize=2)
 def _vocab(gguf: Any, V: int) -> tuple[list[str], list[Any], list[str]]:
     """The real Qwen vocab as llama.cpp's converter writes it (gpt2 BPE): tokens, token types NORMAL / CONTROL
     (special added tokens) / USER_DEFINED / UNUSED ([PADn] rows past the tokenizer's vocab), merges."""
@@ -128,7 +131,7 @@ def _header(gguf: Any, w: Any, cfg: dict, name: str, qtype: str) -> None:
     w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
     w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                      "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[qtype])
-    tokens, types, merges = _vocab(gguf, int(cfg["vocab_size"]))
+    tokens, types, merges = _vocab(gguf, int(cfg["vocab_size"]))  # cached: ~2 s for the real vocab
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
