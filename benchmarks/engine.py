@@ -41,12 +41,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 
-_USER_ENV = set(os.environ)  # before strata_lab.engine adds its defaults
+from peers import in_subprocess  # records the user's environment before strata_lab.engine adds its defaults
+
 os.environ.setdefault("STRATA_PROFILE", "1")  # per-op timers: attention's share (read before the module loads)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,108 +157,6 @@ def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None
     return (p, d, old_d) if old_attention == "decode" else (p, d)
 
 
-def bench_hf(path, prompt, n_decode, threads, dtype_name):
-    import torch
-    from transformers import Qwen3ForCausalLM
-
-    torch.set_num_threads(threads)
-    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype_name]
-    model = Qwen3ForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager").eval()
-    from hf_timing import prefill_decode_tok_s
-
-    return prefill_decode_tok_s(model, prompt, n_decode, warm=16)
-
-
-_LLAMA_INFO_SHOWN = set()
-_LLAMA_INFO = [""]
-
-
-def bench_llama(path, prompt, n_decode, threads, qtype="f16"):
-    try:
-        import llama_cpp
-        import gguf  # noqa: F401
-    except ImportError as e:
-        raise ImportError(f"{e.name} is not installed (pip install gguf llama-cpp-python)") from e
-
-    flash = qtype.endswith("+fa")
-    qtype = qtype.removesuffix("+fa")
-    from strata_lab.tiny.gguf_export import gguf_file
-
-    model_path = gguf_file(path, qtype)
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=len(prompt) + n_decode + 16,
-                          n_batch=min(len(prompt), 2048), n_ubatch=min(len(prompt), 512), flash_attn=flash,
-                          n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
-    if not _LLAMA_INFO_SHOWN:
-        _LLAMA_INFO_SHOWN.add(1)
-        _LLAMA_INFO[0] = "  llama.cpp build: " + llama_cpp.llama_print_system_info().decode().strip()
-    V = llm.n_vocab()
-
-    def last_argmax():  # logits of the last evaluated token (logits_all=False keeps only that row)
-        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(V,))))
-
-    llm.eval(prompt[:16])  # warm up (page in weights)
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(prompt)
-    t1 = time.perf_counter()
-    nxt = last_argmax()
-    t2 = time.perf_counter()
-    for _ in range(n_decode):
-        llm.eval([nxt])
-        nxt = last_argmax()
-    t3 = time.perf_counter()
-    return len(prompt) / (t1 - t0), n_decode / (t3 - t2)
-
-
-def peer_env():
-    """The peer's environment: OpenMP as its runtime defaults it (strata_lab.engine sets
-    OMP_WAIT_POLICY=passive for its own process only when the user had not)."""
-    env = dict(os.environ)
-    if env.get("OMP_WAIT_POLICY") == "passive" and "OMP_WAIT_POLICY" not in _USER_ENV:
-        env.pop("OMP_WAIT_POLICY")
-    return env
-
-
-def in_subprocess(kind, path, prompt, n_decode, threads, extra):
-    """Run a peer (transformers or llama.cpp) in a fresh interpreter and return (prefill, decode) tok/s.
-
-    Peers never share strata's process: torch ships its own libgomp.so.1, and once it is loaded strata's
-    OpenMP loops run on it (measured ~20-40x slower on the hybrid MoE decode), which would slow strata in
-    every round after the first and in the 1-thread and accuracy runs.
-    """
-    import subprocess
-    import sys
-
-    job = json.dumps({"kind": kind, "path": str(path), "prompt": list(prompt), "decode": n_decode,
-                      "threads": threads, "extra": extra})
-    r = subprocess.run([sys.executable, __file__, "--peer-job"], input=job, capture_output=True, text=True,
-                       env=peer_env())
-    for line in r.stdout.splitlines():
-        if line.startswith("PEER "):
-            res = json.loads(line[5:])
-            if "error" in res:
-                raise (ImportError if res["type"] == "ImportError" else NotImplementedError)(res["error"])
-            if res.get("info"):
-                print(res["info"], flush=True)
-            return res["prefill"], res["decode"]
-    raise RuntimeError(f"peer {kind} failed: {r.stderr[-2000:]}")
-
-
-def peer_job() -> None:
-    import sys
-
-    j = json.loads(sys.stdin.read())
-    prompt = j["prompt"]
-    try:
-        if j["kind"] == "hf":
-            p, d = bench_hf(Path(j["path"]), prompt, j["decode"], j["threads"], j["extra"])
-        else:
-            p, d = bench_llama(Path(j["path"]), prompt, j["decode"], j["threads"], j["extra"])
-        print("PEER " + json.dumps({"prefill": p, "decode": d, "info": _LLAMA_INFO[0]}))
-    except (ImportError, NotImplementedError) as e:
-        print("PEER " + json.dumps({"error": str(e), "type": type(e).__name__}))
-
-
 def bench_hf_ctx(path, prompt, n_decode, threads, dtype_name, max_ctx):
     if len(prompt) > max_ctx:
         raise NotImplementedError(f"context {len(prompt)} > --hf-max-context {max_ctx}")
@@ -366,10 +264,7 @@ def main(argv=None):
                     help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
     ap.add_argument("--accuracy-tokens", type=int, default=256)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for engine.md/.png")
-    ap.add_argument("--peer-job", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.peer_job:
-        return peer_job()
     contexts = [args.prefill] if args.prefill else sorted(args.contexts)
     skip = set(filter(None, args.skip.split(",")))
     path = checkpoint(args.preset, args.layers)

@@ -2,6 +2,7 @@
 snapshot time and size, prefill throughput.
 
     PYTHONPATH=$PWD python benchmarks/hybrid.py [--contexts 128 512 1536] [--decode 16] [--threads N]
+        [--only-peers | --skip-peers] [--peer-prefill 256] [--peer-decode 16] [--skip-peer hf,llama-f16,llama-q8]
 
 1. Per-token decode cost against context for two variants of the same shape that differ only in their
    mixers: every layer Gated DeltaNet vs every layer gated attention (small vocab, dense MLP, so the
@@ -17,22 +18,25 @@ snapshot time and size, prefill throughput.
    the mixer dominates); medians of --ab-reps rounds, printed as row/matrix time ratios. Then the delta
    rule alone (one head, the bench preset's dk = dv = 64, --ab-tokens tokens, one thread) in matrix form,
    row form and token by token (the recurrent decode step).
-4. Peers on the bench preset, same weights, same threads: transformers' Qwen3-Next on CPU (its torch
-   fallback for the Gated DeltaNet kernels; --hf-dtype float32 by default) for prefill of --peer-prefill
-   tokens and decode of --peer-decode tokens, printed as strata/transformers ratios (--skip-peers to omit).
-   llama.cpp is not run here: writing a qwen3next GGUF (GDN tensors, conv state layout) was out of scope.
+4. Peers on the bench preset, same weights, same threads, each in its own interpreter (benchmarks/peers.py):
+   transformers' Qwen3-Next on CPU (its torch fallback for the Gated DeltaNet kernels; --hf-dtype float32
+   by default) and llama.cpp on qwen3next GGUFs of the same weights, f16 and Q8_0 (written by
+   strata_lab.tiny.gguf_export, whose logits tests/test_gguf_export.py checks against the engine's), for
+   prefill of --peer-prefill tokens and decode of --peer-decode tokens, printed as strata/peer ratios
+   (--skip-peers to omit the section, --skip-peer hf,llama-f16,llama-q8 to omit one peer). llama.cpp needs
+   llama-cpp-python, not a project dependency (CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install
+   llama-cpp-python); without it the section prints a note in its place.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
 
 import numpy as np
 
-_USER_ENV = set(os.environ)  # before strata_lab.engine adds its defaults
+from peers import in_subprocess  # records the user's environment before strata_lab.engine adds its defaults
 
 
 def _decode_ms(session, steps: int) -> float:
@@ -57,6 +61,7 @@ def main(argv=None) -> None:
     ap.add_argument("--peer-decode", type=int, default=16)
     ap.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--skip-peer", default="", help="comma list of section-4 peers to omit: hf, llama-f16, llama-q8")
     ap.add_argument("--only-peers", action="store_true", help="section 4 only")
     ap.add_argument("--ab-tokens", type=int, default=512)
     ap.add_argument("--ab-reps", type=int, default=5)
@@ -199,33 +204,9 @@ def gdn_ab(args) -> None:
           f"x{med['rows'] / med['matrix']:.2f}, token-by-token/matrix x{med['recurrent'] / med['matrix']:.2f}")
 
 
-def _peer_env():
-    """The peer's environment: OpenMP as its runtime defaults it (strata_lab.engine sets
-    OMP_WAIT_POLICY=passive for its own process only when the user had not)."""
-    env = dict(os.environ)
-    if env.get("OMP_WAIT_POLICY") == "passive" and "OMP_WAIT_POLICY" not in _USER_ENV:
-        env.pop("OMP_WAIT_POLICY")
-    return env
-
-
-def hf_job() -> None:
-    import json
-    import sys
-
-    import torch
-    from transformers import Qwen3NextForCausalLM
-
-    j = json.loads(sys.stdin.read())
-    prompt, n_decode = j["prompt"], j["decode"]
-    torch.set_num_threads(j["threads"])
-    model = Qwen3NextForCausalLM.from_pretrained(j["path"], dtype=getattr(torch, j["dtype"])).eval()
-    from hf_timing import prefill_decode_tok_s
-
-    print("HF " + json.dumps(list(prefill_decode_tok_s(model, prompt, n_decode, warm=8))))
-
-
 def peers(args) -> None:
-    """Section 4: strata vs transformers' Qwen3-Next (CPU torch fallback) on the bench preset."""
+    """Section 4: strata vs transformers' Qwen3-Next (CPU torch fallback) and llama.cpp (a qwen3next GGUF
+    of the same weights) on the bench preset, each peer in its own interpreter (benchmarks/peers.py)."""
     from strata_lab.tiny import make_tiny
     from strata_lab.engine import CheckpointPolicy, Engine
 
@@ -240,34 +221,28 @@ def peers(args) -> None:
     r = s.generate(prompt, max_new_tokens=args.peer_decode).result
     ours = (len(prompt) / (r.prefill_ms / 1e3), args.peer_decode / (r.decode_ms / 1e3))
 
-    # transformers in a fresh interpreter: torch's own libgomp.so.1, once loaded, also runs strata's
-    # OpenMP loops (measured 20-40x slower MoE decode here), so the peers never share a process
-    import json
-    import subprocess
-    import sys
-
-    job = json.dumps({"path": str(path), "prompt": prompt, "decode": args.peer_decode, "threads": threads,
-                      "dtype": args.hf_dtype})
-    r = subprocess.run([sys.executable, __file__, "--hf-job"], input=job, capture_output=True, text=True,
-                       env=_peer_env())
-    line = [x for x in r.stdout.splitlines() if x.startswith("HF ")]
-    if not line:
-        raise RuntimeError(f"transformers peer failed: {r.stderr[-2000:]}")
-    hf = tuple(json.loads(line[0][3:]))
+    rows, notes = [], []
+    if "hf" not in args.skip_peer:
+        rows.append((f"transformers {args.hf_dtype} (torch fallback)",
+                     in_subprocess("hf", path, prompt, args.peer_decode, threads, args.hf_dtype)))
+    for qtype in [q for q in ("f16", "q8_0") if f"llama-{q.replace('_0', '')}" not in args.skip_peer]:
+        try:
+            rows.append((f"llama.cpp {qtype.upper()} GGUF",
+                         in_subprocess("llama", path, prompt, args.peer_decode, threads, qtype)))
+        except ImportError as e:
+            notes.append(f"llama.cpp: not run ({e})")
+            break
 
     print(f"\npeers, bench preset (bf16 weights), prefill {len(prompt)}, decode {args.peer_decode}, {threads} threads:")
-    print("| system | prefill tok/s | decode tok/s |\n|---|---:|---:|")
-    print(f"| strata | {ours[0]:.1f} | {ours[1]:.2f} |")
-    print(f"| transformers {args.hf_dtype} (torch fallback) | {hf[0]:.1f} | {hf[1]:.2f} |")
-    print(f"strata / transformers: prefill x{ours[0] / hf[0]:.2f}, decode x{ours[1] / hf[1]:.2f}")
-    print("llama.cpp: not run (no qwen3next GGUF writer here)")
+    print("| system | prefill tok/s | decode tok/s | strata/system prefill | strata/system decode |")
+    print("|---|---:|---:|---:|---:|")
+    print(f"| strata bf16 | {ours[0]:.1f} | {ours[1]:.2f} | | |")
+    for name, (p, d) in rows:
+        print(f"| {name} | {p:.1f} | {d:.2f} | x{ours[0] / p:.2f} | x{ours[1] / d:.2f} |")
+    for n in notes:
+        print(n)
     tmp.cleanup()
 
 
 if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] == ["--hf-job"]:
-        hf_job()
-    else:
-        main()
+    main()
