@@ -20,6 +20,7 @@ import numpy as np
 _USER_ENV = set(os.environ)  # imported before strata_lab.engine adds its defaults
 
 _LLAMA_INFO = [""]
+_SHOWN: set[str] = set()  # peer info lines already printed by this process
 
 
 def peer_env() -> dict[str, str]:
@@ -100,7 +101,8 @@ def in_subprocess(kind, path, prompt, n_decode, threads, extra):
             res = json.loads(line[5:])
             if "error" in res:
                 raise (ImportError if res["type"] == "ImportError" else NotImplementedError)(res["error"])
-            if res.get("info"):
+            if res.get("info") and res["info"] not in _SHOWN:
+                _SHOWN.add(res["info"])
                 print(res["info"], flush=True)
             return res["prefill"], res["decode"]
     raise RuntimeError(f"peer {kind} failed: {r.stderr[-2000:]}")
