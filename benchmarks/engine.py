@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from peers import in_subprocess  # records the user's environment before strata_lab.engine adds its defaults
+from peers import in_subprocess, write_ggufs  # records the user's environment before strata_lab.engine loads
 
 os.environ.setdefault("STRATA_PROFILE", "1")  # per-op timers: attention's share (read before the module loads)
 
@@ -329,6 +329,7 @@ def main(argv=None):
                             lambda p: bench_hf_ctx(path, p, args.decode, T, "f32", args.hf_max_context)))
     if "llama" not in skip:
         fa = "+fa" if args.llama_flash_attn else ""
+        write_ggufs(path, ["f16"] + ([] if "llama-q8" in skip else ["q8_0"]))
         systems.append(("llama.cpp f16", lambda p: in_subprocess("llama", path, p, args.decode, T, "f16" + fa)))
         if "llama-q8" not in skip:
             def q8(p):

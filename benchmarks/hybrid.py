@@ -31,15 +31,13 @@ snapshot time and size, prefill throughput.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import statistics
 import tempfile
 import time
 
 import numpy as np
 
-from peers import in_subprocess  # records the user's environment before strata_lab.engine adds its defaults
+from peers import in_subprocess, write_ggufs  # records the user's environment before strata_lab.engine loads
 
 
 def _decode_ms(session, steps: int) -> float:
@@ -212,7 +210,6 @@ def peers(args) -> None:
     """Section 4: strata vs transformers' Qwen3-Next (CPU torch fallback) and llama.cpp (a qwen3next GGUF
     of the same weights) on the bench preset, each peer in its own interpreter (benchmarks/peers.py)."""
     from strata_lab.tiny import make_tiny
-    from strata_lab.tiny.gguf_export import gguf_file
     from strata_lab.engine import CheckpointPolicy, Engine
 
     tmp = tempfile.TemporaryDirectory()
@@ -221,13 +218,10 @@ def peers(args) -> None:
     threads = args.threads or 2
     qtypes = [q for q in ("f16", "q8_0") if f"llama-{q.removesuffix('_0')}" not in args.skip_peer]
     notes = []
-    if qtypes and not importlib.util.find_spec("llama_cpp"):
+    if qtypes and not write_ggufs(path, qtypes):
         notes.append("llama.cpp: not run (llama-cpp-python is not installed: "
                      "CMAKE_ARGS=\"-DGGML_NATIVE=OFF\" pip install llama-cpp-python)")
         qtypes = []
-    for q in qtypes:  # written (and flushed to disk) before anything is timed
-        gguf_file(path, q)
-    os.sync()
     eng = Engine.load(path, threads=threads)
     s = eng.session("peer", checkpoints=CheckpointPolicy(at_prompt_end=False))
     s.generate(prompt[:8], max_new_tokens=1)  # warm up
@@ -248,8 +242,13 @@ def peers(args) -> None:
     # only ever slows a run down)
     best: dict[str, tuple[float, float]] = {}
     for _ in range(args.peer_rounds):
-        for name, run in systems.items():
-            p, d = run()
+        for name, run in list(systems.items()):
+            try:
+                p, d = run()
+            except ImportError as e:  # transformers or llama-cpp-python missing in the peer's interpreter
+                notes.append(f"{name}: not run ({e})")
+                del systems[name]
+                continue
             p0, d0 = best.get(name, (0.0, 0.0))
             best[name] = (max(p, p0), max(d, d0))
     ours = best["strata bf16"]

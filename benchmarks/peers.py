@@ -87,6 +87,23 @@ def bench_llama(path, prompt, n_decode, threads, qtype="f16"):
     return len(prompt) / (t1 - t0), n_decode / (t3 - t2)
 
 
+def write_ggufs(path, qtypes) -> bool:
+    """Write the folder's GGUFs for ``qtypes`` (a no-op for those already there) and flush them to disk,
+    before anything is timed: a llama.cpp peer timed while the kernel still wrote back its freshly written
+    f16 GGUF decoded 4-8 tok/s here against 55-66 once it was on disk. False when llama-cpp-python is not
+    installed (nothing written)."""
+    import importlib.util
+
+    if not importlib.util.find_spec("llama_cpp"):
+        return False
+    from strata_lab.tiny.gguf_export import gguf_file
+
+    for q in qtypes:
+        gguf_file(path, q.removesuffix("+fa"))
+    os.sync()
+    return True
+
+
 def in_subprocess(kind, path, prompt, n_decode, threads, extra):
     """Run peer ``kind`` ("hf": transformers, ``extra`` its dtype; "llama": llama.cpp, ``extra`` its qtype)
     in a fresh interpreter and return (prefill, decode) tok/s. A missing package raises ImportError, a
