@@ -1,5 +1,6 @@
 """The GGUF writer (strata_lab.tiny.gguf_export) against llama.cpp: a tiny Qwen3-Next folder written as an
-f32 qwen3next GGUF gives llama.cpp logits equal to the engine's on the same ids.
+f32 qwen3next GGUF gives llama.cpp logits equal to the engine's on the same ids, in one batch and with the
+last ids decoded one at a time.
 
 Skipped when llama-cpp-python (not a project dependency) is absent. Tolerance: 1e-4 absolute on logits of
 magnitude ~5, with llama.cpp's KV cache in f32 (its default f16 cache alone gives ~6e-4); measured ~1e-5.
@@ -37,11 +38,15 @@ def engine_logits(folder):
     return Engine.load(folder, threads=2).forward(IDS)
 
 
-def _llama_logits(path, ids):
+def _llama_logits(path, ids, steps=0):
+    """llama.cpp's logits for every id: one batch, then the last ``steps`` ids one call each (its recurrent
+    GDN step and conv state carried between calls)."""
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_ubatch=64, logits_all=True,
                           type_k=0, type_v=0, n_threads=2, verbose=False)  # type 0: GGML_TYPE_F32 cache
     try:
-        llm.eval(ids)
+        llm.eval(ids[: len(ids) - steps])
+        for i in range(len(ids) - steps, len(ids)):
+            llm.eval([ids[i]])
         return np.array(llm.scores[: len(ids)], dtype=np.float32)
     finally:
         llm.close()
@@ -49,9 +54,9 @@ def _llama_logits(path, ids):
 
 def test_llama_cpp_logits_match_the_engine(folder, engine_logits, tmp_path):
     out = gguf_export.write_gguf(folder, tmp_path / "next.gguf", "f32")
-    got = _llama_logits(out, IDS)
     assert np.abs(engine_logits).max() > 1.0  # logits are not trivially small
-    assert np.abs(got - engine_logits).max() <= TOL
+    assert np.abs(_llama_logits(out, IDS) - engine_logits).max() <= TOL
+    assert np.abs(_llama_logits(out, IDS, steps=8) - engine_logits).max() <= TOL
 
 
 # each: the writer's step for one kind of tensor replaced by passing the HF tensor through unchanged
