@@ -216,7 +216,8 @@ def peers(args) -> None:
     path = make_tiny(f"{tmp.name}/bench", "qwen3_next", "bench", dtype="bfloat16")
     prompt = [int(i) for i in np.random.default_rng(2).integers(0, 151643, args.peer_prefill)]
     threads = args.threads or 2
-    qtypes = [q for q in ("f16", "q8_0") if f"llama-{q.removesuffix('_0')}" not in args.skip_peer]
+    skip = set(filter(None, args.skip_peer.split(",")))
+    qtypes = [q for q in ("f16", "q8_0") if f"llama-{q.removesuffix('_0')}" not in skip]
     notes = []
     if qtypes and not write_ggufs(path, qtypes):
         notes.append("llama.cpp: not run (llama-cpp-python is not installed: "
@@ -232,7 +233,7 @@ def peers(args) -> None:
         return len(prompt) / (r.prefill_ms / 1e3), args.peer_decode / (r.decode_ms / 1e3)
 
     systems = {"strata bf16": strata}
-    if "hf" not in args.skip_peer:
+    if "hf" not in skip:
         systems[f"transformers {args.hf_dtype} (torch fallback)"] = lambda: in_subprocess(
             "hf", path, prompt, args.peer_decode, threads, args.hf_dtype)
     for q in qtypes:

@@ -156,7 +156,7 @@ def _next_header(w: Any, cfg: dict) -> None:
     types = cfg.get("layer_types")
     interval = int(cfg.get("full_attention_interval", 4))
     if types is not None:
-        interval = types.index("full_attention") + 1
+        interval = types.index("full_attention") + 1 if "full_attention" in types else len(types) + 1
         if types != ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
                      for i in range(len(types))]:
             raise ValueError(f"layer_types is not every {interval}th layer full attention: {types}")
