@@ -23,7 +23,10 @@ snapshot time and size, prefill throughput.
    by default) and llama.cpp on qwen3next GGUFs of the same weights, f16 and Q8_0 (written by
    strata_lab.tiny.gguf_export, whose logits tests/test_gguf_export.py checks against the engine's), for
    prefill of --peer-prefill tokens and decode of --peer-decode tokens, best of --peer-rounds interleaved
-   rounds (the shared cores' noise only slows a run down), printed as strata/peer ratios
+   rounds (the shared cores' noise only slows a run down), printed as strata/peer ratios. The peers' OpenMP
+   runs with its default wait policy (threads spin at barriers) unless --peer-omp-passive gives them strata's
+   OMP_WAIT_POLICY=passive: on shared, loaded cores spinning peers slow down several-fold, so a run under
+   load compares wait policies as much as engines (see benchmarks/peers.py).
    (--skip-peers to omit the section, --skip-peer hf,llama-f16,llama-q8 to omit one peer). llama.cpp needs
    llama-cpp-python, not a project dependency (CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install
    llama-cpp-python); without it the section prints a note in its place.
@@ -63,6 +66,8 @@ def main(argv=None) -> None:
     ap.add_argument("--peer-rounds", type=int, default=2, help="section 4: interleaved rounds, best of each kept")
     ap.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--peer-omp-passive", action="store_true",
+                    help="section 4: the peers' OpenMP threads sleep at barriers, as strata's do")
     ap.add_argument("--skip-peer", default="", help="comma list of section-4 peers to omit: hf, llama-f16, llama-q8")
     ap.add_argument("--only-peers", action="store_true", help="section 4 only")
     ap.add_argument("--ab-tokens", type=int, default=512)
@@ -235,10 +240,10 @@ def peers(args) -> None:
     systems = {"strata bf16": strata}
     if "hf" not in skip:
         systems[f"transformers {args.hf_dtype} (torch fallback)"] = lambda: in_subprocess(
-            "hf", path, prompt, args.peer_decode, threads, args.hf_dtype)
+            "hf", path, prompt, args.peer_decode, threads, args.hf_dtype, args.peer_omp_passive)
     for q in qtypes:
         systems[f"llama.cpp {q.upper()} GGUF"] = lambda q=q: in_subprocess(
-            "llama", path, prompt, args.peer_decode, threads, q)
+            "llama", path, prompt, args.peer_decode, threads, q, args.peer_omp_passive)
     # rounds interleave the systems; each keeps its best prefill and best decode (the shared cores' noise
     # only ever slows a run down)
     best: dict[str, tuple[float, float]] = {}
@@ -255,7 +260,8 @@ def peers(args) -> None:
     ours = best["strata bf16"]
 
     print(f"\npeers, bench preset (bf16 weights), prefill {len(prompt)}, decode {args.peer_decode}, {threads} threads, "
-          f"best of {args.peer_rounds} interleaved rounds:")
+          f"best of {args.peer_rounds} interleaved rounds, peers' OMP_WAIT_POLICY "
+          f"{'passive' if args.peer_omp_passive else 'their default'}:")
     print("| system | prefill tok/s | decode tok/s | strata/system prefill | strata/system decode |")
     print("|---|---:|---:|---:|---:|")
     for name, (p, d) in best.items():
