@@ -17,7 +17,7 @@ pytest.importorskip("gguf")
 llama_cpp = pytest.importorskip("llama_cpp")
 
 from strata_lab.engine import Engine  # noqa: E402
-from strata_lab.tiny import make_tiny  # noqa: E402
+from strata_lab.tiny import NEXT_PRESETS, make_tiny  # noqa: E402
 from strata_lab.tiny import gguf_export  # noqa: E402
 
 TOL = 1e-4
@@ -59,8 +59,8 @@ def test_llama_cpp_logits_match_the_engine(folder, engine_logits, tmp_path):
     assert np.abs(_llama_logits(out, IDS, steps=8) - engine_logits).max() <= TOL
 
 
-# each: the writer's step for one kind of tensor replaced by passing the HF tensor through unchanged
-# (or, for in_proj_qkvz, split as if it were not grouped per key head)
+# each undoes one of the writer's steps on what it yields (dt_bias: zeroed instead, its rename being needed
+# to load at all); "qkv ungrouped" puts back in_proj_qkvz's per-key-head row order
 BROKEN = {
     "norms without +1": lambda n, a: (n, a - 1.0) if n.endswith("norm.weight") and "linear_attn" not in n else (n, a),
     "A_log as stored": lambda n, a: (n, np.log(-a)) if n.endswith(".A_log") else (n, a),
@@ -71,7 +71,8 @@ BROKEN = {
 
 def _ungrouped(qkv):
     """The grouped-per-key-head row order the writer undoes, put back (as if it had not been split)."""
-    hk, dk, hv, dv = 2, 16, 4, 16
+    t = NEXT_PRESETS["tiny-moe"]
+    hk, dk, hv, dv = t.linear_num_key_heads, t.linear_key_head_dim, t.linear_num_value_heads, t.linear_value_head_dim
     q, k, v = np.split(qkv, [hk * dk, 2 * hk * dk])
     r = hv // hk
     return np.concatenate([np.concatenate([q[g * dk:(g + 1) * dk], k[g * dk:(g + 1) * dk],
