@@ -41,13 +41,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import time
 from pathlib import Path
 
 import numpy as np
 
-_USER_ENV = set(os.environ)  # before strata_lab.engine adds its defaults
+from peers import in_subprocess, write_ggufs  # records the user's environment before strata_lab.engine loads
+
 os.environ.setdefault("STRATA_PROFILE", "1")  # per-op timers: attention's share (read before the module loads)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,226 +157,6 @@ def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None
     return (p, d, old_d) if old_attention == "decode" else (p, d)
 
 
-def bench_hf(path, prompt, n_decode, threads, dtype_name):
-    import torch
-    from transformers import Qwen3ForCausalLM
-
-    torch.set_num_threads(threads)
-    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype_name]
-    model = Qwen3ForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="eager").eval()
-    from hf_timing import prefill_decode_tok_s
-
-    return prefill_decode_tok_s(model, prompt, n_decode, warm=16)
-
-
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Every tensor of a (single-file or sharded) safetensors checkpoint as float32 (bf16/f16/f32)."""
-    files = sorted(path.glob("*.safetensors"))
-    out = {}
-    for f in files:
-        raw = f.read_bytes()
-        n = int.from_bytes(raw[:8], "little")
-        header = json.loads(raw[8:8 + n])
-        data = memoryview(raw)[8 + n:]
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            a, b = info["data_offsets"]
-            buf, shape = data[a:b], info["shape"]
-            if info["dtype"] == "BF16":
-                arr = (np.frombuffer(buf, "<u2").astype(np.uint32) << 16).view(np.float32)
-            elif info["dtype"] == "F16":
-                arr = np.frombuffer(buf, "<f2").astype(np.float32)
-            elif info["dtype"] == "F32":
-                arr = np.frombuffer(buf, "<f4").copy()
-            else:
-                raise ValueError(f"{f.name}: tensor {name} has unsupported dtype {info['dtype']}")
-            out[name] = arr.reshape(shape)
-    return out
-
-
-def write_gguf(path: Path, out: Path, qtype: str = "f16") -> Path:
-    """Write the checkpoint at ``path`` as a llama.cpp qwen3 GGUF: matrices f16 (or Q8_0 with ``qtype="q8_0"``,
-    quantised by the gguf package), norms f32, real Qwen3 vocab.
-
-    Mirrors llama.cpp's convert_hf_to_gguf.py for Qwen3ForCausalLM: gpt2 BPE tokenizer with the qwen2
-    pre-tokenizer, token types NORMAL / CONTROL (special added tokens) / USER_DEFINED / UNUSED ([PADn]
-    rows past the tokenizer's vocab), no q/k permutation (NEOX RoPE), tied output unless lm_head exists.
-    """
-    import gguf
-
-    from strata_lab import load_tokenizer
-
-    cfg = json.loads((path / "config.json").read_text())
-    tok = load_tokenizer("qwen3")
-    tj = json.loads(tok.hf.to_str())
-    V = int(cfg["vocab_size"])
-    rev = {i: t for t, i in tj["model"]["vocab"].items()}
-    added = {a["id"]: a for a in tj["added_tokens"]}
-    tokens, types = [], []
-    for i in range(V):
-        if i in added:
-            tokens.append(added[i]["content"])
-            types.append(gguf.TokenType.CONTROL if added[i]["special"] else gguf.TokenType.USER_DEFINED)
-        elif i in rev:
-            tokens.append(rev[i])
-            types.append(gguf.TokenType.NORMAL)
-        else:
-            tokens.append(f"[PAD{i}]")
-            types.append(gguf.TokenType.UNUSED)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-
-    w = gguf.GGUFWriter(str(out), "qwen3")
-    w.add_name("strata random " + path.name)
-    w.add_context_length(int(cfg["max_position_embeddings"]))
-    w.add_embedding_length(int(cfg["hidden_size"]))
-    w.add_block_count(int(cfg["num_hidden_layers"]))
-    w.add_feed_forward_length(int(cfg["intermediate_size"]))
-    w.add_head_count(int(cfg["num_attention_heads"]))
-    w.add_head_count_kv(int(cfg["num_key_value_heads"]))
-    w.add_key_length(int(cfg["head_dim"]))
-    w.add_value_length(int(cfg["head_dim"]))
-    w.add_rope_freq_base(float(cfg["rope_theta"]))
-    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if qtype == "q8_0" else gguf.LlamaFileType.MOSTLY_F16)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(int(cfg["bos_token_id"]))
-    w.add_eos_token_id(int(cfg["eos_token_id"]))
-    w.add_pad_token_id(tok.token_id("<|endoftext|>"))
-    w.add_add_bos_token(False)
-
-    st = _read_safetensors(path)
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    per_layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                 "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-                 "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                 "mlp.down_proj": "ffn_down"}
-    for name, arr in st.items():
-        if name in names:
-            gname = names[name]
-        else:
-            m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.weight", name)
-            if not m or m.group(2) not in per_layer:
-                raise ValueError(f"no GGUF name for tensor {name}")
-            gname = f"blk.{m.group(1)}.{per_layer[m.group(2)]}.weight"
-        if arr.ndim != 2:
-            w.add_tensor(gname, arr.astype(np.float32))
-        elif qtype == "q8_0":
-            q = gguf.quants.quantize(arr.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(gname, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(gname, arr.astype(np.float16))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
-
-
-def gguf_checkpoint(path: Path, qtype: str = "f16") -> Path:
-    out = path.parent / f"{path.name}-{qtype}.gguf"
-    if not out.exists():
-        print(f"writing {out} ...", flush=True)
-        tmp = out.with_suffix(".tmp")
-        write_gguf(path, tmp, qtype)
-        tmp.rename(out)
-    return out
-
-
-_LLAMA_INFO_SHOWN = set()
-_LLAMA_INFO = [""]
-
-
-def bench_llama(path, prompt, n_decode, threads, qtype="f16"):
-    try:
-        import llama_cpp
-        import gguf  # noqa: F401
-    except ImportError as e:
-        raise ImportError(f"{e.name} is not installed (pip install gguf llama-cpp-python)") from e
-
-    flash = qtype.endswith("+fa")
-    qtype = qtype.removesuffix("+fa")
-    model_path = gguf_checkpoint(path, qtype)
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=len(prompt) + n_decode + 16,
-                          n_batch=min(len(prompt), 2048), n_ubatch=min(len(prompt), 512), flash_attn=flash,
-                          n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
-    if not _LLAMA_INFO_SHOWN:
-        _LLAMA_INFO_SHOWN.add(1)
-        _LLAMA_INFO[0] = "  llama.cpp build: " + llama_cpp.llama_print_system_info().decode().strip()
-    V = llm.n_vocab()
-
-    def last_argmax():  # logits of the last evaluated token (logits_all=False keeps only that row)
-        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(V,))))
-
-    llm.eval(prompt[:16])  # warm up (page in weights)
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(prompt)
-    t1 = time.perf_counter()
-    nxt = last_argmax()
-    t2 = time.perf_counter()
-    for _ in range(n_decode):
-        llm.eval([nxt])
-        nxt = last_argmax()
-    t3 = time.perf_counter()
-    return len(prompt) / (t1 - t0), n_decode / (t3 - t2)
-
-
-def peer_env():
-    """The peer's environment: OpenMP as its runtime defaults it (strata_lab.engine sets
-    OMP_WAIT_POLICY=passive for its own process only when the user had not)."""
-    env = dict(os.environ)
-    if env.get("OMP_WAIT_POLICY") == "passive" and "OMP_WAIT_POLICY" not in _USER_ENV:
-        env.pop("OMP_WAIT_POLICY")
-    return env
-
-
-def in_subprocess(kind, path, prompt, n_decode, threads, extra):
-    """Run a peer (transformers or llama.cpp) in a fresh interpreter and return (prefill, decode) tok/s.
-
-    Peers never share strata's process: torch ships its own libgomp.so.1, and once it is loaded strata's
-    OpenMP loops run on it (measured ~20-40x slower on the hybrid MoE decode), which would slow strata in
-    every round after the first and in the 1-thread and accuracy runs.
-    """
-    import subprocess
-    import sys
-
-    job = json.dumps({"kind": kind, "path": str(path), "prompt": list(prompt), "decode": n_decode,
-                      "threads": threads, "extra": extra})
-    r = subprocess.run([sys.executable, __file__, "--peer-job"], input=job, capture_output=True, text=True,
-                       env=peer_env())
-    for line in r.stdout.splitlines():
-        if line.startswith("PEER "):
-            res = json.loads(line[5:])
-            if "error" in res:
-                raise (ImportError if res["type"] == "ImportError" else NotImplementedError)(res["error"])
-            if res.get("info"):
-                print(res["info"], flush=True)
-            return res["prefill"], res["decode"]
-    raise RuntimeError(f"peer {kind} failed: {r.stderr[-2000:]}")
-
-
-def peer_job() -> None:
-    import sys
-
-    j = json.loads(sys.stdin.read())
-    prompt = j["prompt"]
-    try:
-        if j["kind"] == "hf":
-            p, d = bench_hf(Path(j["path"]), prompt, j["decode"], j["threads"], j["extra"])
-        else:
-            p, d = bench_llama(Path(j["path"]), prompt, j["decode"], j["threads"], j["extra"])
-        print("PEER " + json.dumps({"prefill": p, "decode": d, "info": _LLAMA_INFO[0]}))
-    except (ImportError, NotImplementedError) as e:
-        print("PEER " + json.dumps({"error": str(e), "type": type(e).__name__}))
-
-
 def bench_hf_ctx(path, prompt, n_decode, threads, dtype_name, max_ctx):
     if len(prompt) > max_ctx:
         raise NotImplementedError(f"context {len(prompt)} > --hf-max-context {max_ctx}")
@@ -485,10 +264,7 @@ def main(argv=None):
                     help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
     ap.add_argument("--accuracy-tokens", type=int, default=256)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for engine.md/.png")
-    ap.add_argument("--peer-job", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.peer_job:
-        return peer_job()
     contexts = [args.prefill] if args.prefill else sorted(args.contexts)
     skip = set(filter(None, args.skip.split(",")))
     path = checkpoint(args.preset, args.layers)
@@ -553,6 +329,7 @@ def main(argv=None):
                             lambda p: bench_hf_ctx(path, p, args.decode, T, "f32", args.hf_max_context)))
     if "llama" not in skip:
         fa = "+fa" if args.llama_flash_attn else ""
+        write_ggufs(path, ["f16"] + ([] if "llama-q8" in skip else ["q8_0"]))
         systems.append(("llama.cpp f16", lambda p: in_subprocess("llama", path, p, args.decode, T, "f16" + fa)))
         if "llama-q8" not in skip:
             def q8(p):

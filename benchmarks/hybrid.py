@@ -2,6 +2,7 @@
 snapshot time and size, prefill throughput.
 
     PYTHONPATH=$PWD python benchmarks/hybrid.py [--contexts 128 512 1536] [--decode 16] [--threads N]
+        [--only-peers | --skip-peers] [--peer-prefill 256] [--peer-decode 16] [--skip-peer hf,llama-f16,llama-q8]
 
 1. Per-token decode cost against context for two variants of the same shape that differ only in their
    mixers: every layer Gated DeltaNet vs every layer gated attention (small vocab, dense MLP, so the
@@ -17,22 +18,29 @@ snapshot time and size, prefill throughput.
    the mixer dominates); medians of --ab-reps rounds, printed as row/matrix time ratios. Then the delta
    rule alone (one head, the bench preset's dk = dv = 64, --ab-tokens tokens, one thread) in matrix form,
    row form and token by token (the recurrent decode step).
-4. Peers on the bench preset, same weights, same threads: transformers' Qwen3-Next on CPU (its torch
-   fallback for the Gated DeltaNet kernels; --hf-dtype float32 by default) for prefill of --peer-prefill
-   tokens and decode of --peer-decode tokens, printed as strata/transformers ratios (--skip-peers to omit).
-   llama.cpp is not run here: writing a qwen3next GGUF (GDN tensors, conv state layout) was out of scope.
+4. Peers on the bench preset, same weights, same threads, each in its own interpreter (benchmarks/peers.py):
+   transformers' Qwen3-Next on CPU (its torch fallback for the Gated DeltaNet kernels; --hf-dtype float32
+   by default) and llama.cpp on qwen3next GGUFs of the same weights, f16 and Q8_0 (written by
+   strata_lab.tiny.gguf_export, whose logits tests/test_gguf_export.py checks against the engine's), for
+   prefill of --peer-prefill tokens and decode of --peer-decode tokens, best of --peer-rounds interleaved
+   rounds (the shared cores' noise only slows a run down), printed as strata/peer ratios. The peers' OpenMP
+   runs with its default wait policy (threads spin at barriers) unless --peer-omp-passive gives them strata's
+   OMP_WAIT_POLICY=passive: on shared, loaded cores spinning peers slow down several-fold, so a run under
+   load compares wait policies as much as engines (see benchmarks/peers.py).
+   (--skip-peers to omit the section, --skip-peer hf,llama-f16,llama-q8 to omit one peer). llama.cpp needs
+   llama-cpp-python, not a project dependency (CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install
+   llama-cpp-python); without it the section prints a note in its place.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
 
 import numpy as np
 
-_USER_ENV = set(os.environ)  # before strata_lab.engine adds its defaults
+from peers import in_subprocess, write_ggufs  # records the user's environment before strata_lab.engine loads
 
 
 def _decode_ms(session, steps: int) -> float:
@@ -55,8 +63,12 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--peer-prefill", type=int, default=256)
     ap.add_argument("--peer-decode", type=int, default=16)
+    ap.add_argument("--peer-rounds", type=int, default=2, help="section 4: interleaved rounds, best of each kept")
     ap.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--peer-omp-passive", action="store_true",
+                    help="section 4: the peers' OpenMP threads sleep at barriers, as strata's do")
+    ap.add_argument("--skip-peer", default="", help="comma list of section-4 peers to omit: hf, llama-f16, llama-q8")
     ap.add_argument("--only-peers", action="store_true", help="section 4 only")
     ap.add_argument("--ab-tokens", type=int, default=512)
     ap.add_argument("--ab-reps", type=int, default=5)
@@ -199,33 +211,9 @@ def gdn_ab(args) -> None:
           f"x{med['rows'] / med['matrix']:.2f}, token-by-token/matrix x{med['recurrent'] / med['matrix']:.2f}")
 
 
-def _peer_env():
-    """The peer's environment: OpenMP as its runtime defaults it (strata_lab.engine sets
-    OMP_WAIT_POLICY=passive for its own process only when the user had not)."""
-    env = dict(os.environ)
-    if env.get("OMP_WAIT_POLICY") == "passive" and "OMP_WAIT_POLICY" not in _USER_ENV:
-        env.pop("OMP_WAIT_POLICY")
-    return env
-
-
-def hf_job() -> None:
-    import json
-    import sys
-
-    import torch
-    from transformers import Qwen3NextForCausalLM
-
-    j = json.loads(sys.stdin.read())
-    prompt, n_decode = j["prompt"], j["decode"]
-    torch.set_num_threads(j["threads"])
-    model = Qwen3NextForCausalLM.from_pretrained(j["path"], dtype=getattr(torch, j["dtype"])).eval()
-    from hf_timing import prefill_decode_tok_s
-
-    print("HF " + json.dumps(list(prefill_decode_tok_s(model, prompt, n_decode, warm=8))))
-
-
 def peers(args) -> None:
-    """Section 4: strata vs transformers' Qwen3-Next (CPU torch fallback) on the bench preset."""
+    """Section 4: strata vs transformers' Qwen3-Next (CPU torch fallback) and llama.cpp (a qwen3next GGUF
+    of the same weights) on the bench preset, each peer in its own interpreter (benchmarks/peers.py)."""
     from strata_lab.tiny import make_tiny
     from strata_lab.engine import CheckpointPolicy, Engine
 
@@ -233,41 +221,58 @@ def peers(args) -> None:
     path = make_tiny(f"{tmp.name}/bench", "qwen3_next", "bench", dtype="bfloat16")
     prompt = [int(i) for i in np.random.default_rng(2).integers(0, 151643, args.peer_prefill)]
     threads = args.threads or 2
+    skip = set(filter(None, args.skip_peer.split(",")))
+    qtypes = [q for q in ("f16", "q8_0") if f"llama-{q.removesuffix('_0')}" not in skip]
+    notes = []
+    if qtypes and not write_ggufs(path, qtypes):
+        notes.append("llama.cpp: not run (llama-cpp-python is not installed: "
+                     "CMAKE_ARGS=\"-DGGML_NATIVE=OFF\" pip install llama-cpp-python)")
+        qtypes = []
     eng = Engine.load(path, threads=threads)
     s = eng.session("peer", checkpoints=CheckpointPolicy(at_prompt_end=False))
     s.generate(prompt[:8], max_new_tokens=1)  # warm up
-    s.reset()
-    r = s.generate(prompt, max_new_tokens=args.peer_decode).result
-    ours = (len(prompt) / (r.prefill_ms / 1e3), args.peer_decode / (r.decode_ms / 1e3))
 
-    # transformers in a fresh interpreter: torch's own libgomp.so.1, once loaded, also runs strata's
-    # OpenMP loops (measured 20-40x slower MoE decode here), so the peers never share a process
-    import json
-    import subprocess
-    import sys
+    def strata():
+        s.reset()
+        r = s.generate(prompt, max_new_tokens=args.peer_decode).result
+        return len(prompt) / (r.prefill_ms / 1e3), args.peer_decode / (r.decode_ms / 1e3)
 
-    job = json.dumps({"path": str(path), "prompt": prompt, "decode": args.peer_decode, "threads": threads,
-                      "dtype": args.hf_dtype})
-    r = subprocess.run([sys.executable, __file__, "--hf-job"], input=job, capture_output=True, text=True,
-                       env=_peer_env())
-    line = [x for x in r.stdout.splitlines() if x.startswith("HF ")]
-    if not line:
-        raise RuntimeError(f"transformers peer failed: {r.stderr[-2000:]}")
-    hf = tuple(json.loads(line[0][3:]))
+    systems = {"strata bf16": strata}
+    if "hf" not in skip:
+        systems[f"transformers {args.hf_dtype} (torch fallback)"] = lambda: in_subprocess(
+            "hf", path, prompt, args.peer_decode, threads, args.hf_dtype, args.peer_omp_passive)
+    for q in qtypes:
+        systems[f"llama.cpp {q.upper()} GGUF"] = lambda q=q: in_subprocess(
+            "llama", path, prompt, args.peer_decode, threads, q, args.peer_omp_passive)
+    # rounds interleave the systems; each keeps its best prefill and best decode (the shared cores' noise
+    # only ever slows a run down)
+    best: dict[str, tuple[float, float]] = {}
+    for _ in range(args.peer_rounds):
+        for name, run in list(systems.items()):
+            try:
+                p, d = run()
+            except ImportError as e:  # transformers or llama-cpp-python missing in the peer's interpreter
+                notes.append(f"{name}: not run ({e})")
+                del systems[name]
+                continue
+            p0, d0 = best.get(name, (0.0, 0.0))
+            best[name] = (max(p, p0), max(d, d0))
+    ours = best["strata bf16"]
 
-    print(f"\npeers, bench preset (bf16 weights), prefill {len(prompt)}, decode {args.peer_decode}, {threads} threads:")
-    print("| system | prefill tok/s | decode tok/s |\n|---|---:|---:|")
-    print(f"| strata | {ours[0]:.1f} | {ours[1]:.2f} |")
-    print(f"| transformers {args.hf_dtype} (torch fallback) | {hf[0]:.1f} | {hf[1]:.2f} |")
-    print(f"strata / transformers: prefill x{ours[0] / hf[0]:.2f}, decode x{ours[1] / hf[1]:.2f}")
-    print("llama.cpp: not run (no qwen3next GGUF writer here)")
+    print(f"\npeers, bench preset (bf16 weights), prefill {len(prompt)}, decode {args.peer_decode}, {threads} threads, "
+          f"best of {args.peer_rounds} interleaved rounds, peers' OMP_WAIT_POLICY "
+          f"{'passive' if args.peer_omp_passive else 'their default'}:")
+    print("| system | prefill tok/s | decode tok/s | strata/system prefill | strata/system decode |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (p, d) in best.items():
+        if name == "strata bf16":
+            print(f"| {name} | {p:.1f} | {d:.2f} | | |")
+            continue
+        print(f"| {name} | {p:.1f} | {d:.2f} | x{ours[0] / p:.2f} | x{ours[1] / d:.2f} |")
+    for n in notes:
+        print(n)
     tmp.cleanup()
 
 
 if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] == ["--hf-job"]:
-        hf_job()
-    else:
-        main()
+    main()
