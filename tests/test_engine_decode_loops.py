@@ -65,3 +65,36 @@ def test_decode_logits_equal_full_forward_under_every_loop(tmp_path_factory, wei
             np.testing.assert_array_equal(s.last_logits(), full[-1], err_msg=f"{combo} threads={threads}")
             ref = full if ref is None else ref
             np.testing.assert_array_equal(full, ref)  # the forward itself does not depend on the loop
+
+
+@pytest.fixture
+def restore_moe_parallel():
+    saved = _engine._kernel_option("moe_parallel")
+    yield
+    _engine._set_kernel_option("moe_parallel", saved)
+
+
+def test_moe_experts_side_by_side_keep_the_bits(tmp_path_factory, restore_moe_parallel):
+    """Qwen3-Next MoE (kernel option moe_parallel: the active experts one per thread, weighted rows added in
+    expert order afterwards) gives the bits of experts one after another, for a prefill and for each decode
+    step, at 1-3 threads. (A hybrid's decode is not bit-equal to its full forward: the Gated DeltaNet prefill
+    is chunked, its decode recurrent; test_engine_next bounds that.)"""
+    path = make_tiny(tmp_path_factory.mktemp("moe") / "ck", "qwen3_next", "tiny-moe", dtype="bfloat16", seed=7)
+    ids = [i % 1000 for i in IDS] * 3
+    ref = ref_steps = None
+    for on in (False, True):
+        _engine._set_kernel_option("moe_parallel", on)
+        for threads in (1, 2, 3):
+            eng = Engine.load(path, threads=threads)
+            full = eng.forward(ids)
+            s = eng.session("m")
+            s.generate(ids[:20], max_new_tokens=0)
+            steps = []
+            for _ in range(5):
+                s.generate(s.held_ids, max_new_tokens=1)
+                steps.append(s.last_logits())
+            if ref is None:
+                ref, ref_steps = full, steps
+            np.testing.assert_array_equal(full, ref, err_msg=f"moe_parallel={on} threads={threads}")
+            for got, want in zip(steps, ref_steps):
+                np.testing.assert_array_equal(got, want, err_msg=f"decode, moe_parallel={on} threads={threads}")

@@ -281,14 +281,22 @@ void gdn_forward(const GdnDims& d, const GdnWeights& w, const float* x, int64_t 
     }
   }
   // 4. depthwise causal conv + SiLU: c_t[ch] = silu(sum_j W[ch, j] * ext[t + j][ch])
-  std::vector<float> cv((size_t)T * C);
+  // Channels innermost (contiguous, vectorised) with the taps [K, C]: each channel still sums its taps
+  // j = 0..K-1 from 0 in order, so the bits are the per-channel loop's.
+  std::vector<float> cv((size_t)T * C), taps((size_t)K * C);
+  for (int ch = 0; ch < C; ++ch)
+    for (int j = 0; j < K; ++j) taps[(size_t)j * C + ch] = w.conv[(size_t)ch * K + j];
 #pragma omp parallel for schedule(static) if (T * C > 16384)
-  for (int t = 0; t < T; ++t)
-    for (int ch = 0; ch < C; ++ch) {
-      float s = 0.f;
-      for (int j = 0; j < K; ++j) s += w.conv[(size_t)ch * K + j] * ext[(size_t)(t + j) * C + ch];
-      cv[(size_t)t * C + ch] = siluf(s);
+  for (int t = 0; t < T; ++t) {
+    float* s = cv.data() + (size_t)t * C;
+    std::fill(s, s + C, 0.f);
+    for (int j = 0; j < K; ++j) {
+      const float* e = ext.data() + (size_t)(t + j) * C;
+      const float* tj = taps.data() + (size_t)j * C;
+      for (int ch = 0; ch < C; ++ch) s[ch] += tj[ch] * e[ch];
     }
+    for (int ch = 0; ch < C; ++ch) s[ch] = siluf(s[ch]);
+  }
   std::copy(ext.end() - (size_t)(K - 1) * C, ext.end(), st.conv.begin());  // new window: last K-1 rows
   // 5-6. beta, g (fp32), l2-norm q/k (eps added to the sum of squares), q scaled by dk^-0.5
   std::vector<float> beta((size_t)T * Hv), g((size_t)T * Hv);

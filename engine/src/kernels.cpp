@@ -84,6 +84,9 @@ static bool g_decode_rows8 = true;
 // from the far end of another's (a preempted thread on a shared machine holds no one up); false: OpenMP's
 // dynamic schedule, chunks in turn, the two threads' runs interleaved.
 static bool g_decode_runs = true;
+// Qwen3-Next MoE: the active experts run side by side, one per thread (moe.cpp; false: one after another,
+// each expert's matmuls split across the threads).
+static bool g_moe_parallel = true;
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
@@ -96,8 +99,9 @@ void set_option(const std::string& name, bool on) {
   else if (name == "kv_f16") g_kv_f16 = on;
   else if (name == "decode_rows8") g_decode_rows8 = on;
   else if (name == "decode_runs") g_decode_runs = on;
+  else if (name == "moe_parallel") g_moe_parallel = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16, decode_rows8, decode_runs)");
+                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16, decode_rows8, decode_runs, moe_parallel)");
 }
 bool option(const std::string& name) {
   if (name == "decode_pool") return g_decode_pool;
@@ -110,13 +114,20 @@ bool option(const std::string& name) {
   if (name == "kv_f16") return g_kv_f16;
   if (name == "decode_rows8") return g_decode_rows8;
   if (name == "decode_runs") return g_decode_runs;
+  if (name == "moe_parallel") return g_moe_parallel;
   throw std::invalid_argument("unknown kernel option '" + name +
-                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16, decode_rows8, decode_runs)");
+                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16, decode_rows8, decode_runs, moe_parallel)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
 template <class F>
 static void decode_for(int64_t n, int64_t grain, F&& f) {
+#ifdef STRATA_HAVE_OPENMP
+  if (omp_in_parallel()) {  // inside a parallel loop (MoE experts side by side): this thread, in order
+    for (int64_t c0 = 0; c0 < n; c0 += grain) f(c0, std::min(n, c0 + grain));
+    return;
+  }
+#endif
   if (g_decode_pool) {
     pool::parallel_for(pool::current_threads(), n, grain, f);
     return;

@@ -46,17 +46,34 @@ void moe_forward(int64_t D, const MoeWeights& w, const float* x, int64_t T, floa
     const float s = sigmoidf(k::dot(x + t * D, w.shared_gate.data(), D));
     for (int64_t i = 0; i < D; ++i) out[t * D + i] *= s;
   }
-  // routed experts: gather each expert's tokens, run its MLP once, scatter-add weighted rows
-  std::vector<float> xs, ys;
+  // routed experts: gather each expert's tokens and run its MLP once. The active experts run side by side,
+  // one per thread (largest first), each MLP on its thread alone: an expert's few rows (moe_intermediate_size)
+  // and tokens split poorly across threads, and one parallel loop replaces three per expert. A token's row
+  // does not depend on the thread or on the other tokens, and the weighted rows are added in expert order
+  // afterwards, so the sums are the sequential loop's bits.
+  std::vector<int64_t> active;
+  for (int64_t e = 0; e < E; ++e)
+    if (!by_expert[size_t(e)].empty()) active.push_back(e);
+  std::stable_sort(active.begin(), active.end(), [&](int64_t a, int64_t b) {
+    return by_expert[size_t(a)].size() > by_expert[size_t(b)].size();
+  });
+  std::vector<std::vector<float>> ys(static_cast<size_t>(E));
+  const int64_t na = int64_t(active.size());
+  const bool side_by_side = na > 1 && k::option("moe_parallel");
+#pragma omp parallel for schedule(dynamic, 1) if (side_by_side)
+  for (int64_t i = 0; i < na; ++i) {
+    const int64_t e = active[size_t(i)];
+    const auto& rows = by_expert[size_t(e)];
+    const int64_t n = int64_t(rows.size());
+    std::vector<float> xs(size_t(n * D));
+    for (int64_t r = 0; r < n; ++r) std::copy(x + rows[r].first * D, x + (rows[r].first + 1) * D, xs.begin() + r * D);
+    ys[size_t(e)].resize(size_t(n * D));
+    mlp_forward(D, w.experts[size_t(e)], xs.data(), n, ys[size_t(e)].data());
+  }
   for (int64_t e = 0; e < E; ++e) {
     const auto& rows = by_expert[size_t(e)];
-    if (rows.empty()) continue;
-    const int64_t n = int64_t(rows.size());
-    xs.resize(size_t(n * D));
-    ys.resize(size_t(n * D));
-    for (int64_t i = 0; i < n; ++i) std::copy(x + rows[i].first * D, x + (rows[i].first + 1) * D, xs.begin() + i * D);
-    mlp_forward(D, w.experts[size_t(e)], xs.data(), n, ys.data());
-    for (int64_t i = 0; i < n; ++i) k::axpy(rows[i].second, ys.data() + i * D, out + rows[i].first * D, D);
+    for (size_t r = 0; r < rows.size(); ++r)
+      k::axpy(rows[r].second, ys[size_t(e)].data() + r * D, out + rows[r].first * D, D);
   }
 }
 
