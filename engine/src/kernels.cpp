@@ -133,6 +133,10 @@ static void decode_for(int64_t n, int64_t grain, F&& f) {
     return;
   }
   const int64_t chunks = (n + grain - 1) / grain;
+  if (chunks <= 1) {  // one chunk (a MoE router, a small matrix): no parallel region to wake threads for
+    if (n > 0) f(0, n);
+    return;
+  }
 #ifdef STRATA_HAVE_OPENMP
   const int T = int(std::min<int64_t>(omp_get_max_threads(), chunks));
   if (g_decode_runs && T > 1) {

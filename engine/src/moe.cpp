@@ -40,29 +40,38 @@ void moe_forward(int64_t D, const MoeWeights& w, const float* x, int64_t T, floa
     for (int64_t j = 0; j < kk; ++j)
       by_expert[size_t(idx[j])].push_back({t, w.norm_topk_prob ? l[idx[j]] / norm : l[idx[j]]});
   }
-  // shared expert, gated per token by sigmoid(x . w_sg)
-  mlp_forward(D, w.shared, x, T, out);
-  for (int64_t t = 0; t < T; ++t) {
-    const float s = sigmoidf(k::dot(x + t * D, w.shared_gate.data(), D));
-    for (int64_t i = 0; i < D; ++i) out[t * D + i] *= s;
-  }
-  // routed experts: gather each expert's tokens and run its MLP once. The active experts run side by side,
-  // one per thread (largest first), each MLP on its thread alone: an expert's few rows (moe_intermediate_size)
-  // and tokens split poorly across threads, and one parallel loop replaces three per expert. A token's row
-  // does not depend on the thread or on the other tokens, and the weighted rows are added in expert order
-  // afterwards, so the sums are the sequential loop's bits.
+  // The routed experts (each on its own tokens, gathered) run side by side, one MLP per thread, the largest
+  // first: an expert's few rows
+  // (moe_intermediate_size) and tokens split poorly across threads, and one parallel loop replaces three per
+  // MLP. A token's row does not depend on the thread or on the other tokens; the shared rows are gated and the
+  // weighted routed rows added in expert order afterwards, so the sums are the sequential loop's bits.
   std::vector<int64_t> active;
   for (int64_t e = 0; e < E; ++e)
     if (!by_expert[size_t(e)].empty()) active.push_back(e);
   std::stable_sort(active.begin(), active.end(), [&](int64_t a, int64_t b) {
     return by_expert[size_t(a)].size() > by_expert[size_t(b)].size();
   });
+  // A prefill's shared expert (all T tokens: a third of the work at top-4 of 16) runs on all threads first, so
+  // it does not hold the loop up at more threads; a decode step's is one more task.
+  auto shared = [&] {
+    mlp_forward(D, w.shared, x, T, out);
+    for (int64_t t = 0; t < T; ++t) {
+      const float s = sigmoidf(k::dot(x + t * D, w.shared_gate.data(), D));
+      for (int64_t c = 0; c < D; ++c) out[t * D + c] *= s;
+    }
+  };
+  if (T > 8) shared();
+  else active.insert(active.begin(), -1);
   std::vector<std::vector<float>> ys(static_cast<size_t>(E));
   const int64_t na = int64_t(active.size());
-  const bool side_by_side = na > 1 && k::option("moe_parallel");
+  const bool side_by_side = k::option("moe_parallel");
 #pragma omp parallel for schedule(dynamic, 1) if (side_by_side)
   for (int64_t i = 0; i < na; ++i) {
     const int64_t e = active[size_t(i)];
+    if (e < 0) {  // the shared expert, gated per token by sigmoid(x . w_sg)
+      shared();
+      continue;
+    }
     const auto& rows = by_expert[size_t(e)];
     const int64_t n = int64_t(rows.size());
     std::vector<float> xs(size_t(n * D));
