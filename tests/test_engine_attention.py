@@ -227,3 +227,44 @@ def test_f16_cache_engine_decode_equals_full_forward_and_stays_close_to_f32(tmp_
     assert not np.array_equal(half, ref)  # the option really changed the cache
     scale = np.abs(ref).max()
     assert np.abs(half - ref).max() <= 2e-2 * scale, (np.abs(half - ref).max(), scale)
+
+
+# attn_pf_lines (on by default): decode's prefetch walks the next key tile line by line, steps in the score and
+# P V loops; off: whole rows per score step. Prefetch only: the same bits either way, f32 and f16 caches,
+# also with cache rows that do not start on a 64-byte line (the cursor's extra last line).
+@pytest.mark.parametrize("case", DECODE_CASES[:5], ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
+def test_decode_prefetch_lines_on_off_same_bits(case):
+    n, T, H, Hkv, hd = case
+    q, k, v = inputs(*case, seed=11)
+    buf = np.empty(2 * k.size + 64, dtype=np.float16)  # float16 views 16 bytes past a 64-byte line
+    start = ((64 - buf.ctypes.data % 64) % 64 + 16) // 2
+    k16 = buf[start:start + k.size].reshape(k.shape)
+    v16 = buf[start + k.size:start + 2 * k.size].reshape(v.shape)
+    k16[...], v16[...] = k, v
+    assert k16.ctypes.data % 64 == 16
+    assert _engine._kernel_option("attn_pf_lines")
+    for kk, vv in [(k, v), (k16, v16)]:
+        on = _engine._attention(q, kk, vv, H, Hkv, threads=2)
+        _engine._set_kernel_option("attn_pf_lines", False)
+        try:
+            off = _engine._attention(q, kk, vv, H, Hkv, threads=2)
+        finally:
+            _engine._set_kernel_option("attn_pf_lines", True)
+        assert np.array_equal(on, off), f"attn_pf_lines on/off bits differ ({kk.dtype})"
+
+
+def test_float16_cache_arrays_are_the_rounded_cache_and_bad_mixes_are_refused():
+    """float16 k and v go to the f16 kernel as they are: the bits kv_f16=True gives the f32 arrays (which it
+    rounds the same way); mixed dtypes, kv_f16 with float16 arrays and strided float16 views are refused."""
+    n, T, H, Hkv, hd = 3, 300, 6, 2, 128
+    q, k, v = inputs(n, T, H, Hkv, hd, seed=12)
+    k16, v16 = k.astype(np.float16), v.astype(np.float16)
+    out = _engine._attention(q, k16, v16, H, Hkv, threads=2)
+    assert np.array_equal(out, _engine._attention(q, k, v, H, Hkv, threads=2, kv_f16=True))
+    assert not np.array_equal(out, _engine._attention(q, k, v, H, Hkv, threads=2))  # f32 cache: other bits
+    with pytest.raises(ValueError, match="both be float16"):
+        _engine._attention(q, k16, v, H, Hkv)
+    with pytest.raises(ValueError, match="float16 already"):
+        _engine._attention(q, k16, v16, H, Hkv, kv_f16=True)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _engine._attention(q, k16[::2], v16[::2], H, Hkv)

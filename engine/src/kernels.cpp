@@ -71,6 +71,10 @@ static bool g_attn_tiled = true;   // AVX2 attention tiled with an online softma
 // weights widened to f32 against f32 activations.
 static bool g_int8_dot = true;
 static bool g_attn_decode = true;  // AVX2 decode attention streams the cache with prefetch in step (false: per-tile burst)
+// Decode attention's prefetch (attn_decode): a line cursor over the next tile's rows, a few lines per step of
+// the score and P V loops (false: whole rows per score step, none during P V). Prefetch only: same bits.
+// A/B: benchmarks/decode_attention_ab.py (in-process interleaved rounds, 2 threads, 4K and 16K keys).
+static bool g_attn_pf_lines = true;
 static bool g_kv_f16 = false;      // new KV caches hold f16 (AttentionKV::half); off: f32, parity with transformers f32
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
@@ -81,9 +85,10 @@ void set_option(const std::string& name, bool on) {
   else if (name == "attn_tiled") g_attn_tiled = on;
   else if (name == "int8_dot") g_int8_dot = on;
   else if (name == "attn_decode") g_attn_decode = on;
+  else if (name == "attn_pf_lines") g_attn_pf_lines = on;
   else if (name == "kv_f16") g_kv_f16 = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16)");
+                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16)");
 }
 bool option(const std::string& name) {
   if (name == "decode_pool") return g_decode_pool;
@@ -93,9 +98,10 @@ bool option(const std::string& name) {
   if (name == "attn_tiled") return g_attn_tiled;
   if (name == "int8_dot") return g_int8_dot;
   if (name == "attn_decode") return g_attn_decode;
+  if (name == "attn_pf_lines") return g_attn_pf_lines;
   if (name == "kv_f16") return g_kv_f16;
   throw std::invalid_argument("unknown kernel option '" + name +
-                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16)");
+                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -1440,10 +1446,26 @@ struct AttPrefetch {
   const char *k = nullptr, *v = nullptr;  // row 0, column c0 of the span
   int64_t kvs = 0, span = 0;              // row stride, span length (bytes)
   int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
-  int per_step = 0;                        // rows per 4-key step
+  int per_step = 0;                        // rows per 4-key step (attn_pf_lines off)
+  bool lines = false;                      // attn_pf_lines: a line cursor, steps in the score and the P V loops
+  int64_t col = 0;                         // next byte of row `row` to ask for (lines)
+  int lines_step = 0;                      // K and V lines per step (lines)
 };
 constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
 STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
+  if (p.lines) {  // the span's lines, the last one too when the span does not start on a line
+    for (int i = 0; i < p.lines_step && p.row < p.end; ++i) {
+      const int64_t off = p.row * p.kvs + std::min(p.col, p.span - 1);
+      _mm_prefetch(p.k + off, _MM_HINT_T1);
+      _mm_prefetch(p.v + off, _MM_HINT_T1);
+      p.col += 64;
+      if (p.col >= p.span + 63) {
+        p.col = 0;
+        ++p.row;
+      }
+    }
+    return;
+  }
   for (int i = 0; i < p.per_step && p.row < p.end; ++i, ++p.row) {
     const char* kr = p.k + p.row * p.kvs;
     const char* vr = p.v + p.row * p.kvs;
@@ -1535,6 +1557,7 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, const E* kt, const E* v
   // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile, the V column slice kept in L1
   for (int c0 = 0; c0 < C8; c0 += 4) {
     const int C = std::min(4, C8 - c0);
+    if (pf && pf->lines) att_decode_prefetch(*pf);
     int64_t r = r0;
     for (; r + 3 <= rows; r += 3)
       att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
@@ -1634,9 +1657,19 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
     pf.kvs = int64_t(Hkv) * hd * es;
     pf.span = nh * hd * es;
     pf.per_step = int((ATT_KT / nh + 15) / 16);  // 16 score steps per tile-head
+    // attn_pf_lines: a tile-head's share of the next tile's rows, line by line (the span's last line too:
+    // spans need not start on a line, e.g. a malloc'ed cache 16 bytes past one, which the row-wise prefetch
+    // missed), over the first half of its 16 score and hd / 32 P V steps (over all of them: ~10% slower at
+    // 16K keys, f16 cache). At 16K keys, f16: x1.15 over the row-wise prefetch with line-aligned rows, x1.2
+    // with rows 16 bytes past a line.
+    pf.lines = g_attn_pf_lines;
+    const int64_t rows_th = (ATT_KT + nh - 1) / nh, lines_row = pf.span / 64 + 1,
+                  steps = (ATT_KT / 4 + (hd + 31) / 32 + 1) / 2;
+    pf.lines_step = int((rows_th * lines_row + steps - 1) / steps);
     for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
       const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT, next_end = std::min(pmax + 1, a0 + ATT_KT);
       pf.row = a0;
+      pf.col = 0;
       for (int64_t i = 0; i < nh; ++i) {
         pf.end = std::min(next_end, a0 + (i + 1) * ((ATT_KT + nh - 1) / nh));
         att_tile(bs[size_t(i)], k, v, t0, false, true, &pf);
