@@ -211,22 +211,56 @@ def test_f16_cache_decode_bits_equal_the_prefill_block(threads):
 
 
 def test_f16_cache_engine_decode_equals_full_forward_and_stays_close_to_f32(tmp_path):
+    """A bf16 checkpoint gets an f16 cache by default (kv_cache="auto"): decode equals the full forward, the
+    logits differ from an explicit f32 cache's (the cache really changed) and stay close to them."""
     from strata_lab.engine import Engine
     from strata_lab.tiny import make_tiny
 
     path = make_tiny(tmp_path / "ck", dtype="bfloat16", seed=5)
     prompt = np.random.default_rng(4).integers(0, 151000, 150).tolist()
-    ref = Engine.load(path, threads=2, max_context=512).forward(prompt)  # f32 cache
-    assert not _engine._kernel_option("kv_f16")
-    _engine._set_kernel_option("kv_f16", True)
-    try:
-        full = _decode_equals_full_forward(Engine.load(path, threads=2, max_context=512), prompt, "f16")
-    finally:
-        _engine._set_kernel_option("kv_f16", False)
-    half = full[: len(prompt)]
-    assert not np.array_equal(half, ref)  # the option really changed the cache
+    f32 = Engine.load(path, threads=2, max_context=512, kv_cache="f32")
+    assert f32.info["kv_cache"] == "f32"
+    ref = _decode_equals_full_forward(f32, prompt, "f32")[: len(prompt)]
+    eng = Engine.load(path, threads=2, max_context=512)
+    assert eng.info["kv_cache"] == "f16"
+    half = _decode_equals_full_forward(eng, prompt, "f16")[: len(prompt)]
+    assert not np.array_equal(half, ref)
     scale = np.abs(ref).max()
     assert np.abs(half - ref).max() <= 2e-2 * scale, (np.abs(half - ref).max(), scale)
+    assert np.array_equal(half, Engine.load(path, threads=2, max_context=512, kv_cache="f16").forward(prompt))
+
+
+def test_kv_cache_auto_explicit_and_the_kernel_option_override(tmp_path):
+    """f32 checkpoint: "auto" is f32; kv_cache="f16" gives the f16 cache's logits; the kernel option kv_f16
+    turns an "auto" engine's new caches to f16 (the same bits) but not an explicit kv_cache="f32"; int8
+    weights default to f16; a bad kv_cache is a ValueError naming the field."""
+    from strata_lab.engine import Engine
+    from strata_lab.tiny import make_tiny
+
+    path = make_tiny(tmp_path / "ck", dtype="float32", seed=6)
+    prompt = np.random.default_rng(5).integers(0, 151000, 80).tolist()
+    auto = Engine.load(path, threads=2, max_context=256)
+    assert auto.info["kv_cache"] == "f32"
+    ref = auto.forward(prompt)
+    np.testing.assert_array_equal(ref, Engine.load(path, threads=2, max_context=256, kv_cache="f32").forward(prompt))
+    half = Engine.load(path, threads=2, max_context=256, kv_cache="f16").forward(prompt)
+    assert not np.array_equal(half, ref)
+    assert not _engine._kernel_option("kv_f16")
+    explicit = Engine.load(path, threads=2, max_context=256, kv_cache="f32")
+    _engine._set_kernel_option("kv_f16", True)
+    try:
+        np.testing.assert_array_equal(auto.forward(prompt), half)  # caches created while the option is on
+        np.testing.assert_array_equal(explicit.forward(prompt), ref)  # an explicit kv_cache wins
+    finally:
+        _engine._set_kernel_option("kv_f16", False)
+    np.testing.assert_array_equal(auto.forward(prompt), ref)
+    assert Engine.load(path, threads=1, weights="int8").info["kv_cache"] == "f16"
+    assert Engine.load(path, threads=1, weights="int8", kv_cache="f32").info["kv_cache"] == "f32"
+    for bad in ("F16", "bf16", None, 16):
+        with pytest.raises(ValueError, match="kv_cache must be 'auto', 'f32' or 'f16'"):
+            Engine.load(path, threads=1, kv_cache=bad)
+    with pytest.raises(ValueError, match="kv_cache must be"):
+        _engine.Engine(str(path), 1, 0, True, False, "stored", "half")
 
 
 # attn_pf_lines (on by default): decode's prefetch walks the next key tile line by line, steps in the score and

@@ -137,7 +137,8 @@ void register_checkpoint(py::module_& m) {
         "Current value of a _set_kernel_option switch ('attn_decode', default on: decode attention streams the "
         "cache, each thread walking the key tiles once for a contiguous run of kv heads; off: one task per kv head. "
         "'attn_pf_lines', default on: decode's prefetch a line cursor over the next key tile, steps in the score and "
-        "P V loops; off: whole rows per score step. 'kv_f16', default off: KV caches created from then on hold f16).");
+        "P V loops; off: whole rows per score step. 'kv_f16', default off: on, KV caches created from then on by engines loaded with kv_cache='auto' hold "
+        "f16 whatever the weights; an explicit Engine.load kv_cache wins).");
   m.def("_gdn_delta", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
                          py::array_t<float, py::array::c_style | py::array::forcecast> k,
                          py::array_t<float, py::array::c_style | py::array::forcecast> v,
@@ -277,7 +278,7 @@ void register_checkpoint(py::module_& m) {
 void register_engine(py::module_& m) {
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init([](const std::string& path, int threads, int64_t max_context, bool mmap, bool check_finite,
-                       const std::string& weights) {
+                       const std::string& weights, const std::string& kv_cache) {
              LoadOptions o;
              o.threads = threads;
              o.max_context = max_context;
@@ -285,11 +286,15 @@ void register_engine(py::module_& m) {
              o.check_finite = check_finite;
              if (weights == "int8") o.weights = WeightFormat::Int8;
              else if (weights != "stored") throw std::invalid_argument("weights must be 'stored' or 'int8', got '" + weights + "'");
+             if (kv_cache == "f32") o.kv_cache = KVCache::F32;
+             else if (kv_cache == "f16") o.kv_cache = KVCache::F16;
+             else if (kv_cache != "auto")
+               throw std::invalid_argument("kv_cache must be 'auto', 'f32' or 'f16', got '" + kv_cache + "'");
              py::gil_scoped_release release;
              return std::make_shared<Engine>(path, o);
            }),
            py::arg("path"), py::arg("threads") = 0, py::arg("max_context") = 0, py::arg("mmap") = true,
-           py::arg("check_finite") = false, py::arg("weights") = "stored")
+           py::arg("check_finite") = false, py::arg("weights") = "stored", py::arg("kv_cache") = "auto")
       .def("info", [](const Engine& e) {
         const ModelInfo& i = e.info();
         py::dict d;
@@ -300,6 +305,7 @@ void register_engine(py::module_& m) {
         d["max_context"] = i.max_context;
         d["weight_bytes"] = i.weight_bytes;
         d["weights"] = i.weights;
+        d["kv_cache"] = i.kv_cache;
         d["stream_bytes"] = i.stream_bytes;
         return d;
       })

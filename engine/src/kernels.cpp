@@ -75,7 +75,9 @@ static bool g_attn_decode = true;  // AVX2 decode attention streams the cache wi
 // the score and P V loops (false: whole rows per score step, none during P V). Prefetch only: same bits.
 // A/B: benchmarks/decode_attention_ab.py (in-process interleaved rounds, 2 threads, 4K and 16K keys).
 static bool g_attn_pf_lines = true;
-static bool g_kv_f16 = false;      // new KV caches hold f16 (AttentionKV::half); off: f32, parity with transformers f32
+// On: new KV caches of engines loaded with kv_cache "auto" hold f16 whatever the weights (kv_cache_half());
+// off (default): "auto" decides from the weights (f16 for bf16/f16/int8, f32 for f32).
+static bool g_kv_f16 = false;
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
