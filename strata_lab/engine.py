@@ -446,8 +446,8 @@ class Engine:
         ``"auto"`` (default): f16 for bf16/f16 checkpoints and for ``weights="int8"`` -- half the bytes
         decode reads per token at long contexts, with logits no worse than transformers computing in bf16
         (which keeps a bf16 cache) -- and f32 for f32 checkpoints (logit parity with transformers f32 at
-        1e-4). ``"f32"`` or ``"f16"`` whatever the weights. Either way prefill rounds each chunk's K/V as it
-        stores them, so decode gives a position the bits the full forward gives it.
+        1e-4). ``"f32"`` or ``"f16"`` whatever the weights. An f16 cache is rounded chunk by chunk as prefill
+        stores it, so decode still gives a position the bits the full forward gives it.
 
         >>> import tempfile
         >>> from strata_lab.tiny import make_tiny
