@@ -1770,12 +1770,15 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
 
 void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint16_t* k, const uint16_t* v,
                    int64_t pos0, float* out) {
-  const bool avx512 = vec(level()) == Level::AVX512 && attend_fn(hd);
-  if (!avx512 && g_attn_tiled && vec(level()) == Level::AVX2 && hd % 8 == 0) {
+  // The AVX2 tiled kernel at every vector level, AVX-512 too (its CPUs have AVX2 and F16C): it reads the f16
+  // rows in place, widening them in registers, for prefill and decode alike. The AVX-512 attend kernels take
+  // f32 rows only, and widening the whole cache on every call (below: the scalar level's way, and attn_tiled
+  // off) costs decode three passes over an f32 copy per layer and token, now that f16 is the default cache.
+  if (g_attn_tiled && vec(level()) != Level::Scalar && hd % 8 == 0) {
     attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, k, v);
     return;
   }
-  const int64_t m = (pos0 + n) * Hkv * hd;  // other levels: the whole cache widened (exact), then as f32
+  const int64_t m = (pos0 + n) * Hkv * hd;  // scalar level: the whole cache widened (exact), then as f32
   std::vector<float> kf(static_cast<size_t>(m)), vf(static_cast<size_t>(m));
   for (int64_t i = 0; i < m; ++i) {
     kf[size_t(i)] = f16_to_f32(k[i]);
