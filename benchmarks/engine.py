@@ -67,12 +67,13 @@ def checkpoint(preset: str, layers: int | None = None) -> Path:
 _ENGINES: dict = {}
 
 
-def strata_engine(path, threads, weights, max_context):
+def strata_engine(path, threads, weights, max_context, kv_cache="auto"):
     from strata_lab.engine import Engine
 
-    key = (str(path), threads, weights)
+    key = (str(path), threads, weights, kv_cache)
     if key not in _ENGINES:  # int8 quantises at load: once per run
-        _ENGINES[key] = Engine.load(path, threads=threads, weights=weights, max_context=max_context)
+        _ENGINES[key] = Engine.load(path, threads=threads, weights=weights, max_context=max_context,
+                                    kv_cache=kv_cache)
     return _ENGINES[key]
 
 
@@ -115,20 +116,16 @@ def decode_ab(ext, s, prompt, n_decode, rounds):
 
 
 def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None, name=None, old_attention=None,
-                 int8_dot=True, decode_ab_rounds=0, kv_f16=False):
+                 int8_dot=True, decode_ab_rounds=0, kv_cache="auto"):
     """strata prefill and decode tok/s. old_attention: None (the tiled kernel), "decode" (also decode the held
     prompt again with the old per-query attention and return that decode rate too), "all" (old kernel for
     both prefill and decode). int8_dot=False: int8 weights widened to f32 against f32 activations (the path
-    before int8 activations)."""
+    before int8 activations). kv_cache: Engine.load's ("auto": f16 for bf16 and int8 weights)."""
     from strata_lab.engine import _ext
 
     ext = _ext()
-    eng = strata_engine(path, threads, weights, max_context)
-    ext._set_kernel_option("kv_f16", kv_f16)  # read when a session's KV caches are created
-    try:
-        s = eng.session("bench-kv-f16" if kv_f16 else "bench")
-    finally:
-        ext._set_kernel_option("kv_f16", False)
+    eng = strata_engine(path, threads, weights, max_context, kv_cache)
+    s = eng.session("bench")
     ext._set_kernel_option("int8_dot", int8_dot)
     s.reset()
     s.generate(prompt[:16], max_new_tokens=2).result  # warm up (page in weights)
@@ -257,8 +254,9 @@ def main(argv=None):
                     help="after strata bf16's decode, decode the held prompt again ROUNDS x 2 times alternating "
                          "the attn_decode kernel option off/on; adds 'strata bf16 old decode attention' (decode "
                          "only) and prints the per-op decode profile of both")
-    ap.add_argument("--kv-f16", action="store_true",
-                    help="add 'strata bf16 kv f16': the KV cache in f16 (kernel option kv_f16; half the cache bytes)")
+    ap.add_argument("--kv-f32", action="store_true",
+                    help="add 'strata bf16 kv f32': the KV cache in f32 (Engine.load kv_cache='f32'; twice the cache "
+                         "bytes of the default f16 cache of a bf16 checkpoint)")
     ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
     ap.add_argument("--q8-max-context", type=int, default=None,
                     help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
@@ -309,9 +307,9 @@ def main(argv=None):
         return bench_strata(path, p, args.decode, T, None, max_ctx, OLD, old_attention="all")
 
     systems = [] if "strata" in skip else [("strata bf16", strata_bf16)]
-    if args.kv_f16 and "strata" not in skip:
-        systems.append(("strata bf16 kv f16", lambda p: bench_strata(path, p, args.decode, T, None, max_ctx,
-                                                                     "strata bf16 kv f16", kv_f16=True)))
+    if args.kv_f32 and "strata" not in skip:
+        systems.append(("strata bf16 kv f32", lambda p: bench_strata(path, p, args.decode, T, None, max_ctx,
+                                                                     "strata bf16 kv f32", kv_cache="f32")))
     if args.decode_ab and "strata" not in skip:
         systems.append((OLD_DEC, lambda p: (float("nan"), max(DECODE_AB[len(p)]["old"]))))
     if args.attn_ab:
@@ -353,9 +351,11 @@ def main(argv=None):
                 nbytes = 0
                 if name.startswith("strata") and name != OLD:
                     wts = name.split()[1]
-                    nbytes = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx).info["stream_bytes"]
+                    info = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx,
+                                         "f32" if name.endswith("kv f32") else "auto").info
+                    nbytes = info["stream_bytes"]
                     nbytes += kv_token_bytes * (c + args.decode // 2)  # the f32 KV cache a mid-decode step reads
-                    if name.endswith("kv f16"):
+                    if info["kv_cache"] == "f16":
                         nbytes -= kv_token_bytes * (c + args.decode // 2) // 2
                     # the limit right before and right after: the faster of the best of 3 passes each (a
                     # single pass caught by a competing process on a shared machine understated the limit:
@@ -387,7 +387,7 @@ def main(argv=None):
     c0 = contexts[0]
     for (name, c), (frac, gbs, limit) in bw.items():
         nbytes = gbs * 1e9 / limit
-        lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token (weights + KV cache: f32, or f16 for kv f16); "
+        lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token (weights + KV cache, f16 or f32 as the engine holds it); "
                      f"read loop over that many bytes, {T} threads, best of 3 passes just before and 3 after: "
                      f"{gbs:.1f} GB/s = limit {limit:.1f} tok/s; decode "
                      f"{rows[(name, c)][1]:.2f} tok/s = **{frac:.2f} of the bandwidth limit**")

@@ -423,7 +423,7 @@ class Engine:
     @classmethod
     def load(cls, path: str | os.PathLike, *, threads: Optional[int] = None,
              max_context: Optional[int] = None, mmap: bool = True, check_weights: bool = False,
-             weights: Optional[str] = None) -> "Engine":
+             weights: Optional[str] = None, kv_cache: str = "auto") -> "Engine":
         """Load a Hugging Face model folder (config.json + safetensors, f32/f16/bf16).
 
         ``threads``: OpenMP threads (None: all cores; at most 4 per core). ``max_context``: tokens a session
@@ -442,12 +442,21 @@ class Engine:
         the lm_head at load to int8 rows with one float32 scale per row (absmax / 127): half the bytes of
         bf16 per decoded token, logits within the bound stated in docs/ARCHITECTURE.md.
 
+        ``kv_cache``: what the sessions' attention KV caches hold (``info["kv_cache"]`` says which).
+        ``"auto"`` (default): f16 for bf16/f16 checkpoints and for ``weights="int8"`` -- half the bytes
+        decode reads per token at long contexts, with logits no worse than transformers computing in bf16
+        (which keeps a bf16 cache) -- and f32 for f32 checkpoints (logit parity with transformers f32 at
+        1e-4). ``"f32"`` or ``"f16"`` whatever the weights. An f16 cache is rounded chunk by chunk as prefill
+        stores it, so decode still gives a position the bits the full forward gives it.
+
         >>> import tempfile
         >>> from strata_lab.tiny import make_tiny
         >>> Engine.load(make_tiny(tempfile.mkdtemp()), threads=1, mmap=False, check_weights=True).vocab_size
         151936
         >>> Engine.load(make_tiny(tempfile.mkdtemp()), threads=1, weights="int8").info["weights"]
         'int8'
+        >>> [Engine.load(make_tiny(tempfile.mkdtemp(), dtype=d), threads=1).info["kv_cache"] for d in ("float32", "bfloat16")]
+        ['f32', 'f16']
         """
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive int or None, got {threads!r}")
@@ -461,8 +470,11 @@ class Engine:
                 raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
         if weights not in (None, "stored", "int8"):
             raise ValueError(f"weights must be None, 'stored' or 'int8', got {weights!r}")
+        if not isinstance(kv_cache, str) or kv_cache not in ("auto", "f32", "f16"):
+            raise ValueError(f"kv_cache must be 'auto', 'f32' or 'f16', got {kv_cache!r}")
         path = os.fspath(path)
-        return cls(_ext().Engine(path, threads or 0, max_context or 0, mmap, check_weights, weights or "stored"), path)
+        return cls(_ext().Engine(path, threads or 0, max_context or 0, mmap, check_weights, weights or "stored",
+                                 kv_cache), path)
 
     @property
     def vocab_size(self) -> int:

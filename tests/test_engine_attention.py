@@ -191,7 +191,14 @@ def test_f16_cache_attention_matches_reference_on_rounded_kv(level, case):
     k[2, -1, :2] = [0.1, 1.0 + 2.0**-11]  # a tie: rounds to even
     out = _engine._attention(q, k, v, H, Hkv, threads=2, kv_f16=True)
     k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
-    assert np.array_equal(out, _engine._attention(q, k16, v16, H, Hkv, threads=2))
+    # above the scalar level the f16 cache runs the AVX2 tiled kernel (AVX-512 CPUs too): the f32 kernel at
+    # avx2 is the one with the same arithmetic
+    _engine.set_kernel_level("avx2" if level in ("avx512", "avx512bf16") else level)
+    try:
+        same = _engine._attention(q, k16, v16, H, Hkv, threads=2)
+    finally:
+        _engine.set_kernel_level(level)
+    assert np.array_equal(out, same)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -211,19 +218,94 @@ def test_f16_cache_decode_bits_equal_the_prefill_block(threads):
 
 
 def test_f16_cache_engine_decode_equals_full_forward_and_stays_close_to_f32(tmp_path):
+    """A bf16 checkpoint gets an f16 cache by default (kv_cache="auto"): decode equals the full forward, the
+    logits differ from an explicit f32 cache's (the cache really changed) and stay close to them."""
     from strata_lab.engine import Engine
     from strata_lab.tiny import make_tiny
 
     path = make_tiny(tmp_path / "ck", dtype="bfloat16", seed=5)
     prompt = np.random.default_rng(4).integers(0, 151000, 150).tolist()
-    ref = Engine.load(path, threads=2, max_context=512).forward(prompt)  # f32 cache
-    assert not _engine._kernel_option("kv_f16")
-    _engine._set_kernel_option("kv_f16", True)
-    try:
-        full = _decode_equals_full_forward(Engine.load(path, threads=2, max_context=512), prompt, "f16")
-    finally:
-        _engine._set_kernel_option("kv_f16", False)
-    half = full[: len(prompt)]
-    assert not np.array_equal(half, ref)  # the option really changed the cache
+    f32 = Engine.load(path, threads=2, max_context=512, kv_cache="f32")
+    assert f32.info["kv_cache"] == "f32"
+    ref = _decode_equals_full_forward(f32, prompt, "f32")[: len(prompt)]
+    eng = Engine.load(path, threads=2, max_context=512)
+    assert eng.info["kv_cache"] == "f16"
+    half = _decode_equals_full_forward(eng, prompt, "f16")[: len(prompt)]
+    assert not np.array_equal(half, ref)
     scale = np.abs(ref).max()
     assert np.abs(half - ref).max() <= 2e-2 * scale, (np.abs(half - ref).max(), scale)
+    assert np.array_equal(half, Engine.load(path, threads=2, max_context=512, kv_cache="f16").forward(prompt))
+
+
+def test_kv_cache_auto_explicit_and_the_kernel_option_override(tmp_path):
+    """f32 checkpoint: "auto" is f32; kv_cache="f16" gives the f16 cache's logits; the kernel option kv_f16
+    turns an "auto" engine's new caches to f16 (the same bits) but not an explicit kv_cache="f32"; int8
+    weights default to f16; a bad kv_cache is a ValueError naming the field."""
+    from strata_lab.engine import Engine
+    from strata_lab.tiny import make_tiny
+
+    path = make_tiny(tmp_path / "ck", dtype="float32", seed=6)
+    prompt = np.random.default_rng(5).integers(0, 151000, 80).tolist()
+    auto = Engine.load(path, threads=2, max_context=256)
+    assert auto.info["kv_cache"] == "f32"
+    ref = auto.forward(prompt)
+    np.testing.assert_array_equal(ref, Engine.load(path, threads=2, max_context=256, kv_cache="f32").forward(prompt))
+    half = Engine.load(path, threads=2, max_context=256, kv_cache="f16").forward(prompt)
+    assert not np.array_equal(half, ref)
+    assert not _engine._kernel_option("kv_f16")
+    explicit = Engine.load(path, threads=2, max_context=256, kv_cache="f32")
+    _engine._set_kernel_option("kv_f16", True)
+    try:
+        np.testing.assert_array_equal(auto.forward(prompt), half)  # caches created while the option is on
+        np.testing.assert_array_equal(explicit.forward(prompt), ref)  # an explicit kv_cache wins
+    finally:
+        _engine._set_kernel_option("kv_f16", False)
+    np.testing.assert_array_equal(auto.forward(prompt), ref)
+    assert Engine.load(path, threads=1, weights="int8").info["kv_cache"] == "f16"
+    assert Engine.load(path, threads=1, weights="int8", kv_cache="f32").info["kv_cache"] == "f32"
+    for bad in ("F16", "bf16", None, 16):
+        with pytest.raises(ValueError, match="kv_cache must be 'auto', 'f32' or 'f16'"):
+            Engine.load(path, threads=1, kv_cache=bad)
+    with pytest.raises(ValueError, match="kv_cache must be"):
+        _engine.Engine(str(path), 1, 0, True, False, "stored", "half")
+
+
+# attn_pf_lines (on by default): decode's prefetch walks the next key tile line by line, steps in the score and
+# P V loops; off: whole rows per score step. Prefetch only: the same bits either way, f32 and f16 caches,
+# also with cache rows that do not start on a 64-byte line (the cursor's extra last line).
+@pytest.mark.parametrize("case", DECODE_CASES[:5], ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
+def test_decode_prefetch_lines_on_off_same_bits(case):
+    n, T, H, Hkv, hd = case
+    q, k, v = inputs(*case, seed=11)
+    buf = np.empty(2 * k.size + 64, dtype=np.float16)  # float16 views 16 bytes past a 64-byte line
+    start = ((64 - buf.ctypes.data % 64) % 64 + 16) // 2
+    k16 = buf[start:start + k.size].reshape(k.shape)
+    v16 = buf[start + k.size:start + 2 * k.size].reshape(v.shape)
+    k16[...], v16[...] = k, v
+    assert k16.ctypes.data % 64 == 16
+    assert _engine._kernel_option("attn_pf_lines")
+    for kk, vv in [(k, v), (k16, v16)]:
+        on = _engine._attention(q, kk, vv, H, Hkv, threads=2)
+        _engine._set_kernel_option("attn_pf_lines", False)
+        try:
+            off = _engine._attention(q, kk, vv, H, Hkv, threads=2)
+        finally:
+            _engine._set_kernel_option("attn_pf_lines", True)
+        assert np.array_equal(on, off), f"attn_pf_lines on/off bits differ ({kk.dtype})"
+
+
+def test_float16_cache_arrays_are_the_rounded_cache_and_bad_mixes_are_refused():
+    """float16 k and v go to the f16 kernel as they are: the bits kv_f16=True gives the f32 arrays (which it
+    rounds the same way); mixed dtypes, kv_f16 with float16 arrays and strided float16 views are refused."""
+    n, T, H, Hkv, hd = 3, 300, 6, 2, 128
+    q, k, v = inputs(n, T, H, Hkv, hd, seed=12)
+    k16, v16 = k.astype(np.float16), v.astype(np.float16)
+    out = _engine._attention(q, k16, v16, H, Hkv, threads=2)
+    assert np.array_equal(out, _engine._attention(q, k, v, H, Hkv, threads=2, kv_f16=True))
+    assert not np.array_equal(out, _engine._attention(q, k, v, H, Hkv, threads=2))  # f32 cache: other bits
+    with pytest.raises(ValueError, match="both be float16"):
+        _engine._attention(q, k16, v, H, Hkv)
+    with pytest.raises(ValueError, match="float16 already"):
+        _engine._attention(q, k16, v16, H, Hkv, kv_f16=True)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _engine._attention(q, k16[::2], v16[::2], H, Hkv)

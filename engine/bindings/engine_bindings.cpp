@@ -136,7 +136,9 @@ void register_checkpoint(py::module_& m) {
   m.def("_kernel_option", [](const std::string& name) { return kernels::option(name); }, py::arg("name"),
         "Current value of a _set_kernel_option switch ('attn_decode', default on: decode attention streams the "
         "cache, each thread walking the key tiles once for a contiguous run of kv heads; off: one task per kv head. "
-        "'kv_f16', default off: KV caches created from then on hold f16).");
+        "'attn_pf_lines', default on: decode's prefetch a line cursor over the next key tile, steps in the score and "
+        "P V loops; off: whole rows per score step. 'kv_f16', default off: on, KV caches created from then on by engines loaded with kv_cache='auto' hold "
+        "f16 whatever the weights; an explicit Engine.load kv_cache wins).");
   m.def("_gdn_delta", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
                          py::array_t<float, py::array::c_style | py::array::forcecast> k,
                          py::array_t<float, py::array::c_style | py::array::forcecast> v,
@@ -175,11 +177,20 @@ void register_checkpoint(py::module_& m) {
      "The Gated DeltaNet delta rule alone, one head, fp32 (tests and benchmarks): returns (o [T, dv], final "
      "state [dk, dv]) from start state `state`; mode 'matrix' (chunked, matrix form), 'rows' (chunked, row "
      "form) or 'recurrent' (token by token).");
-  m.def("_attention", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
-                         py::array_t<float, py::array::c_style | py::array::forcecast> k,
-                         py::array_t<float, py::array::c_style | py::array::forcecast> v, int n_heads, int n_kv_heads,
-                         int threads, bool kv_f16) {
+  m.def("_attention", [](py::array_t<float, py::array::c_style | py::array::forcecast> q, py::array k_in,
+                         py::array v_in, int n_heads, int n_kv_heads, int threads, bool kv_f16) {
     // q [n, H, hd]; k, v [T, Hkv, hd] with T >= n: the last n cache rows are the queries' own positions.
+    // float16 k and v are an f16 cache as it is (no rounding, nothing copied); anything else is cast to f32.
+    const auto f16 = py::dtype("float16");
+    const bool half = k_in.dtype().is(f16) || v_in.dtype().is(f16);
+    if (half && !(k_in.dtype().is(f16) && v_in.dtype().is(f16)))
+      throw std::invalid_argument("k and v must both be float16 or neither");
+    if (half && kv_f16) throw std::invalid_argument("kv_f16=True rounds an f32 cache; k and v are float16 already");
+    using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
+    py::array k = half ? py::array(k_in) : py::array(F32::ensure(k_in)), v = half ? py::array(v_in) : py::array(F32::ensure(v_in));
+    if (!k || !v) throw std::invalid_argument("k and v must be float arrays");
+    if (half && (!(k.flags() & py::array::c_style) || !(v.flags() & py::array::c_style)))
+      throw std::invalid_argument("float16 k and v must be C-contiguous");
     if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3) throw std::invalid_argument("q, k, v must be 3-d");
     const int64_t n = q.shape(0), T = k.shape(0), hd = q.shape(2);
     if (q.shape(1) != n_heads || k.shape(1) != n_kv_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
@@ -187,26 +198,31 @@ void register_checkpoint(py::module_& m) {
     if (k.shape(2) != hd || v.shape(0) != T || v.shape(1) != n_kv_heads || v.shape(2) != hd || n < 1 || T < n)
       throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd] with T >= n >= 1");
     py::array_t<float> out({n, int64_t(n_heads), hd});
-    const float *qp = q.data(), *kp = k.data(), *vp = v.data();
+    const float* qp = q.data();
     float* op = out.mutable_data();
     {
       py::gil_scoped_release release;
       use_threads(threads);
-      if (kv_f16) {  // the cache rounded to f16 as AttentionKV::commit() rounds it, then the f16 kernel
+      if (half) {
+        kernels::attention_f16(qp, n, n_heads, n_kv_heads, int(hd), static_cast<const uint16_t*>(k.data()),
+                               static_cast<const uint16_t*>(v.data()), T - n, op);
+      } else if (kv_f16) {  // the cache rounded to f16 as AttentionKV::commit() rounds it, then the f16 kernel
         const int64_t m = T * n_kv_heads * hd;
         std::vector<uint16_t> k16(static_cast<size_t>(m)), v16(static_cast<size_t>(m));
-        kernels::f32_to_f16_rows(kp, k16.data(), m);
-        kernels::f32_to_f16_rows(vp, v16.data(), m);
+        kernels::f32_to_f16_rows(static_cast<const float*>(k.data()), k16.data(), m);
+        kernels::f32_to_f16_rows(static_cast<const float*>(v.data()), v16.data(), m);
         kernels::attention_f16(qp, n, n_heads, n_kv_heads, int(hd), k16.data(), v16.data(), T - n, op);
       } else {
-        kernels::attention(qp, n, n_heads, n_kv_heads, int(hd), kp, vp, T - n, op);
+        kernels::attention(qp, n, n_heads, n_kv_heads, int(hd), static_cast<const float*>(k.data()),
+                           static_cast<const float*>(v.data()), T - n, op);
       }
     }
     return out;
   }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("threads") = 0,
      py::arg("kv_f16") = false,
      "The engine's causal GQA attention kernel on its own (tests, A/B timings): queries at positions T-n..T-1. "
-     "kv_f16: k and v rounded to an f16 cache first (the kv_f16 kernel option's cache).");
+     "kv_f16: k and v rounded to an f16 cache first (the kv_f16 kernel option's cache); float16 k and v: an f16 "
+     "cache as given.");
   m.def("_int8_matmul", [](py::array_t<int8_t, py::array::c_style | py::array::forcecast> w,
                            py::array_t<float, py::array::c_style | py::array::forcecast> scale,
                            py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads) {
@@ -262,7 +278,7 @@ void register_checkpoint(py::module_& m) {
 void register_engine(py::module_& m) {
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init([](const std::string& path, int threads, int64_t max_context, bool mmap, bool check_finite,
-                       const std::string& weights) {
+                       const std::string& weights, const std::string& kv_cache) {
              LoadOptions o;
              o.threads = threads;
              o.max_context = max_context;
@@ -270,11 +286,15 @@ void register_engine(py::module_& m) {
              o.check_finite = check_finite;
              if (weights == "int8") o.weights = WeightFormat::Int8;
              else if (weights != "stored") throw std::invalid_argument("weights must be 'stored' or 'int8', got '" + weights + "'");
+             if (kv_cache == "f32") o.kv_cache = KVCache::F32;
+             else if (kv_cache == "f16") o.kv_cache = KVCache::F16;
+             else if (kv_cache != "auto")
+               throw std::invalid_argument("kv_cache must be 'auto', 'f32' or 'f16', got '" + kv_cache + "'");
              py::gil_scoped_release release;
              return std::make_shared<Engine>(path, o);
            }),
            py::arg("path"), py::arg("threads") = 0, py::arg("max_context") = 0, py::arg("mmap") = true,
-           py::arg("check_finite") = false, py::arg("weights") = "stored")
+           py::arg("check_finite") = false, py::arg("weights") = "stored", py::arg("kv_cache") = "auto")
       .def("info", [](const Engine& e) {
         const ModelInfo& i = e.info();
         py::dict d;
@@ -285,6 +305,7 @@ void register_engine(py::module_& m) {
         d["max_context"] = i.max_context;
         d["weight_bytes"] = i.weight_bytes;
         d["weights"] = i.weights;
+        d["kv_cache"] = i.kv_cache;
         d["stream_bytes"] = i.stream_bytes;
         return d;
       })

@@ -73,7 +73,13 @@ static bool g_attn_tiled = true;   // AVX2 attention tiled with an online softma
 // weights widened to f32 against f32 activations.
 static bool g_int8_dot = true;
 static bool g_attn_decode = true;  // AVX2 decode attention streams the cache with prefetch in step (false: per-tile burst)
-static bool g_kv_f16 = false;      // new KV caches hold f16 (AttentionKV::half); off: f32, parity with transformers f32
+// Decode attention's prefetch (attn_decode): a line cursor over the next tile's rows, a few lines per step of
+// the score and P V loops (false: whole rows per score step, none during P V). Prefetch only: same bits.
+// A/B: benchmarks/decode_attention_ab.py (in-process interleaved rounds, 2 threads, 4K and 16K keys).
+static bool g_attn_pf_lines = true;
+// On: new KV caches of engines loaded with kv_cache "auto" hold f16 whatever the weights (kv_cache_half());
+// off (default): "auto" decides from the weights (f16 for bf16/f16/int8, f32 for f32).
+static bool g_kv_f16 = false;
 // Decode (one token) takes 8 rows per micro-kernel call where two whole 4-row quads of one matrix follow each
 // other (false: 4 rows). Each row keeps its own accumulator and order, so the sums are bit-identical; with 4
 // rows a step's FMA chains are too few to hide their latency and one core streamed bf16 rows at ~0.6 of a
@@ -96,12 +102,13 @@ void set_option(const std::string& name, bool on) {
   else if (name == "attn_tiled") g_attn_tiled = on;
   else if (name == "int8_dot") g_int8_dot = on;
   else if (name == "attn_decode") g_attn_decode = on;
+  else if (name == "attn_pf_lines") g_attn_pf_lines = on;
   else if (name == "kv_f16") g_kv_f16 = on;
   else if (name == "decode_rows8") g_decode_rows8 = on;
   else if (name == "decode_runs") g_decode_runs = on;
   else if (name == "moe_parallel") g_moe_parallel = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16, decode_rows8, decode_runs, moe_parallel)");
+                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16, decode_rows8, decode_runs, moe_parallel)");
 }
 bool option(const std::string& name) {
   if (name == "decode_pool") return g_decode_pool;
@@ -111,12 +118,13 @@ bool option(const std::string& name) {
   if (name == "attn_tiled") return g_attn_tiled;
   if (name == "int8_dot") return g_int8_dot;
   if (name == "attn_decode") return g_attn_decode;
+  if (name == "attn_pf_lines") return g_attn_pf_lines;
   if (name == "kv_f16") return g_kv_f16;
   if (name == "decode_rows8") return g_decode_rows8;
   if (name == "decode_runs") return g_decode_runs;
   if (name == "moe_parallel") return g_moe_parallel;
   throw std::invalid_argument("unknown kernel option '" + name +
-                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, kv_f16, decode_rows8, decode_runs, moe_parallel)");
+                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16, decode_rows8, decode_runs, moe_parallel)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -1516,10 +1524,35 @@ struct AttPrefetch {
   const char *k = nullptr, *v = nullptr;  // row 0, column c0 of the span
   int64_t kvs = 0, span = 0;              // row stride, span length (bytes)
   int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
-  int per_step = 0;                        // rows per 4-key step
+  int per_step = 0;                        // rows per 4-key step (attn_pf_lines off)
+  bool lines = false;                      // attn_pf_lines: a line cursor, steps in the score and the P V loops
+  int64_t col = 0;                         // next byte of row `row` to ask for (lines)
+  int lines_step = 0;                      // K and V lines per step (lines)
 };
 constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
 STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
+  if (p.lines) {  // the span's lines, the last one too when the span does not start on a line
+    // (in locals: through p, GCC reloaded and stored the cursor on every line, 17% of a 1-thread decode)
+    int64_t row = p.row, col = p.col;
+    const int64_t end = p.end, span = p.span, kvs = p.kvs;
+    if (row >= end) return;
+    const char *kr = p.k + row * kvs, *vr = p.v + row * kvs;
+    for (int i = p.lines_step; i > 0; --i) {
+      const int64_t c = col < span ? col : span - 1;
+      _mm_prefetch(kr + c, _MM_HINT_T1);
+      _mm_prefetch(vr + c, _MM_HINT_T1);
+      col += 64;
+      if (col >= span + 63) {
+        col = 0;
+        if (++row >= end) break;
+        kr += kvs;
+        vr += kvs;
+      }
+    }
+    p.row = row;
+    p.col = col;
+    return;
+  }
   for (int i = 0; i < p.per_step && p.row < p.end; ++i, ++p.row) {
     const char* kr = p.k + p.row * p.kvs;
     const char* vr = p.v + p.row * p.kvs;
@@ -1611,6 +1644,7 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, const E* kt, const E* v
   // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile, the V column slice kept in L1
   for (int c0 = 0; c0 < C8; c0 += 4) {
     const int C = std::min(4, C8 - c0);
+    if (pf && pf->lines) att_decode_prefetch(*pf);
     int64_t r = r0;
     for (; r + 3 <= rows; r += 3)
       att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
@@ -1710,9 +1744,18 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
     pf.kvs = int64_t(Hkv) * hd * es;
     pf.span = nh * hd * es;
     pf.per_step = int((ATT_KT / nh + 15) / 16);  // 16 score steps per tile-head
+    // attn_pf_lines: a tile-head's share of the next tile's rows, line by line (the span's last line too:
+    // spans need not start on a line, e.g. a malloc'ed cache 16 bytes past one, which the row-wise prefetch
+    // missed), spread evenly over its 16 score and hd / 32 P V steps. Bursts hurt: whole rows per step, or
+    // the same lines over the first half of the steps, read the cache slower at 16K keys (2 threads, f16).
+    pf.lines = g_attn_pf_lines;
+    const int64_t rows_th = (ATT_KT + nh - 1) / nh, lines_row = pf.span / 64 + 1,
+                  steps = ATT_KT / 4 + (hd + 31) / 32;
+    pf.lines_step = int((rows_th * lines_row + steps - 1) / steps);
     for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
       const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT, next_end = std::min(pmax + 1, a0 + ATT_KT);
       pf.row = a0;
+      pf.col = 0;
       for (int64_t i = 0; i < nh; ++i) {
         pf.end = std::min(next_end, a0 + (i + 1) * ((ATT_KT + nh - 1) / nh));
         att_tile(bs[size_t(i)], k, v, t0, false, true, &pf);
@@ -1803,12 +1846,15 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
 
 void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint16_t* k, const uint16_t* v,
                    int64_t pos0, float* out) {
-  const bool avx512 = vec(level()) == Level::AVX512 && attend_fn(hd);
-  if (!avx512 && g_attn_tiled && vec(level()) == Level::AVX2 && hd % 8 == 0) {
+  // The AVX2 tiled kernel at every vector level, AVX-512 too (its CPUs have AVX2 and F16C): it reads the f16
+  // rows in place, widening them in registers, for prefill and decode alike. The AVX-512 attend kernels take
+  // f32 rows only, and widening the whole cache on every call (below: the scalar level's way, and attn_tiled
+  // off) costs decode three passes over an f32 copy per layer and token, now that f16 is the default cache.
+  if (g_attn_tiled && vec(level()) != Level::Scalar && hd % 8 == 0) {
     attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, k, v);
     return;
   }
-  const int64_t m = (pos0 + n) * Hkv * hd;  // other levels: the whole cache widened (exact), then as f32
+  const int64_t m = (pos0 + n) * Hkv * hd;  // scalar level: the whole cache widened (exact), then as f32
   std::vector<float> kf(static_cast<size_t>(m)), vf(static_cast<size_t>(m));
   for (int64_t i = 0; i < m; ++i) {
     kf[size_t(i)] = f16_to_f32(k[i]);

@@ -84,7 +84,15 @@ DecoderIO load_decoder_io(ModelFolder& c, const std::string& model_type, int64_t
   io.final_norm = c.to_f32("model.norm.weight", {D});
   io.lm_head = tied ? io.embed : c.mat("lm_head.weight", {V, D});
   if (tied && c.has("lm_head.weight")) c.mat("lm_head.weight", {V, D});  // tolerated duplicate; unused
+  const bool half_weights = io.embed.dtype == DType::BF16 || io.embed.dtype == DType::F16 ||
+                            opts.weights == WeightFormat::Int8;
+  info.kv_cache_auto = opts.kv_cache == KVCache::Auto;
+  info.kv_cache = opts.kv_cache == KVCache::F16 || (info.kv_cache_auto && half_weights) ? "f16" : "f32";
   return io;
+}
+
+bool kv_cache_half(const ModelInfo& info) {
+  return info.kv_cache == "f16" || (info.kv_cache_auto && kernels::option("kv_f16"));
 }
 
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts) {

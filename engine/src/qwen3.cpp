@@ -77,7 +77,8 @@ Qwen3Model::Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opt
 
 std::unique_ptr<SessionState> Qwen3Model::new_state() const {
   auto st = std::make_unique<SessionState>();
-  for (size_t i = 0; i < layers_.size(); ++i) st->layers.push_back(std::make_unique<AttentionKV>(int(Hkv_), int(hd_)));
+  const bool half = kv_cache_half(info_);
+  for (size_t i = 0; i < layers_.size(); ++i) st->layers.push_back(std::make_unique<AttentionKV>(int(Hkv_), int(hd_), half));
   return st;
 }
 

@@ -175,8 +175,9 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<ModelFolder> ckpt, const LoadOpti
 
 std::unique_ptr<SessionState> Qwen3NextModel::new_state() const {
   auto st = std::make_unique<SessionState>();
+  const bool half = kv_cache_half(info_);
   for (const Layer& ly : layers_) {
-    if (ly.attn) st->layers.push_back(std::make_unique<AttentionKV>(int(ad_.Hkv), int(ad_.hd)));
+    if (ly.attn) st->layers.push_back(std::make_unique<AttentionKV>(int(ad_.Hkv), int(ad_.hd), half));
     else st->layers.push_back(std::make_unique<next::GdnState>(gd_));
   }
   return st;

@@ -6,8 +6,8 @@
 
 namespace strata {
 
-AttentionKV::AttentionKV(int n_kv_heads, int head_dim)
-    : n_kv_heads_(n_kv_heads), head_dim_(head_dim), half_(kernels::option("kv_f16")) {}
+AttentionKV::AttentionKV(int n_kv_heads, int head_dim, bool half)
+    : n_kv_heads_(n_kv_heads), head_dim_(head_dim), half_(half) {}
 
 void AttentionKV::append(int64_t n, float** k_out, float** v_out) {
   if (half_) {

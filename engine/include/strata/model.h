@@ -19,10 +19,15 @@ struct ModelInfo {
   int64_t max_context = 0;    // tokens a session may hold
   int64_t weight_bytes = 0;   // bytes of weights as stored
   std::string weights = "stored";  // how matrices are computed with: "stored" dtype or "int8"
+  std::string kv_cache = "f32";    // what new sessions' attention KV caches hold: "f32" or "f16"
+  bool kv_cache_auto = true;       // kv_cache chosen from the weights (LoadOptions::kv_cache Auto)
   int64_t stream_bytes = 0;   // bytes of matrices one decode step reads (every layer's + lm_head)
 };
 
 enum class WeightFormat { Stored, Int8 };
+// The attention KV cache: Auto is f16 for bf16/f16 checkpoints (the embedding's stored dtype) and int8
+// weights, f32 for f32 checkpoints (parity with transformers f32); F32 / F16 whatever the weights.
+enum class KVCache { Auto, F32, F16 };
 
 struct LoadOptions {
   int threads = 0;            // 0: all cores (OpenMP default)
@@ -30,6 +35,7 @@ struct LoadOptions {
   bool use_mmap = true;       // false: read the weights into memory (immune to the file changing later)
   bool check_finite = false;  // refuse weights holding NaN or infinity (costs one pass over them)
   WeightFormat weights = WeightFormat::Stored;  // Int8: projection matrices and lm_head quantised at load
+  KVCache kv_cache = KVCache::Auto;
 };
 
 // Matrices as a model computes with them: the checkpoint's view unchanged, or (LoadOptions::weights ==
@@ -86,6 +92,10 @@ struct DecoderIO {
 };
 DecoderIO load_decoder_io(ModelFolder& c, const std::string& model_type, int64_t V, int64_t D, int64_t L,
                           const LoadOptions& opts, ModelInfo& info);
+
+// Whether a new session's attention caches hold f16: info.kv_cache, or f16 for an Auto cache while the kernel
+// option kv_f16 is on (the older process-wide switch, kept as an override).
+bool kv_cache_half(const ModelInfo& info);
 
 // Dispatches on config.json model_type; throws ModelFolderError for unknown types or bad files.
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts);

@@ -39,7 +39,7 @@ class LayerState {
 // and decode alike, so decode still equals the full forward.
 class AttentionKV final : public LayerState {
  public:
-  AttentionKV(int n_kv_heads, int head_dim);
+  AttentionKV(int n_kv_heads, int head_dim, bool half);  // half: an f16 cache (commit() rounds)
   int64_t length() const { return length_; }
   int64_t row() const { return int64_t(n_kv_heads_) * head_dim_; }
   // Makes room for n more tokens; returns pointers to rows [length, length + n) and advances length.
