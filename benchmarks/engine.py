@@ -30,17 +30,20 @@ project dependencies (llama-cpp-python compiles llama.cpp, minutes on 2 cores):
 transformers runs only up to --hf-max-context (eager attention materialises [heads, n, n] scores).
 llama.cpp prefills in micro-batches of 512 tokens (its default n_ubatch; one batch of n would need a
 [heads, n, n] score buffer, 16 GiB at 16K) without flash attention (its default; --llama-flash-attn).
-The decode bandwidth limit counts the weights and the KV cache a step reads at that context (strata keeps
-it in f32: 2 x layers x kv heads x head_dim x 4 bytes per token).
+The decode bandwidth limit counts the weights and the KV cache a step reads at that context (f32 or f16, as
+the engine holds it); strata bf16/int8 also get the fraction with read passes and decode steps alternated
+(medians, both under the same load: --interleaved-rounds).
 strata picks its kernels at run time (avx512bf16 > avx512 > avx2 > scalar; STRATA_KERNEL=avx2 caps it).
-OpenMP threads sleep at barriers (OMP_WAIT_POLICY=passive, set by strata_lab.engine unless the user set
-it): on shared or oversubscribed cores spinning waiters starve the working threads.
+OpenMP threads spin briefly, then sleep at barriers (OMP_WAIT_POLICY=passive with GOMP_SPINCOUNT=20000, set
+by strata_lab.engine unless the user set either): on shared or oversubscribed cores long-spinning waiters
+starve the working threads, and sleeping at once costs a wake-up per parallel region.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -261,6 +264,9 @@ def main(argv=None):
     ap.add_argument("--q8-max-context", type=int, default=None,
                     help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
     ap.add_argument("--accuracy-tokens", type=int, default=256)
+    ap.add_argument("--interleaved-rounds", type=int, default=8,
+                    help="strata bf16/int8 at the first context: rounds of one read pass then 8 decode steps; the "
+                         "fraction of the medians (both under the same load); 0 skips it")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for engine.md/.png")
     args = ap.parse_args(argv)
     contexts = [args.prefill] if args.prefill else sorted(args.contexts)
@@ -385,6 +391,25 @@ def main(argv=None):
 
     lines = [f"{head}; best of {args.repeat} round(s)", "", markdown(rows, contexts), ""]
     c0 = contexts[0]
+    # The same fraction with both sides under the same load: read passes and decode steps alternated, medians.
+    for name in ("strata bf16", "strata int8"):
+        if (name, c0) not in bw or args.interleaved_rounds <= 0:
+            continue
+        wts = name.split()[1]
+        eng = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx)
+        nbytes = bw[(name, c0)][1] * 1e9 / bw[(name, c0)][2]
+        s = eng.session("interleaved")
+        s.generate(rng_prompt[:c0], max_new_tokens=0)
+        reads, steps = [], []
+        for _ in range(args.interleaved_rounds):
+            reads.append(ext.read_bandwidth(int(nbytes), T, 1))
+            r = s.generate(s.held_ids[:c0], max_new_tokens=8).result  # held: only the decode steps run
+            steps.append(8 / (r.decode_ms / 1e3))
+        gbs, tps = statistics.median(reads), statistics.median(steps)
+        lines.append(f"- {name}, context {c0}, interleaved: {args.interleaved_rounds} rounds of one read pass then 8 "
+                     f"decode steps; medians {gbs:.1f} GB/s = limit {gbs * 1e9 / nbytes:.1f} tok/s, decode "
+                     f"{tps:.2f} tok/s = **{tps / (gbs * 1e9 / nbytes):.2f} of the bandwidth limit under the same "
+                     f"load**")
     for (name, c), (frac, gbs, limit) in bw.items():
         nbytes = gbs * 1e9 / limit
         lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token (weights + KV cache, f16 or f32 as the engine holds it); "

@@ -25,10 +25,11 @@ _SHOWN: set[str] = set()  # peer info lines already printed by this process
 
 def peer_env() -> dict[str, str]:
     """The peer's environment: OpenMP as its runtime defaults it (strata_lab.engine sets
-    OMP_WAIT_POLICY=passive for its own process only when the user had not)."""
+    OMP_WAIT_POLICY=passive and GOMP_SPINCOUNT for its own process only when the user had not)."""
     env = dict(os.environ)
-    if env.get("OMP_WAIT_POLICY") == "passive" and "OMP_WAIT_POLICY" not in _USER_ENV:
-        env.pop("OMP_WAIT_POLICY")
+    for var in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        if var in env and var not in _USER_ENV:
+            env.pop(var)
     return env
 
 
@@ -108,14 +109,16 @@ def in_subprocess(kind, path, prompt, n_decode, threads, extra, omp_passive=Fals
     """Run peer ``kind`` ("hf": transformers, ``extra`` its dtype; "llama": llama.cpp, ``extra`` its qtype)
     in a fresh interpreter and return (prefill, decode) tok/s. A missing package raises ImportError, a
     case the peer does not run raises NotImplementedError, a crash RuntimeError. ``omp_passive``: the peer's
-    OpenMP threads sleep at barriers as strata's do (OMP_WAIT_POLICY=passive) instead of its default; on
+    OpenMP threads wait at barriers as strata's do (OMP_WAIT_POLICY=passive, a short GOMP_SPINCOUNT) instead of its default; on
     the shared 2 cores under load, llama.cpp Q8_0 decoded 2.4-11.6 tok/s with the default and 48-50 with
     passive in one interleaved run."""
     import subprocess
 
     env = peer_env()
-    if omp_passive:
-        env["OMP_WAIT_POLICY"] = "passive"
+    if omp_passive:  # strata's own settings (its defaults, or what the user set)
+        env["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY", "passive")
+        if "GOMP_SPINCOUNT" in os.environ:
+            env["GOMP_SPINCOUNT"] = os.environ["GOMP_SPINCOUNT"]
 
     job = json.dumps({"kind": kind, "path": str(path), "prompt": list(prompt), "decode": n_decode,
                       "threads": threads, "extra": extra})

@@ -54,9 +54,12 @@ def _libgomp_mapped() -> bool:
 
 
 def _ext():
-    # Sleeping, not spinning, at OpenMP barriers: a decode step has ~200 parallel regions, and on shared
-    # or oversubscribed cores spinning threads starve each other (measured: 2.8 vs 21 tok/s decode).
-    # libgomp reads this once when it loads; a value the user set wins.
+    # A short spin, then sleep, at OpenMP barriers: a decode step has ~150 parallel regions a few hundred
+    # microseconds apart. Spinning without bound (libgomp's default, ~3 ms) starves the working threads on
+    # shared or oversubscribed cores (measured: 2.8 vs 21 tok/s decode); sleeping at once costs a futex
+    # wake-up per region (bf16 decode x1.08-1.29 slower than spinning 20,000 rounds, ~0.2 ms, on the quiet
+    # 2-core VM; benchmarks/results/engine.md). libgomp reads these once when it loads; a value the user set
+    # for either variable wins (GOMP_SPINCOUNT=0: sleep at once, for heavily shared machines).
     global _OMP_CHECKED
     if not _OMP_CHECKED:
         _OMP_CHECKED = True
@@ -70,6 +73,8 @@ def _ext():
                           "it many times slower on few cores. Set OMP_WAIT_POLICY=passive in the environment "
                           "before Python starts, or import strata_lab.engine before torch.", RuntimeWarning,
                           stacklevel=3)
+        if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+            os.environ["GOMP_SPINCOUNT"] = "20000"
         os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     from strata_lab import _engine
 
@@ -436,7 +441,11 @@ class Engine:
         truncating it kills the process with SIGBUS on the next read of a lost page. Replace checkpoints by
         writing a new file and renaming it over the old one (the mapping keeps the old inode), or load with
         ``mmap=False``, which reads the weights into memory once. ``check_weights=True`` refuses weights
-        holding NaN or infinity (one extra pass over them).
+        holding NaN or infinity (one extra pass over them). Mapped weights that take at most half of the
+        memory available at load are then copied into transparent huge pages (decode streams every matrix
+        row once per token; the mapping's 4 KiB pages cost ~10%): ``info["weights_memory"]`` says
+        ``"hugepages"``, ``"mapped"`` (a larger model, or ``STRATA_WEIGHTS_HUGEPAGES=0``), ``"read"``
+        (``mmap=False``) or ``"int8"``.
 
         ``weights``: None computes with the stored dtype; ``"int8"`` quantises every projection matrix and
         the lm_head at load to int8 rows with one float32 scale per row (absmax / 127): half the bytes of

@@ -239,6 +239,9 @@ def test_header_parser_deep_nesting(depth):
 _OMP_PROG = """
 import os, sys, warnings
 os.environ.pop("OMP_WAIT_POLICY", None)
+os.environ.pop("GOMP_SPINCOUNT", None)
+if sys.argv[1] == "user-spin":
+    os.environ["GOMP_SPINCOUNT"] = "0"
 if sys.argv[1] == "torch-first":
     import torch  # loads PyTorch's libgomp.so.1 before the engine's
 warnings.simplefilter("error")
@@ -248,14 +251,16 @@ try:
 except RuntimeWarning as e:
     print("WARNED", e)
 else:
-    print("QUIET", os.environ["OMP_WAIT_POLICY"])
+    print("QUIET", os.environ["OMP_WAIT_POLICY"], os.environ["GOMP_SPINCOUNT"])
 """
 
 
-@pytest.mark.parametrize("order,want", [("torch-first", "WARNED"), ("engine-first", "QUIET passive")])
+@pytest.mark.parametrize("order,want", [("torch-first", "WARNED"), ("engine-first", "QUIET passive 20000"),
+                                        ("user-spin", "QUIET passive 0")])
 def test_libgomp_loaded_first_is_named(order, want):
     """PyTorch's libgomp loaded before the engine (same soname, so it becomes ours, spinning) gets a
-    warning that says what to do; the engine loaded first sets the sleeping wait policy quietly."""
+    warning that says what to do; the engine loaded first sets its wait (a short spin, then sleep) quietly,
+    and a GOMP_SPINCOUNT the user set is kept."""
     import os
     import subprocess
     import sys
@@ -267,7 +272,7 @@ def test_libgomp_loaded_first_is_named(order, want):
     pytest.importorskip("torch")
     # the child imports this very strata_lab (the installed one under CI, not a checkout's sources)
     root = str(Path(strata_lab.__file__).resolve().parent.parent)
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     out = subprocess.run([sys.executable, "-c", _OMP_PROG, order], capture_output=True, text=True, env=env,
                          timeout=300, cwd=root)
@@ -275,3 +280,33 @@ def test_libgomp_loaded_first_is_named(order, want):
     assert out.stdout.startswith(want), out.stdout
     if want == "WARNED":
         assert "OMP_WAIT_POLICY=passive" in out.stdout
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_next"])
+def test_weights_copied_into_huge_pages_keep_the_bits(tmp_path, monkeypatch, arch):
+    """Mapped weights that fit in half the available memory are copied into huge-page arenas at load
+    (info["weights_memory"] "hugepages"); STRATA_WEIGHTS_HUGEPAGES=0 keeps them on the mapping, mmap=False reads
+    them into a huge-page buffer ("read"), int8 quantises them ("int8"). The matrices are the same bytes: the
+    logits and a session's decode are bit-identical whichever memory holds them, and the file's pages
+    dropped after the copy are read back if anything (the embedding) needs them."""
+    path = make_tiny(tmp_path / "ck", arch, dtype="bfloat16", seed=3)
+    ids = [9707, 1879, 0, 13, 220, 14990, 128, 253, 42, 7]
+    got = {}
+    for env, mmap, want in (("0", True, "mapped"), (None, True, "hugepages"), ("1", True, "hugepages"),
+                            (None, False, "read")):
+        if env is None:
+            monkeypatch.delenv("STRATA_WEIGHTS_HUGEPAGES", raising=False)
+        else:
+            monkeypatch.setenv("STRATA_WEIGHTS_HUGEPAGES", env)
+        eng = Engine.load(path, threads=2, mmap=mmap)
+        assert eng.info["weights_memory"] == want, (env, mmap)
+        s = eng.session("h")
+        r = s.generate(ids, max_new_tokens=4).result
+        got[(env, mmap)] = (eng.forward(ids), r.gen_ids, s.last_logits())
+    ref = got[("0", True)]
+    for key, (full, gen, last) in got.items():
+        np.testing.assert_array_equal(full, ref[0], err_msg=str(key))
+        assert gen == ref[1], key
+        np.testing.assert_array_equal(last, ref[2], err_msg=str(key))
+    monkeypatch.setenv("STRATA_WEIGHTS_HUGEPAGES", "1")
+    assert Engine.load(path, threads=1, weights="int8").info["weights_memory"] == "int8"

@@ -307,6 +307,7 @@ void register_engine(py::module_& m) {
         d["weights"] = i.weights;
         d["kv_cache"] = i.kv_cache;
         d["stream_bytes"] = i.stream_bytes;
+        d["weights_memory"] = i.weights_memory;
         return d;
       })
       .def("forward", [](Engine& e, const std::vector<int64_t>& ids) {

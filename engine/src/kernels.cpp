@@ -1149,11 +1149,10 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
       const int64_t r0 = (qd - start[m]) * 4;
       const int nr = int(std::min<int64_t>(4, w.rows - r0));
       const uint8_t* rowp = static_cast<const uint8_t*>(w.data) + size_t(r0 * K) * dtype_size(w.dtype);
-      if (rows8 && qd + 1 < q1 && r0 + 8 <= w.rows && (use_eo(lv, w) || use_q8(w))) {
-        // two whole quads of one matrix: 8 rows per call, tile[0..7] (one token)
-        if (use_q8(w)) (g_linear_prefetch ? micro_q8<1, 8, true> : micro_q8<1, 8, false>)(
-            reinterpret_cast<const int8_t*>(rowp), K, qa.q.data(), qa.ldq, qa.s.data(), qa.lds, K, tile, 8);
-        else micro_bf16eo<1, 8>(rowp, K, xpp, K, K, tile, 8);
+      if (rows8 && qd + 1 < q1 && r0 + 8 <= w.rows && use_eo(lv, w)) {
+        // two whole quads of one bf16 matrix: 8 rows per call, tile[0..7] (one token). int8 rows stay 4 per
+        // call: their kernel has 6 integer ops per load and 8 rows measured x0.98 (benchmarks/ab_decode.py)
+        micro_bf16eo<1, 8>(rowp, K, xpp, K, K, tile, 8);
         float* y = outs[m].y + r0;
         for (int r = 0; r < 8; ++r) y[r] = w.scale ? tile[r] * w.scale[r0 + r] : tile[r];
         ++qd;

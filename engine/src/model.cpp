@@ -4,9 +4,11 @@
 #include <omp.h>
 #endif
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <string>
 #include <thread>
@@ -43,14 +45,38 @@ int8_t* WeightStore::alloc_int8(size_t bytes) {
   void* mem = std::aligned_alloc(kHuge, cap);
   if (!mem) throw std::bad_alloc();
 #ifdef MADV_HUGEPAGE
-  const char* env = std::getenv("STRATA_INT8_HUGEPAGES");  // "0": plain pages (A/B)
+  const char* env = std::getenv("STRATA_INT8_HUGEPAGES");  // "0": plain pages (A/B, int8 and copied rows)
   if (!(env && std::string(env) == "0")) ::madvise(mem, cap, MADV_HUGEPAGE);  // advisory: ignored where THP is off
 #endif
   arenas_.push_back(Arena{std::unique_ptr<int8_t[], FreeDeleter>(static_cast<int8_t*>(mem)), bytes, cap});
   return arenas_.back().mem.get();
 }
 
+bool copy_weights(const ModelFolder& c, const LoadOptions& opts) {
+  const char* env = std::getenv("STRATA_WEIGHTS_HUGEPAGES");
+  const std::string e = env ? env : "";
+  if (e == "0" || !opts.use_mmap) return false;  // read into memory: already a huge-page buffer
+  if (e == "1") return true;
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return false;
+  return double(c.mapped_bytes()) <= 0.5 * double(pages) * double(page);
+}
+
 Mat WeightStore::prepare_once(const Mat& w) {
+  if (format_ != WeightFormat::Int8 && copy_ && w.dtype != DType::I8) {
+    // a copy of the same bytes in a huge-page arena; the mapping's pages of it are dropped from this process
+    // (a private read-only mapping: they are refetched from the page cache if anything reads them again)
+    const size_t bytes = size_t(w.rows * w.cols) * dtype_size(w.dtype);
+    int8_t* dst = alloc_int8(bytes);
+    std::memcpy(dst, w.data, bytes);
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(w.data) + page - 1) / page * page,
+                    hi = (reinterpret_cast<uintptr_t>(w.data) + bytes) / page * page;
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    Mat m = w;
+    m.data = dst;
+    return m;
+  }
   if (format_ != WeightFormat::Int8 || w.dtype == DType::I8) return w;
   int8_t* q = alloc_int8(size_t(w.rows * w.cols));
   auto s = std::make_unique<float[]>(size_t(w.rows));

@@ -11,7 +11,7 @@ namespace strata {
 namespace k = kernels;
 
 Qwen3Model::Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opts)
-    : ckpt_(std::move(ckpt)), store_(opts.weights) {
+    : ckpt_(std::move(ckpt)), store_(opts.weights, copy_weights(*ckpt_, opts)) {
   ModelFolder& c = *ckpt_;
   const int64_t V = c.cfg_int("vocab_size");
   D_ = c.cfg_int("hidden_size");
@@ -71,6 +71,8 @@ Qwen3Model::Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opt
   for (const auto& name : c.names()) wb += int64_t(c.tensor_info(name).nbytes);
   info_.weight_bytes = wb;
   info_.weights = store_.name();
+  info_.weights_memory = store_.name() == std::string("int8") ? "int8" : store_.copied() ? "hugepages"
+                         : opts.use_mmap ? "mapped" : "read";
   info_.stream_bytes = store_.streamed();
   threads_ = opts.threads;
 }

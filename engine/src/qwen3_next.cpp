@@ -51,7 +51,7 @@ std::vector<bool> attention_layers(const ModelFolder& c, int64_t L) {
 }  // namespace
 
 Qwen3NextModel::Qwen3NextModel(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opts)
-    : ckpt_(std::move(ckpt)), store_(opts.weights) {
+    : ckpt_(std::move(ckpt)), store_(opts.weights, copy_weights(*ckpt_, opts)) {
   ModelFolder& c = *ckpt_;
   const int64_t V = c.cfg_int("vocab_size");
   D_ = c.cfg_int("hidden_size");
@@ -169,6 +169,8 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<ModelFolder> ckpt, const LoadOpti
     if (name.rfind("mtp.", 0) != 0) wb += int64_t(c.tensor_info(name).nbytes);
   info_.weight_bytes = wb;
   info_.weights = store_.name();
+  info_.weights_memory = store_.name() == std::string("int8") ? "int8" : store_.copied() ? "hugepages"
+                         : opts.use_mmap ? "mapped" : "read";
   info_.stream_bytes = store_.streamed();  // routed experts not counted (top-k of them run per token)
   threads_ = opts.threads;
 }

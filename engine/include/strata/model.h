@@ -22,6 +22,9 @@ struct ModelInfo {
   std::string kv_cache = "f32";    // what new sessions' attention KV caches hold: "f32" or "f16"
   bool kv_cache_auto = true;       // kv_cache chosen from the weights (LoadOptions::kv_cache Auto)
   int64_t stream_bytes = 0;   // bytes of matrices one decode step reads (every layer's + lm_head)
+  // where the matrices live: "mapped" (the file mapping), "hugepages" (copied out of it, copy_weights()),
+  // "read" (use_mmap=false: a huge-page buffer read at load) or "int8" (quantised at load, huge pages)
+  std::string weights_memory = "mapped";
 };
 
 enum class WeightFormat { Stored, Int8 };
@@ -44,18 +47,22 @@ struct LoadOptions {
 class WeightStore {
  public:
   explicit WeightStore(WeightFormat f = WeightFormat::Stored) : format_(f) {}
+  // copy: float matrices are copied out of the file mapping into huge-page arenas (see copy_weights()).
+  WeightStore(WeightFormat f, bool copy) : format_(f), copy_(copy) {}
   Mat prepare(const Mat& w);      // a per-token matrix (counted in streamed())
   Mat prepare_once(const Mat& w); // the same, not counted (e.g. experts of which only some run)
   int64_t streamed() const { return streamed_; }
   const char* name() const { return format_ == WeightFormat::Int8 ? "int8" : "stored"; }
+  bool copied() const { return copy_; }
 
  private:
   WeightFormat format_;
+  bool copy_ = false;
   int64_t streamed_ = 0;
   struct FreeDeleter {
     void operator()(void* p) const;
   };
-  struct Arena {  // int8 rows (huge-page backed where available)
+  struct Arena {  // int8 rows or copied float rows (huge-page backed where available)
     std::unique_ptr<int8_t[], FreeDeleter> mem;
     size_t used = 0, cap = 0;
   };
@@ -63,6 +70,13 @@ class WeightStore {
   std::vector<Arena> arenas_;
   std::vector<std::unique_ptr<float[]>> scale_;
 };
+
+// Whether a model's float matrices are copied out of the file mapping into huge-page arenas: decode streams
+// every row once per token, and the mapping's 4 KiB pages (a TLB miss and a hardware-prefetch stop per page)
+// cost bf16 decode ~x1.1. Done when the weights are mapped (use_mmap), the mapped shards take at most half of
+// the memory available at load (a model larger than that keeps streaming from the mapping) and
+// STRATA_WEIGHTS_HUGEPAGES is not "0"; "1" copies whatever the size.
+bool copy_weights(const ModelFolder& c, const LoadOptions& opts);
 
 enum class Logits { None, Last, All };
 

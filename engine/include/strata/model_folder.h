@@ -54,6 +54,7 @@ class SafetensorsFile {
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const std::string& path() const { return path_; }
+  size_t mapped_bytes() const { return map_ ? map_size_ : 0; }  // 0 when read into memory (use_mmap=false)
 
   // Parses and checks a header against a data area of data_size bytes (exposed for fuzzing).
   // Offsets in the result are relative to the data area (data pointers are offsets cast to pointers).
@@ -98,6 +99,12 @@ class ModelFolder {
   // Throws ModelFolderError naming the first tensor holding NaN or infinity (one pass over the weights).
   void check_finite() const;
   const TensorInfo& tensor_info(const std::string& name) const { return *by_name_.at(name); }
+  // Bytes of the shards that are memory-mapped (0 when the weights were read into memory).
+  size_t mapped_bytes() const {
+    size_t b = 0;
+    for (const auto& f : files_) b += f->mapped_bytes();
+    return b;
+  }
 
  private:
   std::string dir_;
