@@ -266,7 +266,8 @@ def main(argv=None):
     ap.add_argument("--accuracy-tokens", type=int, default=256)
     ap.add_argument("--interleaved-rounds", type=int, default=8,
                     help="strata bf16/int8 at the first context: rounds of one read pass then 8 decode steps; the "
-                         "fraction of the medians (both under the same load); 0 skips it")
+                         "fraction of the medians (both under the same load). Its fresh session prefills that "
+                         "context once more (minutes at 16K); 0 skips it")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for engine.md/.png")
     args = ap.parse_args(argv)
     contexts = [args.prefill] if args.prefill else sorted(args.contexts)
