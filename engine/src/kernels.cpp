@@ -1153,8 +1153,7 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
         // two whole quads of one bf16 matrix: 8 rows per call, tile[0..7] (one token). int8 rows stay 4 per
         // call: their kernel has 6 integer ops per load and 8 rows measured x0.98 (benchmarks/ab_decode.py)
         micro_bf16eo<1, 8>(rowp, K, xpp, K, K, tile, 8);
-        float* y = outs[m].y + r0;
-        for (int r = 0; r < 8; ++r) y[r] = w.scale ? tile[r] * w.scale[r0 + r] : tile[r];
+        store_tile(tile, 1, 8, nullptr, outs[m].y + r0, w.rows);  // one token: tile[r] for r < 8
         ++qd;
         continue;
       }

@@ -32,7 +32,7 @@ void WeightStore::FreeDeleter::operator()(void* p) const { std::free(p); }
 // "madvise" mode): decode streams them with software prefetch, which 4 KiB pages (a TLB miss and a
 // prefetch stop per page) hold back (int8 decode x1.1-1.3 on the shared 2-core VM). A matrix goes into the
 // first arena with room (64-byte aligned), else a new one; small matrices (MoE experts) share arenas.
-int8_t* WeightStore::alloc_int8(size_t bytes) {
+int8_t* WeightStore::alloc_arena(size_t bytes) {
   constexpr size_t kHuge = size_t(2) << 20, kArena = size_t(64) << 20;
   bytes = (bytes + 63) / 64 * 64;
   for (Arena& a : arenas_)
@@ -67,7 +67,7 @@ Mat WeightStore::prepare_once(const Mat& w) {
     // a copy of the same bytes in a huge-page arena; the mapping's pages of it are dropped from this process
     // (a private read-only mapping: they are refetched from the page cache if anything reads them again)
     const size_t bytes = size_t(w.rows * w.cols) * dtype_size(w.dtype);
-    int8_t* dst = alloc_int8(bytes);
+    int8_t* dst = alloc_arena(bytes);
     std::memcpy(dst, w.data, bytes);
     const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
     const uintptr_t lo = (reinterpret_cast<uintptr_t>(w.data) + page - 1) / page * page,
@@ -78,7 +78,7 @@ Mat WeightStore::prepare_once(const Mat& w) {
     return m;
   }
   if (format_ != WeightFormat::Int8 || w.dtype == DType::I8) return w;
-  int8_t* q = alloc_int8(size_t(w.rows * w.cols));
+  int8_t* q = alloc_arena(size_t(w.rows * w.cols));
   auto s = std::make_unique<float[]>(size_t(w.rows));
   kernels::quantize_rows_int8(w, q, s.get());
   Mat m = w;

@@ -41,9 +41,8 @@ void moe_forward(int64_t D, const MoeWeights& w, const float* x, int64_t T, floa
       by_expert[size_t(idx[j])].push_back({t, w.norm_topk_prob ? l[idx[j]] / norm : l[idx[j]]});
   }
   // The routed experts (each on its own tokens, gathered) run side by side, one MLP per thread, the largest
-  // first: an expert's few rows
-  // (moe_intermediate_size) and tokens split poorly across threads, and one parallel loop replaces three per
-  // MLP. A token's row does not depend on the thread or on the other tokens; the shared rows are gated and the
+  // first: an expert's few rows (moe_intermediate_size) and tokens split poorly across threads, and one
+  // parallel loop replaces three per MLP. A token's row does not depend on the thread or on the other tokens; the shared rows are gated and the
   // weighted routed rows added in expert order afterwards, so the sums are the sequential loop's bits.
   std::vector<int64_t> active;
   for (int64_t e = 0; e < E; ++e)

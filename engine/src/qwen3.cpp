@@ -71,8 +71,7 @@ Qwen3Model::Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opt
   for (const auto& name : c.names()) wb += int64_t(c.tensor_info(name).nbytes);
   info_.weight_bytes = wb;
   info_.weights = store_.name();
-  info_.weights_memory = store_.name() == std::string("int8") ? "int8" : store_.copied() ? "hugepages"
-                         : opts.use_mmap ? "mapped" : "read";
+  info_.weights_memory = store_.memory(opts.use_mmap);
   info_.stream_bytes = store_.streamed();
   threads_ = opts.threads;
 }

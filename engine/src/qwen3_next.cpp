@@ -169,8 +169,7 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<ModelFolder> ckpt, const LoadOpti
     if (name.rfind("mtp.", 0) != 0) wb += int64_t(c.tensor_info(name).nbytes);
   info_.weight_bytes = wb;
   info_.weights = store_.name();
-  info_.weights_memory = store_.name() == std::string("int8") ? "int8" : store_.copied() ? "hugepages"
-                         : opts.use_mmap ? "mapped" : "read";
+  info_.weights_memory = store_.memory(opts.use_mmap);
   info_.stream_bytes = store_.streamed();  // routed experts not counted (top-k of them run per token)
   threads_ = opts.threads;
 }

@@ -53,7 +53,10 @@ class WeightStore {
   Mat prepare_once(const Mat& w); // the same, not counted (e.g. experts of which only some run)
   int64_t streamed() const { return streamed_; }
   const char* name() const { return format_ == WeightFormat::Int8 ? "int8" : "stored"; }
-  bool copied() const { return copy_; }
+  // ModelInfo::weights_memory: "int8", "hugepages" (copied), else "mapped" or "read" (use_mmap=false)
+  const char* memory(bool use_mmap) const {
+    return format_ == WeightFormat::Int8 ? "int8" : copy_ ? "hugepages" : use_mmap ? "mapped" : "read";
+  }
 
  private:
   WeightFormat format_;
@@ -66,7 +69,7 @@ class WeightStore {
     std::unique_ptr<int8_t[], FreeDeleter> mem;
     size_t used = 0, cap = 0;
   };
-  int8_t* alloc_int8(size_t bytes);
+  int8_t* alloc_arena(size_t bytes);
   std::vector<Arena> arenas_;
   std::vector<std::unique_ptr<float[]>> scale_;
 };
