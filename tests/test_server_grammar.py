@@ -64,6 +64,23 @@ def test_random_model_output_matches_hypothesis_schemas(grammar_env, qwen3, sche
     assert mask.rejected == 0
 
 
+def test_bounded_strings_keep_to_json_characters():
+    """bound_schema gives every free string a maxLength, and xgrammar spells a bounded string's characters as
+    [^"\\\r\n]: a raw tab (a random model's sampled token) passed, and json.loads refused the text. The
+    grammar keeps them to JSON's characters, in objects, arrays and tool arguments alike."""
+    import xgrammar as xgr
+
+    from strata_lab.grammar.xgr import bound_schema, json_schema_grammar
+
+    schema = bound_schema({"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string"}},
+                                                      "required": ["a"]}}, 8, 3)
+    g = json_schema_grammar(json.dumps(schema))
+    for ok in ('[{"a": "x y"}]', '[{"a": ""}, {"a": "\u00e9t\u00e9"}]'):
+        assert xgr.testing._is_grammar_accept_string(g, json.dumps(json.loads(ok), ensure_ascii=False)), ok
+    for bad in ('[{"a": "x\ty"}]', '[{"a": "x\u0001"}]'):
+        assert not xgr.testing._is_grammar_accept_string(g, bad.encode().decode("unicode_escape")), bad
+
+
 def test_tool_call_grammar_spells_the_template_syntax(grammar_env, qwen3):
     from strata_lab.engine import Sampling
     from strata_lab.server.output import OutputParser, collect

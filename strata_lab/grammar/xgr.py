@@ -55,6 +55,29 @@ def bound_schema(schema: Any, max_string: int | None, max_items: int | None) -> 
     return out
 
 
+# xgrammar writes a string with maxLength (every free string here, via bound_schema) as characters of
+# [^"\\\r\n]: raw control characters such as a tab pass, which JSON forbids (json.loads rejects the text).
+# The class JSON allows there (no escapes: they would count as several characters) is [^\0-\x1f"\\].
+_LOOSE_CHARS = '[^\\"\\\\\\r\\n]'
+_JSON_CHARS = '[^\\0-\\x1f\\"\\\\]'
+
+
+def json_schema_grammar(text: str) -> Any:
+    """xgrammar's grammar for the JSON schema `text` (compact whitespace), its bounded strings kept to JSON's
+    characters.
+
+    >>> import xgrammar as xgr
+    >>> g = json_schema_grammar('{"type": "string", "maxLength": 8}')
+    >>> [xgr.testing._is_grammar_accept_string(g, s) for s in ('"ab"', '"a\\tb"')]
+    [True, False]
+    """
+    import xgrammar as xgr
+
+    grammar = xgr.Grammar.from_json_schema(text, any_whitespace=False, strict_mode=True)
+    ebnf = str(grammar)
+    return xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_CHARS, _JSON_CHARS)) if _LOOSE_CHARS in ebnf else grammar
+
+
 class GrammarError(ValueError):
     """A schema or grammar xgrammar cannot compile."""
 
@@ -144,12 +167,10 @@ class TokenGrammar:
 
     def json_schema(self, schema: dict, *, think_prefix: bool = True) -> CompiledGrammar:
         """JSON matching `schema` (compact whitespace), optionally after Qwen3's empty think block."""
-        import xgrammar as xgr
-
         text = json.dumps(bound_schema(schema, self.max_string, self.max_items), sort_keys=True)
 
         def build():
-            body = xgr.Grammar.from_json_schema(text, any_whitespace=False, strict_mode=True)
+            body = json_schema_grammar(text)
             return self._compiler.compile_grammar(self._with_prefix(body, think_prefix))
 
         return self._cached(f"json:{think_prefix}:{text}", build)
@@ -177,7 +198,7 @@ class TokenGrammar:
         text = json.dumps(schema, sort_keys=True)
 
         def build():
-            call = xgr.Grammar.from_json_schema(text, any_whitespace=False, strict_mode=True)
+            call = json_schema_grammar(text)
             open_ = xgr.Grammar.from_ebnf(f'root ::= {_EMPTY_THINK} "<tool_call>\\n"')
             close = xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"')
             return self._compiler.compile_grammar(xgr.Grammar.concat(open_, call, close))
