@@ -1,8 +1,10 @@
 """A/B of decode-step implementations in one process, interleaved round by round, so a shared machine's
 load changes hit every variant alike: the barrier-free pool vs OpenMP loops, and (AVX2) the even/odd bf16
 kernel vs widening loads, linear prefetch (the next row block, into L2) vs per-row prefetch, and (int8
-weights) integer dots against int8-quantised activations vs weights widened to f32; also each variant's
-fraction of a read loop over the streamed bytes.
+weights) integer dots against int8-quantised activations vs weights widened to f32, and an idle OpenMP team
+left on the calling thread by earlier parallel work there (release_teams off: libgomp then counts more
+threads than cores and stops spinning at the decode's barriers); also each variant's fraction of a read loop
+over the streamed bytes.
 
     PYTHONPATH=$PWD python benchmarks/ab_decode.py [--rounds 6] [--steps 4] [--threads 2] [--weights int8]
         [--variants "int8 widening"]  (the default and the variants whose names contain one of these)
@@ -16,7 +18,8 @@ import time
 import numpy as np
 
 DEFAULT = "default: OpenMP, even/odd, linear prefetch"
-_BASE = {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True, "int8_dot": True, "decode_rows8": True, "decode_runs": True}
+_BASE = {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True, "int8_dot": True, "decode_rows8": True, "decode_runs": True,
+         "release_teams": True}
 VARIANTS = {
     DEFAULT: _BASE,
     "per-row prefetch (before #18)": {**_BASE, "linear_prefetch": False},
@@ -25,6 +28,7 @@ VARIANTS = {
     "int8 widening to f32 (before int8_dot)": {**_BASE, "int8_dot": False},
     "4 rows per decode call (before decode_rows8)": {**_BASE, "decode_rows8": False},
     "dynamic chunks in turn (before decode_runs)": {**_BASE, "decode_runs": False},
+    "an idle OpenMP team left on the caller (before release_teams)": {**_BASE, "release_teams": False},
 }
 
 
@@ -56,6 +60,8 @@ def main(argv=None):
             opts = variants[name]
             for k, v in opts.items():
                 ext._set_kernel_option(k, v)
+            # parallel work on this thread (a read loop): its OpenMP team stays only with release_teams off
+            ext.read_bandwidth(1 << 20, args.threads, 1)
             s.generate(s.held_ids, max_new_tokens=1)  # settle
             t0 = time.perf_counter()
             s.generate(s.held_ids, max_new_tokens=args.steps)

@@ -282,6 +282,62 @@ def test_libgomp_loaded_first_is_named(order, want):
         assert "OMP_WAIT_POLICY=passive" in out.stdout
 
 
+def test_parallel_work_on_the_callers_thread_leaves_no_idle_team(tiny_dir):
+    """Engine.load, forward, prompt_logprobs and read_bandwidth run OpenMP regions on the caller's thread.
+    libgomp keeps that thread's workers, asleep, until the thread exits, and once it manages more threads
+    than there are cores it stops spinning at barriers: every later generate (on its own thread) would sleep
+    and wake at each of a decode step's parallel regions. The bindings end the caller's team when the work
+    is done (kernel option release_teams, on): the process has no more threads than before the call. With
+    the option off the idle workers stay, which is what this test would see without the release."""
+    import os
+    import threading
+    import time
+
+    from strata_lab.engine import _ext
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs /proc/self/task (Linux)")
+    ext = _ext()
+    engine = Engine.load(tiny_dir, threads=3)
+    ids = list(range(64))  # long enough for parallel prefill matmuls in the tiny model
+
+    def count():
+        return len(os.listdir("/proc/self/task"))
+
+    base = count()
+
+    def grown(fn):  # threads added by fn, run on a fresh thread (what pytest's own thread holds does not count)
+        for _ in range(500):  # a finished thread's workers exit after it: wait for them to be gone
+            if count() <= base:
+                break
+            time.sleep(0.01)
+        box = {}
+
+        def body():
+            before = count()
+            fn()
+            box["grown"] = count() - before
+
+        t = threading.Thread(target=body)
+        t.start()
+        t.join()
+        return box["grown"]
+
+    calls = {"load": lambda: Engine.load(tiny_dir, threads=3, weights="int8"),
+             "forward": lambda: engine.forward(ids),
+             "prompt_logprobs": lambda: engine.prompt_logprobs(ids),
+             "read_bandwidth": lambda: ext.read_bandwidth(1 << 20, 3, 1)}
+    assert ext._kernel_option("release_teams")
+    try:
+        ext._set_kernel_option("release_teams", False)
+        kept = {name: grown(fn) for name, fn in calls.items()}
+    finally:
+        ext._set_kernel_option("release_teams", True)
+    released = {name: grown(fn) for name, fn in calls.items()}
+    assert all(n >= 1 for n in kept.values()), kept  # the workers a team leaves behind are visible here
+    assert released == {name: 0 for name in calls}, released
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_next"])
 def test_weights_copied_into_huge_pages_keep_the_bits(tmp_path, monkeypatch, arch):
     """Mapped weights that fit in half the available memory are copied into huge-page arenas at load

@@ -127,12 +127,13 @@ void register_checkpoint(py::module_& m) {
   m.def("read_bandwidth", [](int64_t bytes, int threads, int reps) {
     if (bytes <= 0) throw std::invalid_argument("bytes must be positive");
     py::gil_scoped_release release;
+    ReleaseTeam team;
     use_threads(threads);
     return kernels::read_bandwidth(bytes, reps);
   }, py::arg("bytes"), py::arg("threads") = 0, py::arg("reps") = 3,
      "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
-        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo', 'gdn_matrix', 'linear_prefetch', 'attn_tiled' or 'int8_dot' (default on).");
+        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo', 'gdn_matrix', 'linear_prefetch', 'attn_tiled', 'int8_dot' or 'release_teams' (default on; off: parallel work on the caller's thread leaves its idle OpenMP team there).");
   m.def("_kernel_option", [](const std::string& name) { return kernels::option(name); }, py::arg("name"),
         "Current value of a _set_kernel_option switch ('attn_decode', default on: decode attention streams the "
         "cache, each thread walking the key tiles once for a contiguous run of kv heads; off: one task per kv head. "
@@ -162,6 +163,7 @@ void register_checkpoint(py::module_& m) {
     float *Sp = S.mutable_data(), *op = o.mutable_data();
     {
       py::gil_scoped_release release;
+      ReleaseTeam team;
       if (mode == "recurrent") {
         next::delta_recurrent(T, dk, dv, qp, dk, kp, dk, vp, dv, bp, gp, 1, Sp, op, dv);
       } else {
@@ -202,6 +204,7 @@ void register_checkpoint(py::module_& m) {
     float* op = out.mutable_data();
     {
       py::gil_scoped_release release;
+      ReleaseTeam team;
       use_threads(threads);
       if (half) {
         kernels::attention_f16(qp, n, n_heads, n_kv_heads, int(hd), static_cast<const uint16_t*>(k.data()),
@@ -242,6 +245,7 @@ void register_checkpoint(py::module_& m) {
     float* op = out.mutable_data();
     {
       py::gil_scoped_release release;
+      ReleaseTeam team;
       use_threads(threads);
       kernels::matmul(m, xp, n, op);
     }
@@ -291,6 +295,7 @@ void register_engine(py::module_& m) {
              else if (kv_cache != "auto")
                throw std::invalid_argument("kv_cache must be 'auto', 'f32' or 'f16', got '" + kv_cache + "'");
              py::gil_scoped_release release;
+             ReleaseTeam team;
              return std::make_shared<Engine>(path, o);
            }),
            py::arg("path"), py::arg("threads") = 0, py::arg("max_context") = 0, py::arg("mmap") = true,
@@ -315,6 +320,7 @@ void register_engine(py::module_& m) {
         std::vector<float> logits;
         {
           py::gil_scoped_release release;
+          ReleaseTeam team;
           logits = e.forward(v);
         }
         const int64_t V = e.info().vocab_size, T = int64_t(v.size());
@@ -327,6 +333,7 @@ void register_engine(py::module_& m) {
         std::vector<TokenLogprob> out;
         {
           py::gil_scoped_release release;
+          ReleaseTeam team;
           out = e.prompt_logprobs(v, top_n);
         }
         return logprob_list(out);

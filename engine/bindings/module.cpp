@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "strata/build_info.h"
+#include "strata/model.h"
 
 namespace py = pybind11;
 
@@ -33,6 +34,7 @@ static void register_build_info(py::module_& m) {
     std::string err;
     {
       py::gil_scoped_release release;
+      strata::ReleaseTeam team;
       err = strata::self_test();
     }
     if (!err.empty()) throw std::runtime_error("strata engine self-test failed: " + err);

@@ -93,6 +93,7 @@ static bool g_decode_runs = true;
 // Qwen3-Next MoE: the active experts run side by side, one per thread (moe.cpp; false: one after another,
 // each expert's matmuls split across the threads).
 static bool g_moe_parallel = true;
+static bool g_release_teams = true;  // read by release_threads() (model.cpp)
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
@@ -107,8 +108,9 @@ void set_option(const std::string& name, bool on) {
   else if (name == "decode_rows8") g_decode_rows8 = on;
   else if (name == "decode_runs") g_decode_runs = on;
   else if (name == "moe_parallel") g_moe_parallel = on;
+  else if (name == "release_teams") g_release_teams = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16, decode_rows8, decode_runs, moe_parallel)");
+                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16, decode_rows8, decode_runs, moe_parallel, release_teams)");
 }
 bool option(const std::string& name) {
   if (name == "decode_pool") return g_decode_pool;
@@ -123,8 +125,9 @@ bool option(const std::string& name) {
   if (name == "decode_rows8") return g_decode_rows8;
   if (name == "decode_runs") return g_decode_runs;
   if (name == "moe_parallel") return g_moe_parallel;
+  if (name == "release_teams") return g_release_teams;
   throw std::invalid_argument("unknown kernel option '" + name +
-                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16, decode_rows8, decode_runs, moe_parallel)");
+                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16, decode_rows8, decode_runs, moe_parallel, release_teams)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.

@@ -26,6 +26,13 @@ void use_threads(int threads) {
 #endif
 }
 
+void release_threads() {
+#ifdef STRATA_HAVE_OPENMP
+  if (!kernels::option("release_teams")) return;  // A/B: the team stays (before)
+  if (!omp_in_parallel()) omp_pause_resource_all(omp_pause_soft);  // libgomp: frees this thread's pool
+#endif
+}
+
 void WeightStore::FreeDeleter::operator()(void* p) const { std::free(p); }
 
 // int8 rows live in arenas of >= 64 MiB, 2 MiB-aligned and advised as transparent huge pages (THP

@@ -120,4 +120,18 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
 // Sets the OpenMP thread count of the calling thread (0 = default). Models call it at forward start.
 void use_threads(int threads);
 
+// Ends the calling thread's OpenMP team: its worker threads exit now instead of waiting, asleep, for the
+// thread's next parallel region. libgomp keeps a thread's workers until that thread exits, and once it
+// manages more threads than there are cores it stops spinning at barriers, whatever GOMP_SPINCOUNT says:
+// one idle team left on Python's thread (by a load) made every decode step of a generate (run on its own
+// thread) sleep and wake at each of its ~150 parallel regions (int8 decode x1.36 slower on 2 cores).
+// The bindings call it after the parallel work they run on the caller's thread (ReleaseTeam, below).
+void release_threads();
+struct ReleaseTeam {
+  ReleaseTeam() = default;
+  ReleaseTeam(const ReleaseTeam&) = delete;
+  ReleaseTeam& operator=(const ReleaseTeam&) = delete;
+  ~ReleaseTeam() { release_threads(); }
+};
+
 }  // namespace strata
