@@ -163,7 +163,6 @@ void register_checkpoint(py::module_& m) {
     float *Sp = S.mutable_data(), *op = o.mutable_data();
     {
       py::gil_scoped_release release;
-      ReleaseTeam team;
       if (mode == "recurrent") {
         next::delta_recurrent(T, dk, dv, qp, dk, kp, dk, vp, dv, bp, gp, 1, Sp, op, dv);
       } else {
@@ -204,7 +203,6 @@ void register_checkpoint(py::module_& m) {
     float* op = out.mutable_data();
     {
       py::gil_scoped_release release;
-      ReleaseTeam team;
       use_threads(threads);
       if (half) {
         kernels::attention_f16(qp, n, n_heads, n_kv_heads, int(hd), static_cast<const uint16_t*>(k.data()),
@@ -245,7 +243,6 @@ void register_checkpoint(py::module_& m) {
     float* op = out.mutable_data();
     {
       py::gil_scoped_release release;
-      ReleaseTeam team;
       use_threads(threads);
       kernels::matmul(m, xp, n, op);
     }
