@@ -271,10 +271,12 @@ def test_kv_cache_auto_explicit_and_the_kernel_option_override(tmp_path):
 
 
 # attn_pf_lines (on by default): decode's prefetch walks the next key tile line by line, steps in the score and
-# P V loops; off: whole rows per score step. Prefetch only: the same bits either way, f32 and f16 caches,
-# also with cache rows that do not start on a 64-byte line (the cursor's extra last line).
+# P V loops; off: whole rows per score step. attn_first_tile (on): key tile 0's lines asked for up front.
+# Prefetch only: the same bits either way, f32 and f16 caches, also with cache rows that do not start on a
+# 64-byte line (the cursor's extra last line).
+@pytest.mark.parametrize("option", ["attn_pf_lines", "attn_first_tile"])
 @pytest.mark.parametrize("case", DECODE_CASES[:5], ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
-def test_decode_prefetch_lines_on_off_same_bits(case):
+def test_decode_prefetch_lines_on_off_same_bits(case, option):
     n, T, H, Hkv, hd = case
     q, k, v = inputs(*case, seed=11)
     buf = np.empty(2 * k.size + 64, dtype=np.float16)  # float16 views 16 bytes past a 64-byte line
@@ -283,15 +285,15 @@ def test_decode_prefetch_lines_on_off_same_bits(case):
     v16 = buf[start + k.size:start + 2 * k.size].reshape(v.shape)
     k16[...], v16[...] = k, v
     assert k16.ctypes.data % 64 == 16
-    assert _engine._kernel_option("attn_pf_lines")
+    assert _engine._kernel_option(option)
     for kk, vv in [(k, v), (k16, v16)]:
         on = _engine._attention(q, kk, vv, H, Hkv, threads=2)
-        _engine._set_kernel_option("attn_pf_lines", False)
+        _engine._set_kernel_option(option, False)
         try:
             off = _engine._attention(q, kk, vv, H, Hkv, threads=2)
         finally:
-            _engine._set_kernel_option("attn_pf_lines", True)
-        assert np.array_equal(on, off), f"attn_pf_lines on/off bits differ ({kk.dtype})"
+            _engine._set_kernel_option(option, True)
+        assert np.array_equal(on, off), f"{option} on/off bits differ ({kk.dtype})"
 
 
 def test_float16_cache_arrays_are_the_rounded_cache_and_bad_mixes_are_refused():

@@ -93,7 +93,8 @@ static bool g_decode_runs = true;
 // Qwen3-Next MoE: the active experts run side by side, one per thread (moe.cpp; false: one after another,
 // each expert's matmuls split across the threads).
 static bool g_moe_parallel = true;
-static bool g_release_teams = true;  // read by release_threads() (model.cpp)
+static bool g_release_teams = true;    // read by release_threads() (model.cpp)
+static bool g_attn_first_tile = true;  // decode attention asks for key tile 0 up front
 constexpr int64_t kPrefetchAhead = 8192;
 void set_option(const std::string& name, bool on) {
   if (name == "decode_pool") g_decode_pool = on;
@@ -109,8 +110,9 @@ void set_option(const std::string& name, bool on) {
   else if (name == "decode_runs") g_decode_runs = on;
   else if (name == "moe_parallel") g_moe_parallel = on;
   else if (name == "release_teams") g_release_teams = on;
+  else if (name == "attn_first_tile") g_attn_first_tile = on;
   else throw std::invalid_argument("unknown kernel option '" + name +
-                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16, decode_rows8, decode_runs, moe_parallel, release_teams)");
+                                   "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16, decode_rows8, decode_runs, moe_parallel, release_teams, attn_first_tile)");
 }
 bool option(const std::string& name) {
   if (name == "decode_pool") return g_decode_pool;
@@ -126,8 +128,9 @@ bool option(const std::string& name) {
   if (name == "decode_runs") return g_decode_runs;
   if (name == "moe_parallel") return g_moe_parallel;
   if (name == "release_teams") return g_release_teams;
+  if (name == "attn_first_tile") return g_attn_first_tile;
   throw std::invalid_argument("unknown kernel option '" + name +
-                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16, decode_rows8, decode_runs, moe_parallel, release_teams)");
+                              "' (decode_pool, bf16_eo, gdn_matrix, linear_prefetch, attn_tiled, int8_dot, attn_decode, attn_pf_lines, kv_f16, decode_rows8, decode_runs, moe_parallel, release_teams, attn_first_tile)");
 }
 
 // A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
@@ -1753,6 +1756,15 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
     const int64_t rows_th = (ATT_KT + nh - 1) / nh, lines_row = pf.span / 64 + 1,
                   steps = ATT_KT / 4 + (hd + 31) / 32;
     pf.lines_step = int((rows_th * lines_row + steps - 1) / steps);
+    // attn_first_tile: tile 0 has no tile before it to ask for it, so its rows come in as demand misses, one
+    // 4 KiB page (two cache rows) at a time -- most of a short context's cache. Ask for all of its lines at
+    // once instead (into L2, in address order). Attention at 64-256 keys, int8 decode: x1.12-1.13.
+    if (g_attn_first_tile) {
+      const int64_t r1 = std::min<int64_t>(pmax + 1, ATT_KT);
+      for (const char* base : {pf.k, pf.v})
+        for (int64_t r = 0; r < r1; ++r)
+          for (int64_t c = 0; c < pf.span + 63; c += 64) _mm_prefetch(base + r * pf.kvs + std::min(c, pf.span - 1), _MM_HINT_T1);
+    }
     for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
       const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT, next_end = std::min(pmax + 1, a0 + ATT_KT);
       pf.row = a0;
