@@ -3,8 +3,8 @@ load changes hit every variant alike: the barrier-free pool vs OpenMP loops, and
 kernel vs widening loads, linear prefetch (the next row block, into L2) vs per-row prefetch, and (int8
 weights) integer dots against int8-quantised activations vs weights widened to f32, and an idle OpenMP team
 left on the calling thread by earlier parallel work there (release_teams off: libgomp then counts more
-threads than cores and stops spinning at the decode's barriers); also each variant's fraction of a read loop
-over the streamed bytes.
+threads than cores and stops spinning at the decode's barriers), and decode attention's first key tile
+prefetched up front or not; also each variant's fraction of a read loop over the streamed bytes.
 
     PYTHONPATH=$PWD python benchmarks/ab_decode.py [--rounds 6] [--steps 4] [--threads 2] [--weights int8]
         [--variants "int8 widening"]  (the default and the variants whose names contain one of these)
@@ -19,7 +19,7 @@ import numpy as np
 
 DEFAULT = "default: OpenMP, even/odd, linear prefetch"
 _BASE = {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True, "int8_dot": True, "decode_rows8": True, "decode_runs": True,
-         "release_teams": True}
+         "release_teams": True, "attn_first_tile": True}
 VARIANTS = {
     DEFAULT: _BASE,
     "per-row prefetch (before #18)": {**_BASE, "linear_prefetch": False},
@@ -29,6 +29,7 @@ VARIANTS = {
     "4 rows per decode call (before decode_rows8)": {**_BASE, "decode_rows8": False},
     "dynamic chunks in turn (before decode_runs)": {**_BASE, "decode_runs": False},
     "an idle OpenMP team left on the caller (before release_teams)": {**_BASE, "release_teams": False},
+    "attention's key tile 0 on demand (before attn_first_tile)": {**_BASE, "attn_first_tile": False},
 }
 
 
