@@ -124,7 +124,7 @@ void use_threads(int threads);
 // thread's next parallel region. libgomp keeps a thread's workers until that thread exits, and once it
 // manages more threads than there are cores it stops spinning at barriers, whatever GOMP_SPINCOUNT says:
 // one idle team left on Python's thread (by a load) made every decode step of a generate (run on its own
-// thread) sleep and wake at each of its ~150 parallel regions (int8 decode x1.36 slower on 2 cores).
+// thread) sleep and wake at each of its ~150 parallel regions (int8 decode x1.34 slower on 2 cores).
 // The bindings call it after the parallel work they run on the caller's thread (ReleaseTeam, below): load,
 // forward, prompt_logprobs, read_bandwidth, self_test. The kernel hooks (_attention, _int8_matmul,
 // _gdn_delta) keep their team, so that a timing loop over them does not start threads on every call.
