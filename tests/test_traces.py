@@ -19,7 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::strata_lab.traces.source.TraceW
 FIXTURES = {
     "openai.jsonl": ("openai", 5, 3),
     "anthropic.jsonl": ("anthropic", 3, 2),
-    "otel-spans.jsonl": ("otel", 3, 2),
+    "otel-spans.jsonl": ("otel", 4, 3),
     "claude-code-session.jsonl": ("claude-code", 3, 1),
     "claude-code-agent-a1b2c3.jsonl": ("claude-code", 2, 1),
     "codex-rollout.jsonl": ("codex", 2, 1),
@@ -69,8 +69,7 @@ def test_bad_records_are_skipped_naming_file_and_line():
               "codex-rollout.jsonl": ":15: skipped: line without a payload", "capture.har": "answered HTTP 400",
               "vllm.log": ":8: skipped: prompt_token_ids list not closed",
               "llama-server.log": ":39: skipped: JSON line without timings",
-              "sharegpt.json": "conversation 'conv_c' turn 0",
-              "otel-spans.jsonl": ":3: skipped: span 'chat gpt-4.1': span has no input messages"}
+              "sharegpt.json": "conversation 'conv_c' turn 0"}
     for name, text in expect.items():
         _, _, warned = read(name)
         assert len(warned) == 1 and text in warned[0] and str(FIX / name) in warned[0], (name, warned)
@@ -142,8 +141,11 @@ def test_codex_calls_close_at_token_count():
 
 
 def test_otel_semconv_and_older_events():
-    _, calls, _ = read("otel-spans.jsonl")
-    a, b, old = calls
+    _, calls, warned = read("otel-spans.jsonl")
+    a, b, old, bare = calls
+    # a span recorded without its content (capture off) is a length-only call with its usage, not dropped
+    assert (bare["fidelity"], bare["prompt_len"], bare["prompt_tokens"], bare["messages"]) == ("lengths", 50, 50, None)
+    assert "no message content captured: lengths and usage only" in bare["notes"] and not warned
     assert a["session"] == b["session"] == "conv-42" and a["system"] == "You are a weather bot."
     assert b["messages"][2] == {"role": "tool", "tool_call_id": "call_w", "content": "rainy, 9C"}
     assert (b["prompt_tokens"], b["cached_tokens"], b["response_text"]) == (1360, 1280, "Rainy and 9C.")

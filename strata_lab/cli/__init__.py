@@ -23,10 +23,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_tokenize)
 
-    p = sub.add_parser("import", help="read a log (OpenAI, Anthropic, OTel, Claude Code, Codex, HAR, vLLM, SGLang, "
-                                      "llama.cpp, ShareGPT) into a trace table or a strata-dump/1 file")
+    from strata_lab.traces.calls import CHAINING_RULE
+
+    p = sub.add_parser("import", help="read a log (OpenAI, Anthropic, OTel, Claude Code, Codex, HAR, proxy captures, "
+                                      "OpenAI Batch, vLLM, SGLang, llama.cpp, ShareGPT) into a trace table or a "
+                                      "strata-dump/1 file",
+                       epilog=CHAINING_RULE + " Formats and what each keeps or loses: docs/FORMATS.md.")
     p.add_argument("log", nargs="+", help="log files, a directory or a glob")
     p.add_argument("--format", help="reader name (default: detected per file)")
+    p.add_argument("--session-key", metavar="FIELD.PATH",
+                   help="dotted path of the field that names each record's session (e.g. metadata.session_id, "
+                        "request.body.metadata.user_id, attributes.session.id); records without it are chained")
     p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json")
     p.add_argument("--template", help="chat template: preset, .jinja, tokenizer_config.json, .gguf or folder "
                                       "(default: the tokenizer's folder, else qwen3)")
@@ -34,10 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_import)
 
-    p = sub.add_parser("replay", help="replay dumps or imported logs: reuse, re-read cost and the cause of each miss")
+    p = sub.add_parser("replay", help="replay dumps or imported logs: reuse, re-read cost and the cause of each miss",
+                       epilog="Logs other than strata dumps are imported first. " + CHAINING_RULE)
     p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them), a Parquet "
                                           "store, or any log `strata-lab import` reads")
     p.add_argument("--format", help="log format (default: detected; strata dumps replay as they are)")
+    p.add_argument("--session-key", metavar="FIELD.PATH",
+                   help="for imported logs: dotted path of the field naming each record's session (see below)")
     p.add_argument("--template", help="chat template for message-level logs (default: the tokenizer's folder, "
                                       "else qwen3)")
     p.add_argument("--policy", action="append", default=[],
@@ -175,8 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    import warnings
+
+    def show(message, category, filename, lineno, file=None, line=None):  # one line, no source quoted
+        print(f"strata-lab {args.command}: warning: {message}", file=sys.stderr)
+
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            return int(args.func(args) or 0)
     except ModuleNotFoundError as exc:
         extra = _EXTRAS.get((exc.name or "").split(".")[0])
         if extra is None:

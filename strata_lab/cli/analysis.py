@@ -32,7 +32,8 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     try:
         with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
             warnings.simplefilter("ignore", TraceWarning)
-            trace = load_trace(paths, format=args.format, progress=not args.quiet)
+            trace = load_trace(paths, format=args.format, progress=not args.quiet,
+                               session_key=getattr(args, "session_key", None))
     except ValueError:
         names = [paths] if isinstance(paths, str) else list(paths)
         if args.format is not None or not all(str(n).endswith(".jsonl") for n in names):
@@ -44,30 +45,63 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     return trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
 
 
-def _cmd_import(args: argparse.Namespace) -> int:
+def _file_report(trace, records=None) -> list[str]:
+    """Per file: format and why, calls, sessions, calls rendered exactly, usage found, notes, what it reports."""
     from collections import Counter
 
+    by_file: dict = {}
+    for r in records or ():
+        by_file.setdefault(str(r.get("source", "")).rsplit(":", 1)[0], []).append(r)
+    lines = []
+    for path, st in trace.stats.items():
+        lines.append(f"{path}: {st['format']} ({st['why']})")
+        fid = ", ".join(f"{n} {k}" for k, n in sorted(st["fidelity"].items()))
+        lines.append(f"  {st['calls']} calls in {len(st['sessions'])} sessions" + (f" ({fid})" if fid else "")
+                     + (f", {st['skipped']} records skipped" if st["skipped"] else ""))
+        if records is not None and st["calls"]:
+            recs = by_file.get(path, [])
+            reported = [r for r in recs if r.get("render_exact") is not None]
+            exact = sum(bool(r["render_exact"]) for r in reported)
+            lines.append(f"  rendered: {len(recs)} of {st['calls']} calls; " + (
+                f"{exact} of {len(reported)} render to exactly the prompt_tokens the log reports"
+                + ("" if exact == len(reported) else " (another template or tokenizer than the server's?)")
+                if reported else "the log reports no prompt_tokens to check the render against"))
+        if st["calls"]:
+            lines.append(f"  usage: reported on {st['usage']} of {st['calls']} calls, cached tokens on "
+                         f"{st['cached']}")
+        for note, n in Counter(st["notes"]).most_common():
+            lines.append(f"  note: {note} ({n} calls)")
+        for fact in st["facts"]:
+            lines.append(f"  the log reports: {fact}")
+    return lines
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
     from strata_lab.traces.trace import load_trace
 
-    trace = load_trace(args.log if len(args.log) > 1 else args.log[0], format=args.format, progress=not args.quiet)
-    _describe(trace)
+    trace = load_trace(args.log if len(args.log) > 1 else args.log[0], format=args.format, progress=not args.quiet,
+                       session_key=args.session_key)
     if args.out.endswith(".parquet"):
         df = trace.to_frame()
-        trace.write(args.out)
-        fidelity = Counter(df["fidelity"].astype(str))
-        print(f"{len(df)} calls in {df['session'].nunique()} sessions "
-              f"({', '.join(f'{n} {k}' for k, n in sorted(fidelity.items()))}) -> {args.out}")
-        return 0
-    if not args.out.endswith(".jsonl"):
+        if len(df):
+            trace.write(args.out)
+        records = None
+    elif args.out.endswith(".jsonl"):
+        records = trace.to_dump(args.tokenizer, args.template, args.out).records()
+    else:
         raise ValueError(f"--out: {args.out} must end in .parquet (trace table) or .jsonl (strata-dump/1)")
-    dump = trace.to_dump(args.tokenizer, args.template, args.out)
-    records = dump.records()
-    reported = [r for r in records if r.get("render_exact") is not None]
-    exact = sum(bool(r["render_exact"]) for r in reported)
-    print(f"{len(records)} calls in {len({r['session'] for r in records})} sessions -> {args.out}")
-    if reported:
-        print(f"render check: {exact}/{len(reported)} calls render to exactly the prompt_tokens the log reports"
-              + ("" if exact == len(reported) else " (another template or tokenizer than the server's?)"))
+    for line in _file_report(trace, records):
+        print(line)
+    empty = [(p, st["why_none"]) for p, st in trace.stats.items() if not st["calls"]]
+    total = sum(st["calls"] for st in trace.stats.values())
+    if total == 0 and os.path.exists(args.out):
+        os.remove(args.out)  # no empty dump left behind
+    for path, why in empty:
+        print(f"strata-lab import: error: {path}: no calls: {why}", file=sys.stderr)
+    if empty:
+        return 1
+    print(f"{total} calls in {len({s for st in trace.stats.values() for s in st['sessions']})} sessions "
+          f"-> {args.out}")
     return 0
 
 

@@ -18,17 +18,47 @@ from strata_lab.traces.openai import reply_message
 from strata_lab.traces.source import Source
 
 NAME = "anthropic"
+SESSION_KEY = True  # --session-key names a field of each record
 
 
-def detect(first: dict) -> bool:
-    body = first.get("request", first)
+_ANTHROPIC_KEYS = ("system", "anthropic_version", "anthropic_beta", "stop_sequences", "top_k", "thinking")
+_OPENAI_KEYS = ("max_completion_tokens", "response_format", "frequency_penalty", "presence_penalty", "logprobs",
+                "n", "seed", "stream_options", "parallel_tool_calls", "reasoning_effort")
+
+
+def looks_anthropic(body: dict, response=None) -> bool:
+    """Whether a request body (and its response) is Anthropic Messages rather than OpenAI chat: a body without
+    ``system`` is told apart by its other fields, its content blocks, its tools and its response."""
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         return False
-    if "system" in body or "anthropic_version" in body or (first.get("response") or {}).get("type") == "message":
+    if isinstance(response, dict) and isinstance(response.get("body"), dict):
+        response = response["body"]
+    if isinstance(response, dict):
+        if response.get("type") == "message" or "stop_reason" in response or isinstance(response.get("content"),
+                                                                                         list):
+            return True
+        if "choices" in response or "prompt_tokens" in (response.get("usage") or {}):
+            return False
+    if any(k in body for k in _ANTHROPIC_KEYS):
+        return True
+    if any(k in body for k in _OPENAI_KEYS):
+        return False
+    msgs = body["messages"]
+    if any(isinstance(m, dict) and m.get("role") in ("system", "developer", "tool", "function") for m in msgs):
+        return False
+    if any(isinstance(t, dict) and "input_schema" in t for t in body.get("tools") or ()):
         return True
     from strata_lab.traces.openai import _has_blocks
 
-    return _has_blocks(body["messages"])
+    if _has_blocks(msgs):
+        return True
+    if isinstance(body.get("cache_control"), dict) or str(body.get("model", "")).startswith("claude"):
+        return True
+    return isinstance((body.get("metadata") or {}).get("user_id"), str)
+
+
+def detect(first: dict) -> bool:
+    return looks_anthropic(first.get("request", first), first.get("response"))
 
 
 def _blocks(content) -> list:
@@ -49,31 +79,53 @@ def _result_text(content, notes: list) -> str:
     return "".join(parts)
 
 
-def convert_messages(messages: list, notes: list, marks: list | None = None) -> list[dict]:
+def convert_messages(messages: list, notes: list, marks: list | None = None,
+                     at: list | None = None) -> list[dict]:
     """Anthropic messages into the internal shape: tool_use -> tool_calls, tool_result -> tool messages (before
-    the user's own text), thinking -> reasoning_content, images -> ``[image]``."""
+    the user's own text), thinking -> reasoning_content, images -> ``[image]``. Blocks with ``cache_control``
+    are named in `marks` (``messages[i].content[j]``) and located in the output in `at` (``["msg", k, what,
+    n]``: the end of part n of message k's content, of its tool call n, of its reasoning)."""
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise ValueError(f"messages[{i}].role: must be user or assistant")
         parts, calls, reasoning, results = [], [], [], []
+        where = []  # (kind, n) of this message's cache_control blocks
         for j, b in enumerate(_blocks(m.get("content"))):
-            if marks is not None and b.get("cache_control"):
-                marks.append(f"messages[{i}].content[{j}]")
             kind = b.get("type")
             if kind == "text":
                 parts.append({"type": "text", "text": b.get("text", "")})
+                spot = ("part", len(parts) - 1)
             elif kind in ("image", "document"):
                 parts.append(image_placeholder(notes))
+                spot = ("part", len(parts) - 1)
             elif kind == "tool_use":
                 calls.append(tool_call(b.get("id"), b.get("name"), b.get("input")))
+                spot = ("call", len(calls) - 1)
             elif kind == "tool_result":
                 results.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id") or "call"),
                                 "content": _result_text(b.get("content"), notes)})
+                spot = ("result", len(results) - 1)
             elif kind == "thinking":
                 reasoning.append(b.get("thinking", ""))
-            elif kind == "redacted_thinking" and "redacted thinking" not in notes:
-                notes.append("redacted thinking")
+                spot = ("reasoning", 0)
+            else:
+                if kind == "redacted_thinking" and "redacted thinking" not in notes:
+                    notes.append("redacted thinking")
+                spot = None
+            if marks is not None and b.get("cache_control"):
+                marks.append(f"messages[{i}].content[{j}]")
+                where.append(spot)
+        if at is not None:
+            for spot in where:
+                if spot is None:
+                    continue
+                if spot[0] == "result":
+                    at.append(["msg", len(out) + spot[1], "content", 0])
+                elif spot[0] == "part":
+                    at.append(["msg", len(out) + len(results), "content", spot[1]])
+                else:
+                    at.append(["msg", len(out) + (len(results) if m["role"] == "user" else 0), spot[0], spot[1]])
         if m["role"] == "user":
             out.extend(results)
             if parts or not results:
@@ -107,8 +159,7 @@ def apply_response(call: dict, response: dict | None) -> None:
     if not isinstance(response, dict):
         return
     if response.get("type") == "error":
-        call["notes"].append("error response")
-        return
+        raise ValueError("error response: not a model call")
     texts, reasoning, calls = [], [], []
     for b in _blocks(response.get("content")):
         if b.get("type") == "text":
@@ -144,27 +195,77 @@ def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME) -
         raise ValueError("messages: missing or empty")
     notes: list = []
     marks: list = []
+    at: list = []  # where each breakpoint ends in the converted call (`Trace` turns these into token positions)
     system = body.get("system")
     if isinstance(system, list):
-        marks.extend(f"system[{k}]" for k, b in enumerate(system) if isinstance(b, dict) and b.get("cache_control"))
-        system = "\n\n".join(b.get("text", "") for b in system if isinstance(b, dict) and b.get("type") == "text")
+        texts, end = [], 0
+        for k, b in enumerate(system):
+            if not isinstance(b, dict) or b.get("type") != "text":
+                continue
+            end += (2 if texts else 0) + len(b.get("text", ""))
+            texts.append(b.get("text", ""))
+            if b.get("cache_control"):
+                marks.append(f"system[{k}]")
+                at.append(["system", end])
+        system = "\n\n".join(texts)
     tools = body.get("tools") or []
-    marks.extend(f"tools[{k}]" for k, t in enumerate(tools) if isinstance(t, dict) and t.get("cache_control"))
+    named = 0
+    for k, t in enumerate(tools):
+        if isinstance(t, dict) and "name" in t:
+            if t.get("cache_control"):
+                marks.append(f"tools[{k}]")
+                at.append(["tool", named])
+            named += 1
+    messages = convert_messages(body["messages"], notes, marks, at)
     if isinstance(body.get("cache_control"), dict):
         marks.append("auto")  # automatic mode: one top-level breakpoint that moves to the last block
-    messages = convert_messages(body["messages"], notes, marks)
+        at.append(["auto"])
     call = new_call(format=fmt, fidelity="messages", model=body.get("model"), notes=notes,
                     system=system if isinstance(system, str) and system else None, messages=messages,
-                    tools=convert_tools(tools), cache_breakpoints=marks or None)
+                    tools=convert_tools(tools), cache_breakpoints=marks)
+    call["extra"] = {"cache_at": at}
     apply_response(call, response)
     return call
 
 
+def session_of(body: dict, rec: dict) -> str | None:
+    """A session key the log states: ``session``, or the session id inside ``metadata.user_id`` (Claude Code
+    writes ``user_<hash>_account_<uuid>_session_<uuid>``). A plain ``user_id`` names a user, not a session:
+    it is only a namespace for prefix-chaining (see `read`)."""
+    sid = rec.get("session") or rec.get("session_id")
+    if sid:
+        return str(sid)
+    user = (body.get("metadata") or {}).get("user_id")
+    if isinstance(user, str) and "_session_" in user:
+        return user.rsplit("_session_", 1)[1] or None
+    return None
+
+
+def chain_session(chains: dict, prefix: str, call: dict, body: dict) -> str:
+    """Prefix-chaining for an Anthropic call, within its ``metadata.user_id`` when it has one (one user runs
+    many sessions: the user id only keeps users apart)."""
+    user = (body.get("metadata") or {}).get("user_id")
+    space = f"{prefix}-{user}" if isinstance(user, str) and user else prefix
+    chain = chains.get(space)
+    if chain is None:
+        chain = chains[space] = SessionChain(space)
+    head = [{"role": "system", "content": call["system"]}] if call["system"] else []
+    return chain.session_of_messages(head + call["messages"], reply_message(call))
+
+
 def read(src: Source) -> Iterator[dict]:
-    chain = SessionChain(src.stem)
+    from strata_lab.traces.openai import http_error
+
+    chains: dict = {}
     for lineno, rec in src.json_lines():
         body, response = (rec["request"], rec.get("response")) if isinstance(rec.get("request"), dict) \
             else (rec, rec.get("response"))
+        refused = http_error(response)
+        if refused is not None:
+            src.skip(lineno, f"{refused}: not a model call")
+            continue
+        if isinstance(response, dict) and isinstance(response.get("body"), dict):
+            response = response["body"]
         try:
             call = from_request(body, response)
         except ValueError as exc:
@@ -173,8 +274,6 @@ def read(src: Source) -> Iterator[dict]:
         call["source"] = src.where(lineno)
         ts = rec.get("ts") or rec.get("timestamp")
         call["ts"] = float(ts) if isinstance(ts, (int, float)) else None
-        sid = rec.get("session") or (body.get("metadata") or {}).get("user_id")
-        head = [{"role": "system", "content": call["system"]}] if call["system"] else []
-        call["session"] = str(sid) if sid else chain.session_of_messages(head + call["messages"],
-                                                                          reply_message(call))
+        sid = src.session_of(rec) if src.session_key else session_of(body, rec)
+        call["session"] = sid or chain_session(chains, src.stem, call, body)
         yield call

@@ -1,6 +1,6 @@
 """One model call as every reader yields it (a dict with the `FIELDS` below), the conversion helpers readers
-share (content parts, image placeholders, tool calls), and the session key for logs that carry none: a call
-continues the session whose earlier prompt (or prompt + reply) is a prefix of its own.
+share (content parts, image placeholders, tool calls), the `--session-key` field lookup, and the session key for
+logs that carry none (`CHAINING_RULE`).
 
 >>> chain = SessionChain("openai")
 >>> a = [{"role": "user", "content": "hi"}]
@@ -10,6 +10,8 @@ continues the session whose earlier prompt (or prompt + reply) is a prefix of it
 'openai-1'
 >>> chain.session_of_messages([{"role": "user", "content": "other"}])
 'openai-2'
+>>> chain.session_of_messages(a + [{"role": "assistant", "content": "edited"}])  # an edited history stays
+'openai-1'
 """
 from __future__ import annotations
 
@@ -19,12 +21,24 @@ from array import array
 from collections import deque
 from typing import Any, Iterable, Sequence
 
-__all__ = ["FIELDS", "FIDELITIES", "new_call", "text_parts", "image_placeholder", "tool_call", "SessionChain"]
+__all__ = ["FIELDS", "FIDELITIES", "new_call", "text_parts", "image_placeholder", "tool_call", "SessionChain",
+           "CHAINING_RULE", "field_path", "parse_field_path"]
 
-FIDELITIES = ("ids", "messages", "lengths")
+# ids: the log has the prompt token ids; messages: the chat messages (rendered with a template); text: the
+# rendered prompt text (encoded with the tokenizer); lengths: only token counts (placeholder ids keep the reuse)
+FIDELITIES = ("ids", "messages", "text", "lengths")
+
+CHAINING_RULE = (
+    "Sessions: a log field names the session where it has one (--session-key FIELD.PATH, else the reader's own: "
+    "OpenAI session / session_id / metadata.session_id, Claude Code sessionId, Codex session id, OTel "
+    "gen_ai.conversation.id, the session id inside Claude Code's metadata.user_id). Otherwise calls are chained: "
+    "a call joins the session of the recent call (about the last million messages) with which it shares the "
+    "longest message prefix, provided that prefix reaches past the system messages into the first user turn; "
+    "else it starts a new session. Id-level logs (vLLM, SGLang) chain on ids: a call joins the session whose "
+    "earlier prompt, or prompt + reply, is a prefix of its own.")
 # every call has these keys (None when the log does not say)
 FIELDS = ("ts", "session", "call", "model", "fidelity", "source", "format", "request_id",
-          "system", "messages", "tools", "prompt_ids", "prompt_len",
+          "system", "messages", "tools", "prompt_text", "prompt_ids", "prompt_len",
           "response_text", "response_reasoning", "response_tool_calls", "response_ids",
           "prompt_tokens", "completion_tokens", "cached_tokens", "cache_read_tokens", "cache_creation_tokens",
           "cache_breakpoints", "finish", "notes", "extra")
@@ -100,19 +114,58 @@ def _message_key(m: dict) -> int:
     return hash((m.get("role"), content, calls or ()))
 
 
+def parse_field_path(path: str | None) -> str | None:
+    """A `--session-key` value: dotted field names; a clear error for an empty one."""
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path.strip() or any(not p for p in path.split(".")):
+        raise ValueError(f"session_key: {path!r} is not a field path like metadata.session_id")
+    return path
+
+
+def field_path(rec: Any, path: str) -> Any:
+    """The value at a dotted `path` in a JSON record, or None. Keys that themselves hold dots (OTel's
+    ``attributes.gen_ai.conversation.id``) are found by trying the longest dotted key first.
+
+    >>> field_path({"a": {"b.c": {"d": 1}}}, "a.b.c.d")
+    1
+    """
+    parts = path.split(".")
+    i = 0
+    while i < len(parts):
+        if not isinstance(rec, dict):
+            return None
+        for j in range(len(parts), i, -1):
+            key = ".".join(parts[i:j])
+            if key in rec:
+                rec, i = rec[key], j
+                break
+        else:
+            return None
+    return rec if rec is None or isinstance(rec, (str, int, float)) and not isinstance(rec, bool) else str(rec)
+
+
 class SessionChain:
-    """Derives session keys by prefix-chaining: each call registers its prompt and its prompt + reply; a later
-    call whose prompt starts with a registered sequence joins that session (the longest one wins)."""
+    """Derives session keys for logs that carry none (`CHAINING_RULE`). Messages: every prefix of every call's
+    prompt (and prompt + reply) is registered to its session, most recent first; a later call joins the
+    session of its longest registered prefix if that prefix reaches the first non-system message. Ids: a call
+    joins the session whose prompt (or prompt + reply) is a prefix of its own."""
 
     def __init__(self, prefix: str, *, recent_lengths: int = 256, max_entries: int = 1 << 20):
         self.prefix = prefix
         self._seen: dict = {}  # prefix digest (int for messages, bytes for ids) -> session
         self._count = 0
-        self._max = max_entries  # oldest digests go first: a session idle for a million calls starts anew
+        self._max = max_entries  # oldest digests go first: a session idle for a million messages starts anew
         self._lengths: deque[int] = deque(maxlen=recent_lengths)  # id prompts: lengths worth probing
 
     def _remember(self, digest, session: str) -> None:
         self._seen.setdefault(digest, session)
+        if len(self._seen) > self._max:
+            del self._seen[next(iter(self._seen))]
+
+    def _claim(self, digest, session: str) -> None:  # the most recent call owns a prefix
+        self._seen.pop(digest, None)
+        self._seen[digest] = session
         if len(self._seen) > self._max:
             del self._seen[next(iter(self._seen))]
 
@@ -126,11 +179,19 @@ class SessionChain:
         for m in messages:
             h = hash((h, _message_key(m)))
             digests.append(h)
-        session = next((self._seen[d] for d in reversed(digests) if d in self._seen), None) or self._new()
-        if digests:
-            self._remember(digests[-1], session)
+        # the shared prefix must reach the first message after the leading system messages
+        need = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")),
+                    len(messages))
+        session = None
+        for k in range(len(digests) - 1, need - 1, -1):
+            session = self._seen.get(digests[k])
+            if session is not None:
+                break
+        session = session or self._new()
+        for d in digests[need:]:
+            self._claim(d, session)
         if reply is not None:
-            self._remember(hash((h, _message_key(reply))), session)
+            self._claim(hash((h, _message_key(reply))), session)
         return session
 
     def session_of_ids(self, prompt_ids: Sequence[int], reply_ids: Iterable[int] = ()) -> str:

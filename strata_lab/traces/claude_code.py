@@ -3,9 +3,13 @@
 ``message.id``: one line per content block) is one model call; its prompt is the conversation before it. Hosted
 cache ground truth per call: ``message.usage.cache_read_input_tokens`` / ``cache_creation_input_tokens``.
 
-The log holds neither the system prompt nor the tool definitions (noted on every call); subagent
-(``isSidechain``) lines form their own session ``<sessionId>/agent-<agentId>``; a line with no ``parentUuid``
-after others (``/compact``) restarts the history.
+The log holds neither the system prompt nor the tool definitions (noted on every call). The conversation is
+the ``parentUuid`` tree, not the file order: a call's prompt is the path from the root to its parent, so a
+rewind (a message that continues from an earlier one) drops the abandoned branch (noted), and ``/compact``
+(a ``compact_boundary`` line with no parent, then the summary) starts the history over. Subagent
+(``isSidechain``) lines form their own sessions: ``<sessionId>/agent-<agentId>``, or, in versions that write no
+``agentId`` (1.0.x, subagents inside the main file), ``<sessionId>/sidechain-<uuid of the subagent's first
+line>`` — each subagent's chain of ``parentUuid`` apart, so concurrent subagents do not interleave.
 """
 from __future__ import annotations
 
@@ -41,12 +45,70 @@ def parse_ts(value) -> float | None:
     return None
 
 
+class _Node:
+    """One line in a session's parentUuid tree: user messages it adds, or the reply it is part of."""
+    __slots__ = ("prev", "msgs", "reply")
+
+    def __init__(self, prev, msgs=(), reply=None):
+        self.prev, self.msgs, self.reply = prev, msgs, reply
+
+
+def _history(node: _Node | None) -> list[dict]:
+    out: list = []
+    last = None
+    while node is not None:
+        if node.reply is not None:
+            if node.reply is not last:
+                out.append(node.reply)
+                last = node.reply
+        else:
+            out.extend(reversed(node.msgs))
+        node = node.prev
+    out.reverse()
+    return out
+
+
 class _Session:
     def __init__(self, key: str):
         self.key = key
-        self.history: list[dict] = []
-        self.pending: dict | None = None  # {"id", "prompt", "blocks", "line", "rec"}
+        self.nodes: dict[str, _Node] = {}
+        self.cur: _Node | None = None    # the tip of the branch being followed
+        self.history: list[dict] = []    # the messages on the path to `cur`
+        self.pending: dict | None = None  # {"id", "prompt", "blocks", "line", "rec", "reply"}
         self.calls = 0
+
+    def attach(self, rec: dict, node: _Node, src: Source, lineno: int, root: bool = False) -> None:
+        """Hang a line's node under its parent (moving along the tree) and record it by uuid."""
+        parent = rec.get("parentUuid")
+        if root or (parent is None and not rec.get("isMeta")):
+            prev = None  # a new root: the session start, /compact's boundary, a subagent's first prompt
+        elif parent is None or parent not in self.nodes:
+            prev = self.cur  # a meta line, or a parent this file does not hold: continue where we are
+        else:
+            prev = self.nodes[parent]
+        node.prev = prev
+        if prev is self.cur:
+            if node.reply is not None:
+                if not self.history or self.history[-1] is not node.reply:
+                    self.history.append(node.reply)
+            else:
+                self.history.extend(node.msgs)
+        else:
+            old = self.history
+            self.history = _history(node)
+            if prev is not None:
+                keep = 0
+                for a, b in zip(old, self.history):
+                    if a is not b:
+                        break
+                    keep += 1
+                if len(old) > keep:
+                    src.note(lineno, f"rewind: continues from an earlier message; {len(old) - keep} messages of "
+                                     "the abandoned branch are not in the prompts that follow")
+        self.cur = node
+        uuid = rec.get("uuid")
+        if isinstance(uuid, str):
+            self.nodes[uuid] = node
 
 
 def _flush(s: _Session, src: Source) -> dict | None:
@@ -66,24 +128,34 @@ def _flush(s: _Session, src: Source) -> dict | None:
                     response_reasoning=reply.get("reasoning_content"),
                     response_tool_calls=reply.get("tool_calls"))
     apply_usage(call, msg.get("usage"))
-    s.history.append(reply)
+    p["reply"].clear()
+    p["reply"].update(reply)  # the later prompts that hold this reply see it whole
     return call
 
 
 def read(src: Source) -> Iterator[dict]:
     sessions: OrderedDict[str, _Session] = OrderedDict()
     closed: set[str] = set()
+    side_root: dict[str, str] = {}  # sidechain line uuid -> uuid of its subagent's first line (no agentId)
     for lineno, rec in src.json_lines():
         kind = rec.get("type")
-        if kind not in ("user", "assistant"):
-            continue  # summaries, snapshots, hooks: no model call
-        msg = rec.get("message")
-        if not isinstance(msg, dict):
-            src.skip(lineno, f"{kind} line without a message object")
-            continue
+        if kind not in ("user", "assistant", "system", "attachment", "progress"):
+            continue  # summaries, snapshots, queue operations: not in the tree
         sid = str(rec.get("sessionId") or "claude-code")
         sidechain = bool(rec.get("isSidechain"))
-        key = f"{sid}/agent-{rec.get('agentId') or 'sidechain'}" if sidechain else sid
+        root = False
+        if not sidechain:
+            key = sid
+        elif rec.get("agentId"):
+            key = f"{sid}/agent-{rec['agentId']}"
+        else:  # 1.0.x: subagents share the file; each one's chain of parentUuid is its own session
+            parent = rec.get("parentUuid")
+            first = side_root.get(parent) if isinstance(parent, str) else None
+            root = first is None
+            first = first or str(rec.get("uuid") or lineno)
+            if isinstance(rec.get("uuid"), str):
+                side_root[rec["uuid"]] = first
+            key = f"{sid}/sidechain-{first}"
         s = sessions.get(key)
         if s is None:
             if key in closed:
@@ -97,31 +169,54 @@ def read(src: Source) -> Iterator[dict]:
                     yield done
         else:
             sessions.move_to_end(key)
+        msg = rec.get("message")
+        if kind in ("system", "attachment", "progress"):  # no message: a pass-through node of the tree
+            if kind == "system" and rec.get("subtype") == "compact_boundary":
+                done = _flush(s, src)
+                if done is not None:
+                    yield done
+                s.attach(rec, _Node(None, []), src, lineno, root=True)
+            elif isinstance(rec.get("uuid"), str):
+                parent = rec.get("parentUuid")
+                s.nodes[rec["uuid"]] = s.nodes.get(parent, s.cur) if isinstance(parent, str) else s.cur
+            continue
+        if not isinstance(msg, dict):
+            src.skip(lineno, f"{kind} line without a message object")
+            continue
         if kind == "assistant":
             if msg.get("model") == "<synthetic>" or rec.get("isApiErrorMessage"):
-                continue  # written by the client, not returned by the model
+                # written by the client, not returned by the model: its children hang on its parent
+                parent = rec.get("parentUuid")
+                if isinstance(rec.get("uuid"), str):
+                    s.nodes[rec["uuid"]] = s.nodes.get(parent, s.cur) if isinstance(parent, str) else s.cur
+                continue
             mid = msg.get("id") or rec.get("uuid")
             content = msg.get("content")
             blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or ())
             if s.pending is not None and s.pending["id"] == mid:
                 s.pending["blocks"].extend(blocks)
                 s.pending["rec"] = rec  # the last line carries the final usage
+                s.attach(rec, _Node(None, reply=s.pending["reply"]), src, lineno)
                 continue
             done = _flush(s, src)
             if done is not None:
                 yield done
-            s.pending = {"id": mid, "prompt": list(s.history), "blocks": blocks, "line": lineno, "rec": rec,
-                         "sidechain": sidechain}
+            reply = {"role": "assistant", "content": ""}
+            node = _Node(None, reply=reply)
+            s.attach(rec, node, src, lineno, root=root)
+            prompt = s.history[:-1] if s.history and s.history[-1] is reply else list(s.history)
+            s.pending = {"id": mid, "prompt": prompt, "blocks": blocks, "line": lineno, "rec": rec,
+                         "sidechain": sidechain, "reply": reply}
             continue
         done = _flush(s, src)
         if done is not None:
             yield done
-        if rec.get("parentUuid") is None and s.history and not rec.get("isMeta"):
-            s.history = []  # a new root: /compact or a resumed session starts over
         try:
-            s.history.extend(convert_messages([{"role": "user", "content": msg.get("content")}], []))
+            msgs = convert_messages([{"role": "user", "content": msg.get("content")}], [])
         except ValueError as exc:
             src.skip(lineno, str(exc))
+            msgs = []
+        s.attach(rec, _Node(None, msgs), src, lineno, root=root)
     for s in sessions.values():
         done = _flush(s, src)
         if done is not None:

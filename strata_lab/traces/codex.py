@@ -1,8 +1,12 @@
 """Codex CLI rollout JSONL (``~/.codex/sessions/YYYY/MM/DD/rollout-<ts>-<uuid>.jsonl``): ``RolloutLine{timestamp,
 type, payload}`` with types ``session_meta``, ``turn_context``, ``response_item``, ``event_msg``, ``compacted``.
-A ``token_count`` event closes one model call: its prompt is every item before the outputs (assistant
-messages, reasoning, tool calls) that came since the previous call; ``last_token_usage`` carries
-``input_tokens`` and ``cached_input_tokens`` (hosted cache ground truth). Encrypted reasoning is noted.
+A model call's prompt is every item before its outputs (assistant messages, reasoning, tool calls); the
+``token_count`` event's ``last_token_usage`` carries ``input_tokens`` and ``cached_input_tokens`` (hosted cache
+ground truth). Older rollouts write ``token_count`` after the outputs it measures; newer ones write it when the
+response completes, before its output items: a ``token_count`` that arrives with no outputs waiting is held for
+the outputs that follow (and a repeated identical one is ignored), so usage, timestamp (the ``token_count``'s)
+and request id (the first output item's ``id``) stay with their call. Encrypted reasoning is noted; the tool
+definitions are never in a rollout, and the base instructions only in newer ones (both noted per call).
 """
 from __future__ import annotations
 
@@ -35,7 +39,11 @@ class _Rollout:
         self.history: list[dict] = []
         self.outputs: list[dict] = []  # output items since the last call
         self.first_line = None
+        self.first_id = None
         self.notes: list = []
+        self.held = None      # (info, ts, line) of a token_count that came before its outputs
+        self.before = None    # True once token_count is seen to precede its outputs
+        self.last_info = None  # the last token_count's info (duplicates are ignored)
 
     def add_output(self, item: dict) -> None:
         kind = item.get("type")
@@ -63,17 +71,24 @@ class _Rollout:
                                                                item.get("name") or kind, args))
 
 
-def _flush(r: _Rollout, src: Source, lineno: int, info: dict | None) -> dict | None:
+def _flush(r: _Rollout, src: Source, lineno: int | None, info: dict | None, ts: float | None = None) -> dict | None:
     if not r.outputs:
         return None
+    if info is None and r.held is not None:
+        info, ts, _ = r.held
+        r.held = None
     replies = r.outputs
     notes = list(r.notes)
+    if r.system is None:
+        notes.append("base instructions (system prompt) not in the log")
+    notes.append("tool definitions not in the log")
     content = "".join(m.get("content") or "" for m in replies)
     reasoning = "".join(m.get("reasoning_content", "") for m in replies) or None
     calls = [c for m in replies for c in m.get("tool_calls", ())] or None
     call = new_call(format=NAME, fidelity="messages", session=r.session, source=src.where(r.first_line),
-                    model=r.model, system=r.system, messages=list(r.history), notes=notes,
-                    response_text=content, response_reasoning=reasoning, response_tool_calls=calls)
+                    model=r.model, system=r.system, messages=list(r.history), notes=notes, ts=ts,
+                    request_id=r.first_id, response_text=content, response_reasoning=reasoning,
+                    response_tool_calls=calls)
     if info is None:
         notes.append("no token_count for this call")
     else:
@@ -91,6 +106,7 @@ def _flush(r: _Rollout, src: Source, lineno: int, info: dict | None) -> dict | N
     r.history.append(merged)
     r.outputs = []
     r.first_line = None
+    r.first_id = None
     return call
 
 
@@ -119,6 +135,7 @@ def read(src: Source) -> Iterator[dict]:
             is_output = item_kind in _OUTPUTS or (item_kind == "message" and p.get("role") == "assistant")
             if is_output:
                 r.first_line = r.first_line or lineno
+                r.first_id = r.first_id or (p.get("id") if isinstance(p.get("id"), str) else None)
                 r.add_output(p)
                 continue
             done = _flush(r, src, lineno, None)
@@ -135,12 +152,26 @@ def read(src: Source) -> Iterator[dict]:
                 r.history.append({"role": "tool", "tool_call_id": str(p.get("call_id") or "call"),
                                   "content": out if isinstance(out, str) else json.dumps(out)})
         elif kind == "event_msg" and p.get("type") == "token_count" and isinstance(p.get("info"), dict):
-            line = r.first_line
-            done = _flush(r, src, lineno, p["info"])
+            info = p["info"]
+            if info == r.last_info:
+                continue  # the same count repeated (a turn's end re-sends it)
+            r.last_info = info
+            ts = parse_ts(rec.get("timestamp"))
+            if not r.outputs:  # before the outputs it measures (newer rollouts): hold it for them
+                if r.held is not None:  # two counts in a row, no outputs between: the first measured nothing seen
+                    src.note(r.held[2], "token_count with no output items after it: its usage is dropped")
+                r.held = (info, ts, lineno)
+                r.before = True if r.history else r.before
+                continue
+            if r.before:  # these outputs were measured by the held count; this one is for the next call
+                done = _flush(r, src, lineno, None)
+                r.held = (info, ts, lineno)
+            else:
+                done = _flush(r, src, lineno, info, ts)
             if done is not None:
-                done["ts"] = parse_ts(rec.get("timestamp"))
-                done["source"] = src.where(line)
                 yield done
     done = _flush(r, src, None, None)
     if done is not None:
         yield done
+    if r.held is not None:
+        src.note(r.held[2], "token_count with no output items after it: its usage is dropped")

@@ -17,6 +17,7 @@ from strata_lab.traces.openai import reply_message
 from strata_lab.traces.source import Source
 
 NAME = "har"
+SESSION_KEY = True  # --session-key names a field of each record
 
 
 def detect_head(head: bytes) -> bool:
@@ -137,5 +138,6 @@ def read(src: Source) -> Iterator[dict]:
         call["source"] = src.where(lineno)
         call["ts"] = parse_ts(entry.get("startedDateTime"))
         head = [{"role": "system", "content": call["system"]}] if call["system"] else []
-        call["session"] = chain.session_of_messages(head + call["messages"], reply_message(call))
+        call["session"] = (src.session_of(entry) if src.session_key else None) or \
+            chain.session_of_messages(head + call["messages"], reply_message(call))
         yield call

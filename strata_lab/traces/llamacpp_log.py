@@ -16,13 +16,16 @@ NAME = "llama.cpp-log"
 _SLOT = re.compile(rb"slot\s+\w+: id\s+(\d+) \| task (\d+) \|")
 _NPROMPT = re.compile(rb"(?:task\.n_tokens|n_prompt_tokens) = (\d+)")
 _NPAST = re.compile(rb"\bn_past = (\d+)")
+# newer servers: the cache lookup's result is where the slot's memory is cut (`n_tokens = N, memory_seq_rm [N, end)`,
+# older `kv cache rm [N, end)`): the prompt's cached prefix, logged before any timing line (a cancelled task has none)
+_SEQ_RM = re.compile(rb"(?:memory_seq_rm|kv cache rm) \[(\d+), end\)")
 _PROMPT_EVAL = re.compile(rb"^\s*prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 _EVAL = re.compile(rb"^\s*eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 
 
 def detect_head(head: bytes) -> bool:
     return (b"slot " in head and (b"n_past" in head or b"prompt eval time" in head or b"n_prompt_tokens" in head
-                                  or b"task.n_tokens" in head)) or b'"cache_n"' in head
+                                  or b"task.n_tokens" in head or b"memory_seq_rm" in head)) or b'"cache_n"' in head
 
 
 def _emit(task: dict, src: Source) -> dict | None:
@@ -35,6 +38,9 @@ def _emit(task: dict, src: Source) -> dict | None:
     if task.get("forced"):
         notes.append("forced full prompt re-processing")
     cached = task["n_prompt"] - task["prompt_n"] if task.get("prompt_n") is not None else task.get("n_past")
+    if task.get("prompt_n") is None:
+        notes.append("no timing line (cancelled?): cached prefix from the cache lookup, no completion count"
+                     if cached is not None else "no timing line and no cache lookup logged: cached tokens unknown")
     return new_call(format=NAME, fidelity="lengths", session=f"slot-{task['slot']}", source=src.where(task["line"]),
                     request_id=f"task-{task['task']}", prompt_len=task["n_prompt"], prompt_tokens=task["n_prompt"],
                     cached_tokens=cached, completion_tokens=task.get("predicted_n"), notes=notes)
@@ -72,6 +78,8 @@ def read(src: Source) -> Iterator[dict]:
                 if done is not None:
                     yield done
             elif (n := _NPAST.search(line)) is not None and "prompt_n" not in task:
+                task["n_past"] = int(n[1])
+            elif (n := _SEQ_RM.search(line)) is not None and "prompt_n" not in task and "n_past" not in task:
                 task["n_past"] = int(n[1])
             if b"restored context checkpoint" in line:
                 task["restored"] = True

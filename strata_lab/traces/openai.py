@@ -16,13 +16,33 @@ from strata_lab.traces.calls import SessionChain, new_call, text_parts, tool_cal
 from strata_lab.traces.source import Source
 
 NAME = "openai"
+SESSION_KEY = True  # --session-key names a field of each record
 _ROLES = {"developer": "system", "function": "tool"}
 
 
 def detect(first: dict) -> bool:
     body = first.get("body") if isinstance(first.get("body"), dict) else first.get("request", first)
-    return isinstance(body, dict) and isinstance(body.get("messages"), list) and "system" not in body \
-        and not _has_blocks(body["messages"])
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return False
+    from strata_lab.traces.anthropic import looks_anthropic
+
+    return not looks_anthropic(body, first.get("response"))
+
+
+def http_error(response) -> str | None:
+    """Why a logged response is an error (HTTP status >= 400 or an ``error`` object), else None: such a request
+    was refused, it is not a model call."""
+    if not isinstance(response, dict):
+        return None
+    status = response.get("status_code", response.get("status"))
+    if isinstance(status, int) and not isinstance(status, bool) and status >= 400:
+        return f"answered HTTP {status}"
+    body = response.get("body") if isinstance(response.get("body"), dict) else response
+    err = body.get("error")
+    if isinstance(err, dict) or (isinstance(err, str) and err) or body.get("type") == "error":
+        detail = err.get("message") or err.get("type") if isinstance(err, dict) else err
+        return f"error response ({str(detail)[:80]})" if detail else "error response"
+    return None
 
 
 def _has_blocks(messages) -> bool:  # Anthropic content blocks (tool_use / tool_result) mean the other dialect
@@ -117,12 +137,25 @@ def read(src: Source) -> Iterator[dict]:
     chain = SessionChain(src.stem)
     for lineno, rec in src.json_lines():
         body, response = rec, None
+        batch_out = None
         if isinstance(rec.get("body"), dict) and "custom_id" in rec:  # Batch API input line
             body = rec["body"]
+            if src.batch is not None:  # its output line, joined on custom_id
+                batch_out = src.batch.pop(str(rec["custom_id"]), None)
+                if batch_out is not None and batch_out[0] is None:
+                    src.skip(lineno, f"custom_id {rec['custom_id']!r} failed in {batch_out[1]} ({batch_out[2]}): "
+                                     "not a model call")
+                    continue
+                if batch_out is not None:
+                    response = batch_out[0]
         elif isinstance(rec.get("request"), dict):
             body, response = rec["request"], rec.get("response")
         elif isinstance(rec.get("response"), dict) and "messages" in rec:
             response = rec["response"]
+        refused = http_error(response)
+        if refused is not None:
+            src.skip(lineno, f"{refused}: not a model call")
+            continue
         if isinstance(response, dict) and isinstance(response.get("body"), dict):  # batch output shape
             response = response["body"]
         try:
@@ -132,9 +165,14 @@ def read(src: Source) -> Iterator[dict]:
             continue
         call["source"] = src.where(lineno)
         call["request_id"] = call["request_id"] or rec.get("custom_id")
+        if batch_out is not None:
+            call["notes"].append(f"usage and reply from {batch_out[1]}")
+        elif "custom_id" in rec and src.batch is not None:
+            call["notes"].append("no output line for this custom_id")
         ts = rec.get("ts") or rec.get("timestamp") or rec.get("created") or (response or {}).get("created")
         call["ts"] = float(ts) if isinstance(ts, (int, float)) else None
-        sid = rec.get("session") or rec.get("session_id") or (body.get("metadata") or {}).get("session_id")
+        sid = src.session_of(rec) if src.session_key else \
+            rec.get("session") or rec.get("session_id") or (body.get("metadata") or {}).get("session_id")
         call["session"] = str(sid) if sid else chain.session_of_messages(call["messages"], reply_message(call))
         yield call
 

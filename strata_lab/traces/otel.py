@@ -18,6 +18,8 @@ from strata_lab.traces.openai import convert_messages as openai_messages, reply_
 from strata_lab.traces.source import Source
 
 NAME = "otel"
+_MODEL_OPS = ("chat", "text_completion", "generate_content", "completion")
+SESSION_KEY = True  # --session-key names a field of each record
 
 
 def detect(first: dict) -> bool:
@@ -124,6 +126,9 @@ def from_span(span: dict) -> dict | None:
     elif "gen_ai.prompt.0.content" in attrs:
         messages = openai_messages(_indexed(attrs, "gen_ai.prompt"), notes)
         output = openai_messages(_indexed(attrs, "gen_ai.completion"), notes)
+    elif attrs.get("gen_ai.operation.name") in _MODEL_OPS or (
+            "gen_ai.request.model" in attrs and "gen_ai.operation.name" not in attrs):
+        messages, output = [], []  # a model call recorded without its content
     else:
         return None
     system = _json(attrs.get("gen_ai.system_instructions"))
@@ -154,7 +159,11 @@ def from_span(span: dict) -> dict | None:
     call["ts"] = int(start) / 1e9 if isinstance(start, (int, str)) and str(start).isdigit() else parse_ts(start)
     call["session"] = attrs.get("gen_ai.conversation.id")
     if not messages:
-        raise ValueError("span has no input messages (content capture off?)")
+        if not isinstance(call["prompt_tokens"], int):
+            raise ValueError("span has neither input messages nor gen_ai.usage.input_tokens")
+        # content capture off (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT unset): the usage is all there is
+        call.update(fidelity="lengths", messages=None, prompt_len=call["prompt_tokens"], system=None)
+        notes.append("no message content captured: lengths and usage only")
     return call
 
 
@@ -165,10 +174,13 @@ def text_parts_text(content) -> str | None:
 
 
 def _records(src: Source) -> Iterator[tuple[int, dict]]:
-    if src.head(4096).lstrip().startswith(b"["):
+    head = src.head(4096).lstrip()
+    if head.startswith(b"["):
         for lineno, item in src.array_items():
             if isinstance(item, dict):
                 yield lineno, item
+    elif head.startswith(b"{") and not head.split(b"\n", 1)[0].rstrip().endswith(b"}"):
+        yield from src.json_objects()  # the console exporter: indented objects, one after another
     else:
         yield from src.json_lines()
 
@@ -185,7 +197,17 @@ def read(src: Source) -> Iterator[dict]:
             if call is None:
                 continue  # not a GenAI model call (tool spans, HTTP spans ...)
             call["source"] = src.where(lineno)
+            if call["fidelity"] == "lengths":  # no content to chain on: the conversation id, else the trace
+                ctx = span.get("context") if isinstance(span.get("context"), dict) else {}
+                trace_id = span.get("traceId") or ctx.get("trace_id")
+                if src.session_key:
+                    call["session"] = src.session_of(span)
+                call["session"] = str(call["session"] or (f"{src.stem}-trace-{trace_id}" if trace_id else src.stem))
+                yield call
+                continue
             head = [{"role": "system", "content": call["system"]}] if call["system"] else []
+            if src.session_key:
+                call["session"] = src.session_of(span)
             call["session"] = str(call["session"]) if call["session"] else chain.session_of_messages(
                 head + call["messages"], reply_message(call))
             yield call

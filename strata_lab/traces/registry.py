@@ -5,17 +5,18 @@
 """
 from __future__ import annotations
 
-from strata_lab.traces import (anthropic, claude_code, codex, har, llamacpp_log, openai, otel, sglang_log, sharegpt, strata,
-               vllm_log)
+from strata_lab.traces import (anthropic, claude_code, codex, har, llamacpp_log, openai, openai_batch, otel, proxy,
+                               sglang_log, sharegpt, strata, vllm_log)
 from strata_lab.traces.source import Source, loads
 
-__all__ = ["READERS", "detect_format"]
+__all__ = ["READERS", "detect_format", "TEXT_FORMATS"]
 
-READERS = {m.NAME: m for m in (strata, openai, anthropic, otel, claude_code, codex, har, vllm_log, sglang_log,
-                               llamacpp_log, sharegpt)}
-# JSON-lines formats, most specific first (an Anthropic body also has "messages")
-_JSON_ORDER = (strata, claude_code, codex, otel, sharegpt, anthropic, openai)
+READERS = {m.NAME: m for m in (strata, openai, openai_batch, anthropic, proxy, otel, claude_code, codex, har,
+                               vllm_log, sglang_log, llamacpp_log, sharegpt)}
+# JSON-lines formats, most specific first (an Anthropic body also has "messages"; a proxy line has a request)
+_JSON_ORDER = (strata, proxy, claude_code, codex, otel, openai_batch, sharegpt, anthropic, openai)
 _TEXT_ORDER = (vllm_log, sglang_log, llamacpp_log)
+TEXT_FORMATS = tuple(m.NAME for m in _TEXT_ORDER)  # no records, so no --session-key
 
 
 def detect_format(src: Source) -> tuple[str, str]:
@@ -28,7 +29,7 @@ def detect_format(src: Source) -> tuple[str, str]:
         if mod.detect_head(head):
             return mod.NAME, "server log markers in the first 64 KiB"
     if stripped.startswith(b"["):
-        if b'"conversations"' in head:
+        if b'"conversations"' in head or (b'"messages"' in head and b'"role"' in head and b'"model"' not in head):
             return sharegpt.NAME, "a JSON array of conversations"
         if b"gen_ai." in head:
             return otel.NAME, "a JSON array of spans with gen_ai attributes"
@@ -45,4 +46,13 @@ def detect_format(src: Source) -> tuple[str, str]:
         for mod in _JSON_ORDER:
             if mod.detect(first):
                 return mod.NAME, f"first record's keys ({', '.join(list(first)[:6])})"
+    if stripped.startswith(b"{"):  # one object over many lines (OTel's console exporter indents its spans)
+        import json
+
+        try:
+            first, _ = json.JSONDecoder().raw_decode(src.head(1 << 22).decode("utf-8", "replace").lstrip())
+        except ValueError:
+            first = None
+        if isinstance(first, dict) and otel.detect(first):
+            return otel.NAME, "indented JSON span objects (console exporter)"
     raise ValueError(f"format: cannot tell the format of {src.path}; pass format= one of {', '.join(READERS)}")

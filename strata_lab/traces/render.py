@@ -82,6 +82,10 @@ def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None
             gen = tokenizer.encode(reply_text(template, msgs, reply, text, call["tools"], **kw))
         else:
             gen = []
+    elif call["fidelity"] == "text":  # the log printed the rendered prompt (vLLM without ids): encode it
+        prompt = tokenizer.encode(call["prompt_text"])
+        gen = list(call["response_ids"] or ()) or (tokenizer.encode(call["response_text"])
+                                                   if call["response_text"] else [])
     else:
         raise ValueError("fidelity: a lengths-only call has no text to render; use LengthsSynth")
     reported = call["prompt_tokens"]

@@ -2,6 +2,12 @@
 input_ids=[…], …), out={'text': …, 'output_ids': […], 'meta_info': {'prompt_tokens': …, 'cached_tokens': …}}``
 in text mode, or a JSON object with ``obj`` / ``out`` per line (``--log-requests-format json``). Level 2 cuts id
 lists to ``[head] ... [tail]``: such calls keep only their lengths (fidelity ``lengths``) and say so.
+
+A default log (no ``--log-requests``) has no request ids or content; what it reports per prefill batch is
+``Prefill batch. #new-seq: N, #new-token: T, #cached-token: C``. A batch of one new sequence is read as one
+length-only call (prompt T + C tokens, C cached), all in one session per file (which request continues which is
+not logged); batches of several sequences cannot be split per request and are counted, not read. A prompt
+longer than ``--chunked-prefill-size`` is prefilled in chunks, one line each: each chunk reads as a call.
 """
 from __future__ import annotations
 
@@ -19,8 +25,30 @@ _META = {k: re.compile(rb"'" + k.encode() + rb"': (\d+)") for k in ("prompt_toke
                                                                     "cached_tokens")}
 
 
+_PREFILL = re.compile(rb"Prefill batch[.,]?\s*#new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+)")
+_STAMP = re.compile(rb"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
 def detect_head(head: bytes) -> bool:
-    return b"GenerateReqInput(" in head or (b'"input_ids"' in head and b'"meta_info"' in head)
+    return b"GenerateReqInput(" in head or (b'"input_ids"' in head and b'"meta_info"' in head) \
+        or (b"Prefill batch" in head and b"#new-seq" in head)
+
+
+def _prefill(src: Source, lineno: int, line: bytes, m, counts: list) -> dict | None:
+    seqs, new, cached = int(m[1]), int(m[2]), int(m[3])
+    if seqs != 1:
+        counts[0] += 1
+        counts[1] += seqs
+        return None
+    ts = None
+    if (t := _STAMP.search(line)) is not None:
+        from datetime import datetime
+
+        ts = datetime.strptime(t[1].decode(), "%Y-%m-%d %H:%M:%S").timestamp()
+    return new_call(format=NAME, fidelity="lengths", source=src.where(lineno), ts=ts, session=f"{src.stem}-batches",
+                    prompt_len=new + cached, prompt_tokens=new + cached, cached_tokens=cached,
+                    notes=["default log (no --log-requests): lengths from the prefill batch line; no request id, "
+                           "content or completion count; one session per file"])
 
 
 def _ids(raw: bytes) -> list[int]:
@@ -50,7 +78,15 @@ def _parse(line: bytes):
 
 def read(src: Source) -> Iterator[dict]:
     chain = SessionChain(src.stem)
+    counts = [0, 0]  # prefill batches of several sequences, and their sequences
+    head = src.head()
+    batches = not (b"GenerateReqInput(" in head or b'"meta_info"' in head)  # request lines win when logged
     for lineno, line in src.lines():
+        if batches and b"Prefill batch" in line and (m := _PREFILL.search(line)) is not None:
+            call = _prefill(src, lineno, line, m, counts)
+            if call is not None:
+                yield call
+            continue
         try:
             got = _parse(line)
         except ValueError as exc:
@@ -72,3 +108,6 @@ def read(src: Source) -> Iterator[dict]:
             call.update(fidelity="ids", prompt_ids=ids, prompt_len=len(ids), response_ids=out,
                         session=chain.session_of_ids(ids, out))
         yield call
+    if counts[0]:
+        src.facts.append(f"{counts[0]} prefill batches held several new sequences ({counts[1]} requests): their "
+                         "#cached-token cannot be split per request, so they are not read as calls")

@@ -24,7 +24,7 @@ try:
 except ImportError:  # pragma: no cover - orjson is a core dependency
     from json import JSONDecodeError as _DecodeError, loads
 
-__all__ = ["Source", "TraceWarning", "loads"]
+__all__ = ["Source", "TraceWarning", "loads", "warn"]
 
 MAX_WARNINGS_PER_FILE = 20
 
@@ -33,16 +33,40 @@ class TraceWarning(UserWarning):
     """A log record was skipped (or kept with a caveat); the message names file:line."""
 
 
+def warn(text: str) -> None:
+    """Issue a TraceWarning about the log (its message names file:line). Issued as if from the module
+    ``strata_lab.traces`` (line 0): Python's default display then shows no line of our source, and each
+    distinct message shows (no per-call-site de-duplication hides the second skipped record)."""
+    warnings.warn_explicit(text, TraceWarning, "strata_lab.traces", 0, module="strata_lab.traces")
+
+
 class Source:
     """A log file being read: `lines()` streams (lineno, bytes); `skip(lineno, why)` warns."""
 
-    def __init__(self, path: str | os.PathLike, *, progress: bool = False):
+    def __init__(self, path: str | os.PathLike, *, progress: bool = False, session_key: str | None = None):
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"path: no such log file {self.path}")
         self.progress = progress
         self.skipped = 0
         self.size = os.path.getsize(self.path)
+        self.session_key = session_key  # --session-key FIELD.PATH, looked up in each record
+        self.key_missing = 0            # records without it (chained instead)
+        self.facts: list[str] = []      # what the log reports beyond its calls (aggregate counters)
+        self.why_none: str | None = None  # a reader's reason when the file can give no calls
+        self.batch: dict | None = None  # OpenAI Batch output responses by custom_id (joined to input lines)
+
+    def session_of(self, rec) -> str | None:
+        """The `--session-key` field of a record (None: no key given, or the record lacks it)."""
+        if self.session_key is None:
+            return None
+        from strata_lab.traces.calls import field_path
+
+        value = field_path(rec, self.session_key)
+        if value is None or value == "":
+            self.key_missing += 1
+            return None
+        return str(value)
 
     @property
     def stem(self) -> str:
@@ -53,13 +77,61 @@ class Source:
         self.skipped += 1
         if self.skipped <= MAX_WARNINGS_PER_FILE:
             at = f"{self.path}:{lineno}" if lineno is not None else self.path
-            warnings.warn(f"{at}: skipped: {why}", TraceWarning, stacklevel=4)
+            warn(f"{at}: skipped: {why}")
         elif self.skipped == MAX_WARNINGS_PER_FILE + 1:
-            warnings.warn(f"{self.path}: more records skipped; warnings stop here", TraceWarning, stacklevel=4)
+            warn(f"{self.path}: more records skipped; warnings stop here")
 
     def note(self, lineno: int | None, what: str) -> None:
         """A record kept with a caveat the user should know about (e.g. truncated ids)."""
-        warnings.warn(f"{self.path}:{lineno}: {what}", TraceWarning, stacklevel=4)
+        warn(f"{self.where(lineno)}: {what}")
+
+    def json_objects(self) -> Iterator[tuple[int, dict]]:
+        """(line number, object) for a stream of JSON objects written one after another, each over many lines
+        (OTel's Python console exporter prints indented spans), read in 1 MiB windows."""
+        decoder = json.JSONDecoder()
+        bar = self._bar()
+        with open(self.path, "r", encoding="utf-8", errors="replace") as f:
+            buf, pos, lineno, eof = "", 0, 1, False
+            try:
+                while True:
+                    while pos < len(buf) and buf[pos] in " \t\r\n,":
+                        lineno += buf[pos] == "\n"
+                        pos += 1
+                    if pos >= len(buf):
+                        chunk = f.read(1 << 20)
+                        if bar is not None:
+                            bar.update(len(chunk.encode("utf-8", "replace")))
+                        if not chunk:
+                            return
+                        buf, pos = buf[pos:] + chunk, 0
+                        continue
+                    try:
+                        obj, end = decoder.raw_decode(buf, pos)
+                    except json.JSONDecodeError as exc:
+                        chunk = "" if eof else f.read(1 << 20)
+                        if bar is not None:
+                            bar.update(len(chunk.encode("utf-8", "replace")))
+                        if chunk:
+                            buf, pos = buf[pos:] + chunk, 0
+                            continue
+                        eof = True
+                        nl = buf.find("\n{", pos + 1)  # resync at the next object that starts a line
+                        self.skip(lineno, f"not valid JSON ({exc.msg})")
+                        if nl < 0:
+                            return
+                        lineno += buf.count("\n", pos, nl + 1)
+                        pos = nl + 1
+                        continue
+                    start = lineno
+                    lineno += buf.count("\n", pos, end)
+                    pos = end
+                    if isinstance(obj, dict):
+                        yield start, obj
+                    else:
+                        self.skip(start, f"not a JSON object ({type(obj).__name__})")
+            finally:
+                if bar is not None:
+                    bar.close()
 
     def where(self, lineno: int | None) -> str:
         return f"{self.path}:{lineno}" if lineno is not None else self.path

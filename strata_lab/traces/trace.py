@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import glob as _glob
 import os
-import warnings
 from typing import Iterable, Iterator
 
-from strata_lab.traces.calls import FIELDS
-from strata_lab.traces.registry import READERS, detect_format
+from strata_lab.traces.calls import FIELDS, parse_field_path
+from strata_lab.traces.registry import READERS, TEXT_FORMATS, detect_format
 from strata_lab.traces.render import LengthsSynth, render_call
-from strata_lab.traces.source import Source, TraceWarning
+from strata_lab.traces.source import Source, warn
 
 __all__ = ["Trace", "load_trace"]
 
@@ -31,13 +30,17 @@ class Trace:
     """Calls read from `paths` (each in `format`, or the detected one: `detected[path] = (format, why)`).
     Iterating streams the files; `to_frame()` gives pandas; `to_dump()` renders to strata-dump/1."""
 
-    def __init__(self, paths: Iterable[str | os.PathLike], format: str | None = None, *, progress: bool = False):
+    def __init__(self, paths: Iterable[str | os.PathLike], format: str | None = None, *, progress: bool = False,
+                 session_key: str | None = None):
         self.paths = [os.fspath(p) for p in paths]
         if not self.paths:
             raise ValueError("path: no log files given (or the glob matched nothing)")
         if format is not None and format not in READERS:
             raise ValueError(f"format: unknown {format!r}; known: {', '.join(READERS)}")
         self.progress = progress
+        self.session_key = parse_field_path(session_key)
+        # per file, filled while reading: calls, sessions, fidelity and usage counts, notes, what the log reports
+        self.stats: dict[str, dict] = {}
         self.detected: dict[str, tuple[str, str]] = {}
         for p in self.paths:
             src = Source(p)
@@ -46,26 +49,69 @@ class Trace:
             except ValueError as exc:
                 if len(self.paths) == 1:
                     raise
-                warnings.warn(f"{p}: skipped: {exc}", TraceWarning, stacklevel=2)  # a README beside the logs
+                warn(f"{p}: skipped: {exc}")  # a README beside the logs
         self.paths = [p for p in self.paths if p in self.detected]
         if not self.paths:
             raise ValueError("format: no file's format could be detected; pass format=")
+        if self.session_key is not None:
+            text = sorted({f for f, _ in self.detected.values() if f in TEXT_FORMATS})
+            if text:
+                raise ValueError(f"session_key: {', '.join(text)} logs are text lines, not records with fields; "
+                                 "they have no session field to name")
+            own = sorted({f for f, _ in self.detected.values() if not getattr(READERS[f], "SESSION_KEY", False)})
+            if own:
+                raise ValueError(f"session_key: {', '.join(own)} logs name their sessions themselves (session "
+                                 "files, rollouts, dump sessions); --session-key does not apply")
 
     @property
     def formats(self) -> list[str]:
         return sorted({f for f, _ in self.detected.values()})
 
+    def _source(self, path: str) -> Source:
+        return Source(path, progress=self.progress, session_key=self.session_key)
+
     def __iter__(self) -> Iterator[dict]:
         counts: dict[str, int] = {}
-        for p in self.paths:
+        # OpenAI Batch output files are read first: their input files' lines join them on custom_id
+        outputs = [p for p in self.paths if self.detected[p][0] == "openai-batch"]
+        batch = None
+        if outputs and any(self.detected[p][0] == "openai" for p in self.paths):
+            from strata_lab.traces.openai_batch import load
+
+            batch = {}
+            for p in outputs:
+                load(self._source(p), batch)
+        order = [p for p in self.paths if p not in outputs] + outputs
+        for p in order:
             fmt = self.detected[p][0]
-            for call in READERS[fmt].read(Source(p, progress=self.progress)):
+            src = self._source(p)
+            src.batch = batch
+            st = self.stats[p] = {"format": fmt, "why": self.detected[p][1], "calls": 0, "sessions": set(),
+                                  "fidelity": {}, "usage": 0, "cached": 0, "notes": {}, "facts": src.facts,
+                                  "why_none": None, "skipped": 0}
+            for call in READERS[fmt].read(src):
                 call["session"] = str(call["session"] or fmt)
                 call["call"] = counts.get(call["session"], 0)
                 counts[call["session"]] = call["call"] + 1
                 if call["prompt_ids"] is not None and call["prompt_len"] is None:
                     call["prompt_len"] = len(call["prompt_ids"])
+                st["calls"] += 1
+                st["sessions"].add(call["session"])
+                st["fidelity"][call["fidelity"]] = st["fidelity"].get(call["fidelity"], 0) + 1
+                if call["prompt_tokens"] is not None or call["cached_tokens"] is not None:
+                    st["usage"] += 1
+                if call["cached_tokens"] is not None:
+                    st["cached"] += 1
+                for n in call["notes"]:
+                    st["notes"][n] = st["notes"].get(n, 0) + 1
                 yield call
+            st["skipped"] = src.skipped
+            if src.key_missing:
+                src.facts.append(f"{src.key_missing} records without {self.session_key} (chained instead)")
+            if not st["calls"]:
+                st["why_none"] = src.why_none or (
+                    f"every record was skipped ({src.skipped} warnings)" if src.skipped else
+                    f"no model call in it for the {fmt} reader")
 
     def calls(self) -> list[dict]:
         """Every call, read into a list (no __len__: a trace is streamed, counting it means reading it)."""
@@ -109,7 +155,7 @@ class Trace:
                 r = synth.render(call) if call["fidelity"] == "lengths" else \
                     render_call(call, tok, tmpl, enable_thinking=enable_thinking)
             except ValueError as exc:
-                warnings.warn(f"{call['source']}: skipped: not rendered: {exc}", TraceWarning, stacklevel=2)
+                warn(f"{call['source']}: skipped: not rendered: {exc}")
                 continue
             yield call, r
 
@@ -130,6 +176,9 @@ class Trace:
     def dump_records(self, tokenizer="qwen3", template=None, *, checkpoint_policy: dict | None = None,
                      **kw) -> Iterator[dict]:
         """strata-dump/1 records, one per rendered call (see `to_dump`)."""
+        from strata_lab.traces.breakpoints import token_positions
+
+        tokenizer, template = resolve(tokenizer, template)
         for call, r in self.render(tokenizer, template, **kw):
             rec = {"schema": "strata-dump/1", "ts": call["ts"], "request_id": call["request_id"],
                    "session": call["session"], "call": call["call"], "prompt_ids": r.prompt_ids,
@@ -144,6 +193,15 @@ class Trace:
             if call["cache_read_tokens"] is not None or call["cache_creation_tokens"] is not None:
                 rec["reported_cache_read_tokens"] = call["cache_read_tokens"]
                 rec["reported_cache_creation_tokens"] = call["cache_creation_tokens"]
+            if call["cache_breakpoints"] is not None and call["fidelity"] == "messages":
+                tkw = dict((call.get("extra") or {}).get("chat_template_kwargs") or {})
+                if kw.get("enable_thinking") is not None:
+                    tkw["enable_thinking"] = kw["enable_thinking"]
+                bps = token_positions(call, tokenizer, template, r.prompt_ids, tkw)
+                if bps is not None:
+                    rec["cache_control"] = bps  # Anthropic breakpoints as prompt positions (breakpoint mode)
+            if call["notes"]:
+                rec["trace_notes"] = list(call["notes"])  # what the log lacks or how it was read, per call
             if r.synthetic:
                 rec["synthetic_ids"] = True
             if checkpoint_policy is not None:
@@ -151,12 +209,15 @@ class Trace:
             yield rec
 
     def to_dump(self, tokenizer="qwen3", template=None, out=None, *, checkpoint_policy: dict | None = None,
-                **kw):
+                **kw):  # noqa: D417
         """Render every call and write strata-dump/1 lines to `out` (default: a new temp file); returns the
         `Dump`, so `replay`, `sessions.reproduce` and the notebooks work on it. `tokenizer`: a name, a model
         folder or tokenizer.json; `template`: a ChatTemplate, preset name, file or folder (default: the
         tokenizer's folder, or qwen3). `checkpoint_policy` (CheckpointPolicy fields) is written into each line
-        for `reproduce`. Lines carry `render_exact` / `render_diff` and the reported usage."""
+        for `reproduce`. Lines carry `render_exact` / `render_diff`, the reported usage
+        (`reported_cached_tokens`, and for hosted APIs `reported_cache_read_tokens` /
+        `reported_cache_creation_tokens`) and, for Anthropic requests, `cache_control`: the breakpoints as
+        prompt positions."""
         import tempfile
 
         from orjson import dumps
@@ -209,9 +270,11 @@ def resolve(tokenizer, template):
     return tok, ChatTemplate.from_file(template)
 
 
-def load_trace(path_or_paths_or_glob, format: str | None = None, *, progress: bool = False) -> Trace:
+def load_trace(path_or_paths_or_glob, format: str | None = None, *, progress: bool = False,
+               session_key: str | None = None) -> Trace:
     """Read logs into a `Trace`: a file, a list of files, a directory (its files, by name, recursively) or a
-    glob. `format=None` detects each file's format (`trace.detected` says which and why).
+    glob. `format=None` detects each file's format (`trace.detected` says which and why). `session_key`: a
+    dotted field path in each record naming its session (else `calls.CHAINING_RULE`).
 
     >>> load_trace("/nonexistent/*.jsonl")
     Traceback (most recent call last):
@@ -229,4 +292,4 @@ def load_trace(path_or_paths_or_glob, format: str | None = None, *, progress: bo
             paths = [p]
     else:
         paths = [os.fspath(x) for x in arg]
-    return Trace(paths, format, progress=progress)
+    return Trace(paths, format, progress=progress, session_key=session_key)

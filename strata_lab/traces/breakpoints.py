@@ -1,0 +1,123 @@
+"""Anthropic ``cache_control`` breakpoints as token positions of the rendered prompt, for the dump's
+``cache_control`` field (what the Anthropic cache model reads: with it, the model runs in breakpoint mode).
+
+A reader locates each breakpoint in the converted call (`anthropic.from_request` writes ``extra["cache_at"]``:
+the end of a system block, of a tool definition, of a message's content part, tool call or reasoning). Here a
+private-use character is put at that spot, the prompt rendered again, and the first character where the two
+renders differ is the breakpoint's end in the text; the token position is the number of prompt tokens that end
+at or before it. ``["auto"]`` (a top-level ``cache_control``: automatic mode) is the end of the prompt. An
+Anthropic call with no ``cache_control`` at all gets an empty list (nothing is cached); calls of other formats
+get None (the dump says nothing, the model runs in automatic mode).
+
+>>> from strata_lab import ChatTemplate, load_tokenizer
+>>> from strata_lab.traces.anthropic import from_request
+>>> call = from_request({"model": "claude", "system": [{"type": "text", "text": "Be brief.",
+...     "cache_control": {"type": "ephemeral"}}], "messages": [{"role": "user", "content": "Hi"}]})
+>>> tok, tmpl = load_tokenizer("qwen3"), ChatTemplate.from_name("qwen3")
+>>> ids = tok.encode(tmpl.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]))
+>>> pos = token_positions(call, tok, tmpl, ids, {})
+>>> tok.decode(ids[:pos[0]])
+'<|im_start|>system\\nBe brief.'
+"""
+from __future__ import annotations
+
+import bisect
+
+__all__ = ["token_positions", "MAX_BREAKPOINTS"]
+
+SENTINEL = "\ue000"
+MAX_BREAKPOINTS = 4  # Anthropic refuses more; the cache model checks it
+
+
+def _messages(call: dict) -> tuple[list[dict], int]:
+    msgs = list(call["messages"] or ())
+    shift = 0
+    if call["system"] and not (msgs and msgs[0].get("role") == "system"):
+        msgs.insert(0, {"role": "system", "content": call["system"]})
+        shift = 1
+    return msgs, shift
+
+
+def _marked(msgs: list[dict], tools, shift: int, loc: list):
+    """(messages, tools) with the sentinel at `loc`, copying only what changes; None if `loc` is stale."""
+    msgs, tools = list(msgs), list(tools or ())
+    kind = loc[0]
+    if kind == "system":
+        m = dict(msgs[0])
+        text = m.get("content")
+        if not isinstance(text, str):
+            return None
+        m["content"] = text[: loc[1]] + SENTINEL + text[loc[1]:]
+        msgs[0] = m
+        return msgs, tools or None
+    if kind == "tool":
+        if loc[1] >= len(tools):
+            return None
+        tools[loc[1]] = {**tools[loc[1]], SENTINEL: 0}
+        return msgs, tools
+    k = loc[1] + shift
+    if kind != "msg" or k >= len(msgs):
+        return None
+    m = dict(msgs[k])
+    what, n = loc[2], loc[3]
+    if what == "content":
+        c = m.get("content")
+        if isinstance(c, str) or c is None:
+            m["content"] = (c or "") + SENTINEL
+        elif isinstance(c, list) and n < len(c):
+            c = list(c)
+            c[n] = {**c[n], "text": c[n].get("text", "") + SENTINEL}
+            m["content"] = c
+        else:
+            return None
+    elif what == "call":
+        calls = list(m.get("tool_calls") or ())
+        if n >= len(calls):
+            return None
+        fn = dict(calls[n]["function"])
+        args = fn.get("arguments")
+        fn["arguments"] = {**args, SENTINEL: 0} if isinstance(args, dict) else str(args or "") + SENTINEL
+        calls[n] = {**calls[n], "function": fn}
+        m["tool_calls"] = calls
+    elif what == "reasoning":
+        m["reasoning_content"] = (m.get("reasoning_content") or "") + SENTINEL
+    else:
+        return None
+    msgs[k] = m
+    return msgs, tools or None
+
+
+def token_positions(call: dict, tokenizer, template, prompt_ids, kw: dict) -> list[int] | None:
+    """Token positions of the call's breakpoints in `prompt_ids` (rendered from `call` with `template` and
+    `kw`), ascending, at most `MAX_BREAKPOINTS` (the last ones); None when the log says nothing about them."""
+    at = (call.get("extra") or {}).get("cache_at")
+    if at is None or call["fidelity"] != "messages":
+        return None
+    if not at:
+        return []
+    msgs, shift = _messages(call)
+    base = template.render(msgs, tools=call["tools"], add_generation_prompt=True, **kw)
+    enc = tokenizer.hf.encode(base, add_special_tokens=False)
+    same = list(enc.ids) == list(prompt_ids)
+    ends = [e for _, e in enc.offsets] if same else None
+    out = set()
+    for loc in at:
+        if loc[0] == "auto":
+            out.add(len(prompt_ids))
+            continue
+        marked = _marked(msgs, call["tools"], shift, loc)
+        if marked is None:
+            continue
+        text = template.render(marked[0], tools=marked[1], add_generation_prompt=True, **kw)
+        c = next((i for i, (a, b) in enumerate(zip(base, text)) if a != b), None)
+        if c is None:
+            continue  # the template does not show that block (e.g. old reasoning): no position to give
+        if ends is not None:
+            pos = bisect.bisect_right(ends, c)
+        else:  # the ids are not this render's (another template): the shared prefix of the cut text
+            head = tokenizer.encode(base[:c])
+            pos = next((i for i, (a, b) in enumerate(zip(head, prompt_ids)) if a != b), min(len(head),
+                                                                                          len(prompt_ids)))
+        if pos > 0:
+            out.add(pos)
+    return sorted(out)[-MAX_BREAKPOINTS:]
