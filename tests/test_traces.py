@@ -28,6 +28,20 @@ FIXTURES = {
     "sglang.log": ("sglang-log", 3, 2),
     "llama-server.log": ("llama.cpp-log", 4, 2),
     "sharegpt.json": ("sharegpt", 3, 2),
+    # issue 28: the shapes real tools write (tests/test_traces_real.py checks each in detail)
+    "proxy-capture.jsonl": ("proxy", 3, 2),
+    "openai-batch-input.jsonl": ("openai", 3, 3),
+    "openai-batch-output.jsonl": ("openai-batch", 3, 1),
+    "openai-errors.jsonl": ("openai", 1, 1),
+    "anthropic-nosystem.jsonl": ("anthropic", 4, 2),
+    "otel-console.txt": ("otel", 2, 1),
+    "sharegpt-tools.json": ("sharegpt", 4, 1),
+    "sharegpt-messages.jsonl": ("sharegpt", 4, 2),
+    "vllm-text.log": ("vllm-log", 2, 1),
+    "sglang-default.log": ("sglang-log", 2, 1),
+    "llama-cancel.log": ("llama.cpp-log", 2, 1),
+    "codex-rollout-late.jsonl": ("codex", 2, 1),
+    "cc-1.0-subagents.jsonl": ("claude-code", 8, 3),
 }
 
 
@@ -53,7 +67,7 @@ def test_detects_and_reads_each_fixture(name):
     assert len({c["session"] for c in calls}) == n_sessions
     for c in calls:
         assert c["format"] == fmt and c["source"].startswith(path + ":")
-        assert c["fidelity"] in ("ids", "messages", "lengths")
+        assert c["fidelity"] in ("ids", "messages", "text", "lengths")
     # calls number 0, 1, ... within each session
     by = {}
     for c in calls:

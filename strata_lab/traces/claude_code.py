@@ -13,6 +13,8 @@ line>`` — each subagent's chain of ``parentUuid`` apart, so concurrent subagen
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import OrderedDict
 from datetime import datetime
 from typing import Iterator
@@ -137,7 +139,20 @@ def read(src: Source) -> Iterator[dict]:
     sessions: OrderedDict[str, _Session] = OrderedDict()
     closed: set[str] = set()
     side_root: dict[str, str] = {}  # sidechain line uuid -> uuid of its subagent's first line (no agentId)
+    # finished calls wait here until no open call started before them: calls come out in the order they began
+    ready: list = []
+    seq = itertools.count()
+
+    def done_line(call: dict) -> int:
+        return int(call["source"].rsplit(":", 1)[1])
+
+    def release(final: bool = False) -> Iterator[dict]:
+        first_open = min((s.pending["line"] for s in sessions.values() if s.pending is not None), default=None)
+        while ready and (final or first_open is None or ready[0][0] < first_open):
+            yield heapq.heappop(ready)[2]
+
     for lineno, rec in src.json_lines():
+        yield from release()
         kind = rec.get("type")
         if kind not in ("user", "assistant", "system", "attachment", "progress"):
             continue  # summaries, snapshots, queue operations: not in the tree
@@ -166,7 +181,7 @@ def read(src: Source) -> Iterator[dict]:
                 closed.add(old_key)
                 done = _flush(old, src)
                 if done is not None:
-                    yield done
+                    heapq.heappush(ready, (done_line(done), next(seq), done))
         else:
             sessions.move_to_end(key)
         msg = rec.get("message")
@@ -174,7 +189,7 @@ def read(src: Source) -> Iterator[dict]:
             if kind == "system" and rec.get("subtype") == "compact_boundary":
                 done = _flush(s, src)
                 if done is not None:
-                    yield done
+                    heapq.heappush(ready, (done_line(done), next(seq), done))
                 s.attach(rec, _Node(None, []), src, lineno, root=True)
             elif isinstance(rec.get("uuid"), str):
                 parent = rec.get("parentUuid")
@@ -200,7 +215,7 @@ def read(src: Source) -> Iterator[dict]:
                 continue
             done = _flush(s, src)
             if done is not None:
-                yield done
+                heapq.heappush(ready, (done_line(done), next(seq), done))
             reply = {"role": "assistant", "content": ""}
             node = _Node(None, reply=reply)
             s.attach(rec, node, src, lineno, root=root)
@@ -210,7 +225,7 @@ def read(src: Source) -> Iterator[dict]:
             continue
         done = _flush(s, src)
         if done is not None:
-            yield done
+            heapq.heappush(ready, (done_line(done), next(seq), done))
         try:
             msgs = convert_messages([{"role": "user", "content": msg.get("content")}], [])
         except ValueError as exc:
@@ -220,4 +235,5 @@ def read(src: Source) -> Iterator[dict]:
     for s in sessions.values():
         done = _flush(s, src)
         if done is not None:
-            yield done
+            heapq.heappush(ready, (done_line(done), next(seq), done))
+    yield from release(final=True)
