@@ -182,13 +182,14 @@ class SessionChain:
         # the shared prefix must reach the first message after the leading system messages
         need = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")),
                     len(messages))
-        session = None
+        session, k = None, need - 1
         for k in range(len(digests) - 1, need - 1, -1):
             session = self._seen.get(digests[k])
             if session is not None:
                 break
-        session = session or self._new()
-        for d in digests[need:]:
+        if session is None:
+            session, k = self._new(), need - 1
+        for d in digests[k + 1:]:  # the matched prefix is registered already (to this session)
             self._claim(d, session)
         if reply is not None:
             self._claim(hash((h, _message_key(reply))), session)
