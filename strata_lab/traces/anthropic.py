@@ -14,47 +14,12 @@ from __future__ import annotations
 from typing import Iterator
 
 from strata_lab.traces.calls import SessionChain, image_placeholder, new_call, tool_call
+from strata_lab.traces.dialect import http_error, looks_anthropic
 from strata_lab.traces.openai import reply_message
 from strata_lab.traces.source import Source
 
 NAME = "anthropic"
 SESSION_KEY = True  # --session-key names a field of each record
-
-
-_ANTHROPIC_KEYS = ("system", "anthropic_version", "anthropic_beta", "stop_sequences", "top_k", "thinking")
-_OPENAI_KEYS = ("max_completion_tokens", "response_format", "frequency_penalty", "presence_penalty", "logprobs",
-                "n", "seed", "stream_options", "parallel_tool_calls", "reasoning_effort")
-
-
-def looks_anthropic(body: dict, response=None) -> bool:
-    """Whether a request body (and its response) is Anthropic Messages rather than OpenAI chat: a body without
-    ``system`` is told apart by its other fields, its content blocks, its tools and its response."""
-    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-        return False
-    if isinstance(response, dict) and isinstance(response.get("body"), dict):
-        response = response["body"]
-    if isinstance(response, dict):
-        if response.get("type") == "message" or "stop_reason" in response or isinstance(response.get("content"),
-                                                                                         list):
-            return True
-        if "choices" in response or "prompt_tokens" in (response.get("usage") or {}):
-            return False
-    if any(k in body for k in _ANTHROPIC_KEYS):
-        return True
-    if any(k in body for k in _OPENAI_KEYS):
-        return False
-    msgs = body["messages"]
-    if any(isinstance(m, dict) and m.get("role") in ("system", "developer", "tool", "function") for m in msgs):
-        return False
-    if any(isinstance(t, dict) and "input_schema" in t for t in body.get("tools") or ()):
-        return True
-    from strata_lab.traces.openai import _has_blocks
-
-    if _has_blocks(msgs):
-        return True
-    if isinstance(body.get("cache_control"), dict) or str(body.get("model", "")).startswith("claude"):
-        return True
-    return isinstance((body.get("metadata") or {}).get("user_id"), str)
 
 
 def detect(first: dict) -> bool:
@@ -254,8 +219,6 @@ def chain_session(chains: dict, prefix: str, call: dict, body: dict) -> str:
 
 
 def read(src: Source) -> Iterator[dict]:
-    from strata_lab.traces.openai import http_error
-
     chains: dict = {}
     for lineno, rec in src.json_lines():
         body, response = (rec["request"], rec.get("response")) if isinstance(rec.get("request"), dict) \

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from strata_lab.traces.calls import SessionChain, new_call, text_parts, tool_call
+from strata_lab.traces.dialect import http_error, looks_anthropic
 from strata_lab.traces.source import Source
 
 NAME = "openai"
@@ -24,34 +25,7 @@ def detect(first: dict) -> bool:
     body = first.get("body") if isinstance(first.get("body"), dict) else first.get("request", first)
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         return False
-    from strata_lab.traces.anthropic import looks_anthropic
-
     return not looks_anthropic(body, first.get("response"))
-
-
-def http_error(response) -> str | None:
-    """Why a logged response is an error (HTTP status >= 400 or an ``error`` object), else None: such a request
-    was refused, it is not a model call."""
-    if not isinstance(response, dict):
-        return None
-    status = response.get("status_code", response.get("status"))
-    if isinstance(status, int) and not isinstance(status, bool) and status >= 400:
-        return f"answered HTTP {status}"
-    body = response.get("body") if isinstance(response.get("body"), dict) else response
-    err = body.get("error")
-    if isinstance(err, dict) or (isinstance(err, str) and err) or body.get("type") == "error":
-        detail = err.get("message") or err.get("type") if isinstance(err, dict) else err
-        return f"error response ({str(detail)[:80]})" if detail else "error response"
-    return None
-
-
-def _has_blocks(messages) -> bool:  # Anthropic content blocks (tool_use / tool_result) mean the other dialect
-    for m in messages[:8]:
-        c = m.get("content") if isinstance(m, dict) else None
-        if isinstance(c, list) and any(isinstance(p, dict) and p.get("type") in ("tool_use", "tool_result")
-                                       for p in c):
-            return True
-    return False
 
 
 def convert_messages(messages: list, notes: list) -> list[dict]:

@@ -10,6 +10,7 @@ from typing import Iterator
 
 from strata_lab.traces import openai
 from strata_lab.traces.calls import new_call
+from strata_lab.traces.dialect import http_error
 from strata_lab.traces.source import Source
 
 NAME = "openai-batch"
@@ -32,7 +33,7 @@ def load(src: Source, into: dict) -> None:
             continue
         err = rec.get("error")
         detail = err.get("message", err.get("code")) if isinstance(err, dict) else err
-        refused = openai.http_error(resp) or (f"error ({detail})" if err else None) \
+        refused = http_error(resp) or (f"error ({detail})" if err else None) \
             or (None if isinstance(resp, dict) else "no response")
         # a failed request is no model call: kept as (None, where, reason) so its input line is skipped too
         into[str(cid)] = (resp, src.where(lineno), src.session_of(rec)) if refused is None else \

@@ -13,6 +13,7 @@ from typing import Iterator
 from strata_lab.traces import anthropic, openai
 from strata_lab.traces.calls import SessionChain
 from strata_lab.traces.claude_code import parse_ts
+from strata_lab.traces.dialect import http_error, looks_anthropic
 from strata_lab.traces.har import assemble_anthropic, assemble_openai
 from strata_lab.traces.openai import reply_message
 from strata_lab.traces.source import Source
@@ -48,7 +49,7 @@ def _dialect(url: str, body: dict):
             and not isinstance(body, dict):
         return None
     if isinstance(body, dict) and isinstance(body.get("messages"), list):
-        return anthropic if anthropic.looks_anthropic(body) else openai
+        return anthropic if looks_anthropic(body) else openai
     return None
 
 
@@ -88,7 +89,7 @@ def read(src: Source) -> Iterator[dict]:
                 if isinstance(response, str):  # an event stream under "body"
                     streamed = True
                     response = assemble_openai(response) if dialect is openai else assemble_anthropic(response)
-            refused = openai.http_error(response)
+            refused = http_error(response)
             if refused is not None:
                 src.skip(lineno, f"{url}: {refused}: not a model call")
                 continue

@@ -22,6 +22,7 @@ from strata_lab.traces.calls import SessionChain, new_call
 from strata_lab.traces.source import Source, loads
 
 NAME = "vllm-log"
+NO_CACHED = "the request log reports no cached-token count"
 _REQUEST = re.compile(rb"(?:Received request|Request) (\S+?):? (?:details: )?prompt: .*?prompt_token_ids: \[([\d,\s]*)\]")
 _REQUEST_TEXT = re.compile(rb"(?:Received request|Request) (\S+?):? (?:details: )?prompt: "
                            rb"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\").*?prompt_token_ids: None")
@@ -118,7 +119,8 @@ def read(src: Source) -> Iterator[dict]:
                 continue
             rid = m[1].decode("utf-8", "replace")
             pending[rid] = new_call(format=NAME, fidelity="ids", request_id=rid, source=src.where(lineno),
-                                    ts=_ts(line), prompt_ids=ids, prompt_len=len(ids), prompt_tokens=len(ids))
+                                    ts=_ts(line), prompt_ids=ids, prompt_len=len(ids), prompt_tokens=len(ids),
+                                    notes=[NO_CACHED])
             n_calls += 1
             yield from ready()
             continue
@@ -132,7 +134,8 @@ def read(src: Source) -> Iterator[dict]:
             pending[rid] = new_call(format=NAME, fidelity="text", request_id=rid, source=src.where(lineno),
                                     ts=_ts(line), prompt_text=text,
                                     notes=["prompt_token_ids: None: the logged prompt text is encoded with the "
-                                           "tokenizer (ids as that tokenizer gives them; cut if --max-log-len is)"])
+                                           "tokenizer (ids as that tokenizer gives them; cut if --max-log-len is)",
+                                           NO_CACHED])
             n_calls += 1
             yield from ready()
             continue
