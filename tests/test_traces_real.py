@@ -151,7 +151,8 @@ def test_claude_code_old_sidechains_compact_and_rewind():
     sid = "3e0c7a51-0000-4000-8000-00000000beef"
     by = {c["request_id"]: c for c in calls}
     # two subagents without agentId: two sessions, apart from each other and from the main one
-    assert by["SA1"]["session"] == f"{sid}/sidechain-s1" and by["SB1"]["session"] == by["SB2"]["session"] == f"{sid}/sidechain-s2"
+    assert by["SA1"]["session"] == f"{sid}/sidechain-s1"
+    assert by["SB1"]["session"] == by["SB2"]["session"] == f"{sid}/sidechain-s2"
     assert [m["content"] for m in by["SA1"]["messages"]] == ["Check the tests"]
     assert by["SB2"]["messages"][0]["content"] == "Check the docs" and len(by["SB2"]["messages"]) == 3
     assert {by[k]["session"] for k in ("M1", "M2", "M3", "M4", "M5")} == {sid}

@@ -111,6 +111,7 @@ def _response_body(entry: dict) -> tuple[dict | None, bool]:
 
 def read(src: Source) -> Iterator[dict]:
     chain = SessionChain(src.stem)
+    chains: dict = {}
     for lineno, entry in src.array_items(key="entries"):
         req = entry.get("request") if isinstance(entry, dict) else None
         if not isinstance(req, dict) or req.get("method") != "POST":
@@ -137,7 +138,9 @@ def read(src: Source) -> Iterator[dict]:
             call["notes"].append("streamed response")
         call["source"] = src.where(lineno)
         call["ts"] = parse_ts(entry.get("startedDateTime"))
-        head = [{"role": "system", "content": call["system"]}] if call["system"] else []
-        call["session"] = (src.session_of(entry) if src.session_key else None) or \
-            chain.session_of_messages(head + call["messages"], reply_message(call))
+        sid = src.session_of(entry) if src.session_key else None
+        if sid is None and dialect is anthropic:  # Claude Code's user_id holds the session; a plain one a user
+            sid = anthropic.session_of(body, {}) or anthropic.chain_session(chains, f"{src.stem}-anthropic", call,
+                                                                            body)
+        call["session"] = sid or chain.session_of_messages(call["messages"], reply_message(call))
         yield call

@@ -107,8 +107,8 @@ def read(src: Source) -> Iterator[dict]:
         if sid:
             call["session"] = sid
         elif dialect is anthropic:
-            call["session"] = anthropic.session_of(body, rec) or anthropic.chain_session(chains, src.stem, call,
-                                                                                           body)
+            call["session"] = anthropic.session_of(body, rec) or anthropic.chain_session(
+                chains, f"{src.stem}-anthropic", call, body)
         else:
             sid = rec.get("session") or rec.get("session_id") or (body.get("metadata") or {}).get("session_id")
             call["session"] = str(sid) if sid else chain.session_of_messages(call["messages"], reply_message(call))
