@@ -166,6 +166,27 @@ def test_claude_code_old_sidechains_compact_and_rewind():
     assert any("rewind" in w and ":17:" in w for w in warned)
 
 
+def test_claude_code_tool_results_hung_on_their_own_lines_are_no_rewind(tmp_path):
+    # parallel tool calls over two assistant lines, each result pointing at its own tool call's line
+    def line(kind, uuid, parent, content, mid=None):
+        msg = {"role": kind, "content": content} if kind == "user" else {"id": mid, "role": "assistant",
+                                                                          "model": "claude", "content": content}
+        return {"type": kind, "sessionId": "s", "uuid": uuid, "parentUuid": parent, "message": msg}
+    lines = [line("user", "u", None, "go"),
+             line("assistant", "a1", "u", [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}], "M1"),
+             line("assistant", "a2", "a1", [{"type": "tool_use", "id": "t2", "name": "Read", "input": {}}], "M1"),
+             line("user", "r1", "a1", [{"type": "tool_result", "tool_use_id": "t1", "content": "one"}]),
+             line("user", "r2", "a2", [{"type": "tool_result", "tool_use_id": "t2", "content": "two"}]),
+             line("assistant", "a3", "r2", [{"type": "text", "text": "done"}], "M2")]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        calls = load_trace(path).calls()
+    assert [m.get("content") for m in calls[1]["messages"]] == ["go", "", "one", "two"]
+    assert not [w for w in caught if "rewind" in str(w.message)]
+
+
 def test_llamacpp_cancelled_task_keeps_its_cached_prefix():
     _, calls, _ = read("llama-cancel.log")
     assert [(c["request_id"], c["prompt_len"], c["cached_tokens"]) for c in calls] == [

@@ -97,14 +97,20 @@ class _Session:
                 self.history.extend(node.msgs)
         else:
             old = self.history
-            self.history = _history(node)
-            if prev is not None:
-                keep = 0
-                for a, b in zip(old, self.history):
-                    if a is not b:
-                        break
-                    keep += 1
-                if len(old) > keep:
+            new = _history(node)
+            keep = 0
+            for a, b in zip(old, new):
+                if a is not b:
+                    break
+                keep += 1
+            if prev is not None and not any(m.get("role") == "assistant" for m in old[keep:]):
+                # no model reply is left behind: siblings (tool results hung on their tool calls' lines), not a
+                # rewind; the conversation holds both
+                node.prev = self.cur
+                self.history = old + [m for m in ((node.reply,) if node.reply is not None else node.msgs)]
+            else:
+                self.history = new
+                if prev is not None and len(old) > keep:
                     src.note(lineno, f"rewind: continues from an earlier message; {len(old) - keep} messages of "
                                      "the abandoned branch are not in the prompts that follow")
         self.cur = node
