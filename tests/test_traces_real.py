@@ -213,9 +213,25 @@ def test_anthropic_cache_control_reaches_the_dump_as_positions(tmp_path, qwen3):
     # a request with no cache_control caches nothing: an empty list, not automatic mode
     nos = load_trace(FIX / "anthropic-nosystem.jsonl").to_dump(qwen3, out=tmp_path / "n.jsonl").records()
     assert all(r["cache_control"] == [] for r in nos)
+    # the content blocks' ends (what the look-back counts) ride along, the breakpoints among them
+    assert set(b["cache_control"]) <= set(b["content_blocks"]) and len(b["content_blocks"]) > len(b["cache_control"])
     # Claude Code logs do not say where the breakpoints were: no field (automatic mode)
     cc = load_trace(FIX / "claude-code-session.jsonl").to_dump(qwen3, out=tmp_path / "c.jsonl").records()
     assert all("cache_control" not in r for r in cc)
+
+
+def test_anthropic_model_reads_the_previous_breakpoint_of_a_proxied_session(tmp_path, qwen3):
+    from strata_lab.caches.replay import replay_engines
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)
+        dump = load_trace(FIX / "proxy-capture.jsonl").to_dump(qwen3, out=tmp_path / "d.jsonl")
+    first, second, _ = dump.records()
+    df = replay_engines(dump, ["anthropic:min_tokens=4"], tokenizer=qwen3, progress=False).frame()
+    # the second request's tool_result breakpoint looks back over its blocks to the first request's last
+    # breakpoint (the end of "List the files."), as the API did (it reported the whole earlier prefix read)
+    assert df["reused"].tolist()[:2] == [0, first["cache_control"][-1]]
+    assert first["cache_control"][-1] in second["content_blocks"]
 
 
 def test_every_reader_carries_reported_usage_into_the_dump(tmp_path, qwen3):

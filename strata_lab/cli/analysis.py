@@ -42,7 +42,11 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     if trace.formats == ["strata"]:
         return load_dump(paths, vocab_size=rows)
     _describe(trace)
-    return trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
+    dump = trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
+    empty = [f"{p}: no calls: {st['why_none']}" for p, st in trace.stats.items() if not st["calls"]]
+    if empty and len(empty) == len(trace.stats):
+        raise ValueError("; ".join(empty))
+    return dump
 
 
 def _file_report(trace, records=None) -> list[str]:

@@ -45,17 +45,19 @@ def _result_text(content, notes: list) -> str:
 
 
 def convert_messages(messages: list, notes: list, marks: list | None = None,
-                     at: list | None = None) -> list[dict]:
+                     at: list | None = None, blocks: list | None = None) -> list[dict]:
     """Anthropic messages into the internal shape: tool_use -> tool_calls, tool_result -> tool messages (before
     the user's own text), thinking -> reasoning_content, images -> ``[image]``. Blocks with ``cache_control``
     are named in `marks` (``messages[i].content[j]``) and located in the output in `at` (``["msg", k, what,
-    n]``: the end of part n of message k's content, of its tool call n, of its reasoning)."""
+    n]``: the end of part n of message k's content, of its tool call n, of its reasoning); `blocks` gets the
+    same locator for every block (the content-block ends Anthropic's look-back counts)."""
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise ValueError(f"messages[{i}].role: must be user or assistant")
         parts, calls, reasoning, results = [], [], [], []
         where = []  # (kind, n) of this message's cache_control blocks
+        every = []  # (kind, n) of all its blocks
         for j, b in enumerate(_blocks(m.get("content"))):
             kind = b.get("type")
             if kind == "text":
@@ -81,16 +83,19 @@ def convert_messages(messages: list, notes: list, marks: list | None = None,
             if marks is not None and b.get("cache_control"):
                 marks.append(f"messages[{i}].content[{j}]")
                 where.append(spot)
-        if at is not None:
-            for spot in where:
+            every.append(spot)
+        for into, spots in ((at, where), (blocks, every)):
+            if into is None:
+                continue
+            for spot in spots:
                 if spot is None:
                     continue
                 if spot[0] == "result":
-                    at.append(["msg", len(out) + spot[1], "content", 0])
+                    into.append(["msg", len(out) + spot[1], "content", 0])
                 elif spot[0] == "part":
-                    at.append(["msg", len(out) + len(results), "content", spot[1]])
+                    into.append(["msg", len(out) + len(results), "content", spot[1]])
                 else:
-                    at.append(["msg", len(out) + (len(results) if m["role"] == "user" else 0), spot[0], spot[1]])
+                    into.append(["msg", len(out) + (len(results) if m["role"] == "user" else 0), spot[0], spot[1]])
         if m["role"] == "user":
             out.extend(results)
             if parts or not results:
@@ -161,6 +166,7 @@ def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME) -
     notes: list = []
     marks: list = []
     at: list = []  # where each breakpoint ends in the converted call (`Trace` turns these into token positions)
+    blocks: list = []  # where every content block ends (the look-back counts blocks)
     system = body.get("system")
     if isinstance(system, list):
         texts, end = [], 0
@@ -169,10 +175,13 @@ def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME) -
                 continue
             end += (2 if texts else 0) + len(b.get("text", ""))
             texts.append(b.get("text", ""))
+            blocks.append(["system", end])
             if b.get("cache_control"):
                 marks.append(f"system[{k}]")
                 at.append(["system", end])
         system = "\n\n".join(texts)
+    elif isinstance(system, str) and system:
+        blocks.append(["system", len(system)])
     tools = body.get("tools") or []
     named = 0
     for k, t in enumerate(tools):
@@ -181,14 +190,14 @@ def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME) -
                 marks.append(f"tools[{k}]")
                 at.append(["tool", named])
             named += 1
-    messages = convert_messages(body["messages"], notes, marks, at)
+    messages = convert_messages(body["messages"], notes, marks, at, blocks)
     if isinstance(body.get("cache_control"), dict):
         marks.append("auto")  # automatic mode: one top-level breakpoint that moves to the last block
         at.append(["auto"])
     call = new_call(format=fmt, fidelity="messages", model=body.get("model"), notes=notes,
                     system=system if isinstance(system, str) and system else None, messages=messages,
                     tools=convert_tools(tools), cache_breakpoints=marks)
-    call["extra"] = {"cache_at": at}
+    call["extra"] = {"cache_at": at, "block_at": blocks}
     apply_response(call, response)
     return call
 

@@ -9,6 +9,10 @@ at or before it. ``["auto"]`` (a top-level ``cache_control``: automatic mode) is
 Anthropic call with no ``cache_control`` at all gets an empty list (nothing is cached); calls of other formats
 get None (the dump says nothing, the model runs in automatic mode).
 
+`block_positions` gives the ends of the request's content blocks (the dump's ``content_blocks``: Anthropic's
+look-back counts blocks, not chat turns) from one render with a distinct private-use character at the end of
+every text block, image placeholder and tool result; tool-use and thinking blocks are not marked.
+
 >>> from strata_lab import ChatTemplate, load_tokenizer
 >>> from strata_lab.traces.anthropic import from_request
 >>> call = from_request({"model": "claude", "system": [{"type": "text", "text": "Be brief.",
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 
-__all__ = ["token_positions", "MAX_BREAKPOINTS"]
+__all__ = ["token_positions", "block_positions", "MAX_BREAKPOINTS"]
 
 SENTINEL = "\ue000"
 MAX_BREAKPOINTS = 4  # Anthropic refuses more; the cache model checks it
@@ -121,3 +125,51 @@ def token_positions(call: dict, tokenizer, template, prompt_ids, kw: dict) -> li
         if pos > 0:
             out.add(pos)
     return sorted(out)[-MAX_BREAKPOINTS:]
+
+
+_MAX_MARKERS = 6000  # distinct private-use characters U+E000..; a call with more blocks gets no content_blocks
+
+
+def block_positions(call: dict, tokenizer, template, prompt_ids, kw: dict) -> list[int] | None:
+    """Token positions where the call's content blocks end (text, images, tool results, system blocks), or None
+    when the log says nothing of blocks or the template changes the text around them (then the model falls back
+    to its own boundaries)."""
+    locs = (call.get("extra") or {}).get("block_at")
+    if not locs or call["fidelity"] != "messages" or len(locs) > _MAX_MARKERS:
+        return None
+    msgs, shift = _messages(call)
+    msgs = list(msgs)
+    system_marks: list = []
+    for q, loc in enumerate(locs):
+        mark = chr(0xE000 + q)
+        if loc[0] == "system" and shift:
+            system_marks.append((loc[1], mark))
+        elif loc[0] == "msg" and loc[2] == "content" and loc[1] + shift < len(msgs):
+            k = loc[1] + shift
+            m = msgs[k] = dict(msgs[k])
+            c = m.get("content")
+            if isinstance(c, str) or c is None:
+                m["content"] = (c or "") + mark
+            elif isinstance(c, list) and loc[3] < len(c):
+                c = m["content"] = list(c)
+                c[loc[3]] = {**c[loc[3]], "text": c[loc[3]].get("text", "") + mark}
+    if system_marks:
+        text = msgs[0]["content"]
+        for at, mark in sorted(system_marks, reverse=True):
+            text = text[:at] + mark + text[at:]
+        msgs[0] = {**msgs[0], "content": text}
+    base_msgs, _ = _messages(call)
+    base = template.render(base_msgs, tools=call["tools"], add_generation_prompt=True, **kw)
+    marked = template.render(msgs, tools=call["tools"], add_generation_prompt=True, **kw)
+    offsets, seen = [], 0
+    for i, ch in enumerate(marked):
+        if "\ue000" <= ch < chr(0xE000 + len(locs)):
+            offsets.append(i - seen)
+            seen += 1
+    if not seen or "".join(ch for ch in marked if not "\ue000" <= ch < chr(0xE000 + len(locs))) != base:
+        return None
+    enc = tokenizer.hf.encode(base, add_special_tokens=False)
+    if list(enc.ids) != list(prompt_ids):
+        return None
+    ends = [e for _, e in enc.offsets]
+    return sorted({p for p in (bisect.bisect_right(ends, c) for c in offsets) if 0 < p <= len(prompt_ids)})

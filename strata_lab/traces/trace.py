@@ -176,7 +176,7 @@ class Trace:
     def dump_records(self, tokenizer="qwen3", template=None, *, checkpoint_policy: dict | None = None,
                      **kw) -> Iterator[dict]:
         """strata-dump/1 records, one per rendered call (see `to_dump`)."""
-        from strata_lab.traces.breakpoints import token_positions
+        from strata_lab.traces.breakpoints import block_positions, token_positions
 
         tokenizer, template = resolve(tokenizer, template)
         for call, r in self.render(tokenizer, template, **kw):
@@ -200,6 +200,9 @@ class Trace:
                 bps = token_positions(call, tokenizer, template, r.prompt_ids, tkw)
                 if bps is not None:
                     rec["cache_control"] = bps  # Anthropic breakpoints as prompt positions (breakpoint mode)
+                    blocks = block_positions(call, tokenizer, template, r.prompt_ids, tkw)
+                    if blocks is not None:  # where content blocks end: what Anthropic's look-back counts
+                        rec["content_blocks"] = sorted(set(blocks) | set(bps))
             if call["notes"]:
                 rec["trace_notes"] = list(call["notes"])  # what the log lacks or how it was read, per call
             if r.synthetic:
