@@ -4,7 +4,9 @@ of spans. Messages come from ``gen_ai.input.messages`` / ``gen_ai.output.message
 (parts: text, tool_call, tool_call_response, reasoning, blobs), or the older ``gen_ai.content.prompt`` /
 ``gen_ai.content.completion`` events (``gen_ai.prompt`` / ``gen_ai.completion`` JSON) and indexed
 ``gen_ai.prompt.N.role``/``content`` attributes. Usage: ``gen_ai.usage.input_tokens`` (includes the cache
-buckets), ``gen_ai.usage.cache_read.input_tokens``, ``gen_ai.usage.cache_creation.input_tokens``. Session:
+buckets), ``gen_ai.usage.cache_read.input_tokens``, ``gen_ai.usage.cache_creation.input_tokens`` (or
+OpenLLMetry's ``gen_ai.usage.prompt_tokens`` / ``completion_tokens`` / ``cache_read_input_tokens`` /
+``cache_creation_input_tokens``). A model span without content (capture off) is a length-only call. Session:
 ``gen_ai.conversation.id``, else prefix-chaining.
 """
 from __future__ import annotations
@@ -149,9 +151,13 @@ def from_span(span: dict) -> dict | None:
                     response_reasoning=reply.get("reasoning_content"),
                     response_tool_calls=reply.get("tool_calls"),
                     prompt_tokens=attrs.get("gen_ai.usage.input_tokens", attrs.get("gen_ai.usage.prompt_tokens")),
-                    completion_tokens=attrs.get("gen_ai.usage.output_tokens"),
-                    cache_read_tokens=attrs.get("gen_ai.usage.cache_read.input_tokens"),
-                    cache_creation_tokens=attrs.get("gen_ai.usage.cache_creation.input_tokens"))
+                    completion_tokens=attrs.get("gen_ai.usage.output_tokens",
+                                                attrs.get("gen_ai.usage.completion_tokens")),
+                    # semconv names, then OpenLLMetry's older ones
+                    cache_read_tokens=attrs.get("gen_ai.usage.cache_read.input_tokens",
+                                                attrs.get("gen_ai.usage.cache_read_input_tokens")),
+                    cache_creation_tokens=attrs.get("gen_ai.usage.cache_creation.input_tokens",
+                                                    attrs.get("gen_ai.usage.cache_creation_input_tokens")))
     call["cached_tokens"] = call["cache_read_tokens"]
     reasons = attrs.get("gen_ai.response.finish_reasons")
     call["finish"] = reasons[0] if isinstance(reasons, list) and reasons else None
