@@ -140,6 +140,19 @@ def test_codex_token_count_before_its_items_attaches_to_the_right_call():
     assert "tool definitions not in the log" in b["notes"]
 
 
+def test_codex_totals_only_give_each_call_its_difference(tmp_path):
+    lines = []
+    for line in (FIX / "codex-rollout-late.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if isinstance((rec["payload"] or {}).get("info"), dict):
+            rec["payload"]["info"].pop("last_token_usage")
+        lines.append(json.dumps(rec))
+    path = tmp_path / "rollout.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    calls = load_trace(path).calls()
+    assert [(c["prompt_tokens"], c["cached_tokens"]) for c in calls] == [(5200, 0), (5300, 5120)]
+
+
 def test_codex_old_order_still_reads(tmp_path):
     _, calls, _ = read("codex-rollout.jsonl")
     assert [(c["prompt_tokens"], c["cached_tokens"]) for c in calls] == [(4100, 3072), (4200, 4096)]

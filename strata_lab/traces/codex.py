@@ -2,7 +2,7 @@
 type, payload}`` with types ``session_meta``, ``turn_context``, ``response_item``, ``event_msg``, ``compacted``.
 A model call's prompt is every item before its outputs (assistant messages, reasoning, tool calls); the
 ``token_count`` event's ``last_token_usage`` carries ``input_tokens`` and ``cached_input_tokens`` (hosted cache
-ground truth). Older rollouts write ``token_count`` after the outputs it measures; newer ones write it when the
+ground truth; rollouts with only ``total_token_usage`` give the difference from the previous count). Older rollouts write ``token_count`` after the outputs it measures; newer ones write it when the
 response completes, before its output items: a ``token_count`` that arrives with no outputs waiting is held for
 the outputs that follow (and a repeated identical one is ignored), so usage, timestamp (the ``token_count``'s)
 and request id (the first output item's ``id``) stay with their call. Encrypted reasoning is noted; the tool
@@ -92,7 +92,7 @@ def _flush(r: _Rollout, src: Source, lineno: int | None, info: dict | None, ts: 
     if info is None:
         notes.append("no token_count for this call")
     else:
-        usage = info.get("last_token_usage") or {}
+        usage = info.get("last_token_usage") or info.get("_last_from_total") or {}
         call["prompt_tokens"] = usage.get("input_tokens")
         call["cached_tokens"] = usage.get("cached_input_tokens")
         call["completion_tokens"] = usage.get("output_tokens")
@@ -155,7 +155,12 @@ def read(src: Source) -> Iterator[dict]:
             info = p["info"]
             if info == r.last_info:
                 continue  # the same count repeated (a turn's end re-sends it)
+            prev_total = (r.last_info or {}).get("total_token_usage") or {}
             r.last_info = info
+            total = info.get("total_token_usage")
+            if not info.get("last_token_usage") and isinstance(total, dict):  # older rollouts: totals only
+                info = dict(info, _last_from_total={k: v - prev_total.get(k, 0) for k, v in total.items()
+                                                    if isinstance(v, int)})
             ts = parse_ts(rec.get("timestamp"))
             if not r.outputs:  # before the outputs it measures (newer rollouts): hold it for them
                 if r.held is not None:  # two counts in a row, no outputs between: the first measured nothing seen
