@@ -31,7 +31,7 @@ _STAMP = re.compile(rb"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 
 def detect_head(head: bytes) -> bool:
     return b"GenerateReqInput(" in head or (b'"input_ids"' in head and b'"meta_info"' in head) \
-        or (b"Prefill batch" in head and b"#new-seq" in head)
+        or (b"Prefill batch" in head and b"#new-seq" in head) or b"server_args=ServerArgs(" in head
 
 
 def _prefill(src: Source, lineno: int, line: bytes, m, counts: list) -> dict | None:
@@ -81,10 +81,12 @@ def read(src: Source) -> Iterator[dict]:
     counts = [0, 0]  # prefill batches of several sequences, and their sequences
     head = src.head()
     batches = not (b"GenerateReqInput(" in head or b'"meta_info"' in head)  # request lines win when logged
+    n_calls = 0
     for lineno, line in src.lines():
         if batches and b"Prefill batch" in line and (m := _PREFILL.search(line)) is not None:
             call = _prefill(src, lineno, line, m, counts)
             if call is not None:
+                n_calls += 1
                 yield call
             continue
         try:
@@ -107,7 +109,11 @@ def read(src: Source) -> Iterator[dict]:
         else:
             call.update(fidelity="ids", prompt_ids=ids, prompt_len=len(ids), response_ids=out,
                         session=chain.session_of_ids(ids, out))
+        n_calls += 1
         yield call
     if counts[0]:
         src.facts.append(f"{counts[0]} prefill batches held several new sequences ({counts[1]} requests): their "
                          "#cached-token cannot be split per request, so they are not read as calls")
+    if not n_calls:
+        src.why_none = ("an SGLang log with no finished request (--log-requests) and no single-sequence prefill "
+                        "batch line" + (f"; {src.facts[-1]}" if src.facts else ""))

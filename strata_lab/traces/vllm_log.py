@@ -38,7 +38,7 @@ _MAX_PENDING = 4096  # requests waiting for their output line before they are em
 def detect_head(head: bytes) -> bool:
     return (b"prompt_token_ids" in head and (b"Received request" in head or b"details: prompt" in head
                                              or b'"prompt_token_ids"' in head)) \
-        or b"Avg prompt throughput" in head or b"Prefix cache hit rate" in head
+        or b"Avg prompt throughput" in head or b"Prefix cache hit rate" in head or b"vLLM API server version" in head
 
 
 def _pystr(raw: bytes) -> str | None:
