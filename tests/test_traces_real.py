@@ -318,7 +318,8 @@ def test_cli_import_reports_per_file_and_fails_on_a_file_without_calls(tmp_path,
     assert len(errors) == 1 and "no calls: a default vLLM log" in errors[0]
     # several files, one without calls: the others are written, the exit says one gave none
     both = tmp_path / "both.jsonl"
-    assert _cli("import", str(FIX / "proxy-capture.jsonl"), str(FIX / "vllm-default.log"), "--out", str(both), "-q") == 1
+    assert _cli("import", str(FIX / "proxy-capture.jsonl"), str(FIX / "vllm-default.log"), "--out", str(both),
+                "-q") == 1
     text, err = capsys.readouterr()
     assert both.exists() and len(both.read_text().splitlines()) == 3 and "no calls: a default vLLM log" in err
     junk = tmp_path / "bad.jsonl"

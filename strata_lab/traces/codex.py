@@ -2,11 +2,12 @@
 type, payload}`` with types ``session_meta``, ``turn_context``, ``response_item``, ``event_msg``, ``compacted``.
 A model call's prompt is every item before its outputs (assistant messages, reasoning, tool calls); the
 ``token_count`` event's ``last_token_usage`` carries ``input_tokens`` and ``cached_input_tokens`` (hosted cache
-ground truth; rollouts with only ``total_token_usage`` give the difference from the previous count). Older rollouts write ``token_count`` after the outputs it measures; newer ones write it when the
-response completes, before its output items: a ``token_count`` that arrives with no outputs waiting is held for
-the outputs that follow (and a repeated identical one is ignored), so usage, timestamp (the ``token_count``'s)
-and request id (the first output item's ``id``) stay with their call. Encrypted reasoning is noted; the tool
-definitions are never in a rollout, and the base instructions only in newer ones (both noted per call).
+ground truth; rollouts with only ``total_token_usage`` give the difference from the previous count). Older
+rollouts write ``token_count`` after the outputs it measures; newer ones write it when the response completes,
+before its output items: a ``token_count`` that arrives with no outputs waiting is held for the outputs that
+follow (and a repeated identical one is ignored), so usage, timestamp (the ``token_count``'s) and request id
+(the first output item's ``id``) stay with their call. Encrypted reasoning is noted; the tool definitions are
+never in a rollout, and the base instructions only in newer ones (both noted per call).
 """
 from __future__ import annotations
 
