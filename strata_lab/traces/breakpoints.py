@@ -9,9 +9,12 @@ at or before it. ``["auto"]`` (a top-level ``cache_control``: automatic mode) is
 Anthropic call with no ``cache_control`` at all gets an empty list (nothing is cached); calls of other formats
 get None (the dump says nothing, the model runs in automatic mode).
 
-`block_positions` gives the ends of the request's content blocks (the dump's ``content_blocks``: Anthropic's
+`positions` also gives the ends of the request's content blocks (the dump's ``content_blocks``: Anthropic's
 look-back counts blocks, not chat turns) from one render with a distinct private-use character at the end of
-every text block, image placeholder and tool result; tool-use and thinking blocks are not marked.
+every text block, image placeholder, tool result and system block (tool-use and thinking blocks are not
+marked); breakpoints on such blocks take their position from that render, the others (tools, tool calls,
+reasoning) from one render each. Cost per Anthropic call: two renders and one encoding, plus one render per
+breakpoint on a tool definition, tool call or thinking block.
 
 >>> from strata_lab import ChatTemplate, load_tokenizer
 >>> from strata_lab.traces.anthropic import from_request
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 
-__all__ = ["token_positions", "block_positions", "MAX_BREAKPOINTS"]
+__all__ = ["positions", "token_positions", "MAX_BREAKPOINTS"]
 
 SENTINEL = "\ue000"
 MAX_BREAKPOINTS = 4  # Anthropic refuses more; the cache model checks it
@@ -91,57 +94,16 @@ def _marked(msgs: list[dict], tools, shift: int, loc: list):
     return msgs, tools or None
 
 
-def token_positions(call: dict, tokenizer, template, prompt_ids, kw: dict) -> list[int] | None:
-    """Token positions of the call's breakpoints in `prompt_ids` (rendered from `call` with `template` and
-    `kw`), ascending, at most `MAX_BREAKPOINTS` (the last ones); None when the log says nothing about them."""
-    at = (call.get("extra") or {}).get("cache_at")
-    if at is None or call["fidelity"] != "messages":
-        return None
-    if not at:
-        return []
-    msgs, shift = _messages(call)
-    base = template.render(msgs, tools=call["tools"], add_generation_prompt=True, **kw)
-    enc = tokenizer.hf.encode(base, add_special_tokens=False)
-    same = list(enc.ids) == list(prompt_ids)
-    ends = [e for _, e in enc.offsets] if same else None
-    out = set()
-    for loc in at:
-        if loc[0] == "auto":
-            out.add(len(prompt_ids))
-            continue
-        marked = _marked(msgs, call["tools"], shift, loc)
-        if marked is None:
-            continue
-        text = template.render(marked[0], tools=marked[1], add_generation_prompt=True, **kw)
-        c = next((i for i, (a, b) in enumerate(zip(base, text)) if a != b), None)
-        if c is None:
-            continue  # the template does not show that block (e.g. old reasoning): no position to give
-        if ends is not None:
-            pos = bisect.bisect_right(ends, c)
-        else:  # the ids are not this render's (another template): the shared prefix of the cut text
-            head = tokenizer.encode(base[:c])
-            pos = next((i for i, (a, b) in enumerate(zip(head, prompt_ids)) if a != b), min(len(head),
-                                                                                          len(prompt_ids)))
-        if pos > 0:
-            out.add(pos)
-    return sorted(out)[-MAX_BREAKPOINTS:]
-
-
 _MAX_MARKERS = 6000  # distinct private-use characters U+E000..; a call with more blocks gets no content_blocks
+_FIRST = 0xE000
 
 
-def block_positions(call: dict, tokenizer, template, prompt_ids, kw: dict) -> list[int] | None:
-    """Token positions where the call's content blocks end (text, images, tool results, system blocks), or None
-    when the log says nothing of blocks or the template changes the text around them (then the model falls back
-    to its own boundaries)."""
-    locs = (call.get("extra") or {}).get("block_at")
-    if not locs or call["fidelity"] != "messages" or len(locs) > _MAX_MARKERS:
-        return None
-    msgs, shift = _messages(call)
+def _block_marked(msgs: list[dict], shift: int, locs: list) -> list[dict]:
+    """Messages with private-use character U+E000+q at the end of block q (text-like blocks only)."""
     msgs = list(msgs)
     system_marks: list = []
     for q, loc in enumerate(locs):
-        mark = chr(0xE000 + q)
+        mark = chr(_FIRST + q)
         if loc[0] == "system" and shift:
             system_marks.append((loc[1], mark))
         elif loc[0] == "msg" and loc[2] == "content" and loc[1] + shift < len(msgs):
@@ -158,18 +120,72 @@ def block_positions(call: dict, tokenizer, template, prompt_ids, kw: dict) -> li
         for at, mark in sorted(system_marks, reverse=True):
             text = text[:at] + mark + text[at:]
         msgs[0] = {**msgs[0], "content": text}
-    base_msgs, _ = _messages(call)
-    base = template.render(base_msgs, tools=call["tools"], add_generation_prompt=True, **kw)
-    marked = template.render(msgs, tools=call["tools"], add_generation_prompt=True, **kw)
-    offsets, seen = [], 0
-    for i, ch in enumerate(marked):
-        if "\ue000" <= ch < chr(0xE000 + len(locs)):
-            offsets.append(i - seen)
-            seen += 1
-    if not seen or "".join(ch for ch in marked if not "\ue000" <= ch < chr(0xE000 + len(locs))) != base:
-        return None
+    return msgs
+
+
+def positions(call: dict, tokenizer, template, prompt_ids, kw: dict) -> tuple[list[int] | None, list[int] | None]:
+    """(cache_control, content_blocks) of one call as token positions of `prompt_ids` (rendered from `call`
+    with `template` and `kw`). cache_control: ascending, at most `MAX_BREAKPOINTS` (the last ones); None when
+    the log says nothing of breakpoints (not an Anthropic request). content_blocks: None when unknown (the
+    template changes the text around the blocks, or the ids are not this render's)."""
+    at = (call.get("extra") or {}).get("cache_at")
+    if at is None or call["fidelity"] != "messages":
+        return None, None
+    if not at:
+        return [], None  # the request set no cache_control: nothing is cached, blocks do not matter
+    msgs, shift = _messages(call)
+    base = template.render(msgs, tools=call["tools"], add_generation_prompt=True, **kw)
     enc = tokenizer.hf.encode(base, add_special_tokens=False)
-    if list(enc.ids) != list(prompt_ids):
-        return None
-    ends = [e for _, e in enc.offsets]
-    return sorted({p for p in (bisect.bisect_right(ends, c) for c in offsets) if 0 < p <= len(prompt_ids)})
+    ends = [e for _, e in enc.offsets] if list(enc.ids) == list(prompt_ids) else None
+    n = len(prompt_ids)
+
+    def token_at(c: int) -> int:
+        if ends is not None:
+            return bisect.bisect_right(ends, c)
+        head = tokenizer.encode(base[:c])  # the ids are not this render's: the shared prefix of the cut text
+        return next((i for i, (a, b) in enumerate(zip(head, prompt_ids)) if a != b), min(len(head), n))
+
+    locs = (call.get("extra") or {}).get("block_at") or []
+    block_pos: dict = {}
+    blocks = None
+    if locs and len(locs) <= _MAX_MARKERS and ends is not None:
+        marked = template.render(_block_marked(msgs, shift, locs), tools=call["tools"], add_generation_prompt=True,
+                                 **kw)
+        top = chr(_FIRST + len(locs))
+        seen, plain = 0, []
+        for i, ch in enumerate(marked):
+            if "\ue000" <= ch < top:
+                block_pos[tuple(locs[ord(ch) - _FIRST])] = token_at(i - seen)
+                seen += 1
+            else:
+                plain.append(ch)
+        if seen and "".join(plain) == base:
+            blocks = sorted({p for p in block_pos.values() if 0 < p <= n})
+        else:
+            block_pos = {}  # the template changed the text around the markers: no positions from it
+    out = set()
+    for loc in at:
+        if loc[0] == "auto":
+            out.add(n)
+            continue
+        pos = block_pos.get(tuple(loc))
+        if pos is None:
+            marked = _marked(msgs, call["tools"], shift, loc)
+            if marked is None:
+                continue
+            text = template.render(marked[0], tools=marked[1], add_generation_prompt=True, **kw)
+            c = next((i for i, (a, b) in enumerate(zip(base, text)) if a != b), None)
+            if c is None:
+                continue  # the template does not show that block (e.g. old reasoning): no position to give
+            pos = token_at(c)
+        if 0 < pos <= n:
+            out.add(pos)
+    bps = sorted(out)[-MAX_BREAKPOINTS:]
+    if blocks is not None:
+        blocks = sorted(set(blocks) | set(bps))
+    return bps, blocks
+
+
+def token_positions(call: dict, tokenizer, template, prompt_ids, kw: dict) -> list[int] | None:
+    """The breakpoints alone (see `positions`)."""
+    return positions(call, tokenizer, template, prompt_ids, kw)[0]

@@ -176,7 +176,7 @@ class Trace:
     def dump_records(self, tokenizer="qwen3", template=None, *, checkpoint_policy: dict | None = None,
                      **kw) -> Iterator[dict]:
         """strata-dump/1 records, one per rendered call (see `to_dump`)."""
-        from strata_lab.traces.breakpoints import block_positions, token_positions
+        from strata_lab.traces.breakpoints import positions
 
         tokenizer, template = resolve(tokenizer, template)
         for call, r in self.render(tokenizer, template, **kw):
@@ -197,12 +197,11 @@ class Trace:
                 tkw = dict((call.get("extra") or {}).get("chat_template_kwargs") or {})
                 if kw.get("enable_thinking") is not None:
                     tkw["enable_thinking"] = kw["enable_thinking"]
-                bps = token_positions(call, tokenizer, template, r.prompt_ids, tkw)
+                bps, blocks = positions(call, tokenizer, template, r.prompt_ids, tkw)
                 if bps is not None:
                     rec["cache_control"] = bps  # Anthropic breakpoints as prompt positions (breakpoint mode)
-                    blocks = block_positions(call, tokenizer, template, r.prompt_ids, tkw)
-                    if blocks is not None:  # where content blocks end: what Anthropic's look-back counts
-                        rec["content_blocks"] = sorted(set(blocks) | set(bps))
+                if blocks is not None:  # where content blocks end: what Anthropic's look-back counts
+                    rec["content_blocks"] = blocks
             if call["notes"]:
                 rec["trace_notes"] = list(call["notes"])  # what the log lacks or how it was read, per call
             if r.synthetic:
