@@ -29,10 +29,12 @@ def detect_format(src: Source) -> tuple[str, str]:
         if mod.detect_head(head):
             return mod.NAME, "server log markers in the first 64 KiB"
     if stripped.startswith(b"["):
-        if b'"conversations"' in head or (b'"messages"' in head and b'"role"' in head and b'"model"' not in head):
+        if b'"conversations"' in head:
             return sharegpt.NAME, "a JSON array of conversations"
         if b"gen_ai." in head:
             return otel.NAME, "a JSON array of spans with gen_ai attributes"
+        if b'"messages"' in head and b'"role"' in head:
+            return sharegpt.NAME, "a JSON array of conversations (messages / role / content)"
     for line in head.split(b"\n")[:50]:
         line = line.strip()
         if not line.startswith(b"{"):
