@@ -28,7 +28,10 @@ _JSON_COLS = ("messages", "tools", "response_tool_calls", "extra")
 
 class Trace:
     """Calls read from `paths` (each in `format`, or the detected one: `detected[path] = (format, why)`).
-    Iterating streams the files; `to_frame()` gives pandas; `to_dump()` renders to strata-dump/1."""
+    Iterating streams the files; `to_frame()` gives pandas; `to_dump()` renders to strata-dump/1. After a
+    pass, `stats[path]` says per file: calls, sessions, fidelities, calls with reported usage / cached tokens,
+    notes, what the log reports beyond its calls (`facts`) and, for a file with no call, why (`why_none`).
+    OpenAI Batch output files join their input files' lines on ``custom_id`` when both are given."""
 
     def __init__(self, paths: Iterable[str | os.PathLike], format: str | None = None, *, progress: bool = False,
                  session_key: str | None = None):
