@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", help="reader name (default: detected per file)")
     p.add_argument("--session-key", metavar="FIELD.PATH",
                    help="dotted path of the field that names each record's session (e.g. metadata.session_id, "
-                        "request.body.metadata.user_id, attributes.session.id); records without it are chained")
+                        "request.body.metadata.session_id, attributes.session.id); records without it are chained")
     p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json")
     p.add_argument("--template", help="chat template: preset, .jinja, tokenizer_config.json, .gguf or folder "
                                       "(default: the tokenizer's folder, else qwen3)")
