@@ -5,16 +5,16 @@
 """
 from __future__ import annotations
 
-from strata_lab.traces import (anthropic, claude_code, codex, har, llamacpp_log, openai, otel, sglang_log, sharegpt, strata,
-               vllm_log)
+from strata_lab.traces import (anthropic, bailian, claude_code, codex, har, llamacpp_log, mooncake, openai, otel,
+                               sglang_log, sharegpt, strata, vllm_log)
 from strata_lab.traces.source import Source, loads
 
 __all__ = ["READERS", "detect_format"]
 
 READERS = {m.NAME: m for m in (strata, openai, anthropic, otel, claude_code, codex, har, vllm_log, sglang_log,
-                               llamacpp_log, sharegpt)}
+                               llamacpp_log, sharegpt, mooncake, bailian)}
 # JSON-lines formats, most specific first (an Anthropic body also has "messages")
-_JSON_ORDER = (strata, claude_code, codex, otel, sharegpt, anthropic, openai)
+_JSON_ORDER = (bailian, mooncake, strata, claude_code, codex, otel, sharegpt, anthropic, openai)
 _TEXT_ORDER = (vllm_log, sglang_log, llamacpp_log)
 
 
