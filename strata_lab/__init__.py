@@ -35,6 +35,10 @@ _EXPORTS = {
     "replay_engines": "strata_lab.caches.replay",
     "parse_engine": "strata_lab.caches.presets",
     "load_trace": "strata_lab.traces.trace",
+    "load_hash_trace": "strata_lab.traces.hashtrace",
+    "sweep": "strata_lab.caches.capacity",
+    "plot_sweep": "strata_lab.caches.capacity",
+    "export_trace": "strata_lab.caches.export",
     "Trace": "strata_lab.traces.trace",
 }
 
