@@ -242,3 +242,147 @@ def test_concurrency_needs_times_and_a_speed():
         sl.replay_engines([Call(0, "s", as_ids([1, 2]), ts=0.0)], ["vllm"], tokens_per_s=10)
     with pytest.raises(ValueError, match="tokens_per_s must be"):
         sl.replay_engines([Call(0, "s", as_ids([1, 2]), ts=0.0)], ["vllm"], concurrency=True, tokens_per_s=0)
+
+
+# -- export: anonymous hash traces that round-trip ------------------------------------------------------------
+DUMPS = sorted(glob.glob(str(ROOT / "dumps" / "*.jsonl")))
+
+
+@pytest.mark.parametrize("fmt", ["mooncake", "bailian"])
+@pytest.mark.parametrize("dump", DUMPS)
+def test_export_round_trips_exactly_under_vllm(tmp_path, dump, fmt):
+    out = tmp_path / f"{fmt}.jsonl"
+    for block, extra in ((16, ""), (4, ",kv_tokens=300"), (32, ",kv_tokens=600")):
+        n = sl.export_trace(dump, out, format=fmt, block=block)
+        assert n == len(calls_from_dump(dump))
+        spec = f"vllm:block_size={block}{extra}"
+        orig = sl.replay_engines(dump, [spec]).frame()["reused"].tolist()
+        again = sl.replay_engines(load_hash_trace(out, block=block), [spec]).frame()["reused"].tolist()
+        assert again == orig
+        assert sum(orig) > 0 or block == 32
+    # the reader detects the export by itself (its block is the format's default)
+    sl.export_trace(dump, out, format=fmt)
+    assert load_hash_trace(out).format == fmt
+
+
+def _relabel(dump, tmp_path):
+    """The same dump with every token id replaced through a bijection (same structure, other ids)."""
+    calls = calls_from_dump(dump)
+    ids = np.unique(np.concatenate([c.sequence() for c in calls]))
+    perm = dict(zip(ids.tolist(), (ids[::-1] + 7).tolist()))
+    return [dataclasses.replace(c, prompt=as_ids([perm[x] for x in c.prompt.tolist()]),
+                                output=as_ids([perm[x] for x in c.output.tolist()]), memo=None) for c in calls]
+
+
+@pytest.mark.parametrize("fmt", ["mooncake", "bailian"])
+def test_export_holds_no_text_and_no_ids(tmp_path, fmt):
+    dump = str(ROOT / "dumps" / "agent.jsonl")
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    sl.export_trace(dump, a, format=fmt, salt="k")
+    sl.export_trace(_relabel(dump, tmp_path), b, format=fmt, salt="k")
+    # any other ids with the same prefix structure give the same bytes: the file cannot hold the ids
+    assert a.read_bytes() == b.read_bytes()
+    rows = [json.loads(line) for line in a.read_text().splitlines()]
+    allowed = {"timestamp", "input_length", "output_length", "hash_ids", "output_hash_ids"} | (
+        {"chat_id", "parent_chat_id", "type", "turn"} if fmt == "bailian" else set())
+    assert all(set(r) == allowed for r in rows)
+    recs = sl.load_dump(dump).records()
+    assert all(r["session"] not in a.read_text() for r in recs)
+    assert rows[0]["timestamp"] == 0
+    hashes = sorted({h for r in rows for h in r["hash_ids"] + r["output_hash_ids"]})
+    assert hashes == list(range(len(hashes)))   # remapped to integers in order of first appearance
+    # different salts give the same integers (the remap), a random salt by default
+    c = tmp_path / "c.jsonl"
+    sl.export_trace(dump, c, format=fmt)
+    assert c.read_bytes() == a.read_bytes()
+    if fmt == "bailian":
+        assert [r["turn"] for r in rows] == list(range(1, len(rows) + 1))
+        assert [r["parent_chat_id"] for r in rows] == [-1] + [r["chat_id"] for r in rows[:-1]]
+
+
+def test_export_from_a_store_and_bad_options(tmp_path):
+    store = tmp_path / "store"
+    sl.convert_jsonl([str(ROOT / "dumps" / "webui.jsonl")], str(store))
+    out = tmp_path / "s.jsonl"
+    assert sl.export_trace(str(store), out, format="mooncake", block=16) == len(calls_from_dump(str(store)))
+    orig = sl.replay_engines(str(store), ["vllm"]).frame()["reused"].tolist()
+    assert sl.replay_engines(load_hash_trace(out, block=16), ["vllm"]).frame()["reused"].tolist() == orig
+    with pytest.raises(ValueError, match="format must be one of"):
+        sl.export_trace(str(store), out, format="sharegpt")
+    with pytest.raises(ValueError, match="block must be a positive int"):
+        sl.export_trace(str(store), out, format="bailian", block=0)
+
+
+# -- sweeps -----------------------------------------------------------------------------------------------
+def test_sweep_curve_policies_tier2_and_fleet(generated):
+    caps = [10**4, 10**5, 10**6, 3 * 10**6, 10**7, 10**8, 10**9, None]
+    df = sl.sweep(generated, capacities=caps, policies=["lru", "lfu", "fifo", "atc25"])
+    assert len(df) == 4 * len(caps)
+    lru = df[df["policy"] == "lru"]["hit_rate"].tolist()
+    assert lru == sorted(lru) and lru[0] < 0.05 and lru[-1] == lru[-2]
+    # the block LRU is the done-when's reference LRU
+    assert abs(lru[3] - lru_reference(generated, 3 * 10**6)) < 1e-12
+    assert abs(lru[-1] - lru_reference(generated, None)) < 1e-12
+    # a second tier only adds hits, and says how many came from it
+    t2 = sl.sweep(generated, capacities=[10**6], policies=["lru"], tier2=10**7)
+    assert t2["hit_rate"].iloc[0] > lru[2] and t2["tier2_hit_rate"].iloc[0] > 0
+    # per-replica caches of capacity / K lose to one shared pool of the same size
+    fleet = sl.sweep(generated, capacities=[3 * 10**6], policies=["lru", "vllm"], replicas=4)
+    for pol, g in fleet.groupby("policy"):
+        shared = g[g["layout"] == "shared"]["hit_rate"].iloc[0]
+        split = g[g["layout"] == "per-replica"]["hit_rate"].iloc[0]
+        assert split < shared, pol
+
+
+def test_atc25_uses_categories_and_time():
+    # two categories: a block class reused quickly (search) and one never reused (file); under pressure
+    # the workload-aware policy keeps the reused class where LRU evicts by recency alone
+    from strata_lab.caches.capacity import BlockStream, simulate
+
+    keys, ts, cat = [], [], []
+    for i in range(200):
+        keys.append([1000, 1001]) if i % 2 == 0 else keys.append([10_000 + i])
+        cat.append("search/first" if i % 2 == 0 else "file/first")
+        ts.append(float(i))
+    for i in range(0, 200, 10):   # bursts of one-off files between the search reuses
+        keys[i + 1] = [20_000 + 3 * i, 20_001 + 3 * i, 20_002 + 3 * i]
+    n = len(keys)
+    s = BlockStream(keys, np.full(n, 16), np.array([16 * len(k) for k in keys]), np.array(ts), [str(i) for i in
+                    range(n)], cat, 16)
+    lru = simulate(s, "lru", 3 * 16)["hit_rate"]
+    atc = simulate(s, "atc25", 3 * 16)["hit_rate"]
+    assert atc > lru
+
+
+def test_sweep_errors_before_work(generated):
+    with pytest.raises(ValueError, match="policies: nope|engine must be one of"):
+        sl.sweep(generated, capacities=[10**4], policies=["lru", "nope"])
+    with pytest.raises(ValueError, match="tier2: a second tier"):
+        sl.sweep(generated, capacities=[10**4], policies=["vllm"], tier2=10**5)
+    with pytest.raises(ValueError, match="capacities must be positive"):
+        sl.sweep(generated, capacities=[0], policies=["lru"])
+    with pytest.raises(ValueError, match="has no token capacity"):
+        sl.sweep(generated, capacities=[10**4], policies=["openai"])
+
+
+def test_sweep_on_dask_equals_local(generated):
+    pytest.importorskip("distributed")
+    small = [10**5, 10**7]
+    local = sl.sweep(generated, capacities=small, policies=["lru", "atc25"])
+    dist = sl.sweep(generated, capacities=small, policies=["lru", "atc25"], dask="local:2")
+    assert dist.to_dict("records") == local.to_dict("records")
+
+
+def test_sweep_and_export_cli(tmp_path, capsys):
+    from strata_lab.cli import main
+
+    png, csv = tmp_path / "s.png", tmp_path / "s.csv"
+    assert main(["sweep", str(FIX / "mooncake.jsonl"), "--capacity", "1e3", "--capacity", "unbounded",
+                 "--policy", "lru", "--policy", "vllm", "--png", str(png), "--csv", str(csv), "-q"]) == 0
+    assert png.stat().st_size > 1000 and len(csv.read_text().splitlines()) == 5
+    out = tmp_path / "e.jsonl"
+    assert main(["export", str(ROOT / "dumps" / "thinking.jsonl"), "--format", "bailian", "--out", str(out),
+                 "--block", "16", "--salt", "s", "-q"]) == 0
+    assert load_hash_trace(out).format == "bailian"
+    assert main(["sweep", str(FIX / "mooncake.jsonl"), "--capacity", "lots", "-q"]) == 2
+    assert "--capacity must be tokens" in capsys.readouterr().err
