@@ -29,6 +29,7 @@ call are kept and checked in one vectorised gather; only blocks past the common 
 from __future__ import annotations
 
 import zlib
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -261,11 +262,9 @@ class Model(CacheModel):
         """Evict the keys of blocks `bs` (popped off the free queue)."""
         if not len(bs):
             return
-        hs = self.blk_hash[bs].tolist()
-        by_hash = self.by_hash
-        for h, b in zip(hs, bs.tolist()):
-            if by_hash.get(h) == b:
-                del by_hash[h]
+        # a cached block is the one its key maps to (a duplicate is never cached): pop them all, in C
+        # (a missing key raises: that invariant broken would be a bug)
+        deque(map(self.by_hash.pop, self.blk_hash[bs].tolist()), maxlen=0)
         self.blk_cached[bs] = False
         self.blk_state[bs] = False
         self.evictions += len(bs)
@@ -402,17 +401,14 @@ class Model(CacheModel):
                 self.blk_state[full_ids] = (ends >= P) | ((ends - k * B) % C == 0)
             else:
                 self.blk_state[full_ids] = True
-            by_hash = self.by_hash
-            hs = kb[k:j1].tolist()
-            fresh = list(zip(hs, full_ids.tolist()))
-            if not by_hash.keys().isdisjoint(hs):
-                # an identical block cached already (a full repeat's recomputed last block) is not merged
-                fresh = [(h, b) for h, b in fresh if h not in by_hash]
-            if fresh:
-                by_hash.update(fresh)
-                hs = [h for h, _ in fresh]
-                bs = np.fromiter((b for _, b in fresh), dtype=np.int64, count=len(fresh))
-                self.blk_hash[bs] = hs
+            # keys not cached yet map to their new block; an identical block cached already (a full
+            # repeat's recomputed last block) is not merged: setdefault keeps the old one
+            hs = kb[k:j1]
+            got = np.fromiter(map(self.by_hash.setdefault, hs.tolist(), full_ids.tolist()), np.int64, len(hs))
+            fresh = got == full_ids
+            bs = full_ids[fresh]
+            if len(bs):
+                self.blk_hash[bs] = hs[fresh]
                 self.blk_cached[bs] = True
                 self.blk_owner[bs] = call.index
         n = k + len(new_ids)

@@ -157,8 +157,11 @@ class IdSynth:
         """Ids of positions [start, start + n) of a sequence whose blocks (from block 0) are `dense`."""
         if n <= 0:
             return np.zeros(0, np.int32)
-        pos = np.arange(start, start + n, dtype=np.int64)
-        return (dense[pos // self.T] * self.T + pos % self.T).astype(np.int32)
+        T = self.T
+        b0, b1 = start // T, -(-(start + n) // T)
+        grid = dense[b0:b1].astype(np.int32)[:, None] * np.int32(T) + np.arange(T, dtype=np.int32)
+        lo = start - b0 * T
+        return grid.ravel()[lo:lo + n]
 
 
 def synth_call(p: dict, synth: IdSynth) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -174,8 +177,7 @@ def synth_call(p: dict, synth: IdSynth) -> tuple[np.ndarray, np.ndarray, np.ndar
     else:
         seq, covered = dense, n_in
         prompt = synth.ids(dense, 0, n_in)
-        fresh = synth.fresh(-(-n_out // T))
-        output = (np.repeat(fresh * T, T)[:n_out] + np.tile(np.arange(T), len(fresh))[:n_out]).astype(np.int32)
+        output = synth.ids(synth.fresh(-(-n_out // T)), 0, n_out)
     return prompt, output, seq, covered
 
 
