@@ -28,6 +28,8 @@ FIXTURES = {
     "sglang.log": ("sglang-log", 3, 2),
     "llama-server.log": ("llama.cpp-log", 4, 2),
     "sharegpt.json": ("sharegpt", 3, 2),
+    "mooncake.jsonl": ("mooncake", 6, 6),
+    "bailian.jsonl": ("bailian", 6, 4),
 }
 
 

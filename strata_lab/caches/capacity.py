@@ -26,6 +26,9 @@ requests are routed to (`routing`: session, round_robin, prefix_hash); rows say 
 
 `dask`: run the (policy, capacity, layout) points as Dask tasks ("local[:N]", an address or a Client).
 
+Why one module: the block stream, the block caches (with their tier 2) and the sweep that drives them and
+the engines' models are one pipeline; the plot is its view.
+
 >>> import os, tempfile
 >>> from strata_lab.traces.hashtrace import MooncakeShape, generate_mooncake, write_hash_trace
 >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")

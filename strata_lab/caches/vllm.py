@@ -13,6 +13,13 @@
   align: a state only where a scheduler step ends on a block boundary (prefill steps of
   `max_num_batched_tokens` from the hit, every token while decoding).
 
+Hash traces (Mooncake, Bailian) key whole blocks from their block hashes (`trace_block_keys`) instead of
+hashing every id: the same numbers, at a fraction of the work. With time and concurrency a request's blocks
+are pinned (reference counts) from `start` to `finish`.
+
+Why one module: the pool's arrays, the two ways of keying blocks and the call's plan / start / finish all
+work on the same state; split, each part would reach into the others.
+
 Per call the work is proportional to the new tokens: the session's block keys and block ids from its last
 call are kept and checked in one vectorised gather; only blocks past the common prefix are hashed.
 

@@ -1,7 +1,7 @@
 """The readers, by format name, and format detection from a file's first bytes and first records.
 
 >>> sorted(READERS)[:4]
-['anthropic', 'claude-code', 'codex', 'har']
+['anthropic', 'bailian', 'claude-code', 'codex']
 """
 from __future__ import annotations
 
