@@ -386,3 +386,9 @@ def test_sweep_and_export_cli(tmp_path, capsys):
     assert load_hash_trace(out).format == "bailian"
     assert main(["sweep", str(FIX / "mooncake.jsonl"), "--capacity", "lots", "-q"]) == 2
     assert "--capacity must be tokens" in capsys.readouterr().err
+    # replay --engine reads a hash trace directly (no tokenizer), with the same numbers as the API
+    js = tmp_path / "r.json"
+    assert main(["replay", str(FIX / "bailian.jsonl"), "--engine", "vllm", "--json", str(js), "-q"]) == 0
+    assert json.loads(js.read_text())["engines"][0]["reused"] == \
+        int(sl.replay_engines(FIX / "bailian.jsonl", ["vllm"]).summary()["reused"].iloc[0])
+    assert sl.replay_engines(FIX / "bailian.jsonl", ["vllm"], tokenizer="qwen3").summary()["reused"].iloc[0] > 0

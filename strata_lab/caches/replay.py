@@ -71,9 +71,11 @@ def _hints(calls: list[Call], order: list[int]) -> dict[int, tuple]:
     return out
 
 
-def _divergence_causes(dump, tokenizer) -> list[str] | None:
-    """The strata replay's cause per call (attention model: only divergences), or None without a tokenizer."""
-    if tokenizer is None or (isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call)):
+def _divergence_causes(dump, tokenizer, calls=()) -> list[str] | None:
+    """The strata replay's cause per call (attention model: only divergences), or None without a tokenizer
+    (or for hash traces: synthetic ids have no text)."""
+    if tokenizer is None or (isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call)) or \
+            (calls and calls[0].blocks is not None):
         return None
     from strata_lab.replayer import replay
 
@@ -143,7 +145,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
-    divergence = _divergence_causes(dump, tokenizer)
+    divergence = _divergence_causes(dump, tokenizer, calls)
     if cost_model is None:
         cost_model = _fit_cost(calls)
     speeds = _speeds(tokens_per_s)
