@@ -217,11 +217,18 @@ def test_in_flight_blocks_are_pinned_vllm():
     assert conc["reused"].tolist() == [0, 0, 12]
 
 
-def test_in_flight_nodes_are_locked_sglang():
-    spec = "sglang:max_total_tokens=14"
-    seq = sl.replay_engines(_pin_calls(), [spec]).frame()["reused"].tolist()
-    conc = sl.replay_engines(_pin_calls(), [spec], concurrency=True, tokens_per_s=(1.0, 1.0)).frame()
-    assert seq[2] < 12 and conc["reused"].tolist()[2] == 12
+@pytest.mark.parametrize("spec", ["sglang:max_total_tokens=16", "trtllm:tokens_per_block=2,kv_blocks=8"])
+def test_in_flight_paths_are_locked_sglang_trtllm(spec):
+    x = list(range(10))
+    calls = [Call(0, "0", as_ids(x), as_ids([500]), ts=0.0),
+             Call(1, "a", as_ids(x + [20]), as_ids(range(600, 650)), ts=20.0),    # hits x, then decodes 50 s
+             Call(2, "b", as_ids(range(100, 108)), as_ids([501]), ts=21.0),       # done at 30 s: needs room
+             Call(3, "c", as_ids(x + [30]), ts=200.0)]
+    seq = sl.replay_engines(calls, [spec]).frame()["reused"].tolist()
+    conc = sl.replay_engines(calls, [spec], concurrency=True, tokens_per_s=(1.0, 1.0)).frame()["reused"].tolist()
+    # sequentially b evicts x once a is done; while a runs, the path it reuses is locked: x survives b
+    assert seq[1] == conc[1] == 10 and seq[3] < 10
+    assert conc[3] == 10
 
 
 def test_ttl_runs_on_the_trace_clock_from_the_end_of_the_call():

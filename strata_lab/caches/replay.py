@@ -128,7 +128,9 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     `concurrency`: calls arrive at their timestamps and stay in flight for a modelled duration (prefill of
     what they read + decode of their output: `tokens_per_s`, a number or (prefill, decode), else the cost
     model for prefill and each call's recorded decode_ms); the blocks a call in flight holds are pinned, and
-    what it leaves is cached when it ends. False (default): one call at a time, each done before the next.
+    what it leaves is cached when it ends (vLLM pins blocks, SGLang and TRT-LLM lock their path; models
+    with no in-flight state of their own, llama.cpp slots, hosted APIs and strata, apply a call when it
+    ends). False (default): one call at a time, each done before the next.
     TTLs (hosted APIs) always run on the trace's clock.
     """
     if isinstance(engines, str):
