@@ -317,7 +317,7 @@ class Model(CacheModel):
             kb = ib = None
             n_shared, fresh_ok = 0, True
         if kb is None or len(kb) < n_need:
-            cap = max(64, 2 * n_need)
+            cap = max(64, 2 * n_need if kb is not None else n_need)   # a session's first call: no slack
             nkb, nib = np.empty(cap, np.int64), np.empty(cap, np.int64)
             if n_shared:
                 nkb[:n_shared], nib[:n_shared] = kb[:n_shared], ib[:n_shared]
