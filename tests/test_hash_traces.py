@@ -391,6 +391,9 @@ def test_sweep_and_export_cli(tmp_path, capsys):
     assert main(["export", str(ROOT / "dumps" / "thinking.jsonl"), "--format", "bailian", "--out", str(out),
                  "--block", "16", "--salt", "s", "-q"]) == 0
     assert load_hash_trace(out).format == "bailian"
+    # any log `import` reads: rendered with the tokenizer, then exported
+    assert main(["export", str(FIX / "openai.jsonl"), "--format", "mooncake", "--out", str(out), "-q"]) == 0
+    assert len(load_hash_trace(out)) == len(sl.load_trace(FIX / "openai.jsonl").calls())
     assert main(["sweep", str(FIX / "mooncake.jsonl"), "--capacity", "lots", "-q"]) == 2
     assert "--capacity must be tokens" in capsys.readouterr().err
     # replay --engine reads a hash trace directly (no tokenizer), with the same numbers as the API

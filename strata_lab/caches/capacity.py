@@ -186,11 +186,15 @@ class _Cache:
                 else:
                     d[h] = None
         elif p == "lfu":
+            count, heap = self.count, self.heap
             for h in reversed(keys):
                 self.tick += 1
-                c = self.count.get(h, 0) + 1
-                self.count[h] = c
-                heapq.heappush(self.heap, (c, self.tick, h))
+                c = count.get(h, (0, 0))[0] + 1
+                count[h] = (c, self.tick)
+                heapq.heappush(heap, (c, self.tick, h))
+            if len(heap) > 4 * len(count) + 4096:   # drop stale entries: the heap stays O(cached blocks)
+                self.heap = [(c, t, h) for h, (c, t) in count.items()]
+                heapq.heapify(self.heap)
         else:
             for j in range(len(keys) - 1, -1, -1):
                 h = keys[j]
@@ -230,10 +234,10 @@ class _Cache:
         p = self.policy
         if p in ("lru", "fifo"):
             return self.d.popitem(last=False)[0]
-        if p == "lfu":
+        if p == "lfu":   # least frequently used; among equals the least recently used
             while True:
-                c, _, h = heapq.heappop(self.heap)
-                if self.count.get(h) == c:
+                c, t, h = heapq.heappop(self.heap)
+                if self.count.get(h) == (c, t):
                     del self.count[h]
                     return h
         # atc25: the category head (its least recently used block) with the lowest reuse probability now

@@ -48,11 +48,20 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from strata_lab.caches.export import export_trace
+    import tempfile
 
-    n = export_trace(args.dump if len(args.dump) > 1 else args.dump[0], args.out, format=args.format,
-                     block=args.block, salt=args.salt, progress=not args.quiet)
-    print(f"{n} requests -> {args.out} ({args.format}, no text or ids: salted block hashes as integers)")
+    from strata_lab.caches.export import export_trace
+    from strata_lab.cli.analysis import _replay_input
+    from strata_lab.traces.hashtrace import is_hash_trace
+
+    with tempfile.TemporaryDirectory(prefix="strata-export-") as tmp:
+        if len(args.dump) == 1 and is_hash_trace(args.dump[0]):
+            src = args.dump[0]
+        else:   # dumps and stores as they are; any other log imported (rendered with --tokenizer) first
+            src = _replay_input(args, tmp)
+        n = export_trace(src, args.out, format=args.to, block=args.block, salt=args.salt,
+                         progress=not args.quiet)
+    print(f"{n} requests -> {args.out} ({args.to}, no text or ids: salted block hashes as integers)")
     return 0
 
 
@@ -76,8 +85,14 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("export", help="write a dump or store as an anonymous Mooncake / Bailian hash trace")
-    p.add_argument("dump", nargs="+", help="strata-dump/1 files, a store, or a hash trace")
-    p.add_argument("--format", required=True, choices=["mooncake", "bailian"])
+    p.add_argument("dump", nargs="+", help="strata-dump/1 files, a store, a hash trace, or any log `strata-lab "
+                                          "import` reads")
+    p.add_argument("--format", dest="to", required=True, choices=["mooncake", "bailian"], help="trace format to write")
+    p.add_argument("--log-format", dest="format", help="format of the input log (default: detected)")
+    p.add_argument("--tokenizer", default="qwen3", help="renders message-level logs: qwen3, qwen3.5, or a HF model "
+                                                         "folder / tokenizer.json")
+    p.add_argument("--template", help="chat template for message-level logs (default: the tokenizer's folder, "
+                                      "else qwen3)")
     p.add_argument("--out", required=True, help="the JSONL trace to write")
     p.add_argument("--block", type=int, help="tokens per hash block (default: 512 mooncake, 16 bailian)")
     p.add_argument("--salt", help="hash key (default: random, so block hashes cannot be matched across exports)")
