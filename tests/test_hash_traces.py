@@ -318,6 +318,15 @@ def test_export_from_a_store_and_bad_options(tmp_path):
         sl.export_trace(str(store), out, format="sharegpt")
     with pytest.raises(ValueError, match="block must be a positive int"):
         sl.export_trace(str(store), out, format="bailian", block=0)
+    with pytest.raises(ValueError, match="salt must be 1 to 64 bytes"):
+        sl.export_trace(str(store), out, format="bailian", salt="")
+    # calls without times keep their order: each one's position is its time
+    untimed = [dataclasses.replace(c, ts=None) for c in calls_from_dump(str(ROOT / "dumps" / "agent.jsonl"))]
+    sl.export_trace(untimed, out, format="mooncake", block=16)
+    assert [json.loads(x)["timestamp"] for x in out.read_text().splitlines()] == \
+        [1000 * i for i in range(len(untimed))]
+    assert sl.replay_engines(load_hash_trace(out, block=16), ["vllm"]).frame()["reused"].tolist() == \
+        sl.replay_engines(untimed, ["vllm"]).frame()["reused"].tolist()
 
 
 # -- sweeps -----------------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ FORMATS = ("mooncake", "bailian")
 def export_trace(dump, out, *, format: str = "mooncake", block: int | None = None, salt: str | None = None,
                  progress: bool = False) -> int:
     """Write `dump` (a path, paths, `Dump`, store, or `Call`s) as a `format` hash trace to `out`; returns
-    the number of requests written. `block`: tokens per hash block (default: the format's, 512 / 16)."""
+    the number of requests written. `block`: tokens per hash block (default: the format's, 512 / 16).
+    `salt`: the hash key (1-64 bytes of text; default random, so two exports share no hash values)."""
     from strata_lab.caches.calls import calls_from_dump
     from strata_lab.caches.replay import _order
     from strata_lab.traces.hashtrace import BLOCK, write_hash_trace
@@ -48,14 +49,17 @@ def export_trace(dump, out, *, format: str = "mooncake", block: int | None = Non
         raise ValueError(f"block must be a positive int, got {block!r}")
     if salt is not None and not isinstance(salt, str):
         raise ValueError(f"salt must be a string, got {salt!r}")
-    key = (salt.encode() if salt is not None else os.urandom(32))[:64] or b"\0"
-    if len(key) > 64:
-        raise ValueError("salt must be at most 64 bytes")
+    key = salt.encode() if salt is not None else os.urandom(32)
+    if not 1 <= len(key) <= 64:
+        raise ValueError(f"salt must be 1 to 64 bytes, got {len(key)}")
     calls = calls_from_dump(dump)
     if not calls:
         raise ValueError("dump: no calls to export")
     order = _order(calls)
-    t0 = min((c.ts for c in calls if c.ts is not None), default=None)
+    # relative times; a dump with calls lacking ts replays in file order, so then every call's time is its
+    # position (seconds), which keeps that order when the export is replayed
+    timed = all(c.ts is not None for c in calls)
+    t0 = min(c.ts for c in calls) if timed else None
     remap: dict = {}
 
     def num(digest: bytes) -> int:
@@ -89,7 +93,7 @@ def export_trace(dump, out, *, format: str = "mooncake", block: int | None = Non
         full = chain(root, 0, (P // N) * N)
         prompt_h = full + (chain(full[-1] if full else root, (P // N) * N, P) if P % N else [])
         out_h = chain(full[-1] if full else root, (P // N) * N, P + O)
-        ts = (c.ts - t0) if (c.ts is not None and t0 is not None) else float(n)
+        ts = c.ts - t0 if timed else float(n)
         row = {"input_length": P, "output_length": O, "hash_ids": [num(h) for h in prompt_h],
                "output_hash_ids": [num(h) for h in out_h]}
         if format == "mooncake":
