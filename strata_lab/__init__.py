@@ -35,6 +35,10 @@ _EXPORTS = {
     "replay_engines": "strata_lab.caches.replay",
     "parse_engine": "strata_lab.caches.presets",
     "load_trace": "strata_lab.traces.trace",
+    "load_hash_trace": "strata_lab.traces.hashtrace",
+    "sweep": "strata_lab.caches.capacity",
+    "plot_sweep": "strata_lab.caches.capacity",
+    "export_trace": "strata_lab.caches.export",
     "Trace": "strata_lab.traces.trace",
 }
 
@@ -59,6 +63,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from strata_lab.dump.writer import Recorder, record_to
     from strata_lab.engine import CheckpointPolicy, Engine, Sampling, Session, Stream
     from strata_lab.caches.replay import replay
+    from strata_lab.caches.capacity import plot_sweep, sweep
+    from strata_lab.caches.export import export_trace
+    from strata_lab.traces.hashtrace import load_hash_trace
     from strata_lab.text.encoder import PromptEncoder
     from strata_lab.text.template import ChatTemplate
     from strata_lab.text.tokenizer import Tokenizer, load_tokenizer

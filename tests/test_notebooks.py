@@ -21,7 +21,7 @@ def _tree(*dirs):
 def test_the_notebooks_exist():
     assert [p.stem for p in NOTEBOOKS] == ["01_reuse_divergence", "02_tokenizer_boundaries", "03_agent_session",
                                            "04_templates_and_prefill", "05_import_your_traffic",
-                                           "06_engines_side_by_side"]
+                                           "06_engines_side_by_side", "07_production_traces"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -42,6 +42,8 @@ FIXTURES = {
     "llama-cancel.log": ("llama.cpp-log", 2, 1),
     "codex-rollout-late.jsonl": ("codex", 2, 1),
     "cc-1.0-subagents.jsonl": ("claude-code", 8, 3),
+    "mooncake.jsonl": ("mooncake", 6, 6),
+    "bailian.jsonl": ("bailian", 6, 4),
 }
 
 

@@ -6,6 +6,9 @@ A `CacheModel` is one server replica's prompt cache. The replay drives it call b
     plan = model.plan(call, hint)   # how many prompt ids the cache serves, which unit served them, why not more
     model.admit(call, plan)         # what the call leaves behind (prompt, generated ids), evicting under the budget
 
+With time and concurrency, `admit` splits in two: `start` when the call arrives (pools pin the blocks it
+holds: in-flight blocks are never evicted, as in vLLM and SGLang) and `finish` when its modelled duration ends.
+
 `hint` is the session's view, computed once by the replay for every engine: the ids the session's previous
 call left (`prev`), their common prefix with this prompt (`lcp`) and `exact`, the most a token-exact cache
 that re-reads the last prompt token could reuse (`min(lcp, prompt_len - 1)`). Models compare themselves to
@@ -78,6 +81,15 @@ class CacheModel:
 
     def admit(self, call: Call, plan: CachePlan) -> None:
         raise NotImplementedError
+
+    def start(self, call: Call, plan: CachePlan) -> None:
+        """With time and concurrency (`replay_engines(..., concurrency=True)`): the call is scheduled and
+        stays in flight; pin what it holds. Default: nothing to pin (its effect lands at `finish`)."""
+
+    def finish(self, call: Call, plan: CachePlan) -> None:
+        """The call in flight ends (the clock is at its end): what it leaves is admitted. Default: `admit`.
+        A sequential replay calls `admit` (start and finish at once) instead."""
+        self.admit(call, plan)
 
     def evict(self, budget: int) -> int:
         """Evict until at most `budget` capacity units (the model's own: blocks, tokens, entries) stay

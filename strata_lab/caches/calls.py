@@ -25,12 +25,14 @@ Without `cached_tokens`, our own dumps' `reused` is the report (engine `strata`)
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["Call", "calls_from_dump", "calls_from_records", "as_ids", "lcp", "lcp_call", "write_calls"]
+__all__ = ["Call", "calls_from_dump", "calls_from_records", "calls_from_hash_trace", "as_ids", "lcp", "lcp_call",
+           "write_calls"]
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 
@@ -84,6 +86,9 @@ class Call:
     prefill_ms: float | None = None
     record: dict | None = None     # the dump line (the strata model replays it)
     memo: np.ndarray | None = field(default=None, repr=False)  # sequence(), built once
+    # hash-trace calls: (`HashBlocks` of the trace, this call's row in it); the ids are a function of the
+    # trace's blocks, so a block pool may key whole blocks instead of hashing every id
+    blocks: tuple | None = field(default=None, repr=False)
 
     @property
     def prompt_len(self) -> int:
@@ -161,10 +166,49 @@ def calls_from_dump(dump) -> list[Call]:
     """
     if isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call):
         return list(dump)
+    from strata_lab.traces.hashtrace import HashTrace, is_hash_trace, load_hash_trace
+
+    if isinstance(dump, HashTrace):
+        return calls_from_hash_trace(dump)
+    if isinstance(dump, (str, os.PathLike)) and is_hash_trace(dump):  # a Mooncake / Bailian trace
+        return calls_from_hash_trace(load_hash_trace(dump))
     from strata_lab.dump import Dump, load_dump
 
     d = dump if isinstance(dump, Dump) else load_dump(dump)
     return list(calls_from_records(d))
+
+
+class HashBlocks:
+    """The blocks of every call of one hash trace, for block pools that key them all at once: per call the
+    dense block indexes of prompt + output (`seqs`), the positions they cover (`covered`, the rest are fresh
+    output ids) and the ids held (`lengths`, prompt + output); `T` tokens per block. `keys` caches what a
+    pool computes from them, per block size."""
+
+    def __init__(self, seqs: list, T: int, covered: np.ndarray, lengths: np.ndarray):
+        self.seqs, self.T, self.covered, self.lengths = seqs, T, covered, lengths
+        self.keys: dict = {}
+
+
+def calls_from_hash_trace(trace, *, progress: bool = False) -> list[Call]:
+    """`Call`s of a `strata_lab.traces.hashtrace.HashTrace`: synthetic ids as int32 arrays, arrival times,
+    sessions, and the blocks (`Call.blocks`) that let block pools key whole blocks."""
+    it = trace.synth()
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, total=len(trace), desc="hash trace", unit="call")
+    out, seqs, covered = [], [], []
+    ctx = HashBlocks(seqs, trace.block, np.zeros(0, np.int64), np.zeros(0, np.int64))
+    for i, (prompt, output, seq, cov) in enumerate(it):
+        prompt.flags.writeable = False
+        output.flags.writeable = False
+        seqs.append(seq)
+        covered.append(cov)
+        out.append(Call(index=i, session=trace.session[i], prompt=prompt, output=output, ts=float(trace.ts[i]),
+                        blocks=(ctx, i)))
+    ctx.covered = np.array(covered, np.int64)
+    ctx.lengths = np.array([c.held_len for c in out], np.int64)
+    return out
 
 
 def write_calls(calls: Iterable[Call], path) -> None:

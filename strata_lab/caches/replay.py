@@ -16,6 +16,7 @@ no `ts`). Each engine gets fresh models; the session view (`Hint`) is computed o
 """
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from collections import Counter
@@ -70,9 +71,11 @@ def _hints(calls: list[Call], order: list[int]) -> dict[int, tuple]:
     return out
 
 
-def _divergence_causes(dump, tokenizer) -> list[str] | None:
-    """The strata replay's cause per call (attention model: only divergences), or None without a tokenizer."""
-    if tokenizer is None or (isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call)):
+def _divergence_causes(dump, tokenizer, calls=()) -> list[str] | None:
+    """The strata replay's cause per call (attention model: only divergences), or None without a tokenizer
+    (or for hash traces: synthetic ids have no text)."""
+    if tokenizer is None or (isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call)) or \
+            (calls and calls[0].blocks is not None):
         return None
     from strata_lab.replayer import replay
 
@@ -92,14 +95,43 @@ def _fit_cost(calls: list[Call]):
         return None
 
 
+def _speeds(tokens_per_s):
+    if tokens_per_s is None:
+        return None
+    pair = tuple(tokens_per_s) if isinstance(tokens_per_s, (tuple, list)) else (tokens_per_s, tokens_per_s)
+    if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in pair):
+        raise ValueError(f"tokens_per_s must be a positive number or (prefill, decode) numbers, got {tokens_per_s!r}")
+    return float(pair[0]), float(pair[1])
+
+
+def _duration(c: Call, reused: int, speeds, cost_model) -> float:
+    """Seconds call `c` stays in flight: prefill of what it reads plus decode of its output."""
+    read = c.prompt_len - reused
+    if speeds is not None:
+        return read / speeds[0] + len(c.output) / speeds[1]
+    rec = c.record or {}
+    t = rec.get("timings") if isinstance(rec.get("timings"), dict) else {}
+    dec = t.get("decode_ms")
+    dec = float(dec) / 1000.0 if isinstance(dec, (int, float)) and not isinstance(dec, bool) else 0.0
+    return cost_model.seconds(read, reused) + dec
+
+
 def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, tokenizer=None, cost_model=None,
-                   prices: dict | None = None, progress: bool = False) -> "EnginesReport":
-    """Replay `dump` (a path, paths, `Dump`, or a list of `Call`) under each engine spec.
+                   prices: dict | None = None, progress: bool = False, concurrency: bool = False,
+                   tokens_per_s=None) -> "EnginesReport":
+    """Replay `dump` (a path, paths, `Dump`, a Mooncake/Bailian trace, or a list of `Call`) under each engine.
 
     `engines`: specs ("vllm", "vllm@0.33:block_size=32", "llama.cpp:slots=4") or presets.
     `tokenizer` (a Tokenizer or "qwen3"): name divergence causes as the strata replay does; None: "diverged".
     `cost_model`: prices reads in seconds (default: fitted to the dump's prefill_ms, else none).
     `prices`: per-engine price overrides, e.g. {"anthropic": {"input_usd_per_mtok": 15.0}}.
+    `concurrency`: calls arrive at their timestamps and stay in flight for a modelled duration (prefill of
+    what they read + decode of their output: `tokens_per_s`, a number or (prefill, decode), else the cost
+    model for prefill and each call's recorded decode_ms); the blocks a call in flight holds are pinned, and
+    what it leaves is cached when it ends (vLLM pins blocks, SGLang and TRT-LLM lock their path; models
+    with no in-flight state of their own, llama.cpp slots, hosted APIs and strata, apply a call when it
+    ends). False (default): one call at a time, each done before the next.
+    TTLs (hosted APIs) always run on the trace's clock.
     """
     if isinstance(engines, str):
         engines = [engines]
@@ -115,9 +147,18 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
-    divergence = _divergence_causes(dump, tokenizer)
+    divergence = _divergence_causes(dump, tokenizer, calls)
     if cost_model is None:
         cost_model = _fit_cost(calls)
+    speeds = _speeds(tokens_per_s)
+    if concurrency:
+        missing = next((c.index for c in calls if c.ts is None), None)
+        if missing is not None:
+            raise ValueError(f"concurrency: call {missing} has no ts (arrival time); every call needs one")
+        if speeds is None and cost_model is None:
+            raise ValueError("concurrency: give tokens_per_s (the trace has no prefill timings to fit a cost model)")
+    elif tokens_per_s is not None:
+        raise ValueError("tokens_per_s: only used with concurrency=True")
     order = _order(calls)
     hints = _hints(calls, order)
     cols: dict[str, list] = {k: [] for k in _DTYPES}
@@ -132,11 +173,23 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
 
             it = tqdm(order, desc=f"replay {preset.spec()}", unit="call")
         spec = preset.spec()
+        flight: list = []   # (end, seq, replica, call, plan): calls in flight (concurrency)
         for i in it:
             c = calls[i]
             hint, turn = hints[i]
             r = router.route(c)
-            plan = models[r].step(c, hint)
+            if concurrency:
+                while flight and flight[0][0] <= c.ts:   # calls that ended before this one arrives
+                    end, _, fr, fc, fp = heapq.heappop(flight)
+                    models[fr].advance(end)
+                    models[fr].finish(fc, fp)
+                m = models[r]
+                m.advance(c.ts)
+                plan = m.plan(c, hint)
+                m.start(c, plan)
+                heapq.heappush(flight, (c.ts + _duration(c, plan.reused, speeds, cost_model), i, r, c, plan))
+            else:
+                plan = models[r].step(c, hint)
             moved = where.get(c.session, r) != r
             where[c.session] = r
             reused = plan.reused
@@ -169,6 +222,10 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
                          ("reread_s", cost_model.seconds(reread, reused) if cost_model else math.nan),
                          ("dollars", dollars), ("reported", c.reported if rep_ok else None)):
                 cols[k].append(v)
+        while flight:
+            end, _, fr, fc, fp = heapq.heappop(flight)
+            models[fr].advance(end)
+            models[fr].finish(fc, fp)
         evictions[spec] = sum(m.evictions for m in models)
     return EnginesReport(cols, presets, evictions, cost_model)
 

@@ -241,12 +241,20 @@ class Model(CacheModel):
         return before - self.tokens
 
     def admit(self, call: Call, plan: CachePlan) -> None:
+        self.start(call, plan)
+        self.finish(call, plan)
+
+    def start(self, call: Call, plan: CachePlan) -> None:
+        """The request runs: its matched path is locked (not evictable) until it finishes."""
+        for x in plan.state[0]:
+            x.lock += 1
+
+    def finish(self, call: Call, plan: CachePlan) -> None:
+        """The request ends: `(prompt + output)[:kv_committed_len]` is inserted, then its path unlocked."""
         path, kv = plan.state
         n = call.prompt_len + max(len(call.output) - 1, 0)   # kv_committed_len
         n -= n % self.P
         tail = call.tail(kv)[:n - kv]   # the ids past the match: tail[i] is position kv + i
-        for x in path:
-            x.lock += 1
         node = path[-1] if path else self._root(call.cache_salt)
         node, rel = self._walk(node, tail, 0, len(tail))
         if rel < len(tail):

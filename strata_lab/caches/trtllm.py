@@ -146,10 +146,18 @@ class Model(CacheModel):
         return gone
 
     def admit(self, call: Call, plan: CachePlan) -> None:
+        self.start(call, plan)
+        self.finish(call, plan)
+
+    def start(self, call: Call, plan: CachePlan) -> None:
+        """The request runs: the blocks it reuses are locked (not evictable) until it finishes."""
+        for b in plan.state:
+            b.lock += 1
+
+    def finish(self, call: Call, plan: CachePlan) -> None:
+        """The request ends: its new full blocks are stored (evicting unlocked leaves), then unlocked."""
         T = self.T
         path = plan.state
-        for b in path:
-            b.lock += 1
         seq = call.sequence()
         n_full = (call.prompt_len + max(len(call.output) - 1, 0)) // T
         node = path[-1] if path else self.root

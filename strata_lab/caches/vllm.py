@@ -13,6 +13,13 @@
   align: a state only where a scheduler step ends on a block boundary (prefill steps of
   `max_num_batched_tokens` from the hit, every token while decoding).
 
+Hash traces (Mooncake, Bailian) key whole blocks from their block hashes (`trace_block_keys`) instead of
+hashing every id: the same numbers, at a fraction of the work. With time and concurrency a request's blocks
+are pinned (reference counts) from `start` to `finish`.
+
+Why one module: the pool's arrays, the two ways of keying blocks and the call's plan / start / finish all
+work on the same state; split, each part would reach into the others.
+
 Per call the work is proportional to the new tokens: the session's block keys and block ids from its last
 call are kept and checked in one vectorised gather; only blocks past the common prefix are hashed.
 
@@ -29,6 +36,7 @@ call are kept and checked in one vectorised gather; only blocks past the common 
 from __future__ import annotations
 
 import zlib
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,6 +147,50 @@ def chain_hashes(ids: np.ndarray, first: int, parent: int, block: int, salt=None
     return h.view(np.int64)
 
 
+_BLOCK_ROOT = np.uint64(0xB10C4E75)   # hash-trace keys live apart from id-level keys
+_SUB = np.uint64(0xD6E8FEB86659FD93)
+_UNIQUE = np.uint64(0x2545F4914F6CDD1D)
+
+
+def trace_block_keys(ctx, B: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keys (int64) of every B-token block every call of a hash trace holds (`HashBlocks`), computed in one
+    vectorised pass, and each call's offset into them. Needs T % B == 0.
+
+    Each B-block lies inside one trace block i, at sub-block s; its ids are a function of (block i's index,
+    s) alone, so equal keys <=> equal chains of trace blocks up to i and equal s: exactly when
+    `chain_hashes` over the ids gives equal keys (up to 64-bit collisions, as there). Blocks reaching past
+    the covered positions hold fresh output ids that nothing else holds: each gets a key of its own.
+    """
+    got = ctx.keys.get(B)
+    if got is not None:
+        return got
+    T = ctx.T
+    per = T // B
+    seqs = ctx.seqs
+    m = np.fromiter((len(x) for x in seqs), np.int64, len(seqs))
+    start = np.concatenate([[0], np.cumsum(m)])
+    flat = np.concatenate(seqs) if len(seqs) else np.zeros(0, np.int64)
+    pos = np.arange(len(flat), dtype=np.int64) - np.repeat(start[:-1], m)   # block i of its call
+    pw, inv = _powers(int(m.max()) if len(m) else 0)
+    c = _mix(flat.astype(np.uint64) + _BLOCK_ROOT) * inv[pos]
+    cs = np.cumsum(c, dtype=np.uint64)
+    base = np.concatenate([np.zeros(1, np.uint64), cs])[np.repeat(start[:-1], m)]
+    chain = pw[pos] * (cs - base) + _BLOCK_ROOT * pw[pos + 1]        # per call: key_i chains blocks 0..i
+    # B-blocks per call: every full block of prompt + output (a call never keys more)
+    n = ctx.lengths // B
+    off = np.concatenate([[0], np.cumsum(n)])
+    call = np.repeat(np.arange(len(n)), n)
+    q = np.arange(int(off[-1]), dtype=np.int64) - off[:-1][call]
+    i = np.minimum(q // per, m[call] - 1)
+    keys = _mix(chain[start[:-1][call] + np.maximum(i, 0)] ^ ((q % per).astype(np.uint64) * _SUB))
+    past = (q + 1) * B > ctx.covered[call]
+    if past.any():
+        keys[past] = _mix((call[past].astype(np.uint64) << np.uint64(24)) + q[past].astype(np.uint64)
+                          + _UNIQUE) | np.uint64(1 << 63)
+    got = ctx.keys[B] = (keys.view(np.int64), off)
+    return got
+
+
 class Model(CacheModel):
     engine = "vllm"
 
@@ -156,6 +208,9 @@ class Model(CacheModel):
         self.blk_key = np.zeros(n, dtype=np.int64)    # position in the free queue (smaller: evicted first)
         self.blk_owner = np.full(n, -1, dtype=np.int64)  # call that cached it
         self.blk_state = np.zeros(n, dtype=bool)      # a recurrent state at its end (hybrid)
+        self.blk_ref = np.zeros(n, dtype=np.int32)    # requests in flight that hold it (pinned while > 0)
+        self.pinned = 0                               # blocks with blk_ref > 0
+        self.keying = None                            # "ids" or "blocks" (hash-trace calls): never mixed
         self.next_new = 0                             # blocks never used so far (the queue's head)
         self.release = 0
         self.cands = np.zeros(0, np.int64)
@@ -167,7 +222,7 @@ class Model(CacheModel):
     # -- pool --------------------------------------------------------------------------------------
     def _grow(self):
         n = len(self.blk_hash) * 2
-        for name in ("blk_hash", "blk_cached", "blk_free", "blk_key", "blk_owner", "blk_state"):
+        for name in ("blk_hash", "blk_cached", "blk_free", "blk_key", "blk_owner", "blk_state", "blk_ref"):
             a = getattr(self, name)
             b = np.zeros(n, dtype=a.dtype) if name != "blk_owner" else np.full(n, -1, dtype=a.dtype)
             b[:len(a)] = a
@@ -214,17 +269,19 @@ class Model(CacheModel):
         """Evict the keys of blocks `bs` (popped off the free queue)."""
         if not len(bs):
             return
-        hs = self.blk_hash[bs].tolist()
-        by_hash = self.by_hash
-        for h, b in zip(hs, bs.tolist()):
-            if by_hash.get(h) == b:
-                del by_hash[h]
+        # a cached block is the one its key maps to (a duplicate is never cached): pop them all, in C
+        # (a missing key raises: that invariant broken would be a bug)
+        deque(map(self.by_hash.pop, self.blk_hash[bs].tolist()), maxlen=0)
         self.blk_cached[bs] = False
         self.blk_state[bs] = False
         self.evictions += len(bs)
 
-    def _free_count(self, in_use: int) -> int:
-        return (self.cap - in_use) if self.cap is not None else 1 << 62
+    def _free_count(self, hit_ids: np.ndarray) -> int:
+        """Blocks this call may take: the pool less the blocks requests in flight pin and its own hits
+        (sequentially nothing else is in flight: cap - hits)."""
+        if self.cap is None:
+            return 1 << 62
+        return self.cap - self.pinned - int((self.blk_ref[hit_ids] == 0).sum())
 
     def evict(self, budget: int) -> int:
         """Evict free cached blocks in free-queue order until at most `budget` blocks hold a key (a bounded
@@ -260,16 +317,29 @@ class Model(CacheModel):
             kb = ib = None
             n_shared, fresh_ok = 0, True
         if kb is None or len(kb) < n_need:
-            cap = max(64, 2 * n_need)
+            cap = max(64, 2 * n_need if kb is not None else n_need)   # a session's first call: no slack
             nkb, nib = np.empty(cap, np.int64), np.empty(cap, np.int64)
             if n_shared:
                 nkb[:n_shared], nib[:n_shared] = kb[:n_shared], ib[:n_shared]
             kb, ib = nkb, nib
         # keys of every full block the call will hold (prompt, then fed output), past the shared ones
-        tail = call.tail(n_shared * B)[:(n_total - n_shared) * B] if n_full > n_prompt else \
-            prompt[n_shared * B:n_prompt * B]
-        kb[n_shared:n_total] = chain_hashes(tail, n_shared, int(kb[n_shared - 1]) if n_shared else 0, B,
-                                            call.cache_salt)
+        blocks = call.blocks if call.blocks is not None and call.blocks[0].T % B == 0 \
+            and call.cache_salt is None else None
+        keying = "ids" if blocks is None else "blocks"
+        if self.keying is None:
+            self.keying = keying
+        elif self.keying != keying:
+            raise ValueError(f"call {call.index}: hash-trace calls and id-level calls cannot share one vLLM "
+                             "replay (their blocks are keyed differently)")
+        if blocks is not None:  # a hash trace: keys from its blocks, not from every id (same numbers)
+            keys, off = trace_block_keys(blocks[0], B)
+            o = int(off[blocks[1]])
+            kb[n_shared:n_total] = keys[o + n_shared:o + n_total]
+        else:
+            tail = call.tail(n_shared * B)[:(n_total - n_shared) * B] if n_full > n_prompt else \
+                prompt[n_shared * B:n_prompt * B]
+            kb[n_shared:n_total] = chain_hashes(tail, n_shared, int(kb[n_shared - 1]) if n_shared else 0, B,
+                                                call.cache_salt)
         m = min(n_shared, n_max)
         if m and not fresh_ok:  # blocks the session left: still holding their keys?
             hit = ib[:m]
@@ -277,17 +347,20 @@ class Model(CacheModel):
             if not ok.all():
                 m = int(ok.argmin())
         k = m
-        if k < n_max:
-            by_hash, cached = self.by_hash, self.blk_cached
-            more = []
-            for h in kb[k:n_max].tolist():  # past what the session left (or cached by other sessions)
-                b = by_hash.get(h)
-                if b is None or not cached[b]:
-                    break
-                more.append(b)
-            if more:
-                ib[k:k + len(more)] = more
-                k += len(more)
+        step = 16
+        while k < n_max:  # past what the session left (or cached by other sessions): look keys up in chunks
+            got = list(map(self.by_hash.get, kb[k:min(k + step, n_max)].tolist()))
+            stop = got.index(None) if None in got else len(got)
+            if stop:
+                bs = np.array(got[:stop], dtype=np.int64)
+                ok = self.blk_cached[bs]
+                if not ok.all():
+                    stop = int(ok.argmin())
+                ib[k:k + stop] = bs[:stop]
+                k += stop
+            if stop < len(got):
+                break
+            step *= 4
         attn = k
         if self.mode == "align" and k:
             states = np.flatnonzero(self.blk_state[ib[:k]])
@@ -308,15 +381,22 @@ class Model(CacheModel):
         return CachePlan(reused, unit=unit, source=source, cause=cause, state=(kb, ib, k, n_full, n_need))
 
     def admit(self, call: Call, plan: CachePlan) -> None:
+        """The whole request at once (sequential replay): it starts and ends."""
+        self.start(call, plan)
+        self.finish(call, plan)
+
+    def start(self, call: Call, plan: CachePlan) -> None:
+        """The request is scheduled: its hit blocks leave the free queue, new blocks are allocated (evicting
+        the queue's head) and its full blocks are cached; all of them stay pinned until `finish`."""
         if self.mode == "none":
             return
         B, P = self.B, call.prompt_len
         kb, ib, k, n_full, n_need = plan.state
         hit_ids = ib[:k]
         bounded = self.cap is not None   # an unbounded pool never evicts: no free queue to keep
+        n_new = min(n_need - k, self._free_count(hit_ids))
         if bounded:
             self.blk_free[hit_ids] = False  # touched: out of the free queue while the request runs
-        n_new = min(n_need - k, self._free_count(k))
         new_ids = self._alloc(n_new)
         ib[k:k + len(new_ids)] = new_ids
         j1 = min(k + len(new_ids), n_full)   # new blocks k..j1-1 are full: they get keys
@@ -328,21 +408,36 @@ class Model(CacheModel):
                 self.blk_state[full_ids] = (ends >= P) | ((ends - k * B) % C == 0)
             else:
                 self.blk_state[full_ids] = True
-            by_hash = self.by_hash
-            fresh = [(h, b) for h, b in zip(kb[k:j1].tolist(), full_ids.tolist()) if h not in by_hash]
-            # an identical block cached already (a full repeat's recomputed last block) is not merged
-            if fresh:
-                by_hash.update(fresh)
-                hs = [h for h, _ in fresh]
-                bs = np.fromiter((b for _, b in fresh), dtype=np.int64, count=len(fresh))
-                self.blk_hash[bs] = hs
+            # keys not cached yet map to their new block; an identical block cached already (a full
+            # repeat's recomputed last block) is not merged: setdefault keeps the old one
+            hs = kb[k:j1]
+            got = np.fromiter(map(self.by_hash.setdefault, hs.tolist(), full_ids.tolist()), np.int64, len(hs))
+            fresh = got == full_ids
+            bs = full_ids[fresh]
+            if len(bs):
+                self.blk_hash[bs] = hs[fresh]
                 self.blk_cached[bs] = True
                 self.blk_owner[bs] = call.index
-        # the request ends: all its blocks go back to the queue's tail in reverse order
         n = k + len(new_ids)
-        if n and bounded:
-            all_ids = ib[:n]
-            self.blk_key[all_ids[::-1]] = self.release + np.arange(n, dtype=np.int64)
-            self.release += n
-            self.blk_free[all_ids] = True
+        held = ib[:n].copy() if bounded else None
+        if bounded and n:
+            self.pinned += int((self.blk_ref[held] == 0).sum())
+            self.blk_ref[held] += 1   # a request's blocks are distinct
+        plan.state = (kb, ib, k, n_full, n_need, held)
         self.sessions[call.session] = (call, kb, ib, min(n_full, n), call.cache_salt, self.evictions)
+
+    def finish(self, call: Call, plan: CachePlan) -> None:
+        """The request ends: the blocks no other running request holds go back to the queue's tail, in
+        reverse order (the chain's tail is evicted first)."""
+        if self.mode == "none" or self.cap is None:
+            return
+        held = plan.state[5]
+        if not len(held):
+            return
+        self.blk_ref[held] -= 1
+        done = held[self.blk_ref[held] == 0]
+        if len(done):
+            self.pinned -= len(done)
+            self.blk_key[done[::-1]] = self.release + np.arange(len(done), dtype=np.int64)
+            self.release += len(done)
+            self.blk_free[done] = True

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from strata_lab.cli.analysis import (_cmd_convert, _cmd_import, _cmd_lint, _cmd_replay)
+from strata_lab.cli.production import add_parsers as _production_parsers
 from strata_lab.cli.commands import (API_KEY_ENV, _cmd_demo, _cmd_record, _cmd_reproduce, _cmd_serve, _cmd_template,
                                      _cmd_tokenize)
 
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to-jsonl", action="store_true", help="write a store back to JSONL, line for line")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_convert)
+    _production_parsers(sub)
     p = sub.add_parser("lint", help="find text that breaks the prompt prefix across calls; --fix moves it")
     p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
     p.add_argument("--engine", action="append", default=[], help="engines to price findings on (repeatable)")

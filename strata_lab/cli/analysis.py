@@ -110,6 +110,11 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    from strata_lab.traces.hashtrace import is_hash_trace, load_hash_trace
+
+    if args.engine and len(args.dump) == 1 and args.format in (None, "mooncake", "bailian") and \
+            is_hash_trace(args.dump[0]):   # a production hash trace: its own fast path, no tokenizer needed
+        return _replay_engines(load_hash_trace(args.dump[0], args.format, progress=not args.quiet), args)
     with tempfile.TemporaryDirectory(prefix="strata-replay-") as tmp:  # an imported log's rendered dump
         return _replay(args, _replay_input(args, tmp))
 

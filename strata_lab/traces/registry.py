@@ -1,20 +1,21 @@
 """The readers, by format name, and format detection from a file's first bytes and first records.
 
 >>> sorted(READERS)[:4]
-['anthropic', 'claude-code', 'codex', 'har']
+['anthropic', 'bailian', 'claude-code', 'codex']
 """
 from __future__ import annotations
 
-from strata_lab.traces import (anthropic, claude_code, codex, har, llamacpp_log, openai, openai_batch, otel, proxy,
+from strata_lab.traces import (anthropic, bailian, claude_code, codex, har, llamacpp_log, mooncake, openai,
+                               openai_batch, otel, proxy,
                                sglang_log, sharegpt, strata, vllm_log)
 from strata_lab.traces.source import Source, loads
 
 __all__ = ["READERS", "detect_format", "TEXT_FORMATS"]
 
 READERS = {m.NAME: m for m in (strata, openai, openai_batch, anthropic, proxy, otel, claude_code, codex, har,
-                               vllm_log, sglang_log, llamacpp_log, sharegpt)}
+                               vllm_log, sglang_log, llamacpp_log, sharegpt, mooncake, bailian)}
 # JSON-lines formats, most specific first (an Anthropic body also has "messages"; a proxy line has a request)
-_JSON_ORDER = (strata, proxy, claude_code, codex, otel, openai_batch, sharegpt, anthropic, openai)
+_JSON_ORDER = (bailian, mooncake, strata, proxy, claude_code, codex, otel, openai_batch, sharegpt, anthropic, openai)
 _TEXT_ORDER = (vllm_log, sglang_log, llamacpp_log)
 TEXT_FORMATS = tuple(m.NAME for m in _TEXT_ORDER)  # no records, so no --session-key
 

@@ -1,0 +1,100 @@
+"""`strata-lab sweep | export`: capacity and policy sweeps over a trace, and publishing a dump as an anonymous
+Mooncake / Qwen-Bailian hash trace."""
+from __future__ import annotations
+
+import argparse
+
+
+def _capacity(text: str):
+    t = text.strip().lower()
+    if t in ("none", "inf", "unbounded"):
+        return None
+    try:
+        v = float(t)
+    except ValueError:
+        raise ValueError(f"--capacity must be tokens (1e6, 3000000) or 'unbounded', got {text!r}") from None
+    if not v >= 1 or v != int(v):
+        raise ValueError(f"--capacity must be a positive whole number of tokens, got {text!r}")
+    return int(v)
+
+
+def _trace_input(paths: list[str]):
+    from strata_lab.traces.hashtrace import is_hash_trace, load_hash_trace
+
+    if len(paths) == 1 and is_hash_trace(paths[0]):
+        return load_hash_trace(paths[0])
+    return paths if len(paths) > 1 else paths[0]
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from strata_lab.caches.capacity import plot_sweep, sweep
+
+    caps = [_capacity(c) for c in args.capacity] if args.capacity else None
+    tier2 = _capacity(args.tier2) if args.tier2 else None
+    df = sweep(_trace_input(args.trace), capacities=caps, policies=args.policy or ("lru", "lfu", "atc25", "vllm"),
+               tier2=tier2, replicas=args.replicas, routing=args.routing, block=args.block, dask=args.dask,
+               progress=not args.quiet)
+    show = df.copy()
+    show["hit_rate"] = (100 * show["hit_rate"]).round(2)
+    show["tier2_hit_rate"] = (100 * show["tier2_hit_rate"]).round(2)
+    print(show.to_string(index=False))
+    if args.csv:
+        df.to_csv(args.csv, index=False)
+        print(f"-> {args.csv}")
+    if args.png:
+        plot_sweep(df, args.png, title=", ".join(args.trace))
+        print(f"-> {args.png}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from strata_lab.caches.export import export_trace
+    from strata_lab.cli.analysis import _replay_input
+    from strata_lab.traces.hashtrace import is_hash_trace
+
+    with tempfile.TemporaryDirectory(prefix="strata-export-") as tmp:
+        if len(args.dump) == 1 and is_hash_trace(args.dump[0]):
+            src = args.dump[0]
+        else:   # dumps and stores as they are; any other log imported (rendered with --tokenizer) first
+            src = _replay_input(args, tmp)
+        n = export_trace(src, args.out, format=args.to, block=args.block, salt=args.salt,
+                         progress=not args.quiet)
+    print(f"{n} requests -> {args.out} ({args.to}, no text or ids: salted block hashes as integers)")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("sweep", help="hit rate against cache capacity per eviction policy (Mooncake/Bailian traces, "
+                                     "dumps, stores)")
+    p.add_argument("trace", nargs="+", help="a Mooncake or Bailian JSONL trace, strata-dump/1 files or a store")
+    p.add_argument("--capacity", action="append", default=[],
+                   help="cache size in tokens (repeatable; 'unbounded' too; default 1e4 .. 1e9)")
+    p.add_argument("--policy", action="append", default=[],
+                   help="lru, lfu, fifo, atc25 (block policies) or vllm, sglang, sglang-lfu, trtllm, an engine spec "
+                        "(repeatable; default lru, lfu, atc25, vllm)")
+    p.add_argument("--tier2", help="second-tier tokens (host RAM / SSD) for the block policies")
+    p.add_argument("--replicas", type=int, default=1, help="with K > 1: also K per-replica caches of capacity / K")
+    p.add_argument("--routing", default="session", choices=["session", "round_robin", "prefix_hash"])
+    p.add_argument("--block", type=int, default=16, help="block tokens of the block policies on id-level dumps")
+    p.add_argument("--dask", metavar="ADDRESS|local[:N]", help="run the points on Dask")
+    p.add_argument("--csv", help="write the table here")
+    p.add_argument("--png", help="write the hit-rate-vs-capacity plot here")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser("export", help="write a dump or store as an anonymous Mooncake / Bailian hash trace")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 files, a store, a hash trace, or any log `strata-lab "
+                                          "import` reads")
+    p.add_argument("--format", dest="to", required=True, choices=["mooncake", "bailian"], help="trace format to write")
+    p.add_argument("--log-format", dest="format", help="format of the input log (default: detected)")
+    p.add_argument("--tokenizer", default="qwen3", help="renders message-level logs: qwen3, qwen3.5, or a HF model "
+                                                         "folder / tokenizer.json")
+    p.add_argument("--template", help="chat template for message-level logs (default: the tokenizer's folder, "
+                                      "else qwen3)")
+    p.add_argument("--out", required=True, help="the JSONL trace to write")
+    p.add_argument("--block", type=int, help="tokens per hash block (default: 512 mooncake, 16 bailian)")
+    p.add_argument("--salt", help="hash key (default: random, so block hashes cannot be matched across exports)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_export)
