@@ -13,7 +13,8 @@ import nbformat
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 SETUP = '''\
 import pathlib, tempfile
-DUMPS = pathlib.Path.cwd().parent / "dumps"   # the notebooks run from notebooks/
+from strata_lab.dump.examples import example_dumps
+DUMPS = example_dumps()   # the project's recorded sessions: ../dumps, the checkout's, or $STRATA_DUMPS
 TMP = pathlib.Path(tempfile.mkdtemp(prefix="strata-nb-"))  # everything this notebook writes goes here'''
 
 
@@ -266,9 +267,9 @@ NOTEBOOKS["05_import_your_traffic"] = [
 The logs you already have (a Claude Code session, an OpenAI request log, OTel spans, a HAR capture, vLLM /
 SGLang / llama.cpp server logs ...) read into one trace table, rendered into the exact token ids a server
 would have prefilled with a tokenizer and chat template of your choice, and replayed under our engine's
-semantics. This notebook uses the small example logs the tests use (`tests/fixtures/traces/`)."""),
+semantics. This notebook uses small example logs shipped in `dumps/logs/`."""),
     code(SETUP + '''
-LOGS = pathlib.Path.cwd().parent / "tests" / "fixtures" / "traces"
+LOGS = DUMPS / "logs"
 import warnings
 from strata_lab import load_trace, load_tokenizer, replay
 from strata_lab.traces import TraceWarning
