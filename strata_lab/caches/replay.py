@@ -100,6 +100,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     `tokenizer` (a Tokenizer or "qwen3"): name divergence causes as the strata replay does; None: "diverged".
     `cost_model`: prices reads in seconds (default: fitted to the dump's prefill_ms, else none).
     `prices`: per-engine price overrides, e.g. {"anthropic": {"input_usd_per_mtok": 15.0}}.
+    `progress`: a progress bar per engine.
     """
     if isinstance(engines, str):
         engines = [engines]
@@ -180,6 +181,21 @@ def replay(dump, *, engine=None, **kwargs):
 
     It sits here, above both, so that the replayer never imports the engine cache models that build on it.
 
+    Args:
+        dump: a dump path, paths, `Dump`, or a Parquet store.
+        engine: None (our engine's replay) or an engine spec ("vllm", "llama.cpp:slots=4", ...).
+        model: "hybrid" or "attention": the reuse rule of our engine.
+        checkpoint_policy: a CheckpointPolicy or a spec ("turn", "every:256", "header", "recorded").
+        tokenizer: a Tokenizer or a name; names each miss's cause.
+        policy: the policy replayed ("recorded", "reply-ids", "fixes", "header", ...; see `parse_policy`).
+        full_hit: what the engine does when the whole prompt is held.
+        cost_model: prices reads in seconds (default: fitted on the dump's prefill_ms).
+        progress: show a progress bar.
+        context_chars: characters of text shown around each divergence.
+        bytes_per_snapshot: sizes checkpoint budgets and the reported memory.
+        cluster: a Dask client, scheduler address or "local[:N]" to replay a store on Dask.
+        **kwargs: with `engine`, overrides of the preset's fields (block_size=32, ...).
+
     >>> import inspect
     >>> "engine" in inspect.signature(replay).parameters
     True
@@ -194,6 +210,21 @@ def replay(dump, *, engine=None, **kwargs):
     if engine is None:
         raise ValueError(f"engine must name an engine to take {sorted(kwargs)}")
     return replay_engines(dump, [parse_engine(engine).with_(**kwargs) if kwargs else engine], **own)
+
+
+def _replay_signature():
+    """`replay`'s parameters as help() and inspect show them: the replayer's, plus `engine` and overrides."""
+    import inspect
+
+    from strata_lab.replayer import replay as replay_ours
+
+    P = inspect.Parameter
+    core = inspect.signature(replay_ours).parameters
+    return inspect.Signature([core["dump"], P("engine", P.KEYWORD_ONLY, default=None)]
+                             + [p for n, p in core.items() if n != "dump"] + [P("kwargs", P.VAR_KEYWORD)])
+
+
+replay.__signature__ = _replay_signature()
 
 
 

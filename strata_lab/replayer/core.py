@@ -169,6 +169,19 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
     line reports. `cost_model` defaults to a fit on the dump's prefill_ms. `bytes_per_snapshot` sizes
     budgets and the reported memory (default: a recurrent-state snapshot on hybrid, logits on attention).
 
+    Args:
+        dump: a dump path, paths, `Dump`, or a Parquet store.
+        model: "hybrid" (restart from a checkpoint at a divergence) or "attention" (any prefix is reused).
+        checkpoint_policy: as above; the default ("turn") differs from "recorded" when the engine kept other
+            snapshots (header checkpoints), so the same dump gives different numbers under the two.
+        tokenizer: a Tokenizer or a name; names each miss's cause (decodes the text around it).
+        policy: the policy replayed ("recorded", "reply-ids", "keep-drained", "fixes", "header", ...).
+        full_hit: what the engine does when the whole prompt is held (see `FULL_HIT_RULES`).
+        cost_model: a `CostModel`; None fits one on the dump's prefill_ms.
+        progress: show a progress bar.
+        context_chars: characters of text kept around each divergence.
+        bytes_per_snapshot: as above.
+        cluster: as above.
     """
     opts = resolve_options(model=model, checkpoint_policy=checkpoint_policy, policy=policy, full_hit=full_hit,
                            bytes_per_snapshot=bytes_per_snapshot, context_chars=context_chars)

@@ -213,6 +213,11 @@ def load_trace(path_or_paths_or_glob, format: str | None = None, *, progress: bo
     """Read logs into a `Trace`: a file, a list of files, a directory (its files, by name, recursively) or a
     glob. `format=None` detects each file's format (`trace.detected` says which and why).
 
+    Args:
+        path_or_paths_or_glob: a log file, a list of them, a directory, or a glob.
+        format: a reader name (see `strata_lab.traces.READERS`), or None to detect each file's.
+        progress: show a progress bar while reading.
+
     >>> load_trace("/nonexistent/*.jsonl")
     Traceback (most recent call last):
     ...
