@@ -36,11 +36,27 @@ def test_rewrite_help_points_to_policies_it_accepts():
     assert "header" in text and "every:N" in text
 
 
-def test_tokenize_says_what_it_is_loading(capsys):
+def test_tokenize_says_what_it_is_loading(capsys, monkeypatch):
+    import strata_lab.cli.commands as commands
+
+    assert main(["tokenize", "hello"]) == 0
+    assert capsys.readouterr().err == ""            # a pipe or a script: stderr holds errors only
+    monkeypatch.setattr(commands, "_interactive", lambda: True)   # a person at a terminal
     assert main(["tokenize", "hello"]) == 0
     captured = capsys.readouterr()
     assert captured.err.startswith("strata-lab: loading the qwen3 tokenizer")
     assert "tokens" in captured.out
+
+
+def test_reproduce_shows_progress(capsys, tmp_path):
+    # the engine run, which takes seconds per call on a real model, draws a bar on stderr (tqdm)
+    import os
+
+    agent = os.path.join(os.path.dirname(__file__), "..", "dumps", "agent.jsonl")
+    assert main(["reproduce", agent]) == 0
+    captured = capsys.readouterr()
+    assert "engine run (recorded)" in captured.err and "5/5" in captured.err
+    assert "the engine matches the replay's prediction on 5/5 calls" in captured.out
 
 
 def _documented(doc: str, name: str) -> bool:

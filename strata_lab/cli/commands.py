@@ -33,9 +33,14 @@ def _utf8_text(text: str | None) -> str:
     return text
 
 
+def _interactive() -> bool:
+    return sys.stderr.isatty()
+
+
 def status(text: str, args: argparse.Namespace | None = None) -> None:
-    """A one-line status on stderr (flushed) before work that can take seconds; silent with -q."""
-    if args is not None and getattr(args, "quiet", False):
+    """A one-line status on stderr (flushed) before work that can take seconds: shown to a person at a
+    terminal (stderr a TTY), silent with -q and in pipes and scripts, whose stderr stays errors only."""
+    if (args is not None and getattr(args, "quiet", False)) or not _interactive():
         return
     print(f"strata-lab: {text}", file=sys.stderr, flush=True)
 

@@ -243,7 +243,9 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
     name = pol.name
     records = load_dump(dump).records()
     named = _dump_models(records)
-    named_kinds = {k for k in map(_name_kind, named) if k is not None}
+    # an imported log's `model` is the hosted model it was served by, not one of our engine's
+    named_kinds = {k for k in map(_name_kind, _dump_models([r for r in records if "trace_format" not in r]))
+                   if k is not None}
     notes = []
     path = _model_for(records, model)
     cfg = json.loads((Path(path) / "config.json").read_text()) if (Path(path) / "config.json").is_file() else {}
@@ -253,7 +255,7 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
                          f"not on a {kind} model like {model!r}; its recorded reuse follows another rule. Pass "
                          f"allow_model_mismatch=True (--allow-model-mismatch) to run it anyway")
     if model is None and named and not named_kinds:
-        notes.append(f"the dump names {', '.join(named)}, no strata engine model: ran on the embedded {kind} "
+        notes.append(f"the dump names {', '.join(named)}, not a model of our engine: ran on the embedded {kind} "
                      f"model (choose with --model)")
     if model is not None and named_kinds and kind not in named_kinds:
         notes.append(f"the dump was recorded on {', '.join(named)}; ran on a {kind} model as asked")
