@@ -30,7 +30,7 @@ from typing import Iterable
 
 from strata_lab.dump import Dump, load_dump
 from strata_lab.engine import CheckpointPolicy
-from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.costs import CostModel, usable_fit
 from strata_lab.replayer.fast import fit_cost_store
 from strata_lab.replayer.policies import Policy, PromptRewriter, parse_policy
 from strata_lab.replayer.report import Report
@@ -198,8 +198,9 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
     tok = load_tokenizer_arg(tokenizer)
     delta = store is not None and not opts.policy.changes_prompts
     records = None if delta else dump.records()
-    if cost_model is None:
-        cost_model = fit_cost_store(store) if delta else fit_cost(records)
+    poor_fit = None
+    if cost_model is None:   # a fit too poor to price seconds is set aside: tokens only, and the report says so
+        cost_model, poor_fit = usable_fit(fit_cost_store(store) if delta else fit_cost(records))
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -219,7 +220,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
     if opts.policy.changes_prompts or opts.policy.checkpoint_policy is not None:
         recorded_s = None  # the recorded timings belong to the recorded prompts and snapshots
     return Report(rows, policy=opts.policy, model=opts.model, cost_model=cost_model, snapshot_bytes=snap_bytes,
-                  recorded_prefill_s=recorded_s)
+                  recorded_prefill_s=recorded_s, poor_fit=poor_fit)
 
 
 def compare_policies(dump, policies: Iterable[Policy | str] = ("recorded", "keep-drained", "every:256"),
@@ -234,7 +235,7 @@ def compare_policies(dump, policies: Iterable[Policy | str] = ("recorded", "keep
     dump = load_dump(dump)
     if kwargs.get("cost_model") is None:
         is_store = type(dump).__name__ == "Store"
-        kwargs["cost_model"] = fit_cost_store(dump) if is_store else fit_cost(dump.records())
+        kwargs["cost_model"] = usable_fit(fit_cost_store(dump) if is_store else fit_cost(dump.records()))[0]
     if isinstance(kwargs.get("tokenizer"), str) or "tokenizer" not in kwargs:
         kwargs["tokenizer"] = load_tokenizer_arg(kwargs.get("tokenizer", "qwen3"))
     rows = []
