@@ -236,6 +236,7 @@ def test_lint_cli_fix_reports_per_engine_and_session_or_nothing_to_fix(qwen3, tm
     assert "volatile_system" in text and ("kept:" in text or "dropped:" in text)
     if "kept:" in text:
         assert out.exists() and "per engine:" in text and "per session (ids read):" in text and "s1" in text
+        assert oct(os.stat(out).st_mode & 0o777) == "0o600"
     else:
         assert "nothing to fix" in text and not out.exists()
 
