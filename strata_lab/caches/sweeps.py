@@ -130,8 +130,10 @@ def plot_engines(report, path=None):
 def _short_spec(spec: str, width: int = 18) -> str:
     """A spec label that fits beside a bar: the name on one line, each override on its own.
 
-    >>> _short_spec("vllm@0.11:block_size=32,kv_blocks=8774")
-    'vllm@0.11\nblock_size=32\nkv_blocks=8774'
+    >>> print(_short_spec("vllm@0.11:block_size=32,kv_blocks=8774"))
+    vllm@0.11
+    block_size=32
+    kv_blocks=8774
     """
     name, _, over = spec.partition(":")
     parts = [name] + [p for p in over.split(",") if p]

@@ -66,7 +66,7 @@ class CostModel:
         """`fit` on three equal-length arrays (read, start, prefill_ms): no Python object per call.
 
         >>> import numpy as np
-        >>> CostModel.fit_arrays(np.array([100, 0, 200]), np.array([0, 5, 0]), np.array([10.0, 3.0, 20.0])).per_token_ms
+        >>> round(CostModel.fit_arrays(np.array([100, 0, 200]), np.array([0, 5, 0]), np.array([10.0, 3.0, 20.0])).per_token_ms, 12)
         0.1
         """
         import numpy as np

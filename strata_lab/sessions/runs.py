@@ -12,6 +12,9 @@
 
     strata-lab record --scenario agent --out dumps/agent.jsonl
 
+Why one module: record, reproduce and rewrite share the engine runner, the model choice and the checks of
+a dump's model against the one asked for; split, each half would import the other's internals.
+
 >>> import tempfile, os
 >>> from strata_lab import load_tokenizer
 >>> from strata_lab.dump.writer import Recorder
