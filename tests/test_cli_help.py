@@ -93,3 +93,18 @@ def test_module_function_docstrings_list_their_parameters(qualname):
 def test_help_of_replay_lists_its_parameters():
     sig = inspect.signature(strata_lab.replay)
     assert {"dump", "engine", "model", "tokenizer", "policy", "checkpoint_policy"} <= set(sig.parameters)
+
+
+def test_defaults_that_give_other_numbers_are_explained_where_printed(capsys):
+    # `replay` models turn checkpoints by default; `--engine strata` and reproduce use the recorded ones
+    import os
+
+    agent = os.path.join(os.path.dirname(__file__), "..", "dumps", "agent.jsonl")
+    assert main(["replay", agent, "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoints turn" in out.splitlines()[0] and "`--checkpoints recorded`" in out
+    assert main(["replay", agent, "-q", "--checkpoints", "recorded"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoints recorded" in out.splitlines()[0] and "note: checkpoints" not in out
+    assert main(["replay", agent, "-q", "--engine", "strata"]) == 0
+    assert "checkpoints: recorded (the snapshots each dump line reports" in capsys.readouterr().out

@@ -275,7 +275,7 @@ class EnginesReport:
 
     def lines(self) -> list[str]:
         out = []
-        for r in self.summary().to_dict("records"):
+        for p, r in zip(self.presets, self.summary().to_dict("records")):
             s = (f"{r['spec']}: hit rate {r['hit_rate']:.1%} ({r['reused']} of {r['prompt_tokens']} prompt tokens "
                  f"reused), {r['reread']} re-read")
             if r["reread_s"] == r["reread_s"]:
@@ -287,6 +287,12 @@ class EnginesReport:
                       f"{r['calls_differ']} calls differ")
             out.append(s)
             out.append(f"    causes: {r['causes']}")
+            if p.engine == "strata":   # the same engine gives other numbers under other checkpoints: say which
+                cp = getattr(p, "checkpoints", "recorded")
+                out.append("    checkpoints: " + ("recorded (the snapshots each dump line reports, as the engine kept "
+                                                  "them; `strata-lab replay` defaults to --checkpoints turn, a "
+                                                  "snapshot at each prompt's end only, and can differ)"
+                                                  if cp == "recorded" else f"{cp} (set with strata:checkpoints=...)"))
         return out
 
     def format(self) -> str:

@@ -94,6 +94,11 @@ def _replay(args: argparse.Namespace, dump) -> int:
                "...", args)
     report = replay(dump, policy="recorded", progress=not args.quiet, cluster=args.dask, **kw)
     print(report.format(worst=args.worst))
+    if args.checkpoints != "recorded" and type(dump).__name__ == "Dump" and \
+            any(r.get("checkpoints") for r in dump.records()):
+        print(f"\nnote: checkpoints {args.checkpoints} (--checkpoints; default turn) are modelled, not the ones the "
+              "engine kept; `--checkpoints recorded` replays those, as `--engine strata` and `strata-lab "
+              "reproduce` do, and can give other numbers for the same engine")
     table = None
     if args.policy:
         policies = ["recorded"] + [p for p in args.policy if p != "recorded"]

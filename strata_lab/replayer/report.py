@@ -33,13 +33,15 @@ class Report(Mapping):
     """
 
     def __init__(self, rows, *, policy: Policy, model: str, cost_model: CostModel | None,
-                 snapshot_bytes: int, recorded_prefill_s: float | None, poor_fit: CostModel | None = None):
+                 snapshot_bytes: int, recorded_prefill_s: float | None, poor_fit: CostModel | None = None,
+                 checkpoints: str | None = None):
         # rows: CallRows (any iterable) or a RowTable; kept column-wise (strata_lab.replayer.rowtable)
         self.rows = rows if isinstance(rows, RowTable) else RowTable(rows)
         self.policy = policy
         self.model = model
         self.cost_model = cost_model
         self.poor_fit = poor_fit   # a fitted cost model set aside as too poor to price seconds (see MIN_R2)
+        self.checkpoints = checkpoints   # the checkpoint policy replayed, in words (None: not given)
         self.snapshot_bytes = snapshot_bytes
         self._totals = self._compute_totals(recorded_prefill_s)
 
@@ -171,7 +173,9 @@ class Report(Mapping):
     def format(self, *, worst: int = 5) -> str:
         """The text the CLI prints: per-session table, totals, causes, worst divergences."""
         t = self._totals
-        lines = [f"replay: policy {t['policy']}, model {t['model']}, {t['sessions']} sessions, {t['calls']} calls"]
+        lines = [f"replay: policy {t['policy']}, model {t['model']}"
+                 + (f", checkpoints {self.checkpoints}" if self.checkpoints else "")
+                 + f", {t['sessions']} sessions, {t['calls']} calls"]
         if self.cost_model is not None:
             lines.append("cost model: " + self.cost_model.describe())
         sf = self.sessions_frame()
