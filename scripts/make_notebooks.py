@@ -313,12 +313,13 @@ ours["hosted_cache_read"] = calls["cache_read_tokens"].values
 ours'''),
     code('''
 import matplotlib.pyplot as plt
+from strata_lab.caches.plotstyle import house_style, legend_outside   # both JupyterLab themes
 labels = ours["session"].str[-12:] + " #" + ours["index"].astype(str)
-fig, ax = plt.subplots(figsize=(7, 3))
+fig, ax = plt.subplots(figsize=(7, 3), layout="constrained")
 ax.bar(labels, ours["prompt_len"], label="prompt (Qwen3 render)")
 ax.bar(labels, ours["reused"], label="reused by our engine")
-ax.set_ylabel("tokens"); ax.legend(); ax.set_title("Claude Code session under our engine's semantics")
-fig.tight_layout()'''),
+ax.set_ylabel("tokens"); legend_outside(ax); ax.set_title("Claude Code session under our engine's semantics")
+house_style(fig);'''),
     md("Counterfactual checkpoint policies on the same calls:"),
     code('''
 from strata_lab.replayer import compare_policies

@@ -279,6 +279,9 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
     if pol.checkpoint_policy is None:
         checkpoints += ", as the dump recorded" if recorded_cps else ", the engine default (the dump names none)"
     runner = _EngineRunner(path, threads=threads, policies=engine_cps)
+    if model is None and named_kinds and not any(n in runner.name for n in named):
+        notes.append(f"the dump names {', '.join(named)}; ran on {runner.name}, the embedded model of that kind "
+                     f"(choose another with --model)")
     prompt_policy = replace(pol, checkpoint_policy=None, name="recorded") if not pol.changes_prompts else \
         replace(pol, checkpoint_policy=None)
     predicted = replay(dump, model=kind, checkpoint_policy=predict_cp, policy=prompt_policy, tokenizer=tokenizer)
