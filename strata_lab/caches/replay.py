@@ -117,8 +117,10 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
 
         tokenizer = load_tokenizer(tokenizer)
     divergence = _divergence_causes(dump, tokenizer)
-    if cost_model is None:
-        cost_model = _fit_cost(calls)
+    if cost_model is None:   # a fit too poor to price seconds (R^2 < MIN_R2) prices tokens only, as the replay does
+        from strata_lab.replayer.costs import usable_fit
+
+        cost_model = usable_fit(_fit_cost(calls))[0]
     order = _order(calls)
     hints = _hints(calls, order)
     cols: dict[str, list] = {k: [] for k in _DTYPES}
