@@ -13,7 +13,7 @@ The two set-up commands at the top of README.md install the package and run the 
 test); they are recognised by their text (SETUP) and only their `strata-lab` part is parsed.
 JSON blocks must parse. Blocks without a language are diagrams and layouts.
 
-Runtime: about 2.5 minutes on 2 busy cores (each CLI command is a fresh process of ~6 s; the engine block
+Runtime: 78 s on 2 cores (2.5 minutes when they are shared; each CLI command is a fresh process of ~6 s; the engine block
 loads the tiny model and compiles a grammar).
 """
 from __future__ import annotations
