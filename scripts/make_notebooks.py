@@ -13,7 +13,8 @@ import nbformat
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 SETUP = '''\
 import pathlib, tempfile
-DUMPS = pathlib.Path.cwd().parent / "dumps"   # the notebooks run from notebooks/
+from strata_lab.dump.examples import example_dumps
+DUMPS = example_dumps()   # the project's recorded sessions: ../dumps, the checkout's, or $STRATA_DUMPS
 TMP = pathlib.Path(tempfile.mkdtemp(prefix="strata-nb-"))  # everything this notebook writes goes here'''
 
 
@@ -266,9 +267,9 @@ NOTEBOOKS["05_import_your_traffic"] = [
 The logs you already have (a Claude Code session, an OpenAI request log, OTel spans, a HAR capture, vLLM /
 SGLang / llama.cpp server logs ...) read into one trace table, rendered into the exact token ids a server
 would have prefilled with a tokenizer and chat template of your choice, and replayed under our engine's
-semantics. This notebook uses the small example logs the tests use (`tests/fixtures/traces/`)."""),
+semantics. This notebook uses small example logs shipped in `dumps/logs/`."""),
     code(SETUP + '''
-LOGS = pathlib.Path.cwd().parent / "tests" / "fixtures" / "traces"
+LOGS = DUMPS / "logs"
 import warnings
 from strata_lab import load_trace, load_tokenizer, replay
 from strata_lab.traces import TraceWarning
@@ -312,12 +313,13 @@ ours["hosted_cache_read"] = calls["cache_read_tokens"].values
 ours'''),
     code('''
 import matplotlib.pyplot as plt
+from strata_lab.caches.plotstyle import house_style, legend_outside   # both JupyterLab themes
 labels = ours["session"].str[-12:] + " #" + ours["index"].astype(str)
-fig, ax = plt.subplots(figsize=(7, 3))
+fig, ax = plt.subplots(figsize=(7, 3), layout="constrained")
 ax.bar(labels, ours["prompt_len"], label="prompt (Qwen3 render)")
 ax.bar(labels, ours["reused"], label="reused by our engine")
-ax.set_ylabel("tokens"); ax.legend(); ax.set_title("Claude Code session under our engine's semantics")
-fig.tight_layout()'''),
+ax.set_ylabel("tokens"); legend_outside(ax); ax.set_title("Claude Code session under our engine's semantics")
+house_style(fig);'''),
     md("Counterfactual checkpoint policies on the same calls:"),
     code('''
 from strata_lab.replayer import compare_policies

@@ -76,9 +76,20 @@ def _ext():
         if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
             os.environ["GOMP_SPINCOUNT"] = "20000"
         os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-    from strata_lab import _engine
+    try:
+        from strata_lab import _engine
+    except ImportError as exc:
+        raise ImportError(_NO_EXTENSION.format(where=os.path.dirname(os.path.abspath(__file__)), exc=exc)) from exc
 
     return _engine
+
+
+# What to do when Python finds a source checkout's strata_lab (no compiled engine) before an installed one.
+_NO_EXTENSION = (
+    "strata_lab's compiled engine (strata_lab._engine) is not in {where}: this is a source checkout without a "
+    "build ({exc}). Either install the package (`pip install .`) and run from another directory, so that "
+    "Python imports the installed copy rather than this folder, or build the engine in place "
+    "(`./scripts/dev_build.sh`) and run with PYTHONPATH=$PWD. See README.md, 'Developer install'.")
 
 
 def __getattr__(name: str):

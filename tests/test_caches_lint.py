@@ -129,10 +129,122 @@ def test_prefix_mid_block_and_below_minimum(qwen3):
     def two(shared):
         return [Call(0, "a", as_ids(list(range(shared)) + [1, 2])), Call(1, "b", as_ids(list(range(shared)) + [3]))]
 
-    f = lint_calls(two(37), qwen3, price=False)
+    f = lint_calls(two(37), qwen3, price=False, engines=["vllm", "trtllm"])
     assert [x.tokens for x in f if x.rule == "prefix_mid_block"] == [{"vllm": 5}, {"trtllm": 5}]
-    assert "prefix_mid_block" not in rules(lint_calls(two(64), qwen3, price=False))
+    assert "prefix_mid_block" not in rules(lint_calls(two(64), qwen3, price=False, engines=["vllm", "trtllm"]))
+    # priced with the spec given (block 64 leaves 37 ids, not 37 % 16), and only on the engines asked for
+    f = lint_calls(two(100), qwen3, price=False, engines=["vllm:block_size=64", "sglang"])
+    assert [x.tokens for x in f if x.rule == "prefix_mid_block"] == [{"vllm:block_size=64": 36}]
     small = [Call(0, "a", as_ids(range(300))), Call(1, "a", as_ids(range(400)))]
     big = [Call(0, "a", as_ids(range(1300))), Call(1, "a", as_ids(range(1400)))]
     assert "below_minimum" in rules(lint_calls(small, qwen3, price=False))
     assert "below_minimum" not in rules(lint_calls(big, qwen3, price=False))
+
+
+def _two_sessions(path, tok):
+    """s0: a timestamp in the system message (a volatile_system finding); s1: a stable system message whose
+    lines must never move (the `# Tools` header the old fix moved in every session)."""
+    tmpl = ChatTemplate.from_name("qwen3")
+    systems = {"s0": "You are a coding agent.\nCurrent time: 2026-12-01T10:0{t}:17Z\nBe brief.",
+               "s1": "You are a coding agent.\n# Tools\nBe brief."}
+    with open(path, "w") as f:
+        for sid, system in systems.items():
+            msgs = []
+            for t in range(4):
+                msgs.append({"role": "user", "content": f"question {t}: what does file_{t}.py do? " * 20})
+                text = tmpl.render([{"role": "system", "content": system.format(t=t)}] + msgs, enable_thinking=False)
+                reply = f"It parses the config number {t} and writes the report."
+                f.write(json.dumps({"session": sid, "prompt_ids": tok.encode(text),
+                                    "gen_ids": tok.encode(reply) + [tok.im_end_id]}) + "\n")
+                msgs.append({"role": "assistant", "content": reply})
+    return path
+
+
+def test_fix_changes_only_the_sessions_a_finding_names(qwen3, tmp_path):
+    from strata_lab.caches.calls import calls_from_dump
+
+    path = _two_sessions(tmp_path / "two.jsonl", qwen3)
+    found = lint_calls(path, qwen3, price=False)
+    assert {f.session for f in found if f.rule == "volatile_system"} == {"s0"}
+    volatile = [f for f in found if f.rule == "volatile_system"]
+    fixed = fix_calls(path, volatile, tokenizer=qwen3)
+    for c0, c1 in zip(calls_from_dump(path), fixed):
+        if c0.session == "s1":
+            assert c1.prompt.tolist() == c0.prompt.tolist()      # untouched, byte for byte
+        else:
+            assert c1.prompt.tolist() != c0.prompt.tolist()
+    # with every finding: only sessions some finding names (or compares with) change
+    named = {f.session for f in found} | {f.other for f in found if f.other}
+    for c0, c1 in zip(calls_from_dump(path), fix_calls(path, found, tokenizer=qwen3)):
+        assert c0.session in named or c1.prompt.tolist() == c0.prompt.tolist()
+
+
+def test_check_fixes_keeps_a_fix_only_where_no_session_gets_worse(qwen3, tmp_path):
+    from strata_lab.caches.lint import _session_read, check_fixes
+
+    path = _two_sessions(tmp_path / "two.jsonl", qwen3)
+    found = lint_calls(path, qwen3, engines=["vllm:block_size=64", "sglang"])
+    specs = ["vllm:block_size=64", "sglang", "strata"]
+    fixed, decisions = check_fixes(path, found, qwen3, engines=["vllm:block_size=64", "sglang"])
+    assert any(d["rule"] == "volatile_system" and d["kept"] for d in decisions)
+    before, after = _session_read(path, specs), _session_read(fixed, specs)
+    assert all(after[k] <= v for k, v in before.items())            # nobody worse, on any engine, ours too
+    assert sum(after.values()) < sum(before.values())
+
+
+def test_check_fixes_drops_a_fix_that_makes_a_session_worse(qwen3, tmp_path):
+    """Moving a user's line out of the system message lets the second session share the first one's prefix
+    (459 -> 84 ids read on SGLang) but costs the first session its within-session reuse (467 -> 538): the
+    fix is dropped, and the trace stays as it was."""
+    from strata_lab.caches.calls import calls_from_dump
+    from strata_lab.caches.lint import _session_read, check_fixes
+
+    tmpl = ChatTemplate.from_name("qwen3")
+    path = tmp_path / "users.jsonl"
+    with open(path, "w") as f:
+        for sid, name in (("s0", "Alice, plan pro"), ("s1", "Bob, plan free")):
+            msgs = []
+            for t in range(6):
+                msgs.append({"role": "user", "content": f"q{t}"})
+                text = tmpl.render([{"role": "system", "content": f"Hi.\nThe user is {name}.\nBe brief."}] + msgs,
+                                   enable_thinking=False)
+                reply = f"Answer {t}: " + "the configuration parser reads every file and writes a report. " * 6
+                f.write(json.dumps({"session": sid, "prompt_ids": qwen3.encode(text),
+                                    "gen_ids": qwen3.encode(reply) + [qwen3.im_end_id]}) + "\n")
+                msgs.append({"role": "assistant", "content": reply})
+    found = lint_calls(path, qwen3, engines=["sglang"])
+    assert "per_user_early" in rules(found)
+    alone = _session_read(fix_calls(path, found, tokenizer=qwen3), ["sglang"])
+    before = _session_read(path, ["sglang"])
+    assert alone[("sglang", "s1")] < before[("sglang", "s1")] and alone[("sglang", "s0")] > before[("sglang", "s0")]
+    fixed, decisions = check_fixes(path, found, qwen3, engines=["sglang"])
+    assert [(d["rule"], d["kept"]) for d in decisions] == [("per_user_early", False)]
+    assert "s0" in decisions[0]["why"] and "read more" in decisions[0]["why"]
+    assert [c.prompt.tolist() for c in fixed] == [c.prompt.tolist() for c in calls_from_dump(path)]
+
+
+def test_lint_cli_fix_reports_per_engine_and_session_or_nothing_to_fix(qwen3, tmp_path, capsys):
+    from strata_lab.cli import main
+
+    out = tmp_path / "fixed.jsonl"
+    assert main(["lint", AGENT, "--fix", str(out), "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "nothing to fix" in text and not out.exists()
+    path = _two_sessions(tmp_path / "two.jsonl", qwen3)
+    assert main(["lint", str(path), "--engine", "vllm:block_size=64", "--fix", str(out), "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "volatile_system" in text and ("kept:" in text or "dropped:" in text)
+    if "kept:" in text:
+        assert out.exists() and "per engine:" in text and "per session (ids read):" in text and "s1" in text
+        assert oct(os.stat(out).st_mode & 0o777) == "0o600"
+    else:
+        assert "nothing to fix" in text and not out.exists()
+
+
+def test_lint_on_a_message_log_is_a_clear_error(tmp_path, capsys):
+    from strata_lab.cli import main
+
+    log = tmp_path / "messages.jsonl"
+    log.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    assert main(["lint", str(log)]) == 2
+    assert "strata-lab import" in capsys.readouterr().err

@@ -130,8 +130,9 @@ def test_sweeps_and_cli_lint(tmp_path, capsys):
     out = tmp_path / "fixed.jsonl"
     assert main(["lint", DUMPS[0], "--engine", "vllm", "--fix", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "reasoning_stripped" in text and "reused_before" in text and out.exists()
-    assert oct(os.stat(out).st_mode & 0o777) == "0o600"
+    # the shipped agent dump has findings but none a fix can move: nothing is written (it used to write a
+    # byte-identical copy); tests/test_caches_lint.py covers a fix that is written
+    assert "reasoning_stripped" in text and "nothing to fix" in text and not out.exists()
 
 
 def test_json_report_is_identical_across_processes_and_hash_seeds(tmp_path):

@@ -125,7 +125,7 @@ def test_cli_replay_prints_summary_and_writes_png(qwen3, tmp_path, capsys):
     assert main(["replay", str(path), "--policy", "keep-drained", "--policy", "every:4", "--png", str(png),
                  "-q"]) == 0
     out = capsys.readouterr().out
-    for text in ("retokenized_reply 1", "drained_dropped 1", "went to re-reading what the engine held",
+    for text in ("retokenized_reply 1", "drained_dropped 1", "too poorly to price seconds",  # 1 ms + 10 us/id
                  "worst divergences", "policy comparison", "keep-drained", "every:4", "s0", "s2",
                  "recorded vs predicted reused: 6/6 agree", "ids  held [130947, 5855"):
         assert text in out, text

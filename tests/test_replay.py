@@ -125,7 +125,10 @@ def test_policy_table_and_summary(qwen3, tmp_path):
     assert every["snapshot_mib"] > base["snapshot_mib"] and budget["snapshot_mib"] <= 3 * 144
     rep = replay(path, tokenizer=qwen3)
     assert rep["causes"]["retokenized_reply"] == 1 and rep["causes"]["drained_dropped"] == 1
-    assert rep.summary().startswith("about ") and "went to re-reading what the engine held" in rep.summary()
+    # these synthetic times (1 ms + 10 us per id read) have a constant the cost model lacks: R^2 < 0.5,
+    # so the summary prices tokens only and says why
+    assert rep.poor_fit is not None and "too poorly to price seconds" in rep.summary()
+    assert rep.summary().startswith(f"{rep['reread']} of {rep['prompt_tokens']} prompt tokens")
     df = rep.to_frame()
     assert str(df["reused"].dtype) == "int64" and str(df["cause"].dtype) == "category"
     assert len(rep.sessions_frame()) == 3

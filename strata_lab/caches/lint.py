@@ -27,7 +27,7 @@ import numpy as np
 
 from strata_lab.caches.calls import Call, as_ids, calls_from_dump
 
-__all__ = ["Finding", "lint_calls", "fix_calls", "before_after", "RULES"]
+__all__ = ["Finding", "lint_calls", "fix_calls", "check_fixes", "before_after", "before_after_sessions", "RULES"]
 
 RULES = ("volatile_system", "per_user_early", "tool_schema_order", "reasoning_stripped", "breakpoint_lookback",
          "prefix_mid_block", "below_minimum")
@@ -43,7 +43,8 @@ class Finding:
     session: str
     position: int              # char offset in the prompt text (ids for block / minimum rules)
     text: str                  # the text that breaks the prefix (a line, a tool, ...)
-    tokens: dict = field(default_factory=dict)   # engine -> ids re-read because of it
+    tokens: dict = field(default_factory=dict)   # engine spec (as given) -> ids re-read because of it
+    other: str | None = None   # per_user_early: the session whose line it is compared with
 
     def __str__(self):
         cost = ", ".join(f"{k} {v}" for k, v in self.tokens.items())
@@ -89,7 +90,15 @@ def _sessions(calls):
 
 
 def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic"), price: bool = True):
-    """All findings on a trace (a path, `Dump`, or `Call`s), each priced per engine (see module docstring)."""
+    """All findings on a trace, each priced per engine (see the module docstring).
+
+    Args:
+        dump: a dump path, paths, `Dump`, or a list of `Call`.
+        tokenizer: a Tokenizer or a name ("qwen3"), to decode prompts.
+        engines: the engine specs findings are priced on, as given ("vllm:block_size=64"): the block rules
+            use their block sizes, the minimum rule their minimums, and `Finding.tokens` is keyed by them.
+        price: replay the engines to price divergence findings (False: only the rules' own counts).
+    """
     from strata_lab.caches.presets import parse_engine
     from strata_lab.caches.replay import replay_engines
 
@@ -120,7 +129,7 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
             la, lb = _line_at(a, d), _line_at(b, d)
             old, new = a[la[0]:la[1]], b[lb[0]:lb[1]]
             if _VOLATILE.sub("#", old) != _VOLATILE.sub("#", new) and a[la[1]:_system_end(a)] == b[lb[1]:end]:
-                out.append(Finding("per_user_early", c.index, c.session, lb[0], new))
+                out.append(Finding("per_user_early", c.index, c.session, lb[0], new, other=prev.session))
     # template rewrites of reasoning: the strata replay's divergence causes (rows in file order, like calls)
     from strata_lab.replayer import replay
 
@@ -145,31 +154,36 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
                                        f"{gap} content blocks since the breakpoint at {last_bp}"))
             if bps:
                 last_bp = max(bps)
-    # the prefix every session shares, against block sizes
+    # the prefix every session shares, against the block sizes of the engines asked for
     if len(firsts) > 1:
         shared = min(_lcp_all(firsts[0].prompt, f.prompt) for f in firsts[1:])
-        for spec in ("vllm", "trtllm"):
-            B = parse_engine(spec).block if spec == "vllm" else parse_engine(spec).tokens_per_block
-            if shared % B and shared > B:
+        for spec in engines:
+            e = parse_engine(spec)
+            B = getattr(e, "block", None) if e.engine == "vllm" else \
+                getattr(e, "tokens_per_block", None) if e.engine == "trtllm" else None
+            if B and shared % B and shared > B:
                 out.append(Finding("prefix_mid_block", firsts[1].index, firsts[1].session, shared,
                                    f"{shared} shared ids = {shared // B} blocks of {B} + {shared % B}",
                                    {spec: shared % B}))
-    hosted_min = min(parse_engine("anthropic").min_tokens, parse_engine("openai").min_tokens)
-    for sid, cs in sessions.items():
-        for prev, c in zip(cs, cs[1:]):
-            if prev.prompt_len < hosted_min and _lcp_all(prev.prompt, c.prompt) == prev.prompt_len:
-                out.append(Finding("below_minimum", prev.index, sid, prev.prompt_len,
-                                   f"{prev.prompt_len} ids < {hosted_min}",
-                                   {"openai": prev.prompt_len, "anthropic": prev.prompt_len}))
+    hosted = [(spec, parse_engine(spec)) for spec in engines if parse_engine(spec).engine in ("anthropic", "openai")]
+    if hosted:
+        hosted_min = min(e.min_tokens for _, e in hosted)
+        for sid, cs in sessions.items():
+            for prev, c in zip(cs, cs[1:]):
+                if prev.prompt_len < hosted_min and _lcp_all(prev.prompt, c.prompt) == prev.prompt_len:
+                    out.append(Finding("below_minimum", prev.index, sid, prev.prompt_len,
+                                       f"{prev.prompt_len} ids < {hosted_min}",
+                                       {spec: prev.prompt_len for spec, e in hosted
+                                        if prev.prompt_len < e.min_tokens}))
     if price and out:
         rep = replay_engines(calls, engines)
         df = rep.frame()
         # what the finding costs a call: ids the session held that the engine does not reuse
         lost = (df[["held_before", "prompt_len"]].min(axis=1) - df["reused"]).clip(lower=0)
-        rr = {(e, i): v for e, i, v in zip(df["engine"].astype(str), df["index"], lost)}
+        rr = {(e, i): v for e, i, v in zip(df["spec"].astype(str), df["index"], lost)}
         for f in out:
             if not f.tokens:
-                f.tokens = {parse_engine(e).engine: int(rr.get((parse_engine(e).engine, f.index), 0)) for e in engines}
+                f.tokens = {e: int(rr.get((parse_engine(e).spec(), f.index), 0)) for e in engines}
     return sorted(out, key=lambda f: (f.index, RULES.index(f.rule)))
 
 
@@ -199,42 +213,85 @@ def _move_line_to_end(text: str, start: int, end: int) -> str:
     return cut[:e] + "\n" + line + cut[e:]
 
 
-def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
-    """The trace with every fixable finding fixed (content moved or re-serialised, never removed).
+def _line_no(text: str, pos: int) -> int:
+    return text[:pos].count("\n")
 
-    Prompts are decoded, rewritten and encoded again; outputs stay as recorded. A system-message line that
-    `volatile_system` / `per_user_early` names (by its line number) moves to the end of the last user
-    message of every prompt; tools become canonical JSON; a breakpoint is added where the look-back ends.
+
+def _system_lines(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each content line of the system message (its header line excluded)."""
+    end = _system_end(text)
+    if end <= 0:
+        return []
+    out, a = [], text.find("\n") + 1
+    while 0 < a < end:
+        b = text.find("\n", a)
+        if b < 0 or b >= end:
+            break   # the last line runs into <|im_end|>: moving it would change the message's end
+        out.append((a, b))
+        a = b + 1
+    return out
+
+
+def _moves(calls, findings, tok) -> dict:
+    """session -> the system-message lines to move: ("norm", pattern) for volatile lines (digits / hex
+    replaced), ("exact", text) for a user's line. Only sessions a finding names (or compares with)."""
+    by_index = {c.index: c for c in calls}
+    firsts = {}
+    for c in calls:
+        firsts.setdefault(c.session, c)
+    moves: dict = {}
+    for f in findings:
+        if f.rule == "volatile_system":
+            moves.setdefault(f.session, set()).add(("norm", _VOLATILE.sub("#", f.text)))
+        elif f.rule == "per_user_early":
+            moves.setdefault(f.session, set()).add(("exact", f.text))
+            if f.other is not None and f.index in by_index and f.other in firsts:
+                n = _line_no(tok.decode(by_index[f.index].prompt.tolist()), f.position)
+                other = tok.decode(firsts[f.other].prompt.tolist()).split("\n")
+                if n < len(other):
+                    moves.setdefault(f.other, set()).add(("exact", other[n]))
+    return moves
+
+
+def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
+    """The trace with the given fixable findings fixed (content moved or re-serialised, never removed),
+    touching only what each finding names.
+
+    Prompts are decoded, rewritten and encoded again; outputs stay as recorded. In the sessions a
+    `volatile_system` / `per_user_early` finding names (and, for the latter, the session it was compared
+    with), the system-message line it names (a volatile line by its shape: the same text up to digits /
+    hex) moves to the end of the last user message of each prompt; in the sessions a `tool_schema_order`
+    finding names, tools become canonical JSON; a breakpoint is added where the look-back ends in the
+    sessions a `breakpoint_lookback` finding names. Calls of other sessions stay as they are.
+
+    Args:
+        dump: a dump path, paths, `Dump`, or a list of `Call`.
+        findings: the findings to fix (default: every finding `lint_calls` reports).
+        tokenizer: a Tokenizer or a name.
     """
     from strata_lab.caches.presets import parse_engine
 
     calls = calls_from_dump(dump)
     tok = _tokenizer(tokenizer)
     findings = lint_calls(dump, tok, price=False) if findings is None else findings
-    rules = {f.rule for f in findings}
-    texts = {}
-    lines = set()
-    for f in findings:
-        if f.rule in ("volatile_system", "per_user_early"):
-            c = next(x for x in calls if x.index == f.index)
-            t = texts.setdefault(c.index, tok.decode(c.prompt.tolist()))
-            lines.add(t[:f.position].count("\n"))
+    moves = _moves(calls, findings, tok)
+    canon = {f.session for f in findings if f.rule == "tool_schema_order"}
+    lookback_sessions = {f.session for f in findings if f.rule == "breakpoint_lookback"}
     anth = parse_engine("anthropic")
     lookback = anth.lookback_blocks
     out, last_bp = [], {}
     for c in calls:
-        text = texts.get(c.index) or tok.decode(c.prompt.tolist())
+        if c.session not in moves and c.session not in canon and c.session not in lookback_sessions:
+            out.append(c)
+            continue
+        text = tok.decode(c.prompt.tolist())
         new = text
-        end = _system_end(new)
-        if lines and end > 0:
-            starts = [0] + [i + 1 for i, ch in enumerate(new[:end]) if ch == "\n"]
-            for n in sorted(lines, reverse=True):  # bottom first: earlier line numbers stay valid
-                if n < len(starts) and n > 0:
-                    a = starts[n]
-                    b = new.find("\n", a)
-                    if 0 <= b < end:
-                        new = _move_line_to_end(new, a, b)
-        if "tool_schema_order" in rules:
+        wanted = moves.get(c.session, set())
+        for a, b in reversed(_system_lines(new)):   # bottom first: earlier offsets stay valid
+            line = new[a:b]
+            if ("exact", line) in wanted or ("norm", _VOLATILE.sub("#", line)) in wanted:
+                new = _move_line_to_end(new, a, b)
+        if c.session in canon:
             ts = _tools(new)
             if ts:
                 a = new.find("<tools>\n") + 8
@@ -242,7 +299,7 @@ def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
                 new = new[:a] + "\n".join(_canonical(x) or x for x in ts) + new[a + len(old):]
         prompt = c.prompt if new == text else as_ids(tok.encode(new))
         fixed = replace(c, prompt=prompt, memo=None)
-        if "breakpoint_lookback" in rules and c.breakpoints and prompt is c.prompt:
+        if c.session in lookback_sessions and c.breakpoints and prompt is c.prompt:
             bounds = anth.boundaries(c)
             prev = last_bp.get(c.session)
             bps = list(c.breakpoints)
@@ -255,8 +312,79 @@ def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
     return out
 
 
+def _session_read(calls, specs) -> dict:
+    """(spec as given, session) -> prompt ids read (not reused), replayed under each spec."""
+    from strata_lab.caches.presets import parse_engine
+    from strata_lab.caches.replay import replay_engines
+
+    df = replay_engines(calls, list(specs)).frame()
+    label = {parse_engine(s).spec(): s for s in specs}
+    g = df.groupby([df["spec"].astype(str), df["session"].astype(str)])["read"].sum()
+    return {(label[k[0]], k[1]): int(v) for k, v in g.items()}
+
+
+def check_fixes(dump, findings, tokenizer="qwen3", engines=("vllm", "sglang", "llama.cpp", "anthropic")):
+    """Fix the fixable findings one group at a time (a rule and the sessions it names), re-checking each
+    on every engine in `engines` plus ours ("strata"): a group is kept only where no session reads more
+    ids on any of them. Returns (fixed calls, decisions), one decision per group: {rule, sessions, kept,
+    why}.
+
+    Args:
+        dump: a dump path, paths, `Dump`, or a list of `Call`.
+        findings: the findings (`lint_calls`); those of rules without a fix are ignored.
+        tokenizer: a Tokenizer or a name.
+        engines: engine specs, as given on the command line.
+    """
+    from strata_lab.caches.presets import parse_engine
+
+    tok = _tokenizer(tokenizer)
+    specs = list(dict.fromkeys(list(engines) + ([] if any(parse_engine(e).engine == "strata" for e in engines)
+                                                else ["strata"])))
+    current = calls_from_dump(dump)
+    groups: dict = {}
+    for f in findings:
+        if f.rule in FIXABLE:
+            groups.setdefault((f.rule, f.session, f.other), []).append(f)
+    decisions = []
+    before = _session_read(current, specs) if groups else {}
+    for (rule, session, other), fs in groups.items():
+        sessions = sorted({session} | ({other} if other is not None else set()))
+        candidate = fix_calls(current, fs, tok)
+        if all(a.prompt is b.prompt and a.breakpoints == b.breakpoints for a, b in zip(candidate, current)):
+            decisions.append({"rule": rule, "sessions": sessions, "kept": False, "why": "changes nothing"})
+            continue
+        after = _session_read(candidate, specs)
+        worse = [(k, before[k], v) for k, v in after.items() if k in before and v > before[k]]
+        if worse:
+            (spec, sid), b, a = max(worse, key=lambda w: w[2] - w[1])
+            decisions.append({"rule": rule, "sessions": sessions, "kept": False,
+                              "why": f"session {sid} would read more on {spec} ({b} -> {a} ids)"
+                                     + (f" and {len(worse) - 1} more" if len(worse) > 1 else "")})
+            continue
+        gain = sum(before[k] - v for k, v in after.items() if k in before)
+        decisions.append({"rule": rule, "sessions": sessions, "kept": True,
+                          "why": f"{gain} fewer ids read over {len(specs)} engines; no session reads more"})
+        current, before = candidate, after
+    return current, decisions
+
+
+def before_after_sessions(dump, fixed, engines=("vllm", "sglang", "llama.cpp", "anthropic")):
+    """One row per engine and session: ids read before and after the fix (a pandas DataFrame)."""
+    import pandas as pd
+
+    b, a = _session_read(calls_from_dump(dump), engines), _session_read(fixed, engines)
+    return pd.DataFrame([{"engine": k[0], "session": k[1], "read_before": v, "read_after": a.get(k),
+                          "change": (a.get(k, v) - v)} for k, v in sorted(b.items())])
+
+
 def before_after(dump, fixed, engines=("vllm", "sglang", "llama.cpp", "anthropic")):
-    """One row per engine: reused, re-read and hit rate before and after the fix (a pandas DataFrame)."""
+    """One row per engine: reused, re-read and hit rate before and after the fix (a pandas DataFrame).
+
+    Args:
+        dump: the trace before (a path, `Dump` or `Call`s).
+        fixed: the trace after (`Call`s, e.g. from `check_fixes`).
+        engines: engine specs.
+    """
     import pandas as pd
 
     from strata_lab.caches.replay import replay_engines

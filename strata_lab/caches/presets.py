@@ -225,7 +225,11 @@ def preset(engine: str, version: str | None = None):
 
 
 def parse_engine(spec) -> EnginePreset:
-    """A preset from "name[@version][:key=value,...]" (or a preset, returned as it is)."""
+    """A preset from "name[@version][:key=value,...]" (or a preset, returned as it is).
+
+    Args:
+        spec: the engine spec, e.g. "vllm", "vllm@0.11:block_size=32", "llama.cpp:slots=4", or a preset.
+"""
     if isinstance(spec, EnginePreset):
         return spec
     if not isinstance(spec, str) or not spec.strip():

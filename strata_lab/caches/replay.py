@@ -132,6 +132,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     with no in-flight state of their own, llama.cpp slots, hosted APIs and strata, apply a call when it
     ends). False (default): one call at a time, each done before the next.
     TTLs (hosted APIs) always run on the trace's clock.
+    `progress`: a progress bar per engine.
     """
     if isinstance(engines, str):
         engines = [engines]
@@ -148,8 +149,10 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
 
         tokenizer = load_tokenizer(tokenizer)
     divergence = _divergence_causes(dump, tokenizer, calls)
-    if cost_model is None:
-        cost_model = _fit_cost(calls)
+    if cost_model is None:   # a fit too poor to price seconds (R^2 < MIN_R2) prices tokens only, as the replay does
+        from strata_lab.replayer.costs import usable_fit
+
+        cost_model = usable_fit(_fit_cost(calls))[0]
     speeds = _speeds(tokens_per_s)
     if concurrency:
         missing = next((c.index for c in calls if c.ts is None), None)
@@ -237,6 +240,21 @@ def replay(dump, *, engine=None, **kwargs):
 
     It sits here, above both, so that the replayer never imports the engine cache models that build on it.
 
+    Args:
+        dump: a dump path, paths, `Dump`, or a Parquet store.
+        engine: None (our engine's replay) or an engine spec ("vllm", "llama.cpp:slots=4", ...).
+        model: "hybrid" or "attention": the reuse rule of our engine.
+        checkpoint_policy: a CheckpointPolicy or a spec ("turn", "every:256", "header", "recorded").
+        tokenizer: a Tokenizer or a name; names each miss's cause.
+        policy: the policy replayed ("recorded", "reply-ids", "fixes", "header", ...; see `parse_policy`).
+        full_hit: what the engine does when the whole prompt is held.
+        cost_model: prices reads in seconds (default: fitted on the dump's prefill_ms).
+        progress: show a progress bar.
+        context_chars: characters of text shown around each divergence.
+        bytes_per_snapshot: sizes checkpoint budgets and the reported memory.
+        cluster: a Dask client, scheduler address or "local[:N]" to replay a store on Dask.
+        **kwargs: with `engine`, overrides of the preset's fields (block_size=32, ...).
+
     >>> import inspect
     >>> "engine" in inspect.signature(replay).parameters
     True
@@ -251,6 +269,21 @@ def replay(dump, *, engine=None, **kwargs):
     if engine is None:
         raise ValueError(f"engine must name an engine to take {sorted(kwargs)}")
     return replay_engines(dump, [parse_engine(engine).with_(**kwargs) if kwargs else engine], **own)
+
+
+def _replay_signature():
+    """`replay`'s parameters as help() and inspect show them: the replayer's, plus `engine` and overrides."""
+    import inspect
+
+    from strata_lab.replayer import replay as replay_ours
+
+    P = inspect.Parameter
+    core = inspect.signature(replay_ours).parameters
+    return inspect.Signature([core["dump"], P("engine", P.KEYWORD_ONLY, default=None)]
+                             + [p for n, p in core.items() if n != "dump"] + [P("kwargs", P.VAR_KEYWORD)])
+
+
+replay.__signature__ = _replay_signature()
 
 
 
@@ -301,7 +334,7 @@ class EnginesReport:
 
     def lines(self) -> list[str]:
         out = []
-        for r in self.summary().to_dict("records"):
+        for p, r in zip(self.presets, self.summary().to_dict("records")):
             s = (f"{r['spec']}: hit rate {r['hit_rate']:.1%} ({r['reused']} of {r['prompt_tokens']} prompt tokens "
                  f"reused), {r['reread']} re-read")
             if r["reread_s"] == r["reread_s"]:
@@ -313,6 +346,12 @@ class EnginesReport:
                       f"{r['calls_differ']} calls differ")
             out.append(s)
             out.append(f"    causes: {r['causes']}")
+            if p.engine == "strata":   # the same engine gives other numbers under other checkpoints: say which
+                cp = getattr(p, "checkpoints", "recorded")
+                out.append("    checkpoints: " + ("recorded (the snapshots each dump line reports, as the engine kept "
+                                                  "them; `strata-lab replay` defaults to --checkpoints turn, a "
+                                                  "snapshot at each prompt's end only, and can differ)"
+                                                  if cp == "recorded" else f"{cp} (set with strata:checkpoints=...)"))
         return out
 
     def format(self) -> str:

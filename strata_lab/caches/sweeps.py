@@ -66,25 +66,25 @@ def plot_budget_sweep(frame, path=None, *, ax=None):
         matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, axes = (None, ax) if ax is not None else plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = (None, ax) if ax is not None else plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
     axes = list(axes) if not hasattr(axes, "plot") else [axes]
+    from strata_lab.caches.plotstyle import house_style, legend_outside, readable_log_axis, save
+
     for eng, g in frame.groupby("engine", sort=False):
         axes[0].plot(g["budget"], 100 * g["hit_rate"], marker="o", label=eng)
         if len(axes) > 1:
             axes[1].plot(g["budget"], g["reread"], marker="o", label=eng)
     axes[0].set_xlabel(f"cache budget ({frame['field'].iloc[0]})")
     axes[0].set_ylabel("hit rate (%)")
-    axes[0].set_xscale("log")
-    axes[0].legend()
+    readable_log_axis(axes[0], frame["budget"])
     if len(axes) > 1:
         axes[1].set_xlabel(f"cache budget ({frame['field'].iloc[0]})")
         axes[1].set_ylabel("ids re-read")
-        axes[1].set_xscale("log")
-    if fig is not None:
-        fig.tight_layout()
-        if path is not None:
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
+        readable_log_axis(axes[1], frame["budget"])
+    legend_outside(axes[-1])
+    house_style(axes[0].figure)
+    if fig is not None and path is not None:
+        save(fig, path, dpi=110)
     return fig
 
 
@@ -97,24 +97,44 @@ def plot_engines(report, path=None):
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from strata_lab.caches.plotstyle import INK, house_style, integer_ticks, save
+
     df = report.frame()
     summ = report.summary()
     specs = list(summ["spec"])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [3, 1]})
+    labels = [_short_spec(s) for s in specs]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [4, 1]}, layout="constrained")
     idx = sorted(df["index"].unique())
     w = 0.8 / max(len(specs), 1)
-    for k, spec in enumerate(specs):
+    for k, (spec, label) in enumerate(zip(specs, labels)):
         g = df[df["spec"] == spec].set_index("index").reindex(idx)
-        a.bar(np.arange(len(idx)) + k * w, g["reused"], width=w, label=spec)
+        a.bar(np.arange(len(idx)) + k * w, g["reused"], width=w, label=label)
     a.plot(np.arange(len(idx)) + 0.4 - w / 2, df[df["spec"] == specs[0]].set_index("index").reindex(idx)["prompt_len"],
-           "k_", markersize=12, label="prompt")
+           "_", color=INK, markersize=12, label="prompt")
     a.set_xlabel("call")
     a.set_ylabel("reused ids")
-    a.legend(fontsize=7)
-    b.barh(specs, 100 * summ["hit_rate"])
+    integer_ticks(a)
+    # above the bars, never over them
+    a.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02), ncols=min(len(specs) + 1, 4), frameon=False,
+             fontsize="small", borderaxespad=0.0)
+    b.barh(labels, 100 * summ["hit_rate"])
+    b.invert_yaxis()
     b.set_xlabel("hit rate (%)")
-    fig.tight_layout()
+    b.tick_params(axis="y", labelsize="small")
+    house_style(fig)
     if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        save(fig, path, dpi=110)
     return fig
+
+
+def _short_spec(spec: str, width: int = 18) -> str:
+    """A spec label that fits beside a bar: the name on one line, each override on its own.
+
+    >>> print(_short_spec("vllm@0.11:block_size=32,kv_blocks=8774"))
+    vllm@0.11
+    block_size=32
+    kv_blocks=8774
+    """
+    name, _, over = spec.partition(":")
+    parts = [name] + [p for p in over.split(",") if p]
+    return "\n".join(p if len(p) <= width else p[:width - 1] + "…" for p in parts)

@@ -60,8 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "anthropic, strata; name@version and :key=value,... overrides, e.g. llama.cpp:slots=4")
     p.add_argument("--json", nargs="?", const="-", metavar="PATH",
                    help="with --engine: write the deterministic JSON report (to stdout without PATH)")
-    p.add_argument("--model", choices=["hybrid", "attention"], default="hybrid")
-    p.add_argument("--checkpoints", default="turn", help="checkpoint policy of the baseline (default: turn)")
+    p.add_argument("--model", choices=["hybrid", "attention"], default="hybrid",
+                   help="the reuse rule replayed: hybrid (restart from a checkpoint at a divergence) or attention "
+                        "(any prefix); default hybrid")
+    p.add_argument("--checkpoints", default="turn",
+                   help="checkpoint policy of the baseline (default: turn, a snapshot at each prompt's end; "
+                        "'recorded' uses the snapshots the dump reports, which is what reproduce compares with)")
     p.add_argument("--full-hit", choices=["held_logits", "last_held_only", "reread_last", "saved_logits"],
                    default="held_logits",
                    help="what the engine does when the whole prompt is held")
@@ -82,11 +86,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_convert)
     _production_parsers(sub)
-    p = sub.add_parser("lint", help="find text that breaks the prompt prefix across calls; --fix moves it")
+    p = sub.add_parser("lint", help="find text that breaks the prompt prefix across calls; --fix moves it",
+                       description="Find what breaks the prompt prefix across a dump's calls (a timestamp or a "
+                                   "user's name in the system message, tool schemas re-serialised, reasoning the "
+                                   "template strips, Anthropic breakpoints past the look-back, ...), each finding "
+                                   "priced in ids per engine. --fix moves only what a finding names, re-checks "
+                                   "each fix on every engine (and ours), keeps a fix only where no session gets "
+                                   "worse, and prints before/after per engine and per session (or says "
+                                   "'nothing to fix'). Without --fix, exit 1 when there are findings.")
     p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
-    p.add_argument("--engine", action="append", default=[], help="engines to price findings on (repeatable)")
+    p.add_argument("--engine", action="append", default=[],
+                   help="engine spec to price findings and check fixes on (repeatable; overrides apply, e.g. "
+                        "vllm:block_size=64; default: vllm, sglang, llama.cpp, anthropic)")
     p.add_argument("--fix", metavar="OUT", help="write the fixed trace here and replay before/after")
-    p.add_argument("--tokenizer", default="qwen3")
+    p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json "
+                                                       "(decodes prompts to find and move text)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress or status lines")
     p.set_defaults(func=_cmd_lint)
 
     p = sub.add_parser("template", help="render a conversation with a chat template, or lint it")
@@ -100,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the OpenAI/Anthropic-compatible server")
     p.add_argument("--model", help="model directory (default: the tiny generated hybrid checkpoint)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument("--dump", help="append a strata-dump/1 line per engine call here ($STRATA_PROMPT_DUMP)")
     p.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key); it shows in the "
                    f"process list, so prefer --api-key-file or ${API_KEY_ENV}")
@@ -151,27 +166,54 @@ def build_parser() -> argparse.ArgumentParser:
 
     from strata_lab.sessions.agents import SCENARIOS
 
-    p = sub.add_parser("record", help="record a scripted agent session against a real server into a dump")
-    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="agent")
+    p = sub.add_parser("record", help="record a scripted agent session against a real server into a dump",
+                       description="Start `strata-lab serve` on a free port (the embedded tiny hybrid model "
+                                   "unless --model names one), drive a scripted client session against it with "
+                                   "the openai SDK, and keep the server's strata-dump/1 lines in --out.")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="agent",
+                   help="the scripted session: agent (tools), thinking (budget STOPs), webui (cache warm-ups); "
+                        "default agent")
     p.add_argument("--out", required=True, help="dump file to write")
     p.add_argument("--model", help="model folder, or hybrid / attention (embedded tiny models)")
     p.add_argument("--reply-id-reuse", action="store_true", help="server reuses the replies' own ids")
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=24)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--turns", type=int, default=4, help="user turns of the session (default 4)")
+    p.add_argument("--max-tokens", type=int, default=24, help="output cap of each request (default 24)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the requests (default 0)")
     p.add_argument("--stop-latency", type=int, help="engine steps a STOP takes (default: 2 for thinking, else 0)")
     p.add_argument("--no-header-checkpoint", action="store_true",
                    help="server keeps turn-start checkpoints only (template rewrites then fall back further)")
     p.set_defaults(func=_cmd_record)
+    descriptions = {
+        "reproduce": "Send a dump's prompts through a fresh engine (each reply forced as recorded) and compare the "
+                     "engine's reused ids with the replay's prediction for the same policy, and with the recorded "
+                     "reused where the dump has it (an imported log has none). Names the model it runs on and "
+                     "refuses a model of another kind than the dump's unless --allow-model-mismatch. Exit 1 when "
+                     "the engine and the prediction (or the recording) differ.",
+        "rewrite": "Run a dump's calls under a replay policy on the engine: prompt policies (reply-ids, "
+                   "keep-drained, fixes) rebuild the prompts, checkpoint policies (header, every:N, ...) set the "
+                   "engine's checkpoints; the run is written to --out, and the engine's reuse is compared with the "
+                   "replay's prediction, so every predicted win can be measured.",
+    }
     for name, text in (("reproduce", "send a dump's prompts through a fresh engine and compare reuse"),
-                       ("rewrite", "rebuild a dump's prompts under a replay policy and run them on the engine")):
-        q = sub.add_parser(name, help=text)
-        q.add_argument("dump")
-        q.add_argument("--model", help="model folder, or hybrid / attention (default: the one the dump names)")
+                       ("rewrite", "run a dump's calls under any replay policy on the engine")):
+        q = sub.add_parser(name, help=text, description=descriptions[name])
+        q.add_argument("dump", help="strata-dump/1 JSONL file (a recorded session or an imported log's dump)")
+        q.add_argument("--model", help="model folder, or hybrid / attention (default: the kind the dump names, "
+                                       "else the embedded hybrid model)")
         q.add_argument("--out", required=name == "rewrite", help="dump file the engine calls are recorded to")
-        if name == "rewrite":
-            q.add_argument("--policy", default="reply-ids", help="replay policy (see `strata-lab replay --help`)")
+        q.add_argument("--policy", default="reply-ids" if name == "rewrite" else "recorded",
+                       help="replay policy (see `strata-lab replay --help`): reply-ids, keep-drained, fixes, "
+                            "header, every:N, at:P1,P2, budget:MIB[:N], none, before-last:ID, joined with '+' "
+                            f"(default: {'reply-ids' if name == 'rewrite' else 'recorded'})")
+        q.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json")
+        q.add_argument("--allow-model-mismatch", action="store_true",
+                       help="run on --model even when the dump was recorded on a model of another kind")
+        q.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
         q.set_defaults(func=_cmd_reproduce)
+    for name, q in sub.choices.items():   # every subcommand's --help opens with what it does
+        if not q.description:
+            q.description = next(a.help for a in sub._choices_actions if a.dest == name)[:1].upper() + \
+                next(a.help for a in sub._choices_actions if a.dest == name)[1:] + "."
 
     return parser
 

@@ -130,8 +130,18 @@ def _replay(args: argparse.Namespace, dump) -> int:
 
     kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
               full_hit=args.full_hit)
+    if args.dask:
+        from strata_lab.cli.commands import status
+
+        status(f"replaying on Dask ({args.dask}): starting or connecting to the cluster, one task per replica "
+               "...", args)
     report = replay(dump, policy="recorded", progress=not args.quiet, cluster=args.dask, **kw)
     print(report.format(worst=args.worst))
+    if args.checkpoints != "recorded" and type(dump).__name__ == "Dump" and \
+            any(r.get("checkpoints") for r in dump.records()):
+        print(f"\nnote: checkpoints {args.checkpoints} (--checkpoints; default turn) are modelled, not the ones the "
+              "engine kept; `--checkpoints recorded` replays those, as `--engine strata` and `strata-lab "
+              "reproduce` do, and can give other numbers for the same engine")
     table = None
     if args.policy:
         policies = ["recorded"] + [p for p in args.policy if p != "recorded"]
@@ -170,21 +180,44 @@ def _replay_engines(dump, args: argparse.Namespace) -> int:
 
 def _cmd_lint(args: argparse.Namespace) -> int:
     from strata_lab.caches.calls import write_calls
-    from strata_lab.caches.lint import before_after, fix_calls, lint_calls
+    from strata_lab.caches.lint import FIXABLE, before_after, before_after_sessions, check_fixes, lint_calls
+    from strata_lab.cli.commands import status
     from strata_lab.dump import load_dump
 
     dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
+    if next(iter(dump), None) is None:
+        raise ValueError(f"no engine calls in {', '.join(dump.paths)}: lint reads strata-dump/1 files (every line "
+                         "was skipped; see the warnings above). For another tool's log, import it first: "
+                         "strata-lab import LOG --out dump.jsonl")
     engines = args.engine or ["vllm", "sglang", "llama.cpp", "anthropic"]
-    findings = lint_calls(dump, args.tokenizer, engines=engines)
+    tok = _load_tokenizer(args.tokenizer)
+    status(f"linting {len(dump.records())} calls, pricing findings on {', '.join(engines)} ...", args)
+    findings = lint_calls(dump, tok, engines=engines)
     for f in findings:
         print(f)
     print(f"{len(findings)} finding(s)")
-    if args.fix:
-        fixed = fix_calls(dump, findings, tokenizer=args.tokenizer)
-        write_calls(fixed, args.fix)
-        print(f"wrote {args.fix}\n")
-        print(before_after(dump, fixed, engines).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    return 1 if findings and not args.fix else 0
+    if not args.fix:
+        return 1 if findings else 0
+    fixable = [f for f in findings if f.rule in FIXABLE]
+    if not fixable:
+        print(f"nothing to fix: no finding is of a rule with a fix ({', '.join(FIXABLE)}); {args.fix} not written")
+        return 0
+    status(f"checking each fix on {', '.join(engines)} and strata ...", args)
+    fixed, decisions = check_fixes(dump, fixable, tok, engines)
+    print()
+    for d in decisions:
+        print(f"{'kept' if d['kept'] else 'dropped'}: {d['rule']} in session(s) {', '.join(d['sessions'])}: {d['why']}")
+    if not any(d["kept"] for d in decisions):
+        print(f"nothing to fix: no fix helps without making a session worse; {args.fix} not written")
+        return 0
+    write_calls(fixed, args.fix)
+    print(f"wrote {args.fix}\n")
+    fmt = lambda x: f"{x:.3g}"  # noqa: E731
+    print("per engine:")
+    print(before_after(dump, fixed, engines).to_string(index=False, float_format=fmt))
+    print("\nper session (ids read):")
+    print(before_after_sessions(dump, fixed, engines).to_string(index=False))
+    return 0
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:

@@ -33,7 +33,20 @@ def _utf8_text(text: str | None) -> str:
     return text
 
 
+def _interactive() -> bool:
+    return sys.stderr.isatty()
+
+
+def status(text: str, args: argparse.Namespace | None = None) -> None:
+    """A one-line status on stderr (flushed) before work that can take seconds: shown to a person at a
+    terminal (stderr a TTY), silent with -q and in pipes and scripts, whose stderr stays errors only."""
+    if (args is not None and getattr(args, "quiet", False)) or not _interactive():
+        return
+    print(f"strata-lab: {text}", file=sys.stderr, flush=True)
+
+
 def _cmd_tokenize(args: argparse.Namespace) -> int:
+    status(f"loading the {args.tokenizer} tokenizer ...", args)
     tok = _load_tokenizer(args.tokenizer)
     text = _utf8_text(args.text)
     ids = tok.encode(text)
@@ -141,6 +154,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--model must be hybrid, attention or a model directory (with config.json), "
                          f"got {args.model!r}")
 
+    status(f"serving a scripted agent session twice on the {args.model} model (reply-id reuse off, then on; "
+           f"about 20-40 s) ...")
     run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
     return 0
 
@@ -148,6 +163,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_record(args: argparse.Namespace) -> int:
     from strata_lab.sessions import record
 
+    status(f"recording the {args.scenario} scenario: starting a server and driving {args.turns} turns ...")
     print(record(args.scenario, args.out, model=args.model, reply_id_reuse=args.reply_id_reuse, turns=args.turns,
                  max_tokens=args.max_tokens, seed=args.seed, stop_latency=args.stop_latency,
                  header_checkpoint=not args.no_header_checkpoint))
@@ -157,9 +173,15 @@ def _cmd_record(args: argparse.Namespace) -> int:
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from strata_lab.sessions import reproduce, rewrite
 
+    status(f"{args.command}: loading the model and replaying {args.dump} under {args.policy} for the "
+           "prediction ...", args)
+    kw = dict(model=args.model, policy=args.policy, tokenizer=_load_tokenizer(args.tokenizer),
+              allow_model_mismatch=args.allow_model_mismatch, progress=not args.quiet)
     if args.command == "reproduce":
-        r = reproduce(args.dump, model=args.model, out=args.out)
+        r = reproduce(args.dump, out=args.out, **kw)
     else:
-        r = rewrite(args.dump, args.out, policy=args.policy, model=args.model)
+        r = rewrite(args.dump, args.out, **kw)
     print(r.summary())
-    return 0 if args.command != "reproduce" or r.exact else 1
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0 if r.exact else 1

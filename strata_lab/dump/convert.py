@@ -27,6 +27,12 @@ __all__ = ["convert_jsonl"]
 def convert_jsonl(paths, out: str | os.PathLike, *, row_group_rows: int = 8192, progress: bool = False) -> dict:
     """Convert JSONL dump file(s) to a store at `out`; lines the dump reader would skip (torn, not a
     dump line) are skipped with the same `DumpWarning`. Returns lines, skipped, bytes in and out, seconds.
+
+    Args:
+        paths: a JSONL dump file or a list of them, in time order.
+        out: the store directory to write.
+        row_group_rows: calls per Parquet row group.
+        progress: show a progress bar.
     """
     from strata_lab.dump.reader import DumpWarning, check_record
 

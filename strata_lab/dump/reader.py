@@ -253,7 +253,9 @@ def load_dump(path_or_paths, *, vocab_size: int | None = None) -> Dump:
     """Open one dump file, several, a directory of `*.jsonl` files (sorted by name), or a Parquet store
     (a directory with ``day=*/replica=*`` partitions; returns a `strata_lab.dump.Store`).
 
-    `vocab_size` makes a line whose ids reach past the vocabulary a bad line (skipped with a warning).
+    Args:
+        path_or_paths: a dump file, a list of them, a directory of `*.jsonl` files, or a store directory.
+        vocab_size: makes a line whose ids reach past the vocabulary a bad line (skipped with a warning).
 
     >>> load_dump("/nonexistent.jsonl")
     Traceback (most recent call last):

@@ -1,7 +1,8 @@
 """Matplotlib views of a replay frame (`Report.to_frame()`) and a policy table (`compare_policies`).
 
 matplotlib is imported when a function runs, never at import time. Each function takes an optional
-`ax` and returns it.
+`ax` and returns it. Figures follow the house style (`strata_lab.caches.plotstyle`: both JupyterLab themes,
+legends outside the data, integer call ticks); the causes panel ranks causes by the tokens they cost.
 
 >>> import pandas as pd
 >>> ax = plot_causes(pd.DataFrame({"cause": ["none", "retokenized_reply", "none"]}))
@@ -9,6 +10,8 @@ matplotlib is imported when a function runs, never at import time. Each function
 ['none', 'retokenized_reply']
 """
 from __future__ import annotations
+
+from strata_lab.caches.plotstyle import house_style, integer_ticks, legend_outside, save
 
 __all__ = ["plot_reuse", "plot_wasted", "plot_causes", "plot_policies", "plot_report"]
 
@@ -18,7 +21,7 @@ def _axes(ax):
         return ax
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(8, 3.5))[1]
+    return plt.subplots(figsize=(8, 3.5), layout="constrained")[1]
 
 
 def stacked_reuse(ax, frame, labels=None):
@@ -43,7 +46,9 @@ def plot_reuse(frame, ax=None):
     ax.set_xlabel("call")
     ax.set_ylabel("prompt tokens")
     ax.set_title("reuse per call")
-    ax.legend(loc="upper left", fontsize="small")
+    integer_ticks(ax)
+    legend_outside(ax)
+    house_style(ax.figure)
     return ax
 
 
@@ -54,23 +59,33 @@ def plot_wasted(frame, ax=None):
     ax.plot(range(len(frame)), frame[col].fillna(0).cumsum().to_numpy(), color="#d1495b")
     ax.set_xlabel("call")
     ax.set_ylabel("wasted seconds" if col == "reread_s" else "reread tokens")
-    ax.set_title("cumulative re-read cost")
+    ax.set_title("cumulative re-read cost" + ("" if col == "reread_s" else " (tokens: no usable cost model)"))
+    integer_ticks(ax)
+    house_style(ax.figure)
     return ax
 
 
 def plot_causes(frame, ax=None):
-    """Calls per cause (horizontal bars), with reread tokens per cause when the frame has them."""
+    """Re-read tokens per cause (horizontal bars, the costliest first), each labelled with its call count;
+    calls per cause when the frame has no `reread` column."""
     ax = _axes(ax)
-    counts = frame["cause"].astype(str).value_counts()
-    ax.barh(counts.index.tolist(), counts.to_numpy(), color="#2e4057")
+    causes = frame["cause"].astype(str)
+    counts = causes.value_counts()
     if "reread" in frame:
-        rr = frame.groupby(frame["cause"].astype(str))["reread"].sum()
-        for i, cause in enumerate(counts.index):
-            ax.annotate(f"{int(rr.get(cause, 0))} reread", (counts.iloc[i], i), xytext=(3, 0),
-                        textcoords="offset points", va="center", fontsize="small")
+        tokens = frame.groupby(causes)["reread"].sum().reindex(counts.index).fillna(0)
+        order = sorted(counts.index, key=lambda c: (-tokens[c], -counts[c], c))
+        ax.barh(order, [tokens[c] for c in order], color="#2e4057")
+        for i, cause in enumerate(order):
+            ax.annotate(f"{counts[cause]} call{'s' if counts[cause] != 1 else ''}", (tokens[cause], i),
+                        xytext=(3, 0), textcoords="offset points", va="center", fontsize="small")
+        ax.set_xlabel("re-read tokens")
+    else:
+        ax.barh(counts.index.tolist(), counts.to_numpy(), color="#2e4057")
+        ax.set_xlabel("calls")
+        integer_ticks(ax)
     ax.invert_yaxis()
-    ax.set_xlabel("calls")
     ax.set_title("causes")
+    house_style(ax.figure)
     return ax
 
 
@@ -82,6 +97,7 @@ def plot_policies(table, ax=None):
     ax.set_ylabel("reread tokens")
     ax.set_title("policy comparison")
     ax.tick_params(axis="x", labelsize="small")
+    house_style(ax.figure)
     return ax
 
 
@@ -94,14 +110,13 @@ def plot_report(frame, path=None, *, policies=None):
     import matplotlib.pyplot as plt
 
     n = 4 if policies is not None else 3
-    fig, axes = plt.subplots(n, 1, figsize=(9, 3.2 * n))
+    fig, axes = plt.subplots(n, 1, figsize=(9, 3.2 * n), layout="constrained")
     plot_reuse(frame, axes[0])
     plot_wasted(frame, axes[1])
     plot_causes(frame, axes[2])
     if policies is not None:
         plot_policies(policies, axes[3])
-    fig.tight_layout()
+    house_style(fig)
     if path is not None:
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        save(fig, path, dpi=100)
     return fig

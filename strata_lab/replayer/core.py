@@ -30,7 +30,7 @@ from typing import Iterable
 
 from strata_lab.dump import Dump, load_dump
 from strata_lab.engine import CheckpointPolicy
-from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.costs import CostModel, usable_fit
 from strata_lab.replayer.fast import fit_cost_store
 from strata_lab.replayer.policies import Policy, PromptRewriter, parse_policy
 from strata_lab.replayer.report import Report
@@ -169,6 +169,19 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
     line reports. `cost_model` defaults to a fit on the dump's prefill_ms. `bytes_per_snapshot` sizes
     budgets and the reported memory (default: a recurrent-state snapshot on hybrid, logits on attention).
 
+    Args:
+        dump: a dump path, paths, `Dump`, or a Parquet store.
+        model: "hybrid" (restart from a checkpoint at a divergence) or "attention" (any prefix is reused).
+        checkpoint_policy: as above; the default ("turn") differs from "recorded" when the engine kept other
+            snapshots (header checkpoints), so the same dump gives different numbers under the two.
+        tokenizer: a Tokenizer or a name; names each miss's cause (decodes the text around it).
+        policy: the policy replayed ("recorded", "reply-ids", "keep-drained", "fixes", "header", ...).
+        full_hit: what the engine does when the whole prompt is held (see `FULL_HIT_RULES`).
+        cost_model: a `CostModel`; None fits one on the dump's prefill_ms.
+        progress: show a progress bar.
+        context_chars: characters of text kept around each divergence.
+        bytes_per_snapshot: as above.
+        cluster: as above.
     """
     opts = resolve_options(model=model, checkpoint_policy=checkpoint_policy, policy=policy, full_hit=full_hit,
                            bytes_per_snapshot=bytes_per_snapshot, context_chars=context_chars)
@@ -185,8 +198,9 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
     tok = load_tokenizer_arg(tokenizer)
     delta = store is not None and not opts.policy.changes_prompts
     records = None if delta else dump.records()
-    if cost_model is None:
-        cost_model = fit_cost_store(store) if delta else fit_cost(records)
+    poor_fit = None
+    if cost_model is None:   # a fit too poor to price seconds is set aside: tokens only, and the report says so
+        cost_model, poor_fit = usable_fit(fit_cost_store(store) if delta else fit_cost(records))
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -206,7 +220,18 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
     if opts.policy.changes_prompts or opts.policy.checkpoint_policy is not None:
         recorded_s = None  # the recorded timings belong to the recorded prompts and snapshots
     return Report(rows, policy=opts.policy, model=opts.model, cost_model=cost_model, snapshot_bytes=snap_bytes,
-                  recorded_prefill_s=recorded_s)
+                  recorded_prefill_s=recorded_s, poor_fit=poor_fit, checkpoints=_checkpoints_words(opts.checkpoints))
+
+
+def _checkpoints_words(cp) -> str:
+    """The checkpoint policy replayed, as the CLI spells it."""
+    if cp == "recorded":
+        return "recorded"
+    parts = (["turn"] if cp.at_prompt_end else []) + ([f"every:{cp.every}"] if cp.every else []) + \
+        ([f"at:{','.join(map(str, cp.positions))}"] if cp.positions else []) + \
+        ([f"budget:{cp.budget_mib:g}"] if cp.budget_mib else []) + \
+        (["header" if cp.before_last == 151644 else f"before-last:{cp.before_last}"] if cp.before_last is not None else [])
+    return "+".join(parts) or "none"
 
 
 def compare_policies(dump, policies: Iterable[Policy | str] = ("recorded", "keep-drained", "every:256"),
@@ -221,7 +246,7 @@ def compare_policies(dump, policies: Iterable[Policy | str] = ("recorded", "keep
     dump = load_dump(dump)
     if kwargs.get("cost_model") is None:
         is_store = type(dump).__name__ == "Store"
-        kwargs["cost_model"] = fit_cost_store(dump) if is_store else fit_cost(dump.records())
+        kwargs["cost_model"] = usable_fit(fit_cost_store(dump) if is_store else fit_cost(dump.records()))[0]
     if isinstance(kwargs.get("tokenizer"), str) or "tokenizer" not in kwargs:
         kwargs["tokenizer"] = load_tokenizer_arg(kwargs.get("tokenizer", "qwen3"))
     rows = []

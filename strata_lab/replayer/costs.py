@@ -15,7 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "MIN_R2", "usable_fit"]
+
+# Below this coefficient of determination a fit explains too little of the dump's own prefill times to
+# put seconds on anything (R^2 < 0 is worse than predicting the mean time for every call).
+MIN_R2 = 0.5
 
 
 def _ctx(read, start):
@@ -62,7 +66,7 @@ class CostModel:
         """`fit` on three equal-length arrays (read, start, prefill_ms): no Python object per call.
 
         >>> import numpy as np
-        >>> round(CostModel.fit_arrays(np.array([100, 0, 200]), np.array([0, 5, 0]), np.array([10.0, 3.0, 20.0])).per_token_ms, 9)
+        >>> round(CostModel.fit_arrays(np.array([100, 0, 200]), np.array([0, 5, 0]), np.array([10.0, 3.0, 20.0])).per_token_ms, 12)
         0.1
         """
         import numpy as np
@@ -86,8 +90,26 @@ class CostModel:
         r2 = 1.0 - float(((t - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else None
         return cls(float(coef[0]), float(coef[1]), points=len(read), r2=r2)
 
+    @property
+    def usable(self) -> bool:
+        """Whether the model may price seconds: set by hand, or fitted with R^2 >= MIN_R2 (or on times it
+        explains exactly)."""
+        return self.r2 is None or self.r2 >= MIN_R2
+
     def describe(self) -> str:
         fit = f", fitted on {self.points} calls" + (f", R^2 {self.r2:.3f}" if self.r2 is not None else "") \
             if self.points else ""
         return (f"prefill ~ {self.per_token_ms * 1000:.3g} us/token + "
                 f"{self.per_token_ctx_ms * 1e6:.3g} ns/(token x context){fit}")
+
+
+def usable_fit(model: "CostModel | None") -> "tuple[CostModel | None, CostModel | None]":
+    """(the model to price seconds with, the fit rejected as too poor): (model, None) when usable, else
+    (None, model), so that reports price in tokens only and say why.
+
+    >>> usable_fit(CostModel(0.1, r2=-2.3))[0] is None, usable_fit(CostModel(0.1, r2=0.9))[1] is None
+    (True, True)
+    """
+    if model is None or model.usable:
+        return model, None
+    return None, model

@@ -80,8 +80,11 @@ def replay_on_cluster(store, opts, tokenizer, cost_model, *, cluster, progress: 
 
     if opts.policy.changes_prompts:
         raise ValueError("cluster: prompt-rewriting policies (reply-ids, keep-drained) replay in-process only")
+    poor_fit = None
     if cost_model is None:
-        cost_model = fit_cost_store(store)
+        from strata_lab.replayer.costs import usable_fit
+
+        cost_model, poor_fit = usable_fit(fit_cost_store(store))
     client, owned = connect(cluster)
     try:
         domains = store.domains()
@@ -112,4 +115,4 @@ def replay_on_cluster(store, opts, tokenizer, cost_model, *, cluster, progress: 
     if opts.policy.checkpoint_policy is not None:
         recorded_s = None
     return Report(rows, policy=opts.policy, model=opts.model, cost_model=cost_model, snapshot_bytes=snap,
-                  recorded_prefill_s=recorded_s)
+                  recorded_prefill_s=recorded_s, poor_fit=poor_fit)

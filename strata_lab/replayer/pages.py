@@ -39,7 +39,9 @@ class StorePager:
         self.page_size = page_size
         self.opts = resolve_options(model=model, checkpoint_policy=checkpoint_policy, full_hit=full_hit)
         self.tok = load_tokenizer_arg(tokenizer)
-        self.cost_model = fit_cost_store(store)
+        from strata_lab.replayer.costs import usable_fit
+
+        self.cost_model = usable_fit(fit_cost_store(store))[0]   # as the replay does: a poor fit prices nothing
         self.calls: list[dict] = []
         self.page = -1
         self._restart()

@@ -11,7 +11,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 
-from strata_lab.replayer.costs import CostModel
+from strata_lab.replayer.costs import MIN_R2, CostModel
 from strata_lab.replayer.policies import Policy
 from strata_lab.replayer.rowtable import RowTable
 from strata_lab.replayer.step import CallRow
@@ -33,12 +33,15 @@ class Report(Mapping):
     """
 
     def __init__(self, rows, *, policy: Policy, model: str, cost_model: CostModel | None,
-                 snapshot_bytes: int, recorded_prefill_s: float | None):
+                 snapshot_bytes: int, recorded_prefill_s: float | None, poor_fit: CostModel | None = None,
+                 checkpoints: str | None = None):
         # rows: CallRows (any iterable) or a RowTable; kept column-wise (strata_lab.replayer.rowtable)
         self.rows = rows if isinstance(rows, RowTable) else RowTable(rows)
         self.policy = policy
         self.model = model
         self.cost_model = cost_model
+        self.poor_fit = poor_fit   # a fitted cost model set aside as too poor to price seconds (see MIN_R2)
+        self.checkpoints = checkpoints   # the checkpoint policy replayed, in words (None: not given)
         self.snapshot_bytes = snapshot_bytes
         self._totals = self._compute_totals(recorded_prefill_s)
 
@@ -144,8 +147,12 @@ class Report(Mapping):
         """One sentence: how much prefill time went to re-reading what the engine held."""
         t = self._totals
         if self.cost_model is None:
-            return (f"{t['reread']} of {t['prompt_tokens']} prompt tokens were re-read although the engine held "
-                    f"them (no prefill timings to put seconds on it)")
+            pct = 100.0 * t["reread"] / t["prompt_tokens"] if t["prompt_tokens"] else math.nan
+            why = ("no prefill timings to put seconds on it" if self.poor_fit is None else
+                   f"the cost model fits the dump's prefill times too poorly to price seconds: R^2 "
+                   f"{self.poor_fit.r2:.2f} on {self.poor_fit.points} calls, below {MIN_R2}; tokens only")
+            return (f"{t['reread']} of {t['prompt_tokens']} prompt tokens ({pct:.0f}%) were re-read although the "
+                    f"engine held them ({why})")
         total = t["prefill_s"]
         pct = 100.0 * t["reread_s"] / total if total else math.nan
         return (f"about {_fmt_s(t['reread_s'])} of {_fmt_s(total)} ({pct:.0f}%) went to re-reading "
@@ -166,7 +173,9 @@ class Report(Mapping):
     def format(self, *, worst: int = 5) -> str:
         """The text the CLI prints: per-session table, totals, causes, worst divergences."""
         t = self._totals
-        lines = [f"replay: policy {t['policy']}, model {t['model']}, {t['sessions']} sessions, {t['calls']} calls"]
+        lines = [f"replay: policy {t['policy']}, model {t['model']}"
+                 + (f", checkpoints {self.checkpoints}" if self.checkpoints else "")
+                 + f", {t['sessions']} sessions, {t['calls']} calls"]
         if self.cost_model is not None:
             lines.append("cost model: " + self.cost_model.describe())
         sf = self.sessions_frame()

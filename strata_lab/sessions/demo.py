@@ -21,9 +21,10 @@ def _plot(frames: dict, table, path) -> None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
+    from strata_lab.caches.plotstyle import legend_outside, save
     from strata_lab.notebook.plots import plot_reuse, stacked_reuse
 
-    fig, axes = plt.subplots(1, len(frames) + 1, figsize=(5 * (len(frames) + 1), 3.6))
+    fig, axes = plt.subplots(1, len(frames) + 1, figsize=(5 * (len(frames) + 1), 3.6), layout="constrained")
     for ax, (name, frame) in zip(axes, frames.items()):
         plot_reuse(frame, ax)
         ax.set_title(f"reuse per call: {name}")
@@ -31,10 +32,10 @@ def _plot(frames: dict, table, path) -> None:
     stacked_reuse(ax, table, labels=table["run"])
     ax.set_ylabel("prompt tokens")
     ax.set_title("session totals")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    for a in axes[:-1]:
+        a.get_legend().remove()   # one legend for the three panels, outside the data
+    legend_outside(ax)
+    save(fig, path, dpi=90)
 
 
 def run_demo(png="strata-demo.png", *, out_dir=None, model="hybrid", turns: int = 4, max_tokens: int = 24,

@@ -4,11 +4,16 @@
   names one, dumping every engine call to `out`) and drives a scripted agent (`strata_lab.sessions.agents`) against it
   with the openai SDK. The script decides the tool calls and their results; the model writes the replies.
 * `reproduce(dump)` sends the same prompts through a fresh engine, forcing each call's generated and
-  drained ids, and reports whether `reused` and `read` reproduce exactly and how the prefill timings compare.
-* `rewrite(dump, out, policy)` rebuilds the prompts as a server with a fix would have sent them (reply-id
-  reuse, drained ids kept) and runs them through the engine the same way, recording a new dump.
+  drained ids, and compares the engine's `reused` with the replay's prediction for the same policy (and
+  with the recorded `reused` where the dump has one); it names the model it ran on.
+* `rewrite(dump, out, policy)` runs the calls under any replay policy: prompts rebuilt as a server with a
+  fix would have sent them (reply-id reuse, drained ids kept) and/or other engine checkpoints (header,
+  every:N ...), recording a new dump, so every predicted win can be measured on the engine.
 
     strata-lab record --scenario agent --out dumps/agent.jsonl
+
+Why one module: record, reproduce and rewrite share the engine runner, the model choice and the checks of
+a dump's model against the one asked for; split, each half would import the other's internals.
 
 >>> import tempfile, os
 >>> from strata_lab import load_tokenizer
@@ -32,7 +37,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -76,6 +81,21 @@ def _model_for(records, model) -> Path:
     return embedded_model(model_kind(records))
 
 
+def _name_kind(name: str) -> str | None:
+    """The engine model kind a dump's `model` field names ('hybrid' / 'attention'), or None when it names
+    no strata engine model (an imported log's hosted model, say)."""
+    n = name.lower()
+    if "hybrid" in n or "qwen3_next" in n or "qwen3-next" in n:
+        return "hybrid"
+    if "attention" in n or n.startswith("qwen3"):
+        return "attention"
+    return None
+
+
+def _dump_models(records) -> list[str]:
+    return sorted({str(r["model"]) for r in records if r.get("model")})
+
+
 def _recorded_policies(records) -> dict:
     """session -> the CheckpointPolicy its calls were recorded with: the `checkpoint_policy` field the
     engine writes into each line, or for older dumps a guess (header checkpoints when a recorded
@@ -105,16 +125,36 @@ def model_kind(records) -> str:
 # --- reproduce and rewrite ------------------------------------------------------------------------------
 @dataclass
 class Reproduction:
-    """A dump's calls run again through the engine: recorded vs reproduced reuse, read and prefill time."""
+    """A dump's calls run through the engine under a policy, beside the replay's prediction for the same
+    policy (`predicted_reused`) and, where the dump records them, the recorded values (`recorded_reused`,
+    None where the dump has no `reused`, e.g. an imported log).
+
+    `model` names the engine model used, `checkpoints` the checkpoint policy the engine ran with.
+    """
 
     rows: list[dict]
     policy: str = "recorded"
     path: str | None = None        # the dump the engine run wrote, if any
+    model: str = ""
+    checkpoints: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def matches_prediction(self) -> bool:
+        """True when the engine reused exactly what the replay predicted, on every call."""
+        return all(r["reused"] == r["predicted_reused"] for r in self.rows)
+
+    @property
+    def recorded_compared(self) -> int:
+        """Calls whose recorded `reused` is compared (the recorded prompts and checkpoints, a recorded value)."""
+        return sum(r["recorded_reused"] is not None for r in self.rows)
 
     @property
     def exact(self) -> bool:
-        """True when every call's reused (hence read) equals the recorded one (recorded prompts only)."""
-        return all(r["reused"] == r["recorded_reused"] for r in self.rows)
+        """True when the engine matches the replay's prediction on every call and the recorded `reused`
+        wherever the dump has one (and the run used the recorded prompts and checkpoints)."""
+        return self.matches_prediction and all(r["reused"] == r["recorded_reused"] for r in self.rows
+                                               if r["recorded_reused"] is not None)
 
     @property
     def prefill_ratio(self) -> float:
@@ -124,21 +164,33 @@ class Reproduction:
         return new / rec if rec > 0 else math.nan
 
     def totals(self) -> dict:
-        return {k: sum(r[k] for r in self.rows) for k in ("prompt_len", "reused", "read", "recorded_reused",
-                                                          "recorded_read")}
+        """Sums over calls of prompt_len, reused, read, predicted_reused, recorded_reused and recorded_read
+        (calls without a recorded value count as 0 reused)."""
+        return {k: sum(r[k] or 0 for r in self.rows) for k in ("prompt_len", "reused", "read", "predicted_reused",
+                                                               "recorded_reused", "recorded_read")}
 
     def summary(self) -> str:
         t = self.totals()
-        same = sum(r["reused"] == r["recorded_reused"] for r in self.rows)
-        head = (f"{len(self.rows)} calls under {self.policy}: reused {t['reused']} (recorded {t['recorded_reused']}), "
-                f"read {t['read']} (recorded {t['recorded_read']}); ")
-        if self.policy == "recorded":
-            head += f"{same}/{len(self.rows)} calls reproduce reused exactly"
-        else:
-            head += f"{t['recorded_read'] - t['read']} fewer tokens read"
-        return head + f"; prefill time x{self.prefill_ratio:.2f} of recorded"
+        n = len(self.rows)
+        pred = sum(r["reused"] == r["predicted_reused"] for r in self.rows)
+        head = (f"{n} calls under {self.policy} on {self.model} (checkpoints: {self.checkpoints}): "
+                f"reused {t['reused']}, read {t['read']}; the engine matches the replay's prediction on "
+                f"{pred}/{n} calls")
+        k = self.recorded_compared
+        if k:
+            same = sum(r["reused"] == r["recorded_reused"] for r in self.rows if r["recorded_reused"] is not None)
+            head += f"; {same}/{k} calls reproduce the recorded reused exactly"
+        elif self.policy == "recorded":
+            head += "; the dump records no reused to compare (an imported log?)"
+        if self.policy != "recorded":
+            head += f"; {t['recorded_read'] - t['read']} fewer tokens read than recorded"
+        ratio = self.prefill_ratio
+        if ratio == ratio:
+            head += f"; prefill time x{ratio:.2f} of recorded"
+        return head + "".join(f"\n  note: {x}" for x in self.notes)
 
     def to_frame(self):
+        """One row per call (a pandas DataFrame)."""
         import pandas as pd
 
         return pd.DataFrame(self.rows)
@@ -149,11 +201,8 @@ class Reproduction:
 
 def _policy_prompts(records, policy, tok) -> Iterator[tuple[dict, list[int]]]:
     """Each record with the prompt a server under `policy` would have sent (the replay's own rules)."""
-    from strata_lab.replayer import PromptRewriter, SessionState, parse_policy
+    from strata_lab.replayer import PromptRewriter, SessionState
 
-    policy = parse_policy(policy) if isinstance(policy, str) else policy
-    if policy.checkpoint_policy is not None or not policy.changes_prompts:
-        raise ValueError(f"policy: rewrite changes prompts only (reply-ids, keep-drained), got {policy.name!r}")
     states = {}
     rewriter = PromptRewriter(policy, tok)
     for rec in records:
@@ -166,31 +215,102 @@ def _policy_prompts(records, policy, tok) -> Iterator[tuple[dict, list[int]]]:
         yield rec, prompt
 
 
-def _run(dump, *, policy: str, model, out, threads: int, tokenizer) -> Reproduction:
+def _describe_checkpoints(cp) -> str:
+    from strata_lab.engine import CheckpointPolicy
+
+    if cp == CheckpointPolicy():
+        return "turn (a snapshot at each prompt's end)"
+    parts = []
+    if cp.at_prompt_end:
+        parts.append("turn")
+    if cp.every:
+        parts.append(f"every {cp.every}")
+    if cp.positions:
+        parts.append(f"at {','.join(map(str, cp.positions))}")
+    if cp.budget_mib:
+        parts.append(f"budget {cp.budget_mib:g} MiB")
+    if cp.before_last is not None:
+        parts.append("header" if cp.before_last == 151644 else f"before-last {cp.before_last}")
+    return " + ".join(parts) or "none"
+
+
+def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_mismatch: bool = False,
+         progress: bool = False) -> Reproduction:
     from strata_lab.dump.reader import load_dump
     from strata_lab.dump.writer import Recorder
+    from strata_lab.replayer import parse_policy, replay
 
+    pol = parse_policy(policy) if isinstance(policy, str) else policy
+    if pol.checkpoint_policy == "recorded":
+        pol = replace(pol, checkpoint_policy=None)
+    name = pol.name
     records = load_dump(dump).records()
-    runner = _EngineRunner(_model_for(records, model), threads=threads, policies=_recorded_policies(records))
+    named = _dump_models(records)
+    # an imported log's `model` is the hosted model it was served by, not one of our engine's
+    named_kinds = {k for k in map(_name_kind, _dump_models([r for r in records if "trace_format" not in r]))
+                   if k is not None}
+    notes = []
+    path = _model_for(records, model)
+    cfg = json.loads((Path(path) / "config.json").read_text()) if (Path(path) / "config.json").is_file() else {}
+    kind = "hybrid" if cfg.get("model_type") == "qwen3_next" else "attention"
+    if model is not None and named_kinds and kind not in named_kinds and not allow_model_mismatch:
+        raise ValueError(f"model: the dump was recorded on {', '.join(named)} ({'/'.join(sorted(named_kinds))}), "
+                         f"not on a {kind} model like {model!r}; its recorded reuse follows another rule. Pass "
+                         f"allow_model_mismatch=True (--allow-model-mismatch) to run it anyway")
+    if model is None and named and not named_kinds:
+        notes.append(f"the dump names {', '.join(named)}, not a model of our engine: ran on the embedded {kind} "
+                     f"model (choose with --model)")
+    if model is not None and named_kinds and kind not in named_kinds:
+        notes.append(f"the dump was recorded on {', '.join(named)}; ran on a {kind} model as asked")
     if isinstance(tokenizer, str):
         from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
-    pairs = ((r, list(r["prompt_ids"])) for r in records) if policy == "recorded" else \
-        _policy_prompts(records, policy, tokenizer)
+    recorded_cps = _recorded_policies(records)
+    if pol.checkpoint_policy is not None:
+        engine_cps = {str(r["session"]): pol.checkpoint_policy for r in records}
+    else:
+        engine_cps = recorded_cps
+    from strata_lab.engine import CheckpointPolicy
+
+    distinct = {engine_cps.get(str(r["session"]), CheckpointPolicy()) for r in records}
+    predict_cp = next(iter(distinct)) if len(distinct) == 1 else "recorded"
+    checkpoints = (_describe_checkpoints(predict_cp) if predict_cp != "recorded" else "as recorded per session")
+    if pol.checkpoint_policy is None:
+        checkpoints += ", as the dump recorded" if recorded_cps else ", the engine default (the dump names none)"
+    runner = _EngineRunner(path, threads=threads, policies=engine_cps)
+    if model is None and named_kinds and not any(n in runner.name for n in named):
+        notes.append(f"the dump names {', '.join(named)}; ran on {runner.name}, the embedded model of that kind "
+                     f"(choose another with --model)")
+    prompt_policy = replace(pol, checkpoint_policy=None, name="recorded") if not pol.changes_prompts else \
+        replace(pol, checkpoint_policy=None)
+    predicted = replay(dump, model=kind, checkpoint_policy=predict_cp, policy=prompt_policy, tokenizer=tokenizer)
+    if len(predicted.rows) != len(records):
+        raise RuntimeError(f"the replay has {len(predicted.rows)} rows for {len(records)} calls")
+    pairs = ((r, list(r["prompt_ids"])) for r in records) if not pol.changes_prompts else \
+        _policy_prompts(records, prompt_policy, tokenizer)
+    as_recorded = not pol.changes_prompts and pol.checkpoint_policy is None
     rows = []
     rec_out = Recorder(out) if out is not None else None
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(records), desc=f"engine run ({name})", unit="call", file=sys.stderr)
     try:
-        for rec, prompt in pairs:
+        for (rec, prompt), pred in zip(pairs, predicted.rows):
             gen, drained = list(rec["gen_ids"]), list(rec["drained_ids"])
             got = runner.call(str(rec["session"]), prompt, gen + drained)
             t = rec["timings"].get("prefill_ms")
-            recorded_reused = rec.get("reused") if isinstance(rec.get("reused"), int) else 0
+            rr = rec.get("reused")
+            recorded_reused = rr if isinstance(rr, int) and not isinstance(rr, bool) else None
             rows.append({"session": str(rec["session"]), "request_id": rec.get("request_id"),
                          "call": rec.get("call", 0), "prompt_len": len(prompt),
                          "recorded_prompt_len": len(rec["prompt_ids"]), "reused": got["reused"],
-                         "recorded_reused": recorded_reused, "read": len(prompt) - got["reused"],
-                         "recorded_read": len(rec["prompt_ids"]) - recorded_reused,
+                         "predicted_reused": int(pred["reused"]),
+                         "recorded_reused": recorded_reused if as_recorded else None,
+                         "read": len(prompt) - got["reused"],
+                         "recorded_read": len(rec["prompt_ids"]) - (recorded_reused or 0),
                          "prefill_ms": got["prefill_ms"],
                          "recorded_prefill_ms": float(t) if isinstance(t, (int, float)) else math.nan})
             if rec_out is not None:
@@ -199,27 +319,63 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer) -> Reproduct
                                    prefill_ms=got["prefill_ms"], decode_ms=got["decode_ms"],
                                    checkpoints=got["checkpoints"], request_id=rec.get("request_id"),
                                    call=rec.get("call", 0), model=runner.name)
+            if bar is not None:
+                bar.update(1)
     finally:
+        if bar is not None:
+            bar.close()
         if rec_out is not None:
             rec_out.close()
-    return Reproduction(rows, policy=policy, path=str(out) if out is not None else None)
+    return Reproduction(rows, policy=name, path=str(out) if out is not None else None, model=runner.name,
+                        checkpoints=checkpoints, notes=notes)
 
 
-def reproduce(dump, *, model=None, out=None, threads: int = 1, tokenizer="qwen3") -> Reproduction:
+def reproduce(dump, *, model=None, out=None, threads: int = 1, tokenizer="qwen3", policy: str = "recorded",
+              allow_model_mismatch: bool = False, progress: bool = False) -> Reproduction:
     """Run a dump's prompts through a fresh engine, each call forced to the recorded generated + drained
-    ids, and compare reused / read / prefill time with the recording. `model`: a model folder,
-    'hybrid' / 'attention' (the embedded tiny models), or None (from the dump's `model` field).
-    `out` writes the engine run as a dump."""
-    return _run(dump, policy="recorded", model=model, out=out, threads=threads, tokenizer=tokenizer)
+    ids, and compare the engine's reuse with the replay's prediction for the same policy, and with the
+    recorded `reused` where the dump has it.
+
+    Args:
+        dump: a strata-dump/1 path, paths or `Dump` (an imported log's `Trace.to_dump` works too).
+        model: a model folder, 'hybrid' / 'attention' (the embedded tiny models), or None (the kind the dump's
+            `model` field names; the embedded hybrid model when it names none). The summary names it.
+        out: write the engine run here as a dump (None: do not write).
+        threads: engine threads.
+        tokenizer: a Tokenizer or a name, for prompt rewrites and the replay's causes.
+        policy: any replay policy ('recorded', 'header', 'every:64', 'reply-ids', 'fixes+header', ...):
+            prompt policies rebuild the prompts, checkpoint policies set the engine's checkpoints
+            ('recorded': the dump's own prompts and checkpoint policy).
+        allow_model_mismatch: run on `model` even when the dump was recorded on another model kind
+            (otherwise a ValueError).
+        progress: a progress bar on stderr.
+    """
+    return _run(dump, policy=policy, model=model, out=out, threads=threads, tokenizer=tokenizer,
+                allow_model_mismatch=allow_model_mismatch, progress=progress)
 
 
-def rewrite(dump, out, *, policy: str = "reply-ids", model=None, threads: int = 1,
-            tokenizer="qwen3") -> Reproduction:
-    """Rebuild the dump's prompts under `policy` (reply-ids, keep-drained, fixes) and run them through the
-    engine (replies forced as recorded), writing the new session to `out`."""
-    if policy == "recorded":
-        raise ValueError("policy: rewrite needs a policy that changes prompts (reply-ids, keep-drained, fixes)")
-    return _run(dump, policy=policy, model=model, out=out, threads=threads, tokenizer=tokenizer)
+def rewrite(dump, out, *, policy: str = "reply-ids", model=None, threads: int = 1, tokenizer="qwen3",
+            allow_model_mismatch: bool = False, progress: bool = False) -> Reproduction:
+    """Run the dump's calls under `policy` through the engine (replies forced as recorded), writing the new
+    session to `out`, so that every win a replay policy predicts can be measured on the engine.
+
+    Args:
+        dump: a strata-dump/1 path, paths or `Dump`.
+        out: the dump file the engine run is written to.
+        policy: any replay policy except 'recorded': prompt policies (reply-ids, keep-drained, fixes),
+            checkpoint policies (header, every:N, at:P, budget:MIB, none, before-last:ID) or both joined
+            with '+'.
+        model, threads, tokenizer, allow_model_mismatch, progress: as for `reproduce`.
+    """
+    from strata_lab.replayer import parse_policy
+
+    pol = parse_policy(policy) if isinstance(policy, str) else policy
+    if not pol.changes_prompts and pol.checkpoint_policy in (None, "recorded"):
+        raise ValueError(f"policy: rewrite needs a policy that changes prompts or checkpoints (reply-ids, "
+                         f"keep-drained, fixes, header, every:N, ...), got {pol.name!r}; use reproduce for "
+                         f"the recorded calls")
+    return _run(dump, policy=pol, model=model, out=out, threads=threads, tokenizer=tokenizer,
+                allow_model_mismatch=allow_model_mismatch, progress=progress)
 
 
 # --- recording against the server -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ few readable fragments (the first fragment of each pool is the simplest, which i
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
@@ -85,11 +86,20 @@ def _split(draw, tokenizer, token_id: int, pieces: dict, added: frozenset, depth
 
 @st.composite
 def alternative_tokenizations(draw, tokenizer, text: str) -> list[int]:
-    """Valid id sequences whose bytes spell `text`, as a model might emit them.
+    """Valid id sequences whose bytes are exactly `text.encode("utf-8")`, as a model might emit them.
 
     Starts from `tokenizer.encode(text)` and splits some tokens into two vocabulary pieces (recursively) or
     into raw byte tokens (which can cut a UTF-8 character in two). Added tokens stay whole. May return the
     canonical ids (that is what it shrinks to).
+
+    The tokenizer normalizes (NFC) before it splits, so for a text that is not in NFC (``"a\u0308\u0304"``)
+    its ids spell another text (``"ǟ"``). A model can emit the unnormalized bytes, and this strategy spells
+    the text given: where the encoding of a stretch between added tokens does not give that stretch's
+    bytes, the stretch starts from the longest vocabulary pieces that do.
+
+    Args:
+        tokenizer: a `strata_lab.Tokenizer` (byte-level BPE).
+        text: the text every drawn id sequence spells.
 
     >>> from strata_lab import load_tokenizer
     >>> tok = load_tokenizer("qwen3")
@@ -101,8 +111,36 @@ def alternative_tokenizations(draw, tokenizer, text: str) -> list[int]:
         raise ValueError(f"text must be a str, got {type(text).__name__}")
     pieces, added = _piece_ids(tokenizer)
     out: list[int] = []
-    for token_id in tokenizer.encode(text):
+    for token_id in _spelling_ids(tokenizer, text, pieces):
         out.extend(draw(_split(tokenizer, token_id, pieces, added)))
+    return out
+
+
+def _spelling_ids(tokenizer, text: str, pieces: dict) -> list[int]:
+    """`tokenizer.encode(text)` when its bytes are the text's; else the same with every stretch between
+    added tokens that normalization changed spelled by greedy longest vocabulary pieces."""
+    ids = tokenizer.encode(text)
+    if tokenizer.ids_bytes(ids) == text.encode("utf-8"):
+        return ids
+    names = sorted(tokenizer.added_tokens, key=len, reverse=True)
+    parts = re.split("(" + "|".join(map(re.escape, names)) + ")", text) if names else [text]
+    out: list[int] = []
+    for k, part in enumerate(parts):
+        if k % 2:                      # an added token, matched whole
+            out.append(tokenizer.added_tokens[part])
+            continue
+        seg = tokenizer.encode(part)
+        raw = part.encode("utf-8")
+        if tokenizer.ids_bytes(seg) == raw:
+            out.extend(seg)
+            continue
+        i = 0
+        while i < len(raw):            # greedy longest match; single bytes are always pieces
+            j = min(len(raw), i + 64)
+            while raw[i:j] not in pieces:
+                j -= 1
+            out.append(pieces[raw[i:j]])
+            i = j
     return out
 
 
@@ -125,8 +163,12 @@ def conversations(draw, max_turns: int = 4) -> dict:
     """An OpenAI-style chat: {"messages": [...], "tools": [...]}.
 
     Messages: an optional system message, then turns of user -> assistant (optional `reasoning_content`,
-    optional `tool_calls`, each followed by its `tool` message). Contents come from `texts()`, so they
-    carry tag strings and other hazards; the last message is a user or tool message.
+    optional `tool_calls` with ids, each followed by its `tool` message naming that id in `tool_call_id`).
+    Contents come from `texts()`, so they carry tag strings and other hazards; the last message is a user
+    or tool message. Every drawn conversation is one `ChatTemplate.render` accepts (with its `tools`).
+
+    Args:
+        max_turns: the most user turns (at least 1).
 
     >>> from hypothesis import find
     >>> find(conversations(), lambda c: True)["messages"]
@@ -145,12 +187,14 @@ def conversations(draw, max_turns: int = 4) -> dict:
         reply = {"role": "assistant", "content": draw(texts(6))}
         if draw(st.booleans()):
             reply["reasoning_content"] = draw(texts(6))
-        calls = draw(st.lists(_tool_call(), max_size=2))
+        calls = [{"id": f"call_{turn}_{j}", **call}
+                 for j, call in enumerate(draw(st.lists(_tool_call(), max_size=2)))]
         if calls:
             reply["tool_calls"] = calls
         messages.append(reply)
         for call in calls:
-            messages.append({"role": "tool", "name": call["function"]["name"], "content": draw(texts(6))})
+            messages.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                             "content": draw(texts(6))})
     return {"messages": messages, "tools": TOOLS if draw(st.booleans()) else []}
 
 

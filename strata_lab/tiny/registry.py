@@ -35,6 +35,13 @@ def make_tiny(path: str | os.PathLike, arch: str = "qwen3", preset: str = "tiny"
     ``<name>`` plus F32 ``<name>_scale`` [rows, 1], quantised from their ``dtype`` values exactly as the
     engine's quantise-at-load does; the other tensors in ``dtype``.
 
+    Args:
+        path: the folder to write.
+        arch: the architecture ("qwen3", "qwen3_next").
+        preset, overrides, dtype, shards, options: the shape and storage, as above.
+        seed: the random weights' seed.
+        weights: None (``dtype`` weights) or "int8".
+
     >>> import json, tempfile
     >>> p = make_tiny(tempfile.mkdtemp(), overrides={"num_hidden_layers": 1})
     >>> json.loads((p / "config.json").read_text())["num_hidden_layers"]

@@ -281,6 +281,11 @@ def load_trace(path_or_paths_or_glob, format: str | None = None, *, progress: bo
     glob. `format=None` detects each file's format (`trace.detected` says which and why). `session_key`: a
     dotted field path in each record naming its session (else `calls.CHAINING_RULE`).
 
+    Args:
+        path_or_paths_or_glob: a log file, a list of them, a directory, or a glob.
+        format: a reader name (see `strata_lab.traces.READERS`), or None to detect each file's.
+        progress: show a progress bar while reading.
+
     >>> load_trace("/nonexistent/*.jsonl")
     Traceback (most recent call last):
     ...
