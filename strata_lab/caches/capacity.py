@@ -338,6 +338,7 @@ def sweep(trace, capacities=None, policies=("lru", "lfu", "atc25", "vllm", "sgla
     per-replica caches of capacity / K (`layout` "per-replica", routed by `routing`).
     `block`: block tokens for the block policies on id-level dumps (a hash trace uses its own).
     `dask`: "local[:N]", a scheduler address or a `distributed.Client`: the points run as Dask tasks.
+    `progress`: a progress bar over the points.
     """
     import pandas as pd
 
@@ -417,7 +418,10 @@ def sweep(trace, capacities=None, policies=("lru", "lfu", "atc25", "vllm", "sgla
 
 
 def plot_sweep(frame, path=None, *, ax=None, title: str | None = None):
-    """Hit rate (%) against capacity (tokens, log), one line per policy (and layout / tier)."""
+    """Hit rate (%) against capacity (tokens, log), one line per policy (and layout / tier).
+
+    `frame`: what `sweep` returns; `path`: write a PNG there; `ax`: draw into this matplotlib axes;
+    `title`: the figure's title."""
     import matplotlib
 
     if path is not None and ax is None:

@@ -37,7 +37,8 @@ def export_trace(dump, out, *, format: str = "mooncake", block: int | None = Non
                  progress: bool = False) -> int:
     """Write `dump` (a path, paths, `Dump`, store, or `Call`s) as a `format` hash trace to `out`; returns
     the number of requests written. `block`: tokens per hash block (default: the format's, 512 / 16).
-    `salt`: the hash key (1-64 bytes of text; default random, so two exports share no hash values)."""
+    `salt`: the hash key (1-64 bytes of text; default random, so two exports share no hash values).
+    `progress`: a progress bar."""
     from strata_lab.caches.calls import calls_from_dump
     from strata_lab.caches.replay import _order
     from strata_lab.traces.hashtrace import BLOCK, write_hash_trace

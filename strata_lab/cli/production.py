@@ -76,7 +76,8 @@ def add_parsers(sub) -> None:
                         "(repeatable; default lru, lfu, atc25, vllm)")
     p.add_argument("--tier2", help="second-tier tokens (host RAM / SSD) for the block policies")
     p.add_argument("--replicas", type=int, default=1, help="with K > 1: also K per-replica caches of capacity / K")
-    p.add_argument("--routing", default="session", choices=["session", "round_robin", "prefix_hash"])
+    p.add_argument("--routing", default="session", choices=["session", "round_robin", "prefix_hash"],
+                   help="how per-replica caches get requests: by session, in turn, or by the first block's hash")
     p.add_argument("--block", type=int, default=16, help="block tokens of the block policies on id-level dumps")
     p.add_argument("--dask", metavar="ADDRESS|local[:N]", help="run the points on Dask")
     p.add_argument("--csv", help="write the table here")

@@ -252,8 +252,8 @@ def iter_records(src: Source, fmt: str, block: int) -> Iterator[tuple[int, dict]
 
 def load_hash_trace(path, format: str | None = None, *, block: int | None = None, progress: bool = False
                     ) -> HashTrace:
-    """Read a Mooncake or Bailian trace (JSONL) into columns. `format`: detected from the first record;
-    `block`: tokens per hash block (default: the format's, 512 or 16)."""
+    """Read the Mooncake or Bailian trace (JSONL) at `path` into columns. `format`: detected from the first
+    record; `block`: tokens per hash block (default: the format's, 512 or 16); `progress`: a progress bar."""
     p = os.fspath(path)
     src = Source(p, progress=progress)
     fmt = format or is_hash_trace(p)
