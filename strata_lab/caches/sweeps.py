@@ -89,7 +89,9 @@ def plot_budget_sweep(frame, path=None, *, ax=None):
 
 
 def plot_engines(report, path=None):
-    """Per call: reused ids per engine (grouped bars); right: each engine's hit rate and re-read ids."""
+    """Per call: reused ids per engine (grouped bars) and, where the log reports them, the cached tokens the
+    serving engine reported (red x); right: each engine's hit rate, and its simulated vs the reported rate
+    over the calls with a report (Contract 4)."""
     import matplotlib
 
     if path is not None:
@@ -108,10 +110,19 @@ def plot_engines(report, path=None):
         a.bar(np.arange(len(idx)) + k * w, g["reused"], width=w, label=spec)
     a.plot(np.arange(len(idx)) + 0.4 - w / 2, df[df["spec"] == specs[0]].set_index("index").reindex(idx)["prompt_len"],
            "k_", markersize=12, label="prompt")
+    first = df[df["spec"] == specs[0]].set_index("index").reindex(idx)
+    if first["reported"].notna().any():
+        a.plot(np.arange(len(idx)) + 0.4 - w / 2, first["reported"].astype("float64"), "rx", markersize=7,
+               label="reported")
     a.set_xlabel("call")
     a.set_ylabel("reused ids")
     a.legend(fontsize=7)
-    b.barh(specs, 100 * summ["hit_rate"])
+    b.barh(specs, 100 * summ["hit_rate"], label="simulated, all calls")
+    if (summ["reported_calls"] > 0).any():
+        y = np.arange(len(specs))
+        b.plot(100 * summ["simulated_rate"], y, "ko", markersize=5, label="simulated, reported calls")
+        b.plot(100 * summ["reported_rate"], y, "rx", markersize=7, label="reported")
+        b.legend(fontsize=6)
     b.set_xlabel("hit rate (%)")
     fig.tight_layout()
     if path is not None:

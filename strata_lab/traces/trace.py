@@ -24,6 +24,9 @@ __all__ = ["Trace", "load_trace"]
 
 _INT_COLS = ("prompt_len", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_read_tokens",
              "cache_creation_tokens")
+# the engine whose cache figures a log format reports (formats any server can write, e.g. OpenAI, say nothing)
+_REPORTED_BY = {"vllm-log": "vllm", "sglang-log": "sglang", "llama.cpp-log": "llama.cpp", "anthropic": "anthropic",
+                "claude-code": "anthropic", "codex": "openai"}
 _JSON_COLS = ("messages", "tools", "response_tool_calls", "extra")
 
 
@@ -141,9 +144,11 @@ class Trace:
             rec.update(source=call["source"], fidelity=call["fidelity"], trace_format=call["format"],
                        render_exact=r.exact, render_diff=r.diff, reported_prompt_tokens=call["prompt_tokens"],
                        reported_cached_tokens=call["cached_tokens"])
-            if call["cache_read_tokens"] is not None or call["cache_creation_tokens"] is not None:
-                rec["reported_cache_read_tokens"] = call["cache_read_tokens"]
-                rec["reported_cache_creation_tokens"] = call["cache_creation_tokens"]
+            # Contract 4: one field for what the engine served from its cache, one for what a hosted API wrote
+            if call["cache_creation_tokens"] is not None:
+                rec["reported_cache_write_tokens"] = call["cache_creation_tokens"]
+            if call["cached_tokens"] is not None and call["format"] in _REPORTED_BY:
+                rec["cache_engine"] = _REPORTED_BY[call["format"]]
             if r.synthetic:
                 rec["synthetic_ids"] = True
             if checkpoint_policy is not None:
