@@ -1,0 +1,103 @@
+"""Any tokenizer: five families' tokenizer.json files (built offline, tests/tokenizer_families.py) against
+transformers loading the same file, with each family's special tokens in the text: the same ids, the same
+text back, a byte table that spells exactly that text, and alternative tokenizations that spell it too. Ids a
+vocabulary does not have, and dumps that name another family's model, are clear errors."""
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import tokenizer_families as tf
+from strata_lab.testing.strategies import alternative_tokenizations, texts
+from strata_lab.text.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    from transformers import PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for fam in tf.FAMILIES:
+        folder = tf.build(fam, root / fam)
+        out[fam] = (load_tokenizer(folder), PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json")))
+    return out
+
+
+def _prompts(fam):
+    return st.lists(st.one_of(st.sampled_from(tf.SPECIALS[fam]), texts(4)), max_size=6).map("".join)
+
+
+# SentencePiece files whose decoder strips the space the normalizer put before the first piece
+_STRIPS_FIRST = {"mistral"}
+
+
+@pytest.mark.parametrize("fam", tf.FAMILIES)
+def test_files_are_small_and_of_their_kind(families, fam, tmp_path):
+    tok, _ = families[fam]
+    if fam != "qwen3":
+        path = tf.build(fam, tmp_path) / "tokenizer.json"
+        assert path.stat().st_size < 200_000
+        cfg = json.loads(path.read_text())
+        assert cfg["model"]["type"] == {"gemma": "Unigram"}.get(fam, "BPE")
+        assert cfg["model"].get("byte_fallback", False) == (fam in ("mistral", "gemma"))
+    for s in tf.SPECIALS[fam]:
+        assert tok.encode(s) == [tok.added_tokens[s]] and tok.token_bytes(tok.added_tokens[s]) == s.encode()
+
+
+@pytest.mark.parametrize("fam", tf.FAMILIES)
+def test_parity_with_transformers(families, fam):
+    tok, hf = families[fam]
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(text=_prompts(fam), data=st.data())
+    def check(text, data):
+        ids = tok.encode(text)
+        assert ids == hf(text, add_special_tokens=False)["input_ids"]
+        back = hf.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        assert tok.decode(ids) == back
+        spelled = tok.ids_bytes(ids).decode("utf-8")  # every id's bytes, joined: exactly the decoded text
+        assert spelled == back or (fam in _STRIPS_FIRST and spelled == " " + back)
+        for s in tf.SPECIALS[fam]:  # special-token strings in the text are their ids (parse_special)
+            if text.count(s) and not any(o != s and s in o and o in text for o in tf.SPECIALS[fam]):
+                assert ids.count(tok.added_tokens[s]) == text.count(s)
+        alt = data.draw(alternative_tokenizations(tok, text))
+        assert tok.ids_bytes(alt) == tok.ids_bytes(ids)
+        assert hf.decode(alt, skip_special_tokens=False, clean_up_tokenization_spaces=False) == back
+
+    check()
+
+
+def test_deepseek_pieces_that_are_not_byte_level_have_their_own_bytes(families):
+    tok, _ = families["deepseek_v3"]
+    bos = tok.added_tokens["<｜begin▁of▁sentence｜>"]
+    assert bos < 3  # inside the model's vocabulary, as in DeepSeek-V3's file: this gave KeyError '｜'
+    assert tok.token_bytes(bos) == "<｜begin▁of▁sentence｜>".encode()
+    assert tok.id_to_piece(tok.added_tokens["<｜User｜>"]) == "<｜User｜>"
+
+
+@pytest.mark.parametrize("fam", tf.FAMILIES)
+def test_ids_outside_the_vocabulary_are_a_clear_error(families, fam):
+    tok, _ = families[fam]
+    with pytest.raises(ValueError, match=f"token id {tok.embedding_rows} is out of range"):
+        tok.decode([1, tok.embedding_rows])
+    with pytest.raises(ValueError, match="out of range"):
+        tok.token_bytes(tok.embedding_rows + 7)
+
+
+@pytest.mark.parametrize("fam,model", [("qwen3", "deepseek-ai/DeepSeek-V3.1"), ("deepseek_v3", "Qwen/Qwen3-8B"),
+                                       ("llama3", "mistralai/Mistral-7B-Instruct-v0.3"),
+                                       ("gemma", "meta-llama/Llama-3.1-8B-Instruct")])
+def test_a_model_of_another_family_is_refused(families, fam, model):
+    tok, _ = families[fam]
+    with pytest.raises(ValueError, match="names model .* but the tokenizer is"):
+        tok.check_model(model)
+    tok.check_model("hybrid")  # our tiny models, config hashes: no family, nothing to check
+
+
+@pytest.mark.parametrize("fam,model", [("qwen3", "Qwen/Qwen3-8B"), ("qwen3", "DeepSeek-R1-Distill-Qwen-7B"),
+                                       ("deepseek_v3", "deepseek-ai/DeepSeek-V3.1"), ("gemma", "google/gemma-3-4b-it"),
+                                       ("llama3", "meta-llama/Llama-3.1-8B-Instruct"),
+                                       ("mistral", "mistralai/Mistral-7B-Instruct-v0.3")])
+def test_the_own_family_passes(families, fam, model):
+    families[fam][0].check_model(model)
