@@ -101,3 +101,42 @@ def test_a_model_of_another_family_is_refused(families, fam, model):
                                        ("mistral", "mistralai/Mistral-7B-Instruct-v0.3")])
 def test_the_own_family_passes(families, fam, model):
     families[fam][0].check_model(model)
+
+
+def _dump(path, model, ids):
+    path.write_text(json.dumps({"schema": "strata-dump/1", "session": "s", "prompt_ids": ids, "gen_ids": [5],
+                                "model": model}) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("cmd", ["replay", "lint"])
+def test_cli_refuses_to_read_foreign_ids_with_the_qwen3_vocabulary(tmp_path, capsys, cmd):
+    from strata_lab.cli import main
+
+    path = _dump(tmp_path / "d.jsonl", "deepseek-ai/DeepSeek-V3.1", [0, 100, 200])
+    assert main([cmd, path, "--quiet"] if cmd == "replay" else [cmd, path]) == 2
+    err = capsys.readouterr().err
+    assert "names model 'deepseek-ai/DeepSeek-V3.1' (deepseek ids) but the tokenizer is qwen3" in err
+
+
+def test_cli_names_ids_past_the_vocabulary(tmp_path, capsys, families):
+    from strata_lab.cli import main
+
+    tok, _ = families["llama3"]
+    path = _dump(tmp_path / "d.jsonl", "some-model", [1, 2, 151000])
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    tok.save(folder / "tokenizer.json")
+    assert main(["replay", path, "--tokenizer", str(folder), "--quiet"]) == 2
+    assert f"has id 151000, past the {tok.embedding_rows} ids of --tokenizer" in capsys.readouterr().err
+
+
+def test_an_ids_log_of_another_family_is_refused_on_render(tmp_path):
+    from strata_lab import load_trace
+
+    log = tmp_path / "calls.jsonl"
+    log.write_text(json.dumps({"request": {"model": "deepseek-chat", "messages": [{"role": "user", "content": "hi"}]},
+                               "response": {"model": "deepseek-ai/DeepSeek-V3.1", "prompt_token_ids": [0, 5, 6],
+                                            "choices": [{"message": {"content": "x"}, "token_ids": [7]}]}}) + "\n")
+    with pytest.raises(ValueError, match="names model 'deepseek-ai/DeepSeek-V3.1'"):
+        load_trace(log).to_dump("qwen3", out=tmp_path / "d.jsonl")

@@ -28,7 +28,7 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     paths = args.dump if len(args.dump) > 1 else args.dump[0]
     if isinstance(paths, str) and is_store(paths):  # a Parquet store (strata-lab convert)
         return load_dump(paths)
-    rows = _load_tokenizer(args.tokenizer).embedding_rows  # ids past the model's rows make a line bad
+    _load_tokenizer(args.tokenizer)  # a bad --tokenizer fails before any work
     try:
         with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
             warnings.simplefilter("ignore", TraceWarning)
@@ -37,11 +37,32 @@ def _replay_input(args: argparse.Namespace, tmp: str):
         names = [paths] if isinstance(paths, str) else list(paths)
         if args.format is not None or not all(str(n).endswith(".jsonl") for n in names):
             raise
-        return load_dump(paths, vocab_size=rows)  # no format to detect (empty, or no valid line): a dump
+        return _checked(paths, args.tokenizer)  # no format to detect (empty, or no valid line): a dump
     if trace.formats == ["strata"]:
-        return load_dump(paths, vocab_size=rows)
+        return _checked(paths, args.tokenizer)
     _describe(trace)
     return trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
+
+
+def _checked(paths, tokenizer: str, *, vocab_limit: bool = True, first: int = 256):
+    """The dump at `paths`, once its first calls agree with `--tokenizer` (their ids are read with it): no
+    id past its embedding rows, no model of another family. Later lines with such ids are skipped with a
+    warning by the reader, as any bad line."""
+    from itertools import islice
+
+    from strata_lab.dump import load_dump
+
+    tok = _load_tokenizer(tokenizer)
+    rows = tok.embedding_rows
+    dump = load_dump(paths)
+    for rec in islice(iter(dump), first):
+        where = rec.get("source") or f"{dump.paths[0]} call {rec.get('request_id') or rec.get('call')}"
+        tok.check_model(rec.get("model"), what=f"the dump ({where})")
+        for name in ("prompt_ids", "gen_ids", "drained_ids"):
+            if rec[name] and max(rec[name]) >= rows:
+                raise ValueError(f"{name}: the dump ({where}) has id {max(rec[name])}, past the {rows} ids of "
+                                 f"--tokenizer {tokenizer}: it was recorded with another tokenizer; pass that one")
+    return load_dump(paths, vocab_size=rows) if vocab_limit else dump
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
@@ -130,7 +151,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     from strata_lab.caches.lint import before_after, fix_calls, lint_calls
     from strata_lab.dump import load_dump
 
-    dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
+    dump = _checked(args.dump if len(args.dump) > 1 else args.dump[0], args.tokenizer, vocab_limit=False)
     engines = args.engine or ["vllm", "sglang", "llama.cpp", "anthropic"]
     findings = lint_calls(dump, args.tokenizer, engines=engines)
     for f in findings:

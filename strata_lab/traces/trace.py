@@ -99,7 +99,8 @@ class Trace:
 
     def render(self, tokenizer="qwen3", template=None, *, enable_thinking: bool | None = None,
                progress: bool = False) -> Iterator[tuple[dict, object]]:
-        """(call, Rendered) for every call; calls the template cannot render are skipped with a TraceWarning."""
+        """(call, Rendered) for every call; calls the template cannot render are skipped with a TraceWarning.
+        A call that carries token ids and names a model of another family than `tokenizer` is a ValueError."""
         tok, tmpl = resolve(tokenizer, template)
         synth = LengthsSynth(tok)
         it: Iterable[dict] = self
@@ -107,7 +108,11 @@ class Trace:
             from tqdm.auto import tqdm
 
             it = tqdm(self, desc="render", unit="call")
+        checked: set = set()
         for call in it:
+            if call["fidelity"] == "ids" and call["model"] not in checked:  # the log's ids, read with `tok`
+                tok.check_model(call["model"], what=call["source"] or "the log")
+                checked.add(call["model"])
             try:
                 r = synth.render(call) if call["fidelity"] == "lengths" else \
                     render_call(call, tok, tmpl, enable_thinking=enable_thinking)
