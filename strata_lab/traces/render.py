@@ -15,9 +15,10 @@ Where the log reports ``prompt_tokens``, ``render_exact`` says whether the rende
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-__all__ = ["Rendered", "render_call", "LengthsSynth"]
+__all__ = ["Rendered", "render_call", "reply_ids", "vllm_messages", "LengthsSynth"]
 
 
 @dataclass
@@ -27,13 +28,58 @@ class Rendered:
     exact: bool | None       # rendered length == reported prompt_tokens (None: not reported)
     diff: int | None         # rendered length - reported prompt_tokens
     synthetic: bool = False  # lengths-only call: placeholder ids that keep the reported reuse
+    gen_exact: bool | None = None  # reconstructed reply length == reported completion_tokens (None: not reported)
+    gen_diff: int | None = None    # reconstructed reply length - reported completion_tokens
+    notes: tuple = ()        # what the render had to assume for this call
 
 
-def _messages(call: dict) -> list[dict]:
+def vllm_messages(messages: list[dict], notes: list | None = None) -> list[dict]:
+    """Messages as vLLM's chat utils hand them to a template: ``content: None`` (what the OpenAI SDK sends beside
+    ``tool_calls``) and a missing assistant content become ``""``; tool-call ``arguments`` JSON strings are
+    parsed to objects (empty ones to ``{}``), so templates render them with their own ``tojson``; an empty
+    ``tool_calls`` list is dropped. Arguments that are not JSON stay a string (noted).
+
+    >>> m = vllm_messages([{"role": "assistant", "content": None, "tool_calls": [
+    ...     {"type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]}])
+    >>> m[0]["content"], m[0]["tool_calls"][0]["function"]["arguments"]
+    ('', {'a': 1})
+    """
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("content") is None and (m.get("role") == "assistant" or "content" in m):
+            m["content"] = ""
+        calls = m.get("tool_calls")
+        if isinstance(calls, list) and m.get("role") == "assistant":
+            if not calls:
+                del m["tool_calls"]
+            else:
+                m["tool_calls"] = [_parsed_call(c, notes) for c in calls]
+        out.append(m)
+    return out
+
+
+def _parsed_call(call, notes: list | None):
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call
+    fn = dict(call["function"])
+    args = fn.get("arguments")
+    if not args:
+        fn["arguments"] = {}
+    elif isinstance(args, str):
+        try:
+            fn["arguments"] = json.loads(args)
+        except ValueError:
+            if notes is not None and "tool-call arguments not JSON: rendered as the string" not in notes:
+                notes.append("tool-call arguments not JSON: rendered as the string")
+    return {**call, "function": fn}
+
+
+def _messages(call: dict, notes: list | None = None) -> list[dict]:
     msgs = list(call["messages"] or ())
     if call["system"] and not (msgs and msgs[0].get("role") == "system"):
         msgs.insert(0, {"role": "system", "content": call["system"]})
-    return msgs
+    return vllm_messages(msgs, notes)
 
 
 def _reply(call: dict) -> dict | None:
@@ -44,25 +90,56 @@ def _reply(call: dict) -> dict | None:
         m["reasoning_content"] = call["response_reasoning"]
     if call["response_tool_calls"]:
         m["tool_calls"] = call["response_tool_calls"]
-    return m
+    return vllm_messages([m])[0]
 
 
-def reply_text(template, messages: list[dict], reply: dict, prompt_text: str, tools, **kw) -> str:
-    """The text the template writes for `reply` after `prompt_text`: what the model generated, through its end
-    of turn (the eos string), without what the template adds after that (a newline)."""
+def _lcp(a: list, b: list) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def reply_ids(tokenizer, template, messages: list[dict], reply: dict, prompt_text: str, tools, notes: list,
+              **kw) -> list[int]:
+    """The ids the model generated for `reply` after the prompt `prompt_text`, through its end of turn (the eos
+    token), without what the template adds after that (a newline).
+
+    The template writes the reply as a history turn. When that turn extends the prompt (append-only templates),
+    the generated ids are the extension. Otherwise (templates whose history turn differs from the generation
+    prompt, e.g. DeepSeek's ``<｜Assistant｜></think>`` after a ``<｜Assistant｜><think>`` prompt, or that drop
+    ``reasoning_content``), the turn is compared with the generation prompt *token by token*: what follows their
+    common ids is what the model wrote, and reasoning the template dropped is put back before the think-close
+    tag the turn starts with (the model wrote ``reasoning</think>reply``)."""
     full = template.render(messages + [reply], tools=tools, add_generation_prompt=False, **kw)
     eos = template.special_tokens.get("eos_token")
     if full.startswith(prompt_text):
-        text = full[len(prompt_text):]
-        if eos and eos in text:
-            text = text[: text.rindex(eos) + len(eos)]
-        return text
-    # the template rewrites the turn once the reply is in (not append-only): the content and the eos
-    return (reply.get("content") or "") + (eos or "")
+        ids = tokenizer.encode(full[len(prompt_text):])
+    else:
+        base = template.render(messages, tools=tools, add_generation_prompt=False, **kw)
+        if not (full.startswith(base) and prompt_text.startswith(base)):
+            notes.append("reply: the template rewrites earlier turns; the reply is its content and eos")
+            return tokenizer.encode((reply.get("content") or "") + (eos or ""))
+        turn = tokenizer.encode(full[len(base):])
+        ids = turn[_lcp(turn, tokenizer.encode(prompt_text[len(base):])):]
+    reasoning = reply.get("reasoning_content")
+    if reasoning and reasoning.strip() not in tokenizer.decode(ids):
+        close = tokenizer.added_tokens.get("</think>")
+        head = tokenizer.decode(ids[:3]).lstrip()
+        if close is not None and head.startswith("</think>"):
+            ids = tokenizer.encode(reasoning) + ids
+        else:
+            notes.append("reply: the template drops reasoning_content and has no think tags; reply without it")
+    eos_id = tokenizer.added_tokens.get(eos) if eos else None
+    if eos_id is not None and eos_id in ids:
+        ids = ids[: len(ids) - ids[::-1].index(eos_id)]
+    return ids
 
 
 def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None = None) -> Rendered:
     """Prompt and generated ids of one call (ids-level calls pass through; lengths-level calls raise)."""
+    notes: list = []
     if call["fidelity"] == "ids":
         prompt = list(call["prompt_ids"])
         gen = list(call["response_ids"] or ())
@@ -72,21 +149,24 @@ def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None
         kw = dict((call.get("extra") or {}).get("chat_template_kwargs") or {})  # what the client asked for
         if enable_thinking is not None:
             kw["enable_thinking"] = enable_thinking
-        msgs = _messages(call)
+        msgs = _messages(call, notes)
         text = template.render(msgs, tools=call["tools"], add_generation_prompt=True, **kw)
         prompt = tokenizer.encode(text)
         reply = _reply(call)
         if call["response_ids"]:
             gen = list(call["response_ids"])
         elif reply is not None:
-            gen = tokenizer.encode(reply_text(template, msgs, reply, text, call["tools"], **kw))
+            gen = reply_ids(tokenizer, template, msgs, reply, text, call["tools"], notes, **kw)
         else:
             gen = []
     else:
         raise ValueError("fidelity: a lengths-only call has no text to render; use LengthsSynth")
     reported = call["prompt_tokens"]
     exact = None if reported is None else len(prompt) == reported
-    return Rendered(prompt, gen, exact, None if reported is None else len(prompt) - reported)
+    done = call["completion_tokens"] if gen else None  # no reply logged: nothing to check
+    return Rendered(prompt, gen, exact, None if reported is None else len(prompt) - reported,
+                    gen_exact=None if done is None else len(gen) == done,
+                    gen_diff=None if done is None else len(gen) - done, notes=tuple(notes))
 
 
 class LengthsSynth:

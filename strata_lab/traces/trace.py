@@ -41,6 +41,7 @@ class Trace:
         if format is not None and format not in READERS:
             raise ValueError(f"format: unknown {format!r}; known: {', '.join(READERS)}")
         self.progress = progress
+        self.render_skipped: list[tuple[str, str]] = []
         self.detected: dict[str, tuple[str, str]] = {}
         for p in self.paths:
             src = Source(p)
@@ -103,6 +104,7 @@ class Trace:
         A call that carries token ids and names a model of another family than `tokenizer` is a ValueError."""
         tok, tmpl = resolve(tokenizer, template)
         synth = LengthsSynth(tok)
+        self.render_skipped = []  # (source, why) of the calls the last render could not render
         it: Iterable[dict] = self
         if progress:
             from tqdm.auto import tqdm
@@ -118,21 +120,26 @@ class Trace:
                     render_call(call, tok, tmpl, enable_thinking=enable_thinking)
             except ValueError as exc:
                 warnings.warn(f"{call['source']}: skipped: not rendered: {exc}", TraceWarning, stacklevel=2)
+                self.render_skipped.append((call["source"], str(exc)))
                 continue
             yield call, r
 
     def render_check(self, tokenizer="qwen3", template=None, **kw):
-        """Per call: rendered length vs the reported prompt_tokens (`render_exact`, `render_diff`)."""
+        """Per call: rendered length vs the reported prompt_tokens (`render_exact`, `render_diff`), and the
+        reconstructed reply's length vs the reported completion_tokens (`reply_exact`, `reply_diff`); calls
+        that did not render are in `render_skipped` afterwards."""
         import pandas as pd
 
-        rows = [{"session": c["session"], "call": c["call"], "source": c["source"], "fidelity": c["fidelity"],
-                 "rendered_len": len(r.prompt_ids), "prompt_tokens": c["prompt_tokens"], "render_exact": r.exact,
-                 "render_diff": r.diff} for c, r in self.render(tokenizer, template, **kw)]
-        df = pd.DataFrame(rows, columns=["session", "call", "source", "fidelity", "rendered_len", "prompt_tokens",
-                                         "render_exact", "render_diff"])
-        df["prompt_tokens"] = df["prompt_tokens"].astype("Int64")
-        df["render_diff"] = df["render_diff"].astype("Int64")
-        df["render_exact"] = df["render_exact"].astype("boolean")
+        cols = ["session", "call", "source", "fidelity", "rendered_len", "prompt_tokens", "render_exact",
+                "render_diff", "reply_len", "completion_tokens", "reply_exact", "reply_diff", "notes"]
+        rows = [(c["session"], c["call"], c["source"], c["fidelity"], len(r.prompt_ids), c["prompt_tokens"], r.exact,
+                 r.diff, len(r.gen_ids), c["completion_tokens"], r.gen_exact, r.gen_diff, "; ".join(r.notes))
+                for c, r in self.render(tokenizer, template, **kw)]
+        df = pd.DataFrame(rows, columns=cols)
+        for k in ("prompt_tokens", "render_diff", "completion_tokens", "reply_diff"):
+            df[k] = df[k].astype("Int64")
+        for k in ("render_exact", "reply_exact"):
+            df[k] = df[k].astype("boolean")
         return df
 
     def dump_records(self, tokenizer="qwen3", template=None, *, checkpoint_policy: dict | None = None,
@@ -149,6 +156,11 @@ class Trace:
             rec.update(source=call["source"], fidelity=call["fidelity"], trace_format=call["format"],
                        render_exact=r.exact, render_diff=r.diff, reported_prompt_tokens=call["prompt_tokens"],
                        reported_cached_tokens=call["cached_tokens"])
+            if r.gen_exact is not None:  # the reconstructed reply against the log's completion_tokens
+                rec.update(reply_exact=r.gen_exact, reply_diff=r.gen_diff,
+                           reported_completion_tokens=call["completion_tokens"])
+            if r.notes:
+                rec["render_notes"] = list(r.notes)
             # Contract 4: one field for what the engine served from its cache, one for what a hosted API wrote
             if call["cache_creation_tokens"] is not None:
                 rec["reported_cache_write_tokens"] = call["cache_creation_tokens"]
