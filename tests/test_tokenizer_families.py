@@ -140,3 +140,22 @@ def test_an_ids_log_of_another_family_is_refused_on_render(tmp_path):
                                             "choices": [{"message": {"content": "x"}, "token_ids": [7]}]}}) + "\n")
     with pytest.raises(ValueError, match="names model 'deepseek-ai/DeepSeek-V3.1'"):
         load_trace(log).to_dump("qwen3", out=tmp_path / "d.jsonl")
+
+
+@pytest.mark.parametrize("fam", tf.FAMILIES)
+def test_prefix_encoder_is_exact(families, fam):
+    from strata_lab.traces.render import PrefixEncoder
+
+    tok, _ = families[fam]
+    enc = PrefixEncoder(tok)
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(first=_prompts(fam), rest=st.lists(st.tuples(st.floats(0, 1), _prompts(fam)), max_size=4))
+    def check(first, rest):
+        text = first
+        assert enc.encode(text, "s") == tok.encode(text)
+        for keep, more in rest:  # the next prompt keeps some of the last one (append, edit) and adds text
+            text = text[: int(len(text) * keep)] + more if keep < 0.5 else text + more
+            assert enc.encode(text, "s") == tok.encode(text), text
+
+    check()

@@ -16,9 +16,12 @@ Where the log reports ``prompt_tokens``, ``render_exact`` says whether the rende
 from __future__ import annotations
 
 import json
+import re
+from bisect import bisect_right
+from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["Rendered", "render_call", "reply_ids", "vllm_messages", "LengthsSynth"]
+__all__ = ["Rendered", "render_call", "reply_ids", "vllm_messages", "PrefixEncoder", "LengthsSynth"]
 
 
 @dataclass
@@ -137,7 +140,88 @@ def reply_ids(tokenizer, template, messages: list[dict], reply: dict, prompt_tex
     return ids
 
 
-def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None = None) -> Rendered:
+class PrefixEncoder:
+    """`encode(text, key)` equals `tokenizer.encode(text)` and reuses the ids of the previous text encoded
+    under `key` (a session) up to the last added token both texts share, encoding only the rest.
+
+    Exact because the tokenizer splits a text at its added tokens and tokenizes each piece on its own; only
+    added tokens without lstrip / rstrip / single_word that match the raw text serve as cut points, and a
+    tokenizer whose pre-tokenizer treats the first piece differently (Metaspace ``prepend_scheme: first``) is
+    encoded whole. At most `max_keys` sessions are remembered (least recently used go first).
+
+    >>> from strata_lab import load_tokenizer
+    >>> tok = load_tokenizer("qwen3")
+    >>> enc = PrefixEncoder(tok)
+    >>> a = "<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n"
+    >>> b = a + "Hello<|im_end|>\\n<|im_start|>user\\nMore<|im_end|>\\n"
+    >>> enc.encode(a, "s") == tok.encode(a), enc.encode(b, "s") == tok.encode(b), enc.reused
+    (True, True, 7)
+    """
+
+    def __init__(self, tokenizer, max_keys: int = 1024):
+        self.tokenizer = tokenizer
+        self.max_keys = max_keys
+        self.reused = 0  # ids taken from earlier texts (last encode)
+        cuts = {t.content: i for i, t in tokenizer.hf.get_added_tokens_decoder().items()
+                if t.content and not (t.lstrip or t.rstrip or t.single_word or t.normalized)}
+        pre = tokenizer.hf.pre_tokenizer
+        first_only = pre is not None and b'"prepend_scheme":"first"' in pre.__getstate__()
+        self._cuts = cuts if not first_only else {}
+        self._cut_ids = frozenset(self._cuts.values())
+        self._pattern = re.compile("|".join(map(re.escape, sorted(cuts, key=len, reverse=True)))) if cuts else None
+        self._last: OrderedDict = OrderedDict()  # key -> (text, ids, cut char ends, ids before each cut)
+
+    def encode(self, text: str, key=None) -> list[int]:
+        if not self._cuts or key is None:
+            self.reused = 0
+            return self.tokenizer.encode(text)
+        start, head, ends, counts = 0, [], [], []
+        prev = self._last.pop(key, None)
+        if prev is not None:
+            ptext, pids, pends, pcounts = prev
+            j = bisect_right(pends, _common_prefix(text, ptext))
+            if j:
+                start, head = pends[j - 1], pids[:pcounts[j - 1]]
+                ends, counts = pends[:j], pcounts[:j]
+        tail = self.tokenizer.encode(text[start:])
+        ids = head + tail if head else tail
+        self.reused = len(head)
+        # the cut points of the new part: the k-th raw match of an added token is the k-th such id
+        pos, cuts, cut_ids = 0, self._cuts, self._cut_ids
+        for m in self._pattern.finditer(text, start):
+            want = cuts[m.group()]
+            while pos < len(tail) and tail[pos] != want:
+                if tail[pos] in cut_ids:  # another added token first: the texts disagree, stop here
+                    pos = len(tail)
+                    break
+                pos += 1
+            if pos >= len(tail):
+                break
+            pos += 1
+            ends.append(m.end())
+            counts.append(len(head) + pos)
+        self._last[key] = (text, ids, ends, counts)
+        if len(self._last) > self.max_keys:
+            self._last.popitem(last=False)
+        return ids
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the common prefix of two strings (comparisons done by str.startswith, in C)."""
+    if a.startswith(b):
+        return len(b)
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a.startswith(b[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None = None,
+                encoder: PrefixEncoder | None = None) -> Rendered:
     """Prompt and generated ids of one call (ids-level calls pass through; lengths-level calls raise)."""
     notes: list = []
     if call["fidelity"] == "ids":
@@ -151,7 +235,7 @@ def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None
             kw["enable_thinking"] = enable_thinking
         msgs = _messages(call, notes)
         text = template.render(msgs, tools=call["tools"], add_generation_prompt=True, **kw)
-        prompt = tokenizer.encode(text)
+        prompt = encoder.encode(text, call["session"]) if encoder is not None else tokenizer.encode(text)
         reply = _reply(call)
         if call["response_ids"]:
             gen = list(call["response_ids"])

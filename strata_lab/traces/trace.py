@@ -17,7 +17,7 @@ from typing import Iterable, Iterator
 
 from strata_lab.traces.calls import FIELDS
 from strata_lab.traces.registry import READERS, detect_format
-from strata_lab.traces.render import LengthsSynth, render_call
+from strata_lab.traces.render import LengthsSynth, PrefixEncoder, render_call
 from strata_lab.traces.source import Source, TraceWarning
 
 __all__ = ["Trace", "load_trace"]
@@ -104,6 +104,7 @@ class Trace:
         A call that carries token ids and names a model of another family than `tokenizer` is a ValueError."""
         tok, tmpl = resolve(tokenizer, template)
         synth = LengthsSynth(tok)
+        encoder = PrefixEncoder(tok)  # a session's next prompt encodes only what follows the shared part
         self.render_skipped = []  # (source, why) of the calls the last render could not render
         it: Iterable[dict] = self
         if progress:
@@ -117,7 +118,7 @@ class Trace:
                 checked.add(call["model"])
             try:
                 r = synth.render(call) if call["fidelity"] == "lengths" else \
-                    render_call(call, tok, tmpl, enable_thinking=enable_thinking)
+                    render_call(call, tok, tmpl, enable_thinking=enable_thinking, encoder=encoder)
             except ValueError as exc:
                 warnings.warn(f"{call['source']}: skipped: not rendered: {exc}", TraceWarning, stacklevel=2)
                 self.render_skipped.append((call["source"], str(exc)))
