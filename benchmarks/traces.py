@@ -230,22 +230,15 @@ def kvlint_table(args) -> None:
         print(f"{'tool':<20} {'seconds':>8} {'requests/s':>11} {'x kvlint':>9}")
         for name, sec in best.items():
             print(f"{name:<20} {sec:>8.2f} {n / sec:>11.0f} {best['kvlint analyze'] / sec:>9.2f}")
-        print("hit rates: ours " + ", ".join(f"{k} {v['hit_rate']:.1%}" for k, v in ours.items())
-              + "; kvlint " + json.dumps(_kvlint_rates(theirs)))
+        print("same simulation: (hit rate, prompt tokens) ours "
+              + ", ".join(f"{k} ({v['hit_rate']:.4f}, {v['prompt_tokens']})" for k, v in ours.items())
+              + "; kvlint " + ", ".join(f"{k} {v}" for k, v in _kvlint_rates(theirs).items()))
 
 
 def _kvlint_rates(doc) -> dict:
-    """The hit rate per engine from kvlint's JSON report (its layout, read defensively)."""
-    out = {}
-    items = doc.get("engines") or doc.get("results") or doc
-    if isinstance(items, dict):
-        items = [dict(v, engine=k) if isinstance(v, dict) else {"engine": k} for k, v in items.items()]
-    for e in items if isinstance(items, list) else ():
-        if isinstance(e, dict):
-            rate = next((e[k] for k in ("hit_rate", "token_hit_rate", "prefix_hit_rate") if k in e), None)
-            if rate is not None:
-                out[str(e.get("engine", len(out)))] = round(float(rate), 4)
-    return out
+    """Per engine: (hit rate, prompt tokens) from kvlint's JSON report (`sims`, one per engine)."""
+    return {sim["engine"]: (round(sim["hit_rate"], 4), sum(r["prompt_tokens"] for r in sim["per_request"]))
+            for sim in doc.get("sims", ())}
 
 
 if __name__ == "__main__":
