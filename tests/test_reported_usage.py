@@ -116,3 +116,14 @@ def test_the_engines_plot_shows_the_reported_figures(tmp_path):
     assert "reported" in labels[0] and "reported" in labels[1]
     xs = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "reported"][0].get_ydata()
     assert list(xs) == _reported(USAGE / "openai-cached.jsonl")
+
+
+def test_the_engine_explorer_shows_simulated_vs_reported(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from strata_lab.caches.widget import EngineExplorer
+
+    dump = load_trace(USAGE / "openai-cached.jsonl").to_dump("qwen3", out=tmp_path / "d.jsonl")
+    w = EngineExplorer(dump.paths[0], engines=("vllm",))
+    s = w.run()
+    assert s.iloc[0]["reported_cached"] == sum(_reported(USAGE / "openai-cached.jsonl"))
+    assert "reported_diff_pct" in w.summary.value
