@@ -159,3 +159,12 @@ def test_prefix_encoder_is_exact(families, fam):
             assert enc.encode(text, "s") == tok.encode(text), text
 
     check()
+
+
+def test_replay_engines_refuses_a_foreign_models_ids(tmp_path):
+    from strata_lab.caches import replay_engines
+
+    path = _dump(tmp_path / "d.jsonl", "google/gemma-3-4b-it", [2, 10, 11])
+    with pytest.raises(ValueError, match="'google/gemma-3-4b-it' \\(gemma ids\\)"):
+        replay_engines(path, ["vllm"], tokenizer="qwen3")
+    assert len(replay_engines(path, ["vllm"]).frame()) == 1  # no tokenizer: ids are only compared

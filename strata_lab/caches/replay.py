@@ -116,6 +116,9 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
+    if tokenizer is not None:  # the causes decode the ids: they must be this vocabulary's
+        for model in {c.record.get("model") for c in calls if c.record is not None}:
+            tokenizer.check_model(model)
     divergence = _divergence_causes(dump, tokenizer)
     if cost_model is None:
         cost_model = _fit_cost(calls)

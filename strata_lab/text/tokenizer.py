@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from strata_lab.text.vocab import FAMILY_MARKERS, build_bytes_table, bytes_to_unicode, model_family, \
-    _has_decoder, _is_byte_level
+from strata_lab.text.vocab import FAMILY_MARKERS, build_bytes_table, bytes_to_unicode, model_family, _is_byte_level
 
 __all__ = ["Tokenizer", "load_tokenizer", "TokenizerSpec", "TOKENIZER_SPECS", "bytes_to_unicode", "model_family"]
 
