@@ -168,3 +168,34 @@ def test_replay_engines_refuses_a_foreign_models_ids(tmp_path):
     with pytest.raises(ValueError, match="'google/gemma-3-4b-it' \\(gemma ids\\)"):
         replay_engines(path, ["vllm"], tokenizer="qwen3")
     assert len(replay_engines(path, ["vllm"]).frame()) == 1  # no tokenizer: ids are only compared
+
+
+def test_replay_and_lint_read_deepseek_ids_with_their_tokenizer(families, tmp_path, capsys):
+    from strata_lab.cli import main
+
+    tok, _ = families["deepseek_v3"]
+    folder = tmp_path / "deepseek"
+    folder.mkdir()
+    tok.save(folder / "tokenizer.json")
+    p1 = "<｜begin▁of▁sentence｜>You help.<｜User｜>Is 1001 prime?<｜Assistant｜></think>"
+    reply = "The quick brown fox: öğrenciler çalışıyor."
+    gen = [i for t in tok.encode(reply) for i in _split_bytes(tok, t)]  # the reply in other pieces than BPE's
+    assert gen != tok.encode(reply)
+    gen += [tok.added_tokens["<｜end▁of▁sentence｜>"]]
+    p2 = p1 + reply + "<｜end▁of▁sentence｜><｜User｜>And 1009?<｜Assistant｜></think>"
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"schema": "strata-dump/1", "session": "s", "model": "deepseek-ai/DeepSeek-V3.1",
+                                        "prompt_ids": ids, "gen_ids": g, "reused": 0}) + "\n"
+                            for ids, g in ((tok.encode(p1), gen), (tok.encode(p2), []))))
+    assert main(["replay", str(path), "--tokenizer", str(folder), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "retokenized_reply" in out, out  # the byte table read DeepSeek's pieces
+    assert main(["replay", str(path), "--tokenizer", str(folder), "--engine", "vllm", "--quiet"]) == 0
+    assert main(["lint", str(path), "--tokenizer", str(folder)]) in (0, 1)
+    assert "error" not in capsys.readouterr().err
+
+
+def _split_bytes(tok, token_id):
+    """A multi-byte token as single-byte pieces (what `alternative_tokenizations` may draw)."""
+    pieces = {tok.token_bytes(i): i for i in range(tok.vocab_size) if i not in tok.added_tokens.values()}
+    return [pieces[bytes([b])] for b in tok.token_bytes(token_id)]
