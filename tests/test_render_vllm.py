@@ -129,3 +129,16 @@ def test_arguments_that_are_not_json_stay_a_string_and_say_so():
         {"type": "function", "function": {"name": "g", "arguments": ""}}]}], notes)
     assert [c["function"]["arguments"] for c in m[0]["tool_calls"]] == ["{not json", {}]
     assert notes == ["tool-call arguments not JSON: rendered as the string"]
+
+
+def test_replaying_the_log_reports_the_mismatching_call(model_folder, served, tmp_path, capsys):
+    path, _ = served
+    lines = path.read_text().splitlines()
+    bad = json.loads(lines[4])
+    bad["response"]["usage"]["prompt_tokens"] -= 5
+    lines[4] = json.dumps(bad, ensure_ascii=False)
+    log = tmp_path / "agent.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    assert main(["replay", str(log), "--tokenizer", str(model_folder), "--engine", "vllm", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "render check: 6/7 calls" in out and f"{log}:5: rendered " in out and "(+5)" in out

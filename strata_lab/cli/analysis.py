@@ -41,7 +41,10 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     if trace.formats == ["strata"]:
         return _checked(paths, args.tokenizer)
     _describe(trace)
-    return trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
+    dump = trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
+    if not args.json or args.json != "-":  # --json - keeps stdout to the JSON report
+        _print_checks(trace)
+    return dump
 
 
 def _checked(paths, tokenizer: str, *, vocab_limit: bool = True, first: int = 256):
@@ -84,30 +87,28 @@ def _cmd_import(args: argparse.Namespace) -> int:
     dump = trace.to_dump(args.tokenizer, args.template, args.out)
     records = dump.records()
     print(f"{len(records)} calls in {len({r['session'] for r in records})} sessions -> {args.out}")
-    if trace.render_skipped:
-        print(f"{len(trace.render_skipped)} calls not rendered (skipped): " + "; ".join(
-            f"{src}: {why}" for src, why in trace.render_skipped[:3]) + (" ..." if len(trace.render_skipped) > 3 else ""))
-    _per_call_check(records, "render_exact", "render_diff", "reported_prompt_tokens", "render check",
-                    "render to exactly the prompt_tokens the log reports", len(trace.render_skipped))
-    _per_call_check(records, "reply_exact", "reply_diff", "reported_completion_tokens", "reply check",
-                    "have a reconstructed reply of exactly the completion_tokens the log reports", 0)
+    _print_checks(trace)
     return 0
 
 
-def _per_call_check(records: list, exact_key: str, diff_key: str, reported_key: str, title: str, what: str,
-                    skipped: int, show: int = 20) -> None:
-    """One line for the count, then one per call that differs (never averaged away): where, ours, the log's."""
-    checked = [r for r in records if r.get(exact_key) is not None]
-    if not checked:
-        return
-    wrong = [r for r in checked if not r[exact_key]]
-    print(f"{title}: {len(checked) - len(wrong)}/{len(checked) + skipped} calls {what}"
-          + ("" if not wrong else " (another template or tokenizer than the server's?)"))
-    for r in wrong[:show]:
-        print(f"  {r.get('source')}: rendered {r[reported_key] + r[diff_key]}, the log says {r[reported_key]} "
-              f"({r[diff_key]:+d})")
-    if len(wrong) > show:
-        print(f"  ... and {len(wrong) - show} more calls differ (see render_exact / reply_exact in the dump)")
+def _print_checks(trace, show: int = 20) -> None:
+    """The render and reply checks: one line each for the count, then one per call that differs (never
+    averaged away): where, ours, the log's."""
+    if trace.render_skipped:
+        print(f"{len(trace.render_skipped)} calls not rendered (skipped): " + "; ".join(
+            f"{src}: {why}" for src, why in trace.render_skipped[:3]) + (" ..." if len(trace.render_skipped) > 3 else ""))
+    for key, title, what, extra in (
+            ("render", "render check", "render to exactly the prompt_tokens the log reports", len(trace.render_skipped)),
+            ("reply", "reply check", "have a reconstructed reply of exactly the completion_tokens the log reports", 0)):
+        checked, wrong = trace.checks.get(key, (0, []))
+        if not checked:
+            continue
+        print(f"{title}: {checked - len(wrong)}/{checked + extra} calls {what}"
+              + ("" if not wrong else " (another template or tokenizer than the server's?)"))
+        for src, ours, theirs in wrong[:show]:
+            print(f"  {src}: rendered {ours}, the log says {theirs} ({ours - theirs:+d})")
+        if len(wrong) > show:
+            print(f"  ... and {len(wrong) - show} more calls differ (see render_exact / reply_exact in the dump)")
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:

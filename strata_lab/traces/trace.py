@@ -42,6 +42,7 @@ class Trace:
             raise ValueError(f"format: unknown {format!r}; known: {', '.join(READERS)}")
         self.progress = progress
         self.render_skipped: list[tuple[str, str]] = []
+        self.checks: dict = {}
         self.detected: dict[str, tuple[str, str]] = {}
         for p in self.paths:
             src = Source(p)
@@ -145,8 +146,17 @@ class Trace:
 
     def dump_records(self, tokenizer="qwen3", template=None, *, checkpoint_policy: dict | None = None,
                      **kw) -> Iterator[dict]:
-        """strata-dump/1 records, one per rendered call (see `to_dump`)."""
+        """strata-dump/1 records, one per rendered call (see `to_dump`). Afterwards `checks` holds, for "render"
+        (prompt_tokens) and "reply" (completion_tokens), [calls checked, [(source, ours, the log's) for every
+        call that differs]]."""
+        self.checks = {"render": [0, []], "reply": [0, []]}
         for call, r in self.render(tokenizer, template, **kw):
+            for what, exact, ours, theirs in (("render", r.exact, len(r.prompt_ids), call["prompt_tokens"]),
+                                              ("reply", r.gen_exact, len(r.gen_ids), call["completion_tokens"])):
+                if exact is not None:
+                    self.checks[what][0] += 1
+                    if not exact:
+                        self.checks[what][1].append((call["source"], ours, theirs))
             rec = {"schema": "strata-dump/1", "ts": call["ts"], "request_id": call["request_id"],
                    "session": call["session"], "call": call["call"], "prompt_ids": r.prompt_ids,
                    "gen_ids": r.gen_ids, "drained_ids": [], "finish": "stop", "timings": {}, "checkpoints": []}
