@@ -1,8 +1,16 @@
-"""Import speed and memory: `load_trace` on generated OpenAI and Claude Code logs vs `json.loads` of the same
-lines (the floor: any reader must at least parse every line).
+"""Import speed and memory, and import + replay against kvlint, on generated logs.
 
-    PYTHONPATH=$PWD python benchmarks/traces.py              # 48 MB per log (about a minute here)
-    PYTHONPATH=$PWD python benchmarks/traces.py --mb 500     # the issue's size
+1. `load_trace` (import) and `load_trace` + render + encode with the Qwen3 tokenizer and template (what
+   `to_dump` does per call; the vocabulary is loaded before the clock starts) on generated OpenAI and Claude Code logs vs `json.loads` of the same lines (the
+   floor: any reader must at least parse every line). Target: render + encode >= 0.5x json.loads.
+2. `strata-lab replay LOG --engine vllm --engine sglang` (import, render, encode, replay under both caches) vs
+   `kvlint analyze LOG --engine vllm --engine sglang` (PyPI `kvlint`, the same simulation) on one generated
+   agent log of --agent-requests requests (issue: 3,000; default 600 to keep the run short), both with the same local tokenizer folder (the
+   Qwen3 vocabulary and template; no hub access), each CLI end to end in its own process, in the same run.
+   Target: >= 2x kvlint. Skipped (said so) when kvlint is not installed (`pip install kvlint`).
+
+    PYTHONPATH=$PWD python benchmarks/traces.py              # 8 MB per log, 600 agent requests (a few minutes)
+    PYTHONPATH=$PWD python benchmarks/traces.py --mb 500 --agent-requests 3000     # the issue's sizes
 
 Each measurement runs in a fresh child process so its peak RSS is its own; the table prints MB/s, calls/s,
 the ratio to json.loads in the same run (fastest of --repeat runs each), and the child's peak RSS above an idle
@@ -82,6 +90,12 @@ def make_claude_code(path: str, mb: float, seed: int = 1) -> int:
 
 
 def child(mode: str, fmt: str, path: str) -> None:
+    if mode in ("trace", "render"):  # imports and the vocabulary (seconds, once per process) are not throughput
+        from strata_lab import ChatTemplate, load_tokenizer, load_trace  # noqa: F401
+        import strata_lab.traces.trace  # noqa: F401
+
+        if mode == "render":
+            tok, tmpl = load_tokenizer("qwen3"), ChatTemplate.from_name("qwen3")
     t0 = time.perf_counter()
     if mode == "idle":
         import strata_lab.traces.trace  # noqa: F401  what every import run loads anyway
@@ -92,6 +106,10 @@ def child(mode: str, fmt: str, path: str) -> None:
             for line in f:
                 json.loads(line)
                 n += 1
+    elif mode == "render":
+        from strata_lab import load_trace
+
+        n = sum(1 for _ in load_trace(path, format=fmt).render(tok, tmpl))
     else:
         from strata_lab import load_trace
 
@@ -108,13 +126,23 @@ def run_child(mode: str, fmt: str, path: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mb", type=float, default=48.0, help="size of each generated log in MB (issue: 500)")
+    ap.add_argument("--mb", type=float, default=8.0, help="size of each generated log in MB (issue: 500)")
+    ap.add_argument("--agent-requests", type=int, default=600,
+                    help="requests in the log replayed against kvlint (issue: 3000)")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: import, kvlint")
     ap.add_argument("--repeat", type=int, default=2, help="runs per reader; the fastest counts (noisy machines)")
     ap.add_argument("--child", nargs=3, metavar=("MODE", "FORMAT", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(*args.child)
         return
+    if "import" not in args.skip.split(","):
+        import_table(args)
+    if "kvlint" not in args.skip.split(","):
+        kvlint_table(args)
+
+
+def import_table(args) -> None:
     idle = run_child("idle", "-", "-")["rss_mb"]
     print(f"{'format':<12} {'MB':>6} {'calls':>8} {'reader':<10} {'MB/s':>7} {'calls/s':>9} {'x json.loads':>12} "
           f"{'peak RSS over idle MB':>22}")
@@ -125,11 +153,92 @@ def main() -> None:
             mb = os.path.getsize(path) / 2**20
             floor = min((run_child("json", fmt, path) for _ in range(args.repeat)), key=lambda r: r["seconds"])
             ours = min((run_child("trace", fmt, path) for _ in range(args.repeat)), key=lambda r: r["seconds"])
+            rendered = min((run_child("render", fmt, path) for _ in range(args.repeat)), key=lambda r: r["seconds"])
             assert ours["n"] == calls, (ours["n"], calls)
-            for name, r in (("json.loads", floor), ("load_trace", ours)):
+            for name, r in (("json.loads", floor), ("load_trace", ours), ("+render", rendered)):
                 print(f"{fmt:<12} {mb:>6.0f} {calls:>8} {name:<10} {mb / r['seconds']:>7.1f} "
                       f"{calls / r['seconds']:>9.0f} {floor['seconds'] / r['seconds']:>12.2f} "
                       f"{r['rss_mb'] - idle:>22.1f}")
+
+
+def make_agent(path: str, requests: int, seed: int = 2) -> int:
+    """Agent sessions as request bodies (what kvlint reads, and our OpenAI reader): system prompt, then user /
+    assistant / tool turns, each request resending the conversation so far, with a `session_id`."""
+    rng, n, s = random.Random(seed), 0, 0
+    with open(path, "w") as f:
+        while n < requests:
+            msgs = [{"role": "system", "content": _text(rng, 200, 600)}]
+            for turn in range(rng.randrange(10, 30)):
+                if n >= requests:
+                    break
+                msgs.append({"role": "user" if turn % 3 == 0 else "tool", "content": _text(rng, 20, 300)})
+                f.write(json.dumps({"model": "m", "session_id": f"s{s}", "request_id": f"r{n}", "timestamp": float(n),
+                                    "messages": msgs}) + "\n")
+                msgs = msgs + [{"role": "assistant", "content": _text(rng, 10, 120)}]
+                n += 1
+            s += 1
+    return n
+
+
+def _tokenizer_folder(folder: str) -> str:
+    """A model folder both tools load offline: our Qwen3 tokenizer.json and the qwen3 chat template."""
+    from strata_lab import ChatTemplate, load_tokenizer
+
+    os.makedirs(folder, exist_ok=True)
+    load_tokenizer("qwen3").save(os.path.join(folder, "tokenizer.json"))
+    cfg = {"chat_template": ChatTemplate.from_name("qwen3").source, "eos_token": "<|im_end|>",
+           "pad_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20}
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f)
+    return folder
+
+
+def _timed(cmd: list[str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({out.returncode}): {out.stderr[-2000:]}")
+    return seconds, out.stdout
+
+
+def kvlint_table(args) -> None:
+    import shutil
+
+    kvlint = shutil.which("kvlint")
+    if kvlint is None:
+        print("kvlint: not installed (pip install kvlint); the import + replay comparison is skipped")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "agent.jsonl")
+        n = make_agent(log, args.agent_requests)
+        folder = _tokenizer_folder(os.path.join(tmp, "qwen3-folder"))
+        ours_cmd = [sys.executable, "-m", "strata_lab", "replay", log, "--format", "openai", "--tokenizer", folder,
+                    "--engine", "vllm", "--engine", "sglang", "--quiet", "--json", os.path.join(tmp, "ours.json")]
+        theirs_cmd = [kvlint, "analyze", log, "--model", folder, "--engine", "vllm", "--engine", "sglang",
+                      "--json", os.path.join(tmp, "kvlint.json")]
+        env_note = "HF_HUB_OFFLINE=1"
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        best = {}
+        for name, cmd in (("kvlint analyze", theirs_cmd), ("strata-lab replay", ours_cmd)):
+            best[name] = min(_timed(cmd)[0] for _ in range(args.repeat))
+        with open(os.path.join(tmp, "ours.json")) as f:
+            ours = {e["engine"]: e for e in json.load(f)["engines"]}
+        with open(os.path.join(tmp, "kvlint.json")) as f:
+            theirs = json.load(f)
+        print(f"\nimport + replay under vLLM and SGLang, {n} agent requests, same tokenizer folder ({env_note}):")
+        print(f"{'tool':<20} {'seconds':>8} {'requests/s':>11} {'x kvlint':>9}")
+        for name, sec in best.items():
+            print(f"{name:<20} {sec:>8.2f} {n / sec:>11.0f} {best['kvlint analyze'] / sec:>9.2f}")
+        print("same simulation: (hit rate, prompt tokens) ours "
+              + ", ".join(f"{k} ({v['hit_rate']:.4f}, {v['prompt_tokens']})" for k, v in ours.items())
+              + "; kvlint " + ", ".join(f"{k} {v}" for k, v in _kvlint_rates(theirs).items()))
+
+
+def _kvlint_rates(doc) -> dict:
+    """Per engine: (hit rate, prompt tokens) from kvlint's JSON report (`sims`, one per engine)."""
+    return {sim["engine"]: (round(sim["hit_rate"], 4), sum(r["prompt_tokens"] for r in sim["per_request"]))
+            for sim in doc.get("sims", ())}
 
 
 if __name__ == "__main__":

@@ -65,10 +65,14 @@ def test_reported_cached_tokens_side_by_side(tmp_path):
     path = _write(tmp_path / "d.jsonl", calls)
     rep = replay_engines(path, ["vllm", "sglang"])
     s = rep.summary().set_index("engine")
-    assert s.loc["vllm", "reported_calls"] == 3 and s.loc["sglang", "reported_calls"] == 0
+    # the serving engine's figure sits beside every simulated engine, labelled with who reported it
+    assert s.loc["vllm", "reported_calls"] == 3 and s.loc["sglang", "reported_calls"] == 3
+    assert s.loc["vllm", "reported_by"] == s.loc["sglang", "reported_by"] == "vllm"
     assert s.loc["vllm", "calls_differ"] == 1          # 64 simulated where the engine reported 60
     assert s.loc["vllm", "reported_rate"] == pytest.approx(124 / 199)
-    assert "reported 62.3%, 1 calls differ" in "\n".join(rep.lines())
+    assert s.loc["vllm", "reported_diff"] == 4 and s.loc["vllm", "reported_diff_pct"] == pytest.approx(400 / 199)
+    assert "reported 124 (62.3%), difference +4 tokens (+2.0% of their prompt tokens), 1 calls differ" \
+        in "\n".join(rep.lines())
 
 
 def test_hosted_prices_are_settable(tmp_path):

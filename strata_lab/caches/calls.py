@@ -8,13 +8,14 @@ Optional per-call fields read from a dump line (all absent in our own dumps):
 
 | field | meaning |
 |---|---|
-| `cached_tokens` | the engine's own report (vLLM `num_cached_tokens`, SGLang `meta_info.cached_tokens`, llama.cpp `timings.cache_n`, OpenAI `cached_tokens`, Anthropic `cache_read_input_tokens`) |
-| `cache_engine` | which engine wrote `cached_tokens` (`vllm`, `sglang`, `llama.cpp`, `openai`, `anthropic`, ...) |
+| `reported_cached_tokens` | what the serving engine reported it served from its cache (docs/CONTRACTS.md, "Reported cache figures"; vLLM `num_cached_tokens`, SGLang `meta_info.cached_tokens`, llama.cpp `timings.cache_n`, OpenAI `cached_tokens`, Anthropic `cache_read_input_tokens`). Older dumps' `cached_tokens` reads the same |
+| `reported_cache_write_tokens` | what a hosted API reported it wrote to its cache (Anthropic `cache_creation_input_tokens`); older dumps' `reported_cache_creation_tokens` reads the same |
+| `cache_engine` | which engine reported them (`vllm`, `sglang`, `llama.cpp`, `openai`, `anthropic`, ...); a label, shown in `reported_by` |
 | `cache_control` | Anthropic breakpoints: token positions where a `cache_control` block ends (the prefix `prompt_ids[:p]`) |
 | `content_blocks` | token positions where content blocks end (Anthropic look-back counts these) |
 | `cache_salt` | vLLM/SGLang `cache_salt` (or a LoRA name): requests with different salts share nothing |
 
-Without `cached_tokens`, our own dumps' `reused` is the report (engine `strata`).
+Without a reported figure, our own dumps' `reused` is the report (engine `strata`).
 
 >>> c = Call(index=0, session="s", prompt=as_ids([1, 2, 3]), output=as_ids([4]))
 >>> c.prompt_len, c.sequence().tolist()
@@ -31,8 +32,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["Call", "calls_from_dump", "calls_from_records", "calls_from_hash_trace", "as_ids", "lcp", "lcp_call",
-           "write_calls"]
+__all__ = ["Call", "calls_from_dump", "calls_from_records", "calls_from_hash_trace", "reported_usage", "as_ids", "lcp",
+           "lcp_call", "write_calls"]
 
 _EMPTY = np.zeros(0, dtype=np.int32)
 
@@ -78,6 +79,7 @@ class Call:
     ts: float | None = None        # arrival time, seconds
     reported: int | None = None    # cached tokens the serving engine reported for this call
     reported_by: str | None = None  # which engine reported it ("strata" for our dumps' `reused`)
+    reported_write: int | None = None  # cache-write tokens a hosted API reported for this call
     breakpoints: tuple | None = None  # Anthropic cache_control positions (None: automatic / not given)
     content_blocks: tuple | None = None  # content-block end positions (None: derive from the ids)
     cache_salt: str | None = None
@@ -121,6 +123,39 @@ def _int_tuple(v, name: str, index: int) -> tuple | None:
     return tuple(sorted(set(v)))
 
 
+def _count(rec: dict, names: tuple, index: int) -> int | None:
+    for name in names:
+        v = rec.get(name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"call {index}: {name} must be a non-negative int, got {v!r}")
+        return v
+    return None
+
+
+def reported_usage(rec: dict, index: int = 0) -> tuple[int | None, str | None, int | None]:
+    """(reported cached tokens, who reported them, reported cache-write tokens) of one dump line.
+
+    `reported_cached_tokens` is the field (Contract 4); a line without it falls back to the older
+    `cached_tokens`, then to our engine's own `reused` (reported by "strata"). The write figure is
+    `reported_cache_write_tokens`, or the older `reported_cache_creation_tokens`.
+
+    >>> reported_usage({"reported_cached_tokens": 64}), reported_usage({"cached_tokens": 3, "cache_engine": "vllm"})
+    ((64, None, None), (3, 'vllm', None))
+    >>> reported_usage({"reused": 5}), reported_usage({"reported_cache_creation_tokens": 9})
+    ((5, 'strata', None), (None, None, 9))
+    """
+    by = rec.get("cache_engine") if isinstance(rec.get("cache_engine"), str) else None
+    reported = _count(rec, ("reported_cached_tokens", "cached_tokens"), index)
+    write = _count(rec, ("reported_cache_write_tokens", "reported_cache_creation_tokens"), index)
+    if reported is None:
+        reused = rec.get("reused")
+        if isinstance(reused, int) and not isinstance(reused, bool):
+            reported, by = reused, "strata"
+    return reported, by, write
+
+
 def calls_from_records(records: Iterable[dict]) -> Iterator[Call]:
     """`Call`s from strata-dump/1 records (dicts as `Dump` yields them), in the given order."""
     for i, rec in enumerate(records):
@@ -129,14 +164,7 @@ def calls_from_records(records: Iterable[dict]) -> Iterator[Call]:
         output = as_ids(list(gen) + list(drained)) if gen or drained else _EMPTY
         ts = rec.get("ts")
         ts = float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts) else None
-        cached = rec.get("cached_tokens")
-        reused = rec.get("reused")
-        if isinstance(cached, int) and not isinstance(cached, bool):
-            reported, by = cached, rec.get("cache_engine") if isinstance(rec.get("cache_engine"), str) else None
-        elif isinstance(reused, int) and not isinstance(reused, bool):
-            reported, by = reused, "strata"
-        else:
-            reported, by = None, None
+        reported, by, write = reported_usage(rec, i)
         t = rec.get("timings") if isinstance(rec.get("timings"), dict) else {}
         ms = t.get("prefill_ms")
         bps = _int_tuple(rec.get("cache_control"), "cache_control", i)
@@ -146,7 +174,7 @@ def calls_from_records(records: Iterable[dict]) -> Iterator[Call]:
                 raise ValueError(f"call {i}: {name} position {pos[-1]} is past the prompt ({len(prompt)} ids)")
         salt = rec.get("cache_salt")
         yield Call(index=i, session=str(rec.get("session", "default")), prompt=prompt, output=output, ts=ts,
-                   reported=reported, reported_by=by, breakpoints=bps, content_blocks=blocks,
+                   reported=reported, reported_by=by, reported_write=write, breakpoints=bps, content_blocks=blocks,
                    cache_salt=salt if isinstance(salt, str) else None, request_id=rec.get("request_id"),
                    call=int(rec.get("call") or 0),
                    prefill_ms=float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None,

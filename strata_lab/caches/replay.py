@@ -42,7 +42,8 @@ _DTYPES = {
     "turn": "int64", "ts": "float64", "prompt_len": "int64", "held_before": "int64", "lcp": "int64",
     "exact": "int64", "reused": "int64", "read": "int64", "reread": "int64", "unit": "string", "source": "Int64",
     "cause": "category", "written": "int64", "prefill_s": "float64", "reread_s": "float64", "dollars": "float64",
-    "reported": "Int64",
+    "reported": "Int64", "reported_by": "string", "reported_diff": "Int64", "reported_diff_pct": "float64",
+    "reported_write": "Int64",
 }
 
 
@@ -148,6 +149,9 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
+    if tokenizer is not None:  # the causes decode the ids: they must be this vocabulary's
+        for model in {c.record.get("model") for c in calls if c.record is not None}:
+            tokenizer.check_model(model)
     divergence = _divergence_causes(dump, tokenizer, calls)
     if cost_model is None:   # a fit too poor to price seconds (R^2 < MIN_R2) prices tokens only, as the replay does
         from strata_lab.replayer.costs import usable_fit
@@ -214,7 +218,9 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
             reread = max(hint.exact - reused, 0) if hint.prev is not None else 0
             dollars = preset.dollars(c.prompt_len, len(c.output), reused, plan.written) \
                 if hasattr(preset, "dollars") else math.nan
-            rep_ok = c.reported is not None and c.reported_by in (None, preset.engine)
+            # the serving engine's report sits beside every simulated engine (Contract 4)
+            diff = reused - c.reported if c.reported is not None else None
+            pct = 100.0 * diff / c.prompt_len if diff is not None and c.prompt_len else math.nan
             for k, v in (("engine", preset.engine), ("spec", spec), ("replica", r), ("index", c.index),
                          ("session", c.session), ("turn", turn), ("ts", c.ts if c.ts is not None else math.nan),
                          ("prompt_len", c.prompt_len), ("held_before", hint.held),
@@ -223,7 +229,8 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
                          ("written", plan.written),
                          ("prefill_s", cost_model.seconds(read, reused) if cost_model else math.nan),
                          ("reread_s", cost_model.seconds(reread, reused) if cost_model else math.nan),
-                         ("dollars", dollars), ("reported", c.reported if rep_ok else None)):
+                         ("dollars", dollars), ("reported", c.reported), ("reported_by", c.reported_by),
+                         ("reported_diff", diff), ("reported_diff_pct", pct), ("reported_write", c.reported_write)):
                 cols[k].append(v)
         while flight:
             end, _, fr, fc, fp = heapq.heappop(flight)
@@ -307,7 +314,10 @@ class EnginesReport:
 
     def summary(self):
         """One row per engine: calls, prompt tokens, reused, read, reread, hit rate, seconds, dollars,
-        evictions, the reported hit rate, how many calls differ from the report, and the causes."""
+        evictions, and the comparison with what the log reports (Contract 4): over the calls with a report,
+        `simulated_cached` vs `reported_cached` tokens, `reported_diff` (simulated - reported) and
+        `reported_diff_pct` (that difference in % of those calls' prompt tokens), `calls_differ`, the rates,
+        and `simulated_written` vs `reported_written` on calls with a reported cache write; then the causes."""
         import pandas as pd
 
         df = self.frame()
@@ -316,17 +326,25 @@ class EnginesReport:
             spec = p.spec()
             g = df[df["spec"] == spec]
             rep = g[g["reported"].notna()]
+            wr = g[g["reported_write"].notna()]
             prompt = int(g["prompt_len"].sum())
+            rep_prompt = int(rep["prompt_len"].sum())
+            sim, got = int(rep["reused"].sum()), int(rep["reported"].sum())
+            by = sorted(set(rep["reported_by"].dropna().astype(str)))
             rows.append({
                 "engine": p.engine, "spec": spec, "calls": len(g), "prompt_tokens": prompt,
                 "reused": int(g["reused"].sum()), "read": int(g["read"].sum()), "reread": int(g["reread"].sum()),
                 "hit_rate": g["reused"].sum() / prompt if prompt else math.nan,
                 "prefill_s": float(g["prefill_s"].sum(min_count=1)), "reread_s": float(g["reread_s"].sum(min_count=1)),
                 "dollars": float(g["dollars"].sum(min_count=1)), "evictions": self.evictions.get(spec, 0),
-                "reported_calls": len(rep),
-                "simulated_rate": rep["reused"].sum() / rep["prompt_len"].sum() if len(rep) else math.nan,
-                "reported_rate": rep["reported"].sum() / rep["prompt_len"].sum() if len(rep) else math.nan,
+                "reported_calls": len(rep), "reported_by": ", ".join(by) or None,
+                "simulated_cached": sim, "reported_cached": got, "reported_diff": sim - got,
+                "reported_diff_pct": 100.0 * (sim - got) / rep_prompt if rep_prompt else math.nan,
+                "simulated_rate": sim / rep_prompt if rep_prompt else math.nan,
+                "reported_rate": got / rep_prompt if rep_prompt else math.nan,
                 "calls_differ": int((rep["reused"] != rep["reported"]).sum()) if len(rep) else 0,
+                "reported_write_calls": len(wr), "simulated_written": int(wr["written"].sum()),
+                "reported_written": int(wr["reported_write"].sum()),
                 "causes": ", ".join(f"{k} {v}" for k, v in sorted(Counter(g["cause"].astype(str)).items(),
                                                                    key=lambda kv: (-kv[1], kv[0]))),
             })
@@ -341,10 +359,17 @@ class EnginesReport:
                 s += f" ({r['reread_s']:.3g} s)"
             if r["dollars"] == r["dollars"]:
                 s += f", ${r['dollars']:.4f}"
-            if r["reported_calls"]:
-                s += (f"; simulated {r['simulated_rate']:.1%}, reported {r['reported_rate']:.1%}, "
-                      f"{r['calls_differ']} calls differ")
             out.append(s)
+            if r["reported_calls"]:
+                who = f" by {r['reported_by']}" if r["reported_by"] else ""
+                out.append(f"    vs reported{who} on {r['reported_calls']} calls: simulated {r['simulated_cached']} "
+                           f"cached ({r['simulated_rate']:.1%}), reported {r['reported_cached']} "
+                           f"({r['reported_rate']:.1%}), difference {r['reported_diff']:+d} tokens "
+                           f"({r['reported_diff_pct']:+.1f}% of their prompt tokens), {r['calls_differ']} calls differ")
+            if r["reported_write_calls"]:
+                out.append(f"    cache writes on {r['reported_write_calls']} calls: simulated {r['simulated_written']}, "
+                           f"reported {r['reported_written']}, difference "
+                           f"{r['simulated_written'] - r['reported_written']:+d} tokens")
             out.append(f"    causes: {r['causes']}")
             if p.engine == "strata":   # the same engine gives other numbers under other checkpoints: say which
                 cp = getattr(p, "checkpoints", "recorded")
@@ -357,13 +382,19 @@ class EnginesReport:
     def format(self) -> str:
         df = self.frame()
         show = ["engine", "index", "session", "prompt_len", "reused", "read", "reread", "unit", "cause"]
+        if df["reported"].notna().any():
+            show += ["reported", "reported_diff"]
         head = df[show].to_string(index=False, max_rows=60)
         return head + "\n\n" + "\n".join(self.lines())
 
     def to_json(self) -> str:
         """The report as JSON: same input, identical bytes (sorted keys, NaN as null, shortest float repr)."""
+        import pandas as pd
+
         def clean(v):
             if v is None or (isinstance(v, float) and not math.isfinite(v)):
+                return None
+            if v is pd.NA:
                 return None
             if isinstance(v, (np.integer,)):
                 return int(v)

@@ -89,7 +89,9 @@ def plot_budget_sweep(frame, path=None, *, ax=None):
 
 
 def plot_engines(report, path=None):
-    """Per call: reused ids per engine (grouped bars); right: each engine's hit rate and re-read ids."""
+    """Per call: reused ids per engine (grouped bars) and, where the log reports them, the cached tokens the
+    serving engine reported (red x); right: each engine's hit rate, and its simulated vs the reported rate
+    over the calls with a report (Contract 4)."""
     import matplotlib
 
     if path is not None:
@@ -111,13 +113,23 @@ def plot_engines(report, path=None):
         a.bar(np.arange(len(idx)) + k * w, g["reused"], width=w, label=label)
     a.plot(np.arange(len(idx)) + 0.4 - w / 2, df[df["spec"] == specs[0]].set_index("index").reindex(idx)["prompt_len"],
            "_", color=INK, markersize=12, label="prompt")
+    first = df[df["spec"] == specs[0]].set_index("index").reindex(idx)
+    if first["reported"].notna().any():
+        a.plot(np.arange(len(idx)) + 0.4 - w / 2, first["reported"].astype("float64"), "x", color="tab:red",
+               markersize=7, label="reported")
     a.set_xlabel("call")
     a.set_ylabel("reused ids")
     integer_ticks(a)
     # above the bars, never over them
-    a.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02), ncols=min(len(specs) + 1, 4), frameon=False,
+    a.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02), ncols=min(len(specs) + 2, 4), frameon=False,
              fontsize="small", borderaxespad=0.0)
-    b.barh(labels, 100 * summ["hit_rate"])
+    b.barh(labels, 100 * summ["hit_rate"], label="simulated, all calls")
+    if (summ["reported_calls"] > 0).any():
+        y = np.arange(len(specs))
+        b.plot(100 * summ["simulated_rate"], y, "o", color=INK, markersize=5, label="simulated, reported calls")
+        b.plot(100 * summ["reported_rate"], y, "x", color="tab:red", markersize=7, label="reported")
+        b.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02), frameon=False, fontsize="x-small",
+                 borderaxespad=0.0)
     b.invert_yaxis()
     b.set_xlabel("hit rate (%)")
     b.tick_params(axis="y", labelsize="small")

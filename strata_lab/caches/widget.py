@@ -64,7 +64,11 @@ class EngineExplorer:
             return None
         self.error.value = ""
         self.report = report
-        s = report.summary()[["spec", "hit_rate", "reused", "reread", "evictions", "causes"]]
+        full = report.summary()
+        cols = ["spec", "hit_rate", "reused", "reread", "evictions"]
+        if (full["reported_calls"] > 0).any():  # simulated vs what the log reports (Contract 4)
+            cols += ["reported_calls", "simulated_cached", "reported_cached", "reported_diff", "reported_diff_pct"]
+        s = full[cols + ["causes"]]
         self.summary.value = s.to_html(index=False, float_format=lambda x: f"{x:.3g}")
         fig = plot_engines(report)
         buf = io.BytesIO()

@@ -28,7 +28,7 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     paths = args.dump if len(args.dump) > 1 else args.dump[0]
     if isinstance(paths, str) and is_store(paths):  # a Parquet store (strata-lab convert)
         return load_dump(paths)
-    rows = _load_tokenizer(args.tokenizer).embedding_rows  # ids past the model's rows make a line bad
+    _load_tokenizer(args.tokenizer)  # a bad --tokenizer fails before any work
     try:
         with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
             warnings.simplefilter("ignore", TraceWarning)
@@ -38,14 +38,16 @@ def _replay_input(args: argparse.Namespace, tmp: str):
         names = [paths] if isinstance(paths, str) else list(paths)
         if args.format is not None or not all(str(n).endswith(".jsonl") for n in names):
             raise
-        return load_dump(paths, vocab_size=rows)  # no format to detect (empty, or no valid line): a dump
+        return _checked(paths, args.tokenizer)  # no format to detect (empty, or no valid line): a dump
     if trace.formats == ["strata"]:
-        return load_dump(paths, vocab_size=rows)
+        return _checked(paths, args.tokenizer)
     _describe(trace)
     dump = trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
     empty = [f"{p}: no calls: {st['why_none']}" for p, st in trace.stats.items() if not st["calls"]]
     if empty and len(empty) == len(trace.stats):
         raise ValueError("; ".join(empty))
+    if not args.json or args.json != "-":  # --json - keeps stdout to the JSON report
+        _print_checks(trace)
     return dump
 
 
@@ -80,6 +82,27 @@ def _file_report(trace, records=None) -> list[str]:
     return lines
 
 
+def _checked(paths, tokenizer: str, *, vocab_limit: bool = True, first: int = 256):
+    """The dump at `paths`, once its first calls agree with `--tokenizer` (their ids are read with it): no
+    id past its embedding rows, no model of another family. Later lines with such ids are skipped with a
+    warning by the reader, as any bad line."""
+    from itertools import islice
+
+    from strata_lab.dump import load_dump
+
+    tok = _load_tokenizer(tokenizer)
+    rows = tok.embedding_rows
+    dump = load_dump(paths)
+    for rec in islice(iter(dump), first):
+        where = rec.get("source") or f"{dump.paths[0]} call {rec.get('request_id') or rec.get('call')}"
+        tok.check_model(rec.get("model"), what=f"the dump ({where})")
+        for name in ("prompt_ids", "gen_ids", "drained_ids"):
+            if rec[name] and max(rec[name]) >= rows:
+                raise ValueError(f"{name}: the dump ({where}) has id {max(rec[name])}, past the {rows} ids of "
+                                 f"--tokenizer {tokenizer}: it was recorded with another tokenizer; pass that one")
+    return load_dump(paths, vocab_size=rows) if vocab_limit else dump
+
+
 def _cmd_import(args: argparse.Namespace) -> int:
     from strata_lab.traces.trace import load_trace
 
@@ -102,11 +125,33 @@ def _cmd_import(args: argparse.Namespace) -> int:
         os.remove(args.out)  # no empty dump left behind
     for path, why in empty:
         print(f"strata-lab import: error: {path}: no calls: {why}", file=sys.stderr)
+    if records is not None:
+        _print_checks(trace)
     if empty:
         return 1
     print(f"{total} calls in {len({s for st in trace.stats.values() for s in st['sessions']})} sessions "
           f"-> {args.out}")
     return 0
+
+
+def _print_checks(trace, show: int = 20) -> None:
+    """The render and reply checks: one line each for the count, then one per call that differs (never
+    averaged away): where, ours, the log's."""
+    if trace.render_skipped:
+        print(f"{len(trace.render_skipped)} calls not rendered (skipped): " + "; ".join(
+            f"{src}: {why}" for src, why in trace.render_skipped[:3]) + (" ..." if len(trace.render_skipped) > 3 else ""))
+    for key, title, what, extra in (
+            ("render", "render check", "render to exactly the prompt_tokens the log reports", len(trace.render_skipped)),
+            ("reply", "reply check", "have a reconstructed reply of exactly the completion_tokens the log reports", 0)):
+        checked, wrong = trace.checks.get(key, (0, []))
+        if not checked:
+            continue
+        print(f"{title}: {checked - len(wrong)}/{checked + extra} calls {what}"
+              + ("" if not wrong else " (another template or tokenizer than the server's?)"))
+        for src, ours, theirs in wrong[:show]:
+            print(f"  {src}: rendered {ours}, the log says {theirs} ({ours - theirs:+d})")
+        if len(wrong) > show:
+            print(f"  ... and {len(wrong) - show} more calls differ (see render_exact / reply_exact in the dump)")
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -184,7 +229,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     from strata_lab.cli.commands import status
     from strata_lab.dump import load_dump
 
-    dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
+    dump = _checked(args.dump if len(args.dump) > 1 else args.dump[0], args.tokenizer, vocab_limit=False)
     if next(iter(dump), None) is None:
         raise ValueError(f"no engine calls in {', '.join(dump.paths)}: lint reads strata-dump/1 files (every line "
                          "was skipped; see the warnings above). For another tool's log, import it first: "

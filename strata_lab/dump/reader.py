@@ -35,6 +35,9 @@ except ImportError:  # pragma: no cover - orjson is a core dependency
     from json import loads as _loads, JSONDecodeError as _DecodeError
 
 
+# Contract 4's fields and the older names a line may still carry them under
+_REPORTED = (("reported_cached_tokens", "cached_tokens"), ("reported_cache_write_tokens", "reported_cache_creation_tokens"))
+
 class DumpWarning(UserWarning):
     """A dump line was skipped."""
 
@@ -183,17 +186,20 @@ class Dump:
 
         Scalar columns: ts (float64), request_id, session (string), call, prompt_len, gen_len,
         drained_len, n_checkpoints (int64), reused (Int64, nullable), finish (category), prefill_ms,
-        decode_ms (float64), encoder_kept_ids (Int64), model (string). The id lists stay as object
+        decode_ms (float64), encoder_kept_ids (Int64), model (string), reported_cached_tokens and
+        reported_cache_write_tokens (Int64: what the serving engine reported, Contract 4; an older line's
+        `cached_tokens` / `reported_cache_creation_tokens` fill them). The id lists stay as object
         columns (prompt_ids, gen_ids, drained_ids, checkpoints); unknown fields follow as object columns.
         """
         import pandas as pd
 
         known = {"schema", "ts", "request_id", "session", "call", "prompt_ids", "reused", "gen_ids",
-                 "drained_ids", "finish", "timings", "checkpoints", "encoder", "model"}
+                 "drained_ids", "finish", "timings", "checkpoints", "encoder", "model", "reported_cached_tokens",
+                 "reported_cache_write_tokens"}
         cols: dict[str, list] = {k: [] for k in (
             "file", "ts", "request_id", "session", "call", "prompt_len", "reused", "gen_len", "drained_len",
             "finish", "prefill_ms", "decode_ms", "n_checkpoints", "encoder_kept_ids", "model",
-            "prompt_ids", "gen_ids", "drained_ids", "checkpoints")}
+            "reported_cached_tokens", "reported_cache_write_tokens", "prompt_ids", "gen_ids", "drained_ids", "checkpoints")}
         extra: dict[str, list] = {}
         n = 0
         for p in self.paths:
@@ -215,6 +221,9 @@ class Dump:
                 cols["n_checkpoints"].append(len(rec["checkpoints"]))
                 cols["encoder_kept_ids"].append(enc.get("kept_ids") if isinstance(enc, dict) else None)
                 cols["model"].append(rec.get("model"))
+                for k, old in _REPORTED:
+                    v = rec.get(k, rec.get(old))
+                    cols[k].append(v if type(v) is int else None)
                 for k in ("prompt_ids", "gen_ids", "drained_ids", "checkpoints"):
                     cols[k].append(rec[k])
                 for k, v in rec.items():
@@ -240,6 +249,7 @@ class Dump:
             "n_checkpoints": pd.Series(cols["n_checkpoints"], dtype="int64"),
             "encoder_kept_ids": pd.Series(cols["encoder_kept_ids"], dtype="Int64"),
             "model": pd.Series(cols["model"], dtype="string"),
+            **{k: pd.Series(cols[k], dtype="Int64") for k, _ in _REPORTED},
             **{k: pd.Series(cols[k], dtype="object") for k in ("prompt_ids", "gen_ids", "drained_ids", "checkpoints")},
             **{k: pd.Series(v, dtype="object") for k, v in extra.items()},
         })

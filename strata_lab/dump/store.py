@@ -41,6 +41,10 @@ def iter_partition_rows(partition: str, *, columns=None, batch_rows: int = 2048)
             yield from batch.to_pylist()
 
 
+def _int_or_none(v):
+    return v if type(v) is int else None
+
+
 class Store:
     """A Parquet trace store (see strata_lab.dump.store_writer for the layout)."""
 
@@ -130,6 +134,9 @@ class Store:
             "reused": pd.Series([r.get("reused") for r in recs], dtype="Int64"),
             "gen_len": pd.Series([len(r["gen_ids"]) for r in recs], dtype="int64"),
             "drained_len": pd.Series([len(r["drained_ids"]) for r in recs], dtype="int64"),
+            **{k: pd.Series([_int_or_none(r.get(k, r.get(old))) for r in recs], dtype="Int64")
+               for k, old in (("reported_cached_tokens", "cached_tokens"),
+                              ("reported_cache_write_tokens", "reported_cache_creation_tokens"))},
         })
 
     def __repr__(self) -> str:

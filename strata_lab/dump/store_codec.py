@@ -40,7 +40,10 @@ _ID_LISTS = ("gen_ids", "drained_ids", "checkpoints")
 _TYPED = {"session": str, "request_id": str, "finish": str, "schema": str, "model": str}
 COLUMNS = ("seq", "session", "request_id", "ts", "call", "parent_call", "shared_len", "suffix_ids", "prompt_len",
            "reused", "gen_ids", "drained_ids", "checkpoints", "finish", "prefill_ms", "decode_ms", "schema", "model",
-           "keys", "extra", "raw")
+           "reported_cached_tokens", "reported_cache_write_tokens", "keys", "extra", "raw")
+# Contract 4's reported cache figures get int64 columns (a store written before them reads as before: the
+# fields are then in `extra`)
+_REPORTED = ("reported_cached_tokens", "reported_cache_write_tokens")
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,7 +57,8 @@ def arrow_schema():
         ("call", pa.int64()), ("parent_call", pa.int64()), ("shared_len", pa.int32()), ("suffix_ids", ids),
         ("prompt_len", pa.int32()), ("reused", pa.int64()), ("gen_ids", ids), ("drained_ids", ids),
         ("checkpoints", ids), ("finish", pa.string()), ("prefill_ms", pa.float64()), ("decode_ms", pa.float64()),
-        ("schema", pa.string()), ("model", pa.string()), ("keys", pa.string()), ("extra", pa.string()),
+        ("schema", pa.string()), ("model", pa.string()), ("reported_cached_tokens", pa.int64()),
+        ("reported_cache_write_tokens", pa.int64()), ("keys", pa.string()), ("extra", pa.string()),
         ("raw", pa.string()),
     ])
 
@@ -118,7 +122,7 @@ class RowEncoder:
                 row[k] = v
             elif k == "ts" and _float(v):
                 row[k] = v
-            elif k in ("call", "reused") and _int(v) and abs(v) <= 2**62:
+            elif k in ("call", "reused", *_REPORTED) and _int(v) and abs(v) <= 2**62:
                 row[k] = v
             elif k in _ID_LISTS and _ids_ok(v):
                 row[k] = v
@@ -195,7 +199,7 @@ class RowDecoder:
             elif k == "timings":
                 rec[k] = {"prefill_ms": row["prefill_ms"], "decode_ms": row["decode_ms"]}
             else:
-                rec[k] = row[k]
+                rec[k] = row.get(k)
         return rec
 
     def line(self, row: dict) -> bytes:

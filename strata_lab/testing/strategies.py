@@ -72,11 +72,14 @@ def _split(draw, tokenizer, token_id: int, pieces: dict, added: frozenset, depth
     how = draw(st.sampled_from(("keep", "split", "bytes")))  # "keep" first: shrinks to canonical
     if how == "keep":
         return [token_id]
+    # byte pieces: a byte-level vocabulary has all 256, SentencePiece ones with byte fallback their <0xNN>;
+    # a vocabulary without them (Unigram without byte fallback) keeps the token
+    as_bytes = [pieces.get(bytes([b])) for b in raw]
     if how == "bytes":
-        return [pieces[bytes([b])] for b in raw]
+        return as_bytes if None not in as_bytes else [token_id]
     cuts = [i for i in range(1, len(raw)) if raw[:i] in pieces and raw[i:] in pieces]
     if not cuts:
-        return [pieces[bytes([b])] for b in raw]
+        return as_bytes if None not in as_bytes else [token_id]
     i = draw(st.sampled_from(cuts))
     if depth >= 3:
         return [pieces[raw[:i]], pieces[raw[i:]]]

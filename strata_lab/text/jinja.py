@@ -29,6 +29,7 @@ class TemplateRenderError(ValueError):
 def _environment():
     import jinja2
     import jinja2.ext
+    import jinja2.runtime
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class GenerationTag(jinja2.ext.Extension):
@@ -77,8 +78,37 @@ def _environment():
             if isinstance(name, str) and name.startswith("_"):
                 raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} starts with '_'")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    dict_attrs = frozenset(dir(dict))
+    loop_context = jinja2.runtime.LoopContext
+
+    def cls_names(obj):
+        # LoopContext: its properties; namespaces: the names set on them (jinja keeps them in an internal dict)
+        if obj.__class__ is loop_context:
+            return loop_names
+        return obj._Namespace__attrs
+
+    loop_names = frozenset(n for n in dir(loop_context) if not n.startswith("_"))
+
+    class Environment(ImmutableSandboxedEnvironment):
+        # `message.content` on a plain dict: the sandbox first tries the attribute (which a dict never has
+        # unless it is one of dict's own names), fails, then subscribes. Going straight to the key gives the
+        # same value or the same undefined, without the exception (templates read message fields a lot).
+        def getattr(self, obj, attribute):
+            cls = obj.__class__
+            if cls is dict and attribute not in dict_attrs:
+                try:
+                    return obj[attribute]
+                except (TypeError, LookupError):
+                    return self.undefined(obj=obj, name=attribute)
+            # loop.index0, ns.flag: the sandbox allows every public attribute of these (none is internal or
+            # mutating; a str.format a template stored in a namespace was wrapped when it was read): the same
+            # answer without its checks
+            if (cls is loop_context or cls is TemplateNamespace) and attribute[:1] != "_" \
+                    and attribute in cls_names(obj):
+                return getattr(obj, attribute)
+            return ImmutableSandboxedEnvironment.getattr(self, obj, attribute)
+
+    env = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now

@@ -19,11 +19,12 @@ import json
 import os
 import unicodedata
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Sequence
 
-__all__ = ["Tokenizer", "load_tokenizer", "TokenizerSpec", "TOKENIZER_SPECS", "bytes_to_unicode"]
+from strata_lab.text.vocab import FAMILY_MARKERS, build_bytes_table, bytes_to_unicode, model_family, _is_byte_level
+
+__all__ = ["Tokenizer", "load_tokenizer", "TokenizerSpec", "TOKENIZER_SPECS", "bytes_to_unicode", "model_family"]
 
 QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -70,20 +71,6 @@ TOKENIZER_SPECS = {
 TOKENIZER_SPECS["qwen3.6"] = TOKENIZER_SPECS["qwen3.5"]
 
 _BUILD_VERSION = "1"  # bump when the build recipe changes, to invalidate caches
-
-
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable characters (the byte-level alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def _resource_path(name: str) -> Path:
@@ -296,6 +283,33 @@ class Tokenizer:
         """Write the tokenizer.json."""
         self.hf.save(str(path))
 
+    @property
+    def family(self) -> str | None:
+        """The model family this vocabulary belongs to, told by its marker tokens (`FAMILY_MARKERS`), or None.
+
+        >>> load_tokenizer("qwen3").family
+        'qwen'
+        """
+        return next((fam for fam, marker in FAMILY_MARKERS if marker in self._added), None)
+
+    def check_model(self, model, *, what: str = "the dump") -> None:
+        """Raise ValueError when `model` (a model name from a dump or log whose token ids are to be read with
+        this tokenizer) names another family than this vocabulary: its ids would decode to other text. Names
+        whose family is unknown, and vocabularies whose family is unknown, pass.
+
+        >>> load_tokenizer("qwen3").check_model("Qwen/Qwen3-8B")
+        >>> load_tokenizer("qwen3").check_model("deepseek-ai/DeepSeek-V3.1")
+        Traceback (most recent call last):
+        ...
+        ValueError: model: the dump names model 'deepseek-ai/DeepSeek-V3.1' (deepseek ids) but the tokenizer is qwen3 (a qwen vocabulary); pass --tokenizer (tokenizer=) the model's own tokenizer.json or model folder
+        """
+        fam = model_family(model)
+        mine = self.family
+        if fam is not None and mine is not None and fam != mine:
+            raise ValueError(f"model: {what} names model {model!r} ({fam} ids) but the tokenizer is {self.name} "
+                             f"(a {mine} vocabulary); pass --tokenizer (tokenizer=) the model's own tokenizer.json "
+                             "or model folder")
+
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size})"
 
@@ -308,40 +322,8 @@ class Tokenizer:
 
     def _bytes_table(self) -> list:
         if self._token_bytes is None:
-            n = self._vocab_size
-            # spare embedding rows (ids the model has but the vocabulary does not) stand for no bytes
-            table: list = [None] * n + [b""] * (self.embedding_rows - n)
-            added = {i: t.content for i, t in self.hf.get_added_tokens_decoder().items()}
-            if self._byte_level:
-                u2b = {u: b for b, u in bytes_to_unicode().items()}
-                for piece, i in self.hf.get_vocab(with_added_tokens=False).items():
-                    table[i] = bytes(u2b[ch] for ch in piece)
-            elif _has_decoder(self.hf, "Metaspace") or _has_decoder(self.hf, "Replace"):
-                # SentencePiece-style: '▁' is a space, '<0xNN>' a byte-fallback piece; else ask the decoder
-                for piece, i in self.hf.get_vocab(with_added_tokens=False).items():
-                    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-                        table[i] = bytes([int(piece[3:5], 16)])
-                    else:
-                        table[i] = piece.replace("\u2581", " ").encode("utf-8")
-            for i in range(n):
-                if table[i] is None:  # anything else: ask the decoder, one id at a time
-                    table[i] = self.hf.decode([i]).encode("utf-8")
-            for i, content in added.items():
-                if i < n:
-                    table[i] = content.encode("utf-8")
-            self._token_bytes = table
+            self._token_bytes = build_bytes_table(self.hf, self._vocab_size, self.embedding_rows)
         return self._token_bytes
-
-
-def _has_decoder(hf_tokenizer, kind: str) -> bool:
-    cfg = json.loads(hf_tokenizer.to_str())
-    dec = cfg.get("decoder") or {}
-    return dec.get("type") == kind or any(
-        d.get("type") == kind for d in dec.get("decoders", []) if isinstance(d, dict))
-
-
-def _is_byte_level(hf_tokenizer) -> bool:
-    return _has_decoder(hf_tokenizer, "ByteLevel")
 
 
 _LOADED: dict[str, Tokenizer] = {}

@@ -15,9 +15,13 @@ Where the log reports ``prompt_tokens``, ``render_exact`` says whether the rende
 """
 from __future__ import annotations
 
+import json
+import re
+from bisect import bisect_right
+from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["Rendered", "render_call", "LengthsSynth"]
+__all__ = ["Rendered", "render_call", "reply_ids", "vllm_messages", "PrefixEncoder", "LengthsSynth"]
 
 
 @dataclass
@@ -27,13 +31,58 @@ class Rendered:
     exact: bool | None       # rendered length == reported prompt_tokens (None: not reported)
     diff: int | None         # rendered length - reported prompt_tokens
     synthetic: bool = False  # lengths-only call: placeholder ids that keep the reported reuse
+    gen_exact: bool | None = None  # reconstructed reply length == reported completion_tokens (None: not reported)
+    gen_diff: int | None = None    # reconstructed reply length - reported completion_tokens
+    notes: tuple = ()        # what the render had to assume for this call
 
 
-def _messages(call: dict) -> list[dict]:
+def vllm_messages(messages: list[dict], notes: list | None = None) -> list[dict]:
+    """Messages as vLLM's chat utils hand them to a template: ``content: None`` (what the OpenAI SDK sends beside
+    ``tool_calls``) and a missing assistant content become ``""``; tool-call ``arguments`` JSON strings are
+    parsed to objects (empty ones to ``{}``), so templates render them with their own ``tojson``; an empty
+    ``tool_calls`` list is dropped. Arguments that are not JSON stay a string (noted).
+
+    >>> m = vllm_messages([{"role": "assistant", "content": None, "tool_calls": [
+    ...     {"type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]}])
+    >>> m[0]["content"], m[0]["tool_calls"][0]["function"]["arguments"]
+    ('', {'a': 1})
+    """
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("content") is None and (m.get("role") == "assistant" or "content" in m):
+            m["content"] = ""
+        calls = m.get("tool_calls")
+        if isinstance(calls, list) and m.get("role") == "assistant":
+            if not calls:
+                del m["tool_calls"]
+            else:
+                m["tool_calls"] = [_parsed_call(c, notes) for c in calls]
+        out.append(m)
+    return out
+
+
+def _parsed_call(call, notes: list | None):
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call
+    fn = dict(call["function"])
+    args = fn.get("arguments")
+    if not args:
+        fn["arguments"] = {}
+    elif isinstance(args, str):
+        try:
+            fn["arguments"] = json.loads(args)
+        except ValueError:
+            if notes is not None and "tool-call arguments not JSON: rendered as the string" not in notes:
+                notes.append("tool-call arguments not JSON: rendered as the string")
+    return {**call, "function": fn}
+
+
+def _messages(call: dict, notes: list | None = None) -> list[dict]:
     msgs = list(call["messages"] or ())
     if call["system"] and not (msgs and msgs[0].get("role") == "system"):
         msgs.insert(0, {"role": "system", "content": call["system"]})
-    return msgs
+    return vllm_messages(msgs, notes)
 
 
 def _reply(call: dict) -> dict | None:
@@ -44,25 +93,137 @@ def _reply(call: dict) -> dict | None:
         m["reasoning_content"] = call["response_reasoning"]
     if call["response_tool_calls"]:
         m["tool_calls"] = call["response_tool_calls"]
-    return m
+    return vllm_messages([m])[0]
 
 
-def reply_text(template, messages: list[dict], reply: dict, prompt_text: str, tools, **kw) -> str:
-    """The text the template writes for `reply` after `prompt_text`: what the model generated, through its end
-    of turn (the eos string), without what the template adds after that (a newline)."""
+def _lcp(a: list, b: list) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def reply_ids(tokenizer, template, messages: list[dict], reply: dict, prompt_text: str, tools, notes: list,
+              **kw) -> list[int]:
+    """The ids the model generated for `reply` after the prompt `prompt_text`, through its end of turn (the eos
+    token), without what the template adds after that (a newline).
+
+    The template writes the reply as a history turn. When that turn extends the prompt (append-only templates),
+    the generated ids are the extension. Otherwise (templates whose history turn differs from the generation
+    prompt, e.g. DeepSeek's ``<｜Assistant｜></think>`` after a ``<｜Assistant｜><think>`` prompt, or that drop
+    ``reasoning_content``), the turn is compared with the generation prompt *token by token*: what follows their
+    common ids is what the model wrote, and reasoning the template dropped is put back before the think-close
+    tag the turn starts with (the model wrote ``reasoning</think>reply``)."""
     full = template.render(messages + [reply], tools=tools, add_generation_prompt=False, **kw)
     eos = template.special_tokens.get("eos_token")
     if full.startswith(prompt_text):
-        text = full[len(prompt_text):]
-        if eos and eos in text:
-            text = text[: text.rindex(eos) + len(eos)]
-        return text
-    # the template rewrites the turn once the reply is in (not append-only): the content and the eos
-    return (reply.get("content") or "") + (eos or "")
+        ids = tokenizer.encode(full[len(prompt_text):])
+    else:
+        base = template.render(messages, tools=tools, add_generation_prompt=False, **kw)
+        if not (full.startswith(base) and prompt_text.startswith(base)):
+            notes.append("reply: the template rewrites earlier turns; the reply is its content and eos")
+            return tokenizer.encode((reply.get("content") or "") + (eos or ""))
+        turn = tokenizer.encode(full[len(base):])
+        ids = turn[_lcp(turn, tokenizer.encode(prompt_text[len(base):])):]
+    reasoning = reply.get("reasoning_content")
+    if reasoning and reasoning.strip() not in tokenizer.decode(ids):
+        close = tokenizer.added_tokens.get("</think>")
+        head = tokenizer.decode(ids[:3]).lstrip()
+        if close is not None and head.startswith("</think>"):
+            ids = tokenizer.encode(reasoning) + ids
+        else:
+            notes.append("reply: the template drops reasoning_content and has no think tags; reply without it")
+    eos_id = tokenizer.added_tokens.get(eos) if eos else None
+    if eos_id is not None and eos_id in ids:
+        ids = ids[: len(ids) - ids[::-1].index(eos_id)]
+    return ids
 
 
-def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None = None) -> Rendered:
+class PrefixEncoder:
+    """`encode(text, key)` equals `tokenizer.encode(text)` and reuses the ids of the previous text encoded
+    under `key` (a session) up to the last added token both texts share, encoding only the rest.
+
+    Exact because the tokenizer splits a text at its added tokens and tokenizes each piece on its own; only
+    added tokens without lstrip / rstrip / single_word that match the raw text serve as cut points, and a
+    tokenizer whose pre-tokenizer treats the first piece differently (Metaspace ``prepend_scheme: first``) is
+    encoded whole. At most `max_keys` sessions are remembered (least recently used go first).
+
+    >>> from strata_lab import load_tokenizer
+    >>> tok = load_tokenizer("qwen3")
+    >>> enc = PrefixEncoder(tok)
+    >>> a = "<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n"
+    >>> b = a + "Hello<|im_end|>\\n<|im_start|>user\\nMore<|im_end|>\\n"
+    >>> enc.encode(a, "s") == tok.encode(a), enc.encode(b, "s") == tok.encode(b), enc.reused
+    (True, True, 7)
+    """
+
+    def __init__(self, tokenizer, max_keys: int = 1024):
+        self.tokenizer = tokenizer
+        self.max_keys = max_keys
+        self.reused = 0  # ids taken from earlier texts (last encode)
+        cuts = {t.content: i for i, t in tokenizer.hf.get_added_tokens_decoder().items()
+                if t.content and not (t.lstrip or t.rstrip or t.single_word or t.normalized)}
+        pre = tokenizer.hf.pre_tokenizer
+        first_only = pre is not None and b'"prepend_scheme":"first"' in pre.__getstate__()
+        self._cuts = cuts if not first_only else {}
+        self._cut_ids = frozenset(self._cuts.values())
+        self._pattern = re.compile("|".join(map(re.escape, sorted(cuts, key=len, reverse=True)))) if cuts else None
+        self._last: OrderedDict = OrderedDict()  # key -> (text, ids, cut char ends, ids before each cut)
+
+    def encode(self, text: str, key=None) -> list[int]:
+        if not self._cuts or key is None:
+            self.reused = 0
+            return self.tokenizer.encode(text)
+        start, head, ends, counts = 0, [], [], []
+        prev = self._last.pop(key, None)
+        if prev is not None:
+            ptext, pids, pends, pcounts = prev
+            j = bisect_right(pends, _common_prefix(text, ptext))
+            if j:
+                start, head = pends[j - 1], pids[:pcounts[j - 1]]
+                ends, counts = pends[:j], pcounts[:j]
+        tail = self.tokenizer.encode(text[start:])
+        ids = head + tail if head else tail
+        self.reused = len(head)
+        # the cut points of the new part: the k-th raw match of an added token is the k-th such id
+        pos, cuts, cut_ids = 0, self._cuts, self._cut_ids
+        for m in self._pattern.finditer(text, start):
+            want = cuts[m.group()]
+            while pos < len(tail) and tail[pos] != want:
+                if tail[pos] in cut_ids:  # another added token first: the texts disagree, stop here
+                    pos = len(tail)
+                    break
+                pos += 1
+            if pos >= len(tail):
+                break
+            pos += 1
+            ends.append(m.end())
+            counts.append(len(head) + pos)
+        self._last[key] = (text, ids, ends, counts)
+        if len(self._last) > self.max_keys:
+            self._last.popitem(last=False)
+        return ids
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the common prefix of two strings (comparisons done by str.startswith, in C)."""
+    if a.startswith(b):
+        return len(b)
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a.startswith(b[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None = None,
+                encoder: PrefixEncoder | None = None) -> Rendered:
     """Prompt and generated ids of one call (ids-level calls pass through; lengths-level calls raise)."""
+    notes: list = []
     if call["fidelity"] == "ids":
         prompt = list(call["prompt_ids"])
         gen = list(call["response_ids"] or ())
@@ -72,14 +233,14 @@ def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None
         kw = dict((call.get("extra") or {}).get("chat_template_kwargs") or {})  # what the client asked for
         if enable_thinking is not None:
             kw["enable_thinking"] = enable_thinking
-        msgs = _messages(call)
+        msgs = _messages(call, notes)
         text = template.render(msgs, tools=call["tools"], add_generation_prompt=True, **kw)
-        prompt = tokenizer.encode(text)
+        prompt = encoder.encode(text, call["session"]) if encoder is not None else tokenizer.encode(text)
         reply = _reply(call)
         if call["response_ids"]:
             gen = list(call["response_ids"])
         elif reply is not None:
-            gen = tokenizer.encode(reply_text(template, msgs, reply, text, call["tools"], **kw))
+            gen = reply_ids(tokenizer, template, msgs, reply, text, call["tools"], notes, **kw)
         else:
             gen = []
     elif call["fidelity"] == "text":  # the log printed the rendered prompt (vLLM without ids): encode it
@@ -90,7 +251,10 @@ def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None
         raise ValueError("fidelity: a lengths-only call has no text to render; use LengthsSynth")
     reported = call["prompt_tokens"]
     exact = None if reported is None else len(prompt) == reported
-    return Rendered(prompt, gen, exact, None if reported is None else len(prompt) - reported)
+    done = call["completion_tokens"] if gen else None  # no reply logged: nothing to check
+    return Rendered(prompt, gen, exact, None if reported is None else len(prompt) - reported,
+                    gen_exact=None if done is None else len(gen) == done,
+                    gen_diff=None if done is None else len(gen) - done, notes=tuple(notes))
 
 
 class LengthsSynth:

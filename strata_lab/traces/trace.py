@@ -16,13 +16,16 @@ from typing import Iterable, Iterator
 
 from strata_lab.traces.calls import FIELDS, parse_field_path
 from strata_lab.traces.registry import READERS, TEXT_FORMATS, detect_format
-from strata_lab.traces.render import LengthsSynth, render_call
+from strata_lab.traces.render import LengthsSynth, PrefixEncoder, render_call
 from strata_lab.traces.source import Source, warn
 
 __all__ = ["Trace", "load_trace"]
 
 _INT_COLS = ("prompt_len", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_read_tokens",
              "cache_creation_tokens")
+# the engine whose cache figures a log format reports (formats any server can write, e.g. OpenAI, say nothing)
+_REPORTED_BY = {"vllm-log": "vllm", "sglang-log": "sglang", "llama.cpp-log": "llama.cpp", "anthropic": "anthropic",
+                "claude-code": "anthropic", "codex": "openai"}
 _JSON_COLS = ("messages", "tools", "response_tool_calls", "extra")
 
 
@@ -44,6 +47,8 @@ class Trace:
         self.session_key = parse_field_path(session_key)
         # per file, filled while reading: calls, sessions, fidelity and usage counts, notes, what the log reports
         self.stats: dict[str, dict] = {}
+        self.render_skipped: list[tuple[str, str]] = []
+        self.checks: dict = {}
         self.detected: dict[str, tuple[str, str]] = {}
         for p in self.paths:
             src = Source(p)
@@ -145,44 +150,65 @@ class Trace:
 
     def render(self, tokenizer="qwen3", template=None, *, enable_thinking: bool | None = None,
                progress: bool = False) -> Iterator[tuple[dict, object]]:
-        """(call, Rendered) for every call; calls the template cannot render are skipped with a TraceWarning."""
+        """(call, Rendered) for every call; calls the template cannot render are skipped with a TraceWarning.
+        A call that carries token ids and names a model of another family than `tokenizer` is a ValueError."""
         tok, tmpl = resolve(tokenizer, template)
         synth = LengthsSynth(tok)
+        encoder = PrefixEncoder(tok)  # a session's next prompt encodes only what follows the shared part
+        self.render_skipped = []  # (source, why) of the calls the last render could not render
         it: Iterable[dict] = self
         if progress:
             from tqdm.auto import tqdm
 
             it = tqdm(self, desc="render", unit="call")
+        checked: set = set()
         for call in it:
+            if call["fidelity"] == "ids" and call["model"] not in checked:  # the log's ids, read with `tok`
+                tok.check_model(call["model"], what=call["source"] or "the log")
+                checked.add(call["model"])
             try:
                 r = synth.render(call) if call["fidelity"] == "lengths" else \
-                    render_call(call, tok, tmpl, enable_thinking=enable_thinking)
+                    render_call(call, tok, tmpl, enable_thinking=enable_thinking, encoder=encoder)
             except ValueError as exc:
                 warn(f"{call['source']}: skipped: not rendered: {exc}")
+                self.render_skipped.append((call["source"], str(exc)))
                 continue
             yield call, r
 
     def render_check(self, tokenizer="qwen3", template=None, **kw):
-        """Per call: rendered length vs the reported prompt_tokens (`render_exact`, `render_diff`)."""
+        """Per call: rendered length vs the reported prompt_tokens (`render_exact`, `render_diff`), and the
+        reconstructed reply's length vs the reported completion_tokens (`reply_exact`, `reply_diff`); calls
+        that did not render are in `render_skipped` afterwards."""
         import pandas as pd
 
-        rows = [{"session": c["session"], "call": c["call"], "source": c["source"], "fidelity": c["fidelity"],
-                 "rendered_len": len(r.prompt_ids), "prompt_tokens": c["prompt_tokens"], "render_exact": r.exact,
-                 "render_diff": r.diff} for c, r in self.render(tokenizer, template, **kw)]
-        df = pd.DataFrame(rows, columns=["session", "call", "source", "fidelity", "rendered_len", "prompt_tokens",
-                                         "render_exact", "render_diff"])
-        df["prompt_tokens"] = df["prompt_tokens"].astype("Int64")
-        df["render_diff"] = df["render_diff"].astype("Int64")
-        df["render_exact"] = df["render_exact"].astype("boolean")
+        cols = ["session", "call", "source", "fidelity", "rendered_len", "prompt_tokens", "render_exact",
+                "render_diff", "reply_len", "completion_tokens", "reply_exact", "reply_diff", "notes"]
+        rows = [(c["session"], c["call"], c["source"], c["fidelity"], len(r.prompt_ids), c["prompt_tokens"], r.exact,
+                 r.diff, len(r.gen_ids), c["completion_tokens"], r.gen_exact, r.gen_diff, "; ".join(r.notes))
+                for c, r in self.render(tokenizer, template, **kw)]
+        df = pd.DataFrame(rows, columns=cols)
+        for k in ("prompt_tokens", "render_diff", "completion_tokens", "reply_diff"):
+            df[k] = df[k].astype("Int64")
+        for k in ("render_exact", "reply_exact"):
+            df[k] = df[k].astype("boolean")
         return df
 
     def dump_records(self, tokenizer="qwen3", template=None, *, checkpoint_policy: dict | None = None,
                      **kw) -> Iterator[dict]:
-        """strata-dump/1 records, one per rendered call (see `to_dump`)."""
+        """strata-dump/1 records, one per rendered call (see `to_dump`). Afterwards `checks` holds, for "render"
+        (prompt_tokens) and "reply" (completion_tokens), [calls checked, [(source, ours, the log's) for every
+        call that differs]]."""
         from strata_lab.traces.breakpoints import positions
 
         tokenizer, template = resolve(tokenizer, template)
+        self.checks = {"render": [0, []], "reply": [0, []]}
         for call, r in self.render(tokenizer, template, **kw):
+            for what, exact, ours, theirs in (("render", r.exact, len(r.prompt_ids), call["prompt_tokens"]),
+                                              ("reply", r.gen_exact, len(r.gen_ids), call["completion_tokens"])):
+                if exact is not None:
+                    self.checks[what][0] += 1
+                    if not exact:
+                        self.checks[what][1].append((call["source"], ours, theirs))
             rec = {"schema": "strata-dump/1", "ts": call["ts"], "request_id": call["request_id"],
                    "session": call["session"], "call": call["call"], "prompt_ids": r.prompt_ids,
                    "gen_ids": r.gen_ids, "drained_ids": [], "finish": "stop", "timings": {}, "checkpoints": []}
@@ -193,9 +219,16 @@ class Trace:
             rec.update(source=call["source"], fidelity=call["fidelity"], trace_format=call["format"],
                        render_exact=r.exact, render_diff=r.diff, reported_prompt_tokens=call["prompt_tokens"],
                        reported_cached_tokens=call["cached_tokens"])
-            if call["cache_read_tokens"] is not None or call["cache_creation_tokens"] is not None:
-                rec["reported_cache_read_tokens"] = call["cache_read_tokens"]
-                rec["reported_cache_creation_tokens"] = call["cache_creation_tokens"]
+            if r.gen_exact is not None:  # the reconstructed reply against the log's completion_tokens
+                rec.update(reply_exact=r.gen_exact, reply_diff=r.gen_diff,
+                           reported_completion_tokens=call["completion_tokens"])
+            if r.notes:
+                rec["render_notes"] = list(r.notes)
+            # Contract 4: one field for what the engine served from its cache, one for what a hosted API wrote
+            if call["cache_creation_tokens"] is not None:
+                rec["reported_cache_write_tokens"] = call["cache_creation_tokens"]
+            if call["cached_tokens"] is not None and call["format"] in _REPORTED_BY:
+                rec["cache_engine"] = _REPORTED_BY[call["format"]]
             if call["cache_breakpoints"] is not None and call["fidelity"] == "messages":
                 tkw = dict((call.get("extra") or {}).get("chat_template_kwargs") or {})
                 if kw.get("enable_thinking") is not None:
@@ -220,8 +253,8 @@ class Trace:
         folder or tokenizer.json; `template`: a ChatTemplate, preset name, file or folder (default: the
         tokenizer's folder, or qwen3). `checkpoint_policy` (CheckpointPolicy fields) is written into each line
         for `reproduce`. Lines carry `render_exact` / `render_diff`, the reported usage
-        (`reported_cached_tokens`, and for hosted APIs `reported_cache_read_tokens` /
-        `reported_cache_creation_tokens`) and, for Anthropic requests, `cache_control`: the breakpoints as
+        (`reported_cached_tokens`, and for hosted APIs `reported_cache_write_tokens`:
+        Contract 4) and, for Anthropic requests, `cache_control`: the breakpoints as
         prompt positions."""
         import tempfile
 
