@@ -132,7 +132,7 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
     st: ServerState = request.app.state.strata
     if req.features.constraint is not None or req.features.tool_choice not in (None, "none") or \
             req.response_format is not None:
-        st.runner.grammars.check(req)  # a bad grammar / schema is a 400 before the request queues
+        st.runner.grammars.check(req, plan)  # a bad grammar / schema is a 400 before the request queues
     job = st.worker.submit(lambda job: st.runner.run(job, req, plan))
     events = job.events()
     try:
@@ -158,6 +158,9 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
     fmt = stream_cls(plan.request_id, st.model_name, payload["prompt_tokens"], include_usage=req.include_usage,
                      cached_tokens=payload.get("cached_tokens", 0))
 
+    if hasattr(fmt, "prompt_info"):
+        fmt.prompt_info(payload)
+
     async def frames():
         for frame in fmt.start():
             yield frame
@@ -167,7 +170,10 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
             elif kind == "choice_event":
                 out = fmt.choice_event(*payload) if hasattr(fmt, "choice_event") else []
             elif kind == "logprobs":
-                out = fmt.logprobs(logprob_entry(st.tokenizer, payload)) if hasattr(fmt, "logprobs") else []
+                if hasattr(fmt, "raw_logprobs"):
+                    out = fmt.raw_logprobs(payload)
+                else:
+                    out = fmt.logprobs(logprob_entry(st.tokenizer, payload)) if hasattr(fmt, "logprobs") else []
             elif kind == "done":
                 out = fmt.done(payload)
             else:
@@ -197,18 +203,31 @@ async def messages(request: Request):
 
 
 async def completions(request: Request):
-    """OpenAI /v1/completions: a text or token-id prompt, no chat template."""
-    from strata_lab.server.completions import CompletionStream, completion_response, parse_completion
+    """OpenAI /v1/completions: a text or token-id prompt (or a batch of them), no chat template."""
+    from functools import partial
+
+    from starlette.responses import JSONResponse
+
+    from strata_lab.server.completions import (CompletionStream, completion_response, merge_completions,
+                                               parse_completion_batch)
 
     st: ServerState = request.app.state.strata
-    req, plan = parse_completion(await _json_body(request), "openai", vocab_size=st.runner.engine.vocab_size,
-                                 session_key=_session_key(request))
-    plan.request_id = new_id("cmpl-")
+    req, plans = parse_completion_batch(await _json_body(request), "openai", vocab_size=st.runner.engine.vocab_size,
+                                        session_key=_session_key(request))
+    request_id = new_id("cmpl-")
+    for plan in plans:
+        plan.request_id = request_id
 
     def build(summary, **kw):
         return completion_response(summary, req, st.tokenizer, **kw)
 
-    return await _run(request, req, plan, build, CompletionStream)
+    stream_cls = partial(CompletionStream, req=req, tokenizer=st.tokenizer)
+    if len(plans) == 1:
+        return await _run(request, req, plans[0], build, stream_cls)
+    bodies = []  # a batch: the prompts run one after another (never streamed)
+    for plan in plans:
+        bodies.append(json.loads((await _run(request, req, plan, build, stream_cls)).body))
+    return JSONResponse(merge_completions(bodies, req.features.n))
 
 
 async def llama_completion(request: Request):
