@@ -42,6 +42,7 @@ class ServerState:
     model_name: str
     model_path: str
     started: float
+    responses: Any = None        # responses.ResponseStore: /v1/responses kept for previous_response_id
 
 
 def load_state(config: ServerConfig) -> ServerState:
@@ -247,6 +248,51 @@ async def llama_completion(request: Request):
     return await _run(request, req, plan, build, partial(LlamaStream, req=req, tokenizer=st.tokenizer))
 
 
+async def responses(request: Request):
+    """OpenAI /v1/responses: input items or text, instructions, function tools, previous_response_id."""
+    from functools import partial
+
+    from strata_lab.server.responses import ResponsesBuilder, ResponseStore, output_messages, parse_responses
+
+    st: ServerState = request.app.state.strata
+    if st.responses is None:
+        st.responses = ResponseStore()
+    body = await _json_body(request)
+    prior, previous = None, body.get("previous_response_id") if isinstance(body, dict) else None
+    if previous is not None:
+        if not isinstance(previous, str):
+            raise RequestError("previous_response_id", "must be a string")
+        found = st.responses.get(previous)
+        if found is None:
+            raise RequestError("previous_response_id", f"no response {previous!r} is held (the server keeps the "
+                               f"last {st.responses.max_entries}, in memory)", code="not_found")
+        prior = found[0]
+    req, conversation = parse_responses(body, prior=prior, session_key=_session_key(request))
+    plan = await run_in_threadpool(make_plan, st.template, req)
+    plan.request_id = new_id("resp_")
+
+    def store(final: dict) -> None:
+        if body.get("store", True):
+            st.responses.put(final["id"], conversation + output_messages(final), final)
+
+    builder = partial(ResponsesBuilder, body=body, previous_id=previous, on_done=store)
+
+    def build(summary, *, model, request_id):
+        return builder(request_id, model, summary.prompt_tokens, cached_tokens=summary.cached_tokens).whole(summary)
+
+    return await _run(request, req, plan, build, builder)
+
+
+async def get_response(request: Request):
+    """OpenAI GET /v1/responses/{id}: a response this server still holds."""
+    st: ServerState = request.app.state.strata
+    rid = request.path_params["response_id"]
+    found = st.responses.get(rid) if st.responses is not None else None
+    if found is None:
+        raise RequestError("response_id", f"no response {rid!r} is held", code="not_found", status=404)
+    return found[1]
+
+
 async def count_tokens(request: Request):
     """Anthropic /v1/messages/count_tokens: the rendered prompt's length, nothing generated."""
     st: ServerState = request.app.state.strata
@@ -370,6 +416,13 @@ _COMPLETION = {"prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items
                "echo": {"type": "boolean"}, "n": {"type": "integer"}, "cache_prompt": {"type": "boolean"},
                "n_probs": {"type": "integer"}, "id_slot": {"type": "integer"}}
 
+_RESPONSES = {"input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+              "instructions": {"type": "string"}, "max_output_tokens": {"type": "integer"},
+              "previous_response_id": {"type": "string"}, "stream": {"type": "boolean"},
+              "temperature": {"type": "number"}, "top_p": {"type": "number"}, "tools": {"type": "array"},
+              "tool_choice": {}, "store": {"type": "boolean"}, "metadata": {"type": "object"},
+              "text": {"type": "object"}, "seed": {"type": "integer"}}
+
 # The route table: method, path, handler, OpenAPI request body.
 ROUTES = [
     ("POST", "/v1/chat/completions", chat_completions, _body_schema(_CHAT, ["messages"])),
@@ -382,6 +435,9 @@ ROUTES = [
     ("POST", "/completions", completions, _body_schema(_COMPLETION, ["prompt"])),
     ("POST", "/completion", llama_completion, _body_schema(_COMPLETION, ["prompt"])),
     ("POST", "/v1/messages/count_tokens", count_tokens, _body_schema(_CHAT, ["messages"])),
+    ("POST", "/v1/responses", responses, _body_schema(_RESPONSES, ["input"])),
+    ("POST", "/responses", responses, _body_schema(_RESPONSES, ["input"])),
+    ("GET", "/v1/responses/{response_id}", get_response, None),
     ("GET", "/slots", slots, None),
     ("GET", "/health", health, None),
     ("GET", "/props", props, None),

@@ -76,6 +76,8 @@ class Summary:
     prompt_logprobs: list | None = None            # engine.TokenLogprob per prompt id after the first
     slot: int = 0
     seed: int = 0                                  # the request's seed: the client's, or the fresh one drawn
+    events: list = field(default_factory=list)     # the choice's output Events in order (what a stream sent)
+    reasoning_tokens: int = 0                      # generated ids read while inside the thought
 
     def timings(self) -> dict:
         """llama.cpp-style timings summed over the request's engine calls."""
@@ -132,6 +134,7 @@ class _Choice:
         self.text = TextStream(runner.tokenizer)
         self.matcher = StopMatcher(req.stop)  # stop sequences: the text ends before the first one
         self.events: list[Event] = []
+        self.reasoning_tokens = 0
 
     def _route(self, text: str) -> list[Event]:
         if self.raw:
@@ -317,7 +320,8 @@ class ChatRunner:
                           cached_tokens=calls[0].reused, calls=calls, reasoning=reasoning, content=content,
                           tool_calls=tool_calls, stop_sequence=out.matcher.hit, index=index,
                           gen_ids=[i for i in reply_ids if i not in self.stop_ids],
-                          logprobs=[e for e in logprobs if e.id not in self.stop_ids])
+                          logprobs=[e for e in logprobs if e.id not in self.stop_ids],
+                          events=list(out.events), reasoning_tokens=out.reasoning_tokens)
         if req.schema is not None and not job.cancelled:
             self._check_schema(req, plan, content, finish)
         return summary, len(calls)
@@ -369,6 +373,7 @@ class ChatRunner:
                 if call.budget is not None and thought >= call.budget and out.parser.in_reasoning:
                     stream.stop(reason="budget")
                     stopped = hit_budget = True
+        out.reasoning_tokens += thought
         return CallOutcome(result=stream.result, consumed=consumed, hit_budget=hit_budget)
 
     def _stats(self, call: int, prompt_ids, result) -> CallStats:
