@@ -175,6 +175,8 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
                     out = fmt.raw_logprobs(payload)
                 else:
                     out = fmt.logprobs(logprob_entry(st.tokenizer, payload)) if hasattr(fmt, "logprobs") else []
+            elif kind == "choice_logprobs":  # n > 1 (OpenAI chat only: the other streams refuse n > 1)
+                out = fmt.logprobs(logprob_entry(st.tokenizer, payload[1]), payload[0])
             elif kind == "done":
                 out = fmt.done(payload)
             else:
@@ -410,6 +412,9 @@ _CHAT = {"messages": {"type": "array", "items": _MESSAGE}, "max_tokens": {"type"
          "assistant_prefix": {"type": "string"}, "thinking_budget": {"type": "integer"},
          "seed": {"type": "integer"}}
 
+_MESSAGES = {k: v for k, v in _CHAT.items() if k not in ("n_predict", "thinking_budget")}
+_MESSAGES["system"] = {"type": "string"}
+
 _COMPLETION = {"prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
                "max_tokens": {"type": "integer"}, "n_predict": {"type": "integer"}, "stream": {"type": "boolean"},
                "temperature": {"type": "number"}, "seed": {"type": "integer"}, "logprobs": {"type": "integer"},
@@ -426,15 +431,14 @@ _RESPONSES = {"input": {"oneOf": [{"type": "string"}, {"type": "array", "items":
 # The route table: method, path, handler, OpenAPI request body.
 ROUTES = [
     ("POST", "/v1/chat/completions", chat_completions, _body_schema(_CHAT, ["messages"])),
-    ("POST", "/v1/messages", messages, _body_schema({**_CHAT, "system": {"type": "string"}},
-                                                    ["messages", "max_tokens"])),
+    ("POST", "/v1/messages", messages, _body_schema(_MESSAGES, ["messages", "max_tokens"])),
     ("GET", "/v1/models", models, None),
     ("POST", "/chat/completions", chat_completions, _body_schema(_CHAT, ["messages"])),  # aliases without /v1
     ("GET", "/models", models, None),
     ("POST", "/v1/completions", completions, _body_schema(_COMPLETION, ["prompt"])),
     ("POST", "/completions", completions, _body_schema(_COMPLETION, ["prompt"])),
     ("POST", "/completion", llama_completion, _body_schema(_COMPLETION, ["prompt"])),
-    ("POST", "/v1/messages/count_tokens", count_tokens, _body_schema(_CHAT, ["messages"])),
+    ("POST", "/v1/messages/count_tokens", count_tokens, _body_schema(_MESSAGES, ["messages"])),
     ("POST", "/v1/responses", responses, _body_schema(_RESPONSES, ["input"])),
     ("POST", "/responses", responses, _body_schema(_RESPONSES, ["input"])),
     ("GET", "/v1/responses/{response_id}", get_response, None),

@@ -81,18 +81,25 @@ def parse_completion_batch(body: Any, dialect: str, *, vocab_size: int,
             raise RequestError("stream_options", "is only allowed when stream is true")
         if options.get("include_usage") is not None:
             req["include_usage"] = _bool(options["include_usage"], "stream_options.include_usage")
-    if dialect == "openai":
-        req["max_tokens"] = 16 if body.get("max_tokens") is None else check_int(body["max_tokens"], "max_tokens",
-                                                                                  minimum=0)
-    else:  # llama.cpp: n_predict, else its synonym max_tokens; -1 (or neither): up to the context
-        for name in ("n_predict", "max_tokens"):
-            if body.get(name) is not None:
-                n = check_int(body[name], name, minimum=-1)
-                req["max_tokens"] = None if n < 0 else n
-                req["max_tokens_field"] = name
-                break
+    # the output cap: O max_tokens, else llama.cpp's n_predict, else 16 (OpenAI's default); L n_predict, else
+    # its synonym max_tokens, else up to the context. -1 (n_predict, or L's max_tokens): up to the context.
+    order = ("max_tokens", "n_predict") if dialect == "openai" else ("n_predict", "max_tokens")
+    given = [(name, check_int(body[name], name, minimum=-1 if name == "n_predict" or dialect == "llama" else 0))
+             for name in order if body.get(name) is not None]
+    if given:
+        name, n = given[0]
+        req["max_tokens"] = None if n < 0 else n
+        req["max_tokens_field"] = name
+    elif dialect == "openai":
+        req["max_tokens"] = 16
     _sampling(body, req)
     req["stop"] = _stop_sequences(body.get("stop"), "stop", allow_str=dialect == "openai")
+    if body.get("top_logprobs") is not None:
+        raise RequestError("top_logprobs", "is a chat field: a completion's logprobs is the number of "
+                           "alternatives", code="unsupported_parameter")
+    if body.get("prompt_logprobs") is not None:
+        raise RequestError("prompt_logprobs", "is a chat field here: a completion's prompt logprobs come with "
+                           "echo and logprobs", code="unsupported_parameter")
     echo = False
     if body.get("echo") is not None:
         echo = _bool(body["echo"], "echo")
@@ -103,10 +110,20 @@ def parse_completion_batch(body: Any, dialect: str, *, vocab_size: int,
         features = replace(features, prompt_logprobs=features.logprobs)
     if features.n > 1 and req.get("stream"):
         raise RequestError("n", "n > 1 is served without streaming only")
+    if features.tool_choice is not None:
+        raise RequestError("tool_choice", "needs tools, which a raw completion does not take",
+                           code="unsupported_parameter")
+    if dialect == "llama":  # /completion answers one completion, as llama.cpp's does
+        for name, bad in (("n", features.n > 1), ("echo", echo), ("stream_options", options is not None)):
+            if bad:
+                raise RequestError(name, "is not supported on /completion (use /v1/completions)",
+                                   code="unsupported_parameter")
     if len(prompts) > 1 and req.get("stream"):
         raise RequestError("prompt", "a batch of prompts is served without streaming only")
     req["features"] = features
-    req["model"] = body.get("model") if isinstance(body.get("model"), str) else None
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise RequestError("model", "must be a string")
+    req["model"] = body.get("model")
     chat = ChatRequest(**req)
     chat.extra["echo"] = echo
     plans = [PromptPlan(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None,

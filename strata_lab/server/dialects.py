@@ -143,10 +143,10 @@ class OpenAIStream:
         self.calls.setdefault(index, 0)
         return opened + self.event(ev, index)
 
-    def logprobs(self, entry: dict) -> list[str]:
+    def logprobs(self, entry: dict, index: int = 0) -> list[str]:
         """One generated id's logprobs, as a chunk with an empty delta right after that id's text."""
         body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [{"index": 0, "delta": {}, "finish_reason": None,
+                "model": self.model, "choices": [{"index": index, "delta": {}, "finish_reason": None,
                                                   "logprobs": {"content": [entry]}}]}
         return [f"data: {_dumps(body)}\n\n"]
 

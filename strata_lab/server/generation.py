@@ -362,8 +362,11 @@ class ChatRunner:
             counts = out.parser.in_reasoning
             out.feed([token])
             consumed += 1
-            if call.logprobs is not None and out.index == 0 and token not in self.stop_ids:
-                job.emit("logprobs", stream.logprobs[-1])  # streamed after the text it produced
+            if call.logprobs is not None and token not in self.stop_ids:  # streamed after the text it produced
+                if out.index == 0:
+                    job.emit("logprobs", stream.logprobs[-1])
+                else:
+                    job.emit("choice_logprobs", (out.index, stream.logprobs[-1]))
             if out.matcher.hit is not None:
                 stream.stop(reason="stop")
                 stopped = True

@@ -383,6 +383,10 @@ def parse_openai(body: Any, *, session_key: str | None = None) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         kwargs = _dict(kwargs, "chat_template_kwargs")
+        for key in kwargs:
+            if key != "enable_thinking":
+                raise RequestError(f"chat_template_kwargs.{key}", "is not supported by this server: the template "
+                                   "takes enable_thinking only", code="unsupported_parameter")
         if kwargs.get("enable_thinking") is not None:
             req["enable_thinking"] = _bool(kwargs["enable_thinking"], "chat_template_kwargs.enable_thinking")
     if body.get("enable_thinking") is not None:
@@ -399,6 +403,13 @@ def _features(body: dict, dialect: str, req: dict, session_key: str | None) -> F
     f = parse_features(body, dialect, header_key=session_key)
     if f.n > 1 and dialect == "anthropic":
         raise RequestError("n", "is not an Anthropic field (one message per request)")
+    if dialect == "anthropic":  # an Anthropic message has no place for log probabilities
+        for name in ("logprobs", "top_logprobs", "n_probs", "prompt_logprobs"):
+            if body.get(name) not in (None, False, 0):
+                raise RequestError(name, "is not supported on /v1/messages (Anthropic messages carry no "
+                                   "log probabilities)", code="unsupported_parameter")
+    if f.prompt_logprobs is not None and req.get("stream"):
+        raise RequestError("prompt_logprobs", "is served without streaming only")
     if f.tool_choice not in (None, "none", "required") and not any(
             t["function"]["name"] == f.tool_choice for t in req.get("tools") or ()):
         raise RequestError("tool_choice", f"names {f.tool_choice!r}, which is not in tools")
