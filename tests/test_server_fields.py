@@ -69,11 +69,15 @@ REFUSED = [("O", {"suffix": "x"}), ("L", {"suffix": "x"}), ("O", {"best_of": 2})
            ("R", {"max_tool_calls": 1}), ("R", {"top_logprobs": 2}), ("R", {"reasoning": {"effort": "high"}}),
            ("M", {"logprobs": True}), ("M", {"n_probs": 2}), ("L", {"n": 2}), ("L", {"echo": True}),
            ("L", {"stream": True, "stream_options": {"include_usage": True}}), ("O", {"tool_choice": "required"}),
-           ("O", {"top_logprobs": 2}), ("O", {"prompt_logprobs": 1}), ("C", {"chat_template_kwargs": {"x": 1}})]
+           ("O", {"top_logprobs": 2}), ("O", {"prompt_logprobs": 1}), ("C", {"chat_template_kwargs": {"x": 1}}),
+           ("C", {"parallel_tool_calls": False}), ("C", {"mirostat": 2}), ("L", {"mirostat": 2}),
+           ("O", {"dry_multiplier": 0.8}), ("L", {"timings_per_token": True}), ("L", {"samplers": ["top_k"]}),
+           ("O", {"return_tokens": True}), ("L", {"n_keep": 4}), ("C", {"typical_p": 0.5})]
 
 
 @pytest.mark.parametrize("route, extra", REFUSED, ids=lambda x: x if isinstance(x, str) else next(iter(x)))
 def test_refused_fields_say_so(server, route, extra):
+    """(their harmless values pass: e.g. mirostat 0, parallel_tool_calls true; see unsupported.py)"""
     before = len(server.lines())
     r = httpx.post(server.url + ROUTES[route], json={**BASE[route], **extra}, timeout=30)
     assert r.status_code == 400, r.text
@@ -81,3 +85,11 @@ def test_refused_fields_say_so(server, route, extra):
     name = [k for k in extra if k != "stream"][0]
     assert err["param"].startswith(name) and err["code"] == "unsupported_parameter", err
     assert len(server.lines()) == before
+
+
+def test_harmless_values_of_refused_fields_pass(server):
+    for route, extra in (("C", {"mirostat": 0, "typical_p": 1.0, "parallel_tool_calls": True}),
+                         ("L", {"n_keep": 0, "timings_per_token": False, "samplers": None}),
+                         ("O", {"best_of": 1, "suffix": ""})):
+        r = httpx.post(server.url + ROUTES[route], json={**BASE[route], **extra}, timeout=30)
+        assert r.status_code == 200, (route, r.text)

@@ -253,3 +253,13 @@ def test_forced_tool_call_grammar_by_thinking_mode():
     assert accepts("open", "<think>\nso I call f</think>\n\n" + call) and not accepts("open", call)
     assert accepts("inside", "so I call f</think>\n\n" + call)
 
+
+
+def test_ignore_eos_and_return_tokens(server, qwen3):
+    end = qwen3.im_end_id
+    stop_now = post(server, "/completion", {"prompt": "x", "n_predict": 6, "logit_bias": [[end, 50]]}).json()
+    assert stop_now["tokens_predicted"] <= 1 and stop_now["stop_type"] == "eos"
+    kept = post(server, "/completion", {"prompt": "x", "n_predict": 6, "logit_bias": [[end, 50]],
+                                        "ignore_eos": True, "temperature": 0}).json()
+    assert kept["tokens_predicted"] == 6 and end not in kept["tokens"] and kept["stop_type"] == "limit"
+    assert "tokens" not in post(server, "/completion", {"prompt": "x", "n_predict": 2, "return_tokens": False}).json()

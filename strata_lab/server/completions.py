@@ -126,6 +126,10 @@ def parse_completion_batch(body: Any, dialect: str, *, vocab_size: int,
     req["model"] = body.get("model")
     chat = ChatRequest(**req)
     chat.extra["echo"] = echo
+    if body.get("return_tokens") is not None:
+        if dialect != "llama":
+            raise RequestError("return_tokens", "is a /completion field", code="unsupported_parameter")
+        chat.extra["return_tokens"] = _bool(body["return_tokens"], "return_tokens")
     plans = [PromptPlan(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None,
                         prompt_ids=ids, raw=True) for text, ids in prompts]
     return chat, plans
@@ -231,6 +235,8 @@ def llama_response(summary, req: ChatRequest, tokenizer, *, model: str, request_
                                     "frequency_penalty": req.frequency_penalty}}
     if req.features.logprobs is not None:
         body["completion_probabilities"] = _llama_probs(tokenizer, summary.logprobs)
+    if not req.extra.get("return_tokens", True):  # llama.cpp's switch; here the ids come by default
+        del body["tokens"]
     return body
 
 

@@ -83,6 +83,7 @@ FIELDS: tuple[Field, ...] = (
           "logit > 0 ? logit / r : logit * r", "x"),
     Field("repeat_penalty", _SAMPLER, "llama.cpp's name of repetition_penalty", "x"),
     Field("repeat_last_n", _SAMPLER, "the repetition window (default 64; -1 all; 0 off)", "x"),
+    Field("ignore_eos", _SAMPLER, "llama.cpp: the end-of-turn ids get a -100 bias (never sampled)", "x"),
     # --- choices and log probabilities
     Field("n", "CMOL", "choices from one prefill (C streams them; O: not streamed; M and L: 1 only)", "x"),
     Field("logprobs", "CMOL", "C: true/false; O/L: number of alternatives (M refuses it)", "x"),
@@ -90,6 +91,7 @@ FIELDS: tuple[Field, ...] = (
     Field("n_probs", "CMOL", "llama.cpp: alternatives per id (M refuses it)", "x"),
     Field("prompt_logprobs", "CMOL", "C (vLLM): each prompt id's logprob, not streamed; O/L refuse it "
           "(O: echo with logprobs), M refuses it", "x"),
+    Field("return_tokens", "OL", "L: false leaves out `tokens` (sent by default here); O refuses it", "x"),
     Field("echo", "OL", "O: the prompt (and its logprobs) before the reply; L refuses it", "x"),
     # --- tools and structured output
     Field("tools", "CMR", "function tools, in the template's tool syntax", "x"),
@@ -136,9 +138,12 @@ def refusals() -> list[tuple[str, str, str]]:
     from strata_lab.server.unsupported import UNSUPPORTED
 
     letters = {"openai": "C", "anthropic": "M", "completions": "OL"}
-    out = [(letters[d], name, why) for d, name, _, why in UNSUPPORTED]
-    out += [("R", name, why) for name, _, why in RESPONSES_REFUSED]
-    return out + list(_INLINE_REFUSALS)
+    merged: dict[tuple[str, str], str] = {}  # (field, why) -> routes, in table order
+    for d, name, _, why in UNSUPPORTED:
+        merged[(name, why)] = merged.get((name, why), "") + letters[d]
+    for name, _, why in RESPONSES_REFUSED:
+        merged[(name, why)] = merged.get((name, why), "") + "R"
+    return [(routes, name, why) for (name, why), routes in merged.items()] + list(_INLINE_REFUSALS)
 
 
 def markdown() -> str:

@@ -251,6 +251,8 @@ class ChatRunner:
                 if not 0 <= i < vocab:
                     raise RequestError("logit_bias", f"token id {i} is out of range (0..{vocab - 1})")
                 out[i] = value
+        if req.ignore_eos:  # llama.cpp's ignore_eos: the end-of-turn ids can never be sampled
+            out.update({i: -100.0 for i in self.stop_ids})
         return tuple(out.items())
 
     def _choice(self, job, req: ChatRequest, plan: PromptPlan, slot, prompt_ids: list[int], index: int, call0: int,

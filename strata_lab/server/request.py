@@ -58,6 +58,7 @@ class ChatRequest:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0       # HF / llama.cpp semantics over the last `repeat_last_n` ids
     repeat_last_n: int = 64               # of prompt + output; -1: all of them; 0: off
+    ignore_eos: bool = False              # llama.cpp: the end-of-turn ids are banned (bias -100)
     assistant_prefix: str | None = None
     enable_thinking: bool | None = None
     thinking_budget: int | None = None
@@ -181,6 +182,8 @@ def _sampling(body: dict, req: dict) -> None:
         req["repeat_last_n"] = check_int(body["repeat_last_n"], "repeat_last_n", minimum=-1, maximum=1 << 20)
     if body.get("logit_bias") is not None:
         req["logit_bias"] = parse_logit_bias(body["logit_bias"])
+    if body.get("ignore_eos") is not None:
+        req["ignore_eos"] = _bool(body["ignore_eos"], "ignore_eos")
 
 
 def parse_logit_bias(value: Any, name: str = "logit_bias") -> tuple:

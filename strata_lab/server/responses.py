@@ -30,7 +30,7 @@ __all__ = ["parse_responses", "ResponsesBuilder", "ResponseStore", "RESPONSES_RE
 
 _PASS = ("temperature", "top_p", "top_k", "min_p", "seed", "stream", "user", "enable_thinking", "thinking_budget",
          "frequency_penalty", "presence_penalty", "repetition_penalty", "repeat_penalty", "repeat_last_n",
-         "logit_bias", "stop")
+         "logit_bias", "stop", "ignore_eos")
 
 # Responses fields that are refused (a 400 naming them) unless they hold the value shown to be harmless.
 RESPONSES_REFUSED: tuple = (

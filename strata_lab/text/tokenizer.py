@@ -194,7 +194,8 @@ class Tokenizer:
         self.embedding_rows = max(embedding_rows or 0, self._vocab_size)
         self._token_bytes: list[bytes] | None = None
         self._vocab_blob: tuple[bytes, list[int]] | None = None
-        self._byte_level = _is_byte_level(hf_tokenizer)
+        self._byte_level_flag: bool | None = None  # read on first use (see _byte_level)
+        self._bytes_cache: Path | None = None      # set by load_tokenizer: where the byte table is cached
 
     # --- encoding -------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -306,7 +307,20 @@ class Tokenizer:
             if not 0 <= i < n:
                 raise ValueError(f"token id {i} is out of range for {self.name} (0..{n - 1})")
 
+    @property
+    def _byte_level(self) -> bool:
+        if self._byte_level_flag is None:
+            self._byte_level_flag = _is_byte_level(self.hf)
+        return self._byte_level_flag
+
     def _bytes_table(self) -> list:
+        # --- start-up cache (issue 31): the table read back from disk when load_tokenizer gave a path
+        if self._token_bytes is None and self._bytes_cache is not None:
+            self._token_bytes = _read_bytes_cache(self._bytes_cache, self.embedding_rows)
+        if self._token_bytes is None and self._bytes_cache is not None:
+            self._bytes_cache, path = None, self._bytes_cache
+            _write_bytes_cache(path, self._bytes_table())
+        # --- end of the start-up cache
         if self._token_bytes is None:
             n = self._vocab_size
             # spare embedding rows (ids the model has but the vocabulary does not) stand for no bytes
@@ -334,8 +348,10 @@ class Tokenizer:
 
 
 def _has_decoder(hf_tokenizer, kind: str) -> bool:
-    cfg = json.loads(hf_tokenizer.to_str())
-    dec = cfg.get("decoder") or {}
+    try:  # the decoder's own JSON: a few bytes, where to_str() is the whole vocabulary (a second or more)
+        dec = json.loads(hf_tokenizer.decoder.__getstate__()) if hf_tokenizer.decoder is not None else {}
+    except Exception:
+        dec = json.loads(hf_tokenizer.to_str()).get("decoder") or {}
     return dec.get("type") == kind or any(
         d.get("type") == kind for d in dec.get("decoders", []) if isinstance(d, dict))
 
@@ -345,6 +361,45 @@ def _is_byte_level(hf_tokenizer) -> bool:
 
 
 _LOADED: dict[str, Tokenizer] = {}
+
+
+# --- the byte-table cache (issue 31): start-up reads the table instead of rebuilding it --------------------
+def _bytes_cache_path(tokenizer_file: Path) -> Path:
+    """Where the byte table of `tokenizer_file` is cached: keyed by the file (path, size, mtime) and by this
+    module (a change to how tables are built invalidates every cache)."""
+    me = Path(__file__).stat()
+    st = tokenizer_file.stat()
+    key = hashlib.sha256(f"{tokenizer_file.resolve()}|{st.st_size}|{st.st_mtime_ns}|{me.st_size}|{me.st_mtime_ns}"
+                         .encode()).hexdigest()[:16]
+    return _cache_dir() / f"bytes-{key}.npz"
+
+
+def _read_bytes_cache(path: Path, rows: int) -> list | None:
+    import numpy as np
+
+    try:
+        with np.load(path) as z:
+            blob, offs = z["blob"].tobytes(), z["offsets"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if len(offs) != rows + 1:
+        return None
+    o = offs.tolist()
+    return [blob[o[i]:o[i + 1]] for i in range(rows)]
+
+
+def _write_bytes_cache(path: Path, table: list) -> None:
+    import numpy as np
+    from itertools import accumulate
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.part.npz")
+        np.savez(tmp, blob=np.frombuffer(b"".join(table), dtype=np.uint8),
+                 offsets=np.fromiter(accumulate(map(len, table), initial=0), dtype=np.int64, count=len(table) + 1))
+        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+    except OSError:
+        pass  # a read-only cache only costs the rebuild next time
 
 
 def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
@@ -367,8 +422,10 @@ def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
     if key in TOKENIZER_SPECS:
         if key not in _LOADED:
             spec = TOKENIZER_SPECS[key]
-            _LOADED[key] = Tokenizer(HFTokenizer.from_file(str(_cached_tokenizer_json(spec))), name=spec.name,
+            file = _cached_tokenizer_json(spec)
+            _LOADED[key] = Tokenizer(HFTokenizer.from_file(str(file)), name=spec.name,
                                      embedding_rows=spec.embedding_rows)
+            _LOADED[key]._bytes_cache = _bytes_cache_path(file)
         return _LOADED[key]
     path = Path(key).expanduser()
     if path.is_dir():
@@ -389,6 +446,7 @@ def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
             raise ValueError(f"name_or_path: {path} is not a tokenizer.json the tokenizers library can load "
                              f"({exc})") from exc
         _LOADED[cache_key] = Tokenizer(hf, name=path.parent.name if path.name == "tokenizer.json" else str(path))
+        _LOADED[cache_key]._bytes_cache = _bytes_cache_path(path)
     return _LOADED[cache_key]
 
 
