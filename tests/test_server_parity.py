@@ -94,6 +94,8 @@ CHAT_CASES = {
     "plain": {},
     "logprobs": {"logprobs": True, "top_logprobs": 3},
     "n": {"n": 2, "temperature": 1.0},
+    "n_logprobs": {"n": 3, "temperature": 1.0, "logprobs": True, "top_logprobs": 2},
+    "n_usage": {"n": 2, "temperature": 1.0, "stream_options": {"include_usage": True}},
     "usage": {"stream_options": {"include_usage": True}},
     "stop": {"stop": [" "], "max_tokens": 40},
     "tools": {"tools": TOOLS, "tool_choice": "required", "max_tokens": 80},
@@ -106,7 +108,7 @@ CHAT_CASES = {
 def test_chat_stream_equals_whole(server, case):
     body = {"messages": USER, "max_tokens": 10, "temperature": 0, "seed": 5, **CHAT_CASES[case]}
     whole, frames = _both(server, "/v1/chat/completions", body)
-    usage = case == "usage"
+    usage = "usage" in case
     got, want = _chat_stream(frames, usage=usage), _chat_whole(whole)
     if not usage:
         want["usage"] = None

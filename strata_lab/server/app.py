@@ -367,6 +367,9 @@ async def tokenize(request: Request):
     pieces = body.get("with_pieces")
     if pieces is not None and not isinstance(pieces, bool):
         raise RequestError("with_pieces", "must be a boolean")
+    special = body.get("add_special")  # llama.cpp: add the BOS id; the vocabularies served here have none
+    if special is not None and not isinstance(special, bool):
+        raise RequestError("add_special", "must be a boolean")
 
     def work():
         ids = _encode(st.tokenizer, content)
@@ -445,8 +448,8 @@ ROUTES = [
     ("GET", "/slots", slots, None),
     ("GET", "/health", health, None),
     ("GET", "/props", props, None),
-    ("POST", "/tokenize", tokenize, _body_schema({"content": {"type": "string"},
-                                                  "with_pieces": {"type": "boolean"}}, ["content"])),
+    ("POST", "/tokenize", tokenize, _body_schema({"content": {"type": "string"}, "with_pieces": {"type": "boolean"},
+                                                  "add_special": {"type": "boolean"}}, ["content"])),
     ("POST", "/detokenize", detokenize, _body_schema({"tokens": {"type": "array", "items": {"type": "integer"}}},
                                                      ["tokens"])),
     ("POST", "/apply-template", apply_template, _body_schema(_CHAT, ["messages"])),

@@ -112,6 +112,7 @@ FIELDS: tuple[Field, ...] = (
     Field("store", "R", "false: not held for previous_response_id", "x"),
     # --- utilities
     Field("content", "T", "the text to encode", 5),
+    Field("add_special", "T", "llama.cpp: add the BOS id; Qwen's vocabularies have none, so nothing is added", "x"),
     Field("with_pieces", "T", "each id with its text (or its bytes when they are not whole UTF-8)", "x"),
     Field("tokens", "D", "the ids to decode", "x"),
 )

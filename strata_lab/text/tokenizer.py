@@ -23,6 +23,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from strata_lab.text.bytes_cache import bytes_cache_path, cached_table
+
 __all__ = ["Tokenizer", "load_tokenizer", "TokenizerSpec", "TOKENIZER_SPECS", "bytes_to_unicode"]
 
 QWEN_PATTERN = (
@@ -314,13 +316,9 @@ class Tokenizer:
         return self._byte_level_flag
 
     def _bytes_table(self) -> list:
-        # --- start-up cache (issue 31): the table read back from disk when load_tokenizer gave a path
-        if self._token_bytes is None and self._bytes_cache is not None:
-            self._token_bytes = _read_bytes_cache(self._bytes_cache, self.embedding_rows)
-        if self._token_bytes is None and self._bytes_cache is not None:
-            self._bytes_cache, path = None, self._bytes_cache
-            _write_bytes_cache(path, self._bytes_table())
-        # --- end of the start-up cache
+        if self._token_bytes is None and self._bytes_cache is not None:  # start-up cache: bytes_cache.py
+            path, self._bytes_cache = self._bytes_cache, None
+            self._token_bytes = cached_table(self, path)
         if self._token_bytes is None:
             n = self._vocab_size
             # spare embedding rows (ids the model has but the vocabulary does not) stand for no bytes
@@ -363,45 +361,6 @@ def _is_byte_level(hf_tokenizer) -> bool:
 _LOADED: dict[str, Tokenizer] = {}
 
 
-# --- the byte-table cache (issue 31): start-up reads the table instead of rebuilding it --------------------
-def _bytes_cache_path(tokenizer_file: Path) -> Path:
-    """Where the byte table of `tokenizer_file` is cached: keyed by the file (path, size, mtime) and by this
-    module (a change to how tables are built invalidates every cache)."""
-    me = Path(__file__).stat()
-    st = tokenizer_file.stat()
-    key = hashlib.sha256(f"{tokenizer_file.resolve()}|{st.st_size}|{st.st_mtime_ns}|{me.st_size}|{me.st_mtime_ns}"
-                         .encode()).hexdigest()[:16]
-    return _cache_dir() / f"bytes-{key}.npz"
-
-
-def _read_bytes_cache(path: Path, rows: int) -> list | None:
-    import numpy as np
-
-    try:
-        with np.load(path) as z:
-            blob, offs = z["blob"].tobytes(), z["offsets"]
-    except (OSError, ValueError, KeyError):
-        return None
-    if len(offs) != rows + 1:
-        return None
-    o = offs.tolist()
-    return [blob[o[i]:o[i + 1]] for i in range(rows)]
-
-
-def _write_bytes_cache(path: Path, table: list) -> None:
-    import numpy as np
-    from itertools import accumulate
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.part.npz")
-        np.savez(tmp, blob=np.frombuffer(b"".join(table), dtype=np.uint8),
-                 offsets=np.fromiter(accumulate(map(len, table), initial=0), dtype=np.int64, count=len(table) + 1))
-        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
-    except OSError:
-        pass  # a read-only cache only costs the rebuild next time
-
-
 def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
     """Load a tokenizer by name ("qwen3", "qwen3.5"/"qwen3.6"), from a Hugging Face model folder, or from a
     ``tokenizer.json`` file: byte-level BPE (Qwen, Llama 3, GPT-2), SentencePiece-style BPE or Unigram (Llama 2,
@@ -425,7 +384,7 @@ def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
             file = _cached_tokenizer_json(spec)
             _LOADED[key] = Tokenizer(HFTokenizer.from_file(str(file)), name=spec.name,
                                      embedding_rows=spec.embedding_rows)
-            _LOADED[key]._bytes_cache = _bytes_cache_path(file)
+            _LOADED[key]._bytes_cache = bytes_cache_path(file)
         return _LOADED[key]
     path = Path(key).expanduser()
     if path.is_dir():
@@ -446,7 +405,7 @@ def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
             raise ValueError(f"name_or_path: {path} is not a tokenizer.json the tokenizers library can load "
                              f"({exc})") from exc
         _LOADED[cache_key] = Tokenizer(hf, name=path.parent.name if path.name == "tokenizer.json" else str(path))
-        _LOADED[cache_key]._bytes_cache = _bytes_cache_path(path)
+        _LOADED[cache_key]._bytes_cache = bytes_cache_path(path)
     return _LOADED[cache_key]
 
 
