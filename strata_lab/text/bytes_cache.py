@@ -23,15 +23,13 @@ def cached_table(tokenizer, path: Path) -> list:
     return table
 
 
-def bytes_cache_path(tokenizer_file: Path) -> Path:
-    """Where the byte table of `tokenizer_file` is cached (in the strata_lab cache dir)."""
-    from strata_lab.text import tokenizer
-
-    me = Path(tokenizer.__file__).stat()
-    st = Path(tokenizer_file).stat()
+def bytes_cache_path(tokenizer_file: Path, cache_dir: Path, code: Path) -> Path:
+    """Where the byte table of `tokenizer_file` is cached in `cache_dir`, keyed by that file and by `code`
+    (the module that builds tables)."""
+    me, st = Path(code).stat(), Path(tokenizer_file).stat()
     key = hashlib.sha256(f"{Path(tokenizer_file).resolve()}|{st.st_size}|{st.st_mtime_ns}|{me.st_size}|"
                          f"{me.st_mtime_ns}".encode()).hexdigest()[:16]
-    return tokenizer._cache_dir() / f"bytes-{key}.npz"
+    return Path(cache_dir) / f"bytes-{key}.npz"
 
 
 def read_bytes_cache(path: Path, rows: int) -> list | None:

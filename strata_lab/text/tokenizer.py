@@ -384,7 +384,7 @@ def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
             file = _cached_tokenizer_json(spec)
             _LOADED[key] = Tokenizer(HFTokenizer.from_file(str(file)), name=spec.name,
                                      embedding_rows=spec.embedding_rows)
-            _LOADED[key]._bytes_cache = bytes_cache_path(file)
+            _LOADED[key]._bytes_cache = bytes_cache_path(file, _cache_dir(), Path(__file__))
         return _LOADED[key]
     path = Path(key).expanduser()
     if path.is_dir():
@@ -405,7 +405,7 @@ def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
             raise ValueError(f"name_or_path: {path} is not a tokenizer.json the tokenizers library can load "
                              f"({exc})") from exc
         _LOADED[cache_key] = Tokenizer(hf, name=path.parent.name if path.name == "tokenizer.json" else str(path))
-        _LOADED[cache_key]._bytes_cache = bytes_cache_path(path)
+        _LOADED[cache_key]._bytes_cache = bytes_cache_path(path, _cache_dir(), Path(__file__))
     return _LOADED[cache_key]
 
 
