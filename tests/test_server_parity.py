@@ -245,3 +245,19 @@ def test_responses_stream_equals_whole(server, extra):
     assert _response_items(final) == _response_items(whole)
     done = [f["item"] for e, f in frames if e == "response.output_item.done"]
     assert done == final["output"]  # the items as streamed are the final ones, ids included
+
+
+def test_completions_stream_through_the_openai_sdk(server):
+    import openai
+
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    body = dict(model="m", prompt="Count: 1, 2,", max_tokens=6, temperature=0, seed=5, logprobs=2, echo=True)
+    oa.completions.create(**body)
+    whole = oa.completions.create(**body)
+    chunks = list(oa.completions.create(**body, stream=True))
+    assert all(c.usage is None for c in chunks)  # no stream_options.include_usage: no usage
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert tokens == whole.choices[0].logprobs.tokens and len(tokens) > 6  # the echoed prompt's too
+    with_usage = list(oa.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+    assert with_usage[-1].choices == [] and with_usage[-1].usage.model_dump() == whole.usage.model_dump()

@@ -65,8 +65,14 @@ def load_state(config: ServerConfig) -> ServerState:
     if config.threads:
         kwargs["threads"] = config.threads
     model_path = Path(config.model) if config.model else embedded_model("hybrid")
-    engine = Engine.load(str(model_path), **kwargs)
-    tokenizer = load_tokenizer("qwen3")
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as ex:  # the engine loads without the GIL while the tokenizer loads here
+        loading = ex.submit(Engine.load, str(model_path), **kwargs)
+        template = load_template(config.template)
+        tokenizer = load_tokenizer("qwen3")
+        encoder = PromptEncoder(tokenizer)
+        engine = loading.result()
     name = config.model_name or model_path.name
     policy = CheckpointPolicy(before_last=tokenizer.token_id("<|im_start|>")) if config.header_checkpoint else None
     names = slot_names(config.session, config.slots)
@@ -74,13 +80,13 @@ def load_state(config: ServerConfig) -> ServerState:
                     similarity=config.slot_similarity)
     from strata_lab.server.grammar import GrammarCompiler
 
-    runner = ChatRunner(tokenizer=tokenizer, pool=pool, encoder=PromptEncoder(tokenizer),
+    runner = ChatRunner(tokenizer=tokenizer, pool=pool, encoder=encoder,
                         max_context=config.max_context, recorder=recorder, reply_reuse=config.reply_reuse,
                         model_name=name, stop_latency=config.stop_latency, engine=engine,
                         max_tokens_default=config.max_tokens_default,
                         grammars=GrammarCompiler(tokenizer, engine.vocab_size, max_string=config.grammar_max_string,
                                                  max_items=config.grammar_max_items))
-    return ServerState(config=config, tokenizer=tokenizer, template=load_template(config.template),
+    return ServerState(config=config, tokenizer=tokenizer, template=template,
                        runner=runner, worker=EngineWorker(), model_name=name, model_path=str(model_path),
                        started=time.time())
 
