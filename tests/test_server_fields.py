@@ -65,19 +65,19 @@ def test_each_listed_field_is_read_by_its_route(server, route, field):
 
 REFUSED = [("O", {"suffix": "x"}), ("L", {"suffix": "x"}), ("O", {"best_of": 2}), ("C", {"add_generation_prompt": False}),
            ("R", {"background": True}), ("R", {"conversation": "c"}), ("R", {"prompt": {"id": "p"}}),
-           ("R", {"include": ["x"]}), ("R", {"truncation": "auto"}), ("R", {"parallel_tool_calls": False}),
+           ("R", {"include": ["x"]}), ("R", {"truncation": "auto"}),
            ("R", {"max_tool_calls": 1}), ("R", {"top_logprobs": 2}), ("R", {"reasoning": {"effort": "high"}}),
            ("M", {"logprobs": True}), ("M", {"n_probs": 2}), ("L", {"n": 2}), ("L", {"echo": True}),
            ("L", {"stream": True, "stream_options": {"include_usage": True}}), ("O", {"tool_choice": "required"}),
            ("O", {"top_logprobs": 2}), ("O", {"prompt_logprobs": 1}), ("C", {"chat_template_kwargs": {"x": 1}}),
-           ("C", {"parallel_tool_calls": False}), ("C", {"mirostat": 2}), ("L", {"mirostat": 2}),
+           ("C", {"mirostat": 2}), ("L", {"mirostat": 2}),
            ("O", {"dry_multiplier": 0.8}), ("L", {"timings_per_token": True}), ("L", {"samplers": ["top_k"]}),
            ("O", {"return_tokens": True}), ("L", {"n_keep": 4}), ("C", {"typical_p": 0.5})]
 
 
 @pytest.mark.parametrize("route, extra", REFUSED, ids=lambda x: x if isinstance(x, str) else next(iter(x)))
 def test_refused_fields_say_so(server, route, extra):
-    """(their harmless values pass: e.g. mirostat 0, parallel_tool_calls true; see unsupported.py)"""
+    """(their harmless values pass: e.g. mirostat 0, typical_p 1; see unsupported.py)"""
     before = len(server.lines())
     r = httpx.post(server.url + ROUTES[route], json={**BASE[route], **extra}, timeout=30)
     assert r.status_code == 400, r.text
@@ -88,7 +88,7 @@ def test_refused_fields_say_so(server, route, extra):
 
 
 def test_harmless_values_of_refused_fields_pass(server):
-    for route, extra in (("C", {"mirostat": 0, "typical_p": 1.0, "parallel_tool_calls": True}),
+    for route, extra in (("C", {"mirostat": 0, "typical_p": 1.0}),
                          ("L", {"n_keep": 0, "timings_per_token": False, "samplers": None}),
                          ("O", {"best_of": 1, "suffix": ""})):
         r = httpx.post(server.url + ROUTES[route], json={**BASE[route], **extra}, timeout=30)

@@ -116,7 +116,7 @@ def test_stream_events_and_final_response_match_the_whole(server, oa):
 
 @pytest.mark.parametrize("extra, field", [
     ({"background": True}, "background"), ({"include": ["reasoning.encrypted_content"]}, "include"),
-    ({"truncation": "auto"}, "truncation"), ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ({"truncation": "auto"}, "truncation"),
     ({"reasoning": {"effort": "high"}}, "reasoning"), ({"max_output_tokens": "8"}, "max_output_tokens"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"), ({"input": None}, "input")])

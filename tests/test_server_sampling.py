@@ -263,3 +263,19 @@ def test_ignore_eos_and_return_tokens(server, qwen3):
                                         "ignore_eos": True, "temperature": 0}).json()
     assert kept["tokens_predicted"] == 6 and end not in kept["tokens"] and kept["stop_type"] == "limit"
     assert "tokens" not in post(server, "/completion", {"prompt": "x", "n_predict": 2, "return_tokens": False}).json()
+
+
+def test_parallel_tool_calls_false_ends_the_reply_after_one_call(server, oa):
+    two = ('root ::= "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"A\\"}}'
+           '\\n</tool_call>\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": '
+           '\\"B\\"}}\\n</tool_call>"')
+    tools = [{"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}} for t in TOOLS]
+    body = dict(model="m", messages=USER, tools=tools, max_tokens=200, temperature=0, extra_body={"grammar": two})
+    both = oa.chat.completions.create(**body)
+    assert [json.loads(c.function.arguments)["city"] for c in both.choices[0].message.tool_calls] == ["A", "B"]
+    one = oa.chat.completions.create(**body, parallel_tool_calls=False)
+    assert [json.loads(c.function.arguments)["city"] for c in one.choices[0].message.tool_calls] == ["A"]
+    assert one.choices[0].finish_reason == "tool_calls" and one.usage.completion_tokens < both.usage.completion_tokens
+    r = oa.responses.create(model="m", input="x", tools=[{"type": "function", **tools[0]["function"]}],
+                            max_output_tokens=200, temperature=0, parallel_tool_calls=False, tool_choice="required")
+    assert [o.type for o in r.output] == ["function_call"] and r.parallel_tool_calls is False

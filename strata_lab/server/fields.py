@@ -95,6 +95,7 @@ FIELDS: tuple[Field, ...] = (
     Field("echo", "OL", "O: the prompt (and its logprobs) before the reply; L refuses it", "x"),
     # --- tools and structured output
     Field("tools", "CMR", "function tools, in the template's tool syntax", "x"),
+    Field("parallel_tool_calls", "CR", "false: the reply ends after its first tool call", "x"),
     Field("tool_choice", "CMOLR", "auto / none / required / a named tool: the grammar forces the call (after "
           "the thought when thinking is on); O/L refuse it (no tools)", "x"),
     Field("response_format", "CM", "text / json_object (an optional schema) / json_schema: grammar + check",

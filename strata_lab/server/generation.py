@@ -135,6 +135,8 @@ class _Choice:
         self.matcher = StopMatcher(req.stop)  # stop sequences: the text ends before the first one
         self.events: list[Event] = []
         self.reasoning_tokens = 0
+        self.one_call = not req.parallel_tool_calls  # parallel_tool_calls false: the reply ends after one call
+        self.calls = 0
 
     def _route(self, text: str) -> list[Event]:
         if self.raw:
@@ -143,6 +145,10 @@ class _Choice:
 
     def _emit(self, evs) -> None:
         for ev in evs:
+            if ev.kind == "tool_call":
+                if self.one_call and self.calls:
+                    continue
+                self.calls += 1
             self.events.append(ev)
             if self.index == 0:
                 self.job.emit("event", ev)
@@ -369,7 +375,7 @@ class ChatRunner:
                     job.emit("logprobs", stream.logprobs[-1])
                 else:
                     job.emit("choice_logprobs", (out.index, stream.logprobs[-1]))
-            if out.matcher.hit is not None:
+            if out.matcher.hit is not None or (out.one_call and out.calls):
                 stream.stop(reason="stop")
                 stopped = True
                 continue

@@ -59,6 +59,7 @@ class ChatRequest:
     repetition_penalty: float = 1.0       # HF / llama.cpp semantics over the last `repeat_last_n` ids
     repeat_last_n: int = 64               # of prompt + output; -1: all of them; 0: off
     ignore_eos: bool = False              # llama.cpp: the end-of-turn ids are banned (bias -100)
+    parallel_tool_calls: bool = True      # False: the reply ends after its first tool call
     assistant_prefix: str | None = None
     enable_thinking: bool | None = None
     thinking_budget: int | None = None
@@ -369,6 +370,8 @@ def parse_openai(body: Any, *, session_key: str | None = None) -> ChatRequest:
             req["max_tokens_field"] = "n_predict"
     _sampling(body, req)
     req["tools"] = _openai_tools(body.get("tools"))
+    if body.get("parallel_tool_calls") is not None:
+        req["parallel_tool_calls"] = _bool(body["parallel_tool_calls"], "parallel_tool_calls")
     req["response_format"] = _response_format(body.get("response_format"))
     prefix = _prefix(body.get("assistant_prefix"), "assistant_prefix")
     if body.get("continue_final_message") is not None and _bool(body["continue_final_message"],

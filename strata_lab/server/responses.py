@@ -30,7 +30,7 @@ __all__ = ["parse_responses", "ResponsesBuilder", "ResponseStore", "RESPONSES_RE
 
 _PASS = ("temperature", "top_p", "top_k", "min_p", "seed", "stream", "user", "enable_thinking", "thinking_budget",
          "frequency_penalty", "presence_penalty", "repetition_penalty", "repeat_penalty", "repeat_last_n",
-         "logit_bias", "stop", "ignore_eos")
+         "logit_bias", "stop", "ignore_eos", "parallel_tool_calls")
 
 # Responses fields that are refused (a 400 naming them) unless they hold the value shown to be harmless.
 RESPONSES_REFUSED: tuple = (
@@ -39,8 +39,6 @@ RESPONSES_REFUSED: tuple = (
     ("prompt", lambda v: v is not None, "stored prompt templates are not supported"),
     ("include", lambda v: v not in (None, []), "no extra output data (include) is supported"),
     ("truncation", lambda v: v not in (None, "disabled"), "only truncation 'disabled' is supported"),
-    ("parallel_tool_calls", lambda v: v not in (None, True),
-     "parallel_tool_calls false is not supported: the model may write several calls"),
     ("max_tool_calls", lambda v: v is not None, "max_tool_calls is not supported"),
     ("top_logprobs", lambda v: v not in (None, 0), "logprobs are not supported on /v1/responses"),
     ("reasoning", lambda v: v not in (None, {}) and not (isinstance(v, dict) and v.get("effort") in (None, "none")
@@ -278,7 +276,7 @@ class ResponsesBuilder:
                "model": self.model, "output": [dict(item) for item in self.output], "error": None,
                "incomplete_details": self.incomplete, "instructions": r.get("instructions"),
                "max_output_tokens": r.get("max_output_tokens"), "metadata": r.get("metadata") or {},
-               "parallel_tool_calls": True, "previous_response_id": self.previous_id,
+               "parallel_tool_calls": r.get("parallel_tool_calls", True), "previous_response_id": self.previous_id,
                "temperature": r.get("temperature", 1.0), "top_p": r.get("top_p", 1.0),
                "tool_choice": r.get("tool_choice", "auto"), "tools": tools,
                "text": r.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",

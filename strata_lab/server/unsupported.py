@@ -18,8 +18,6 @@ UNSUPPORTED: tuple = (
      "best_of > 1 (server-side candidates ranked by log probability) is not supported: ask for n choices"),
     ("openai", "add_generation_prompt", lambda v, b: v is not None and v is not (not b.get("continue_final_message")),
      "the assistant turn is always opened, except with continue_final_message, which continues it"),
-    ("openai", "parallel_tool_calls", lambda v, b: v not in (None, True),
-     "parallel_tool_calls false is not supported: the model may write several calls"),
 )
 
 
