@@ -72,7 +72,8 @@ REFUSED = [("O", {"suffix": "x"}), ("L", {"suffix": "x"}), ("O", {"best_of": 2})
            ("O", {"top_logprobs": 2}), ("O", {"prompt_logprobs": 1}), ("C", {"chat_template_kwargs": {"x": 1}}),
            ("C", {"mirostat": 2}), ("L", {"mirostat": 2}),
            ("O", {"dry_multiplier": 0.8}), ("L", {"timings_per_token": True}), ("L", {"samplers": ["top_k"]}),
-           ("O", {"return_tokens": True}), ("L", {"n_keep": 4}), ("C", {"typical_p": 0.5})]
+           ("O", {"return_tokens": True}), ("L", {"n_keep": 4}), ("C", {"typical_p": 0.5}),
+           ("C", {"verbose": True}), ("R", {"timings_per_token": True}), ("R", {"mirostat": 1})]
 
 
 @pytest.mark.parametrize("route, extra", REFUSED, ids=lambda x: x if isinstance(x, str) else next(iter(x)))

@@ -139,7 +139,7 @@ def refusals() -> list[tuple[str, str, str]]:
     from strata_lab.server.responses import RESPONSES_REFUSED
     from strata_lab.server.unsupported import UNSUPPORTED
 
-    letters = {"openai": "C", "anthropic": "M", "completions": "OL"}
+    letters = {"openai": "CR", "anthropic": "M", "completions": "OL"}  # /v1/responses applies chat's refusals
     merged: dict[tuple[str, str], str] = {}  # (field, why) -> routes, in table order
     for d, name, _, why in UNSUPPORTED:
         merged[(name, why)] = merged.get((name, why), "") + letters[d]

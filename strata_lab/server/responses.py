@@ -25,6 +25,7 @@ from typing import Any
 from strata_lab.server.dialects import new_id
 from strata_lab.server.errors import RequestError
 from strata_lab.server.request import ChatRequest, _kind, check_int, parse_openai
+from strata_lab.server.unsupported import refuse_unsupported
 
 __all__ = ["parse_responses", "ResponsesBuilder", "ResponseStore", "RESPONSES_REFUSED"]
 
@@ -195,6 +196,7 @@ def parse_responses(body: Any, *, prior: list | None = None,
     for name, refused, why in RESPONSES_REFUSED:
         if name in body and refused(body[name]):
             raise RequestError(name, f"is not supported by this server: {why}", code="unsupported_parameter")
+    refuse_unsupported(body, "openai")  # the chat route's refusals hold here too (llama.cpp sampler fields, ...)
     if body.get("input") is None:
         raise RequestError("input", "is required")
     conversation = list(prior or []) + _input_messages(body["input"])

@@ -47,7 +47,7 @@ _LLAMA = (
     ("timings_per_token", _off(False), "timings in every streamed chunk (the last one carries them)"),
     ("response_fields", lambda v, b: v is not None, "response_fields"),
     ("return_progress", _off(False), "prompt progress events"), ("lora", lambda v, b: v not in (None, []), "LoRA"),
-    ("backend_sampling", _off(False), "backend sampling"),
+    ("backend_sampling", _off(False), "backend sampling"), ("verbose", _off(False), "the verbose debug output"),
     ("speculative.n_max", lambda v, b: v is not None, "speculative decoding"),
     ("speculative.n_min", lambda v, b: v is not None, "speculative decoding"),
     ("speculative.p_min", lambda v, b: v is not None, "speculative decoding"),
