@@ -29,6 +29,11 @@ class SamplingParams:
     top_p: float
     min_p: float
     seed: int
+    logit_bias: list[tuple[int, float]]
+    repetition_penalty: float
+    penalty_last_n: int
+    frequency_penalty: float
+    presence_penalty: float
     def __init__(self) -> None: ...
 
 class CheckpointPolicy:

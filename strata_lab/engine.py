@@ -126,6 +126,12 @@ class Sampling:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int = 0
+    # logit modifiers, applied to a copy of the raw logits before temperature and the filters (greedy too):
+    logit_bias: tuple = ()              # ((id, bias), ...): bias added to the id's logit; <= -100 bans the id
+    repetition_penalty: float = 1.0     # 1: off; ids in the window: logit > 0 ? logit / r : logit * r
+    penalty_last_n: int = 64            # repetition window: the last n ids of prompt + output; -1: all; 0: off
+    frequency_penalty: float = 0.0      # logit -= count * f (count: times this call generated the id)
+    presence_penalty: float = 0.0       # logit -= p once the id was generated
 
     def __post_init__(self):
         if not (self.temperature >= 0 and np.isfinite(self.temperature)):
@@ -138,11 +144,24 @@ class Sampling:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not 0 <= int(self.seed) < 2**64:
             raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+        object.__setattr__(self, "logit_bias", tuple((int(i), float(b)) for i, b in dict(self.logit_bias).items()))
+        if any(np.isnan(b) for _, b in self.logit_bias):
+            raise ValueError("logit_bias values must be numbers, got NaN")
+        if not (self.repetition_penalty > 0 and np.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        if int(self.penalty_last_n) < -1:
+            raise ValueError(f"penalty_last_n must be >= -1, got {self.penalty_last_n}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not np.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)}")
 
     def _native(self):
         p = _ext().SamplingParams()
         p.temperature, p.top_k, p.top_p, p.min_p, p.seed = (
             float(self.temperature), int(self.top_k), float(self.top_p), float(self.min_p), int(self.seed))
+        p.logit_bias = list(self.logit_bias)
+        p.repetition_penalty, p.penalty_last_n = float(self.repetition_penalty), int(self.penalty_last_n)
+        p.frequency_penalty, p.presence_penalty = float(self.frequency_penalty), float(self.presence_penalty)
         return p
 
 

@@ -57,9 +57,9 @@ def test_lone_surrogates_are_a_400_naming_the_field(server, path, body, field):
 
 
 # --- fields accepted elsewhere but not implemented here -----------------------------------------------------
-# (n, logprobs, tool_choice required/named and grammar are implemented: tests/test_server_features.py)
+# (n, logprobs, tool_choice required/named, grammar and logit_bias are implemented: tests/test_server_features.py,
+# tests/test_server_sampling.py)
 @pytest.mark.parametrize("extra, field", [
-    ({"logit_bias": {"11": 5}}, "logit_bias"),
     ({"continue_final_message": True, "add_generation_prompt": True,
       "messages": USER + [{"role": "assistant", "content": "4,"}]}, "add_generation_prompt"),
     ({"add_generation_prompt": False}, "add_generation_prompt"),

@@ -68,7 +68,12 @@ void register_options(py::module_& m) {
       .def_readwrite("top_k", &SamplingParams::top_k)
       .def_readwrite("top_p", &SamplingParams::top_p)
       .def_readwrite("min_p", &SamplingParams::min_p)
-      .def_readwrite("seed", &SamplingParams::seed);
+      .def_readwrite("seed", &SamplingParams::seed)
+      .def_readwrite("logit_bias", &SamplingParams::logit_bias)
+      .def_readwrite("repetition_penalty", &SamplingParams::repetition_penalty)
+      .def_readwrite("penalty_last_n", &SamplingParams::penalty_last_n)
+      .def_readwrite("frequency_penalty", &SamplingParams::frequency_penalty)
+      .def_readwrite("presence_penalty", &SamplingParams::presence_penalty);
   py::class_<CheckpointPolicy>(m, "CheckpointPolicy")
       .def(py::init<>())
       .def_readwrite("at_prompt_end", &CheckpointPolicy::at_prompt_end)

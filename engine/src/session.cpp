@@ -55,6 +55,10 @@ void Session::validate(const std::vector<int32_t>& prompt, const GenerateOptions
   if (opts.stop_latency < 0)
     throw std::invalid_argument("stop_latency must be >= 0, got " + std::to_string(opts.stop_latency));
   opts.sampling.validate();
+  for (const auto& b : opts.sampling.logit_bias)
+    if (b.first < 0 || b.first >= mi.vocab_size)
+      throw std::invalid_argument("sampling.logit_bias: id " + std::to_string(b.first) + " is out of range [0, " +
+                                  std::to_string(mi.vocab_size) + ")");
   check_ids(opts.stop_ids, mi.vocab_size, "stop_ids");
   if (opts.has_force) check_ids(opts.force_ids, mi.vocab_size, "force_ids");
   const int64_t need = int64_t(prompt.size()) + opts.max_new_tokens;
@@ -214,6 +218,7 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
   const int64_t steps = opts.has_force ? std::min<int64_t>(opts.max_new_tokens, int64_t(opts.force_ids.size()))
                                        : opts.max_new_tokens;
   Sampler sampler(opts.sampling);
+  sampler.prime(prompt.data(), P);
   std::vector<float> masked;                   // the grammar's copy: the session's own logits stay untouched
   std::vector<uint32_t> bits(size_t((V + 31) / 32));
   std::vector<int32_t> produced;               // this call's ids so far (gen + drained), for the mask
@@ -233,6 +238,7 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
       id = sampler.sample(last_logits_.data(), V);
     }
     produced.push_back(id);
+    sampler.accept(id);
     if (stop && req_step < 0 && stop->load()) req_step = i;
     if (req_step >= 0) r.drained_ids.push_back(id);
     else {

@@ -125,6 +125,12 @@ class CompiledGrammar:
 
 # The tag spelling our output parser and Qwen3's template use (strata_lab/templates/qwen3.jinja).
 _EMPTY_THINK = '("<think>\\n\\n</think>\\n\\n")?'
+_THOUGHT = 'thought ::= ([^<] | "<" [^/])*'
+_THINK_OPENERS = {  # what comes before a forced tool call's `<tool_call>`, by thinking mode (TokenGrammar.tool_call)
+    "off": 'root ::= "<tool_call>\\n"',
+    "open": 'root ::= "<think>\\n" thought "</think>\\n\\n<tool_call>\\n"\n' + _THOUGHT,
+    "inside": 'root ::= thought "</think>\\n\\n<tool_call>\\n"\n' + _THOUGHT,
+}
 
 
 class TokenGrammar:
@@ -179,9 +185,15 @@ class TokenGrammar:
         """A llama.cpp GBNF grammar (xgrammar reads GBNF/EBNF with a `root` rule)."""
         return self._cached(f"gbnf:{grammar}", lambda: self._compiler.compile_grammar(grammar))
 
-    def tool_call(self, tools: Sequence[dict], name: str | None = None) -> CompiledGrammar:
+    def tool_call(self, tools: Sequence[dict], name: str | None = None, *, thinking: str = "off") -> CompiledGrammar:
         """One call in Qwen3's tool-call syntax: `<tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>`,
-        N one of `tools` (or `name`), arguments matching that tool's parameters."""
+        N one of `tools` (or `name`), arguments matching that tool's parameters.
+
+        `thinking`: "off" - the output starts at the call; "open" - a thought first (`<think>\\n...</think>\\n\\n`),
+        as Qwen3's template expects with thinking on; "inside" - the prompt already opened the thought: it
+        goes on, closes, then the call. A thought holds no `</` (it ends at the first one)."""
+        if thinking not in _THINK_OPENERS:
+            raise ValueError(f"thinking must be one of {', '.join(_THINK_OPENERS)}, got {thinking!r}")
         import xgrammar as xgr
 
         options = []
@@ -199,11 +211,11 @@ class TokenGrammar:
 
         def build():
             call = json_schema_grammar(text)
-            open_ = xgr.Grammar.from_ebnf(f'root ::= {_EMPTY_THINK} "<tool_call>\\n"')
+            open_ = xgr.Grammar.from_ebnf(_THINK_OPENERS[thinking])
             close = xgr.Grammar.from_ebnf('root ::= "\\n</tool_call>"')
             return self._compiler.compile_grammar(xgr.Grammar.concat(open_, call, close))
 
-        return self._cached(f"tool:{text}", build)
+        return self._cached(f"tool:{thinking}:{text}", build)
 
     @staticmethod
     def _with_prefix(body: Any, think_prefix: bool):

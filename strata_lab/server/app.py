@@ -42,6 +42,7 @@ class ServerState:
     model_name: str
     model_path: str
     started: float
+    responses: Any = None        # responses.ResponseStore: /v1/responses kept for previous_response_id
 
 
 def load_state(config: ServerConfig) -> ServerState:
@@ -64,8 +65,14 @@ def load_state(config: ServerConfig) -> ServerState:
     if config.threads:
         kwargs["threads"] = config.threads
     model_path = Path(config.model) if config.model else embedded_model("hybrid")
-    engine = Engine.load(str(model_path), **kwargs)
-    tokenizer = load_tokenizer("qwen3")
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as ex:  # the engine loads without the GIL while the tokenizer loads here
+        loading = ex.submit(Engine.load, str(model_path), **kwargs)
+        template = load_template(config.template)
+        tokenizer = load_tokenizer("qwen3")
+        encoder = PromptEncoder(tokenizer)
+        engine = loading.result()
     name = config.model_name or model_path.name
     policy = CheckpointPolicy(before_last=tokenizer.token_id("<|im_start|>")) if config.header_checkpoint else None
     names = slot_names(config.session, config.slots)
@@ -73,13 +80,13 @@ def load_state(config: ServerConfig) -> ServerState:
                     similarity=config.slot_similarity)
     from strata_lab.server.grammar import GrammarCompiler
 
-    runner = ChatRunner(tokenizer=tokenizer, pool=pool, encoder=PromptEncoder(tokenizer),
+    runner = ChatRunner(tokenizer=tokenizer, pool=pool, encoder=encoder,
                         max_context=config.max_context, recorder=recorder, reply_reuse=config.reply_reuse,
                         model_name=name, stop_latency=config.stop_latency, engine=engine,
                         max_tokens_default=config.max_tokens_default,
                         grammars=GrammarCompiler(tokenizer, engine.vocab_size, max_string=config.grammar_max_string,
                                                  max_items=config.grammar_max_items))
-    return ServerState(config=config, tokenizer=tokenizer, template=load_template(config.template),
+    return ServerState(config=config, tokenizer=tokenizer, template=template,
                        runner=runner, worker=EngineWorker(), model_name=name, model_path=str(model_path),
                        started=time.time())
 
@@ -132,7 +139,7 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
     st: ServerState = request.app.state.strata
     if req.features.constraint is not None or req.features.tool_choice not in (None, "none") or \
             req.response_format is not None:
-        st.runner.grammars.check(req)  # a bad grammar / schema is a 400 before the request queues
+        st.runner.grammars.check(req, plan)  # a bad grammar / schema is a 400 before the request queues
     job = st.worker.submit(lambda job: st.runner.run(job, req, plan))
     events = job.events()
     try:
@@ -158,6 +165,9 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
     fmt = stream_cls(plan.request_id, st.model_name, payload["prompt_tokens"], include_usage=req.include_usage,
                      cached_tokens=payload.get("cached_tokens", 0))
 
+    if hasattr(fmt, "prompt_info"):
+        fmt.prompt_info(payload)
+
     async def frames():
         for frame in fmt.start():
             yield frame
@@ -167,7 +177,12 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
             elif kind == "choice_event":
                 out = fmt.choice_event(*payload) if hasattr(fmt, "choice_event") else []
             elif kind == "logprobs":
-                out = fmt.logprobs(logprob_entry(st.tokenizer, payload)) if hasattr(fmt, "logprobs") else []
+                if hasattr(fmt, "raw_logprobs"):
+                    out = fmt.raw_logprobs(payload)
+                else:
+                    out = fmt.logprobs(logprob_entry(st.tokenizer, payload)) if hasattr(fmt, "logprobs") else []
+            elif kind == "choice_logprobs":  # n > 1 (OpenAI chat only: the other streams refuse n > 1)
+                out = fmt.logprobs(logprob_entry(st.tokenizer, payload[1]), payload[0])
             elif kind == "done":
                 out = fmt.done(payload)
             else:
@@ -197,18 +212,31 @@ async def messages(request: Request):
 
 
 async def completions(request: Request):
-    """OpenAI /v1/completions: a text or token-id prompt, no chat template."""
-    from strata_lab.server.completions import CompletionStream, completion_response, parse_completion
+    """OpenAI /v1/completions: a text or token-id prompt (or a batch of them), no chat template."""
+    from functools import partial
+
+    from starlette.responses import JSONResponse
+
+    from strata_lab.server.completions import (CompletionStream, completion_response, merge_completions,
+                                               parse_completion_batch)
 
     st: ServerState = request.app.state.strata
-    req, plan = parse_completion(await _json_body(request), "openai", vocab_size=st.runner.engine.vocab_size,
-                                 session_key=_session_key(request))
-    plan.request_id = new_id("cmpl-")
+    req, plans = parse_completion_batch(await _json_body(request), "openai", vocab_size=st.runner.engine.vocab_size,
+                                        session_key=_session_key(request))
+    request_id = new_id("cmpl-")
+    for plan in plans:
+        plan.request_id = request_id
 
     def build(summary, **kw):
         return completion_response(summary, req, st.tokenizer, **kw)
 
-    return await _run(request, req, plan, build, CompletionStream)
+    stream_cls = partial(CompletionStream, req=req, tokenizer=st.tokenizer)
+    if len(plans) == 1:
+        return await _run(request, req, plans[0], build, stream_cls)
+    bodies = []  # a batch: the prompts run one after another (never streamed)
+    for plan in plans:
+        bodies.append(json.loads((await _run(request, req, plan, build, stream_cls)).body))
+    return JSONResponse(merge_completions(bodies, req.features.n))
 
 
 async def llama_completion(request: Request):
@@ -226,6 +254,51 @@ async def llama_completion(request: Request):
         return llama_response(summary, req, st.tokenizer, **kw)
 
     return await _run(request, req, plan, build, partial(LlamaStream, req=req, tokenizer=st.tokenizer))
+
+
+async def responses(request: Request):
+    """OpenAI /v1/responses: input items or text, instructions, function tools, previous_response_id."""
+    from functools import partial
+
+    from strata_lab.server.responses import ResponsesBuilder, ResponseStore, output_messages, parse_responses
+
+    st: ServerState = request.app.state.strata
+    if st.responses is None:
+        st.responses = ResponseStore()
+    body = await _json_body(request)
+    prior, previous = None, body.get("previous_response_id") if isinstance(body, dict) else None
+    if previous is not None:
+        if not isinstance(previous, str):
+            raise RequestError("previous_response_id", "must be a string")
+        found = st.responses.get(previous)
+        if found is None:
+            raise RequestError("previous_response_id", f"no response {previous!r} is held (the server keeps the "
+                               f"last {st.responses.max_entries}, in memory)", code="not_found")
+        prior = found[0]
+    req, conversation = parse_responses(body, prior=prior, session_key=_session_key(request))
+    plan = await run_in_threadpool(make_plan, st.template, req)
+    plan.request_id = new_id("resp_")
+
+    def store(final: dict) -> None:
+        if body.get("store", True):
+            st.responses.put(final["id"], conversation + output_messages(final), final)
+
+    builder = partial(ResponsesBuilder, body=body, previous_id=previous, on_done=store)
+
+    def build(summary, *, model, request_id):
+        return builder(request_id, model, summary.prompt_tokens, cached_tokens=summary.cached_tokens).whole(summary)
+
+    return await _run(request, req, plan, build, builder)
+
+
+async def get_response(request: Request):
+    """OpenAI GET /v1/responses/{id}: a response this server still holds."""
+    st: ServerState = request.app.state.strata
+    rid = request.path_params["response_id"]
+    found = st.responses.get(rid) if st.responses is not None else None
+    if found is None:
+        raise RequestError("response_id", f"no response {rid!r} is held", code="not_found", status=404)
+    return found[1]
 
 
 async def count_tokens(request: Request):
@@ -300,6 +373,9 @@ async def tokenize(request: Request):
     pieces = body.get("with_pieces")
     if pieces is not None and not isinstance(pieces, bool):
         raise RequestError("with_pieces", "must be a boolean")
+    special = body.get("add_special")  # llama.cpp: add the BOS id; the vocabularies served here have none
+    if special is not None and not isinstance(special, bool):
+        raise RequestError("add_special", "must be a boolean")
 
     def work():
         ids = _encode(st.tokenizer, content)
@@ -345,29 +421,41 @@ _CHAT = {"messages": {"type": "array", "items": _MESSAGE}, "max_tokens": {"type"
          "assistant_prefix": {"type": "string"}, "thinking_budget": {"type": "integer"},
          "seed": {"type": "integer"}}
 
+_MESSAGES = {k: v for k, v in _CHAT.items() if k not in ("n_predict", "thinking_budget")}
+_MESSAGES["system"] = {"type": "string"}
+
 _COMPLETION = {"prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
                "max_tokens": {"type": "integer"}, "n_predict": {"type": "integer"}, "stream": {"type": "boolean"},
                "temperature": {"type": "number"}, "seed": {"type": "integer"}, "logprobs": {"type": "integer"},
                "echo": {"type": "boolean"}, "n": {"type": "integer"}, "cache_prompt": {"type": "boolean"},
                "n_probs": {"type": "integer"}, "id_slot": {"type": "integer"}}
 
+_RESPONSES = {"input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+              "instructions": {"type": "string"}, "max_output_tokens": {"type": "integer"},
+              "previous_response_id": {"type": "string"}, "stream": {"type": "boolean"},
+              "temperature": {"type": "number"}, "top_p": {"type": "number"}, "tools": {"type": "array"},
+              "tool_choice": {}, "store": {"type": "boolean"}, "metadata": {"type": "object"},
+              "text": {"type": "object"}, "seed": {"type": "integer"}}
+
 # The route table: method, path, handler, OpenAPI request body.
 ROUTES = [
     ("POST", "/v1/chat/completions", chat_completions, _body_schema(_CHAT, ["messages"])),
-    ("POST", "/v1/messages", messages, _body_schema({**_CHAT, "system": {"type": "string"}},
-                                                    ["messages", "max_tokens"])),
+    ("POST", "/v1/messages", messages, _body_schema(_MESSAGES, ["messages", "max_tokens"])),
     ("GET", "/v1/models", models, None),
     ("POST", "/chat/completions", chat_completions, _body_schema(_CHAT, ["messages"])),  # aliases without /v1
     ("GET", "/models", models, None),
     ("POST", "/v1/completions", completions, _body_schema(_COMPLETION, ["prompt"])),
     ("POST", "/completions", completions, _body_schema(_COMPLETION, ["prompt"])),
     ("POST", "/completion", llama_completion, _body_schema(_COMPLETION, ["prompt"])),
-    ("POST", "/v1/messages/count_tokens", count_tokens, _body_schema(_CHAT, ["messages"])),
+    ("POST", "/v1/messages/count_tokens", count_tokens, _body_schema(_MESSAGES, ["messages"])),
+    ("POST", "/v1/responses", responses, _body_schema(_RESPONSES, ["input"])),
+    ("POST", "/responses", responses, _body_schema(_RESPONSES, ["input"])),
+    ("GET", "/v1/responses/{response_id}", get_response, None),
     ("GET", "/slots", slots, None),
     ("GET", "/health", health, None),
     ("GET", "/props", props, None),
-    ("POST", "/tokenize", tokenize, _body_schema({"content": {"type": "string"},
-                                                  "with_pieces": {"type": "boolean"}}, ["content"])),
+    ("POST", "/tokenize", tokenize, _body_schema({"content": {"type": "string"}, "with_pieces": {"type": "boolean"},
+                                                  "add_special": {"type": "boolean"}}, ["content"])),
     ("POST", "/detokenize", detokenize, _body_schema({"tokens": {"type": "array", "items": {"type": "integer"}}},
                                                      ["tokens"])),
     ("POST", "/apply-template", apply_template, _body_schema(_CHAT, ["messages"])),

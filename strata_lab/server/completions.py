@@ -20,45 +20,86 @@ from strata_lab.server.errors import RequestError, openai_error
 from strata_lab.server.features import parse_features
 from strata_lab.server.generation import PromptPlan
 from strata_lab.server.request import ChatRequest, _bool, _sampling, _stop_sequences, check_int
+from strata_lab.server.unsupported import refuse_unsupported
 
-__all__ = ["parse_completion", "completion_response", "llama_response", "CompletionStream", "LlamaStream",
+__all__ = ["parse_completion", "parse_completion_batch", "merge_completions", "completion_response", "llama_response", "CompletionStream", "LlamaStream",
            "logprob_entry"]
 
 
-def _prompt(value: Any, vocab_size: int) -> tuple[str | None, list[int] | None]:
-    """(text, None) or (None, ids). OpenAI's one-element batch forms ([str], [[int]]) are accepted."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]
+MAX_BATCH = 64  # prompts in one /v1/completions request
+
+
+def _one_prompt(value: Any, vocab_size: int, name: str) -> tuple[str | None, list[int] | None]:
     if isinstance(value, str):
         if not value:
-            raise RequestError("prompt", "must not be empty")
+            raise RequestError(name, "must not be empty")
         return value, None
     if isinstance(value, list) and value:
         for i, v in enumerate(value):
-            check_int(v, f"prompt[{i}]", minimum=0, maximum=vocab_size - 1)
+            check_int(v, f"{name}[{i}]", minimum=0, maximum=vocab_size - 1)
         return None, list(value)
-    raise RequestError("prompt", "must be a non-empty string or a non-empty array of token ids "
-                       "(one prompt per request)")
+    raise RequestError(name, "must be a non-empty string or a non-empty array of token ids")
+
+
+def _prompts(value: Any, vocab_size: int) -> list[tuple[str | None, list[int] | None]]:
+    """[(text, None) or (None, ids), ...]: a string, an id list, or OpenAI's batch forms ([str, ...],
+    [[int, ...], ...]; one element is one prompt)."""
+    if isinstance(value, list) and value and all(isinstance(v, (str, list)) for v in value):
+        if len(value) > MAX_BATCH:
+            raise RequestError("prompt", f"holds at most {MAX_BATCH} prompts, got {len(value)}")
+        return [_one_prompt(v, vocab_size, f"prompt[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, list) and any(isinstance(v, (str, list)) for v in value):
+        raise RequestError("prompt", "must be a string, an array of token ids, or an array of those (a batch), "
+                           "not a mix")
+    return [_one_prompt(value, vocab_size, "prompt")]
 
 
 def parse_completion(body: Any, dialect: str, *, vocab_size: int,
                      session_key: str | None = None) -> tuple[ChatRequest, PromptPlan]:
-    """Check a completion body (`dialect` "openai" for /v1/completions, "llama" for /completion)."""
+    """Check a one-prompt completion body (`dialect` "openai" for /v1/completions, "llama" for /completion)."""
+    req, plans = parse_completion_batch(body, dialect, vocab_size=vocab_size, session_key=session_key)
+    if len(plans) > 1:
+        raise RequestError("prompt", "takes one prompt here")
+    return req, plans[0]
+
+
+def parse_completion_batch(body: Any, dialect: str, *, vocab_size: int,
+                           session_key: str | None = None) -> tuple[ChatRequest, list[PromptPlan]]:
+    """Check a completion body; one PromptPlan per prompt of a batch (OpenAI: choice index = prompt * n + j)."""
     if not isinstance(body, dict):
         raise RequestError("body", "must be a JSON object")
-    text, ids = _prompt(body.get("prompt"), vocab_size)
+    refuse_unsupported(body, "completions")
+    prompts = _prompts(body.get("prompt"), vocab_size)
     req: dict = {"dialect": "openai", "messages": []}
     if body.get("stream") is not None:
         req["stream"] = _bool(body["stream"], "stream")
-    if dialect == "openai":
-        req["max_tokens"] = 16 if body.get("max_tokens") is None else check_int(body["max_tokens"], "max_tokens",
-                                                                                  minimum=0)
-    elif body.get("n_predict") is not None:
-        n = check_int(body["n_predict"], "n_predict", minimum=-1)
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise RequestError("stream_options", "must be an object")
+        if not req.get("stream"):
+            raise RequestError("stream_options", "is only allowed when stream is true")
+        if options.get("include_usage") is not None:
+            req["include_usage"] = _bool(options["include_usage"], "stream_options.include_usage")
+    # the output cap: O max_tokens, else llama.cpp's n_predict, else 16 (OpenAI's default); L n_predict, else
+    # its synonym max_tokens, else up to the context. -1 (n_predict, or L's max_tokens): up to the context.
+    order = ("max_tokens", "n_predict") if dialect == "openai" else ("n_predict", "max_tokens")
+    given = [(name, check_int(body[name], name, minimum=-1 if name == "n_predict" or dialect == "llama" else 0))
+             for name in order if body.get(name) is not None]
+    if given:
+        name, n = given[0]
         req["max_tokens"] = None if n < 0 else n
-        req["max_tokens_field"] = "n_predict"
+        req["max_tokens_field"] = name
+    elif dialect == "openai":
+        req["max_tokens"] = 16
     _sampling(body, req)
     req["stop"] = _stop_sequences(body.get("stop"), "stop", allow_str=dialect == "openai")
+    if body.get("top_logprobs") is not None:
+        raise RequestError("top_logprobs", "is a chat field: a completion's logprobs is the number of "
+                           "alternatives", code="unsupported_parameter")
+    if body.get("prompt_logprobs") is not None:
+        raise RequestError("prompt_logprobs", "is a chat field here: a completion's prompt logprobs come with "
+                           "echo and logprobs", code="unsupported_parameter")
     echo = False
     if body.get("echo") is not None:
         echo = _bool(body["echo"], "echo")
@@ -69,13 +110,29 @@ def parse_completion(body: Any, dialect: str, *, vocab_size: int,
         features = replace(features, prompt_logprobs=features.logprobs)
     if features.n > 1 and req.get("stream"):
         raise RequestError("n", "n > 1 is served without streaming only")
+    if features.tool_choice is not None:
+        raise RequestError("tool_choice", "needs tools, which a raw completion does not take",
+                           code="unsupported_parameter")
+    if dialect == "llama":  # /completion answers one completion, as llama.cpp's does
+        for name, bad in (("n", features.n > 1), ("echo", echo), ("stream_options", options is not None)):
+            if bad:
+                raise RequestError(name, "is not supported on /completion (use /v1/completions)",
+                                   code="unsupported_parameter")
+    if len(prompts) > 1 and req.get("stream"):
+        raise RequestError("prompt", "a batch of prompts is served without streaming only")
     req["features"] = features
-    req["model"] = body.get("model") if isinstance(body.get("model"), str) else None
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise RequestError("model", "must be a string")
+    req["model"] = body.get("model")
     chat = ChatRequest(**req)
     chat.extra["echo"] = echo
-    plan = PromptPlan(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None, prompt_ids=ids,
-                raw=True)
-    return chat, plan
+    if body.get("return_tokens") is not None:
+        if dialect != "llama":
+            raise RequestError("return_tokens", "is a /completion field", code="unsupported_parameter")
+        chat.extra["return_tokens"] = _bool(body["return_tokens"], "return_tokens")
+    plans = [PromptPlan(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None,
+                        prompt_ids=ids, raw=True) for text, ids in prompts]
+    return chat, plans
 
 
 def _piece(tokenizer, i: int) -> tuple[str, list[int]]:
@@ -133,7 +190,19 @@ def completion_response(summary, req: ChatRequest, tokenizer, *, model: str, req
                                           "completion_tokens": summary.completion_tokens,
                                           "total_tokens": summary.prompt_tokens + summary.completion_tokens,
                                           "prompt_tokens_details": {"cached_tokens": summary.cached_tokens}},
-            "timings": summary.timings()}
+            "timings": summary.timings(), "seed": summary.seed}
+
+
+def merge_completions(bodies: list[dict], n: int) -> dict:
+    """One /v1/completions body for a batch: prompt p's choice j gets index p * n + j; usage is summed."""
+    out = dict(bodies[0])
+    out["choices"] = [{**c, "index": p * n + c["index"]} for p, b in enumerate(bodies) for c in b["choices"]]
+    usage = {k: sum(b["usage"][k] for b in bodies) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    usage["prompt_tokens_details"] = {"cached_tokens": sum(b["usage"]["prompt_tokens_details"]["cached_tokens"]
+                                                           for b in bodies)}
+    out["usage"] = usage
+    out["timings"] = [b["timings"] for b in bodies]
+    return out
 
 
 def _stop_type(s) -> str:
@@ -158,9 +227,16 @@ def llama_response(summary, req: ChatRequest, tokenizer, *, model: str, request_
             "model": model, "tokens_predicted": summary.completion_tokens,
             "tokens_evaluated": summary.prompt_tokens, "tokens_cached": summary.cached_tokens,
             "stop_type": _stop_type(summary), "stopping_word": summary.stop_sequence or "",
-            "truncated": False, "timings": summary.timings()}
+            "truncated": False, "timings": summary.timings(), "seed": summary.seed,
+            "generation_settings": {"seed": summary.seed, "n_predict": -1 if req.max_tokens is None else req.max_tokens,
+                                    "temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p,
+                                    "min_p": req.min_p, "repeat_penalty": req.repetition_penalty,
+                                    "repeat_last_n": req.repeat_last_n, "presence_penalty": req.presence_penalty,
+                                    "frequency_penalty": req.frequency_penalty}}
     if req.features.logprobs is not None:
         body["completion_probabilities"] = _llama_probs(tokenizer, summary.logprobs)
+    if not req.extra.get("return_tokens", True):  # llama.cpp's switch; here the ids come by default
+        del body["tokens"]
     return body
 
 
@@ -169,28 +245,61 @@ def _frame(obj) -> str:
 
 
 class CompletionStream:
-    """SSE frames of a streamed /v1/completions response."""
+    """SSE frames of a streamed /v1/completions response: the same text, logprobs (echo included) and
+    finish as the whole body; usage only with stream_options.include_usage (a last chunk with no choices)."""
 
     def __init__(self, request_id: str, model: str, prompt_tokens: int, *, include_usage: bool = False,
-                 cached_tokens: int = 0):
-        # include_usage / cached_tokens: the chat streams' options, taken for one constructor shape (unused here)
+                 cached_tokens: int = 0, req: ChatRequest | None = None, tokenizer=None):
         self.request_id, self.model, self.created = request_id, model, int(time.time())
+        self.include_usage, self.req, self.tokenizer = include_usage, req, tokenizer
+        self.offset = 0       # text_offset of the next logprobs token
+        self._echo: list[str] = []
 
-    def _chunk(self, text: str, finish=None, **extra) -> str:
+    def _chunk(self, text: str, finish=None, logprobs=None, **extra) -> str:
         return _frame({"id": self.request_id, "object": "text_completion", "created": self.created,
-                       "model": self.model, "choices": [{"text": text, "index": 0, "logprobs": None,
+                       "model": self.model, "choices": [{"text": text, "index": 0, "logprobs": logprobs,
                                                          "finish_reason": finish}], **extra})
 
+    def _wants_logprobs(self) -> bool:
+        return self.req is not None and self.req.features.logprobs is not None
+
+    def prompt_info(self, info: dict) -> None:
+        """The start payload: echo sends the prompt (and its logprobs) first."""
+        if self.req is None or not self.req.extra.get("echo"):
+            return
+        ids = info.get("prompt_ids") or []
+        text = self.tokenizer.decode(ids)
+        lp = None
+        if self._wants_logprobs() and info.get("prompt_logprobs") is not None:
+            entries = [(ids[0], None)] + [(e.id, e) for e in info["prompt_logprobs"]]
+            lp = _legacy_logprobs(self.tokenizer, entries, offset0=self.offset)
+            self.offset += sum(len(t) for t in lp["tokens"])
+        self._echo = [self._chunk(text, logprobs=lp)]
+
     def start(self) -> list[str]:
-        return []
+        return self._echo
 
     def event(self, ev) -> list[str]:
         return [self._chunk(ev.text)]
 
+    def raw_logprobs(self, e) -> list[str]:
+        """One generated id's logprobs, in a chunk with no text right after that id's text."""
+        if not self._wants_logprobs():
+            return []
+        lp = _legacy_logprobs(self.tokenizer, [(e.id, e)], offset0=self.offset)
+        self.offset += len(lp["tokens"][0])
+        return [self._chunk("", logprobs=lp)]
+
     def done(self, summary) -> list[str]:
-        usage = {"prompt_tokens": summary.prompt_tokens, "completion_tokens": summary.completion_tokens,
-                 "total_tokens": summary.prompt_tokens + summary.completion_tokens}
-        return [self._chunk("", _finish(summary), usage=usage), "data: [DONE]\n\n"]
+        frames = [self._chunk("", _finish(summary), timings=summary.timings(), seed=summary.seed)]
+        if self.include_usage:
+            frames.append(_frame({"id": self.request_id, "object": "text_completion", "created": self.created,
+                                  "model": self.model, "choices": [],
+                                  "usage": {"prompt_tokens": summary.prompt_tokens,
+                                            "completion_tokens": summary.completion_tokens,
+                                            "total_tokens": summary.prompt_tokens + summary.completion_tokens,
+                                            "prompt_tokens_details": {"cached_tokens": summary.cached_tokens}}}))
+        return frames + ["data: [DONE]\n\n"]
 
     def error(self, err: RequestError) -> list[str]:
         return [_frame(openai_error(err)), "data: [DONE]\n\n"]

@@ -90,7 +90,7 @@ def openai_response(summary, *, model: str, request_id: str, tokenizer=None, log
         lp = {"content": [logprob_entry(tokenizer, e) for e in s.logprobs]} if logprobs else None
         choices.append({"index": s.index, "message": _openai_message(s), "finish_reason": _finish(s), "logprobs": lp})
     body = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": openai_usage(summary), "timings": summary.timings()}
+            "choices": choices, "usage": openai_usage(summary), "timings": summary.timings(), "seed": summary.seed}
     if summary.prompt_logprobs is not None:
         body["prompt_logprobs"] = _prompt_logprobs(summary, tokenizer)
     return body
@@ -106,7 +106,7 @@ def anthropic_response(summary, *, model: str, request_id: str) -> dict:
         content.append({"type": "tool_use", "id": new_id("toolu_"), "name": call.name, "input": call.arguments})
     return {"id": request_id, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": _anthropic_stop(summary), "stop_sequence": summary.stop_sequence,
-            "usage": anthropic_usage(summary), "timings": summary.timings()}
+            "usage": anthropic_usage(summary), "timings": summary.timings(), "seed": summary.seed}
 
 
 class OpenAIStream:
@@ -143,16 +143,16 @@ class OpenAIStream:
         self.calls.setdefault(index, 0)
         return opened + self.event(ev, index)
 
-    def logprobs(self, entry: dict) -> list[str]:
+    def logprobs(self, entry: dict, index: int = 0) -> list[str]:
         """One generated id's logprobs, as a chunk with an empty delta right after that id's text."""
         body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [{"index": 0, "delta": {}, "finish_reason": None,
+                "model": self.model, "choices": [{"index": index, "delta": {}, "finish_reason": None,
                                                   "logprobs": {"content": [entry]}}]}
         return [f"data: {_dumps(body)}\n\n"]
 
     def done(self, summary) -> list[str]:
         frames = [self._chunk({}, _finish(c), index=c.index) for c in summary.choices[1:]]
-        frames.append(self._chunk({}, _finish(summary), timings=summary.timings()))
+        frames.append(self._chunk({}, _finish(summary), timings=summary.timings(), seed=summary.seed))
         if self.include_usage:  # OpenAI: a last chunk with no choices carries the usage
             body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
                     "model": self.model, "choices": [], "usage": openai_usage(summary)}
@@ -224,7 +224,8 @@ class AnthropicStream:
         return self._close() + [
             self._frame("message_delta", {"delta": {"stop_reason": _anthropic_stop(summary),
                                                     "stop_sequence": summary.stop_sequence},
-                                          "usage": anthropic_usage(summary), "timings": summary.timings()}),
+                                          "usage": anthropic_usage(summary), "timings": summary.timings(),
+                                          "seed": summary.seed}),
             self._frame("message_stop", {})]
 
     def error(self, err: RequestError) -> list[str]:

@@ -18,6 +18,7 @@ prompt = first prompt + thought ids + kept drained ids + wrap-up ids, so the eng
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import uuid
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -74,6 +75,9 @@ class Summary:
     prompt_ids: list = field(default_factory=list)
     prompt_logprobs: list | None = None            # engine.TokenLogprob per prompt id after the first
     slot: int = 0
+    seed: int = 0                                  # the request's seed: the client's, or the fresh one drawn
+    events: list = field(default_factory=list)     # the choice's output Events in order (what a stream sent)
+    reasoning_tokens: int = 0                      # generated ids read while inside the thought
 
     def timings(self) -> dict:
         """llama.cpp-style timings summed over the request's engine calls."""
@@ -130,6 +134,9 @@ class _Choice:
         self.text = TextStream(runner.tokenizer)
         self.matcher = StopMatcher(req.stop)  # stop sequences: the text ends before the first one
         self.events: list[Event] = []
+        self.reasoning_tokens = 0
+        self.one_call = not req.parallel_tool_calls  # parallel_tool_calls false: the reply ends after one call
+        self.calls = 0
 
     def _route(self, text: str) -> list[Event]:
         if self.raw:
@@ -138,6 +145,10 @@ class _Choice:
 
     def _emit(self, evs) -> None:
         for ev in evs:
+            if ev.kind == "tool_call":
+                if self.one_call and self.calls:
+                    continue
+                self.calls += 1
             self.events.append(ev)
             if self.index == 0:
                 self.job.emit("event", ev)
@@ -200,6 +211,8 @@ class ChatRunner:
             prompt_ids = list(self.encoder.encode(plan.prompt_text))
             encoder_stats = _stats_dict(getattr(self.encoder, "last_stats", None))
         self._check_context(req, prompt_ids)
+        seed = req.seed if req.seed is not None else secrets.randbits(63)  # no seed: a fresh one per request
+        bias = self._logit_bias(req)
         if plan.prefix_text:
             base = plan.prompt_text[:len(plan.prompt_text) - len(plan.prefix_text)]
             x = len(self.tokenizer.encode(base))
@@ -210,17 +223,18 @@ class ChatRunner:
             slot.session.reset()
         # the reuse the engine will apply (Contract 1's rule, the same the call follows): message_start's usage
         cached = int(slot.session.plan(prompt_ids)["reused"])
-        job.emit("start", {"prompt_tokens": len(prompt_ids), "cached_tokens": cached, "slot": slot.id})
         prompt_lp = None
         if f.prompt_logprobs is not None:
             prompt_lp = self.engine.prompt_logprobs(prompt_ids, top_n=f.prompt_logprobs)
+        job.emit("start", {"prompt_tokens": len(prompt_ids), "cached_tokens": cached, "slot": slot.id,
+                           "prompt_ids": prompt_ids, "prompt_logprobs": prompt_lp, "seed": seed})
 
         summaries, calls_made = [], 0
         for index in range(f.n):
             if job.cancelled and index > 0:
                 break
             s, used = self._choice(job, req, plan, slot, prompt_ids, index, calls_made,
-                                   encoder_stats if index == 0 else None)
+                                   encoder_stats if index == 0 else None, seed=seed, bias=bias)
             calls_made += used
             summaries.append(s)
         first = summaries[0]
@@ -229,18 +243,36 @@ class ChatRunner:
         first.prompt_ids = prompt_ids
         first.slot = slot.id
         first.completion_tokens = sum(s.completion_tokens for s in summaries)
+        first.seed = seed
         job.emit("done", first)
 
+    def _logit_bias(self, req: ChatRequest) -> tuple:
+        """The request's logit_bias as ((id, bias), ...): a text key biases each id of its encoding; an id
+        outside the vocabulary is a 400 naming it."""
+        out: dict[int, float] = {}
+        vocab = self.engine.vocab_size if self.engine is not None else self.tokenizer.vocab_size
+        for key, value in req.logit_bias:
+            ids = self.tokenizer.encode(key) if isinstance(key, str) else [key]
+            for i in ids:
+                if not 0 <= i < vocab:
+                    raise RequestError("logit_bias", f"token id {i} is out of range (0..{vocab - 1})")
+                out[i] = value
+        if req.ignore_eos:  # llama.cpp's ignore_eos: the end-of-turn ids can never be sampled
+            out.update({i: -100.0 for i in self.stop_ids})
+        return tuple(out.items())
+
     def _choice(self, job, req: ChatRequest, plan: PromptPlan, slot, prompt_ids: list[int], index: int, call0: int,
-                encoder_stats) -> tuple[Summary, int]:
+                encoder_stats, *, seed: int, bias: tuple = ()) -> tuple[Summary, int]:
         """One choice: the first call, a thinking-budget wrap-up call if needed; returns (Summary, calls)."""
         from strata_lab.engine import Sampling
 
         f = req.features
-        sampling = Sampling(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                            seed=choice_seed(req.seed, index))
+        sampling = Sampling(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                            seed=choice_seed(seed, index), logit_bias=bias,
+                            repetition_penalty=req.repetition_penalty, penalty_last_n=req.repeat_last_n,
+                            frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty)
         out = _Choice(self, job, plan, req, index)
-        mask = self.grammars.mask_for(req) if self.grammars is not None else None
+        mask = self.grammars.mask_for(req, plan) if self.grammars is not None else None
         limit = req.max_tokens if req.max_tokens is not None else self.max_tokens_default
         meta = {"request_id": plan.request_id, "call": call0, "model": self.model_name}
         if encoder_stats is not None:
@@ -296,7 +328,8 @@ class ChatRunner:
                           cached_tokens=calls[0].reused, calls=calls, reasoning=reasoning, content=content,
                           tool_calls=tool_calls, stop_sequence=out.matcher.hit, index=index,
                           gen_ids=[i for i in reply_ids if i not in self.stop_ids],
-                          logprobs=[e for e in logprobs if e.id not in self.stop_ids])
+                          logprobs=[e for e in logprobs if e.id not in self.stop_ids],
+                          events=list(out.events), reasoning_tokens=out.reasoning_tokens)
         if req.schema is not None and not job.cancelled:
             self._check_schema(req, plan, content, finish)
         return summary, len(calls)
@@ -337,9 +370,12 @@ class ChatRunner:
             counts = out.parser.in_reasoning
             out.feed([token])
             consumed += 1
-            if call.logprobs is not None and out.index == 0 and token not in self.stop_ids:
-                job.emit("logprobs", stream.logprobs[-1])  # streamed after the text it produced
-            if out.matcher.hit is not None:
+            if call.logprobs is not None and token not in self.stop_ids:  # streamed after the text it produced
+                if out.index == 0:
+                    job.emit("logprobs", stream.logprobs[-1])
+                else:
+                    job.emit("choice_logprobs", (out.index, stream.logprobs[-1]))
+            if out.matcher.hit is not None or (out.one_call and out.calls):
                 stream.stop(reason="stop")
                 stopped = True
                 continue
@@ -348,6 +384,7 @@ class ChatRunner:
                 if call.budget is not None and thought >= call.budget and out.parser.in_reasoning:
                     stream.stop(reason="budget")
                     stopped = hit_budget = True
+        out.reasoning_tokens += thought
         return CallOutcome(result=stream.result, consumed=consumed, hit_budget=hit_budget)
 
     def _stats(self, call: int, prompt_ids, result) -> CallStats:

@@ -37,8 +37,26 @@ class GrammarCompiler:
                                              max_items=self.max_items)
             return self._grammar
 
-    def compiled(self, req: ChatRequest):
-        """The compiled grammar for `req`, or None when its output is free."""
+    @staticmethod
+    def thinking(req: ChatRequest, plan=None) -> str:
+        """A forced tool call's thinking mode (TokenGrammar.tool_call): "inside" when the prompt opened a
+        thought, "open" when thinking was asked for (Anthropic `thinking`, `enable_thinking`, a thinking
+        budget), else "off": the call comes first."""
+        if plan is not None and not plan.raw:
+            from strata_lab.server.output import OutputParser
+
+            probe = OutputParser()
+            probe.prime(plan.assistant_text)
+            if probe.in_reasoning:
+                return "inside"
+            if "</think>" in plan.assistant_text:
+                return "off"  # the template already closed the (empty) thought
+        if req.enable_thinking or (req.thinking_budget is not None and req.enable_thinking is not False):
+            return "open"
+        return "off"
+
+    def compiled(self, req: ChatRequest, plan=None):
+        """The compiled grammar for `req` (rendered as `plan`), or None when its output is free."""
         from strata_lab.grammar.xgr import GrammarError
 
         f = req.features
@@ -47,7 +65,7 @@ class GrammarCompiler:
             if f.tool_choice not in (None, "none") and req.tools:
                 field = "tool_choice"
                 name = None if f.tool_choice == "required" else f.tool_choice
-                return self._tg().tool_call(req.tools, name)
+                return self._tg().tool_call(req.tools, name, thinking=self.thinking(req, plan))
             if f.constraint is not None:
                 field = f.constraint.field
                 if f.constraint.kind == "gbnf":
@@ -59,9 +77,9 @@ class GrammarCompiler:
             raise RequestError(field, f"cannot be compiled into a grammar: {exc}") from None
         return None
 
-    def check(self, req: ChatRequest) -> None:
-        self.compiled(req)
+    def check(self, req: ChatRequest, plan=None) -> None:
+        self.compiled(req, plan)
 
-    def mask_for(self, req: ChatRequest):
-        g = self.compiled(req)
+    def mask_for(self, req: ChatRequest, plan=None):
+        g = self.compiled(req, plan)
         return None if g is None else g.mask()

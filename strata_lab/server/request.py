@@ -51,7 +51,15 @@ class ChatRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    seed: int | None = None
+    seed: int | None = None               # None: a fresh seed per request (reported in the response)
+    min_p: float = 0.0
+    logit_bias: tuple = ()                # ((id or text, bias), ...): a text's ids all get the bias
+    frequency_penalty: float = 0.0        # OpenAI semantics: over the ids generated so far
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0       # HF / llama.cpp semantics over the last `repeat_last_n` ids
+    repeat_last_n: int = 64               # of prompt + output; -1: all of them; 0: off
+    ignore_eos: bool = False              # llama.cpp: the end-of-turn ids are banned (bias -100)
+    parallel_tool_calls: bool = True      # False: the reply ends after its first tool call
     assistant_prefix: str | None = None
     enable_thinking: bool | None = None
     thinking_budget: int | None = None
@@ -157,6 +165,70 @@ def _sampling(body: dict, req: dict) -> None:
         req["top_k"] = check_int(body["top_k"], "top_k", minimum=0, maximum=1 << 20)
     if body.get("seed") is not None:
         req["seed"] = check_int(body["seed"], "seed", minimum=0, maximum=2**64 - 1)
+        if req["seed"] == 2**32 - 1:  # llama.cpp's LLAMA_DEFAULT_SEED (-1 as uint32): "pick one for me"
+            req["seed"] = None
+    if body.get("min_p") is not None:
+        req["min_p"] = _number(body["min_p"], "min_p", 0.0, 1.0)
+    for name in ("frequency_penalty", "presence_penalty"):
+        if body.get(name) is not None:
+            req[name] = _number(body[name], name, -2.0, 2.0)
+    rep = [n for n in ("repetition_penalty", "repeat_penalty") if body.get(n) is not None]
+    if len(rep) == 2 and body["repetition_penalty"] != body["repeat_penalty"]:
+        raise RequestError("repeat_penalty", "is llama.cpp's name for repetition_penalty: give one of them")
+    if rep:
+        req["repetition_penalty"] = _number(body[rep[0]], rep[0], 0.0, 10.0)
+        if req["repetition_penalty"] == 0:
+            raise RequestError(rep[0], "must be > 0 (1 is off)")
+    if body.get("repeat_last_n") is not None:
+        req["repeat_last_n"] = check_int(body["repeat_last_n"], "repeat_last_n", minimum=-1, maximum=1 << 20)
+    if body.get("logit_bias") is not None:
+        req["logit_bias"] = parse_logit_bias(body["logit_bias"])
+    if body.get("ignore_eos") is not None:
+        req["ignore_eos"] = _bool(body["ignore_eos"], "ignore_eos")
+
+
+def parse_logit_bias(value: Any, name: str = "logit_bias") -> tuple:
+    """OpenAI's {"id": bias} and llama.cpp's [[id or text, bias or false], ...] as ((id or text, bias), ...).
+
+    A bias is a number in -100..100, added to the id's logit; -100 (and llama.cpp's `false`) bans the id.
+    A text key (llama.cpp) biases every id of its encoding. Ids are checked against the vocabulary later.
+
+    >>> parse_logit_bias({"15": -100, "7": 2})
+    ((15, -100.0), (7, 2.0))
+    >>> parse_logit_bias([[15, False], ["Hello", 1]])
+    ((15, -100.0), ('Hello', 1.0))
+    """
+    def bias(v: Any, where: str) -> float:
+        if v is False:
+            return -100.0
+        return _number(v, where, -100.0, 100.0)
+
+    out = []
+    if isinstance(value, dict):
+        for key, v in value.items():
+            try:
+                tid = int(key)
+            except ValueError:
+                raise RequestError(f"{name}.{key}", "keys must be token ids (as strings)") from None
+            if tid < 0:
+                raise RequestError(f"{name}.{key}", "must be a token id >= 0")
+            out.append((tid, bias(v, f"{name}.{key}")))
+    elif isinstance(value, list):
+        for i, pair in enumerate(value):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise RequestError(f"{name}[{i}]", "must be a pair [token id or text, bias]")
+            key = pair[0]
+            if isinstance(key, str):
+                if not key:
+                    raise RequestError(f"{name}[{i}][0]", "must not be empty")
+            else:
+                key = check_int(key, f"{name}[{i}][0]", minimum=0)
+            out.append((key, bias(pair[1], f"{name}[{i}][1]")))
+    else:
+        raise RequestError(name, f"must be an object {{token id: bias}} or an array of pairs, got {_kind(value)}")
+    if len(out) > 1024:
+        raise RequestError(name, f"holds at most 1024 entries, got {len(out)}")
+    return tuple(out)
 
 
 def _response_format(value: Any, name: str = "response_format") -> dict | None:
@@ -166,8 +238,12 @@ def _response_format(value: Any, name: str = "response_format") -> dict | None:
     kind = _str(value.get("type"), f"{name}.type")
     if kind == "text":
         return None
-    if kind == "json_object":
-        return {"type": "json_schema", "json_schema": {"name": "json_object", "schema": {"type": "object"}}}
+    if kind == "json_object":  # llama.cpp: an optional `schema` narrows the object
+        schema = {"type": "object"}
+        if value.get("schema") is not None:
+            schema = _dict(value["schema"], f"{name}.schema")
+            check_schema(schema, f"{name}.schema")
+        return {"type": "json_schema", "json_schema": {"name": "json_object", "schema": schema}}
     if kind != "json_schema":
         raise RequestError(f"{name}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
     spec = _dict(value.get("json_schema"), f"{name}.json_schema")
@@ -294,6 +370,8 @@ def parse_openai(body: Any, *, session_key: str | None = None) -> ChatRequest:
             req["max_tokens_field"] = "n_predict"
     _sampling(body, req)
     req["tools"] = _openai_tools(body.get("tools"))
+    if body.get("parallel_tool_calls") is not None:
+        req["parallel_tool_calls"] = _bool(body["parallel_tool_calls"], "parallel_tool_calls")
     req["response_format"] = _response_format(body.get("response_format"))
     prefix = _prefix(body.get("assistant_prefix"), "assistant_prefix")
     if body.get("continue_final_message") is not None and _bool(body["continue_final_message"],
@@ -311,6 +389,10 @@ def parse_openai(body: Any, *, session_key: str | None = None) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         kwargs = _dict(kwargs, "chat_template_kwargs")
+        for key in kwargs:
+            if key != "enable_thinking":
+                raise RequestError(f"chat_template_kwargs.{key}", "is not supported by this server: the template "
+                                   "takes enable_thinking only", code="unsupported_parameter")
         if kwargs.get("enable_thinking") is not None:
             req["enable_thinking"] = _bool(kwargs["enable_thinking"], "chat_template_kwargs.enable_thinking")
     if body.get("enable_thinking") is not None:
@@ -327,6 +409,13 @@ def _features(body: dict, dialect: str, req: dict, session_key: str | None) -> F
     f = parse_features(body, dialect, header_key=session_key)
     if f.n > 1 and dialect == "anthropic":
         raise RequestError("n", "is not an Anthropic field (one message per request)")
+    if dialect == "anthropic":  # an Anthropic message has no place for log probabilities
+        for name in ("logprobs", "top_logprobs", "n_probs", "prompt_logprobs"):
+            if body.get(name) not in (None, False, 0):
+                raise RequestError(name, "is not supported on /v1/messages (Anthropic messages carry no "
+                                   "log probabilities)", code="unsupported_parameter")
+    if f.prompt_logprobs is not None and req.get("stream"):
+        raise RequestError("prompt_logprobs", "is served without streaming only")
     if f.tool_choice not in (None, "none", "required") and not any(
             t["function"]["name"] == f.tool_choice for t in req.get("tools") or ()):
         raise RequestError("tool_choice", f"names {f.tool_choice!r}, which is not in tools")

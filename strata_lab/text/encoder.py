@@ -465,8 +465,12 @@ def _byte_lengths(tokenizer) -> np.ndarray:
     """Byte length of every id of `tokenizer` (cached per tokenizer object)."""
     hit = _BYTE_LENGTHS.get(id(tokenizer))
     if hit is None or hit[0] is not tokenizer:
-        lengths = np.fromiter((len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), np.int64,
-                              tokenizer.vocab_size)
+        if hasattr(tokenizer, "vocab_bytes"):  # one pass over the table (start-up: issue 31)
+            offsets = np.asarray(tokenizer.vocab_bytes()[1], dtype=np.int64)
+            lengths = np.diff(offsets)[:tokenizer.vocab_size].copy()
+        else:
+            lengths = np.fromiter((len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), np.int64,
+                                  tokenizer.vocab_size)
         hit = _BYTE_LENGTHS[id(tokenizer)] = (tokenizer, lengths)
     return hit[1]
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from strata_lab.text import vocab as _vocab
+from strata_lab.text.bytes_cache import bytes_cache_path, cached_table
 from strata_lab.text.vocab import FAMILY_MARKERS, build_bytes_table, bytes_to_unicode, model_family, _is_byte_level
 
 __all__ = ["Tokenizer", "load_tokenizer", "TokenizerSpec", "TOKENIZER_SPECS", "bytes_to_unicode", "model_family"]
@@ -181,7 +183,8 @@ class Tokenizer:
         self.embedding_rows = max(embedding_rows or 0, self._vocab_size)
         self._token_bytes: list[bytes] | None = None
         self._vocab_blob: tuple[bytes, list[int]] | None = None
-        self._byte_level = _is_byte_level(hf_tokenizer)
+        self._byte_level_flag: bool | None = None  # read on first use (see _byte_level)
+        self._bytes_cache: Path | None = None      # set by load_tokenizer: where the byte table is cached
 
     # --- encoding -------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -320,7 +323,16 @@ class Tokenizer:
             if not 0 <= i < n:
                 raise ValueError(f"token id {i} is out of range for {self.name} (0..{n - 1})")
 
+    @property
+    def _byte_level(self) -> bool:
+        if self._byte_level_flag is None:
+            self._byte_level_flag = _is_byte_level(self.hf)
+        return self._byte_level_flag
+
     def _bytes_table(self) -> list:
+        if self._token_bytes is None and self._bytes_cache is not None:  # start-up cache: bytes_cache.py
+            path, self._bytes_cache = self._bytes_cache, None
+            self._token_bytes = cached_table(self, path)
         if self._token_bytes is None:
             self._token_bytes = build_bytes_table(self.hf, self._vocab_size, self.embedding_rows)
         return self._token_bytes
@@ -352,8 +364,10 @@ def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
     if key in TOKENIZER_SPECS:
         if key not in _LOADED:
             spec = TOKENIZER_SPECS[key]
-            _LOADED[key] = Tokenizer(HFTokenizer.from_file(str(_cached_tokenizer_json(spec))), name=spec.name,
+            file = _cached_tokenizer_json(spec)
+            _LOADED[key] = Tokenizer(HFTokenizer.from_file(str(file)), name=spec.name,
                                      embedding_rows=spec.embedding_rows)
+            _LOADED[key]._bytes_cache = bytes_cache_path(file, _cache_dir(), Path(_vocab.__file__))
         return _LOADED[key]
     path = Path(key).expanduser()
     if path.is_dir():
@@ -374,6 +388,7 @@ def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
             raise ValueError(f"name_or_path: {path} is not a tokenizer.json the tokenizers library can load "
                              f"({exc})") from exc
         _LOADED[cache_key] = Tokenizer(hf, name=path.parent.name if path.name == "tokenizer.json" else str(path))
+        _LOADED[cache_key]._bytes_cache = bytes_cache_path(path, _cache_dir(), Path(_vocab.__file__))
     return _LOADED[cache_key]
 
 

@@ -26,9 +26,10 @@ def embedded_model(kind: str = "hybrid", *, seed: int = 0) -> Path:
     """
     if kind not in EMBEDDED_KINDS:
         raise ValueError(f"kind must be one of {sorted(EMBEDDED_KINDS)}, got {kind!r}")
-    from strata_lab.text.tokenizer import _cache_dir, load_tokenizer
+    from strata_lab.text.tokenizer import TOKENIZER_SPECS, _cache_dir
 
-    vocab = load_tokenizer("qwen3").vocab_size
+    spec = TOKENIZER_SPECS["qwen3"]  # its size is known without loading it (start-up: issue 31)
+    vocab = spec.first_added_id + len(spec.added_tokens)  # added tokens follow the ranks (build_tokenizer_json)
     path = _cache_dir() / "models" / f"embedded-{kind}-vocab{vocab}-seed{seed}"
     if not (path / "config.json").is_file():
         import shutil
