@@ -62,8 +62,12 @@ def test_parity_with_transformers(families, fam):
             if text.count(s) and not any(o != s and s in o and o in text for o in tf.SPECIALS[fam]):
                 assert ids.count(tok.added_tokens[s]) == text.count(s)
         alt = data.draw(alternative_tokenizations(tok, text))
-        assert tok.ids_bytes(alt) == tok.ids_bytes(ids)
-        assert hf.decode(alt, skip_special_tokens=False, clean_up_tokenization_spaces=False) == back
+        if tok.ids_bytes(ids) == text.encode("utf-8") or tok.decode(ids) == text:
+            assert tok.ids_bytes(alt) == tok.ids_bytes(ids)
+            assert hf.decode(alt, skip_special_tokens=False, clean_up_tokenization_spaces=False) == back
+        else:  # the normalizer changed the text: the alternatives spell the text given, not its normal form
+            # (SentencePiece families may still add their word-start space after a special token)
+            assert tok.ids_bytes(alt).replace(b" ", b"") == text.encode("utf-8").replace(b" ", b"")
 
     check()
 

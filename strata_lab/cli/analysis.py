@@ -46,7 +46,7 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     empty = [f"{p}: no calls: {st['why_none']}" for p, st in trace.stats.items() if not st["calls"]]
     if empty and len(empty) == len(trace.stats):
         raise ValueError("; ".join(empty))
-    if not args.json or args.json != "-":  # --json - keeps stdout to the JSON report
+    if getattr(args, "json", None) != "-":  # --json - keeps stdout to the JSON report
         _print_checks(trace)
     return dump
 

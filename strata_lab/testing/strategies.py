@@ -123,7 +123,8 @@ def _spelling_ids(tokenizer, text: str, pieces: dict) -> list[int]:
     """`tokenizer.encode(text)` when its bytes are the text's; else the same with every stretch between
     added tokens that normalization changed spelled by greedy longest vocabulary pieces."""
     ids = tokenizer.encode(text)
-    if tokenizer.ids_bytes(ids) == text.encode("utf-8"):
+    # a SentencePiece tokenizer spells a leading space ('\u2581') that its decode drops: that is still this text
+    if tokenizer.ids_bytes(ids) == text.encode("utf-8") or tokenizer.decode(ids) == text:
         return ids
     names = sorted(tokenizer.added_tokens, key=len, reverse=True)
     parts = re.split("(" + "|".join(map(re.escape, names)) + ")", text) if names else [text]
@@ -134,7 +135,7 @@ def _spelling_ids(tokenizer, text: str, pieces: dict) -> list[int]:
             continue
         seg = tokenizer.encode(part)
         raw = part.encode("utf-8")
-        if tokenizer.ids_bytes(seg) == raw:
+        if tokenizer.ids_bytes(seg) == raw or tokenizer.decode(seg) == part:
             out.extend(seg)
             continue
         i = 0
