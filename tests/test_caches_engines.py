@@ -183,10 +183,10 @@ def test_llamacpp_always_evaluates_the_last_prompt_token():
 
 def test_llamacpp_slot_by_similarity_and_slot_stealing():
     d = Driver("llama.cpp:slots=2,cache_ram_mib=0")
-    d("A", [1, 2, 3, 4])                                # slot 0 (least recently used)
-    d("B", [5, 6, 7, 8])                                # no similar slot: LRU -> slot 1
+    d("A", [1, 2, 3, 4])                                # LRU, ties to the last: slot 1 (`t_last_used <= t_last`)
+    d("B", [5, 6, 7, 8])                                # no similar slot: LRU -> slot 0
     p = d("A", [1, 2, 3, 4, 9])
-    assert (p.reused, p.unit) == (4, "slot 0")
+    assert (p.reused, p.unit) == (4, "slot 1")
     d = Driver("llama.cpp:slots=1,cache_ram_mib=0")
     d("A", [1, 2, 3, 4])
     d("B", [5, 6, 7, 8])                                # takes A's only slot

@@ -35,9 +35,10 @@ def version(name):
         return "0.32.0+cpu"
     return _v(name)
 md.version = version
-from vllm.entrypoints.cli.main import main
-sys.argv = ["vllm"] + sys.argv[1:]
-main()
+if __name__ == "__main__":   # vLLM spawns its engine core: it re-imports this file (the patch above included)
+    from vllm.entrypoints.cli.main import main
+    sys.argv = ["vllm"] + sys.argv[1:]
+    main()
 """
 
 
