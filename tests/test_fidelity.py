@@ -319,7 +319,7 @@ def test_live_vllm_server_sequential(tmp_path):
 
     _vllm_python()
     args = "--block-size 32 --num-gpu-blocks-override 40"
-    rows, srv = run_live(agent_workload(seed=6, sessions=3, turns=4, system_len=80, turn_len=25, max_tokens=8),
+    rows, _version = run_live(agent_workload(seed=6, sessions=3, turns=4, system_len=80, turn_len=25, max_tokens=8),
                          tiny_folder(tmp_path), args, log=str(tmp_path / "vllm.log"))
     c = compare(rows, f"vllm:args={args}", "vllm")
     assert c.exact_rate >= 0.99 and c.token_error <= 0.001, c.line()

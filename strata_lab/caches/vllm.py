@@ -42,6 +42,9 @@ request_id)))` ("Free blocks in reverse order so that the tail blocks are freed 
   align: a state only where a scheduler step ends on a block boundary (prefill steps of
   `max_num_batched_tokens` from the hit, every token while decoding).
 
+Why one module: the pool, the lookup and the `vllm serve` flags that configure them change together from
+one vLLM release to the next, and the quoted source lines sit next to the rules they justify.
+
 Per call the work is proportional to the new tokens: the session's block keys and block ids from its last
 call are kept and checked in one vectorised gather; only blocks past the common prefix are hashed.
 

@@ -36,9 +36,9 @@ def main(argv=None) -> int:
     elif a.engine == "vllm":
         from strata_lab.validate.vllm_check import run_live, tiny_folder
 
-        rows, srv = run_live(workload if a.clients == 1 else a.workload, tiny_folder(), a.args,
-                             clients=a.clients, log=a.log)
-        version, engine, spec = "0.32.0", "vllm", f"vllm:args={a.args}"
+        rows, version = run_live(workload if a.clients == 1 else a.workload, tiny_folder(), a.args,
+                                 clients=a.clients, log=a.log)
+        engine, spec = "vllm", f"vllm:args={a.args}"
     else:
         from strata_lab.validate.llamacpp_check import run_live as run_llama, tiny_gguf
 
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
             spec = f"llama.cpp:model=qwen3-next-80b-a3b,args={a.args}"
     comp = compare(rows, spec, engine)
     print(f"{engine} {version} | {a.args or '(defaults)'} | {a.workload} | clients {a.clients} | {comp.calls} calls | "
-          f"{comp.exact_rate:.1%} exact | token-weighted error {comp.token_error:.3%}")
+          f"{comp.exact_rate:.1%} exact | token-weighted error {comp.token_error:.3%} | {comp.evictions} evictions")
     for i in comp.differ[:20]:
         req, _out, rep = rows[i]
         print(f"  call {i} ({req.session}, {len(req.prompt)} ids): engine {rep}, strata {comp.predicted[i]} "

@@ -45,6 +45,7 @@ class Comparison:
     prompt_tokens: int = 0
     abs_error: int = 0
     differ: list = field(default_factory=list)   # indices of the calls that differ
+    evictions: int = 0          # units the model evicted (a bounded cache really was bounded)
 
     @property
     def exact_rate(self) -> float:
@@ -70,7 +71,7 @@ def compare(rows, spec: str, engine: str) -> Comparison:
     cause_by = dict(zip(idx, causes))
     predicted = [pred_by[i] for i in range(len(calls))]
     c = Comparison(spec=rep.presets[0].spec(), engine=engine, rows=rows, predicted=predicted,
-                   causes=[cause_by[i] for i in range(len(calls))])
+                   causes=[cause_by[i] for i in range(len(calls))], evictions=sum(rep.evictions.values()))
     for i, ((req, _out, reported), pred) in enumerate(zip(rows, predicted)):
         c.calls += 1
         c.prompt_tokens += len(req.prompt)

@@ -86,6 +86,33 @@ def run_oracle(workload, args: str, *, seed: int = 0, python: str | None = None,
     return [(req, out, rep) for (req, out, _), rep in zip(rows, res["cached"])], res["version"]
 
 
+def run_oracle_many(runs, *, seed: int = 0, python: str | None = None, timeout: float = 3600):
+    """Several (workload, args) runs with one vLLM process; per run (rows, version) or (None, error text)."""
+    from strata_lab.caches.presets import parse_engine
+
+    python = python or vllm_python()
+    if python is None:
+        raise RuntimeError("vLLM is not installed: set STRATA_VLLM_PYTHON to a Python that imports vllm")
+    all_rows, jobs = [], []
+    for workload, args in runs:
+        rows = drive(workload, _synthetic(seed))
+        all_rows.append(rows)
+        jobs.append(oracle_job(rows, parse_engine(f"vllm:args={args}")))
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR", PYTHONHASHSEED="0")
+    r = subprocess.run([python, str(_ORACLE)], input=json.dumps({"jobs": jobs}), capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"vLLM oracle failed (rc {r.returncode}): {r.stderr.strip()[-2000:]}")
+    res = json.loads(r.stdout)
+    out = []
+    for rows, got in zip(all_rows, res["results"]):
+        if isinstance(got, dict):
+            out.append((None, got["error"]))
+        else:
+            out.append(([(req, o, rep) for (req, o, _), rep in zip(rows, got)], res["version"]))
+    return out
+
+
 # -- the live server ---------------------------------------------------------------------------------
 class LiveServer:
     """`vllm serve FOLDER ARGS --enable-prompt-tokens-details` on loopback; stopped on exit."""
@@ -144,16 +171,10 @@ class LiveServer:
         if getattr(self, "logf", None):
             self.logf.close()
 
-    def num_gpu_blocks(self) -> int | None:
-        """The number of KV blocks vLLM logged at start."""
-        import re
+    def version(self) -> str:
+        import httpx
 
-        text = Path(self.logf.name).read_text(errors="replace")
-        m = re.findall(r"GPU KV cache size: ([\d,]+) tokens", text)
-        n = re.findall(r"num_gpu_blocks is: (\d+)|# (?:GPU|CPU) blocks: (\d+)", text)
-        for a, b in n[::-1]:
-            return int(a or b)
-        return None if not m else None
+        return httpx.get(f"http://127.0.0.1:{self.port}/version", timeout=10).json().get("version", "unknown")
 
     def engine(self):
         import httpx
@@ -205,8 +226,8 @@ def run_live(workload, folder, args: str, *, clients: int = 1, **kw):
     client serves its own share (`client_workload`) at the same time; rows come back in send order."""
     with LiveServer(folder, args, **kw) as srv:
         if clients == 1:
-            return drive(workload, srv.engine()), srv
-        return concurrent(workload, srv.engine, clients), srv
+            return drive(workload, srv.engine()), srv.version()
+        return concurrent(workload, srv.engine, clients), srv.version()
 
 
 def concurrent(spec: str, make_engine, clients: int):

@@ -7,7 +7,7 @@ Run with a Python that has vLLM (it imports nothing from strata_lab):
 `job.json`: {"block_size": 16, "num_gpu_blocks": 300 (null: big enough to never evict), "enable_caching": true,
 "max_num_batched_tokens": 8192, "max_model_len": 1048576, "calls": [{"prompt": [ids], "output": [ids],
 "salt": null}, ...]}. Output: {"version": "...", "cached": [per call: vLLM's num_cached_tokens, or null when
-refused]}.
+refused]}. `{"jobs": [job, ...]}` runs several in one process: {"version": ..., "results": [cached lists]}.
 
 Each call runs alone, as vLLM's `Scheduler` drives `KVCacheManager` for one request at a time: the lookup
 (`get_computed_blocks`), the prefill in steps of `max_num_batched_tokens` (`allocate_slots` with the hit
@@ -80,5 +80,20 @@ def run(job: dict) -> dict:
     return {"version": vllm.__version__, "cached": out}
 
 
+def run_many(jobs: list) -> dict:
+    """Several jobs in one process (vLLM imports once); a job vLLM cannot serve gets {"error": ...}."""
+    out = []
+    version = None
+    for job in jobs:
+        try:
+            r = run(job)
+            version = r["version"]
+            out.append(r["cached"])
+        except RuntimeError as e:
+            out.append({"error": str(e)})
+    return {"version": version, "results": out}
+
+
 if __name__ == "__main__":
-    json.dump(run(json.load(sys.stdin)), sys.stdout)
+    doc = json.load(sys.stdin)
+    json.dump(run_many(doc["jobs"]) if "jobs" in doc else run(doc), sys.stdout)
