@@ -18,9 +18,12 @@ WORKLOADS = [AGENT.format(seed=1), AGENT.format(seed=2) + ",p_retry=0.4,p_drop=0
 ORACLE_ARGS = ["--block-size 16", "--block-size 32", "--block-size 16 --num-gpu-blocks-override 60",
                "--block-size 16 --num-gpu-blocks-override 200", "--block-size 32 --num-gpu-blocks-override 100",
                "--block-size 4 --num-gpu-blocks-override 400"]
-LIVE_VLLM = [("--block-size 32", AGENT.format(seed=1), 1), ("--block-size 32 --num-gpu-blocks-override 30",
-             AGENT.format(seed=1), 1), ("--block-size 32 --num-gpu-blocks-override 30", "dump:dumps/agent.jsonl", 1),
-             ("--block-size 32 --num-gpu-blocks-override 40", AGENT.format(seed=3), 4)]
+# a bounded pool must hold one request of max_model_len ids (vLLM checks at start): --max-model-len with it
+LIVE_VLLM = [("--block-size 32", AGENT.format(seed=1), 1),
+             ("--block-size 32 --num-gpu-blocks-override 30 --max-model-len 900", AGENT.format(seed=1), 1),
+             ("--block-size 32 --num-gpu-blocks-override 30 --max-model-len 900", "dump:dumps/agent.jsonl", 1),
+             ("--block-size 32", AGENT.format(seed=3), 4),
+             ("--block-size 32 --num-gpu-blocks-override 40 --max-model-len 1200", AGENT.format(seed=3), 4)]
 LIVE_LLAMA = [("-np 1 -c 4096 --cache-ram 0", AGENT.format(seed=1), 1), ("-np 4 -c 16384", AGENT.format(seed=1), 1),
               ("-np 2 -c 8192 --cache-reuse 16", AGENT.format(seed=2) + ",p_edit=0.5", 1),
               ("-np 1 -c 1024 -sps 0", AGENT.format(seed=1), 1), ("", AGENT.format(seed=1), 1),
@@ -68,13 +71,14 @@ def main(which: str) -> int:
         cmd = [sys.executable, "-m", "strata_lab.validate", engine, "--args", args, "--workload", workload,
                "--clients", str(clients)]
         r = subprocess.run(cmd, capture_output=True, text=True)
-        line = next((ln for ln in r.stdout.splitlines() if ln.count("|") >= 8), None)
+        line = next((ln for ln in r.stdout.splitlines() if ln.count("|") >= 7), None)
         shown = " ".join(f"'{c}'" if " " in c or not c else c for c in cmd[1:])
         if line is None:
             print(f"| {engine} | failed (rc {r.returncode}): {r.stderr.strip().splitlines()[-1:]} | `python {shown}` |",
                   flush=True)
             continue
         print("| " + line + f" | `python {shown}` |", flush=True)
+        print(f"<!-- {line} -->", flush=True)
         for extra in r.stdout.splitlines()[1:6]:
             print(f"<!-- {extra.strip()} -->", flush=True)
     return 0

@@ -35,6 +35,11 @@ The pool rules, as the installed vLLM 0.32 has them (`vllm/v1/core/block_pool.py
     if isinstance(blocks, dict):                                # get_one_block: the first copy
         return next(iter(blocks.values()))
 
+and `vllm/v1/engine/input_processor.py` (a prompt of `max_model_len` ids or more is refused):
+
+    if prompt_len > max_prompt_len: ... raise VLLMValidationError(
+    elif prompt_len == max_prompt_len and model_config.runner_type == "generate": ... raise
+
 and `single_type_kv_cache_manager.py`: `self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(
 request_id)))` ("Free blocks in reverse order so that the tail blocks are freed first").
 - Hybrid (Mamba / Gated DeltaNet) models: the attention block grows to `hybrid_block_size`, and a hit needs
