@@ -24,9 +24,14 @@ LIVE_VLLM = [("--block-size 32", AGENT.format(seed=1), 1),
              ("--block-size 32 --num-gpu-blocks-override 30 --max-model-len 900", "dump:dumps/agent.jsonl", 1),
              ("--block-size 32", AGENT.format(seed=3), 4),
              ("--block-size 32 --num-gpu-blocks-override 40 --max-model-len 1200", AGENT.format(seed=3), 4)]
-LIVE_LLAMA = [("-np 1 -c 4096 --cache-ram 0", AGENT.format(seed=1), 1), ("-np 4 -c 16384", AGENT.format(seed=1), 1),
+LIVE_LLAMA = [("-np 1 -c 4096 --cache-ram 0", AGENT.format(seed=1), 1), ("-np 1 -c 4096", AGENT.format(seed=1), 1),
+              ("-np 2 -c 8192", AGENT.format(seed=2) + ",p_retry=0.4,p_drop=0.3", 1),
+              ("-np 4 -c 16384", AGENT.format(seed=1), 1), ("-np 4 -c 16384 --cache-ram 0", AGENT.format(seed=1), 1),
               ("-np 2 -c 8192 --cache-reuse 16", AGENT.format(seed=2) + ",p_edit=0.5", 1),
-              ("-np 1 -c 1024 -sps 0", AGENT.format(seed=1), 1), ("", AGENT.format(seed=1), 1),
+              ("-np 1 -c 1024 -sps 0", AGENT.format(seed=1), 1), ("-np 1 -c 600", AGENT.format(seed=1), 1),
+              ("-np 2 -kvu -c 8192 --no-cache-idle-slots", AGENT.format(seed=1), 1),
+              ("", AGENT.format(seed=1), 1), ("", "dump:dumps/agent.jsonl", 1),
+              ("-np 4 -c 16384", "fleet:sessions=6,turns=2.0,seed=3,system_words=100,tool_words=60", 1),
               ("-np 4 -c 16384", AGENT.format(seed=1), 4)]
 
 

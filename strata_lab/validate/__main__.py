@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the served calls with both numbers (strata-dump/1)")
     ap.add_argument("--log", help="engine log file (live engines)")
     a = ap.parse_args(argv)
-    from strata_lab.validate.compare import compare, write_dump
+    from strata_lab.validate.compare import compare, explain, write_dump
     from strata_lab.validate.workloads import parse_workload
 
     if a.clients < 1:
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     for i in comp.differ[:20]:
         req, _out, rep = rows[i]
         print(f"  call {i} ({req.session}, {len(req.prompt)} ids): engine {rep}, strata {comp.predicted[i]} "
-              f"({comp.causes[i]})")
+              f"({comp.causes[i]}): {explain(comp, i)}")
     if a.out:
         write_dump(a.out, comp)
     return 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["Comparison", "compare", "write_dump", "to_calls"]
+__all__ = ["Comparison", "compare", "write_dump", "to_calls", "explain"]
 
 
 def to_calls(rows, engine: str):
@@ -82,6 +82,26 @@ def compare(rows, spec: str, engine: str) -> Comparison:
             c.abs_error += abs((pred or 0) - (reported or 0)) if (pred is None) == (reported is None) \
                 else len(req.prompt)
     return c
+
+
+def explain(comp: Comparison, i: int) -> str:
+    """Why call i differs, where the run says: the calls in flight at the same time (concurrent clients),
+    those sharing a prefix with it first. The model replays one call at a time in send order; a server that
+    runs them together computes, caches and frees blocks in another order."""
+    from strata_lab.caches.calls import as_ids, lcp
+
+    req = comp.rows[i][0]
+    if req.sent is None:
+        return "sequential run"
+    mine = as_ids(req.prompt)
+    overlap = [j for j, (r, _, _) in enumerate(comp.rows)
+               if j != i and r.sent is not None and r.sent < req.done and r.done > req.sent]
+    shared = [j for j in overlap if lcp(as_ids(comp.rows[j][0].prompt), mine) >= 16]
+    if shared:
+        return f"in flight with calls {shared[:6]} sharing its prefix (the engine ran them together)"
+    if overlap:
+        return f"in flight with calls {overlap[:6]} (no shared prefix: block pool order)"
+    return "no call in flight: a model error"
 
 
 def write_dump(path, comp: Comparison) -> None:

@@ -249,6 +249,7 @@ def concurrent(spec: str, make_engine, clients: int):
             while True:
                 t0 = time.monotonic()
                 gen, rep = eng(req)
+                req.sent, req.done = t0, time.monotonic()
                 with lock:
                     rows.append((t0, req, gen, rep))
                 req = w.send(gen)

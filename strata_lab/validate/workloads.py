@@ -38,6 +38,8 @@ class Request:
     prompt: list
     max_tokens: int
     salt: str | None = None
+    sent: float | None = None      # when the client sent it and got the reply (concurrent runs)
+    done: float | None = None
 
 
 Workload = Generator[Request, list, None]
