@@ -14,8 +14,8 @@ are sent in order; sessions interleave in the order the script yields them.
   several sessions interleaved, and a `cache_salt` tenant.
 
 >>> w = agent_workload(seed=1, sessions=2, turns=2, system_len=40, turn_len=10, max_tokens=3)
->>> req = next(w); (req.session, len(req.prompt) >= 40, req.max_tokens)
-('s0', True, 3)
+>>> req = next(w); (req.session in ("s0", "s1"), len(req.prompt) >= 40, req.max_tokens)
+(True, True, 3)
 >>> req2 = w.send([7, 8, 9]); req2.max_tokens
 3
 """
