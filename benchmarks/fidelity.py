@@ -84,7 +84,7 @@ def main(which: str) -> int:
             continue
         print("| " + line + f" | `python {shown}` |", flush=True)
         print(f"<!-- {line} -->", flush=True)
-        for extra in r.stdout.splitlines()[1:6]:
+        for extra in r.stdout.splitlines()[1:21]:
             print(f"<!-- {extra.strip()} -->", flush=True)
     return 0
 
