@@ -318,7 +318,7 @@ def test_live_vllm_server_sequential(tmp_path):
     from strata_lab.validate.workloads import agent_workload
 
     _vllm_python()
-    args = "--block-size 32 --num-gpu-blocks-override 40"
+    args = "--block-size 32 --num-gpu-blocks-override 40 --max-model-len 1200"   # vLLM checks one fits
     rows, _version = run_live(agent_workload(seed=6, sessions=3, turns=4, system_len=80, turn_len=25, max_tokens=8),
                          tiny_folder(tmp_path), args, log=str(tmp_path / "vllm.log"))
     c = compare(rows, f"vllm:args={args}", "vllm")
