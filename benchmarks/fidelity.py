@@ -3,6 +3,7 @@
     STRATA_VLLM_PYTHON=/path/to/venv/bin/python python benchmarks/fidelity.py oracle   # vLLM's own cache code
     STRATA_VLLM_PYTHON=... python benchmarks/fidelity.py vllm                          # live vllm serve (slow)
     STRATA_LLAMA_SERVER=/path/to/llama-server python benchmarks/fidelity.py llama.cpp  # live llama-server
+    STRATA_LLAMA_SERVER=... python benchmarks/fidelity.py llama.cpp-hybrid            # tiny Qwen3-Next GGUF
 
 Prints one markdown row per command: engine, version, setting, workload, clients, calls, exact %,
 token-weighted error, the command.
@@ -35,6 +36,12 @@ LIVE_LLAMA = [("-np 1 -c 4096 --cache-ram 0", AGENT.format(seed=1), 1), ("-np 1 
               ("-np 4 -c 16384", AGENT.format(seed=1), 4)]
 
 
+HYB = "agent:seed={seed},sessions=3,turns=5,system_len=120,turn_len=40,max_tokens=9"
+LIVE_LLAMA_HYBRID = [("-np 1 -c 4096 --cache-ram 0", HYB.format(seed=1)), ("-np 1 -c 4096", HYB.format(seed=1)),
+                     ("-np 1 -c 4096 --cache-ram 0 -cms 64 --ctx-checkpoints 8 -ub 64", HYB.format(seed=1)),
+                     ("-np 2 -c 8192 --ctx-checkpoints 2 -ub 64", HYB.format(seed=2))]
+
+
 def rows(which: str):
     if which == "oracle":
         return [("vllm-oracle", a, w, 1) for a in ORACLE_ARGS for w in WORKLOADS]
@@ -42,7 +49,9 @@ def rows(which: str):
         return [("vllm", a, w, c) for a, w, c in LIVE_VLLM]
     if which == "llama.cpp":
         return [("llama.cpp", a, w, c) for a, w, c in LIVE_LLAMA]
-    raise SystemExit(f"which must be oracle, vllm or llama.cpp, got {which!r}")
+    if which == "llama.cpp-hybrid":   # the tiny Qwen3-Next GGUF (context checkpoints)
+        return [("llama.cpp", a, w, 1) for a, w in LIVE_LLAMA_HYBRID]
+    raise SystemExit(f"which must be oracle, vllm, llama.cpp or llama.cpp-hybrid, got {which!r}")
 
 
 def oracle_table() -> int:
@@ -74,7 +83,7 @@ def main(which: str) -> int:
 
     for engine, args, workload, clients in tqdm(rows(which), desc=f"fidelity {which}", unit="run"):
         cmd = [sys.executable, "-m", "strata_lab.validate", engine, "--args", args, "--workload", workload,
-               "--clients", str(clients)]
+               "--clients", str(clients)] + (["--model", "qwen3-next"] if which == "llama.cpp-hybrid" else [])
         r = subprocess.run(cmd, capture_output=True, text=True)
         line = next((ln for ln in r.stdout.splitlines() if ln.count("|") >= 7), None)
         shown = " ".join(f"'{c}'" if " " in c or not c else c for c in cmd[1:])

@@ -384,11 +384,13 @@ class Model(CacheModel):
             cands = []
             if pre.checkpoint_every:
                 cands += list(range(n_past + pre.checkpoint_every, P, pre.checkpoint_every))
-            cands += [P - 4 - pre.n_ubatch, P - 4]
+            ends = {P - 4 - pre.n_ubatch, P - 4}   # near the prompt end: min-step does not apply (0c1e570)
+            cands += sorted(ends)
             for c in sorted(set(cands)):
-                if c <= n_past or c < pre.checkpoint_min_step:
+                if c <= n_past or c <= 0:
                     continue
-                if kept and c - kept[-1] < pre.checkpoint_min_step:
+                if c not in ends and (c < pre.checkpoint_min_step or
+                                      (kept and c - kept[-1] < pre.checkpoint_min_step)):
                     continue
                 kept.append(c)
                 while len(kept) > pre.ctx_checkpoints:

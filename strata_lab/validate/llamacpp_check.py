@@ -45,7 +45,12 @@ def tiny_gguf(kind: str = "qwen3", root=None) -> Path:
     out = base / f"validate-{kind}.gguf"
     if not out.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        make_tiny(folder, arch, overrides={"head_dim": 32} if arch == "qwen3" else None)
+        if arch == "qwen3":
+            make_tiny(folder, arch, overrides={"head_dim": 32})
+        else:   # llama.cpp's qwen3next has no dense layers: every layer MoE
+            make_tiny(folder, arch, "tiny-moe", overrides={"hidden_size": 32, "moe_intermediate_size": 16,
+                                                           "shared_expert_intermediate_size": 24,
+                                                           "mlp_only_layers": ()})
         write_gguf(folder, out)
     return out
 
