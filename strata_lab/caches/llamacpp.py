@@ -21,9 +21,11 @@ copy vendored by llama-cpp-python 0.3.36) do it.
 - Hybrid / recurrent models cannot cut their state: when `0 < n_past < len(slot tokens)` the newest context
   checkpoint at or before `n_past` is restored, or, with none, "forcing full prompt re-processing"
   (`n_past = 0`). Checkpoints past the new position are erased. While a prompt is read, checkpoints are taken
-  `4 + n_ubatch` and `4` tokens before its end (and every `checkpoint_every` tokens), none under or within
-  `checkpoint_min_step` of the previous one, at most `ctx_checkpoints` per slot (oldest dropped). (These
-  hybrid rules are the documented ones; the server's differ in details not modelled yet, docs/FIDELITY.md.)
+  `4 + n_ubatch` and `4` tokens before its end whatever `checkpoint_min_step` says (0c1e570: "process the
+  last few tokens of the prompt separately in order to allow for a checkpoint to be created"), periodic ones
+  (`checkpoint_every`) none under or within `checkpoint_min_step` of the previous one, at most
+  `ctx_checkpoints` per slot (oldest dropped). Not modelled yet: checkpoints at user-message starts and the
+  pruning in `create_checkpoint` when the list is full (docs/FIDELITY.md).
 
 The rules above, from the source:
 
