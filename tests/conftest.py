@@ -31,3 +31,13 @@ def tiny_engine(tiny_dir):
     from strata_lab.engine import Engine
 
     return Engine.load(tiny_dir, threads=2, max_context=256)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`live` tests start real engines: they run only when `-m` names them (`pytest -m live`)."""
+    if "live" in (config.getoption("markexpr", "") or ""):
+        return
+    skip = pytest.mark.skip(reason="live engine check: run with pytest -m live")
+    for item in items:
+        if item.get_closest_marker("live") is not None:
+            item.add_marker(skip)

@@ -76,8 +76,9 @@ def test_vllm_generated_ids_are_cached_as_their_blocks_fill():
 
 
 def test_vllm_eviction_order_under_a_tiny_pool():
-    # pool of 4 blocks of 2. A's blocks go back to the queue tail-first: [a1, a0]; B's next: [a1, a0, b1, b0]
-    d = Driver("vllm:block_size=2,kv_blocks=4")
+    # 5 blocks logged, one the null block: 4 of 2 ids. A's blocks go back to the queue tail-first: [a1, a0];
+    # B's next: [a1, a0, b1, b0] (vLLM 0.32's KVCacheManager gives the same, tests/test_fidelity.py)
+    d = Driver("vllm:block_size=2,kv_blocks=5")
     d("A", [1, 2, 3, 4])
     d("B", [5, 6, 7, 8])                                # takes the 2 never-used blocks first
     d("C", [9, 10, 11, 12, 13, 14])                     # needs 3: pops a1, a0, then b1
@@ -88,7 +89,7 @@ def test_vllm_eviction_order_under_a_tiny_pool():
 
 
 def test_vllm_evict_to_a_budget_follows_the_free_queue():
-    d = Driver("vllm:block_size=2,kv_blocks=8")
+    d = Driver("vllm:block_size=2,kv_blocks=9")
     d("A", [1, 2, 3, 4, 0])
     d("B", [5, 6, 7, 8, 0])
     assert d.model.evict(2) == 2                        # A's blocks were freed first
@@ -182,10 +183,10 @@ def test_llamacpp_always_evaluates_the_last_prompt_token():
 
 def test_llamacpp_slot_by_similarity_and_slot_stealing():
     d = Driver("llama.cpp:slots=2,cache_ram_mib=0")
-    d("A", [1, 2, 3, 4])                                # slot 0 (least recently used)
-    d("B", [5, 6, 7, 8])                                # no similar slot: LRU -> slot 1
+    d("A", [1, 2, 3, 4])                                # LRU, ties to the last: slot 1 (`t_last_used <= t_last`)
+    d("B", [5, 6, 7, 8])                                # no similar slot: LRU -> slot 0
     p = d("A", [1, 2, 3, 4, 9])
-    assert (p.reused, p.unit) == (4, "slot 0")
+    assert (p.reused, p.unit) == (4, "slot 1")
     d = Driver("llama.cpp:slots=1,cache_ram_mib=0")
     d("A", [1, 2, 3, 4])
     d("B", [5, 6, 7, 8])                                # takes A's only slot

@@ -81,7 +81,18 @@ class Preset(EnginePreset):
                 raise ValueError(f"call {call.index}: cache_control has {len(call.breakpoints)} breakpoints, "
                                  f"anthropic allows at most {self.max_breakpoints}")
             return tuple(p for p in call.breakpoints if p > 0)
-        return (call.prompt_len,) if self.automatic and call.prompt_len else ()
+        return (self.last_block_end(call),) if self.automatic and call.prompt_len else ()
+
+    def last_block_end(self, call: Call) -> int:
+        """Where automatic caching puts its breakpoint: the end of the last content block. The API caches
+        messages, not a rendered generation header: a ChatML render ends with `<|im_start|>assistant\n...`,
+        which no later request repeats (the next turn has the reply there), so the last message ends at the
+        last `<|im_start|>`. Given `content_blocks`, the last of them; otherwise the prompt's end."""
+        P = call.prompt_len
+        if call.content_blocks is not None:
+            return max((b for b in call.content_blocks if 0 < b <= P), default=P)
+        starts = np.flatnonzero(call.prompt == self.block_boundary_id)
+        return int(starts[-1]) if len(starts) and starts[-1] > 0 else P
 
 
 class Model(CacheModel):

@@ -13,7 +13,8 @@ holds: in-flight blocks are never evicted, as in vLLM and SGLang) and `finish` w
 call left (`prev`), their common prefix with this prompt (`lcp`) and `exact`, the most a token-exact cache
 that re-reads the last prompt token could reuse (`min(lcp, prompt_len - 1)`). Models compare themselves to
 `exact` to name what they lost: `block_rounding`, `evicted`, `expired`, `below_minimum`, `slot_stolen`,
-`no_state_checkpoint`, `lookback`, `not_cached`;
+`no_state_checkpoint`, `lookback`, `not_cached`, `refused` (the engine turns the call away: over its context;
+no reuse, nothing cached);
 `last_output_token` (the last generated id is never fed back, so no engine but ours holds its KV); the replay adds `routing`, `new_session` and the divergence
 causes of the strata replay (`retokenized_reply`, `template_rewrite`, ...).
 
@@ -32,7 +33,7 @@ __all__ = ["CacheModel", "CachePlan", "Hint", "ENGINE_CAUSES"]
 
 # Causes a cache model can give for reusing less than `hint.exact`.
 ENGINE_CAUSES = ("block_rounding", "evicted", "expired", "below_minimum", "slot_stolen", "no_state_checkpoint",
-                 "lookback", "not_cached", "last_output_token", "routing")
+                 "lookback", "not_cached", "last_output_token", "routing", "refused")
 
 
 @dataclass(slots=True)

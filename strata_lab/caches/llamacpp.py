@@ -1,18 +1,63 @@
-"""llama.cpp server slots, as `tools/server/server-context.cpp` does it.
+"""llama.cpp server slots, as `tools/server/server-context.cpp` and `server-task.cpp` (llama.cpp 0c1e570, the
+copy vendored by llama-cpp-python 0.3.36) do it.
 
-- `slots` slots, each holding one token sequence. Slot choice: among slots with cached tokens, the largest
-  `LCP(slot, prompt) / len(prompt)` above `slot_prompt_similarity`, else the least recently used slot.
-  A slot that would keep under half of its tokens first saves them to the host prompt cache (`cache_ram_mib`).
+- `slots` slots (`-np`; auto = 4 with a unified KV cache), each holding one token sequence. Slot choice
+  (`get_available_slot`): among idle slots with cached tokens, the largest `LCP(slot, prompt) / len(prompt)`
+  above `slot_prompt_similarity` (first slot on ties); else the least recently used slot (the last of the
+  least recent on ties: `if (!ret || slot.t_last_used <= t_last)`).
+- The host prompt cache (`--cache-ram` MiB, 0: off, -1: no byte limit; always at most n_ctx tokens) is
+  consulted only when the slot was picked by LRU or by similarity keeping under half of its tokens
+  (`update_cache`): the slot's tokens are saved (`prompt_save`: not when a cached prompt already contains
+  them; cached prompts they contain are dropped; oldest entries go to make room), then the cached prompt
+  that beats the slot on both `f_keep` (LCP / its length) and `f_sim` (LCP / prompt length), walking oldest
+  first and skipping those keeping under 25 % of themselves, is loaded into the slot (`server_prompt_cache::
+  load`). `--cache-idle-slots` (default on, needs the prompt cache) saves every other idle slot each task and,
+  with a unified KV cache, clears it.
+- A prompt of `n_ctx` per slot or more is refused (HTTP 400; `ctx_size` / slots, or all of it when unified;
+  0: no limit): nothing reused, the slot's tokens stay.
 - Reuse is token-exact: `n_past = LCP(slot tokens, prompt)`; `cache_reuse` N > 0 also moves matching chunks of
   at least N tokens found later in the cache (KV shift; attention-only models). If `n_past == len(prompt)` one
   token is taken back (`n_past--`: the last token is always evaluated).
 - Hybrid / recurrent models cannot cut their state: when `0 < n_past < len(slot tokens)` the newest context
   checkpoint at or before `n_past` is restored, or, with none, "forcing full prompt re-processing"
   (`n_past = 0`). Checkpoints past the new position are erased. While a prompt is read, checkpoints are taken
-  `4 + n_ubatch` and `4` tokens before its end (and every `checkpoint_every` tokens), none under or within
-  `checkpoint_min_step` of the previous one, at most `ctx_checkpoints` per slot (oldest dropped).
-- The host prompt cache keeps evicted slot contents (tokens and checkpoints) up to `cache_ram_mib` MiB, LRU;
-  a cached prompt more similar than the chosen slot is loaded into it.
+  `4 + n_ubatch` and `4` tokens before its end whatever `checkpoint_min_step` says (0c1e570: "process the
+  last few tokens of the prompt separately in order to allow for a checkpoint to be created"), periodic ones
+  (`checkpoint_every`) none under or within `checkpoint_min_step` of the previous one, at most
+  `ctx_checkpoints` per slot (oldest dropped). Not modelled yet: checkpoints at user-message starts and the
+  pruning in `create_checkpoint` when the list is full (docs/FIDELITY.md).
+
+The rules above, from the source:
+
+    if (f_keep < 0.5f) { update_cache = true; }            // get_available_slot, picked by similarity
+    ...
+    SLT_INF(*ret, "selected slot by LRU, t_last = %" PRId64 "\n", t_last);
+    update_cache = true;
+    ...
+    ret->prompt_save(*prompt_cache);
+    if (!ret->prompt_load(*prompt_cache, task.tokens)) { ret->prompt_clear(); }
+    prompt_cache->update();
+
+    if (cur_lcp_len == (int) prompt.tokens.size()) {       // server_prompt_cache::alloc
+        SRV_TRC("%s", " - prompt is already in the cache, skipping\n");
+    ...
+    // remove any cached prompts that are fully contained in the current prompt
+
+    // don't trash large prompts                            // server_prompt_cache::load
+    if (f_keep_cur < 0.25f) { continue; }
+    if (f_keep_best < f_keep_cur && f_sim_best < f_sim_cur) { ... it_best = it; }
+
+    if (slot.task->n_tokens() >= slot.n_ctx) {              // update_slots
+        send_error(slot, string_format("request (%d tokens) exceeds the available context size ...
+
+    if (params_base.cache_idle_slots) {                     // process_single_task, after launching
+        for (auto & slot : slots) { if (!slot.is_processing()) {
+            if (slot.prompt_save(*prompt_cache)) { prompt_cache->update(); }
+            if (params_base.kv_unified) { slot.prompt_clear(); } } } }
+
+`llama.cpp:args=-np 4 -c 8192 --cache-reuse 256` configures the model from the server's command line
+(`common/arg.cpp` names and defaults: -np auto = 4 slots + unified KV, -c 0 = the model's context,
+--cache-ram 8192, -sps 0.1, --cache-idle-slots on, --ctx-checkpoints 32, -cms 8192, -ub 512).
 
 >>> from strata_lab.caches.calls import Call, as_ids
 >>> from strata_lab.caches.base import Hint
@@ -20,7 +65,7 @@
 >>> m = parse_engine("llama.cpp:slots=2").build()
 >>> _ = m.step(Call(0, "a", as_ids([1, 2, 3, 4])), Hint(None, 0, 0))
 >>> p = m.step(Call(1, "a", as_ids([1, 2, 3, 4])), Hint(None, 0, 0)); (p.reused, p.unit)   # n_past--
-(3, 'slot 0')
+(3, 'slot 1')
 """
 from __future__ import annotations
 
@@ -47,17 +92,98 @@ class Preset(EnginePreset):
     checkpoint_every: int = 0
     checkpoint_min_step: int = 64
     cache_ram_mib: int = 8192
+    ctx_size: int = 0              # -c: the whole KV cache in tokens (0: the model's context, no limit here)
+    kv_unified: bool = False       # -kvu: one KV buffer for all slots (each slot may use all of ctx_size)
+    cache_idle_slots: bool = False  # --cache-idle-slots: idle slots saved to the prompt cache each task
 
     def __post_init__(self):
         super().__post_init__()
         _positive_int(self, "slots")
-        for f in ("cache_reuse", "ctx_checkpoints", "checkpoint_every", "checkpoint_min_step"):
+        for f in ("cache_reuse", "ctx_checkpoints", "checkpoint_every", "checkpoint_min_step", "ctx_size"):
             _positive_int(self, f, zero=True)
         _positive_int(self, "n_ubatch")
         if not 0 <= self.slot_prompt_similarity <= 1:
             raise ValueError(f"llama.cpp: slot_prompt_similarity must be in [0, 1], got {self.slot_prompt_similarity!r}")
         if isinstance(self.cache_ram_mib, bool) or not isinstance(self.cache_ram_mib, int) or self.cache_ram_mib < -1:
             raise ValueError(f"llama.cpp: cache_ram_mib must be an int >= -1, got {self.cache_ram_mib!r}")
+
+    @property
+    def n_ctx_slot(self) -> int:
+        """Tokens one slot may hold (0: no limit): -c split over the slots unless the KV cache is unified."""
+        if not self.ctx_size:
+            return 0
+        return self.ctx_size if self.kv_unified else self.ctx_size // self.slots
+
+
+# `llama-server` flags (common/arg.cpp at 0c1e570) -> preset fields; flags that change nothing in the prompt
+# cache are listed with their arity; any other flag is refused by name.
+_FLAGS = {("-np", "--parallel"): ("slots", int), ("-c", "--ctx-size"): ("ctx_size", int),
+          ("--cache-reuse",): ("cache_reuse", int), ("-sps", "--slot-prompt-similarity"): ("slot_prompt_similarity", float),
+          ("-cram", "--cache-ram"): ("cache_ram_mib", int), ("-ub", "--ubatch-size"): ("n_ubatch", int),
+          ("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"): ("ctx_checkpoints", int),
+          ("-cms", "--checkpoint-min-step"): ("checkpoint_min_step", int)}
+_BOOLS = {"-kvu": ("kv_unified", True), "--kv-unified": ("kv_unified", True), "-no-kvu": ("kv_unified", False),
+          "--no-kv-unified": ("kv_unified", False), "--cache-idle-slots": ("cache_idle_slots", True),
+          "--no-cache-idle-slots": ("cache_idle_slots", False)}
+_NEUTRAL = {"-m": 1, "--model": 1, "--host": 1, "--port": 1, "-t": 1, "--threads": 1, "-tb": 1, "--threads-batch": 1,
+            "-n": 1, "--predict": 1, "--n-predict": 1, "-s": 1, "--seed": 1, "-ngl": 1, "--n-gpu-layers": 1,
+            "--metrics": 0, "--no-warmup": 0, "-b": 1, "--batch-size": 1, "--log-file": 1, "-v": 0, "--verbose": 0,
+            "--no-webui": 0, "--jinja": 0, "-a": 1, "--alias": 1, "--log-disable": 0, "--slots": 0, "--no-mmap": 0}
+_BY_FLAG = {f: v for names, v in _FLAGS.items() for f in names}
+
+# the server's own defaults (common.h / server.cpp at 0c1e570) for every flag an args= spec does not give
+args_defaults = {"slots": 4, "kv_unified": True, "ctx_size": 0, "cache_reuse": 0, "slot_prompt_similarity": 0.1,
+                 "cache_ram_mib": 8192, "n_ubatch": 512, "ctx_checkpoints": 32, "checkpoint_min_step": 8192,
+                 "checkpoint_every": 0, "cache_idle_slots": True}
+
+
+def parse_args(argv: list, preset) -> dict:
+    """Preset fields from a `llama-server` command line; `-np -1` (auto) is 4 slots with a unified KV cache,
+    an explicit `-np N` keeps the KV cache per slot unless `-kvu` is given (server.cpp).
+
+    >>> d = parse_args(["-np", "4", "-c", "8192", "--cache-reuse", "256"], None)
+    >>> d["slots"], d["ctx_size"], d["cache_reuse"], d["kv_unified"]
+    (4, 8192, 256, False)
+    """
+    out: dict = {}
+    unified = None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        flag, eq, val = a.partition("=")
+        if flag in _BY_FLAG:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"llama.cpp: args: {flag} expects a value")
+                i += 1
+                val = argv[i]
+            field, kind = _BY_FLAG[flag]
+            try:
+                out[field] = kind(val)
+            except ValueError:
+                raise ValueError(f"llama.cpp: args: {flag} expects {'an integer' if kind is int else 'a number'}, "
+                                 f"got {val!r}") from None
+        elif a in _BOOLS:
+            field, v = _BOOLS[a]
+            if field == "kv_unified":
+                unified = v
+            out[field] = v
+        elif flag in _NEUTRAL:
+            i += 0 if eq else _NEUTRAL[flag]
+        else:
+            known = sorted(_BY_FLAG) + sorted(_BOOLS)
+            raise ValueError(f"llama.cpp: args: unknown or unsupported flag {a!r} (supported: {', '.join(known)}; "
+                             f"no effect on the cache: {', '.join(sorted(_NEUTRAL))})")
+        i += 1
+    n = out.get("slots")
+    if n is not None and n < 0:          # -np -1: auto
+        out["slots"] = 4
+        out.setdefault("kv_unified", True)
+    elif n is not None and unified is None:
+        out["kv_unified"] = False         # params.kv_unified defaults to false; only auto turns it on
+    if out.get("slots") == 0:
+        raise ValueError("llama.cpp: args: error: invalid value for n_parallel (-np 0)")
+    return out
 
 
 class _Slot:
@@ -67,7 +193,7 @@ class _Slot:
         self.id = i
         self.tokens = np.zeros(0, np.int32)
         self.ckpts: list = []     # checkpoint positions (n_tokens), oldest first
-        self.used = -1            # logical time of last use
+        self.used = -1            # logical time of last use (t_last_used)
         self.session = None       # session whose call last ran here
         self.owner = None         # call index that left the tokens
 
@@ -80,13 +206,15 @@ class Model(CacheModel):
         self.slots = [_Slot(i) for i in range(preset.slots)]
         self.hybrid = preset.shape.hybrid
         self.clock = 0
-        self.ram: "OrderedDict[int, tuple]" = OrderedDict()   # id -> (tokens, ckpts, owner, session)
-        self.ram_ids = 0
-        self.last_slot: dict = {}   # session -> slot id of its last call
+        self.ram: list = []          # the host prompt cache, oldest first: [tokens, ckpts, owner, session]
+        self.last_slot: dict = {}    # session -> slot id of its last call
+        # the prompt cache's token cap: n_ctx (the whole context; unlimited when the model's own)
+        self.ram_tokens = preset.ctx_size or 0
 
     # -- slot choice -------------------------------------------------------------------------------
     def _choose(self, prompt: np.ndarray):
-        best, best_sim, best_lcp = None, -1.0, 0
+        """(slot, lcp, picked by LRU)."""
+        best, best_sim, best_lcp = None, 0.0, 0
         sps = self.preset.slot_prompt_similarity
         if sps > 0 and len(prompt):
             for s in self.slots:
@@ -94,51 +222,109 @@ class Model(CacheModel):
                     continue
                 n = lcp(s.tokens, prompt)
                 sim = n / len(prompt)
-                if sim > sps and sim > best_sim:
+                if sim > best_sim and sim > sps:
                     best, best_sim, best_lcp = s, sim, n
-        if best is None:
-            best = min(self.slots, key=lambda s: s.used)
-            best_lcp = lcp(best.tokens, prompt)
-        return best, best_lcp
+        if best is not None:
+            return best, best_lcp, False
+        lru = None
+        for s in self.slots:
+            if lru is None or s.used <= lru.used:
+                lru = s
+        return lru, lcp(lru.tokens, prompt), True
 
-    def _ram_bytes(self, n_tokens: int, n_ckpts: int) -> int:
+    def _entry_bytes(self, n_tokens: int, n_ckpts: int) -> int:
         sh = self.preset.shape
-        return n_tokens * sh.kv_bytes_per_token + n_ckpts * sh.state_bytes
+        return n_tokens * sh.kv_bytes_per_token + (1 + n_ckpts) * sh.state_bytes
 
-    def _save_to_ram(self, slot: _Slot):
-        if self.preset.cache_ram_mib == 0 or not len(slot.tokens):
-            return
-        self.ram_ids += 1
-        self.ram[self.ram_ids] = (slot.tokens, list(slot.ckpts), slot.owner, slot.session)
-        cap = self.preset.cache_ram_mib
-        if cap > 0:
-            limit = cap * 2**20
-            while self.ram and sum(self._ram_bytes(len(t), len(c)) for t, c, _, _ in self.ram.values()) > limit:
-                self.ram.popitem(last=False)
+    def _ram_limit(self) -> int:
+        return self.preset.cache_ram_mib * 2**20 if self.preset.cache_ram_mib > 0 else 0
+
+    def _save(self, slot: _Slot) -> bool:
+        """`prompt_save` + `server_prompt_cache::alloc`."""
+        toks = slot.tokens
+        if not len(toks):
+            return False
+        if any(lcp(e[0], toks) == len(toks) for e in self.ram):
+            return False                               # already contained in a cached prompt
+        new = self._entry_bytes(len(toks), len(slot.ckpts))
+        limit = self._ram_limit()
+        if limit and new > limit:
+            return False
+        self.ram = [e for e in self.ram if lcp(e[0], toks) != len(e[0])]   # prefixes of it are dropped
+        if limit:
+            while self.ram and self._ram_size() + new > limit:
+                self.ram.pop(0)
                 self.evictions += 1
+        self.ram.append([toks, list(slot.ckpts), slot.owner, slot.session])
+        return True
+
+    def _ram_size(self) -> int:
+        return sum(self._entry_bytes(len(t), len(c)) for t, c, _, _ in self.ram)
+
+    def _update(self):
+        """`server_prompt_cache::update`: oldest entries go over the byte limit, then over the token limit."""
+        limit = self._ram_limit()
+        if limit:
+            while self.ram and self._ram_size() > limit:
+                self.ram.pop(0)
+                self.evictions += 1
+        if self.ram_tokens:
+            n_tok = sum(len(e[0]) for e in self.ram)
+            per_tok = max(1.0, self._ram_size() / max(1, n_tok))
+            cap = max(self.ram_tokens, int(limit / per_tok)) if limit else self.ram_tokens
+            while self.ram and sum(len(e[0]) for e in self.ram) > cap:
+                self.ram.pop(0)
+                self.evictions += 1
+
+    def _load(self, slot: _Slot, prompt: np.ndarray) -> bool:
+        """`server_prompt_cache::load`: the cached prompt beating the slot on f_keep and f_sim, oldest first."""
+        n0 = lcp(slot.tokens, prompt)
+        keep_best = n0 / len(slot.tokens) if len(slot.tokens) else -1.0
+        sim_best = n0 / len(prompt) if len(prompt) else 0.0
+        best = None
+        for j, e in enumerate(self.ram):
+            n = lcp(e[0], prompt)
+            keep, sim = n / len(e[0]), n / len(prompt)
+            if keep < 0.25:
+                continue
+            if keep_best < keep and sim_best < sim:
+                keep_best, sim_best, best = keep, sim, j
+        if best is None:
+            return False
+        toks, ckpts, owner, sess = self.ram.pop(best)
+        slot.tokens, slot.ckpts, slot.owner, slot.session = toks, ckpts, owner, sess
+        return True
 
     # -- the call ----------------------------------------------------------------------------------
     def plan(self, call: Call, hint: Hint) -> CachePlan:
+        pre = self.preset
         self.clock += 1
         prompt, P = call.prompt, call.prompt_len
-        slot, n_past = self._choose(prompt)
+        slot, n_past, by_lru = self._choose(prompt)
         f_keep = n_past / len(slot.tokens) if len(slot.tokens) else 1.0
         unit_from = "slot"
-        if f_keep < 0.5:
-            self._save_to_ram(slot)
-        # the host prompt cache: load a cached prompt that matches better than the slot does
-        best, best_n = None, n_past
-        for rid, (toks, _, _, _) in self.ram.items():
-            n = lcp(toks, prompt)
-            if n > best_n:
-                best, best_n = rid, n
-        if best is not None:
-            toks, ckpts, owner, sess = self.ram.pop(best)
-            slot.tokens, slot.ckpts, slot.owner, slot.session = toks, ckpts, owner, sess
-            n_past, unit_from = best_n, "ram"
+        cache_on = pre.cache_ram_mib != 0
+        if cache_on and (by_lru or f_keep < 0.5):
+            self._save(slot)
+            if self._load(slot, prompt):
+                unit_from = "ram"
+            self._update()
+        if cache_on and pre.cache_idle_slots:   # every other idle slot saved (and cleared when unified)
+            for s in self.slots:
+                if s is slot:
+                    continue
+                if self._save(s):
+                    self._update()
+                if pre.kv_unified:
+                    s.tokens, s.ckpts = np.zeros(0, np.int32), []
+        n_ctx = pre.n_ctx_slot
+        if n_ctx and P >= n_ctx:   # "request (%d tokens) exceeds the available context size"
+            slot.used = self.clock
+            return CachePlan(0, cause="refused", state=None)
+        n_past = lcp(slot.tokens, prompt)
         cached = len(slot.tokens)
         shifted = 0
-        if self.preset.cache_reuse > 0 and not self.hybrid and n_past < P:
+        if pre.cache_reuse > 0 and not self.hybrid and n_past < P:
             shifted = self._chunk_reuse(slot.tokens, prompt, n_past)
         full = n_past + shifted
         if full >= P and P:
@@ -171,7 +357,7 @@ class Model(CacheModel):
         else:
             unit = ""
         return CachePlan(reused, unit=unit, source=slot.owner if reused else None, cause=cause,
-                    state=(slot, n_past))
+                         state=(slot, n_past))
 
     def _chunk_reuse(self, cache: np.ndarray, prompt: np.ndarray, n_past: int) -> int:
         """`--cache-reuse N`: walk both from n_past; a matching run of >= N ids is shifted into place, else
@@ -190,6 +376,8 @@ class Model(CacheModel):
         return got
 
     def admit(self, call: Call, plan: CachePlan) -> None:
+        if plan.state is None:   # refused: the slot keeps what it held
+            return
         slot, n_past = plan.state
         P = call.prompt_len
         pre = self.preset
@@ -198,11 +386,13 @@ class Model(CacheModel):
             cands = []
             if pre.checkpoint_every:
                 cands += list(range(n_past + pre.checkpoint_every, P, pre.checkpoint_every))
-            cands += [P - 4 - pre.n_ubatch, P - 4]
+            ends = {P - 4 - pre.n_ubatch, P - 4}   # near the prompt end: min-step does not apply (0c1e570)
+            cands += sorted(ends)
             for c in sorted(set(cands)):
-                if c <= n_past or c < pre.checkpoint_min_step:
+                if c <= n_past or c <= 0:
                     continue
-                if kept and c - kept[-1] < pre.checkpoint_min_step:
+                if c not in ends and (c < pre.checkpoint_min_step or
+                                      (kept and c - kept[-1] < pre.checkpoint_min_step)):
                     continue
                 kept.append(c)
                 while len(kept) > pre.ctx_checkpoints:

@@ -29,6 +29,7 @@ import difflib
 import functools
 import importlib
 import re
+import shlex
 from dataclasses import dataclass, fields, replace
 from importlib import resources
 
@@ -145,8 +146,10 @@ class EnginePreset:
         return shape(self.model)
 
     def spec(self) -> str:
-        """The spec that rebuilds this preset: engine@version plus the overrides given."""
-        extra = ",".join(f"{k}={v}" for k, v in self.overrides)
+        """The spec that rebuilds this preset: engine@version plus the overrides given (`args=`, the engine's
+        own command line, last: it runs to the end of the spec)."""
+        extra = ",".join(f"{k}={v}" for k, v in self.overrides if k != "args")
+        extra += "".join(f"{',' if extra else ''}args={v}" for k, v in self.overrides if k == "args")
         return f"{self.engine}@{self.version}" + (f":{extra}" if extra else "")
 
     def with_(self, **kw) -> "EnginePreset":
@@ -224,25 +227,64 @@ def preset(engine: str, version: str | None = None):
     return cls(version=version, **table[version])
 
 
+def _apply_args(p: EnginePreset, text: str) -> EnginePreset:
+    """Fields from the engine's own command line (`args=` runs to the end of the spec), parsed by the
+    engine module's `parse_args(argv, preset)` as the engine parses its flags; the engine's own defaults
+    (`args_defaults`) stand for every flag not given, then key=value overrides before `args=` apply."""
+    mod = importlib.import_module(ENGINES[p.engine][1])
+    if not hasattr(mod, "parse_args"):
+        raise ValueError(f"{p.engine}: args= is not supported (this engine has no command line to parse)")
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise ValueError(f"{p.engine}: args: {e}") from None
+    vals = dict(getattr(mod, "args_defaults", {}))
+    vals.update(mod.parse_args(argv, p))
+    given = dict(p.overrides)
+    vals = {k: v for k, v in vals.items() if k not in given}
+    q = replace(p, **vals)
+    return replace(q, overrides=tuple(sorted(given.items())) + (("args", text.strip()),))
+
+
 def parse_engine(spec) -> EnginePreset:
     """A preset from "name[@version][:key=value,...]" (or a preset, returned as it is).
 
     Args:
         spec: the engine spec, e.g. "vllm", "vllm@0.11:block_size=32", "llama.cpp:slots=4", or a preset.
-"""
+
+    `name:args=FLAGS` configures the model from the engine's own command line (the rest of the spec):
+
+    >>> q = parse_engine("vllm:args=--block-size 32 --num-gpu-blocks-override 300")
+    >>> q.block_size, q.kv_blocks, q.spec()
+    (32, 300, 'vllm@0.32:args=--block-size 32 --num-gpu-blocks-override 300')
+    """
     if isinstance(spec, EnginePreset):
         return spec
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"engine must be a non-empty spec like 'vllm:block_size=32', got {spec!r}")
     head, _, rest = spec.strip().partition(":")
     name, _, version = head.partition("@")
+    args = None
+    m = re.search(r"(?:^|,)\s*args=", rest)
+    if m:
+        rest, args = rest[:m.start()], rest[m.end():]
+        if not version and name.strip().lower() in _ARGS_VERSION:  # the version the flags were checked on
+            version = _ARGS_VERSION[name.strip().lower()]
     p = preset(name, version or None)
-    if not rest.strip():
-        return p
+    if rest.strip():
+        p = _apply(p, _split_overrides(p, rest), from_text=True)
+    return _apply_args(p, args) if args is not None else p
+
+
+# `name:args=...` without a version: the engine version whose command line (and defaults) the parser follows
+_ARGS_VERSION = {"vllm": "0.32", "llama.cpp": "0c1e570", "llamacpp": "0c1e570", "llama-cpp": "0c1e570"}
+
+
+def _split_overrides(p: EnginePreset, rest: str) -> dict:
     kw = {}
     for part in rest.split(","):
         key, eq, value = part.partition("=")
         if not eq or not key.strip():
             raise ValueError(f"{p.engine}: override {part!r} is not key=value")
         kw[key.strip()] = value.strip()
-    return _apply(p, kw, from_text=True)
+    return kw

@@ -201,7 +201,9 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
             where[c.session] = r
             reused = plan.reused
             diverged = hint.prev is not None and hint.lcp < hint.held and hint.lcp < c.prompt_len
-            if hint.prev is None:
+            if plan.cause == "refused":   # turned away by the engine: no reuse, nothing cached
+                cause = "refused"
+            elif hint.prev is None:
                 cause = "none" if reused else "new_session"
             elif reused < hint.exact and moved:
                 cause = "routing"

@@ -6,8 +6,42 @@
 - A hit is the longest run of cached blocks, capped at `prompt_len - 1` and floored to a block: a 100 %
   repeat recomputes its whole last block (`get_computed_blocks`).
 - Output ids are hashed as their blocks fill; the last generated id is never fed back, so it has no KV.
-- A finite pool of `kv_blocks`; free blocks wait in a queue, a finished request's blocks appended to its
-  tail in reverse order (the chain's tail goes first); allocation pops the head (LRU) and evicts its key.
+- A finite pool of `kv_blocks` (vLLM's logged `num_gpu_blocks`), one of which is the null block: N blocks
+  hold N-1. Free blocks wait in a queue; a finished request's blocks are freed in reverse order (the
+  chain's tail goes first), those holding a key appended to the queue's tail, those without one (the
+  partial last block) put at its head; allocation pops the head and evicts its key.
+- Identical full blocks are not merged: a second copy (a retried prompt's recomputed last block) keeps its
+  key too, a lookup takes the first copy cached, and evicting one copy leaves the others.
+
+The pool rules, as the installed vLLM 0.32 has them (`vllm/v1/core/block_pool.py`):
+
+    self.null_block = self.free_block_queue.popleft()          # BlockPool.__init__
+    self.null_block.is_null = True
+    ...
+    if block.block_hash is None or not self.enable_caching:    # BlockPool.free_blocks
+        # LIFO reuse of non-cached blocks for better GPU locality.
+        blocks_to_evict_first.append(block)
+    else:
+        # FIFO reuse of cached blocks for LRU eviction behavior.
+        blocks_to_evict_last.append(block)
+    ...
+    self.free_block_queue.prepend_n(blocks_to_evict_first)
+    self.free_block_queue.append_n(blocks_to_evict_last)
+
+    NOTE #1: We currently don't de-duplicate the blocks in the cache,       # BlockHashToBlockMap
+    meaning that if a block becomes full and is cached, we don't check
+    if there is already an identical block in the cache.
+    ...
+    if isinstance(blocks, dict):                                # get_one_block: the first copy
+        return next(iter(blocks.values()))
+
+and `vllm/v1/engine/input_processor.py` (a prompt of `max_model_len` ids or more is refused):
+
+    if prompt_len > max_prompt_len: ... raise VLLMValidationError(
+    elif prompt_len == max_prompt_len and model_config.runner_type == "generate": ... raise
+
+and `single_type_kv_cache_manager.py`: `self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(
+request_id)))` ("Free blocks in reverse order so that the tail blocks are freed first").
 - Hybrid (Mamba / Gated DeltaNet) models: the attention block grows to `hybrid_block_size`, and a hit needs
   a recurrent state too. `mamba_cache_mode` none: no prefix cache; all: a state at every block boundary;
   align: a state only where a scheduler step ends on a block boundary (prefill steps of
@@ -18,7 +52,8 @@ hashing every id: the same numbers, at a fraction of the work. With time and con
 are pinned (reference counts) from `start` to `finish`.
 
 Why one module: the pool's arrays, the two ways of keying blocks and the call's plan / start / finish all
-work on the same state; split, each part would reach into the others.
+work on the same state, and the `vllm serve` flags that configure them change together from one vLLM
+release to the next, with the quoted source lines next to the rules they justify.
 
 Per call the work is proportional to the new tokens: the session's block keys and block ids from its last
 call are kept and checked in one vectorised gather; only blocks past the common prefix are hashed.
@@ -35,8 +70,8 @@ call are kept and checked in one vectorised gather; only blocks past the common 
 """
 from __future__ import annotations
 
+import re
 import zlib
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,7 +81,7 @@ from strata_lab.caches.calls import Call, lcp_call
 from strata_lab.caches.presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
 from strata_lab.caches.presets import parse_engine  # noqa: F401  (the doctest above)
 
-__all__ = ["Preset", "Model", "chain_hashes"]
+__all__ = ["Preset", "Model", "chain_hashes", "parse_args"]
 
 _ROOT = 0x5EED  # NONE_HASH: vLLM draws it at random per process; any fixed value keeps replays deterministic
 
@@ -59,16 +94,20 @@ class Preset(EnginePreset):
     mamba_cache_mode: str = "align"
     max_num_batched_tokens: int = 8192
     cache_output: bool = True
-    kv_blocks: int | None = None   # capacity: blocks, tokens or bytes (None everywhere: unbounded)
-    kv_tokens: int | None = None
+    kv_blocks: int | None = None   # capacity: blocks (vLLM's num_gpu_blocks, null block included), tokens or
+    kv_tokens: int | None = None   # bytes (None everywhere: unbounded)
     kv_bytes: str | None = None
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None   # prompts of max_model_len ids or more are refused (None: no limit)
 
     def __post_init__(self):
         super().__post_init__()
         for f in ("block_size", "hybrid_block_size", "max_num_batched_tokens"):
             _positive_int(self, f)
-        for f in ("kv_blocks", "kv_tokens"):
+        for f in ("kv_blocks", "kv_tokens", "max_model_len"):
             _optional_positive_int(self, f)
+        if self.kv_blocks is not None and self.kv_blocks < 2:
+            raise ValueError(f"vllm: kv_blocks must be >= 2 (one of them is vLLM's null block), got {self.kv_blocks}")
         if self.kv_bytes is not None:
             parse_bytes(self.kv_bytes, f"{self.engine}: kv_bytes")
         if self.mamba_cache_mode not in ("none", "all", "align"):
@@ -80,6 +119,7 @@ class Preset(EnginePreset):
         return self.hybrid_block_size if self.shape.hybrid else self.block_size
 
     def capacity_blocks(self) -> int | None:
+        """Blocks in the pool as vLLM logs them (`num_gpu_blocks`), the null block included."""
         b = self.block
         if self.kv_blocks is not None:
             return self.kv_blocks
@@ -191,13 +231,77 @@ def trace_block_keys(ctx, B: int) -> tuple[np.ndarray, np.ndarray]:
     return got
 
 
+# `vllm serve` flags (vllm/engine/arg_utils.py, 0.32) -> preset fields. Flags that change nothing in the
+# prefix cache are listed apart with their arity; any other flag is refused by name.
+_FLAGS = {"--block-size": ("block_size", int), "--num-gpu-blocks-override": ("kv_blocks", int),
+          "--max-num-batched-tokens": ("max_num_batched_tokens", int), "--max-model-len": ("max_model_len", int),
+          "--mamba-cache-mode": ("mamba_cache_mode", str)}
+_BOOLS = {"--enable-prefix-caching": ("enable_prefix_caching", True),
+          "--no-enable-prefix-caching": ("enable_prefix_caching", False)}
+_NEUTRAL = {"--enable-prompt-tokens-details": 0, "--no-enable-prompt-tokens-details": 0, "--host": 1, "--port": 1,
+            "--dtype": 1, "--seed": 1, "--max-num-seqs": 1, "--served-model-name": 1, "--disable-log-stats": 0,
+            "--enable-log-requests": 0, "--disable-log-requests": 0, "--prefix-caching-hash-algo": 1,
+            "--tokenizer": 1, "--generation-config": 1, "--uvicorn-log-level": 1, "--enforce-eager": 0,
+            "--gpu-memory-utilization": 1, "--kv-cache-dtype": 1, "--trust-remote-code": 0}
+
+
+def _human_int(flag: str, text: str) -> int:
+    """vLLM's `human_readable_int`: 25k = 25000, 25K = 25600 (binary), plain ints as they are."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", text.strip())
+    if not m:
+        raise ValueError(f"vllm: args: {flag} expects an integer, got {text!r}")
+    unit = m.group(2)
+    mult = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}[unit]
+    v = float(m.group(1)) * mult
+    if v != int(v):
+        raise ValueError(f"vllm: args: {flag} expects an integer, got {text!r}")
+    return int(v)
+
+
+def parse_args(argv: list, preset) -> dict:
+    """Preset fields from a `vllm serve` command line (`serve` and the model path may lead); `--flag value`
+    and `--flag=value` as argparse reads them.
+
+    >>> parse_args(["--block-size", "32", "--num-gpu-blocks-override=300", "--no-enable-prefix-caching"], None)
+    {'block_size': 32, 'kv_blocks': 300, 'enable_prefix_caching': False}
+    """
+    out: dict = {}
+    i = 0
+    if argv and argv[0] == "serve":
+        i = 1
+    if i < len(argv) and not argv[i].startswith("-"):
+        i += 1   # the model: its shape comes from `model=`, not from the folder
+    while i < len(argv):
+        a = argv[i]
+        flag, eq, val = a.partition("=")
+        if flag in _FLAGS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"vllm: args: {flag} expects a value")
+                i += 1
+                val = argv[i]
+            field, kind = _FLAGS[flag]
+            out[field] = _human_int(flag, val) if kind is int else val
+        elif flag in _BOOLS and not eq:
+            out[_BOOLS[flag][0]] = _BOOLS[flag][1]
+        elif flag in _NEUTRAL:
+            i += 0 if eq else _NEUTRAL[flag]
+        else:
+            raise ValueError(f"vllm: args: unknown or unsupported flag {a!r} (supported: "
+                             f"{', '.join(sorted(_FLAGS) + sorted(_BOOLS))}; no effect on the cache: "
+                             f"{', '.join(sorted(_NEUTRAL))})")
+        i += 1
+    return out
+
+
 class Model(CacheModel):
     engine = "vllm"
 
     def __init__(self, preset: Preset):
         super().__init__(preset)
         self.B = preset.block
-        self.cap = preset.capacity_blocks()
+        n_gpu = preset.capacity_blocks()
+        self.cap = None if n_gpu is None else max(n_gpu - 1, 1)   # usable: all but the null block
         self.hybrid = preset.shape.hybrid
         self.mode = preset.mamba_cache_mode if self.hybrid else "all"
         n = self.cap if self.cap is not None else 1024
@@ -211,18 +315,27 @@ class Model(CacheModel):
         self.blk_ref = np.zeros(n, dtype=np.int32)    # requests in flight that hold it (pinned while > 0)
         self.pinned = 0                               # blocks with blk_ref > 0
         self.keying = None                            # "ids" or "blocks" (hash-trace calls): never mixed
-        self.next_new = 0                             # blocks never used so far (the queue's head)
-        self.release = 0
+        self.blk_first = np.zeros(n, dtype=bool)      # the first copy of its key (the one a lookup takes)
+        self.next_new = 0                             # blocks never used so far (unbounded pool)
+        self.release = 0                              # next queue key at the tail
+        self.head = 0                                 # last queue key given at the head
+        self.front: list = []                         # blocks put at the head since (popped from the end)
+        if self.cap is not None:                      # vLLM's queue starts as every block in id order
+            self.next_new = n
+            self.blk_free[:] = True
+            self.blk_key[:] = np.arange(n, dtype=np.int64)
+            self.release = n
         self.cands = np.zeros(0, np.int64)
         self.ckeys = np.zeros(0, np.int64)
         self.cpos = 0
-        self.by_hash: dict[int, int] = {}
+        self.by_hash: dict[int, list] = {}   # key -> blocks holding it, first cached first
         self.sessions: dict[str, tuple] = {}  # session -> (last call, key buf, id buf, length, salt, evictions)
 
     # -- pool --------------------------------------------------------------------------------------
     def _grow(self):
         n = len(self.blk_hash) * 2
-        for name in ("blk_hash", "blk_cached", "blk_free", "blk_key", "blk_owner", "blk_state", "blk_ref"):
+        for name in ("blk_hash", "blk_cached", "blk_free", "blk_key", "blk_owner", "blk_state", "blk_ref",
+                     "blk_first"):
             a = getattr(self, name)
             b = np.zeros(n, dtype=a.dtype) if name != "blk_owner" else np.full(n, -1, dtype=a.dtype)
             b[:len(a)] = a
@@ -243,13 +356,22 @@ class Model(CacheModel):
         (evicting their keys). The candidate list is the queue's head in key order; entries touched since
         it was built are skipped (their key changed), and every block freed later sorts after it."""
         got = []
-        fresh = n if self.cap is None else max(min(n, self.cap - self.next_new), 0)
+        fresh = n if self.cap is None else 0
         if fresh:
             while self.next_new + fresh > len(self.blk_hash):
                 self._grow()
             got.append(np.arange(self.next_new, self.next_new + fresh, dtype=np.int64))
             self.next_new += fresh
         rest = n - fresh
+        front = self.front
+        while rest > 0 and front:   # blocks put at the head, newest first
+            b = front[-1][0]
+            if self.blk_free[b] and self.blk_key[b] == front[-1][1]:
+                self.blk_free[b] = False
+                self._drop_many(np.array([b], dtype=np.int64)[self.blk_cached[b:b + 1]])
+                got.append(np.array([b], dtype=np.int64))
+                rest -= 1
+            front.pop()
         while rest > 0:
             if self.cpos >= len(self.cands):
                 self._refill(rest)
@@ -269,10 +391,19 @@ class Model(CacheModel):
         """Evict the keys of blocks `bs` (popped off the free queue)."""
         if not len(bs):
             return
-        # a cached block is the one its key maps to (a duplicate is never cached): pop them all, in C
-        # (a missing key raises: that invariant broken would be a bug)
-        deque(map(self.by_hash.pop, self.blk_hash[bs].tolist()), maxlen=0)
+        hs = self.blk_hash[bs].tolist()
+        by_hash = self.by_hash
+        for h, b in zip(hs, bs.tolist()):
+            copies = by_hash.get(h)
+            if copies is None or b not in copies:
+                continue
+            copies.remove(b)
+            if not copies:
+                del by_hash[h]
+            elif self.blk_first[b]:
+                self.blk_first[copies[0]] = True
         self.blk_cached[bs] = False
+        self.blk_first[bs] = False
         self.blk_state[bs] = False
         self.evictions += len(bs)
 
@@ -299,6 +430,11 @@ class Model(CacheModel):
     # -- the call ----------------------------------------------------------------------------------
     def plan(self, call: Call, hint: Hint) -> CachePlan:
         B, prompt, P = self.B, call.prompt, call.prompt_len
+        mml = self.preset.max_model_len
+        if mml is not None and P >= mml:   # no room for one generated id: HTTP 400, nothing cached
+            return CachePlan(0, cause="refused", state=None)
+        if not self.preset.enable_prefix_caching:
+            return CachePlan(0, cause="not_cached" if hint.exact > 0 else None, state=None)
         if self.mode == "none":
             return CachePlan(0, cause="no_state_checkpoint" if hint.exact > 0 else None, state=None)
         computed = P + max(len(call.output) - 1, 0) if self.preset.cache_output else P
@@ -312,10 +448,9 @@ class Model(CacheModel):
             last, kb, ib, L = st[0], st[1], st[2], st[3]
             shared = hint.lcp if last is hint.prev else lcp_call(prompt, last)
             n_shared = min(shared // B, L)
-            fresh_ok = st[5] == self.evictions   # nothing evicted since: the session's blocks still hold
         else:
             kb = ib = None
-            n_shared, fresh_ok = 0, True
+            n_shared = 0
         if kb is None or len(kb) < n_need:
             cap = max(64, 2 * n_need if kb is not None else n_need)   # a session's first call: no slack
             nkb, nib = np.empty(cap, np.int64), np.empty(cap, np.int64)
@@ -341,9 +476,9 @@ class Model(CacheModel):
             kb[n_shared:n_total] = chain_hashes(tail, n_shared, int(kb[n_shared - 1]) if n_shared else 0, B,
                                                 call.cache_salt)
         m = min(n_shared, n_max)
-        if m and not fresh_ok:  # blocks the session left: still holding their keys?
+        if m:  # blocks the session left: still holding their keys, and the copies a lookup takes?
             hit = ib[:m]
-            ok = self.blk_cached[hit] & (self.blk_hash[hit] == kb[:m])
+            ok = self.blk_cached[hit] & (self.blk_hash[hit] == kb[:m]) & self.blk_first[hit]
             if not ok.all():
                 m = int(ok.argmin())
         k = m
@@ -352,11 +487,7 @@ class Model(CacheModel):
             got = list(map(self.by_hash.get, kb[k:min(k + step, n_max)].tolist()))
             stop = got.index(None) if None in got else len(got)
             if stop:
-                bs = np.array(got[:stop], dtype=np.int64)
-                ok = self.blk_cached[bs]
-                if not ok.all():
-                    stop = int(ok.argmin())
-                ib[k:k + stop] = bs[:stop]
+                ib[k:k + stop] = [c[0] for c in got[:stop]]
                 k += stop
             if stop < len(got):
                 break
@@ -388,7 +519,7 @@ class Model(CacheModel):
     def start(self, call: Call, plan: CachePlan) -> None:
         """The request is scheduled: its hit blocks leave the free queue, new blocks are allocated (evicting
         the queue's head) and its full blocks are cached; all of them stay pinned until `finish`."""
-        if self.mode == "none":
+        if plan.state is None:   # refused, or no prefix cache
             return
         B, P = self.B, call.prompt_len
         kb, ib, k, n_full, n_need = plan.state
@@ -408,16 +539,22 @@ class Model(CacheModel):
                 self.blk_state[full_ids] = (ends >= P) | ((ends - k * B) % C == 0)
             else:
                 self.blk_state[full_ids] = True
-            # keys not cached yet map to their new block; an identical block cached already (a full
-            # repeat's recomputed last block) is not merged: setdefault keeps the old one
+            by_hash = self.by_hash
+            # an identical block cached already (a full repeat's recomputed last block) is not merged:
+            # this copy holds the key too, behind the first one
             hs = kb[k:j1]
-            got = np.fromiter(map(self.by_hash.setdefault, hs.tolist(), full_ids.tolist()), np.int64, len(hs))
-            fresh = got == full_ids
-            bs = full_ids[fresh]
-            if len(bs):
-                self.blk_hash[bs] = hs[fresh]
-                self.blk_cached[bs] = True
-                self.blk_owner[bs] = call.index
+            first = np.ones(len(full_ids), dtype=bool)
+            for i, (h, b) in enumerate(zip(hs.tolist(), full_ids.tolist())):
+                copies = by_hash.get(h)
+                if copies is None:
+                    by_hash[h] = [b]
+                else:
+                    copies.append(b)
+                    first[i] = False
+            self.blk_hash[full_ids] = hs
+            self.blk_cached[full_ids] = True
+            self.blk_first[full_ids] = first
+            self.blk_owner[full_ids] = call.index
         n = k + len(new_ids)
         held = ib[:n].copy() if bounded else None
         if bounded and n:
@@ -427,9 +564,10 @@ class Model(CacheModel):
         self.sessions[call.session] = (call, kb, ib, min(n_full, n), call.cache_salt, self.evictions)
 
     def finish(self, call: Call, plan: CachePlan) -> None:
-        """The request ends: the blocks no other running request holds go back to the queue's tail, in
-        reverse order (the chain's tail is evicted first)."""
-        if self.mode == "none" or self.cap is None:
+        """The request ends: the blocks no other running request holds are freed in reverse order (the
+        chain's tail is evicted first); keyed ones go to the free queue's tail, the others (a partial last
+        block) to its head, where the next allocation takes them first."""
+        if plan.state is None or self.cap is None:
             return
         held = plan.state[5]
         if not len(held):
@@ -438,6 +576,14 @@ class Model(CacheModel):
         done = held[self.blk_ref[held] == 0]
         if len(done):
             self.pinned -= len(done)
-            self.blk_key[done[::-1]] = self.release + np.arange(len(done), dtype=np.int64)
-            self.release += len(done)
+            rev = done[::-1]
+            keyed = self.blk_cached[rev]
+            tail, head = rev[keyed], rev[~keyed]
+            self.blk_key[tail] = self.release + np.arange(len(tail), dtype=np.int64)
+            self.release += len(tail)
+            if len(head):
+                self.head -= len(head)
+                keys = self.head + np.arange(len(head), dtype=np.int64)
+                self.blk_key[head] = keys
+                self.front.extend(zip(head[::-1].tolist(), keys[::-1].tolist()))
             self.blk_free[done] = True
