@@ -209,7 +209,7 @@ def _pin_calls():
 
 
 def test_in_flight_blocks_are_pinned_vllm():
-    spec = "vllm:block_size=4,kv_blocks=4"
+    spec = "vllm:block_size=4,kv_blocks=5"   # 4 usable blocks: vLLM keeps one as its null block
     seq = sl.replay_engines(_pin_calls(), [spec]).frame()["reused"].tolist()
     conc = sl.replay_engines(_pin_calls(), [spec], concurrency=True, tokens_per_s=(1.0, 1.0)).frame()
     # sequentially b evicts a's tail block; with a still running (12 s of prefill) b cannot, so c finds all of a

@@ -294,6 +294,14 @@ def parse_args(argv: list, preset) -> dict:
     return out
 
 
+def _is_none(x) -> bool:
+    return x is None
+
+
+def _one(b: int) -> list:
+    return [b]
+
+
 class Model(CacheModel):
     engine = "vllm"
 
@@ -543,14 +551,17 @@ class Model(CacheModel):
             # an identical block cached already (a full repeat's recomputed last block) is not merged:
             # this copy holds the key too, behind the first one
             hs = kb[k:j1]
-            first = np.ones(len(full_ids), dtype=bool)
-            for i, (h, b) in enumerate(zip(hs.tolist(), full_ids.tolist())):
-                copies = by_hash.get(h)
-                if copies is None:
-                    by_hash[h] = [b]
-                else:
-                    copies.append(b)
-                    first[i] = False
+            hl, fl = hs.tolist(), full_ids.tolist()
+            got = list(map(by_hash.get, hl))
+            first = np.fromiter(map(_is_none, got), dtype=bool, count=len(got))
+            if first.all():   # the usual case, in C: every key new (a chain's keys are distinct)
+                by_hash.update(zip(hl, map(_one, fl)))
+            else:
+                for h, b, copies in zip(hl, fl, got):
+                    if copies is None:
+                        by_hash[h] = [b]
+                    else:
+                        copies.append(b)
             self.blk_hash[full_ids] = hs
             self.blk_cached[full_ids] = True
             self.blk_first[full_ids] = first
