@@ -5,6 +5,7 @@ import os
 import pytest
 
 from strata_lab.text import tokenizer as tk
+from strata_lab.text.vocab import _has_decoder
 
 
 @pytest.fixture()
@@ -49,7 +50,8 @@ def test_a_corrupt_cache_is_rebuilt(tok_file):
     assert _fresh(tok_file)._bytes_table() == want
 
 
+
 def test_byte_level_check_reads_the_decoder(tok_file):
     t = _fresh(tok_file)
     assert t._byte_level_flag is None  # nothing read at load
-    assert t._byte_level is True and tk._has_decoder(t.hf, "ByteLevel") and not tk._has_decoder(t.hf, "Metaspace")
+    assert t._byte_level is True and _has_decoder(t.hf, "ByteLevel") and not _has_decoder(t.hf, "Metaspace")
