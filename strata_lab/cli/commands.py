@@ -104,9 +104,15 @@ def _api_key(args: argparse.Namespace, environ=None) -> str | None:
     if args.api_key is not None:
         return args.api_key
     if args.api_key_file is not None:
+        import stat
+
         try:
-            with open(args.api_key_file, encoding="utf-8") as f:
-                key = f.readline().strip()
+            if not stat.S_ISREG(os.stat(args.api_key_file).st_mode):  # a FIFO would hang, /dev/zero never end
+                raise ValueError(f"--api-key-file {args.api_key_file}: not a regular file")
+            with open(args.api_key_file, "rb") as f:
+                key = f.read(4097).decode("utf-8").split("\n", 1)[0].strip()
+            if len(key) > 4096:
+                raise ValueError(f"--api-key-file {args.api_key_file}: the key is longer than 4096 characters")
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"--api-key-file {args.api_key_file}: cannot read it ({exc})") from None
         if not key:
@@ -127,8 +133,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        max_tokens_default=args.max_tokens_default, no_mmap=args.no_mmap,
                        check_weights=args.check_weights,
                        slots=args.slots, slot_similarity=args.slot_similarity,
-                       grammar_max_string=args.grammar_max_string or None,
-                       grammar_max_items=args.grammar_max_items or None))
+                       grammar_max_string=None if args.grammar_max_string == 0 else args.grammar_max_string,
+                       grammar_max_items=None if args.grammar_max_items == 0 else args.grammar_max_items,
+                       cpu_workers=args.cpu_workers, cpu_queue=args.cpu_queue, cpu_timeout=args.cpu_timeout,
+                       max_client_requests=args.max_client_requests))
     return 0
 
 

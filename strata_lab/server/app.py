@@ -18,6 +18,7 @@ from typing import Any
 from strata_lab.server.config import ServerConfig
 from strata_lab.server.body import json_body as _json_body, json_object as _json_object
 from strata_lab.server.completions import logprob_entry
+from strata_lab.server.cpu import LIGHT_BYTES, ClientGone, CpuPool, min_prompt_tokens
 from strata_lab.server.dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
 from strata_lab.server.errors import RequestError, error_body
 from strata_lab.server.generation import ChatRunner
@@ -26,7 +27,6 @@ from strata_lab.server.request import ChatRequest, check_int, parse_anthropic, p
 from strata_lab.server.slots import SlotPool, slot_names
 from strata_lab.server.worker import EngineWorker
 
-from starlette.concurrency import run_in_threadpool  # the app module is only imported to build the app
 from starlette.requests import Request
 
 __all__ = ["create_app", "load_state", "ServerState", "serve"]
@@ -42,6 +42,12 @@ class ServerState:
     model_name: str
     model_path: str
     started: float
+    cpu: CpuPool | None = None        # CPU-heavy request work off the event loop (cpu.py)
+    weights: Any = None               # WeightsWatch: the weights files as loaded (a change is refused)
+
+    def __post_init__(self) -> None:
+        if self.cpu is None:
+            self.cpu = CpuPool(self.config.cpu_workers, self.config.cpu_queue, self.config.cpu_timeout)
 
 
 def load_state(config: ServerConfig) -> ServerState:
@@ -64,7 +70,10 @@ def load_state(config: ServerConfig) -> ServerState:
     if config.threads:
         kwargs["threads"] = config.threads
     model_path = Path(config.model) if config.model else embedded_model("hybrid")
+    check_context(model_path, config.max_context)
+    template = load_template(config.template)  # a bad template file fails before the model loads
     engine = Engine.load(str(model_path), **kwargs)
+    weights = WeightsWatch(model_path)
     tokenizer = load_tokenizer("qwen3")
     name = config.model_name or model_path.name
     policy = CheckpointPolicy(before_last=tokenizer.token_id("<|im_start|>")) if config.header_checkpoint else None
@@ -79,9 +88,58 @@ def load_state(config: ServerConfig) -> ServerState:
                         max_tokens_default=config.max_tokens_default,
                         grammars=GrammarCompiler(tokenizer, engine.vocab_size, max_string=config.grammar_max_string,
                                                  max_items=config.grammar_max_items))
-    return ServerState(config=config, tokenizer=tokenizer, template=load_template(config.template),
+    return ServerState(config=config, tokenizer=tokenizer, template=template,
                        runner=runner, worker=EngineWorker(), model_name=name, model_path=str(model_path),
-                       started=time.time())
+                       started=time.time(), weights=weights)
+
+
+def check_context(model_path, max_context: int) -> None:
+    """`--ctx` must fit the model: at most config.json's max_position_embeddings (a ValueError naming both)."""
+    import json as _json
+    from pathlib import Path
+
+    try:
+        cfg = _json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the engine's loader names what is wrong with the folder
+    limit = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    if isinstance(limit, int) and not isinstance(limit, bool) and max_context > limit > 0:
+        raise ValueError(f"--ctx {max_context} is over the model's max_position_embeddings ({limit}, "
+                         f"{Path(model_path) / 'config.json'})")
+
+
+class WeightsWatch:
+    """The model folder's weights files as loaded (size, mtime, inode). A file rewritten or truncated in place
+    under a running server changes mapped pages under the engine (a truncation is a SIGBUS on the next read
+    of a page that is still mapped): `check()` before each engine job refuses the request instead."""
+
+    def __init__(self, model_path) -> None:
+        import os
+        from pathlib import Path
+
+        self.files = {}
+        folder = Path(model_path)
+        for f in sorted(folder.glob("*.safetensors")):
+            st = os.stat(f)
+            self.files[str(f)] = (st.st_size, st.st_mtime_ns, st.st_ino)
+        self.changed: str | None = None
+
+    def check(self) -> None:
+        import os
+
+        if self.changed is None:
+            for path, seen in self.files.items():
+                try:
+                    st = os.stat(path)
+                    now = (st.st_size, st.st_mtime_ns, st.st_ino)
+                except OSError:
+                    now = None
+                if now != seen:
+                    self.changed = path
+                    break
+        if self.changed is not None:
+            raise RequestError(None, f"the weights file {os.path.basename(self.changed)} changed under the running "
+                               "server; restart it to load the new weights", code="weights_changed", status=503)
 
 
 def load_template(spec: str):
@@ -112,9 +170,34 @@ def _session_key(request) -> str | None:
     return key
 
 
+def _big(request) -> bool:
+    """A body large enough that its CPU work goes through the bounded pool (cpu.py)."""
+    return getattr(request.state, "body_bytes", 0) > LIGHT_BYTES
+
+
+async def _parsed(request, parser, **kw):
+    """The body parsed into a ChatRequest: off the event loop (a large body's schemas take the bounded pool)."""
+    from functools import partial
+
+    st: ServerState = request.app.state.strata
+    body = await _json_body(request)
+    return await st.cpu.run(partial(parser, body, **kw), heavy=_big(request), what="checking the request",
+                            request=request)
+
+
+def _check_min_context(st: ServerState, req: ChatRequest) -> None:
+    """The cheap context check: a prompt that cannot fit whatever it tokenizes to is refused before rendering."""
+    low = min_prompt_tokens(req.messages)
+    if low > st.config.max_context:
+        raise RequestError("messages", f"the prompt is at least {low} tokens, over the context of "
+                           f"{st.config.max_context} tokens", code="context_length_exceeded")
+
+
 async def _chat(request, req: ChatRequest):
     st: ServerState = request.app.state.strata
-    plan = await run_in_threadpool(make_plan, st.template, req)  # a big render must not stall the event loop
+    _check_min_context(st, req)
+    plan = await st.cpu.run(make_plan, st.template, req, heavy=_big(request), what="rendering the chat template",
+                            request=request)
     openai = req.dialect == "openai"
     plan.request_id = new_id("chatcmpl-" if openai else "msg_")
     if openai:
@@ -132,28 +215,41 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
     st: ServerState = request.app.state.strata
     if req.features.constraint is not None or req.features.tool_choice not in (None, "none") or \
             req.response_format is not None:
-        st.runner.grammars.check(req)  # a bad grammar / schema is a 400 before the request queues
-    job = st.worker.submit(lambda job: st.runner.run(job, req, plan))
+        # a bad grammar / schema is a 400 before the request queues; a new one compiles in the bounded pool
+        await st.cpu.run(st.runner.grammars.check, req, heavy=not st.runner.grammars.known(req),
+                         what="compiling the grammar", request=request)
+    if st.weights is not None:
+        st.weights.check()
+
+    def work(job):
+        if st.weights is not None:
+            st.weights.check()  # again right before the engine reads the weights
+        st.runner.run(job, req, plan)
+
+    job = st.worker.submit(work)
     events = job.events()
+    # from the moment it queues: a client that leaves drops its job (never started if still queued)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
-        kind, payload = await events.__anext__()
+        try:
+            kind, payload = await events.__anext__()
+        except StopAsyncIteration:  # dropped before it ran: its client left
+            raise ClientGone() from None
         if kind == "error":
             raise _as_error(payload)
         if not req.stream:
             summary = None
-            watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-            try:
-                async for kind, payload in events:
-                    if kind == "error":
-                        raise _as_error(payload)
-                    if kind == "done":
-                        summary = payload
-            finally:
-                watcher.cancel()
+            async for kind, payload in events:
+                if kind == "error":
+                    raise _as_error(payload)
+                if kind == "done":
+                    summary = payload
             return JSONResponse(build(summary, model=st.model_name, request_id=plan.request_id))
     except BaseException:
         job.cancel()
         raise
+    finally:
+        watcher.cancel()  # a stream's response watches for the disconnect from here on
 
     fmt = stream_cls(plan.request_id, st.model_name, payload["prompt_tokens"], include_usage=req.include_usage,
                      cached_tokens=payload.get("cached_tokens", 0))
@@ -189,11 +285,11 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
 
 # --- handlers ---------------------------------------------------------------------------------------
 async def chat_completions(request: Request):
-    return await _chat(request, parse_openai(await _json_body(request), session_key=_session_key(request)))
+    return await _chat(request, await _parsed(request, parse_openai, session_key=_session_key(request)))
 
 
 async def messages(request: Request):
-    return await _chat(request, parse_anthropic(await _json_body(request), session_key=_session_key(request)))
+    return await _chat(request, await _parsed(request, parse_anthropic, session_key=_session_key(request)))
 
 
 async def completions(request: Request):
@@ -232,9 +328,12 @@ async def count_tokens(request: Request):
     """Anthropic /v1/messages/count_tokens: the rendered prompt's length, nothing generated."""
     st: ServerState = request.app.state.strata
     body = await _json_object(request)
-    req = parse_anthropic({"max_tokens": 1, **body})
-    plan = make_plan(st.template, req)
-    return {"input_tokens": len(st.tokenizer.encode(plan.prompt_text))}
+
+    def work():
+        plan = make_plan(st.template, parse_anthropic({"max_tokens": 1, **body}))
+        return {"input_tokens": len(_encode(st.tokenizer, plan.prompt_text))}
+
+    return await st.cpu.run(work, heavy=_big(request), what="counting tokens", request=request)
 
 
 async def slots(request: Request):
@@ -266,14 +365,24 @@ async def health(request: Request):
 
 
 async def props(request: Request):
+    """Settings and counters, from the event loop. The chat template's text only with ?chat_template=1 (its name
+    and sha256 otherwise: a template file is the operator's, not every client's, to read)."""
+    import hashlib
+
     st: ServerState = request.app.state.strata
     cap = st.config.max_tokens_default
-    return {"default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": cap}},
+    source = st.template.source
+    show = request.query_params.get("chat_template") in ("1", "true")
+    return {"chat_template_sha256": hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest(),
+            "cpu": {"workers": st.cpu.workers, "pending": st.cpu.pending, "refused": st.cpu.refused},
+            "weights_changed": st.weights is not None and st.weights.changed is not None,
+            **({"chat_template": source} if show else {}),
+            "default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": cap}},
             "max_tokens_default": cap,
             "total_slots": len(st.runner.pool), "model_alias": st.model_name, "model_path": st.model_path,
-            "chat_template": st.template.source, "template": st.template.name,
+            "template": st.template.name,
             "reply_reuse": st.runner.reply_reuse, "stop_latency": st.runner.stop_latency, "dump": _dump_status(st),
-            "queue": {"waiting": st.worker.waiting, "done": st.worker.done},
+            "queue": {"waiting": st.worker.waiting, "done": st.worker.done, "dropped": st.worker.dropped},
             "engine_calls": st.runner.engine_calls}
 
 
@@ -307,7 +416,7 @@ async def tokenize(request: Request):
             return {"tokens": [{"id": i, "piece": _piece(st.tokenizer, i)} for i in ids]}
         return {"tokens": ids}
 
-    return await run_in_threadpool(work)
+    return await st.cpu.run(work, heavy=_big(request), what="tokenizing", request=request)
 
 
 async def detokenize(request: Request):
@@ -324,13 +433,13 @@ async def detokenize(request: Request):
 async def apply_template(request: Request):
     """The prompt text a chat request renders to, and its ids (plain BPE: no remembered reply ids)."""
     st: ServerState = request.app.state.strata
-    req = parse_openai(await _json_body(request))
+    body = await _json_body(request)
 
     def work():
-        plan = make_plan(st.template, req)
+        plan = make_plan(st.template, parse_openai(body))
         return {"prompt": plan.prompt_text, "ids": _encode(st.tokenizer, plan.prompt_text)}
 
-    return await run_in_threadpool(work)
+    return await st.cpu.run(work, heavy=_big(request), what="rendering the chat template", request=request)
 
 
 def _body_schema(properties: dict, required: list[str]) -> dict:
@@ -401,6 +510,11 @@ def create_app(state: ServerState):
     async def _http_error(request, exc):
         return shaped(request, RequestError(None, str(exc.detail), code="http_error", status=exc.status_code))
 
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request, exc):  # nobody reads it: the client left while its work waited
+        return shaped(request, RequestError(None, "the client closed the connection", code="client_closed",
+                                            status=499))
+
     @app.exception_handler(Exception)
     async def _internal(request, exc):
         return shaped(request, RequestError(None, f"internal error: {type(exc).__name__}", code="internal_error",
@@ -409,6 +523,7 @@ def create_app(state: ServerState):
     @app.on_event("shutdown")
     def _close():
         state.worker.close()
+        state.cpu.close()
         if state.runner.recorder is not None:
             state.runner.recorder.close()
 
