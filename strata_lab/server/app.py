@@ -176,12 +176,14 @@ def _big(request) -> bool:
 
 
 async def _parsed(request, parser, **kw):
-    """The body parsed into a ChatRequest: off the event loop (a large body's schemas take the bounded pool)."""
+    """The body parsed into a ChatRequest, off the event loop. Never behind large work in the bounded pool:
+    parsing is bounded by the body limit and the schema limits (counted first, cheaply), and a request the
+    cheap checks refuse must not wait for a 4 MB count to end."""
     from functools import partial
 
     st: ServerState = request.app.state.strata
     body = await _json_body(request)
-    return await st.cpu.run(partial(parser, body, **kw), heavy=_big(request), what="checking the request",
+    return await st.cpu.run(partial(parser, body, **kw), heavy=False, what="checking the request",
                             request=request)
 
 
