@@ -27,8 +27,10 @@ class RenderLimitError(Exception):
 
 
 @contextmanager
-def render_budget(seconds: float = RENDER_SECONDS, max_chars: int = RENDER_MAX_CHARS):
-    """Limits for the renders inside this block (on this thread)."""
+def render_budget(seconds: float | None = None, max_chars: int | None = None):
+    """Limits for the renders inside this block (on this thread); None: RENDER_SECONDS / RENDER_MAX_CHARS."""
+    seconds = RENDER_SECONDS if seconds is None else seconds
+    max_chars = RENDER_MAX_CHARS if max_chars is None else max_chars
     old = getattr(_budget, "limits", None)
     _budget.limits = (time.monotonic() + seconds, seconds, max_chars)
     try:

@@ -171,6 +171,8 @@ class ChatTemplate:
             raise FileNotFoundError(f"path: {path} holds no chat_template.jinja, chat_template.json, "
                                     "tokenizer_config.json with a chat_template, or .gguf file")
         if not path.is_file():
+            if path.exists():
+                raise ValueError(f"path: {path} is not a regular file")
             raise FileNotFoundError(f"path: no such file {path}")
         if path.suffix == ".gguf":
             return cls._from_gguf(path)
