@@ -175,3 +175,58 @@ def test_truncated_gzip_is_an_error_naming_the_file(tmp_path):
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError, match="d.jsonl.gz: cannot be read past line"):
             load_dump(gz).records()
+
+
+# --- trace files: deep nesting and one bad entry ------------------------------------------------------------
+FIX = __import__("pathlib").Path(__file__).parent / "fixtures" / "traces"
+
+
+def _trace_calls(path, fmt):
+    from strata_lab import load_trace
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        calls = load_trace(path, format=fmt).calls()
+    return calls, [str(w.message) for w in caught]
+
+
+def _deep(n=100_000):
+    return "[" * n + "]" * n
+
+
+def test_malformed_har_entry_does_not_drop_the_later_ones(tmp_path):
+    har = json.loads((FIX / "capture.har").read_text())
+    entries = har["log"]["entries"]
+    good, _ = _trace_calls(FIX / "capture.har", "har")
+    text = json.dumps(har)
+    first = json.dumps(entries[1])
+    # entry 1 becomes invalid JSON (a bare word inside it); 2.. stay valid
+    broken = text.replace(first, first[:-1] + ', "x": nonsense}', 1)
+    f = tmp_path / "broken.har"
+    f.write_text(broken)
+    calls, notes = _trace_calls(f, "har")
+    assert any("not valid JSON" in n and "still read" in n for n in notes), notes
+    lost = 1 if entries[1]["request"]["method"] == "POST" and "answered HTTP" not in str(entries[1]) else 0
+    assert len(calls) >= len(good) - lost and len(calls) > 0, (len(calls), len(good), notes)
+
+
+@pytest.mark.parametrize("fmt", ["har", "sharegpt", "otel"])
+def test_deep_nesting_is_skipped_not_a_traceback(tmp_path, fmt):
+    if fmt == "har":
+        har = json.loads((FIX / "capture.har").read_text())
+        deep_entry = '{"request": {"method": "POST", "postData": {"text": ' + json.dumps(_deep(5000)) + '}}, "x": ' \
+                     + _deep() + "}"
+        text = json.dumps(har).replace('"entries": [', '"entries": [' + deep_entry + ", ", 1)
+        f = tmp_path / "deep.har"
+    elif fmt == "sharegpt":
+        text = "[" + _deep() + ", " + (FIX / "sharegpt.json").read_text().strip()[1:]
+        f = tmp_path / "deep.json"
+    else:
+        text = '{"resourceSpans": ' + _deep() + "}\n" + (FIX / "otel-spans.jsonl").read_text()
+        f = tmp_path / "deep.jsonl"
+    f.write_text(text)
+    calls, notes = _trace_calls(f, fmt)
+    good, _ = _trace_calls(FIX / {"har": "capture.har", "sharegpt": "sharegpt.json",
+                                  "otel": "otel-spans.jsonl"}[fmt], fmt)
+    assert len(calls) == len(good), notes
+    assert any("skipped" in n for n in notes), notes
