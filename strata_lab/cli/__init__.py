@@ -111,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads for large requests' CPU work: tokenizing, rendering, schemas, grammars (default 2)")
     p.add_argument("--cpu-queue", type=int, default=8, help="large requests that may wait for a CPU worker (503 "
                    "after; default 8)")
-    p.add_argument("--cpu-timeout", type=float, default=30.0,
-                   help="seconds of CPU work one request may take before its 503 (default 30)")
+    p.add_argument("--cpu-timeout", type=float, default=120.0,
+                   help="seconds of CPU work one request may take before its 503 (default 120)")
     p.add_argument("--max-client-requests", type=int, default=16,
                    help="requests one client address may have in flight (429 after; default 16)")
     p.add_argument("--slot-similarity", type=float, default=0.5,

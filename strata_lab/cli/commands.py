@@ -6,14 +6,50 @@ import json
 import sys
 
 
+MAX_INPUT_BYTES = 256 * 1024 * 1024  # a conversation / tokenizer file given on the command line
+
+
+def read_user_file(path: str, what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a file named on the command line: a regular file (a FIFO would hang, /dev/zero never end)
+    of at most `limit` bytes, else a ValueError naming `what`."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{what} {path} is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{what} {path}: not a regular file")
+    if st.st_size > limit:
+        raise ValueError(f"{what} {path}: {st.st_size} bytes, over the limit of {limit}")
+    with open(path, "rb") as f:
+        return f.read(limit + 1)
+
+
+def _native_panic(exc: BaseException) -> bool:
+    """A Rust panic surfacing from a native library (tokenizers' PanicException is a BaseException)."""
+    return type(exc).__name__ == "PanicException"
+
+
 def _load_tokenizer(name: str):
     """load_tokenizer, with any failure (a binary file, a foreign format) as one ValueError naming the option."""
+    import os
+
     from strata_lab.text.tokenizer import load_tokenizer
 
+    if os.path.exists(name) and not os.path.isdir(name):
+        read_user_file(name, "--tokenizer", limit=0x7FFFFFFF)[:0]  # regular file, bounded (no FIFO hang)
     try:
         return load_tokenizer(name)
     except (ValueError, OSError) as exc:
         raise ValueError(f"--tokenizer {name}: {exc}") from None
+    except BaseException as exc:
+        if not _native_panic(exc):
+            raise
+        raise ValueError(f"--tokenizer {name}: the tokenizer library failed on it ({type(exc).__name__})") from None
     except Exception as exc:  # the tokenizers library raises plain Exception for unreadable files
         raise ValueError(f"--tokenizer {name}: cannot load it ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 
@@ -36,7 +72,12 @@ def _utf8_text(text: str | None) -> str:
 def _cmd_tokenize(args: argparse.Namespace) -> int:
     tok = _load_tokenizer(args.tokenizer)
     text = _utf8_text(args.text)
-    ids = tok.encode(text)
+    try:
+        ids = tok.encode(text)
+    except BaseException as exc:  # a hostile tokenizer.json (a catastrophic pre-tokenizer regex) panics in Rust
+        if not _native_panic(exc):
+            raise
+        raise ValueError(f"--tokenizer {args.tokenizer}: the tokenizer failed on this text ({type(exc).__name__})") from None
     if args.json:
         rows = []
         for i in ids:
@@ -66,8 +107,11 @@ def _cmd_template(args: argparse.Namespace) -> int:
     tmpl = (ChatTemplate.from_name(args.template) if args.template in TEMPLATE_PRESETS
             else ChatTemplate.from_file(args.template))
     try:
-        with open(args.conversation, encoding="utf-8") if args.conversation != "-" else sys.stdin as f:
-            data = json.load(f)
+        raw = read_user_file(args.conversation, "conversation") if args.conversation != "-" else \
+            sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError(f"{args.conversation} nests too deeply") from None
     except UnicodeDecodeError:
         raise ValueError(f"{args.conversation} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:

@@ -199,7 +199,7 @@ async def _chat(request, req: ChatRequest):
     st: ServerState = request.app.state.strata
     _check_min_context(st, req)
     plan = await st.cpu.run(make_plan, st.template, req, heavy=_big(request), what="rendering the chat template",
-                            request=request)
+                            request=request, bulk=True)
     openai = req.dialect == "openai"
     plan.request_id = new_id("chatcmpl-" if openai else "msg_")
     if openai:
@@ -335,7 +335,8 @@ async def count_tokens(request: Request):
         plan = make_plan(st.template, parse_anthropic({"max_tokens": 1, **body}))
         return {"input_tokens": len(_encode(st.tokenizer, plan.prompt_text))}
 
-    return await st.cpu.run(work, heavy=_big(request), what="counting tokens", request=request)
+    return await st.cpu.run(work, heavy=_big(request), what="counting tokens", request=request,
+                            bulk=True)
 
 
 async def slots(request: Request):
@@ -418,7 +419,7 @@ async def tokenize(request: Request):
             return {"tokens": [{"id": i, "piece": _piece(st.tokenizer, i)} for i in ids]}
         return {"tokens": ids}
 
-    return await st.cpu.run(work, heavy=_big(request), what="tokenizing", request=request)
+    return await st.cpu.run(work, heavy=_big(request), what="tokenizing", request=request, bulk=True)
 
 
 async def detokenize(request: Request):
@@ -441,7 +442,8 @@ async def apply_template(request: Request):
         plan = make_plan(st.template, parse_openai(body))
         return {"prompt": plan.prompt_text, "ids": _encode(st.tokenizer, plan.prompt_text)}
 
-    return await st.cpu.run(work, heavy=_big(request), what="rendering the chat template", request=request)
+    return await st.cpu.run(work, heavy=_big(request), what="rendering the chat template", request=request,
+                            bulk=True)
 
 
 def _body_schema(properties: dict, required: list[str]) -> dict:

@@ -55,7 +55,7 @@ class ServerConfig:
     # more may wait, and each one's time budget (503 after)
     cpu_workers: int = 2
     cpu_queue: int = 8
-    cpu_timeout: float = 30.0
+    cpu_timeout: float = 120.0
     max_client_requests: int = 16     # requests one client address may have in flight (429 after)
 
     def __post_init__(self) -> None:

@@ -35,17 +35,30 @@ LIGHT_BYTES = 64 * 1024   # bodies up to this size do their CPU work in the ordi
 MAX_TOKEN_BYTES = 128
 
 
-def _lower_priority() -> None:
-    """Large work runs at a lower CPU priority (nice +10, this thread only on Linux) than the event loop and
-    the engine thread: small requests keep their latency while a 4 MB body is counted."""
+def _set_nice(offset: int) -> None:
+    """This thread's CPU priority: the process's own nice plus `offset` (Linux: nice is per thread)."""
     import os
     import threading
 
     try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + 10))
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, _BASE_NICE + offset))
     except (AttributeError, OSError):  # not Linux, or not allowed: same priority
         pass
+
+
+def _at_priority(fn, low: bool, args):
+    """Bulk work (tokenizing or rendering a large body) runs at nice +10 below the event loop and the engine
+    thread, so small requests keep their latency while a 4 MB body is counted; other work at normal priority."""
+    _set_nice(10 if low else 0)
+    return fn(*args)
+
+
+try:
+    import os as _os
+
+    _BASE_NICE = _os.getpriority(_os.PRIO_PROCESS, 0)
+except (AttributeError, OSError):  # pragma: no cover - not POSIX
+    _BASE_NICE = 0
 
 
 class ClientGone(Exception):
@@ -65,7 +78,7 @@ def min_prompt_tokens(messages: list[dict]) -> int:
 class CpuPool:
     """`workers` threads for large CPU work; `queue` more jobs may wait; each gets `timeout` seconds."""
 
-    def __init__(self, workers: int = 2, queue: int = 8, timeout: float = 30.0):
+    def __init__(self, workers: int = 2, queue: int = 8, timeout: float = 120.0):
         if not 1 <= workers <= 64:
             raise ValueError(f"workers must be in 1..64, got {workers}")
         if not 0 <= queue <= 1024:
@@ -73,15 +86,15 @@ class CpuPool:
         if not 0 < timeout <= 3600:
             raise ValueError(f"timeout must be in (0, 3600] seconds, got {timeout}")
         self.workers, self.queue, self.timeout = workers, queue, timeout
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="strata-cpu",
-                                            initializer=_lower_priority)
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="strata-cpu")
         self.pending = 0      # large jobs submitted and not yet ended (running or queued)
         self.refused = 0      # 503s: pool full or budget spent
 
     async def run(self, fn: Callable[..., Any], *args: Any, heavy: bool, what: str = "the request",
-                  request=None) -> Any:
+                  request=None, bulk: bool = False) -> Any:
         """`fn(*args)` off the event loop; `heavy` work goes through the bounded pool and its budget.
-        `request`: a Starlette request whose disconnect drops the job (ClientGone) before it starts."""
+        `request`: a Starlette request whose disconnect drops the job (ClientGone) before it starts.
+        `bulk`: large text work, run at a lower CPU priority than the event loop and the engine."""
         if not heavy:
             from starlette.concurrency import run_in_threadpool
 
@@ -92,7 +105,7 @@ class CpuPool:
                                f"{self.workers}, queue {self.queue}); retry later", code="server_busy", status=503)
         loop = asyncio.get_running_loop()
         self.pending += 1
-        fut = self._executor.submit(fn, *args)
+        fut = self._executor.submit(_at_priority, fn, bulk, args)
         fut.add_done_callback(lambda _f: loop.call_soon_threadsafe(self._ended))
         waiter = asyncio.wrap_future(fut, loop=loop)
         deadline = loop.time() + self.timeout

@@ -9,6 +9,9 @@ One internal message shape (OpenAI's): ``{"role", "content", "tool_calls", "tool
 '<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
 >>> tmpl.render([{"role": "user", "content": "Hi"}], assistant_prefix="Hello")
 '<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\nHello'
+
+Why one module: loading (files, configs, GGUF, the checks that a file is a chat template), rendering with
+prefill and the append-only lint all work on one `ChatTemplate`; split, each part would reach into the others.
 """
 from __future__ import annotations
 
