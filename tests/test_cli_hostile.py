@@ -17,7 +17,7 @@ import pytest
 from strata_lab._spawn import child_process_args
 
 HOSTILE = ["-1", "0", "-99999999999999999999", "99999999999999999999", "1e309", "nan", "inf", "", "x" * 5000,
-           "/nonexistent/dir/x", "/dev/zero", "FIFO", "BINARY", "caf\udce9"]
+           "MISSING", "/dev/zero", "FIFO", "BINARY", "caf\udce9"]
 # the engine spec and dask address forms, hostile
 SPECS = {"--engine": ["llama.cpp:slots=1000000000", "vllm:blocks=-5", "sglang:x=1", ":", "llama.cpp:slots=nan",
                       "vllm:gpu_memory_utilization=9"],
@@ -113,7 +113,8 @@ def _cases(name, sp, d) -> list[list[str]]:
     cases = []
 
     def value(v):
-        return {"FIFO": str(d / "fifo"), "BINARY": str(d / "binary.bin")}.get(v, v)
+        return {"FIFO": str(d / "fifo"), "BINARY": str(d / "binary.bin"),
+                "MISSING": str(d / "no" / "such" / "x")}.get(v, v)
 
     for action in sp._actions:
         if isinstance(action, argparse._HelpAction) or action.nargs == 0:

@@ -131,6 +131,9 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     from strata_lab.dump import load_dump
 
     dump = load_dump(args.dump if len(args.dump) > 1 else args.dump[0])
+    if type(dump).__name__ == "Dump" and next(iter(dump), None) is None:  # not a clean "0 findings"
+        raise ValueError(f"no engine calls in {', '.join(dump.paths)}: the dump is empty or every line was "
+                         "skipped (see the warnings above); nothing to lint")
     engines = args.engine or ["vllm", "sglang", "llama.cpp", "anthropic"]
     findings = lint_calls(dump, args.tokenizer, engines=engines)
     for f in findings:

@@ -193,12 +193,48 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--model must be hybrid, attention or a model directory (with config.json), "
                          f"got {args.model!r}")
 
+    if args.turns < 1:
+        raise ValueError(f"--turns must be >= 1, got {args.turns}")
+    folder = os.path.dirname(os.path.abspath(args.png))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--png {args.png}: the folder {folder} does not exist")
+    if args.out_dir is not None and os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        raise ValueError(f"--out-dir {args.out_dir} is not a directory")
     run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
     return 0
 
 
+def _check_model_arg(model: str | None) -> None:
+    import os
+
+    if model is not None and model not in ("hybrid", "attention") and \
+            not os.path.isfile(os.path.join(model, "config.json")):
+        raise ValueError(f"--model must be hybrid, attention or a model directory (with config.json), got {model!r}")
+
+
+def _check_new_file(path: str, option: str) -> None:
+    """A file the command will create: its folder must exist and be writable, the file must not exist."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{option} {path}: the folder {folder} is not writable")
+    if os.path.lexists(path):
+        raise ValueError(f"{option} {path} exists; recordings append, so choose a new file")
+
+
 def _cmd_record(args: argparse.Namespace) -> int:
     from strata_lab.sessions import record
+
+    _check_model_arg(args.model)
+    _check_new_file(args.out, "--out")
+    for name, low in (("turns", 1), ("max_tokens", 1), ("seed", 0)):
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    if args.stop_latency is not None and args.stop_latency < 0:
+        raise ValueError(f"--stop-latency must be >= 0, got {args.stop_latency}")
 
     print(record(args.scenario, args.out, model=args.model, reply_id_reuse=args.reply_id_reuse, turns=args.turns,
                  max_tokens=args.max_tokens, seed=args.seed, stop_latency=args.stop_latency,
@@ -209,6 +245,13 @@ def _cmd_record(args: argparse.Namespace) -> int:
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from strata_lab.sessions import reproduce, rewrite
 
+    _check_model_arg(args.model)
+    from strata_lab.dump import load_dump
+
+    dump = load_dump(args.dump)
+    if type(dump).__name__ == "Dump" and next(iter(dump), None) is None:  # not "0/0 reproduce exactly"
+        raise ValueError(f"no engine calls in {args.dump}: the dump is empty or every line was skipped (see the "
+                         f"warnings above); nothing to {args.command}")
     if args.command == "reproduce":
         r = reproduce(args.dump, model=args.model, out=args.out)
     else:
