@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata-lab {args.command}: error: {exc.name} is missing; install it with "
               f"pip install 'strata-lab[{extra}]'", file=sys.stderr)
         return 2
-    except (ValueError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError, RuntimeError) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the exception held
         print(f"strata-lab {args.command}: error: {message}", file=sys.stderr)
         return 2

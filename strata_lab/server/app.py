@@ -549,3 +549,11 @@ def serve(config: ServerConfig) -> None:
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
                 timeout_keep_alive=config.keep_alive_timeout)
+    if state.cpu.pending:
+        # a native tokenize or grammar compile is still running in the CPU pool: do not wait for it at exit
+        # (SIGTERM must stop the server); the dump was closed by the shutdown handler
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
