@@ -17,29 +17,15 @@ Errors are `StoreError` (a ValueError) naming the file, the row and the field.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import os
-import stat
+
+from strata_lab.dump.store_codec import StoreError, check_segment_file
 
 __all__ = ["StoreError", "check_partition", "check_segment_file", "open_segment", "MAX_SEGMENT_BYTES", "MAX_SEGMENT_ROWS"]
 
 MAX_SEGMENT_BYTES = 4 << 30     # decompressed bytes of one segment (the writer's are a few MB to ~100 MB)
 MAX_SEGMENT_ROWS = 50_000_000
 _REQUIRED = ("seq", "parent_call", "shared_len", "suffix_ids", "prompt_len", "keys")
-
-
-class StoreError(ValueError):
-    """A store file that is not what the writer writes: names the file, row and field."""
-
-
-def check_segment_file(path: str) -> None:
-    """A segment path must be a regular file (not a FIFO, device or directory)."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot read it ({exc.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise StoreError(f"{path}: not a regular file")
 
 
 def _check_metadata(path: str, pf) -> None:

@@ -45,7 +45,7 @@ _DICTIONARY_COLUMNS = [c for c in STORE_COLUMNS if c not in ("suffix_ids", "gen_
 
 def segment_files(root_or_partition: str) -> list[str]:
     """Segment files of a store or of one partition, in order."""
-    from strata_lab.dump.store_check import check_segment_file
+    from strata_lab.dump.store_codec import check_segment_file
 
     parts = [root_or_partition] if os.path.basename(root_or_partition).startswith("replica=") \
         else partitions(root_or_partition)
