@@ -72,7 +72,7 @@ def min_prompt_tokens(messages: list[dict]) -> int:
     for msg in messages:
         if msg.get("role") in ("user", "system", "tool") and isinstance(msg.get("content"), str):
             total += len(msg["content"].encode("utf-8", "surrogatepass"))
-    return total // MAX_TOKEN_BYTES
+    return -(-total // MAX_TOKEN_BYTES)  # ceil: n bytes need at least this many tokens
 
 
 class CpuPool:

@@ -10,7 +10,7 @@ a 400 naming the subschema that holds it, raised before any generation.
 >>> check_schema({"properties": {"x": {"$ref": "http://127.0.0.1/s.json"}}}, "schema")
 Traceback (most recent call last):
 ...
-strata_lab.server.errors.RequestError: schema.properties.x: $ref 'http://127.0.0.1/s.json' does not resolve inside the schema (references are never fetched)
+strata_lab.server.errors.RequestError: schema.properties.x: $ref 'http://127.0.0.1/s.json' does not resolve inside the schema (only '#' and '#/...' references are supported; references are never fetched)
 >>> schema_validator({"type": "integer"}).is_valid(3)
 True
 """
