@@ -234,6 +234,14 @@ def test_big_chat_is_refused_by_the_cheap_context_check(server):
     assert time.perf_counter() - t < 10
 
 
+@pytest.mark.parametrize("route", ["/v1/completions", "/completion"])
+def test_big_completion_prompt_is_refused_by_the_cheap_context_check(server, route):
+    text = "x" * 3_900_000
+    r, worst = _health_while(server, lambda: post(server, route, {"prompt": text, "max_tokens": 2, "n_predict": 2}))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:200]
+    assert worst < 2.0
+
+
 def test_max_token_bytes_bounds_the_real_vocabulary():
     from strata_lab.server.cpu import MAX_TOKEN_BYTES
     from strata_lab.text.tokenizer import load_tokenizer

@@ -195,6 +195,17 @@ def _check_min_context(st: ServerState, req: ChatRequest) -> None:
                            f"{st.config.max_context} tokens", code="context_length_exceeded")
 
 
+def _check_min_completion(st: ServerState, plan) -> None:
+    """The cheap context check for a completion prompt given as text (ids are counted as they are)."""
+    from strata_lab.server.cpu import MAX_TOKEN_BYTES
+
+    if plan.prompt_ids is None and plan.prompt_text:
+        low = -(-len(plan.prompt_text.encode("utf-8", "surrogatepass")) // MAX_TOKEN_BYTES)
+        if low > st.config.max_context:
+            raise RequestError("prompt", f"the prompt is at least {low} tokens, over the context of "
+                               f"{st.config.max_context} tokens", code="context_length_exceeded")
+
+
 async def _chat(request, req: ChatRequest):
     st: ServerState = request.app.state.strata
     _check_min_context(st, req)
@@ -299,8 +310,9 @@ async def completions(request: Request):
     from strata_lab.server.completions import CompletionStream, completion_response, parse_completion
 
     st: ServerState = request.app.state.strata
-    req, plan = parse_completion(await _json_body(request), "openai", vocab_size=st.runner.engine.vocab_size,
-                                 session_key=_session_key(request))
+    req, plan = await _parsed(request, parse_completion, dialect="openai", vocab_size=st.runner.engine.vocab_size,
+                              session_key=_session_key(request))
+    _check_min_completion(st, plan)
     plan.request_id = new_id("cmpl-")
 
     def build(summary, **kw):
@@ -316,8 +328,9 @@ async def llama_completion(request: Request):
     from strata_lab.server.completions import LlamaStream, llama_response, parse_completion
 
     st: ServerState = request.app.state.strata
-    req, plan = parse_completion(await _json_body(request), "llama", vocab_size=st.runner.engine.vocab_size,
-                                 session_key=_session_key(request))
+    req, plan = await _parsed(request, parse_completion, dialect="llama", vocab_size=st.runner.engine.vocab_size,
+                              session_key=_session_key(request))
+    _check_min_completion(st, plan)
     plan.request_id = new_id("cmpl-")
 
     def build(summary, **kw):
