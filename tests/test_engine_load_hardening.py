@@ -125,3 +125,28 @@ def test_load_options_are_checked(tiny_dir):
         Engine.load(tiny_dir, threads=1_000_000)
     with pytest.raises(TypeError, match="mmap must be a bool"):
         Engine.load(tiny_dir, mmap="no")
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_copied_weights_survive_truncation(tiny_dir, tmp_path, tied):
+    """weights_memory 'hugepages' copies every tensor, the embedding included (issue 34: it stayed mapped, and
+    a truncated file killed the process with SIGBUS on the next token's embedding row)."""
+    path = _copy(tiny_dir, tmp_path / "ck")
+    if tied:
+        cfg = json.loads((path / "config.json").read_text())
+        cfg["tie_word_embeddings"] = True
+        (path / "config.json").write_text(json.dumps(cfg))
+    ids = [9707, 1879, 13, 151643, 5]
+    r = _run_python(f"""
+        import os
+        os.environ["STRATA_WEIGHTS_HUGEPAGES"] = "1"
+        import numpy as np
+        from strata_lab.engine import Engine
+        engine = Engine.load({str(path)!r}, threads=1)
+        assert engine.info["weights_memory"] == "hugepages", engine.info["weights_memory"]
+        before = engine.forward({ids})
+        os.truncate({str(path / "model.safetensors")!r}, 0)
+        after = engine.forward({ids})
+        print("OK", bool((after == before).all()))
+        """)
+    assert r.returncode == 0 and "OK True" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])

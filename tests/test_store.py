@@ -62,12 +62,12 @@ def test_round_trip_keeps_odd_lines_byte_for_byte(tmp_path):
     odd = [b'{"session": "a", "prompt_ids": [1, 2, 3]}',                       # spaces: not orjson's writing
            b'{"prompt_ids":[1,2,3,4],"session":"a","ts":5,"call":1,"x":{"y":[1]}}',  # int ts, extra field
            b'{"session":"a","prompt_ids":[1,2,9],"reused":null,"timings":{"decode_ms":1.0}}',
-           b'{"session":"b","prompt_ids":[],"gen_ids":[2147483647],"k,v":1}',     # the largest id, comma key
+           b'{"session":"b","prompt_ids":[5],"gen_ids":[2147483647],"k,v":1}',    # the largest id, comma key
            b'{"session":"\\u00e9","prompt_ids":[7]}']
     # lines the reader refuses (docs/DUMP_FORMAT.md) are skipped with a warning, as load_dump skips them
-    bad = [b'{"prompt_ids":[1],"call":1.5}', b'{"prompt_ids":[4294967296]}', b'{"torn": tr']
+    bad = [b'{"prompt_ids":[1],"call":1.5}', b'{"prompt_ids":[4294967296]}', b'{"prompt_ids":[]}', b'{"torn": tr']
     src = tmp_path / "odd.jsonl"
-    src.write_bytes(b"\n".join(odd[:2] + bad[:1] + odd[2:] + bad[1:2]) + b"\n" + bad[2])
+    src.write_bytes(b"\n".join(odd[:2] + bad[:1] + odd[2:] + bad[1:3]) + b"\n" + bad[3])
     with pytest.warns(Warning, match="skipped"):
         info = convert_jsonl(src, tmp_path / "s")
     assert info["lines"] == len(odd) and info["skipped"] == len(bad)

@@ -69,21 +69,24 @@ bool copy_weights(const ModelFolder& c, const LoadOptions& opts) {
   return double(c.mapped_bytes()) <= 0.5 * double(pages) * double(page);
 }
 
+Mat WeightStore::copy_out(const Mat& w) {
+  if (!copy_ || w.dtype == DType::I8) return w;
+  // a copy of the same bytes in a huge-page arena; the mapping's pages of it are dropped from this process
+  // (a private read-only mapping: they are refetched from the page cache if anything reads them again)
+  const size_t bytes = size_t(w.rows * w.cols) * dtype_size(w.dtype);
+  int8_t* dst = alloc_arena(bytes);
+  std::memcpy(dst, w.data, bytes);
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(w.data) + page - 1) / page * page,
+                  hi = (reinterpret_cast<uintptr_t>(w.data) + bytes) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  Mat m = w;
+  m.data = dst;
+  return m;
+}
+
 Mat WeightStore::prepare_once(const Mat& w) {
-  if (format_ != WeightFormat::Int8 && copy_ && w.dtype != DType::I8) {
-    // a copy of the same bytes in a huge-page arena; the mapping's pages of it are dropped from this process
-    // (a private read-only mapping: they are refetched from the page cache if anything reads them again)
-    const size_t bytes = size_t(w.rows * w.cols) * dtype_size(w.dtype);
-    int8_t* dst = alloc_arena(bytes);
-    std::memcpy(dst, w.data, bytes);
-    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-    const uintptr_t lo = (reinterpret_cast<uintptr_t>(w.data) + page - 1) / page * page,
-                    hi = (reinterpret_cast<uintptr_t>(w.data) + bytes) / page * page;
-    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
-    Mat m = w;
-    m.data = dst;
-    return m;
-  }
+  if (format_ != WeightFormat::Int8 && copy_ && w.dtype != DType::I8) return copy_out(w);
   if (format_ != WeightFormat::Int8 || w.dtype == DType::I8) return w;
   int8_t* q = alloc_arena(size_t(w.rows * w.cols));
   auto s = std::make_unique<float[]>(size_t(w.rows));

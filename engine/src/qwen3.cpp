@@ -47,8 +47,10 @@ Qwen3Model::Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opt
   inv_freq_ = k::rope_inv_freq(theta, int(hd_));
 
   DecoderIO io = load_decoder_io(c, "qwen3", V, D_, L, opts, info_);
-  embed_ = io.embed;
   lm_head_ = store_.prepare(io.lm_head);
+  // tied: the lm_head's copy serves the embedding too; else the embedding is copied out on its own
+  embed_ = io.embed.data == io.lm_head.data && lm_head_.dtype == io.embed.dtype && lm_head_.data != io.embed.data
+               ? lm_head_ : store_.copy_out(io.embed);
   final_norm_ = std::move(io.final_norm);
   layers_.resize(size_t(L));
   for (int64_t i = 0; i < L; ++i) {

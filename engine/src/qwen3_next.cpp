@@ -110,8 +110,10 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<ModelFolder> ckpt, const LoadOpti
   ad_ = next::AttnDims{D_, H, Hkv, hd, rd, eps_};
 
   DecoderIO io = load_decoder_io(c, "qwen3_next", V, D_, L, opts, info_);
-  embed_ = io.embed;
   lm_head_ = store_.prepare(io.lm_head);
+  // tied: the lm_head's copy serves the embedding too; else the embedding is copied out on its own
+  embed_ = io.embed.data == io.lm_head.data && lm_head_.dtype == io.embed.dtype && lm_head_.data != io.embed.data
+               ? lm_head_ : store_.copy_out(io.embed);
   final_norm_ = std::move(io.final_norm);
 
   const std::vector<bool> attn = attention_layers(c, L);

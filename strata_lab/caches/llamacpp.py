@@ -98,7 +98,7 @@ class Preset(EnginePreset):
 
     def __post_init__(self):
         super().__post_init__()
-        _positive_int(self, "slots")
+        _positive_int(self, "slots", maximum=4096)  # one object per slot: 10**9 would allocate gigabytes
         for f in ("cache_reuse", "ctx_checkpoints", "checkpoint_every", "checkpoint_min_step", "ctx_size"):
             _positive_int(self, f, zero=True)
         _positive_int(self, "n_ubatch")

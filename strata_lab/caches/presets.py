@@ -161,10 +161,12 @@ class EnginePreset:
         return importlib.import_module(ENGINES[self.engine][1]).Model(self)
 
 
-def _positive_int(p, name, zero=False):
+def _positive_int(p, name, zero=False, maximum=None):
     v = getattr(p, name)
     if isinstance(v, bool) or not isinstance(v, int) or v < (0 if zero else 1):
         raise ValueError(f"{p.engine}: {name} must be a {'non-negative' if zero else 'positive'} int, got {v!r}")
+    if maximum is not None and v > maximum:  # a value that sizes an allocation: bounded
+        raise ValueError(f"{p.engine}: {name} must be at most {maximum}, got {v!r}")
 
 
 def _optional_positive_int(p, name):

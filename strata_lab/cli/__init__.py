@@ -134,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="constrained output: unbounded strings in a schema get this maxLength (0: unbounded)")
     p.add_argument("--grammar-max-items", type=int, default=16,
                    help="constrained output: unbounded arrays in a schema get this maxItems (0: unbounded)")
+    p.add_argument("--cpu-workers", type=int, default=2,
+                   help="threads for large requests' CPU work: tokenizing, rendering, schemas, grammars (default 2)")
+    p.add_argument("--cpu-queue", type=int, default=8, help="large requests that may wait for a CPU worker (503 "
+                   "after; default 8)")
+    p.add_argument("--cpu-timeout", type=float, default=120.0,
+                   help="seconds of CPU work one request may take before its 503 (default 120)")
+    p.add_argument("--max-client-requests", type=int, default=16,
+                   help="requests one client address may have in flight (429 after; default 16)")
     p.add_argument("--slot-similarity", type=float, default=0.5,
                    help="share of the prompt a slot's held ids must cover to be chosen by similarity")
     p.add_argument("--alias", help="model name reported to clients")
@@ -245,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata-lab {args.command}: error: {exc.name} is missing; install it with "
               f"pip install 'strata-lab[{extra}]'", file=sys.stderr)
         return 2
-    except (ValueError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError, RuntimeError) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the exception held
         print(f"strata-lab {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -6,14 +6,50 @@ import json
 import sys
 
 
+MAX_INPUT_BYTES = 256 * 1024 * 1024  # a conversation / tokenizer file given on the command line
+
+
+def read_user_file(path: str, what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a file named on the command line: a regular file (a FIFO would hang, /dev/zero never end)
+    of at most `limit` bytes, else a ValueError naming `what`."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{what} {path} is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{what} {path}: not a regular file")
+    if st.st_size > limit:
+        raise ValueError(f"{what} {path}: {st.st_size} bytes, over the limit of {limit}")
+    with open(path, "rb") as f:
+        return f.read(limit + 1)
+
+
+def _native_panic(exc: BaseException) -> bool:
+    """A Rust panic surfacing from a native library (tokenizers' PanicException is a BaseException)."""
+    return type(exc).__name__ == "PanicException"
+
+
 def _load_tokenizer(name: str):
     """load_tokenizer, with any failure (a binary file, a foreign format) as one ValueError naming the option."""
+    import os
+
     from strata_lab.text.tokenizer import load_tokenizer
 
+    if os.path.exists(name) and not os.path.isdir(name):
+        read_user_file(name, "--tokenizer", limit=0x7FFFFFFF)[:0]  # regular file, bounded (no FIFO hang)
     try:
         return load_tokenizer(name)
     except (ValueError, OSError) as exc:
         raise ValueError(f"--tokenizer {name}: {exc}") from None
+    except BaseException as exc:
+        if not _native_panic(exc):
+            raise
+        raise ValueError(f"--tokenizer {name}: the tokenizer library failed on it ({type(exc).__name__})") from None
     except Exception as exc:  # the tokenizers library raises plain Exception for unreadable files
         raise ValueError(f"--tokenizer {name}: cannot load it ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 
@@ -49,7 +85,12 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     status(f"loading the {args.tokenizer} tokenizer ...", args)
     tok = _load_tokenizer(args.tokenizer)
     text = _utf8_text(args.text)
-    ids = tok.encode(text)
+    try:
+        ids = tok.encode(text)
+    except BaseException as exc:  # a hostile tokenizer.json (a catastrophic pre-tokenizer regex) panics in Rust
+        if not _native_panic(exc):
+            raise
+        raise ValueError(f"--tokenizer {args.tokenizer}: the tokenizer failed on this text ({type(exc).__name__})") from None
     if args.json:
         rows = []
         for i in ids:
@@ -79,8 +120,11 @@ def _cmd_template(args: argparse.Namespace) -> int:
     tmpl = (ChatTemplate.from_name(args.template) if args.template in TEMPLATE_PRESETS
             else ChatTemplate.from_file(args.template))
     try:
-        with open(args.conversation, encoding="utf-8") if args.conversation != "-" else sys.stdin as f:
-            data = json.load(f)
+        raw = read_user_file(args.conversation, "conversation") if args.conversation != "-" else \
+            sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError(f"{args.conversation} nests too deeply") from None
     except UnicodeDecodeError:
         raise ValueError(f"{args.conversation} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
@@ -117,9 +161,15 @@ def _api_key(args: argparse.Namespace, environ=None) -> str | None:
     if args.api_key is not None:
         return args.api_key
     if args.api_key_file is not None:
+        import stat
+
         try:
-            with open(args.api_key_file, encoding="utf-8") as f:
-                key = f.readline().strip()
+            if not stat.S_ISREG(os.stat(args.api_key_file).st_mode):  # a FIFO would hang, /dev/zero never end
+                raise ValueError(f"--api-key-file {args.api_key_file}: not a regular file")
+            with open(args.api_key_file, "rb") as f:
+                key = f.read(4097).decode("utf-8").split("\n", 1)[0].strip()
+            if len(key) > 4096:
+                raise ValueError(f"--api-key-file {args.api_key_file}: the key is longer than 4096 characters")
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"--api-key-file {args.api_key_file}: cannot read it ({exc})") from None
         if not key:
@@ -140,8 +190,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        max_tokens_default=args.max_tokens_default, no_mmap=args.no_mmap,
                        check_weights=args.check_weights,
                        slots=args.slots, slot_similarity=args.slot_similarity,
-                       grammar_max_string=args.grammar_max_string or None,
-                       grammar_max_items=args.grammar_max_items or None))
+                       grammar_max_string=None if args.grammar_max_string == 0 else args.grammar_max_string,
+                       grammar_max_items=None if args.grammar_max_items == 0 else args.grammar_max_items,
+                       cpu_workers=args.cpu_workers, cpu_queue=args.cpu_queue, cpu_timeout=args.cpu_timeout,
+                       max_client_requests=args.max_client_requests))
     return 0
 
 
@@ -154,14 +206,51 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--model must be hybrid, attention or a model directory (with config.json), "
                          f"got {args.model!r}")
 
+    if args.turns < 1:
+        raise ValueError(f"--turns must be >= 1, got {args.turns}")
+    folder = os.path.dirname(os.path.abspath(args.png))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--png {args.png}: the folder {folder} does not exist")
+    if args.out_dir is not None and os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        raise ValueError(f"--out-dir {args.out_dir} is not a directory")
+
     status(f"serving a scripted agent session twice on the {args.model} model (reply-id reuse off, then on; "
            f"about 20-40 s) ...")
     run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
     return 0
 
 
+def _check_model_arg(model: str | None) -> None:
+    import os
+
+    if model is not None and model not in ("hybrid", "attention") and \
+            not os.path.isfile(os.path.join(model, "config.json")):
+        raise ValueError(f"--model must be hybrid, attention or a model directory (with config.json), got {model!r}")
+
+
+def _check_new_file(path: str, option: str) -> None:
+    """A file the command will create: its folder must exist and be writable, the file must not exist."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{option} {path}: the folder {folder} is not writable")
+    if os.path.lexists(path):
+        raise ValueError(f"{option} {path} exists; recordings append, so choose a new file")
+
+
 def _cmd_record(args: argparse.Namespace) -> int:
     from strata_lab.sessions import record
+
+    _check_model_arg(args.model)
+    _check_new_file(args.out, "--out")
+    for name, low in (("turns", 1), ("max_tokens", 1), ("seed", 0)):
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    if args.stop_latency is not None and args.stop_latency < 0:
+        raise ValueError(f"--stop-latency must be >= 0, got {args.stop_latency}")
 
     status(f"recording the {args.scenario} scenario: starting a server and driving {args.turns} turns ...")
     print(record(args.scenario, args.out, model=args.model, reply_id_reuse=args.reply_id_reuse, turns=args.turns,
@@ -172,6 +261,14 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from strata_lab.sessions import reproduce, rewrite
+
+    _check_model_arg(args.model)
+    from strata_lab.dump import load_dump
+
+    dump = load_dump(args.dump)
+    if type(dump).__name__ == "Dump" and next(iter(dump), None) is None:  # not "0/0 reproduce exactly"
+        raise ValueError(f"no engine calls in {args.dump}: the dump is empty or every line was skipped (see the "
+                         f"warnings above); nothing to {args.command}")
 
     status(f"{args.command}: loading the model and replaying {args.dump} under {args.policy} for the "
            "prediction ...", args)

@@ -34,12 +34,11 @@ def convert_jsonl(paths, out: str | os.PathLike, *, row_group_rows: int = 8192, 
         row_group_rows: calls per Parquet row group.
         progress: show a progress bar.
     """
-    from strata_lab.dump.reader import DumpWarning, check_record
+    from strata_lab.dump.reader import DumpWarning, check_dump_path, check_record, dump_lines, open_dump
 
     paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
     for p in paths:
-        if not os.path.isfile(p):
-            raise FileNotFoundError(f"dump file not found: {p}")
+        check_dump_path(p)  # regular files only (a FIFO would hang), .gz read, other compressions refused
     t0 = time.perf_counter()
     total = sum(os.path.getsize(p) for p in paths)
     bar = None
@@ -50,8 +49,8 @@ def convert_jsonl(paths, out: str | os.PathLike, *, row_group_rows: int = 8192, 
     lines = skipped = 0
     with StoreWriter(out, row_group_rows=row_group_rows) as w:
         for p in paths:
-            with open(p, "rb", buffering=1 << 20) as f:
-                for lineno, line in enumerate(f, 1):
+            with open_dump(p) as f:
+                for lineno, line in enumerate(dump_lines(f), 1):
                     if bar is not None:
                         bar.update(len(line))
                     if not line.strip():

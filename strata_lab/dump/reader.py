@@ -18,6 +18,7 @@ Files are read line by line, so a dump never has to fit in memory unless you ask
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Iterable, Iterator
@@ -104,6 +105,18 @@ def check_record(rec, vocab_size: int | None = None) -> dict:
         raise ValueError(f"schema {schema!r} is not {SCHEMA_PREFIX}N")
     if not isinstance(rec.get("prompt_ids"), list):
         raise ValueError("prompt_ids must be a list of ints")
+    if not rec["prompt_ids"]:
+        raise ValueError("prompt_ids must not be empty (every engine call reads a prompt)")
+    ts = rec.get("ts")
+    if ts is not None and (type(ts) not in (int, float) or not math.isfinite(ts) or ts < 0):
+        raise ValueError(f"ts must be a finite number of seconds >= 0, got {ts!r}")
+    for name in ("request_id", "replica", "model"):
+        v = rec.get(name)
+        if v is not None and not isinstance(v, str):
+            raise ValueError(f"{name} must be a string, got {type(v).__name__}")
+    session = rec.get("session")
+    if session is not None and (isinstance(session, bool) or not isinstance(session, (str, int))):
+        raise ValueError(f"session must be a string, got {type(session).__name__}")
     for name, kind in _DEFAULTS:
         v = rec.get(name)
         if v is None:
@@ -126,10 +139,68 @@ def check_record(rec, vocab_size: int | None = None) -> dict:
     return rec
 
 
+MAX_LINE_BYTES = 1 << 30  # one dump line (a 1M-token prompt is ~8 MB): longer is a bad line, never read whole
+_COMPRESSED = {".zst": "zstd", ".bz2": "bzip2", ".xz": "xz", ".lz4": "lz4", ".zip": "zip"}
+
+
+def check_dump_path(path: str) -> None:
+    """A dump path must be a regular file (a FIFO would hang the reader), plain JSONL or gzip (`.gz`)."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"dump file not found: {path}") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path}: not a regular file")
+    for ext, name in _COMPRESSED.items():
+        if path.endswith(ext):
+            raise ValueError(f"{path}: {name}-compressed dumps are not read; decompress it first (gzip .gz is read)")
+
+
+def open_dump(path: str):
+    """A dump file opened for reading bytes: `.gz` through gzip, anything else as it is."""
+    check_dump_path(path)
+    if path.endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, "rb")
+    return open(path, "rb", buffering=1 << 20)
+
+
+def dump_lines(f) -> Iterator[bytes]:
+    """The lines of an open dump; a line over MAX_LINE_BYTES is given as b"\0" (a bad line), never held whole."""
+    while True:
+        line = f.readline(MAX_LINE_BYTES)
+        if not line:
+            return
+        if len(line) >= MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while True:  # skip the rest of the over-long line
+                rest = f.readline(MAX_LINE_BYTES)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            yield b"\0"
+            continue
+        yield line
+
+
 def _iter_file(path: str, vocab_size: int | None = None) -> Iterator[dict]:
+    import gzip
+    import zlib
+
     skipped = 0
-    with open(path, "rb", buffering=1 << 20) as f:
-        for lineno, line in enumerate(f, 1):
+    lineno = 0
+    with open_dump(path) as f:
+        lines = enumerate(dump_lines(f), 1)
+        while True:
+            try:
+                lineno, line = next(lines)
+            except StopIteration:
+                break
+            except (OSError, EOFError, zlib.error) as exc:  # a corrupt or truncated .gz (gzip.BadGzipFile too)
+                raise ValueError(f"{path}: cannot be read past line {lineno}: {exc}") from None
             if not line.strip():
                 continue
             try:
@@ -159,8 +230,7 @@ class Dump:
         if not self.paths:
             raise ValueError("paths must name at least one dump file")
         for p in self.paths:
-            if not os.path.isfile(p):
-                raise FileNotFoundError(f"dump file not found: {p}")
+            check_dump_path(p)  # regular files only; compressed ones other than .gz refused by name
 
     def __iter__(self) -> Iterator[dict]:
         for p in self.paths:
@@ -283,9 +353,9 @@ def load_dump(path_or_paths, *, vocab_size: int | None = None) -> Dump:
 
             return Store(p)
         if os.path.isdir(p):
-            names = sorted(n for n in os.listdir(p) if n.endswith(".jsonl"))
+            names = sorted(n for n in os.listdir(p) if n.endswith((".jsonl", ".jsonl.gz")))
             if not names:
-                raise FileNotFoundError(f"no *.jsonl dump files in {p}")
+                raise FileNotFoundError(f"no *.jsonl or *.jsonl.gz dump files in {p}")
             return Dump((os.path.join(p, n) for n in names), vocab_size=vocab_size)
         return Dump([p], vocab_size=vocab_size)
     return Dump(path_or_paths, vocab_size=vocab_size)

@@ -32,11 +32,12 @@ def is_store(path) -> bool:
 
 
 def iter_partition_rows(partition: str, *, columns=None, batch_rows: int = 2048) -> Iterator[dict]:
-    """The rows of one partition, in order, a batch at a time (each row a dict of column values)."""
-    import pyarrow.parquet as pq
+    """The rows of one partition, in order, a batch at a time (each row a dict of column values), after
+    store_check.check_partition has checked its files and rows (StoreError naming file, row and field)."""
+    from strata_lab.dump.store_check import check_partition, open_segment
 
-    for f in segment_files(partition):
-        pf = pq.ParquetFile(f)
+    for f in check_partition(partition):
+        pf = open_segment(f)
         for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
             yield from batch.to_pylist()
 
@@ -56,6 +57,16 @@ class Store:
         if not self.partitions:
             raise FileNotFoundError(f"no day=*/replica=* partitions in store {self.root}")
         check_open_markers(self.root)
+        from strata_lab.dump.store_check import StoreError
+
+        seen: dict[str, str] = {}
+        for p in self.partitions:  # each partition once, a directory of this store (not a link to another)
+            if os.path.islink(p):
+                raise StoreError(f"{p}: a partition must be a directory of the store, not a link")
+            real = os.path.realpath(p)
+            if real in seen:
+                raise StoreError(f"{p}: the same directory as {seen[real]}")
+            seen[real] = p
         self.paths = segment_files(self.root)
 
     # --- cache domains ------------------------------------------------------------------------------
@@ -114,7 +125,9 @@ class Store:
     def num_rows(self) -> int:
         import pyarrow.parquet as pq
 
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in self.paths)
+        from strata_lab.dump.store_check import open_segment
+
+        return sum(open_segment(f).metadata.num_rows for f in self.paths)
 
     @property
     def nbytes(self) -> int:

@@ -32,7 +32,7 @@ import orjson
 
 from strata_lab.text.ids import lcp_len
 
-__all__ = ["arrow_schema", "COLUMNS", "RowEncoder", "RowDecoder", "parse", "partition_of", "with_defaults"]
+__all__ = ["StoreError", "check_segment_file", "arrow_schema", "COLUMNS", "RowEncoder", "RowDecoder", "parse", "partition_of", "with_defaults"]
 
 _INT32 = 2**31 - 1
 # columns: name -> (arrow type name, how a value qualifies)
@@ -61,6 +61,23 @@ def arrow_schema():
         ("reported_cache_write_tokens", pa.int64()), ("keys", pa.string()), ("extra", pa.string()),
         ("raw", pa.string()),
     ])
+
+
+class StoreError(ValueError):
+    """A store file that is not what the writer writes: names the file, row and field."""
+
+
+def check_segment_file(path: str) -> None:
+    """A segment path must be a regular file (not a FIFO, device or directory)."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read it ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"{path}: not a regular file")
 
 
 def parse(line: bytes):

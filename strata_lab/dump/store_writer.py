@@ -45,9 +45,14 @@ _DICTIONARY_COLUMNS = [c for c in STORE_COLUMNS if c not in ("suffix_ids", "gen_
 
 def segment_files(root_or_partition: str) -> list[str]:
     """Segment files of a store or of one partition, in order."""
+    from strata_lab.dump.store_codec import check_segment_file
+
     parts = [root_or_partition] if os.path.basename(root_or_partition).startswith("replica=") \
         else partitions(root_or_partition)
-    return [f for p in parts for f in sorted(glob.glob(os.path.join(p, "seg-*.parquet")))]
+    files = [f for p in parts for f in sorted(glob.glob(os.path.join(p, "seg-*.parquet")))]
+    for f in files:
+        check_segment_file(f)  # a FIFO named like a segment would hang whoever opens it
+    return files
 
 
 def check_open_markers(root: str, *, clear: bool = False) -> list[str]:

@@ -55,6 +55,29 @@ def bound_schema(schema: Any, max_string: int | None, max_items: int | None) -> 
     return out
 
 
+_DATA_KEYS = ("enum", "const", "default", "examples")
+
+
+def rebase_refs(schema: Any, pointer: str) -> Any:
+    """A copy of `schema` whose local references (`#`, `#/...`) point into it after it is placed at JSON
+    pointer `pointer` of a larger schema (a tool's parameters inside the tool-call wrapper).
+
+    >>> rebase_refs({"items": {"$ref": "#"}, "$defs": {"a": {"$ref": "#/$defs/b"}}}, "/properties/arguments")
+    {'items': {'$ref': '#/properties/arguments'}, '$defs': {'a': {'$ref': '#/properties/arguments/$defs/b'}}}
+    """
+    if isinstance(schema, list):
+        return [rebase_refs(x, pointer) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+            out[k] = "#" + pointer + v[1:]
+        else:
+            out[k] = v if k in _DATA_KEYS else rebase_refs(v, pointer)
+    return out
+
+
 # xgrammar writes a string with maxLength (every free string here, via bound_schema) as characters of
 # [^"\\\r\n]: raw control characters such as a tab pass, which JSON forbids (json.loads rejects the text).
 # The class JSON allows there (no escapes: they would count as several characters) is [^\0-\x1f"\\].
@@ -196,12 +219,14 @@ class TokenGrammar:
             raise ValueError(f"thinking must be one of {', '.join(_THINK_OPENERS)}, got {thinking!r}")
         import xgrammar as xgr
 
+        chosen = [t for t in tools if name is None or t["function"]["name"] == name]
         options = []
-        for t in tools:
+        for i, t in enumerate(chosen):
             fn = t["function"]
-            if name is not None and fn["name"] != name:
-                continue
             params = bound_schema(fn.get("parameters") or {"type": "object"}, self.max_string, self.max_items)
+            # the parameters' own references ("#", "#/$defs/...") are relative to the parameters, not the wrapper
+            where = "/properties/arguments" if len(chosen) == 1 else f"/anyOf/{i}/properties/arguments"
+            params = rebase_refs(params, where)
             options.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
                 "required": ["name", "arguments"], "additionalProperties": False})
         if not options:

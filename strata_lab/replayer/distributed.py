@@ -97,7 +97,14 @@ def replay_on_cluster(store, opts, tokenizer, cost_model, *, cluster, progress: 
             bar = tqdm(total=len(futures), desc=f"replay {opts.policy.name} on dask", unit="domain")
         results = []
         for fut in as_completed(futures):
-            results.append(fut.result())
+            try:
+                results.append(fut.result())
+            except Exception as exc:
+                if type(exc).__name__ != "KilledWorker":
+                    raise
+                # a domain whose workers kept dying (out of memory, killed): one clear error, not a traceback
+                raise RuntimeError(f"dask: the workers running cache domain {fut.key!r} died repeatedly (out of "
+                                   "memory? see the workers' logs); the replay stopped") from None
             if bar is not None:
                 bar.update(1)
         if bar is not None:

@@ -87,10 +87,10 @@ def _partition_tuples(partition: str, batch_rows: int) -> Iterator[tuple]:
     import pyarrow.parquet as pq
     import pyarrow.types as pt
 
-    from strata_lab.dump.store_writer import segment_files
+    from strata_lab.dump.store_check import check_partition, open_segment
 
-    for f in segment_files(partition):
-        for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=_ROW_COLUMNS):
+    for f in check_partition(partition):  # files and rows checked first (StoreError names file, row, field)
+        for batch in open_segment(f).iter_batches(batch_size=batch_rows, columns=_ROW_COLUMNS):
             yield from zip(*(_lazy_lists(c) if pt.is_list(c.type) else c.to_pylist() for c in batch.columns))
 
 
@@ -238,9 +238,10 @@ def session_ends(partitions: list[str]) -> dict[str, int]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from strata_lab.dump.store_check import open_segment
     from strata_lab.dump.store_writer import segment_files
 
-    tables = [pq.ParquetFile(f).read(columns=["session", "seq"]) for p in partitions for f in segment_files(p)]
+    tables = [open_segment(f).read(columns=["session", "seq"]) for p in partitions for f in segment_files(p)]
     if not tables:
         return {}
     t = pa.concat_tables(tables)
@@ -257,13 +258,14 @@ def cost_samples(partitions: list[str]):
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from strata_lab.dump.store_check import open_segment
     from strata_lab.dump.store_writer import segment_files
 
     cols = ["seq", "prompt_len", "reused", "prefill_ms", "keys", "extra", "raw"]
     seqs, reads, starts, times = [], [], [], []
     odd_rows: list = []  # (seq, read, reused, ms) of rows read one by one
     for f in (f for part in partitions for f in segment_files(part)):
-        t = pq.ParquetFile(f).read(columns=cols)
+        t = open_segment(f).read(columns=cols)
         extra = t["extra"]
         # extra fields (a replica, ...) leave these columns as they are unless they name one of the fields
         # read here (the substring test is conservative: such a row is read one by one)

@@ -75,11 +75,11 @@ def _partition_batches(partition: str, k: int, batch_rows: int):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from strata_lab.dump.store_writer import segment_files
+    from strata_lab.dump.store_check import check_partition, open_segment
 
     n = 0
-    for f in segment_files(partition):
-        for b in pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=_ROW_COLUMNS):
+    for f in check_partition(partition):  # files and rows checked first (StoreError names file, row, field)
+        for b in open_segment(f).iter_batches(batch_size=batch_rows, columns=_ROW_COLUMNS):
             m = b.num_rows
             if not m:
                 continue

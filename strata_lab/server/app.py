@@ -18,6 +18,7 @@ from typing import Any
 from strata_lab.server.config import ServerConfig
 from strata_lab.server.body import json_body as _json_body, json_object as _json_object
 from strata_lab.server.completions import logprob_entry
+from strata_lab.server.cpu import LIGHT_BYTES, ClientGone, CpuPool, min_prompt_tokens
 from strata_lab.server.dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
 from strata_lab.server.errors import RequestError, error_body
 from strata_lab.server.generation import ChatRunner
@@ -26,7 +27,6 @@ from strata_lab.server.request import ChatRequest, check_int, parse_anthropic, p
 from strata_lab.server.slots import SlotPool, slot_names
 from strata_lab.server.worker import EngineWorker
 
-from starlette.concurrency import run_in_threadpool  # the app module is only imported to build the app
 from starlette.requests import Request
 
 __all__ = ["create_app", "load_state", "ServerState", "serve"]
@@ -43,6 +43,12 @@ class ServerState:
     model_path: str
     started: float
     responses: Any = None        # responses.ResponseStore: /v1/responses kept for previous_response_id
+    cpu: CpuPool | None = None        # CPU-heavy request work off the event loop (cpu.py)
+    weights: Any = None               # WeightsWatch: the weights files as loaded (a change is refused)
+
+    def __post_init__(self) -> None:
+        if self.cpu is None:
+            self.cpu = CpuPool(self.config.cpu_workers, self.config.cpu_queue, self.config.cpu_timeout)
 
 
 def load_state(config: ServerConfig) -> ServerState:
@@ -65,14 +71,16 @@ def load_state(config: ServerConfig) -> ServerState:
     if config.threads:
         kwargs["threads"] = config.threads
     model_path = Path(config.model) if config.model else embedded_model("hybrid")
+    check_context(model_path, config.max_context)
+    template = load_template(config.template)  # a bad template file fails before the model loads
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as ex:  # the engine loads without the GIL while the tokenizer loads here
         loading = ex.submit(Engine.load, str(model_path), **kwargs)
-        template = load_template(config.template)
         tokenizer = load_tokenizer("qwen3")
         encoder = PromptEncoder(tokenizer)
         engine = loading.result()
+    weights = WeightsWatch(model_path)
     name = config.model_name or model_path.name
     policy = CheckpointPolicy(before_last=tokenizer.token_id("<|im_start|>")) if config.header_checkpoint else None
     names = slot_names(config.session, config.slots)
@@ -88,7 +96,56 @@ def load_state(config: ServerConfig) -> ServerState:
                                                  max_items=config.grammar_max_items))
     return ServerState(config=config, tokenizer=tokenizer, template=template,
                        runner=runner, worker=EngineWorker(), model_name=name, model_path=str(model_path),
-                       started=time.time())
+                       started=time.time(), weights=weights)
+
+
+def check_context(model_path, max_context: int) -> None:
+    """`--ctx` must fit the model: at most config.json's max_position_embeddings (a ValueError naming both)."""
+    import json as _json
+    from pathlib import Path
+
+    try:
+        cfg = _json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the engine's loader names what is wrong with the folder
+    limit = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    if isinstance(limit, int) and not isinstance(limit, bool) and max_context > limit > 0:
+        raise ValueError(f"--ctx {max_context} is over the model's max_position_embeddings ({limit}, "
+                         f"{Path(model_path) / 'config.json'})")
+
+
+class WeightsWatch:
+    """The model folder's weights files as loaded (size, mtime, inode). A file rewritten or truncated in place
+    under a running server changes mapped pages under the engine (a truncation is a SIGBUS on the next read
+    of a page that is still mapped): `check()` before each engine job refuses the request instead."""
+
+    def __init__(self, model_path) -> None:
+        import os
+        from pathlib import Path
+
+        self.files = {}
+        folder = Path(model_path)
+        for f in sorted(folder.glob("*.safetensors")):
+            st = os.stat(f)
+            self.files[str(f)] = (st.st_size, st.st_mtime_ns, st.st_ino)
+        self.changed: str | None = None
+
+    def check(self) -> None:
+        import os
+
+        if self.changed is None:
+            for path, seen in self.files.items():
+                try:
+                    st = os.stat(path)
+                    now = (st.st_size, st.st_mtime_ns, st.st_ino)
+                except OSError:
+                    now = None
+                if now != seen:
+                    self.changed = path
+                    break
+        if self.changed is not None:
+            raise RequestError(None, f"the weights file {os.path.basename(self.changed)} changed under the running "
+                               "server; restart it to load the new weights", code="weights_changed", status=503)
 
 
 def load_template(spec: str):
@@ -119,9 +176,47 @@ def _session_key(request) -> str | None:
     return key
 
 
+def _big(request) -> bool:
+    """A body large enough that its CPU work goes through the bounded pool (cpu.py)."""
+    return getattr(request.state, "body_bytes", 0) > LIGHT_BYTES
+
+
+async def _parsed(request, parser, **kw):
+    """The body parsed into a ChatRequest, off the event loop. Never behind large work in the bounded pool:
+    parsing is bounded by the body limit and the schema limits (counted first, cheaply), and a request the
+    cheap checks refuse must not wait for a 4 MB count to end."""
+    from functools import partial
+
+    st: ServerState = request.app.state.strata
+    body = await _json_body(request)
+    return await st.cpu.run(partial(parser, body, **kw), heavy=False, what="checking the request",
+                            request=request)
+
+
+def _check_min_context(st: ServerState, req: ChatRequest) -> None:
+    """The cheap context check: a prompt that cannot fit whatever it tokenizes to is refused before rendering."""
+    low = min_prompt_tokens(req.messages)
+    if low > st.config.max_context:
+        raise RequestError("messages", f"the prompt is at least {low} tokens, over the context of "
+                           f"{st.config.max_context} tokens", code="context_length_exceeded")
+
+
+def _check_min_completion(st: ServerState, plan) -> None:
+    """The cheap context check for a completion prompt given as text (ids are counted as they are)."""
+    from strata_lab.server.cpu import MAX_TOKEN_BYTES
+
+    if plan.prompt_ids is None and plan.prompt_text:
+        low = -(-len(plan.prompt_text.encode("utf-8", "surrogatepass")) // MAX_TOKEN_BYTES)
+        if low > st.config.max_context:
+            raise RequestError("prompt", f"the prompt is at least {low} tokens, over the context of "
+                               f"{st.config.max_context} tokens", code="context_length_exceeded")
+
+
 async def _chat(request, req: ChatRequest):
     st: ServerState = request.app.state.strata
-    plan = await run_in_threadpool(make_plan, st.template, req)  # a big render must not stall the event loop
+    _check_min_context(st, req)
+    plan = await st.cpu.run(make_plan, st.template, req, heavy=_big(request), what="rendering the chat template",
+                            request=request, bulk=True)
     openai = req.dialect == "openai"
     plan.request_id = new_id("chatcmpl-" if openai else "msg_")
     if openai:
@@ -139,28 +234,41 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
     st: ServerState = request.app.state.strata
     if req.features.constraint is not None or req.features.tool_choice not in (None, "none") or \
             req.response_format is not None:
-        st.runner.grammars.check(req, plan)  # a bad grammar / schema is a 400 before the request queues
-    job = st.worker.submit(lambda job: st.runner.run(job, req, plan))
+        # a bad grammar / schema is a 400 before the request queues; a new one compiles in the bounded pool
+        await st.cpu.run(st.runner.grammars.check, req, plan, heavy=not st.runner.grammars.known(req),
+                         what="compiling the grammar", request=request)
+    if st.weights is not None:
+        st.weights.check()
+
+    def work(job):
+        if st.weights is not None:
+            st.weights.check()  # again right before the engine reads the weights
+        st.runner.run(job, req, plan)
+
+    job = st.worker.submit(work)
     events = job.events()
+    # from the moment it queues: a client that leaves drops its job (never started if still queued)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
-        kind, payload = await events.__anext__()
+        try:
+            kind, payload = await events.__anext__()
+        except StopAsyncIteration:  # dropped before it ran: its client left
+            raise ClientGone() from None
         if kind == "error":
             raise _as_error(payload)
         if not req.stream:
             summary = None
-            watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-            try:
-                async for kind, payload in events:
-                    if kind == "error":
-                        raise _as_error(payload)
-                    if kind == "done":
-                        summary = payload
-            finally:
-                watcher.cancel()
+            async for kind, payload in events:
+                if kind == "error":
+                    raise _as_error(payload)
+                if kind == "done":
+                    summary = payload
             return JSONResponse(build(summary, model=st.model_name, request_id=plan.request_id))
     except BaseException:
         job.cancel()
         raise
+    finally:
+        watcher.cancel()  # a stream's response watches for the disconnect from here on
 
     fmt = stream_cls(plan.request_id, st.model_name, payload["prompt_tokens"], include_usage=req.include_usage,
                      cached_tokens=payload.get("cached_tokens", 0))
@@ -204,11 +312,11 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
 
 # --- handlers ---------------------------------------------------------------------------------------
 async def chat_completions(request: Request):
-    return await _chat(request, parse_openai(await _json_body(request), session_key=_session_key(request)))
+    return await _chat(request, await _parsed(request, parse_openai, session_key=_session_key(request)))
 
 
 async def messages(request: Request):
-    return await _chat(request, parse_anthropic(await _json_body(request), session_key=_session_key(request)))
+    return await _chat(request, await _parsed(request, parse_anthropic, session_key=_session_key(request)))
 
 
 async def completions(request: Request):
@@ -221,10 +329,11 @@ async def completions(request: Request):
                                                parse_completion_batch)
 
     st: ServerState = request.app.state.strata
-    req, plans = parse_completion_batch(await _json_body(request), "openai", vocab_size=st.runner.engine.vocab_size,
-                                        session_key=_session_key(request))
+    req, plans = await _parsed(request, parse_completion_batch, dialect="openai",
+                               vocab_size=st.runner.engine.vocab_size, session_key=_session_key(request))
     request_id = new_id("cmpl-")
     for plan in plans:
+        _check_min_completion(st, plan)
         plan.request_id = request_id
 
     def build(summary, **kw):
@@ -246,8 +355,9 @@ async def llama_completion(request: Request):
     from strata_lab.server.completions import LlamaStream, llama_response, parse_completion
 
     st: ServerState = request.app.state.strata
-    req, plan = parse_completion(await _json_body(request), "llama", vocab_size=st.runner.engine.vocab_size,
-                                 session_key=_session_key(request))
+    req, plan = await _parsed(request, parse_completion, dialect="llama", vocab_size=st.runner.engine.vocab_size,
+                              session_key=_session_key(request))
+    _check_min_completion(st, plan)
     plan.request_id = new_id("cmpl-")
 
     def build(summary, **kw):
@@ -275,8 +385,11 @@ async def responses(request: Request):
             raise RequestError("previous_response_id", f"no response {previous!r} is held (the server keeps the "
                                f"last {st.responses.max_entries}, in memory)", code="not_found")
         prior = found[0]
-    req, conversation = parse_responses(body, prior=prior, session_key=_session_key(request))
-    plan = await run_in_threadpool(make_plan, st.template, req)
+    req, conversation = await st.cpu.run(partial(parse_responses, body, prior=prior, session_key=_session_key(request)),
+                                         heavy=False, what="checking the request", request=request)
+    _check_min_context(st, req)
+    plan = await st.cpu.run(make_plan, st.template, req, heavy=_big(request), what="rendering the chat template",
+                            request=request, bulk=True)
     plan.request_id = new_id("resp_")
 
     def store(final: dict) -> None:
@@ -305,9 +418,13 @@ async def count_tokens(request: Request):
     """Anthropic /v1/messages/count_tokens: the rendered prompt's length, nothing generated."""
     st: ServerState = request.app.state.strata
     body = await _json_object(request)
-    req = parse_anthropic({"max_tokens": 1, **body})
-    plan = make_plan(st.template, req)
-    return {"input_tokens": len(st.tokenizer.encode(plan.prompt_text))}
+
+    def work():
+        plan = make_plan(st.template, parse_anthropic({"max_tokens": 1, **body}))
+        return {"input_tokens": len(_encode(st.tokenizer, plan.prompt_text))}
+
+    return await st.cpu.run(work, heavy=_big(request), what="counting tokens", request=request,
+                            bulk=True)
 
 
 async def slots(request: Request):
@@ -339,14 +456,24 @@ async def health(request: Request):
 
 
 async def props(request: Request):
+    """Settings and counters, from the event loop. The chat template's text only with ?chat_template=1 (its name
+    and sha256 otherwise: a template file is the operator's, not every client's, to read)."""
+    import hashlib
+
     st: ServerState = request.app.state.strata
     cap = st.config.max_tokens_default
-    return {"default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": cap}},
+    source = st.template.source
+    show = request.query_params.get("chat_template") in ("1", "true")
+    return {"chat_template_sha256": hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest(),
+            "cpu": {"workers": st.cpu.workers, "pending": st.cpu.pending, "refused": st.cpu.refused},
+            "weights_changed": st.weights is not None and st.weights.changed is not None,
+            **({"chat_template": source} if show else {}),
+            "default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": cap}},
             "max_tokens_default": cap,
             "total_slots": len(st.runner.pool), "model_alias": st.model_name, "model_path": st.model_path,
-            "chat_template": st.template.source, "template": st.template.name,
+            "template": st.template.name,
             "reply_reuse": st.runner.reply_reuse, "stop_latency": st.runner.stop_latency, "dump": _dump_status(st),
-            "queue": {"waiting": st.worker.waiting, "done": st.worker.done},
+            "queue": {"waiting": st.worker.waiting, "done": st.worker.done, "dropped": st.worker.dropped},
             "engine_calls": st.runner.engine_calls}
 
 
@@ -383,7 +510,7 @@ async def tokenize(request: Request):
             return {"tokens": [{"id": i, "piece": _piece(st.tokenizer, i)} for i in ids]}
         return {"tokens": ids}
 
-    return await run_in_threadpool(work)
+    return await st.cpu.run(work, heavy=_big(request), what="tokenizing", request=request, bulk=True)
 
 
 async def detokenize(request: Request):
@@ -400,13 +527,14 @@ async def detokenize(request: Request):
 async def apply_template(request: Request):
     """The prompt text a chat request renders to, and its ids (plain BPE: no remembered reply ids)."""
     st: ServerState = request.app.state.strata
-    req = parse_openai(await _json_body(request))
+    body = await _json_body(request)
 
     def work():
-        plan = make_plan(st.template, req)
+        plan = make_plan(st.template, parse_openai(body))
         return {"prompt": plan.prompt_text, "ids": _encode(st.tokenizer, plan.prompt_text)}
 
-    return await run_in_threadpool(work)
+    return await st.cpu.run(work, heavy=_big(request), what="rendering the chat template", request=request,
+                            bulk=True)
 
 
 def _body_schema(properties: dict, required: list[str]) -> dict:
@@ -489,6 +617,11 @@ def create_app(state: ServerState):
     async def _http_error(request, exc):
         return shaped(request, RequestError(None, str(exc.detail), code="http_error", status=exc.status_code))
 
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request, exc):  # nobody reads it: the client left while its work waited
+        return shaped(request, RequestError(None, "the client closed the connection", code="client_closed",
+                                            status=499))
+
     @app.exception_handler(Exception)
     async def _internal(request, exc):
         return shaped(request, RequestError(None, f"internal error: {type(exc).__name__}", code="internal_error",
@@ -497,6 +630,7 @@ def create_app(state: ServerState):
     @app.on_event("shutdown")
     def _close():
         state.worker.close()
+        state.cpu.close()
         if state.runner.recorder is not None:
             state.runner.recorder.close()
 
@@ -518,3 +652,11 @@ def serve(config: ServerConfig) -> None:
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
                 timeout_keep_alive=config.keep_alive_timeout)
+    if state.cpu.pending:
+        # a native tokenize or grammar compile is still running in the CPU pool: do not wait for it at exit
+        # (SIGTERM must stop the server); the dump was closed by the shutdown handler
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -66,6 +66,15 @@ async def json_body(request) -> Any:
     raw = await request.body()
     if not raw:
         raise RequestError("body", "a JSON body is required")
+    request.state.body_bytes = len(raw)
+    if len(raw) <= 64 * 1024:
+        return _parse(raw)
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(_parse, raw)  # a 4 MB body is parsed and checked off the event loop
+
+
+def _parse(raw: bytes) -> Any:
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError) as exc:

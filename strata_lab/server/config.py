@@ -51,6 +51,12 @@ class ServerConfig:
     # constrained decoding bounds a schema's unbounded strings / arrays (grammar.bound_schema; None: off)
     grammar_max_string: int | None = 256
     grammar_max_items: int | None = 16
+    # CPU-heavy request work (cpu.py): threads for large bodies, schema checks and grammar compiles, how many
+    # more may wait, and each one's time budget (503 after)
+    cpu_workers: int = 2
+    cpu_queue: int = 8
+    cpu_timeout: float = 120.0
+    max_client_requests: int = 16     # requests one client address may have in flight (429 after)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -73,6 +79,18 @@ class ServerConfig:
             raise ValueError(f"body_timeout must be in (0, 3600] seconds, got {self.body_timeout}")
         if not 0 < self.keep_alive_timeout <= 3600:
             raise ValueError(f"keep_alive_timeout must be in (0, 3600] seconds, got {self.keep_alive_timeout}")
+        for name in ("grammar_max_string", "grammar_max_items"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be >= 1 (or unset for unbounded), got {value!r}")
+        if not 1 <= self.cpu_workers <= 64:
+            raise ValueError(f"cpu_workers must be in 1..64, got {self.cpu_workers}")
+        if not 0 <= self.cpu_queue <= 1024:
+            raise ValueError(f"cpu_queue must be in 0..1024, got {self.cpu_queue}")
+        if not 0 < self.cpu_timeout <= 3600:
+            raise ValueError(f"cpu_timeout must be in (0, 3600] seconds, got {self.cpu_timeout}")
+        if not 1 <= self.max_client_requests <= 4096:
+            raise ValueError(f"max_client_requests must be in 1..4096, got {self.max_client_requests}")
         if self.max_tokens_default < 1:
             raise ValueError(f"max_tokens_default must be >= 1, got {self.max_tokens_default}")
         self.allowed_hosts, self.cors_origins = tuple(self.allowed_hosts), tuple(self.cors_origins)

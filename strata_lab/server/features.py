@@ -105,7 +105,7 @@ def _tool_choice(value: Any, dialect: str) -> str | None:
     raise RequestError("tool_choice.type", f"must be 'auto', 'any', 'tool' or 'none', got {kind!r}")
 
 
-def _constraint(body: dict) -> Constraint | None:
+def _constraint(body: dict, budget=None) -> Constraint | None:
     grammar, schema = body.get("grammar"), body.get("json_schema")
     if grammar is not None and schema is not None:
         raise RequestError("grammar", "cannot be combined with json_schema")
@@ -118,17 +118,14 @@ def _constraint(body: dict) -> Constraint | None:
     if schema is not None:
         if not isinstance(schema, dict):
             raise RequestError("json_schema", "must be a JSON schema object")
-        import jsonschema
+        from strata_lab.server.schemas import check_schema
 
-        try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except Exception as exc:  # SchemaError and odd $schema values alike
-            raise RequestError("json_schema", f"is not a valid JSON schema: {getattr(exc, 'message', exc)}") from None
+        check_schema(schema, "json_schema", budget)  # the same check as response_format and tool parameters
         return Constraint("json_schema", schema, "json_schema")
     return None
 
 
-def parse_features(body: dict, dialect: str, *, header_key: str | None = None) -> Features:
+def parse_features(body: dict, dialect: str, *, header_key: str | None = None, schema_budget=None) -> Features:
     """The issue-17 fields of a request body (`dialect` "openai" or "anthropic"); 400 on a bad one."""
     kw: dict = {}
     if body.get("n") is not None:
@@ -164,7 +161,7 @@ def parse_features(body: dict, dialect: str, *, header_key: str | None = None) -
         key = _key(meta.get("user_id"), "metadata.user_id")
     kw["session_key"] = key
     kw["tool_choice"] = _tool_choice(body.get("tool_choice"), dialect)
-    kw["constraint"] = _constraint(body)
+    kw["constraint"] = _constraint(body, schema_budget)
     if body.get("cache_prompt") is not None:
         if not isinstance(body["cache_prompt"], bool):
             raise RequestError("cache_prompt", "must be a boolean")

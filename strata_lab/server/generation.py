@@ -17,6 +17,7 @@ prompt = first prompt + thought ids + kept drained ids + wrap-up ids, so the eng
 """
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import sys
@@ -177,6 +178,11 @@ def _stats_dict(stats: Any) -> dict | None:
     return {k: v for k, v in vars(stats).items() if not k.startswith("_")}
 
 
+def _finite(entry) -> bool:
+    """A TokenLogprob whose logprob and alternatives are all finite numbers."""
+    return math.isfinite(entry.logprob) and all(math.isfinite(lp) for _, lp in entry.top)
+
+
 def _debug(line: str) -> None:
     if os.environ.get("STRATA_DEBUG", "") not in ("", "0"):
         print(f"[strata] {line}", file=sys.stderr, flush=True)
@@ -226,6 +232,8 @@ class ChatRunner:
         prompt_lp = None
         if f.prompt_logprobs is not None:
             prompt_lp = self.engine.prompt_logprobs(prompt_ids, top_n=f.prompt_logprobs)
+            if not all(_finite(e) for e in prompt_lp):
+                raise self._non_finite()
         job.emit("start", {"prompt_tokens": len(prompt_ids), "cached_tokens": cached, "slot": slot.id,
                            "prompt_ids": prompt_ids, "prompt_logprobs": prompt_lp, "seed": seed})
 
@@ -359,7 +367,7 @@ class ChatRunner:
                                        record=self.recorder or False, record_meta=call.record_meta,
                                        logprobs=call.logprobs, token_mask=call.token_mask)
         consumed, thought = 0, 0
-        hit_budget = stopped = False
+        hit_budget = stopped = non_finite = False
         for token in stream:
             if stopped:
                 continue  # draining: the engine keeps these, result.drained_ids lists them
@@ -370,6 +378,10 @@ class ChatRunner:
             counts = out.parser.in_reasoning
             out.feed([token])
             consumed += 1
+            if call.logprobs is not None and not _finite(stream.logprobs[-1]):
+                stream.stop()  # NaN / infinite logits: the model is broken, never a frame that is not JSON
+                stopped = non_finite = True
+                continue
             if call.logprobs is not None and token not in self.stop_ids:  # streamed after the text it produced
                 if out.index == 0:
                     job.emit("logprobs", stream.logprobs[-1])
@@ -385,7 +397,14 @@ class ChatRunner:
                     stream.stop(reason="budget")
                     stopped = hit_budget = True
         out.reasoning_tokens += thought
+        if non_finite:
+            raise self._non_finite()
         return CallOutcome(result=stream.result, consumed=consumed, hit_budget=hit_budget)
+
+    def _non_finite(self) -> RequestError:
+        return RequestError(None, f"model {self.model_name!r} produced non-finite logits (NaN or infinity): its "
+                            "weights are broken (load with --check-weights to refuse them at start)",
+                            code="model_error", status=503)
 
     def _stats(self, call: int, prompt_ids, result) -> CallStats:
         reused = int(result.reused)

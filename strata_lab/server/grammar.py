@@ -23,6 +23,7 @@ class GrammarCompiler:
         self.max_string, self.max_items = max_string, max_items
         self._grammar = None
         self._lock = threading.Lock()
+        self._known: dict[str, None] = {}  # requests' constraint keys compiled before (the compile cache holds them)
 
     def _tg(self):
         with self._lock:
@@ -79,7 +80,25 @@ class GrammarCompiler:
 
     def check(self, req: ChatRequest, plan=None) -> None:
         self.compiled(req, plan)
+        with self._lock:
+            self._known[_key(req)] = None
+            if len(self._known) > 256:  # as many as TokenGrammar caches
+                self._known.pop(next(iter(self._known)))
+
+    def known(self, req: ChatRequest) -> bool:
+        """Whether `req`'s grammar compiled before (then checking it again is cheap: no pool needed)."""
+        return self._grammar is not None and _key(req) in self._known
 
     def mask_for(self, req: ChatRequest, plan=None):
         g = self.compiled(req, plan)
         return None if g is None else g.mask()
+
+
+def _key(req: ChatRequest) -> str:
+    import json
+
+    f = req.features
+    c = f.constraint
+    return json.dumps([f.tool_choice, req.tools if f.tool_choice not in (None, "none") else None,
+                       None if c is None else [c.kind, c.source], req.schema, req.messages == []],
+                      sort_keys=True, default=str)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata_lab.server.errors import RequestError
-from strata_lab.server.schemas import check_schema
+from strata_lab.server.schemas import MAX_TOOLS, SchemaBudget, check_schema
 from strata_lab.server.unsupported import UNSUPPORTED, refuse_unsupported
 from strata_lab.server.features import Features, parse_features
 
@@ -231,7 +231,7 @@ def parse_logit_bias(value: Any, name: str = "logit_bias") -> tuple:
     return tuple(out)
 
 
-def _response_format(value: Any, name: str = "response_format") -> dict | None:
+def _response_format(value: Any, name: str = "response_format", budget: SchemaBudget | None = None) -> dict | None:
     if value is None:
         return None
     value = _dict(value, name)
@@ -248,7 +248,7 @@ def _response_format(value: Any, name: str = "response_format") -> dict | None:
         raise RequestError(f"{name}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
     spec = _dict(value.get("json_schema"), f"{name}.json_schema")
     schema = _dict(spec.get("schema", {}), f"{name}.json_schema.schema")
-    check_schema(schema, f"{name}.json_schema.schema")
+    check_schema(schema, f"{name}.json_schema.schema", budget)
     title = spec.get("name", "response")
     return {"type": "json_schema", "json_schema": {"name": _str(title, f"{name}.json_schema.name"),
                                                    "schema": schema}}
@@ -274,11 +274,19 @@ def _text_parts(content: Any, name: str, *, allow_none: bool = False) -> str | N
 
 
 # --- OpenAI -----------------------------------------------------------------------------------------
-def _openai_tools(value: Any) -> list[dict] | None:
+def _tool_list(value: Any) -> list:
+    value = _list(value, "tools")
+    if len(value) > MAX_TOOLS:
+        raise RequestError("tools", f"holds {len(value)} tools, more than the limit of {MAX_TOOLS}",
+                           code="schema_too_large")
+    return value
+
+
+def _openai_tools(value: Any, budget: SchemaBudget | None = None) -> list[dict] | None:
     if value is None:
         return None
     tools = []
-    for i, tool in enumerate(_list(value, "tools")):
+    for i, tool in enumerate(_tool_list(value)):
         tool = _dict(tool, f"tools[{i}]")
         if tool.get("type", "function") != "function":
             raise RequestError(f"tools[{i}].type", f"only 'function' tools are supported, got {tool.get('type')!r}")
@@ -291,6 +299,7 @@ def _openai_tools(value: Any) -> list[dict] | None:
             out["description"] = _str(fn["description"], f"tools[{i}].function.description")
         if fn.get("parameters") is not None:
             out["parameters"] = _dict(fn["parameters"], f"tools[{i}].function.parameters")
+            check_schema(out["parameters"], f"tools[{i}].function.parameters", budget)
         tools.append({"type": "function", "function": out})
     return tools or None
 
@@ -369,10 +378,11 @@ def parse_openai(body: Any, *, session_key: str | None = None) -> ChatRequest:
             req["max_tokens"] = n_predict
             req["max_tokens_field"] = "n_predict"
     _sampling(body, req)
-    req["tools"] = _openai_tools(body.get("tools"))
+    budget = SchemaBudget()  # one request's schemas share the size limits
+    req["tools"] = _openai_tools(body.get("tools"), budget)
     if body.get("parallel_tool_calls") is not None:
         req["parallel_tool_calls"] = _bool(body["parallel_tool_calls"], "parallel_tool_calls")
-    req["response_format"] = _response_format(body.get("response_format"))
+    req["response_format"] = _response_format(body.get("response_format"), budget=budget)
     prefix = _prefix(body.get("assistant_prefix"), "assistant_prefix")
     if body.get("continue_final_message") is not None and _bool(body["continue_final_message"],
                                                                 "continue_final_message"):
@@ -400,13 +410,14 @@ def parse_openai(body: Any, *, session_key: str | None = None) -> ChatRequest:
     if body.get("thinking_budget") is not None:
         req["thinking_budget"] = check_int(body["thinking_budget"], "thinking_budget", minimum=1)
     req["stop"] = _stop_sequences(body.get("stop"), "stop", allow_str=True)
-    req["features"] = _features(body, "openai", req, session_key)
+    req["features"] = _features(body, "openai", req, session_key, budget)
     return ChatRequest(**req)
 
 
-def _features(body: dict, dialect: str, req: dict, session_key: str | None) -> Features:
+def _features(body: dict, dialect: str, req: dict, session_key: str | None,
+              budget: SchemaBudget | None = None) -> Features:
     """The issue-17 fields (features.py), checked against what the rest of the request asks for."""
-    f = parse_features(body, dialect, header_key=session_key)
+    f = parse_features(body, dialect, header_key=session_key, schema_budget=budget)
     if f.n > 1 and dialect == "anthropic":
         raise RequestError("n", "is not an Anthropic field (one message per request)")
     if dialect == "anthropic":  # an Anthropic message has no place for log probabilities
@@ -503,17 +514,18 @@ def _anthropic_messages(value: Any) -> list[dict]:
     return messages
 
 
-def _anthropic_tools(value: Any) -> list[dict] | None:
+def _anthropic_tools(value: Any, budget: SchemaBudget | None = None) -> list[dict] | None:
     if value is None:
         return None
     tools = []
-    for i, tool in enumerate(_list(value, "tools")):
+    for i, tool in enumerate(_tool_list(value)):
         tool = _dict(tool, f"tools[{i}]")
         name = _str(tool.get("name"), f"tools[{i}].name")
         if not name:
             raise RequestError(f"tools[{i}].name", "must not be empty")
         fn = {"name": name, "parameters": _dict(tool.get("input_schema", {"type": "object"}),
                                                 f"tools[{i}].input_schema")}
+        check_schema(fn["parameters"], f"tools[{i}].input_schema", budget)
         if tool.get("description") is not None:
             fn["description"] = _str(tool["description"], f"tools[{i}].description")
         tools.append({"type": "function", "function": fn})
@@ -556,8 +568,9 @@ def parse_anthropic(body: Any, *, session_key: str | None = None) -> ChatRequest
     _sampling(body, req)
     if "temperature" in req:
         req["temperature"] = _number(body["temperature"], "temperature", 0.0, 1.0)
-    req["tools"] = _anthropic_tools(body.get("tools"))
-    req["response_format"] = _response_format(body.get("response_format"))
+    budget = SchemaBudget()  # one request's schemas share the size limits
+    req["tools"] = _anthropic_tools(body.get("tools"), budget)
+    req["response_format"] = _response_format(body.get("response_format"), budget=budget)
     thinking = body.get("thinking")
     if thinking is not None:
         thinking = _dict(thinking, "thinking")
@@ -571,5 +584,5 @@ def parse_anthropic(body: Any, *, session_key: str | None = None) -> ChatRequest
         else:
             raise RequestError("thinking.type", f"must be 'enabled' or 'disabled', got {kind!r}")
     req["stop"] = _stop_sequences(body.get("stop_sequences"), "stop_sequences", allow_str=False)
-    req["features"] = _features(body, "anthropic", req, session_key)
+    req["features"] = _features(body, "anthropic", req, session_key, budget)
     return ChatRequest(**req)

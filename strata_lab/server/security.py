@@ -7,8 +7,10 @@ Two ASGI middlewares wrap the app, outermost first:
   and a non-JSON body on a POST route (415: a page may POST `text/plain` without a CORS preflight).
   CORS itself is opt-in: for `--cors` origins Starlette's `CORSMiddleware` answers preflights and adds the
   response headers.
-* `Gate` checks the API key (Bearer or x-api-key; /health and preflights are open), the body size, and
-  how long the body may take to arrive (a stalled upload gets a 408, never an open-ended hold).
+* `Gate` checks the API key (Bearer or x-api-key; /health and preflights are open), the body size, how
+  long the whole body may take to arrive (a total deadline: a stalled or trickled upload gets a 408, never an
+  open-ended hold), and how many requests one client address has in flight (429 over
+  `--max-client-requests`; /health and /props are not counted, so they always answer).
 
 >>> allowed_hosts("127.0.0.1", ()) >= {"127.0.0.1", "localhost"}
 True
@@ -112,12 +114,16 @@ class Gate:
     """ASGI middleware: API key (Bearer or x-api-key), body size limit and body arrival time limit."""
 
     OPEN_PATHS = ("/health",)
+    UNCOUNTED_PATHS = ("/health", "/props")
 
-    def __init__(self, app, *, api_key: str | None, max_body_bytes: int, body_timeout: float = 30.0):
+    def __init__(self, app, *, api_key: str | None, max_body_bytes: int, body_timeout: float = 30.0,
+                 max_client_requests: int = 16):
         self.app = app
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
+        self.max_client_requests = max_client_requests
+        self.in_flight: dict[str, int] = {}  # client address -> requests being served
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -132,15 +138,29 @@ class Gate:
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body_bytes:
             return await send_error(send, self._too_large(), path)
+        client = (scope.get("client") or ("?", 0))[0]
+        counted = path not in self.UNCOUNTED_PATHS
+        if counted:
+            if self.in_flight.get(client, 0) >= self.max_client_requests:
+                return await send_error(send, RequestError(
+                    None, f"this client already has {self.max_client_requests} requests in flight "
+                    "(--max-client-requests); retry when one has finished", code="too_many_requests", status=429),
+                    path)
+            self.in_flight[client] = self.in_flight.get(client, 0) + 1
         seen = 0
         body_done = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout  # for the whole body, however it is sliced
 
         async def limited_receive():
             nonlocal seen, body_done
             if body_done:  # later receives wait for a disconnect: no time limit on those
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), self.body_timeout)
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                message = await asyncio.wait_for(receive(), left)
             except asyncio.TimeoutError:
                 raise RequestError("body", f"did not arrive within {self.body_timeout:g} s",
                                    code="request_timeout", status=408) from None
@@ -153,7 +173,15 @@ class Gate:
                 body_done = True
             return message
 
-        await self.app(scope, limited_receive, send)
+        try:
+            await self.app(scope, limited_receive, send)
+        finally:
+            if counted:
+                n = self.in_flight.get(client, 1) - 1
+                if n > 0:
+                    self.in_flight[client] = n
+                else:
+                    self.in_flight.pop(client, None)
 
     def _authorized(self, headers: dict) -> bool:
         given = headers.get("x-api-key") or ""
@@ -170,7 +198,7 @@ class Gate:
 def wrap(app, config):
     """`app` behind Gate, CORS (when `config.cors_origins`) and Guard, for a ServerConfig."""
     inner = Gate(app, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                 body_timeout=config.body_timeout)
+                 body_timeout=config.body_timeout, max_client_requests=config.max_client_requests)
     if config.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 

@@ -61,11 +61,14 @@ class Job:
                 return
             yield item
 
-    def _run(self) -> None:
+    def _run(self) -> bool:
+        """Run the job unless it was cancelled while queued (its client left); False: dropped unrun."""
         self.started.set()
+        if self.cancelled:
+            self.emit(*_END)
+            return False
         try:
-            if not self.cancelled:
-                self.fn(self)
+            self.fn(self)
         except BaseException as exc:  # reported to the client, never kills the worker
             from strata_lab.server.errors import RequestError
 
@@ -74,6 +77,7 @@ class Job:
             self.emit("error", exc)
         finally:
             self.emit(*_END)
+        return True
 
 
 class EngineWorker:
@@ -84,6 +88,7 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._loop, name="strata-engine", daemon=True)
         self._thread.start()
         self.done = 0
+        self.dropped = 0  # jobs whose client left while they were queued: never run
 
     def submit(self, fn: Callable[[Job], Any]) -> Job:
         """Queue `fn(job)`; call from the event loop's thread."""
@@ -100,8 +105,10 @@ class EngineWorker:
             job = self._jobs.get()
             if job is None:
                 return
-            job._run()
-            self.done += 1
+            if job._run():
+                self.done += 1
+            else:
+                self.dropped += 1
 
     def close(self) -> None:
         self._jobs.put(None)

@@ -4,10 +4,85 @@ the template and line."""
 from __future__ import annotations
 
 import json
+import re
+import threading
+import time
+from contextlib import contextmanager
 from datetime import datetime
 from functools import lru_cache
 
-__all__ = ["TemplateRenderError"]
+__all__ = ["TemplateRenderError", "RENDER_SECONDS", "RENDER_MAX_CHARS", "render_budget", "compile_guarded"]
+
+# A template is code from a file (a downloaded model folder's tokenizer_config.json included): every render
+# gets a time budget and an output-size limit. Loops are counted (every {% for %} iterates through a guard),
+# and the operations that can build huge values in one step (str/list * n, n ** m, lipsum, padding filters
+# and methods) are checked before they run.
+RENDER_SECONDS = 10.0
+RENDER_MAX_CHARS = 32 * 1024 * 1024
+_budget = threading.local()
+
+
+class RenderLimitError(Exception):
+    """A render ran past its time budget or built a value over the size limit."""
+
+
+@contextmanager
+def render_budget(seconds: float | None = None, max_chars: int | None = None):
+    """Limits for the renders inside this block (on this thread); None: RENDER_SECONDS / RENDER_MAX_CHARS."""
+    seconds = RENDER_SECONDS if seconds is None else seconds
+    max_chars = RENDER_MAX_CHARS if max_chars is None else max_chars
+    old = getattr(_budget, "limits", None)
+    _budget.limits = (time.monotonic() + seconds, seconds, max_chars)
+    try:
+        yield
+    finally:
+        _budget.limits = old
+
+
+def _limits():
+    limits = getattr(_budget, "limits", None)
+    return limits if limits is not None else (time.monotonic() + RENDER_SECONDS, RENDER_SECONDS, RENDER_MAX_CHARS)
+
+
+def _tick() -> None:
+    limits = getattr(_budget, "limits", None)
+    if limits is not None and time.monotonic() > limits[0]:
+        raise RenderLimitError(f"rendering took longer than {limits[1]:g} s (a template loop that does not end?)")
+
+
+def _check_size(n: int, what: str) -> None:
+    limit = _limits()[2]
+    if n > limit:
+        raise RenderLimitError(f"{what} would be {n} characters, over the limit of {limit}")
+
+
+def _loop_guard(iterable):
+    """Every template loop iterates through this: the render's time budget is checked as it goes."""
+    if iterable is None:
+        return iterable
+    try:
+        it = iter(iterable)
+    except TypeError:
+        return iterable  # Jinja reports the error itself
+    return _guarded(it)
+
+
+def _guarded(it):
+    for i, item in enumerate(it):
+        if not i & 255:
+            _tick()
+        yield item
+
+
+def compile_guarded(env, source: str, name: str, filename: str):
+    """`env.compile` of `source` with every {% for %} iterating through the loop guard."""
+    from jinja2 import nodes
+
+    tree = env.parse(source, name, filename)
+    for node in tree.find_all(nodes.For):
+        node.iter = nodes.Call(nodes.Name("strata_loop_guard", "load"), [node.iter], [], None, None,
+                               lineno=node.lineno)
+    return env.compile(tree, name, filename)
 
 
 class TemplateRenderError(ValueError):
@@ -89,7 +164,23 @@ def _environment():
 
     loop_names = frozenset(n for n in dir(loop_context) if not n.startswith("_"))
 
-    class Environment(ImmutableSandboxedEnvironment):
+    class LimitedEnvironment(ImmutableSandboxedEnvironment):
+        # * ** + are checked before they run (a sandbox hook); every call checks the time budget
+        intercepted_binops = frozenset({"*", "**", "+"})
+
+        def call_binop(self, context, operator, left, right):
+            _tick()
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
+                        _check_size(len(seq) * max(n, 0), "a repeated value")
+            elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+                if right * max(abs(left).bit_length(), 1) > 65536:
+                    raise RenderLimitError(f"{left} ** {right} is too large a number")
+            elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, type(left)):
+                _check_size(len(left) + len(right), "a concatenated value")
+            return super().call_binop(context, operator, left, right)
+
         # `message.content` on a plain dict: the sandbox first tries the attribute (which a dict never has
         # unless it is one of dict's own names), fails, then subscribes. Going straight to the key gives the
         # same value or the same undefined, without the exception (templates read message fields a lot).
@@ -108,13 +199,70 @@ def _environment():
                 return getattr(obj, attribute)
             return ImmutableSandboxedEnvironment.getattr(self, obj, attribute)
 
-    env = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols])
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's signature)
+            _tick()
+            name = getattr(__obj, "__name__", "")
+            owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)  # the sandbox wraps str.format
+            if name == "format" and isinstance(owner, str):
+                _check_size(_widest(owner), "a formatted value")
+            # a width passed as an argument: padding methods, and a format string with a nested {width} field
+            if name in _WIDTH_METHODS or (name == "format" and isinstance(owner, str) and re.search(r"{[^{}]*{", owner)):
+                for value in list(args) + list(kwargs.values()):
+                    if isinstance(value, int) and not isinstance(value, bool):
+                        _check_size(value, f"{name}()'s result")
+            out = super().call(__context, __obj, *args, **kwargs)
+            if isinstance(out, (str, list)):
+                _check_size(len(out), "a value")
+            return out
+
+    env = LimitedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                             extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env.globals["strata_loop_guard"] = _loop_guard
+    lipsum = env.globals.get("lipsum")
+
+    def bounded_lipsum(n=5, html=True, min=20, max=100):
+        if not (isinstance(n, int) and isinstance(min, int) and isinstance(max, int)) or n > 100 or max > 1000:
+            raise RenderLimitError("lipsum() is limited to n <= 100 paragraphs of max <= 1000 words")
+        return lipsum(n=n, html=html, min=min, max=max)
+
+    env.globals["lipsum"] = bounded_lipsum
+    for fname in ("center", "indent", "format"):
+        env.filters[fname] = _bounded_filter(env.filters[fname], fname)
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.globals["dict"] = TemplateDict()
     env.globals["namespace"] = TemplateNamespace
     return env
+
+
+_WIDTH_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
+
+
+def _widest(fmt: str) -> int:
+    """The largest number written in a format string (a width or precision such as `{:>1000000000}`)."""
+    return max((int(m) for m in re.findall(r"\d+", fmt)), default=0)
+
+
+def _bounded_filter(fn, name: str):
+    def bounded(*args, **kwargs):
+        values = list(args[1:]) + list(kwargs.values())
+        # a width argument (center(n), indent(n), ...; format only with a '*' width in its string)
+        if name != "format" or (args and isinstance(args[0], str) and "*" in args[0]):
+            for value in values:
+                if isinstance(value, int) and not isinstance(value, bool):
+                    _check_size(value, f"the {name} filter's result")
+        if name == "format" and args and isinstance(args[0], str):
+            _check_size(_widest(args[0]), "a formatted value")
+        out = fn(*args, **kwargs)
+        if isinstance(out, str):
+            _check_size(len(out), f"the {name} filter's result")
+        return out
+
+    for attr in ("jinja_pass_arg",):  # keep Jinja's context/environment passing markers
+        if hasattr(fn, attr):
+            setattr(bounded, attr, getattr(fn, attr))
+    return bounded
 
 
 def _template_line(exc: BaseException, filename: str) -> int | None:

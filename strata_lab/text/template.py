@@ -9,6 +9,9 @@ One internal message shape (OpenAI's): ``{"role", "content", "tool_calls", "tool
 '<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
 >>> tmpl.render([{"role": "user", "content": "Hi"}], assistant_prefix="Hello")
 '<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\nHello'
+
+Why one module: loading (files, configs, GGUF, the checks that a file is a chat template), rendering with
+prefill and the append-only lint all work on one `ChatTemplate`; split, each part would reach into the others.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
-from strata_lab.text.jinja import TemplateRenderError, _environment, _template_line
+from strata_lab.text.jinja import (RenderLimitError, TemplateRenderError, _environment, _template_line,
+                                   compile_guarded, render_budget)
 from strata_lab.text.messages import (TemplateInputError, content_text, structured_output_instruction, validate_messages,
                        validate_tools, with_instruction)
 
@@ -92,7 +96,7 @@ class ChatTemplate:
         self._filename = f"<chat template {name}>"
         env = _environment()
         try:
-            code = env.compile(source, name=name, filename=self._filename)
+            code = compile_guarded(env, source, name=name, filename=self._filename)
         except Exception as exc:  # jinja2.TemplateSyntaxError carries the line
             raise TemplateRenderError(name, getattr(exc, "lineno", None), str(exc)) from exc
         self._template = env.template_class.from_code(env, code, env.make_globals(None))
@@ -128,7 +132,28 @@ class ChatTemplate:
         >>> ChatTemplate.from_file(p).render([{"role": "user", "content": "hi"}])
         'hi'
         """
-        path = Path(path)
+        return cls._from_file(Path(path), variant)
+
+    def _check_is_chat_template(self, path) -> None:
+        """A plain text file given as a chat template must be one: it reads `messages` and renders their text (any text file
+        compiles as Jinja; `--chat-template /etc/passwd` must not become a prompt served to every client)."""
+        from jinja2 import nodes
+
+        env = _environment()
+        names = {n.name for n in env.parse(self.source).find_all(nodes.Name)}
+        if "messages" not in names:
+            raise ValueError(f"path: {path} is not a chat template (it never reads `messages`)")
+        probe = "STRATA_TEMPLATE_PROBE_81d2"
+        try:
+            text = self.render([{"role": "user", "content": probe}], add_generation_prompt=True)
+        except (TemplateRenderError, TemplateInputError):
+            return  # a template may insist on more (a system message, ...): real requests will tell
+        if probe not in text:
+            raise ValueError(f"path: {path} is not a chat template (a user message's text does not appear in "
+                             "what it renders)")
+
+    @classmethod
+    def _from_file(cls, path: Path, variant: str | None) -> "ChatTemplate":
         if path.is_dir():
             special = _folder_special_tokens(path)
             for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
@@ -136,22 +161,28 @@ class ChatTemplate:
                 if not f.is_file():
                     continue
                 if name == "chat_template.jinja":
-                    return cls(f.read_text(encoding="utf-8"), name=path.name, special_tokens=special)
+                    tmpl = cls(_read_text(f), name=path.name, special_tokens=special)
+                    tmpl._check_is_chat_template(f)
+                    return tmpl
                 data = _read_json(f)
                 if "chat_template" in data:
                     tmpl = cls._from_config(data, f, variant)
                     return tmpl._with_special(special)
             ggufs = sorted(path.glob("*.gguf"))
             if ggufs:
-                return cls.from_file(ggufs[0], variant=variant)
+                return cls._from_file(ggufs[0], variant)
             raise FileNotFoundError(f"path: {path} holds no chat_template.jinja, chat_template.json, "
                                     "tokenizer_config.json with a chat_template, or .gguf file")
         if not path.is_file():
+            if path.exists():
+                raise ValueError(f"path: {path} is not a regular file")
             raise FileNotFoundError(f"path: no such file {path}")
         if path.suffix == ".gguf":
             return cls._from_gguf(path)
         if path.suffix != ".json":
-            return cls(path.read_text(encoding="utf-8"), name=path.stem)
+            tmpl = cls(_read_text(path), name=path.stem)
+            tmpl._check_is_chat_template(path)  # a plain text file: it must be a chat template
+            return tmpl
         data = _read_json(path)
         if "chat_template" not in data:
             raise ValueError(f"path: {path} has no 'chat_template'")
@@ -306,8 +337,15 @@ class ChatTemplate:
         # Same variables as transformers' render_jinja_template; special tokens first, as apply_chat_template.
         kwargs = {**self.special_tokens, **template_kwargs}
         try:
-            return self._template.render(messages=messages, tools=tools, documents=None,
-                                         add_generation_prompt=add_generation_prompt, **kwargs)
+            with render_budget():
+                text = self._template.render(messages=messages, tools=tools, documents=None,
+                                             add_generation_prompt=add_generation_prompt, **kwargs)
+            from strata_lab.text.jinja import RENDER_MAX_CHARS
+
+            if len(text) > RENDER_MAX_CHARS:
+                raise RenderLimitError(f"the rendered prompt is {len(text)} characters, over the limit of "
+                                       f"{RENDER_MAX_CHARS}")
+            return text
         except Exception as exc:
             raise TemplateRenderError(self.name, _template_line(exc, self._filename), str(exc)) from exc
 
@@ -368,9 +406,28 @@ class ChatTemplate:
         return findings
 
 
+_MAX_TEMPLATE_FILE = 16 * 1024 * 1024
+
+
+def _read_text(path: Path) -> str:
+    """A template or config file's text: a regular file of at most 16 MiB, UTF-8 (a ValueError naming it)."""
+    import stat
+
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"path: {path} is not a regular file")
+    if st.st_size > _MAX_TEMPLATE_FILE:
+        raise ValueError(f"path: {path} is {st.st_size} bytes, over the {_MAX_TEMPLATE_FILE}-byte limit for a "
+                         "chat template or tokenizer config")
+    try:
+        return path.read_bytes()[:_MAX_TEMPLATE_FILE + 1].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"path: {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_read_text(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"path: {path} is not valid JSON ({exc})") from exc
     if not isinstance(data, Mapping):

@@ -131,8 +131,8 @@ def read(src: Source) -> Iterator[dict]:
                 response = assemble_openai(response) if dialect is openai \
                     else assemble_anthropic(response)
             call = dialect.from_request(body, response, fmt=NAME)
-        except (json.JSONDecodeError, ValueError, AttributeError, TypeError) as exc:
-            src.skip(lineno, f"{url}: {exc}")
+        except (json.JSONDecodeError, ValueError, AttributeError, TypeError, RecursionError) as exc:
+            src.skip(lineno, f"{url}: {'nested too deeply' if isinstance(exc, RecursionError) else exc}")
             continue
         if streamed:
             call["notes"].append("streamed response")

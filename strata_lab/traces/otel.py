@@ -66,6 +66,8 @@ def _json(value):
             return json.loads(value)
         except json.JSONDecodeError:
             return None
+        except RecursionError:  # a value nested past the parser's stack: the span is skipped, named
+            raise ValueError("a JSON attribute is nested too deeply") from None
     return value
 
 
@@ -197,8 +199,9 @@ def read(src: Source) -> Iterator[dict]:
         for span in _spans(rec):
             try:
                 call = from_span(span)
-            except (ValueError, TypeError, AttributeError) as exc:
-                src.skip(lineno, f"span {span.get('name')!r}: {exc}")
+            except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+                src.skip(lineno, f"span {span.get('name')!r}: "
+                                 f"{'nested too deeply' if isinstance(exc, RecursionError) else exc}")
                 continue
             if call is None:
                 continue  # not a GenAI model call (tool spans, HTTP spans ...)

@@ -140,4 +140,7 @@ def read(src: Source) -> Iterator[dict]:
     else:
         items = src.json_lines()
     for lineno, conv in items:
-        yield from expand(conv, src, lineno)
+        try:
+            yield from expand(conv, src, lineno)
+        except RecursionError:  # a conversation nested past the stack: skipped, named
+            src.skip(lineno, "nested too deeply")

@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import json
+import re
 import os
 import warnings
 from typing import Iterator
@@ -27,6 +28,40 @@ except ImportError:  # pragma: no cover - orjson is a core dependency
 __all__ = ["Source", "TraceWarning", "loads", "warn"]
 
 MAX_WARNINGS_PER_FILE = 20
+
+
+_TOKEN = re.compile(r'["{}\[\]]')
+_STRING_END = re.compile(r'(?:[^"\\]|\\.)*"', re.S)
+_SCALAR_END = re.compile(r"[,\]]")
+
+
+def _item_end(buf: str, pos: int) -> int:
+    """Where the JSON array item starting at `pos` ends (brackets balanced outside strings), or -1 when the
+    buffer does not hold all of it. Iterative: an item nested a million deep is still found.
+
+    >>> _item_end('{"a": [1, "]"]}, 2', 0), _item_end('[[[', 0), _item_end('tru, 1', 0)
+    (15, -1, 3)
+    """
+    if pos >= len(buf) or buf[pos] not in "[{":
+        m = _SCALAR_END.search(buf, pos)
+        return m.start() if m else -1
+    depth, i = 0, pos
+    while True:
+        m = _TOKEN.search(buf, i)
+        if m is None:
+            return -1
+        c, i = m.group(), m.end()
+        if c == '"':
+            m = _STRING_END.match(buf, i)
+            if m is None:
+                return -1
+            i = m.end()
+        elif c in "[{":
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return i
 
 
 class TraceWarning(UserWarning):
@@ -229,15 +264,26 @@ class Source:
                     skip_ws(" \t\r\n,")
                     if pos >= len(buf) or buf[pos] == "]":
                         return
+                    bad = None
                     while True:
                         try:
                             item, end = decoder.raw_decode(buf, pos)
                             break
-                        except json.JSONDecodeError as exc:
+                        except (json.JSONDecodeError, RecursionError) as exc:
+                            why = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+                            end = _item_end(buf, pos)
+                            if end >= 0:  # the whole item is here and is not JSON: skip it, read on
+                                bad = why
+                                break
                             if eof or not more():
-                                self.skip(lineno, f"not valid JSON ({exc.msg})")
+                                self.skip(lineno, f"not valid JSON ({why})")
                                 return
                     start = lineno
+                    if bad is not None:
+                        self.skip(start, f"not valid JSON ({bad}); the items after it are still read")
+                        lineno += buf.count("\n", pos, end)
+                        pos = end
+                        continue
                     lineno += buf.count("\n", pos, end)
                     pos = end
                     yield start, item

@@ -51,6 +51,9 @@ class WeightStore {
   WeightStore(WeightFormat f, bool copy) : format_(f), copy_(copy) {}
   Mat prepare(const Mat& w);      // a per-token matrix (counted in streamed())
   Mat prepare_once(const Mat& w); // the same, not counted (e.g. experts of which only some run)
+  // a matrix read row by row (the embedding): copied out of the mapping like the others when copying
+  // (any format), so that "hugepages"/"int8" leave no tensor on the file mapping; else unchanged
+  Mat copy_out(const Mat& w);
   int64_t streamed() const { return streamed_; }
   const char* name() const { return format_ == WeightFormat::Int8 ? "int8" : "stored"; }
   // ModelInfo::weights_memory: "int8", "hugepages" (copied), else "mapped" or "read" (use_mmap=false)

@@ -1,0 +1,191 @@
+"""Checking a store's files before anything decodes them: every reader (Store, the fast and native replays)
+takes a partition's segments from `check_partition`.
+
+A store directory may come from anywhere (copied, hand-edited, crafted). Before its rows are used:
+
+* partitions are real directories of the store (a symlink, a partition linked in twice, is refused) and
+  segments are regular files (a FIFO named like one would hang the reader);
+* a segment's metadata is within bounds before any page is decompressed: at most `MAX_SEGMENT_BYTES`
+  decompressed (a 5 KB file may claim to inflate to gigabytes) and `MAX_SEGMENT_ROWS` rows, with the
+  store's column types (a string `seq` is refused, not a traceback);
+* every row holds together: `seq` unique and increasing, `parent_call` -1 or an earlier row of the same
+  session, `shared_len` within the parent's prompt, `prompt_len` = `shared_len` + len(`suffix_ids`), ids
+  non-negative (below `vocab_size` when given), and the row belongs to its partition (its `ts` day and
+  `replica` name the directory it sits in: a segment copied from another replica is refused).
+
+Errors are `StoreError` (a ValueError) naming the file, the row and the field.
+"""
+from __future__ import annotations
+
+import os
+
+from strata_lab.dump.store_codec import StoreError, check_segment_file
+
+__all__ = ["StoreError", "check_partition", "check_segment_file", "open_segment", "MAX_SEGMENT_BYTES", "MAX_SEGMENT_ROWS"]
+
+MAX_SEGMENT_BYTES = 4 << 30     # decompressed bytes of one segment (the writer's are a few MB to ~100 MB)
+MAX_SEGMENT_ROWS = 50_000_000
+_REQUIRED = ("seq", "parent_call", "shared_len", "suffix_ids", "prompt_len", "keys")
+
+
+def _check_metadata(path: str, pf) -> None:
+    from strata_lab.dump.store_codec import arrow_schema
+
+    md = pf.metadata
+    if md.num_rows > MAX_SEGMENT_ROWS:
+        raise StoreError(f"{path}: {md.num_rows} rows, over the limit of {MAX_SEGMENT_ROWS} for one segment")
+    total = 0
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        # encoded bytes, plus 8 bytes a value: run-length or dictionary encoding may write millions of values
+        # in a few bytes, but they take their full size once read
+        total += max(rg.total_byte_size, sum(rg.column(j).total_uncompressed_size for j in range(rg.num_columns)))
+        total += 8 * sum(rg.column(j).num_values for j in range(rg.num_columns))
+    if total > MAX_SEGMENT_BYTES:
+        raise StoreError(f"{path}: decompresses to {total} bytes, over the limit of {MAX_SEGMENT_BYTES} for one "
+                         "segment (a decompression bomb?)")
+    want = arrow_schema()
+    have = pf.schema_arrow
+    for name in _REQUIRED:
+        if have.get_field_index(name) < 0:
+            raise StoreError(f"{path}: no {name!r} column (not a strata store segment)")
+    for field in have:
+        i = want.get_field_index(field.name)
+        if i < 0:
+            raise StoreError(f"{path}: unknown column {field.name!r}")
+        if not field.type.equals(want.field(i).type):
+            raise StoreError(f"{path}: column {field.name!r} is {field.type}, the store writes {want.field(i).type}")
+
+
+def _partition_key(partition: str) -> tuple[str, str]:
+    day = os.path.basename(os.path.dirname(partition))[len("day="):]
+    return day, os.path.basename(partition)[len("replica="):]
+
+
+def check_partition(partition: str, *, vocab_size: int | None = None, seen_roots: dict | None = None) -> list[str]:
+    """The partition's segment files, in order, after checking them (StoreError on the first problem)."""
+    import orjson
+
+    from strata_lab.dump.store_writer import segment_files
+
+    if os.path.islink(partition) or not os.path.isdir(partition):
+        raise StoreError(f"{partition}: a partition must be a directory of the store, not a link")
+    if seen_roots is not None:
+        real = os.path.realpath(partition)
+        if real in seen_roots:
+            raise StoreError(f"{partition}: the same directory as {seen_roots[real]}")
+        seen_roots[real] = partition
+    day, replica = _partition_key(partition)
+    limit = vocab_size if vocab_size is not None else 2**31
+    files = segment_files(partition)
+    row = 0
+    last_seq = None
+    latest: dict = {}          # session -> (row, prompt_len) of its latest row
+    cols = ["seq", "session", "ts", "parent_call", "shared_len", "suffix_ids", "prompt_len", "gen_ids",
+            "drained_ids", "keys", "extra", "raw"]
+    for f in files:
+        pf = open_segment(f)
+        present = [c for c in cols if pf.schema_arrow.get_field_index(c) >= 0]
+        for i_file, batch in _batches(pf, present):
+            data = {c: batch.column(c).to_pylist() if c not in ("suffix_ids", "gen_ids", "drained_ids")
+                    else batch.column(c) for c in present}
+            for name in ("suffix_ids", "gen_ids", "drained_ids"):
+                if name in data:
+                    _check_ids(f, i_file, data[name], name, limit)
+            for j in range(batch.num_rows):
+                at = f"{f}: row {i_file + j}"
+                raw, extra = data["raw"][j] if "raw" in data else None, data["extra"][j] if "extra" in data else None
+                ts = data["ts"][j] if "ts" in data else None
+                rep = None
+                if raw is not None or (extra is not None and '"replica"' in extra) or \
+                        (ts is None and "ts" in (data["keys"][j] or "").split(",")):
+                    try:
+                        rec = orjson.loads(raw if raw is not None else extra)
+                    except orjson.JSONDecodeError:
+                        raise StoreError(f"{at}: {'raw' if raw is not None else 'extra'} is not JSON") from None
+                    if not isinstance(rec, dict):
+                        raise StoreError(f"{at}: {'raw' if raw is not None else 'extra'} is not a JSON object")
+                    rep = rec.get("replica")
+                    if ts is None:
+                        ts = rec.get("ts")
+                from strata_lab.dump.store_codec import partition_of
+
+                where = partition_of({"ts": ts, "replica": rep})
+                if where != (day, replica):
+                    raise StoreError(f"{at}: the row belongs to day={where[0]}/replica={where[1]}, not this "
+                                     f"partition (a segment copied from elsewhere?)")
+                seq = data["seq"][j]
+                if seq is None or seq < 0:
+                    raise StoreError(f"{at}: seq must be an int >= 0, got {seq!r}")
+                if last_seq is not None and seq <= last_seq:
+                    raise StoreError(f"{at}: seq {seq} does not follow {last_seq} (seqs are unique and increasing)")
+                last_seq = seq
+                sid = data["session"][j] if "session" in data else None
+                parent, shared, plen = data["parent_call"][j], data["shared_len"][j], data["prompt_len"][j]
+                suffix = data["suffix_ids"][j]
+                n_suffix = None if not suffix.is_valid else len(suffix)
+                if plen is None or plen < -1:
+                    raise StoreError(f"{at}: prompt_len must be -1 or >= 0, got {plen!r}")
+                if plen >= 0:
+                    if parent is None or parent < -1:
+                        raise StoreError(f"{at}: parent_call must be -1 or a row number, got {parent!r}")
+                    if shared is None or shared < 0:
+                        raise StoreError(f"{at}: shared_len must be >= 0, got {shared!r}")
+                    if n_suffix is None:
+                        raise StoreError(f"{at}: suffix_ids is missing for a prompt of {plen} ids")
+                    if plen == 0:
+                        raise StoreError(f"{at}: prompt_len 0: an empty prompt is not a call")
+                    if parent == -1:
+                        if shared != 0:
+                            raise StoreError(f"{at}: shared_len {shared} without a parent_call")
+                    else:
+                        held = latest.get(sid)
+                        if held is None or held[0] != parent:
+                            raise StoreError(f"{at}: parent_call {parent} is not the previous row of session "
+                                             f"{sid!r} in this partition")
+                        if not 0 < shared <= held[1]:
+                            raise StoreError(f"{at}: shared_len {shared} is not within the parent's prompt of "
+                                             f"{held[1]} ids")
+                    if plen != shared + n_suffix:
+                        raise StoreError(f"{at}: prompt_len {plen} is not shared_len {shared} + {n_suffix} suffix ids")
+                    if sid is not None:
+                        latest[sid] = (row, plen)
+                row += 1
+    return files
+
+
+def open_segment(path: str):
+    """A checked segment's ParquetFile (regular file, metadata within bounds, the store's column types)."""
+    import pyarrow.parquet as pq
+
+    check_segment_file(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow's ArrowInvalid and the like: not a Parquet file
+        raise StoreError(f"{path}: not a Parquet segment ({' '.join(str(exc).split())[:200]})") from None
+    _check_metadata(path, pf)
+    return pf
+
+
+def _batches(pf, columns, batch_rows: int = 4096):
+    n = 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
+        yield n, batch
+        n += batch.num_rows
+
+
+def _check_ids(path: str, first: int, column, name: str, limit: int) -> None:
+    """Every id of a list column in 0..limit-1 (vectorised over the batch)."""
+    import pyarrow.compute as pc
+
+    flat = pc.list_flatten(column)
+    if not len(flat):
+        return
+    mm = pc.min_max(flat).as_py()
+    if mm["min"] is not None and (mm["min"] < 0 or mm["max"] >= limit):
+        bad = pc.or_(pc.less(flat, 0), pc.greater_equal(flat, limit))
+        parents = pc.list_parent_indices(column)
+        k = pc.index(bad, True).as_py()
+        r = parents[k].as_py()
+        what = "a vocabulary id" if limit != 2**31 else "an id"
+        raise StoreError(f"{path}: row {first + r}: {name} holds {flat[k].as_py()}, not {what} in 0..{limit - 1}")
