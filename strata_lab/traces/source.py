@@ -142,6 +142,21 @@ class Source:
                         continue
                     try:
                         obj, end = decoder.raw_decode(buf, pos)
+                    except RecursionError:  # nested past the parser's stack: skipped, named, not a traceback
+                        self.skip(lineno, "not read: nested too deeply")
+                        nl = buf.find("\n{", pos + 1)
+                        while nl < 0 and not eof:   # resync at the next object that starts a line
+                            chunk = f.read(1 << 20)
+                            if bar is not None:
+                                bar.update(len(chunk.encode("utf-8", "replace")))
+                            eof = not chunk
+                            buf = buf + chunk
+                            nl = buf.find("\n{", pos + 1)
+                        if nl < 0:
+                            return
+                        lineno += buf.count("\n", pos, nl + 1)
+                        pos = nl + 1
+                        continue
                     except json.JSONDecodeError as exc:
                         chunk = "" if eof else f.read(1 << 20)
                         if bar is not None:
