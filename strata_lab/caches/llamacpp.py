@@ -187,15 +187,16 @@ def parse_args(argv: list, preset) -> dict:
 
 
 class _Slot:
-    __slots__ = ("id", "tokens", "ckpts", "used", "session", "owner")
+    __slots__ = ("id", "tokens", "ckpts", "used", "session", "owner", "busy_until")
 
     def __init__(self, i):
         self.id = i
         self.tokens = np.zeros(0, np.int32)
-        self.ckpts: list = []     # checkpoint positions (n_tokens), oldest first
+        self.ckpts: list = []     # checkpoints (n_tokens, index of the call that took it), oldest first
         self.used = -1            # logical time of last use (t_last_used)
         self.session = None       # session whose call last ran here
         self.owner = None         # call index that left the tokens
+        self.busy_until = None    # done_ts of the call running here (timed calls): busy before that
 
 
 class Model(CacheModel):
@@ -212,12 +213,19 @@ class Model(CacheModel):
         self.ram_tokens = preset.ctx_size or 0
 
     # -- slot choice -------------------------------------------------------------------------------
-    def _choose(self, prompt: np.ndarray):
-        """(slot, lcp, picked by LRU)."""
+    def _idle(self, now):
+        """The slots not processing a call at time `now` (None: untimed calls, every slot is idle)."""
+        if now is None:
+            return self.slots
+        return [s for s in self.slots if s.busy_until is None or s.busy_until <= now]
+
+    def _choose(self, prompt: np.ndarray, now=None):
+        """(slot, lcp, picked by LRU), among the idle slots (`if (slot.is_processing()) continue;`)."""
         best, best_sim, best_lcp = None, 0.0, 0
         sps = self.preset.slot_prompt_similarity
+        idle = self._idle(now)
         if sps > 0 and len(prompt):
-            for s in self.slots:
+            for s in idle:
                 if not len(s.tokens):
                     continue
                 n = lcp(s.tokens, prompt)
@@ -227,7 +235,7 @@ class Model(CacheModel):
         if best is not None:
             return best, best_lcp, False
         lru = None
-        for s in self.slots:
+        for s in idle:
             if lru is None or s.used <= lru.used:
                 lru = s
         return lru, lcp(lru.tokens, prompt), True
@@ -300,7 +308,10 @@ class Model(CacheModel):
         pre = self.preset
         self.clock += 1
         prompt, P = call.prompt, call.prompt_len
-        slot, n_past, by_lru = self._choose(prompt)
+        now = call.ts if call.ts is not None and call.done_ts is not None else None
+        if now is not None and not self._idle(now):   # every slot busy: the task waits for the first free one
+            now = min(s.busy_until for s in self.slots)
+        slot, n_past, by_lru = self._choose(prompt, now)
         f_keep = n_past / len(slot.tokens) if len(slot.tokens) else 1.0
         unit_from = "slot"
         cache_on = pre.cache_ram_mib != 0
@@ -310,7 +321,7 @@ class Model(CacheModel):
                 unit_from = "ram"
             self._update()
         if cache_on and pre.cache_idle_slots:   # every other idle slot saved (and cleared when unified)
-            for s in self.slots:
+            for s in self._idle(now):
                 if s is slot:
                     continue
                 if self._save(s):
@@ -319,7 +330,7 @@ class Model(CacheModel):
                     s.tokens, s.ckpts = np.zeros(0, np.int32), []
         n_ctx = pre.n_ctx_slot
         if n_ctx and P >= n_ctx:   # "request (%d tokens) exceeds the available context size"
-            slot.used = self.clock
+            slot.used = self._release_time(call)
             return CachePlan(0, cause="refused", state=None)
         n_past = lcp(slot.tokens, prompt)
         cached = len(slot.tokens)
@@ -335,7 +346,7 @@ class Model(CacheModel):
         restored = None
         cause = None
         if self.hybrid and 0 < n_past < cached and not shifted:
-            usable = [c for c in slot.ckpts if c <= n_past]
+            usable = [c for c, _task in slot.ckpts if c <= n_past]
             if usable:
                 restored = usable[-1]
                 n_past = restored
@@ -359,6 +370,30 @@ class Model(CacheModel):
         return CachePlan(reused, unit=unit, source=slot.owner if reused else None, cause=cause,
                          state=(slot, n_past))
 
+    def _create_checkpoint(self, kept: list, c: int, task: int) -> list:
+        """`create_checkpoint` (0c1e570): when the list is full, first drop checkpoints of earlier tasks within
+        `checkpoint_min_step` of the previous kept one (so the oldest survives, not the newest), then the oldest
+        while still full; a checkpoint at the same position is superseded."""
+        pre = self.preset
+        n_max = pre.ctx_checkpoints
+        if len(kept) + 1 >= n_max:
+            pruned, last = [], -1
+            for n_tok, tid in kept:
+                if tid != task and last >= 0 and n_tok <= last + pre.checkpoint_min_step:
+                    continue
+                last = n_tok
+                pruned.append((n_tok, tid))
+            kept = pruned
+        while kept and len(kept) >= n_max:
+            kept = kept[1:]
+        kept = [ck for ck in kept if ck[0] != c]
+        kept.append((c, task))
+        return kept
+
+    def _release_time(self, call: Call):
+        """`t_last_used = ggml_time_us()` in `release()`: when the call ended (timed calls), else its turn."""
+        return call.done_ts if call.ts is not None and call.done_ts is not None else self.clock
+
     def _chunk_reuse(self, cache: np.ndarray, prompt: np.ndarray, n_past: int) -> int:
         """`--cache-reuse N`: walk both from n_past; a matching run of >= N ids is shifted into place, else
         skip one cached id. Returns the ids gained."""
@@ -381,26 +416,33 @@ class Model(CacheModel):
         slot, n_past = plan.state
         P = call.prompt_len
         pre = self.preset
-        kept = [c for c in slot.ckpts if c <= n_past]  # erase invalidated checkpoints
-        if self.hybrid:
-            cands = []
+        # "erase any checkpoints with pos_max > pos_next": a checkpoint at n_tokens c holds pos_max = c - 1
+        kept = [ck for ck in slot.ckpts if ck[0] <= n_past + 1]
+        if self.hybrid and pre.ctx_checkpoints:   # --ctx-checkpoints 0: "context checkpoints disabled"
+            # the prompt is read in batches that start at n_past and at 4 + n_ubatch and 4 ids before its end
+            # (capped at n_batch = 2048); a checkpoint is taken before a batch that starts past 0 (memory not
+            # empty) and ends within n_ubatch of the prompt end, or is the last one: min-step never applies there
+            ends = [x for x in (P - 4 - pre.n_ubatch, P - 4) if x > n_past]
+            starts = list(range(n_past, ends[0] if ends else P, 2048)) + ends
+            near = set()
+            for s0, e0 in zip(starts, starts[1:] + [P]):
+                if s0 > 0 and (e0 == P or P < e0 + pre.n_ubatch):
+                    near.add(s0)
+            cands = set(near)
             if pre.checkpoint_every:
-                cands += list(range(n_past + pre.checkpoint_every, P, pre.checkpoint_every))
-            ends = {P - 4 - pre.n_ubatch, P - 4}   # near the prompt end: min-step does not apply (0c1e570)
-            cands += sorted(ends)
-            for c in sorted(set(cands)):
-                if c <= n_past or c <= 0:
+                cands |= set(range(n_past + pre.checkpoint_every, P, pre.checkpoint_every))
+            for c in sorted(cands):
+                if c < n_past or c <= 0:
                     continue
-                if c not in ends and (c < pre.checkpoint_min_step or
-                                      (kept and c - kept[-1] < pre.checkpoint_min_step)):
+                if c not in near and (c < pre.checkpoint_min_step or
+                                      (kept and c - kept[-1][0] < pre.checkpoint_min_step)):
                     continue
-                kept.append(c)
-                while len(kept) > pre.ctx_checkpoints:
-                    kept.pop(0)
+                kept = self._create_checkpoint(kept, c, call.index)
         slot.ckpts = kept
         out = call.output
         slot.tokens = np.concatenate([call.prompt, out[:-1]]) if len(out) > 1 else call.prompt
-        slot.used = self.clock
+        slot.used = self._release_time(call)
+        slot.busy_until = call.done_ts if call.ts is not None else None
         slot.session = call.session
         slot.owner = call.index
         self.last_slot[call.session] = slot.id
