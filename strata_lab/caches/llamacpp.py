@@ -20,12 +20,21 @@ copy vendored by llama-cpp-python 0.3.36) do it.
   token is taken back (`n_past--`: the last token is always evaluated).
 - Hybrid / recurrent models cannot cut their state: when `0 < n_past < len(slot tokens)` the newest context
   checkpoint at or before `n_past` is restored, or, with none, "forcing full prompt re-processing"
-  (`n_past = 0`). Checkpoints past the new position are erased. While a prompt is read, checkpoints are taken
-  `4 + n_ubatch` and `4` tokens before its end whatever `checkpoint_min_step` says (0c1e570: "process the
-  last few tokens of the prompt separately in order to allow for a checkpoint to be created"), periodic ones
-  (`checkpoint_every`) none under or within `checkpoint_min_step` of the previous one, at most
-  `ctx_checkpoints` per slot (oldest dropped). Not modelled yet: checkpoints at user-message starts and the
-  pruning in `create_checkpoint` when the list is full (docs/FIDELITY.md).
+  (`n_past = 0`). Checkpoints past the new position are erased (`pos_max > pos_next`; a checkpoint taken at
+  n_tokens c holds pos_max c - 1). A prompt is read in batches that start at `n_past` and stop
+  `4 + n_ubatch` and `4` ids before its end (and every `n_batch` = 2048); a checkpoint of the state *before*
+  a batch is taken when the batch starts past 0 (memory not empty) and ends within `n_ubatch` of the prompt
+  end or is the last one, whatever `checkpoint_min_step` says: `P - 4 - n_ubatch`, `P - 4`, and `n_past`
+  itself when the cached prefix already reaches past `P - 4 - n_ubatch`. Periodic ones (`checkpoint_every`,
+  older presets) none under or within `checkpoint_min_step` of the previous one. `create_checkpoint` keeps
+  at most `ctx_checkpoints` per slot: when the list is full it first drops checkpoints of *earlier* calls
+  within `checkpoint_min_step` of the previous kept one (so the oldest survives), then the oldest, and a
+  checkpoint at the same position is superseded. Not modelled: checkpoints at user-message starts
+  (`message_spans`, only when a request sends `message_delimiters`; `/completion` with ids has none).
+- Busy slots: a call that carries its send and reply times (`ts`, `done_ts`) keeps its slot busy until its
+  reply, and a slot in use is never picked or saved as idle; when all are busy the call waits for the
+  first to free. The slot's LRU time is when its call ended (`t_last_used` is set in `release()`). Untimed
+  calls (every sequential replay) see every slot idle.
 
 The rules above, from the source:
 
@@ -50,10 +59,40 @@ The rules above, from the source:
     if (slot.task->n_tokens() >= slot.n_ctx) {              // update_slots
         send_error(slot, string_format("request (%d tokens) exceeds the available context size ...
 
+    // update_slots, reading a prompt (0c1e570):
+    static const int checkpoint_offsets[] = {4 + n_ubatch, 4};
+    const bool near_prompt_end = slot.task->n_tokens() < slot.prompt.n_tokens() + n_ubatch;
+    if (slot.prompt.n_tokens() == slot.task->n_tokens()) { ... } else {
+        // skip ordinary mid-prompt checkpoints, unless the batch starts a user message or we are near the end
+        if (!is_user_start && !near_prompt_end) { do_checkpoint = false; } }
+    if (do_checkpoint && pos_min < 0) { do_checkpoint = false; }             // nothing to checkpoint yet
+    do_checkpoint = do_checkpoint && (slot.prompt.checkpoints.empty() ||
+            is_last_user_message || near_prompt_end ||
+            n_tokens_start > slot.prompt.checkpoints.back().n_tokens + params_base.checkpoint_min_step);
+
+    // create_checkpoint: "evict checkpoints within min-step of a previous checkpoint, unless they were
+    // created by the current task; only when the list is full"
+    for (auto it = slot.prompt.checkpoints.begin();
+            slot.prompt.checkpoints.size() + 1 >= (size_t) params_base.n_ctx_checkpoints && ...; ) {
+        if (it->id_task != id_task && last >= 0 && it->n_tokens <= last + params_base.checkpoint_min_step) {
+            it = slot.prompt.checkpoints.erase(it); continue; }
+        last = it->n_tokens; ++it; }
+    while (slot.prompt.checkpoints.size() >= (size_t) params_base.n_ctx_checkpoints) {
+        slot.prompt.checkpoints.erase(slot.prompt.checkpoints.begin()); }
+    // replace an existing checkpoint at the same n_tokens instead of appending a duplicate
+
+    for (server_slot & slot : slots) {                      // get_available_slot
+        if (slot.is_processing()) { continue; } ...
+    void release() { ... t_last_used = ggml_time_us(); state = SLOT_STATE_IDLE; ...
+
     if (params_base.cache_idle_slots) {                     // process_single_task, after launching
         for (auto & slot : slots) { if (!slot.is_processing()) {
             if (slot.prompt_save(*prompt_cache)) { prompt_cache->update(); }
             if (params_base.kv_unified) { slot.prompt_clear(); } } } }
+
+Why one module: slot choice, the host prompt cache and the checkpoint list are one server's state, changed
+together by each task (`get_available_slot` saves and loads the prompt cache, the checkpoint list travels
+with a saved prompt); the quoted source lines above are the model's specification, kept beside it.
 
 `llama.cpp:args=-np 4 -c 8192 --cache-reuse 256` configures the model from the server's command line
 (`common/arg.cpp` names and defaults: -np auto = 4 slots + unified KV, -c 0 = the model's context,
