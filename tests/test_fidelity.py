@@ -115,6 +115,10 @@ def test_llamacpp_busy_slots_are_not_picked():
     assert p.reused == 0
     p = d("D", shared + [4], output=[7, 8], ts=3.5, done_ts=4.0)  # C's slot is free and holds the prefix
     assert p.reused == 100
+    with pytest.raises(ValueError, match="every call timed"):
+        d("E", shared, output=[7, 8])
+    with pytest.raises(ValueError, match="send order"):
+        d("F", shared, output=[7, 8], ts=1.0, done_ts=9.0)
     # untimed (a sequential replay): every slot is idle, C would have read the prefix from slot 3
     d = Driver("llama.cpp@0c1e570:args=-np 4 --cache-ram 0")
     d("A", shared + [1], output=[7, 8])

@@ -34,7 +34,8 @@ copy vendored by llama-cpp-python 0.3.36) do it.
 - Busy slots: a call that carries its send and reply times (`ts`, `done_ts`) keeps its slot busy until its
   reply, and a slot in use is never picked or saved as idle; when all are busy the call waits for the
   first to free. The slot's LRU time is when its call ended (`t_last_used` is set in `release()`). Untimed
-  calls (every sequential replay) see every slot idle.
+  calls (every sequential replay) see every slot idle. Timed and untimed calls cannot be mixed, and timed
+  calls must come in send order (both are errors naming the call).
 
 The rules above, from the source:
 
@@ -246,6 +247,8 @@ class Model(CacheModel):
         self.slots = [_Slot(i) for i in range(preset.slots)]
         self.hybrid = preset.shape.hybrid
         self.clock = 0
+        self.timed = None            # whether the calls carry ts + done_ts (busy slots); set by the first call
+        self.last_ts = float("-inf")
         self.ram: list = []          # the host prompt cache, oldest first: [tokens, ckpts, owner, session]
         self.last_slot: dict = {}    # session -> slot id of its last call
         # the prompt cache's token cap: n_ctx (the whole context; unlimited when the model's own)
@@ -348,6 +351,17 @@ class Model(CacheModel):
         self.clock += 1
         prompt, P = call.prompt, call.prompt_len
         now = call.ts if call.ts is not None and call.done_ts is not None else None
+        timed = now is not None
+        if self.timed is None:
+            self.timed = timed
+        elif self.timed != timed:   # slot times and turn numbers cannot be mixed
+            raise ValueError(f"llama.cpp: call {call.index} {'has' if timed else 'lacks'} ts + done_ts but earlier "
+                             "calls do not: busy slots need every call timed (or none)")
+        if timed and now < self.last_ts:
+            raise ValueError(f"llama.cpp: call {call.index} was sent (ts {now}) before the call replayed before it "
+                             f"(ts {self.last_ts}): timed calls must be replayed in send order")
+        if timed:
+            self.last_ts = now
         if now is not None and not self._idle(now):   # every slot busy: the task waits for the first free one
             now = min(s.busy_until for s in self.slots)
         slot, n_past, by_lru = self._choose(prompt, now)
