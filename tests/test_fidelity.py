@@ -76,6 +76,84 @@ def test_llamacpp_model_matches_recorded_llama_server_calls(path):
     assert rep.cols["reused"] == want and sum(want) > 0
 
 
+def test_llamacpp_checkpoint_at_a_batch_start_near_the_prompt_end():
+    # 0c1e570 update_slots: a prompt is read in batches starting at n_past, at P - 4 - n_ubatch and at P - 4;
+    # a batch that starts past 0 and ends within n_ubatch of the end is checkpointed at its start, so a prompt
+    # whose cached prefix is already within 4 + n_ubatch of its end leaves a checkpoint at n_past.
+    d = Driver("llama.cpp@0c1e570:model=qwen3-next-80b-a3b,args=-np 1 --cache-ram 0 -ub 8")
+    base = list(range(1000, 1100))
+    d("A", base, output=[7, 8])                        # checkpoints at 88 and 96
+    grown = base + [7] + list(range(2000, 2006))       # 107 ids: n_past 101 > 107 - 12, so one at 101
+    assert d("A", grown, output=[9, 9]).reused == 101
+    # (and one at 103 = P - 4); a later prompt diverging at 102 restores the one at 101 (without it: 96)
+    p = d("A", grown[:102] + [5, 5, 5, 5, 5, 5, 5, 5])
+    assert (p.reused, p.unit) == (101, "slot 0 ckpt@101")
+
+
+def test_llamacpp_create_checkpoint_prunes_close_ones_before_the_oldest():
+    # create_checkpoint (0c1e570): with the list full, checkpoints of earlier tasks within min-step of the
+    # previous kept one go first, so the oldest survives; FIFO would keep the newest.
+    d = Driver("llama.cpp@0c1e570:model=qwen3-next-80b-a3b,args=-np 1 --cache-ram 0 -ub 8 "
+               "--ctx-checkpoints 2 -cms 1000")
+    base = list(range(1000, 1100))
+    d("A", base, output=[7, 8])                        # checkpoints [88, 96]
+    # the slot holds base + [7]; this prompt extends it by 3: one batch from 101, one checkpoint at 101.
+    # The list is full: 96 (within 1000 of 88, an earlier task's) is dropped, not 88 -> [88, 101]
+    assert d("A", base + [7, 1, 2, 3], output=[7, 8]).reused == 101
+    p = d("A", base[:98] + [5, 5, 5])                  # diverges at 98: the newest checkpoint <= 98 is 88
+    assert (p.reused, p.unit) == (88, "slot 0 ckpt@88")
+
+
+def test_llamacpp_busy_slots_are_not_picked():
+    # get_available_slot: `if (slot.is_processing()) continue;`. Call 2 is sent while call 1 (in slot 3, the
+    # LRU pick) is still running: it cannot take slot 3 even though slot 3 holds its prefix.
+    d = Driver("llama.cpp@0c1e570:args=-np 4 --cache-ram 0")
+    shared = list(range(1000, 1100))
+    d("A", shared + [1], output=[7, 8], ts=0.0, done_ts=1.0)
+    d("B", shared + [2], output=[7, 8], ts=1.5, done_ts=5.0)      # slot 3 idle again: reads 100
+    p = d("C", shared + [3], output=[7, 8], ts=2.0, done_ts=3.0)  # B holds slot 3: another slot, nothing
+    assert p.reused == 0
+    p = d("D", shared + [4], output=[7, 8], ts=3.5, done_ts=4.0)  # C's slot is free and holds the prefix
+    assert p.reused == 100
+    with pytest.raises(ValueError, match="every call timed"):
+        d("E", shared, output=[7, 8])
+    with pytest.raises(ValueError, match="send order"):
+        d("F", shared, output=[7, 8], ts=1.0, done_ts=9.0)
+    # untimed (a sequential replay): every slot is idle, C would have read the prefix from slot 3
+    d = Driver("llama.cpp@0c1e570:args=-np 4 --cache-ram 0")
+    d("A", shared + [1], output=[7, 8])
+    d("B", shared + [2], output=[7, 8])
+    assert d("C", shared + [3], output=[7, 8]).reused == 100
+
+
+def test_llamacpp_concurrent_recording_busy_slots_and_every_difference_named():
+    """40 calls of 4 clients on `-np 4` (llama-server 0c1e570, `id_slot` and send/reply times recorded).
+    With the slots busy from send to reply the model matches far more calls than a one-at-a-time replay, and
+    every call that still differs is explained by what the engine's slot or host prompt cache held."""
+    from strata_lab.validate.compare import compare, explain_slot
+    from strata_lab.validate.workloads import Request
+
+    recs = [json.loads(line) for line in (DATA / "concurrent_llamacpp_0c1e570_np4_clients4.jsonl").read_text()
+            .splitlines()]
+    spec = "llama.cpp:args=-np 4 -c 16384"
+    timed = [(Request(r["session"], r["prompt_ids"], 9, sent=r["ts"], done=r["done_ts"], slot=r["engine_slot"]),
+              r["gen_ids"], r["cached_tokens"]) for r in recs]
+    untimed = [(Request(r["session"], r["prompt_ids"], 9), r["gen_ids"], r["cached_tokens"]) for r in recs]
+    c, u = compare(timed, spec, "llama.cpp"), compare(untimed, spec, "llama.cpp")
+    assert c.exact_rate >= 0.85 and u.exact_rate <= 0.7, (c.line(), u.line())
+    assert all(explain_slot(c, i)[0] != "unexplained" for i in c.differ)
+    # the busy-slot replay reads the dump's ts / done_ts the same way
+    rep = replay_engines(DATA / "concurrent_llamacpp_0c1e570_np4_clients4.jsonl", ["llama.cpp@0c1e570:" + spec[10:]])
+    assert rep.cols["reused"] == c.predicted
+
+
+def test_dump_done_ts_needs_ts_at_or_before_it(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"schema":"strata-dump/1","prompt_ids":[1,2,3],"ts":5.0,"done_ts":4.0}\n')
+    with pytest.raises(ValueError, match="done_ts"):
+        calls_from_dump(p)
+
+
 # --- engine command lines ------------------------------------------------------------------------------
 def test_vllm_args_are_parsed_as_vllm_parses_them():
     p = parse_engine("vllm:args=--block-size 16 --num-gpu-blocks-override 300")

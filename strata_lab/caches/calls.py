@@ -77,6 +77,7 @@ class Call:
     prompt: np.ndarray             # int32 prompt ids
     output: np.ndarray = field(default_factory=lambda: _EMPTY)  # generated + drained ids, in order
     ts: float | None = None        # arrival time, seconds
+    done_ts: float | None = None   # when the reply was complete, same clock as ts (the call held its slot till then)
     reported: int | None = None    # cached tokens the serving engine reported for this call
     reported_by: str | None = None  # which engine reported it ("strata" for our dumps' `reused`)
     reported_write: int | None = None  # cache-write tokens a hosted API reported for this call
@@ -164,6 +165,11 @@ def calls_from_records(records: Iterable[dict]) -> Iterator[Call]:
         output = as_ids(list(gen) + list(drained)) if gen or drained else _EMPTY
         ts = rec.get("ts")
         ts = float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts) else None
+        done = rec.get("done_ts")
+        done = float(done) if isinstance(done, (int, float)) and not isinstance(done, bool) and math.isfinite(done) \
+            else None
+        if done is not None and (ts is None or done < ts):
+            raise ValueError(f"call {i}: done_ts {done} needs a ts at or before it (ts {ts})")
         reported, by, write = reported_usage(rec, i)
         t = rec.get("timings") if isinstance(rec.get("timings"), dict) else {}
         ms = t.get("prefill_ms")
@@ -174,7 +180,7 @@ def calls_from_records(records: Iterable[dict]) -> Iterator[Call]:
                 raise ValueError(f"call {i}: {name} position {pos[-1]} is past the prompt ({len(prompt)} ids)")
         salt = rec.get("cache_salt")
         yield Call(index=i, session=str(rec.get("session", "default")), prompt=prompt, output=output, ts=ts,
-                   reported=reported, reported_by=by, reported_write=write, breakpoints=bps, content_blocks=blocks,
+                   done_ts=done, reported=reported, reported_by=by, reported_write=write, breakpoints=bps, content_blocks=blocks,
                    cache_salt=salt if isinstance(salt, str) else None, request_id=rec.get("request_id"),
                    call=int(rec.get("call") or 0),
                    prefill_ms=float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None,
@@ -257,6 +263,8 @@ def write_calls(calls: Iterable[Call], path) -> None:
                 rec["gen_ids"] = c.output.tolist()
             if c.ts is not None:
                 rec["ts"] = c.ts
+            if c.done_ts is not None:
+                rec["done_ts"] = c.done_ts
             if c.breakpoints is not None:
                 rec["cache_control"] = list(c.breakpoints)
             if c.content_blocks is not None:

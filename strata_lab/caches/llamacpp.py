@@ -20,12 +20,22 @@ copy vendored by llama-cpp-python 0.3.36) do it.
   token is taken back (`n_past--`: the last token is always evaluated).
 - Hybrid / recurrent models cannot cut their state: when `0 < n_past < len(slot tokens)` the newest context
   checkpoint at or before `n_past` is restored, or, with none, "forcing full prompt re-processing"
-  (`n_past = 0`). Checkpoints past the new position are erased. While a prompt is read, checkpoints are taken
-  `4 + n_ubatch` and `4` tokens before its end whatever `checkpoint_min_step` says (0c1e570: "process the
-  last few tokens of the prompt separately in order to allow for a checkpoint to be created"), periodic ones
-  (`checkpoint_every`) none under or within `checkpoint_min_step` of the previous one, at most
-  `ctx_checkpoints` per slot (oldest dropped). Not modelled yet: checkpoints at user-message starts and the
-  pruning in `create_checkpoint` when the list is full (docs/FIDELITY.md).
+  (`n_past = 0`). Checkpoints past the new position are erased (`pos_max > pos_next`; a checkpoint taken at
+  n_tokens c holds pos_max c - 1). A prompt is read in batches that start at `n_past` and stop
+  `4 + n_ubatch` and `4` ids before its end (and every `n_batch` = 2048); a checkpoint of the state *before*
+  a batch is taken when the batch starts past 0 (memory not empty) and ends within `n_ubatch` of the prompt
+  end or is the last one, whatever `checkpoint_min_step` says: `P - 4 - n_ubatch`, `P - 4`, and `n_past`
+  itself when the cached prefix already reaches past `P - 4 - n_ubatch`. Periodic ones (`checkpoint_every`,
+  older presets) none under or within `checkpoint_min_step` of the previous one. `create_checkpoint` keeps
+  at most `ctx_checkpoints` per slot: when the list is full it first drops checkpoints of *earlier* calls
+  within `checkpoint_min_step` of the previous kept one (so the oldest survives), then the oldest, and a
+  checkpoint at the same position is superseded. Not modelled: checkpoints at user-message starts
+  (`message_spans`, only when a request sends `message_delimiters`; `/completion` with ids has none).
+- Busy slots: a call that carries its send and reply times (`ts`, `done_ts`) keeps its slot busy until its
+  reply, and a slot in use is never picked or saved as idle; when all are busy the call waits for the
+  first to free. The slot's LRU time is when its call ended (`t_last_used` is set in `release()`). Untimed
+  calls (every sequential replay) see every slot idle. Timed and untimed calls cannot be mixed, and timed
+  calls must come in send order (both are errors naming the call).
 
 The rules above, from the source:
 
@@ -50,10 +60,40 @@ The rules above, from the source:
     if (slot.task->n_tokens() >= slot.n_ctx) {              // update_slots
         send_error(slot, string_format("request (%d tokens) exceeds the available context size ...
 
+    // update_slots, reading a prompt (0c1e570):
+    static const int checkpoint_offsets[] = {4 + n_ubatch, 4};
+    const bool near_prompt_end = slot.task->n_tokens() < slot.prompt.n_tokens() + n_ubatch;
+    if (slot.prompt.n_tokens() == slot.task->n_tokens()) { ... } else {
+        // skip ordinary mid-prompt checkpoints, unless the batch starts a user message or we are near the end
+        if (!is_user_start && !near_prompt_end) { do_checkpoint = false; } }
+    if (do_checkpoint && pos_min < 0) { do_checkpoint = false; }             // nothing to checkpoint yet
+    do_checkpoint = do_checkpoint && (slot.prompt.checkpoints.empty() ||
+            is_last_user_message || near_prompt_end ||
+            n_tokens_start > slot.prompt.checkpoints.back().n_tokens + params_base.checkpoint_min_step);
+
+    // create_checkpoint: "evict checkpoints within min-step of a previous checkpoint, unless they were
+    // created by the current task; only when the list is full"
+    for (auto it = slot.prompt.checkpoints.begin();
+            slot.prompt.checkpoints.size() + 1 >= (size_t) params_base.n_ctx_checkpoints && ...; ) {
+        if (it->id_task != id_task && last >= 0 && it->n_tokens <= last + params_base.checkpoint_min_step) {
+            it = slot.prompt.checkpoints.erase(it); continue; }
+        last = it->n_tokens; ++it; }
+    while (slot.prompt.checkpoints.size() >= (size_t) params_base.n_ctx_checkpoints) {
+        slot.prompt.checkpoints.erase(slot.prompt.checkpoints.begin()); }
+    // replace an existing checkpoint at the same n_tokens instead of appending a duplicate
+
+    for (server_slot & slot : slots) {                      // get_available_slot
+        if (slot.is_processing()) { continue; } ...
+    void release() { ... t_last_used = ggml_time_us(); state = SLOT_STATE_IDLE; ...
+
     if (params_base.cache_idle_slots) {                     // process_single_task, after launching
         for (auto & slot : slots) { if (!slot.is_processing()) {
             if (slot.prompt_save(*prompt_cache)) { prompt_cache->update(); }
             if (params_base.kv_unified) { slot.prompt_clear(); } } } }
+
+Why one module: slot choice, the host prompt cache and the checkpoint list are one server's state, changed
+together by each task (`get_available_slot` saves and loads the prompt cache, the checkpoint list travels
+with a saved prompt); the quoted source lines above are the model's specification, kept beside it.
 
 `llama.cpp:args=-np 4 -c 8192 --cache-reuse 256` configures the model from the server's command line
 (`common/arg.cpp` names and defaults: -np auto = 4 slots + unified KV, -c 0 = the model's context,
@@ -187,15 +227,16 @@ def parse_args(argv: list, preset) -> dict:
 
 
 class _Slot:
-    __slots__ = ("id", "tokens", "ckpts", "used", "session", "owner")
+    __slots__ = ("id", "tokens", "ckpts", "used", "session", "owner", "busy_until")
 
     def __init__(self, i):
         self.id = i
         self.tokens = np.zeros(0, np.int32)
-        self.ckpts: list = []     # checkpoint positions (n_tokens), oldest first
+        self.ckpts: list = []     # checkpoints (n_tokens, index of the call that took it), oldest first
         self.used = -1            # logical time of last use (t_last_used)
         self.session = None       # session whose call last ran here
         self.owner = None         # call index that left the tokens
+        self.busy_until = None    # done_ts of the call running here (timed calls): busy before that
 
 
 class Model(CacheModel):
@@ -206,18 +247,27 @@ class Model(CacheModel):
         self.slots = [_Slot(i) for i in range(preset.slots)]
         self.hybrid = preset.shape.hybrid
         self.clock = 0
+        self.timed = None            # whether the calls carry ts + done_ts (busy slots); set by the first call
+        self.last_ts = float("-inf")
         self.ram: list = []          # the host prompt cache, oldest first: [tokens, ckpts, owner, session]
         self.last_slot: dict = {}    # session -> slot id of its last call
         # the prompt cache's token cap: n_ctx (the whole context; unlimited when the model's own)
         self.ram_tokens = preset.ctx_size or 0
 
     # -- slot choice -------------------------------------------------------------------------------
-    def _choose(self, prompt: np.ndarray):
-        """(slot, lcp, picked by LRU)."""
+    def _idle(self, now):
+        """The slots not processing a call at time `now` (None: untimed calls, every slot is idle)."""
+        if now is None:
+            return self.slots
+        return [s for s in self.slots if s.busy_until is None or s.busy_until <= now]
+
+    def _choose(self, prompt: np.ndarray, now=None):
+        """(slot, lcp, picked by LRU), among the idle slots (`if (slot.is_processing()) continue;`)."""
         best, best_sim, best_lcp = None, 0.0, 0
         sps = self.preset.slot_prompt_similarity
+        idle = self._idle(now)
         if sps > 0 and len(prompt):
-            for s in self.slots:
+            for s in idle:
                 if not len(s.tokens):
                     continue
                 n = lcp(s.tokens, prompt)
@@ -227,7 +277,7 @@ class Model(CacheModel):
         if best is not None:
             return best, best_lcp, False
         lru = None
-        for s in self.slots:
+        for s in idle:
             if lru is None or s.used <= lru.used:
                 lru = s
         return lru, lcp(lru.tokens, prompt), True
@@ -300,7 +350,21 @@ class Model(CacheModel):
         pre = self.preset
         self.clock += 1
         prompt, P = call.prompt, call.prompt_len
-        slot, n_past, by_lru = self._choose(prompt)
+        now = call.ts if call.ts is not None and call.done_ts is not None else None
+        timed = now is not None
+        if self.timed is None:
+            self.timed = timed
+        elif self.timed != timed:   # slot times and turn numbers cannot be mixed
+            raise ValueError(f"llama.cpp: call {call.index} {'has' if timed else 'lacks'} ts + done_ts but earlier "
+                             "calls do not: busy slots need every call timed (or none)")
+        if timed and now < self.last_ts:
+            raise ValueError(f"llama.cpp: call {call.index} was sent (ts {now}) before the call replayed before it "
+                             f"(ts {self.last_ts}): timed calls must be replayed in send order")
+        if timed:
+            self.last_ts = now
+        if now is not None and not self._idle(now):   # every slot busy: the task waits for the first free one
+            now = min(s.busy_until for s in self.slots)
+        slot, n_past, by_lru = self._choose(prompt, now)
         f_keep = n_past / len(slot.tokens) if len(slot.tokens) else 1.0
         unit_from = "slot"
         cache_on = pre.cache_ram_mib != 0
@@ -310,7 +374,7 @@ class Model(CacheModel):
                 unit_from = "ram"
             self._update()
         if cache_on and pre.cache_idle_slots:   # every other idle slot saved (and cleared when unified)
-            for s in self.slots:
+            for s in self._idle(now):
                 if s is slot:
                     continue
                 if self._save(s):
@@ -319,7 +383,7 @@ class Model(CacheModel):
                     s.tokens, s.ckpts = np.zeros(0, np.int32), []
         n_ctx = pre.n_ctx_slot
         if n_ctx and P >= n_ctx:   # "request (%d tokens) exceeds the available context size"
-            slot.used = self.clock
+            slot.used = self._release_time(call)
             return CachePlan(0, cause="refused", state=None)
         n_past = lcp(slot.tokens, prompt)
         cached = len(slot.tokens)
@@ -335,7 +399,7 @@ class Model(CacheModel):
         restored = None
         cause = None
         if self.hybrid and 0 < n_past < cached and not shifted:
-            usable = [c for c in slot.ckpts if c <= n_past]
+            usable = [c for c, _task in slot.ckpts if c <= n_past]
             if usable:
                 restored = usable[-1]
                 n_past = restored
@@ -359,6 +423,30 @@ class Model(CacheModel):
         return CachePlan(reused, unit=unit, source=slot.owner if reused else None, cause=cause,
                          state=(slot, n_past))
 
+    def _create_checkpoint(self, kept: list, c: int, task: int) -> list:
+        """`create_checkpoint` (0c1e570): when the list is full, first drop checkpoints of earlier tasks within
+        `checkpoint_min_step` of the previous kept one (so the oldest survives, not the newest), then the oldest
+        while still full; a checkpoint at the same position is superseded."""
+        pre = self.preset
+        n_max = pre.ctx_checkpoints
+        if len(kept) + 1 >= n_max:
+            pruned, last = [], -1
+            for n_tok, tid in kept:
+                if tid != task and last >= 0 and n_tok <= last + pre.checkpoint_min_step:
+                    continue
+                last = n_tok
+                pruned.append((n_tok, tid))
+            kept = pruned
+        while kept and len(kept) >= n_max:
+            kept = kept[1:]
+        kept = [ck for ck in kept if ck[0] != c]
+        kept.append((c, task))
+        return kept
+
+    def _release_time(self, call: Call):
+        """`t_last_used = ggml_time_us()` in `release()`: when the call ended (timed calls), else its turn."""
+        return call.done_ts if call.ts is not None and call.done_ts is not None else self.clock
+
     def _chunk_reuse(self, cache: np.ndarray, prompt: np.ndarray, n_past: int) -> int:
         """`--cache-reuse N`: walk both from n_past; a matching run of >= N ids is shifted into place, else
         skip one cached id. Returns the ids gained."""
@@ -381,26 +469,33 @@ class Model(CacheModel):
         slot, n_past = plan.state
         P = call.prompt_len
         pre = self.preset
-        kept = [c for c in slot.ckpts if c <= n_past]  # erase invalidated checkpoints
-        if self.hybrid:
-            cands = []
+        # "erase any checkpoints with pos_max > pos_next": a checkpoint at n_tokens c holds pos_max = c - 1
+        kept = [ck for ck in slot.ckpts if ck[0] <= n_past + 1]
+        if self.hybrid and pre.ctx_checkpoints:   # --ctx-checkpoints 0: "context checkpoints disabled"
+            # the prompt is read in batches that start at n_past and at 4 + n_ubatch and 4 ids before its end
+            # (capped at n_batch = 2048); a checkpoint is taken before a batch that starts past 0 (memory not
+            # empty) and ends within n_ubatch of the prompt end, or is the last one: min-step never applies there
+            ends = [x for x in (P - 4 - pre.n_ubatch, P - 4) if x > n_past]
+            starts = list(range(n_past, ends[0] if ends else P, 2048)) + ends
+            near = set()
+            for s0, e0 in zip(starts, starts[1:] + [P]):
+                if s0 > 0 and (e0 == P or P < e0 + pre.n_ubatch):
+                    near.add(s0)
+            cands = set(near)
             if pre.checkpoint_every:
-                cands += list(range(n_past + pre.checkpoint_every, P, pre.checkpoint_every))
-            ends = {P - 4 - pre.n_ubatch, P - 4}   # near the prompt end: min-step does not apply (0c1e570)
-            cands += sorted(ends)
-            for c in sorted(set(cands)):
-                if c <= n_past or c <= 0:
+                cands |= set(range(n_past + pre.checkpoint_every, P, pre.checkpoint_every))
+            for c in sorted(cands):
+                if c < n_past or c <= 0:
                     continue
-                if c not in ends and (c < pre.checkpoint_min_step or
-                                      (kept and c - kept[-1] < pre.checkpoint_min_step)):
+                if c not in near and (c < pre.checkpoint_min_step or
+                                      (kept and c - kept[-1][0] < pre.checkpoint_min_step)):
                     continue
-                kept.append(c)
-                while len(kept) > pre.ctx_checkpoints:
-                    kept.pop(0)
+                kept = self._create_checkpoint(kept, c, call.index)
         slot.ckpts = kept
         out = call.output
         slot.tokens = np.concatenate([call.prompt, out[:-1]]) if len(out) > 1 else call.prompt
-        slot.used = self.clock
+        slot.used = self._release_time(call)
+        slot.busy_until = call.done_ts if call.ts is not None else None
         slot.session = call.session
         slot.owner = call.index
         self.last_slot[call.session] = slot.id

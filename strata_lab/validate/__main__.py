@@ -50,10 +50,17 @@ def main(argv=None) -> int:
     comp = compare(rows, spec, engine)
     print(f"{engine} {version} | {a.args or '(defaults)'} | {a.workload} | clients {a.clients} | {comp.calls} calls | "
           f"{comp.exact_rate:.1%} exact | token-weighted error {comp.token_error:.3%} | {comp.evictions} evictions")
-    for i in comp.differ[:20]:
+    for i in comp.differ:
         req, _out, rep = rows[i]
         print(f"  call {i} ({req.session}, {len(req.prompt)} ids): engine {rep}, strata {comp.predicted[i]} "
               f"({comp.causes[i]}): {explain(comp, i)}")
+    if comp.differ and all(rows[i][0].slot is not None for i in comp.differ):
+        from collections import Counter
+
+        from strata_lab.validate.compare import explain_slot
+
+        counts = Counter(explain_slot(comp, i)[0] for i in comp.differ)
+        print("  causes: " + "; ".join(f"{c}: {n}" for c, n in counts.most_common()))
     if a.out:
         write_dump(a.out, comp)
     return 0

@@ -117,6 +117,8 @@ class LiveLlama:
                 return [], None
             r.raise_for_status()
             d = r.json()
+            if isinstance(d.get("id_slot"), int):
+                req.slot = d["id_slot"]
             return list(d.get("tokens") or []), int(d["timings"]["cache_n"])
         return call
 

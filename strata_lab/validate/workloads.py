@@ -40,6 +40,7 @@ class Request:
     salt: str | None = None
     sent: float | None = None      # when the client sent it and got the reply (concurrent runs)
     done: float | None = None
+    slot: int | None = None        # the slot the engine ran it in, where it says (llama-server `id_slot`)
 
 
 Workload = Generator[Request, list, None]
