@@ -16,6 +16,8 @@ Dropped, with a line on stderr (see the results file for why each is safe to dro
          --temp/--seed (llama-server's defaults for requests that set none: ours are temperature 1 and a fresh
          seed per request; every passing test was checked not to depend on them); -b/--batch-size and
          -ub/--ubatch-size (prompt chunking: a speed knob, no effect on any response of a generation server).
+Refused as a whole: a command line with no model at all (llama-server's router mode, which picks the model a
+request's `model` field names; ours serves one model and only echoes `model`).
 """
 from __future__ import annotations
 
@@ -73,7 +75,16 @@ def translate(argv: list[str]) -> list[str]:
     return out
 
 
+MODEL_FLAGS = ("--hf-repo", "-hfr", "--hf-file", "-hff", "-m", "--model", "--model-url", "-mu")
+
+
 def main() -> None:
+    if not any(f in sys.argv[1:] for f in MODEL_FLAGS):
+        # llama-server without a model is its router: it serves the model each request's `model` field names.
+        # strata-lab serve has one model and only echoes `model`, so a router test would pass on an ignored field.
+        print("llamacpp_suite launcher: no model given (llama-server's router mode, one model per request's "
+              "`model` field) is not supported by strata-lab serve; refusing to start", file=sys.stderr)
+        raise SystemExit(2)
     args = translate(sys.argv[1:])
     sys.path.insert(0, REPO)
     os.environ["PYTHONPATH"] = REPO + os.pathsep + os.environ.get("PYTHONPATH", "")
