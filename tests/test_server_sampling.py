@@ -297,3 +297,24 @@ def test_top_k_one_and_tiny_top_p_at_temperature_one_are_greedy(server, oa, an, 
     chat_hot = oa.chat.completions.create(model="m", messages=USER, max_tokens=8, temperature=1.0, seed=5,
                                           extra_body=cut).choices[0].message.content
     assert chat_hot == chat_greedy
+
+
+# --- metadata.user_id: llama.cpp's suite sends it on /v1/messages and asserts only a 200; its effect is the slot
+# key: a key's requests stay on its slot even when another slot holds the prompt (the similarity rule would move it).
+def test_anthropic_metadata_user_id_keeps_a_key_on_its_slot(tmp_path):
+    srv = ServerProcess(tmp_path, "--model", str(tiny_model()), "--ctx", str(CTX), "--slots", "2").wait()
+    try:
+        def cached(user, text):
+            r = post(srv, "/v1/messages", {"model": "m", "max_tokens": 2, "temperature": 0,
+                                           "metadata": {"user_id": user},
+                                           "messages": [{"role": "user", "content": text}]})
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["cache_read_input_tokens"]
+        fox = "The quick brown fox jumps over the lazy dog again and again"
+        rivers = "Completely different words about rivers mountains and weather today"
+        cached("a", fox)
+        cached("b", rivers)
+        assert cached("b", fox) == 0      # b's slot holds the rivers prompt: nothing of the fox prompt is reused
+        assert cached("c", fox) > 10      # a new key goes by similarity to a slot holding the fox prompt
+    finally:
+        srv.stop()
