@@ -293,6 +293,8 @@ def test_top_k_one_and_tiny_top_p_at_temperature_one_are_greedy(server, oa, an, 
     msg_hot = [an.messages.create(model="m", max_tokens=8, messages=USER,
                                   extra_body={"temperature": 1.0, "seed": s, **cut}).content[0].text for s in (3, 4)]
     assert msg_hot == [msg_greedy, msg_greedy]
+    free = an.messages.create(model="m", max_tokens=8, messages=USER, extra_body={"temperature": 1.0, "seed": 3})
+    assert free.content[0].text != msg_greedy  # /v1/messages temperature has its effect without the cut
     chat_greedy = oa.chat.completions.create(model="m", messages=USER, max_tokens=8, **T0).choices[0].message.content
     chat_hot = oa.chat.completions.create(model="m", messages=USER, max_tokens=8, temperature=1.0, seed=5,
                                           extra_body=cut).choices[0].message.content
