@@ -279,3 +279,44 @@ def test_parallel_tool_calls_false_ends_the_reply_after_one_call(server, oa):
     r = oa.responses.create(model="m", input="x", tools=[{"type": "function", **tools[0]["function"]}],
                             max_output_tokens=200, temperature=0, parallel_tool_calls=False, tool_choice="required")
     assert [o.type for o in r.output] == ["function_call"] and r.parallel_tool_calls is False
+
+
+# --- top_k / top_p: llama.cpp's suite sends them on /v1/messages and /completion and asserts only a 200, so
+# their effect is checked here: at T=1 with different seeds, top_k 1 and a tiny top_p are the greedy output.
+@pytest.mark.parametrize("cut", [{"top_k": 1}, {"top_p": 1e-6}])
+def test_top_k_one_and_tiny_top_p_at_temperature_one_are_greedy(server, oa, an, cut):
+    greedy = llama_ids(server, n_predict=10)
+    hot = [llama_ids(server, n_predict=10, temperature=1.0, seed=s, **cut) for s in (1, 2)]
+    assert hot == [greedy, greedy]
+    assert llama_ids(server, n_predict=10, temperature=1.0, seed=1) != greedy  # the cut is what makes it greedy
+    msg_greedy = an.messages.create(model="m", max_tokens=8, messages=USER, extra_body=T0).content[0].text
+    msg_hot = [an.messages.create(model="m", max_tokens=8, messages=USER,
+                                  extra_body={"temperature": 1.0, "seed": s, **cut}).content[0].text for s in (3, 4)]
+    assert msg_hot == [msg_greedy, msg_greedy]
+    free = an.messages.create(model="m", max_tokens=8, messages=USER, extra_body={"temperature": 1.0, "seed": 3})
+    assert free.content[0].text != msg_greedy  # /v1/messages temperature has its effect without the cut
+    chat_greedy = oa.chat.completions.create(model="m", messages=USER, max_tokens=8, **T0).choices[0].message.content
+    chat_hot = oa.chat.completions.create(model="m", messages=USER, max_tokens=8, temperature=1.0, seed=5,
+                                          extra_body=cut).choices[0].message.content
+    assert chat_hot == chat_greedy
+
+
+# --- metadata.user_id: llama.cpp's suite sends it on /v1/messages and asserts only a 200; its effect is the slot
+# key: a key's requests stay on its slot even when another slot holds the prompt (the similarity rule would move it).
+def test_anthropic_metadata_user_id_keeps_a_key_on_its_slot(tmp_path):
+    srv = ServerProcess(tmp_path, "--model", str(tiny_model()), "--ctx", str(CTX), "--slots", "2").wait()
+    try:
+        def cached(user, text):
+            r = post(srv, "/v1/messages", {"model": "m", "max_tokens": 2, "temperature": 0,
+                                           "metadata": {"user_id": user},
+                                           "messages": [{"role": "user", "content": text}]})
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["cache_read_input_tokens"]
+        fox = "The quick brown fox jumps over the lazy dog again and again"
+        rivers = "Completely different words about rivers mountains and weather today"
+        cached("a", fox)
+        cached("b", rivers)
+        assert cached("b", fox) == 0      # b's slot holds the rivers prompt: nothing of the fox prompt is reused
+        assert cached("c", fox) > 10      # a new key goes by similarity to a slot holding the fox prompt
+    finally:
+        srv.stop()
