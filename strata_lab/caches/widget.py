@@ -34,7 +34,7 @@ class EngineExplorer:
         self.button = W.Button(description="replay", button_style="primary")
         self.button.on_click(lambda _b: self.run())
         self.error, self.summary = W.HTML(), W.HTML()
-        self.image = W.Image(format="png")
+        self.image = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
         self.widget = W.VBox([W.HBox([self.engines, self.overrides, self.button]), self.error, self.summary,
                               self.image])
         self.report = None
@@ -69,7 +69,12 @@ class EngineExplorer:
         if (full["reported_calls"] > 0).any():  # simulated vs what the log reports (Contract 4)
             cols += ["reported_calls", "simulated_cached", "reported_cached", "reported_diff", "reported_diff_pct"]
         s = full[cols + ["causes"]]
-        self.summary.value = s.to_html(index=False, float_format=lambda x: f"{x:.3g}")
+        # the table keeps to the output's width: long specs and cause lists wrap inside their cells
+        table = s.to_html(index=False, float_format=lambda x: f"{x:.3g}")
+        self.summary.value = ('<div style="max-width:100%"><style>.strata-engines table{table-layout:fixed;'
+                              'width:100%}.strata-engines td,.strata-engines th{overflow-wrap:anywhere;'
+                              'word-break:break-word;white-space:normal}</style><div class="strata-engines">'
+                              + table + "</div></div>")
         fig = plot_engines(report)
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=80)

@@ -14,6 +14,9 @@ the runner calls `stream.stop()`. Ids the engine drained after the STOP are in i
 of plain-text ones (no stop id, no `<`, no split character) joins the thinking, the rest is dropped from
 the text (they stay in the dump). A wrap-up closes the reasoning and a second engine call continues with
 prompt = first prompt + thought ids + kept drained ids + wrap-up ids, so the engine reuses all it holds.
+
+Why one module: the budget wrap-up, the n > 1 choices, logprobs, the non-finite-logits guard and the
+recorder all act inside one generation loop over one stream; split, each part would reach into its state.
 """
 from __future__ import annotations
 
