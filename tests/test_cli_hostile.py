@@ -107,9 +107,10 @@ def _cases(name, sp, d) -> list[list[str]]:
     base = {"tokenize": ["hi"], "import": [str(d / "d.jsonl")], "replay": [str(d / "d.jsonl")],
             "convert": [str(d / "d.jsonl")], "lint": [str(d / "d.jsonl")], "template": [str(d / "conv.json")],
             "reproduce": [str(d / "d.jsonl")], "rewrite": [str(d / "d.jsonl")], "serve": [], "demo": [],
-            "record": []}[name]
+            "record": [], "export": [str(d / "d.jsonl")], "sweep": [str(d / "d.jsonl"), "--capacity", "4096", "--policy", "lru"]}[name]
     required = {"convert": ["--out", str(d / "out-store")], "record": ["--out", str(d / "new.jsonl")],
-                "rewrite": ["--out", str(d / "rw.jsonl")]}.get(name, [])
+                "rewrite": ["--out", str(d / "rw.jsonl")],
+                "export": ["--format", "mooncake", "--out", str(d / "exp.jsonl")]}.get(name, [])
     cases = []
 
     def value(v):
@@ -134,7 +135,7 @@ def _cases(name, sp, d) -> list[list[str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["tokenize", "import", "replay", "convert", "lint", "template", "serve", "demo",
-                                  "record", "reproduce", "rewrite"])
+                                  "record", "reproduce", "rewrite", "export", "sweep"])
 def test_every_option_with_hostile_values(inputs, name):
     commands = _subcommands()
     assert name in commands
@@ -150,4 +151,4 @@ def test_every_option_with_hostile_values(inputs, name):
 
 def test_every_subcommand_is_walked():
     assert set(_subcommands()) == {"tokenize", "import", "replay", "convert", "lint", "template", "serve", "demo",
-                                   "record", "reproduce", "rewrite"}
+                                   "record", "reproduce", "rewrite", "export", "sweep"}

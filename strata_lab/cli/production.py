@@ -5,17 +5,29 @@ from __future__ import annotations
 import argparse
 
 
-def _capacity(text: str):
+MAX_TOKENS = 10**12   # a cache of a trillion tokens is past any trace; larger values are typos or attacks
+
+
+def _capacity(text: str, option: str = "--capacity"):
     t = text.strip().lower()
     if t in ("none", "inf", "unbounded"):
         return None
     try:
         v = float(t)
     except ValueError:
-        raise ValueError(f"--capacity must be tokens (1e6, 3000000) or 'unbounded', got {text!r}") from None
-    if not v >= 1 or v != int(v):
-        raise ValueError(f"--capacity must be a positive whole number of tokens, got {text!r}")
+        raise ValueError(f"{option} must be tokens (1e6, 3000000) or 'unbounded', got {text[:40]!r}") from None
+    if not 1 <= v <= MAX_TOKENS or v != int(v):
+        raise ValueError(f"{option} must be a whole number of tokens in 1..{MAX_TOKENS:.0e} (or 'unbounded'), "
+                         f"got {text[:40]!r}")
     return int(v)
+
+
+def _bounded(args: argparse.Namespace) -> None:
+    """The integer options of `sweep`, in range before any work."""
+    for name, low, high in (("replicas", 1, 1024), ("block", 1, 1 << 16)):
+        v = getattr(args, name)
+        if not low <= v <= high:
+            raise ValueError(f"--{name} must be in {low}..{high}, got {v}")
 
 
 def _trace_input(paths: list[str]):
@@ -29,8 +41,9 @@ def _trace_input(paths: list[str]):
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from strata_lab.caches.capacity import plot_sweep, sweep
 
+    _bounded(args)
     caps = [_capacity(c) for c in args.capacity] if args.capacity else None
-    tier2 = _capacity(args.tier2) if args.tier2 else None
+    tier2 = _capacity(args.tier2, "--tier2") if args.tier2 else None
     df = sweep(_trace_input(args.trace), capacities=caps, policies=args.policy or ("lru", "lfu", "atc25", "vllm"),
                tier2=tier2, replicas=args.replicas, routing=args.routing, block=args.block, dask=args.dask,
                progress=not args.quiet)

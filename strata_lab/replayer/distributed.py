@@ -31,6 +31,9 @@ def _domain_task(partitions, opts, tokenizer, cost_model):
     return seqs, rows.batches(), snap, ms   # Arrow batches travel compactly
 
 
+MAX_LOCAL_WORKERS = 256
+
+
 def connect(cluster):
     """(client, owned): a Client for `cluster`; owned is True when this call started it."""
     from distributed import Client, LocalCluster
@@ -47,6 +50,9 @@ def connect(cluster):
             raise ValueError(f"cluster: 'local:N' needs an int N, got {cluster!r}") from None
         if workers < 1:
             raise ValueError(f"cluster: local needs at least one worker, got {workers}")
+        if workers > MAX_LOCAL_WORKERS:  # one process each: past a few hundred the machine, not the work, is the limit
+            raise ValueError(f"cluster: local runs at most {MAX_LOCAL_WORKERS} worker processes on one machine, "
+                             f"got {workers}; use a scheduler's address for more")
         lc = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0")
         return Client(lc), True
     return Client(cluster), True
