@@ -24,6 +24,8 @@ def _capacity(text: str, option: str = "--capacity"):
 
 def _bounded(args: argparse.Namespace) -> None:
     """The integer options of `sweep`, in range before any work."""
+    if args.dask is not None and not args.dask.strip():
+        raise ValueError("--dask must be 'local[:N]' or a scheduler's address, got an empty value")
     for name, low, high in (("replicas", 1, 1024), ("block", 1, 1 << 16)):
         v = getattr(args, name)
         if not low <= v <= high:
