@@ -1,7 +1,7 @@
 """Prefill/decode speed of strata_lab's engine (bf16 weights, and int8 quantised at load: int8 x int8-quantised
 activations; --int8-ab adds the int8 path with f32 activations it replaced) against
 transformers (eager, bf16 and f32) and, when installed, llama.cpp (llama-cpp-python + gguf: f16 and Q8_0
-GGUFs of the same weights), on one random Qwen3-0.6B-shaped checkpoint, at one or more context lengths.
+GGUFs of the same weights), on one random-weight Qwen3-0.6B-shaped model folder, at one or more context lengths.
 
     PYTHONPATH=$PWD python benchmarks/engine.py [--contexts 512 4096] [--decode 128] [--threads 2]
         [--repeat 2] [--skip strata,hf,hf-f32,llama,llama-q8,int8,accuracy,scaling] [--attn-ab]
@@ -19,7 +19,7 @@ decode bandwidth limit measured in the same run (a read loop over a buffer the s
 decode step streams, with the same threads) and each strata row's fraction of it, the cost growth with
 context, 1 vs N threads, and int8 accuracy against the bf16 weights computed in f32 (max logit error,
 greedy agreement). Writes the table (engine.md) and a plot of tok/s against context (engine.png) to
---out. The checkpoint and GGUFs are cached under build/bench/.
+--out. The model folder and GGUFs are cached under build/bench/.
 
 The llama.cpp peer is optional and skipped (with a note) when absent; it needs packages that are not
 project dependencies (llama-cpp-python compiles llama.cpp, minutes on 2 cores):
@@ -55,13 +55,13 @@ os.environ.setdefault("STRATA_PROFILE", "1")  # per-op timers: attention's share
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def checkpoint(preset: str, layers: int | None = None) -> Path:
-    """The cached random checkpoint of ``preset``; ``layers``: the same layer shape, fewer layers."""
+def model_folder(preset: str, layers: int | None = None) -> Path:
+    """The cached random-weight model folder of ``preset``; ``layers``: the same layer shape, fewer layers."""
     from strata_lab.tiny import make_tiny
 
     path = ROOT / "build" / "bench" / (f"{preset}-bf16" if layers is None else f"{preset}-{layers}L-bf16")
     if not (path / "config.json").exists():
-        print(f"writing {preset} bf16 checkpoint to {path} ...", flush=True)
+        print(f"writing the {preset} bf16 model folder to {path} ...", flush=True)
         make_tiny(path, preset=preset, dtype="bfloat16", seed=0,
                   overrides=None if layers is None else {"num_hidden_layers": layers})
     return path
@@ -259,7 +259,7 @@ def main(argv=None):
                          "only) and prints the per-op decode profile of both")
     ap.add_argument("--kv-f32", action="store_true",
                     help="add 'strata bf16 kv f32': the KV cache in f32 (Engine.load kv_cache='f32'; twice the cache "
-                         "bytes of the default f16 cache of a bf16 checkpoint)")
+                         "bytes of the default f16 cache of bf16 weights)")
     ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
     ap.add_argument("--q8-max-context", type=int, default=None,
                     help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
@@ -272,7 +272,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     contexts = [args.prefill] if args.prefill else sorted(args.contexts)
     skip = set(filter(None, args.skip.split(",")))
-    path = checkpoint(args.preset, args.layers)
+    path = model_folder(args.preset, args.layers)
     rng_prompt = np.random.default_rng(0).integers(0, 151669, max(contexts)).tolist()
     max_ctx = max(contexts) + args.decode + 32
     from strata_lab.engine import _ext

@@ -6,7 +6,7 @@
 2. Compile time per schema (caches off / fresh compilers) for xgrammar and llguidance.
 3. Mask time per token: a random walk through each schema (each step picks an allowed id at random from
    the mask, as a random-weight model does), the time to fill the next-token bitmask, per engine.
-4. Decode tok/s on the random Qwen3-0.6B-shaped bf16 checkpoint (benchmarks/engine.py's), free vs under a
+4. Decode tok/s on the random Qwen3-0.6B-shaped bf16 model folder (benchmarks/engine.py's), free vs under a
    JSON-schema constraint (xgrammar mask called from the C++ decode loop), same prompt and seed, ratio.
 Ratios are printed against the peer measured in the same run (timings on shared machines are noisy).
 """
@@ -122,12 +122,12 @@ def bench_decode(tok, preset, n_decode, threads):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from engine import checkpoint
+    from engine import model_folder
 
     from strata_lab.engine import Engine, Sampling
     from strata_lab.grammar import TokenGrammar
 
-    eng = Engine.load(checkpoint(preset), threads=threads)
+    eng = Engine.load(model_folder(preset), threads=threads)
     g = TokenGrammar(tok, eng.vocab_size)
     # A schema the walk cannot finish in n_decode steps: every step pays for the mask.
     long = {"type": "array", "items": {"type": "string"}, "minItems": 10_000}

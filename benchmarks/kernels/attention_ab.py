@@ -3,7 +3,7 @@ heads sharing K/V loads) against the per-query scalar loop it replaced (_set_ker
 False)), on one layer of Qwen3-0.6B's shape (16 query heads, 8 kv heads, head_dim 128), interleaved rounds,
 best time of each.
 
-    PYTHONPATH=$PWD python benchmarks/attention_ab.py [--threads 2] [--rounds 3] [--out benchmarks/results/long_context]
+    PYTHONPATH=$PWD python benchmarks/kernels/attention_ab.py [--threads 2] [--rounds 3] [--out benchmarks/results/long_context]
 
 Cases: prefill of a whole 4K prompt (4096 queries, causal); the last --tail queries of a 16K prefill
 (queries at positions 16384 - tail .. 16383: the per-query cost at 16K context, without the hour the old
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(argv=None):

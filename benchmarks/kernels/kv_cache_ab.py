@@ -1,12 +1,12 @@
 """Engine-level decode A/B of the KV cache in one process (issue 18): the random Qwen3-0.6B-shaped bf16
-checkpoint with --layers of its 28 layers, one engine with an f32 cache (Engine.load kv_cache="f32") and one
+model folder with --layers of its 28 layers, one engine with an f32 cache (Engine.load kv_cache="f32") and one
 with the default ("auto": f16 for bf16 weights), each holding the same --context-token prompt; then rounds
 alternating their order decode --steps tokens from the held prompt (the cache cut back to the prompt each
 time), also the f16 engine with the kernel option attn_pf_lines off (decode attention's row-wise prefetch).
 Prints median decode tok/s of each and the ratios. A 16K prompt takes about a minute per engine to prefill
 with 2 layers on 2 cores.
 
-    PYTHONPATH=$PWD python benchmarks/kv_cache_ab.py [--context 4096] [--layers 2] [--rounds 6] [--steps 8]
+    PYTHONPATH=$PWD python benchmarks/kernels/kv_cache_ab.py [--context 4096] [--layers 2] [--rounds 6] [--steps 8]
 """
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine import checkpoint  # benchmarks/engine.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+    from engine import model_folder  # benchmarks/engine.py
     from strata_lab.engine import Engine, _ext
 
     E = _ext()
-    path = checkpoint(args.preset, args.layers)
+    path = model_folder(args.preset, args.layers)
     engines = {c: Engine.load(path, threads=args.threads, max_context=args.context + args.steps + 8, kv_cache=c)
                for c in ("f32", "auto")}
     prompt = np.random.default_rng(0).integers(0, 151000, args.context).tolist()

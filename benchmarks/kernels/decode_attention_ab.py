@@ -12,7 +12,7 @@ to time the threads spend preempted). Each round also times a read loop (read_ba
 bytes; "of read loop" is the read loop's median time over the cache bytes divided by the call's median wall
 time (1.0: decode attention reads the cache as fast as a plain read loop does).
 
-    PYTHONPATH=$PWD python benchmarks/decode_attention_ab.py [--option attn_pf_lines] [--threads 2] [--rounds 8]
+    PYTHONPATH=$PWD python benchmarks/kernels/decode_attention_ab.py [--option attn_pf_lines] [--threads 2] [--rounds 8]
         [--caches f32 f16] [--out FILE.md]
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """int8-stored model folders against bf16 ones: file size and Engine.load time.
 
-    PYTHONPATH=$PWD python benchmarks/int8_storage.py [--arch qwen3_next] [--preset bench] [--reps 5] [--untied]
+    PYTHONPATH=$PWD python benchmarks/kernels/int8_storage.py [--arch qwen3_next] [--preset bench] [--reps 5] [--untied]
 
 The same random weights are written twice by make_tiny: bf16, and ``weights="int8"`` (docs/ENGINE.md
-"int8 checkpoints": I8 matrices + F32 per-row scales, embeddings and norms bf16). Loads, interleaved
+"int8 model folders": I8 matrices + F32 per-row scales, embeddings and norms bf16). Loads, interleaved
 rounds, medians (page cache warm for both: one untimed load each first):
 - bf16 folder, weights="int8": the quantise-at-load path (reads every matrix, converts, quantises);
 - int8 folder, weights="int8": the same int8 model read straight from the file (only the tied lm_head,

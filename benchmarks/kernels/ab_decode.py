@@ -6,7 +6,7 @@ left on the calling thread by earlier parallel work there (release_teams off: li
 threads than cores and stops spinning at the decode's barriers), and decode attention's first key tile
 prefetched up front or not; also each variant's fraction of a read loop over the streamed bytes.
 
-    PYTHONPATH=$PWD python benchmarks/ab_decode.py [--rounds 6] [--steps 4] [--threads 2] [--weights int8]
+    PYTHONPATH=$PWD python benchmarks/kernels/ab_decode.py [--rounds 6] [--steps 4] [--threads 2] [--weights int8]
         [--variants "int8 widening"]  (the default and the variants whose names contain one of these)
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ VARIANTS = {
 
 
 def main(argv=None):
-    from engine import checkpoint  # benchmarks/engine.py
+    from engine import model_folder  # benchmarks/engine.py
     from strata_lab.engine import Engine, _ext
 
     ap = argparse.ArgumentParser()
@@ -49,7 +49,7 @@ def main(argv=None):
     variants = {k: v for k, v in VARIANTS.items()
                 if k == DEFAULT or args.variants is None or any(p in k for p in args.variants)}
     ext = _ext()
-    eng = Engine.load(checkpoint(args.preset), threads=args.threads, weights=args.weights)
+    eng = Engine.load(model_folder(args.preset), threads=args.threads, weights=args.weights)
     s = eng.session("ab")
     s.generate(np.random.default_rng(0).integers(0, 151669, 64).tolist(), max_new_tokens=0)
     times = {k: [] for k in variants}
@@ -84,5 +84,5 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
     main()
