@@ -447,7 +447,7 @@ class Session:
 
 
 class Engine:
-    """A loaded checkpoint and its sessions. Load with ``Engine.load(path)``."""
+    """A loaded model folder and its sessions. Load with ``Engine.load(path)``."""
 
     def __init__(self, native, path: str):
         self._e = native
@@ -482,9 +482,9 @@ class Engine:
         bf16 per decoded token, logits within the bound stated in docs/ARCHITECTURE.md.
 
         ``kv_cache``: what the sessions' attention KV caches hold (``info["kv_cache"]`` says which).
-        ``"auto"`` (default): f16 for bf16/f16 checkpoints and for ``weights="int8"`` -- half the bytes
+        ``"auto"`` (default): f16 for bf16/f16 weights and for ``weights="int8"`` -- half the bytes
         decode reads per token at long contexts, with logits no worse than transformers computing in bf16
-        (which keeps a bf16 cache) -- and f32 for f32 checkpoints (logit parity with transformers f32 at
+        (which keeps a bf16 cache) -- and f32 for f32 weights (logit parity with transformers f32 at
         1e-4). ``"f32"`` or ``"f16"`` whatever the weights. An f16 cache is rounded chunk by chunk as prefill
         stores it, so decode still gives a position the bits the full forward gives it.
 

@@ -17,7 +17,7 @@ def free_port() -> int:
 
 
 def tiny_model(kind: str = "hybrid") -> Path:
-    """The server's own default checkpoint (generated once into the test cache)."""
+    """The server's own default model folder (generated once into the test cache)."""
     from strata_lab.tiny import embedded_model
 
     return embedded_model(kind)

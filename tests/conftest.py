@@ -19,7 +19,7 @@ def qwen3():
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    """A tiny Qwen3 checkpoint with float32 weights (hidden 64, 2 layers, real vocab)."""
+    """A tiny Qwen3 model folder with float32 weights (hidden 64, 2 layers, real vocab)."""
     from strata_lab.tiny import make_tiny
 
     return make_tiny(tmp_path_factory.mktemp("tiny_f32"), dtype="float32")

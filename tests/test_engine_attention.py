@@ -218,7 +218,7 @@ def test_f16_cache_decode_bits_equal_the_prefill_block(threads):
 
 
 def test_f16_cache_engine_decode_equals_full_forward_and_stays_close_to_f32(tmp_path):
-    """A bf16 checkpoint gets an f16 cache by default (kv_cache="auto"): decode equals the full forward, the
+    """A bf16 model folder gets an f16 cache by default (kv_cache="auto"): decode equals the full forward, the
     logits differ from an explicit f32 cache's (the cache really changed) and stay close to them."""
     from strata_lab.engine import Engine
     from strata_lab.tiny import make_tiny
@@ -238,7 +238,7 @@ def test_f16_cache_engine_decode_equals_full_forward_and_stays_close_to_f32(tmp_
 
 
 def test_kv_cache_auto_explicit_and_the_kernel_option_override(tmp_path):
-    """f32 checkpoint: "auto" is f32; kv_cache="f16" gives the f16 cache's logits; the kernel option kv_f16
+    """f32 weights: "auto" is f32; kv_cache="f16" gives the f16 cache's logits; the kernel option kv_f16
     turns an "auto" engine's new caches to f16 (the same bits) but not an explicit kv_cache="f32"; int8
     weights default to f16; a bad kv_cache is a ValueError naming the field."""
     from strata_lab.engine import Engine

@@ -148,7 +148,7 @@ def test_bad_weights_option_names_the_field(tiny_bf16):
         Engine.load(tiny_bf16, weights="int4")
 
 
-# --- int8-stored model folders (make_tiny(weights="int8"), docs/ENGINE.md "int8 checkpoints") ------------
+# --- int8-stored model folders (make_tiny(weights="int8"), docs/ENGINE.md "int8 model folders") ------------
 def _safetensors_header(path):
     import json
     import struct

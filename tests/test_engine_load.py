@@ -1,4 +1,4 @@
-"""Engine tier: checkpoint loading, logits parity with transformers, bad checkpoints, header fuzzing."""
+"""Engine tier: model folder loading, logits parity with transformers, bad model folders, header fuzzing."""
 import json
 import shutil
 import struct
@@ -40,7 +40,7 @@ def f32_activations():
     ("float32", "tiny", 1), ("bfloat16", "tiny", 1), ("float16", "tiny-untied", 1), ("float32", "tiny-untied", 3)])
 def test_logits_match_transformers(tmp_path, f32_activations, dtype, preset, shards):
     path = make_tiny(tmp_path / "ck", preset=preset, dtype=dtype, shards=shards, seed=3)
-    # f32 checkpoints: the default ("auto") cache is f32. bf16/f16 checkpoints default to an f16 cache (held
+    # f32 weights: the default ("auto") cache is f32. bf16/f16 weights default to an f16 cache (held
     # to transformers-in-bf16 below); with an f32 cache their weights are upcast by both sides, so the same
     # 1e-4 holds
     ours = Engine.load(path, threads=2, kv_cache="auto" if dtype == "float32" else "f32").forward(IDS)
@@ -51,7 +51,7 @@ def test_logits_match_transformers(tmp_path, f32_activations, dtype, preset, sha
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_default_f16_cache_no_worse_than_transformers_bf16(tmp_path, f32_activations, dtype):
-    """bf16/f16 checkpoints default to an f16 KV cache: against transformers f32, the logits must be no worse
+    """bf16/f16 weights default to an f16 KV cache: against transformers f32, the logits must be no worse
     than transformers computing in bf16 (which keeps a bf16 cache), and worse than the f32 cache's (the
     default really is the f16 cache)."""
     path = make_tiny(tmp_path / "ck", preset="tiny", dtype=dtype, seed=3)
@@ -99,7 +99,7 @@ def _copy(src, dst):
 
 
 def _rewrite_weights(path, edit):
-    """Re-write model.safetensors of a float32 checkpoint after edit(dict name -> array)."""
+    """Re-write model.safetensors of a float32 model folder after edit(dict name -> array)."""
     import safetensors.numpy
 
     tensors = safetensors.numpy.load_file(str(path / "model.safetensors"))
@@ -176,7 +176,7 @@ def test_bad_config_raises(tiny_dir, tmp_path, edit, match):
 
 
 def test_missing_files_raise(tmp_path):
-    with pytest.raises(ValueError, match="not a checkpoint directory"):
+    with pytest.raises(ValueError, match="not a model folder"):
         Engine.load(tmp_path / "nope")
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="invalid JSON"):

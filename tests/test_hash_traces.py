@@ -1,5 +1,5 @@
 """Production hash-block traces (Mooncake, Qwen-Bailian): readers on hand-written fixtures, synthetic ids,
-every engine model on them, the vLLM block-level path against the id-level one, the done-when checks against
+every cache model on them, the vLLM block-level path against the id-level one, the done-when checks against
 an independent LRU over the hash ids, and time/concurrency in the replay."""
 from __future__ import annotations
 

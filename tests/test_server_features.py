@@ -13,7 +13,7 @@ CTX = 1024
 
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory, tiny_dir):
-    """The f32 tiny dense checkpoint (transformers loads it) behind a real server."""
+    """The f32 tiny dense model folder (transformers loads it) behind a real server."""
     srv = ServerProcess(tmp_path_factory.mktemp("dense"), "--model", str(tiny_dir), "--ctx", str(CTX)).wait()
     yield srv
     srv.stop()
@@ -258,12 +258,12 @@ def test_streamed_n_choices_equal_the_non_streamed_ones(oa):
 
 
 def test_tool_choice_none_hides_the_tools_from_the_prompt():
-    from strata_lab.server.prompt import make_plan
+    from strata_lab.server.prompt import render_prompt
     from strata_lab.server.request import parse_openai
     from strata_lab.text.template import ChatTemplate
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     body = {"messages": [{"role": "user", "content": "x"}], "tools": tools}
     t = ChatTemplate.from_name("qwen3")
-    assert "<tools>" in make_plan(t, parse_openai(body)).prompt_text
-    assert "<tools>" not in make_plan(t, parse_openai({**body, "tool_choice": "none"})).prompt_text
+    assert "<tools>" in render_prompt(t, parse_openai(body)).prompt_text
+    assert "<tools>" not in render_prompt(t, parse_openai({**body, "tool_choice": "none"})).prompt_text

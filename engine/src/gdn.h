@@ -1,6 +1,6 @@
 // Gated DeltaNet (the "linear_attention" layers of Qwen3-Next), per docs/ENGINE.md.
 //
-// Projection weights are zero-copy views into the mmapped checkpoint (Mat, any computable dtype); the
+// Projection weights are zero-copy views into the mmapped model folder (Mat, any computable dtype); the
 // small per-channel tensors are float32 copies. The per-session state (GdnState, a LayerState) is the
 // conv window of the last K-1 pre-conv columns plus the fp32 recurrent state S [Hv, dk, dv]. It cannot
 // roll back: reusing an earlier prefix needs a snapshot taken at exactly that position.

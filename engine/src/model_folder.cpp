@@ -292,7 +292,7 @@ static void check_config_ranges(const Json& cfg, const std::string& cfg_path) {
 
 ModelFolder::ModelFolder(const std::string& dir, bool use_mmap) : dir_(dir) {
   struct stat st;
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw ModelFolderError("not a checkpoint directory: " + dir);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw ModelFolderError("not a model folder: " + dir);
   std::string cfg_path = dir + "/config.json";
   try {
     config_ = Json::parse(read_text(cfg_path));

@@ -1,5 +1,5 @@
 // Qwen3-Next MLPs: the dense SwiGLU MLP and the sparse MoE block (router softmax in fp32, top-k,
-// optional renormalisation, shared expert scaled by sigmoid(x . w_sg)). Weights are checkpoint views.
+// optional renormalisation, shared expert scaled by sigmoid(x . w_sg)). Weights are views of the model folder.
 #pragma once
 #include <cstdint>
 #include <vector>

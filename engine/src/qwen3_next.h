@@ -1,7 +1,7 @@
 // Qwen3-Next hybrid (model_type "qwen3_next"), per docs/ENGINE.md: Gated DeltaNet layers (GdnState:
 // conv window + fp32 S, cannot roll back) interleaved with gated full-attention layers (AttentionKV),
 // each followed by a dense SwiGLU MLP or a MoE block. Weights are zero-copy views of the mmapped
-// checkpoint; mtp.* tensors (multi-token prediction) are ignored. Sessions (session.h) apply Contract 1
+// model folder; mtp.* tensors (multi-token prediction) are ignored. Sessions (session.h) apply Contract 1
 // generically through the LayerState interface, so checkpoints and their policies need nothing here.
 #pragma once
 #include <memory>

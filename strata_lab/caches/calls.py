@@ -1,7 +1,7 @@
 """The calls a cache model replays: one `Call` per engine call, taken from a strata-dump/1 `Dump`.
 
 This is the only place that reads dump records; importers that produce other traces (issue 14's `Trace`)
-plug in here by yielding the same `Call`s. Ids become numpy int32 arrays once, so every engine model
+plug in here by yielding the same `Call`s. Ids become numpy int32 arrays once, so every cache model
 compares and hashes them with vectorised operations.
 
 Optional per-call fields read from a dump line (all absent in our own dumps):

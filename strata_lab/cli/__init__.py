@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_template)
 
     p = sub.add_parser("serve", help="run the OpenAI/Anthropic-compatible server")
-    p.add_argument("--model", help="model directory (default: the tiny generated hybrid checkpoint)")
+    p.add_argument("--model", help="model folder (default: the tiny generated hybrid model folder)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument("--dump", help="append a strata-dump/1 line per engine call here ($STRATA_PROMPT_DUMP)")

@@ -22,7 +22,7 @@ from strata_lab.server.cpu import LIGHT_BYTES, ClientGone, CpuPool, min_prompt_t
 from strata_lab.server.dialects import (AnthropicStream, OpenAIStream, anthropic_response, new_id, openai_response)
 from strata_lab.server.errors import RequestError, error_body
 from strata_lab.server.generation import ChatRunner
-from strata_lab.server.prompt import make_plan
+from strata_lab.server.prompt import render_prompt
 from strata_lab.server.request import ChatRequest, check_int, parse_anthropic, parse_openai
 from strata_lab.server.slots import SlotPool, slot_names
 from strata_lab.server.worker import EngineWorker
@@ -215,7 +215,7 @@ def _check_min_completion(st: ServerState, plan) -> None:
 async def _chat(request, req: ChatRequest):
     st: ServerState = request.app.state.strata
     _check_min_context(st, req)
-    plan = await st.cpu.run(make_plan, st.template, req, heavy=_big(request), what="rendering the chat template",
+    plan = await st.cpu.run(render_prompt, st.template, req, heavy=_big(request), what="rendering the chat template",
                             request=request, bulk=True)
     openai = req.dialect == "openai"
     plan.request_id = new_id("chatcmpl-" if openai else "msg_")
@@ -388,7 +388,7 @@ async def responses(request: Request):
     req, conversation = await st.cpu.run(partial(parse_responses, body, prior=prior, session_key=_session_key(request)),
                                          heavy=False, what="checking the request", request=request)
     _check_min_context(st, req)
-    plan = await st.cpu.run(make_plan, st.template, req, heavy=_big(request), what="rendering the chat template",
+    plan = await st.cpu.run(render_prompt, st.template, req, heavy=_big(request), what="rendering the chat template",
                             request=request, bulk=True)
     plan.request_id = new_id("resp_")
 
@@ -420,7 +420,7 @@ async def count_tokens(request: Request):
     body = await _json_object(request)
 
     def work():
-        plan = make_plan(st.template, parse_anthropic({"max_tokens": 1, **body}))
+        plan = render_prompt(st.template, parse_anthropic({"max_tokens": 1, **body}))
         return {"input_tokens": len(_encode(st.tokenizer, plan.prompt_text))}
 
     return await st.cpu.run(work, heavy=_big(request), what="counting tokens", request=request,
@@ -530,7 +530,7 @@ async def apply_template(request: Request):
     body = await _json_body(request)
 
     def work():
-        plan = make_plan(st.template, parse_openai(body))
+        plan = render_prompt(st.template, parse_openai(body))
         return {"prompt": plan.prompt_text, "ids": _encode(st.tokenizer, plan.prompt_text)}
 
     return await st.cpu.run(work, heavy=_big(request), what="rendering the chat template", request=request,

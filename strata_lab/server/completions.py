@@ -18,7 +18,7 @@ from typing import Any
 
 from strata_lab.server.errors import RequestError, openai_error
 from strata_lab.server.features import parse_features
-from strata_lab.server.generation import PromptPlan
+from strata_lab.server.generation import RenderedPrompt
 from strata_lab.server.request import ChatRequest, _bool, _sampling, _stop_sequences, check_int
 from strata_lab.server.unsupported import refuse_unsupported
 
@@ -55,7 +55,7 @@ def _prompts(value: Any, vocab_size: int) -> list[tuple[str | None, list[int] | 
 
 
 def parse_completion(body: Any, dialect: str, *, vocab_size: int,
-                     session_key: str | None = None) -> tuple[ChatRequest, PromptPlan]:
+                     session_key: str | None = None) -> tuple[ChatRequest, RenderedPrompt]:
     """Check a one-prompt completion body (`dialect` "openai" for /v1/completions, "llama" for /completion)."""
     req, plans = parse_completion_batch(body, dialect, vocab_size=vocab_size, session_key=session_key)
     if len(plans) > 1:
@@ -64,8 +64,8 @@ def parse_completion(body: Any, dialect: str, *, vocab_size: int,
 
 
 def parse_completion_batch(body: Any, dialect: str, *, vocab_size: int,
-                           session_key: str | None = None) -> tuple[ChatRequest, list[PromptPlan]]:
-    """Check a completion body; one PromptPlan per prompt of a batch (OpenAI: choice index = prompt * n + j)."""
+                           session_key: str | None = None) -> tuple[ChatRequest, list[RenderedPrompt]]:
+    """Check a completion body; one RenderedPrompt per prompt of a batch (OpenAI: choice index = prompt * n + j)."""
     if not isinstance(body, dict):
         raise RequestError("body", "must be a JSON object")
     refuse_unsupported(body, "completions")
@@ -130,7 +130,7 @@ def parse_completion_batch(body: Any, dialect: str, *, vocab_size: int,
         if dialect != "llama":
             raise RequestError("return_tokens", "is a /completion field", code="unsupported_parameter")
         chat.extra["return_tokens"] = _bool(body["return_tokens"], "return_tokens")
-    plans = [PromptPlan(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None,
+    plans = [RenderedPrompt(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None,
                         prompt_ids=ids, raw=True) for text, ids in prompts]
     return chat, plans
 

@@ -23,7 +23,7 @@ def max_threads() -> int:
 
 @dataclass
 class ServerConfig:
-    model: str | None = None          # model directory; None = checkpoints.embedded_model('hybrid')
+    model: str | None = None          # model folder; None = strata_lab.tiny.embedded_model('hybrid')
     host: str = "127.0.0.1"
     port: int = 8080
     dump: str | None = None           # strata-dump/1 file; None = $STRATA_PROMPT_DUMP if set

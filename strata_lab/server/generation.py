@@ -33,7 +33,17 @@ from strata_lab.server.errors import RequestError
 from strata_lab.server.output import Event, OutputParser, StopMatcher, TextStream
 from strata_lab.server.request import ChatRequest
 
-__all__ = ["ChatRunner", "PromptPlan", "Summary", "WRAP_UP", "plain_drained", "EngineCall", "CallOutcome", "choice_seed"]
+__all__ = ["ChatRunner", "RenderedPrompt", "Summary", "WRAP_UP", "plain_drained", "EngineCall", "CallOutcome", "choice_seed"]
+
+def __getattr__(name):
+    # `PromptPlan` was RenderedPrompt's name until "plan" came to mean one thing (docs/CONTRACTS.md, Words)
+    if name == "PromptPlan":
+        import warnings
+        warnings.warn("strata_lab.server.generation.PromptPlan is deprecated; use RenderedPrompt",
+                      DeprecationWarning, stacklevel=2)
+        return RenderedPrompt
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Qwen's own wording for closing a reasoning cut short by a budget.
 WRAP_UP = ("\n\nConsidering the limited time by the user, I have to give the solution based on the "
@@ -41,7 +51,7 @@ WRAP_UP = ("\n\nConsidering the limited time by the user, I have to give the sol
 
 
 @dataclass
-class PromptPlan:
+class RenderedPrompt:
     """What the HTTP side prepared before queueing: the rendered prompt and where the assistant turn starts."""
 
     prompt_text: str
@@ -130,7 +140,7 @@ class CallOutcome:
 class _Choice:
     """One choice's output path: ids -> UTF-8 text -> stop sequences -> reasoning/content/tool calls."""
 
-    def __init__(self, runner: "ChatRunner", job, plan: PromptPlan, req: ChatRequest, index: int):
+    def __init__(self, runner: "ChatRunner", job, plan: RenderedPrompt, req: ChatRequest, index: int):
         self.runner, self.job, self.index, self.raw = runner, job, index, plan.raw
         self.parser = OutputParser()
         if not plan.raw:
@@ -212,7 +222,7 @@ class ChatRunner:
         self.max_tokens_default = max_tokens_default  # the cap of a request that names none (None: the context)
 
     # --- one request ------------------------------------------------------------------------------
-    def run(self, job, req: ChatRequest, plan: PromptPlan) -> None:
+    def run(self, job, req: ChatRequest, plan: RenderedPrompt) -> None:
         f = req.features
         if plan.prompt_ids is not None:
             prompt_ids, encoder_stats = list(plan.prompt_ids), None
@@ -272,7 +282,7 @@ class ChatRunner:
             out.update({i: -100.0 for i in self.stop_ids})
         return tuple(out.items())
 
-    def _choice(self, job, req: ChatRequest, plan: PromptPlan, slot, prompt_ids: list[int], index: int, call0: int,
+    def _choice(self, job, req: ChatRequest, plan: RenderedPrompt, slot, prompt_ids: list[int], index: int, call0: int,
                 encoder_stats, *, seed: int, bias: tuple = ()) -> tuple[Summary, int]:
         """One choice: the first call, a thinking-budget wrap-up call if needed; returns (Summary, calls)."""
         from strata_lab.engine import Sampling
@@ -416,7 +426,7 @@ class ChatRunner:
         return CallStats(len(prompt_ids), reused, len(result.gen_ids), float(result.prefill_ms),
                          float(result.decode_ms))
 
-    def _check_schema(self, req: ChatRequest, plan: PromptPlan, content: str, finish: str) -> None:
+    def _check_schema(self, req: ChatRequest, plan: RenderedPrompt, content: str, finish: str) -> None:
         import json
 
         import jsonschema

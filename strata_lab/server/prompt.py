@@ -2,24 +2,34 @@
 
 >>> from strata_lab.text.template import ChatTemplate
 >>> from strata_lab.server.request import parse_openai
->>> plan = make_plan(ChatTemplate.from_name("qwen3"),
+>>> rendered = render_prompt(ChatTemplate.from_name("qwen3"),
 ...                  parse_openai({"messages": [{"role": "user", "content": "hi"}], "assistant_prefix": "Hello"}))
->>> plan.prompt_text.endswith("assistant\\n<think>\\n\\n</think>\\n\\nHello"), plan.assistant_text
+>>> rendered.prompt_text.endswith("assistant\\n<think>\\n\\n</think>\\n\\nHello"), rendered.assistant_text
 (True, '<think>\\n\\n</think>\\n\\nHello')
 """
 from __future__ import annotations
 
 from strata_lab.server.errors import RequestError
-from strata_lab.server.generation import PromptPlan
+from strata_lab.server.generation import RenderedPrompt
 from strata_lab.server.output import OutputParser
 from strata_lab.server.request import ChatRequest
 
-__all__ = ["make_plan", "ASSISTANT_HEADER"]
+__all__ = ["render_prompt", "ASSISTANT_HEADER"]
 
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
 
 
-def make_plan(template, req: ChatRequest) -> PromptPlan:
+def __getattr__(name):
+    # `make_plan` was this function's name until "plan" came to mean one thing (docs/CONTRACTS.md, Words)
+    if name == "make_plan":
+        import warnings
+        warnings.warn("strata_lab.server.prompt.make_plan is deprecated; use render_prompt", DeprecationWarning,
+                      stacklevel=2)
+        return render_prompt
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def render_prompt(template, req: ChatRequest) -> RenderedPrompt:
     """Render `req` with `template`; a template complaint becomes a 400 naming the field.
 
     A thinking budget means "think, up to N tokens": if the rendered turn does not already open a
@@ -46,4 +56,4 @@ def make_plan(template, req: ChatRequest) -> PromptPlan:
         if probe.state == "content" and not assistant:
             text += "<think>\n"
             assistant += "<think>\n"
-    return PromptPlan(prompt_text=text, assistant_text=assistant, prefix_text=req.assistant_prefix)
+    return RenderedPrompt(prompt_text=text, assistant_text=assistant, prefix_text=req.assistant_prefix)

@@ -82,8 +82,8 @@ def _model_for(records, model) -> Path:
 
 
 def _name_kind(name: str) -> str | None:
-    """The engine model kind a dump's `model` field names ('hybrid' / 'attention'), or None when it names
-    no strata engine model (an imported log's hosted model, say)."""
+    """The model kind a dump's `model` field names ('hybrid' / 'attention'), or None when it names no model
+    of strata's engine (an imported log's hosted model, say)."""
     n = name.lower()
     if "hybrid" in n or "qwen3_next" in n or "qwen3-next" in n:
         return "hybrid"
@@ -129,7 +129,7 @@ class Reproduction:
     policy (`predicted_reused`) and, where the dump records them, the recorded values (`recorded_reused`,
     None where the dump has no `reused`, e.g. an imported log).
 
-    `model` names the engine model used, `checkpoints` the checkpoint policy the engine ran with.
+    `model` names the model the engine ran, `checkpoints` the checkpoint policy the engine ran with.
     """
 
     rows: list[dict]

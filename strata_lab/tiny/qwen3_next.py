@@ -21,7 +21,7 @@ __all__ = ["NextShape", "NEXT_PRESETS", "config_dict", "write"]
 
 @dataclass(frozen=True)
 class NextShape:
-    """Shape of a Qwen3-Next checkpoint (the config.json fields that matter for the math).
+    """Shape of a Qwen3-Next model (the config.json fields that matter for the math).
 
     >>> NextShape().layer_types()
     ['linear_attention', 'full_attention', 'linear_attention', 'full_attention']

@@ -31,7 +31,7 @@ def make_tiny(path: str | os.PathLike, arch: str = "qwen3", preset: str = "tiny"
     ``"qwen3-0.6b"`` for benchmarks); ``overrides`` replaces shape fields; ``dtype`` is the stored
     weight type (float32, bfloat16, float16); ``shards`` > 1 writes a sharded index; ``options`` are the
     architecture's own (qwen3_next: ``pattern``, ``mtp``). ``weights="int8"`` writes an int8-stored folder
-    (docs/ENGINE.md "int8 checkpoints"): the matrices the engine quantises under ``weights="int8"`` as I8
+    (docs/ENGINE.md "int8 model folders"): the matrices the engine quantises under ``weights="int8"`` as I8
     ``<name>`` plus F32 ``<name>_scale`` [rows, 1], quantised from their ``dtype`` values exactly as the
     engine's quantise-at-load does; the other tensors in ``dtype``.
 

@@ -28,8 +28,8 @@ struct ModelInfo {
 };
 
 enum class WeightFormat { Stored, Int8 };
-// The attention KV cache: Auto is f16 for bf16/f16 checkpoints (the embedding's stored dtype) and int8
-// weights, f32 for f32 checkpoints (parity with transformers f32); F32 / F16 whatever the weights.
+// The attention KV cache: Auto is f16 for bf16/f16 weights (the embedding's stored dtype) and int8
+// weights, f32 for f32 weights (parity with transformers f32); F32 / F16 whatever the weights.
 enum class KVCache { Auto, F32, F16 };
 
 struct LoadOptions {
@@ -41,7 +41,7 @@ struct LoadOptions {
   KVCache kv_cache = KVCache::Auto;
 };
 
-// Matrices as a model computes with them: the checkpoint's view unchanged, or (LoadOptions::weights ==
+// Matrices as a model computes with them: the model folder's view unchanged, or (LoadOptions::weights ==
 // Int8) int8 rows with a per-row scale, quantised at load and owned here. Counts the bytes a decode step
 // streams (ModelInfo::stream_bytes).
 class WeightStore {
@@ -103,8 +103,8 @@ class Model {
   int threads_ = 0;
 };
 
-// What every decoder-only checkpoint shares: the embedding, the final norm and the lm_head (tied to the
-// embedding or separate; a tied checkpoint that still carries lm_head.weight is tolerated, unused). Also
+// What every decoder-only model shares: the embedding, the final norm and the lm_head (tied to the
+// embedding or separate; a tied model folder that still carries lm_head.weight is tolerated, unused). Also
 // fills info's model_type, vocab_size, hidden_size, num_layers and max_context (opts, else the config).
 struct DecoderIO {
   Mat embed, lm_head;

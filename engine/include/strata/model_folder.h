@@ -1,4 +1,4 @@
-// Hugging Face checkpoint directories: config.json plus model.safetensors or a sharded
+// Hugging Face model folders: config.json plus model.safetensors or a sharded
 // model.safetensors.index.json. Tensors are memory-mapped (or, with use_mmap=false, read into one buffer per
 // file) and handed out as views, never copied. Only regular files are opened (a FIFO would hang the load).
 #pragma once
@@ -14,7 +14,7 @@
 
 namespace strata {
 
-// Raised for every problem with a checkpoint's files (Python: strata_lab._engine.ModelFolderError).
+// Raised for every problem with a model folder's files (Python: strata_lab._engine.ModelFolderError).
 class ModelFolderError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -68,7 +68,7 @@ class SafetensorsFile {
   std::vector<TensorInfo> tensors_;
 };
 
-// A checkpoint directory: the parsed config and every tensor of every shard by name.
+// A model folder: the parsed config and every tensor of every shard by name.
 class ModelFolder {
  public:
   // Parses and range-checks config.json, opens every shard; throws ModelFolderError naming the field or file.
@@ -88,7 +88,7 @@ class ModelFolder {
   // The tensor `name` with exactly `shape` in a computable dtype (F32, F16, BF16, I8); marks it used.
   const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape);
   // As a 2-D view: [rows, cols] for a 2-D tensor, [1, n] for a 1-D one. An I8 tensor (an int8-stored
-  // checkpoint, docs/ENGINE.md "int8 checkpoints") comes with its per-row scales from `<name>_scale`
+  // model folder, docs/ENGINE.md "int8 model folders") comes with its per-row scales from `<name>_scale`
   // ([rows, 1] F32; missing, misshapen or non-positive scales throw naming the tensor).
   Mat mat(const std::string& name, const std::vector<int64_t>& shape);
   // A copy converted to float32 (for small tensors: norms).
