@@ -199,3 +199,83 @@ def test_long_modules_say_why():
             if "Why one module:" not in doc:
                 long.append(f"{path.relative_to(PKG_DIR)}: {lines} lines")
     assert not long, "modules over ~400 lines without 'Why one module:' in their docstring: " + ", ".join(long)
+
+
+# --- every repository path the README and the docs cite exists ------------------------------------------
+CITING = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+          REPO / "benchmarks" / "results" / "README.md", REPO / "benchmarks" / "results" / "history.md"]
+_SPAN = re.compile(r"`([^`\n]+)`|\]\(([^)\s#]+)(?:#[^)]*)?\)")
+_TOKEN = re.compile(r"[A-Za-z0-9_.*/-]+")
+_SOURCE = re.compile(r"\.(py|pyi|cpp|h|md|toml|ipynb|jinja|sh)$")
+# names that look like files but are not ours: other projects' sources the docs quote (vLLM, llama.cpp)
+FOREIGN = {"llama.cpp",  # the project, not a file
+           "chat_template.jinja",  # a model folder's file
+           "single_type_kv_cache_manager.py", "server-task.cpp", "server-context.cpp", "block_pool.py"}
+
+
+def _top_level():
+    return {p.name for p in REPO.iterdir() if not p.name.startswith(".")}
+
+
+def _subpackages():
+    return {p.name for p in PKG_DIR.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+
+
+def _file_names():
+    names = set()
+    for root in ("strata_lab", "engine", "benchmarks", "tests", "scripts", "docs", "notebooks"):
+        names.update(p.name for p in (REPO / root).rglob("*") if p.is_file())
+    return names | {p.name for p in REPO.iterdir() if p.is_file()}
+
+
+def cited_paths(path: Path):
+    """(line, token, candidates): each repository path a markdown file cites in backticks or a link, with the
+    places it may live (any one must exist); a bare source file name may live anywhere in the repository."""
+    top, subs = _top_level(), _subpackages()
+    text = path.read_text(encoding="utf-8")
+    out = []
+    for m in _SPAN.finditer(text):
+        line = text[:m.start()].count("\n") + 1
+        for token in _TOKEN.findall(m.group(1) or m.group(2)):
+            token = token.rstrip(".,:;")
+            if token.startswith("."):
+                continue  # a suffix (`.jinja`), not a path
+            first = token.split("/")[0]
+            if "/" in token and first in top:
+                out.append((line, token, [REPO / token.rstrip("/")]))
+            elif "/" in token and first in subs:       # package-relative: server/cpu.py
+                out.append((line, token, [PKG_DIR / token.rstrip("/")]))
+            elif m.group(2) and not token.startswith(("http", "mailto")) and "/" in token and first in {".", ".."}:
+                out.append((line, token, [(path.parent / token).resolve()]))
+            elif "/" not in token and _SOURCE.search(token) and token not in FOREIGN:
+                out.append((line, token, [path.parent / token, None]))   # None: anywhere by name
+            elif m.group(2) and "/" not in token and not token.startswith("http") and _SOURCE.search(token):
+                out.append((line, token, [path.parent / token]))
+    return out
+
+
+def test_cited_paths_are_found():
+    # the parser must see the citations, or the check below passes on nothing
+    tokens = {t for _, t, _ in cited_paths(REPO / "docs" / "ARCHITECTURE.md")}
+    assert {"strata_lab/server/app.py", "engine/include/strata/kernels.h", "docs/CONTRACTS.md"} <= tokens
+    assert "benchmarks/kernels/ab_decode.py" in {t for _, t, _ in cited_paths(REPO / "benchmarks" / "results" / "README.md")}
+
+
+@pytest.mark.parametrize("doc", CITING, ids=lambda p: str(p.relative_to(REPO)))
+def test_docs_cite_only_paths_that_exist(doc):
+    names = _file_names()
+    missing = []
+    for line, token, places in cited_paths(doc):
+        found = any(p is None and Path(token).name in names or p is not None and list(p.parent.glob(p.name))
+                    for p in places)
+        if not found:
+            missing.append(f"{doc.relative_to(REPO)}:{line}: {token}")
+    assert not missing, "cited but not in the repository:\n" + "\n".join(missing)
+
+
+def test_results_index_lists_every_result_file():
+    results = REPO / "benchmarks" / "results"
+    index = (results / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"`([^`\s]+)`", index))
+    files = {str(p.relative_to(results)) for p in results.rglob("*") if p.is_file()} - {"README.md"}
+    assert not files - listed, f"benchmarks/results/README.md does not list: {sorted(files - listed)}"
