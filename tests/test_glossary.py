@@ -113,6 +113,19 @@ def test_glossary_holds_everywhere():
     assert not found, "words used against docs/CONTRACTS.md (Words):\n" + "\n".join(found)
 
 
+def test_the_server_calls_a_rendered_prompt_rendered():
+    # a RenderedPrompt held in a variable named `plan` would give "plan" its second meaning back
+    found = []
+    for path in sorted((REPO / "strata_lab" / "server").glob("*.py")):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if "came to mean one thing" in line:
+                continue  # the deprecated alias says why it was renamed
+            for m in re.finditer(r"\bplans?\b", line):
+                if not line[m.end():].startswith("("):   # Session.plan(...) is the reuse plan
+                    found.append(f"{path.relative_to(REPO)}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
 def test_every_allowance_is_used():
     # an allowance nothing needs any more is dropped, so the list stays the few quotes it is
     unused = []

@@ -201,12 +201,12 @@ def _check_min_context(st: ServerState, req: ChatRequest) -> None:
                            f"{st.config.max_context} tokens", code="context_length_exceeded")
 
 
-def _check_min_completion(st: ServerState, plan) -> None:
+def _check_min_completion(st: ServerState, rendered) -> None:
     """The cheap context check for a completion prompt given as text (ids are counted as they are)."""
     from strata_lab.server.cpu import MAX_TOKEN_BYTES
 
-    if plan.prompt_ids is None and plan.prompt_text:
-        low = -(-len(plan.prompt_text.encode("utf-8", "surrogatepass")) // MAX_TOKEN_BYTES)
+    if rendered.prompt_ids is None and rendered.prompt_text:
+        low = -(-len(rendered.prompt_text.encode("utf-8", "surrogatepass")) // MAX_TOKEN_BYTES)
         if low > st.config.max_context:
             raise RequestError("prompt", f"the prompt is at least {low} tokens, over the context of "
                                f"{st.config.max_context} tokens", code="context_length_exceeded")
@@ -215,19 +215,19 @@ def _check_min_completion(st: ServerState, plan) -> None:
 async def _chat(request, req: ChatRequest):
     st: ServerState = request.app.state.strata
     _check_min_context(st, req)
-    plan = await st.cpu.run(render_prompt, st.template, req, heavy=_big(request), what="rendering the chat template",
+    rendered = await st.cpu.run(render_prompt, st.template, req, heavy=_big(request), what="rendering the chat template",
                             request=request, bulk=True)
     openai = req.dialect == "openai"
-    plan.request_id = new_id("chatcmpl-" if openai else "msg_")
+    rendered.request_id = new_id("chatcmpl-" if openai else "msg_")
     if openai:
         def build(summary, **kw):
             return openai_response(summary, tokenizer=st.tokenizer, logprobs=req.features.logprobs is not None, **kw)
     else:
         build = anthropic_response
-    return await _run(request, req, plan, build, OpenAIStream if openai else AnthropicStream)
+    return await _run(request, req, rendered, build, OpenAIStream if openai else AnthropicStream)
 
 
-async def _run(request, req: ChatRequest, plan, build, stream_cls):
+async def _run(request, req: ChatRequest, rendered, build, stream_cls):
     """Queue the request's engine work; answer with build(summary) or stream_cls's SSE frames."""
     from starlette.responses import JSONResponse, StreamingResponse
 
@@ -235,7 +235,7 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
     if req.features.constraint is not None or req.features.tool_choice not in (None, "none") or \
             req.response_format is not None:
         # a bad grammar / schema is a 400 before the request queues; a new one compiles in the bounded pool
-        await st.cpu.run(st.runner.grammars.check, req, plan, heavy=not st.runner.grammars.known(req),
+        await st.cpu.run(st.runner.grammars.check, req, rendered, heavy=not st.runner.grammars.known(req),
                          what="compiling the grammar", request=request)
     if st.weights is not None:
         st.weights.check()
@@ -243,7 +243,7 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
     def work(job):
         if st.weights is not None:
             st.weights.check()  # again right before the engine reads the weights
-        st.runner.run(job, req, plan)
+        st.runner.run(job, req, rendered)
 
     job = st.worker.submit(work)
     events = job.events()
@@ -263,14 +263,14 @@ async def _run(request, req: ChatRequest, plan, build, stream_cls):
                     raise _as_error(payload)
                 if kind == "done":
                     summary = payload
-            return JSONResponse(build(summary, model=st.model_name, request_id=plan.request_id))
+            return JSONResponse(build(summary, model=st.model_name, request_id=rendered.request_id))
     except BaseException:
         job.cancel()
         raise
     finally:
         watcher.cancel()  # a stream's response watches for the disconnect from here on
 
-    fmt = stream_cls(plan.request_id, st.model_name, payload["prompt_tokens"], include_usage=req.include_usage,
+    fmt = stream_cls(rendered.request_id, st.model_name, payload["prompt_tokens"], include_usage=req.include_usage,
                      cached_tokens=payload.get("cached_tokens", 0))
 
     if hasattr(fmt, "prompt_info"):
@@ -329,22 +329,22 @@ async def completions(request: Request):
                                                parse_completion_batch)
 
     st: ServerState = request.app.state.strata
-    req, plans = await _parsed(request, parse_completion_batch, dialect="openai",
+    req, renders = await _parsed(request, parse_completion_batch, dialect="openai",
                                vocab_size=st.runner.engine.vocab_size, session_key=_session_key(request))
     request_id = new_id("cmpl-")
-    for plan in plans:
-        _check_min_completion(st, plan)
-        plan.request_id = request_id
+    for rendered in renders:
+        _check_min_completion(st, rendered)
+        rendered.request_id = request_id
 
     def build(summary, **kw):
         return completion_response(summary, req, st.tokenizer, **kw)
 
     stream_cls = partial(CompletionStream, req=req, tokenizer=st.tokenizer)
-    if len(plans) == 1:
-        return await _run(request, req, plans[0], build, stream_cls)
+    if len(renders) == 1:
+        return await _run(request, req, renders[0], build, stream_cls)
     bodies = []  # a batch: the prompts run one after another (never streamed)
-    for plan in plans:
-        bodies.append(json.loads((await _run(request, req, plan, build, stream_cls)).body))
+    for rendered in renders:
+        bodies.append(json.loads((await _run(request, req, rendered, build, stream_cls)).body))
     return JSONResponse(merge_completions(bodies, req.features.n))
 
 
@@ -355,15 +355,15 @@ async def llama_completion(request: Request):
     from strata_lab.server.completions import LlamaStream, llama_response, parse_completion
 
     st: ServerState = request.app.state.strata
-    req, plan = await _parsed(request, parse_completion, dialect="llama", vocab_size=st.runner.engine.vocab_size,
+    req, rendered = await _parsed(request, parse_completion, dialect="llama", vocab_size=st.runner.engine.vocab_size,
                               session_key=_session_key(request))
-    _check_min_completion(st, plan)
-    plan.request_id = new_id("cmpl-")
+    _check_min_completion(st, rendered)
+    rendered.request_id = new_id("cmpl-")
 
     def build(summary, **kw):
         return llama_response(summary, req, st.tokenizer, **kw)
 
-    return await _run(request, req, plan, build, partial(LlamaStream, req=req, tokenizer=st.tokenizer))
+    return await _run(request, req, rendered, build, partial(LlamaStream, req=req, tokenizer=st.tokenizer))
 
 
 async def responses(request: Request):
@@ -388,9 +388,9 @@ async def responses(request: Request):
     req, conversation = await st.cpu.run(partial(parse_responses, body, prior=prior, session_key=_session_key(request)),
                                          heavy=False, what="checking the request", request=request)
     _check_min_context(st, req)
-    plan = await st.cpu.run(render_prompt, st.template, req, heavy=_big(request), what="rendering the chat template",
+    rendered = await st.cpu.run(render_prompt, st.template, req, heavy=_big(request), what="rendering the chat template",
                             request=request, bulk=True)
-    plan.request_id = new_id("resp_")
+    rendered.request_id = new_id("resp_")
 
     def store(final: dict) -> None:
         if body.get("store", True):
@@ -401,7 +401,7 @@ async def responses(request: Request):
     def build(summary, *, model, request_id):
         return builder(request_id, model, summary.prompt_tokens, cached_tokens=summary.cached_tokens).whole(summary)
 
-    return await _run(request, req, plan, build, builder)
+    return await _run(request, req, rendered, build, builder)
 
 
 async def get_response(request: Request):
@@ -420,8 +420,8 @@ async def count_tokens(request: Request):
     body = await _json_object(request)
 
     def work():
-        plan = render_prompt(st.template, parse_anthropic({"max_tokens": 1, **body}))
-        return {"input_tokens": len(_encode(st.tokenizer, plan.prompt_text))}
+        rendered = render_prompt(st.template, parse_anthropic({"max_tokens": 1, **body}))
+        return {"input_tokens": len(_encode(st.tokenizer, rendered.prompt_text))}
 
     return await st.cpu.run(work, heavy=_big(request), what="counting tokens", request=request,
                             bulk=True)
@@ -530,8 +530,8 @@ async def apply_template(request: Request):
     body = await _json_body(request)
 
     def work():
-        plan = render_prompt(st.template, parse_openai(body))
-        return {"prompt": plan.prompt_text, "ids": _encode(st.tokenizer, plan.prompt_text)}
+        rendered = render_prompt(st.template, parse_openai(body))
+        return {"prompt": rendered.prompt_text, "ids": _encode(st.tokenizer, rendered.prompt_text)}
 
     return await st.cpu.run(work, heavy=_big(request), what="rendering the chat template", request=request,
                             bulk=True)

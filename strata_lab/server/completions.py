@@ -4,8 +4,8 @@ The prompt is text (encoded as is: no chat template) or a list of token ids, whi
 given (no template, no retokenization): the way to send a recorded prompt through the server byte for
 byte, or to score alternative tokenizations of one text with logprobs / `echo`.
 
->>> req, plan = parse_completion({"prompt": [9707, 1879], "max_tokens": 3}, "openai", vocab_size=151669)
->>> plan.prompt_ids, req.max_tokens, plan.raw
+>>> req, rendered = parse_completion({"prompt": [9707, 1879], "max_tokens": 3}, "openai", vocab_size=151669)
+>>> rendered.prompt_ids, req.max_tokens, rendered.raw
 ([9707, 1879], 3, True)
 >>> parse_completion({"prompt": "Hi", "n_predict": -1}, "llama", vocab_size=10)[0].max_tokens is None
 True
@@ -57,10 +57,10 @@ def _prompts(value: Any, vocab_size: int) -> list[tuple[str | None, list[int] | 
 def parse_completion(body: Any, dialect: str, *, vocab_size: int,
                      session_key: str | None = None) -> tuple[ChatRequest, RenderedPrompt]:
     """Check a one-prompt completion body (`dialect` "openai" for /v1/completions, "llama" for /completion)."""
-    req, plans = parse_completion_batch(body, dialect, vocab_size=vocab_size, session_key=session_key)
-    if len(plans) > 1:
+    req, renders = parse_completion_batch(body, dialect, vocab_size=vocab_size, session_key=session_key)
+    if len(renders) > 1:
         raise RequestError("prompt", "takes one prompt here")
-    return req, plans[0]
+    return req, renders[0]
 
 
 def parse_completion_batch(body: Any, dialect: str, *, vocab_size: int,
@@ -130,9 +130,9 @@ def parse_completion_batch(body: Any, dialect: str, *, vocab_size: int,
         if dialect != "llama":
             raise RequestError("return_tokens", "is a /completion field", code="unsupported_parameter")
         chat.extra["return_tokens"] = _bool(body["return_tokens"], "return_tokens")
-    plans = [RenderedPrompt(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None,
+    renders = [RenderedPrompt(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None,
                         prompt_ids=ids, raw=True) for text, ids in prompts]
-    return chat, plans
+    return chat, renders
 
 
 def _piece(tokenizer, i: int) -> tuple[str, list[int]]:

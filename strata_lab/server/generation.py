@@ -1,6 +1,6 @@
 """The work of one chat request on the engine: encode, generate, budget wrap-up, record, remember.
 
-`ChatRunner.run(job, req, plan)` runs on the engine worker's thread (one request at a time). It emits
+`ChatRunner.run(job, req, rendered)` runs on the engine worker's thread (one request at a time). It emits
 ("start", info), then ("event", output.Event) as text arrives, then ("done", Summary) or ("error", exc).
 Every engine call goes through `ChatRunner.call(job, EngineCall, choice) -> CallOutcome`.
 
@@ -140,11 +140,11 @@ class CallOutcome:
 class _Choice:
     """One choice's output path: ids -> UTF-8 text -> stop sequences -> reasoning/content/tool calls."""
 
-    def __init__(self, runner: "ChatRunner", job, plan: RenderedPrompt, req: ChatRequest, index: int):
-        self.runner, self.job, self.index, self.raw = runner, job, index, plan.raw
+    def __init__(self, runner: "ChatRunner", job, rendered: RenderedPrompt, req: ChatRequest, index: int):
+        self.runner, self.job, self.index, self.raw = runner, job, index, rendered.raw
         self.parser = OutputParser()
-        if not plan.raw:
-            self.parser.prime(plan.assistant_text)
+        if not rendered.raw:
+            self.parser.prime(rendered.assistant_text)
         self.text = TextStream(runner.tokenizer)
         self.matcher = StopMatcher(req.stop)  # stop sequences: the text ends before the first one
         self.events: list[Event] = []
@@ -222,18 +222,18 @@ class ChatRunner:
         self.max_tokens_default = max_tokens_default  # the cap of a request that names none (None: the context)
 
     # --- one request ------------------------------------------------------------------------------
-    def run(self, job, req: ChatRequest, plan: RenderedPrompt) -> None:
+    def run(self, job, req: ChatRequest, rendered: RenderedPrompt) -> None:
         f = req.features
-        if plan.prompt_ids is not None:
-            prompt_ids, encoder_stats = list(plan.prompt_ids), None
+        if rendered.prompt_ids is not None:
+            prompt_ids, encoder_stats = list(rendered.prompt_ids), None
         else:
-            prompt_ids = list(self.encoder.encode(plan.prompt_text))
+            prompt_ids = list(self.encoder.encode(rendered.prompt_text))
             encoder_stats = _stats_dict(getattr(self.encoder, "last_stats", None))
         self._check_context(req, prompt_ids)
         seed = req.seed if req.seed is not None else secrets.randbits(63)  # no seed: a fresh one per request
         bias = self._logit_bias(req)
-        if plan.prefix_text:
-            base = plan.prompt_text[:len(plan.prompt_text) - len(plan.prefix_text)]
+        if rendered.prefix_text:
+            base = rendered.prompt_text[:len(rendered.prompt_text) - len(rendered.prefix_text)]
             x = len(self.tokenizer.encode(base))
             z = len(prompt_ids)
             _debug(f"assistant prefill: {z - x} tokens (prompt {x} -> {z}, generation starts at position {z})")
@@ -254,7 +254,7 @@ class ChatRunner:
         for index in range(f.n):
             if job.cancelled and index > 0:
                 break
-            s, used = self._choice(job, req, plan, slot, prompt_ids, index, calls_made,
+            s, used = self._choice(job, req, rendered, slot, prompt_ids, index, calls_made,
                                    encoder_stats if index == 0 else None, seed=seed, bias=bias)
             calls_made += used
             summaries.append(s)
@@ -282,7 +282,7 @@ class ChatRunner:
             out.update({i: -100.0 for i in self.stop_ids})
         return tuple(out.items())
 
-    def _choice(self, job, req: ChatRequest, plan: RenderedPrompt, slot, prompt_ids: list[int], index: int, call0: int,
+    def _choice(self, job, req: ChatRequest, rendered: RenderedPrompt, slot, prompt_ids: list[int], index: int, call0: int,
                 encoder_stats, *, seed: int, bias: tuple = ()) -> tuple[Summary, int]:
         """One choice: the first call, a thinking-budget wrap-up call if needed; returns (Summary, calls)."""
         from strata_lab.engine import Sampling
@@ -292,10 +292,10 @@ class ChatRunner:
                             seed=choice_seed(seed, index), logit_bias=bias,
                             repetition_penalty=req.repetition_penalty, penalty_last_n=req.repeat_last_n,
                             frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty)
-        out = _Choice(self, job, plan, req, index)
-        mask = self.grammars.mask_for(req, plan) if self.grammars is not None else None
+        out = _Choice(self, job, rendered, req, index)
+        mask = self.grammars.mask_for(req, rendered) if self.grammars is not None else None
         limit = req.max_tokens if req.max_tokens is not None else self.max_tokens_default
-        meta = {"request_id": plan.request_id, "call": call0, "model": self.model_name}
+        meta = {"request_id": rendered.request_id, "call": call0, "model": self.model_name}
         if encoder_stats is not None:
             meta["encoder"] = encoder_stats
         first = self.call(job, slot, EngineCall(prompt_ids, self._room(len(prompt_ids), limit), sampling, meta,
@@ -320,7 +320,7 @@ class ChatRunner:
             prompt2 = prompt_ids + gen_ids + kept + wrap_ids
             remaining = None if limit is None else max(0, limit - completion)
             if len(prompt2) <= self.max_context:
-                meta2 = {"request_id": plan.request_id, "call": call0 + 1, "model": self.model_name}
+                meta2 = {"request_id": rendered.request_id, "call": call0 + 1, "model": self.model_name}
                 second = self.call(job, slot, EngineCall(prompt2, self._room(len(prompt2), remaining), sampling,
                                                          meta2, logprobs=f.logprobs), out)
                 result = second.result
@@ -337,7 +337,7 @@ class ChatRunner:
                 finish = "length"
 
         out.finish()
-        if self.reply_reuse and plan.prompt_ids is None:
+        if self.reply_reuse and rendered.prompt_ids is None:
             self.encoder.remember_reply(prompt_ids, reply_ids)
 
         from strata_lab.server.output import collect
@@ -352,7 +352,7 @@ class ChatRunner:
                           logprobs=[e for e in logprobs if e.id not in self.stop_ids],
                           events=list(out.events), reasoning_tokens=out.reasoning_tokens)
         if req.schema is not None and not job.cancelled:
-            self._check_schema(req, plan, content, finish)
+            self._check_schema(req, rendered, content, finish)
         return summary, len(calls)
 
     # --- pieces -----------------------------------------------------------------------------------
@@ -426,7 +426,7 @@ class ChatRunner:
         return CallStats(len(prompt_ids), reused, len(result.gen_ids), float(result.prefill_ms),
                          float(result.decode_ms))
 
-    def _check_schema(self, req: ChatRequest, plan: RenderedPrompt, content: str, finish: str) -> None:
+    def _check_schema(self, req: ChatRequest, rendered: RenderedPrompt, content: str, finish: str) -> None:
         import json
 
         import jsonschema
@@ -434,7 +434,7 @@ class ChatRunner:
         from strata_lab.server.schemas import schema_validator
 
         # The logical reply is prefix + continuation: a prefix may open the JSON the model completes.
-        text = (plan.prefix_text or "") + content
+        text = (rendered.prefix_text or "") + content
         cut = " (the output was cut by the token limit)" if finish == "length" else ""
         try:
             value = json.loads(text)

@@ -39,25 +39,25 @@ class GrammarCompiler:
             return self._grammar
 
     @staticmethod
-    def thinking(req: ChatRequest, plan=None) -> str:
+    def thinking(req: ChatRequest, rendered=None) -> str:
         """A forced tool call's thinking mode (TokenGrammar.tool_call): "inside" when the prompt opened a
         thought, "open" when thinking was asked for (Anthropic `thinking`, `enable_thinking`, a thinking
         budget), else "off": the call comes first."""
-        if plan is not None and not plan.raw:
+        if rendered is not None and not rendered.raw:
             from strata_lab.server.output import OutputParser
 
             probe = OutputParser()
-            probe.prime(plan.assistant_text)
+            probe.prime(rendered.assistant_text)
             if probe.in_reasoning:
                 return "inside"
-            if "</think>" in plan.assistant_text:
+            if "</think>" in rendered.assistant_text:
                 return "off"  # the template already closed the (empty) thought
         if req.enable_thinking or (req.thinking_budget is not None and req.enable_thinking is not False):
             return "open"
         return "off"
 
-    def compiled(self, req: ChatRequest, plan=None):
-        """The compiled grammar for `req` (rendered as `plan`), or None when its output is free."""
+    def compiled(self, req: ChatRequest, rendered=None):
+        """The compiled grammar for `req` (its prompt as `rendered`), or None when its output is free."""
         from strata_lab.grammar.xgr import GrammarError
 
         f = req.features
@@ -66,7 +66,7 @@ class GrammarCompiler:
             if f.tool_choice not in (None, "none") and req.tools:
                 field = "tool_choice"
                 name = None if f.tool_choice == "required" else f.tool_choice
-                return self._tg().tool_call(req.tools, name, thinking=self.thinking(req, plan))
+                return self._tg().tool_call(req.tools, name, thinking=self.thinking(req, rendered))
             if f.constraint is not None:
                 field = f.constraint.field
                 if f.constraint.kind == "gbnf":
@@ -78,8 +78,8 @@ class GrammarCompiler:
             raise RequestError(field, f"cannot be compiled into a grammar: {exc}") from None
         return None
 
-    def check(self, req: ChatRequest, plan=None) -> None:
-        self.compiled(req, plan)
+    def check(self, req: ChatRequest, rendered=None) -> None:
+        self.compiled(req, rendered)
         with self._lock:
             self._known[_key(req)] = None
             if len(self._known) > 256:  # as many as TokenGrammar caches
@@ -89,8 +89,8 @@ class GrammarCompiler:
         """Whether `req`'s grammar compiled before (then checking it again is cheap: no pool needed)."""
         return self._grammar is not None and _key(req) in self._known
 
-    def mask_for(self, req: ChatRequest, plan=None):
-        g = self.compiled(req, plan)
+    def mask_for(self, req: ChatRequest, rendered=None):
+        g = self.compiled(req, rendered)
         return None if g is None else g.mask()
 
 
