@@ -279,3 +279,16 @@ def test_results_index_lists_every_result_file():
     listed = set(re.findall(r"`([^`\s]+)`", index))
     files = {str(p.relative_to(results)) for p in results.rglob("*") if p.is_file()} - {"README.md"}
     assert not files - listed, f"benchmarks/results/README.md does not list: {sorted(files - listed)}"
+
+
+def test_architecture_layers_are_the_enforced_ones():
+    # docs/ARCHITECTURE.md's layer table, top to bottom, is pyproject.toml's layers contract, row for row
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c["layers"] for c in config["contracts"] if c["type"] == "layers")
+    enforced = [set(part.strip() for part in row.split("|")) for row in layers]
+    rows = re.findall(r"^\| \d+ \| (.+?) \|", (REPO / "docs" / "ARCHITECTURE.md").read_text(), re.M)
+    documented = [{"strata_lab." + m.replace("strata_lab/", "").strip("/").removesuffix(".py")
+                   for m in re.findall(r"`(strata_lab/[\w/.]+)`", row)} for row in rows]
+    assert documented == enforced
