@@ -133,6 +133,7 @@ def main(argv=None) -> None:
         model = make_tiny(Path(tmp) / "model", "qwen3", "tiny", dtype="bfloat16", overrides=SHAPE)
         store = Path(tmp) / "store"
         convert_jsonl(str(ROOT / "dumps" / "agent.jsonl"), str(store))
+        load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         procs = {m: start_child(m, model, store, args) for m in tqdm(MODES, desc="processes")}
         tps: dict[str, list[float]] = {m: [] for m in MODES}
         try:
@@ -164,7 +165,9 @@ def main(argv=None) -> None:
                      f"{i['openmp_warning']} |")
     lines += ["", f"replay-first / engine-first decode: **{ratio['replay-first']:.3f}**; libgomp-first (what a replay "
               f"did before the replay core had its own extension) / engine-first: {ratio['libgomp-first']:.3f}. "
-              f"Store replay in the replay-first process: {info['replay-first']['replay_s']:.1f} s.",
+              f"Store replay in the replay-first process: {info['replay-first']['replay_s']:.1f} s. Machine load "
+              f"average {load0:.1f} at the start, {os.getloadavg()[0] if hasattr(os, 'getloadavg') else float('nan'):.1f}"
+              f" at the end ({os.cpu_count()} cores).",
               "", "Per round (tok/s): " + "; ".join(f"{m}: " + ", ".join(f"{x:.0f}" for x in tps[m]) for m in MODES)]
     text = "\n".join(lines) + "\n"
     print(text)
