@@ -157,10 +157,11 @@ def main(argv=None) -> None:
 
 def gdn_ab(args) -> None:
     """Section 3b: GDN chunked prefill, matrix form vs row form, same weights, same process, interleaved."""
-    from strata_lab import _engine
+    from strata_lab import _native
     from strata_lab.tiny import NEXT_PRESETS, make_tiny
     from strata_lab.engine import CheckpointPolicy, Engine
 
+    _engine = _native.engine()
     tmp = tempfile.TemporaryDirectory()
     common = dict(vocab_size=4096, num_hidden_layers=2, num_experts=0, hidden_size=256, intermediate_size=512,
                   tie_word_embeddings=True, full_attention_interval=3)

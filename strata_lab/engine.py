@@ -41,55 +41,11 @@ __all__ = ["Engine", "Session", "Stream", "Sampling", "CheckpointPolicy", "Gener
            "TokenLogprob"]
 
 
-_OMP_CHECKED = False
-
-
-def _libgomp_mapped() -> bool:
-    """Whether a libgomp is already loaded in this process (Linux; False where /proc is absent)."""
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            return b"libgomp" in f.read()
-    except OSError:
-        return False
-
-
 def _ext():
-    # A short spin, then sleep, at OpenMP barriers: a decode step has ~150 parallel regions a few hundred
-    # microseconds apart. Spinning without bound (libgomp's default, ~3 ms) starves the working threads on
-    # shared or oversubscribed cores (measured: 2.8 vs 21 tok/s decode); sleeping at once costs a futex
-    # wake-up per region (bf16 decode x1.08-1.29 slower than spinning 20,000 rounds, ~0.2 ms, on the quiet
-    # 2-core VM; benchmarks/results/engine.md). libgomp reads these once when it loads; a value the user set
-    # for either variable wins (GOMP_SPINCOUNT=0: sleep at once, for heavily shared machines).
-    global _OMP_CHECKED
-    if not _OMP_CHECKED:
-        _OMP_CHECKED = True
-        if "OMP_WAIT_POLICY" not in os.environ and _libgomp_mapped():
-            # PyTorch ships libgomp.so.1 under the same soname: loaded first, it is ours too, already set up
-            # with spinning waits. Too late to change; say what to do.
-            import warnings
+    """The compiled engine, through strata_lab._native (which sets its OpenMP environment before loading it)."""
+    from strata_lab import _native
 
-            warnings.warn("an OpenMP runtime (libgomp, e.g. PyTorch's) was loaded before strata_lab's engine, "
-                          "with OMP_WAIT_POLICY unset: its threads spin at the engine's barriers, which can make "
-                          "it many times slower on few cores. Set OMP_WAIT_POLICY=passive in the environment "
-                          "before Python starts, or import strata_lab.engine before torch.", RuntimeWarning,
-                          stacklevel=3)
-        if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-            os.environ["GOMP_SPINCOUNT"] = "20000"
-        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-    try:
-        from strata_lab import _engine
-    except ImportError as exc:
-        raise ImportError(_NO_EXTENSION.format(where=os.path.dirname(os.path.abspath(__file__)), exc=exc)) from exc
-
-    return _engine
-
-
-# What to do when Python finds a source checkout's strata_lab (no compiled engine) before an installed one.
-_NO_EXTENSION = (
-    "strata_lab's compiled engine (strata_lab._engine) is not in {where}: this is a source checkout without a "
-    "build ({exc}). Either install the package (`pip install .`) and run from another directory, so that "
-    "Python imports the installed copy rather than this folder, or build the engine in place "
-    "(`./scripts/dev_build.sh`) and run with PYTHONPATH=$PWD. See README.md, 'Developer install'.")
+    return _native.engine()
 
 
 def __getattr__(name: str):
@@ -201,11 +157,20 @@ class CheckpointPolicy:
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < 2**31):
             raise ValueError(f"before_last must be a token id (int >= 0) or None, got {b!r}")
 
-    def _native(self):
-        p = _ext().CheckpointPolicy()
-        p.at_prompt_end, p.every = bool(self.at_prompt_end), int(self.every)
-        p.positions, p.budget_mib = [int(x) for x in self.positions], float(self.budget_mib)
-        p.before_last = -1 if self.before_last is None else int(self.before_last)
+    def _native(self, ext=None):
+        """This policy as an extension's CheckpointPolicy (`ext`: the engine's by default). The fields are
+        declared once, in engine/include/strata/checkpoint_policy.h; they are copied by the names the binding
+        lists (`_fields`), each converted to the type of the binding's default (None: -1, off)."""
+        p = (_ext() if ext is None else ext).CheckpointPolicy()
+        for name in type(p)._fields:
+            v, default = getattr(self, name), getattr(p, name)
+            if v is None:
+                v = -1
+            elif isinstance(default, list):
+                v = [int(x) for x in v]
+            else:
+                v = type(default)(v)
+            setattr(p, name, v)
         return p
 
 

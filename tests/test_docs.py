@@ -49,17 +49,21 @@ def test_doctests(name):
     assert result.failed == 0, f"{result.failed} doctest example(s) failed in {name}"
 
 
-def _stub():
-    return ast.parse((PKG_DIR / "_engine.pyi").read_text())
+EXTENSIONS = ["_engine", "_replay"]  # each with its stub, strata_lab/<name>.pyi
+
+
+def _stub(name="_engine"):
+    return ast.parse((PKG_DIR / f"{name}.pyi").read_text())
 
 
 def _public(names):
     return {n for n in names if not n.startswith("_")}
 
 
-def test_stub_names_match_the_extension():
-    engine = pytest.importorskip("strata_lab._engine")
-    stub = _stub()
+@pytest.mark.parametrize("ext", EXTENSIONS)
+def test_stub_names_match_the_extension(ext):
+    engine = pytest.importorskip(f"strata_lab.{ext}")
+    stub = _stub(ext)
     stub_top = set()
     stub_members: dict[str, set[str]] = {}
     for node in stub.body:
@@ -80,8 +84,8 @@ def test_stub_names_match_the_extension():
         elif isinstance(node, ast.Assign):
             stub_top.update(t.id for t in node.targets if isinstance(t, ast.Name))
     real_top = _public(n for n in dir(engine) if not inspect.ismodule(getattr(engine, n)))
-    assert stub_top - {"annotations"} >= real_top, f"missing from _engine.pyi: {sorted(real_top - stub_top)}"
-    assert real_top >= _public(stub_top), f"in _engine.pyi but not in the extension: {sorted(_public(stub_top) - real_top)}"
+    assert stub_top - {"annotations"} >= real_top, f"missing from {ext}.pyi: {sorted(real_top - stub_top)}"
+    assert real_top >= _public(stub_top), f"in {ext}.pyi but not in the extension: {sorted(_public(stub_top) - real_top)}"
     for cls, members in stub_members.items():
         obj = getattr(engine, cls)
         if not inspect.isclass(obj) or issubclass(obj, BaseException):
@@ -91,9 +95,10 @@ def test_stub_names_match_the_extension():
         assert real >= _public(members), f"{cls}: in the stub only: {sorted(_public(members) - real)}"
 
 
-def test_stub_signatures_match_the_extension():
+@pytest.mark.parametrize("ext", EXTENSIONS)
+def test_stub_signatures_match_the_extension(ext):
     """Parameter names of every stubbed function and method equal the ones pybind11 reports."""
-    engine = pytest.importorskip("strata_lab._engine")
+    engine = pytest.importorskip(f"strata_lab.{ext}")
     sig_line = re.compile(r"^(\w+)\((.*?)\)(?: -> .*)?$")
 
     def real_params(fn):
@@ -106,7 +111,7 @@ def test_stub_signatures_match_the_extension():
         return None
 
     checked = 0
-    for node in _stub().body:
+    for node in _stub(ext).body:
         items = []
         if isinstance(node, ast.FunctionDef):
             items.append((getattr(engine, node.name), node))

@@ -8,6 +8,7 @@
 #include "strata/engine.h"
 #include "strata/kernels.h"
 #include "strata/stream.h"
+#include "checkpoint_policy_binding.h"
 #include "../src/gdn.h"
 #include "../src/profile.h"
 
@@ -74,13 +75,7 @@ void register_options(py::module_& m) {
       .def_readwrite("penalty_last_n", &SamplingParams::penalty_last_n)
       .def_readwrite("frequency_penalty", &SamplingParams::frequency_penalty)
       .def_readwrite("presence_penalty", &SamplingParams::presence_penalty);
-  py::class_<CheckpointPolicy>(m, "CheckpointPolicy")
-      .def(py::init<>())
-      .def_readwrite("at_prompt_end", &CheckpointPolicy::at_prompt_end)
-      .def_readwrite("every", &CheckpointPolicy::every)
-      .def_readwrite("positions", &CheckpointPolicy::positions)
-      .def_readwrite("budget_mib", &CheckpointPolicy::budget_mib)
-      .def_readwrite("before_last", &CheckpointPolicy::before_last);
+  strata_bindings::bind_checkpoint_policy(m);
   py::class_<GenerateOptions>(m, "GenerateOptions")
       .def(py::init<>())
       .def_readwrite("max_new_tokens", &GenerateOptions::max_new_tokens)

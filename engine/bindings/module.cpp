@@ -1,4 +1,6 @@
-// The Python module strata_lab._engine: bindings only; one register_* per area.
+// The Python module strata_lab._engine (the inference engine, linked with OpenMP): bindings only; one
+// register_* per area. The replay core is the separate strata_lab._replay (replay_bindings.cpp), without
+// OpenMP; strata_lab/_native.py is the one importer of both.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -13,8 +15,6 @@ void register_checkpoint(py::module_& m);
 void register_engine(py::module_& m);
 void register_session(py::module_& m);
 void register_stream(py::module_& m);
-// replay_bindings.cpp
-void register_replay(py::module_& m);
 
 static void register_build_info(py::module_& m) {
   m.def("build_info", [] {
@@ -51,5 +51,4 @@ PYBIND11_MODULE(_engine, m) {
   register_engine(m);
   register_session(m);
   register_stream(m);
-  register_replay(m);
 }

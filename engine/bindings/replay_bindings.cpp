@@ -1,5 +1,8 @@
-// Bindings for the replay's per-call core (strata/replay_core.h): `_ReplayCore`, driven by
-// strata_lab/replayer/native.py. Batches cross as numpy arrays (Arrow's flat buffers), checked here.
+// The Python module strata_lab._replay: the replay's per-call core (strata/replay_core.h), `_ReplayCore`,
+// driven by strata_lab/replayer/native.py, with the enums it speaks by name (FullHit, Cause) and the
+// CheckpointPolicy struct. Linked without OpenMP: a store replay loads no OpenMP runtime, so it cannot
+// fix the engine's OpenMP settings before strata_lab._engine is loaded (strata_lab/_native.py imports
+// both). Batches cross as numpy arrays (Arrow's flat buffers), checked here.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -8,6 +11,7 @@
 #include <string>
 
 #include "strata/replay_core.h"
+#include "checkpoint_policy_binding.h"
 
 namespace py = pybind11;
 using namespace strata;
@@ -56,7 +60,7 @@ py::tuple miss_tuple(const ReplayMiss& m) {
   py::object text = m.has_text ? py::object(py::make_tuple(py::bytes(m.text_before), py::bytes(m.text_held_after),
                                                            py::bytes(m.text_prompt_after)))
                                : py::object(py::none());
-  return py::make_tuple(m.row, m.lcp_text, m.byte_in_token, m.prompt_read, m.retokenized, int(m.cause),
+  return py::make_tuple(m.row, m.lcp_text, m.byte_in_token, m.prompt_read, m.retokenized, cause_name(m.cause),
                         py::bytes(m.id_before), py::bytes(m.id_held_after), py::bytes(m.id_prompt_after),
                         py::tuple(py::cast(m.held_at)), py::tuple(py::cast(m.prompt_at)), text);
 }
@@ -65,7 +69,19 @@ const char* kind_name(int32_t k) { return k == 0 ? "prompt" : k == 1 ? "gen" : "
 
 }  // namespace
 
-void register_replay(py::module_& m) {
+PYBIND11_MODULE(_replay, m) {
+  m.doc() = "strata_lab's store replay core (no OpenMP; import it through strata_lab._native)";
+  strata_bindings::bind_checkpoint_policy(m);
+  py::enum_<FullHit> full_hit(m, "FullHit", "What the engine does when the whole prompt is held "
+                                            "(strata/reuse_rule.h; strata_lab.replayer.state.FULL_HIT_RULES).");
+#define STRATA_FULL_HIT(name) full_hit.value(#name, FullHit::name);
+  STRATA_FULL_HIT_RULES(STRATA_FULL_HIT)
+#undef STRATA_FULL_HIT
+  py::enum_<ReplayCause> cause(m, "Cause", "Why a prompt left what its session held (the `cause` output codes; "
+                                           "strata_lab.replayer.divergence.CAUSES names).");
+#define STRATA_REPLAY_CAUSE(name) cause.value(#name, ReplayCause::name);
+  STRATA_REPLAY_CAUSES(STRATA_REPLAY_CAUSE)
+#undef STRATA_REPLAY_CAUSE
   py::class_<ReplayVocab, std::shared_ptr<ReplayVocab>>(m, "_ReplayVocab",
                                                         "A tokenizer's bytes per id, for the replay core's byte walk.")
       .def(py::init([](py::bytes blob, py::array_t<int64_t, py::array::c_style | py::array::forcecast> offsets,
@@ -78,23 +94,21 @@ void register_replay(py::module_& m) {
 
   py::class_<ReplayCore>(m, "_ReplayCore",
                          "The replay's session state model in C++ (strata_lab.replayer.native drives it).")
-      .def(py::init([](bool hybrid, int full_hit, int64_t every, std::vector<int64_t> positions, bool at_prompt_end,
-                       int64_t before_last, int64_t capacity, int64_t bytes_per_snapshot, bool recorded_checkpoints) {
+      .def(py::init([](bool hybrid, FullHit full_hit, const CheckpointPolicy& policy, int64_t capacity,
+                       int64_t bytes_per_snapshot, bool recorded_checkpoints) {
              ReplayRules r;
              r.hybrid = hybrid;
              r.full_hit = full_hit;
-             r.every = every;
-             r.positions = std::move(positions);
-             r.at_prompt_end = at_prompt_end;
-             r.before_last = before_last;
+             r.policy = policy;
              r.capacity = capacity;
              r.bytes_per_snapshot = bytes_per_snapshot;
              r.recorded_checkpoints = recorded_checkpoints;
              return new ReplayCore(std::move(r));
            }),
-           py::arg("hybrid"), py::arg("full_hit"), py::arg("every"), py::arg("positions"), py::arg("at_prompt_end"),
-           py::arg("before_last"), py::arg("capacity"), py::arg("bytes_per_snapshot"),
-           py::arg("recorded_checkpoints"))
+           py::arg("hybrid"), py::arg("full_hit"), py::arg("policy"), py::arg("capacity"),
+           py::arg("bytes_per_snapshot"), py::arg("recorded_checkpoints"),
+           "policy: where snapshots are taken (its budget_mib is applied as capacity, the most snapshots of "
+           "bytes_per_snapshot kept; -1: none).")
       .def("run",
            [](ReplayCore& c, int64_t start, py::tuple ins, py::tuple outs) {
              if (ins.size() != 18) throw py::value_error("run: ins must hold 18 arrays");
@@ -232,7 +246,7 @@ void register_replay(py::module_& m) {
              return miss_tuple(m);
            }, py::arg("code"), py::arg("lcp"), py::arg("ptail"), py::arg("reused"), py::arg("target"),
            "The divergence of a prompt held[:lcp] + ptail that leaves held: (row (-1), lcp_text, byte_in_token, "
-           "prompt ids read, retokenized, cause index, id context windows (3 bytes), held ids at, prompt ids at, "
+           "prompt ids read, retokenized, cause name, id context windows (3 bytes), held ids at, prompt ids at, "
            "text context windows or None).")
       .def("take_misses", [](ReplayCore& c) {
              py::list out;

@@ -1,5 +1,6 @@
-// The replay's per-call core (see strata/replay_core.h). Every rule here mirrors
-// strata_lab/replayer/state.py `SessionState`; tests/test_replay_core.py steps both on the same calls.
+// The replay's per-call core (see strata/replay_core.h). The reuse rule is strata/reuse_rule.h (the engine's
+// too); every rule here mirrors strata_lab/replayer/state.py `SessionState`, and tests/test_replay_native.py
+// steps both on the same calls. Compiled into strata_lab._replay, which links no OpenMP.
 #include "strata/replay_core.h"
 
 #include <algorithm>
@@ -32,9 +33,7 @@ void add_segment(ReplaySession& s, int64_t start, int64_t end, int32_t kind, int
 }  // namespace
 
 ReplayCore::ReplayCore(ReplayRules rules) : rules_(std::move(rules)) {
-  if (rules_.full_hit < 0 || rules_.full_hit > 3)
-    throw std::invalid_argument("full_hit must be 0..3, got " + std::to_string(rules_.full_hit));
-  if (rules_.every < 0) throw std::invalid_argument("every must be >= 0, got " + std::to_string(rules_.every));
+  rules_.policy.validate();
   if (rules_.bytes_per_snapshot <= 0)
     throw std::invalid_argument("bytes_per_snapshot must be > 0, got " + std::to_string(rules_.bytes_per_snapshot));
   if (rules_.capacity == 0 || rules_.capacity < -1)
@@ -80,28 +79,19 @@ int64_t ReplayCore::lcp_with(int64_t code, int64_t from, const int32_t* ids, int
 
 ReplayPlan ReplayCore::plan(int64_t code, int64_t plen, int64_t lcp) const {
   const ReplaySession& s = session(code);
-  const int64_t held_before = int64_t(s.held.size());
+  const Reuse r = plan_reuse(
+      plen, int64_t(s.held.size()), lcp, !rules_.hybrid, rules_.full_hit,
+      [&](int64_t pos) { return has_ckpt(s, pos); },
+      [&](int64_t pos) {
+        int64_t best = 0;
+        for (const auto& c : s.ckpts)
+          if (c.first <= pos && c.first > best) best = c.first;
+        return best;
+      });
   ReplayPlan p;
-  // reuse_target: the LCP, less the last prompt id when the engine must compute its logits
-  const int fh = rules_.full_hit;
-  if (lcp < plen || fh == 3)
-    p.target = lcp;
-  else if ((fh == 0 || fh == 1) && plen == held_before)
-    p.target = lcp;
-  else if (fh == 0 && plen > 0 && has_ckpt(s, plen))
-    p.target = lcp;
-  else
-    p.target = std::max<int64_t>(plen - 1, 0);
-  // reuse_from_target: a hybrid state off its end needs a snapshot at or before the target
-  if (!rules_.hybrid || p.target == held_before) {
-    p.reused = p.target;
-  } else {
-    int64_t best = 0;
-    for (const auto& c : s.ckpts)
-      if (c.first <= p.target && c.first > best) best = c.first;
-    p.reused = best;
-  }
-  if (p.reused != held_before && has_ckpt(s, p.reused) && (rules_.hybrid || p.reused == plen)) p.restored = p.reused;
+  p.target = r.target;
+  p.reused = r.reused;
+  p.restored = r.restored;
   return p;
 }
 
@@ -127,15 +117,15 @@ void ReplayCore::touch(ReplaySession& s, int64_t pos) {
 // used one past the budget.
 void ReplayCore::snapshot_span(ReplaySession& s, int64_t start, int64_t end, bool prompt_end) {
   std::vector<int64_t> ps;
-  if (rules_.every > 0)
-    for (int64_t p = (start / rules_.every + 1) * rules_.every; p <= end; p += rules_.every) ps.push_back(p);
-  for (int64_t p : rules_.positions)
+  if (rules_.policy.every > 0)
+    for (int64_t p = (start / rules_.policy.every + 1) * rules_.policy.every; p <= end; p += rules_.policy.every) ps.push_back(p);
+  for (int64_t p : rules_.policy.positions)
     if (start < p && p <= end) ps.push_back(p);
-  if (prompt_end && rules_.at_prompt_end && end > 0) ps.push_back(end);
-  if (prompt_end && rules_.before_last >= 0) {
+  if (prompt_end && rules_.policy.at_prompt_end && end > 0) ps.push_back(end);
+  if (prompt_end && rules_.policy.before_last >= 0) {
     // the last occurrence after `start` (an earlier one would not count: start < p is required)
     for (int64_t i = end - 1; i > start && i > 0; --i)
-      if (s.held[size_t(i)] == rules_.before_last) {
+      if (s.held[size_t(i)] == rules_.policy.before_last) {
         ps.push_back(i);
         break;
       }
@@ -264,10 +254,11 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
     out.drained_len[i] = ndr;
     out.lcp_text[i] = lcp_text;
     if (miss) {
-      out.cause[i] = m.cause;
+      out.cause[i] = int8_t(m.cause);
       misses_.push_back(std::move(m));
     } else {
-      out.cause[i] = held_before == 0 ? kCauseNewSession : (st.reused >= st.target ? kCauseNone : kCauseCheckpoint);
+      out.cause[i] = int8_t(held_before == 0 ? ReplayCause::new_session
+                                            : (st.reused >= st.target ? ReplayCause::none : ReplayCause::checkpoint));
     }
     const double t = b.prefill_ms[i];
     if (!std::isnan(t)) add_recorded_ms(t);
@@ -380,15 +371,15 @@ ReplayMiss ReplayCore::explain(int64_t code, int64_t lcp, const int32_t* ptail, 
     return false;
   };
   if (lcp >= plen) {
-    m.cause = reused >= target ? kCauseNone : kCauseCheckpoint;
+    m.cause = reused >= target ? ReplayCause::none : ReplayCause::checkpoint;
   } else if (m.lcp_text > lcp && m.retokenized) {
-    m.cause = in_segment(lcp, true, true) ? kCauseRetokReply : kCauseRetokPrompt;
+    m.cause = in_segment(lcp, true, true) ? ReplayCause::retokenized_reply : ReplayCause::retokenized_prompt;
   } else if (in_segment(m.lcp_text, false, true)) {
-    m.cause = kCauseDrainedDropped;
+    m.cause = ReplayCause::drained_dropped;
   } else if (in_segment(m.lcp_text, true, false) || in_assistant_turn(m.lcp_text)) {
-    m.cause = kCauseTemplateRewrite;
+    m.cause = ReplayCause::template_rewrite;
   } else {
-    m.cause = kCauseHistoryEdit;
+    m.cause = ReplayCause::history_edit;
   }
   return m;
 }

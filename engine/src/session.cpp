@@ -1,7 +1,10 @@
 #include "strata/session.h"
 
+#include "strata/reuse_rule.h"
+
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <stdexcept>
 
 namespace strata {
@@ -13,16 +16,6 @@ double ms_since(Clock::time_point t0) {
 }
 constexpr int64_t kMaxChunk = 512;  // prefill chunk: bounds activation memory
 }  // namespace
-
-void CheckpointPolicy::validate() const {
-  if (every < 0) throw std::invalid_argument("checkpoints.every must be >= 0, got " + std::to_string(every));
-  for (int64_t p : positions)
-    if (p <= 0) throw std::invalid_argument("checkpoints.positions must be > 0, got " + std::to_string(p));
-  if (!(budget_mib >= 0.0)) throw std::invalid_argument("checkpoints.budget_mib must be >= 0");
-  if (before_last < -1)
-    throw std::invalid_argument("checkpoints.before_last must be a token id or -1 (off), got " +
-                                std::to_string(before_last));
-}
 
 Session::Session(std::shared_ptr<Model> model, std::string name, CheckpointPolicy policy)
     : model_(std::move(model)), name_(std::move(name)), policy_(std::move(policy)) {
@@ -72,27 +65,18 @@ Session::ReusePlan Session::plan(const std::vector<int32_t>& prompt) const {
   ReusePlan p;
   const int64_t P = int64_t(prompt.size()), Hn = int64_t(held_.size());
   while (p.lcp < std::min(P, Hn) && prompt[size_t(p.lcp)] == held_[size_t(p.lcp)]) ++p.lcp;
-  if (P > 0 && p.lcp == P && P == Hn) {
-    p.reused = P;
-    p.saved_logits = true;
-    return p;
-  }
-  if (P > 0 && p.lcp == P && snapshots_.count(P)) {  // a prefix of held ending exactly on a checkpoint
-    p.reused = P;
-    p.restore = P;
-    p.saved_logits = true;
-    return p;
-  }
-  const int64_t l = std::min(p.lcp, P - 1);
-  if (state_->can_truncate() || l == Hn) {
-    p.reused = std::max<int64_t>(l, 0);
-    return p;
-  }
-  int64_t c = 0;
-  for (const auto& kv : snapshots_)
-    if (kv.first <= l) c = kv.first;
-  p.reused = c;
-  p.restore = c;
+  const bool truncatable = state_->can_truncate();
+  const Reuse r = plan_reuse(
+      P, Hn, p.lcp, truncatable, FullHit::held_logits, [&](int64_t pos) { return snapshots_.count(pos) != 0; },
+      [&](int64_t pos) {
+        auto it = snapshots_.upper_bound(pos);
+        return it == snapshots_.begin() ? int64_t(0) : std::prev(it)->first;
+      });
+  p.reused = r.reused;
+  p.saved_logits = r.saved_logits;
+  // cut_to's action: nothing (the state is already there), restore the snapshot, cut the KV (-1), or reset (0:
+  // a hybrid state with no snapshot at or before the target)
+  p.restore = r.reused == Hn ? -1 : r.restored >= 0 ? r.restored : truncatable ? -1 : 0;
   return p;
 }
 

@@ -1,7 +1,7 @@
 """The store replay on the C++ core: whole batches of calls stepped without a Python object per call.
 
 `replay_domain` reads a cache domain's rows as Arrow batches (partitions merged in seq order a batch at a
-time) and hands each batch's flat buffers to `strata_lab._engine._ReplayCore`, which keeps every session's
+time) and hands each batch's flat buffers to `_ReplayCore` (the `strata_lab._replay` extension, no OpenMP), which keeps every session's
 held ids, snapshots and segments and applies the state model's rules (state.py) to the calls it can
 decide alone: a prompt that extends what the session holds. It stops at the calls that need Python:
 
@@ -29,11 +29,11 @@ from typing import Iterator
 
 import numpy as np
 
-from strata_lab.replayer.divergence import (CAUSES, Divergence, _assistant_id, classify, context_pair,
-                                            find_divergence, set_id_contexts, set_text_contexts)
+from strata_lab import _native
+from strata_lab.replayer.divergence import (Divergence, _assistant_id, classify, context_pair, find_divergence,
+                                            set_id_contexts, set_text_contexts)
 from strata_lab.replayer.fast import _ROW_COLUMNS, DeltaPrompt, _all_keys, _record, session_ends
 from strata_lab.replayer.rowtable import RowTable
-from strata_lab.replayer.state import FULL_HIT_RULES
 from strata_lab.replayer.step import COLUMNS, recorded_prefill_ms
 
 __all__ = ["replay_domain", "domain_batches", "native_available"]
@@ -46,12 +46,17 @@ _NO_PERM = np.zeros(0, dtype=np.int64)
 
 
 def native_available() -> bool:
-    """Whether the compiled engine has the replay core (a source checkout without a build has not)."""
-    try:
-        from strata_lab import _engine
-    except ImportError:
-        return False
-    return hasattr(_engine, "_ReplayCore")
+    """Whether the replay core is built (a source checkout without a build has not)."""
+    return _native.replay_available()
+
+
+def _cause_names(ext) -> list[str]:
+    """The core's cause codes' names (`_replay.Cause`), indexed by code: causes cross by name."""
+    members = ext.Cause.__members__
+    names = [""] * len(members)
+    for name, v in members.items():
+        names[int(v)] = name
+    return names
 
 
 # the fields `_record` takes from a line for `step`: an `extra` that may hold one (a substring test, so
@@ -206,12 +211,10 @@ def _native_vocab(tok):
     vb = getattr(tok, "vocab_bytes", None)
     if vb is None:
         return None
-    from strata_lab import _engine
-
     blob, offsets = vb()
     im_start = getattr(tok, "im_start_id", None)
     assistant = _assistant_id(tok)
-    vocab = _engine._ReplayVocab(blob, np.asarray(offsets, dtype=np.int64), -1 if im_start is None else im_start,
+    vocab = _native.replay()._ReplayVocab(blob, np.asarray(offsets, dtype=np.int64), -1 if im_start is None else im_start,
                                  -1 if assistant is None else assistant)
     if len(_VOCABS) >= 4:
         _VOCABS.clear()
@@ -223,19 +226,19 @@ class _Domain:
     """The replay of one cache domain on the C++ core (see the module docstring)."""
 
     def __init__(self, partitions: list[str], opts, tok, cost_model):
-        from strata_lab import _engine
-
+        ext = _native.replay()
         if opts.policy.changes_prompts:
             raise ValueError("the delta replay serves prompt-keeping policies; rewrite policies replay records")
         self.partitions, self.opts, self.tok, self.cost_model = partitions, opts, tok, cost_model
         st = opts.new_state()  # the validated rules, read back for the core
         p = st.policy
-        self.core = _engine._ReplayCore(
-            hybrid=st.model == "hybrid", full_hit=FULL_HIT_RULES.index(st.full_hit), every=int(p.every or 0),
-            positions=[int(x) for x in p.positions], at_prompt_end=bool(p.at_prompt_end),
-            before_last=-1 if p.before_last is None else int(p.before_last),
+        self.core = ext._ReplayCore(
+            hybrid=st.model == "hybrid", full_hit=ext.FullHit.__members__[st.full_hit], policy=p._native(ext),
             capacity=-1 if st.capacity is None else int(st.capacity), bytes_per_snapshot=int(st.bytes_per_snapshot),
             recorded_checkpoints=opts.recorded_checkpoints)
+        # the `cause` output codes' names: the core's, then any cause only Python's classify gives
+        self.cause_names = _cause_names(ext)
+        self.cause_codes = {c: i for i, c in enumerate(self.cause_names)}
         self.bytes_per_snapshot = st.bytes_per_snapshot
         self.codes: dict[str, int] = {}   # session -> the core's code
         self.ends = session_ends(partitions)
@@ -249,6 +252,14 @@ class _Domain:
             if vocab is not None:
                 self.core.set_vocab(vocab)
         return self._has_vocab
+
+    def _cause_code(self, cause: str) -> int:
+        """The `cause` output code of a cause name (a name the core does not know gets a code of its own)."""
+        c = self.cause_codes.get(cause)
+        if c is None:
+            c = self.cause_codes[cause] = len(self.cause_names)
+            self.cause_names.append(cause)
+        return c
 
     def _code(self, sid: str) -> int:
         c = self.codes.get(sid)
@@ -360,7 +371,7 @@ class _Domain:
         elif self._vocab():  # the walk and the cause in C++, the context strings here
             m = core.explain(code, lcp, tail, reused, target)
             div = _miss_divergence(m, lcp, opts.context_chars)
-            cause = CAUSES[m[5]]
+            cause = m[5]  # the core gives the cause by name
         else:  # a tokenizer without vocab_bytes: the Python walk
             div = find_divergence(held, prompt, tok, lcp_ids=lcp, context_chars=opts.context_chars)
             cause = classify(held=held, prompt=prompt, segments=core.segments(code), div=div, reused=reused,
@@ -379,7 +390,7 @@ class _Domain:
         for name, v in (("prompt_len", plen), ("held_before", held_before), ("lcp", lcp), ("reused", reused),
                         ("target", target), ("reread", max(useful - reused, 0)), ("snapshots", snaps),
                         ("index", index), ("gen_len", len(gen)), ("drained_len", len(drained)),
-                        ("lcp_text", lcp_text), ("cause", CAUSES.index(cause))):
+                        ("lcp_text", lcp_text), ("cause", self._cause_code(cause))):
             outs[name][i] = v
         t = recorded_prefill_ms(rec)
         if t is not None:
@@ -440,7 +451,7 @@ class _Domain:
         read = plen - reused
         reread = outs["reread"]
         lcp_text = outs["lcp_text"]
-        cause = np.asarray(CAUSES, dtype=object)[outs["cause"]]  # the core's cause codes index CAUSES
+        cause = np.asarray(self.cause_names, dtype=object)[outs["cause"]]  # codes -> names (`_cause_code`)
         prefill_ms = pc.fill_null(col("prefill_ms"), math.nan)
         cm = self.cost_model
         if cm is not None:

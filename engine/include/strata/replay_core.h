@@ -1,7 +1,8 @@
 // The replay's session state model in C++: the per-call core of strata_lab's store replay.
 //
-// It applies the same rules as strata_lab/replayer/state.py `SessionState` (reuse target, snapshot restore,
-// cut, prompt/gen/drained segments, snapshot policy with LRU budget) to sessions keyed by an integer code,
+// It applies the same rules as strata_lab/replayer/state.py `SessionState` (reuse target and snapshot restore:
+// strata/reuse_rule.h, the rule the engine's Session uses too; cut, prompt/gen/drained segments, snapshot
+// policy with LRU budget) to sessions keyed by an integer code,
 // fed by a store's delta encoding (parent_call, shared_len, suffix_ids). `run` steps the calls of a batch
 // until one needs Python: a miss (the prompt leaves what the session holds: the divergence is explained
 // with the tokenizer), a line the columns do not describe alone, or a parent that does not check out.
@@ -16,15 +17,15 @@
 #include <utility>
 #include <vector>
 
+#include "strata/checkpoint_policy.h"
+#include "strata/reuse_rule.h"
+
 namespace strata {
 
 struct ReplayRules {
   bool hybrid = true;          // a divergence restores a recurrent-state snapshot (else any cut works)
-  int full_hit = 0;            // 0 held_logits, 1 last_held_only, 2 reread_last, 3 saved_logits
-  int64_t every = 0;           // snapshot every N positions (0: off)
-  std::vector<int64_t> positions;
-  bool at_prompt_end = true;
-  int64_t before_last = -1;    // snapshot just before the last occurrence of this id in a prompt (-1: off)
+  FullHit full_hit = FullHit::held_logits;
+  CheckpointPolicy policy;     // where snapshots are taken; its budget_mib is applied as `capacity`
   int64_t capacity = -1;       // most snapshots kept (LRU); -1: no budget
   int64_t bytes_per_snapshot = 0;
   bool recorded_checkpoints = false;  // after a call, hold the line's own snapshots
@@ -80,15 +81,32 @@ struct ReplayOut {
   int64_t* prompt_len; int64_t* held_before; int64_t* lcp; int64_t* reused; int64_t* target;
   int64_t* reread; int64_t* snapshots; int64_t* index; int64_t* gen_len; int64_t* drained_len;
   int64_t* lcp_text;
-  int8_t* cause;  // an index into divergence.CAUSES
+  int8_t* cause;  // a ReplayCause (Python reads it by name: _replay.Cause)
 };
 
 // Why a prompt left what a session held (strata_lab/replayer/divergence.py `find_divergence` + `classify`):
-// the byte walk's end and the cause, as an index into divergence.CAUSES.
-enum ReplayCause : int8_t {
-  kCauseNone = 0, kCauseNewSession = 1, kCauseRetokReply = 2, kCauseRetokPrompt = 3, kCauseDrainedDropped = 4,
-  kCauseTemplateRewrite = 5, kCauseHistoryEdit = 6, kCauseCheckpoint = 7
+// the byte walk's end and the cause. Exported to Python by name (`_replay.Cause`, `cause_name`): the names
+// are divergence.CAUSES' (tests/test_native_import.py checks it); the codes never leave C++ unnamed.
+#define STRATA_REPLAY_CAUSES(X)                                                                              \
+  X(none) X(new_session) X(retokenized_reply) X(retokenized_prompt) X(drained_dropped) X(template_rewrite)  \
+  X(history_edit) X(checkpoint)
+
+enum class ReplayCause : int8_t {
+#define STRATA_REPLAY_CAUSE(name) name,
+  STRATA_REPLAY_CAUSES(STRATA_REPLAY_CAUSE)
+#undef STRATA_REPLAY_CAUSE
 };
+
+inline const char* cause_name(ReplayCause c) {
+  switch (c) {
+#define STRATA_REPLAY_CAUSE(name) \
+  case ReplayCause::name:         \
+    return #name;
+    STRATA_REPLAY_CAUSES(STRATA_REPLAY_CAUSE)
+#undef STRATA_REPLAY_CAUSE
+  }
+  return "?";
+}
 
 struct ReplayMiss {
   int64_t lcp_text = 0;       // held ids wholly before the first text divergence
@@ -96,7 +114,7 @@ struct ReplayMiss {
   int64_t prompt_read = 0;    // prompt ids the walk read (absolute position)
   std::string pbuf;           // prompt bytes read past the held text matched
   bool retokenized = false;
-  int8_t cause = kCauseNone;
+  ReplayCause cause = ReplayCause::none;
   // the context windows divergence.add_contexts shows, as bytes (Python decodes and quotes them)
   std::string id_before, id_held_after, id_prompt_after;
   bool has_text = false;  // the held text parts (lcp_text < held): the text windows below are set

@@ -1,7 +1,7 @@
 // A session: the ids it holds, its model state, its checkpoints; generate() applies Contract 1
 // (docs/CONTRACTS.md) and runs the decode loop with STOP and drain.
 //
-// Reuse rule (the Python replay models exactly this):
+// Reuse rule (strata/reuse_rule.h `plan_reuse`, shared with the store replay; the Python replay models it):
 //   lcp = longest common prefix of prompt and held.
 //   If prompt == held (lcp == len(prompt) == len(held)): reuse = len(prompt); nothing is read, the
 //   logits saved after the last held id are used (the session always keeps them).
@@ -30,23 +30,12 @@
 #include <string>
 #include <vector>
 
+#include "strata/checkpoint_policy.h"
 #include "strata/logprobs.h"
 #include "strata/model.h"
 #include "strata/sampler.h"
 
 namespace strata {
-
-struct CheckpointPolicy {
-  bool at_prompt_end = true;         // snapshot at len(prompt) after each prefill (the turn start)
-  int64_t every = 0;                 // also every N tokens (0: off)
-  std::vector<int64_t> positions;    // also at these positions
-  double budget_mib = 0.0;           // keep snapshots within this many MiB, evicting the least recently used (0: no limit)
-  // also, after each prompt read, at the position just before the LAST occurrence of this id in the prompt
-  // (-1: off). With <|im_start|> that is the generation prompt's header: a template that rewrites the
-  // previous reply (Qwen3 strips its empty <think> block) diverges right after it.
-  int32_t before_last = -1;
-  void validate() const;
-};
 
 struct GenerateOptions {
   int64_t max_new_tokens = 0;        // 0: prompt-only call
