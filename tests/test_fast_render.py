@@ -165,6 +165,22 @@ def test_segment_encoder_matches_the_tokenizer(family, data):
     assert seg.encode(t) == family.hf.encode(t, add_special_tokens=False).ids
 
 
+LONG = st.lists(st.sampled_from(PIECES[:16] + ["\n!", "\nx", "x\n", " \n", "\n\n", "def f():\n    return 1\n", "é\n"]),
+                min_size=10, max_size=60).map("".join)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_long_stretches_are_remembered_exactly(family, data):
+    """Long stretches (and what follows their first line break) are remembered with their ids: the same text
+    after other headers, or again, still encodes as the tokenizer does."""
+    seg = SegmentEncoder.of(family)
+    body = data.draw(LONG)
+    for head in ("", "\n\n", "assistant\n", "x", " ", "\n", "</think>\n\n", "é"):
+        for text in (head + body, head + body + "<|im_end|>" + body):
+            assert seg.encode(text) == family.hf.encode(text, add_special_tokens=False).ids, (head, body)
+
+
 @SETTINGS
 @given(st.lists(st.tuples(st.integers(0, 3), SEG_TEXT, SEG_TEXT), min_size=1, max_size=6))
 def test_incremental_encoder_matches_whole_encodes(steps):

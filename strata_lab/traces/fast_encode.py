@@ -34,7 +34,19 @@ __all__ = ["SegmentEncoder", "IncrementalEncoder"]
 _UNSAFE = re.compile(r"[^\t\n\r\x20-\x7e]")  # outside: the tokenizer encodes the piece itself
 _GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _MAX_PIECES = 1 << 20  # pre-tokens cached (then the cache starts over)
+_MIN_KEPT = 64  # stretches between added tokens this long are remembered with their ids ...
+_MAX_KEPT_CHARS = 32 << 20  # ... up to this many characters (then they start over)
 _OF: dict = {}  # id(hf tokenizer) -> (it, its SegmentEncoder or None)
+# Split regexes in which a newline followed by a printable ASCII character other than space always ends a
+# pre-token (a newline only ever sits in a run of whitespace or at the end of a match): Qwen2/3, Llama-3, GPT-2.
+# There a stretch can be cut after its first such newline and each part encoded on its own; the part after
+# it is remembered too (the same turn text after another header: Qwen3 drops a turn's think block once the
+# next user query comes, so the reply's text recurs after "assistant\n" instead of "</think>\n\n").
+_LINE_PATTERNS = frozenset((
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    _GPT2))
+_LINE_START = re.compile(r"\n[!-~]")
 
 
 def _byte_map() -> dict[int, str]:
@@ -82,8 +94,9 @@ class SegmentEncoder:
     """`encode(text)` == `tokenizer.encode(text)`, fast on ASCII; `scan(text, start)` iterates the added-token
     matches from `start` (a position where the tokenizer's own scan resumes)."""
 
-    def __init__(self, tokenizer, split: re.Pattern, added: dict[str, int]):
+    def __init__(self, tokenizer, split: re.Pattern, added: dict[str, int], lines: bool = False):
         self.tokenizer = tokenizer
+        self._lines = lines  # the split regex is one of _LINE_PATTERNS
         self._hf = tokenizer.hf
         self._model = tokenizer.hf.model
         self._split = split.findall
@@ -93,6 +106,8 @@ class SegmentEncoder:
         self._bytes = {chr(b): s for b, s in _byte_map().items()}
         self._trans = str.maketrans({chr(b): s for b, s in _byte_map().items()})
         self._pieces: dict[str, list[int]] = {}
+        self._kept: dict[str, list[int]] = {}  # stretches of >= _MIN_KEPT characters
+        self._kept_chars = 0
 
     @classmethod
     def of(cls, tokenizer) -> "SegmentEncoder | None":
@@ -150,10 +165,37 @@ class SegmentEncoder:
                 return None
             if t.content:
                 added[t.content] = i
-        return cls(tokenizer, split_re, added)
+        return cls(tokenizer, split_re, added, pattern in _LINE_PATTERNS)
 
     def piece_ids(self, piece: str) -> list[int]:
-        """Ids of one stretch of text holding no added token."""
+        """Ids of one stretch of text holding no added token (the tokenizer encodes each such stretch on its
+        own, so the same stretch always has the same ids: long ones are remembered, e.g. a tool result that a
+        re-rendered turn holds again, or a system prompt every session starts with). The list is shared: do
+        not change it."""
+        if len(piece) >= _MIN_KEPT:
+            got = self._kept.get(piece)
+            if got is None:
+                m = _LINE_START.search(piece) if self._lines else None
+                if m is not None:  # a pre-token starts there: the rest is remembered on its own as well
+                    rest = piece[m.end() - 1:]
+                    tail = self._kept.get(rest)
+                    if tail is None:
+                        tail = self._piece_ids(rest)
+                        if len(rest) >= _MIN_KEPT:
+                            self._kept[rest] = tail
+                            self._kept_chars += len(rest)
+                    got = self._piece_ids(piece[: m.end() - 1]) + tail
+                else:
+                    got = self._piece_ids(piece)
+                self._kept_chars += len(piece)
+                if self._kept_chars > _MAX_KEPT_CHARS:
+                    self._kept.clear()
+                    self._kept_chars = len(piece)
+                self._kept[piece] = got
+            return got
+        return self._piece_ids(piece)
+
+    def _piece_ids(self, piece: str) -> list[int]:
         if not piece:
             return []
         if _UNSAFE.search(piece) is not None:
