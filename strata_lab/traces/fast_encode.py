@@ -33,9 +33,9 @@ __all__ = ["SegmentEncoder", "IncrementalEncoder"]
 
 _UNSAFE = re.compile(r"[^\t\n\r\x20-\x7e]")  # outside: the tokenizer encodes the piece itself
 _GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-_MAX_PIECES = 1 << 20  # pre-tokens cached (then the cache starts over)
+_MAX_PIECES = 1 << 18  # pre-tokens cached (then the cache starts over)
 _MIN_KEPT = 64  # stretches between added tokens this long are remembered with their ids ...
-_MAX_KEPT_CHARS = 32 << 20  # ... up to this many characters (then they start over)
+_MAX_KEPT_CHARS = 4 << 20  # ... up to this many characters (then they start over; ~10 bytes a character)
 _OF: dict = {}  # id(hf tokenizer) -> (it, its SegmentEncoder or None)
 # Split regexes in which a newline followed by a printable ASCII character other than space always ends a
 # pre-token (a newline only ever sits in a run of whitespace or at the end of a match): Qwen2/3, Llama-3, GPT-2.
