@@ -103,7 +103,19 @@ class FastRenderer:
 
     def _message(self, m, notes: list):
         """(role, text, reasoning or None, [rendered tool calls] or None, tool_call_id, call ids) or None."""
-        if m.__class__ is not dict or not _KEYS.issuperset(m):
+        if m.__class__ is not dict:
+            return None
+        n = len(m)
+        if n <= 3:  # the common shapes, checked in full here: a user / system text, a tool result
+            role, content = m.get("role"), m.get("content")
+            if content.__class__ is str:
+                if n == 2 and (role == "user" or role == "system"):
+                    return role, content, None, None, None, None
+                if n == 3 and role == "tool":
+                    tcid = m.get("tool_call_id")
+                    if tcid.__class__ is str and tcid:
+                        return role, content, None, None, tcid, None
+        if not _KEYS.issuperset(m):
             return None
         role = m.get("role")
         if role not in _ROLES:
