@@ -291,6 +291,7 @@ class IncrementalEncoder:
                 start = pends[j - 1]
                 ids = pids[: pcounts[j - 1]]
                 ends, counts = pends[:j], pcounts[:j]
+        reused = len(ids)
         pos = start
         for m in seg.scan(text, start):
             s, e = m.span()
@@ -298,6 +299,7 @@ class IncrementalEncoder:
                 # the same match after the same piece: the previous text's ids for both
                 ids += pids[pcounts[j - 1] if j else 0: pcounts[j]]
                 j += 1
+                reused = len(ids)
             else:
                 j = len(pends)  # the texts part here: encode from now on
                 if s > pos:
@@ -308,7 +310,7 @@ class IncrementalEncoder:
             counts.append(len(ids))
         if pos < len(text):
             ids += seg.piece_ids(text[pos:])
-        self.reused = counts[j - 1] if 0 < j <= len(counts) and prev is not None else 0
+        self.reused = reused
         if key is not None:
             self._remember(key, (text, ids, ends, counts))
         return ids
