@@ -25,7 +25,7 @@ PIECES = ["the", " cache", "Hello", "\n", "\n\n", " ", "  ", "\t", "\r\n", "'s",
 text = st.lists(st.sampled_from(PIECES), max_size=12).map("".join)
 args = st.one_of(st.none(), st.just(""), st.just("{}"), st.just('{"path": "a.py", "n": [1, 2]}'),
                  st.just('{"q": "ü \\u00e9"}'), st.just("not json"), st.just("[1, 2]"), st.just('"s"'),
-                 st.just({"x": 1}), st.just(3))
+                 st.just({"x": 1}), st.just({"x": 1.0}), st.just({"x": True}), st.just(3))
 tool_call = st.builds(lambda i, name, a, typ: {k: v for k, v in (("id", i), ("type", typ), ("function", {
     "name": name, "arguments": a})) if v != "-"},
     st.sampled_from(["c1", "c2", None, "-", 7]), st.sampled_from(["read", "write_file", ""]), args,
@@ -89,11 +89,13 @@ def _slow(msgs, tools, kw, reply):
 
 
 @SETTINGS
-@given(session_messages(), tools, kwargs, replies)
-def test_fast_renderer_matches_the_jinja_template(msgs, tools, kw, reply):
+@given(session_messages(), tools, kwargs, replies, st.integers(0, 8), session_messages())
+def test_fast_renderer_matches_the_jinja_template(msgs, tools, kw, reply, keep, other):
     fast = FastRenderer.of(TMPL)
+    # the session's previous call: part of this one's history, then other messages (an edit)
+    fast.render(msgs[:keep] + other, tools, dict(kw), [], None, key="s")
     notes: list = []
-    got = fast.render(msgs, tools, dict(kw), notes, reply)
+    got = fast.render(msgs, tools, dict(kw), notes, reply, key="s")
     prompt, full, slow_notes = _slow(msgs, tools, kw, reply)
     if got is None:
         return  # the caller renders with the template: nothing to compare
@@ -116,6 +118,17 @@ def test_fast_renderer_takes_the_common_shapes():
         got = fast.render(msgs, None, kw, [], {"role": "assistant", "content": "ok"})
         assert got is not None and got[0] == _slow(msgs, None, kw, None)[0]
     assert FastRenderer.of(ChatTemplate(TMPL.source + " ", name="other")) is None
+
+
+def test_equal_but_differently_typed_arguments_are_not_reused():
+    """1 == 1.0 == True, but tojson writes them apart: a message is taken from the session's previous call only
+    when it has no object arguments."""
+    fast = FastRenderer.of(TMPL)
+    for value in (1, 1.0, True):
+        msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": value}}}]}]
+        got = fast.render(msgs, None, {}, [], None, key="s")
+        assert got[0] == TMPL.render(vllm_messages(msgs)) and json.dumps(value) in got[0]
 
 
 def test_a_refused_message_is_refused_the_same_way(tmp_path):

@@ -29,6 +29,7 @@ _TOOLS_TAIL = ("\n</tools>\n\nFor each function call, return a json object with 
                "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
                "<args-json-object>}\n</tool_call><|im_end|>\n")
 _MAX_ARGS = 1 << 16  # argument strings whose rendering is remembered
+_MAX_SESSIONS = 1024  # sessions whose last call's messages are remembered
 
 
 @lru_cache(maxsize=1)
@@ -63,6 +64,7 @@ class FastRenderer:
     def __init__(self, template):
         self.template = template
         self._args: dict = {}  # argument JSON string -> (rendered text, parsed as JSON?)
+        self._prev: dict = {}  # session -> (its last call's messages, their checked parts), oldest first
 
     @classmethod
     def of(cls, template) -> "FastRenderer | None":
@@ -73,12 +75,12 @@ class FastRenderer:
         return cls(template)
 
     def _arguments(self, args, notes: list):
-        """The rendered arguments of a tool call, as vLLM parses them and the template writes them; None: not
-        one this renderer handles (the template's checks decide)."""
+        """(the rendered arguments of a tool call, as vLLM parses them and the template writes them; whether
+        they were JSON), or None: not one this renderer handles (the template's checks decide)."""
         if not args:
-            return "{}"
+            return "{}", True
         if args.__class__ is dict:
-            return _dumps(args)
+            return _dumps(args), True
         if args.__class__ is not str:
             return None
         got = self._args.get(args)
@@ -99,7 +101,7 @@ class FastRenderer:
             self._args[args] = got
         if not got[1] and _NOT_JSON not in notes:
             notes.append(_NOT_JSON)
-        return got[0]
+        return got
 
     def _message(self, m, notes: list):
         """(role, text, reasoning or None, [rendered tool calls] or None, tool_call_id, call ids) or None."""
@@ -110,11 +112,11 @@ class FastRenderer:
             role, content = m.get("role"), m.get("content")
             if content.__class__ is str:
                 if n == 2 and (role == "user" or role == "system"):
-                    return role, content, None, None, None, None
+                    return role, content, None, None, None, None, True, False
                 if n == 3 and role == "tool":
                     tcid = m.get("tool_call_id")
                     if tcid.__class__ is str and tcid:
-                        return role, content, None, None, tcid, None
+                        return role, content, None, None, tcid, None, True, False
         if not _KEYS.issuperset(m):
             return None
         role = m.get("role")
@@ -138,6 +140,7 @@ class FastRenderer:
         calls = m.get("tool_calls")
         rendered = None
         ids = None
+        plain, noted = True, False  # plain: no object arguments (equal messages then render the same)
         if calls is not None:
             if role != "assistant" or calls.__class__ is not list:
                 return None
@@ -156,9 +159,14 @@ class FastRenderer:
                 fname = fn.get("name")
                 if fname.__class__ is not str or not fname:
                     return None
-                args = self._arguments(fn.get("arguments"), notes)
-                if args is None:
+                a = fn.get("arguments")
+                if a and a.__class__ is not str:
+                    plain = False  # 1 == 1.0 == True, but tojson writes them apart
+                got = self._arguments(a, notes)
+                if got is None:
                     return None
+                args, json_ok = got
+                noted = noted or not json_ok
                 rendered.append('<tool_call>\n{"name": ' + _dumps(fname) + ', "arguments": ' + args + "}\n</tool_call>")
             if not rendered:
                 rendered = None
@@ -170,7 +178,7 @@ class FastRenderer:
                 return None
         elif tcid is not None:
             return None
-        return role, text, reasoning, rendered, tcid, ids
+        return role, text, reasoning, rendered, tcid, ids, plain, noted
 
     @staticmethod
     def _assistant(text: str, reasoning, calls, after_query: bool) -> str:
@@ -185,23 +193,40 @@ class FastRenderer:
             out += ("\n" if text else "") + "\n".join(calls)
         return out + "<|im_end|>\n"
 
-    def render(self, messages, tools, kwargs: dict, notes: list, reply: dict | None = None):
+    def render(self, messages, tools, kwargs: dict, notes: list, reply: dict | None = None, key=None):
+        """(prompt, full) or None (see the module). `key` (a session): messages equal to those at the same
+        place in the key's previous call (and without object arguments) take that call's checks and parts."""
         if not messages or (kwargs and (set(kwargs) != {"enable_thinking"}
                                         or kwargs["enable_thinking"] not in (None, True, False))):
             return None
         if kwargs.get("enable_thinking") is not None and kwargs["enable_thinking"].__class__ is not bool:
             return None
-        parsed = []
-        call_ids: set = set()
-        for m in messages:
+        k, parsed = 0, []
+        prev = self._prev.get(key) if key is not None else None
+        if prev is not None:
+            praw, pparsed = prev
+            lim = min(len(messages), len(praw))
+            while k < lim and pparsed[k][6] and (messages[k] is praw[k] or messages[k] == praw[k]):
+                k += 1
+            parsed = pparsed[:k]
+            if _NOT_JSON not in notes and any(p[7] for p in parsed):
+                notes.append(_NOT_JSON)
+        for m in messages[k:] if k else messages:
             p = self._message(m, notes)
             if p is None:
                 return None
+            parsed.append(p)
+        if key is not None:
+            self._prev.pop(key, None)
+            self._prev[key] = (messages, parsed)
+            if len(self._prev) > _MAX_SESSIONS:
+                del self._prev[next(iter(self._prev))]
+        call_ids: set = set()
+        for p in parsed:
             if p[0] == "assistant":
                 call_ids = p[5]
             elif p[0] == "tool" and call_ids and p[4] not in call_ids:
                 return None  # tool_call_id of no preceding tool call: refused by the checks
-            parsed.append(p)
         last = None
         if reply is not None:
             last = self._message(reply, [])
@@ -239,7 +264,7 @@ class FastRenderer:
                 last_query = i
                 break
         n = len(parsed)
-        for i, (role, text, reasoning, calls, _, _) in enumerate(parsed):
+        for i, (role, text, reasoning, calls, _, _, _, _) in enumerate(parsed):
             if role == "user" or (role == "system" and i):
                 out.append("<|im_start|>" + role + "\n" + text + "<|im_end|>\n")
             elif role == "assistant":

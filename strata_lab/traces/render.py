@@ -233,7 +233,7 @@ def _render_fast(call: dict, tokenizer, template, fast, encoder, kw: dict, notes
     if call["system"] and not (msgs and msgs[0].get("role") == "system"):
         msgs = [{"role": "system", "content": call["system"]}, *msgs]
     reply = None if call["response_ids"] else _reply(call)
-    got = fast.render(msgs, call["tools"], kw, notes, reply)
+    got = fast.render(msgs, call["tools"], kw, notes, reply, key=call["session"])
     if got is None or (reply is not None and not got[1].startswith(got[0])):
         return None  # not append-only here: reply_ids compares the turn token by token
     text, full = got
