@@ -96,7 +96,7 @@ def make_claude_code(path: str, mb: float, seed: int = 1) -> int:
 
 
 def child(mode: str, fmt: str, path: str) -> None:
-    if mode in ("trace", "render", "plain"):  # imports and the vocabulary (seconds, once per process) are not throughput
+    if mode in ("trace", "render", "plain"):  # imports and the vocabulary (seconds, once a process): not throughput
         from strata_lab import ChatTemplate, load_tokenizer, load_trace  # noqa: F401
         import strata_lab.traces.trace  # noqa: F401
 

@@ -41,12 +41,13 @@ CHAINING_RULE = (
     "gen_ai.conversation.id, the session id inside Claude Code's metadata.user_id). Otherwise calls are chained "
     "by one rule, longest prefix over recent calls (not equality): a call joins the session of the recent call "
     "with which it shares the longest prefix that covers that session's start (the call need not extend it); "
-    "with none, it starts a new session. Message-level logs compare whole messages (about the last million) and the start is the "
-    "system messages and the first user turn. Id-level logs (vLLM, SGLang) compare token ids (the last "
-    f"{ID_RECENT_SESSIONS} sessions, prefix lengths to within {ID_BLOCK} ids) and the start is the session's first prompt "
-    f"except at most its last {ID_SLACK} ids (the generation prompt, which later calls may render differently; "
-    f"{TEXT_SLACK} characters for vLLM prompts logged as text). So an edited history or a re-rendered reply stays in "
-    "its session, and conversations that share only a system prompt do not merge.")
+    "with none, it starts a new session. Message-level logs compare whole messages (about the last million) "
+    "and the start is the system messages and the first user turn. Id-level logs (vLLM, SGLang) compare token "
+    f"ids (the last {ID_RECENT_SESSIONS} sessions, prefix lengths to within {ID_BLOCK} ids) and the start is the "
+    f"session's first prompt except at most its last {ID_SLACK} ids (the generation prompt, which later calls "
+    f"may render differently; {TEXT_SLACK} characters for vLLM prompts logged as text). So an edited history "
+    "or a re-rendered reply stays in its session, and conversations that share only a system prompt do not "
+    "merge.")
 # every call has these keys (None when the log does not say)
 FIELDS = ("ts", "session", "call", "model", "fidelity", "source", "format", "request_id",
           "system", "messages", "tools", "prompt_text", "prompt_ids", "prompt_len",

@@ -29,6 +29,8 @@ from bisect import bisect_right
 from collections import OrderedDict
 from itertools import chain
 
+from strata_lab.traces.render import _common_prefix
+
 __all__ = ["SegmentEncoder", "IncrementalEncoder"]
 
 _UNSAFE = re.compile(r"[^\t\n\r\x20-\x7e]")  # outside: the tokenizer encodes the piece itself
@@ -42,10 +44,9 @@ _OF: dict = {}  # id(hf tokenizer) -> (it, its SegmentEncoder or None)
 # There a stretch can be cut after its first such newline and each part encoded on its own; the part after
 # it is remembered too (the same turn text after another header: Qwen3 drops a turn's think block once the
 # next user query comes, so the reply's text recurs after "assistant\n" instead of "</think>\n\n").
-_LINE_PATTERNS = frozenset((
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    _GPT2))
+_QWEN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LINE_PATTERNS = frozenset((_QWEN, _QWEN.replace(r"|\p{N}|", r"|\p{N}{1,3}|", 1), _GPT2))  # Qwen, Llama-3, GPT-2
 _LINE_START = re.compile(r"\n[!-~]")
 
 
@@ -103,7 +104,6 @@ class SegmentEncoder:
         self._added = added
         self.max_added = max(map(len, added), default=0)
         self._scan = re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True)))) if added else None
-        self._bytes = {chr(b): s for b, s in _byte_map().items()}
         self._trans = str.maketrans({chr(b): s for b, s in _byte_map().items()})
         self._pieces: dict[str, list[int]] = {}
         self._kept: dict[str, list[int]] = {}  # stretches of >= _MIN_KEPT characters
@@ -248,20 +248,6 @@ class FastTokenizer:
 
     def __getattr__(self, name):
         return getattr(self.seg.tokenizer, name)
-
-
-def _common_prefix(a: str, b: str) -> int:
-    """Length of the common prefix of two strings (comparisons by str.startswith, in C)."""
-    if a.startswith(b):
-        return len(b)
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a.startswith(b[:mid]):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class IncrementalEncoder:
