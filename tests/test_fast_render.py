@@ -247,3 +247,15 @@ def test_trace_render_fast_path_equals_the_plain_one(tmp_path, seed):
     fast = [(c["source"], r) for c, r in load_trace(path).render(TOK)]
     plain = [(c["source"], r) for c, r in load_trace(path).render(TOK, fast=False)]
     assert len(fast) == len(plain) == 18 and fast == plain
+
+
+FIX = Path(__file__).parent / "fixtures" / "traces"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIX.iterdir() if p.suffix != ".md"))
+def test_every_fixture_renders_the_same_on_both_paths(name):
+    """The hand-written logs of every format (odd cases included): the same calls skipped, the same ids."""
+    fast, plain = load_trace(FIX / name), load_trace(FIX / name)
+    a = [(c["source"], r) for c, r in fast.render(TOK)]
+    b = [(c["source"], r) for c, r in plain.render(TOK, fast=False)]
+    assert a == b and fast.render_skipped == plain.render_skipped
