@@ -1,8 +1,13 @@
 """Import speed and memory, and import + replay against kvlint, on generated logs.
 
 1. `load_trace` (import) and `load_trace` + render + encode with the Qwen3 tokenizer and template (what
-   `to_dump` does per call; the vocabulary is loaded before the clock starts) on generated OpenAI and Claude Code logs vs `json.loads` of the same lines (the
-   floor: any reader must at least parse every line). Target: render + encode >= 0.5x json.loads.
+   `to_dump` does per call; the vocabulary is loaded before the clock starts) on generated OpenAI and Claude Code
+   logs vs `json.loads` of the same lines (the floor: any reader must at least parse every line). Target: render
+   + encode >= 0.5x json.loads. Two render rows: `+render` (the fast path: the qwen3 template in Python, pieces
+   encoded with the tokenizer's own BPE model, incrementally per session) and `+plain` (`render(fast=False)`: the
+   Jinja template and `tokenizer.encode`, what the fast path is checked against; the same ids, checked here too
+   by a digest of every call's ids). The OpenAI log's sessions have --turns calls each (each call resends the
+   history, so the JSON grows with the square of the session length and the new text to encode linearly).
 2. `strata-lab replay LOG --engine vllm --engine sglang` (import, render, encode, replay under both caches) vs
    `kvlint analyze LOG --engine vllm --engine sglang` (PyPI `kvlint`, the same simulation) on one generated
    agent log of --agent-requests requests (issue: 3,000; default 600 to keep the run short), both with the same local tokenizer folder (the
@@ -11,6 +16,7 @@
 
     PYTHONPATH=$PWD python benchmarks/traces.py              # 8 MB per log, 600 agent requests (a few minutes)
     PYTHONPATH=$PWD python benchmarks/traces.py --mb 500 --agent-requests 3000     # the issue's sizes
+    PYTHONPATH=$PWD python benchmarks/traces.py --mb 50 --formats openai --skip kvlint --no-plain  # import only
 
 Each measurement runs in a fresh child process so its peak RSS is its own; the table prints MB/s, calls/s,
 the ratio to json.loads in the same run (fastest of --repeat runs each), and the child's peak RSS above an idle
@@ -36,13 +42,13 @@ def _text(rng: random.Random, lo: int, hi: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randrange(lo, hi)))
 
 
-def make_openai(path: str, mb: float, seed: int = 0) -> int:
+def make_openai(path: str, mb: float, seed: int = 0, turns: int = 16) -> int:
     """Agent-like request logs: each line resends the whole conversation so far (request + response pair)."""
     rng, calls, s = random.Random(seed), 0, 0
     with open(path, "w") as f:
         while f.tell() < mb * 2**20:
             msgs = [{"role": "system", "content": _text(rng, 100, 300)}]
-            for turn in range(16):
+            for turn in range(turns):
                 msgs.append({"role": "user", "content": _text(rng, 10, 80)} if turn % 2 == 0 else
                             {"role": "tool", "tool_call_id": f"c{s}_{turn - 1}", "content": _text(rng, 50, 400)})
                 reply = {"role": "assistant", "content": None,
@@ -90,11 +96,11 @@ def make_claude_code(path: str, mb: float, seed: int = 1) -> int:
 
 
 def child(mode: str, fmt: str, path: str) -> None:
-    if mode in ("trace", "render"):  # imports and the vocabulary (seconds, once per process) are not throughput
+    if mode in ("trace", "render", "plain"):  # imports and the vocabulary (seconds, once a process): not throughput
         from strata_lab import ChatTemplate, load_tokenizer, load_trace  # noqa: F401
         import strata_lab.traces.trace  # noqa: F401
 
-        if mode == "render":
+        if mode in ("render", "plain"):
             tok, tmpl = load_tokenizer("qwen3"), ChatTemplate.from_name("qwen3")
     t0 = time.perf_counter()
     if mode == "idle":
@@ -106,10 +112,23 @@ def child(mode: str, fmt: str, path: str) -> None:
             for line in f:
                 json.loads(line)
                 n += 1
-    elif mode == "render":
+    elif mode in ("render", "plain"):
+        import hashlib
+
         from strata_lab import load_trace
 
-        n = sum(1 for _ in load_trace(path, format=fmt).render(tok, tmpl))
+        from array import array
+
+        n, digest, checking = 0, hashlib.blake2b(digest_size=8), 0.0
+        for _, r in load_trace(path, format=fmt).render(tok, tmpl, fast=mode == "render"):
+            n += 1
+            t1 = time.perf_counter()  # the check of the ids is not the render's time
+            digest.update(array("q", r.prompt_ids).tobytes() + b"|" + array("q", r.gen_ids).tobytes() + b";")
+            checking += time.perf_counter() - t1
+        seconds = time.perf_counter() - t0 - checking
+        print(json.dumps({"seconds": seconds, "n": n, "ids": digest.hexdigest(),
+                          "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+        return
     else:
         from strata_lab import load_trace
 
@@ -130,6 +149,10 @@ def main() -> None:
     ap.add_argument("--agent-requests", type=int, default=600,
                     help="requests in the log replayed against kvlint (issue: 3000)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: import, kvlint")
+    ap.add_argument("--formats", default="openai,claude-code", help="logs of the import table: openai, claude-code")
+    ap.add_argument("--turns", type=int, default=16, help="calls per session in the OpenAI log")
+    ap.add_argument("--no-plain", dest="plain", action="store_false",
+                    help="skip the plain (Jinja + tokenizer.encode) render row: it is the slow one")
     ap.add_argument("--repeat", type=int, default=2, help="runs per reader; the fastest counts (noisy machines)")
     ap.add_argument("--child", nargs=3, metavar=("MODE", "FORMAT", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -146,18 +169,33 @@ def import_table(args) -> None:
     idle = run_child("idle", "-", "-")["rss_mb"]
     print(f"{'format':<12} {'MB':>6} {'calls':>8} {'reader':<10} {'MB/s':>7} {'calls/s':>9} {'x json.loads':>12} "
           f"{'peak RSS over idle MB':>22}")
+    makers = {"openai": lambda p: make_openai(p, args.mb, turns=args.turns),
+              "claude-code": lambda p: make_claude_code(p, args.mb)}
+    formats = [f for f in args.formats.split(",") if f]
+    unknown = sorted(set(formats) - set(makers))
+    if unknown:
+        raise SystemExit(f"--formats: unknown {', '.join(unknown)}; known: {', '.join(makers)}")
     with tempfile.TemporaryDirectory() as tmp:
-        for fmt, make in (("openai", make_openai), ("claude-code", make_claude_code)):
+        for fmt in formats:
             path = os.path.join(tmp, f"{fmt}.jsonl")
-            calls = make(path, args.mb)
+            calls = makers[fmt](path)
             mb = os.path.getsize(path) / 2**20
-            floor = min((run_child("json", fmt, path) for _ in range(args.repeat)), key=lambda r: r["seconds"])
-            ours = min((run_child("trace", fmt, path) for _ in range(args.repeat)), key=lambda r: r["seconds"])
-            rendered = min((run_child("render", fmt, path) for _ in range(args.repeat)), key=lambda r: r["seconds"])
-            assert ours["n"] == calls, (ours["n"], calls)
-            for name, r in (("json.loads", floor), ("load_trace", ours), ("+render", rendered)):
+            best = {}
+            # interleaved, so that every reader sees the same load on a shared machine
+            for _ in range(args.repeat):
+                for mode in ("json", "trace", "render") + (("plain",) if args.plain else ()):
+                    r = run_child(mode, fmt, path)
+                    if mode not in best or r["seconds"] < best[mode]["seconds"]:
+                        best[mode] = r
+            assert best["trace"]["n"] == calls, (best["trace"]["n"], calls)
+            if "plain" in best:  # the fast path gives the plain path's ids, call by call
+                assert best["plain"]["ids"] == best["render"]["ids"], "fast and plain render differ"
+            rows = [("json.loads", best["json"]), ("load_trace", best["trace"]), ("+render", best["render"])]
+            if "plain" in best:
+                rows.append(("+plain", best["plain"]))
+            for name, r in rows:
                 print(f"{fmt:<12} {mb:>6.0f} {calls:>8} {name:<10} {mb / r['seconds']:>7.1f} "
-                      f"{calls / r['seconds']:>9.0f} {floor['seconds'] / r['seconds']:>12.2f} "
+                      f"{calls / r['seconds']:>9.0f} {best['json']['seconds'] / r['seconds']:>12.2f} "
                       f"{r['rss_mb'] - idle:>22.1f}")
 
 

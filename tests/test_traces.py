@@ -38,6 +38,8 @@ FIXTURES = {
     "sharegpt-tools.json": ("sharegpt", 4, 1),
     "sharegpt-messages.jsonl": ("sharegpt", 4, 2),
     "vllm-text.log": ("vllm-log", 2, 1),
+    "vllm-edits.log": ("vllm-log", 6, 3),
+    "sglang-edits.jsonl": ("sglang-log", 6, 3),
     "sglang-default.log": ("sglang-log", 2, 1),
     "llama-cancel.log": ("llama.cpp-log", 2, 1),
     "codex-rollout-late.jsonl": ("codex", 2, 1),

@@ -333,7 +333,9 @@ def test_cli_help_documents_the_chaining_rule_and_session_key(capsys):
         with pytest.raises(SystemExit):
             _cli(cmd, "--help")
         text = " ".join(capsys.readouterr().out.split())
-        assert "--session-key FIELD.PATH" in text and "longest message prefix" in text, cmd
+        assert "--session-key FIELD.PATH" in text and "longest prefix over recent calls (not equality)" in text, cmd
+        # the id-level rule, with its minimum, is the same rule on ids
+        assert "Id-level logs (vLLM, SGLang) compare token ids" in text and "except at most its last 16 ids" in text
 
 
 def test_cli_replay_takes_session_key(tmp_path, capsys):

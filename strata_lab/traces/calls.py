@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from array import array
-from collections import deque
+from collections import OrderedDict
 from typing import Any, Iterable, Sequence
 
 __all__ = ["FIELDS", "FIDELITIES", "new_call", "text_parts", "image_placeholder", "tool_call", "SessionChain",
@@ -28,14 +28,26 @@ __all__ = ["FIELDS", "FIDELITIES", "new_call", "text_parts", "image_placeholder"
 # rendered prompt text (encoded with the tokenizer); lengths: only token counts (placeholder ids keep the reuse)
 FIDELITIES = ("ids", "messages", "text", "lengths")
 
+# id-level chaining (SessionChain.session_of_ids): sessions remembered, prefix-length granularity, and how many
+# ids (characters for prompts logged as text) at the end of a session's first prompt a later call may differ in
+ID_RECENT_SESSIONS = 1024
+ID_BLOCK = 64
+ID_SLACK = 16
+TEXT_SLACK = 64
+
 CHAINING_RULE = (
     "Sessions: a log field names the session where it has one (--session-key FIELD.PATH, else the reader's own: "
     "OpenAI session / session_id / metadata.session_id, Claude Code sessionId, Codex session id, OTel "
-    "gen_ai.conversation.id, the session id inside Claude Code's metadata.user_id). Otherwise calls are chained: "
-    "a call joins the session of the recent call (about the last million messages) with which it shares the "
-    "longest message prefix, provided that prefix reaches past the system messages into the first user turn; "
-    "else it starts a new session. Id-level logs (vLLM, SGLang) chain on ids: a call joins the session whose "
-    "earlier prompt, or prompt + reply, is a prefix of its own.")
+    "gen_ai.conversation.id, the session id inside Claude Code's metadata.user_id). Otherwise calls are chained "
+    "by one rule, longest prefix over recent calls (not equality): a call joins the session of the recent call "
+    "with which it shares the longest prefix that covers that session's start (the call need not extend it); "
+    "with none, it starts a new session. Message-level logs compare whole messages (about the last million) "
+    "and the start is the system messages and the first user turn. Id-level logs (vLLM, SGLang) compare token "
+    f"ids (the last {ID_RECENT_SESSIONS} sessions, prefix lengths to within {ID_BLOCK} ids) and the start is the "
+    f"session's first prompt except at most its last {ID_SLACK} ids (the generation prompt, which later calls "
+    f"may render differently; {TEXT_SLACK} characters for vLLM prompts logged as text). So an edited history "
+    "or a re-rendered reply stays in its session, and conversations that share only a system prompt do not "
+    "merge.")
 # every call has these keys (None when the log does not say)
 FIELDS = ("ts", "session", "call", "model", "fidelity", "source", "format", "request_id",
           "system", "messages", "tools", "prompt_text", "prompt_ids", "prompt_len",
@@ -148,15 +160,21 @@ def field_path(rec: Any, path: str) -> Any:
 class SessionChain:
     """Derives session keys for logs that carry none (`CHAINING_RULE`). Messages: every prefix of every call's
     prompt (and prompt + reply) is registered to its session, most recent first; a later call joins the
-    session of its longest registered prefix if that prefix reaches the first non-system message. Ids: a call
-    joins the session whose prompt (or prompt + reply) is a prefix of its own."""
+    session of its longest registered prefix if that prefix reaches the first non-system message. Ids: see
+    `session_of_ids`."""
 
-    def __init__(self, prefix: str, *, recent_lengths: int = 256, max_entries: int = 1 << 20):
+    def __init__(self, prefix: str, *, max_entries: int = 1 << 20):
         self.prefix = prefix
         self._seen: dict = {}  # prefix digest (int for messages, bytes for ids) -> session
         self._count = 0
         self._max = max_entries  # oldest digests go first: a session idle for a million messages starts anew
-        self._lengths: deque[int] = deque(maxlen=recent_lengths)  # id prompts: lengths worth probing
+        # id-level chaining: per recent session (least recently active first) its latest call's block digests;
+        # its first prompt's required prefix (length, digest); how many sessions require each length
+        self._last: OrderedDict = OrderedDict()
+        self._first_key: dict = {}
+        self._firsts: dict = {}
+        self._req_count: dict[int, int] = {}
+        self._tick = 0
 
     def _remember(self, digest, session: str) -> None:
         self._seen.setdefault(digest, session)
@@ -195,17 +213,63 @@ class SessionChain:
             self._claim(hash((h, _message_key(reply))), session)
         return session
 
-    def session_of_ids(self, prompt_ids: Sequence[int], reply_ids: Iterable[int] = ()) -> str:
+    def session_of_ids(self, prompt_ids: Sequence[int], reply_ids: Iterable[int] = (), *,
+                       slack: int = ID_SLACK) -> str:
+        """The session of an id-level call (`CHAINING_RULE`): candidates are the recent sessions whose first
+        prompt this one contains, all but at most its last `slack` ids (at least half of it); among them the
+        one whose latest call (prompt + reply) shares the longest prefix with it (to within `ID_BLOCK` ids;
+        ties: the most recent). None: a new session, whose first prompt is this one."""
         raw = array("q", prompt_ids).tobytes()
-        session = None
-        for n in sorted(set(self._lengths), reverse=True):
-            if n <= len(prompt_ids):
-                session = self._seen.get(hashlib.blake2b(raw[: 8 * n], digest_size=16).digest())
-                if session is not None:
-                    break
-        session = session or self._new()
-        full = raw + array("q", reply_ids).tobytes()
-        for data in (raw, full):
-            self._remember(hashlib.blake2b(data, digest_size=16).digest(), session)
-            self._lengths.append(len(data) // 8)
+        n = len(raw) // 8
+        wanted = {k for k in self._req_count if 0 < k <= n}
+        wanted.update(range(ID_BLOCK, n + 1, ID_BLOCK))
+        digests, h, at = {}, hashlib.blake2b(digest_size=16), 0
+        for k in sorted(wanted):  # prefix digests, one streaming pass
+            h.update(raw[8 * at: 8 * k])
+            at = k
+            digests[k] = h.copy().digest()
+        blocks = [digests[k] for k in range(ID_BLOCK, n + 1, ID_BLOCK)]
+        best, best_len = None, -1
+        for k in self._req_count:
+            d = digests.get(k)
+            for session in self._firsts.get((k, d), ()) if d is not None else ():
+                last = self._last[session][1]
+                lo, hi = 0, min(len(last), len(blocks))  # chained digests: equal up to a point, then not
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if last[mid - 1] == blocks[mid - 1]:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                if lo > best_len or (lo == best_len and self._last[session][0] > self._last[best][0]):
+                    best, best_len = session, lo
+        session = best
+        if session is None:
+            session = self._new()
+            req = n - min(slack, n // 2)
+            h = hashlib.blake2b(digest_size=16)
+            h.update(raw[: 8 * req])
+            self._firsts.setdefault((req, h.digest()), []).append(session)
+            self._req_count[req] = self._req_count.get(req, 0) + 1
+            self._first_key[session] = (req, h.digest())
+        # the latest call of the session: its prompt + reply, as block digests
+        h = hashlib.blake2b(digest_size=16)
+        h.update(raw[: 8 * (n // ID_BLOCK * ID_BLOCK)])
+        rest = raw[8 * (n // ID_BLOCK * ID_BLOCK):] + array("q", reply_ids).tobytes()
+        for i in range(0, len(rest) // (8 * ID_BLOCK) * 8 * ID_BLOCK, 8 * ID_BLOCK):
+            h.update(rest[i: i + 8 * ID_BLOCK])
+            blocks.append(h.copy().digest())
+        self._tick += 1
+        self._last.pop(session, None)
+        self._last[session] = (self._tick, blocks)
+        while len(self._last) > ID_RECENT_SESSIONS:  # the least recently active session is forgotten
+            old = next(iter(self._last))
+            del self._last[old]
+            key = self._first_key.pop(old)
+            self._firsts[key].remove(old)
+            if not self._firsts[key]:
+                del self._firsts[key]
+            self._req_count[key[0]] -= 1
+            if not self._req_count[key[0]]:
+                del self._req_count[key[0]]
         return session

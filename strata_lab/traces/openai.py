@@ -34,7 +34,17 @@ def convert_messages(messages: list, notes: list) -> list[dict]:
     for m in messages:
         if not isinstance(m, dict):
             raise ValueError(f"message must be an object, got {type(m).__name__}")
-        role = _ROLES.get(m.get("role"), m.get("role"))
+        role = m.get("role")
+        content = m.get("content")
+        if content.__class__ is str and len(m) <= 3:  # the common shapes, as the general path writes them
+            if len(m) == 2 and (role == "user" or role == "system"):
+                out.append({"role": role, "content": content})
+                continue
+            tcid = m.get("tool_call_id")
+            if len(m) == 3 and role == "tool" and tcid.__class__ is str and tcid:
+                out.append({"role": role, "content": content, "tool_call_id": tcid})
+                continue
+        role = _ROLES.get(role, role)
         msg = {"role": role}
         content = m.get("content")
         if content is not None and content.__class__ is not str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 __all__ = ["Rendered", "render_call", "reply_ids", "vllm_messages", "PrefixEncoder", "LengthsSynth"]
 
 
+
 @dataclass
 class Rendered:
     prompt_ids: list[int]
@@ -126,6 +127,12 @@ def reply_ids(tokenizer, template, messages: list[dict], reply: dict, prompt_tex
             return tokenizer.encode((reply.get("content") or "") + (eos or ""))
         turn = tokenizer.encode(full[len(base):])
         ids = turn[_lcp(turn, tokenizer.encode(prompt_text[len(base):])):]
+    return _reply_end(tokenizer, template, reply, ids, notes)
+
+
+def _reply_end(tokenizer, template, reply: dict, ids: list[int], notes: list) -> list[int]:
+    """The generated ids from the reply turn's ids: reasoning the template dropped put back, cut after eos."""
+    eos = template.special_tokens.get("eos_token")
     reasoning = reply.get("reasoning_content")
     if reasoning and reasoning.strip() not in tokenizer.decode(ids):
         close = tokenizer.added_tokens.get("</think>")
@@ -220,11 +227,44 @@ def _common_prefix(a: str, b: str) -> int:
     return lo
 
 
+def _render_fast(call: dict, tokenizer, template, fast, encoder, kw: dict, notes: list):
+    """(prompt ids, generated ids) by the fast renderer, or None (then the template renders the call)."""
+    msgs = call["messages"] or ()
+    if call["system"] and not (msgs and msgs[0].get("role") == "system"):
+        msgs = [{"role": "system", "content": call["system"]}, *msgs]
+    reply = None if call["response_ids"] else _reply(call)
+    got = fast.render(msgs, call["tools"], kw, notes, reply, key=call["session"])
+    if got is None or (reply is not None and not got[1].startswith(got[0])):
+        return None  # not append-only here: reply_ids compares the turn token by token
+    text, full = got
+    key = call["session"]
+    prompt = encoder.encode(text, key) if encoder is not None else tokenizer.encode(text)
+    if call["response_ids"]:
+        return prompt, list(call["response_ids"])
+    if reply is None:
+        return prompt, []
+    n = len(text)
+    ids = encoder.encode_tail(key, full, n) if hasattr(encoder, "encode_tail") else tokenizer.encode(full[n:])
+    return prompt, _reply_end(tokenizer, template, reply, ids, notes)
+
+
 def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None = None,
-                encoder: PrefixEncoder | None = None) -> Rendered:
-    """Prompt and generated ids of one call (ids-level calls pass through; lengths-level calls raise)."""
+                encoder=None, fast=None) -> Rendered:
+    """Prompt and generated ids of one call (ids-level calls pass through; lengths-level calls raise).
+    `encoder`: a `PrefixEncoder` or `fast_encode.IncrementalEncoder` (the same ids, faster); `fast`: a
+    `fast_render.FastRenderer` for the template (the same text, faster)."""
     notes: list = []
-    if call["fidelity"] == "ids":
+    got = None
+    if call["fidelity"] == "messages" and fast is not None:
+        kw = dict((call.get("extra") or {}).get("chat_template_kwargs") or {})
+        if enable_thinking is not None:
+            kw["enable_thinking"] = enable_thinking
+        got = _render_fast(call, tokenizer, template, fast, encoder, kw, notes)
+        if got is None:
+            notes.clear()
+    if got is not None:
+        prompt, gen = got
+    elif call["fidelity"] == "ids":
         prompt = list(call["prompt_ids"])
         gen = list(call["response_ids"] or ())
         if not gen and call["response_text"]:

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Iterator
 
 from strata_lab.traces import openai
-from strata_lab.traces.calls import SessionChain, new_call
+from strata_lab.traces.calls import TEXT_SLACK, SessionChain, new_call
 from strata_lab.traces.source import Source, loads
 
 NAME = "vllm-log"
@@ -77,7 +77,8 @@ def read(src: Source) -> Iterator[dict]:
             del pending[rid]
             if call["fidelity"] == "text":  # chained on characters: the same prefix rule, on the text
                 call["session"] = text_chain.session_of_ids(list(map(ord, call["prompt_text"])),
-                                                            list(map(ord, call["response_text"] or "")))
+                                                            list(map(ord, call["response_text"] or "")),
+                                                            slack=TEXT_SLACK)
             else:
                 call["session"] = chain.session_of_ids(call["prompt_ids"], call["response_ids"] or ())
             yield call

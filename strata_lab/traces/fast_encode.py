@@ -1,0 +1,335 @@
+"""Exact and fast `tokenizer.encode` for the prompts of a log: the same ids, a fraction of the time.
+
+`SegmentEncoder.encode(text) == tokenizer.encode(text)` for byte-level BPE tokenizers configured as Qwen,
+Llama-3 and GPT-2 are (normalizer none or NFC; pre-tokenizer one `Split` regex, isolated, then `ByteLevel`
+without its own regex, or `ByteLevel` with the GPT-2 regex; BPE without dropout; added tokens matched on the raw
+text, without lstrip / rstrip / single_word; no truncation or padding). `SegmentEncoder.of(tokenizer)` is None
+for any other tokenizer, and callers use `tokenizer.encode`.
+
+Why it is exact. The tokenizer cuts the text at its added tokens (leftmost-longest) and encodes every piece
+between two of them on its own: normalize, split with the regex, map bytes to the byte-level alphabet, BPE per
+pre-token. We cut at the same places (one regex of the added-token strings, longest first: leftmost-longest).
+A piece that is printable ASCII (plus tab, newline and carriage return) is split by the tokenizer's regex
+compiled for ASCII (``\\p{L}`` is ``[A-Za-z]``, ``\\p{N}`` ``[0-9]``, ``\\s`` ASCII whitespace: on these
+characters the same classes as onig's), NFC leaves it unchanged, and each pre-token's ids come from the
+tokenizer's own BPE model (``model.tokenize``, cached per pre-token). Any other piece is encoded by the
+tokenizer itself (it holds no added token, so it is encoded as it is inside the text).
+
+`IncrementalEncoder.encode(text, key)` equals the same ids and reuses those of the previous text encoded under
+`key` (a session) for every piece before the first difference, encoding only the rest; `extend(key, text,
+more_ids)` records that `text` (the prompt + the rendered reply) has the previous ids + `more_ids`, when an
+added token starts where the reply starts (then the two encode independently), so the next prompt of the
+session re-encodes neither. Both are checked against `tokenizer.encode` by hypothesis in tests/test_fast_render.py.
+"""
+from __future__ import annotations
+
+import json
+import re
+from bisect import bisect_right
+from collections import OrderedDict
+from itertools import chain
+
+from strata_lab.traces.render import _common_prefix
+
+__all__ = ["SegmentEncoder", "IncrementalEncoder"]
+
+_UNSAFE = re.compile(r"[^\t\n\r\x20-\x7e]")  # outside: the tokenizer encodes the piece itself
+_GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_MAX_PIECES = 1 << 18  # pre-tokens cached (then the cache starts over)
+_MIN_KEPT = 64  # stretches between added tokens this long are remembered with their ids ...
+_MAX_KEPT_CHARS = 4 << 20  # ... up to this many characters (then they start over; ~10 bytes a character)
+_OF: dict = {}  # id(hf tokenizer) -> (it, its SegmentEncoder or None)
+# Split regexes in which a newline followed by a printable ASCII character other than space always ends a
+# pre-token (a newline only ever sits in a run of whitespace or at the end of a match): Qwen2/3, Llama-3, GPT-2.
+# There a stretch can be cut after its first such newline and each part encoded on its own; the part after
+# it is remembered too (the same turn text after another header: Qwen3 drops a turn's think block once the
+# next user query comes, so the reply's text recurs after "assistant\n" instead of "</think>\n\n").
+_QWEN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LINE_PATTERNS = frozenset((_QWEN, _QWEN.replace(r"|\p{N}|", r"|\p{N}{1,3}|", 1), _GPT2))  # Qwen, Llama-3, GPT-2
+_LINE_START = re.compile(r"\n[!-~]")
+
+
+def _byte_map() -> dict[int, str]:
+    """GPT-2's bytes_to_unicode, for the ASCII bytes the fast path sees."""
+    keep = list(range(ord("!"), ord("~") + 1))
+    out, n = {}, 0
+    for b in range(128):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+def _ascii_pattern(pattern: str) -> str | None:
+    """The split regex for ASCII text (Python `re`), or None if it uses anything we do not translate."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1: i + 2]
+            if pattern.startswith(("\\p{L}", "\\p{N}"), i):
+                cls = "A-Za-z" if pattern[i + 3] == "L" else "0-9"
+                out.append(cls if in_class else f"[{cls}]")
+                i += 5
+                continue
+            if nxt in ("s", "S", "r", "n", "t") or (nxt and not nxt.isalnum()):
+                out.append(pattern[i: i + 2])
+                i += 2
+                continue
+            return None  # \p{Lu}, \d, \w, \x..: not translated
+        if c == "[":
+            if in_class:
+                return None
+            in_class = True
+        elif c == "]" and in_class:
+            in_class = False
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+class SegmentEncoder:
+    """`encode(text)` == `tokenizer.encode(text)`, fast on ASCII; `scan(text, start)` iterates the added-token
+    matches from `start` (a position where the tokenizer's own scan resumes)."""
+
+    def __init__(self, tokenizer, split: re.Pattern, added: dict[str, int], lines: bool = False):
+        self.tokenizer = tokenizer
+        self._lines = lines  # the split regex is one of _LINE_PATTERNS
+        self._hf = tokenizer.hf
+        self._model = tokenizer.hf.model
+        self._split = split.findall
+        self._added = added
+        self.max_added = max(map(len, added), default=0)
+        self._scan = re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True)))) if added else None
+        self._trans = str.maketrans({chr(b): s for b, s in _byte_map().items()})
+        self._pieces: dict[str, list[int]] = {}
+        self._kept: dict[str, list[int]] = {}  # stretches of >= _MIN_KEPT characters
+        self._kept_chars = 0
+
+    @classmethod
+    def of(cls, tokenizer) -> "SegmentEncoder | None":
+        """The fast encoder for `tokenizer`, or None when its configuration is not one the fast path is exact for
+        (one per tokenizer object: its piece cache serves every trace rendered with it)."""
+        hf = getattr(tokenizer, "hf", None)
+        if hf is None:
+            return None
+        got = _OF.get(id(hf))
+        if got is not None and got[0] is hf:
+            return got[1]
+        seg = cls._of(tokenizer, hf)
+        if len(_OF) > 16:
+            _OF.clear()
+        _OF[id(hf)] = (hf, seg)
+        return seg
+
+    @classmethod
+    def _of(cls, tokenizer, hf) -> "SegmentEncoder | None":
+        if hf is None or hf.truncation is not None or hf.padding is not None:
+            return None
+        try:  # the parts' own settings (the whole tokenizer.json would parse the vocabulary too)
+            norm = json.loads(hf.normalizer.__getstate__()) if hf.normalizer is not None else None
+            pre = json.loads(hf.pre_tokenizer.__getstate__()) if hf.pre_tokenizer is not None else {}
+            model = {"type": type(hf.model).__name__, "dropout": getattr(hf.model, "dropout", None)}
+        except Exception:  # pragma: no cover - a tokenizer part that cannot serialize itself
+            return None
+        if norm is not None and norm.get("type") != "NFC":
+            return None
+        if model.get("type") != "BPE" or model.get("dropout") not in (None, 0, 0.0):
+            return None
+        if pre.get("type") == "Sequence" and len(pre.get("pretokenizers") or ()) == 2:
+            split, level = pre["pretokenizers"]
+            if split.get("type") != "Split" or split.get("behavior") != "Isolated" or split.get("invert") \
+                    or "Regex" not in (split.get("pattern") or {}):
+                return None
+            pattern = split["pattern"]["Regex"]
+        elif pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+            level, pattern = pre, _GPT2
+        else:
+            return None
+        if level.get("type") != "ByteLevel" or level.get("add_prefix_space") or \
+                (level is not pre and level.get("use_regex", True)):
+            return None
+        ascii_pattern = _ascii_pattern(pattern)
+        if ascii_pattern is None:
+            return None
+        try:
+            split_re = re.compile(ascii_pattern, re.ASCII)
+        except re.error:
+            return None
+        added = {}
+        for i, t in hf.get_added_tokens_decoder().items():
+            if t.normalized or t.lstrip or t.rstrip or t.single_word:
+                return None
+            if t.content:
+                added[t.content] = i
+        return cls(tokenizer, split_re, added, pattern in _LINE_PATTERNS)
+
+    def piece_ids(self, piece: str) -> list[int]:
+        """Ids of one stretch of text holding no added token (the tokenizer encodes each such stretch on its
+        own, so the same stretch always has the same ids: long ones are remembered, e.g. a tool result that a
+        re-rendered turn holds again, or a system prompt every session starts with). The list is shared: do
+        not change it."""
+        if len(piece) >= _MIN_KEPT:
+            got = self._kept.get(piece)
+            if got is None:
+                m = _LINE_START.search(piece) if self._lines else None
+                if m is not None:  # a pre-token starts there: the rest is remembered on its own as well
+                    rest = piece[m.end() - 1:]
+                    tail = self._kept.get(rest)
+                    if tail is None:
+                        tail = self._piece_ids(rest)
+                        if len(rest) >= _MIN_KEPT:
+                            self._kept[rest] = tail
+                            self._kept_chars += len(rest)
+                    got = self._piece_ids(piece[: m.end() - 1]) + tail
+                else:
+                    got = self._piece_ids(piece)
+                self._kept_chars += len(piece)
+                if self._kept_chars > _MAX_KEPT_CHARS:
+                    self._kept.clear()
+                    self._kept_chars = len(piece)
+                self._kept[piece] = got
+            return got
+        return self._piece_ids(piece)
+
+    def _piece_ids(self, piece: str) -> list[int]:
+        if not piece:
+            return []
+        if _UNSAFE.search(piece) is not None:
+            return self._hf.encode(piece, add_special_tokens=False).ids
+        pre = self._split(piece)
+        cache = self._pieces
+        try:
+            return list(chain.from_iterable(map(cache.__getitem__, pre)))
+        except KeyError:
+            if len(cache) > _MAX_PIECES:
+                cache.clear()
+            tokenize, trans = self._model.tokenize, self._trans
+            for p in pre:
+                if p not in cache:
+                    cache[p] = [t.id for t in tokenize(p.translate(trans))]
+            return list(chain.from_iterable(map(cache.__getitem__, pre)))
+
+    def scan(self, text: str, start: int = 0):
+        """The added-token matches of `text` from `start`, as the tokenizer finds them."""
+        return self._scan.finditer(text, start) if self._scan is not None else iter(())
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_cuts(text)[0]
+
+    def encode_cuts(self, text: str) -> tuple[list[int], list[int], list[int]]:
+        """(ids, ends of the added-token matches, ids up to and including each)."""
+        ids: list[int] = []
+        ends: list[int] = []
+        counts: list[int] = []
+        pos, added = 0, self._added
+        for m in self.scan(text):
+            s = m.start()
+            if s > pos:
+                ids += self.piece_ids(text[pos:s])
+            ids.append(added[m.group()])
+            pos = m.end()
+            ends.append(pos)
+            counts.append(len(ids))
+        if pos < len(text):
+            ids += self.piece_ids(text[pos:])
+        return ids, ends, counts
+
+
+class FastTokenizer:
+    """A tokenizer whose `encode` is a `SegmentEncoder`'s (the same ids); everything else is the tokenizer's."""
+
+    def __init__(self, seg: SegmentEncoder):
+        self.seg = seg
+        self.encode = seg.encode
+
+    def __getattr__(self, name):
+        return getattr(self.seg.tokenizer, name)
+
+
+class IncrementalEncoder:
+    """`encode(text, key)` == `tokenizer.encode(text)`, reusing the ids of the previous text of `key` up to the
+    first added token whose match (or the piece before it) differs. At most `max_keys` keys are remembered."""
+
+    def __init__(self, seg: SegmentEncoder, max_keys: int = 1024):
+        self.seg = seg
+        self.max_keys = max_keys
+        self.reused = 0
+        # key -> (text, ids, ends of the added-token matches, ids up to and including each)
+        self._last: OrderedDict = OrderedDict()
+
+    def encode(self, text: str, key=None) -> list[int]:
+        seg, added = self.seg, self.seg._added
+        prev = self._last.pop(key, None) if key is not None else None
+        ids: list[int] = []
+        ends: list[int] = []
+        counts: list[int] = []
+        start, j, d, pends, pcounts, pids = 0, 0, -1, (), (), ()
+        if prev is not None:
+            ptext, pids, pends, pcounts = prev
+            d = _common_prefix(text, ptext)
+            # matches ending this far before the first difference are the same in both texts: resume after them
+            j = bisect_right(pends, d - seg.max_added)
+            if j:
+                start = pends[j - 1]
+                ids = pids[: pcounts[j - 1]]
+                ends, counts = pends[:j], pcounts[:j]
+        reused = len(ids)
+        pos = start
+        for m in seg.scan(text, start):
+            s, e = m.span()
+            if j < len(pends) and e <= d and pends[j] == e:
+                # the same match after the same piece: the previous text's ids for both
+                ids += pids[pcounts[j - 1] if j else 0: pcounts[j]]
+                j += 1
+                reused = len(ids)
+            else:
+                j = len(pends)  # the texts part here: encode from now on
+                if s > pos:
+                    ids += seg.piece_ids(text[pos:s])
+                ids.append(added[m.group()])
+            pos = e
+            ends.append(e)
+            counts.append(len(ids))
+        if pos < len(text):
+            ids += seg.piece_ids(text[pos:])
+        self.reused = reused
+        if key is not None:
+            self._remember(key, (text, ids, ends, counts))
+        return ids
+
+    def encode_tail(self, key, text: str, n: int) -> list[int]:
+        """`tokenizer.encode(text[n:])` (a reply after its prompt `text[:n]`, the key's last text). When an
+        added token of `text`'s own scan starts at `n` (no match crosses it), `text` encodes as the prompt's ids
+        + these, and is recorded as the key's last text: the next prompt reuses the reply's ids too."""
+        seg = self.seg
+        tail, tends, tcounts = seg.encode_cuts(text[n:])
+        prev = self._last.get(key) if key is not None else None
+        if prev is None or len(prev[0]) != n or not text.startswith(prev[0]):
+            return tail
+        ptext, pids, pends, pcounts = prev
+        j = bisect_right(pends, n - seg.max_added)
+        k = j
+        for m in seg.scan(text, pends[j - 1] if j else 0):
+            s, e = m.span()
+            if s >= n:
+                if s != n or k != len(pends):
+                    return tail
+                break
+            if e > n or k >= len(pends) or pends[k] != e:
+                return tail  # the longer text's scan differs before n
+            k += 1
+        else:
+            return tail
+        base = len(pids)
+        self._remember(key, (text, pids + tail, list(pends) + [n + e for e in tends],
+                             list(pcounts) + [base + c for c in tcounts]))
+        return tail
+
+    def _remember(self, key, state) -> None:
+        self._last[key] = state
+        if len(self._last) > self.max_keys:
+            self._last.popitem(last=False)

@@ -1,0 +1,293 @@
+"""The qwen3 chat template in plain Python, for rendering logs: the same text as the Jinja template, several
+times faster (a log resends its whole history with every call, so the render is the bulk of an import).
+
+`FastRenderer.of(template)` is a renderer only for our shipped ``qwen3`` template (its source, unchanged, with
+no tool-use variant), else None. `render(messages, tools, kwargs, notes, reply)` takes the messages as a log
+reader gives them and does what `render.vllm_messages` + `ChatTemplate.render` do: ``content: None`` -> "",
+tool-call arguments parsed as JSON and written back with ``tojson`` (a note when they are not JSON), the input
+checks of `validate_messages` / `validate_tools`. It returns None for anything it is not sure to render the same
+way, a message the checks would refuse included: the caller then renders with the template (which raises the
+same error it always did). It returns (prompt, full): the prompt with the generation prompt, and the text of the
+messages + `reply` as a history turn (None without a reply), what `reply_ids` renders.
+
+Exactness is checked by hypothesis against the Jinja template on generated agent sessions (tool calls,
+reasoning, edits, content null, tool results, odd inputs): tests/test_fast_render.py.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+__all__ = ["FastRenderer"]
+
+_ROLES = frozenset(("system", "user", "assistant", "tool"))
+_KEYS = frozenset(("role", "content", "tool_calls", "tool_call_id", "reasoning_content", "name"))
+_NOT_JSON = "tool-call arguments not JSON: rendered as the string"
+_TOOLS_HEAD = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+               "with function signatures within <tools></tools> XML tags:\n<tools>")
+_TOOLS_TAIL = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+               "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+               "<args-json-object>}\n</tool_call><|im_end|>\n")
+_MAX_ARGS = 1 << 16  # argument strings whose rendering is remembered
+_MAX_SESSIONS = 1024  # sessions whose last call's messages are remembered
+
+
+@lru_cache(maxsize=1)
+def _qwen3_source() -> str:
+    from importlib import resources
+
+    from strata_lab.text.template import TEMPLATE_PRESETS
+
+    name = TEMPLATE_PRESETS["qwen3"][0]  # what ChatTemplate.from_name("qwen3") reads
+    return resources.files("strata_lab.text").joinpath("templates").joinpath(name).read_text("utf-8")
+
+
+def _dumps(x) -> str:
+    return json.dumps(x, ensure_ascii=False)
+
+
+def _text(content):
+    """text_of(content) for valid content, or None (not a string or a list of text parts)."""
+    if content.__class__ is str:
+        return content
+    if content.__class__ is list:
+        out = []
+        for p in content:
+            if p.__class__ is not dict or p.get("type") != "text" or p.get("text").__class__ is not str:
+                return None
+            out.append(p["text"])
+        return "".join(out)
+    return None
+
+
+class FastRenderer:
+    def __init__(self, template):
+        self.template = template
+        self._args: dict = {}  # argument JSON string -> (rendered text, parsed as JSON?)
+        self._prev: dict = {}  # session -> (its last call's messages, their checked parts), oldest first
+
+    @classmethod
+    def of(cls, template) -> "FastRenderer | None":
+        if getattr(template, "source", None) != _qwen3_source() or template.tool_use is not None:
+            return None
+        if not all(k.endswith("_token") for k in template.special_tokens):
+            return None  # a special-token variable that could shadow one the template reads
+        return cls(template)
+
+    def _arguments(self, args, notes: list):
+        """(the rendered arguments of a tool call, as vLLM parses them and the template writes them; whether
+        they were JSON), or None: not one this renderer handles (the template's checks decide)."""
+        if not args:
+            return "{}", True
+        if args.__class__ is dict:
+            return _dumps(args), True
+        if args.__class__ is not str:
+            return None
+        got = self._args.get(args)
+        if got is None:
+            try:
+                obj = json.loads(args)
+            except ValueError:
+                got = (args, False)
+            else:
+                if obj.__class__ is str:
+                    got = (obj, True)
+                elif obj.__class__ is dict:
+                    got = (_dumps(obj), True)
+                else:
+                    return None  # parsed to a list / number: validation refuses it
+            if len(self._args) > _MAX_ARGS:
+                self._args.clear()
+            self._args[args] = got
+        if not got[1] and _NOT_JSON not in notes:
+            notes.append(_NOT_JSON)
+        return got
+
+    def _message(self, m, notes: list):
+        """(role, text, reasoning or None, [rendered tool calls] or None, tool_call_id, call ids) or None."""
+        if m.__class__ is not dict:
+            return None
+        n = len(m)
+        if n <= 3:  # the common shapes, checked in full here: a user / system text, a tool result
+            role, content = m.get("role"), m.get("content")
+            if content.__class__ is str:
+                if n == 2 and (role == "user" or role == "system"):
+                    return role, content, None, None, None, None, True, False
+                if n == 3 and role == "tool":
+                    tcid = m.get("tool_call_id")
+                    if tcid.__class__ is str and tcid:
+                        return role, content, None, None, tcid, None, True, False
+        if not _KEYS.issuperset(m):
+            return None
+        role = m.get("role")
+        if role not in _ROLES:
+            return None
+        content = m.get("content")
+        if content is None:
+            if role != "assistant" and "content" not in m:
+                return None  # required: the template's checks say so
+            text = ""
+        else:
+            text = _text(content)
+            if text is None:
+                return None
+        name = m.get("name")
+        if name is not None and name.__class__ is not str:
+            return None
+        reasoning = m.get("reasoning_content")
+        if reasoning is not None and (role != "assistant" or reasoning.__class__ is not str):
+            return None
+        calls = m.get("tool_calls")
+        rendered = None
+        ids = None
+        plain, noted = True, False  # plain: no object arguments (equal messages then render the same)
+        if calls is not None:
+            if role != "assistant" or calls.__class__ is not list:
+                return None
+            rendered, ids = [], set()
+            for c in calls:
+                if c.__class__ is not dict:
+                    return None
+                fn = c.get("function")
+                if fn.__class__ is not dict or c.get("type", "function") not in ("function", None):
+                    return None
+                cid = c.get("id")
+                if cid is not None:
+                    if cid.__class__ is not str:
+                        return None
+                    ids.add(cid)
+                fname = fn.get("name")
+                if fname.__class__ is not str or not fname:
+                    return None
+                a = fn.get("arguments")
+                if a and a.__class__ is not str:
+                    plain = False  # 1 == 1.0 == True, but tojson writes them apart
+                got = self._arguments(a, notes)
+                if got is None:
+                    return None
+                args, json_ok = got
+                noted = noted or not json_ok
+                rendered.append('<tool_call>\n{"name": ' + _dumps(fname) + ', "arguments": ' + args + "}\n</tool_call>")
+            if not rendered:
+                rendered = None
+        elif role == "assistant":
+            ids = set()
+        tcid = m.get("tool_call_id")
+        if role == "tool":
+            if tcid.__class__ is not str or not tcid:
+                return None
+        elif tcid is not None:
+            return None
+        return role, text, reasoning, rendered, tcid, ids, plain, noted
+
+    @staticmethod
+    def _assistant(text: str, reasoning, calls, after_query: bool) -> str:
+        if reasoning is None and "</think>" in text:
+            reasoning = text.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+            text = text.split("</think>")[-1].lstrip("\n")
+        elif reasoning is None:
+            reasoning = ""
+        out = "<|im_start|>assistant\n<think>\n" + reasoning.strip("\n") + "\n</think>\n\n" + text.lstrip("\n") \
+            if after_query else "<|im_start|>assistant\n" + text
+        if calls:
+            out += ("\n" if text else "") + "\n".join(calls)
+        return out + "<|im_end|>\n"
+
+    def render(self, messages, tools, kwargs: dict, notes: list, reply: dict | None = None, key=None):
+        """(prompt, full) or None (see the module). `key` (a session): messages equal to those at the same
+        place in the key's previous call (and without object arguments) take that call's checks and parts."""
+        if not messages or (kwargs and (set(kwargs) != {"enable_thinking"}
+                                        or kwargs["enable_thinking"] not in (None, True, False))):
+            return None
+        if kwargs.get("enable_thinking") is not None and kwargs["enable_thinking"].__class__ is not bool:
+            return None
+        k, parsed = 0, []
+        prev = self._prev.get(key) if key is not None else None
+        if prev is not None:
+            praw, pparsed = prev
+            lim = min(len(messages), len(praw))
+            while k < lim and pparsed[k][6] and (messages[k] is praw[k] or messages[k] == praw[k]):
+                k += 1
+            parsed = pparsed[:k]
+            if _NOT_JSON not in notes and any(p[7] for p in parsed):
+                notes.append(_NOT_JSON)
+        for m in messages[k:] if k else messages:
+            p = self._message(m, notes)
+            if p is None:
+                return None
+            parsed.append(p)
+        if key is not None:
+            self._prev.pop(key, None)
+            self._prev[key] = (messages, parsed)
+            if len(self._prev) > _MAX_SESSIONS:
+                del self._prev[next(iter(self._prev))]
+        call_ids: set = set()
+        for p in parsed:
+            if p[0] == "assistant":
+                call_ids = p[5]
+            elif p[0] == "tool" and call_ids and p[4] not in call_ids:
+                return None  # tool_call_id of no preceding tool call: refused by the checks
+        last = None
+        if reply is not None:
+            last = self._message(reply, [])
+            if last is None or last[0] != "assistant":
+                return None
+        out = []
+        first_system = parsed[0][0] == "system"
+        if tools is not None:
+            if tools.__class__ is not list:
+                return None
+            for t in tools:
+                if t.__class__ is not dict or t.get("type") != "function":
+                    return None
+                fn = t.get("function")
+                if fn.__class__ is not dict or fn.get("name").__class__ is not str or not fn.get("name"):
+                    return None
+                if fn.get("description") is not None and fn["description"].__class__ is not str:
+                    return None
+                if fn.get("parameters") is not None and fn["parameters"].__class__ is not dict:
+                    return None
+        if tools:
+            out.append("<|im_start|>system\n")
+            if first_system:
+                out.append(parsed[0][1] + "\n\n")
+            out.append(_TOOLS_HEAD)
+            for t in tools:
+                out.append("\n" + _dumps(t))
+            out.append(_TOOLS_TAIL)
+        elif first_system:
+            out.append("<|im_start|>system\n" + parsed[0][1] + "<|im_end|>\n")
+        last_query = -1
+        for i in range(len(parsed) - 1, -1, -1):
+            role, text = parsed[i][0], parsed[i][1]
+            if role == "user" and not (text.startswith("<tool_response>") and text.endswith("</tool_response>")):
+                last_query = i
+                break
+        n = len(parsed)
+        for i, (role, text, reasoning, calls, _, _, _, _) in enumerate(parsed):
+            if role == "user" or (role == "system" and i):
+                out.append("<|im_start|>" + role + "\n" + text + "<|im_end|>\n")
+            elif role == "assistant":
+                out.append(self._assistant(text, reasoning, calls, i > last_query))
+            elif role == "tool":
+                if not i or parsed[i - 1][0] != "tool":
+                    out.append("<|im_start|>user")
+                out.append("\n<tool_response>\n" + text + "\n</tool_response>")
+                # closed before a message that is not a tool result; the last is closed when the reply follows
+                if i + 1 < n and parsed[i + 1][0] != "tool":
+                    out.append("<|im_end|>\n")
+        body = "".join(out)
+        tail_tool = parsed[-1][0] == "tool"
+        if tail_tool:
+            body += "<|im_end|>\n"
+        prompt = body + "<|im_start|>assistant\n"
+        if kwargs.get("enable_thinking") is False:
+            prompt += "<think>\n\n</think>\n\n"
+        full = None
+        if last is not None:
+            full = body + self._assistant(last[1], last[2], last[3], True)
+        from strata_lab.text.jinja import RENDER_MAX_CHARS
+
+        if len(prompt) > RENDER_MAX_CHARS or (full is not None and len(full) > RENDER_MAX_CHARS):
+            return None
+        return prompt, full
