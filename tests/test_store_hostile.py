@@ -108,6 +108,34 @@ def test_decompression_bomb_is_refused_before_decoding(store, monkeypatch):
         _read_all(store)
 
 
+def test_dictionary_string_bomb_is_refused_before_decoding(store, monkeypatch):
+    """A tiny dictionary page (one 256 KB string) referenced by every row: small on disk and in the column
+    sizes of the metadata, 16 MB once the strings are read."""
+    from strata_lab.dump import store_check
+    from strata_lab.dump.store_codec import COLUMNS, arrow_schema
+
+    rows = []
+    for k in range(64):
+        row = dict.fromkeys(COLUMNS)
+        row.update(seq=99 + k, session=f"z{k}", request_id="r" * 262_144, ts=86405.0, call=0, parent_call=-1,
+                   shared_len=0, suffix_ids=[1], prompt_len=1, gen_ids=[2], extra='{"replica":"b"}',
+                   keys="ts,session,request_id,prompt_ids,gen_ids,replica")
+        rows.append(row)
+    bomb = _seg(store, "b").with_name("seg-000001.parquet")
+    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema()), bomb, compression="zstd",
+                   use_dictionary=["request_id"])
+    md = pq.ParquetFile(bomb).metadata
+    rg = md.row_group(0)
+    col = next(rg.column(j) for j in range(rg.num_columns) if rg.column(j).path_in_schema == "request_id")
+    assert col.has_dictionary_page and col.total_uncompressed_size < 300_000 and bomb.stat().st_size < 20_000
+    monkeypatch.setattr(store_check, "MAX_SEGMENT_BYTES", 4 << 20)  # 16 MB of strings: over a 4 MB limit
+    with pytest.raises(StoreError, match=r"seg-000001.parquet: its dictionary-encoded strings \(request_id\) "
+                       r"expand to over .*decompression bomb"):
+        _read_all(store)
+    monkeypatch.setattr(store_check, "MAX_SEGMENT_BYTES", 64 << 20)  # within the limit: the rows read
+    assert len(_read_all(store)) == len(LINES) + 64
+
+
 def test_segment_copied_from_another_replica_is_refused(store):
     shutil.copy(_seg(store, "a"), _seg(store, "b").with_name("seg-000001.parquet"))
     with pytest.raises(StoreError, match="belongs to day=1970-01-02/replica=a, not this partition"):

@@ -6,8 +6,10 @@ A store directory may come from anywhere (copied, hand-edited, crafted). Before 
 * partitions are real directories of the store (a symlink, a partition linked in twice, is refused) and
   segments are regular files (a FIFO named like one would hang the reader);
 * a segment's metadata is within bounds before any page is decompressed: at most `MAX_SEGMENT_BYTES`
-  decompressed (a 5 KB file may claim to inflate to gigabytes) and `MAX_SEGMENT_ROWS` rows, with the
-  store's column types (a string `seq` is refused, not a traceback);
+  decompressed (a 5 KB file may claim to inflate to gigabytes; dictionary-encoded strings, a tiny dictionary
+  referenced by many rows, are counted at their expanded size from the dictionary and its indices, before
+  any string is expanded) and `MAX_SEGMENT_ROWS` rows, with the store's column types (a string `seq` is
+  refused, not a traceback);
 * every row holds together: `seq` unique and increasing, `parent_call` -1 or an earlier row of the same
   session, `shared_len` within the parent's prompt, `prompt_len` = `shared_len` + len(`suffix_ids`), ids
   non-negative (below `vocab_size` when given), and the row belongs to its partition (its `ts` day and
@@ -44,6 +46,7 @@ def _check_metadata(path: str, pf) -> None:
     if total > MAX_SEGMENT_BYTES:
         raise StoreError(f"{path}: decompresses to {total} bytes, over the limit of {MAX_SEGMENT_BYTES} for one "
                          "segment (a decompression bomb?)")
+    total += _dictionary_strings(path, pf, MAX_SEGMENT_BYTES - total)
     want = arrow_schema()
     have = pf.schema_arrow
     for name in _REQUIRED:
@@ -55,6 +58,55 @@ def _check_metadata(path: str, pf) -> None:
             raise StoreError(f"{path}: unknown column {field.name!r}")
         if not field.type.equals(want.field(i).type):
             raise StoreError(f"{path}: column {field.name!r} is {field.type}, the store writes {want.field(i).type}")
+
+
+def _dictionary_strings(path: str, pf, room: int) -> int:
+    """The bytes the dictionary-encoded string columns of a segment take once read, when they may not fit `room`.
+
+    A dictionary page holds each distinct string once and the data pages only small indices into it: a
+    1 MB string referenced by a million rows is a few KB on disk and in the metadata's sizes, and a
+    terabyte read. A column's worst case is rows x its dictionary's size (the dictionary is within the
+    column chunk's uncompressed size); when that may not fit, the column is read dictionary-encoded (the
+    dictionary once, an int32 index a row: bounded by the sizes checked above) and the strings' lengths
+    are summed over the indices, before any string is expanded (StoreError over the limit)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    md = pf.metadata
+    strings = {f.name for f in pf.schema_arrow if pa.types.is_string(f.type) or pa.types.is_binary(f.type)}
+    worst, risky = 0, set()
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        for j in range(rg.num_columns):
+            col = rg.column(j)
+            if col.path_in_schema in strings and col.has_dictionary_page:
+                worst += col.num_values * col.total_uncompressed_size
+                risky.add(col.path_in_schema)
+    if worst <= room:
+        return 0
+    import pyarrow.parquet as pq
+
+    names = sorted(risky)
+    try:
+        dict_pf = pq.ParquetFile(path, read_dictionary=names)
+        total = 0
+        for i in range(md.num_row_groups):
+            table = dict_pf.read_row_group(i, columns=names)
+            for name in names:
+                for chunk in table.column(name).chunks:
+                    if not isinstance(chunk, pa.DictionaryArray):
+                        total += chunk.nbytes
+                        continue
+                    lengths = pc.binary_length(chunk.dictionary)
+                    total += pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0
+            if total > room:
+                break
+    except (OSError, pa.ArrowException) as exc:
+        raise StoreError(f"{path}: not a Parquet segment ({' '.join(str(exc).split())[:200]})") from None
+    if total > room:
+        raise StoreError(f"{path}: its dictionary-encoded strings ({', '.join(names)}) expand to over {room} "
+                         f"bytes, over the limit of {MAX_SEGMENT_BYTES} for one segment (a decompression bomb?)")
+    return total
 
 
 def _partition_key(partition: str) -> tuple[str, str]:
