@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="store directory to write (or the JSONL file with --to-jsonl)")
     p.add_argument("--row-group", type=int, default=8192, help="calls per Parquet row group (default 8192)")
     p.add_argument("--to-jsonl", action="store_true", help="write a store back to JSONL, line for line")
+    p.add_argument("--tokenizer", help="check ids against this vocabulary (qwen3, qwen3.5, or a HF model folder / "
+                                       "tokenizer.json) and models against its family: a store with other ids is "
+                                       "refused, JSONL lines with them skipped (default: ids only within int32)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_convert)
     _production_parsers(sub)

@@ -15,6 +15,11 @@ A store directory may come from anywhere (copied, hand-edited, crafted). Before 
   non-negative (below `vocab_size` when given), and the row belongs to its partition (its `ts` day and
   `replica` name the directory it sits in: a segment copied from another replica is refused).
 
+With a vocabulary (`Store(root, vocab_size=N)` or `tokenizer=`, `replay --tokenizer`, `convert --tokenizer`),
+`check_vocabulary` checks every segment before any row is used: ids in 0..N-1, from the id columns'
+min/max statistics where the segment has them (the rows are read only where they do not settle it), and
+each model the `model` column names of the tokenizer's family (`Tokenizer.check_model`).
+
 Errors are `StoreError` (a ValueError) naming the file, the row and the field.
 """
 from __future__ import annotations
@@ -23,7 +28,8 @@ import os
 
 from strata_lab.dump.store_codec import StoreError, check_segment_file
 
-__all__ = ["StoreError", "check_partition", "check_segment_file", "open_segment", "MAX_SEGMENT_BYTES", "MAX_SEGMENT_ROWS"]
+__all__ = ["StoreError", "check_partition", "check_segment_file", "check_vocabulary", "open_segment", "MAX_SEGMENT_BYTES",
+           "MAX_SEGMENT_ROWS"]
 
 MAX_SEGMENT_BYTES = 4 << 30     # decompressed bytes of one segment (the writer's are a few MB to ~100 MB)
 MAX_SEGMENT_ROWS = 50_000_000
@@ -204,6 +210,61 @@ def check_partition(partition: str, *, vocab_size: int | None = None, seen_roots
                         latest[sid] = (row, plen)
                 row += 1
     return files
+
+
+_ID_COLUMNS = ("suffix_ids", "gen_ids", "drained_ids")
+
+
+def check_vocabulary(files, vocab_size: int, *, check_model=None) -> None:
+    """Every id of the id columns of `files` in 0..vocab_size-1 and, with `check_model` (a callable raising
+    ValueError, like Tokenizer.check_model(model, what=...)), every model the rows name agreeing with it
+    (StoreError naming the file, row and field, on the first that does not)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if type(vocab_size) is not int or vocab_size < 1:
+        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    for f in files:
+        pf = open_segment(f)
+        md = pf.metadata
+        names = [c for c in _ID_COLUMNS if pf.schema_arrow.get_field_index(c) >= 0]
+        unsettled = []
+        for name in names:  # min/max statistics of the list's elements: no row read when they are within
+            for i in range(md.num_row_groups):
+                rg = md.row_group(i)
+                col = next((rg.column(j) for j in range(rg.num_columns)
+                            if rg.column(j).path_in_schema.split(".", 1)[0] == name), None)
+                st = col.statistics if col is not None else None
+                if col is None or col.num_values == 0:
+                    continue
+                if st is None or not st.has_min_max or st.min < 0 or st.max >= vocab_size:
+                    unsettled.append(name)
+                    break
+        if unsettled:
+            for first, batch in _batches(pf, unsettled):
+                for name in unsettled:
+                    _check_ids(f, first, batch.column(name), name, vocab_size)
+        if check_model is None or pf.schema_arrow.get_field_index("model") < 0:
+            continue
+        try:
+            models = pq.ParquetFile(f, read_dictionary=["model"])
+            first = 0
+            for i in range(md.num_row_groups):
+                for chunk in models.read_row_group(i, columns=["model"]).column("model").chunks:
+                    if not isinstance(chunk, pa.DictionaryArray):
+                        chunk = pc.dictionary_encode(chunk)
+                    for k, model in enumerate(chunk.dictionary.to_pylist()):
+                        at = pc.index(chunk.indices, k).as_py()
+                        if model is None or at < 0:
+                            continue
+                        try:
+                            check_model(model, what="the store")
+                        except ValueError as exc:
+                            raise StoreError(f"{f}: row {first + at}: {exc}") from None
+                    first += len(chunk)
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"{f}: not a Parquet segment ({' '.join(str(exc).split())[:200]})") from None
 
 
 def open_segment(path: str):
