@@ -647,8 +647,11 @@ def serve(config: ServerConfig) -> None:
 
     state = load_state(config)
     app = create_app(state)
+    names = sorted(config.keys().values())  # keys by name (or hash), never their text
+    keys = (f", {len(names)} API key{'s' if len(names) > 1 else ''}: {', '.join(names[:8])}"
+            f"{' ...' if len(names) > 8 else ''}") if names else ", no API key"
     print(f"strata-lab serve: {state.model_name} on http://{config.host}:{config.port} "
-          f"(context {config.max_context}, reply reuse {'on' if config.reply_reuse else 'off'})",
+          f"(context {config.max_context}, reply reuse {'on' if config.reply_reuse else 'off'}{keys})",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
                 timeout_keep_alive=config.keep_alive_timeout)
