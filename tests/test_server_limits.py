@@ -278,6 +278,40 @@ def test_cpu_pool_stops_a_job_over_its_budget():
     asyncio.run(scenario())
 
 
+def test_a_grammar_compiled_in_a_worker_is_adopted_not_compiled_again():
+    """The worker compiles, the server deserializes its answer: the request's grammar is then known and
+    served from the cache (the same object every time: no second compile on the engine thread)."""
+    pytest.importorskip("xgrammar")
+    import asyncio
+
+    from strata_lab.server.cpu import CpuPool
+    from strata_lab.server.grammar import GrammarCompiler
+    from strata_lab.server.request import parse_openai
+    from strata_lab.text.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("qwen3")
+    gc = GrammarCompiler(tok, tok.embedding_rows)
+    gc.ensure()
+    req = parse_openai(_schema_body({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}))
+
+    async def scenario():
+        pool = CpuPool(workers=1, queue=0, timeout=60)
+        pool.after_fork.append(gc.after_fork)
+        before = gc._grammar.cached_keys()
+        exported = await pool.run(gc.export_check, req, None, heavy=True)
+        assert len(exported) == 1 and gc._grammar.cached_keys() == before  # compiled there, not here
+        assert not gc.known(req)
+        gc.adopt(req, exported)
+        assert gc.known(req)
+        (key,) = gc._grammar.cached_keys() - before
+        assert gc.compiled(req) is gc._grammar._cache[key]
+        mask = gc.mask_for(req)
+        assert mask is not None
+        pool.close()
+
+    asyncio.run(scenario())
+
+
 def _children(pid: int) -> set[int]:
     import glob
 
