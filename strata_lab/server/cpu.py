@@ -230,7 +230,12 @@ class CpuPool:
                 return "killed", "stopped before it started"
             proc = ctx.Process(target=_worker_main, args=(send_end, fn, args, bulk, list(self.after_fork)),
                                daemon=True, name="strata-cpu-worker")
-            proc.start()
+            try:
+                proc.start()
+            except OSError as exc:  # no memory or process slot for a fork: a 503, the server goes on
+                recv_end.close()
+                send_end.close()
+                return "killed", f"cannot start a worker process: {exc.strerror or exc}"
             job.proc = proc
             self.pids.add(proc.pid)
         send_end.close()
