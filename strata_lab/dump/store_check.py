@@ -90,6 +90,13 @@ def _dictionary_strings(path: str, pf, room: int) -> int:
                 risky.add(col.path_in_schema)
     if worst <= room:
         return 0
+    try:  # a segment checked before, unchanged since (readers open each segment more than once)
+        st = os.stat(path)
+        seen = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, room)
+    except OSError:
+        seen = None
+    if seen is not None and seen in _DICTIONARY_CHECKED:
+        return _DICTIONARY_CHECKED[seen]
     import pyarrow.parquet as pq
 
     names = sorted(risky)
@@ -112,7 +119,14 @@ def _dictionary_strings(path: str, pf, room: int) -> int:
     if total > room:
         raise StoreError(f"{path}: its dictionary-encoded strings ({', '.join(names)}) expand to over {room} "
                          f"bytes, over the limit of {MAX_SEGMENT_BYTES} for one segment (a decompression bomb?)")
+    if seen is not None:
+        if len(_DICTIONARY_CHECKED) >= 4096:
+            _DICTIONARY_CHECKED.pop(next(iter(_DICTIONARY_CHECKED)))
+        _DICTIONARY_CHECKED[seen] = total
     return total
+
+
+_DICTIONARY_CHECKED: dict[tuple, int] = {}  # (path, inode, size, mtime, room) -> expanded bytes, of segments within
 
 
 def _partition_key(partition: str) -> tuple[str, str]:
