@@ -271,6 +271,8 @@ def test_help_says_where_the_key_can_come_from():
 
     help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
     assert "STRATA_API_KEY" in help_text and "--api-key-file" in help_text
+    flat = " ".join(help_text.split())
+    assert "NAME KEY" in flat and "requests one API key may have in flight" in flat
 
 
 # --- stalled uploads --------------------------------------------------------------------------------------------
