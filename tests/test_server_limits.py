@@ -198,31 +198,169 @@ def test_big_count_tokens_body_does_not_stall_health(server):
     assert worst < 2.0
 
 
-def test_cpu_pool_budget_and_bound():
-    import asyncio
+def _gone(pid: int, within: float = 3.0) -> bool:
+    """Whether process `pid` has ended and been reaped (no /proc entry) within `within` seconds."""
+    import os
 
-    from strata_lab.server.cpu import CpuPool
+    end = time.perf_counter() + within
+    while time.perf_counter() < end:
+        if not os.path.exists(f"/proc/{pid}"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _raise_413():
     from strata_lab.server.errors import RequestError
 
-    release = threading.Event()
+    raise RequestError("messages", "too big", code="too_big", status=413)
+
+
+def test_cpu_pool_stops_a_job_over_its_budget():
+    """A job that would run 30 s (a native call no thread can interrupt, as a tokenizer's or a grammar
+    compiler's): a 503 at its 1 s budget, its worker process killed and gone, the next job served at once."""
+    import asyncio
+    import os
+
+    from strata_lab.server.cpu import ClientGone, CpuPool
+    from strata_lab.server.errors import RequestError
+
+    class Leaving:  # a client that disconnects 0.3 s after asking
+        def __init__(self):
+            self.t = time.perf_counter()
+
+        async def is_disconnected(self):
+            return time.perf_counter() - self.t > 0.3
 
     async def scenario():
-        pool = CpuPool(workers=1, queue=1, timeout=0.5)
+        pool = CpuPool(workers=1, queue=1, timeout=1.0)
         t = time.perf_counter()
-        with pytest.raises(RequestError) as slow:  # over its budget: a 503 at once, the worker still held
-            await pool.run(release.wait, 30, heavy=True, what="waiting")
-        assert slow.value.status == 503 and slow.value.code == "cpu_timeout" and time.perf_counter() - t < 2
-        queued = asyncio.ensure_future(pool.run(sum, [1], heavy=True))
-        await asyncio.sleep(0.05)
-        with pytest.raises(RequestError) as busy:  # one running + one queued: the pool is full
-            await pool.run(sum, [2], heavy=True)
+        slow = asyncio.ensure_future(pool.run(time.sleep, 30, heavy=True, what="sleeping"))
+        await asyncio.sleep(0.3)
+        (pid,) = pool.pids
+        with pytest.raises(RequestError) as err:
+            await slow
+        assert err.value.status == 503 and err.value.code == "cpu_timeout" and "stopped" in err.value.message
+        assert time.perf_counter() - t < 2.5
+        assert _gone(pid), "the worker still runs after its budget"
+        t = time.perf_counter()
+        assert await pool.run(sum, [1, 2], heavy=True) == 3  # the slot is free again
+        assert time.perf_counter() - t < 1.0
+        assert pool.stopped == 1 and pool.running == 0 and not pool.pids
+
+        # the bound: one running + one queued, a third is refused at once
+        running = asyncio.ensure_future(pool.run(time.sleep, 0.6, heavy=True))
+        queued = asyncio.ensure_future(pool.run(sum, [4], heavy=True))
+        await asyncio.sleep(0.1)
+        with pytest.raises(RequestError) as busy:
+            await pool.run(sum, [5], heavy=True)
         assert busy.value.status == 503 and busy.value.code == "server_busy"
-        release.set()
-        assert await queued == 1
+        assert await running is None and await queued == 4
+
+        # a client that leaves stops its running job too
+        leaving = asyncio.ensure_future(pool.run(time.sleep, 30, heavy=True, request=Leaving()))
+        await asyncio.sleep(0.15)
+        (pid,) = pool.pids
+        with pytest.raises(ClientGone):
+            await leaving
+        assert _gone(pid)
+
+        # a worker's RequestError comes back whole; a worker that dies is a 503, not a hang
+        with pytest.raises(RequestError) as err:
+            await pool.run(_raise_413, heavy=True)
+        assert (err.value.status, err.value.code, err.value.field) == (413, "too_big", "messages")
+        with pytest.raises(RequestError) as err:
+            await pool.run(os._exit, 3, heavy=True)
+        assert err.value.status == 503 and "exit code 3" in err.value.message
         assert await pool.run(sum, [3], heavy=False) == 3
         pool.close()
 
     asyncio.run(scenario())
+
+
+def test_a_grammar_compiled_in_a_worker_is_adopted_not_compiled_again():
+    """The worker compiles, the server deserializes its answer: the request's grammar is then known and
+    served from the cache (the same object every time: no second compile on the engine thread)."""
+    pytest.importorskip("xgrammar")
+    import asyncio
+
+    from strata_lab.server.cpu import CpuPool
+    from strata_lab.server.grammar import GrammarCompiler
+    from strata_lab.server.request import parse_openai
+    from strata_lab.text.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("qwen3")
+    gc = GrammarCompiler(tok, tok.embedding_rows)
+    gc.ensure()
+    req = parse_openai(_schema_body({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}))
+
+    async def scenario():
+        pool = CpuPool(workers=1, queue=0, timeout=60)
+        pool.after_fork.append(gc.after_fork)
+        before = gc._grammar.cached_keys()
+        exported = await pool.run(gc.export_check, req, None, heavy=True)
+        assert len(exported) == 1 and gc._grammar.cached_keys() == before  # compiled there, not here
+        assert not gc.known(req)
+        gc.adopt(req, exported)
+        assert gc.known(req)
+        (key,) = gc._grammar.cached_keys() - before
+        assert gc.compiled(req) is gc._grammar._cache[key]
+        mask = gc.mask_for(req)
+        assert mask is not None
+        pool.close()
+
+    asyncio.run(scenario())
+
+
+def _children(pid: int) -> set[int]:
+    import glob
+
+    out: set[int] = set()
+    for f in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            out |= {int(x) for x in open(f).read().split()}
+        except OSError:
+            pass
+    return out
+
+
+def test_a_count_over_its_budget_is_stopped_and_its_worker_is_gone(tmp_path):
+    """A 4 MB count_tokens body on --cpu-timeout 1 (the count takes seconds): a 503 within about the budget,
+    the worker process that counted is gone (no CPU spent on it after), and the only worker slot
+    (--cpu-workers 1) serves the next large request at once."""
+    srv = ServerProcess(tmp_path, "--model", str(tiny_model()), "--ctx", "256", "--cpu-timeout", "1",
+                        "--cpu-workers", "1", "--cpu-queue", "0").wait(120)
+    try:
+        base = _children(srv.proc.pid)
+        text = "hello world, " * (4_000_000 // 13)
+        seen: set[int] = set()
+        out: dict = {}
+
+        def count():
+            t = time.perf_counter()
+            out["r"] = post(srv, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": text}]})
+            out["s"] = time.perf_counter() - t
+
+        thread = threading.Thread(target=count)
+        thread.start()
+        while thread.is_alive():
+            seen |= _children(srv.proc.pid) - base
+            time.sleep(0.02)
+        thread.join()
+        r = out["r"]
+        assert r.status_code == 503 and r.json()["error"]["code"] == "cpu_timeout", r.text[:300]
+        assert out["s"] < 6, out["s"]  # the budget (1 s) after the 4 MB body arrived and parsed
+        assert seen, "no worker process was seen"
+        assert all(_gone(pid) for pid in seen), "a worker outlived its budget"
+        props = httpx.get(srv.url + "/props").json()["cpu"]
+        assert props["stopped"] >= 1 and props["running"] == 0, props
+        t = time.perf_counter()  # a large (worker) request and a small one, served at once
+        r = post(srv, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi " * 30_000}]})
+        assert r.status_code == 200 and r.json()["input_tokens"] >= 30_000, r.text[:300]
+        r = post(srv, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and time.perf_counter() - t < 3
+    finally:
+        srv.stop()
 
 
 def test_big_chat_is_refused_by_the_cheap_context_check(server):

@@ -5,10 +5,12 @@ Each test here was written against a hole found by attacking the server (issue 1
 import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -194,11 +196,83 @@ def test_api_key_from_file_and_env(tmp_path):
         srv.stop()
 
 
+def _held(srv, key: str, total: int = 200):
+    """A request in flight with `key`: its headers sent, its body never (held until --body-timeout)."""
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               f"x-api-key: {key}\r\nContent-Length: {total}\r\n\r\n").encode())
+    return s
+
+
+def test_several_keys_each_with_its_own_concurrency_limit(tmp_path):
+    """Two keys, --max-client-requests 2: alice's two requests in flight get her a 429, while bob (same
+    address) is served; the keys never show in the log, their names (or a hash) do."""
+    key_file = tmp_path / "keys"
+    key_file.write_text("# team keys\nalice sk-alice-1\nbob sk-bob-2\nsk-nameless-3\n")
+    key_file.chmod(0o600)
+    srv = ServerProcess(tmp_path, "--model", str(tiny_model()), "--ctx", "256", "--api-key-file", str(key_file),
+                        "--max-client-requests", "2", "--body-timeout", "20", "--max-tokens-default", "1",
+                        name="keys").wait()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    try:
+        for key in ("sk-alice-1", "sk-bob-2", "sk-nameless-3"):
+            assert httpx.post(srv.url + "/v1/chat/completions", json=body, headers={"x-api-key": key},
+                              timeout=60).status_code == 200
+        assert httpx.post(srv.url + "/v1/chat/completions", json=body, headers={"x-api-key": "sk-other"},
+                          timeout=60).status_code == 401
+        held = [_held(srv, "sk-alice-1") for _ in range(2)]
+        try:
+            time.sleep(0.5)
+            r = httpx.post(srv.url + "/v1/chat/completions", json=body, headers={"x-api-key": "sk-alice-1"},
+                           timeout=60)
+            assert r.status_code == 429 and "the API key 'alice' already has 2 requests" in r.text, r.text
+            assert "sk-alice" not in r.text
+            t = time.perf_counter()
+            r = httpx.post(srv.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-bob-2"},
+                           timeout=60)
+            assert r.status_code == 200 and time.perf_counter() - t < 10, r.text  # not blocked by alice
+        finally:
+            for s in held:
+                s.close()
+        time.sleep(0.5)
+        assert httpx.post(srv.url + "/v1/chat/completions", json=body, headers={"x-api-key": "sk-alice-1"},
+                          timeout=60).status_code == 200  # her slots free again
+        log = srv.log_text()
+        from strata_lab.server.config import key_name
+
+        assert "3 API keys: alice, bob, " + key_name("sk-nameless-3") in log, log
+        assert "sk-alice-1" not in log and "sk-bob-2" not in log and "sk-nameless-3" not in log
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("alice k1 extra\n", r"keys:1: a line is KEY or NAME KEY \(got 3 words\)"),
+    ("alice k1\nalice k2\n", r"keys:2: the name 'alice' is given twice"),
+    ("alice k1\nbob k1\n", r"keys:2: the same key as an earlier line"),
+    ("# only a comment\n\n", r"keys: no key in it"),
+])
+def test_bad_key_files_are_one_line_errors_without_the_key(tmp_path, text, message):
+    from strata_lab._spawn import child_process_args
+
+    key_file = tmp_path / "keys"
+    key_file.write_text(text)
+    r = subprocess.run(**child_process_args(["serve", "--api-key-file", str(key_file), "--port", "0"]),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert re.search(message, r.stderr), r.stderr
+    assert "k1" not in r.stderr and "k2" not in r.stderr
+
+
 def test_help_says_where_the_key_can_come_from():
     from strata_lab.cli import build_parser
 
     help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
     assert "STRATA_API_KEY" in help_text and "--api-key-file" in help_text
+    flat = " ".join(help_text.split())
+    assert "NAME KEY" in flat and "requests one API key may have in flight" in flat
 
 
 # --- stalled uploads --------------------------------------------------------------------------------------------

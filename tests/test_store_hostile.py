@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from strata_lab.dump import Store, convert_jsonl, load_dump
+from strata_lab.dump.reader import DumpWarning
 from strata_lab.dump.store_check import StoreError
 
 LINES = [
@@ -108,6 +109,34 @@ def test_decompression_bomb_is_refused_before_decoding(store, monkeypatch):
         _read_all(store)
 
 
+def test_dictionary_string_bomb_is_refused_before_decoding(store, monkeypatch):
+    """A tiny dictionary page (one 256 KB string) referenced by every row: small on disk and in the column
+    sizes of the metadata, 16 MB once the strings are read."""
+    from strata_lab.dump import store_check
+    from strata_lab.dump.store_codec import COLUMNS, arrow_schema
+
+    rows = []
+    for k in range(64):
+        row = dict.fromkeys(COLUMNS)
+        row.update(seq=99 + k, session=f"z{k}", request_id="r" * 262_144, ts=86405.0, call=0, parent_call=-1,
+                   shared_len=0, suffix_ids=[1], prompt_len=1, gen_ids=[2], extra='{"replica":"b"}',
+                   keys="ts,session,request_id,prompt_ids,gen_ids,replica")
+        rows.append(row)
+    bomb = _seg(store, "b").with_name("seg-000001.parquet")
+    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema()), bomb, compression="zstd",
+                   use_dictionary=["request_id"])
+    md = pq.ParquetFile(bomb).metadata
+    rg = md.row_group(0)
+    col = next(rg.column(j) for j in range(rg.num_columns) if rg.column(j).path_in_schema == "request_id")
+    assert col.has_dictionary_page and col.total_uncompressed_size < 300_000 and bomb.stat().st_size < 20_000
+    monkeypatch.setattr(store_check, "MAX_SEGMENT_BYTES", 4 << 20)  # 16 MB of strings: over a 4 MB limit
+    with pytest.raises(StoreError, match=r"seg-000001.parquet: its dictionary-encoded strings \(request_id\) "
+                       r"expand to over .*decompression bomb"):
+        _read_all(store)
+    monkeypatch.setattr(store_check, "MAX_SEGMENT_BYTES", 64 << 20)  # within the limit: the rows read
+    assert len(_read_all(store)) == len(LINES) + 64
+
+
 def test_segment_copied_from_another_replica_is_refused(store):
     shutil.copy(_seg(store, "a"), _seg(store, "b").with_name("seg-000001.parquet"))
     with pytest.raises(StoreError, match="belongs to day=1970-01-02/replica=a, not this partition"):
@@ -127,6 +156,67 @@ def test_replay_cli_on_a_bad_store_is_one_line(store):
     r = subprocess.run(**child_process_args(["replay", str(store)]), capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "seg-000000.parquet: row 1: parent_call" in r.stderr
+
+
+# --- vocabulary: a store read with a tokenizer -------------------------------------------------------------------
+@pytest.mark.parametrize("statistics", [True, False])
+def test_ids_past_the_vocabulary_refuse_the_store_when_opened(store, statistics):
+    """vocab_size 5: row 1's suffix [4, 5] holds 5. Found from the min/max statistics, or, in a segment
+    written without them, from the rows; either way when the store is opened, before any record is read."""
+    t = pq.read_table(_seg(store))
+    pq.write_table(t, _seg(store), write_statistics=statistics)
+    with pytest.raises(StoreError, match=r"seg-000000.parquet: row 1: suffix_ids holds 5, not a vocabulary id "
+                                         r"in 0\.\.4"):
+        Store(store, vocab_size=5)
+    with pytest.raises(StoreError, match="row 1: suffix_ids holds 5"):
+        load_dump(store, vocab_size=5)  # load_dump hands its vocab_size to a store too
+    assert len(Store(store, vocab_size=12).records()) == len(LINES)  # ids 0..11: all within
+
+
+def test_gen_ids_past_the_vocabulary_name_their_field(store):
+    _edit(_seg(store), "gen_ids", lambda v: v[:2] + [[151_936]] + v[3:])
+    from strata_lab.text.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("qwen3")
+    with pytest.raises(StoreError, match=rf"seg-000000.parquet: row 2: gen_ids holds 151936, not a vocabulary id "
+                                         rf"in 0\.\.{tok.embedding_rows - 1}"):
+        Store(store, tokenizer=tok)
+    assert len(_read_all(store)) == len(LINES)  # without a vocabulary: only the int32 bound
+
+
+def test_a_model_of_another_family_refuses_the_store(store):
+    from strata_lab.text.tokenizer import load_tokenizer
+
+    _edit(_seg(store), "model", lambda v: [None, None, "deepseek-ai/DeepSeek-V3.1", None])
+    with pytest.raises(StoreError, match=r"seg-000000.parquet: row 2: model: the store names model "
+                                         r"'deepseek-ai/DeepSeek-V3.1' \(deepseek ids\) but the tokenizer is qwen3"):
+        Store(store, tokenizer=load_tokenizer("qwen3"))
+    _edit(_seg(store), "model", lambda v: ["Qwen/Qwen3-8B"] * 4)
+    assert len(Store(store, tokenizer=load_tokenizer("qwen3")).records()) == len(LINES)
+
+
+def test_replay_and_convert_check_a_store_against_tokenizer(store, tmp_path):
+    from strata_lab._spawn import child_process_args
+
+    _edit(_seg(store), "suffix_ids", lambda v: [v[0], [4, 200_000]] + v[2:])
+    for argv in (["replay", str(store), "--tokenizer", "qwen3"],
+                 ["convert", str(store), "--to-jsonl", "--out", str(tmp_path / "back.jsonl"), "--tokenizer", "qwen3"]):
+        r = subprocess.run(**child_process_args(argv), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert "seg-000000.parquet: row 1: suffix_ids holds 200000, not a vocabulary id" in r.stderr, r.stderr
+        assert not (tmp_path / "back.jsonl").exists()
+    r = subprocess.run(**child_process_args(["convert", str(store), "--to-jsonl", "--out", str(tmp_path / "b.jsonl")]),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr  # no --tokenizer: ids only within int32
+
+
+def test_convert_with_a_vocabulary_skips_jsonl_lines_past_it(tmp_path):
+    src = tmp_path / "d.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in LINES))
+    with pytest.warns(DumpWarning, match=r"d.jsonl:4: skipped line: prompt_ids\[6\] = 10 is not an id in 0\.\.9"):
+        info = convert_jsonl(src, tmp_path / "st", vocab_size=10)
+    assert info["lines"] == len(LINES) - 1 and info["skipped"] == 1
+    assert [len(r["prompt_ids"]) for r in Store(tmp_path / "st", vocab_size=10)] == [3, 5, 2, 2]
 
 
 # --- JSONL dumps ------------------------------------------------------------------------------------------------

@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="store directory to write (or the JSONL file with --to-jsonl)")
     p.add_argument("--row-group", type=int, default=8192, help="calls per Parquet row group (default 8192)")
     p.add_argument("--to-jsonl", action="store_true", help="write a store back to JSONL, line for line")
+    p.add_argument("--tokenizer", help="check ids against this vocabulary (qwen3, qwen3.5, or a HF model folder / "
+                                       "tokenizer.json) and models against its family: a store with other ids is "
+                                       "refused, JSONL lines with them skipped (default: ids only within int32)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_convert)
     _production_parsers(sub)
@@ -119,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump", help="append a strata-dump/1 line per engine call here ($STRATA_PROMPT_DUMP)")
     p.add_argument("--api-key", help="require this key (Authorization: Bearer or x-api-key); it shows in the "
                    f"process list, so prefer --api-key-file or ${API_KEY_ENV}")
-    p.add_argument("--api-key-file", metavar="PATH", help="read the key from the first line of this file")
+    p.add_argument("--api-key-file", metavar="PATH",
+                   help="read the accepted keys from this file: one a line, KEY or NAME KEY (# comments); each key "
+                        "has its own --max-client-requests limit and goes by its NAME (else a hash of it) in "
+                        "errors and logs")
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
     p.add_argument("--threads", type=int, default=0, help="engine threads (0 = engine default; at most 4 per core)")
     p.add_argument("--no-reply-reuse", action="store_true", help="do not reuse a reply's own ids (A/B runs)")
@@ -141,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-timeout", type=float, default=120.0,
                    help="seconds of CPU work one request may take before its 503 (default 120)")
     p.add_argument("--max-client-requests", type=int, default=16,
-                   help="requests one client address may have in flight (429 after; default 16)")
+                   help="requests one API key may have in flight (one client address when no key is "
+                        "required; 429 after; default 16)")
     p.add_argument("--slot-similarity", type=float, default=0.5,
                    help="share of the prompt a slot's held ids must cover to be chosen by similarity")
     p.add_argument("--alias", help="model name reported to clients")
@@ -161,8 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-mmap", action="store_true",
                    help="read the weights into memory instead of mapping model.safetensors")
     p.add_argument("--check-weights", action="store_true", help="refuse weights holding NaN or infinity at load")
-    p.epilog = (f"The API key can come from --api-key, --api-key-file or the {API_KEY_ENV} environment variable "
-                "(in that order). See docs/SECURITY.md.")
+    p.epilog = (f"The API key can come from --api-key, --api-key-file (several keys) or the {API_KEY_ENV} "
+                "environment variable (used when neither option is given). Limits (see docs/SECURITY.md): "
+                "--max-body, --body-timeout, --max-client-requests (per key), --cpu-workers/--cpu-queue/"
+                "--cpu-timeout (large CPU work: a job over its budget is stopped), --ctx, --max-tokens-default.")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("demo", help="serve an agent session with reply-id reuse off and on; replay and compare")

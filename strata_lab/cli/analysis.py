@@ -26,8 +26,10 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     from strata_lab.dump import is_store
 
     paths = args.dump if len(args.dump) > 1 else args.dump[0]
-    if isinstance(paths, str) and is_store(paths):  # a Parquet store (strata-lab convert)
-        return load_dump(paths)
+    if isinstance(paths, str) and is_store(paths):  # a Parquet store (strata-lab convert): ids and models
+        from strata_lab.dump import Store      # checked against --tokenizer before any work
+
+        return Store(paths, tokenizer=_load_tokenizer(args.tokenizer))
     _load_tokenizer(args.tokenizer)  # a bad --tokenizer fails before any work
     try:
         with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
@@ -268,13 +270,17 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 def _cmd_convert(args: argparse.Namespace) -> int:
     from strata_lab.dump import Store, convert_jsonl
 
+    tok = _load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
     if args.to_jsonl:
         if len(args.dump) != 1:
             raise ValueError("dump: --to-jsonl reads one store")
-        n = Store(args.dump[0]).to_jsonl(args.out)
+        n = Store(args.dump[0], tokenizer=tok).to_jsonl(args.out)
         print(f"wrote {n} lines to {args.out}")
         return 0
-    info = convert_jsonl(args.dump, args.out, row_group_rows=args.row_group, progress=not args.quiet)
+    if tok is not None:  # the first calls agree with --tokenizer; later lines past its ids are skipped
+        _checked(args.dump if len(args.dump) > 1 else args.dump[0], args.tokenizer, vocab_limit=False)
+    info = convert_jsonl(args.dump, args.out, row_group_rows=args.row_group, progress=not args.quiet,
+                         vocab_size=None if tok is None else tok.embedding_rows)
     ratio = info["bytes_in"] / info["bytes_out"] if info["bytes_out"] else float("nan")
     print(f"{info['lines']} calls ({info['skipped']} bad lines skipped): {info['bytes_in'] / 2**20:.1f} MB JSONL -> "
           f"{info['bytes_out'] / 2**20:.1f} MB Parquet ({ratio:.1f}x smaller) in {args.out}")

@@ -151,37 +151,85 @@ API_KEY_ENV = "STRATA_API_KEY"
 
 
 def _api_key(args: argparse.Namespace, environ=None) -> str | None:
-    """The key from --api-key, else --api-key-file (first line), else $STRATA_API_KEY; None: no key.
+    """The key from --api-key, else $STRATA_API_KEY when no --api-key-file is given; None: no single key.
 
     >>> _api_key(argparse.Namespace(api_key=None, api_key_file=None), {"STRATA_API_KEY": "k"})
     'k'
     """
     import os
 
+    if args.api_key is not None and args.api_key_file is not None:
+        raise ValueError("--api-key and --api-key-file: give one of them (several keys go in the file)")
     if args.api_key is not None:
         return args.api_key
     if args.api_key_file is not None:
-        import stat
-
-        try:
-            if not stat.S_ISREG(os.stat(args.api_key_file).st_mode):  # a FIFO would hang, /dev/zero never end
-                raise ValueError(f"--api-key-file {args.api_key_file}: not a regular file")
-            with open(args.api_key_file, "rb") as f:
-                key = f.read(4097).decode("utf-8").split("\n", 1)[0].strip()
-            if len(key) > 4096:
-                raise ValueError(f"--api-key-file {args.api_key_file}: the key is longer than 4096 characters")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"--api-key-file {args.api_key_file}: cannot read it ({exc})") from None
-        if not key:
-            raise ValueError(f"--api-key-file {args.api_key_file}: the first line is empty")
-        return key
+        return None
     return (os.environ if environ is None else environ).get(API_KEY_ENV) or None
+
+
+MAX_KEY_FILE_BYTES = 1 << 20
+
+
+def _api_keys_file(path: str | None) -> tuple[tuple[str, str], ...]:
+    r"""--api-key-file: one key a line, `KEY` or `NAME KEY` (blank lines and `#` comments skipped); a key without a
+    name goes by a hash of it (config.key_name). Errors name the file and the line, never a key's text.
+
+    >>> import os, tempfile
+    >>> f = tempfile.NamedTemporaryFile("w", suffix=".keys", delete=False)
+    >>> _ = f.write("# team keys\nalice sk-a1\nsk-b2\n"); f.close()
+    >>> _api_keys_file(f.name)
+    (('alice', 'sk-a1'), ('key-784f0d5b', 'sk-b2'))
+    >>> os.unlink(f.name)
+    """
+    import os
+    import stat
+
+    from strata_lab.server.config import MAX_API_KEYS, MAX_KEY_CHARS, key_name
+
+    if path is None:
+        return ()
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would hang, /dev/zero never end
+            raise ValueError(f"--api-key-file {path}: not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_KEY_FILE_BYTES + 1)
+        if len(data) > MAX_KEY_FILE_BYTES:
+            raise ValueError(f"--api-key-file {path}: larger than {MAX_KEY_FILE_BYTES} bytes")
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--api-key-file {path}: cannot read it ({type(exc).__name__})") from None
+    out, names, keys = [], set(), set()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) > 2:
+            raise ValueError(f"--api-key-file {path}:{lineno}: a line is KEY or NAME KEY (got {len(parts)} words)")
+        name, key = (key_name(parts[0]), parts[0]) if len(parts) == 1 else parts
+        if len(key) > MAX_KEY_CHARS or not key.isprintable():
+            raise ValueError(f"--api-key-file {path}:{lineno}: a key is at most {MAX_KEY_CHARS} printable characters")
+        if len(name) > 64 or not name.isprintable():
+            raise ValueError(f"--api-key-file {path}:{lineno}: a name is at most 64 printable characters")
+        if name in names:
+            raise ValueError(f"--api-key-file {path}:{lineno}: the name {name!r} is given twice")
+        if key in keys:
+            raise ValueError(f"--api-key-file {path}:{lineno}: the same key as an earlier line")
+        names.add(name)
+        keys.add(key)
+        out.append((name, key))
+        if len(out) > MAX_API_KEYS:
+            raise ValueError(f"--api-key-file {path}: more than {MAX_API_KEYS} keys")
+    if not out:
+        raise ValueError(f"--api-key-file {path}: no key in it (one key a line: KEY or NAME KEY)")
+    return tuple(out)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from strata_lab.server import ServerConfig, serve
 
     serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=_api_key(args),
+                       api_keys=_api_keys_file(args.api_key_file),
                        max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
                        max_body_bytes=args.max_body, template=args.template, model_name=args.alias,
                        stop_latency=args.stop_latency, header_checkpoint=not args.no_header_checkpoint,

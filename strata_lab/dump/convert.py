@@ -24,7 +24,8 @@ from strata_lab.dump.store_writer import StoreWriter
 __all__ = ["convert_jsonl"]
 
 
-def convert_jsonl(paths, out: str | os.PathLike, *, row_group_rows: int = 8192, progress: bool = False) -> dict:
+def convert_jsonl(paths, out: str | os.PathLike, *, row_group_rows: int = 8192, progress: bool = False,
+                  vocab_size: int | None = None) -> dict:
     """Convert JSONL dump file(s) to a store at `out`; lines the dump reader would skip (torn, not a
     dump line) are skipped with the same `DumpWarning`. Returns lines, skipped, bytes in and out, seconds.
 
@@ -33,9 +34,12 @@ def convert_jsonl(paths, out: str | os.PathLike, *, row_group_rows: int = 8192, 
         out: the store directory to write.
         row_group_rows: calls per Parquet row group.
         progress: show a progress bar.
+        vocab_size: lines with ids at or past it are skipped (as the dump reader does with it).
     """
     from strata_lab.dump.reader import DumpWarning, check_dump_path, check_record, dump_lines, open_dump
 
+    if vocab_size is not None and (type(vocab_size) is not int or vocab_size < 1):
+        raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
     paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
     for p in paths:
         check_dump_path(p)  # regular files only (a FIFO would hang), .gz read, other compressions refused
@@ -57,7 +61,7 @@ def convert_jsonl(paths, out: str | os.PathLike, *, row_group_rows: int = 8192, 
                         continue
                     try:
                         rec = orjson.loads(line)
-                        check_record(dict(rec) if isinstance(rec, dict) else rec)
+                        check_record(dict(rec) if isinstance(rec, dict) else rec, vocab_size)
                     except (ValueError, orjson.JSONDecodeError) as exc:
                         skipped += 1
                         warnings.warn(f"{p}:{lineno}: skipped line: {exc}", DumpWarning, stacklevel=2)

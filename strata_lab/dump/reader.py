@@ -335,7 +335,8 @@ def load_dump(path_or_paths, *, vocab_size: int | None = None) -> Dump:
 
     Args:
         path_or_paths: a dump file, a list of them, a directory of `*.jsonl` files, or a store directory.
-        vocab_size: makes a line whose ids reach past the vocabulary a bad line (skipped with a warning).
+        vocab_size: makes a line whose ids reach past the vocabulary a bad line (skipped with a warning);
+            a store with such ids is refused when opened (StoreError naming file, row and field).
 
     >>> load_dump("/nonexistent.jsonl")
     Traceback (most recent call last):
@@ -351,7 +352,7 @@ def load_dump(path_or_paths, *, vocab_size: int | None = None) -> Dump:
         if os.path.isdir(p) and any(n.startswith("day=") for n in os.listdir(p)):
             from strata_lab.dump.store import Store  # a Parquet store (strata-lab convert, StoreRecorder)
 
-            return Store(p)
+            return Store(p, vocab_size=vocab_size)
         if os.path.isdir(p):
             names = sorted(n for n in os.listdir(p) if n.endswith((".jsonl", ".jsonl.gz")))
             if not names:

@@ -31,12 +31,14 @@ def is_store(path) -> bool:
     return os.path.isdir(p) and any(n.startswith("day=") for n in os.listdir(p))
 
 
-def iter_partition_rows(partition: str, *, columns=None, batch_rows: int = 2048) -> Iterator[dict]:
+def iter_partition_rows(partition: str, *, columns=None, batch_rows: int = 2048,
+                        vocab_size: int | None = None) -> Iterator[dict]:
     """The rows of one partition, in order, a batch at a time (each row a dict of column values), after
-    store_check.check_partition has checked its files and rows (StoreError naming file, row and field)."""
+    store_check.check_partition has checked its files and rows (StoreError naming file, row and field;
+    with `vocab_size`, ids at or past it too)."""
     from strata_lab.dump.store_check import check_partition, open_segment
 
-    for f in check_partition(partition):
+    for f in check_partition(partition, vocab_size=vocab_size):
         pf = open_segment(f)
         for batch in pf.iter_batches(batch_size=batch_rows, columns=columns):
             yield from batch.to_pylist()
@@ -47,9 +49,21 @@ def _int_or_none(v):
 
 
 class Store:
-    """A Parquet trace store (see strata_lab.dump.store_writer for the layout)."""
+    """A Parquet trace store (see strata_lab.dump.store_writer for the layout).
 
-    def __init__(self, root: str | os.PathLike):
+    With `vocab_size` (or a `tokenizer`: its embedding rows, and the family of each model the rows name,
+    as `Tokenizer.check_model`), every segment's ids are checked against the vocabulary when the store is
+    opened, before any record is read (StoreError naming file, row and field), as `load_dump(...,
+    vocab_size=)` does for JSONL dumps (which skips such lines with a warning: a store's rows are not
+    skipped, the store is refused)."""
+
+    def __init__(self, root: str | os.PathLike, *, vocab_size: int | None = None, tokenizer=None):
+        if vocab_size is not None and (type(vocab_size) is not int or vocab_size < 1):
+            raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
+        if tokenizer is not None:
+            rows = tokenizer.embedding_rows
+            vocab_size = rows if vocab_size is None else min(vocab_size, rows)
+        self.vocab_size = vocab_size
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
             raise FileNotFoundError(f"store not found: {self.root}")
@@ -68,6 +82,11 @@ class Store:
                 raise StoreError(f"{p}: the same directory as {seen[real]}")
             seen[real] = p
         self.paths = segment_files(self.root)
+        if vocab_size is not None:
+            from strata_lab.dump.store_check import check_vocabulary
+
+            check_vocabulary(self.paths, vocab_size,
+                             check_model=None if tokenizer is None else tokenizer.check_model)
 
     # --- cache domains ------------------------------------------------------------------------------
     def domains(self) -> dict[str, list[str]]:
@@ -82,7 +101,7 @@ class Store:
     def iter_partition(self, partition: str, *, raw: bool = False) -> Iterator[tuple[int, dict | bytes]]:
         """(seq, record) of one partition in order; with raw=True, (seq, original line bytes)."""
         dec = RowDecoder()
-        for row in iter_partition_rows(partition):
+        for row in iter_partition_rows(partition, vocab_size=self.vocab_size):
             yield row["seq"], (dec.line(row) if raw else with_defaults(dec.record(row)))
 
     def iter_domain(self, domain: str, *, raw: bool = False) -> Iterator[tuple[int, dict | bytes]]:

@@ -6,12 +6,19 @@ A store directory may come from anywhere (copied, hand-edited, crafted). Before 
 * partitions are real directories of the store (a symlink, a partition linked in twice, is refused) and
   segments are regular files (a FIFO named like one would hang the reader);
 * a segment's metadata is within bounds before any page is decompressed: at most `MAX_SEGMENT_BYTES`
-  decompressed (a 5 KB file may claim to inflate to gigabytes) and `MAX_SEGMENT_ROWS` rows, with the
-  store's column types (a string `seq` is refused, not a traceback);
+  decompressed (a 5 KB file may claim to inflate to gigabytes; dictionary-encoded strings, a tiny dictionary
+  referenced by many rows, are counted at their expanded size from the dictionary and its indices, before
+  any string is expanded) and `MAX_SEGMENT_ROWS` rows, with the store's column types (a string `seq` is
+  refused, not a traceback);
 * every row holds together: `seq` unique and increasing, `parent_call` -1 or an earlier row of the same
   session, `shared_len` within the parent's prompt, `prompt_len` = `shared_len` + len(`suffix_ids`), ids
   non-negative (below `vocab_size` when given), and the row belongs to its partition (its `ts` day and
   `replica` name the directory it sits in: a segment copied from another replica is refused).
+
+With a vocabulary (`Store(root, vocab_size=N)` or `tokenizer=`, `replay --tokenizer`, `convert --tokenizer`),
+`check_vocabulary` checks every segment before any row is used: ids in 0..N-1, from the id columns'
+min/max statistics where the segment has them (the rows are read only where they do not settle it), and
+each model the `model` column names of the tokenizer's family (`Tokenizer.check_model`).
 
 Errors are `StoreError` (a ValueError) naming the file, the row and the field.
 """
@@ -21,7 +28,8 @@ import os
 
 from strata_lab.dump.store_codec import StoreError, check_segment_file
 
-__all__ = ["StoreError", "check_partition", "check_segment_file", "open_segment", "MAX_SEGMENT_BYTES", "MAX_SEGMENT_ROWS"]
+__all__ = ["StoreError", "check_partition", "check_segment_file", "check_vocabulary", "open_segment", "MAX_SEGMENT_BYTES",
+           "MAX_SEGMENT_ROWS"]
 
 MAX_SEGMENT_BYTES = 4 << 30     # decompressed bytes of one segment (the writer's are a few MB to ~100 MB)
 MAX_SEGMENT_ROWS = 50_000_000
@@ -44,6 +52,7 @@ def _check_metadata(path: str, pf) -> None:
     if total > MAX_SEGMENT_BYTES:
         raise StoreError(f"{path}: decompresses to {total} bytes, over the limit of {MAX_SEGMENT_BYTES} for one "
                          "segment (a decompression bomb?)")
+    total += _dictionary_strings(path, pf, MAX_SEGMENT_BYTES - total)
     want = arrow_schema()
     have = pf.schema_arrow
     for name in _REQUIRED:
@@ -55,6 +64,69 @@ def _check_metadata(path: str, pf) -> None:
             raise StoreError(f"{path}: unknown column {field.name!r}")
         if not field.type.equals(want.field(i).type):
             raise StoreError(f"{path}: column {field.name!r} is {field.type}, the store writes {want.field(i).type}")
+
+
+def _dictionary_strings(path: str, pf, room: int) -> int:
+    """The bytes the dictionary-encoded string columns of a segment take once read, when they may not fit `room`.
+
+    A dictionary page holds each distinct string once and the data pages only small indices into it: a
+    1 MB string referenced by a million rows is a few KB on disk and in the metadata's sizes, and a
+    terabyte read. A column's worst case is rows x its dictionary's size (the dictionary is within the
+    column chunk's uncompressed size); when that may not fit, the column is read dictionary-encoded (the
+    dictionary once, an int32 index a row: bounded by the sizes checked above) and the strings' lengths
+    are summed over the indices, before any string is expanded (StoreError over the limit)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    md = pf.metadata
+    strings = {f.name for f in pf.schema_arrow if pa.types.is_string(f.type) or pa.types.is_binary(f.type)}
+    worst, risky = 0, set()
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        for j in range(rg.num_columns):
+            col = rg.column(j)
+            if col.path_in_schema in strings and col.has_dictionary_page:
+                worst += col.num_values * col.total_uncompressed_size
+                risky.add(col.path_in_schema)
+    if worst <= room:
+        return 0
+    try:  # a segment checked before, unchanged since (readers open each segment more than once)
+        st = os.stat(path)
+        seen = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, room)
+    except OSError:
+        seen = None
+    if seen is not None and seen in _DICTIONARY_CHECKED:
+        return _DICTIONARY_CHECKED[seen]
+    import pyarrow.parquet as pq
+
+    names = sorted(risky)
+    try:
+        dict_pf = pq.ParquetFile(path, read_dictionary=names)
+        total = 0
+        for i in range(md.num_row_groups):
+            table = dict_pf.read_row_group(i, columns=names)
+            for name in names:
+                for chunk in table.column(name).chunks:
+                    if not isinstance(chunk, pa.DictionaryArray):
+                        total += chunk.nbytes
+                        continue
+                    lengths = pc.binary_length(chunk.dictionary)
+                    total += pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0
+            if total > room:
+                break
+    except (OSError, pa.ArrowException) as exc:
+        raise StoreError(f"{path}: not a Parquet segment ({' '.join(str(exc).split())[:200]})") from None
+    if total > room:
+        raise StoreError(f"{path}: its dictionary-encoded strings ({', '.join(names)}) expand to over {room} "
+                         f"bytes, over the limit of {MAX_SEGMENT_BYTES} for one segment (a decompression bomb?)")
+    if seen is not None:
+        if len(_DICTIONARY_CHECKED) >= 4096:
+            _DICTIONARY_CHECKED.pop(next(iter(_DICTIONARY_CHECKED)))
+        _DICTIONARY_CHECKED[seen] = total
+    return total
+
+
+_DICTIONARY_CHECKED: dict[tuple, int] = {}  # (path, inode, size, mtime, room) -> expanded bytes, of segments within
 
 
 def _partition_key(partition: str) -> tuple[str, str]:
@@ -152,6 +224,61 @@ def check_partition(partition: str, *, vocab_size: int | None = None, seen_roots
                         latest[sid] = (row, plen)
                 row += 1
     return files
+
+
+_ID_COLUMNS = ("suffix_ids", "gen_ids", "drained_ids")
+
+
+def check_vocabulary(files, vocab_size: int, *, check_model=None) -> None:
+    """Every id of the id columns of `files` in 0..vocab_size-1 and, with `check_model` (a callable raising
+    ValueError, like Tokenizer.check_model(model, what=...)), every model the rows name agreeing with it
+    (StoreError naming the file, row and field, on the first that does not)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if type(vocab_size) is not int or vocab_size < 1:
+        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    for f in files:
+        pf = open_segment(f)
+        md = pf.metadata
+        names = [c for c in _ID_COLUMNS if pf.schema_arrow.get_field_index(c) >= 0]
+        unsettled = []
+        for name in names:  # min/max statistics of the list's elements: no row read when they are within
+            for i in range(md.num_row_groups):
+                rg = md.row_group(i)
+                col = next((rg.column(j) for j in range(rg.num_columns)
+                            if rg.column(j).path_in_schema.split(".", 1)[0] == name), None)
+                st = col.statistics if col is not None else None
+                if col is None or col.num_values == 0:
+                    continue
+                if st is None or not st.has_min_max or st.min < 0 or st.max >= vocab_size:
+                    unsettled.append(name)
+                    break
+        if unsettled:
+            for first, batch in _batches(pf, unsettled):
+                for name in unsettled:
+                    _check_ids(f, first, batch.column(name), name, vocab_size)
+        if check_model is None or pf.schema_arrow.get_field_index("model") < 0:
+            continue
+        try:
+            models = pq.ParquetFile(f, read_dictionary=["model"])
+            first = 0
+            for i in range(md.num_row_groups):
+                for chunk in models.read_row_group(i, columns=["model"]).column("model").chunks:
+                    if not isinstance(chunk, pa.DictionaryArray):
+                        chunk = pc.dictionary_encode(chunk)
+                    for k, model in enumerate(chunk.dictionary.to_pylist()):
+                        at = pc.index(chunk.indices, k).as_py()
+                        if model is None or at < 0:
+                            continue
+                        try:
+                            check_model(model, what="the store")
+                        except ValueError as exc:
+                            raise StoreError(f"{f}: row {first + at}: {exc}") from None
+                    first += len(chunk)
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"{f}: not a Parquet segment ({' '.join(str(exc).split())[:200]})") from None
 
 
 def open_segment(path: str):

@@ -194,6 +194,32 @@ class TokenGrammar:
                     self._cache.pop(next(iter(self._cache)))
             return self._cache[key]
 
+    def cached_keys(self) -> set[str]:
+        with self._lock:
+            return set(self._cache)
+
+    def export(self, keys) -> dict[str, str]:
+        """The compiled grammars under `keys`, serialized (xgrammar's JSON): a worker process that compiled them
+        hands them to the server this way (strata_lab.server.cpu)."""
+        with self._lock:
+            return {k: self._cache[k]._compiled.serialize_json() for k in keys if k in self._cache}
+
+    def adopt(self, exported: dict[str, str]) -> None:
+        """Take compiled grammars from `export` into this compiler's cache (no compile: a deserialization)."""
+        import xgrammar as xgr
+
+        for key, text in exported.items():
+            compiled = CompiledGrammar(xgr.CompiledGrammar.deserialize_json(text, self._info), self.vocab_size,
+                                       self.stop_ids)
+            with self._lock:
+                self._cache[key] = compiled
+                if len(self._cache) > 256:
+                    self._cache.pop(next(iter(self._cache)))
+
+    def after_fork(self) -> None:
+        """In a forked worker: a fresh lock (a server thread may have held this one at the fork)."""
+        self._lock = threading.Lock()
+
     def json_schema(self, schema: dict, *, think_prefix: bool = True) -> CompiledGrammar:
         """JSON matching `schema` (compact whitespace), optionally after Qwen3's empty think block."""
         text = json.dumps(bound_schema(schema, self.max_string, self.max_items), sort_keys=True)

@@ -49,6 +49,8 @@ class ServerState:
     def __post_init__(self) -> None:
         if self.cpu is None:
             self.cpu = CpuPool(self.config.cpu_workers, self.config.cpu_queue, self.config.cpu_timeout)
+        if getattr(self.runner, "grammars", None) is not None:
+            self.cpu.after_fork.append(self.runner.grammars.after_fork)
 
 
 def load_state(config: ServerConfig) -> ServerState:
@@ -234,9 +236,16 @@ async def _run(request, req: ChatRequest, rendered, build, stream_cls):
     st: ServerState = request.app.state.strata
     if req.features.constraint is not None or req.features.tool_choice not in (None, "none") or \
             req.response_format is not None:
-        # a bad grammar / schema is a 400 before the request queues; a new one compiles in the bounded pool
-        await st.cpu.run(st.runner.grammars.check, req, rendered, heavy=not st.runner.grammars.known(req),
-                         what="compiling the grammar", request=request)
+        # a bad grammar / schema is a 400 before the request queues; a new one compiles in a worker process
+        # (killed over its budget), which hands the compiled grammar back (a deserialization here)
+        grammars = st.runner.grammars
+        if grammars.known(req):
+            await st.cpu.run(grammars.check, req, rendered, heavy=False, what="checking the grammar", request=request)
+        else:
+            await st.cpu.run(grammars.ensure, heavy=False, what="building the grammar compiler")
+            exported = await st.cpu.run(grammars.export_check, req, rendered, heavy=True,
+                                        what="compiling the grammar", request=request)
+            await st.cpu.run(grammars.adopt, req, exported, heavy=False, what="loading the compiled grammar")
     if st.weights is not None:
         st.weights.check()
 
@@ -465,7 +474,8 @@ async def props(request: Request):
     source = st.template.source
     show = request.query_params.get("chat_template") in ("1", "true")
     return {"chat_template_sha256": hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest(),
-            "cpu": {"workers": st.cpu.workers, "pending": st.cpu.pending, "refused": st.cpu.refused},
+            "cpu": {"workers": st.cpu.workers, "pending": st.cpu.pending, "running": st.cpu.running,
+                    "refused": st.cpu.refused, "stopped": st.cpu.stopped},
             "weights_changed": st.weights is not None and st.weights.changed is not None,
             **({"chat_template": source} if show else {}),
             "default_generation_settings": {"n_ctx": st.config.max_context, "params": {"n_predict": cap}},
@@ -647,16 +657,12 @@ def serve(config: ServerConfig) -> None:
 
     state = load_state(config)
     app = create_app(state)
+    names = sorted(config.keys().values())  # keys by name (or hash), never their text
+    keys = (f", {len(names)} API key{'s' if len(names) > 1 else ''}: {', '.join(names[:8])}"
+            f"{' ...' if len(names) > 8 else ''}") if names else ", no API key"
     print(f"strata-lab serve: {state.model_name} on http://{config.host}:{config.port} "
-          f"(context {config.max_context}, reply reuse {'on' if config.reply_reuse else 'off'})",
+          f"(context {config.max_context}, reply reuse {'on' if config.reply_reuse else 'off'}{keys})",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
                 timeout_keep_alive=config.keep_alive_timeout)
-    if state.cpu.pending:
-        # a native tokenize or grammar compile is still running in the CPU pool: do not wait for it at exit
-        # (SIGTERM must stop the server); the dump was closed by the shutdown handler
-        import os
-
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    state.cpu.close()  # a worker still at work is killed (it would die with the server anyway)

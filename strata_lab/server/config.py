@@ -10,10 +10,24 @@ ValueError: port must be in 0..65535, got 70000
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ServerConfig", "max_threads"]
+__all__ = ["ServerConfig", "max_threads", "key_name", "MAX_API_KEYS", "MAX_KEY_CHARS"]
+
+MAX_API_KEYS = 4096
+MAX_KEY_CHARS = 4096
+
+
+def key_name(key: str) -> str:
+    """The name an unnamed API key goes by in logs and errors: a short hash, never the key.
+
+    >>> key_name("s3cret")
+    'key-1ec1c26b'
+    """
+    import hashlib
+
+    return "key-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
 def max_threads() -> int:
@@ -27,7 +41,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     dump: str | None = None           # strata-dump/1 file; None = $STRATA_PROMPT_DUMP if set
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)    # one key (named by its hash: key_name)
+    # (name, key) pairs (--api-key-file): any of them is accepted; the concurrency limit counts per key
+    api_keys: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     max_context: int = 4096
     threads: int = 0                  # 0 = the engine's default
     reply_reuse: bool = True          # PromptEncoder.remember_reply after each request
@@ -56,7 +72,7 @@ class ServerConfig:
     cpu_workers: int = 2
     cpu_queue: int = 8
     cpu_timeout: float = 120.0
-    max_client_requests: int = 16     # requests one client address may have in flight (429 after)
+    max_client_requests: int = 16     # requests one API key (no key required: one address) may have in flight
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -102,5 +118,31 @@ class ServerConfig:
             raise ValueError("dump must name a file (leave it unset to record nothing)")
         if self.api_key == "":
             raise ValueError("api_key must not be empty (leave it unset for no key)")
+        self.api_keys = tuple(tuple(pair) for pair in self.api_keys)
+        if len(self.api_keys) > MAX_API_KEYS:
+            raise ValueError(f"api_keys: at most {MAX_API_KEYS} keys, got {len(self.api_keys)}")
+        names, keys = set(), set()
+        for i, pair in enumerate(self.api_keys):  # messages name the key by its place, never show it
+            if len(pair) != 2 or not all(isinstance(x, str) for x in pair):
+                raise ValueError(f"api_keys[{i}] must be a (name, key) pair of strings")
+            name, key = pair
+            if not key or len(key) > MAX_KEY_CHARS or any(c.isspace() or not c.isprintable() for c in key):
+                raise ValueError(f"api_keys[{i}] ({name!r}): a key is 1..{MAX_KEY_CHARS} printable characters "
+                                 "without spaces")
+            if not name or len(name) > 64 or any(c.isspace() or not c.isprintable() for c in name):
+                raise ValueError(f"api_keys[{i}]: a name is 1..64 printable characters without spaces")
+            if name in names:
+                raise ValueError(f"api_keys[{i}]: the name {name!r} is given twice")
+            if key in keys:
+                raise ValueError(f"api_keys[{i}] ({name!r}): the same key as an earlier one")
+            names.add(name)
+            keys.add(key)
         if self.model is not None and not Path(self.model).is_dir():
             raise ValueError(f"model must be a model directory, {self.model!r} is not one")
+
+    def keys(self) -> dict[str, str]:
+        """Every accepted key -> its name (api_key under its hash name, then api_keys); empty: no key required."""
+        out = {self.api_key: key_name(self.api_key)} if self.api_key else {}
+        for name, key in self.api_keys:
+            out.setdefault(key, name)
+        return out

@@ -34,6 +34,17 @@ class RequestError(ValueError):
         self.status = status
         super().__init__(self.message)
 
+    def __reduce__(self):
+        """Pickled as its fields (a CPU worker process sends it back to the server: cpu.py)."""
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
+
+
+def _restore(cls, args, state):
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
 
 def _printable(text: str | None) -> str | None:
     """`text` with anything UTF-8 cannot carry (lone surrogates) written as a backslash escape."""

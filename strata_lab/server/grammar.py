@@ -85,6 +85,31 @@ class GrammarCompiler:
             if len(self._known) > 256:  # as many as TokenGrammar caches
                 self._known.pop(next(iter(self._known)))
 
+    def ensure(self) -> None:
+        """Build the vocabulary's compiler now (seconds, once): a worker forked later shares it."""
+        self._tg()
+
+    def export_check(self, req: ChatRequest, rendered=None) -> dict[str, str]:
+        """`check` in a worker process (strata_lab.server.cpu): the grammars it compiled, serialized for `adopt`."""
+        tg = self._tg()
+        before = tg.cached_keys()
+        self.check(req, rendered)
+        return tg.export(tg.cached_keys() - before)
+
+    def adopt(self, req: ChatRequest, exported: dict[str, str]) -> None:
+        """Take what `export_check` compiled in a worker: `req`'s grammar is then compiled here too."""
+        self._tg().adopt(exported)
+        with self._lock:
+            self._known[_key(req)] = None
+            if len(self._known) > 256:
+                self._known.pop(next(iter(self._known)))
+
+    def after_fork(self) -> None:
+        """In a forked worker: fresh locks (a server thread may have held them at the fork)."""
+        self._lock = threading.Lock()
+        if self._grammar is not None:
+            self._grammar.after_fork()
+
     def known(self, req: ChatRequest) -> bool:
         """Whether `req`'s grammar compiled before (then checking it again is cheap: no pool needed)."""
         return self._grammar is not None and _key(req) in self._known

@@ -7,10 +7,13 @@ Two ASGI middlewares wrap the app, outermost first:
   and a non-JSON body on a POST route (415: a page may POST `text/plain` without a CORS preflight).
   CORS itself is opt-in: for `--cors` origins Starlette's `CORSMiddleware` answers preflights and adds the
   response headers.
-* `Gate` checks the API key (Bearer or x-api-key; /health and preflights are open), the body size, how
-  long the whole body may take to arrive (a total deadline: a stalled or trickled upload gets a 408, never an
-  open-ended hold), and how many requests one client address has in flight (429 over
-  `--max-client-requests`; /health and /props are not counted, so they always answer).
+* `Gate` checks the API key (Bearer or x-api-key, any of the configured keys; /health and preflights are
+  open), the body size, how long the whole body may take to arrive (a total deadline: a stalled or trickled
+  upload gets a 408, never an open-ended hold), and how many requests one client has in flight (429 over
+  `--max-client-requests`; /health and /props are not counted, so they always answer). A client is its API
+  key when keys are required (several keys: each has its own limit, so one key's load never blocks
+  another's), else its address. Keys go by their names (`--api-key-file` lines `NAME KEY`, else a hash of
+  the key: `config.key_name`) in errors and logs, never by their text.
 
 >>> allowed_hosts("127.0.0.1", ()) >= {"127.0.0.1", "localhost"}
 True
@@ -116,10 +119,11 @@ class Gate:
     OPEN_PATHS = ("/health",)
     UNCOUNTED_PATHS = ("/health", "/props")
 
-    def __init__(self, app, *, api_key: str | None, max_body_bytes: int, body_timeout: float = 30.0,
+    def __init__(self, app, *, keys: dict[str, str] | None, max_body_bytes: int, body_timeout: float = 30.0,
                  max_client_requests: int = 16):
+        """`keys`: every accepted API key -> its name (ServerConfig.keys()); empty or None: no key required."""
         self.app = app
-        self.api_key = api_key
+        self.keys = [(k.encode("utf-8", "surrogatepass"), name) for k, name in (keys or {}).items()]
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
         self.max_client_requests = max_client_requests
@@ -130,20 +134,25 @@ class Gate:
             return await self.app(scope, receive, send)
         headers = _headers(scope)
         path = scope.get("path", "")
-        if self.api_key and path not in self.OPEN_PATHS and scope.get("method") != "OPTIONS" and \
-                not self._authorized(headers):
-            return await send_error(send, RequestError(None, "a valid API key is required (Authorization: Bearer "
-                                                       "KEY or x-api-key: KEY)", code="invalid_api_key",
-                                                       status=401), path)
+        key_name = None
+        if self.keys and path not in self.OPEN_PATHS and scope.get("method") != "OPTIONS":
+            key_name = self._key_name(headers)
+            if key_name is None:
+                return await send_error(send, RequestError(None, "a valid API key is required (Authorization: "
+                                                           "Bearer KEY or x-api-key: KEY)", code="invalid_api_key",
+                                                           status=401), path)
+            scope.setdefault("state", {})["api_key_name"] = key_name
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body_bytes:
             return await send_error(send, self._too_large(), path)
-        client = (scope.get("client") or ("?", 0))[0]
+        # the limit's unit: the API key when keys are required (one key per client), else the address
+        client = ("key", key_name) if key_name is not None else ("address", (scope.get("client") or ("?", 0))[0])
         counted = path not in self.UNCOUNTED_PATHS
         if counted:
             if self.in_flight.get(client, 0) >= self.max_client_requests:
+                who = f"the API key {key_name!r}" if key_name is not None else "this client address"
                 return await send_error(send, RequestError(
-                    None, f"this client already has {self.max_client_requests} requests in flight "
+                    None, f"{who} already has {self.max_client_requests} requests in flight "
                     "(--max-client-requests); retry when one has finished", code="too_many_requests", status=429),
                     path)
             self.in_flight[client] = self.in_flight.get(client, 0) + 1
@@ -183,12 +192,21 @@ class Gate:
                 else:
                     self.in_flight.pop(client, None)
 
-    def _authorized(self, headers: dict) -> bool:
+    def _key_name(self, headers: dict) -> str | None:
+        """The name of the API key the request carries, None when it carries none of ours. Every key is
+        compared, in constant time, whichever matches: the time taken tells nothing about the keys."""
         given = headers.get("x-api-key") or ""
         auth = headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
             given = given or auth[7:].strip()
-        return bool(given) and hmac.compare_digest(given.encode(), self.api_key.encode())
+        if not given:
+            return None
+        raw = given.encode("latin-1")  # the header's bytes (decoded as latin-1 above); keys are compared as UTF-8
+        found = None
+        for key, name in self.keys:
+            if hmac.compare_digest(raw, key) and found is None:
+                found = name
+        return found
 
     def _too_large(self) -> RequestError:
         return RequestError("body", f"is larger than the limit of {self.max_body_bytes} bytes",
@@ -197,7 +215,7 @@ class Gate:
 
 def wrap(app, config):
     """`app` behind Gate, CORS (when `config.cors_origins`) and Guard, for a ServerConfig."""
-    inner = Gate(app, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+    inner = Gate(app, keys=config.keys(), max_body_bytes=config.max_body_bytes,
                  body_timeout=config.body_timeout, max_client_requests=config.max_client_requests)
     if config.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
