@@ -245,28 +245,28 @@ def calls_from_hash_trace(trace, *, progress: bool = False) -> list[Call]:
     return out
 
 
+def call_records(calls: Iterable[Call]) -> Iterator[dict]:
+    """strata-dump/1 line objects of `calls`: a call read from a dump keeps its other fields; the prompt,
+    breakpoints and output are the call's own."""
+    for c in calls:
+        rec = dict(c.record or {})
+        rec.update(schema="strata-dump/1", session=c.session, prompt_ids=c.prompt.tolist())
+        if c.record is None:
+            rec["gen_ids"] = c.output.tolist()
+        if c.ts is not None:
+            rec["ts"] = c.ts
+        if c.done_ts is not None:
+            rec["done_ts"] = c.done_ts
+        if c.breakpoints is not None:
+            rec["cache_control"] = list(c.breakpoints)
+        if c.content_blocks is not None:
+            rec["content_blocks"] = list(c.content_blocks)
+        yield rec
+
+
 def write_calls(calls: Iterable[Call], path) -> None:
-    """Write calls as strata-dump/1 lines (mode 0600: they hold token ids of private conversations).
+    """Write calls as strata-dump/1 lines through the one dump writer (`strata_lab.dump.writer.write_records`:
+    mode 0600, no symbolic link; they hold token ids of private conversations)."""
+    from strata_lab.dump.writer import write_records
 
-    A call read from a dump keeps its other fields; the prompt, breakpoints and output are the call's own.
-    """
-    import os
-
-    import orjson
-
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        for c in calls:
-            rec = dict(c.record or {})
-            rec.update(schema="strata-dump/1", session=c.session, prompt_ids=c.prompt.tolist())
-            if c.record is None:
-                rec["gen_ids"] = c.output.tolist()
-            if c.ts is not None:
-                rec["ts"] = c.ts
-            if c.done_ts is not None:
-                rec["done_ts"] = c.done_ts
-            if c.breakpoints is not None:
-                rec["cache_control"] = list(c.breakpoints)
-            if c.content_blocks is not None:
-                rec["content_blocks"] = list(c.content_blocks)
-            f.write(orjson.dumps(rec) + b"\n")
+    write_records(call_records(calls), path)

@@ -31,7 +31,8 @@ import uuid
 import warnings
 from typing import Any, Iterator, Mapping, Sequence
 
-__all__ = ["Recorder", "StoreRecorder", "record_to", "active", "open_recorder", "SCHEMA", "ENV_VAR", "FINISH_REASONS"]
+__all__ = ["Recorder", "StoreRecorder", "record_to", "active", "open_recorder", "SCHEMA", "ENV_VAR", "FINISH_REASONS",
+           "write_records", "write_lines", "open_private", "private_dir", "write_private_file"]
 
 SCHEMA = "strata-dump/1"
 ENV_VAR = "STRATA_PROMPT_DUMP"
@@ -73,14 +74,15 @@ class Recorder:
     >>> rec.close()
     """
 
-    def __init__(self, path: str | os.PathLike, *, on_error: str = "raise"):
+    def __init__(self, path: str | os.PathLike, *, on_error: str = "raise", truncate: bool = False):
         self.path = os.fspath(path)
         if not self.path:
             raise ValueError("path must be a non-empty file name")
         if on_error not in ("raise", "count"):
             raise ValueError(f"on_error must be 'raise' or 'count', got {on_error!r}")
         self.on_error = on_error  # "count": a failed write is counted in `lost` and logged, never raised
-        self._fd: int | None = _open_dump(self.path)
+        # truncate=True: the file is emptied once opened (a new dump written whole), else appended to
+        self._fd: int | None = _open_dump(self.path, truncate=truncate)
         self._lock = threading.Lock()
         self.lines = 0
         self.lost = 0              # lines a failed write lost (on_error="count")
@@ -95,10 +97,48 @@ class Recorder:
 
     # --- writing ----------------------------------------------------------------------------------
     def write(self, record: Mapping[str, Any]) -> None:
-        """Append one record as one line (flushed: a single unbuffered write)."""
+        """Append one record (a dict or a `CallRecord`) as one line (flushed: a single unbuffered write)."""
         if not isinstance(record, Mapping):
             raise ValueError(f"record must be a mapping, got {type(record).__name__}")
-        line = _dumps(dict(record)) + b"\n"
+        self._write_bytes(_dumps(_as_dict(record)) + b"\n", 1)
+
+    def __call__(self, record) -> None:
+        """The recorder as an engine observer (`Engine.add_observer`): one validated line per `CallRecord`."""
+        from strata_lab.dump.record import CallRecord
+
+        if not isinstance(record, CallRecord):
+            raise TypeError(f"an observer gets a CallRecord, got {type(record).__name__}")
+        kw = {k: getattr(record, k) for k in ("session", "prompt_ids", "reused", "gen_ids", "drained_ids", "finish",
+                                             "prefill_ms", "decode_ms", "checkpoints", "request_id", "call", "ts",
+                                             "model") if getattr(record, k) is not None}
+        kw.setdefault("reused", 0)
+        self.write_call(**kw, **record.extra)
+
+    def write_many(self, records, *, batch_bytes: int = 1 << 20) -> int:
+        """Append records (dicts or `CallRecord`s), whole lines batched into writes of about `batch_bytes`
+        (each write holds only complete lines, so a crash leaves at most one torn last line). Returns lines."""
+        return self.write_lines((_dumps(_as_dict(r)) for r in records), batch_bytes=batch_bytes)
+
+    def write_lines(self, lines, *, batch_bytes: int = 1 << 20) -> int:
+        """Append already serialised lines (bytes without a newline), batched as `write_many` does."""
+        buf: list[bytes] = []
+        size = n = count = 0
+        for line in lines:
+            if b"\n" in line or b"\r" in line:
+                raise ValueError(f"dump {self.path}: a line to write holds a newline")
+            buf.append(line)
+            size += len(line) + 1
+            n += 1
+            if size >= batch_bytes:
+                self._write_bytes(b"\n".join(buf) + b"\n", n)
+                count += n
+                buf, size, n = [], 0, 0
+        if buf:
+            self._write_bytes(b"\n".join(buf) + b"\n", n)
+            count += n
+        return count
+
+    def _write_bytes(self, line: bytes, nlines: int) -> None:
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"recorder for {self.path} is closed")
@@ -119,7 +159,7 @@ class Recorder:
                     print(f"strata-lab: dump {self.path}: lost {self.lost} line(s) so far ({self.last_error})",
                           file=sys.stderr, flush=True)
                 return
-            self.lines += 1
+            self.lines += nlines
 
     def check_writable(self, min_free_bytes: int = 1 << 20) -> None:
         """Raise OSError unless the dump's file system has room (`min_free_bytes`): a start-up check."""
@@ -198,7 +238,12 @@ def open_recorder(path: str | os.PathLike) -> Recorder:
     if p.endswith(("/", os.sep)) or os.path.isdir(p):
         return StoreRecorder(p)
     return Recorder(p)
-def _open_dump(path: str) -> int:
+def _as_dict(record) -> dict:
+    to_dict = getattr(record, "to_dict", None)  # a CallRecord: its dump line
+    return to_dict() if callable(to_dict) else dict(record)
+
+
+def _open_dump(path: str, *, truncate: bool = False, what: str = "dump") -> int:
     """Open `path` for appending: never through a symbolic link, only a regular file, mode 0600 at most.
 
     A file someone else made readable (0644) is narrowed to 0600 with a warning; one we cannot narrow
@@ -211,23 +256,25 @@ def _open_dump(path: str) -> int:
         fd = os.open(path, flags, 0o600)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ValueError(f"dump {path} is a symbolic link; refusing to follow it (name the target)") from None
+            raise ValueError(f"{what} {path} is a symbolic link; refusing to follow it (name the target)") from None
         if exc.errno == errno.EISDIR:
-            raise ValueError(f"dump {path} is a directory; name a file") from None
+            raise ValueError(f"{what} {path} is a directory; name a file") from None
         if exc.errno == errno.ENXIO:
-            raise ValueError(f"dump {path} is not a regular file (a FIFO with no reader)") from None
-        raise ValueError(f"dump {path}: cannot open it for appending ({exc.strerror})") from None
+            raise ValueError(f"{what} {path} is not a regular file (a FIFO with no reader)") from None
+        raise ValueError(f"{what} {path}: cannot open it for writing ({exc.strerror})") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"dump {path} is not a regular file (a device, FIFO or socket); name a file")
+            raise ValueError(f"{what} {path} is not a regular file (a device, FIFO or socket); name a file")
         if st.st_mode & 0o077:
             if st.st_uid != os.geteuid():
-                raise ValueError(f"dump {path} has mode {oct(st.st_mode & 0o777)} and belongs to another user; "
+                raise ValueError(f"{what} {path} has mode {oct(st.st_mode & 0o777)} and belongs to another user; "
                                  "dumps hold private conversations and must be 0600")
             os.fchmod(fd, 0o600)
-            warnings.warn(f"dump {path} had mode {oct(st.st_mode & 0o777)}; narrowed it to 0600 (dumps hold "
+            warnings.warn(f"{what} {path} had mode {oct(st.st_mode & 0o777)}; narrowed it to 0600 (dumps hold "
                           "private conversations)", stacklevel=4)
+        if truncate:
+            os.ftruncate(fd, 0)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -329,3 +376,88 @@ class StoreRecorder(Recorder):
 
     def __repr__(self) -> str:
         return f"StoreRecorder({self.path!r}, lines={self.lines})"
+
+
+# --- the one writer behind every dump, store and trace file -------------------------------------------------
+# Every path that writes call records (a dump, a store, a rendered trace, a fixed dump, an export) goes
+# through these: files 0600 (an existing one narrowed), never through a symbolic link (O_NOFOLLOW), only a
+# regular file; JSONL written a whole line (or a batch of whole lines) per write; directories 0700.
+
+def open_private(path: str | os.PathLike, *, truncate: bool = False, what: str = "dump") -> int:
+    """A descriptor for writing `path` (O_APPEND; emptied first with `truncate`) with the dump's safety rules:
+    no symbolic link, a regular file, mode 0600 (an existing file of ours narrowed, another user's refused)."""
+    return _open_dump(os.fspath(path), truncate=truncate, what=what)
+
+
+def write_records(records, path: str | os.PathLike, *, append: bool = False) -> int:
+    """Write records (dicts or `CallRecord`s) as strata-dump/1 lines to `path` (a new file's content unless
+    `append`), through the `Recorder`'s safety rules; returns the number of lines."""
+    with Recorder(path, truncate=not append) as rec:
+        return rec.write_many(records)
+
+
+def write_lines(lines, path: str | os.PathLike, *, append: bool = False) -> int:
+    """Write serialised lines (bytes, no newline) to `path` as `write_records` does; returns their number."""
+    with Recorder(path, truncate=not append) as rec:
+        return rec.write_lines(lines)
+
+
+def private_dir(path: str | os.PathLike, *, what: str = "store") -> str:
+    """Make `path` (and its missing parents) with mode 0700; an existing one must be a directory, not a
+    symbolic link, and is narrowed to 0700 when it is ours and open to others. Returns the path."""
+    p = os.fspath(path)
+    p = p.rstrip(os.sep) or p  # "calls/" names the directory itself (lstat must not follow a link)
+    missing = []
+    cur = p
+    while cur and not os.path.lexists(cur):
+        missing.append(cur)
+        parent = os.path.dirname(cur.rstrip(os.sep))
+        if parent == cur:
+            break
+        cur = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+    try:
+        st = os.lstat(p)
+    except OSError as exc:
+        raise ValueError(f"{what} {p}: cannot make it ({exc.strerror})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise ValueError(f"{what} {p} is a symbolic link; refusing to follow it (name the target)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{what} {p} is not a directory")
+    if st.st_mode & 0o077:
+        if st.st_uid != os.geteuid():
+            raise ValueError(f"{what} {p} has mode {oct(st.st_mode & 0o777)} and belongs to another user; it "
+                             "holds private conversations and must be 0700")
+        os.chmod(p, 0o700)
+    return p
+
+
+def write_private_file(path: str | os.PathLike, write, *, what: str = "file") -> str:
+    """Write a whole file atomically: `write(f)` fills a new 0600 temporary beside `path` (created with
+    O_EXCL | O_NOFOLLOW), which then replaces `path`. `path` itself must not be a symbolic link (refused)
+    or anything but a regular file; readers never see half a file."""
+    p = os.fspath(path)
+    if os.path.islink(p):
+        raise ValueError(f"{what} {p} is a symbolic link; refusing to follow it (name the target)")
+    if os.path.lexists(p) and not os.path.isfile(p):
+        raise ValueError(f"{what} {p} is not a regular file")
+    tmp = p + ".tmp"
+    if os.path.lexists(tmp):  # left by a crash, or planted: removing a link never touches its target
+        os.unlink(tmp)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return p

@@ -193,10 +193,9 @@ def explain_slot(comp: Comparison, i: int) -> tuple:
 
 def write_dump(path, comp: Comparison) -> None:
     """The served calls with both numbers (mode 0600: dumps hold token ids)."""
-    import orjson
+    from strata_lab.dump.writer import write_records
 
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
+    def records():
         for i, ((req, out, reported), pred) in enumerate(zip(comp.rows, comp.predicted)):
             rec = {"schema": "strata-dump/1", "session": req.session, "call": i, "prompt_ids": req.prompt,
                    "gen_ids": out, "cache_engine": comp.engine, "predicted_spec": comp.spec}
@@ -212,4 +211,6 @@ def write_dump(path, comp: Comparison) -> None:
                 rec["ts"], rec["done_ts"] = req.sent, req.done
             if req.slot is not None:
                 rec["engine_slot"] = req.slot
-            f.write(orjson.dumps(rec) + b"\n")
+            yield rec
+
+    write_records(records(), path)  # the one dump writer: 0600, no symbolic link
