@@ -204,7 +204,7 @@ class HashTrace:
 
     def synth(self) -> Iterator[tuple]:
         """Per request: (prompt ids, output ids, dense block indexes of the sequence, positions they cover);
-        `strata_lab.caches.calls.calls_from_hash_trace` makes `Call`s of them."""
+        `strata_lab.caches.call_ids.calls_from_hash_trace` makes `Call`s of them."""
         synth = IdSynth(self.block)
         for r in self.records:
             yield synth_call(r, synth)
@@ -384,9 +384,9 @@ def generate_mooncake(shape: MooncakeShape = MooncakeShape()) -> Iterator[dict]:
 
 
 def read_calls(src: Source, fmt: str, name: str) -> Iterator[dict]:
-    """Trace calls (`strata_lab.traces.calls.FIELDS`) of a hash trace: ids-level, synthetic ids; the block
+    """Trace calls (`strata_lab.traces.log_calls.FIELDS`) of a hash trace: ids-level, synthetic ids; the block
     hashes and lengths ride along in `extra` (`hash_ids`, `block_tokens`, ...)."""
-    from strata_lab.traces.calls import new_call
+    from strata_lab.traces.log_calls import new_call
 
     T = BLOCK[fmt]
     synth = IdSynth(T)

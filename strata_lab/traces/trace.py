@@ -14,7 +14,7 @@ import glob as _glob
 import os
 from typing import Iterable, Iterator
 
-from strata_lab.traces.calls import FIELDS, parse_field_path
+from strata_lab.traces.log_calls import FIELDS, parse_field_path
 from strata_lab.traces.registry import READERS, TEXT_FORMATS, detect_format
 from strata_lab.traces.render import LengthsSynth, PrefixEncoder, render_call
 from strata_lab.traces.source import Source, warn
