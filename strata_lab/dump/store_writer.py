@@ -80,7 +80,7 @@ class _Partition:
     def __init__(self, path: str, row_group_rows: int):
         import pyarrow.parquet as pq
 
-        from strata_lab.dump.writer import private_dir
+        from strata_lab.dump.files import private_dir
 
         private_dir(os.path.dirname(path), what="store partition")  # day=...: 0700, not a link
         private_dir(path, what="store partition")                   # replica=...
@@ -94,7 +94,7 @@ class _Partition:
 
     def add(self, row: dict) -> None:
         if not self.buffer:
-            from strata_lab.dump.writer import write_private_file
+            from strata_lab.dump.files import write_private_file
 
             info = orjson.dumps({"pid": os.getpid(), "since": time.time()})
             write_private_file(os.path.join(self.path, MARKER), lambda f: f.write(info), what="store marker")
@@ -110,7 +110,7 @@ class _Partition:
 
         schema = arrow_schema()
         table = pa.Table.from_pylist(self.buffer, schema=schema)
-        from strata_lab.dump.writer import write_private_file
+        from strata_lab.dump.files import write_private_file
 
         final = os.path.join(self.path, f"seg-{self.next_seg:06d}.parquet")
         rows = len(self.buffer)
@@ -135,7 +135,7 @@ class StoreWriter:
     def __init__(self, root: str | os.PathLike, *, row_group_rows: int = 4096):
         if not isinstance(row_group_rows, int) or row_group_rows < 1:
             raise ValueError(f"row_group_rows must be a positive int, got {row_group_rows!r}")
-        from strata_lab.dump.writer import private_dir
+        from strata_lab.dump.files import private_dir
 
         self.root = private_dir(os.fspath(root))  # 0700, never a symbolic link
         check_open_markers(self.root, clear=True)

@@ -277,7 +277,7 @@ class Trace:
             df = self.to_frame()
             for k in _JSON_COLS:
                 df[k] = [None if v is None else json.dumps(v, ensure_ascii=False) for v in df[k]]
-            from strata_lab.dump.writer import write_private_file
+            from strata_lab.dump.files import write_private_file
 
             write_private_file(out, lambda f: df.to_parquet(f, engine="pyarrow", index=False), what="trace table")
         elif out.endswith(".jsonl"):
