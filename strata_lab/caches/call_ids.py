@@ -159,8 +159,10 @@ def reported_usage(rec: dict, index: int = 0) -> tuple[int | None, str | None, i
 
 
 def calls_from_records(records: Iterable[dict]) -> Iterator[Call]:
-    """`Call`s from strata-dump/1 records (dicts as `Dump` yields them), in the given order."""
+    """`Call`s from strata-dump/1 records (dicts as `Dump` yields them, or `CallRecord`s), in the given order."""
     for i, rec in enumerate(records):
+        if not isinstance(rec, dict) and callable(getattr(rec, "to_dict", None)):
+            rec = rec.to_dict()  # a CallRecord: its line, once (not a dict built per field read)
         prompt = as_ids(rec["prompt_ids"])
         gen, drained = rec.get("gen_ids") or [], rec.get("drained_ids") or []
         output = as_ids(list(gen) + list(drained)) if gen or drained else _EMPTY

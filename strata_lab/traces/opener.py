@@ -47,6 +47,8 @@ class CallSource:
         return iter(self.source)
 
     def __iter__(self) -> Iterator[CallRecord]:
+        if self.kind == "log":
+            return self.source.records(self.tokenizer, self.template)
         return (CallRecord.from_mapping(r) for r in self.records())
 
     def __repr__(self) -> str:

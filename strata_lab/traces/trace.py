@@ -246,6 +246,12 @@ class Trace:
                 rec["checkpoint_policy"] = dict(checkpoint_policy)
             yield rec
 
+    def records(self, tokenizer="qwen3", template=None, **kw):
+        """The rendered calls as `strata_lab.dump.record.CallRecord`s (the one call record; see `dump_records`)."""
+        from strata_lab.dump.record import CallRecord
+
+        return (CallRecord.from_mapping(r) for r in self.dump_records(tokenizer, template, **kw))
+
     def to_dump(self, tokenizer="qwen3", template=None, out=None, *, checkpoint_policy: dict | None = None,
                 **kw):  # noqa: D417
         """Render every call and write strata-dump/1 lines to `out` (default: a new temp file); returns the
