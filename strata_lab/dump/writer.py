@@ -111,7 +111,9 @@ class Recorder:
         kw = {k: getattr(record, k) for k in ("session", "prompt_ids", "reused", "gen_ids", "drained_ids", "finish",
                                              "prefill_ms", "decode_ms", "checkpoints", "request_id", "call", "ts",
                                              "model") if getattr(record, k) is not None}
-        kw.setdefault("reused", 0)
+        if record.reused is None:
+            raise ValueError("an engine call's record must say how many prompt ids were reused (reused is None); "
+                             "write other records with write()")
         self.write_call(**kw, **record.extra)
 
     def write_many(self, records, *, batch_bytes: int = 1 << 20) -> int:
