@@ -480,7 +480,13 @@ class Session:
             record_meta = {"checkpoint_policy": self.checkpoint_policy(), **(record_meta or {})}
         last = self._last
         if last is not None and not last._emitted and last.done:
-            last._settle()  # the previous call ended unread: its record goes out before this call starts
+            try:  # the previous call ended unread: its record goes out before this call starts
+                last._settle()
+            except Exception as exc:  # noqa: BLE001 - its observer's failure is not this call's
+                import warnings
+
+                warnings.warn(f"session {self.name}: the record of its previous call (never read) could not be "
+                              f"delivered to an observer: {type(exc).__name__}: {exc}", stacklevel=2)
         job = _ext().StreamJob(self._s, prompt, opts, V)
         stream = Stream(job, session=self.name, prompt_ids=prompt, recorder=record or None,
                         record_meta=record_meta, logprobs=logprobs is not None, token_mask=token_mask,

@@ -119,3 +119,19 @@ def test_the_recorder_as_an_observer_writes_what_record_to_writes(tiny_engine, t
     (la,), (lb,) = list(load_dump(a)), list(load_dump(b))
     la["timings"] = lb["timings"] = None  # measured times differ
     assert la == lb and list(la) == list(lb)
+
+
+def test_an_unread_call_whose_recorder_closed_does_not_fail_the_next_call(tiny_engine, tmp_path):
+    s = tiny_engine.session("unread")
+    s.reset()
+    with sl.record_to(tmp_path / "closed.jsonl"):
+        stream = s.generate(PROMPT, max_new_tokens=1)
+    import time
+
+    deadline = time.monotonic() + 30
+    while not stream.done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.warns(UserWarning, match="could not be delivered"):
+        r = s.generate(s.held_ids, max_new_tokens=0, record=False).result
+    assert r.prompt_len == len(PROMPT) + 1
+    assert stream.result.gen_ids and list(load_dump(tmp_path / "closed.jsonl")) == []
