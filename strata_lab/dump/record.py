@@ -13,6 +13,8 @@ one (a `Dump` or `Store` record, a `Trace`'s rendered record). A record also rea
 ('s', [1, 2], {'note': 'hi'}, 'hi')
 >>> CallRecord.from_mapping(r.to_dict()) == r
 True
+>>> CallRecord.from_mapping({"prompt_ids": [1], "timings": {}}).to_dict()  # a short line: the readers' defaults
+{'session': 'default', 'call': 0, 'prompt_ids': [1], 'gen_ids': [], 'drained_ids': [], 'checkpoints': [], 'timings': {}}
 """
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ class CallRecord(Mapping):
             if k in _COLUMN_NAMES:
                 if v is not None or k in _OPTIONAL:
                     kw[k] = v
-            elif k == "timings" and isinstance(v, Mapping) and set(v) <= {"prefill_ms", "decode_ms"}:
+            elif k == "timings" and isinstance(v, Mapping) and list(v) == ["prefill_ms", "decode_ms"]:
+                # the store's rule: exactly these two become columns; any other timings stay as they are
                 kw["prefill_ms"], kw["decode_ms"] = v.get("prefill_ms"), v.get("decode_ms")
             else:
                 extra[k] = v
