@@ -116,46 +116,52 @@ class Recorder:
                              "write other records with write()")
         self.write_call(**kw, **record.extra)
 
-    def write_many(self, records, *, batch_bytes: int = 1 << 20) -> int:
-        """Append records (dicts or `CallRecord`s), whole lines batched into writes of about `batch_bytes`
-        (each write holds only complete lines, so a crash leaves at most one torn last line). Returns lines."""
-        return self.write_lines((_dumps(_as_dict(r)) for r in records), batch_bytes=batch_bytes)
+    def write_many(self, records) -> int:
+        """Append records (dicts or `CallRecord`s), whole lines gathered into one `os.writev` per 64 lines
+        (each system call holds only complete lines: a crash leaves at most one torn last line). Returns lines."""
+        return self.write_lines(_dumps(_as_dict(r)) for r in records)
 
-    def write_lines(self, lines, *, batch_bytes: int = 1 << 20) -> int:
-        """Append already serialised lines (bytes without a newline), batched as `write_many` does."""
-        buf: list[bytes] = []
-        size = n = count = 0
+    def write_lines(self, lines) -> int:
+        """Append already serialised lines (bytes without a newline) as `write_many` does. Returns lines.
+        (A gathered write of whole lines, not a joined buffer: joining 1 MB batches measured 1.5-2x slower
+        than a buffered file, writev of 64 lines as fast.)"""
+        batch: list[bytes] = []
+        n = 0
         for line in lines:
-            if b"\n" in line or b"\r" in line:
+            if b"\n" in line:
                 raise ValueError(f"dump {self.path}: a line to write holds a newline")
-            buf.append(line)
-            size += len(line) + 1
-            n += 1
-            if size >= batch_bytes:
-                self._write_bytes(b"\n".join(buf) + b"\n", n)
-                count += n
-                buf, size, n = [], 0, 0
-        if buf:
-            self._write_bytes(b"\n".join(buf) + b"\n", n)
-            count += n
-        return count
+            batch.append(line + b"\n")
+            if len(batch) == 64:
+                self._write_bytes(batch, len(batch))
+                n += len(batch)
+                batch = []
+        if batch:
+            self._write_bytes(batch, len(batch))
+            n += len(batch)
+        return n
 
-    def _write_bytes(self, line: bytes, nlines: int) -> None:
+    def _write_bytes(self, line: bytes | list, nlines: int) -> None:
+        """Write one line (bytes) or several whole lines (a list, gathered into one writev)."""
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"recorder for {self.path} is closed")
+            parts = line if isinstance(line, list) else [line]
             if self._torn:  # the last write stopped mid-line: end that torn line so this one reads clean
-                line = b"\n" + line
+                parts = [b"\n"] + parts
             try:
-                view = memoryview(line)
-                while view:  # a regular file takes it in one write; loop only for exotic targets
-                    n = os.write(self._fd, view)
-                    view = view[n:]
-                    self._torn = bool(view)
+                n = os.writev(self._fd, parts) if len(parts) > 1 else os.write(self._fd, parts[0])
+                total = sum(map(len, parts))
+                self._torn = n < total
+                if n < total:  # a regular file takes it all at once; finish the rest only for exotic targets
+                    view = memoryview(b"".join(parts))[n:]
+                    while view:
+                        k = os.write(self._fd, view)
+                        view = view[k:]
+                        self._torn = bool(view)
             except OSError as exc:  # disk full, quota, file size limit: the caller's work is not lost
                 if self.on_error == "raise":
                     raise
-                self.lost += 1
+                self.lost += nlines
                 self.last_error = f"{type(exc).__name__}: {exc.strerror or exc}"
                 if self.lost == 1 or self.lost % 100 == 0:  # a full disk must not flood the log either
                     print(f"strata-lab: dump {self.path}: lost {self.lost} line(s) so far ({self.last_error})",
@@ -241,6 +247,8 @@ def open_recorder(path: str | os.PathLike) -> Recorder:
         return StoreRecorder(p)
     return Recorder(p)
 def _as_dict(record) -> dict:
+    if type(record) is dict:
+        return record  # serialised as it is (never changed)
     to_dict = getattr(record, "to_dict", None)  # a CallRecord: its dump line
     return to_dict() if callable(to_dict) else dict(record)
 
@@ -345,7 +353,7 @@ class StoreRecorder(Recorder):
 # --- the one writer behind every dump, store and trace file -------------------------------------------------
 # Every path that writes call records (a dump, a store, a rendered trace, a fixed dump, an export) goes
 # through these: files 0600 (an existing one narrowed), never through a symbolic link (O_NOFOLLOW), only a
-# regular file; JSONL written a whole line (or a batch of whole lines) per write; directories 0700.
+# regular file; JSONL written one whole line per write; directories 0700.
 
 def write_records(records, path: str | os.PathLike, *, append: bool = False) -> int:
     """Write records (dicts or `CallRecord`s) as strata-dump/1 lines to `path` (a new file's content unless
