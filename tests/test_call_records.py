@@ -135,3 +135,17 @@ def test_an_unread_call_whose_recorder_closed_does_not_fail_the_next_call(tiny_e
         r = s.generate(s.held_ids, max_new_tokens=0, record=False).result
     assert r.prompt_len == len(PROMPT) + 1
     assert stream.result.gen_ids and list(load_dump(tmp_path / "closed.jsonl")) == []
+
+
+def test_the_two_calls_modules_have_distinct_names_and_deprecated_aliases():
+    import importlib
+
+    from strata_lab.caches import call_ids
+    from strata_lab.traces import log_calls
+
+    for old, new, name in (("strata_lab.caches.calls", call_ids, "Call"),
+                           ("strata_lab.traces.calls", log_calls, "new_call")):
+        mod = importlib.import_module(old)
+        with pytest.warns(DeprecationWarning, match="renamed"):
+            mod = importlib.reload(mod)
+        assert getattr(mod, name) is getattr(new, name)
