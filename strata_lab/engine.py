@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
@@ -268,7 +269,8 @@ class Stream:
     in ``result.drained_ids`` and kept in the session. ``result`` waits for the end of the call. The
     call's `CallRecord` goes to the engine's observers and the call's recorder (see ``Session.generate``)
     exactly once, when the stream sees the call end: its iteration ends, its result is first awaited, or
-    the next call on the same session starts. Reading ``result`` again emits nothing.
+    the next call on the same session starts while the stream is still held. Reading ``result`` again
+    emits nothing; a stream dropped unread emits nothing (its call is not known to have ended).
     """
 
     _STOP_REASONS = ("cancelled", "budget", "stop")
@@ -376,7 +378,9 @@ class Session:
     def __init__(self, engine: "Engine", native):
         self._engine = engine
         self._s = native
-        self._last: Optional["Stream"] = None  # the latest call's stream, settled when the next one starts
+        # the latest call's stream (weakly: a stream the caller dropped frees its job, and the session, at
+        # once), settled when the next call starts if the caller still holds it unread
+        self._last: Optional["weakref.ref[Stream]"] = None
 
     @property
     def name(self) -> str:
@@ -478,7 +482,7 @@ class Session:
         if record or observers:
             # the policy that produced the line's checkpoints, so a reproduction can use the same one
             record_meta = {"checkpoint_policy": self.checkpoint_policy(), **(record_meta or {})}
-        last = self._last
+        last = self._last() if self._last is not None else None
         if last is not None and not last._emitted and last.done:
             try:  # the previous call ended unread: its record goes out before this call starts
                 last._settle()
@@ -491,7 +495,7 @@ class Session:
         stream = Stream(job, session=self.name, prompt_ids=prompt, recorder=record or None,
                         record_meta=record_meta, logprobs=logprobs is not None, token_mask=token_mask,
                         observers=observers)
-        self._last = stream
+        self._last = weakref.ref(stream)
         return stream
 
     def __repr__(self) -> str:

@@ -82,12 +82,12 @@ def test_two_observers_get_the_same_record_and_result_reads_write_nothing(tiny_e
         assert a.request_id == "q1" and a.session == "observed" and a.finish == r1.finish
         assert "checkpoint_policy" in a.extra
 
-        # a stream whose result is never read: its record goes out when the next call on the session starts
-        s.generate(PROMPT, max_new_tokens=1)
+        # a stream held but never read: its record goes out when the next call on the session starts
+        unread = s.generate(PROMPT, max_new_tokens=1)
         import time
 
         deadline = time.monotonic() + 30
-        while not s._last.done and time.monotonic() < deadline:
+        while not unread.done and time.monotonic() < deadline:
             time.sleep(0.01)
         s.generate(s.held_ids, max_new_tokens=0).result
         assert len(got_a) == 3 and [r.call for r in got_a] == [0, 0, 0]
