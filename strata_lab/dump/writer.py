@@ -9,6 +9,11 @@ concurrent writers in one process never interleave and a crash leaves at most on
 (readers skip it). Files are created with mode 0600: they hold the token ids of private conversations; an
 existing file is opened without following a symbolic link, must be a regular file, and is narrowed to 0600.
 
+It is also the one writer of whole dumps: `write_records` / `write_lines` (a new file, or appended) write
+every dump the library makes (imported traces, `lint --fix`, `Store.to_jsonl`, exports) with these rules,
+whole lines gathered into one `os.writev` per 64 lines. The file rules themselves are `strata_lab.dump.files`.
+As an engine observer (`Engine.add_observer(recorder)`) a recorder writes each ended call's `CallRecord`.
+
 >>> import os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "calls.jsonl")
 >>> with record_to(path) as rec:
