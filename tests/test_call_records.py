@@ -149,3 +149,19 @@ def test_the_two_calls_modules_have_distinct_names_and_deprecated_aliases():
         with pytest.warns(DeprecationWarning, match="renamed"):
             mod = importlib.reload(mod)
         assert getattr(mod, name) is getattr(new, name)
+
+
+def test_open_hash_trace_finds_a_production_trace_and_nothing_else(tmp_path):
+    from strata_lab.traces.hashtrace import HashTrace
+    from strata_lab.traces.opener import open_hash_trace
+
+    dump = tmp_path / "d.jsonl"
+    write_records(_records(), dump)
+    trace = tmp_path / "t.jsonl"
+    sl.export_trace(str(dump), trace, format="mooncake", salt="k")  # the format's own block
+    got = open_hash_trace([trace])
+    assert isinstance(got, HashTrace) and len(got) == 3
+    assert open_hash_trace(dump) is None and open_hash_trace([trace, trace]) is None
+    assert open_hash_trace(trace, format="openai") is None
+    recs = list(sl.open_calls(trace))  # open_calls reads it too, as a log of synthetic ids
+    assert len(recs) == 3 and all(type(r) is CallRecord and r.extra["trace_format"] == "mooncake" for r in recs)

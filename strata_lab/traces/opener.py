@@ -24,7 +24,7 @@ from typing import Iterator
 from strata_lab.dump import Dump, Store, is_store, load_dump
 from strata_lab.dump.record import CallRecord
 
-__all__ = ["open_calls", "open_source", "CallSource"]
+__all__ = ["open_calls", "open_source", "open_hash_trace", "CallSource"]
 
 KINDS = ("store", "dump", "log")
 
@@ -109,3 +109,15 @@ def open_calls(path_or_paths, *, format: str | None = None, tokenizer="qwen3", t
     """
     return open_source(path_or_paths, format=format, session_key=session_key, progress=progress,
                        tokenizer=tokenizer, template=template)
+
+
+def open_hash_trace(path_or_paths, format: str | None = None, *, progress: bool = False):
+    """The production hash trace (Mooncake / Bailian) `path_or_paths` names, loaded as columns
+    (`strata_lab.traces.hashtrace.HashTrace`, the fast path of `sweep`, `export` and engine replays), or
+    None when it is not one hash-trace file (or `format` names another reader)."""
+    from strata_lab.traces.hashtrace import is_hash_trace, load_hash_trace
+
+    paths = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
+    if len(paths) != 1 or format not in (None, "mooncake", "bailian") or not is_hash_trace(paths[0]):
+        return None
+    return load_hash_trace(paths[0], format, progress=progress)
