@@ -166,9 +166,9 @@ class Recorder:
             except OSError as exc:  # disk full, quota, file size limit: the caller's work is not lost
                 if self.on_error == "raise":
                     raise
-                self.lost += nlines
+                before, self.lost = self.lost, self.lost + nlines
                 self.last_error = f"{type(exc).__name__}: {exc.strerror or exc}"
-                if self.lost == 1 or self.lost % 100 == 0:  # a full disk must not flood the log either
+                if before == 0 or before // 100 != self.lost // 100:  # a full disk must not flood the log either
                     print(f"strata-lab: dump {self.path}: lost {self.lost} line(s) so far ({self.last_error})",
                           file=sys.stderr, flush=True)
                 return
