@@ -21,7 +21,7 @@ import numpy as np
 
 
 def make_calls(sessions: int, turns: int, seed: int = 0):
-    from strata_lab.caches.calls import Call, as_ids
+    from strata_lab.caches.call_ids import Call, as_ids
 
     rng = np.random.default_rng(seed)
     system = rng.integers(0, 151643, 2000).tolist()

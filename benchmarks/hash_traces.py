@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import strata_lab as sl
-    from strata_lab.caches.calls import calls_from_hash_trace
+    from strata_lab.caches.call_ids import calls_from_hash_trace
     from strata_lab.traces.hashtrace import MooncakeShape, generate_mooncake, load_hash_trace, write_hash_trace
 
     path = args.trace

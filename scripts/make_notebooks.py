@@ -394,7 +394,7 @@ both under every engine."""),
     code('''
 import dataclasses
 from strata_lab.caches import lint_calls, fix_calls
-from strata_lab.caches.calls import calls_from_dump, write_calls, as_ids
+from strata_lab.caches.call_ids import calls_from_dump, write_calls, as_ids
 from strata_lab.caches.lint import before_after
 
 stamped = []
@@ -487,7 +487,7 @@ Requests arrive at their timestamps and stay in flight for a modelled time (here
 decode tokens/s); the blocks of requests in flight are pinned. Sequential replay (the default) is the
 same trace one request at a time."""),
     code("""
-from strata_lab.caches.calls import calls_from_hash_trace
+from strata_lab.caches.call_ids import calls_from_hash_trace
 calls = calls_from_hash_trace(trace)
 engines = ["vllm:kv_tokens=3000000", "sglang:max_total_tokens=3000000", "trtllm:kv_tokens=3000000"]
 seq = sl.replay_engines(calls[:400], engines).summary()

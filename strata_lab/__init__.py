@@ -40,6 +40,8 @@ _EXPORTS = {
     "plot_sweep": "strata_lab.caches.capacity",
     "export_trace": "strata_lab.caches.export",
     "Trace": "strata_lab.traces.trace",
+    "open_calls": "strata_lab.traces.opener",
+    "CallRecord": "strata_lab.dump.record",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -77,3 +79,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from strata_lab.grammar import TokenGrammar
     from strata_lab.tiny import embedded_model, make_tiny
     from strata_lab.traces.trace import Trace, load_trace
+    from strata_lab.traces.opener import open_calls
+    from strata_lab.dump.record import CallRecord

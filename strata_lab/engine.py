@@ -25,13 +25,20 @@ A Session follows Contract 1 (docs/CONTRACTS.md). Its reuse rule, which the repl
 >>> s.generate(s.held_ids + [13], max_new_tokens=0).result.reused
 5
 
+Observers: when a call ends, the engine hands one typed record (`strata_lab.dump.record.CallRecord`: the
+store's columns) to each of its observers (``engine.add_observer(fn)``) and to the call's recorder, once;
+the `Recorder` is one such observer (it writes the record as a strata-dump/1 line).
+
 Why one module: Engine, Session and Stream share the native handles' lifetimes (a Stream keeps its
-Session and Engine alive, the recorder writes when a stream ends); split apart, those rules would hide.
+Session and Engine alive, the observers hear of a call when its stream ends); split apart, those rules would
+hide.
 """
 from __future__ import annotations
 
 import os
 import time
+import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
@@ -224,15 +231,18 @@ class Stream:
     """Iterates the generated ids of one call as the C++ decode thread produces them.
 
     ``stop()`` asks the loop to stop; ids produced after the request are drained: not yielded, reported
-    in ``result.drained_ids`` and kept in the session. ``result`` waits for the end of the call. When
-    the call was started with a recorder (see ``Session.generate``), its dump line is written once, as
-    soon as the call has ended and its result is read (iteration to the end reads it).
+    in ``result.drained_ids`` and kept in the session. ``result`` waits for the end of the call. The
+    call's `CallRecord` goes to the engine's observers and the call's recorder (see ``Session.generate``)
+    exactly once, when the stream sees the call end: its iteration ends, its result is first awaited, or
+    the next call on the same session starts while the stream is still held. Reading ``result`` again
+    emits nothing; a stream dropped unread emits nothing (its call is not known to have ended).
     """
 
     _STOP_REASONS = ("cancelled", "budget", "stop")
 
     def __init__(self, job, *, session: str = "", prompt_ids: Sequence[int] = (), recorder=None,
-                 record_meta: Optional[dict] = None, logprobs: bool = False, token_mask=None):
+                 record_meta: Optional[dict] = None, logprobs: bool = False, token_mask=None,
+                 observers: Sequence = ()):
         self._job = job
         self._with_logprobs = logprobs
         self._token_mask = token_mask  # kept alive while the decode thread may call it
@@ -241,7 +251,9 @@ class Stream:
         self._stop_reason: Optional[str] = None
         self._session = session
         self._prompt_ids = prompt_ids
-        self._recorder = recorder
+        # who hears of the call when it ends: the engine's observers, then the call's recorder
+        self._observers = tuple(observers) + ((recorder,) if recorder is not None else ())
+        self._emitted = False
         self._record_meta = dict(record_meta or {})
         self._record_meta.setdefault("ts", time.time())  # the call's start
 
@@ -258,7 +270,7 @@ class Stream:
             i = self._job.next()  # blocks with the GIL released
             if i is not None:
                 return i
-        self.result  # the call has ended: settle the result (and its dump line) now
+        self._settle()  # the call has ended: its result and its record, now
         raise StopIteration
 
     def stop(self, reason: str = "cancelled") -> None:
@@ -277,26 +289,52 @@ class Stream:
 
     @property
     def result(self) -> GenerateResult:
+        """The call's result (waits for its end). Reading it emits nothing: the record went out once, when
+        the stream saw the call end."""
+        if self._result is None:
+            self._settle()
+        return self._result
+
+    def _settle(self) -> None:
+        """Fetch the ended call's result and hand its record to the observers, once."""
         if self._result is None:
             raw = self._job.result()
             if raw["finish"] == "cancelled" and self._stop_reason is not None:
                 raw["finish"] = self._stop_reason
             raw["logprobs"] = [TokenLogprob._from_native(e) for e in raw["logprobs"]]
             self._result = GenerateResult(**raw)
-            if self._recorder is not None:
-                self._write_dump_line(self._result)
-        return self._result
+        if not self._emitted:
+            self._emitted = True
+            if self._observers:
+                self._emit(self.call_record())
+
+    def call_record(self):
+        """The ended call as a `CallRecord` (waits for the end); the record observers get is built this way."""
+        from strata_lab.dump.record import CallRecord
+
+        if self._result is None:
+            self._settle()
+        r, meta = self._result, dict(self._record_meta)
+        return CallRecord(
+            session=self._session, prompt_ids=[int(i) for i in self._prompt_ids], call=int(meta.pop("call", 0)),
+            ts=float(meta.pop("ts")), request_id=meta.pop("request_id", None) or uuid.uuid4().hex,
+            reused=r.reused, gen_ids=list(r.gen_ids), drained_ids=list(r.drained_ids),
+            checkpoints=list(r.checkpoints), finish=r.finish, prefill_ms=float(r.prefill_ms),
+            decode_ms=float(r.decode_ms), model=meta.pop("model", None), extra=meta)
+
+    def _emit(self, record) -> None:
+        first: Optional[BaseException] = None
+        for observer in self._observers:  # every observer hears of the call, even when one fails
+            try:
+                observer(record)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the others had it
+                first = first or exc
+        if first is not None:
+            raise first
 
     def ids(self) -> list[int]:
         """Consume the stream; returns the generated (not drained) ids."""
         return list(self)
-
-    def _write_dump_line(self, r: GenerateResult) -> None:
-        meta = self._record_meta
-        self._recorder.write_call(
-            session=self._session, prompt_ids=self._prompt_ids, reused=r.reused, gen_ids=r.gen_ids,
-            drained_ids=r.drained_ids, finish=r.finish, prefill_ms=r.prefill_ms, decode_ms=r.decode_ms,
-            checkpoints=r.checkpoints, **meta)
 
 
 class Session:
@@ -305,6 +343,9 @@ class Session:
     def __init__(self, engine: "Engine", native):
         self._engine = engine
         self._s = native
+        # the latest call's stream (weakly: a stream the caller dropped frees its job, and the session, at
+        # once), settled when the next call starts if the caller still holds it unread
+        self._last: Optional["weakref.ref[Stream]"] = None
 
     @property
     def name(self) -> str:
@@ -363,6 +404,8 @@ class Session:
         Recording (strata-dump/1, one line per call): ``record=None`` uses the active recorder
         (``STRATA_PROMPT_DUMP`` or ``strata_lab.record_to``), a ``Recorder`` uses that one, ``False``
         records nothing. ``record_meta`` adds fields to the line (request_id, call, encoder, model, ts).
+        The recorder is one observer of the call; the engine's own observers (``Engine.add_observer``)
+        get the same `CallRecord` whatever ``record`` says.
 
         >>> import tempfile
         >>> from strata_lab.tiny import make_tiny
@@ -400,12 +443,25 @@ class Session:
             record = active()
         if record is not None and record is not False and not hasattr(record, "write_call"):
             raise TypeError(f"record must be None, False or a Recorder, got {type(record).__name__}")
-        if record:
+        observers = self._engine.observers
+        if record or observers:
             # the policy that produced the line's checkpoints, so a reproduction can use the same one
             record_meta = {"checkpoint_policy": self.checkpoint_policy(), **(record_meta or {})}
+        last = self._last() if self._last is not None else None
+        if last is not None and not last._emitted and last.done:
+            try:  # the previous call ended unread: its record goes out before this call starts
+                last._settle()
+            except Exception as exc:  # noqa: BLE001 - its observer's failure is not this call's
+                import warnings
+
+                warnings.warn(f"session {self.name}: the record of its previous call (never read) could not be "
+                              f"delivered to an observer: {type(exc).__name__}: {exc}", stacklevel=2)
         job = _ext().StreamJob(self._s, prompt, opts, V)
-        return Stream(job, session=self.name, prompt_ids=prompt, recorder=record or None,
-                      record_meta=record_meta, logprobs=logprobs is not None, token_mask=token_mask)
+        stream = Stream(job, session=self.name, prompt_ids=prompt, recorder=record or None,
+                        record_meta=record_meta, logprobs=logprobs is not None, token_mask=token_mask,
+                        observers=observers)
+        self._last = weakref.ref(stream)
+        return stream
 
     def __repr__(self) -> str:
         return f"Session({self.name!r}, held={len(self.held_ids)}, checkpoints={self.checkpoints})"
@@ -419,6 +475,28 @@ class Engine:
         self.path = path
         self.info: dict = native.info()
         self._sessions: dict[str, Session] = {}
+        self._observers: list = []
+
+    # --- observers: who hears of each call when it ends -----------------------------------------------
+    def add_observer(self, observer):
+        """Call ``observer(record)`` with a `strata_lab.dump.record.CallRecord` when each call of this
+        engine ends (once per call; a `Recorder` is such an observer). Returns ``observer``."""
+        if not callable(observer):
+            raise TypeError(f"an observer must be callable with a CallRecord, got {type(observer).__name__}")
+        if observer not in self._observers:
+            self._observers.append(observer)
+        return observer
+
+    def remove_observer(self, observer) -> None:
+        """Stop calling ``observer`` (a ValueError when it was not added)."""
+        try:
+            self._observers.remove(observer)
+        except ValueError:
+            raise ValueError(f"{observer!r} is not an observer of this engine") from None
+
+    @property
+    def observers(self) -> tuple:
+        return tuple(self._observers)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, threads: Optional[int] = None,

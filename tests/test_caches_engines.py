@@ -6,7 +6,7 @@ engine code it cites; each test names the rule it checks.
 import pytest
 
 from strata_lab.caches.base import Hint
-from strata_lab.caches.calls import Call, as_ids, lcp_call
+from strata_lab.caches.call_ids import Call, as_ids, lcp_call
 from strata_lab.caches.presets import parse_engine
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from strata_lab import ChatTemplate
 from strata_lab.caches import fix_calls, lint_calls, replay_engines
-from strata_lab.caches.calls import Call, as_ids
+from strata_lab.caches.call_ids import Call, as_ids
 
 AGENT = os.path.join(os.path.dirname(__file__), "..", "dumps", "agent.jsonl")
 TOOL = {"type": "function", "function": {"name": "read_file", "description": "Read a file of the repository",
@@ -59,7 +59,7 @@ def test_volatile_system_fires_and_the_fix_moves_it(qwen3, tmp_path):
     after = replay_engines(fixed, ["vllm", "sglang"]).summary().set_index("engine")
     assert (after["reused"] > 2 * before["reused"]).all()
     # moved, never deleted: every prompt keeps exactly its characters
-    from strata_lab.caches.calls import calls_from_dump
+    from strata_lab.caches.call_ids import calls_from_dump
     for c0, c1 in zip(calls_from_dump(bad), fixed):
         t0, t1 = qwen3.decode(c0.prompt.tolist()), qwen3.decode(c1.prompt.tolist())
         assert sorted(t0) == sorted(t1) and "Current time" in t1[t1.rfind("<|im_start|>user"):]
@@ -161,7 +161,7 @@ def _two_sessions(path, tok):
 
 
 def test_fix_changes_only_the_sessions_a_finding_names(qwen3, tmp_path):
-    from strata_lab.caches.calls import calls_from_dump
+    from strata_lab.caches.call_ids import calls_from_dump
 
     path = _two_sessions(tmp_path / "two.jsonl", qwen3)
     found = lint_calls(path, qwen3, price=False)
@@ -196,7 +196,7 @@ def test_check_fixes_drops_a_fix_that_makes_a_session_worse(qwen3, tmp_path):
     """Moving a user's line out of the system message lets the second session share the first one's prefix
     (459 -> 84 ids read on SGLang) but costs the first session its within-session reuse (467 -> 538): the
     fix is dropped, and the trace stays as it was."""
-    from strata_lab.caches.calls import calls_from_dump
+    from strata_lab.caches.call_ids import calls_from_dump
     from strata_lab.caches.lint import _session_read, check_fixes
 
     tmpl = ChatTemplate.from_name("qwen3")

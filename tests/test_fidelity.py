@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_lab.caches.calls import calls_from_dump
+from strata_lab.caches.call_ids import calls_from_dump
 from strata_lab.caches.presets import parse_engine
 from strata_lab.caches.replay import replay_engines
 
@@ -254,7 +254,7 @@ def test_llamacpp_idle_slots_saved_and_cleared_under_a_unified_cache():
 
 
 def _calls(prompts):
-    from strata_lab.caches.calls import Call, as_ids
+    from strata_lab.caches.call_ids import Call, as_ids
 
     return [Call(i, "s", as_ids(p), as_ids([1])) for i, p in enumerate(prompts)]
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import strata_lab as sl
-from strata_lab.caches.calls import Call, as_ids, calls_from_dump, calls_from_hash_trace
+from strata_lab.caches.call_ids import Call, as_ids, calls_from_dump, calls_from_hash_trace
 from strata_lab.traces import TraceWarning
 from strata_lab.traces.hashtrace import MooncakeShape, generate_mooncake, load_hash_trace, write_hash_trace
 

@@ -319,7 +319,7 @@ def test_doctests():
     import doctest
     import importlib
 
-    for name in ("source", "calls", "openai", "anthropic", "registry", "render", "trace", "breakpoints"):
+    for name in ("source", "log_calls", "opener", "openai", "anthropic", "registry", "render", "trace", "breakpoints"):
         mod = importlib.import_module(f"strata_lab.traces.{name}")
         assert doctest.testmod(mod).failed == 0, name
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from strata_lab import load_trace
-from strata_lab.traces.calls import CHAINING_RULE, ID_SLACK, SessionChain
+from strata_lab.traces.log_calls import CHAINING_RULE, ID_SLACK, SessionChain
 
 FIX = Path(__file__).parent / "fixtures" / "traces"
 pytestmark = pytest.mark.filterwarnings("ignore::strata_lab.traces.source.TraceWarning")

@@ -220,7 +220,7 @@ def test_anthropic_cache_control_reaches_the_dump_as_positions(tmp_path, qwen3):
         assert head.endswith(text) or (text not in head and text in one_more), (head, p)
     assert auto["cache_control"] == [len(auto["prompt_ids"])]  # automatic mode: the end of the prompt
     # the Anthropic cache model runs in breakpoint mode on them
-    from strata_lab.caches.calls import calls_from_dump
+    from strata_lab.caches.call_ids import calls_from_dump
 
     assert [c.breakpoints for c in calls_from_dump(dump)] == [tuple(r["cache_control"]) for r in (a, b, auto)]
     # a request with no cache_control caches nothing: an empty list, not automatic mode

@@ -10,7 +10,7 @@ import importlib
 
 _EXPORTS = {
     "CacheModel": "strata_lab.caches.base", "CachePlan": "strata_lab.caches.base", "Hint": "strata_lab.caches.base",
-    "Call": "strata_lab.caches.calls", "calls_from_dump": "strata_lab.caches.calls",
+    "Call": "strata_lab.caches.call_ids", "calls_from_dump": "strata_lab.caches.call_ids",
     "parse_engine": "strata_lab.caches.presets", "preset": "strata_lab.caches.presets",
     "EnginePreset": "strata_lab.caches.presets", "ModelShape": "strata_lab.caches.presets",
     "replay_engines": "strata_lab.caches.replay", "EnginesReport": "strata_lab.caches.replay",

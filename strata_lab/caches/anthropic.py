@@ -12,7 +12,7 @@ breakpoints, not blocks.
 
 Content blocks come from the call (`content_blocks`) or, for rendered ChatML ids, from each `<|im_start|>`.
 
->>> from strata_lab.caches.calls import Call, as_ids
+>>> from strata_lab.caches.call_ids import Call, as_ids
 >>> from strata_lab.caches.base import Hint
 >>> from strata_lab.caches.presets import parse_engine
 >>> m = parse_engine("anthropic:min_tokens=4").build()
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata_lab.caches.base import CacheModel, Hint, CachePlan
-from strata_lab.caches.calls import Call
+from strata_lab.caches.call_ids import Call
 from strata_lab.caches.presets import EnginePreset, _positive_int
 
 __all__ = ["Preset", "Model"]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata_lab.caches.calls import Call
+from strata_lab.caches.call_ids import Call
 
 __all__ = ["CacheModel", "CachePlan", "Hint", "ENGINE_CAUSES"]
 

@@ -95,7 +95,7 @@ def block_stream(trace, *, block: int = 16) -> BlockStream:
                 for r in recs]
         return BlockStream([r["hash_ids"] for r in recs], last, trace.input_length.copy(), trace.ts.copy(),
                            list(trace.session), cats, T)
-    from strata_lab.caches.calls import calls_from_dump
+    from strata_lab.caches.call_ids import calls_from_dump
     from strata_lab.caches.replay import _order
     from strata_lab.caches.vllm import chain_hashes
 
@@ -371,11 +371,11 @@ def sweep(trace, capacities=None, policies=("lru", "lfu", "atc25", "vllm", "sgla
     if len(engines) < len(policies):
         data["stream"] = ("stream", block_stream(trace, block=block))
     if engines:
-        from strata_lab.caches.calls import calls_from_dump
+        from strata_lab.caches.call_ids import calls_from_dump
         from strata_lab.traces.hashtrace import HashTrace
 
         if isinstance(trace, HashTrace):
-            from strata_lab.caches.calls import calls_from_hash_trace
+            from strata_lab.caches.call_ids import calls_from_hash_trace
 
             data["calls"] = ("calls", calls_from_hash_trace(trace))
         else:

@@ -14,7 +14,7 @@ export and replaying it under vLLM with `block_size` = the export's block gives 
 reused tokens per call.
 
 >>> import os, tempfile, json
->>> from strata_lab.caches.calls import Call, as_ids
+>>> from strata_lab.caches.call_ids import Call, as_ids
 >>> calls = [Call(0, "s", as_ids(range(40)), as_ids([90, 91]), ts=5.0),
 ...          Call(1, "s", as_ids(list(range(40)) + [90, 91, 7]), ts=6.5)]
 >>> out = os.path.join(tempfile.mkdtemp(), "t.jsonl")
@@ -39,7 +39,7 @@ def export_trace(dump, out, *, format: str = "mooncake", block: int | None = Non
     the number of requests written. `block`: tokens per hash block (default: the format's, 512 / 16).
     `salt`: the hash key (1-64 bytes of text; default random, so two exports share no hash values).
     `progress`: a progress bar."""
-    from strata_lab.caches.calls import calls_from_dump
+    from strata_lab.caches.call_ids import calls_from_dump
     from strata_lab.caches.replay import _order
     from strata_lab.traces.hashtrace import BLOCK, write_hash_trace
 

@@ -11,7 +11,7 @@
   (arrival + recorded prefill + decode time).
 
 >>> from strata_lab.caches.presets import parse_engine
->>> from strata_lab.caches.calls import Call, as_ids
+>>> from strata_lab.caches.call_ids import Call, as_ids
 >>> r = Router(parse_engine("vllm:replicas=3,routing=round_robin"))
 >>> [r.route(Call(i, "s", as_ids([1, 2]))) for i in range(4)]
 [0, 1, 2, 0]
@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import zlib
 
-from strata_lab.caches.calls import Call
+from strata_lab.caches.call_ids import Call
 
 __all__ = ["Router"]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from strata_lab.caches.calls import Call, as_ids, calls_from_dump
+from strata_lab.caches.call_ids import Call, as_ids, calls_from_dump
 
 __all__ = ["Finding", "lint_calls", "fix_calls", "check_fixes", "before_after", "before_after_sessions", "RULES"]
 
@@ -188,7 +188,7 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
 
 
 def _lcp_all(a: np.ndarray, b: np.ndarray) -> int:
-    from strata_lab.caches.calls import lcp
+    from strata_lab.caches.call_ids import lcp
 
     return lcp(a, b)
 

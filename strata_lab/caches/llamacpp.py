@@ -99,7 +99,7 @@ with a saved prompt); the quoted source lines above are the model's specificatio
 (`common/arg.cpp` names and defaults: -np auto = 4 slots + unified KV, -c 0 = the model's context,
 --cache-ram 8192, -sps 0.1, --cache-idle-slots on, --ctx-checkpoints 32, -cms 8192, -ub 512).
 
->>> from strata_lab.caches.calls import Call, as_ids
+>>> from strata_lab.caches.call_ids import Call, as_ids
 >>> from strata_lab.caches.base import Hint
 >>> from strata_lab.caches.presets import parse_engine
 >>> m = parse_engine("llama.cpp:slots=2").build()
@@ -115,7 +115,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata_lab.caches.base import CacheModel, Hint, CachePlan
-from strata_lab.caches.calls import Call, lcp
+from strata_lab.caches.call_ids import Call, lcp
 from strata_lab.caches.presets import EnginePreset, _positive_int
 
 __all__ = ["Preset", "Model"]

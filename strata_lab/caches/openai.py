@@ -7,7 +7,7 @@
   `replicas=K` the replay's `prefix_hash` router sends them to one of K cache machines.
 - Price: uncached input at `input_usd_per_mtok`, cached at `cached_input_multiplier` x that, output apart.
 
->>> from strata_lab.caches.calls import Call, as_ids
+>>> from strata_lab.caches.call_ids import Call, as_ids
 >>> from strata_lab.caches.base import Hint
 >>> from strata_lab.caches.presets import parse_engine
 >>> m = parse_engine("openai").build()
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strata_lab.caches.base import CacheModel, Hint, CachePlan
-from strata_lab.caches.calls import Call
+from strata_lab.caches.call_ids import Call
 from strata_lab.caches.presets import EnginePreset, _positive_int
 from strata_lab.caches.vllm import chain_hashes
 

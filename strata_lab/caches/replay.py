@@ -24,7 +24,7 @@ from collections import Counter
 import numpy as np
 
 from strata_lab.caches.base import Hint
-from strata_lab.caches.calls import Call, calls_from_dump, lcp_call
+from strata_lab.caches.call_ids import Call, calls_from_dump, lcp_call
 from strata_lab.caches.fleet import Router
 from strata_lab.caches.presets import parse_engine
 

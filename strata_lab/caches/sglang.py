@@ -11,7 +11,7 @@
   deepest node on the matched path that still holds one. States have their own budget (`mamba_slots`),
   LRU, and an evicted state leaves its KV (a tombstone).
 
->>> from strata_lab.caches.calls import Call, as_ids
+>>> from strata_lab.caches.call_ids import Call, as_ids
 >>> from strata_lab.caches.base import Hint
 >>> from strata_lab.caches.presets import parse_engine
 >>> m = parse_engine("sglang").build()
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata_lab.caches.base import CacheModel, Hint, CachePlan
-from strata_lab.caches.calls import Call, lcp, lcp_call
+from strata_lab.caches.call_ids import Call, lcp, lcp_call
 from strata_lab.caches.presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
 
 __all__ = ["Preset", "Model"]

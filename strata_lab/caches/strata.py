@@ -4,7 +4,7 @@ reuse equals what our engine reported on every call of every recorded dump.
 `checkpoints="recorded"` (default) applies the checkpoints each dump line reports; any checkpoint spec of
 `strata-lab replay --checkpoints` (turn, every:N, header, budget:MIB) models a policy instead.
 
->>> from strata_lab.caches.calls import Call, as_ids
+>>> from strata_lab.caches.call_ids import Call, as_ids
 >>> from strata_lab.caches.base import Hint
 >>> from strata_lab.caches.presets import parse_engine
 >>> m = parse_engine("strata:checkpoints=turn").build()
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strata_lab.caches.base import CacheModel, Hint, CachePlan
-from strata_lab.caches.calls import Call
+from strata_lab.caches.call_ids import Call
 from strata_lab.caches.presets import EnginePreset
 
 __all__ = ["Preset", "Model"]

@@ -30,7 +30,7 @@ def sweep_budget(dump, engines=("vllm", "sglang"), budgets=(), *, field: str | N
     (engine, budget): hit rate, reused, re-read ids and seconds, evictions."""
     import pandas as pd
 
-    from strata_lab.caches.calls import calls_from_dump
+    from strata_lab.caches.call_ids import calls_from_dump
 
     calls = calls_from_dump(dump)
     if not budgets:

@@ -5,7 +5,7 @@
   its first ids with the prompt is reused too, by copying those ids (`copy_on_partial_reuse`).
 - Eviction: leaf blocks only, lowest retention priority first (default 35), then least recently used.
 
->>> from strata_lab.caches.calls import Call, as_ids
+>>> from strata_lab.caches.call_ids import Call, as_ids
 >>> from strata_lab.caches.base import Hint
 >>> from strata_lab.caches.presets import parse_engine
 >>> m = parse_engine("trtllm:tokens_per_block=4").build()
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata_lab.caches.base import CacheModel, Hint, CachePlan
-from strata_lab.caches.calls import Call, lcp
+from strata_lab.caches.call_ids import Call, lcp
 from strata_lab.caches.presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
 
 __all__ = ["Preset", "Model"]

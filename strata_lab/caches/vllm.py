@@ -58,7 +58,7 @@ release to the next, with the quoted source lines next to the rules they justify
 Per call the work is proportional to the new tokens: the session's block keys and block ids from its last
 call are kept and checked in one vectorised gather; only blocks past the common prefix are hashed.
 
->>> from strata_lab.caches.calls import Call, as_ids
+>>> from strata_lab.caches.call_ids import Call, as_ids
 >>> from strata_lab.caches.base import Hint
 >>> m = parse_engine("vllm:block_size=4").build()
 >>> c0 = Call(0, "a", as_ids(range(10)), as_ids([50, 51]))
@@ -77,7 +77,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata_lab.caches.base import CacheModel, Hint, CachePlan
-from strata_lab.caches.calls import Call, lcp_call
+from strata_lab.caches.call_ids import Call, lcp_call
 from strata_lab.caches.presets import EnginePreset, _optional_positive_int, _positive_int, parse_bytes
 from strata_lab.caches.presets import parse_engine  # noqa: F401  (the doctest above)
 

@@ -20,7 +20,7 @@ class EngineExplorer:
     def __init__(self, dump, *, engines=("strata", "vllm", "sglang", "llama.cpp"), tokenizer=None):
         import ipywidgets as W
 
-        from strata_lab.caches.calls import calls_from_dump
+        from strata_lab.caches.call_ids import calls_from_dump
 
         self.calls = calls_from_dump(dump)
         self.dump = dump

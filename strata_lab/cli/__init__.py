@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_tokenize)
 
-    from strata_lab.traces.calls import CHAINING_RULE
+    from strata_lab.traces.log_calls import CHAINING_RULE
 
     p = sub.add_parser("import", help="read a log (OpenAI, Anthropic, OTel, Claude Code, Codex, HAR, proxy captures, "
                                       "OpenAI Batch, vLLM, SGLang, llama.cpp, ShareGPT) into a trace table or a "

@@ -15,15 +15,10 @@ def _describe(trace) -> None:
 
 
 def _replay_input(args: argparse.Namespace, tmp: str):
-    """A Dump for `replay`: strata dumps as they are; any other log imported through Trace.to_dump."""
-    from strata_lab.dump import load_dump
-    from strata_lab.traces.trace import load_trace
-
-    import warnings
-
-    from strata_lab.traces.source import TraceWarning
-
+    """A Dump for `replay`: stores and strata dumps as they are; any other log imported through Trace.to_dump
+    (the library's `open_source` says which)."""
     from strata_lab.dump import is_store
+    from strata_lab.traces.opener import open_source
 
     paths = args.dump if len(args.dump) > 1 else args.dump[0]
     if isinstance(paths, str) and is_store(paths):  # a Parquet store (strata-lab convert): ids and models
@@ -31,18 +26,11 @@ def _replay_input(args: argparse.Namespace, tmp: str):
 
         return Store(paths, tokenizer=_load_tokenizer(args.tokenizer))
     _load_tokenizer(args.tokenizer)  # a bad --tokenizer fails before any work
-    try:
-        with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
-            warnings.simplefilter("ignore", TraceWarning)
-            trace = load_trace(paths, format=args.format, progress=not args.quiet,
-                               session_key=getattr(args, "session_key", None))
-    except ValueError:
-        names = [paths] if isinstance(paths, str) else list(paths)
-        if args.format is not None or not all(str(n).endswith(".jsonl") for n in names):
-            raise
-        return _checked(paths, args.tokenizer)  # no format to detect (empty, or no valid line): a dump
-    if trace.formats == ["strata"]:
+    src = open_source(paths, format=args.format, progress=not args.quiet,
+                      session_key=getattr(args, "session_key", None))
+    if src.kind == "dump":
         return _checked(paths, args.tokenizer)
+    trace = src.source
     _describe(trace)
     dump = trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
     empty = [f"{p}: no calls: {st['why_none']}" for p, st in trace.stats.items() if not st["calls"]]
@@ -167,9 +155,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace, dump) -> int:
+    from strata_lab.dump import Dump
     from strata_lab.replayer import compare_policies, replay
 
-    if type(dump).__name__ == "Dump" and next(iter(dump), None) is None:
+    if isinstance(dump, Dump) and next(iter(dump), None) is None:
         raise ValueError(f"no engine calls in {', '.join(dump.paths)}: the dump is empty or every line was "
                          "skipped (see the warnings above); nothing to replay")
     if args.engine:
@@ -184,7 +173,7 @@ def _replay(args: argparse.Namespace, dump) -> int:
                "...", args)
     report = replay(dump, policy="recorded", progress=not args.quiet, cluster=args.dask, **kw)
     print(report.format(worst=args.worst))
-    if args.checkpoints != "recorded" and type(dump).__name__ == "Dump" and \
+    if args.checkpoints != "recorded" and isinstance(dump, Dump) and \
             any(r.get("checkpoints") for r in dump.records()):
         print(f"\nnote: checkpoints {args.checkpoints} (--checkpoints; default turn) are modelled, not the ones the "
               "engine kept; `--checkpoints recorded` replays those, as `--engine strata` and `strata-lab "
@@ -226,7 +215,7 @@ def _replay_engines(dump, args: argparse.Namespace) -> int:
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
-    from strata_lab.caches.calls import write_calls
+    from strata_lab.caches.call_ids import write_calls
     from strata_lab.caches.lint import FIXABLE, before_after, before_after_sessions, check_fixes, lint_calls
     from strata_lab.cli.commands import status
     from strata_lab.dump import load_dump

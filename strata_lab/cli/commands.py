@@ -311,10 +311,10 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from strata_lab.sessions import reproduce, rewrite
 
     _check_model_arg(args.model)
-    from strata_lab.dump import load_dump
+    from strata_lab.dump import Dump, load_dump
 
     dump = load_dump(args.dump)
-    if type(dump).__name__ == "Dump" and next(iter(dump), None) is None:  # not "0/0 reproduce exactly"
+    if isinstance(dump, Dump) and next(iter(dump), None) is None:  # not "0/0 reproduce exactly"
         raise ValueError(f"no engine calls in {args.dump}: the dump is empty or every line was skipped (see the "
                          f"warnings above); nothing to {args.command}")
 

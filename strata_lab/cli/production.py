@@ -33,10 +33,11 @@ def _bounded(args: argparse.Namespace) -> None:
 
 
 def _trace_input(paths: list[str]):
-    from strata_lab.traces.hashtrace import is_hash_trace, load_hash_trace
+    from strata_lab.traces.opener import open_hash_trace
 
-    if len(paths) == 1 and is_hash_trace(paths[0]):
-        return load_hash_trace(paths[0])
+    hashed = open_hash_trace(paths)  # a production hash trace: its columns, no tokenizer
+    if hashed is not None:
+        return hashed
     return paths if len(paths) > 1 else paths[0]
 
 
@@ -67,12 +68,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     from strata_lab.caches.export import export_trace
     from strata_lab.cli.analysis import _replay_input
-    from strata_lab.traces.hashtrace import is_hash_trace
+    from strata_lab.traces.opener import open_hash_trace
 
     with tempfile.TemporaryDirectory(prefix="strata-export-") as tmp:
-        if len(args.dump) == 1 and is_hash_trace(args.dump[0]):
-            src = args.dump[0]
-        else:   # dumps and stores as they are; any other log imported (rendered with --tokenizer) first
+        src = open_hash_trace(args.dump)  # a hash trace re-exported from its columns
+        if src is None:   # dumps and stores as they are; any other log imported (rendered with --tokenizer) first
             src = _replay_input(args, tmp)
         n = export_trace(src, args.out, format=args.to, block=args.block, salt=args.salt,
                          progress=not args.quiet)

@@ -345,7 +345,9 @@ def load_dump(path_or_paths, *, vocab_size: int | None = None) -> Dump:
     """
     if isinstance(path_or_paths, Dump):
         return path_or_paths
-    if type(path_or_paths).__name__ == "Store":
+    from strata_lab.dump.store import Store
+
+    if isinstance(path_or_paths, Store):
         return path_or_paths
     if isinstance(path_or_paths, (str, os.PathLike)):
         p = os.fspath(path_or_paths)

@@ -133,12 +133,9 @@ class Store:
 
     def to_jsonl(self, path: str | os.PathLike) -> int:
         """Write the original JSONL dump back; returns the number of lines."""
-        n = 0
-        with open(path, "wb") as f:
-            for line in self.lines():
-                f.write(line + b"\n")
-                n += 1
-        return n
+        from strata_lab.dump.writer import write_lines
+
+        return write_lines(self.lines(), path)  # the one dump writer: 0600, no symbolic link
 
     @property
     def num_rows(self) -> int:

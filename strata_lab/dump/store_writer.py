@@ -80,7 +80,10 @@ class _Partition:
     def __init__(self, path: str, row_group_rows: int):
         import pyarrow.parquet as pq
 
-        os.makedirs(path, exist_ok=True)
+        from strata_lab.dump.files import private_dir
+
+        private_dir(os.path.dirname(path), what="store partition")  # day=...: 0700, not a link
+        private_dir(path, what="store partition")                   # replica=...
         self.path = path
         self.row_group_rows = row_group_rows
         files = segment_files(path)
@@ -91,10 +94,10 @@ class _Partition:
 
     def add(self, row: dict) -> None:
         if not self.buffer:
-            tmp = os.path.join(self.path, MARKER + ".tmp")
-            with open(tmp, "wb") as f:
-                f.write(orjson.dumps({"pid": os.getpid(), "since": time.time()}))
-            os.replace(tmp, os.path.join(self.path, MARKER))
+            from strata_lab.dump.files import write_private_file
+
+            info = orjson.dumps({"pid": os.getpid(), "since": time.time()})
+            write_private_file(os.path.join(self.path, MARKER), lambda f: f.write(info), what="store marker")
         self.buffer.append(row)
         if len(self.buffer) >= self.row_group_rows:
             self.flush()
@@ -107,11 +110,13 @@ class _Partition:
 
         schema = arrow_schema()
         table = pa.Table.from_pylist(self.buffer, schema=schema)
+        from strata_lab.dump.files import write_private_file
+
         final = os.path.join(self.path, f"seg-{self.next_seg:06d}.parquet")
-        tmp = final + ".tmp"
-        pq.write_table(table, tmp, compression="zstd", row_group_size=len(self.buffer),
-                       use_dictionary=_DICTIONARY_COLUMNS)
-        os.replace(tmp, final)
+        rows = len(self.buffer)
+        # the one writer's rules: a new 0600 file (O_EXCL, O_NOFOLLOW) renamed into place, never a link followed
+        write_private_file(final, lambda f: pq.write_table(table, f, compression="zstd", row_group_size=rows,
+                                                           use_dictionary=_DICTIONARY_COLUMNS), what="store segment")
         self.next_seg += 1
         self.buffer = []
         try:
@@ -130,8 +135,9 @@ class StoreWriter:
     def __init__(self, root: str | os.PathLike, *, row_group_rows: int = 4096):
         if not isinstance(row_group_rows, int) or row_group_rows < 1:
             raise ValueError(f"row_group_rows must be a positive int, got {row_group_rows!r}")
-        self.root = os.fspath(root)
-        os.makedirs(self.root, exist_ok=True)
+        from strata_lab.dump.files import private_dir
+
+        self.root = private_dir(os.fspath(root))  # 0700, never a symbolic link
         check_open_markers(self.root, clear=True)
         self.row_group_rows = row_group_rows
         self._parts: dict[tuple, _Partition] = {}

@@ -9,6 +9,11 @@ concurrent writers in one process never interleave and a crash leaves at most on
 (readers skip it). Files are created with mode 0600: they hold the token ids of private conversations; an
 existing file is opened without following a symbolic link, must be a regular file, and is narrowed to 0600.
 
+It is also the one writer of whole dumps: `write_records` / `write_lines` (a new file, or appended) write
+every dump the library makes (imported traces, `lint --fix`, `Store.to_jsonl`, exports) with these rules,
+whole lines gathered into one `os.writev` per 64 lines. The file rules themselves are `strata_lab.dump.files`.
+As an engine observer (`Engine.add_observer(recorder)`) a recorder writes each ended call's `CallRecord`.
+
 >>> import os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "calls.jsonl")
 >>> with record_to(path) as rec:
@@ -23,15 +28,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import stat
 import sys
 import threading
 import time
 import uuid
-import warnings
 from typing import Any, Iterator, Mapping, Sequence
 
-__all__ = ["Recorder", "StoreRecorder", "record_to", "active", "open_recorder", "SCHEMA", "ENV_VAR", "FINISH_REASONS"]
+from strata_lab.dump.files import _open_dump, open_private, private_dir, write_private_file
+
+__all__ = ["Recorder", "StoreRecorder", "record_to", "active", "open_recorder", "SCHEMA", "ENV_VAR", "FINISH_REASONS",
+           "write_records", "write_lines", "open_private", "private_dir", "write_private_file"]
 
 SCHEMA = "strata-dump/1"
 ENV_VAR = "STRATA_PROMPT_DUMP"
@@ -73,14 +79,15 @@ class Recorder:
     >>> rec.close()
     """
 
-    def __init__(self, path: str | os.PathLike, *, on_error: str = "raise"):
+    def __init__(self, path: str | os.PathLike, *, on_error: str = "raise", truncate: bool = False):
         self.path = os.fspath(path)
         if not self.path:
             raise ValueError("path must be a non-empty file name")
         if on_error not in ("raise", "count"):
             raise ValueError(f"on_error must be 'raise' or 'count', got {on_error!r}")
         self.on_error = on_error  # "count": a failed write is counted in `lost` and logged, never raised
-        self._fd: int | None = _open_dump(self.path)
+        # truncate=True: the file is emptied once opened (a new dump written whole), else appended to
+        self._fd: int | None = _open_dump(self.path, truncate=truncate)
         self._lock = threading.Lock()
         self.lines = 0
         self.lost = 0              # lines a failed write lost (on_error="count")
@@ -95,31 +102,77 @@ class Recorder:
 
     # --- writing ----------------------------------------------------------------------------------
     def write(self, record: Mapping[str, Any]) -> None:
-        """Append one record as one line (flushed: a single unbuffered write)."""
+        """Append one record (a dict or a `CallRecord`) as one line (flushed: a single unbuffered write)."""
         if not isinstance(record, Mapping):
             raise ValueError(f"record must be a mapping, got {type(record).__name__}")
-        line = _dumps(dict(record)) + b"\n"
+        self._write_bytes(_dumps(_as_dict(record)) + b"\n", 1)
+
+    def __call__(self, record) -> None:
+        """The recorder as an engine observer (`Engine.add_observer`): one validated line per `CallRecord`."""
+        from strata_lab.dump.record import CallRecord
+
+        if not isinstance(record, CallRecord):
+            raise TypeError(f"an observer gets a CallRecord, got {type(record).__name__}")
+        kw = {k: getattr(record, k) for k in ("session", "prompt_ids", "reused", "gen_ids", "drained_ids", "finish",
+                                             "prefill_ms", "decode_ms", "checkpoints", "request_id", "call", "ts",
+                                             "model") if getattr(record, k) is not None}
+        if record.reused is None:
+            raise ValueError("an engine call's record must say how many prompt ids were reused (reused is None); "
+                             "write other records with write()")
+        self.write_call(**kw, **record.extra)
+
+    def write_many(self, records) -> int:
+        """Append records (dicts or `CallRecord`s), whole lines gathered into one `os.writev` per 64 lines
+        (each system call holds only complete lines: a crash leaves at most one torn last line). Returns lines."""
+        return self.write_lines(_dumps(_as_dict(r)) for r in records)
+
+    def write_lines(self, lines) -> int:
+        """Append already serialised lines (bytes without a newline) as `write_many` does. Returns lines.
+        (A gathered write of whole lines, not a joined buffer: joining 1 MB batches measured 1.5-2x slower
+        than a buffered file, writev of 64 lines as fast.)"""
+        batch: list[bytes] = []
+        n = 0
+        for line in lines:
+            if b"\n" in line:
+                raise ValueError(f"dump {self.path}: a line to write holds a newline")
+            batch.append(line + b"\n")
+            if len(batch) == 64:
+                self._write_bytes(batch, len(batch))
+                n += len(batch)
+                batch = []
+        if batch:
+            self._write_bytes(batch, len(batch))
+            n += len(batch)
+        return n
+
+    def _write_bytes(self, line: bytes | list, nlines: int) -> None:
+        """Write one line (bytes) or several whole lines (a list, gathered into one writev)."""
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"recorder for {self.path} is closed")
+            parts = line if isinstance(line, list) else [line]
             if self._torn:  # the last write stopped mid-line: end that torn line so this one reads clean
-                line = b"\n" + line
+                parts = [b"\n"] + parts
             try:
-                view = memoryview(line)
-                while view:  # a regular file takes it in one write; loop only for exotic targets
-                    n = os.write(self._fd, view)
-                    view = view[n:]
-                    self._torn = bool(view)
+                n = os.writev(self._fd, parts) if len(parts) > 1 else os.write(self._fd, parts[0])
+                total = sum(map(len, parts))
+                self._torn = n < total
+                if n < total:  # a regular file takes it all at once; finish the rest only for exotic targets
+                    view = memoryview(b"".join(parts))[n:]
+                    while view:
+                        k = os.write(self._fd, view)
+                        view = view[k:]
+                        self._torn = bool(view)
             except OSError as exc:  # disk full, quota, file size limit: the caller's work is not lost
                 if self.on_error == "raise":
                     raise
-                self.lost += 1
+                before, self.lost = self.lost, self.lost + nlines
                 self.last_error = f"{type(exc).__name__}: {exc.strerror or exc}"
-                if self.lost == 1 or self.lost % 100 == 0:  # a full disk must not flood the log either
+                if before == 0 or before // 100 != self.lost // 100:  # a full disk must not flood the log either
                     print(f"strata-lab: dump {self.path}: lost {self.lost} line(s) so far ({self.last_error})",
                           file=sys.stderr, flush=True)
                 return
-            self.lines += 1
+            self.lines += nlines
 
     def check_writable(self, min_free_bytes: int = 1 << 20) -> None:
         """Raise OSError unless the dump's file system has room (`min_free_bytes`): a start-up check."""
@@ -198,41 +251,12 @@ def open_recorder(path: str | os.PathLike) -> Recorder:
     if p.endswith(("/", os.sep)) or os.path.isdir(p):
         return StoreRecorder(p)
     return Recorder(p)
-def _open_dump(path: str) -> int:
-    """Open `path` for appending: never through a symbolic link, only a regular file, mode 0600 at most.
+def _as_dict(record) -> dict:
+    if type(record) is dict:
+        return record  # serialised as it is (never changed)
+    to_dict = getattr(record, "to_dict", None)  # a CallRecord: its dump line
+    return to_dict() if callable(to_dict) else dict(record)
 
-    A file someone else made readable (0644) is narrowed to 0600 with a warning; one we cannot narrow
-    (another owner) is refused. O_NONBLOCK keeps a FIFO from hanging the open; it is refused right after.
-    """
-    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
-             | getattr(os, "O_NONBLOCK", 0))
-    try:
-        # an explicit mode: the file is never world-readable, not even for an instant
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError(f"dump {path} is a symbolic link; refusing to follow it (name the target)") from None
-        if exc.errno == errno.EISDIR:
-            raise ValueError(f"dump {path} is a directory; name a file") from None
-        if exc.errno == errno.ENXIO:
-            raise ValueError(f"dump {path} is not a regular file (a FIFO with no reader)") from None
-        raise ValueError(f"dump {path}: cannot open it for appending ({exc.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"dump {path} is not a regular file (a device, FIFO or socket); name a file")
-        if st.st_mode & 0o077:
-            if st.st_uid != os.geteuid():
-                raise ValueError(f"dump {path} has mode {oct(st.st_mode & 0o777)} and belongs to another user; "
-                                 "dumps hold private conversations and must be 0600")
-            os.fchmod(fd, 0o600)
-            warnings.warn(f"dump {path} had mode {oct(st.st_mode & 0o777)}; narrowed it to 0600 (dumps hold "
-                          "private conversations)", stacklevel=4)
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def active() -> Recorder | None:
@@ -329,3 +353,21 @@ class StoreRecorder(Recorder):
 
     def __repr__(self) -> str:
         return f"StoreRecorder({self.path!r}, lines={self.lines})"
+
+
+# --- the one writer behind every dump, store and trace file -------------------------------------------------
+# Every path that writes call records (a dump, a store, a rendered trace, a fixed dump, an export) goes
+# through these: files 0600 (an existing one narrowed), never through a symbolic link (O_NOFOLLOW), only a
+# regular file; JSONL written one whole line per write; directories 0700.
+
+def write_records(records, path: str | os.PathLike, *, append: bool = False) -> int:
+    """Write records (dicts or `CallRecord`s) as strata-dump/1 lines to `path` (a new file's content unless
+    `append`), through the `Recorder`'s safety rules; returns the number of lines."""
+    with Recorder(path, truncate=not append) as rec:
+        return rec.write_many(records)
+
+
+def write_lines(lines, path: str | os.PathLike, *, append: bool = False) -> int:
+    """Write serialised lines (bytes, no newline) to `path` as `write_records` does; returns their number."""
+    with Recorder(path, truncate=not append) as rec:
+        return rec.write_lines(lines)

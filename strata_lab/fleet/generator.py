@@ -291,13 +291,15 @@ def write_fleet(path: str | os.PathLike, cfg: FleetConfig = FleetConfig(), *, to
         from tqdm.auto import tqdm
 
         bar = tqdm(desc="fleet", unit="call")
-    n = 0
-    with open(path, "wb") as f:
+    from strata_lab.dump.writer import write_records
+
+    def counted():
         for rec in generate_fleet(cfg, tokenizer=tokenizer):
-            f.write(orjson.dumps(rec) + b"\n")
-            n += 1
+            yield rec
             if bar is not None:
                 bar.update(1)
+
+    n = write_records(counted(), path)  # the one dump writer: 0600, no symbolic link
     if bar is not None:
         bar.close()
     return n

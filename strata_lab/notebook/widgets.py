@@ -262,14 +262,14 @@ class DivergenceViewer(_Widget):
                  full_hit: str = "held_logits", only_misses: bool = False, page_size: int = 200):
         import ipywidgets as W
 
-        from strata_lab.dump.reader import load_dump
+        from strata_lab.dump import Store, load_dump
         from strata_lab.replayer import replay
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
         self.only_misses = only_misses
         self.pager = None
-        if type(self.dump).__name__ == "Store":  # a store: page through it, never load it whole
+        if isinstance(self.dump, Store):  # a store: page through it, never load it whole
             from strata_lab.replayer.pages import StorePager
 
             self.report = None

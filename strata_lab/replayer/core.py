@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from strata_lab.dump import Dump, load_dump
+from strata_lab.dump import Dump, Store, load_dump
 from strata_lab.engine import CheckpointPolicy
 from strata_lab.replayer.costs import CostModel, usable_fit
 from strata_lab.replayer.fast import fit_cost_store
@@ -187,8 +187,8 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
                            bytes_per_snapshot=bytes_per_snapshot, context_chars=context_chars)
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise TypeError(f"cost_model must be a CostModel or None, got {type(cost_model).__name__}")
-    dump = dump if isinstance(dump, Dump) or type(dump).__name__ == "Store" else load_dump(dump)
-    store = dump if type(dump).__name__ == "Store" else None
+    dump = dump if isinstance(dump, (Dump, Store)) else load_dump(dump)
+    store = dump if isinstance(dump, Store) else None
     if cluster is not None:
         if store is None:
             raise ValueError("cluster: distributed replay reads a store (strata-lab convert dump.jsonl --out DIR)")
@@ -245,7 +245,7 @@ def compare_policies(dump, policies: Iterable[Policy | str] = ("recorded", "keep
 
     dump = load_dump(dump)
     if kwargs.get("cost_model") is None:
-        is_store = type(dump).__name__ == "Store"
+        is_store = isinstance(dump, Store)
         kwargs["cost_model"] = usable_fit(fit_cost_store(dump) if is_store else fit_cost(dump.records()))[0]
     if isinstance(kwargs.get("tokenizer"), str) or "tokenizer" not in kwargs:
         kwargs["tokenizer"] = load_tokenizer_arg(kwargs.get("tokenizer", "qwen3"))

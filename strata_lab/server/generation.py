@@ -220,6 +220,10 @@ class ChatRunner:
         self.stop_latency = stop_latency  # engine steps before a STOP takes effect (models a late STOP)
         self.engine_calls = 0
         self.max_tokens_default = max_tokens_default  # the cap of a request that names none (None: the context)
+        # the recorder observes the engine: it gets each call's record when the call ends
+        self._observed = recorder is not None and engine is not None and hasattr(engine, "add_observer")
+        if self._observed:
+            engine.add_observer(recorder)
 
     # --- one request ------------------------------------------------------------------------------
     def run(self, job, req: ChatRequest, rendered: RenderedPrompt) -> None:
@@ -373,11 +377,13 @@ class ChatRunner:
 
     def call(self, job, slot, call: EngineCall, out: _Choice) -> CallOutcome:
         """One engine call on `slot`, fed to `out` id by id; stops at a stop sequence, at the thinking
-        budget, or when the job is cancelled. The engine writes the call's dump line when it ends."""
+        budget, or when the job is cancelled. The engine hands the call's record to its observers (the
+        recorder among them) when it ends."""
         self.engine_calls += 1
         stream = slot.session.generate(call.prompt_ids, max_new_tokens=call.max_new, sampling=call.sampling,
                                        stop_ids=self.stop_ids, stop_latency=self.stop_latency,
-                                       record=self.recorder or False, record_meta=call.record_meta,
+                                       record=False if self._observed else (self.recorder or False),
+                                       record_meta=call.record_meta,
                                        logprobs=call.logprobs, token_mask=call.token_mask)
         consumed, thought = 0, 0
         hit_budget = stopped = non_finite = False

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from strata_lab.traces.calls import SessionChain, image_placeholder, new_call, tool_call
+from strata_lab.traces.log_calls import SessionChain, image_placeholder, new_call, tool_call
 from strata_lab.traces.dialect import http_error, looks_anthropic
 from strata_lab.traces.openai import reply_message
 from strata_lab.traces.source import Source

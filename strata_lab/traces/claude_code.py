@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Iterator
 
 from strata_lab.traces.anthropic import apply_usage, convert_messages
-from strata_lab.traces.calls import new_call
+from strata_lab.traces.log_calls import new_call
 from strata_lab.traces.source import Source
 
 NAME = "claude-code"

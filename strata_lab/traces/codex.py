@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Iterator
 
-from strata_lab.traces.calls import new_call, text_parts, tool_call
+from strata_lab.traces.log_calls import new_call, text_parts, tool_call
 from strata_lab.traces.claude_code import parse_ts
 from strata_lab.traces.source import Source
 

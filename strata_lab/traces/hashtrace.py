@@ -204,7 +204,7 @@ class HashTrace:
 
     def synth(self) -> Iterator[tuple]:
         """Per request: (prompt ids, output ids, dense block indexes of the sequence, positions they cover);
-        `strata_lab.caches.calls.calls_from_hash_trace` makes `Call`s of them."""
+        `strata_lab.caches.call_ids.calls_from_hash_trace` makes `Call`s of them."""
         synth = IdSynth(self.block)
         for r in self.records:
             yield synth_call(r, synth)
@@ -276,15 +276,12 @@ def load_hash_trace(path, format: str | None = None, *, block: int | None = None
 
 def write_hash_trace(rows, path, fmt: str) -> None:
     """Write rows (dicts in the format's shape) as JSONL, mode 0600."""
-    import orjson
+    from strata_lab.dump.writer import write_records
 
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     keys = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn",
             "hash_ids", "output_hash_ids") if fmt == "bailian" else \
         ("timestamp", "input_length", "output_length", "hash_ids", "output_hash_ids")
-    with os.fdopen(fd, "wb", buffering=1 << 20) as f:
-        for r in rows:
-            f.write(orjson.dumps({k: r[k] for k in keys if k in r}) + b"\n")
+    write_records(({k: r[k] for k in keys if k in r} for r in rows), path)  # 0600, no symbolic link
 
 
 @dataclass(frozen=True)
@@ -387,9 +384,9 @@ def generate_mooncake(shape: MooncakeShape = MooncakeShape()) -> Iterator[dict]:
 
 
 def read_calls(src: Source, fmt: str, name: str) -> Iterator[dict]:
-    """Trace calls (`strata_lab.traces.calls.FIELDS`) of a hash trace: ids-level, synthetic ids; the block
+    """Trace calls (`strata_lab.traces.log_calls.FIELDS`) of a hash trace: ids-level, synthetic ids; the block
     hashes and lengths ride along in `extra` (`hash_ids`, `block_tokens`, ...)."""
-    from strata_lab.traces.calls import new_call
+    from strata_lab.traces.log_calls import new_call
 
     T = BLOCK[fmt]
     synth = IdSynth(T)

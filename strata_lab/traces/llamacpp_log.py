@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from strata_lab.traces.calls import new_call
+from strata_lab.traces.log_calls import new_call
 from strata_lab.traces.source import Source, loads
 
 NAME = "llama.cpp-log"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from strata_lab.traces.calls import SessionChain, new_call, text_parts, tool_call
+from strata_lab.traces.log_calls import SessionChain, new_call, text_parts, tool_call
 from strata_lab.traces.dialect import http_error, looks_anthropic
 from strata_lab.traces.source import Source
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from strata_lab.traces import openai
-from strata_lab.traces.calls import new_call
+from strata_lab.traces.log_calls import new_call
 from strata_lab.traces.dialect import http_error
 from strata_lab.traces.source import Source
 

@@ -11,7 +11,7 @@ import json
 from typing import Iterator
 
 from strata_lab.traces import anthropic, openai
-from strata_lab.traces.calls import SessionChain
+from strata_lab.traces.log_calls import SessionChain
 from strata_lab.traces.claude_code import parse_ts
 from strata_lab.traces.dialect import http_error, looks_anthropic
 from strata_lab.traces.har import assemble_anthropic, assemble_openai

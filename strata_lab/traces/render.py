@@ -6,7 +6,7 @@ reasoning and tool calls, up to and including the end-of-turn token) unless the 
 Where the log reports ``prompt_tokens``, ``render_exact`` says whether the rendered length equals it.
 
 >>> from strata_lab import ChatTemplate, load_tokenizer
->>> from strata_lab.traces.calls import new_call
+>>> from strata_lab.traces.log_calls import new_call
 >>> call = new_call(fidelity="messages", messages=[{"role": "user", "content": "Hi"}], response_text="Hello",
 ...                 prompt_tokens=9)
 >>> r = render_call(call, load_tokenizer("qwen3"), ChatTemplate.from_name("qwen3"))

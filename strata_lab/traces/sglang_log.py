@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from strata_lab.traces.calls import SessionChain, new_call
+from strata_lab.traces.log_calls import SessionChain, new_call
 from strata_lab.traces.source import Source, loads
 
 NAME = "sglang-log"

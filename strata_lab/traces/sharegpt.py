@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Iterator
 
-from strata_lab.traces.calls import new_call, tool_call
+from strata_lab.traces.log_calls import new_call, tool_call
 from strata_lab.traces.source import Source
 
 NAME = "sharegpt"

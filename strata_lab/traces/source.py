@@ -95,7 +95,7 @@ class Source:
         """The `--session-key` field of a record (None: no key given, or the record lacks it)."""
         if self.session_key is None:
             return None
-        from strata_lab.traces.calls import field_path
+        from strata_lab.traces.log_calls import field_path
 
         value = field_path(rec, self.session_key)
         if value is None or value == "":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from strata_lab.dump import parse_line
-from strata_lab.traces.calls import new_call
+from strata_lab.traces.log_calls import new_call
 from strata_lab.traces.source import Source
 
 NAME = "strata"

@@ -14,7 +14,7 @@ import glob as _glob
 import os
 from typing import Iterable, Iterator
 
-from strata_lab.traces.calls import FIELDS, parse_field_path
+from strata_lab.traces.log_calls import FIELDS, parse_field_path
 from strata_lab.traces.registry import READERS, TEXT_FORMATS, detect_format
 from strata_lab.traces.fast_encode import FastTokenizer, IncrementalEncoder, SegmentEncoder
 from strata_lab.traces.fast_render import FastRenderer
@@ -257,6 +257,12 @@ class Trace:
                 rec["checkpoint_policy"] = dict(checkpoint_policy)
             yield rec
 
+    def records(self, tokenizer="qwen3", template=None, **kw):
+        """The rendered calls as `strata_lab.dump.record.CallRecord`s (the one call record; see `dump_records`)."""
+        from strata_lab.dump.record import CallRecord
+
+        return (CallRecord.from_mapping(r) for r in self.dump_records(tokenizer, template, **kw))
+
     def to_dump(self, tokenizer="qwen3", template=None, out=None, *, checkpoint_policy: dict | None = None,
                 **kw):  # noqa: D417
         """Render every call and write strata-dump/1 lines to `out` (default: a new temp file); returns the
@@ -269,17 +275,14 @@ class Trace:
         prompt positions."""
         import tempfile
 
-        from orjson import dumps
-
         from strata_lab.dump import load_dump
+        from strata_lab.dump.writer import write_records
 
         if out is None:
             out = os.path.join(tempfile.mkdtemp(prefix="strata-trace-"), "trace.jsonl")
         out = os.fspath(out)
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # token ids of private conversations
-        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
-            for rec in self.dump_records(tokenizer, template, checkpoint_policy=checkpoint_policy, **kw):
-                f.write(dumps(rec) + b"\n")
+        # the one dump writer: 0600, no symbolic link, whole lines (token ids of private conversations)
+        write_records(self.dump_records(tokenizer, template, checkpoint_policy=checkpoint_policy, **kw), out)
         return load_dump(out)
 
     def write(self, out, tokenizer="qwen3", template=None, **kw) -> str:
@@ -291,7 +294,9 @@ class Trace:
             df = self.to_frame()
             for k in _JSON_COLS:
                 df[k] = [None if v is None else json.dumps(v, ensure_ascii=False) for v in df[k]]
-            df.to_parquet(out, engine="pyarrow", index=False)
+            from strata_lab.dump.files import write_private_file
+
+            write_private_file(out, lambda f: df.to_parquet(f, engine="pyarrow", index=False), what="trace table")
         elif out.endswith(".jsonl"):
             self.to_dump(tokenizer, template, out, **kw)
         else:

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Iterator
 
 from strata_lab.traces import openai
-from strata_lab.traces.calls import TEXT_SLACK, SessionChain, new_call
+from strata_lab.traces.log_calls import TEXT_SLACK, SessionChain, new_call
 from strata_lab.traces.source import Source, loads
 
 NAME = "vllm-log"

@@ -26,7 +26,7 @@ __all__ = ["Comparison", "compare", "write_dump", "to_calls", "explain", "explai
 
 
 def to_calls(rows, engine: str):
-    from strata_lab.caches.calls import Call, as_ids
+    from strata_lab.caches.call_ids import Call, as_ids
 
     return [Call(index=i, session=req.session, prompt=as_ids(req.prompt), output=as_ids(out),
                  reported=rep, reported_by=engine, cache_salt=req.salt, ts=req.sent, done_ts=req.done)
@@ -93,7 +93,7 @@ def explain(comp: Comparison, i: int) -> str:
     those sharing a prefix with it first. The model replays one call at a time in send order; a server that
     runs them together computes, caches and frees blocks in another order. Where the engine said which slot
     ran each call (llama-server `id_slot`), the slot's previous call is named (`explain_slot`)."""
-    from strata_lab.caches.calls import as_ids, lcp
+    from strata_lab.caches.call_ids import as_ids, lcp
 
     req = comp.rows[i][0]
     if req.sent is None:
@@ -113,7 +113,7 @@ def explain(comp: Comparison, i: int) -> str:
 
 def _held(row):
     """The ids a llama.cpp slot holds after a call: its prompt and output but the last id."""
-    from strata_lab.caches.calls import as_ids
+    from strata_lab.caches.call_ids import as_ids
     import numpy as np
 
     req, out, _rep = row
@@ -154,7 +154,7 @@ def explain_slot(comp: Comparison, i: int) -> tuple:
     - `slots diverged after an early release`: the engine's slot (or host prompt cache) held other ids than
       the model's, since an earlier call was placed by such an early release (named);
     - `unexplained`: neither holds (a model error)."""
-    from strata_lab.caches.calls import as_ids, lcp
+    from strata_lab.caches.call_ids import as_ids, lcp
 
     req, _out, rep = comp.rows[i]
     mine = as_ids(req.prompt)
@@ -193,10 +193,9 @@ def explain_slot(comp: Comparison, i: int) -> tuple:
 
 def write_dump(path, comp: Comparison) -> None:
     """The served calls with both numbers (mode 0600: dumps hold token ids)."""
-    import orjson
+    from strata_lab.dump.writer import write_records
 
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
+    def records():
         for i, ((req, out, reported), pred) in enumerate(zip(comp.rows, comp.predicted)):
             rec = {"schema": "strata-dump/1", "session": req.session, "call": i, "prompt_ids": req.prompt,
                    "gen_ids": out, "cache_engine": comp.engine, "predicted_spec": comp.spec}
@@ -212,4 +211,6 @@ def write_dump(path, comp: Comparison) -> None:
                 rec["ts"], rec["done_ts"] = req.sent, req.done
             if req.slot is not None:
                 rec["engine_slot"] = req.slot
-            f.write(orjson.dumps(rec) + b"\n")
+            yield rec
+
+    write_records(records(), path)  # the one dump writer: 0600, no symbolic link

@@ -48,7 +48,7 @@ Workload = Generator[Request, list, None]
 
 def dump_workload(path) -> Workload:
     """Every call of a dump, in file order, with its exact prompt ids."""
-    from strata_lab.caches.calls import calls_from_dump
+    from strata_lab.caches.call_ids import calls_from_dump
 
     for c in calls_from_dump(path):
         yield Request(c.session, c.prompt.tolist(), max(len(c.output), 1), c.cache_salt)
