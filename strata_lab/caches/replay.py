@@ -1,8 +1,13 @@
-"""Replay one trace under several engines' caches: per call reused / read / reread, the unit that served it,
-the cause of each miss, prefill seconds and hosted-API dollars; per engine a summary.
+"""The one replay driver: any trace under any engines' caches (ours, `strata`, among them), one report type.
+
+`replay(source)` replays under the engine the dump names (our dumps: `strata`, with the checkpoints each
+line recorded); `replay(source, engine="vllm")` or `replay_engines(source, [...])` under others. Every
+path returns a `ReplayReport`: per (engine, call) reused / read / reread, the unit that served it, the
+cause of each miss (the one explainer, `strata_lab.replayer.explain`), prefill seconds, hosted-API dollars,
+what the log reported (Contract 4); per engine a summary (docs/CONTRACTS.md, Contract 3).
 
 Calls from every session share one cache per replica, in arrival (`ts`) order (file order when a call has
-no `ts`). Each engine gets fresh models; the session view (`Hint`) is computed once for all of them.
+no `ts`). Each engine gets fresh models; each call's divergence is computed once for all of them.
 
 >>> import os, tempfile
 >>> from strata_lab.dump.writer import Recorder
@@ -12,39 +17,39 @@ no `ts`). Each engine gets fresh models; the session view (`Hint`) is computed o
 ...     rec.write_call(session="s", prompt_ids=list(range(40)) + [7, 9], reused=40)
 >>> rep = replay_engines(path, ["vllm", "sglang", "strata:kind=attention"])
 >>> rep.frame()[["engine", "reused", "cause"]].values.tolist()
-[['vllm', 0, 'new_session'], ['vllm', 32, 'block_rounding'], ['sglang', 0, 'new_session'], ['sglang', 41, 'diverged'], ['strata', 0, 'new_session'], ['strata', 41, 'diverged']]
+[['vllm', 0, 'new_session'], ['vllm', 32, 'diverged'], ['sglang', 0, 'new_session'], ['sglang', 41, 'diverged'], ['strata', 0, 'new_session'], ['strata', 41, 'diverged']]
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import math
+import warnings
 from collections import Counter
 
 import numpy as np
 
 from strata_lab.caches.base import Hint
-from strata_lab.caches.calls import Call, calls_from_dump, lcp_call
+from strata_lab.caches.calls import Call, as_ids, calls_from_dump, lcp_call
 from strata_lab.caches.fleet import Router
 from strata_lab.caches.presets import parse_engine
+from strata_lab.replayer.explain import SessionHistory, attribute, explain
 
-__all__ = ["replay", "replay_engines", "EnginesReport"]
-
-# cause vocabulary of the strata replay that names a divergence of the prompt from what the session held
-_DIVERGENCE = {"retokenized_reply", "retokenized_prompt", "drained_dropped", "template_rewrite", "history_edit"}
-
-# engine causes that a divergence explains better (a hybrid falling back to its last state because the
-# prompt parted from what it held): the divergence cause wins over these, as in the strata replay
-_FALLBACK = {"checkpoint", "no_state_checkpoint", "not_cached", None}
+__all__ = ["replay", "replay_engines", "ReplayReport", "EnginesReport", "explain_calls", "default_engine"]
 
 _DTYPES = {
-    "engine": "category", "spec": "category", "replica": "int64", "index": "int64", "session": "string",
-    "turn": "int64", "ts": "float64", "prompt_len": "int64", "held_before": "int64", "lcp": "int64",
-    "exact": "int64", "reused": "int64", "read": "int64", "reread": "int64", "unit": "string", "source": "Int64",
-    "cause": "category", "written": "int64", "prefill_s": "float64", "reread_s": "float64", "dollars": "float64",
-    "reported": "Int64", "reported_by": "string", "reported_diff": "Int64", "reported_diff_pct": "float64",
-    "reported_write": "Int64",
+    "engine": "category", "spec": "category", "replica": "int64", "index": "int64", "turn": "int64",
+    "session": "string", "request_id": "string", "ts": "float64", "prompt_len": "int64", "held_before": "int64",
+    "lcp_ids": "int64", "lcp_text": "int64", "exact": "int64", "reused": "int64", "read": "int64",
+    "reread": "int64", "cause": "category", "divergence": "category", "divergence_reread": "int64",
+    "engine_reread": "int64", "unit": "string", "source": "Int64", "written": "int64", "prefill_s": "float64",
+    "reread_s": "float64", "dollars": "float64", "reported": "Int64", "reported_by": "string",
+    "reported_diff": "Int64", "reported_diff_pct": "float64", "reported_write": "Int64",
+    "id_context_held": "string", "id_context_prompt": "string", "text_context_held": "string",
+    "text_context_prompt": "string",
 }
+COLUMNS = tuple(_DTYPES)
 
 
 def _order(calls: list[Call]) -> list[int]:
@@ -53,35 +58,39 @@ def _order(calls: list[Call]) -> list[int]:
     return list(range(len(calls)))
 
 
-def _hints(calls: list[Call], order: list[int]) -> dict[int, tuple]:
-    """Per call: (Hint, turn in session). One LCP per call against what its session's last call left."""
+def _reply(c: Call) -> tuple:
+    """(generated, drained) ids a call left: the dump line's, else its whole output as generated."""
+    rec = c.record
+    if rec is not None and isinstance(rec.get("gen_ids"), list):
+        return rec.get("gen_ids") or [], rec.get("drained_ids") or []
+    return c.output, ()
+
+
+def explain_calls(calls: list[Call], tokenizer=None, order: list[int] | None = None, *,
+                  context_chars: int = 40) -> dict[int, tuple]:
+    """Per call (by position in `calls`): (Hint, turn in session, Explanation): each call's divergence from
+    what its session held, computed once for every engine (`strata_lab.replayer.explain`)."""
+    order = _order(calls) if order is None else order
+    hist: dict[str, SessionHistory] = {}
     last: dict[str, Call] = {}
     turns: Counter = Counter()
+    named = tokenizer is not None and not (calls and calls[0].blocks is not None)   # hash traces have no text
     out = {}
     for i in order:
         c = calls[i]
+        h = hist.get(c.session)
+        if h is None:
+            h = hist[c.session] = SessionHistory()
         prev = last.get(c.session)
-        if prev is None:
-            h = Hint(None, 0, 0)
-        else:
-            n = lcp_call(c.prompt, prev)
-            h = Hint(prev, n, min(n, max(c.prompt_len - 1, 0)))
-        out[i] = (h, turns[c.session])
+        n = lcp_call(c.prompt, prev) if prev is not None else 0
+        e = explain(h, c.prompt, tokenizer if named else None, context_chars=context_chars, lcp_ids=n)
+        gen, drained = _reply(c)
+        h.finish(gen, drained, held=c.sequence())
+        hint = Hint(None, 0, 0) if prev is None else Hint(prev, n, min(n, max(c.prompt_len - 1, 0)))
+        out[i] = (hint, turns[c.session], e)
         turns[c.session] += 1
         last[c.session] = c
     return out
-
-
-def _divergence_causes(dump, tokenizer, calls=()) -> list[str] | None:
-    """The strata replay's cause per call (attention model: only divergences), or None without a tokenizer
-    (or for hash traces: synthetic ids have no text)."""
-    if tokenizer is None or (isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call)) or \
-            (calls and calls[0].blocks is not None):
-        return None
-    from strata_lab.replayer import replay
-
-    rep = replay(dump, model="attention", checkpoint_policy="turn", tokenizer=tokenizer)
-    return [r["cause"] for r in rep.rows]
 
 
 def _fit_cost(calls: list[Call]):
@@ -117,13 +126,44 @@ def _duration(c: Call, reused: int, speeds, cost_model) -> float:
     return cost_model.seconds(read, reused) + dec
 
 
+def _apply_policy(calls: list[Call], policy, tok) -> list[Call]:
+    """The calls a server under a prompt-changing policy (reply-ids, keep-drained, fixes) would have sent: a
+    transform of the call stream, so it applies to every engine. Reported figures belong to the recorded
+    prompts and are dropped."""
+    from strata_lab.replayer.policies import PromptRewriter
+    from strata_lab.replayer.state import SessionState
+
+    if tok is None:
+        raise ValueError(f"policy {policy.name!r} rebuilds prompts from text: give a tokenizer")
+    rw = PromptRewriter(policy, tok)
+    states: dict = {}
+    out = []
+    for c in calls:
+        rec = c.record
+        if rec is None or not isinstance(rec.get("gen_ids"), list):
+            raise ValueError(f"policy {policy.name!r}: call {c.index} has no dump record (strata-dump/1 lines "
+                             "carry the replies a policy rebuilds prompts from)")
+        st = states.get(c.session)
+        if st is None:
+            st = states[c.session] = SessionState(model="attention")
+        prompt = rw.prompt(rec, st)
+        st.call(prompt)
+        st.finish(rec["gen_ids"], rec.get("drained_ids") or [])
+        rw.finish(rec, prompt)
+        new = dict(rec, prompt_ids=list(prompt), reused=None)
+        out.append(dataclasses.replace(c, prompt=as_ids(prompt), record=new, reported=None, reported_by=None,
+                                       reported_write=None, memo=None))
+    return out
+
+
 def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, tokenizer=None, cost_model=None,
                    prices: dict | None = None, progress: bool = False, concurrency: bool = False,
-                   tokens_per_s=None) -> "EnginesReport":
+                   tokens_per_s=None, policy="recorded", context_chars: int = 40) -> "ReplayReport":
     """Replay `dump` (a path, paths, `Dump`, a Mooncake/Bailian trace, or a list of `Call`) under each engine.
 
-    `engines`: specs ("vllm", "vllm@0.33:block_size=32", "llama.cpp:slots=4") or presets.
-    `tokenizer` (a Tokenizer or "qwen3"): name divergence causes as the strata replay does; None: "diverged".
+    `engines`: specs ("vllm", "vllm@0.33:block_size=32", "llama.cpp:slots=4", "strata:checkpoints=turn") or
+    presets.
+    `tokenizer` (a Tokenizer or "qwen3"): names each divergence's cause; None: "diverged".
     `cost_model`: prices reads in seconds (default: fitted to the dump's prefill_ms, else none).
     `prices`: per-engine price overrides, e.g. {"anthropic": {"input_usd_per_mtok": 15.0}}.
     `concurrency`: calls arrive at their timestamps and stay in flight for a modelled duration (prefill of
@@ -133,8 +173,13 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     with no in-flight state of their own, llama.cpp slots, hosted APIs and strata, apply a call when it
     ends). False (default): one call at a time, each done before the next.
     TTLs (hosted APIs) always run on the trace's clock.
+    `policy`: a counterfactual policy ("recorded", "reply-ids", "keep-drained", "fixes"; a checkpoint part
+    such as "every:256" or "header" sets the `strata` engines' checkpoints): prompt policies transform the
+    call stream, so they apply to every engine.
     `progress`: a progress bar per engine.
     """
+    from strata_lab.replayer.policies import Policy, parse_policy
+
     if isinstance(engines, str):
         engines = [engines]
     presets = [parse_engine(e) for e in engines]
@@ -144,6 +189,18 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         if not isinstance(kw, dict):
             raise ValueError(f"prices[{name!r}] must be a dict of price fields")
         presets = [p.with_(**kw) if p.engine == name else p for p in presets]
+    pol = parse_policy(policy) if isinstance(policy, str) else policy
+    if not isinstance(pol, Policy):
+        raise TypeError(f"policy must be a Policy or a spec string, got {type(policy).__name__}")
+    if pol.checkpoint_policy is not None:
+        from strata_lab.replayer.core import _checkpoints_words
+
+        cp = pol.checkpoint_policy
+        if not any(p.engine == "strata" for p in presets):
+            raise ValueError(f"policy {pol.name!r}: a checkpoint policy applies to the strata engine; add it "
+                             "(engine strata)")
+        presets = [p.with_(checkpoints=cp if isinstance(cp, str) else _checkpoints_words(cp))
+                   if p.engine == "strata" else p for p in presets]
     calls = calls_from_dump(dump)
     if isinstance(tokenizer, str):
         from strata_lab.text.tokenizer import load_tokenizer
@@ -152,8 +209,9 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     if tokenizer is not None:  # the causes decode the ids: they must be this vocabulary's
         for model in {c.record.get("model") for c in calls if c.record is not None}:
             tokenizer.check_model(model)
-    divergence = _divergence_causes(dump, tokenizer, calls)
-    if cost_model is None:   # a fit too poor to price seconds (R^2 < MIN_R2) prices tokens only, as the replay does
+    if pol.changes_prompts:
+        calls = _apply_policy(calls, pol, tokenizer)
+    if cost_model is None:   # a fit too poor to price seconds (R^2 < MIN_R2) prices tokens only
         from strata_lab.replayer.costs import usable_fit
 
         cost_model = usable_fit(_fit_cost(calls))[0]
@@ -167,7 +225,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     elif tokens_per_s is not None:
         raise ValueError("tokens_per_s: only used with concurrency=True")
     order = _order(calls)
-    hints = _hints(calls, order)
+    views = explain_calls(calls, tokenizer, order, context_chars=context_chars)
     cols: dict[str, list] = {k: [] for k in _DTYPES}
     evictions = {}
     for preset in presets:
@@ -183,7 +241,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         flight: list = []   # (end, seq, replica, call, plan): calls in flight (concurrency)
         for i in it:
             c = calls[i]
-            hint, turn = hints[i]
+            hint, turn, e = views[i]
             r = router.route(c)
             if concurrency:
                 while flight and flight[0][0] <= c.ts:   # calls that ended before this one arrives
@@ -200,120 +258,171 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
             moved = where.get(c.session, r) != r
             where[c.session] = r
             reused = plan.reused
-            diverged = hint.prev is not None and hint.lcp < hint.held and hint.lcp < c.prompt_len
-            if plan.cause == "refused":   # turned away by the engine: no reuse, nothing cached
-                cause = "refused"
-            elif hint.prev is None:
-                cause = "none" if reused else "new_session"
-            elif reused < hint.exact and moved:
-                cause = "routing"
-            elif reused < hint.exact and (plan.cause not in _FALLBACK or not diverged):
-                cause = plan.cause or "not_cached"
-                if cause == "not_cached" and reused == hint.held - 1 == hint.exact - 1:
-                    cause = "last_output_token"   # the last generated id is never fed back: no KV for it
-            elif diverged:  # the loss starts where the prompt parts from what the session left
-                d = divergence[i] if divergence is not None else "diverged"
-                cause = d if d in _DIVERGENCE or d == "diverged" else "none"
-            else:
-                cause = "none"
+            cause, reread, div_rr, eng_rr = attribute(e, reused=reused, engine_cause=plan.cause, exact=hint.exact,
+                                                      prompt_len=c.prompt_len, moved=moved,
+                                                      refused=plan.cause == "refused")
             read = c.prompt_len - reused
-            reread = max(hint.exact - reused, 0) if hint.prev is not None else 0
             dollars = preset.dollars(c.prompt_len, len(c.output), reused, plan.written) \
                 if hasattr(preset, "dollars") else math.nan
             # the serving engine's report sits beside every simulated engine (Contract 4)
             diff = reused - c.reported if c.reported is not None else None
             pct = 100.0 * diff / c.prompt_len if diff is not None and c.prompt_len else math.nan
+            d = e.div
             for k, v in (("engine", preset.engine), ("spec", spec), ("replica", r), ("index", c.index),
-                         ("session", c.session), ("turn", turn), ("ts", c.ts if c.ts is not None else math.nan),
-                         ("prompt_len", c.prompt_len), ("held_before", hint.held),
-                         ("lcp", hint.lcp), ("exact", hint.exact), ("reused", reused), ("read", read),
-                         ("reread", reread), ("unit", plan.unit), ("source", plan.source), ("cause", cause),
+                         ("turn", turn), ("session", c.session), ("request_id", c.request_id),
+                         ("ts", c.ts if c.ts is not None else math.nan), ("prompt_len", c.prompt_len),
+                         ("held_before", e.held), ("lcp_ids", e.lcp_ids), ("lcp_text", e.lcp_text),
+                         ("exact", hint.exact), ("reused", reused), ("read", read), ("reread", reread),
+                         ("cause", cause), ("divergence", e.divergence), ("divergence_reread", div_rr),
+                         ("engine_reread", eng_rr), ("unit", plan.unit), ("source", plan.source),
                          ("written", plan.written),
                          ("prefill_s", cost_model.seconds(read, reused) if cost_model else math.nan),
                          ("reread_s", cost_model.seconds(reread, reused) if cost_model else math.nan),
                          ("dollars", dollars), ("reported", c.reported), ("reported_by", c.reported_by),
-                         ("reported_diff", diff), ("reported_diff_pct", pct), ("reported_write", c.reported_write)):
+                         ("reported_diff", diff), ("reported_diff_pct", pct), ("reported_write", c.reported_write),
+                         ("id_context_held", d.id_context_held if d is not None else ""),
+                         ("id_context_prompt", d.id_context_prompt if d is not None else ""),
+                         ("text_context_held", d.text_context_held if d is not None else ""),
+                         ("text_context_prompt", d.text_context_prompt if d is not None else "")):
                 cols[k].append(v)
         while flight:
             end, _, fr, fc, fp = heapq.heappop(flight)
             models[fr].advance(end)
             models[fr].finish(fc, fp)
         evictions[spec] = sum(m.evictions for m in models)
-    return EnginesReport(cols, presets, evictions, cost_model)
+    return ReplayReport(cols, presets, evictions, cost_model, policy=pol.name)
 
 
-def replay(dump, *, engine=None, **kwargs):
-    """`strata_lab.replay`: our engine's weight-free replay (`strata_lab.replayer.replay`, a `Report`), or,
-    with `engine="vllm"` (any spec), that engine's cache model (an `EnginesReport`): then `tokenizer`,
-    `cost_model` and `progress` are the replay's and every other keyword overrides the preset.
+def default_engine(calls: list[Call]) -> str:
+    """The engine a trace names: the one engine every reported figure comes from when it is one we model
+    (a vLLM log replays under vllm), else ours, `strata` with the checkpoints each dump line recorded."""
+    from strata_lab.caches.presets import ENGINES
 
-    It sits here, above both, so that the replayer never imports the engine cache models that build on it.
+    by = {c.reported_by for c in calls if c.reported_by is not None}
+    if len(by) == 1:
+        name = next(iter(by))
+        if name in ENGINES:
+            return name
+    return "strata"
+
+
+_DEPRECATED = {"model": "kind", "checkpoint_policy": "checkpoints", "full_hit": "full_hit"}
+
+
+def replay(dump, engine=None, *, tokenizer="qwen3", policy="recorded", cost_model=None, progress: bool = False,
+           context_chars: int = 40, **kwargs) -> "ReplayReport":
+    """`strata_lab.replay`: replay a dump (path, paths, `Dump`, store, trace or `Call`s) under an engine's cache;
+    always a `ReplayReport`.
 
     Args:
-        dump: a dump path, paths, `Dump`, or a Parquet store.
-        engine: None (our engine's replay) or an engine spec ("vllm", "llama.cpp:slots=4", ...).
-        model: "hybrid" or "attention": the reuse rule of our engine.
-        checkpoint_policy: a CheckpointPolicy or a spec ("turn", "every:256", "header", "recorded").
-        tokenizer: a Tokenizer or a name; names each miss's cause.
-        policy: the policy replayed ("recorded", "reply-ids", "fixes", "header", ...; see `parse_policy`).
-        full_hit: what the engine does when the whole prompt is held.
+        dump: a dump path, paths, `Dump`, a Parquet store, a hash trace or a list of `Call`.
+        engine: an engine spec ("strata", "vllm", "llama.cpp:slots=4", "strata:kind=attention,checkpoints=turn")
+            or a list of them; None: the engine the dump names (`default_engine`; our dumps: `strata` with the
+            checkpoints each line recorded).
+        tokenizer: a Tokenizer or a name; names each miss's cause (None: "diverged").
+        policy: the policy replayed ("recorded", "reply-ids", "keep-drained", "fixes", "every:256", "header", ...).
         cost_model: prices reads in seconds (default: fitted on the dump's prefill_ms).
         progress: show a progress bar.
         context_chars: characters of text shown around each divergence.
-        bytes_per_snapshot: sizes checkpoint budgets and the reported memory.
-        cluster: a Dask client, scheduler address or "local[:N]" to replay a store on Dask.
-        **kwargs: with `engine`, overrides of the preset's fields (block_size=32, ...).
-
-    >>> import inspect
-    >>> "engine" in inspect.signature(replay).parameters
-    True
+        **kwargs: overrides of the engine's preset (block_size=32, checkpoints="turn", ...); `prices`,
+            `concurrency`, `tokens_per_s` as `replay_engines`. Deprecated (one release): `model=` and
+            `checkpoint_policy=`, `full_hit=` (the strata engine's kind, checkpoints, full_hit).
     """
-    import inspect
+    old = {k: kwargs.pop(k) for k in list(kwargs) if k in _DEPRECATED}
+    own = {k: kwargs.pop(k) for k in ("prices", "concurrency", "tokens_per_s") if k in kwargs}
+    for k in ("cluster", "bytes_per_snapshot"):
+        if k in kwargs:
+            raise TypeError(f"replay: {k}= is the state model's (strata_lab.replayer.replay); the one replay "
+                            "driver does not take it")
+    if old:
+        from strata_lab.replayer.core import _checkpoints_words
 
-    from strata_lab.replayer import replay as replay_ours
-
-    if engine is None and not set(kwargs) - set(inspect.signature(replay_ours).parameters):
-        return replay_ours(dump, **kwargs)
-    own = {k: kwargs.pop(k) for k in ("tokenizer", "cost_model", "progress") if k in kwargs}
+        if engine is not None and parse_engine(engine if isinstance(engine, str) else engine[0]).engine != "strata":
+            raise ValueError(f"{', '.join(sorted(old))}: strata engine settings; engine is {engine!r}")
+        over = {}
+        for k, v in old.items():
+            if v is None:
+                continue
+            if k == "checkpoint_policy" and not isinstance(v, str):
+                v = _checkpoints_words(v)
+            over[_DEPRECATED[k]] = v
+        spec = "strata" + (":" + ",".join(f"{k}={v}" for k, v in over.items()) if over else "")
+        warnings.warn(f"replay({', '.join(f'{k}=' for k in old)}) is deprecated: use engine=\"{spec}\" "
+                      "(or engine=\"strata\" and overrides)", DeprecationWarning, stacklevel=2)
+        engine = [parse_engine(engine or "strata").with_(**over)]
     if engine is None:
-        raise ValueError(f"engine must name an engine to take {sorted(kwargs)}")
-    return replay_engines(dump, [parse_engine(engine).with_(**kwargs) if kwargs else engine], **own)
+        calls = calls_from_dump(dump)
+        dump, engine = calls, [default_engine(calls)]
+    engines = [engine] if isinstance(engine, str) or not isinstance(engine, (list, tuple)) else list(engine)
+    if kwargs:
+        if len(engines) != 1:
+            raise ValueError(f"overrides {sorted(kwargs)} apply to one engine; got {len(engines)}")
+        engines = [parse_engine(engines[0]).with_(**kwargs)]
+    return replay_engines(dump, engines, tokenizer=tokenizer, cost_model=cost_model, progress=progress,
+                          policy=policy, context_chars=context_chars, **own)
 
 
-def _replay_signature():
-    """`replay`'s parameters as help() and inspect show them: the replayer's, plus `engine` and overrides."""
-    import inspect
-
-    from strata_lab.replayer import replay as replay_ours
-
-    P = inspect.Parameter
-    core = inspect.signature(replay_ours).parameters
-    return inspect.Signature([core["dump"], P("engine", P.KEYWORD_ONLY, default=None)]
-                             + [p for n, p in core.items() if n != "dump"] + [P("kwargs", P.VAR_KEYWORD)])
+def _fmt_s(x: float) -> str:
+    if x != x:
+        return "n/a"
+    return f"{x:.0f} s" if abs(x) >= 100 else f"{x:.3g} s"
 
 
-replay.__signature__ = _replay_signature()
+class ReplayReport:
+    """The one replay report: per-call rows keyed by (engine, call) in an Arrow table (`frame()`, `table`),
+    per-engine totals (`summary()`, a DataFrame), the headline per engine (`headline()`), the worst
+    divergences (`worst()`), text (`format()`) and a deterministic JSON report (`to_json()`). Columns are
+    defined once, in docs/CONTRACTS.md (Contract 3). A one-engine report is also a mapping of that engine's
+    totals: `report["reread"]`, `report["causes"]`.
+    """
 
+    def __init__(self, cols: dict, presets: list, evictions: dict, cost_model, policy: str = "recorded"):
+        import pyarrow as pa
 
-
-class EnginesReport:
-    """Per-call rows of every engine (`frame()`), per-engine totals (`summary()`), text (`format()`), and a
-    deterministic JSON report (`to_json()`)."""
-
-    def __init__(self, cols: dict, presets: list, evictions: dict, cost_model):
-        self.cols = cols
+        kinds = {"string": pa.string(), "category": pa.string(), "int64": pa.int64(), "Int64": pa.int64(),
+                 "float64": pa.float64()}
+        self.table = pa.table({k: pa.array(cols[k], type=kinds[d]) for k, d in _DTYPES.items()})
         self.presets = presets
         self.evictions = evictions
         self.cost_model = cost_model
+        self.policy = policy
+        self._cols = None
+        self._summary = None
+
+    # --- rows ------------------------------------------------------------------------------------------
+    @property
+    def cols(self) -> dict:
+        """The columns as Python lists (column name -> values, one per (engine, call) row)."""
+        if self._cols is None:
+            self._cols = {k: self.table.column(k).to_pylist() for k in COLUMNS}
+        return self._cols
+
+    @property
+    def rows(self) -> list[dict]:
+        """One dict per (engine, call) row."""
+        return self.table.to_pylist()
 
     def frame(self):
-        """One row per (engine, call), typed columns."""
+        """One row per (engine, call), typed columns (Contract 3)."""
         import pandas as pd
 
-        return pd.DataFrame({k: pd.Series(v, dtype=_DTYPES[k]) for k, v in self.cols.items()})
+        return pd.DataFrame({k: pd.Series(self.cols[k], dtype=_DTYPES[k]) for k in COLUMNS})
 
     to_frame = frame
 
+    @property
+    def specs(self) -> list[str]:
+        return [p.spec() for p in self.presets]
+
+    def _spec(self, engine) -> str:
+        if engine is None:
+            return self.specs[0]
+        for p in self.presets:
+            if engine in (p.spec(), p.engine):
+                return p.spec()
+        raise KeyError(f"engine {engine!r} is not in this report ({', '.join(self.specs)})")
+
+    # --- totals ----------------------------------------------------------------------------------------
     def summary(self):
         """One row per engine: calls, prompt tokens, reused, read, reread, hit rate, seconds, dollars,
         evictions, and the comparison with what the log reports (Contract 4): over the calls with a report,
@@ -322,6 +431,8 @@ class EnginesReport:
         and `simulated_written` vs `reported_written` on calls with a reported cache write; then the causes."""
         import pandas as pd
 
+        if self._summary is not None:
+            return self._summary.copy()
         df = self.frame()
         rows = []
         for p in self.presets:
@@ -334,8 +445,11 @@ class EnginesReport:
             sim, got = int(rep["reused"].sum()), int(rep["reported"].sum())
             by = sorted(set(rep["reported_by"].dropna().astype(str)))
             rows.append({
-                "engine": p.engine, "spec": spec, "calls": len(g), "prompt_tokens": prompt,
+                "engine": p.engine, "spec": spec, "policy": self.policy, "sessions": int(g["session"].nunique()),
+                "calls": len(g), "prompt_tokens": prompt,
                 "reused": int(g["reused"].sum()), "read": int(g["read"].sum()), "reread": int(g["reread"].sum()),
+                "divergence_reread": int(g["divergence_reread"].sum()),
+                "engine_reread": int(g["engine_reread"].sum()),
                 "hit_rate": g["reused"].sum() / prompt if prompt else math.nan,
                 "prefill_s": float(g["prefill_s"].sum(min_count=1)), "reread_s": float(g["reread_s"].sum(min_count=1)),
                 "dollars": float(g["dollars"].sum(min_count=1)), "evictions": self.evictions.get(spec, 0),
@@ -350,8 +464,75 @@ class EnginesReport:
                 "causes": ", ".join(f"{k} {v}" for k, v in sorted(Counter(g["cause"].astype(str)).items(),
                                                                    key=lambda kv: (-kv[1], kv[0]))),
             })
-        return pd.DataFrame(rows)
+        self._summary = pd.DataFrame(rows)
+        return self._summary.copy()
 
+    def totals(self, engine=None) -> dict:
+        """One engine's totals (the `summary()` row, `causes` as a dict)."""
+        spec = self._spec(engine)
+        row = next(r for r in self.summary().to_dict("records") if r["spec"] == spec)
+        g = Counter(c for s, c in zip(self.cols["spec"], self.cols["cause"]) if s == spec)
+        row["causes"] = dict(g)
+        return row
+
+    def _single(self) -> dict:
+        if len(self.presets) != 1:
+            raise KeyError(f"this report covers {len(self.presets)} engines ({', '.join(self.specs)}): use "
+                           "report.totals(engine) or report.summary()")
+        return self.totals()
+
+    def __getitem__(self, key):
+        return self._single()[key]
+
+    def __iter__(self):
+        return iter(self._single())
+
+    def __len__(self):
+        return len(self._single())
+
+    def keys(self):
+        return self._single().keys()
+
+    def get(self, key, default=None):
+        return self._single().get(key, default)
+
+    def sessions_frame(self):
+        """Per (engine, session): calls, prompt tokens, reused, read, reread, reread seconds, causes."""
+        import pandas as pd
+
+        df = self.frame()
+        cols = ["spec", "session", "calls", "prompt_tokens", "reused", "read", "reread", "reread_s", "causes"]
+        if df.empty:
+            return pd.DataFrame(columns=cols)
+        g = df.groupby(["spec", "session"], sort=False, observed=True)
+        return pd.DataFrame({
+            "calls": g.size(), "prompt_tokens": g["prompt_len"].sum(), "reused": g["reused"].sum(),
+            "read": g["read"].sum(), "reread": g["reread"].sum(), "reread_s": g["reread_s"].sum(min_count=1),
+            "causes": g["cause"].agg(lambda s: ", ".join(f"{k} {v}" for k, v in Counter(s.astype(str)).most_common()
+                                                         if k != "none")),
+        }).reset_index()[cols]
+
+    def headline(self, engine=None) -> str:
+        """One sentence per engine: how much was re-read although the session held it."""
+        t = self.totals(engine)
+        pct = 100.0 * t["reread"] / t["prompt_tokens"] if t["prompt_tokens"] else math.nan
+        s = (f"{t['spec']}: {t['reread']} of {t['prompt_tokens']} prompt tokens ({pct:.0f}%) were re-read although "
+             "the session had held them")
+        if t["reread_s"] == t["reread_s"] and t["prefill_s"] == t["prefill_s"] and self.cost_model is not None:
+            share = 100.0 * t["reread_s"] / t["prefill_s"] if t["prefill_s"] else math.nan
+            s += f"; about {_fmt_s(t['reread_s'])} of {_fmt_s(t['prefill_s'])} of prefill ({share:.0f}%)"
+        return s
+
+    def worst(self, n: int = 5, engine=None) -> list[dict]:
+        """One engine's n calls that re-read the most tokens (ties: the larger miss, then the earlier call)."""
+        spec = self._spec(engine)
+        c = self.cols
+        cand = [(-c["reread"][k], -(c["held_before"][k] - c["reused"][k]), c["index"][k], k)
+                for k in range(len(c["index"])) if c["spec"][k] == spec
+                and (c["reread"][k] > 0 or c["cause"][k] not in ("none", "new_session"))]
+        return [{name: c[name][k] for name in COLUMNS} for *_x, k in heapq.nsmallest(n, cand)]
+
+    # --- text ------------------------------------------------------------------------------------------
     def lines(self) -> list[str]:
         out = []
         for p, r in zip(self.presets, self.summary().to_dict("records")):
@@ -368,6 +549,8 @@ class EnginesReport:
                            f"cached ({r['simulated_rate']:.1%}), reported {r['reported_cached']} "
                            f"({r['reported_rate']:.1%}), difference {r['reported_diff']:+d} tokens "
                            f"({r['reported_diff_pct']:+.1f}% of their prompt tokens), {r['calls_differ']} calls differ")
+            else:
+                out.append("    vs reported: no call in this trace reports its cached tokens")
             if r["reported_write_calls"]:
                 out.append(f"    cache writes on {r['reported_write_calls']} calls: simulated {r['simulated_written']}, "
                            f"reported {r['reported_written']}, difference "
@@ -376,18 +559,32 @@ class EnginesReport:
             if p.engine == "strata":   # the same engine gives other numbers under other checkpoints: say which
                 cp = getattr(p, "checkpoints", "recorded")
                 out.append("    checkpoints: " + ("recorded (the snapshots each dump line reports, as the engine kept "
-                                                  "them; `strata-lab replay` defaults to --checkpoints turn, a "
-                                                  "snapshot at each prompt's end only, and can differ)"
-                                                  if cp == "recorded" else f"{cp} (set with strata:checkpoints=...)"))
+                                                  "them)" if cp == "recorded" else
+                                                  f"{cp} (modelled; set with strata:checkpoints=...)"))
         return out
 
-    def format(self) -> str:
+    def format(self, *, worst: int = 5) -> str:
+        """The text the CLI prints: per-call table, per-engine totals and causes, headline, worst divergences."""
         df = self.frame()
-        show = ["engine", "index", "session", "prompt_len", "reused", "read", "reread", "unit", "cause"]
-        if df["reported"].notna().any():
-            show += ["reported", "reported_diff"]
-        head = df[show].to_string(index=False, max_rows=60)
-        return head + "\n\n" + "\n".join(self.lines())
+        show = ["engine", "index", "session", "turn", "prompt_len", "reused", "read", "reread", "unit", "cause",
+                "reported", "reported_diff"]
+        head = f"replay: policy {self.policy}, engines {', '.join(self.specs)}, {df['index'].nunique()} calls"
+        parts = [head, "", df[show].to_string(index=False, max_rows=60), "", *self.lines(), ""]
+        parts += [self.headline(p.spec()) for p in self.presets]
+        for p in self.presets:
+            bad = self.worst(worst, p.spec())
+            if not bad:
+                continue
+            parts += ["", f"worst divergences on {p.spec()} (top {len(bad)} by tokens re-read):"]
+            for r in bad:
+                parts.append(f"- session {r['session']} turn {r['turn']} (call {r['index']}): {r['cause']}, reread "
+                             f"{r['reread']} (divergence {r['divergence_reread']}, engine {r['engine_reread']}), "
+                             f"reused {r['reused']} of held {r['held_before']}, lcp_ids {r['lcp_ids']}, lcp_text "
+                             f"{r['lcp_text']}")
+                for key in ("text_context_held", "text_context_prompt"):
+                    if r[key]:
+                        parts.append(f"    text {r[key]}")
+        return "\n".join(parts)
 
     def to_json(self) -> str:
         """The report as JSON: same input, identical bytes (sorted keys, NaN as null, shortest float repr)."""
@@ -405,10 +602,14 @@ class EnginesReport:
             return v
 
         summary = [{k: clean(v) for k, v in r.items()} for r in self.summary().to_dict("records")]
-        calls = [{k: clean(self.cols[k][i]) for k in self.cols} for i in range(len(self.cols["index"]))]
-        doc = {"schema": "strata-engines/1", "engines": summary, "calls": calls,
+        cols = self.cols
+        calls = [{k: clean(cols[k][i]) for k in COLUMNS} for i in range(len(cols["index"]))]
+        doc = {"schema": "strata-replay/1", "policy": self.policy, "engines": summary, "calls": calls,
                "cost_model": self.cost_model.describe() if self.cost_model else None}
         return json.dumps(doc, sort_keys=True, allow_nan=False, separators=(",", ":")) + "\n"
 
     def __repr__(self):
-        return f"EnginesReport({[p.spec() for p in self.presets]}, calls={len(self.cols['index'])})"
+        return f"ReplayReport({self.specs}, calls={self.table.num_rows})"
+
+
+EnginesReport = ReplayReport   # the name before the one report (kept for one release)
