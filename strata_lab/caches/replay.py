@@ -344,6 +344,11 @@ def replay(dump, engine=None, *, tokenizer="qwen3", policy="recorded", cost_mode
             if v is None:
                 continue
             if k == "checkpoint_policy" and not isinstance(v, str):
+                from strata_lab.engine import CheckpointPolicy
+
+                if not isinstance(v, CheckpointPolicy):
+                    raise TypeError(f"checkpoint_policy must be a strata_lab.CheckpointPolicy, a spec string or "
+                                    f"None, got {type(v).__name__}")
                 v = _checkpoints_words(v)
             over[_DEPRECATED[k]] = v
         spec = "strata" + (":" + ",".join(f"{k}={v}" for k, v in over.items()) if over else "")
@@ -388,6 +393,39 @@ class ReplayReport:
         self.policy = policy
         self._cols = None
         self._summary = None
+
+    @classmethod
+    def from_state_report(cls, state) -> "ReplayReport":
+        """The state model's replay (`strata_lab.replayer.replay`: the store's delta encoding, native core or
+        Dask) as the one report, engine strata. Its rows carry the divergence up to the text divergence
+        (no realigned tail: that walk needs the whole held ids, which the delta replay never builds)."""
+        from strata_lab.caches.presets import parse_engine
+        from strata_lab.replayer.explain import DIVERGENCE_CAUSES
+
+        preset = parse_engine("strata").with_(kind=state.model, checkpoints=state.checkpoints or "turn")
+        cols: dict[str, list] = {k: [] for k in _DTYPES}
+        for i, r in enumerate(state.rows):
+            cause = "no_state_checkpoint" if r.cause == "checkpoint" else r.cause
+            div = cause if cause in DIVERGENCE_CAUSES else ("new_session" if r.held_before == 0 else "none")
+            div_rr = r.reread if div in DIVERGENCE_CAUSES else 0
+            reported = r.recorded_reused
+            diff = r.reused - reported if reported is not None else None
+            vals = {"engine": "strata", "spec": preset.spec(), "replica": 0, "index": i, "turn": r.index,
+                    "session": r.session, "request_id": r.request_id,
+                    "ts": r.ts if r.ts is not None else math.nan, "prompt_len": r.prompt_len,
+                    "held_before": r.held_before, "lcp_ids": r.lcp_ids, "lcp_text": r.lcp_text,
+                    "exact": min(r.lcp_ids, max(r.prompt_len - 1, 0)), "reused": r.reused, "read": r.read,
+                    "reread": r.reread, "cause": cause, "divergence": div, "divergence_reread": div_rr,
+                    "engine_reread": r.reread - div_rr, "unit": "", "source": None, "written": 0,
+                    "prefill_s": r.prefill_s, "reread_s": r.reread_s, "dollars": math.nan, "reported": reported,
+                    "reported_by": "strata" if reported is not None else None, "reported_diff": diff,
+                    "reported_diff_pct": 100.0 * diff / r.prompt_len if diff is not None and r.prompt_len else math.nan,
+                    "reported_write": None, "id_context_held": r.id_context_held,
+                    "id_context_prompt": r.id_context_prompt, "text_context_held": r.text_context_held,
+                    "text_context_prompt": r.text_context_prompt}
+            for k in COLUMNS:
+                cols[k].append(vals[k])
+        return cls(cols, [preset], {preset.spec(): 0}, state.cost_model, policy=state.policy.name)
 
     # --- rows ------------------------------------------------------------------------------------------
     @property

@@ -165,46 +165,52 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace, dump) -> int:
-    from strata_lab.replayer import compare_policies, replay
-
     if type(dump).__name__ == "Dump" and next(iter(dump), None) is None:
         raise ValueError(f"no engine calls in {', '.join(dump.paths)}: the dump is empty or every line was "
                          "skipped (see the warnings above); nothing to replay")
-    if args.engine:
-        return _replay_engines(dump, args)
-
-    kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
-              full_hit=args.full_hit)
     if args.dask:
-        from strata_lab.cli.commands import status
+        return _replay_dask(dump, args)
+    return _replay_engines(dump, args)
 
-        status(f"replaying on Dask ({args.dask}): starting or connecting to the cluster, one task per replica "
-               "...", args)
-    report = replay(dump, policy="recorded", progress=not args.quiet, cluster=args.dask, **kw)
-    print(report.format(worst=args.worst))
-    if args.checkpoints != "recorded" and type(dump).__name__ == "Dump" and \
-            any(r.get("checkpoints") for r in dump.records()):
-        print(f"\nnote: checkpoints {args.checkpoints} (--checkpoints; default turn) are modelled, not the ones the "
-              "engine kept; `--checkpoints recorded` replays those, as `--engine strata` and `strata-lab "
-              "reproduce` do, and can give other numbers for the same engine")
-    table = None
-    if args.policy:
-        policies = ["recorded"] + [p for p in args.policy if p != "recorded"]
-        table = compare_policies(dump, policies, cost_model=report.cost_model, **kw)
-        print("\npolicy comparison:")
-        print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    if args.png:
-        from strata_lab.notebook.plots import plot_report
 
-        plot_report(report.to_frame(), args.png, policies=table)
-        print(f"\nwrote {args.png}")
-    return 0
+def _strata_overrides(args: argparse.Namespace) -> dict:
+    """--model / --checkpoints / --full-hit: the strata engine's kind, checkpoints and full-hit rule."""
+    over = {}
+    if getattr(args, "model", None) not in (None, "hybrid"):
+        over["kind"] = args.model
+    if getattr(args, "checkpoints", None) not in (None, "recorded"):
+        over["checkpoints"] = args.checkpoints
+    if getattr(args, "full_hit", None) not in (None, "held_logits"):
+        over["full_hit"] = args.full_hit
+    return over
+
+
+def _engines(calls, args: argparse.Namespace) -> list:
+    """The engines replayed: --engine, else the engine the trace names (our dumps: strata, recorded
+    checkpoints); --model / --checkpoints / --full-hit set every strata engine's own settings."""
+    from strata_lab.caches.presets import parse_engine
+    from strata_lab.caches.replay import default_engine
+
+    over = _strata_overrides(args)
+    engines = [parse_engine(e) for e in (args.engine or [default_engine(calls)])]
+    if over and not any(p.engine == "strata" for p in engines):
+        raise ValueError(f"--model / --checkpoints / --full-hit set the strata engine; the engines replayed are "
+                         f"{', '.join(p.spec() for p in engines)}")
+    return [p.with_(**over) if p.engine == "strata" and over else p for p in engines]
 
 
 def _replay_engines(dump, args: argparse.Namespace) -> int:
+    from strata_lab.caches.calls import calls_from_dump
     from strata_lab.caches.replay import replay_engines
 
-    report = replay_engines(dump, args.engine, tokenizer=args.tokenizer, progress=not args.quiet and not args.json)
+    calls = calls_from_dump(dump)
+    engines = _engines(calls, args)
+    tok = getattr(args, "tokenizer", None)
+    report = replay_engines(calls, engines, tokenizer=tok, progress=not args.quiet and not args.json)
+    return _emit(report, args, calls, engines)
+
+
+def _emit(report, args: argparse.Namespace, calls=None, engines=None) -> int:
     if args.json:
         text = report.to_json()
         if args.json == "-":
@@ -212,15 +218,55 @@ def _replay_engines(dump, args: argparse.Namespace) -> int:
         else:
             with open(args.json, "w", encoding="utf-8") as f:
                 f.write(text)
-            print(f"wrote {args.json}")
-        return 0
-    print(report.format())
-    if args.png:
-        from strata_lab.caches.sweeps import plot_engines
+    else:
+        print(report.format(worst=getattr(args, "worst", 5)))
+    policies = [p for p in getattr(args, "policy", None) or [] if p != "recorded"]
+    table = None
+    if policies and calls is not None:
+        from strata_lab.caches.replay import replay_engines
 
-        plot_engines(report, args.png)
+        rows = []
+        for pol in ["recorded"] + policies:
+            rep = report if pol == "recorded" else replay_engines(calls, engines, tokenizer=args.tokenizer,
+                                                                  cost_model=report.cost_model, policy=pol)
+            rows += rep.summary()[["policy", "spec", "calls", "prompt_tokens", "reused", "read", "reread",
+                                   "hit_rate", "reread_s"]].to_dict("records")
+        import pandas as pd
+
+        table = pd.DataFrame(rows)
+        if not args.json:
+            print("\npolicy comparison:")
+            print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    if args.json and args.json != "-":
+        print(f"wrote {args.json}")
+    if getattr(args, "png", None):
+        if len(report.presets) == 1:
+            from strata_lab.notebook.plots import plot_report
+
+            plot_report(report.frame(), args.png, policies=table[table["spec"] == report.specs[0]]
+                        if table is not None else None)
+        else:
+            from strata_lab.caches.sweeps import plot_engines
+
+            plot_engines(report, args.png)
         print(f"\nwrote {args.png}")
     return 0
+
+
+def _replay_dask(dump, args: argparse.Namespace) -> int:
+    """--dask: a store replayed on a Dask cluster by the state model (one task per replica), into the same
+    report as every other replay (engine strata)."""
+    from strata_lab.caches.replay import ReplayReport
+    from strata_lab.cli.commands import status
+    from strata_lab.replayer import replay
+
+    if args.engine and any(e.split(":")[0].split("@")[0] != "strata" for e in args.engine):
+        raise ValueError("--dask replays our engine's state model (engine strata) only")
+    status(f"replaying on Dask ({args.dask}): starting or connecting to the cluster, one task per replica "
+           "...", args)
+    state = replay(dump, model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
+                   full_hit=args.full_hit, policy="recorded", progress=not args.quiet, cluster=args.dask)
+    return _emit(ReplayReport.from_state_report(state), args)
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
