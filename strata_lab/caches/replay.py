@@ -206,8 +206,10 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
-    if tokenizer is not None:  # the causes decode the ids: they must be this vocabulary's
-        for model in {c.record.get("model") for c in calls if c.record is not None}:
+    if tokenizer is not None:  # the causes decode the ids: they must be this vocabulary's (ids rendered here from
+        # a log's messages are the rendering tokenizer's whatever model the log names)
+        for model in {c.record.get("model") for c in calls if c.record is not None
+                      and c.record.get("fidelity") not in ("messages", "lengths")}:
             tokenizer.check_model(model)
     if pol.changes_prompts:
         calls = _apply_policy(calls, pol, tokenizer)
