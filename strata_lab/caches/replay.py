@@ -177,6 +177,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     such as "every:256" or "header" sets the `strata` engines' checkpoints): prompt policies transform the
     call stream, so they apply to every engine.
     `progress`: a progress bar per engine.
+    `context_chars`: characters of text kept around each divergence (the report's context columns).
     """
     from strata_lab.replayer.policies import Policy, parse_policy
 
@@ -312,7 +313,8 @@ _DEPRECATED = {"model": "kind", "checkpoint_policy": "checkpoints", "full_hit": 
 
 
 def replay(dump, engine=None, *, tokenizer="qwen3", policy="recorded", cost_model=None, progress: bool = False,
-           context_chars: int = 40, **kwargs) -> "ReplayReport":
+           context_chars: int = 40, model: str | None = None, checkpoint_policy=None, full_hit: str | None = None,
+           **kwargs) -> "ReplayReport":
     """`strata_lab.replay`: replay a dump (path, paths, `Dump`, store, trace or `Call`s) under an engine's cache;
     always a `ReplayReport`.
 
@@ -326,11 +328,16 @@ def replay(dump, engine=None, *, tokenizer="qwen3", policy="recorded", cost_mode
         cost_model: prices reads in seconds (default: fitted on the dump's prefill_ms).
         progress: show a progress bar.
         context_chars: characters of text shown around each divergence.
+        model: deprecated (one release): the strata engine's kind, "hybrid" or "attention"
+            (engine="strata:kind=attention").
+        checkpoint_policy: deprecated (one release): the strata engine's checkpoints, a CheckpointPolicy or a
+            spec ("recorded", "turn", "every:256", "header"; engine="strata:checkpoints=turn").
+        full_hit: deprecated (one release): the strata engine's full-hit rule (engine="strata:full_hit=...").
         **kwargs: overrides of the engine's preset (block_size=32, checkpoints="turn", ...); `prices`,
-            `concurrency`, `tokens_per_s` as `replay_engines`. Deprecated (one release): `model=` and
-            `checkpoint_policy=`, `full_hit=` (the strata engine's kind, checkpoints, full_hit).
+            `concurrency`, `tokens_per_s` as `replay_engines`.
     """
-    old = {k: kwargs.pop(k) for k in list(kwargs) if k in _DEPRECATED}
+    old = {k: v for k, v in (("model", model), ("checkpoint_policy", checkpoint_policy), ("full_hit", full_hit))
+           if v is not None}
     own = {k: kwargs.pop(k) for k in ("prices", "concurrency", "tokens_per_s") if k in kwargs}
     for k in ("cluster", "bytes_per_snapshot"):
         if k in kwargs:
