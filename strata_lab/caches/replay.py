@@ -298,7 +298,9 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
 
 def default_engine(calls: list[Call]) -> str:
     """The engine a trace names: the one engine every reported figure comes from when it is one we model
-    (a vLLM log replays under vllm), else ours, `strata` with the checkpoints each dump line recorded."""
+    (our dumps: `strata`, with the checkpoints each line recorded; a vLLM log that says so: `vllm`); a trace
+    that names none replays under our engine with its default checkpoint policy (`strata:checkpoints=turn`:
+    a log of another server recorded no state snapshots of ours)."""
     from strata_lab.caches.presets import ENGINES
 
     by = {c.reported_by for c in calls if c.reported_by is not None}
@@ -306,7 +308,7 @@ def default_engine(calls: list[Call]) -> str:
         name = next(iter(by))
         if name in ENGINES:
             return name
-    return "strata"
+    return "strata:checkpoints=turn"
 
 
 _DEPRECATED = {"model": "kind", "checkpoint_policy": "checkpoints", "full_hit": "full_hit"}
