@@ -156,3 +156,40 @@ def test_one_cause_vocabulary():
     rep = sl.replay_engines(DUMPS[0], ENGINES, tokenizer="qwen3")
     assert set(rep.frame()["cause"].astype(str)) <= set(CAUSES)
     assert set(ENGINE_CAUSES) <= set(CAUSES) and "checkpoint" not in CAUSES
+
+
+def test_prompt_policies_transform_the_call_stream_for_every_engine(qwen3):
+    from strata_lab.replayer import replay as state_replay
+
+    path = os.path.join(ROOT, "dumps", "agent.jsonl")
+    rep = sl.replay(path, ["vllm", "sglang", "strata:checkpoints=turn"], policy="reply-ids", tokenizer=qwen3)
+    s = rep.summary().set_index("engine")
+    base = sl.replay(path, ["vllm"], tokenizer=qwen3).summary().iloc[0]
+    # one rewritten stream: every engine sees the same prompts, and they are not the recorded ones
+    assert s["prompt_tokens"].nunique() == 1 and s.loc["vllm", "prompt_tokens"] != base["prompt_tokens"]
+    assert s["reported_calls"].eq(0).all()            # the log's figures belong to the recorded prompts
+    # our engine under the transformed stream reuses what the state model's own counterfactual predicts
+    old = state_replay(path, policy="reply-ids", checkpoint_policy="turn", tokenizer=qwen3)
+    ours = rep.frame()[rep.frame()["engine"] == "strata"].sort_values("index")
+    assert ours["reused"].tolist() == [r["reused"] for r in old.rows]
+    assert ours["prompt_len"].tolist() == [r["prompt_len"] for r in old.rows]
+    with pytest.raises(ValueError, match="checkpoint policy applies to the strata engine"):
+        sl.replay(path, "vllm", policy="header", tokenizer=qwen3)
+
+
+def test_the_state_models_store_replay_feeds_the_same_report(qwen3, tmp_path):
+    from strata_lab.dump import convert_jsonl
+    from strata_lab.replayer import replay as state_replay
+
+    path = os.path.join(ROOT, "dumps", "webui.jsonl")
+    convert_jsonl([path], tmp_path / "s", progress=False)
+    state = state_replay(sl.load_dump(tmp_path / "s"), checkpoint_policy="recorded", tokenizer=qwen3)
+    rep = ReplayReport.from_state_report(state)
+    one = sl.replay(tmp_path / "s", tokenizer=qwen3)   # the store through the one driver
+    a, b = rep.frame(), one.frame()
+    assert type(rep) is type(one) and list(a.columns) == list(b.columns)
+    for col in ("index", "turn", "session", "prompt_len", "held_before", "lcp_ids", "lcp_text", "reused", "read",
+                "reported", "divergence"):
+        assert a[col].tolist() == b[col].tolist(), col
+    # its re-read is the divergence up to the text divergence; the driver's adds the realigned tail
+    assert (a["reread"] <= b["reread"]).all()

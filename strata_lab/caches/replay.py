@@ -362,6 +362,8 @@ def replay(dump, engine=None, *, tokenizer="qwen3", policy="recorded", cost_mode
                                     f"None, got {type(v).__name__}")
                 v = _checkpoints_words(v)
             over[_DEPRECATED[k]] = v
+        if "checkpoint_policy" not in old:   # the old keywords' default: a snapshot at each prompt's end
+            over["checkpoints"] = "turn"
         spec = "strata" + (":" + ",".join(f"{k}={v}" for k, v in over.items()) if over else "")
         warnings.warn(f"replay({', '.join(f'{k}=' for k in old)}) is deprecated: use engine=\"{spec}\" "
                       "(or engine=\"strata\" and overrides)", DeprecationWarning, stacklevel=2)
