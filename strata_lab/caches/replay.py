@@ -36,7 +36,8 @@ from strata_lab.caches.fleet import Router
 from strata_lab.caches.presets import parse_engine
 from strata_lab.replayer.explain import SessionHistory, attribute, explain
 
-__all__ = ["replay", "replay_engines", "ReplayReport", "EnginesReport", "explain_calls", "default_engine"]
+__all__ = ["replay", "replay_engines", "ReplayReport", "EnginesReport", "explain_calls", "default_engine",
+           "checkpoint_spec"]
 
 _DTYPES = {
     "engine": "category", "spec": "category", "replica": "int64", "index": "int64", "turn": "int64",
@@ -156,6 +157,38 @@ def _apply_policy(calls: list[Call], policy, tok) -> list[Call]:
     return out
 
 
+def checkpoint_spec(cp) -> str:
+    """A checkpoint policy (a `strata_lab.CheckpointPolicy`, a spec, or "recorded") as the spec the strata
+    engine takes (`strata:checkpoints=...`).
+
+    >>> from strata_lab import CheckpointPolicy
+    >>> checkpoint_spec(CheckpointPolicy(every=64)), checkpoint_spec(CheckpointPolicy(before_last=151644))
+    ('every:64', 'header')
+    """
+    from strata_lab.engine import CheckpointPolicy
+    from strata_lab.replayer.state import parse_checkpoint_policy
+
+    if isinstance(cp, str):
+        return cp
+    if not isinstance(cp, CheckpointPolicy):
+        raise TypeError(f"checkpoint_policy must be a strata_lab.CheckpointPolicy, a spec string or None, "
+                        f"got {type(cp).__name__}")
+    if cp.budget_mib:
+        base = f"budget:{cp.budget_mib:g}" + (f":{cp.every}" if cp.every else "")
+    elif cp.positions:
+        base = "at:" + ",".join(map(str, cp.positions))
+    elif cp.every:
+        base = f"every:{cp.every}"
+    else:
+        base = "turn" if cp.at_prompt_end else "none"
+    if cp.before_last is not None:
+        tail = "header" if cp.before_last == 151644 else f"before-last:{cp.before_last}"
+        base = tail if base == "turn" else f"{base},{tail}"
+    if parse_checkpoint_policy(base) != cp:
+        raise ValueError(f"checkpoint policy {cp!r} has no spec the strata engine takes; use a spec string")
+    return base
+
+
 def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, tokenizer=None, cost_model=None,
                    prices: dict | None = None, progress: bool = False, concurrency: bool = False,
                    tokens_per_s=None, policy="recorded", context_chars: int = 40) -> "ReplayReport":
@@ -194,14 +227,11 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     if not isinstance(pol, Policy):
         raise TypeError(f"policy must be a Policy or a spec string, got {type(policy).__name__}")
     if pol.checkpoint_policy is not None:
-        from strata_lab.replayer.core import _checkpoints_words
-
-        cp = pol.checkpoint_policy
         if not any(p.engine == "strata" for p in presets):
             raise ValueError(f"policy {pol.name!r}: a checkpoint policy applies to the strata engine; add it "
                              "(engine strata)")
-        presets = [p.with_(checkpoints=cp if isinstance(cp, str) else _checkpoints_words(cp))
-                   if p.engine == "strata" else p for p in presets]
+        cp = checkpoint_spec(pol.checkpoint_policy)
+        presets = [p.with_(checkpoints=cp) if p.engine == "strata" else p for p in presets]
     calls = calls_from_dump(dump)
     if isinstance(tokenizer, str):
         from strata_lab.text.tokenizer import load_tokenizer
@@ -346,21 +376,14 @@ def replay(dump, engine=None, *, tokenizer="qwen3", policy="recorded", cost_mode
             raise TypeError(f"replay: {k}= is the state model's (strata_lab.replayer.replay); the one replay "
                             "driver does not take it")
     if old:
-        from strata_lab.replayer.core import _checkpoints_words
-
         if engine is not None and parse_engine(engine if isinstance(engine, str) else engine[0]).engine != "strata":
             raise ValueError(f"{', '.join(sorted(old))}: strata engine settings; engine is {engine!r}")
         over = {}
         for k, v in old.items():
             if v is None:
                 continue
-            if k == "checkpoint_policy" and not isinstance(v, str):
-                from strata_lab.engine import CheckpointPolicy
-
-                if not isinstance(v, CheckpointPolicy):
-                    raise TypeError(f"checkpoint_policy must be a strata_lab.CheckpointPolicy, a spec string or "
-                                    f"None, got {type(v).__name__}")
-                v = _checkpoints_words(v)
+            if k == "checkpoint_policy":
+                v = checkpoint_spec(v)
             over[_DEPRECATED[k]] = v
         if "checkpoint_policy" not in old:   # the old keywords' default: a snapshot at each prompt's end
             over["checkpoints"] = "turn"
@@ -415,7 +438,10 @@ class ReplayReport:
         from strata_lab.caches.presets import parse_engine
         from strata_lab.replayer.explain import DIVERGENCE_CAUSES
 
-        preset = parse_engine("strata").with_(kind=state.model, checkpoints=state.checkpoints or "turn")
+        words = state.checkpoints or "turn"   # the state report's words ("turn+every:64") as the engine's spec
+        spec = "header" if words == "turn+header" else \
+            words.replace("turn+", "").replace("+header", ",header").replace("+before-last", ",before-last")
+        preset = parse_engine("strata").with_(kind=state.model, checkpoints=spec)
         cols: dict[str, list] = {k: [] for k in _DTYPES}
         for i, r in enumerate(state.rows):
             cause = "no_state_checkpoint" if r.cause == "checkpoint" else r.cause

@@ -406,18 +406,28 @@ class DivergenceViewer(_Widget):
 
 # --- ReuseDashboard -------------------------------------------------------------------------------------
 class ReuseDashboard(_Widget):
-    """The replay plots and the policy comparison for a dump; pick the policies to compare."""
+    """The replay plots and the policy comparison for a dump; pick the policies to compare. One replay driver
+    (`strata_lab.replay`): our engine, `strata`, with `model` as its kind and `checkpoint_policy` as its
+    checkpoints (default: the ones each dump line recorded)."""
 
     def __init__(self, dump, *, policies: Sequence[str] = ("recorded", "reply-ids", "keep-drained", "fixes",
                                                            "every:256"),
                  tokenizer="qwen3", model: str = "hybrid", checkpoint_policy=None):
         import ipywidgets as W
 
+        from strata_lab.caches.calls import calls_from_dump
+        from strata_lab.caches.presets import parse_engine
         from strata_lab.dump import load_dump
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
-        self.kwargs = dict(tokenizer=self.tok, model=model, checkpoint_policy=checkpoint_policy)
+        self.calls = calls_from_dump(self.dump)
+        over = {"kind": model}
+        if checkpoint_policy is not None:
+            from strata_lab.caches.replay import checkpoint_spec
+
+            over["checkpoints"] = checkpoint_spec(checkpoint_policy)
+        self.engine = parse_engine("strata").with_(**over)
         options = list(dict.fromkeys(["recorded", *policies, "reply-ids", "keep-drained", "fixes", "every:64",
                                       "every:256", "none"]))
         self.policies = W.SelectMultiple(options=options, value=tuple(dict.fromkeys(["recorded", *policies])),
@@ -432,20 +442,28 @@ class ReuseDashboard(_Widget):
 
     def refresh(self):
         """Replay under the selected policies; update the summary, the table and the plot. Returns the table."""
-        from strata_lab.notebook.plots import plot_report
-        from strata_lab.replayer import compare_policies, replay
+        import pandas as pd
 
-        self.report = replay(self.dump, **self.kwargs)
+        from strata_lab.caches.replay import replay_engines
+        from strata_lab.notebook.plots import plot_report
+
+        self.report = replay_engines(self.calls, [self.engine], tokenizer=self.tok)
         chosen = list(self.policies.value) or ["recorded"]
-        self.comparison = compare_policies(self.dump, chosen, cost_model=self.report.cost_model, **self.kwargs)
-        t = self.report
+        rows = []
+        for pol in chosen:
+            rep = self.report if pol == "recorded" else replay_engines(
+                self.calls, [self.engine], tokenizer=self.tok, cost_model=self.report.cost_model, policy=pol)
+            rows.append(rep.summary().iloc[0][["policy", "calls", "prompt_tokens", "reused", "read", "reread",
+                                               "hit_rate", "prefill_s", "reread_s"]].to_dict())
+        self.comparison = pd.DataFrame(rows)
+        t = self.report.totals()
         self.summary.value = (f'<div style="font-family:sans-serif">{t["calls"]} calls, {t["prompt_tokens"]} '
                               f'prompt tokens: {t["reused"]} reused, {t["read"]} read, {t["reread"]} reread. '
-                              f'{html.escape(t.summary())}</div>')
+                              f'{html.escape(self.report.headline())}</div>')
         self.table.value = self.comparison.to_html(index=False, float_format=lambda x: f"{x:.3g}")
         import matplotlib.pyplot as plt
 
-        fig = plot_report(self.report.to_frame(), policies=self.comparison)
+        fig = plot_report(self.report.frame(), policies=self.comparison)
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=80)
         plt.close(fig)  # the Image widget shows it; an open figure would also print under the inline backend
