@@ -276,7 +276,7 @@ def test_recorded_engine_dumps_match_prediction(qwen3, path):
     recs = load_dump(path).records()
     model = "attention" if any("attention" in str(r.get("model", "")) for r in recs) else "hybrid"
     rep = replay(path, tokenizer=qwen3, model=model, checkpoint_policy="recorded")
-    assert rep["mismatches"] == 0, [(r["session"], r["index"], r["recorded_reused"], r["reused"])
+    assert rep["mismatches"] == 0, [(r["session"], r["turn"], r["recorded_reused"], r["reused"])
                                     for r in rep.rows if r["recorded_reused"] != r["reused"]][:5]
 
 

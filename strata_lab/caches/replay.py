@@ -449,7 +449,7 @@ class ReplayReport:
             div_rr = r.reread if div in DIVERGENCE_CAUSES else 0
             reported = r.recorded_reused
             diff = r.reused - reported if reported is not None else None
-            vals = {"engine": "strata", "spec": preset.spec(), "replica": 0, "index": i, "turn": r.index,
+            vals = {"engine": "strata", "spec": preset.spec(), "replica": 0, "index": i, "turn": r.turn,
                     "session": r.session, "request_id": r.request_id,
                     "ts": r.ts if r.ts is not None else math.nan, "prompt_len": r.prompt_len,
                     "held_before": r.held_before, "lcp_ids": r.lcp_ids, "lcp_text": r.lcp_text,

@@ -380,7 +380,7 @@ class DivergenceViewer(_Widget):
         rec_reused = r["recorded_reused"]
         self.header.value = (
             f'<div style="font-family:sans-serif"><b>{self._label(position)}</b>: '
-            f'session {html.escape(str(r["session"]))}, index {r["index"]}'
+            f'session {html.escape(str(r["session"]))}, turn {r["turn"]}'
             f' (request {html.escape(str(r["request_id"]))}.{r["call"]}): cause <b>{r["cause"]}</b>; '
             f'prompt {r["prompt_len"]}, held {r["held_before"]}, lcp_ids {r["lcp_ids"]}, lcp_text {r["lcp_text"]}'
             f'<br>reused <b>{r["reused"]}</b>'
