@@ -144,26 +144,29 @@ def realigned_tail(held, prompt, h0: int, p0: int) -> int:
     if len(H) < _GRAM or len(P) < _GRAM:
         return 0
     gp = _grams(P)
-    first: dict = {}
-    for pos, g in enumerate(gp.tolist()):     # the first prompt position of each gram
-        first.setdefault(g, pos)
-    gh = _grams(H).tolist()
+    gh = _grams(H)
+    uniq, first_at = np.unique(gp, return_index=True)     # the first prompt position of each gram
+    first = dict(zip(uniq.tolist(), first_at.tolist()))
+    cand = np.flatnonzero(np.isin(gh, uniq))              # held positions whose gram the prompt has
     i, j, matched = 0, 0, 0
-    while i < len(gh):
-        q = first.get(gh[i])
-        if q is None or q < j:
-            if q is not None:   # the gram recurs: look for it again at or after j
-                q = next((k for k in range(j, len(gp)) if gp[k] == gh[i]), None) if len(gp) - j < 65536 else None
-            if q is None:
-                i += 1
+    k = 0
+    while k < len(cand):
+        i = int(cand[k])
+        g = gh[i]
+        q = first[int(g)]
+        if q < j:   # the gram recurs: find it again at or after j
+            later = np.flatnonzero(gp[j:] == g)
+            if not len(later):
+                k += 1
                 continue
+            q = j + int(later[0])
         if not np.array_equal(H[i:i + _GRAM], P[q:q + _GRAM]):
-            i += 1
+            k += 1
             continue
         m = _GRAM + _lcp(H[i + _GRAM:], P[q + _GRAM:])
         matched += m
-        i += m
         j = q + m
+        k = int(np.searchsorted(cand, i + m))
     return matched
 
 
