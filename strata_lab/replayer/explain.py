@@ -170,13 +170,6 @@ def realigned_tail(held, prompt, h0: int, p0: int) -> int:
     return matched
 
 
-def _in_segment(segments, pos: int, kinds) -> bool:
-    for start, end, kind, _call in segments:
-        if start <= pos < end and kind in kinds:
-            return True
-    return False
-
-
 def explain(history: SessionHistory, prompt, tok=None, *, context_chars: int = 40,
             lcp_ids: int | None = None) -> Explanation:
     """The call's divergence from what `history` holds; then `history` takes the prompt (call `finish` with
@@ -191,23 +184,16 @@ def explain(history: SessionHistory, prompt, tok=None, *, context_chars: int = 4
     elif tok is None:
         e = Explanation(nh, n, n, "diverged", tail=realigned_tail(held, prompt, n, n))
     else:
-        from strata_lab.replayer.divergence import _in_assistant_turn, find_divergence
+        from strata_lab.replayer.divergence import classify, find_divergence
 
         plist = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
         held = held.tolist() if isinstance(held, np.ndarray) else list(held)
         d = find_divergence(held, plist, tok, lcp_ids=n, context_chars=context_chars)
-        segs = history.segments
-        if d.lcp_text > d.lcp_ids and d.retokenized:
-            cause = "retokenized_reply" if _in_segment(segs, n, ("gen", "drained")) else "retokenized_prompt"
-        elif _in_segment(segs, d.lcp_text, ("drained",)):
-            cause = "drained_dropped"
-        elif _in_segment(segs, d.lcp_text, ("gen",)) or _in_assistant_turn(held, d.lcp_text, tok):
-            cause = "template_rewrite"
-        else:
-            cause = "history_edit"
-        # the prompt ids that cover the retokenized text: the tail is looked for after them
-        p0 = min(n + (d.lcp_text - n), len(plist))
-        e = Explanation(nh, n, d.lcp_text, cause, tail=realigned_tail(held, plist, d.lcp_text, p0), div=d)
+        # the one classification (divergence.classify): where the text parts, and what held there
+        cause = classify(held=held, prompt=plist, segments=history.segments, div=d, reused=0, target=0, tok=tok,
+                         first_call=False, lcp_ids=n)
+        # the held ids past the text divergence, looked for in order in the prompt past the id divergence
+        e = Explanation(nh, n, d.lcp_text, cause, tail=realigned_tail(held, plist, d.lcp_text, n), div=d)
     history.start(prompt, n)
     return e
 
