@@ -263,7 +263,6 @@ class DivergenceViewer(_Widget):
         import ipywidgets as W
 
         from strata_lab.dump.reader import load_dump
-        from strata_lab.replayer import replay
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
@@ -276,10 +275,21 @@ class DivergenceViewer(_Widget):
             self.pager = StorePager(self.dump, page_size=page_size, tokenizer=self.tok, model=model,
                                     checkpoint_policy=checkpoint_policy, full_hit=full_hit)
             self.calls = self.pager.calls
-        else:
-            self.report = replay(self.dump, tokenizer=self.tok, model=model, checkpoint_policy=checkpoint_policy,
-                                 full_hit=full_hit)
-            self.calls = self._pair(self.dump.records(), self.report.rows)
+        else:   # the one driver: our engine, strata, as `strata_lab.replay` replays it (Contract 3)
+            from strata_lab.caches.calls import calls_from_dump
+            from strata_lab.caches.presets import parse_engine
+            from strata_lab.caches.replay import checkpoint_spec, replay_engines
+
+            records = self.dump.records()
+            # checkpoint_policy None: a snapshot at each prompt's end, as the store pager models it
+            over = {"kind": model, "full_hit": full_hit,
+                    "checkpoints": checkpoint_spec(checkpoint_policy) if checkpoint_policy is not None else "turn"}
+            engine = parse_engine("strata").with_(**over)
+            self.report = replay_engines(calls_from_dump(self.dump), [engine], tokenizer=self.tok)
+            by_index = sorted(self.report.rows, key=lambda r: r["index"])
+            rows = [dict(r, recorded_reused=r["reported"], call=rec.get("call", 0), gen_len=len(rec["gen_ids"]),
+                         drained_len=len(rec["drained_ids"])) for r, rec in zip(by_index, records)]
+            self.calls = self._pair(records, rows)
         if not self.calls:
             raise ValueError("dump: no engine calls to show")
         self.order = self._order()
