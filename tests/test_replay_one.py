@@ -193,3 +193,18 @@ def test_the_state_models_store_replay_feeds_the_same_report(qwen3, tmp_path):
         assert a[col].tolist() == b[col].tolist(), col
     # its re-read is the divergence up to the text divergence; the driver's adds the realigned tail
     assert (a["reread"] <= b["reread"]).all()
+
+
+def test_plain_replay_shows_the_reported_column(capsys, tmp_path):
+    """Issue 28: `strata-lab replay D` without --engine shows what the log reported beside the simulation."""
+    assert main(["replay", DUMPS[0], "-q"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("engine"))
+    assert "reported" in header.split() and "reported_diff" in header.split()
+    assert "vs reported by strata on" in out
+    # a log that reports nothing says so instead of leaving the comparison out
+    path = tmp_path / "bare.jsonl"
+    path.write_text(json.dumps({"schema": "strata-dump/1", "session": "s", "prompt_ids": [1, 2, 3], "gen_ids": [4],
+                                "drained_ids": [], "finish": "stop", "timings": {}, "checkpoints": []}) + "\n")
+    assert main(["replay", str(path), "-q"]) == 0
+    assert "vs reported: no call in this trace reports its cached tokens" in capsys.readouterr().out
