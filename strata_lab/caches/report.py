@@ -55,17 +55,20 @@ class ReplayReport:
         self._summary = None
 
     @classmethod
-    def from_state_report(cls, state) -> "ReplayReport":
+    def from_state_report(cls, state, checkpoints: str | None = None) -> "ReplayReport":
         """The state model's replay (`strata_lab.replayer.replay`: the store's delta encoding, native core or
         Dask) as the one report, engine strata. Its rows carry the divergence up to the text divergence
         (no realigned tail: that walk needs the whole held ids, which the delta replay never builds)."""
         from strata_lab.caches.presets import parse_engine
         from strata_lab.replayer.explain import DIVERGENCE_CAUSES
 
-        words = state.checkpoints or "turn"   # the state report's words ("turn+every:64") as the engine's spec
+        # the checkpoints replayed: as given, else the state report's words ("turn+every:64") as the engine's spec
+        words = checkpoints or state.checkpoints or "turn"
         spec = "header" if words == "turn+header" else \
             words.replace("turn+", "").replace("+header", ",header").replace("+before-last", ",before-last")
-        preset = parse_engine("strata").with_(kind=state.model, checkpoints=spec)
+        base = parse_engine("strata")
+        over = {k: v for k, v in (("kind", state.model), ("checkpoints", spec)) if getattr(base, k) != v}
+        preset = base.with_(**over) if over else base
         cols: dict[str, list] = {k: [] for k in _DTYPES}
         for i, r in enumerate(state.rows):
             cause = "no_state_checkpoint" if r.cause == "checkpoint" else r.cause

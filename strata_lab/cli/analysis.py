@@ -266,7 +266,7 @@ def _replay_dask(dump, args: argparse.Namespace) -> int:
            "...", args)
     state = replay(dump, model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
                    full_hit=args.full_hit, policy="recorded", progress=not args.quiet, cluster=args.dask)
-    return _emit(ReplayReport.from_state_report(state), args)
+    return _emit(ReplayReport.from_state_report(state, checkpoints=args.checkpoints), args)
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
