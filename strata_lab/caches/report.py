@@ -53,6 +53,7 @@ class ReplayReport:
         self.policy = policy
         self._cols = None
         self._summary = None
+        self.note = None   # a caveat the text report prints (how these rows were made)
 
     @classmethod
     def from_state_report(cls, state, checkpoints: str | None = None) -> "ReplayReport":
@@ -91,7 +92,11 @@ class ReplayReport:
                     "text_context_prompt": r.text_context_prompt}
             for k in COLUMNS:
                 cols[k].append(vals[k])
-        return cls(cols, [preset], {preset.spec(): 0}, state.cost_model, policy=state.policy.name)
+        rep = cls(cols, [preset], {preset.spec(): 0}, state.cost_model, policy=state.policy.name)
+        rep.note = ("re-read here stops at the text divergence: the state model's store replay (native core, "
+                    "Dask) does not walk the held ids the prompt repeats after it; `strata-lab replay` without "
+                    "--dask counts them")
+        return rep
 
     # --- rows ------------------------------------------------------------------------------------------
     @property
@@ -275,6 +280,8 @@ class ReplayReport:
         head = f"replay: policy {self.policy}, engines {', '.join(self.specs)}, {df['index'].nunique()} calls"
         parts = [head, "", df[show].to_string(index=False, max_rows=60), "", *self.lines(), ""]
         parts += [self.headline(p.spec()) for p in self.presets]
+        if self.note:
+            parts.append("note: " + self.note)
         for p in self.presets:
             bad = self.worst(worst, p.spec())
             if not bad:
