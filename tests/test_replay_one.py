@@ -208,3 +208,25 @@ def test_plain_replay_shows_the_reported_column(capsys, tmp_path):
                                 "drained_ids": [], "finish": "stop", "timings": {}, "checkpoints": []}) + "\n")
     assert main(["replay", str(path), "-q"]) == 0
     assert "vs reported: no call in this trace reports its cached tokens" in capsys.readouterr().out
+
+
+def test_the_replay_cores_cause_codes_name_the_python_causes():
+    """The C++ replay core hands causes to Python as codes into `divergence.CAUSES`: each code must name the
+    same cause on both sides (read from the core's enum), and every name is one of the one vocabulary's."""
+    import re
+    from pathlib import Path
+
+    from strata_lab.replayer.divergence import CAUSES as CORE_CAUSES
+    from strata_lab.replayer.explain import CAUSES
+
+    names = {"None": "none", "NewSession": "new_session", "RetokReply": "retokenized_reply",
+             "RetokPrompt": "retokenized_prompt", "DrainedDropped": "drained_dropped",
+             "TemplateRewrite": "template_rewrite", "HistoryEdit": "history_edit", "Checkpoint": "no_state_checkpoint"}
+    found = {}
+    for path in Path(ROOT, "engine").rglob("*.h"):
+        for name, code in re.findall(r"\bkCause(\w+)\s*=\s*(\d+)", path.read_text(errors="replace")):
+            found[name] = int(code)
+    assert set(found) == set(names), found
+    for name, code in found.items():
+        assert CORE_CAUSES[code] == names[name], (name, code)
+    assert set(CORE_CAUSES) <= set(CAUSES)

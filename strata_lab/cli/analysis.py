@@ -237,8 +237,9 @@ def _emit(report, args: argparse.Namespace, calls=None, engines=None) -> int:
         if not args.json:
             print("\npolicy comparison:")
             print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    say = (lambda text: print(text, file=sys.stderr)) if args.json == "-" else print   # stdout holds the JSON
     if args.json and args.json != "-":
-        print(f"wrote {args.json}")
+        say(f"wrote {args.json}")
     if getattr(args, "png", None):
         if len(report.presets) == 1:
             from strata_lab.notebook.plots import plot_report
@@ -249,7 +250,7 @@ def _emit(report, args: argparse.Namespace, calls=None, engines=None) -> int:
             from strata_lab.caches.sweeps import plot_engines
 
             plot_engines(report, args.png)
-        print(f"\nwrote {args.png}")
+        say(f"\nwrote {args.png}")
     return 0
 
 
