@@ -61,16 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "anthropic, strata; name@version and :key=value,... overrides, e.g. llama.cpp:slots=4")
     p.add_argument("--json", nargs="?", const="-", metavar="PATH",
                    help="write the deterministic JSON report (to stdout without PATH)")
-    p.add_argument("--model", choices=["hybrid", "attention"], default="hybrid",
+    p.add_argument("--model", choices=["hybrid", "attention"], default=None,
                    help="the strata engine's reuse rule: hybrid (restart from a state snapshot at a divergence) or "
                         "attention (any prefix); default hybrid (same as --engine strata:kind=...)")
-    p.add_argument("--checkpoints", default="recorded",
-                   help="the strata engine's checkpoint policy (default: recorded, the snapshots each dump line "
-                        "reports, as the engine kept them; turn, every:N, header, budget:MIB model others; same "
-                        "as --engine strata:checkpoints=...)")
+    p.add_argument("--checkpoints", default=None,
+                   help="the strata engine's checkpoint policy (default: recorded for our dumps, the snapshots each "
+                        "line reports, as the engine kept them; turn for other tools' logs; turn, every:N, header, "
+                        "budget:MIB model others; same as --engine strata:checkpoints=...)")
     p.add_argument("--full-hit", choices=["held_logits", "last_held_only", "reread_last", "saved_logits"],
-                   default="held_logits",
-                   help="what the engine does when the whole prompt is held")
+                   default=None,
+                   help="what the strata engine does when the whole prompt is held (default held_logits)")
     p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json")
     p.add_argument("--worst", type=int, default=5, help="how many worst divergences to show")
     p.add_argument("--png", help="write the plots to this PNG file")

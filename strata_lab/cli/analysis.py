@@ -174,15 +174,11 @@ def _replay(args: argparse.Namespace, dump) -> int:
 
 
 def _strata_overrides(args: argparse.Namespace) -> dict:
-    """--model / --checkpoints / --full-hit: the strata engine's kind, checkpoints and full-hit rule."""
-    over = {}
-    if getattr(args, "model", None) not in (None, "hybrid"):
-        over["kind"] = args.model
-    if getattr(args, "checkpoints", None) not in (None, "recorded"):
-        over["checkpoints"] = args.checkpoints
-    if getattr(args, "full_hit", None) not in (None, "held_logits"):
-        over["full_hit"] = args.full_hit
-    return over
+    """--model / --checkpoints / --full-hit as given (None: the engine's own default): the strata engine's kind,
+    checkpoints and full-hit rule."""
+    over = {"kind": getattr(args, "model", None), "checkpoints": getattr(args, "checkpoints", None),
+            "full_hit": getattr(args, "full_hit", None)}
+    return {k: v for k, v in over.items() if v is not None}
 
 
 def _engines(calls, args: argparse.Namespace) -> list:
@@ -196,7 +192,11 @@ def _engines(calls, args: argparse.Namespace) -> list:
     if over and not any(p.engine == "strata" for p in engines):
         raise ValueError(f"--model / --checkpoints / --full-hit set the strata engine; the engines replayed are "
                          f"{', '.join(p.spec() for p in engines)}")
-    return [p.with_(**over) if p.engine == "strata" and over else p for p in engines]
+    out = []
+    for p in engines:
+        change = {k: v for k, v in over.items() if getattr(p, k) != v} if p.engine == "strata" else {}
+        out.append(p.with_(**change) if change else p)
+    return out
 
 
 def _replay_engines(dump, args: argparse.Namespace) -> int:
@@ -265,9 +265,11 @@ def _replay_dask(dump, args: argparse.Namespace) -> int:
         raise ValueError("--dask replays our engine's state model (engine strata) only")
     status(f"replaying on Dask ({args.dask}): starting or connecting to the cluster, one task per replica "
            "...", args)
-    state = replay(dump, model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
-                   full_hit=args.full_hit, policy="recorded", progress=not args.quiet, cluster=args.dask)
-    return _emit(ReplayReport.from_state_report(state, checkpoints=args.checkpoints), args)
+    checkpoints = args.checkpoints or "recorded"   # as the plain replay of our dumps
+    state = replay(dump, model=args.model or "hybrid", checkpoint_policy=checkpoints, tokenizer=args.tokenizer,
+                   full_hit=args.full_hit or "held_logits", policy="recorded", progress=not args.quiet,
+                   cluster=args.dask)
+    return _emit(ReplayReport.from_state_report(state, checkpoints=checkpoints), args)
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
