@@ -232,11 +232,11 @@ def test_the_replay_cores_cause_codes_name_the_python_causes():
     assert set(CORE_CAUSES) <= set(CAUSES)
 
 
-def test_strata_flags_are_the_engine_spec(tmp_path):
+def test_strata_flags_are_the_engine_spec(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     assert main(["replay", DUMPS[0], "-q", "--model", "attention", "--checkpoints", "turn", "--json", str(a)]) == 0
     assert main(["replay", DUMPS[0], "-q", "--engine", "strata:kind=attention,checkpoints=turn", "--json", str(b)]) == 0
     assert a.read_bytes() == b.read_bytes()
     assert json.loads(a.read_text())["engines"][0]["spec"] == "strata@1:checkpoints=turn,kind=attention"
-    with pytest.raises(ValueError, match="set the strata engine"):
-        main(["replay", DUMPS[0], "-q", "--engine", "vllm", "--model", "attention"])
+    assert main(["replay", DUMPS[0], "-q", "--engine", "vllm", "--model", "attention"]) == 2
+    assert "--model / --checkpoints / --full-hit set the strata engine" in capsys.readouterr().err
