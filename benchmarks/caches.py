@@ -39,17 +39,17 @@ def make_calls(sessions: int, turns: int, seed: int = 0):
 
 
 def lcp_pass(calls):
-    from strata_lab.caches.replay import _hints, _order
+    from strata_lab.caches.replay import _order, explain_calls
 
-    return _hints(calls, _order(calls))
+    return explain_calls(calls, None, _order(calls))
 
 
 def run_engine(calls, spec):
     from strata_lab.caches.presets import parse_engine
-    from strata_lab.caches.replay import _hints, _order
+    from strata_lab.caches.replay import _order, explain_calls
 
     order = _order(calls)
-    hints = _hints(calls, order)
+    hints = explain_calls(calls, None, order)
     m = parse_engine(spec).build()
     reused = 0
     for i in order:

@@ -84,7 +84,7 @@ def case(tok, name):
         # last token for its logits and the only snapshot is at the turn start, so 2 held ids are re-read
         gen = enc("First try.<|im_end|>")
         return [dict(prompt_ids=p1, reused=0, gen_ids=gen),
-                dict(prompt_ids=p1 + gen[:3], reused=len(p1))], dict(cause="checkpoint", reused=len(p1), reread=2)
+                dict(prompt_ids=p1 + gen[:3], reused=len(p1))], dict(cause="no_state_checkpoint", reused=len(p1), reread=2)
     if name == "retry":
         # a retry of the same prompt after a reply: the turn-start snapshot kept the logits, nothing is read
         gen = enc("First try.<|im_end|>")

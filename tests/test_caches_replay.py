@@ -21,9 +21,9 @@ def test_strata_is_exact_against_our_engine_on_every_shipped_dump(qwen3, path):
     assert (df["reused"] == df["reported"]).all(), df[["index", "reused", "reported"]]
     s = rep.summary().iloc[0]
     assert s["calls_differ"] == 0 and s["simulated_rate"] == s["reported_rate"]
-    # the same causes as the strata replay names (divergences), on the calls it explains
-    old = sl.replay(path, tokenizer=qwen3, checkpoint_policy="recorded")
-    assert [r["reused"] for r in old.rows] == df.sort_values("index")["reused"].tolist()
+    # the default replay is this one: the engine the dump names, strata with its recorded checkpoints
+    default = sl.replay(path, tokenizer=qwen3)
+    assert default.specs == rep.specs and default.frame().equals(df)
 
 
 def _write(path, calls):

@@ -96,15 +96,15 @@ def test_help_of_replay_lists_its_parameters():
 
 
 def test_defaults_that_give_other_numbers_are_explained_where_printed(capsys):
-    # `replay` models turn checkpoints by default; `--engine strata` and reproduce use the recorded ones
+    # plain `replay` is `--engine strata`: the checkpoints each dump line recorded; a modelled policy says so
     import os
 
     agent = os.path.join(os.path.dirname(__file__), "..", "dumps", "agent.jsonl")
     assert main(["replay", agent, "-q"]) == 0
     out = capsys.readouterr().out
-    assert "checkpoints turn" in out.splitlines()[0] and "`--checkpoints recorded`" in out
-    assert main(["replay", agent, "-q", "--checkpoints", "recorded"]) == 0
+    assert "engines strata@1," in out.splitlines()[0] and "checkpoints: recorded (the snapshots each dump line" in out
+    assert main(["replay", agent, "-q", "--checkpoints", "turn"]) == 0
     out = capsys.readouterr().out
-    assert "checkpoints recorded" in out.splitlines()[0] and "note: checkpoints" not in out
+    assert "strata@1:checkpoints=turn" in out.splitlines()[0] and "checkpoints: turn (modelled" in out
     assert main(["replay", agent, "-q", "--engine", "strata"]) == 0
     assert "checkpoints: recorded (the snapshots each dump line reports" in capsys.readouterr().out

@@ -34,9 +34,9 @@ def test_record_to_writes_one_line_per_call(tiny_engine, tmp_path):
     assert all(set(r["timings"]) == {"prefill_ms", "decode_ms"} for r in recs)
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     # the weight-free replay predicts exactly what the engine did
-    rep = replay(load_dump(path), model="attention")
+    rep = replay(load_dump(path), engine="strata:kind=attention")
     frame = rep.to_frame()
-    assert (frame["recorded_reused"] == frame["reused"]).all() and rep["mismatches"] == 0
+    assert (frame["reported"] == frame["reused"]).all() and rep["calls_differ"] == 0
 
 
 def test_stop_reason_budget_is_the_recorded_finish(tiny_engine, tmp_path):

@@ -188,9 +188,9 @@ def test_sequential_replay_unchanged_by_the_time_machinery(dump):
     # the pre-existing protocol, by hand: advance, plan, admit per call in arrival order
     calls = calls_from_dump(dump)
     by_hand = []
-    from strata_lab.caches.replay import _hints, _order
+    from strata_lab.caches.replay import _order, explain_calls
     order = _order(calls)
-    hints = _hints(calls, order)
+    hints = explain_calls(calls, None, order)
     for e in engines:
         m = sl.parse_engine(e).build()
         by_hand += [m.step(calls[i], hints[i][0]).reused for i in order]

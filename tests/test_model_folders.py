@@ -199,7 +199,7 @@ def test_imported_trace_renders_and_replays_with_any_family(folders, hf_tokenize
         trace = load_trace(fixture)
         calls = trace.calls()
         dump = trace.to_dump(folders[family], out=tmp_path / "d.jsonl")  # template from the same folder
-        report = replay(dump, model="attention", tokenizer=load_tokenizer(folders[family]))
+        report = replay(dump, engine="strata:kind=attention", tokenizer=load_tokenizer(folders[family]))
     hf = hf_tokenizers[family]
     for call, rec in zip(calls, dump.records()):
         assert rec["prompt_ids"] == _hf_ids(hf, call["messages"], tools=call["tools"], add_generation_prompt=True)

@@ -63,14 +63,14 @@ def test_full_hit_rule_is_a_parameter(qwen3, tmp_path):
         assert (row["cause"], row["reused"], row["read"], row["reread"]) == ("none", len(p1), 0, 0)
     # the older rule (only the last held id's logits are kept): back to 0 on hybrid, one id on attention
     row = replay(path, tokenizer=qwen3, full_hit="last_held_only").rows[1]
-    assert (row["cause"], row["reused"], row["reread"]) == ("checkpoint", 0, len(p1) - 1)
+    assert (row["cause"], row["reused"], row["reread"]) == ("no_state_checkpoint", 0, len(p1) - 1)
     assert replay(path, tokenizer=qwen3, model="attention", full_hit="last_held_only").rows[1]["reused"] == len(p1) - 1
     # no snapshots at all: nothing holds logits for position len(p1)
     assert replay(path, tokenizer=qwen3, checkpoint_policy="none").rows[1]["reused"] == 0
     # a prompt equal to held reuses everything (the last logits are kept)
     path = write(tmp_path / "same.jsonl", [dict(prompt_ids=p1, reused=0), dict(prompt_ids=p1, reused=len(p1))])
     assert replay(path, tokenizer=qwen3).rows[1]["reused"] == len(p1)
-    assert replay(path, tokenizer=qwen3, full_hit="reread_last").rows[1]["cause"] == "checkpoint"
+    assert replay(path, tokenizer=qwen3, full_hit="reread_last").rows[1]["cause"] == "no_state_checkpoint"
 
 
 def test_template_rewrite_text_context(qwen3, tmp_path):
@@ -276,7 +276,7 @@ def test_recorded_engine_dumps_match_prediction(qwen3, path):
     recs = load_dump(path).records()
     model = "attention" if any("attention" in str(r.get("model", "")) for r in recs) else "hybrid"
     rep = replay(path, tokenizer=qwen3, model=model, checkpoint_policy="recorded")
-    assert rep["mismatches"] == 0, [(r["session"], r["index"], r["recorded_reused"], r["reused"])
+    assert rep["mismatches"] == 0, [(r["session"], r["turn"], r["recorded_reused"], r["reused"])
                                     for r in rep.rows if r["recorded_reused"] != r["reused"]][:5]
 
 

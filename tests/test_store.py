@@ -130,7 +130,7 @@ def test_cli_convert_and_replay(tmp_path):
     assert r.returncode == 0 and "Parquet" in r.stdout, r.stderr
     r = subprocess.run([sys.executable, "-m", "strata_lab", "replay", str(tmp_path / "s"), "-q"],
                        capture_output=True, text=True, env=env)
-    assert r.returncode == 0 and "total:" in r.stdout, r.stderr
+    assert r.returncode == 0 and "strata@1: hit rate" in r.stdout and "re-read" in r.stdout, r.stderr
     r = subprocess.run([sys.executable, "-m", "strata_lab", "replay", str(tmp_path / "s"), "-q", "--dask", "local:x"],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "local:N" in r.stderr

@@ -29,11 +29,11 @@ def test_engine_reuse_equals_replay_prediction(name, kind, tmp_path, qwen3):
         for fields, spec in POLICIES:
             dump = trace.to_dump(qwen3, out=tmp_path / f"{spec}.jsonl", checkpoint_policy=fields)
             engine = reproduce(dump, model=kind, out=tmp_path / f"{spec}-engine.jsonl")
-            predicted = replay(dump, model=kind, checkpoint_policy=spec, tokenizer=qwen3)
+            predicted = replay(dump, engine=f"strata:kind={kind}", checkpoints=spec, tokenizer=qwen3)
             assert [r["reused"] for r in engine.rows] == [r["reused"] for r in predicted.rows], (name, kind, spec)
             assert len(engine.rows) == len(trace.calls())
             total += sum(r["reused"] for r in engine.rows)
             # and the engine's own run, replayed with the checkpoints it reports, has no mismatch
-            assert replay(engine.path, model=kind, checkpoint_policy="recorded", tokenizer=qwen3)["mismatches"] == 0
+            assert replay(engine.path, engine=f"strata:kind={kind}", tokenizer=qwen3)["calls_differ"] == 0
     # the sessions reuse something after their first call (the check is not vacuous)
     assert total > 0

@@ -180,7 +180,7 @@ def test_har_streams_and_key_order(tmp_path):
     assert claude["response_tool_calls"][0]["function"]["arguments"] == {"q": "strata"}
     # the second client sent the tool schema with its keys in another order: kept, so the render differs
     assert list(plain["tools"][0]) == ["type", "function"] and list(streamed["tools"][0]) == ["function", "type"]
-    rows = replay(load_trace(FIX / "capture.har").to_dump("qwen3", out=tmp_path / "d.jsonl"), model="attention").rows
+    rows = replay(load_trace(FIX / "capture.har").to_dump("qwen3", out=tmp_path / "d.jsonl"), engine="strata:kind=attention").rows
     assert rows[1]["cause"] == "history_edit" and "tools" in rows[1]["text_context_held"] + rows[1]["text_context_prompt"]
 
 
@@ -200,7 +200,7 @@ def test_llamacpp_lengths_and_ground_truth(tmp_path):
     assert [c["prompt_len"] for c in calls] == [1208, 1290, 1400, 300]
     assert "restored context checkpoint" in calls[1]["notes"] and "forced full prompt re-processing" in calls[2]["notes"]
     # placeholder ids keep the reported reuse: the replay of the rendered dump reuses what llama.cpp reported
-    rows = replay(load_trace(FIX / "llama-server.log").to_dump("qwen3", out=tmp_path / "d.jsonl"), model="attention").rows
+    rows = replay(load_trace(FIX / "llama-server.log").to_dump("qwen3", out=tmp_path / "d.jsonl"), engine="strata:kind=attention").rows
     assert [r["lcp_ids"] for r in rows] == [0, 1204, 0, 0] and [r["prompt_len"] for r in rows] == [1208, 1290, 1400, 300]
 
 
@@ -218,7 +218,7 @@ def test_every_format_round_trips_into_replay(name, tmp_path, qwen3):
         calls = trace.calls()
         dump = trace.to_dump(qwen3, out=tmp_path / "d.jsonl")
         records = dump.records()
-        report = replay(dump, model="attention", tokenizer=qwen3)
+        report = replay(dump, engine="strata:kind=attention", tokenizer=qwen3)
     assert oct(os.stat(tmp_path / "d.jsonl").st_mode & 0o777) == "0o600"
     assert len(records) == len(calls) == len(report.rows)
     assert [r["source"] for r in records] == [c["source"] for c in calls]
@@ -236,7 +236,7 @@ def test_strata_dumps_import_unchanged(tmp_path):
     assert trace.detected[str(DUMPS / "agent.jsonl")][0] == "strata"
     dump = trace.to_dump("qwen3", out=tmp_path / "again.jsonl")
     a, b = replay(DUMPS / "agent.jsonl").rows, replay(dump).rows
-    keys = ("prompt_len", "reused", "recorded_reused", "cause", "read")
+    keys = ("prompt_len", "reused", "reported", "cause", "read")
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
 
 
@@ -368,7 +368,7 @@ def test_generated_ids_in_the_log_show_retokenized_replies(tmp_path, qwen3):
         f"DEBUG 11-30 12:00:02 [logger.py:50] Request r2 details: prompt: 'y', prompt_token_ids: {ids(p2)}, x.\n")
     trace = load_trace(log)
     assert trace.detected[str(log)][0] == "vllm-log"
-    rows = replay(trace.to_dump(qwen3, out=tmp_path / "d.jsonl"), tokenizer=qwen3, model="attention").rows
+    rows = replay(trace.to_dump(qwen3, out=tmp_path / "d.jsonl"), tokenizer=qwen3, engine="strata:kind=attention").rows
     assert [r["cause"] for r in rows] == ["new_session", "retokenized_reply"]
 
 

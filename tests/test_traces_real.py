@@ -257,7 +257,7 @@ def test_every_reader_carries_reported_usage_into_the_dump(tmp_path, qwen3):
             recs = load_trace(FIX / name).to_dump(qwen3, out=tmp_path / "d.jsonl").records()
         assert [r["reported_cached_tokens"] for r in recs] == cached, name
     rows = replay(load_trace(FIX / "sglang-default.log").to_dump(qwen3, out=tmp_path / "s.jsonl"),
-                  model="attention").rows
+                  engine="strata:kind=attention").rows
     assert [r["lcp_ids"] for r in rows] == [0, 1204]  # placeholder ids keep the reported reuse
 
 

@@ -114,7 +114,7 @@ def test_divergence_viewer_only_misses(dump_path):
     v = DivergenceViewer(dump_path, only_misses=True)
     assert [v.calls[i]["row"]["cause"] for i in v.order] == ["retokenized_reply", "drained_dropped"]
     assert v.slider.description == "miss" and (v.slider.min, v.slider.max, v.slider.value) == (1, 2, 1)
-    assert "miss 1 of 2" in v.header.value and "index 1" in v.header.value
+    assert "miss 1 of 2" in v.header.value and "turn 1" in v.header.value
 
 
 def test_reuse_dashboard(dump_path):

@@ -258,7 +258,7 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
       misses_.push_back(std::move(m));
     } else {
       out.cause[i] = int8_t(held_before == 0 ? ReplayCause::new_session
-                                            : (st.reused >= st.target ? ReplayCause::none : ReplayCause::checkpoint));
+                                            : (st.reused >= st.target ? ReplayCause::none : ReplayCause::no_state_checkpoint));
     }
     const double t = b.prefill_ms[i];
     if (!std::isnan(t)) add_recorded_ms(t);
@@ -371,7 +371,7 @@ ReplayMiss ReplayCore::explain(int64_t code, int64_t lcp, const int32_t* ptail, 
     return false;
   };
   if (lcp >= plen) {
-    m.cause = reused >= target ? ReplayCause::none : ReplayCause::checkpoint;
+    m.cause = reused >= target ? ReplayCause::none : ReplayCause::no_state_checkpoint;
   } else if (m.lcp_text > lcp && m.retokenized) {
     m.cause = in_segment(lcp, true, true) ? ReplayCause::retokenized_reply : ReplayCause::retokenized_prompt;
   } else if (in_segment(m.lcp_text, false, true)) {

@@ -2,7 +2,8 @@
 
 Each engine's prefix cache is a `CacheModel` with its parameters in a frozen, versioned preset (TOML shipped
 in this package, overridable with "engine@version:key=value,..."); `replay_engines` runs a dump's calls
-through several of them and returns one typed frame and one summary per engine.
+through several of them (ours, `strata`, among them) and returns one report (`ReplayReport`): one typed row per
+(engine, call) and one summary per engine.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ _EXPORTS = {
     "parse_engine": "strata_lab.caches.presets", "preset": "strata_lab.caches.presets",
     "EnginePreset": "strata_lab.caches.presets", "ModelShape": "strata_lab.caches.presets",
     "replay_engines": "strata_lab.caches.replay", "EnginesReport": "strata_lab.caches.replay",
+    "ReplayReport": "strata_lab.caches.replay", "replay": "strata_lab.caches.replay",
     "lint_calls": "strata_lab.caches.lint", "fix_calls": "strata_lab.caches.lint",
     "sweep_budget": "strata_lab.caches.sweeps", "compare_engines": "strata_lab.caches.sweeps",
 }

@@ -16,7 +16,8 @@ that re-reads the last prompt token could reuse (`min(lcp, prompt_len - 1)`). Mo
 `no_state_checkpoint`, `lookback`, `not_cached`, `refused` (the engine turns the call away: over its context;
 no reuse, nothing cached);
 `last_output_token` (the last generated id is never fed back, so no engine but ours holds its KV); the replay adds `routing`, `new_session` and the divergence
-causes of the strata replay (`retokenized_reply`, `template_rewrite`, ...).
+causes of the one explainer (`retokenized_reply`, `template_rewrite`, `history_edit`, ...; see
+`strata_lab.replayer.explain`: the cause that cost the most tokens is reported).
 
 >>> CachePlan(reused=32, unit="blocks 0-1").reused
 32
@@ -31,9 +32,9 @@ from strata_lab.caches.call_ids import Call
 
 __all__ = ["CacheModel", "CachePlan", "Hint", "ENGINE_CAUSES"]
 
-# Causes a cache model can give for reusing less than `hint.exact`.
-ENGINE_CAUSES = ("block_rounding", "evicted", "expired", "below_minimum", "slot_stolen", "no_state_checkpoint",
-                 "lookback", "not_cached", "last_output_token", "routing", "refused")
+# Causes a cache model can give for reusing less than `hint.exact`: one vocabulary with the divergence causes,
+# defined once in the explainer (strata_lab.replayer.explain.CAUSES).
+from strata_lab.replayer.explain import ENGINE_CAUSES  # noqa: E402
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ Rules (each `Finding` names the call, the position and the text):
 | `volatile_system` | consecutive prompts of a session part inside the system message on a line that differs only in digits / hex (a timestamp, a request id) | move the line to the end of the last user message |
 | `per_user_early` | the first prompts of two sessions part inside the system message on a line with other words (a user's name, plan, locale) and agree again after it | move the line to the end of the last user message |
 | `tool_schema_order` | a `<tools>` definition whose text changes while its JSON does not (key order, whitespace) | rewrite every tool as canonical JSON (sorted keys) |
-| `reasoning_stripped` | the template drops an earlier reply's `<think>` block (the strata replay's `template_rewrite` there) | none here: keep reasoning in the template |
+| `reasoning_stripped` | the template drops an earlier reply's `<think>` block (the explainer's `template_rewrite` there) | none here: keep reasoning in the template |
 | `breakpoint_lookback` | an Anthropic breakpoint more than `lookback_blocks` content blocks past the session's previous one | add a breakpoint at the last boundary the look-back still reaches |
 | `prefix_mid_block` | the prefix shared by all sessions ends mid-block (vLLM / TRT-LLM blocks) | none: the lost ids are reported |
 | `below_minimum` | a prompt under the hosted minimum that the next call of its session extends | none |
@@ -130,15 +130,15 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
             old, new = a[la[0]:la[1]], b[lb[0]:lb[1]]
             if _VOLATILE.sub("#", old) != _VOLATILE.sub("#", new) and a[la[1]:_system_end(a)] == b[lb[1]:end]:
                 out.append(Finding("per_user_early", c.index, c.session, lb[0], new, other=prev.session))
-    # template rewrites of reasoning: the strata replay's divergence causes (rows in file order, like calls)
-    from strata_lab.replayer import replay
+    # template rewrites of reasoning: the one explainer's divergence per call (computed once, no replay)
+    from strata_lab.caches.replay import explain_calls
 
-    if not (isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call)):
-        rep = replay(dump, model="attention", checkpoint_policy="turn", tokenizer=tok)
-        for c, r in zip(calls, rep.rows):
-            if r["cause"] == "template_rewrite" and "<think>" in (r["text_context_held"] or ""):
-                out.append(Finding("reasoning_stripped", c.index, c.session, r["lcp_ids"],
-                                   r["text_context_held"][:80]))
+    views = explain_calls(calls, tok)
+    for i, c in enumerate(calls):
+        e = views[i][2]
+        held_ctx = e.div.text_context_held if e.div is not None else ""
+        if e.divergence == "template_rewrite" and "<think>" in held_ctx:
+            out.append(Finding("reasoning_stripped", c.index, c.session, e.lcp_ids, held_ctx[:80]))
     # Anthropic look-back
     anth = parse_engine("anthropic")
     for sid, cs in sessions.items():
@@ -176,11 +176,11 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
                                        {spec: prev.prompt_len for spec, e in hosted
                                         if prev.prompt_len < e.min_tokens}))
     if price and out:
-        rep = replay_engines(calls, engines)
-        df = rep.frame()
-        # what the finding costs a call: ids the session held that the engine does not reuse
-        lost = (df[["held_before", "prompt_len"]].min(axis=1) - df["reused"]).clip(lower=0)
-        rr = {(e, i): v for e, i, v in zip(df["spec"].astype(str), df["index"], lost)}
+        rep = replay_engines(calls, engines, tokenizer=tok)
+        # what the finding costs a call: the report's `reread` (Contract 3), the tokens the session held that
+        # the engine read again
+        cols = rep.cols
+        rr = {(e, i): v for e, i, v in zip(cols["spec"], cols["index"], cols["reread"])}
         for f in out:
             if not f.tokens:
                 f.tokens = {e: int(rr.get((parse_engine(e).spec(), f.index), 0)) for e in engines}

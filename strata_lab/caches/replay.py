@@ -1,8 +1,13 @@
-"""Replay one trace under several engines' caches: per call reused / read / reread, the unit that served it,
-the cause of each miss, prefill seconds and hosted-API dollars; per engine a summary.
+"""The one replay driver: any trace under any engines' caches (ours, `strata`, among them), one report type.
+
+`replay(source)` replays under the engine the dump names (our dumps: `strata`, with the checkpoints each
+line recorded); `replay(source, engine="vllm")` or `replay_engines(source, [...])` under others. Every
+path returns a `ReplayReport`: per (engine, call) reused / read / reread, the unit that served it, the
+cause of each miss (the one explainer, `strata_lab.replayer.explain`), prefill seconds, hosted-API dollars,
+what the log reported (Contract 4); per engine a summary (docs/CONTRACTS.md, Contract 3).
 
 Calls from every session share one cache per replica, in arrival (`ts`) order (file order when a call has
-no `ts`). Each engine gets fresh models; the session view (`Hint`) is computed once for all of them.
+no `ts`). Each engine gets fresh models; each call's divergence is computed once for all of them.
 
 >>> import os, tempfile
 >>> from strata_lab.dump.writer import Recorder
@@ -12,39 +17,26 @@ no `ts`). Each engine gets fresh models; the session view (`Hint`) is computed o
 ...     rec.write_call(session="s", prompt_ids=list(range(40)) + [7, 9], reused=40)
 >>> rep = replay_engines(path, ["vllm", "sglang", "strata:kind=attention"])
 >>> rep.frame()[["engine", "reused", "cause"]].values.tolist()
-[['vllm', 0, 'new_session'], ['vllm', 32, 'block_rounding'], ['sglang', 0, 'new_session'], ['sglang', 41, 'diverged'], ['strata', 0, 'new_session'], ['strata', 41, 'diverged']]
+[['vllm', 0, 'new_session'], ['vllm', 32, 'diverged'], ['sglang', 0, 'new_session'], ['sglang', 41, 'diverged'], ['strata', 0, 'new_session'], ['strata', 41, 'diverged']]
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
-import json
 import math
+import warnings
 from collections import Counter
 
-import numpy as np
-
 from strata_lab.caches.base import Hint
-from strata_lab.caches.call_ids import Call, calls_from_dump, lcp_call
+from strata_lab.caches.call_ids import Call, as_ids, calls_from_dump, lcp_call
 from strata_lab.caches.fleet import Router
 from strata_lab.caches.presets import parse_engine
+from strata_lab.caches.report import _DTYPES, EnginesReport, ReplayReport  # noqa: F401 (re-exported)
+from strata_lab.replayer.explain import SessionHistory, attribute, explain
 
-__all__ = ["replay", "replay_engines", "EnginesReport"]
+__all__ = ["replay", "replay_engines", "ReplayReport", "EnginesReport", "explain_calls", "default_engine",
+           "checkpoint_spec"]
 
-# cause vocabulary of the strata replay that names a divergence of the prompt from what the session held
-_DIVERGENCE = {"retokenized_reply", "retokenized_prompt", "drained_dropped", "template_rewrite", "history_edit"}
-
-# engine causes that a divergence explains better (a hybrid falling back to its last state because the
-# prompt parted from what it held): the divergence cause wins over these, as in the strata replay
-_FALLBACK = {"checkpoint", "no_state_checkpoint", "not_cached", None}
-
-_DTYPES = {
-    "engine": "category", "spec": "category", "replica": "int64", "index": "int64", "session": "string",
-    "turn": "int64", "ts": "float64", "prompt_len": "int64", "held_before": "int64", "lcp": "int64",
-    "exact": "int64", "reused": "int64", "read": "int64", "reread": "int64", "unit": "string", "source": "Int64",
-    "cause": "category", "written": "int64", "prefill_s": "float64", "reread_s": "float64", "dollars": "float64",
-    "reported": "Int64", "reported_by": "string", "reported_diff": "Int64", "reported_diff_pct": "float64",
-    "reported_write": "Int64",
-}
 
 
 def _order(calls: list[Call]) -> list[int]:
@@ -53,35 +45,39 @@ def _order(calls: list[Call]) -> list[int]:
     return list(range(len(calls)))
 
 
-def _hints(calls: list[Call], order: list[int]) -> dict[int, tuple]:
-    """Per call: (Hint, turn in session). One LCP per call against what its session's last call left."""
+def _reply(c: Call) -> tuple:
+    """(generated, drained) ids a call left: the dump line's, else its whole output as generated."""
+    rec = c.record
+    if rec is not None and isinstance(rec.get("gen_ids"), list):
+        return rec.get("gen_ids") or [], rec.get("drained_ids") or []
+    return c.output, ()
+
+
+def explain_calls(calls: list[Call], tokenizer=None, order: list[int] | None = None, *,
+                  context_chars: int = 40) -> dict[int, tuple]:
+    """Per call (by position in `calls`): (Hint, turn in session, Explanation): each call's divergence from
+    what its session held, computed once for every engine (`strata_lab.replayer.explain`)."""
+    order = _order(calls) if order is None else order
+    hist: dict[str, SessionHistory] = {}
     last: dict[str, Call] = {}
     turns: Counter = Counter()
+    named = tokenizer is not None and not (calls and calls[0].blocks is not None)   # hash traces have no text
     out = {}
     for i in order:
         c = calls[i]
+        h = hist.get(c.session)
+        if h is None:
+            h = hist[c.session] = SessionHistory()
         prev = last.get(c.session)
-        if prev is None:
-            h = Hint(None, 0, 0)
-        else:
-            n = lcp_call(c.prompt, prev)
-            h = Hint(prev, n, min(n, max(c.prompt_len - 1, 0)))
-        out[i] = (h, turns[c.session])
+        n = lcp_call(c.prompt, prev) if prev is not None else 0
+        e = explain(h, c.prompt, tokenizer if named else None, context_chars=context_chars, lcp_ids=n)
+        gen, drained = _reply(c)
+        h.finish(gen, drained, held=c.sequence())
+        hint = Hint(None, 0, 0) if prev is None else Hint(prev, n, min(n, max(c.prompt_len - 1, 0)))
+        out[i] = (hint, turns[c.session], e)
         turns[c.session] += 1
         last[c.session] = c
     return out
-
-
-def _divergence_causes(dump, tokenizer, calls=()) -> list[str] | None:
-    """The strata replay's cause per call (attention model: only divergences), or None without a tokenizer
-    (or for hash traces: synthetic ids have no text)."""
-    if tokenizer is None or (isinstance(dump, (list, tuple)) and dump and isinstance(dump[0], Call)) or \
-            (calls and calls[0].blocks is not None):
-        return None
-    from strata_lab.replayer import replay
-
-    rep = replay(dump, model="attention", checkpoint_policy="turn", tokenizer=tokenizer)
-    return [r["cause"] for r in rep.rows]
 
 
 def _fit_cost(calls: list[Call]):
@@ -117,13 +113,76 @@ def _duration(c: Call, reused: int, speeds, cost_model) -> float:
     return cost_model.seconds(read, reused) + dec
 
 
+def _apply_policy(calls: list[Call], policy, tok) -> list[Call]:
+    """The calls a server under a prompt-changing policy (reply-ids, keep-drained, fixes) would have sent: a
+    transform of the call stream, so it applies to every engine. Reported figures belong to the recorded
+    prompts and are dropped."""
+    from strata_lab.replayer.policies import PromptRewriter
+    from strata_lab.replayer.state import SessionState
+
+    if tok is None:
+        raise ValueError(f"policy {policy.name!r} rebuilds prompts from text: give a tokenizer")
+    rw = PromptRewriter(policy, tok)
+    states: dict = {}
+    out = []
+    for c in calls:
+        rec = c.record
+        if rec is None or not isinstance(rec.get("gen_ids"), list):
+            raise ValueError(f"policy {policy.name!r}: call {c.index} has no dump record (strata-dump/1 lines "
+                             "carry the replies a policy rebuilds prompts from)")
+        st = states.get(c.session)
+        if st is None:
+            st = states[c.session] = SessionState(model="attention")
+        prompt = rw.prompt(rec, st)
+        st.call(prompt)
+        st.finish(rec["gen_ids"], rec.get("drained_ids") or [])
+        rw.finish(rec, prompt)
+        new = dict(rec, prompt_ids=list(prompt), reused=None)
+        out.append(dataclasses.replace(c, prompt=as_ids(prompt), record=new, reported=None, reported_by=None,
+                                       reported_write=None, memo=None))
+    return out
+
+
+def checkpoint_spec(cp) -> str:
+    """A checkpoint policy (a `strata_lab.CheckpointPolicy`, a spec, or "recorded") as the spec the strata
+    engine takes (`strata:checkpoints=...`).
+
+    >>> from strata_lab import CheckpointPolicy
+    >>> checkpoint_spec(CheckpointPolicy(every=64)), checkpoint_spec(CheckpointPolicy(before_last=151644))
+    ('every:64', 'header')
+    """
+    from strata_lab.engine import CheckpointPolicy
+    from strata_lab.replayer.state import parse_checkpoint_policy
+
+    if isinstance(cp, str):
+        return cp
+    if not isinstance(cp, CheckpointPolicy):
+        raise TypeError(f"checkpoint_policy must be a strata_lab.CheckpointPolicy, a spec string or None, "
+                        f"got {type(cp).__name__}")
+    if cp.budget_mib:
+        base = f"budget:{cp.budget_mib:g}" + (f":{cp.every}" if cp.every else "")
+    elif cp.positions:
+        base = "at:" + ",".join(map(str, cp.positions))
+    elif cp.every:
+        base = f"every:{cp.every}"
+    else:
+        base = "turn" if cp.at_prompt_end else "none"
+    if cp.before_last is not None:
+        tail = "header" if cp.before_last == 151644 else f"before-last:{cp.before_last}"
+        base = tail if base == "turn" else f"{base},{tail}"
+    if parse_checkpoint_policy(base) != cp:
+        raise ValueError(f"checkpoint policy {cp!r} has no spec the strata engine takes; use a spec string")
+    return base
+
+
 def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, tokenizer=None, cost_model=None,
                    prices: dict | None = None, progress: bool = False, concurrency: bool = False,
-                   tokens_per_s=None) -> "EnginesReport":
+                   tokens_per_s=None, policy="recorded", context_chars: int = 40) -> "ReplayReport":
     """Replay `dump` (a path, paths, `Dump`, a Mooncake/Bailian trace, or a list of `Call`) under each engine.
 
-    `engines`: specs ("vllm", "vllm@0.33:block_size=32", "llama.cpp:slots=4") or presets.
-    `tokenizer` (a Tokenizer or "qwen3"): name divergence causes as the strata replay does; None: "diverged".
+    `engines`: specs ("vllm", "vllm@0.33:block_size=32", "llama.cpp:slots=4", "strata:checkpoints=turn") or
+    presets.
+    `tokenizer` (a Tokenizer or "qwen3"): names each divergence's cause; None: "diverged".
     `cost_model`: prices reads in seconds (default: fitted to the dump's prefill_ms, else none).
     `prices`: per-engine price overrides, e.g. {"anthropic": {"input_usd_per_mtok": 15.0}}.
     `concurrency`: calls arrive at their timestamps and stay in flight for a modelled duration (prefill of
@@ -133,8 +192,14 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     with no in-flight state of their own, llama.cpp slots, hosted APIs and strata, apply a call when it
     ends). False (default): one call at a time, each done before the next.
     TTLs (hosted APIs) always run on the trace's clock.
+    `policy`: a counterfactual policy ("recorded", "reply-ids", "keep-drained", "fixes"; a checkpoint part
+    such as "every:256" or "header" sets the `strata` engines' checkpoints): prompt policies transform the
+    call stream, so they apply to every engine.
     `progress`: a progress bar per engine.
+    `context_chars`: characters of text kept around each divergence (the report's context columns).
     """
+    from strata_lab.replayer.policies import Policy, parse_policy
+
     if isinstance(engines, str):
         engines = [engines]
     presets = [parse_engine(e) for e in engines]
@@ -144,16 +209,28 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         if not isinstance(kw, dict):
             raise ValueError(f"prices[{name!r}] must be a dict of price fields")
         presets = [p.with_(**kw) if p.engine == name else p for p in presets]
+    pol = parse_policy(policy) if isinstance(policy, str) else policy
+    if not isinstance(pol, Policy):
+        raise TypeError(f"policy must be a Policy or a spec string, got {type(policy).__name__}")
+    if pol.checkpoint_policy is not None:
+        if not any(p.engine == "strata" for p in presets):
+            raise ValueError(f"policy {pol.name!r}: a checkpoint policy applies to the strata engine; add it "
+                             "(engine strata)")
+        cp = checkpoint_spec(pol.checkpoint_policy)
+        presets = [p.with_(checkpoints=cp) if p.engine == "strata" else p for p in presets]
     calls = calls_from_dump(dump)
     if isinstance(tokenizer, str):
         from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
-    if tokenizer is not None:  # the causes decode the ids: they must be this vocabulary's
-        for model in {c.record.get("model") for c in calls if c.record is not None}:
+    if tokenizer is not None:  # the causes decode the ids: they must be this vocabulary's (ids rendered here from
+        # a log's messages are the rendering tokenizer's whatever model the log names)
+        for model in {c.record.get("model") for c in calls if c.record is not None
+                      and c.record.get("fidelity") not in ("messages", "lengths")}:
             tokenizer.check_model(model)
-    divergence = _divergence_causes(dump, tokenizer, calls)
-    if cost_model is None:   # a fit too poor to price seconds (R^2 < MIN_R2) prices tokens only, as the replay does
+    if pol.changes_prompts:
+        calls = _apply_policy(calls, pol, tokenizer)
+    if cost_model is None:   # a fit too poor to price seconds (R^2 < MIN_R2) prices tokens only
         from strata_lab.replayer.costs import usable_fit
 
         cost_model = usable_fit(_fit_cost(calls))[0]
@@ -167,7 +244,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     elif tokens_per_s is not None:
         raise ValueError("tokens_per_s: only used with concurrency=True")
     order = _order(calls)
-    hints = _hints(calls, order)
+    views = explain_calls(calls, tokenizer, order, context_chars=context_chars)
     cols: dict[str, list] = {k: [] for k in _DTYPES}
     evictions = {}
     for preset in presets:
@@ -183,7 +260,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         flight: list = []   # (end, seq, replica, call, plan): calls in flight (concurrency)
         for i in it:
             c = calls[i]
-            hint, turn = hints[i]
+            hint, turn, e = views[i]
             r = router.route(c)
             if concurrency:
                 while flight and flight[0][0] <= c.ts:   # calls that ended before this one arrives
@@ -200,215 +277,113 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
             moved = where.get(c.session, r) != r
             where[c.session] = r
             reused = plan.reused
-            diverged = hint.prev is not None and hint.lcp < hint.held and hint.lcp < c.prompt_len
-            if plan.cause == "refused":   # turned away by the engine: no reuse, nothing cached
-                cause = "refused"
-            elif hint.prev is None:
-                cause = "none" if reused else "new_session"
-            elif reused < hint.exact and moved:
-                cause = "routing"
-            elif reused < hint.exact and (plan.cause not in _FALLBACK or not diverged):
-                cause = plan.cause or "not_cached"
-                if cause == "not_cached" and reused == hint.held - 1 == hint.exact - 1:
-                    cause = "last_output_token"   # the last generated id is never fed back: no KV for it
-            elif diverged:  # the loss starts where the prompt parts from what the session left
-                d = divergence[i] if divergence is not None else "diverged"
-                cause = d if d in _DIVERGENCE or d == "diverged" else "none"
-            else:
-                cause = "none"
+            cause, reread, div_rr, eng_rr = attribute(e, reused=reused, engine_cause=plan.cause, exact=hint.exact,
+                                                      prompt_len=c.prompt_len, moved=moved,
+                                                      refused=plan.cause == "refused")
             read = c.prompt_len - reused
-            reread = max(hint.exact - reused, 0) if hint.prev is not None else 0
             dollars = preset.dollars(c.prompt_len, len(c.output), reused, plan.written) \
                 if hasattr(preset, "dollars") else math.nan
             # the serving engine's report sits beside every simulated engine (Contract 4)
             diff = reused - c.reported if c.reported is not None else None
             pct = 100.0 * diff / c.prompt_len if diff is not None and c.prompt_len else math.nan
+            d = e.div
             for k, v in (("engine", preset.engine), ("spec", spec), ("replica", r), ("index", c.index),
-                         ("session", c.session), ("turn", turn), ("ts", c.ts if c.ts is not None else math.nan),
-                         ("prompt_len", c.prompt_len), ("held_before", hint.held),
-                         ("lcp", hint.lcp), ("exact", hint.exact), ("reused", reused), ("read", read),
-                         ("reread", reread), ("unit", plan.unit), ("source", plan.source), ("cause", cause),
+                         ("turn", turn), ("session", c.session), ("request_id", c.request_id),
+                         ("ts", c.ts if c.ts is not None else math.nan), ("prompt_len", c.prompt_len),
+                         ("held_before", e.held), ("lcp_ids", e.lcp_ids), ("lcp_text", e.lcp_text),
+                         ("exact", hint.exact), ("reused", reused), ("read", read), ("reread", reread),
+                         ("cause", cause), ("divergence", e.divergence), ("divergence_reread", div_rr),
+                         ("engine_reread", eng_rr), ("unit", plan.unit), ("source", plan.source),
                          ("written", plan.written),
                          ("prefill_s", cost_model.seconds(read, reused) if cost_model else math.nan),
                          ("reread_s", cost_model.seconds(reread, reused) if cost_model else math.nan),
                          ("dollars", dollars), ("reported", c.reported), ("reported_by", c.reported_by),
-                         ("reported_diff", diff), ("reported_diff_pct", pct), ("reported_write", c.reported_write)):
+                         ("reported_diff", diff), ("reported_diff_pct", pct), ("reported_write", c.reported_write),
+                         ("id_context_held", d.id_context_held if d is not None else ""),
+                         ("id_context_prompt", d.id_context_prompt if d is not None else ""),
+                         ("text_context_held", d.text_context_held if d is not None else ""),
+                         ("text_context_prompt", d.text_context_prompt if d is not None else "")):
                 cols[k].append(v)
         while flight:
             end, _, fr, fc, fp = heapq.heappop(flight)
             models[fr].advance(end)
             models[fr].finish(fc, fp)
         evictions[spec] = sum(m.evictions for m in models)
-    return EnginesReport(cols, presets, evictions, cost_model)
+    return ReplayReport(cols, presets, evictions, cost_model, policy=pol.name)
 
 
-def replay(dump, *, engine=None, **kwargs):
-    """`strata_lab.replay`: our engine's weight-free replay (`strata_lab.replayer.replay`, a `Report`), or,
-    with `engine="vllm"` (any spec), that engine's cache model (an `EnginesReport`): then `tokenizer`,
-    `cost_model` and `progress` are the replay's and every other keyword overrides the preset.
+def default_engine(calls: list[Call]) -> str:
+    """The engine a trace names: the one engine every reported figure comes from when it is one we model
+    (our dumps: `strata`, with the checkpoints each line recorded; a vLLM log that says so: `vllm`); a trace
+    that names none replays under our engine with its default checkpoint policy (`strata:checkpoints=turn`:
+    a log of another server recorded no state snapshots of ours)."""
+    from strata_lab.caches.presets import ENGINES
 
-    It sits here, above both, so that the replayer never imports the engine cache models that build on it.
+    by = {c.reported_by for c in calls if c.reported_by is not None}
+    if len(by) == 1:
+        name = next(iter(by))
+        if name in ENGINES:
+            return name
+    return "strata:checkpoints=turn"
+
+
+_DEPRECATED = {"model": "kind", "checkpoint_policy": "checkpoints", "full_hit": "full_hit"}
+
+
+def replay(dump, engine=None, *, tokenizer="qwen3", policy="recorded", cost_model=None, progress: bool = False,
+           context_chars: int = 40, model: str | None = None, checkpoint_policy=None, full_hit: str | None = None,
+           **kwargs) -> "ReplayReport":
+    """`strata_lab.replay`: replay a dump (path, paths, `Dump`, store, trace or `Call`s) under an engine's cache;
+    always a `ReplayReport`.
 
     Args:
-        dump: a dump path, paths, `Dump`, or a Parquet store.
-        engine: None (our engine's replay) or an engine spec ("vllm", "llama.cpp:slots=4", ...).
-        model: "hybrid" or "attention": the reuse rule of our engine.
-        checkpoint_policy: a CheckpointPolicy or a spec ("turn", "every:256", "header", "recorded").
-        tokenizer: a Tokenizer or a name; names each miss's cause.
-        policy: the policy replayed ("recorded", "reply-ids", "fixes", "header", ...; see `parse_policy`).
-        full_hit: what the engine does when the whole prompt is held.
+        dump: a dump path, paths, `Dump`, a Parquet store, a hash trace or a list of `Call`.
+        engine: an engine spec ("strata", "vllm", "llama.cpp:slots=4", "strata:kind=attention,checkpoints=turn")
+            or a list of them; None: the engine the dump names (`default_engine`; our dumps: `strata` with the
+            checkpoints each line recorded).
+        tokenizer: a Tokenizer or a name; names each miss's cause (None: "diverged").
+        policy: the policy replayed ("recorded", "reply-ids", "keep-drained", "fixes", "every:256", "header", ...).
         cost_model: prices reads in seconds (default: fitted on the dump's prefill_ms).
         progress: show a progress bar.
         context_chars: characters of text shown around each divergence.
-        bytes_per_snapshot: sizes checkpoint budgets and the reported memory.
-        cluster: a Dask client, scheduler address or "local[:N]" to replay a store on Dask.
-        **kwargs: with `engine`, overrides of the preset's fields (block_size=32, ...).
-
-    >>> import inspect
-    >>> "engine" in inspect.signature(replay).parameters
-    True
+        model: deprecated (one release): the strata engine's kind, "hybrid" or "attention"
+            (engine="strata:kind=attention").
+        checkpoint_policy: deprecated (one release): the strata engine's checkpoints, a CheckpointPolicy or a
+            spec ("recorded", "turn", "every:256", "header"; engine="strata:checkpoints=turn").
+        full_hit: deprecated (one release): the strata engine's full-hit rule (engine="strata:full_hit=...").
+        **kwargs: overrides of the engine's preset (block_size=32, checkpoints="turn", ...); `prices`,
+            `concurrency`, `tokens_per_s` as `replay_engines`.
     """
-    import inspect
-
-    from strata_lab.replayer import replay as replay_ours
-
-    if engine is None and not set(kwargs) - set(inspect.signature(replay_ours).parameters):
-        return replay_ours(dump, **kwargs)
-    own = {k: kwargs.pop(k) for k in ("tokenizer", "cost_model", "progress") if k in kwargs}
+    old = {k: v for k, v in (("model", model), ("checkpoint_policy", checkpoint_policy), ("full_hit", full_hit))
+           if v is not None}
+    own = {k: kwargs.pop(k) for k in ("prices", "concurrency", "tokens_per_s") if k in kwargs}
+    for k in ("cluster", "bytes_per_snapshot"):
+        if k in kwargs:
+            raise TypeError(f"replay: {k}= is the state model's (strata_lab.replayer.replay); the one replay "
+                            "driver does not take it")
+    if old:
+        if engine is not None and parse_engine(engine if isinstance(engine, str) else engine[0]).engine != "strata":
+            raise ValueError(f"{', '.join(sorted(old))}: strata engine settings; engine is {engine!r}")
+        over = {}
+        for k, v in old.items():
+            if v is None:
+                continue
+            if k == "checkpoint_policy":
+                v = checkpoint_spec(v)
+            over[_DEPRECATED[k]] = v
+        if "checkpoint_policy" not in old:   # the old keywords' default: a snapshot at each prompt's end
+            over["checkpoints"] = "turn"
+        spec = "strata" + (":" + ",".join(f"{k}={v}" for k, v in over.items()) if over else "")
+        warnings.warn(f"replay({', '.join(f'{k}=' for k in old)}) is deprecated: use engine=\"{spec}\" "
+                      "(or engine=\"strata\" and overrides)", DeprecationWarning, stacklevel=2)
+        engine = [parse_engine(engine or "strata").with_(**over)]
     if engine is None:
-        raise ValueError(f"engine must name an engine to take {sorted(kwargs)}")
-    return replay_engines(dump, [parse_engine(engine).with_(**kwargs) if kwargs else engine], **own)
-
-
-def _replay_signature():
-    """`replay`'s parameters as help() and inspect show them: the replayer's, plus `engine` and overrides."""
-    import inspect
-
-    from strata_lab.replayer import replay as replay_ours
-
-    P = inspect.Parameter
-    core = inspect.signature(replay_ours).parameters
-    return inspect.Signature([core["dump"], P("engine", P.KEYWORD_ONLY, default=None)]
-                             + [p for n, p in core.items() if n != "dump"] + [P("kwargs", P.VAR_KEYWORD)])
-
-
-replay.__signature__ = _replay_signature()
-
-
-
-class EnginesReport:
-    """Per-call rows of every engine (`frame()`), per-engine totals (`summary()`), text (`format()`), and a
-    deterministic JSON report (`to_json()`)."""
-
-    def __init__(self, cols: dict, presets: list, evictions: dict, cost_model):
-        self.cols = cols
-        self.presets = presets
-        self.evictions = evictions
-        self.cost_model = cost_model
-
-    def frame(self):
-        """One row per (engine, call), typed columns."""
-        import pandas as pd
-
-        return pd.DataFrame({k: pd.Series(v, dtype=_DTYPES[k]) for k, v in self.cols.items()})
-
-    to_frame = frame
-
-    def summary(self):
-        """One row per engine: calls, prompt tokens, reused, read, reread, hit rate, seconds, dollars,
-        evictions, and the comparison with what the log reports (Contract 4): over the calls with a report,
-        `simulated_cached` vs `reported_cached` tokens, `reported_diff` (simulated - reported) and
-        `reported_diff_pct` (that difference in % of those calls' prompt tokens), `calls_differ`, the rates,
-        and `simulated_written` vs `reported_written` on calls with a reported cache write; then the causes."""
-        import pandas as pd
-
-        df = self.frame()
-        rows = []
-        for p in self.presets:
-            spec = p.spec()
-            g = df[df["spec"] == spec]
-            rep = g[g["reported"].notna()]
-            wr = g[g["reported_write"].notna()]
-            prompt = int(g["prompt_len"].sum())
-            rep_prompt = int(rep["prompt_len"].sum())
-            sim, got = int(rep["reused"].sum()), int(rep["reported"].sum())
-            by = sorted(set(rep["reported_by"].dropna().astype(str)))
-            rows.append({
-                "engine": p.engine, "spec": spec, "calls": len(g), "prompt_tokens": prompt,
-                "reused": int(g["reused"].sum()), "read": int(g["read"].sum()), "reread": int(g["reread"].sum()),
-                "hit_rate": g["reused"].sum() / prompt if prompt else math.nan,
-                "prefill_s": float(g["prefill_s"].sum(min_count=1)), "reread_s": float(g["reread_s"].sum(min_count=1)),
-                "dollars": float(g["dollars"].sum(min_count=1)), "evictions": self.evictions.get(spec, 0),
-                "reported_calls": len(rep), "reported_by": ", ".join(by) or None,
-                "simulated_cached": sim, "reported_cached": got, "reported_diff": sim - got,
-                "reported_diff_pct": 100.0 * (sim - got) / rep_prompt if rep_prompt else math.nan,
-                "simulated_rate": sim / rep_prompt if rep_prompt else math.nan,
-                "reported_rate": got / rep_prompt if rep_prompt else math.nan,
-                "calls_differ": int((rep["reused"] != rep["reported"]).sum()) if len(rep) else 0,
-                "reported_write_calls": len(wr), "simulated_written": int(wr["written"].sum()),
-                "reported_written": int(wr["reported_write"].sum()),
-                "causes": ", ".join(f"{k} {v}" for k, v in sorted(Counter(g["cause"].astype(str)).items(),
-                                                                   key=lambda kv: (-kv[1], kv[0]))),
-            })
-        return pd.DataFrame(rows)
-
-    def lines(self) -> list[str]:
-        out = []
-        for p, r in zip(self.presets, self.summary().to_dict("records")):
-            s = (f"{r['spec']}: hit rate {r['hit_rate']:.1%} ({r['reused']} of {r['prompt_tokens']} prompt tokens "
-                 f"reused), {r['reread']} re-read")
-            if r["reread_s"] == r["reread_s"]:
-                s += f" ({r['reread_s']:.3g} s)"
-            if r["dollars"] == r["dollars"]:
-                s += f", ${r['dollars']:.4f}"
-            out.append(s)
-            if r["reported_calls"]:
-                who = f" by {r['reported_by']}" if r["reported_by"] else ""
-                out.append(f"    vs reported{who} on {r['reported_calls']} calls: simulated {r['simulated_cached']} "
-                           f"cached ({r['simulated_rate']:.1%}), reported {r['reported_cached']} "
-                           f"({r['reported_rate']:.1%}), difference {r['reported_diff']:+d} tokens "
-                           f"({r['reported_diff_pct']:+.1f}% of their prompt tokens), {r['calls_differ']} calls differ")
-            if r["reported_write_calls"]:
-                out.append(f"    cache writes on {r['reported_write_calls']} calls: simulated {r['simulated_written']}, "
-                           f"reported {r['reported_written']}, difference "
-                           f"{r['simulated_written'] - r['reported_written']:+d} tokens")
-            out.append(f"    causes: {r['causes']}")
-            if p.engine == "strata":   # the same engine gives other numbers under other checkpoints: say which
-                cp = getattr(p, "checkpoints", "recorded")
-                out.append("    checkpoints: " + ("recorded (the snapshots each dump line reports, as the engine kept "
-                                                  "them; `strata-lab replay` defaults to --checkpoints turn, a "
-                                                  "snapshot at each prompt's end only, and can differ)"
-                                                  if cp == "recorded" else f"{cp} (set with strata:checkpoints=...)"))
-        return out
-
-    def format(self) -> str:
-        df = self.frame()
-        show = ["engine", "index", "session", "prompt_len", "reused", "read", "reread", "unit", "cause"]
-        if df["reported"].notna().any():
-            show += ["reported", "reported_diff"]
-        head = df[show].to_string(index=False, max_rows=60)
-        return head + "\n\n" + "\n".join(self.lines())
-
-    def to_json(self) -> str:
-        """The report as JSON: same input, identical bytes (sorted keys, NaN as null, shortest float repr)."""
-        import pandas as pd
-
-        def clean(v):
-            if v is None or (isinstance(v, float) and not math.isfinite(v)):
-                return None
-            if v is pd.NA:
-                return None
-            if isinstance(v, (np.integer,)):
-                return int(v)
-            if isinstance(v, (np.floating,)):
-                return clean(float(v))
-            return v
-
-        summary = [{k: clean(v) for k, v in r.items()} for r in self.summary().to_dict("records")]
-        calls = [{k: clean(self.cols[k][i]) for k in self.cols} for i in range(len(self.cols["index"]))]
-        doc = {"schema": "strata-engines/1", "engines": summary, "calls": calls,
-               "cost_model": self.cost_model.describe() if self.cost_model else None}
-        return json.dumps(doc, sort_keys=True, allow_nan=False, separators=(",", ":")) + "\n"
-
-    def __repr__(self):
-        return f"EnginesReport({[p.spec() for p in self.presets]}, calls={len(self.cols['index'])})"
+        calls = calls_from_dump(dump)
+        dump, engine = calls, [default_engine(calls)]
+    engines = [engine] if isinstance(engine, str) or not isinstance(engine, (list, tuple)) else list(engine)
+    if kwargs:
+        if len(engines) != 1:
+            raise ValueError(f"overrides {sorted(kwargs)} apply to one engine; got {len(engines)}")
+        engines = [parse_engine(engines[0]).with_(**kwargs)]
+    return replay_engines(dump, engines, tokenizer=tokenizer, cost_model=cost_model, progress=progress,
+                          policy=policy, context_chars=context_chars, **own)

@@ -70,7 +70,7 @@ class Model(CacheModel):
         pred = st.call(call.prompt.tolist())
         cause = None
         if pred.reused < hint.exact and self.preset.kind == "hybrid":
-            cause = "checkpoint"
+            cause = "no_state_checkpoint"   # a hybrid restarts from an earlier state snapshot
         unit = ""
         if pred.reused:
             unit = f"checkpoint {pred.restored_checkpoint}" if pred.restored_checkpoint is not None else "session state"

@@ -56,19 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "budget:MIB[:N], at:P1,P2, none, header (also snapshot before the generation "
                         "prompt's <|im_start|>), before-last:ID; join with '+'")
     p.add_argument("--engine", action="append", default=[],
-                   help="replay under another engine's cache (repeatable): vllm, sglang, llama.cpp, trtllm, openai, "
+                   help="replay under an engine's cache (repeatable; default: the engine the trace names, our dumps: "
+                        "strata with their recorded checkpoints): vllm, sglang, llama.cpp, trtllm, openai, "
                         "anthropic, strata; name@version and :key=value,... overrides, e.g. llama.cpp:slots=4")
     p.add_argument("--json", nargs="?", const="-", metavar="PATH",
-                   help="with --engine: write the deterministic JSON report (to stdout without PATH)")
-    p.add_argument("--model", choices=["hybrid", "attention"], default="hybrid",
-                   help="the reuse rule replayed: hybrid (restart from a checkpoint at a divergence) or attention "
-                        "(any prefix); default hybrid")
-    p.add_argument("--checkpoints", default="turn",
-                   help="checkpoint policy of the baseline (default: turn, a snapshot at each prompt's end; "
-                        "'recorded' uses the snapshots the dump reports, which is what reproduce compares with)")
+                   help="write the deterministic JSON report (to stdout without PATH)")
+    p.add_argument("--model", choices=["hybrid", "attention"], default=None,
+                   help="the strata engine's reuse rule: hybrid (restart from a state snapshot at a divergence) or "
+                        "attention (any prefix); default hybrid (same as --engine strata:kind=...)")
+    p.add_argument("--checkpoints", default=None,
+                   help="the strata engine's checkpoint policy (default: recorded for our dumps, the snapshots each "
+                        "line reports, as the engine kept them; turn for other tools' logs; turn, every:N, header, "
+                        "budget:MIB model others; same as --engine strata:checkpoints=...)")
     p.add_argument("--full-hit", choices=["held_logits", "last_held_only", "reread_last", "saved_logits"],
-                   default="held_logits",
-                   help="what the engine does when the whole prompt is held")
+                   default=None,
+                   help="what the strata engine does when the whole prompt is held (default held_logits)")
     p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json")
     p.add_argument("--worst", type=int, default=5, help="how many worst divergences to show")
     p.add_argument("--png", help="write the plots to this PNG file")

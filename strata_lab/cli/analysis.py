@@ -156,46 +156,53 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace, dump) -> int:
     from strata_lab.dump import Dump
-    from strata_lab.replayer import compare_policies, replay
 
     if isinstance(dump, Dump) and next(iter(dump), None) is None:
         raise ValueError(f"no engine calls in {', '.join(dump.paths)}: the dump is empty or every line was "
                          "skipped (see the warnings above); nothing to replay")
-    if args.engine:
-        return _replay_engines(dump, args)
-
-    kw = dict(model=args.model, checkpoint_policy=args.checkpoints, tokenizer=args.tokenizer,
-              full_hit=args.full_hit)
     if args.dask:
-        from strata_lab.cli.commands import status
+        return _replay_dask(dump, args)
+    return _replay_engines(dump, args)
 
-        status(f"replaying on Dask ({args.dask}): starting or connecting to the cluster, one task per replica "
-               "...", args)
-    report = replay(dump, policy="recorded", progress=not args.quiet, cluster=args.dask, **kw)
-    print(report.format(worst=args.worst))
-    if args.checkpoints != "recorded" and isinstance(dump, Dump) and \
-            any(r.get("checkpoints") for r in dump.records()):
-        print(f"\nnote: checkpoints {args.checkpoints} (--checkpoints; default turn) are modelled, not the ones the "
-              "engine kept; `--checkpoints recorded` replays those, as `--engine strata` and `strata-lab "
-              "reproduce` do, and can give other numbers for the same engine")
-    table = None
-    if args.policy:
-        policies = ["recorded"] + [p for p in args.policy if p != "recorded"]
-        table = compare_policies(dump, policies, cost_model=report.cost_model, **kw)
-        print("\npolicy comparison:")
-        print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    if args.png:
-        from strata_lab.notebook.plots import plot_report
 
-        plot_report(report.to_frame(), args.png, policies=table)
-        print(f"\nwrote {args.png}")
-    return 0
+def _strata_overrides(args: argparse.Namespace) -> dict:
+    """--model / --checkpoints / --full-hit as given (None: the engine's own default): the strata engine's kind,
+    checkpoints and full-hit rule."""
+    over = {"kind": getattr(args, "model", None), "checkpoints": getattr(args, "checkpoints", None),
+            "full_hit": getattr(args, "full_hit", None)}
+    return {k: v for k, v in over.items() if v is not None}
+
+
+def _engines(calls, args: argparse.Namespace) -> list:
+    """The engines replayed: --engine, else the engine the trace names (our dumps: strata, recorded
+    checkpoints); --model / --checkpoints / --full-hit set every strata engine's own settings."""
+    from strata_lab.caches.presets import parse_engine
+    from strata_lab.caches.replay import default_engine
+
+    over = _strata_overrides(args)
+    engines = [parse_engine(e) for e in (args.engine or [default_engine(calls)])]
+    if over and not any(p.engine == "strata" for p in engines):
+        raise ValueError(f"--model / --checkpoints / --full-hit set the strata engine; the engines replayed are "
+                         f"{', '.join(p.spec() for p in engines)}")
+    out = []
+    for p in engines:
+        change = {k: v for k, v in over.items() if getattr(p, k) != v} if p.engine == "strata" else {}
+        out.append(p.with_(**change) if change else p)
+    return out
 
 
 def _replay_engines(dump, args: argparse.Namespace) -> int:
+    from strata_lab.caches.call_ids import calls_from_dump
     from strata_lab.caches.replay import replay_engines
 
-    report = replay_engines(dump, args.engine, tokenizer=args.tokenizer, progress=not args.quiet and not args.json)
+    calls = calls_from_dump(dump)
+    engines = _engines(calls, args)
+    tok = getattr(args, "tokenizer", None)
+    report = replay_engines(calls, engines, tokenizer=tok, progress=not args.quiet and not args.json)
+    return _emit(report, args, calls, engines)
+
+
+def _emit(report, args: argparse.Namespace, calls=None, engines=None) -> int:
     if args.json:
         text = report.to_json()
         if args.json == "-":
@@ -203,15 +210,58 @@ def _replay_engines(dump, args: argparse.Namespace) -> int:
         else:
             with open(args.json, "w", encoding="utf-8") as f:
                 f.write(text)
-            print(f"wrote {args.json}")
-        return 0
-    print(report.format())
-    if args.png:
-        from strata_lab.caches.sweeps import plot_engines
+    else:
+        print(report.format(worst=getattr(args, "worst", 5)))
+    policies = [p for p in getattr(args, "policy", None) or [] if p != "recorded"]
+    table = None
+    if policies and calls is not None:
+        from strata_lab.caches.replay import replay_engines
 
-        plot_engines(report, args.png)
-        print(f"\nwrote {args.png}")
+        rows = []
+        for pol in ["recorded"] + policies:
+            rep = report if pol == "recorded" else replay_engines(calls, engines, tokenizer=args.tokenizer,
+                                                                  cost_model=report.cost_model, policy=pol)
+            rows += rep.summary()[["policy", "spec", "calls", "prompt_tokens", "reused", "read", "reread",
+                                   "hit_rate", "reread_s"]].to_dict("records")
+        import pandas as pd
+
+        table = pd.DataFrame(rows)
+        if not args.json:
+            print("\npolicy comparison:")
+            print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    say = (lambda text: print(text, file=sys.stderr)) if args.json == "-" else print   # stdout holds the JSON
+    if args.json and args.json != "-":
+        say(f"wrote {args.json}")
+    if getattr(args, "png", None):
+        if len(report.presets) == 1:
+            from strata_lab.notebook.plots import plot_report
+
+            plot_report(report.frame(), args.png, policies=table[table["spec"] == report.specs[0]]
+                        if table is not None else None)
+        else:
+            from strata_lab.caches.sweeps import plot_engines
+
+            plot_engines(report, args.png)
+        say(f"\nwrote {args.png}")
     return 0
+
+
+def _replay_dask(dump, args: argparse.Namespace) -> int:
+    """--dask: a store replayed on a Dask cluster by the state model (one task per replica), into the same
+    report as every other replay (engine strata)."""
+    from strata_lab.caches.replay import ReplayReport
+    from strata_lab.cli.commands import status
+    from strata_lab.replayer import replay
+
+    if args.engine and any(e.split(":")[0].split("@")[0] != "strata" for e in args.engine):
+        raise ValueError("--dask replays our engine's state model (engine strata) only")
+    status(f"replaying on Dask ({args.dask}): starting or connecting to the cluster, one task per replica "
+           "...", args)
+    checkpoints = args.checkpoints or "recorded"   # as the plain replay of our dumps
+    state = replay(dump, model=args.model or "hybrid", checkpoint_policy=checkpoints, tokenizer=args.tokenizer,
+                   full_hit=args.full_hit or "held_logits", policy="recorded", progress=not args.quiet,
+                   cluster=args.dask)
+    return _emit(ReplayReport.from_state_report(state, checkpoints=checkpoints), args)
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:

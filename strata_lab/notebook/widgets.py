@@ -263,7 +263,6 @@ class DivergenceViewer(_Widget):
         import ipywidgets as W
 
         from strata_lab.dump import Store, load_dump
-        from strata_lab.replayer import replay
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
@@ -276,10 +275,21 @@ class DivergenceViewer(_Widget):
             self.pager = StorePager(self.dump, page_size=page_size, tokenizer=self.tok, model=model,
                                     checkpoint_policy=checkpoint_policy, full_hit=full_hit)
             self.calls = self.pager.calls
-        else:
-            self.report = replay(self.dump, tokenizer=self.tok, model=model, checkpoint_policy=checkpoint_policy,
-                                 full_hit=full_hit)
-            self.calls = self._pair(self.dump.records(), self.report.rows)
+        else:   # the one driver: our engine, strata, as `strata_lab.replay` replays it (Contract 3)
+            from strata_lab.caches.call_ids import calls_from_dump
+            from strata_lab.caches.presets import parse_engine
+            from strata_lab.caches.replay import checkpoint_spec, replay_engines
+
+            records = self.dump.records()
+            # checkpoint_policy None: a snapshot at each prompt's end, as the store pager models it
+            over = {"kind": model, "full_hit": full_hit,
+                    "checkpoints": checkpoint_spec(checkpoint_policy) if checkpoint_policy is not None else "turn"}
+            engine = parse_engine("strata").with_(**over)
+            self.report = replay_engines(calls_from_dump(self.dump), [engine], tokenizer=self.tok)
+            by_index = sorted(self.report.rows, key=lambda r: r["index"])
+            rows = [dict(r, recorded_reused=r["reported"], call=rec.get("call", 0), gen_len=len(rec["gen_ids"]),
+                         drained_len=len(rec["drained_ids"])) for r, rec in zip(by_index, records)]
+            self.calls = self._pair(records, rows)
         if not self.calls:
             raise ValueError("dump: no engine calls to show")
         self.order = self._order()
@@ -380,7 +390,7 @@ class DivergenceViewer(_Widget):
         rec_reused = r["recorded_reused"]
         self.header.value = (
             f'<div style="font-family:sans-serif"><b>{self._label(position)}</b>: '
-            f'session {html.escape(str(r["session"]))}, index {r["index"]}'
+            f'session {html.escape(str(r["session"]))}, turn {r["turn"]}'
             f' (request {html.escape(str(r["request_id"]))}.{r["call"]}): cause <b>{r["cause"]}</b>; '
             f'prompt {r["prompt_len"]}, held {r["held_before"]}, lcp_ids {r["lcp_ids"]}, lcp_text {r["lcp_text"]}'
             f'<br>reused <b>{r["reused"]}</b>'
@@ -406,18 +416,28 @@ class DivergenceViewer(_Widget):
 
 # --- ReuseDashboard -------------------------------------------------------------------------------------
 class ReuseDashboard(_Widget):
-    """The replay plots and the policy comparison for a dump; pick the policies to compare."""
+    """The replay plots and the policy comparison for a dump; pick the policies to compare. One replay driver
+    (`strata_lab.replay`): our engine, `strata`, with `model` as its kind and `checkpoint_policy` as its
+    checkpoints (default: the ones each dump line recorded)."""
 
     def __init__(self, dump, *, policies: Sequence[str] = ("recorded", "reply-ids", "keep-drained", "fixes",
                                                            "every:256"),
                  tokenizer="qwen3", model: str = "hybrid", checkpoint_policy=None):
         import ipywidgets as W
 
+        from strata_lab.caches.call_ids import calls_from_dump
+        from strata_lab.caches.presets import parse_engine
         from strata_lab.dump import load_dump
 
         self.tok = _tok(tokenizer)
         self.dump = load_dump(dump)
-        self.kwargs = dict(tokenizer=self.tok, model=model, checkpoint_policy=checkpoint_policy)
+        self.calls = calls_from_dump(self.dump)
+        over = {"kind": model}
+        if checkpoint_policy is not None:
+            from strata_lab.caches.replay import checkpoint_spec
+
+            over["checkpoints"] = checkpoint_spec(checkpoint_policy)
+        self.engine = parse_engine("strata").with_(**over)
         options = list(dict.fromkeys(["recorded", *policies, "reply-ids", "keep-drained", "fixes", "every:64",
                                       "every:256", "none"]))
         self.policies = W.SelectMultiple(options=options, value=tuple(dict.fromkeys(["recorded", *policies])),
@@ -432,20 +452,28 @@ class ReuseDashboard(_Widget):
 
     def refresh(self):
         """Replay under the selected policies; update the summary, the table and the plot. Returns the table."""
-        from strata_lab.notebook.plots import plot_report
-        from strata_lab.replayer import compare_policies, replay
+        import pandas as pd
 
-        self.report = replay(self.dump, **self.kwargs)
+        from strata_lab.caches.replay import replay_engines
+        from strata_lab.notebook.plots import plot_report
+
+        self.report = replay_engines(self.calls, [self.engine], tokenizer=self.tok)
         chosen = list(self.policies.value) or ["recorded"]
-        self.comparison = compare_policies(self.dump, chosen, cost_model=self.report.cost_model, **self.kwargs)
-        t = self.report
+        rows = []
+        for pol in chosen:
+            rep = self.report if pol == "recorded" else replay_engines(
+                self.calls, [self.engine], tokenizer=self.tok, cost_model=self.report.cost_model, policy=pol)
+            rows.append(rep.summary().iloc[0][["policy", "calls", "prompt_tokens", "reused", "read", "reread",
+                                               "hit_rate", "prefill_s", "reread_s"]].to_dict())
+        self.comparison = pd.DataFrame(rows)
+        t = self.report.totals()
         self.summary.value = (f'<div style="font-family:sans-serif">{t["calls"]} calls, {t["prompt_tokens"]} '
                               f'prompt tokens: {t["reused"]} reused, {t["read"]} read, {t["reread"]} reread. '
-                              f'{html.escape(t.summary())}</div>')
+                              f'{html.escape(self.report.headline())}</div>')
         self.table.value = self.comparison.to_html(index=False, float_format=lambda x: f"{x:.3g}")
         import matplotlib.pyplot as plt
 
-        fig = plot_report(self.report.to_frame(), policies=self.comparison)
+        fig = plot_report(self.report.frame(), policies=self.comparison)
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=80)
         plt.close(fig)  # the Image widget shows it; an open figure would also print under the inline backend

@@ -1,8 +1,12 @@
 """The replay stage: step recorded sessions through the session state model, explain every miss, try fixes.
 
 Modules: `state` (which ids a session reuses, where it keeps snapshots), `divergence` (where and why a
-prompt leaves what the session held), `costs` (a prefill cost model), `policies` (counterfactual prompts),
-`step` (one call -> one typed row), `report` (totals, frames, text), `core` (`replay`).
+prompt leaves what the session held), `explain` (the one explainer every engine's replay uses: the divergence
+once per call, then each engine's shortfall; the one cause vocabulary), `costs` (a prefill cost model),
+`policies` (counterfactual prompts), `step` (one call -> one typed row), `report` (totals, frames, text),
+`core` (`replay`: our engine's state model over dumps and stores, natively and on Dask; the public
+`strata_lab.replay` is the one driver in `strata_lab.caches.replay`, where this model is the engine `strata`,
+and `ReplayReport.from_state_report` turns this replay's rows into that report).
 The replay never imports the HTTP server: the text rules it shares with it live in `strata_lab.text.stream`.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ from itertools import accumulate
 __all__ = ["Divergence", "find_divergence", "add_contexts", "set_id_contexts", "set_text_contexts", "context_pair", "classify", "CAUSES"]
 
 CAUSES = ("none", "new_session", "retokenized_reply", "retokenized_prompt", "drained_dropped",
-          "template_rewrite", "history_edit", "checkpoint")
+          "template_rewrite", "history_edit", "no_state_checkpoint")   # the C++ core exports its causes by name (_replay.Cause); each is one of these
 _CTX_TOKENS = 24
 
 
@@ -224,7 +224,7 @@ def classify(*, held, prompt, segments, div: Divergence | None, reused: int, tar
     """The cause of a call's miss, from the divergence and where it lies.
 
     - new_session: the session held nothing;
-    - none / checkpoint: the prompt extends held or is a prefix of it; `checkpoint` when the state
+    - none / no_state_checkpoint: the prompt extends held or is a prefix of it; `no_state_checkpoint` when the state
       model still could not reuse `target` (a hybrid model without a snapshot there);
     - retokenized_reply / retokenized_prompt: the ids part while the text goes on (lcp_text > lcp_ids)
       and realign before the text parts (`div.retokenized`); `reply` when the id divergence lies in
@@ -239,7 +239,7 @@ def classify(*, held, prompt, segments, div: Divergence | None, reused: int, tar
         return "new_session"
     lcp = div.lcp_ids if div is not None else (lcp_ids if lcp_ids is not None else 0)
     if lcp >= len(held) or lcp >= len(prompt):
-        return "none" if reused >= target else "checkpoint"
+        return "none" if reused >= target else "no_state_checkpoint"
     if div.lcp_text > div.lcp_ids and div.retokenized:
         return "retokenized_reply" if _in_segment(segments, div.lcp_ids, ("gen", "drained")) else "retokenized_prompt"
     pos = div.lcp_text

@@ -463,7 +463,7 @@ class _Domain:
         empty = pa.array([""] * n, type=pa.string())
         no_ids = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], type=pa.int64()))
         data = {
-            "session": col("session"), "index": outs["index"], "request_id": col("request_id"), "call": col("call"),
+            "session": col("session"), "turn": outs["index"], "request_id": col("request_id"), "call": col("call"),
             "ts": col("ts"), "prompt_len": plen, "held_before": outs["held_before"], "lcp_ids": outs["lcp"],
             "lcp_text": lcp_text, "reused": reused, "recorded_reused": col("reused"), "read": read, "reread": reread,
             "cause": pa.array(cause, type=pa.string()), "checkpoint_gap": gap, "snapshots": outs["snapshots"],

@@ -195,7 +195,7 @@ class Report(Mapping):
             lines.append("")
             lines.append(f"worst divergences (top {len(bad)} by reread):")
             for r in bad:
-                lines.append(f"- session {r['session']} call {r['index']}: {r['cause']}, reused {r['reused']} "
+                lines.append(f"- session {r['session']} turn {r['turn']}: {r['cause']}, reused {r['reused']} "
                              f"of held {r['held_before']}, lcp_ids {r['lcp_ids']}, lcp_text {r['lcp_text']}, "
                              f"reread {r['reread']}")
                 for key in ("id_context_held", "id_context_prompt"):

@@ -8,14 +8,14 @@ its columns to the report's totals, `to_frame()` and the worst calls without reb
 
 >>> from strata_lab.replayer.step import CallRow
 >>> def row(i):
-...     return CallRow(session="s", index=i, request_id=None, call=0, ts=None, prompt_len=10 + i,
+...     return CallRow(session="s", turn=i, request_id=None, call=0, ts=None, prompt_len=10 + i,
 ...                    held_before=i, lcp_ids=i, lcp_text=i, reused=i, recorded_reused=None, read=10,
 ...                    reread=0, cause="none", checkpoint_gap=0, snapshots=1, snapshot_mib=0.5, gen_len=3,
 ...                    drained_len=0, prefill_ms=1.0, prefill_s=0.1, reread_s=0.0)
 >>> t = RowTable(chunk=2)
 >>> for i in range(5):
 ...     t.append(row(i))
->>> len(t), t[3].prompt_len, [r.index for r in t[1:4]], t.column("reused")
+>>> len(t), t[3].prompt_len, [r.turn for r in t[1:4]], t.column("reused")
 (5, 13, [1, 2, 3], [0, 1, 2, 3, 4])
 >>> t[-1] == row(4)
 True

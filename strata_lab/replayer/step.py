@@ -31,7 +31,7 @@ class CallRow:
     """The replay of one engine call. Rows read like mappings too (`row["cause"]`)."""
 
     session: str
-    index: int                   # the call's position in its session
+    turn: int                    # the call's position in its session (Contract 3)
     request_id: str | None
     call: int                    # engine call within its request (0: first)
     ts: float | None
@@ -60,7 +60,7 @@ class CallRow:
     prompt_ids_at: tuple = ()
 
     DTYPES: ClassVar[dict] = {
-        "session": "string", "index": "int64", "request_id": "string", "call": "int64", "ts": "float64",
+        "session": "string", "turn": "int64", "request_id": "string", "call": "int64", "ts": "float64",
         "prompt_len": "int64", "held_before": "int64", "lcp_ids": "int64", "lcp_text": "int64",
         "reused": "int64", "recorded_reused": "Int64", "read": "int64", "reread": "int64", "cause": "category",
         "checkpoint_gap": "int64", "snapshots": "int64", "snapshot_mib": "float64", "gen_len": "int64",
@@ -131,7 +131,7 @@ def step(state: SessionState, prompt, rec, *, tok, first: bool, recorded_checkpo
     rr = rec.get("reused")
     recorded_reused = rr if isinstance(rr, int) and not isinstance(rr, bool) and not prompt_changed else None
     return CallRow(
-        session=str(rec["session"]), index=state.calls - 1, request_id=rec.get("request_id"),
+        session=str(rec["session"]), turn=state.calls - 1, request_id=rec.get("request_id"),
         call=rec.get("call", 0), ts=rec.get("ts"), prompt_len=len(prompt), held_before=held_before,
         lcp_ids=lcp, lcp_text=lcp_text, reused=pred.reused, recorded_reused=recorded_reused, read=read,
         reread=reread, cause=cause, checkpoint_gap=max(target - pred.reused, 0), snapshots=len(state.checkpoints),

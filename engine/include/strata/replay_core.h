@@ -89,7 +89,7 @@ struct ReplayOut {
 // are divergence.CAUSES' (tests/test_native_import.py checks it); the codes never leave C++ unnamed.
 #define STRATA_REPLAY_CAUSES(X)                                                                              \
   X(none) X(new_session) X(retokenized_reply) X(retokenized_prompt) X(drained_dropped) X(template_rewrite)  \
-  X(history_edit) X(checkpoint)
+  X(history_edit) X(no_state_checkpoint)
 
 enum class ReplayCause : int8_t {
 #define STRATA_REPLAY_CAUSE(name) name,

@@ -1,0 +1,242 @@
+"""One replay (issue 27): one driver, one explainer, one report type, for our engine and every other.
+
+- every shipped dump: the default replay is `--engine strata` row for row, in the library and the CLI, and
+  `--json` always writes;
+- an edited history (a session whose turn 3 edits its first message thousands of tokens before the end) is a
+  `history_edit` with the tokens it cost under every engine, first among the worst divergences;
+- agent.jsonl: one re-read number for our engine, and no engine shows 0 re-read beside retokenized_reply.
+"""
+import glob
+import json
+import os
+import warnings
+
+import pytest
+
+import strata_lab as sl
+from strata_lab.caches.replay import ReplayReport
+from strata_lab.cli import main
+from strata_lab.dump.writer import Recorder
+from strata_lab.replayer.state import SessionState
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+DUMPS = sorted(glob.glob(os.path.join(ROOT, "dumps", "*.jsonl")))
+ENGINES = ["vllm", "sglang", "llama.cpp", "trtllm", "openai", "anthropic", "strata"]
+
+
+@pytest.mark.parametrize("path", DUMPS, ids=[os.path.basename(p) for p in DUMPS])
+def test_default_replay_is_engine_strata_row_for_row(qwen3, path, tmp_path):
+    default, strata = sl.replay(path, tokenizer=qwen3), sl.replay(path, engine="strata", tokenizer=qwen3)
+    assert type(default) is type(strata) is ReplayReport
+    assert default.specs == strata.specs == ["strata@1"]
+    assert len(default.frame()) > 0 and default.frame().equals(strata.frame())
+    # the CLI runs the same code: plain `replay D` and `replay D --engine strata` write the same JSON
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["replay", path, "-q", "--json", str(a)]) == 0
+    assert main(["replay", path, "-q", "--engine", "strata", "--json", str(b)]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    doc = json.loads(a.read_text())
+    assert [c["reused"] for c in doc["calls"]] == default.frame()["reused"].tolist()
+    # the reported columns (Contract 4) are in every replay: our dumps report `reused`
+    assert {"reported", "reported_by", "reported_diff"} <= set(doc["calls"][0])
+    assert doc["engines"][0]["reported_calls"] == len(doc["calls"])
+
+
+def test_replay_returns_one_type_whatever_the_arguments(qwen3):
+    path = DUMPS[0]
+    reps = [sl.replay(path, tokenizer=qwen3), sl.replay(path, engine="vllm", tokenizer=qwen3),
+            sl.replay(path, engine=["vllm", "sglang"], tokenizer=qwen3),
+            sl.replay(path, engine="strata", checkpoints="turn", tokenizer=qwen3),
+            sl.replay(path, policy="reply-ids", tokenizer=qwen3),
+            sl.replay_engines(path, ["llama.cpp"], tokenizer=qwen3)]
+    with pytest.warns(DeprecationWarning, match="strata:kind=attention,checkpoints=turn"):
+        reps.append(sl.replay(path, model="attention", checkpoint_policy="turn", tokenizer=qwen3))
+    assert {type(r) for r in reps} == {ReplayReport}
+    # the deprecated keywords are the engine spec they name
+    spec = sl.replay(path, engine="strata:kind=attention,checkpoints=turn", tokenizer=qwen3)
+    assert reps[-1].frame().equals(spec.frame())
+
+
+def test_json_is_written_for_every_replay(tmp_path, capsys):
+    for args in ([], ["--engine", "vllm"], ["--policy", "keep-drained"], ["--checkpoints", "turn"]):
+        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}.json"
+        assert main(["replay", DUMPS[0], "-q", "--json", str(out), *args]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["schema"] == "strata-replay/1" and len(doc["calls"]) > 0
+    capsys.readouterr()
+    assert main(["replay", DUMPS[0], "-q", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calls"]
+
+
+# --- an edited history ------------------------------------------------------------------------------
+def _chat(tok, messages, *, open_assistant=True):
+    text = "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages)
+    return tok.encode(text + ("<|im_start|>assistant\n" if open_assistant else ""))
+
+
+def _history_edit_dump(tok, path) -> tuple[int, int]:
+    """A session of 5 turns over a long document; turn 3 edits the first line of the system message (the
+    date), thousands of tokens before the end. Returns (the edited call's index, its prompt length)."""
+    doc = "\n".join(f"Section {i}: the service keeps a ledger of orders, refunds and audit notes for region "
+                    f"{i % 7}; every entry is checked twice before it is filed." for i in range(120))
+    system = ("Date: 2026-03-01\nYou are a careful assistant for the operations team.", "Date: 2026-03-02\n"
+              "You are a careful assistant for the operations team.")
+    asks = ["Summarise the ledger policy.", "Which regions repeat?", "List the checks.", "Any refunds?",
+            "Thanks, one more line please."]
+    replies = [f"Reply {k}: the ledger is checked twice and filed by region." for k in range(5)]
+    edited = 3
+    st = SessionState(model="hybrid")   # what our engine reuses and where it keeps snapshots (Contract 1)
+    with Recorder(path) as rec:
+        prev_prompt, prev_reply = None, None
+        for k in range(5):
+            msgs = [("system", system[k >= edited]), ("user", doc + "\n\n" + asks[0])]
+            for j in range(k):
+                msgs += [("assistant", replies[j]), ("user", asks[j + 1])]
+            prompt = _chat(tok, msgs)
+            if k not in (0, edited) and prev_prompt is not None:   # the server appends ids: the prefix is exact
+                tail = _chat(tok, [("user", asks[k])])
+                prompt = prev_prompt + prev_reply + tok.encode("\n") + tail
+            reply = tok.encode(replies[k]) + [tok.im_end_id]
+            reused = st.call(prompt).reused
+            st.finish(reply)
+            rec.write_call(session="ops", prompt_ids=prompt, reused=reused, gen_ids=reply,
+                           checkpoints=list(st.checkpoints))
+            prev_prompt, prev_reply = prompt, reply
+            if k == edited:
+                n = len(prompt)
+    return edited, n
+
+
+def test_history_edit_is_named_and_priced_under_every_engine(qwen3, tmp_path):
+    path = str(tmp_path / "edited.jsonl")
+    k, n = _history_edit_dump(qwen3, path)
+    assert n > 3000
+    rep = sl.replay_engines(path, ENGINES, tokenizer=qwen3)
+    df = rep.frame()
+    edit = df[df["index"] == k]
+    assert set(edit["divergence"]) == {"history_edit"}
+    assert (edit["lcp_ids"] < 20).all()                      # the prompt parts at the date, near the start
+    for spec in rep.specs:
+        row = edit[edit["spec"] == spec].iloc[0]
+        assert row["cause"] == "history_edit", (spec, row[["cause", "reused", "reread", "engine_reread"]])
+        # the edit cost (nearly) every token the session held: far more than a block
+        assert row["reread"] > 0.9 * row["held_before"] > 2500, (spec, row["reread"], row["held_before"])
+        worst = rep.worst(3, spec)
+        assert worst[0]["index"] == k and worst[0]["cause"] == "history_edit", (spec, worst[0])
+    # the headline counts it: not "0 of N tokens were re-read"
+    assert rep.totals("strata")["reread"] >= edit[edit["engine"] == "strata"]["reread"].iloc[0] > 2500
+    # the text the CLI prints ranks it first
+    text = rep.format(worst=1)
+    assert "worst divergences on vllm@0.33 (top 1 by tokens re-read):\n- session ops turn 3 (call 3): " \
+           "history_edit" in text
+
+
+def test_agent_dump_has_one_reread_number_and_no_zero_beside_a_retokenization(qwen3):
+    path = os.path.join(ROOT, "dumps", "agent.jsonl")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old_form = sl.replay(path, model="hybrid", checkpoint_policy="recorded", tokenizer=qwen3)
+    numbers = {sl.replay(path, tokenizer=qwen3)["reread"], sl.replay(path, engine="strata", tokenizer=qwen3)["reread"],
+               sl.replay(path, engine="strata", checkpoints="recorded", tokenizer=qwen3)["reread"], old_form["reread"]}
+    assert len(numbers) == 1 and numbers.pop() > 0
+    rep = sl.replay_engines(path, ENGINES, tokenizer=qwen3)
+    df = rep.frame()
+    retok = df[df["cause"] == "retokenized_reply"]
+    assert len(retok) and (retok["reread"] > 0).all()
+    for r in rep.summary().to_dict("records"):
+        if "retokenized_reply" in r["causes"]:
+            assert r["reread"] > 0, r
+    assert set(retok["engine"]) >= {"sglang", "llama.cpp", "trtllm", "vllm", "strata"}
+
+
+def test_one_cause_vocabulary():
+    from strata_lab.caches.base import ENGINE_CAUSES
+    from strata_lab.replayer.explain import CAUSES
+
+    rep = sl.replay_engines(DUMPS[0], ENGINES, tokenizer="qwen3")
+    assert set(rep.frame()["cause"].astype(str)) <= set(CAUSES)
+    assert set(ENGINE_CAUSES) <= set(CAUSES) and "checkpoint" not in CAUSES
+
+
+def test_prompt_policies_transform_the_call_stream_for_every_engine(qwen3):
+    from strata_lab.replayer import replay as state_replay
+
+    path = os.path.join(ROOT, "dumps", "agent.jsonl")
+    rep = sl.replay(path, ["vllm", "sglang", "strata:checkpoints=turn"], policy="reply-ids", tokenizer=qwen3)
+    s = rep.summary().set_index("engine")
+    base = sl.replay(path, ["vllm"], tokenizer=qwen3).summary().iloc[0]
+    # one rewritten stream: every engine sees the same prompts, and they are not the recorded ones
+    assert s["prompt_tokens"].nunique() == 1 and s.loc["vllm", "prompt_tokens"] != base["prompt_tokens"]
+    assert s["reported_calls"].eq(0).all()            # the log's figures belong to the recorded prompts
+    # our engine under the transformed stream reuses what the state model's own counterfactual predicts
+    old = state_replay(path, policy="reply-ids", checkpoint_policy="turn", tokenizer=qwen3)
+    ours = rep.frame()[rep.frame()["engine"] == "strata"].sort_values("index")
+    assert ours["reused"].tolist() == [r["reused"] for r in old.rows]
+    assert ours["prompt_len"].tolist() == [r["prompt_len"] for r in old.rows]
+    with pytest.raises(ValueError, match="checkpoint policy applies to the strata engine"):
+        sl.replay(path, "vllm", policy="header", tokenizer=qwen3)
+
+
+def test_the_state_models_store_replay_feeds_the_same_report(qwen3, tmp_path):
+    from strata_lab.dump import convert_jsonl
+    from strata_lab.replayer import replay as state_replay
+
+    path = os.path.join(ROOT, "dumps", "webui.jsonl")
+    convert_jsonl([path], tmp_path / "s", progress=False)
+    state = state_replay(sl.load_dump(tmp_path / "s"), checkpoint_policy="recorded", tokenizer=qwen3)
+    rep = ReplayReport.from_state_report(state)
+    one = sl.replay(tmp_path / "s", tokenizer=qwen3)   # the store through the one driver
+    a, b = rep.frame(), one.frame()
+    assert type(rep) is type(one) and list(a.columns) == list(b.columns)
+    for col in ("index", "turn", "session", "prompt_len", "held_before", "lcp_ids", "lcp_text", "reused", "read",
+                "reported", "divergence"):
+        assert a[col].tolist() == b[col].tolist(), col
+    # its re-read is the divergence up to the text divergence; the driver's adds the realigned tail
+    assert (a["reread"] <= b["reread"]).all()
+
+
+def test_plain_replay_shows_the_reported_column(capsys, tmp_path):
+    """Issue 28: `strata-lab replay D` without --engine shows what the log reported beside the simulation."""
+    assert main(["replay", DUMPS[0], "-q"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("engine"))
+    assert "reported" in header.split() and "reported_diff" in header.split()
+    assert "vs reported by strata on" in out
+    # a log that reports nothing says so instead of leaving the comparison out
+    path = tmp_path / "bare.jsonl"
+    path.write_text(json.dumps({"schema": "strata-dump/1", "session": "s", "prompt_ids": [1, 2, 3], "gen_ids": [4],
+                                "drained_ids": [], "finish": "stop", "timings": {}, "checkpoints": []}) + "\n")
+    assert main(["replay", str(path), "-q"]) == 0
+    assert "vs reported: no call in this trace reports its cached tokens" in capsys.readouterr().out
+
+
+def test_the_replay_cores_cause_codes_name_the_python_causes():
+    """The C++ replay core hands causes to Python as codes into `divergence.CAUSES`: each code must name the
+    same cause on both sides (read from the core's enum), and every name is one of the one vocabulary's."""
+    import re
+    from pathlib import Path
+
+    from strata_lab.replayer.divergence import CAUSES as CORE_CAUSES
+    from strata_lab.replayer.explain import CAUSES
+
+    names = {"None": "none", "NewSession": "new_session", "RetokReply": "retokenized_reply",
+             "RetokPrompt": "retokenized_prompt", "DrainedDropped": "drained_dropped",
+             "TemplateRewrite": "template_rewrite", "HistoryEdit": "history_edit", "Checkpoint": "no_state_checkpoint"}
+    found = {}
+    for path in Path(ROOT, "engine").rglob("*.h"):
+        for name, code in re.findall(r"\bkCause(\w+)\s*=\s*(\d+)", path.read_text(errors="replace")):
+            found[name] = int(code)
+    assert set(found) == set(names), found
+    for name, code in found.items():
+        assert CORE_CAUSES[code] == names[name], (name, code)
+    assert set(CORE_CAUSES) <= set(CAUSES)
+
+
+def test_strata_flags_are_the_engine_spec(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["replay", DUMPS[0], "-q", "--model", "attention", "--checkpoints", "turn", "--json", str(a)]) == 0
+    assert main(["replay", DUMPS[0], "-q", "--engine", "strata:kind=attention,checkpoints=turn", "--json", str(b)]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert json.loads(a.read_text())["engines"][0]["spec"] == "strata@1:checkpoints=turn,kind=attention"
+    assert main(["replay", DUMPS[0], "-q", "--engine", "vllm", "--model", "attention"]) == 2
+    assert "--model / --checkpoints / --full-hit set the strata engine" in capsys.readouterr().err
