@@ -37,7 +37,7 @@ class Cause:
     drained_dropped: ClassVar[Cause]
     template_rewrite: ClassVar[Cause]
     history_edit: ClassVar[Cause]
-    checkpoint: ClassVar[Cause]
+    no_state_checkpoint: ClassVar[Cause]
     __members__: ClassVar[dict[str, Cause]]
     name: str
     value: int
