@@ -138,13 +138,9 @@ void register_checkpoint(py::module_& m) {
   }, py::arg("bytes"), py::arg("threads") = 0, py::arg("reps") = 3,
      "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
-        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo', 'gdn_matrix', 'linear_prefetch', 'attn_tiled', 'int8_dot' or 'release_teams' (default on; off: parallel work on the caller's thread leaves its idle OpenMP team there).");
+        py::arg("name"), py::arg("on"), "Kernel switch (the table in engine/include/strata/kernels.h): 'int8_dot', 'attn_tiled', 'attn_decode', 'gdn_matrix', 'moe_parallel', 'bf16_eo', 'decode_rows8', 'decode_runs' (default on), 'kv_f16' or 'decode_pool' (default off); unknown names raise ValueError.");
   m.def("_kernel_option", [](const std::string& name) { return kernels::option(name); }, py::arg("name"),
-        "Current value of a _set_kernel_option switch ('attn_decode', default on: decode attention streams the "
-        "cache, each thread walking the key tiles once for a contiguous run of kv heads; off: one task per kv head. "
-        "'attn_pf_lines', default on: decode's prefetch a line cursor over the next key tile, steps in the score and "
-        "P V loops; off: whole rows per score step. 'kv_f16', default off: on, KV caches created from then on by engines loaded with kv_cache='auto' hold "
-        "f16 whatever the weights; an explicit Engine.load kv_cache wins).");
+        "Current value of a _set_kernel_option switch (the table in engine/include/strata/kernels.h).");
   m.def("_gdn_delta", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
                          py::array_t<float, py::array::c_style | py::array::forcecast> k,
                          py::array_t<float, py::array::c_style | py::array::forcecast> v,

@@ -233,14 +233,12 @@ struct AttPrefetch {
   const char *k = nullptr, *v = nullptr;  // row 0, column c0 of the span
   int64_t kvs = 0, span = 0;              // row stride, span length (bytes)
   int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
-  int per_step = 0;                        // rows per 4-key step (attn_pf_lines off)
-  bool lines = false;                      // attn_pf_lines: a line cursor, steps in the score and the P V loops
-  int64_t col = 0;                         // next byte of row `row` to ask for (lines)
-  int lines_step = 0;                      // K and V lines per step (lines)
+  int64_t col = 0;                         // next byte of row `row` to ask for
+  int lines_step = 0;                      // K and V lines per step (score and P V loops)
 };
 constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
 STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
-  if (p.lines) {  // the span's lines, the last one too when the span does not start on a line
+  {  // the span's lines, the last one too when the span does not start on a line
     // (in locals: through p, GCC reloaded and stored the cursor on every line, 17% of a 1-thread decode)
     int64_t row = p.row, col = p.col;
     const int64_t end = p.end, span = p.span, kvs = p.kvs;
@@ -260,15 +258,6 @@ STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
     }
     p.row = row;
     p.col = col;
-    return;
-  }
-  for (int i = 0; i < p.per_step && p.row < p.end; ++i, ++p.row) {
-    const char* kr = p.k + p.row * p.kvs;
-    const char* vr = p.v + p.row * p.kvs;
-    for (int64_t c = 0; c < p.span; c += 64) {
-      _mm_prefetch(kr + c, _MM_HINT_T1);
-      _mm_prefetch(vr + c, _MM_HINT_T1);
-    }
   }
 }
 
@@ -353,7 +342,7 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, const E* kt, const E* v
   // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile, the V column slice kept in L1
   for (int c0 = 0; c0 < C8; c0 += 4) {
     const int C = std::min(4, C8 - c0);
-    if (pf && pf->lines) att_decode_prefetch(*pf);
+    if (pf) att_decode_prefetch(*pf);
     int64_t r = r0;
     for (; r + 3 <= rows; r += 3)
       att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
@@ -452,19 +441,17 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
     pf.v = v16 ? reinterpret_cast<const char*>(v16 + g0 * hd) : reinterpret_cast<const char*>(v + g0 * hd);
     pf.kvs = int64_t(Hkv) * hd * es;
     pf.span = nh * hd * es;
-    pf.per_step = int((ATT_KT / nh + 15) / 16);  // 16 score steps per tile-head
-    // attn_pf_lines: a tile-head's share of the next tile's rows, line by line (the span's last line too:
+    // A tile-head's share of the next tile's rows, line by line (the span's last line too:
     // spans need not start on a line, e.g. a malloc'ed cache 16 bytes past one, which the row-wise prefetch
     // missed), spread evenly over its 16 score and hd / 32 P V steps. Bursts hurt: whole rows per step, or
     // the same lines over the first half of the steps, read the cache slower at 16K keys (2 threads, f16).
-    pf.lines = g_attn_pf_lines;
     const int64_t rows_th = (ATT_KT + nh - 1) / nh, lines_row = pf.span / 64 + 1,
                   steps = ATT_KT / 4 + (hd + 31) / 32;
     pf.lines_step = int((rows_th * lines_row + steps - 1) / steps);
-    // attn_first_tile: tile 0 has no tile before it to ask for it, so its rows come in as demand misses, one
+    // Tile 0 has no tile before it to ask for it, so its rows come in as demand misses, one
     // 4 KiB page (two cache rows) at a time -- most of a short context's cache. Ask for all of its lines at
     // once instead (into L2, in address order). Attention at 64-256 keys, int8 decode: x1.12-1.13.
-    if (g_attn_first_tile) {
+    {
       const int64_t r1 = std::min<int64_t>(pmax + 1, ATT_KT);
       for (const char* base : {pf.k, pf.v})
         for (int64_t r = 0; r < r1; ++r)
@@ -545,7 +532,7 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
     const float inv = 1.0f / sum;
     for (int64_t j = 0; j <= p; ++j) axpy(scores[j] * inv, v + j * kv_stride + int64_t(g) * hd, o, hd);
   };
-  if (n <= 6) {  // decode: the barrier-free pool (pool.h), one chunk per head
+  if (n <= 6) {  // decode: decode_for (OpenMP or the pool), one chunk per head
     decode_for(n * H, 1, [&](int64_t b, int64_t e) {
       thread_local std::vector<float> scores;
       if (scores.size() < size_t(pos0 + n)) scores.resize(size_t(pos0 + n));

@@ -3,8 +3,6 @@
 #pragma once
 #include "strata/kernels.h"
 
-#include "pool.h"
-
 #include <immintrin.h>
 
 #include <algorithm>
@@ -14,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include "pool.h"
+
 #include <string>
 #include <vector>
 #ifdef STRATA_HAVE_OPENMP
@@ -31,17 +31,13 @@ namespace kernels {
 extern bool g_decode_pool;
 extern bool g_bf16_eo;
 extern bool g_gdn_matrix;
-extern bool g_linear_prefetch;
 extern bool g_attn_tiled;
 extern bool g_int8_dot;
 extern bool g_attn_decode;
-extern bool g_attn_pf_lines;
 extern bool g_kv_f16;
 extern bool g_decode_rows8;
 extern bool g_decode_runs;
 extern bool g_moe_parallel;
-extern bool g_release_teams;
-extern bool g_attn_first_tile;
 constexpr int64_t kPrefetchAhead = 8192;
 
 // The f32-activation kernels of a level: AVX512BF16 differs from AVX512 only for bf16 weights.
@@ -55,7 +51,9 @@ STRATA_AVX2 inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-// A decode-step loop over [0, n) in chunks of grain: the barrier-free pool, or OpenMP for comparison.
+// A decode-step loop over [0, n) in chunks of grain: OpenMP (decode_runs: each thread one contiguous run of
+// chunks, its rows streaming from memory as one run, stealing from the far end of another's; off: the
+// dynamic schedule, chunks in turn), or pool.h's barrier-free helpers (decode_pool).
 template <class F>
 inline void decode_for(int64_t n, int64_t grain, F&& f) {
 #ifdef STRATA_HAVE_OPENMP

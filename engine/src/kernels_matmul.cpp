@@ -102,7 +102,7 @@ STRATA_AVX2 static void axpy_avx2(float a, const float* x, float* y, int64_t n) 
 // elements. Prefill and decode both run through these kernels, so a token's logits do not depend on how
 // many tokens were computed with it (bit-identical reuse).
 // PF (decode: rows contiguous, ldw == K, streamed from memory): software prefetch of the next block in
-// memory order (see g_linear_prefetch).
+// memory order (linear prefetch, below).
 template <DType DT, int NT, int NR, bool PF = false>
 STRATA_AVX2 static void micro_avx2(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
                                    int64_t ldy) {
@@ -168,17 +168,12 @@ STRATA_AVX2 static void micro_bf16eo(const void* w, int64_t ldw, const float* x,
   __m256 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
-  // decode only (rows contiguous): each k step prefetches NR*32 bytes of the next block into L2
-  // (g_linear_prefetch), or (false) the earlier per-row prefetch 512 bytes ahead into L1
-  const bool linear = g_linear_prefetch;
+  // decode only (rows contiguous): each k step prefetches NR*32 bytes of the next block into L2 (linear
+  // prefetch, below)
   const char* pf = reinterpret_cast<const char*>(wb + NR * ldw) + kPrefetchAhead;
   for (int64_t k = 0; k < K; k += 16) {
-    if (linear) {
-      for (int l = 0; l < NR * 32; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
-      pf += NR * 32;
-    } else if (NT == 1 && NR == 4) {
-      for (int r = 0; r < NR; ++r) _mm_prefetch(reinterpret_cast<const char*>(wb + r * ldw + k) + 512, _MM_HINT_T0);
-    }
+    for (int l = 0; l < NR * 32; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
+    pf += NR * 32;
     __m256 xv[NT];
     for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + t * ldx + k);  // the even half
     for (int r = 0; r < NR; ++r) {
@@ -277,7 +272,7 @@ static inline int32_t idot_tail(const int8_t* w, const int8_t* x, int64_t m) {
 }
 
 // NT tokens x NR rows. w: int8 rows (ldw bytes apart), xq/xs: quantised rows (ldq, lds apart).
-// PF: decode's linear prefetch of the next block (see g_linear_prefetch), the same sums.
+// PF: decode's linear prefetch of the next block (see kPrefetchAhead), the same sums.
 // |w| <= 128 (sign_epi8 of -128 is 128 as u8), |x| <= 127: a maddubs pair sum is <= 32512, no saturation.
 template <int NT, int NR, bool PF>
 STRATA_AVX2 static void micro_q8(const int8_t* w, int64_t ldw, const int8_t* xq, int64_t ldq, const float* xs,
@@ -642,7 +637,7 @@ static void run_micro(Level l, DType dt, int nt, int nr, const void* w, int64_t 
 // Decode rows straight from memory (ldw == K): at AVX2 the prefetching variant of the same kernel.
 static void run_micro_decode(Level l, DType dt, int nt, int nr, const void* w, int64_t ldw, const float* x,
                              int64_t ldx, int64_t K, float* y, int64_t ldy) {
-  if (l != Level::AVX2 || !g_linear_prefetch) return run_micro(l, dt, nt, nr, w, ldw, x, ldx, K, y, ldy);
+  if (l != Level::AVX2) return run_micro(l, dt, nt, nr, w, ldw, x, ldx, K, y, ldy);
   const Micro f = dt == DType::F32 ? micro256pf<DType::F32>(nt, nr) : dt == DType::BF16 ? micro256pf<DType::BF16>(nt, nr)
                 : dt == DType::I8 ? micro256pf<DType::I8>(nt, nr) : micro256pf<DType::F16>(nt, nr);
   f(w, ldw, x, ldx, K, y, ldy);
@@ -779,8 +774,8 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
     return;
   }
   // Decode (memory-bound): the rows of every output stream from memory once, 4 at a time, converted in
-  // registers; one loop for all outputs, chunks of 64 rows taken from a counter by the caller and the
-  // pool's helpers (pool.h: no join barrier, so a helper preempted on a shared machine holds no one up).
+  // registers; one loop for all outputs, chunks of 64 rows dealt out by decode_for (OpenMP, or with
+  // decode_pool pool.h's helpers: no join barrier, so a helper preempted on a shared machine holds no one up).
   int64_t start[9];
   start[0] = 0;
   for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + 3) / 4;
@@ -804,7 +799,7 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
         ++qd;
         continue;
       }
-      if (use_q8(w)) run_q8(lv, g_linear_prefetch, int(n), nr, reinterpret_cast<const int8_t*>(rowp), qa, 0, K, tile, 4);
+      if (use_q8(w)) run_q8(lv, true, int(n), nr, reinterpret_cast<const int8_t*>(rowp), qa, 0, K, tile, 4);
       else if (use_eo(lv, w)) micro_eo(int(n), nr)(rowp, K, xpp, K, K, tile, 4);
       else run_micro_decode(lv, w.dtype, int(n), nr, rowp, K, x, K, K, tile, 4);
       store_tile(tile, int(n), nr, w.scale ? w.scale + r0 : nullptr, outs[m].y + r0, w.rows);

@@ -28,7 +28,6 @@ void use_threads(int threads) {
 
 void release_threads() {
 #ifdef STRATA_HAVE_OPENMP
-  if (!kernels::option("release_teams")) return;  // A/B: the team stays (before)
   if (!omp_in_parallel()) omp_pause_resource_all(omp_pause_soft);  // libgomp: frees this thread's pool
 #endif
 }
