@@ -339,6 +339,35 @@ void register_engine(py::module_& m) {
       .def("session", [](Engine& e, const std::string& name, std::optional<CheckpointPolicy> p) {
         return e.session(name, p ? &*p : nullptr);
       }, py::arg("name"), py::arg("policy") = py::none())
+      .def("_decode_fresh", [](Engine& e, const std::vector<std::vector<int64_t>>& seqs, bool batched) {
+        std::vector<std::vector<int32_t>> v;
+        for (const auto& s : seqs) v.push_back(to_ids(s, e.info().vocab_size, "seqs"));
+        std::vector<float> logits;
+        {
+          py::gil_scoped_release release;
+          ReleaseTeam team;
+          logits = e.decode_fresh(v, batched);
+        }
+        const int64_t V = e.info().vocab_size, B = int64_t(v.size());
+        py::array_t<float> out({B, V});
+        std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+        return out;
+      }, py::arg("seqs"), py::arg("batched"),
+         "Test hook: each sequence's ids but the last read into a fresh state, then all last ids decoded in one "
+         "batched forward (batched=True) or one forward each: logits [B, V].")
+      .def("step_stats", [](const Engine& e) {
+        const StepStats s = e.step_stats();
+        py::dict d;
+        d["steps"] = s.steps;
+        d["tokens"] = s.tokens;
+        d["max_batch"] = s.max_batch;
+        d["last_batch"] = s.last_batch;
+        d["prefill_chunks"] = s.prefill_chunks;
+        d["decoding"] = s.decoding;
+        d["waiting"] = s.waiting;
+        return d;
+      }, "The step thread's counts: batched decode steps run (steps), tokens they decoded, the largest and the "
+         "latest batch, prefill chunks run; sessions in their decode loop and reads waiting now.")
       .def("session_names", &Engine::session_names)
       .def("drop_session", &Engine::drop_session, py::arg("name"));
 }

@@ -39,6 +39,9 @@ extern bool g_decode_rows8;
 extern bool g_decode_runs;
 extern bool g_moe_parallel;
 constexpr int64_t kPrefetchAhead = 8192;
+// matmul: up to this many tokens take the decode path (rows streamed once for all of them: a batched decode
+// step), more the blocked prefill GEMM.
+constexpr int64_t kDecodeBatch = 8;
 
 // The f32-activation kernels of a level: AVX512BF16 differs from AVX512 only for bf16 weights.
 inline Level vec(Level l) { return l == Level::AVX512BF16 ? Level::AVX512 : l; }

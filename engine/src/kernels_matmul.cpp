@@ -766,15 +766,16 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   thread_local QAct tl_qa;  // reused buffers; the decode lambda reads them from other threads by reference
   QAct& qa = tl_qa;
   if (any_q8) quantize_act(lv != Level::Scalar, x, n, K, qa);
-  if (n > TN) {
+  if (n > std::max<int64_t>(TN, kDecodeBatch)) {
     for (int i = 0; i < count; ++i) {
       if (use_q8(*outs[i].w)) prefill_q8(lv, *outs[i].w, qa, n, outs[i].y);
       else prefill_one(lv, *outs[i].w, x, xp.data(), n, outs[i].y);
     }
     return;
   }
-  // Decode (memory-bound): the rows of every output stream from memory once, 4 at a time, converted in
-  // registers; one loop for all outputs, chunks of 64 rows dealt out by decode_for (OpenMP, or with
+  // Decode (memory-bound; up to kDecodeBatch tokens: a batched decode step of several sessions): the rows
+  // of every output stream from memory once, 4 at a time, converted in registers, each quad meeting the
+  // tokens in tiles of TN while it is in L1 (a token's sums are its own: the same bits for any n); one loop for all outputs, chunks of 64 rows dealt out by decode_for (OpenMP, or with
   // decode_pool pool.h's helpers: no join barrier, so a helper preempted on a shared machine holds no one up).
   int64_t start[9];
   start[0] = 0;
@@ -799,10 +800,13 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
         ++qd;
         continue;
       }
-      if (use_q8(w)) run_q8(lv, true, int(n), nr, reinterpret_cast<const int8_t*>(rowp), qa, 0, K, tile, 4);
-      else if (use_eo(lv, w)) micro_eo(int(n), nr)(rowp, K, xpp, K, K, tile, 4);
-      else run_micro_decode(lv, w.dtype, int(n), nr, rowp, K, x, K, K, tile, 4);
-      store_tile(tile, int(n), nr, w.scale ? w.scale + r0 : nullptr, outs[m].y + r0, w.rows);
+      for (int64_t t0 = 0; t0 < n; t0 += TN) {
+        const int nt = int(std::min<int64_t>(TN, n - t0));
+        if (use_q8(w)) run_q8(lv, true, nt, nr, reinterpret_cast<const int8_t*>(rowp), qa, t0, K, tile, 4);
+        else if (use_eo(lv, w)) micro_eo(nt, nr)(rowp, K, xpp + t0 * K, K, K, tile, 4);
+        else run_micro_decode(lv, w.dtype, nt, nr, rowp, K, x + t0 * K, K, K, tile, 4);
+        store_tile(tile, nt, nr, w.scale ? w.scale + r0 : nullptr, outs[m].y + t0 * w.rows + r0, w.rows);
+      }
     }
   });
 }
