@@ -5,9 +5,13 @@ run, the two servers alternated at each N so that a shared machine's load hits b
 Each stream is one raw-token `/completion` request (the same endpoint and body on both servers: a prompt of
 --prompt random ids, `n_predict` --decode, temperature 0, ignore_eos, streamed), all N sent at once. Per
 stream: time to first token (TTFT, from sending to the first streamed token) and decode tok/s ((decode - 1)
-tokens over the time from the first to the last token). Per run: aggregate tok/s = N x decode tokens over
-the wall time from the first request sent to the last token received (prefill included), and the ratio of
-aggregate tok/s at N to that at 1 stream of the same server ("scaling").
+tokens over the time from the first to the last token). Per run: aggregate decode tok/s = the tokens all
+streams received while every stream was decoding (from the last stream's first token to the first
+stream's last one: the steady state, no prompt being read) over that window (the issue's target), its ratio
+to the same server's at 1 stream ("scaling") and to llama-server's at the same N; decode-phase tok/s = N x
+(decode - 1) tokens from the earliest first token to the last token (prompts still being read by some
+streams included); end-to-end tok/s = N x decode tokens over the wall time from the first request sent to
+the last token (every prefill included).
 
 strata runs its server in a fresh interpreter (one worker lane per slot; the engine batches the decode
 steps of the slots that decode together: Engine.step_stats, shown as the mean batch). llama-server is found
@@ -101,6 +105,7 @@ def _stream(url: str, prompt: list[int], n_decode: int, out: dict) -> None:
     t0 = time.perf_counter()
     first = None
     n = 0
+    stamps = []
     with httpx.stream("POST", url + "/completion", json=body, timeout=3600) as r:
         if r.status_code != 200:
             r.read()
@@ -113,13 +118,16 @@ def _stream(url: str, prompt: list[int], n_decode: int, out: dict) -> None:
                 break
             ev = json.loads(payload)
             if ev.get("content") or ev.get("tokens"):
-                n += max(1, len(ev.get("tokens") or []))
+                k = max(1, len(ev.get("tokens") or []))
+                n += k
+                stamps.extend([time.perf_counter()] * k)
                 if first is None:
-                    first = time.perf_counter()
+                    first = stamps[-1]
             if ev.get("stop"):
                 break
     t1 = time.perf_counter()
-    out.update(t0=t0, first=first if first is not None else t1, end=t1, tokens=n)
+    out.update(t0=t0, first=first if first is not None else t1, end=stamps[-1] if stamps else t1, tokens=n,
+               stamps=stamps)
 
 
 def run_streams(url: str, prompts: list[list[int]], n_decode: int) -> dict:
@@ -134,7 +142,12 @@ def run_streams(url: str, prompts: list[list[int]], n_decode: int) -> dict:
     t0 = min(o["t0"] for o in outs)
     t1 = max(o["end"] for o in outs)
     per = [(n_decode - 1) / max(o["end"] - o["first"], 1e-9) for o in outs]
-    return {"aggregate": len(prompts) * n_decode / (t1 - t0), "per_stream": statistics.median(per),
+    first = min(o["first"] for o in outs)
+    lo, hi = max(o["first"] for o in outs), min(o["end"] for o in outs)
+    inside = sum(1 for o in outs for t in o["stamps"] if lo < t <= hi)
+    return {"aggregate": inside / (hi - lo) if hi > lo and inside else float("nan"),
+            "decode_phase": len(prompts) * (n_decode - 1) / max(t1 - first, 1e-9),
+            "end_to_end": len(prompts) * n_decode / (t1 - t0), "per_stream": statistics.median(per),
             "ttft": statistics.median(o["first"] - o["t0"] for o in outs),
             "tokens": [o["tokens"] for o in outs]}
 
@@ -192,12 +205,14 @@ def main(argv=None):
                 srv.stop()
             rows[(system, n)] = r
             print(f"  {system:6s} N={n}: aggregate {r['aggregate']:.2f} tok/s, per stream {r['per_stream']:.2f}, "
-                  f"TTFT {r['ttft'] * 1e3:.0f} ms" + (f", mean batch {r['mean_batch']:.2f}" if "mean_batch" in r
+                  f"TTFT {r['ttft'] * 1e3:.0f} ms, decode phase {r['decode_phase']:.2f}, "
+                  f"end-to-end {r['end_to_end']:.2f} tok/s" + (f", mean batch {r['mean_batch']:.2f}" if "mean_batch" in r
                                                      else ""), flush=True)
     lines = [f"# Concurrent greedy streams ({shape}; {args.prompt}-id prompts, {args.decode} tokens each, "
              f"{args.threads} threads, one run)", "",
-             "| system | streams | aggregate tok/s | x its 1 stream | per-stream decode tok/s | TTFT ms | "
-             "strata / llama-server | mean batch |", "|---|---|---|---|---|---|---|---|"]
+             "| system | streams | aggregate decode tok/s | x its 1 stream | strata / llama-server | "
+             "per-stream decode tok/s | TTFT ms | decode-phase tok/s | end-to-end tok/s | mean batch |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for (system, n), r in rows.items():
         one = rows.get((system, 1))
         peer = rows.get(("llama", n))
@@ -205,8 +220,8 @@ def main(argv=None):
         vs = f"{r['aggregate'] / peer['aggregate']:.2f}x" if system == "strata" and peer else ""
         batch = f"{r['mean_batch']:.2f} (max {r['max_batch']})" if "mean_batch" in r else ""
         lines.append(f"| {'strata --slots' if system == 'strata' else 'llama-server -np'} {n} | {n} | "
-                     f"{r['aggregate']:.2f} | {scaling} | {r['per_stream']:.2f} | {r['ttft'] * 1e3:.0f} | {vs} | "
-                     f"{batch} |")
+                     f"{r['aggregate']:.2f} | {scaling} | {vs} | {r['per_stream']:.2f} | {r['ttft'] * 1e3:.0f} | "
+                     f"{r['decode_phase']:.2f} | {r['end_to_end']:.2f} | {batch} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
