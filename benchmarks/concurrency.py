@@ -117,14 +117,14 @@ def _stream(url: str, prompt: list[int], n_decode: int, out: dict) -> None:
             if payload == "[DONE]":
                 break
             ev = json.loads(payload)
+            if ev.get("stop"):  # the final body (it may repeat every token): not a new one
+                break
             if ev.get("content") or ev.get("tokens"):
                 k = max(1, len(ev.get("tokens") or []))
                 n += k
                 stamps.extend([time.perf_counter()] * k)
                 if first is None:
                     first = stamps[-1]
-            if ev.get("stop"):
-                break
     t1 = time.perf_counter()
     out.update(t0=t0, first=first if first is not None else t1, end=stamps[-1] if stamps else t1, tokens=n,
                stamps=stamps)
