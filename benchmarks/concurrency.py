@@ -1,6 +1,8 @@
 """Concurrent greedy streams (issue 32): `strata-lab serve --slots N` against `llama-server -np N` on the same
 weights (a GGUF of the same random checkpoint, strata_lab.tiny.gguf_export), N = 1, 2, 4, 8 streams, in one
-run, the two servers alternated at each N so that a shared machine's load hits both alike.
+run: one server of each kind with max(N) slots (`--slots`, `-np`) for the whole run, --rounds sweeps over N
+alternating the order of N and of the two servers, medians per (server, N), so that a shared machine's
+changing load hits every cell alike.
 
 Each stream is one raw-token `/completion` request (the same endpoint and body on both servers: a prompt of
 --prompt random ids, `n_predict` --decode, temperature 0, ignore_eos, streamed), all N sent at once. Per
@@ -19,7 +21,7 @@ in $STRATA_LLAMA_SERVER or on PATH (build it from the llama.cpp vendored in the 
 without it the peer rows are skipped with a note.
 
     PYTHONPATH=$PWD python benchmarks/concurrency.py [--preset qwen3-0.6b] [--layers L] [--streams 1 2 4 8]
-        [--prompt 64] [--decode 32] [--threads 2] [--out benchmarks/results/concurrency.md]
+        [--prompt 64] [--decode 32] [--threads 2] [--rounds 3] [--out benchmarks/results/concurrency.md]
 """
 from __future__ import annotations
 
@@ -161,6 +163,7 @@ def main(argv=None):
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip", default="", help="comma list: strata,llama")
+    ap.add_argument("--rounds", type=int, default=3, help="sweeps of every N, alternating the order (medians)")
     ap.add_argument("--out", default=None, help="write the markdown table here")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -186,30 +189,48 @@ def main(argv=None):
     shape = f"{args.preset}" + (f", {args.layers} layers" if args.layers else "")
     print(f"{shape} bf16 weights (llama.cpp: f16 GGUF), prompt {args.prompt} ids, {args.decode} tokens per "
           f"stream, {args.threads} threads", flush=True)
-    for n in args.streams:
+    N = max(args.streams)
+    servers = {}
+    try:
         for system in ("strata", "llama"):
             if system in skip:
                 continue
-            srv = (strata_server(path, n, args.threads, ctx) if system == "strata"
-                   else llama_server(binary, gguf, n, args.threads, ctx)).wait()
-            try:
-                run_streams(srv.url, prompts[:1], 4)  # warm: weights paged in, threads started
-                r = run_streams(srv.url, prompts[:n], args.decode)
-                if system == "strata":
-                    import httpx
+            servers[system] = (strata_server(path, N, args.threads, ctx) if system == "strata"
+                               else llama_server(binary, gguf, N, args.threads, ctx)).wait()
+            run_streams(servers[system].url, prompts[:1], 4)  # warm: weights paged in, threads started
+        runs: dict = {}
+        for rnd in range(args.rounds):
+            order = list(args.streams) if rnd % 2 == 0 else list(reversed(args.streams))
+            for n in order:
+                for system in (("strata", "llama") if rnd % 2 == 0 else ("llama", "strata")):
+                    if system not in servers:
+                        continue
+                    url = servers[system].url
+                    if system == "strata":
+                        import httpx
 
-                    b = httpx.get(srv.url + "/props", timeout=30).json()["batch"]
-                    r["mean_batch"] = b["tokens"] / max(b["steps"], 1)
-                    r["max_batch"] = b["max_batch"]
-            finally:
-                srv.stop()
-            rows[(system, n)] = r
-            print(f"  {system:6s} N={n}: aggregate {r['aggregate']:.2f} tok/s, per stream {r['per_stream']:.2f}, "
-                  f"TTFT {r['ttft'] * 1e3:.0f} ms, decode phase {r['decode_phase']:.2f}, "
-                  f"end-to-end {r['end_to_end']:.2f} tok/s" + (f", mean batch {r['mean_batch']:.2f}" if "mean_batch" in r
-                                                     else ""), flush=True)
+                        b0 = httpx.get(url + "/props", timeout=30).json()["batch"]
+                    r = run_streams(url, prompts[:n], args.decode)
+                    if system == "strata":
+                        b1 = httpx.get(url + "/props", timeout=30).json()["batch"]
+                        r["mean_batch"] = (b1["tokens"] - b0["tokens"]) / max(b1["steps"] - b0["steps"], 1)
+                        r["max_batch"] = b1["max_batch"]
+                    runs.setdefault((system, n), []).append(r)
+                    print(f"  round {rnd} {system:6s} N={n}: aggregate {r['aggregate']:.2f} tok/s, per stream "
+                          f"{r['per_stream']:.2f}, TTFT {r['ttft'] * 1e3:.0f} ms, decode phase "
+                          f"{r['decode_phase']:.2f}, end-to-end {r['end_to_end']:.2f} tok/s"
+                          + (f", mean batch {r['mean_batch']:.2f}" if "mean_batch" in r else ""), flush=True)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    rows = {}
+    for (system, n) in sorted(runs, key=lambda k: (k[1], k[0] != "strata")):
+        rs = runs[(system, n)]
+        rows[(system, n)] = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k not in ("tokens", "max_batch")}
+        if "max_batch" in rs[0]:
+            rows[(system, n)]["max_batch"] = max(r["max_batch"] for r in rs)
     lines = [f"# Concurrent greedy streams ({shape}; {args.prompt}-id prompts, {args.decode} tokens each, "
-             f"{args.threads} threads, one run)", "",
+             f"{args.threads} threads, one run, medians of {args.rounds} rounds; servers with {N} slots)", "",
              "| system | streams | aggregate decode tok/s | x its 1 stream | strata / llama-server | "
              "per-stream decode tok/s | TTFT ms | decode-phase tok/s | end-to-end tok/s | mean batch |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -219,7 +240,7 @@ def main(argv=None):
         scaling = f"{r['aggregate'] / one['aggregate']:.2f}x" if one else ""
         vs = f"{r['aggregate'] / peer['aggregate']:.2f}x" if system == "strata" and peer else ""
         batch = f"{r['mean_batch']:.2f} (max {r['max_batch']})" if "mean_batch" in r else ""
-        lines.append(f"| {'strata --slots' if system == 'strata' else 'llama-server -np'} {n} | {n} | "
+        lines.append(f"| {'strata-lab serve' if system == 'strata' else 'llama-server'} | {n} | "
                      f"{r['aggregate']:.2f} | {scaling} | {vs} | {r['per_stream']:.2f} | {r['ttft'] * 1e3:.0f} | "
                      f"{r['decode_phase']:.2f} | {r['end_to_end']:.2f} | {batch} |")
     text = "\n".join(lines) + "\n"

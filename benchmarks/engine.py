@@ -284,6 +284,7 @@ def main(argv=None):
         return concurrency.main(["--preset", args.preset, "--streams", *map(str, args.streams),
                                  "--prompt", str(args.prefill or min(args.contexts)), "--decode", str(args.decode),
                                  "--threads", str(args.threads), "--skip", args.skip,
+                                 *(["--rounds", str(args.repeat)] if args.repeat > 1 else []),
                                  "--out", str(Path(args.out) / "concurrency.md"),
                                  *([] if args.layers is None else ["--layers", str(args.layers)])])
     contexts = [args.prefill] if args.prefill else sorted(args.contexts)
