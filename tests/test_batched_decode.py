@@ -27,13 +27,16 @@ def _seqs(B, seed):
     return [rng.integers(0, 150000, int(rng.integers(2, 90))).tolist() for _ in range(B)]
 
 
-@pytest.mark.parametrize("arch", ["dense", "hybrid"])
-@pytest.mark.parametrize("weights", [None, "int8"])
-def test_batched_step_gives_each_sequence_its_own_bits(models, arch, weights):
+@pytest.mark.parametrize("arch,weights,kv_cache", [("dense", None, "auto"), ("dense", "int8", "auto"),
+                                                   ("dense", None, "f32"), ("hybrid", None, "auto"),
+                                                   ("hybrid", "int8", "auto")])
+def test_batched_step_gives_each_sequence_its_own_bits(models, arch, weights, kv_cache):
     """One batched forward of B = 1..8 sequences equals, bit for bit, each sequence's own one-token forward
-    at 1 and 2 threads (the decode matmul path covers up to 8 rows, tiles of 3 tokens at AVX2)."""
+    at 1 and 2 threads (the decode matmul path covers up to 8 rows, tiles of 3 tokens at AVX2), with the f16
+    cache (auto for bf16 weights) and an f32 one."""
     for threads in (1, 2):
-        eng = Engine.load(models[arch], threads=threads, weights=weights)
+        eng = Engine.load(models[arch], threads=threads, weights=weights, kv_cache=kv_cache)
+        assert eng.info["kv_cache"] == ("f32" if kv_cache == "f32" else "f16")
         for B in (1, 2, 3, 4, 5, 8):
             seqs = _seqs(B, seed=B * 10 + threads)
             alone = eng._e._decode_fresh(seqs, False)
