@@ -96,7 +96,11 @@ def llama_server(binary: str, gguf: Path, slots: int, threads: int, ctx: int) ->
     port = _free_port()
     argv = [binary, "-m", str(gguf), "-np", str(slots), "-c", str(ctx * slots), "-t", str(threads), "-tb",
             str(threads), "--host", "127.0.0.1", "--port", str(port), "--no-warmup"]
-    return _Server({"args": argv}, port)
+    # OpenMP waits as strata's server's do (strata_lab.engine's defaults unless the user set them): on shared
+    # cores llama.cpp's default spinning waiters decoded several times slower (benchmarks/peers.py)
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
+           "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "20000")}
+    return _Server({"args": argv, "env": env}, port)
 
 
 def _stream(url: str, prompt: list[int], n_decode: int, out: dict) -> None:
