@@ -783,6 +783,10 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   const int64_t total = start[count];
   const float* xpp = xp.data();
   const bool rows8 = g_decode_rows8 && n == 1 && lv == Level::AVX2;
+  // token tiles as even as TN allows (n = 4 at AVX2: 2 + 2, not 3 + 1: a 1-token tile has too few FMA chains
+  // to hide their latency); a token's sums do not depend on its tile
+  const int64_t tiles = (n + TN - 1) / TN;
+  auto tile_n = [&](int64_t i) { return n / tiles + (i < n % tiles ? 1 : 0); };
   decode_for(total, 16, [&](int64_t q0, int64_t q1) {
     float tile[6 * 4];
     for (int64_t qd = q0; qd < q1; ++qd) {
@@ -800,8 +804,8 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
         ++qd;
         continue;
       }
-      for (int64_t t0 = 0; t0 < n; t0 += TN) {
-        const int nt = int(std::min<int64_t>(TN, n - t0));
+      for (int64_t t0 = 0, i = 0; t0 < n; t0 += tile_n(i++)) {
+        const int nt = int(tile_n(i));
         if (use_q8(w)) run_q8(lv, true, nt, nr, reinterpret_cast<const int8_t*>(rowp), qa, t0, K, tile, 4);
         else if (use_eo(lv, w)) micro_eo(nt, nr)(rowp, K, xpp + t0 * K, K, K, tile, 4);
         else run_micro_decode(lv, w.dtype, nt, nr, rowp, K, x + t0 * K, K, K, tile, 4);

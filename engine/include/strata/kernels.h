@@ -35,10 +35,10 @@ const char* level_name(Level l);
 // |              |         | hold f16 whatever the weights               | override, not an A/B)                         |
 // | decode_pool  | off     | decode loops on pool.h's barrier-free       | OpenMP loops. Undecided: pool 1.27x slower on |
 // |              |         | helpers                                     | a quiet box, 2.5x faster at load average 8    |
-// | bf16_eo      | on      | AVX2 bf16 rows in even/odd order            | widening loads. Undecided: no recorded A/B;   |
-// |              |         |                                             | x0.83 at load 8 (noise-dominated)             |
-// | decode_rows8 | on      | one-token decode, 8 rows per kernel call    | 4 rows. Undecided, as bf16_eo                 |
-// | decode_runs  | on      | decode chunks in contiguous runs per thread | OpenMP dynamic schedule. Undecided, as above  |
+// | bf16_eo      | on      | AVX2 bf16 rows in even/odd order            | widening loads. Undecided: no recorded A/B    |
+// |              |         |                                             | before; x1.21 faster at load 8 (noisy)        |
+// | decode_rows8 | on      | one-token decode, 8 rows per kernel call    | 4 rows. Undecided: x1.29 faster at load 8     |
+// | decode_runs  | on      | decode chunks in contiguous runs per thread | OpenMP dynamic schedule. Undecided: x1.06     |
 //
 // The undecided four keep bit-identical results both ways (tests/test_engine_decode_loops.py); their
 // numbers are in benchmarks/results/kernel_switches.md. Deleted with their losing paths (numbers there
@@ -54,7 +54,8 @@ void f32_to_f16_rows(const float* x, uint16_t* out, int64_t n);  // n values
 
 // out[cols] = row r of w as float32.
 void row_f32(const Mat& w, int64_t r, float* out);
-// y[n, w.rows] = x[n, w.cols] @ w^T. Small n streams rows (decode, memory-bound); larger n runs a
+// y[n, w.rows] = x[n, w.cols] @ w^T. n <= 8 streams rows once for all n tokens (decode, and a batched
+// decode step of several sessions: memory-bound); larger n runs a
 // blocked GEMM (prefill, compute-bound): over rows converted once to f32, or, for bf16 weights at level
 // AVX512BF16, straight over the bf16 rows with x rounded to bf16; int8 weights (option int8_dot) against
 // x quantised per token in blocks of 32, integer block dots. OpenMP over rows. Every path gives a token
