@@ -7,6 +7,10 @@ GGUFs of the same weights), on one random-weight Qwen3-0.6B-shaped model folder,
         [--repeat 2] [--skip strata,hf,hf-f32,llama,llama-q8,int8,accuracy,scaling] [--attn-ab]
         [--out benchmarks/results]
 
+Concurrency (issue 32): `--streams 1 2 4 8 --prefill 64 --decode 32` runs benchmarks/concurrency.py instead:
+N concurrent greedy streams on `strata-lab serve --slots N` and `llama-server -np N` (same weights, one
+run; aggregate and per-stream tok/s, time to first token), written to concurrency.md in --out.
+
 Long context (issue 18): `--contexts 256 4096 16384 --decode 16 --skip hf,hf-f32,int8,accuracy,scaling
 --attn-ab` prefills 4K and 16K prompts and decodes at that context for strata and llama.cpp in one run.
 strata's per-op timers (STRATA_PROFILE=1, on in this script) give attention's share of prefill and decode
@@ -269,7 +273,20 @@ def main(argv=None):
                          "fraction of the medians (both under the same load). Its fresh session prefills that "
                          "context once more (minutes at 16K); 0 skips it")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for engine.md/.png")
+    ap.add_argument("--streams", type=int, nargs="+", default=None,
+                    help="the concurrency axis instead (benchmarks/concurrency.py): N concurrent greedy streams on "
+                         "`strata-lab serve --slots N` and `llama-server -np N`, e.g. --streams 1 2 4 8; writes "
+                         "concurrency.md to --out")
     args = ap.parse_args(argv)
+    if args.streams:
+        import concurrency
+
+        return concurrency.main(["--preset", args.preset, "--streams", *map(str, args.streams),
+                                 "--prompt", str(args.prefill or min(args.contexts)), "--decode", str(args.decode),
+                                 "--threads", str(args.threads), "--skip", args.skip,
+                                 *(["--rounds", str(args.repeat)] if args.repeat > 1 else []),
+                                 "--out", str(Path(args.out) / "concurrency.md"),
+                                 *([] if args.layers is None else ["--layers", str(args.layers)])])
     contexts = [args.prefill] if args.prefill else sorted(args.contexts)
     skip = set(filter(None, args.skip.split(",")))
     path = model_folder(args.preset, args.layers)

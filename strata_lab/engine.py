@@ -587,6 +587,16 @@ class Engine:
         return [TokenLogprob._from_native(e) for e in self._e.prompt_logprobs(_as_ids(ids, "ids", self.vocab_size),
                                                                               top_n)]
 
+    def step_stats(self) -> dict:
+        """Counts of the engine's step thread, where every session read runs and the decode steps of the
+        sessions generating at the same time (``generate`` calls on several threads, or the server's slots)
+        advance together in one batched forward (continuous batching: a session joins at the next step).
+        Keys: ``steps`` (decode steps run), ``tokens`` (tokens they decoded: ``tokens / steps`` is the mean
+        batch), ``max_batch``, ``last_batch``, ``prefill_chunks``, ``decoding`` (sessions in their decode
+        loop now), ``waiting`` (reads queued now). Batching changes timing only: each sequence gets the
+        logits it gets alone, bit for bit."""
+        return dict(self._e.step_stats())
+
     def session(self, name: str, *, checkpoints: Optional[CheckpointPolicy] = None) -> Session:
         """The session called ``name`` (created on first use; ``checkpoints`` sets its policy)."""
         if not isinstance(name, str) or not name:

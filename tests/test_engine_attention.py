@@ -270,13 +270,11 @@ def test_kv_cache_auto_explicit_and_the_kernel_option_override(tmp_path):
         _engine.Engine(str(path), 1, 0, True, False, "stored", "half")
 
 
-# attn_pf_lines (on by default): decode's prefetch walks the next key tile line by line, steps in the score and
-# P V loops; off: whole rows per score step. attn_first_tile (on): key tile 0's lines asked for up front.
-# Prefetch only: the same bits either way, f32 and f16 caches, also with cache rows that do not start on a
-# 64-byte line (the cursor's extra last line).
-@pytest.mark.parametrize("option", ["attn_pf_lines", "attn_first_tile"])
+# Decode's prefetch walks the next key tile line by line (the span's last line too when the rows do not start
+# on a 64-byte line) and asks for key tile 0 up front. Prefetch only: an f16 cache 16 bytes past a line gives
+# the bits of the same cache on a line, and of the full (prefill) kernel at the same positions.
 @pytest.mark.parametrize("case", DECODE_CASES[:5], ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
-def test_decode_prefetch_lines_on_off_same_bits(case, option):
+def test_decode_prefetch_of_unaligned_rows_keeps_the_bits(case):
     n, T, H, Hkv, hd = case
     q, k, v = inputs(*case, seed=11)
     buf = np.empty(2 * k.size + 64, dtype=np.float16)  # float16 views 16 bytes past a 64-byte line
@@ -285,15 +283,18 @@ def test_decode_prefetch_lines_on_off_same_bits(case, option):
     v16 = buf[start + k.size:start + 2 * k.size].reshape(v.shape)
     k16[...], v16[...] = k, v
     assert k16.ctypes.data % 64 == 16
-    assert _engine._kernel_option(option)
-    for kk, vv in [(k, v), (k16, v16)]:
-        on = _engine._attention(q, kk, vv, H, Hkv, threads=2)
-        _engine._set_kernel_option(option, False)
-        try:
-            off = _engine._attention(q, kk, vv, H, Hkv, threads=2)
-        finally:
-            _engine._set_kernel_option(option, True)
-        assert np.array_equal(on, off), f"{option} on/off bits differ ({kk.dtype})"
+    aligned = _engine._attention(q, k.astype(np.float16), v.astype(np.float16), H, Hkv, threads=2)
+    assert np.array_equal(_engine._attention(q, k16, v16, H, Hkv, threads=2), aligned)
+    assert np.array_equal(_engine._attention(q, k16, v16, H, Hkv, threads=1), aligned)
+
+
+@pytest.mark.parametrize("name", ["linear_prefetch", "attn_pf_lines", "attn_first_tile", "release_teams"])
+def test_deleted_kernel_switches_are_a_clear_error(name):
+    """The switches whose A/B was decided are gone with their losing code (benchmarks/results/kernel_switches.md):
+    setting or reading one names the switches that remain."""
+    for call in (lambda: _engine._set_kernel_option(name, True), lambda: _engine._kernel_option(name)):
+        with pytest.raises(ValueError, match=r"unknown kernel option '\w+' \(int8_dot"):
+            call()
 
 
 def test_float16_cache_arrays_are_the_rounded_cache_and_bad_mixes_are_refused():

@@ -1,10 +1,11 @@
 """A/B of decode-step implementations in one process, interleaved round by round, so a shared machine's
-load changes hit every variant alike: the barrier-free pool vs OpenMP loops, and (AVX2) the even/odd bf16
-kernel vs widening loads, linear prefetch (the next row block, into L2) vs per-row prefetch, and (int8
-weights) integer dots against int8-quantised activations vs weights widened to f32, and an idle OpenMP team
-left on the calling thread by earlier parallel work there (release_teams off: libgomp then counts more
-threads than cores and stops spinning at the decode's barriers), and decode attention's first key tile
-prefetched up front or not; also each variant's fraction of a read loop over the streamed bytes.
+load changes hit every variant alike: the barrier-free pool vs OpenMP loops, (AVX2) the even/odd bf16
+kernel vs widening loads, 8 vs 4 rows per one-token call, runs of chunks per thread vs OpenMP's dynamic
+schedule, (int8 weights) integer dots against int8-quantised activations vs weights widened to f32, and
+decode attention streaming the cache vs one task per kv head; also each variant's fraction of a read loop
+over the streamed bytes. The switches whose A/B was decided (linear prefetch, releasing OpenMP teams, the
+line-cursor and first-tile attention prefetch) are gone with their losing code;
+benchmarks/results/kernel_switches.md keeps their numbers.
 
     PYTHONPATH=$PWD python benchmarks/kernels/ab_decode.py [--rounds 6] [--steps 4] [--threads 2] [--weights int8]
         [--variants "int8 widening"]  (the default and the variants whose names contain one of these)
@@ -17,19 +18,17 @@ import time
 
 import numpy as np
 
-DEFAULT = "default: OpenMP, even/odd, linear prefetch"
-_BASE = {"decode_pool": False, "bf16_eo": True, "linear_prefetch": True, "int8_dot": True, "decode_rows8": True, "decode_runs": True,
-         "release_teams": True, "attn_first_tile": True}
+DEFAULT = "default: OpenMP, even/odd, 8 rows, runs"
+_BASE = {"decode_pool": False, "bf16_eo": True, "int8_dot": True, "decode_rows8": True, "decode_runs": True,
+         "attn_decode": True}
 VARIANTS = {
     DEFAULT: _BASE,
-    "per-row prefetch (before #18)": {**_BASE, "linear_prefetch": False},
     "pool instead of OpenMP": {**_BASE, "decode_pool": True},
     "widening loads instead of even/odd": {**_BASE, "bf16_eo": False},
-    "int8 widening to f32 (before int8_dot)": {**_BASE, "int8_dot": False},
     "4 rows per decode call (before decode_rows8)": {**_BASE, "decode_rows8": False},
     "dynamic chunks in turn (before decode_runs)": {**_BASE, "decode_runs": False},
-    "an idle OpenMP team left on the caller (before release_teams)": {**_BASE, "release_teams": False},
-    "attention's key tile 0 on demand (before attn_first_tile)": {**_BASE, "attn_first_tile": False},
+    "int8 widening to f32 (before int8_dot)": {**_BASE, "int8_dot": False},
+    "decode attention one task per kv head (before attn_decode)": {**_BASE, "attn_decode": False},
 }
 
 
@@ -61,8 +60,6 @@ def main(argv=None):
             opts = variants[name]
             for k, v in opts.items():
                 ext._set_kernel_option(k, v)
-            # parallel work on this thread (a read loop): its OpenMP team stays only with release_teams off
-            ext.read_bandwidth(1 << 20, args.threads, 1)
             s.generate(s.held_ids, max_new_tokens=1)  # settle
             t0 = time.perf_counter()
             s.generate(s.held_ids, max_new_tokens=args.steps)

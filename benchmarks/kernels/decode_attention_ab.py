@@ -2,9 +2,9 @@
 attention shape (16 query heads, 8 kv heads, head_dim 128), a kernel option off (old) against on (new), for
 an f32 and an f16 cache (the f16 arrays passed as they are: the kernel, not the rounding, is timed).
 
---option attn_pf_lines (default): decode's prefetch as a line cursor over the next key tile, steps in the
-score and the P V loops, against whole rows per score step. --option attn_decode: the streaming decode path
-(each thread walks the key tiles once for a contiguous run of kv heads) against one task per kv head.
+--option attn_decode: the streaming decode path (each thread walks the key tiles once for a contiguous run
+of kv heads) against one task per kv head. (The attn_pf_lines A/B, line-cursor prefetch against whole rows
+per score step, was decided and its switch deleted: benchmarks/results/kernel_switches.md.)
 
 Rounds alternate the order of the variants, on a shared machine, so only ratios of medians mean anything:
 per call, the median wall time and the median process CPU time (both threads' time on a core; insensitive
@@ -12,7 +12,7 @@ to time the threads spend preempted). Each round also times a read loop (read_ba
 bytes; "of read loop" is the read loop's median time over the cache bytes divided by the call's median wall
 time (1.0: decode attention reads the cache as fast as a plain read loop does).
 
-    PYTHONPATH=$PWD python benchmarks/kernels/decode_attention_ab.py [--option attn_pf_lines] [--threads 2] [--rounds 8]
+    PYTHONPATH=$PWD python benchmarks/kernels/decode_attention_ab.py [--option attn_decode] [--threads 2] [--rounds 8]
         [--caches f32 f16] [--out FILE.md]
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--option", default="attn_pf_lines", choices=["attn_pf_lines", "attn_decode"])
+    ap.add_argument("--option", default="attn_decode", choices=["attn_decode"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384])

@@ -2,7 +2,7 @@
 model folder with --layers of its 28 layers, one engine with an f32 cache (Engine.load kv_cache="f32") and one
 with the default ("auto": f16 for bf16 weights), each holding the same --context-token prompt; then rounds
 alternating their order decode --steps tokens from the held prompt (the cache cut back to the prompt each
-time), also the f16 engine with the kernel option attn_pf_lines off (decode attention's row-wise prefetch).
+time).
 Prints median decode tok/s of each and the ratios. A 16K prompt takes about a minute per engine to prefill
 with 2 layers on 2 cores.
 
@@ -30,9 +30,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
     from engine import model_folder  # benchmarks/engine.py
-    from strata_lab.engine import Engine, _ext
+    from strata_lab.engine import Engine
 
-    E = _ext()
     path = model_folder(args.preset, args.layers)
     engines = {c: Engine.load(path, threads=args.threads, max_context=args.context + args.steps + 8, kv_cache=c)
                for c in ("f32", "auto")}
@@ -43,24 +42,19 @@ def main(argv=None):
         sessions[c] = eng.session("ab")
         sessions[c].generate(prompt, max_new_tokens=1).result
         print(f"kv_cache={c!r} ({eng.info['kv_cache']}): prefill {time.perf_counter() - t0:.1f} s", flush=True)
-    names = {"f32": "f32 cache", "auto": f"{engines['auto'].info['kv_cache']} cache (auto)",
-             "rows": f"{engines['auto'].info['kv_cache']} cache, attn_pf_lines off"}
+    names = {"f32": "f32 cache", "auto": f"{engines['auto'].info['kv_cache']} cache (auto)"}
     rates: dict = {k: [] for k in names}
     order = list(names)
-    try:
-        for rnd in range(args.rounds):
-            for k in order if rnd % 2 == 0 else order[::-1]:
-                E._set_kernel_option("attn_pf_lines", k != "rows")
-                r = sessions["f32" if k == "f32" else "auto"].generate(prompt, max_new_tokens=args.steps).result
-                rates[k].append(args.steps / (r.decode_ms / 1e3))
-    finally:
-        E._set_kernel_option("attn_pf_lines", True)
+    for rnd in range(args.rounds):
+        for k in order if rnd % 2 == 0 else order[::-1]:
+            r = sessions[k].generate(prompt, max_new_tokens=args.steps).result
+            rates[k].append(args.steps / (r.decode_ms / 1e3))
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"{args.preset}, {args.layers} layers, context {args.context}, {args.threads} threads, {args.rounds} "
           f"alternating rounds of {args.steps} decode steps; median tok/s:")
     for k, name in names.items():
         print(f"  {name:34s} {med[k]:7.1f}")
-    print(f"  auto / f32: x{med['auto'] / med['f32']:.2f}; attn_pf_lines on / off: x{med['auto'] / med['rows']:.2f}")
+    print(f"  auto / f32: x{med['auto'] / med['f32']:.2f}")
 
 
 if __name__ == "__main__":

@@ -133,13 +133,9 @@ void register_checkpoint(py::module_& m) {
   }, py::arg("bytes"), py::arg("threads") = 0, py::arg("reps") = 3,
      "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
-        py::arg("name"), py::arg("on"), "A/B switch for benchmarks: 'decode_pool' (default off), 'bf16_eo', 'gdn_matrix', 'linear_prefetch', 'attn_tiled', 'int8_dot' or 'release_teams' (default on; off: parallel work on the caller's thread leaves its idle OpenMP team there).");
+        py::arg("name"), py::arg("on"), "Kernel switch (the table in engine/include/strata/kernels.h): 'int8_dot', 'attn_tiled', 'attn_decode', 'gdn_matrix', 'moe_parallel', 'bf16_eo', 'decode_rows8', 'decode_runs' (default on), 'kv_f16' or 'decode_pool' (default off); unknown names raise ValueError.");
   m.def("_kernel_option", [](const std::string& name) { return kernels::option(name); }, py::arg("name"),
-        "Current value of a _set_kernel_option switch ('attn_decode', default on: decode attention streams the "
-        "cache, each thread walking the key tiles once for a contiguous run of kv heads; off: one task per kv head. "
-        "'attn_pf_lines', default on: decode's prefetch a line cursor over the next key tile, steps in the score and "
-        "P V loops; off: whole rows per score step. 'kv_f16', default off: on, KV caches created from then on by engines loaded with kv_cache='auto' hold "
-        "f16 whatever the weights; an explicit Engine.load kv_cache wins).");
+        "Current value of a _set_kernel_option switch (the table in engine/include/strata/kernels.h).");
   m.def("_gdn_delta", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
                          py::array_t<float, py::array::c_style | py::array::forcecast> k,
                          py::array_t<float, py::array::c_style | py::array::forcecast> v,
@@ -338,6 +334,35 @@ void register_engine(py::module_& m) {
       .def("session", [](Engine& e, const std::string& name, std::optional<CheckpointPolicy> p) {
         return e.session(name, p ? &*p : nullptr);
       }, py::arg("name"), py::arg("policy") = py::none())
+      .def("_decode_fresh", [](Engine& e, const std::vector<std::vector<int64_t>>& seqs, bool batched) {
+        std::vector<std::vector<int32_t>> v;
+        for (const auto& s : seqs) v.push_back(to_ids(s, e.info().vocab_size, "seqs"));
+        std::vector<float> logits;
+        {
+          py::gil_scoped_release release;
+          ReleaseTeam team;
+          logits = e.decode_fresh(v, batched);
+        }
+        const int64_t V = e.info().vocab_size, B = int64_t(v.size());
+        py::array_t<float> out({B, V});
+        std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+        return out;
+      }, py::arg("seqs"), py::arg("batched"),
+         "Test hook: each sequence's ids but the last read into a fresh state, then all last ids decoded in one "
+         "batched forward (batched=True) or one forward each: logits [B, V].")
+      .def("step_stats", [](const Engine& e) {
+        const StepStats s = e.step_stats();
+        py::dict d;
+        d["steps"] = s.steps;
+        d["tokens"] = s.tokens;
+        d["max_batch"] = s.max_batch;
+        d["last_batch"] = s.last_batch;
+        d["prefill_chunks"] = s.prefill_chunks;
+        d["decoding"] = s.decoding;
+        d["waiting"] = s.waiting;
+        return d;
+      }, "The step thread's counts: batched decode steps run (steps), tokens they decoded, the largest and the "
+         "latest batch, prefill chunks run; sessions in their decode loop and reads waiting now.")
       .def("session_names", &Engine::session_names)
       .def("drop_session", &Engine::drop_session, py::arg("name"));
 }

@@ -71,4 +71,31 @@ void Engine::drop_session(const std::string& name) {
   sessions_.erase(name);
 }
 
+std::vector<float> Engine::decode_fresh(const std::vector<std::vector<int32_t>>& seqs, bool batched) {
+  const int64_t B = int64_t(seqs.size()), V = model_->info().vocab_size;
+  if (B < 1) throw std::invalid_argument("decode_fresh: at least one sequence");
+  for (const auto& s : seqs) {
+    check(s);
+    if (s.size() < 2) throw std::invalid_argument("decode_fresh: each sequence needs at least 2 ids");
+  }
+  std::vector<std::unique_ptr<SessionState>> states;
+  for (const auto& s : seqs) {
+    states.push_back(model_->new_state());
+    model_->forward(s.data(), int64_t(s.size()) - 1, *states.back(), Logits::None, nullptr);
+  }
+  std::vector<float> logits(size_t(B * V));
+  std::vector<int32_t> last;
+  std::vector<SessionState*> st;
+  std::vector<float*> out;
+  for (int64_t b = 0; b < B; ++b) {
+    last.push_back(seqs[size_t(b)].back());
+    st.push_back(states[size_t(b)].get());
+    out.push_back(logits.data() + b * V);
+  }
+  if (batched) model_->forward_batch(last.data(), B, st.data(), out.data());
+  else
+    for (int64_t b = 0; b < B; ++b) model_->forward(&last[size_t(b)], 1, *st[size_t(b)], Logits::Last, out[size_t(b)]);
+  return logits;
+}
+
 }  // namespace strata

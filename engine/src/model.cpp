@@ -14,10 +14,25 @@
 #include <thread>
 
 #include "qwen3.h"
+#include "step_scheduler.h"
 #include "strata/kernels.h"
 #include "qwen3_next.h"
 
 namespace strata {
+
+Model::Model() : steps_(std::make_unique<StepScheduler>(*this)) {}
+Model::~Model() = default;  // stops the step thread (none runs a forward of a dying model: sessions hold it)
+
+void Model::forward_batch(const int32_t* tokens, int64_t B, SessionState* const* states, float* const* logits) {
+  for (int64_t b = 0; b < B; ++b) forward(tokens + b, 1, *states[b], Logits::Last, logits[b]);
+}
+
+void Model::forward_shared(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits) {
+  steps_->run(tokens, n, state, mode, logits);
+}
+void Model::enter_decode() { steps_->enter_decode(); }
+void Model::leave_decode() { steps_->leave_decode(); }
+StepStats Model::step_stats() const { return steps_->stats(); }
 
 void use_threads(int threads) {
 #ifdef STRATA_HAVE_OPENMP
@@ -28,7 +43,6 @@ void use_threads(int threads) {
 
 void release_threads() {
 #ifdef STRATA_HAVE_OPENMP
-  if (!kernels::option("release_teams")) return;  // A/B: the team stays (before)
   if (!omp_in_parallel()) omp_pause_resource_all(omp_pause_soft);  // libgomp: frees this thread's pool
 #endif
 }

@@ -1,5 +1,6 @@
 #include "qwen3.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -159,6 +160,92 @@ void Qwen3Model::forward(const int32_t* tokens, int64_t n, SessionState& state, 
   const int64_t first = mode == Logits::All ? 0 : n - 1, m = n - first;
   for (int64_t t = 0; t < m; ++t) k::rmsnorm(h.data() + (first + t) * D, final_norm_.data(), D, eps_, xn.data() + t * D);
   k::matmul(lm_head_, xn.data(), m, logits);
+}
+
+// B sessions' decode steps in one pass: the matmuls take the [B, D] rows together (each weight row read
+// once; a row's sums are its own, kernels::matmul), norms and RoPE per row at each sequence's position,
+// attention per sequence over its own cache -- every op of forward(n = 1) on the same values, in the same
+// order, so each sequence's logits are the bits of its own forward.
+void Qwen3Model::forward_batch(const int32_t* tokens, int64_t B, SessionState* const* states,
+                               float* const* logits) {
+  if (B == 1) return forward(tokens, 1, *states[0], Logits::Last, logits[0]);
+  use_threads(threads_);
+  prof::count_forward(true, B);
+  const int64_t n = B, D = D_, qd = H_ * hd_, kvd = Hkv_ * hd_;
+  std::vector<int64_t> pos(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) pos[size_t(b)] = states[b]->n_tokens;
+  std::vector<float> h(size_t(n * D)), xn(size_t(n * D)), tmp(size_t(n * D));
+  std::vector<float> q(size_t(n * qd)), att(size_t(n * qd)), kb(size_t(n * kvd)), vb(size_t(n * kvd));
+  std::vector<float> g(size_t(n * I_)), u(size_t(n * I_));
+  {
+    prof::Scope ps(prof::Embed, true);
+    for (int64_t t = 0; t < n; ++t) k::row_f32(embed_, tokens[t], h.data() + t * D);
+  }
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& ly = layers_[li];
+    {
+      prof::Scope ps(prof::Norm, true);
+      for (int64_t t = 0; t < n; ++t) k::rmsnorm(h.data() + t * D, ly.input_norm.data(), D, eps_, xn.data() + t * D);
+    }
+    {
+      prof::Scope ps(prof::QKV, true);
+      const k::MatOut qkv[3] = {{&ly.wq, q.data()}, {&ly.wk, kb.data()}, {&ly.wv, vb.data()}};
+      k::matmul_multi(qkv, 3, xn.data(), n);
+    }
+    {
+      prof::Scope ps(prof::Rope, true);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t hh = 0; hh < H_; ++hh) {
+          float* qh = q.data() + (t * H_ + hh) * hd_;
+          k::rmsnorm(qh, ly.q_norm.data(), hd_, eps_, qh);
+        }
+        for (int64_t hh = 0; hh < Hkv_; ++hh) {
+          float* kh = kb.data() + (t * Hkv_ + hh) * hd_;
+          k::rmsnorm(kh, ly.k_norm.data(), hd_, eps_, kh);
+        }
+        k::rope(q.data() + t * qd, int(H_), int(hd_), int(hd_), pos[size_t(t)], inv_freq_.data());
+        k::rope(kb.data() + t * kvd, int(Hkv_), int(hd_), int(hd_), pos[size_t(t)], inv_freq_.data());
+      }
+    }
+    {
+      prof::Scope ps(prof::Attention, true);
+      for (int64_t t = 0; t < n; ++t) {
+        auto& kv = static_cast<AttentionKV&>(*states[t]->layers[li]);
+        float *kc, *vc;
+        kv.append(1, &kc, &vc);
+        std::copy(kb.data() + t * kvd, kb.data() + (t + 1) * kvd, kc);
+        std::copy(vb.data() + t * kvd, vb.data() + (t + 1) * kvd, vc);
+        kv.commit();
+        float* out = att.data() + t * qd;
+        if (kv.half()) k::attention_f16(q.data() + t * qd, 1, int(H_), int(Hkv_), int(hd_), kv.k16(), kv.v16(), pos[size_t(t)], out);
+        else k::attention(q.data() + t * qd, 1, int(H_), int(Hkv_), int(hd_), kv.k(), kv.v(), pos[size_t(t)], out);
+      }
+    }
+    {
+      prof::Scope ps(prof::OProj, true);
+      k::matmul(ly.wo, att.data(), n, tmp.data());
+      k::add(h.data(), tmp.data(), n * D);
+    }
+    {
+      prof::Scope ps(prof::GateUp, true);
+      for (int64_t t = 0; t < n; ++t) k::rmsnorm(h.data() + t * D, ly.post_norm.data(), D, eps_, xn.data() + t * D);
+      const k::MatOut gu[2] = {{&ly.w_gate, g.data()}, {&ly.w_up, u.data()}};
+      k::matmul_multi(gu, 2, xn.data(), n);
+      k::silu_mul(g.data(), u.data(), n * I_);
+    }
+    {
+      prof::Scope ps(prof::Down, true);
+      k::matmul(ly.w_down, g.data(), n, tmp.data());
+      k::add(h.data(), tmp.data(), n * D);
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) states[t]->n_tokens = pos[size_t(t)] + 1;
+  prof::Scope ps(prof::LMHead, true);
+  const int64_t V = info_.vocab_size;
+  for (int64_t t = 0; t < n; ++t) k::rmsnorm(h.data() + t * D, final_norm_.data(), D, eps_, xn.data() + t * D);
+  std::vector<float> lg(size_t(n * V));
+  k::matmul(lm_head_, xn.data(), n, lg.data());
+  for (int64_t t = 0; t < n; ++t) std::copy(lg.data() + t * V, lg.data() + (t + 1) * V, logits[t]);
 }
 
 }  // namespace strata

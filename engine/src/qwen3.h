@@ -14,6 +14,7 @@ class Qwen3Model final : public Model {
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<SessionState> new_state() const override;
   void forward(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits) override;
+  void forward_batch(const int32_t* tokens, int64_t B, SessionState* const* states, float* const* logits) override;
 
  private:
   struct Layer {

@@ -223,4 +223,48 @@ void Qwen3NextModel::forward(const int32_t* tokens, int64_t n, SessionState& sta
   k::matmul(lm_head_, xn.data(), m, logits);
 }
 
+// B sessions' decode steps in one pass: the mixers (gated attention, Gated DeltaNet: their projections
+// included) run per sequence over its own state; the MLP / MoE and the lm_head take the [B, D] rows together
+// (a token's routing, expert sums and matmul rows are its own). Every op sees the values forward(n = 1)
+// gives it, in the same order: each sequence's logits are the bits of its own forward.
+void Qwen3NextModel::forward_batch(const int32_t* tokens, int64_t B, SessionState* const* states,
+                                   float* const* logits) {
+  if (B == 1) return forward(tokens, 1, *states[0], Logits::Last, logits[0]);
+  use_threads(threads_);
+  prof::count_forward(true, B);
+  const int64_t n = B, D = D_;
+  std::vector<float> h(size_t(n * D)), xn(size_t(n * D)), y(size_t(n * D));
+  for (int64_t t = 0; t < n; ++t) k::row_f32(embed_, tokens[t], h.data() + t * D);
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& ly = layers_[li];
+    for (int64_t t = 0; t < n; ++t) k::rmsnorm_1p(h.data() + t * D, ly.input_norm.data(), D, eps_, xn.data() + t * D);
+    for (int64_t t = 0; t < n; ++t) {
+      if (ly.attn) {
+        prof::Scope ps(prof::Attention, true);
+        next::gated_attention_forward(ad_, ly.att, inv_freq_.data(), xn.data() + t * D, 1,
+                                      static_cast<AttentionKV&>(*states[t]->layers[li]), y.data() + t * D);
+      } else {
+        prof::Scope ps(prof::GDN, true);
+        next::gdn_forward(gd_, ly.gdn, xn.data() + t * D, 1, static_cast<next::GdnState&>(*states[t]->layers[li]),
+                          y.data() + t * D);
+      }
+    }
+    k::add(h.data(), y.data(), n * D);
+    for (int64_t t = 0; t < n; ++t) k::rmsnorm_1p(h.data() + t * D, ly.post_norm.data(), D, eps_, xn.data() + t * D);
+    {
+      prof::Scope ps(prof::MoE, true);
+      if (ly.moe) next::moe_forward(D, ly.moe_w, xn.data(), n, y.data());
+      else next::mlp_forward(D, ly.mlp, xn.data(), n, y.data());
+    }
+    k::add(h.data(), y.data(), n * D);
+  }
+  for (int64_t t = 0; t < n; ++t) states[t]->n_tokens += 1;
+  prof::Scope ps(prof::LMHead, true);
+  const int64_t V = info_.vocab_size;
+  for (int64_t t = 0; t < n; ++t) k::rmsnorm_1p(h.data() + t * D, final_norm_.data(), D, eps_, xn.data() + t * D);
+  std::vector<float> lg(size_t(n * V));
+  k::matmul(lm_head_, xn.data(), n, lg.data());
+  for (int64_t t = 0; t < n; ++t) std::copy(lg.data() + t * V, lg.data() + (t + 1) * V, logits[t]);
+}
+
 }  // namespace strata

@@ -157,7 +157,8 @@ void Session::read(const int32_t* ids, int64_t n, bool want_logits) {
     // logits for the last chunk, and for any chunk that ends at a checkpoint (its snapshot keeps them)
     const bool logits = (last && want_logits) || (!last && is_checkpoint_pos(pos + m));
     if (logits) last_logits_.resize(size_t(V));
-    model_->forward(ids + done, m, *state_, logits ? Logits::Last : Logits::None, last_logits_.data());
+    // on the model's step thread: a one-token read joins the other sessions' decode step (one batch)
+    model_->forward_shared(ids + done, m, *state_, logits ? Logits::Last : Logits::None, last_logits_.data());
     {
       std::lock_guard<std::mutex> g(mu_);
       held_.insert(held_.end(), ids + done, ids + done + m);
@@ -208,6 +209,11 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
   std::vector<int32_t> produced;               // this call's ids so far (gen + drained), for the mask
   std::string natural = "length";
   int64_t req_step = -1;  // step during which the STOP request was first seen
+  struct Decoding {       // while in the loop, the model's batched steps wait (briefly) for this session
+    Model* m;
+    explicit Decoding(Model* model, bool on) : m(on ? model : nullptr) { if (m) m->enter_decode(); }
+    ~Decoding() { if (m) m->leave_decode(); }
+  } decoding(model_.get(), steps > 0);
   for (int64_t i = 0; i < steps; ++i) {
     if (stop && req_step < 0 && stop->load()) req_step = i - 1;  // arrived between steps
     if (req_step >= 0 && i > req_step + opts.stop_latency) break;

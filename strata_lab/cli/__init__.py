@@ -136,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chat template: a preset name (qwen3), or any HF template (.jinja, tokenizer_config.json, "
                         "model folder)")
     p.add_argument("--slots", type=int, default=1,
-                   help="engine sessions served in turn (id_slot / x-session-id / user pick one, else the LCP "
-                        "similarity rule, else least recently used)")
+                   help="engine sessions, one request each at a time, their decode steps batched together "
+                        "(id_slot / x-session-id / user pick one, else the LCP similarity rule, else least "
+                        "recently used)")
     p.add_argument("--grammar-max-string", type=int, default=256,
                    help="constrained output: unbounded strings in a schema get this maxLength (0: unbounded)")
     p.add_argument("--grammar-max-items", type=int, default=16,

@@ -1,8 +1,9 @@
 """The HTTP layer: one route table, one error wrapper; the front door (Host, Origin, key, limits) is security.py.
 
 Each dialect's JSON is parsed into one `ChatRequest` at the edge (request.py); everything after that is
-dialect-free until the response is shaped again (dialects.py). Engine work goes through a single FIFO
-worker (worker.py), so requests never interleave.
+dialect-free until the response is shaped again (dialects.py). Engine work goes through one FIFO worker
+with a lane per slot (worker.py): requests on different slots run at once, their decode steps batched by
+the engine; one slot serves one request at a time.
 
 Why one module: it is the route table; every route's handler is a few lines that hand over to the
 parsers, the worker and the stream shapers, and one place lists them all.
@@ -97,7 +98,7 @@ def load_state(config: ServerConfig) -> ServerState:
                         grammars=GrammarCompiler(tokenizer, engine.vocab_size, max_string=config.grammar_max_string,
                                                  max_items=config.grammar_max_items))
     return ServerState(config=config, tokenizer=tokenizer, template=template,
-                       runner=runner, worker=EngineWorker(), model_name=name, model_path=str(model_path),
+                       runner=runner, worker=EngineWorker(lanes=config.slots), model_name=name, model_path=str(model_path),
                        started=time.time(), weights=weights)
 
 
@@ -437,9 +438,10 @@ async def count_tokens(request: Request):
 
 
 async def slots(request: Request):
-    """Each slot: its session name, held length, requests served, last use, checkpoints."""
+    """Each slot: its session name, held length, requests served, last use, checkpoints, whether it is
+    processing and the size of the engine's latest decode step (the batch it is in) if so."""
     st: ServerState = request.app.state.strata
-    return st.runner.pool.as_list()
+    return st.runner.pool.as_list(batch=st.runner.engine.step_stats()["last_batch"])
 
 
 async def models(request: Request):
@@ -483,7 +485,9 @@ async def props(request: Request):
             "total_slots": len(st.runner.pool), "model_alias": st.model_name, "model_path": st.model_path,
             "template": st.template.name,
             "reply_reuse": st.runner.reply_reuse, "stop_latency": st.runner.stop_latency, "dump": _dump_status(st),
-            "queue": {"waiting": st.worker.waiting, "done": st.worker.done, "dropped": st.worker.dropped},
+            "queue": {"waiting": st.worker.waiting, "done": st.worker.done, "dropped": st.worker.dropped,
+                      "running": st.worker.running, "lanes": st.worker.lanes},
+            "batch": st.runner.engine.step_stats(),
             "engine_calls": st.runner.engine_calls}
 
 

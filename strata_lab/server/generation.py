@@ -24,6 +24,7 @@ import math
 import os
 import secrets
 import sys
+import threading
 import uuid
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Sequence
@@ -202,7 +203,8 @@ def _debug(line: str) -> None:
 
 
 class ChatRunner:
-    """Owns the slots (engine sessions), the prompt encoder and the recorder; runs requests one at a time."""
+    """Owns the slots (engine sessions), the prompt encoder and the recorder; runs one request per slot at a
+    time (several slots at once: the engine batches their decode steps)."""
 
     def __init__(self, *, tokenizer, pool, encoder, max_context: int, recorder=None, reply_reuse: bool = True,
                  model_name: str = "strata", stop_latency: int = 0, engine=None, grammars=None,
@@ -224,6 +226,10 @@ class ChatRunner:
         self._observed = recorder is not None and engine is not None and hasattr(engine, "add_observer")
         if self._observed:
             engine.add_observer(recorder)
+        # requests run on several worker lanes (one per slot): a slot serves one request at a time
+        self._slots_cv = threading.Condition()
+        self._in_use: set[int] = set()
+        self._encode_lock = threading.Lock()  # the encoder keeps per-call state (last_stats)
 
     # --- one request ------------------------------------------------------------------------------
     def run(self, job, req: ChatRequest, rendered: RenderedPrompt) -> None:
@@ -231,8 +237,9 @@ class ChatRunner:
         if rendered.prompt_ids is not None:
             prompt_ids, encoder_stats = list(rendered.prompt_ids), None
         else:
-            prompt_ids = list(self.encoder.encode(rendered.prompt_text))
-            encoder_stats = _stats_dict(getattr(self.encoder, "last_stats", None))
+            with self._encode_lock:
+                prompt_ids = list(self.encoder.encode(rendered.prompt_text))
+                encoder_stats = _stats_dict(getattr(self.encoder, "last_stats", None))
         self._check_context(req, prompt_ids)
         seed = req.seed if req.seed is not None else secrets.randbits(63)  # no seed: a fresh one per request
         bias = self._logit_bias(req)
@@ -241,7 +248,23 @@ class ChatRunner:
             x = len(self.tokenizer.encode(base))
             z = len(prompt_ids)
             _debug(f"assistant prefill: {z - x} tokens (prompt {x} -> {z}, generation starts at position {z})")
-        slot = self.pool.choose(prompt_ids, slot=f.slot, key=f.session_key)
+        with self._slots_cv:
+            slot = self.pool.choose(prompt_ids, slot=f.slot, key=f.session_key, busy=self._in_use)
+            while slot.id in self._in_use:  # its slot serves another request: wait for it (bounded by that one)
+                if job.cancelled:
+                    return
+                self._slots_cv.wait(timeout=0.1)
+            self._in_use.add(slot.id)
+        try:
+            self._run_on(job, req, plan, slot, prompt_ids, encoder_stats, seed, bias)
+        finally:
+            with self._slots_cv:
+                self._in_use.discard(slot.id)
+                self._slots_cv.notify_all()
+
+    def _run_on(self, job, req: ChatRequest, plan: PromptPlan, slot, prompt_ids: list[int], encoder_stats,
+                seed: int, bias) -> None:
+        f = req.features
         if not f.cache_prompt:
             slot.session.reset()
         # the reuse the engine will apply (Contract 1's rule, the same the call follows): message_start's usage

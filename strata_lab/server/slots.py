@@ -7,8 +7,10 @@ Which slot serves a request, in order (llama.cpp's rule, tools/server/README.md 
 3. the slot whose held ids share the longest common prefix with the prompt, if that prefix covers more
    than `similarity` of the prompt;
 4. else the least recently used slot (a never-used one first).
-A key seen for the first time is bound to the slot chosen for it. One worker still serves the slots in
-turn; each keeps its own held ids, KV cache and checkpoints. Dumps carry the slot's session name.
+A key seen for the first time is bound to the slot chosen for it; the least recently used slot is taken
+among the idle ones first (`busy`: slots serving a request now). The slots' requests run at the same time
+(one worker lane per slot), their decode steps batched by the engine; each slot keeps its own held ids, KV
+cache and checkpoints and serves one request at a time. Dumps carry the slot's session name.
 
 >>> pool = SlotPool([_Held([1, 2, 3, 4]), _Held([])], names=["s-0", "s-1"])
 >>> pool.choose([1, 2, 3, 4, 5]).id, pool.choose([9, 9]).id
@@ -41,11 +43,13 @@ class Slot:
     requests: int = 0
     keys: set = field(default_factory=set)
 
-    def as_dict(self) -> dict:
+    def as_dict(self, batch: int = 0) -> dict:
+        """batch: the size of the engine's latest decode step (shown on the slots that are processing)."""
         held = self.session.held_ids
+        busy = bool(getattr(self.session, "busy", False))
         return {"id": self.id, "session": self.name, "n_held": len(held), "requests": self.requests,
                 "last_used": self.last_used or None, "checkpoints": self.session.checkpoints,
-                "is_processing": bool(getattr(self.session, "busy", False))}
+                "is_processing": busy, "batch": batch if busy else 0}
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
@@ -72,7 +76,8 @@ class SlotPool:
     def __len__(self) -> int:
         return len(self.slots)
 
-    def choose(self, prompt_ids: Sequence[int], *, slot: int | None = None, key: str | None = None) -> Slot:
+    def choose(self, prompt_ids: Sequence[int], *, slot: int | None = None, key: str | None = None,
+               busy: frozenset | set = frozenset()) -> Slot:
         if slot is not None:
             if not 0 <= slot < len(self.slots):
                 raise RequestError("id_slot", f"must be in 0..{len(self.slots) - 1} (or -1), got {slot}")
@@ -80,7 +85,7 @@ class SlotPool:
         elif key is not None and key in self._keys:
             chosen = self.slots[self._keys[key]]
         else:
-            chosen = self._by_rule(prompt_ids)
+            chosen = self._by_rule(prompt_ids, busy)
         if key is not None:
             self._keys[key] = chosen.id
             if len(self._keys) > 100_000:  # bounded: forget the oldest bindings
@@ -92,7 +97,7 @@ class SlotPool:
         chosen._order = self._tick
         return chosen
 
-    def _by_rule(self, prompt_ids: Sequence[int]) -> Slot:
+    def _by_rule(self, prompt_ids: Sequence[int], busy: frozenset | set = frozenset()) -> Slot:
         best, best_lcp = None, 0
         for s in self.slots:
             n = _lcp(prompt_ids, s.session.held_ids)
@@ -100,10 +105,11 @@ class SlotPool:
                 best, best_lcp = s, n
         if best is not None and prompt_ids and best_lcp / len(prompt_ids) > self.similarity:
             return best
-        return min(self.slots, key=lambda s: getattr(s, "_order", 0))  # least recently used
+        idle = [s for s in self.slots if s.id not in busy] or self.slots
+        return min(idle, key=lambda s: getattr(s, "_order", 0))  # least recently used, idle ones first
 
-    def as_list(self) -> list[dict]:
-        return [s.as_dict() for s in self.slots]
+    def as_list(self, batch: int = 0) -> list[dict]:
+        return [s.as_dict(batch) for s in self.slots]
 
 
 class _Held:

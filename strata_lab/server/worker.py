@@ -1,6 +1,9 @@
-"""One engine, one request at a time, in arrival order.
+"""One engine, requests taken in arrival order, up to one per slot at a time.
 
-`EngineWorker` owns a single thread that takes jobs from a FIFO queue. A job's events travel back to the
+`EngineWorker` owns `lanes` threads (the server starts one per slot) that take jobs from one FIFO queue.
+Requests on different slots then run at the same time, and the engine advances the sessions that are
+decoding together in shared steps (continuous batching: `Engine.step_stats`); a request on a slot that is
+busy waits for it (`ChatRunner.run`), so one session still serves one call at a time. A job's events travel back to the
 asyncio side through an `asyncio.Queue` fed with `call_soon_threadsafe`, so the HTTP layer awaits them
 without blocking the event loop. A job can be cancelled (client gone): if it has not started it never
 reaches the engine; if it is running, the job function sees `job.cancelled` and stops its stream.
@@ -81,14 +84,21 @@ class Job:
 
 
 class EngineWorker:
-    """A single thread running submitted jobs one after another (FIFO)."""
+    """`lanes` threads running submitted jobs in arrival order (FIFO), up to `lanes` at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, lanes: int = 1) -> None:
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= 256:
+            raise ValueError(f"lanes must be an int in 1..256, got {lanes!r}")
         self._jobs: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="strata-engine", daemon=True)
-        self._thread.start()
+        self._count = threading.Lock()
+        self.lanes = lanes
+        self.running = 0
         self.done = 0
         self.dropped = 0  # jobs whose client left while they were queued: never run
+        self._threads = [threading.Thread(target=self._loop, name=f"strata-engine-{i}", daemon=True)
+                         for i in range(lanes)]
+        for t in self._threads:
+            t.start()
 
     def submit(self, fn: Callable[[Job], Any]) -> Job:
         """Queue `fn(job)`; call from the event loop's thread."""
@@ -105,11 +115,18 @@ class EngineWorker:
             job = self._jobs.get()
             if job is None:
                 return
-            if job._run():
-                self.done += 1
-            else:
-                self.dropped += 1
+            with self._count:
+                self.running += 1
+            ran = job._run()
+            with self._count:
+                self.running -= 1
+                if ran:
+                    self.done += 1
+                else:
+                    self.dropped += 1
 
     def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout=5)
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout=5)

@@ -22,6 +22,10 @@ class Engine {
   // ids[0..j] (len(ids) - 1 entries), with top_n alternatives each. Read in chunks, so memory stays
   // at chunk x vocab floats whatever the length.
   std::vector<TokenLogprob> prompt_logprobs(const std::vector<int32_t>& ids, int64_t top_n);
+  // Test hook of batched decode: each sequence's ids but the last read into a fresh state, then the last ids
+  // of all of them decoded in one Model::forward_batch (batched) or one forward each (not): logits [B, V].
+  std::vector<float> decode_fresh(const std::vector<std::vector<int32_t>>& seqs, bool batched);
+  StepStats step_stats() const { return model_->step_stats(); }
   // The session called name, created with policy if new (an existing one gets the policy when given).
   std::shared_ptr<Session> session(const std::string& name, const CheckpointPolicy* policy);
   std::vector<std::string> session_names() const;

@@ -17,9 +17,32 @@ Level best_level();            // what this CPU supports
 Level level();                 // what is in use
 void set_level(Level l);       // force a lower level (tests); clamped to best_level()
 const char* level_name(Level l);
-// A/B switches: "decode_pool" (off by default), "bf16_eo", "gdn_matrix" (on by default; the environment
-// variable STRATA_GDN_SCALAR=1 starts a process with it off), "linear_prefetch", "attn_tiled", "int8_dot"
-// (on by default: int8 weights against int8-quantised activations); unknown names throw.
+// Runtime switches (set_option / option; Python: _engine._set_kernel_option / _kernel_option). Unknown
+// names throw. Every one that stays keeps a path that is a reference or a choice, not a measured loser:
+//
+// | name         | default | on                                          | off (kept because)                            |
+// |--------------|---------|---------------------------------------------|-----------------------------------------------|
+// | int8_dot     | on      | int8 weights x activations quantised to     | weights widened to f32 against f32            |
+// |              |         | int8 per token in blocks of 32              | activations: the accuracy reference of int8   |
+// | attn_tiled   | on      | AVX2 attention tiled with an online softmax | the per-query scalar loop: test reference     |
+// | attn_decode  | on      | AVX2 decode attention streams the cache,    | one task per kv head, same bits (x1.35 slower |
+// |              |         | a thread per contiguous run of kv heads     | at 16K; engine.py --decode-ab reports both)   |
+// | gdn_matrix   | on      | GDN chunked prefill in matrix form          | the row-loop form: test reference;            |
+// |              |         |                                             | STRATA_GDN_SCALAR=1 starts a process with off |
+// | moe_parallel | on      | MoE active experts side by side, one per    | one after another, each split across threads  |
+// |              |         | thread                                      | (better with more threads than experts)       |
+// | kv_f16       | off     | kv_cache "auto" engines loaded from then on | "auto" decides from the weights (a policy     |
+// |              |         | hold f16 whatever the weights               | override, not an A/B)                         |
+// | decode_pool  | off     | decode loops on pool.h's barrier-free       | OpenMP loops. Undecided: pool 1.27x slower on |
+// |              |         | helpers                                     | a quiet box, 2.5x faster at load average 8    |
+// | bf16_eo      | on      | AVX2 bf16 rows in even/odd order            | widening loads. Undecided: no recorded A/B    |
+// |              |         |                                             | before; x1.21 faster at load 8 (noisy)        |
+// | decode_rows8 | on      | one-token decode, 8 rows per kernel call    | 4 rows. Undecided: x1.29 faster at load 8     |
+// | decode_runs  | on      | decode chunks in contiguous runs per thread | OpenMP dynamic schedule. Undecided: x1.06     |
+//
+// The undecided four keep bit-identical results both ways (tests/test_engine_decode_loops.py); their
+// numbers are in benchmarks/results/kernel_switches.md. Deleted with their losing paths (numbers there
+// too): linear_prefetch, attn_pf_lines, attn_first_tile, release_teams.
 void set_option(const std::string& name, bool on);
 bool option(const std::string& name);
 
@@ -31,7 +54,8 @@ void f32_to_f16_rows(const float* x, uint16_t* out, int64_t n);  // n values
 
 // out[cols] = row r of w as float32.
 void row_f32(const Mat& w, int64_t r, float* out);
-// y[n, w.rows] = x[n, w.cols] @ w^T. Small n streams rows (decode, memory-bound); larger n runs a
+// y[n, w.rows] = x[n, w.cols] @ w^T. n <= 8 streams rows once for all n tokens (decode, and a batched
+// decode step of several sessions: memory-bound); larger n runs a
 // blocked GEMM (prefill, compute-bound): over rows converted once to f32, or, for bf16 weights at level
 // AVX512BF16, straight over the bf16 rows with x rounded to bf16; int8 weights (option int8_dot) against
 // x quantised per token in blocks of 32, integer block dots. OpenMP over rows. Every path gives a token

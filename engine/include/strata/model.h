@@ -86,9 +86,19 @@ bool copy_weights(const ModelFolder& c, const LoadOptions& opts);
 
 enum class Logits { None, Last, All };
 
+// The step thread's counts (Model::step_stats): batched decode steps run, tokens they decoded, the
+// largest and the latest batch, prefill chunks run; sessions in their decode loop now, reads waiting now.
+struct StepStats {
+  int64_t steps = 0, tokens = 0, max_batch = 0, last_batch = 0, prefill_chunks = 0;
+  int64_t decoding = 0, waiting = 0;
+};
+
+class StepScheduler;
+
 class Model {
  public:
-  virtual ~Model() = default;
+  Model();
+  virtual ~Model();
   virtual const ModelInfo& info() const = 0;
   // Fresh, empty per-session state (one LayerState per layer).
   virtual std::unique_ptr<SessionState> new_state() const = 0;
@@ -96,11 +106,26 @@ class Model {
   // (state.n_tokens += n). Writes logits [n, V] (All), [1, V] for the last token (Last), or nothing.
   // Ids are checked by the caller (0 <= id < vocab_size); n >= 1.
   virtual void forward(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits) = 0;
+  // Batched decode: one token, tokens[b], for each of B distinct states, each at its own position
+  // (states[b]->n_tokens += 1); logits[b] gets the V logits after it. Each sequence gets exactly the bits
+  // forward(tokens + b, 1, *states[b], Logits::Last, logits[b]) gives it, whatever the batch (fixed
+  // reduction order per row). The default runs those forwards one after another.
+  virtual void forward_batch(const int32_t* tokens, int64_t B, SessionState* const* states, float* const* logits);
   int threads() const { return threads_; }
   void set_threads(int t) { threads_ = t; }
 
+  // Sessions' reads: forward() on the model's step thread, where the one-token reads of sessions decoding
+  // at the same time run as one forward_batch (continuous batching; step_scheduler.h).
+  void forward_shared(const int32_t* tokens, int64_t n, SessionState& state, Logits mode, float* logits);
+  void enter_decode();  // a session enters its decode loop: steps wait (briefly) for its reads
+  void leave_decode();
+  StepStats step_stats() const;
+
  protected:
   int threads_ = 0;
+
+ private:
+  std::unique_ptr<StepScheduler> steps_;
 };
 
 // What every decoder-only model shares: the embedding, the final norm and the lm_head (tied to the

@@ -1,0 +1,572 @@
+// GCC 12 warns about its own AVX-512 intrinsic headers (false positives on the masked forms).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "kernels_internal.h"
+
+namespace strata {
+namespace kernels {
+
+// ---------------------------------------------------------------- attention (AVX-512)
+// exp for x <= 0 (softmax): Cephes expf polynomial after n = round(x log2 e), scaled by 2^n (~1 ulp).
+STRATA_AVX512 static inline __m512 exp_avx512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+// One query vector against keys 0..nk-1: scores, softmax, weighted sum of values, all in registers
+// (NC = ceil(hd / 16) vectors per head). The work for a query does not depend on which other queries
+// share the call, so prefill and decode give it the same bits.
+template <int NC>
+STRATA_AVX512 static void attend_avx512(const float* qv, const float* k, const float* v, int64_t stride, int64_t nk,
+                                        int hd, float scale, float* sc, float* o) {
+  const __mmask16 last = hd % 16 ? __mmask16((1u << (hd % 16)) - 1) : __mmask16(0xffff);
+#define ld(p, c) ((c) == NC - 1 ? _mm512_maskz_loadu_ps(last, (p) + 16 * (c)) : _mm512_loadu_ps((p) + 16 * (c)))
+  __m512 q[NC];
+  for (int c = 0; c < NC; ++c) q[c] = ld(qv, c);
+  int64_t j = 0;
+  for (; j + 4 <= nk; j += 4) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int c = 0; c < NC; ++c) {
+      a0 = _mm512_fmadd_ps(q[c], ld(k + (j + 0) * stride, c), a0);
+      a1 = _mm512_fmadd_ps(q[c], ld(k + (j + 1) * stride, c), a1);
+      a2 = _mm512_fmadd_ps(q[c], ld(k + (j + 2) * stride, c), a2);
+      a3 = _mm512_fmadd_ps(q[c], ld(k + (j + 3) * stride, c), a3);
+    }
+    sc[j] = _mm512_reduce_add_ps(a0) * scale;
+    sc[j + 1] = _mm512_reduce_add_ps(a1) * scale;
+    sc[j + 2] = _mm512_reduce_add_ps(a2) * scale;
+    sc[j + 3] = _mm512_reduce_add_ps(a3) * scale;
+  }
+  for (; j < nk; ++j) {
+    __m512 a = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) a = _mm512_fmadd_ps(q[c], ld(k + j * stride, c), a);
+    sc[j] = _mm512_reduce_add_ps(a) * scale;
+  }
+  __m512 mxv = _mm512_set1_ps(-INFINITY);
+  for (j = 0; j < nk; j += 16) {
+    const __mmask16 m = nk - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - j)) - 1);
+    mxv = _mm512_mask_max_ps(mxv, m, mxv, _mm512_maskz_loadu_ps(m, sc + j));
+  }
+  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv));
+  __m512 sum = _mm512_setzero_ps();
+  for (j = 0; j < nk; j += 16) {
+    const __mmask16 m = nk - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - j)) - 1);
+    __m512 e = _mm512_maskz_mov_ps(m, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), mx)));
+    _mm512_mask_storeu_ps(sc + j, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const float inv = 1.0f / _mm512_reduce_add_ps(sum);
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (j = 0; j < nk; ++j) {
+    const __m512 w = _mm512_set1_ps(sc[j] * inv);
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(w, ld(v + j * stride, c), acc[c]);
+  }
+  for (int c = 0; c < NC; ++c) {
+    if (c == NC - 1) _mm512_mask_storeu_ps(o + 16 * c, last, acc[c]);
+    else _mm512_storeu_ps(o + 16 * c, acc[c]);
+  }
+#undef ld
+}
+
+using Attend = void (*)(const float*, const float*, const float*, int64_t, int64_t, int, float, float*, float*);
+static Attend attend_fn(int hd) {
+  static const Attend t[8] = {attend_avx512<1>, attend_avx512<2>, attend_avx512<3>, attend_avx512<4>,
+                              attend_avx512<5>, attend_avx512<6>, attend_avx512<7>, attend_avx512<8>};
+  return hd <= 128 ? t[(hd + 15) / 16 - 1] : nullptr;
+}
+
+// ---------------------------------------------------------------- attention (AVX2 + FMA): tiled
+// Flash-style: a block of query rows (QB positions x the G query heads of one kv head, so GQA heads share
+// every K/V load) walks key tiles of KT keys with an online softmax (running max m, sum l, output O
+// rescaled by exp(m_old - m_new) per tile). K/V tiles are read once per block (packed contiguous when the
+// block has enough rows to pay for the copy) instead of once per query head, and no [n, n] or per-query
+// score row is materialised. Numerics: a query row's result depends only on its own position, not on the
+// other rows of its block: key tiles start at 0 and are KT long whatever the block, each score is one FMA
+// chain over hd then the same 8-lane reduction, and each row's sums run over its own keys in key order --
+// so decode gives a position exactly the bits the full forward gives it.
+constexpr int ATT_KT = 64;  // keys per tile (packed K and V tiles: 2 x 32 KiB at hd 128)
+constexpr int ATT_QB = 16;  // query positions per prefill block
+
+// exp for x <= 0 (softmax): Cephes expf polynomial after n = round(x log2 e), scaled by 2^n.
+STRATA_AVX2 static inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // 2^n stays a normal float
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// The four horizontal sums of a0..a3 as one __m128; each lane sums its own vector in the same order.
+STRATA_AVX2 static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// 8 cache values as f32: f32 rows, or f16 rows (the kv_f16 cache) widened exactly.
+STRATA_AVX2 static inline __m256 att_ld8(const float* p) { return _mm256_loadu_ps(p); }
+STRATA_AVX2 static inline __m256 att_ld8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Scores of R query rows (q, ldq) against C <= 4 keys (k, ldk): s[r * lds + j] = (q_r . k_j) * scale.
+template <int R, int C, typename E>
+STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const E* k, int64_t ldk, int hd, float scale,
+                               float* s, int64_t lds) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+  for (int c = 0; c < hd; c += 8) {  // registers: R x 4 accumulators, R query chunks, 1 key chunk
+    __m256 qv[R];
+    for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q + r * ldq + c);
+    for (int j = 0; j < C; ++j) {
+      const __m256 kv = att_ld8(k + j * ldk + c);
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(qv[r], kv, acc[r][j]);
+    }
+  }
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int r = 0; r < R; ++r) {
+    alignas(16) float t[4];
+    _mm_store_ps(t, _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+    for (int j = 0; j < C; ++j) s[r * lds + j] = t[j];
+  }
+}
+
+// O[r, c0 : c0 + 8 C] = O * alpha_r + sum_{j < cnt_r} p[r, j] v[j, c0 : ...], keys in order, R rows sharing
+// each V load for the keys all of them see (j < cmin) and alone for the rest.
+template <int R, int C, typename E>
+STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, const float* alpha, const E* v,
+                               int64_t ldv, float* o, int64_t ldo) {
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  int cmin = cnt[0];
+  for (int r = 1; r < R; ++r) cmin = std::min(cmin, cnt[r]);
+  for (int j = 0; j < cmin; ++j) {
+    __m256 b[R];
+    for (int r = 0; r < R; ++r) b[r] = _mm256_broadcast_ss(p + r * ldp + j);
+    for (int c = 0; c < C; ++c) {
+      const __m256 vv = att_ld8(v + j * ldv + 8 * c);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(b[r], vv, acc[r][c]);
+    }
+  }
+  // (fully unrolled over r and c so that acc stays in registers: a run-time index into it made GCC store
+  // all of acc to the stack on every key of the loop above)
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    __m256 a[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) a[c] = acc[r][c];
+    for (int j = cmin; j < cnt[r]; ++j) {
+      const __m256 b = _mm256_broadcast_ss(p + r * ldp + j);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(b, att_ld8(v + j * ldv + 8 * c), a[c]);
+    }
+    const __m256 al = _mm256_set1_ps(alpha[r]);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      float* op = o + r * ldo + 8 * c;
+      _mm256_storeu_ps(op, _mm256_fmadd_ps(_mm256_loadu_ps(op), al, a[c]));
+    }
+  }
+}
+
+template <int R, typename E>
+STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, const E* k, int64_t ldk, int C, int hd, float scale,
+                                 float* s, int64_t lds) {
+  switch (C) {
+    case 1: att_qk<R, 1, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    case 2: att_qk<R, 2, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    case 3: att_qk<R, 3, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
+    default: att_qk<R, 4, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
+  }
+}
+
+template <int R, typename E>
+STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, const float* alpha, const E* v,
+                                 int64_t ldv, float* o, int64_t ldo, int C) {
+  switch (C) {
+    case 1: att_pv<R, 1, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    case 2: att_pv<R, 2, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    case 3: att_pv<R, 3, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    default: att_pv<R, 4, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+  }
+}
+
+// Per-thread buffers of the tiled kernel.
+struct AttScratch {
+  std::vector<float> q, o, s, kt, vt, m, l, alpha;
+  std::vector<int> cnt;
+  void fit(int64_t rows, int hd) {
+    if (int64_t(q.size()) < rows * hd) { q.resize(size_t(rows * hd)); o.resize(size_t(rows * hd)); }
+    if (int64_t(s.size()) < rows * ATT_KT) s.resize(size_t(rows * ATT_KT));
+    if (int64_t(kt.size()) < int64_t(ATT_KT) * hd) { kt.resize(size_t(ATT_KT * hd)); vt.resize(size_t(ATT_KT * hd)); }
+    if (int64_t(m.size()) < rows) { m.resize(size_t(rows)); l.resize(size_t(rows)); alpha.resize(size_t(rows)); cnt.resize(size_t(rows)); }
+  }
+};
+
+// Decode streams the cache in place. A thread owns a contiguous run of kv heads, i.e. one contiguous span of
+// every cache row (span floats from column c0 of each K and V row); while it works on key tile t it asks
+// for the rows of tile t + 1 in address order, a few rows per step of the score loop, so the lines come in
+// as one steady sequential stream (into L2) behind the arithmetic rather than in the tile's strided order.
+struct AttPrefetch {
+  const char *k = nullptr, *v = nullptr;  // row 0, column c0 of the span
+  int64_t kvs = 0, span = 0;              // row stride, span length (bytes)
+  int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
+  int64_t col = 0;                         // next byte of row `row` to ask for
+  int lines_step = 0;                      // K and V lines per step (score and P V loops)
+};
+constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
+STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
+  {  // the span's lines, the last one too when the span does not start on a line
+    // (in locals: through p, GCC reloaded and stored the cursor on every line, 17% of a 1-thread decode)
+    int64_t row = p.row, col = p.col;
+    const int64_t end = p.end, span = p.span, kvs = p.kvs;
+    if (row >= end) return;
+    const char *kr = p.k + row * kvs, *vr = p.v + row * kvs;
+    for (int i = p.lines_step; i > 0; --i) {
+      const int64_t c = col < span ? col : span - 1;
+      _mm_prefetch(kr + c, _MM_HINT_T1);
+      _mm_prefetch(vr + c, _MM_HINT_T1);
+      col += 64;
+      if (col >= span + 63) {
+        col = 0;
+        if (++row >= end) break;
+        kr += kvs;
+        vr += kvs;
+      }
+    }
+    p.row = row;
+    p.col = col;
+  }
+}
+
+// One block of query rows of the tiled kernel: positions i0..i1-1 (of the call's n; position pos0 + i) x the
+// G heads of kv head g; row r is position i0 + r / G, head g G + r % G. att_begin loads the rows, att_tile
+// folds the key tile starting at t0 into their online softmax (tiles in order), att_end writes O / l.
+struct AttBlock {
+  int H, Hkv, hd, g;
+  int64_t pos0, i0, i1, rows, kvs, pmax;
+  float scale;
+  AttScratch* w;
+  const uint16_t *k16, *v16;  // f16 cache (null: f32): every tile is widened into the pack buffers
+};
+
+STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, int hd, int64_t pos0, int64_t i0,
+                                  int64_t i1, int g, AttScratch& w, const uint16_t* k16 = nullptr,
+                                  const uint16_t* v16 = nullptr) {
+  const int G = H / Hkv;
+  b = AttBlock{H, Hkv, hd, g, pos0, i0, i1, (i1 - i0) * G, int64_t(Hkv) * hd, pos0 + i1 - 1,
+               1.0f / std::sqrt(float(hd)), &w, k16, v16};
+  w.fit(b.rows, hd);
+  float *Q = w.q.data(), *O = w.o.data(), *M = w.m.data(), *L = w.l.data();
+  for (int64_t r = 0; r < b.rows; ++r) {
+    std::memcpy(Q + r * hd, q + ((i0 + r / G) * H + int64_t(g) * G + r % G) * hd, size_t(hd) * 4);
+    std::fill(O + r * hd, O + (r + 1) * hd, 0.f);
+    M[r] = -INFINITY;
+    L[r] = 0.f;
+  }
+}
+
+// Scores, online softmax and P V of one key tile (t0, kc keys; K/V rows kt, vt with stride ldk, f32 or f16).
+template <typename E>
+STRATA_AVX2 static void att_tile_body(const AttBlock& b, const E* kt, const E* vt, int64_t ldk, int kc, int64_t r0,
+                                      int64_t t0, AttPrefetch* pf) {
+  const int G = b.H / b.Hkv, hd = b.hd;
+  const int64_t rows = b.rows, pos0 = b.pos0, i0 = b.i0;
+  const float scale = b.scale;
+  AttScratch& w = *b.w;
+  float *Q = w.q.data(), *O = w.o.data(), *S = w.s.data(), *M = w.m.data(), *L = w.l.data(), *A = w.alpha.data();
+  int* cnt = w.cnt.data();
+  const int C8 = hd / 8;
+  // scores: 3 rows x 4 keys per micro-tile, the 4 keys' rows kept in L1 over all the rows
+  for (int j = 0; j < kc; j += 4) {
+    const int C = std::min(4, kc - j);
+    if (pf) att_decode_prefetch(*pf);
+    int64_t r = r0;
+    for (; r + 3 <= rows; r += 3) att_qk_r<3>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
+    if (rows - r == 2) att_qk_r<2>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
+    else if (rows - r == 1) att_qk_r<1>(Q + r * hd, hd, kt + j * ldk, ldk, C, hd, scale, S + r * ATT_KT + j, ATT_KT);
+  }
+  // online softmax: each row over its own keys j < cnt (positions t0 + j <= its position)
+  for (int64_t r = r0; r < rows; ++r) {
+    const int c = int(std::min<int64_t>(kc, pos0 + i0 + r / G + 1 - t0));
+    cnt[r] = c;
+    float* sr = S + r * ATT_KT;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= c; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sr + j));
+    float mt = -INFINITY;
+    {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, mx);
+      for (int e = 0; e < 8; ++e) mt = std::max(mt, t[e]);
+      for (int e = j; e < c; ++e) mt = std::max(mt, sr[e]);
+    }
+    const float mnew = std::max(M[r], mt);
+    A[r] = std::exp(M[r] - mnew);  // 0 on the first tile
+    M[r] = mnew;
+    const __m256 mv = _mm256_set1_ps(mnew);
+    __m256 sum = _mm256_setzero_ps();
+    for (j = 0; j < c; j += 8) {  // the last chunk's lanes past c are zeroed (S has room: KT % 8 == 0)
+      __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
+      if (c - j < 8) {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c - j), lane)));
+      }
+      _mm256_storeu_ps(sr + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    L[r] = L[r] * A[r] + hsum256(sum);
+  }
+  // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile, the V column slice kept in L1
+  for (int c0 = 0; c0 < C8; c0 += 4) {
+    const int C = std::min(4, C8 - c0);
+    if (pf) att_decode_prefetch(*pf);
+    int64_t r = r0;
+    for (; r + 3 <= rows; r += 3)
+      att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+    if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+    else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+  }
+}
+
+// pack: copy the tile's K/V rows contiguous first (prefill blocks); stream: prefetch ahead (decode).
+STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float* v, int64_t t0, bool pack,
+                                 bool stream, AttPrefetch* pf = nullptr) {
+  const int G = b.H / b.Hkv, hd = b.hd;
+  const int64_t kvs = b.kvs, pmax = b.pmax, pos0 = b.pos0, i0 = b.i0;
+  AttScratch& w = *b.w;
+  const int kc = int(std::min<int64_t>(ATT_KT, pmax + 1 - t0));  // keys of this tile some row sees
+  const int64_t r0 = std::max<int64_t>(0, (t0 - pos0 - i0) * G);  // first row that sees key t0
+  const float *kt = nullptr, *vt = nullptr;
+  int64_t ldk = kvs;
+  if (b.k16 && stream) {  // f16 cache, decode: widened in registers as it is read, in place (same values)
+    att_tile_body(b, b.k16 + int64_t(b.g) * hd + t0 * kvs, b.v16 + int64_t(b.g) * hd + t0 * kvs, kvs, kc, r0, t0, pf);
+    return;
+  }
+  if (b.k16) {  // f16 cache: widen the tile's rows into the pack buffers (exact), then as f32
+    const uint16_t *k16 = b.k16 + int64_t(b.g) * hd + t0 * kvs, *v16 = b.v16 + int64_t(b.g) * hd + t0 * kvs;
+    float *kp = w.kt.data(), *vp = w.vt.data();
+    for (int j = 0; j < kc; ++j)
+      for (int c = 0; c < hd; c += 8) {
+        _mm256_storeu_ps(kp + j * hd + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k16 + j * kvs + c))));
+        _mm256_storeu_ps(vp + j * hd + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v16 + j * kvs + c))));
+      }
+    kt = kp;
+    vt = vp;
+    ldk = hd;
+    pack = false;
+  } else {
+    kt = k + int64_t(b.g) * hd + t0 * kvs;
+    vt = v + int64_t(b.g) * hd + t0 * kvs;
+  }
+  if (!b.k16 && !pack && !stream && t0 + ATT_KT <= pmax) {  // (old decode) the next tile's K/V rows, all at once
+    const int64_t kn = std::min<int64_t>(ATT_KT, pmax + 1 - t0 - ATT_KT);
+    for (int64_t j = 0; j < kn; ++j)
+      for (int c = 0; c < hd; c += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(kt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(vt + (ATT_KT + j) * kvs + c), _MM_HINT_T0);
+      }
+  }
+  if (pack) {
+    for (int j = 0; j < kc; ++j) {
+      std::memcpy(w.kt.data() + j * hd, kt + j * kvs, size_t(hd) * 4);
+      std::memcpy(w.vt.data() + j * hd, vt + j * kvs, size_t(hd) * 4);
+    }
+    kt = w.kt.data();
+    vt = w.vt.data();
+    ldk = hd;
+  }
+  att_tile_body(b, kt, vt, ldk, kc, r0, t0, pf);
+}
+
+STRATA_AVX2 static void att_end(const AttBlock& b, float* out) {
+  const int G = b.H / b.Hkv, hd = b.hd;
+  const float *O = b.w->o.data(), *L = b.w->l.data();
+  for (int64_t r = 0; r < b.rows; ++r) {
+    const __m256 inv = _mm256_set1_ps(1.0f / L[r]);
+    float* dst = out + ((b.i0 + r / G) * b.H + int64_t(b.g) * G + r % G) * hd;
+    for (int c = 0; c < hd; c += 8) _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(O + r * hd + c), inv));
+  }
+}
+
+STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd, const float* k, const float* v,
+                                          int64_t pos0, int64_t i0, int64_t i1, int g, bool pack, AttScratch& w,
+                                          float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr) {
+  AttBlock b;
+  att_begin(b, q, H, Hkv, hd, pos0, i0, i1, g, w, k16, v16);
+  for (int64_t t0 = 0; t0 <= b.pmax; t0 += ATT_KT) att_tile(b, k, v, t0, pack, false);
+  att_end(b, out);
+}
+
+// Decode (attn_decode): each thread takes a contiguous run of kv heads and walks the key tiles once for all
+// of them (tile outer, heads inner), so it reads one contiguous span of every cache row per tile and keeps
+// a steady prefetch stream ahead; each row's arithmetic (tile order, per-tile softmax, P V) is the block
+// kernel's, so decode keeps the full forward's bits whatever the thread count.
+static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
+                                  int64_t pos0, float* out, const uint16_t* k16, const uint16_t* v16) {
+  const int T = std::max(1, std::min(Hkv, pool::current_threads()));
+  const int64_t grain = (Hkv + T - 1) / T;
+  decode_for(Hkv, grain, [&](int64_t g0, int64_t g1) {
+    thread_local std::vector<AttScratch> ws;
+    std::vector<AttBlock> bs(size_t(g1 - g0));
+    if (ws.size() < bs.size()) ws.resize(bs.size());
+    for (int64_t g = g0; g < g1; ++g)
+      att_begin(bs[size_t(g - g0)], q, H, Hkv, hd, pos0, 0, n, int(g), ws[size_t(g - g0)], k16, v16);
+    const int64_t pmax = pos0 + n - 1, nh = g1 - g0;
+    AttPrefetch pf;
+    const int64_t es = k16 ? 2 : 4;  // bytes per cache element
+    pf.k = k16 ? reinterpret_cast<const char*>(k16 + g0 * hd) : reinterpret_cast<const char*>(k + g0 * hd);
+    pf.v = v16 ? reinterpret_cast<const char*>(v16 + g0 * hd) : reinterpret_cast<const char*>(v + g0 * hd);
+    pf.kvs = int64_t(Hkv) * hd * es;
+    pf.span = nh * hd * es;
+    // A tile-head's share of the next tile's rows, line by line (the span's last line too:
+    // spans need not start on a line, e.g. a malloc'ed cache 16 bytes past one, which the row-wise prefetch
+    // missed), spread evenly over its 16 score and hd / 32 P V steps. Bursts hurt: whole rows per step, or
+    // the same lines over the first half of the steps, read the cache slower at 16K keys (2 threads, f16).
+    const int64_t rows_th = (ATT_KT + nh - 1) / nh, lines_row = pf.span / 64 + 1,
+                  steps = ATT_KT / 4 + (hd + 31) / 32;
+    pf.lines_step = int((rows_th * lines_row + steps - 1) / steps);
+    // Tile 0 has no tile before it to ask for it, so its rows come in as demand misses, one
+    // 4 KiB page (two cache rows) at a time -- most of a short context's cache. Ask for all of its lines at
+    // once instead (into L2, in address order). Attention at 64-256 keys, int8 decode: x1.12-1.13.
+    {
+      const int64_t r1 = std::min<int64_t>(pmax + 1, ATT_KT);
+      for (const char* base : {pf.k, pf.v})
+        for (int64_t r = 0; r < r1; ++r)
+          for (int64_t c = 0; c < pf.span + 63; c += 64) _mm_prefetch(base + r * pf.kvs + std::min(c, pf.span - 1), _MM_HINT_T1);
+    }
+    for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
+      const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT, next_end = std::min(pmax + 1, a0 + ATT_KT);
+      pf.row = a0;
+      pf.col = 0;
+      for (int64_t i = 0; i < nh; ++i) {
+        pf.end = std::min(next_end, a0 + (i + 1) * ((ATT_KT + nh - 1) / nh));
+        att_tile(bs[size_t(i)], k, v, t0, false, true, &pf);
+      }
+    }
+    for (auto& b : bs) att_end(b, out);
+  });
+}
+
+static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
+                                 int64_t pos0, float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr) {
+  if (n <= 6 && g_attn_decode) {
+    attention_decode_avx2(q, n, H, Hkv, hd, k, v, pos0, out, k16, v16);
+    return;
+  }
+  if (n <= 6) {  // (old decode) one task per kv head, its n x G rows read the cache once, in place
+    decode_for(Hkv, 1, [&](int64_t b, int64_t e) {
+      thread_local AttScratch w;
+      for (int64_t g = b; g < e; ++g) attend_block_avx2(q, H, Hkv, hd, k, v, pos0, 0, n, int(g), false, w, out, k16, v16);
+    });
+    return;
+  }
+  const int64_t nb = (n + ATT_QB - 1) / ATT_QB, tasks = nb * Hkv;
+#pragma omp parallel
+  {
+    AttScratch w;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {  // the longest blocks (last positions) first
+      const int64_t b = nb - 1 - t / Hkv;
+      attend_block_avx2(q, H, Hkv, hd, k, v, pos0, b * ATT_QB, std::min(n, (b + 1) * ATT_QB), int(t % Hkv),
+                        true, w, out, k16, v16);
+    }
+  }
+}
+
+void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v, int64_t pos0,
+               float* out) {
+  const int group = H / Hkv;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const int64_t kv_stride = int64_t(Hkv) * hd;
+  const Attend fast = vec(level()) == Level::AVX512 ? attend_fn(hd) : nullptr;
+  if (!fast && g_attn_tiled && vec(level()) == Level::AVX2 && hd % 8 == 0) {
+    attention_tiled_avx2(q, n, H, Hkv, hd, k, v, pos0, out);
+    return;
+  }
+  // One query head: scores, softmax, weighted values. The same work whichever thread runs it.
+  auto one = [&](int64_t i, int h, float* scores) {
+    const int64_t p = pos0 + i;  // keys 0..p are visible
+    const int g = h / group;
+    const float* qv = q + (i * H + h) * hd;
+    if (fast) {
+      fast(qv, k + int64_t(g) * hd, v + int64_t(g) * hd, kv_stride, p + 1, hd, scale, scores,
+           out + (i * H + h) * hd);
+      return;
+    }
+    float mx = -INFINITY;
+    for (int64_t j = 0; j <= p; ++j) {
+      float sc = dot(qv, k + j * kv_stride + int64_t(g) * hd, hd) * scale;
+      scores[j] = sc;
+      mx = std::max(mx, sc);
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j <= p; ++j) {
+      scores[j] = std::exp(scores[j] - mx);
+      sum += scores[j];
+    }
+    float* o = out + (i * H + h) * hd;
+    std::fill(o, o + hd, 0.f);
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j <= p; ++j) axpy(scores[j] * inv, v + j * kv_stride + int64_t(g) * hd, o, hd);
+  };
+  if (n <= 6) {  // decode: decode_for (OpenMP or the pool), one chunk per head
+    decode_for(n * H, 1, [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> scores;
+      if (scores.size() < size_t(pos0 + n)) scores.resize(size_t(pos0 + n));
+      for (int64_t ih = b; ih < e; ++ih) one(ih / H, int(ih % H), scores.data());
+    });
+    return;
+  }
+#pragma omp parallel
+  {
+    std::vector<float> scores(size_t(pos0 + n));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i)
+      for (int h = 0; h < H; ++h) one(i, h, scores.data());
+  }
+}
+
+void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint16_t* k, const uint16_t* v,
+                   int64_t pos0, float* out) {
+  // The AVX2 tiled kernel at every vector level, AVX-512 too (its CPUs have AVX2 and F16C): it reads the f16
+  // rows in place, widening them in registers, for prefill and decode alike. The AVX-512 attend kernels take
+  // f32 rows only, and widening the whole cache on every call (below: the scalar level's way, and attn_tiled
+  // off) costs decode three passes over an f32 copy per layer and token, now that f16 is the default cache.
+  if (g_attn_tiled && vec(level()) != Level::Scalar && hd % 8 == 0) {
+    attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, k, v);
+    return;
+  }
+  const int64_t m = (pos0 + n) * Hkv * hd;  // scalar level: the whole cache widened (exact), then as f32
+  std::vector<float> kf(static_cast<size_t>(m)), vf(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) {
+    kf[size_t(i)] = f16_to_f32(k[i]);
+    vf[size_t(i)] = f16_to_f32(v[i]);
+  }
+  attention(q, n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
+}
+
+}  // namespace kernels
+}  // namespace strata
