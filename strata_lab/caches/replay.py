@@ -230,10 +230,11 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
             tokenizer.check_model(model)
     if pol.changes_prompts:
         calls = _apply_policy(calls, pol, tokenizer)
-    if cost_model is None:   # a fit too poor to price seconds (R^2 < MIN_R2) prices tokens only
+    poor_fit = None
+    if cost_model is None:   # a fit too poor to price seconds (R^2 < MIN_R2) prices tokens only, and says so
         from strata_lab.replayer.costs import usable_fit
 
-        cost_model = usable_fit(_fit_cost(calls))[0]
+        cost_model, poor_fit = usable_fit(_fit_cost(calls))
     speeds = _speeds(tokens_per_s)
     if concurrency:
         missing = next((c.index for c in calls if c.ts is None), None)
@@ -309,7 +310,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
             models[fr].advance(end)
             models[fr].finish(fc, fp)
         evictions[spec] = sum(m.evictions for m in models)
-    return ReplayReport(cols, presets, evictions, cost_model, policy=pol.name)
+    return ReplayReport(cols, presets, evictions, cost_model, policy=pol.name, poor_fit=poor_fit)
 
 
 def default_engine(calls: list[Call]) -> str:

@@ -41,7 +41,8 @@ class ReplayReport:
     totals: `report["reread"]`, `report["causes"]`.
     """
 
-    def __init__(self, cols: dict, presets: list, evictions: dict, cost_model, policy: str = "recorded"):
+    def __init__(self, cols: dict, presets: list, evictions: dict, cost_model, policy: str = "recorded",
+                 poor_fit=None):
         import pyarrow as pa
 
         kinds = {"string": pa.string(), "category": pa.string(), "int64": pa.int64(), "Int64": pa.int64(),
@@ -50,6 +51,7 @@ class ReplayReport:
         self.presets = presets
         self.evictions = evictions
         self.cost_model = cost_model
+        self.poor_fit = poor_fit   # the prefill-time fit rejected as too poor to price seconds (None: none rejected)
         self.policy = policy
         self._cols = None
         self._summary = None
@@ -92,7 +94,8 @@ class ReplayReport:
                     "text_context_prompt": r.text_context_prompt}
             for k in COLUMNS:
                 cols[k].append(vals[k])
-        rep = cls(cols, [preset], {preset.spec(): 0}, state.cost_model, policy=state.policy.name)
+        rep = cls(cols, [preset], {preset.spec(): 0}, state.cost_model, policy=state.policy.name,
+                  poor_fit=getattr(state, "poor_fit", None))
         rep.note = ("re-read here stops at the text divergence: the state model's store replay (native core, "
                     "Dask) does not walk the held ids the prompt repeats after it; `strata-lab replay` without "
                     "--dask counts them")
@@ -230,6 +233,11 @@ class ReplayReport:
         if t["reread_s"] == t["reread_s"] and t["prefill_s"] == t["prefill_s"] and self.cost_model is not None:
             share = 100.0 * t["reread_s"] / t["prefill_s"] if t["prefill_s"] else math.nan
             s += f"; about {_fmt_s(t['reread_s'])} of {_fmt_s(t['prefill_s'])} of prefill ({share:.0f}%)"
+        elif self.cost_model is None and self.poor_fit is not None:
+            from strata_lab.replayer.costs import MIN_R2
+
+            s += (f" (the cost model fits the dump's prefill times too poorly to price seconds: R^2 "
+                  f"{self.poor_fit.r2:.2f} on {self.poor_fit.points} calls, below {MIN_R2}; tokens only)")
         return s
 
     def worst(self, n: int = 5, engine=None) -> list[dict]:
@@ -292,6 +300,9 @@ class ReplayReport:
                              f"{r['reread']} (divergence {r['divergence_reread']}, engine {r['engine_reread']}), "
                              f"reused {r['reused']} of held {r['held_before']}, lcp_ids {r['lcp_ids']}, lcp_text "
                              f"{r['lcp_text']}")
+                for key in ("id_context_held", "id_context_prompt"):
+                    if r[key]:
+                        parts.append(f"    ids  {r[key]}")
                 for key in ("text_context_held", "text_context_prompt"):
                     if r[key]:
                         parts.append(f"    text {r[key]}")

@@ -83,6 +83,6 @@ class Model(CacheModel):
             st.finish(rec.get("gen_ids") or [], rec.get("drained_ids") or [])
         else:
             st.finish(call.output.tolist(), [])
-        if self.recorded and call.record is not None:
-            st.checkpoints.clear()
+        if self.recorded and call.record is not None and "checkpoints" in rec:   # a line that does not say which
+            st.checkpoints.clear()                                           # snapshots it kept keeps the turn's
             st.checkpoints.update((int(c), None) for c in rec.get("checkpoints") or [] if 0 < int(c) <= len(st.held))
