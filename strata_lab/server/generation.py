@@ -256,13 +256,13 @@ class ChatRunner:
                 self._slots_cv.wait(timeout=0.1)
             self._in_use.add(slot.id)
         try:
-            self._run_on(job, req, plan, slot, prompt_ids, encoder_stats, seed, bias)
+            self._run_on(job, req, rendered, slot, prompt_ids, encoder_stats, seed, bias)
         finally:
             with self._slots_cv:
                 self._in_use.discard(slot.id)
                 self._slots_cv.notify_all()
 
-    def _run_on(self, job, req: ChatRequest, plan: PromptPlan, slot, prompt_ids: list[int], encoder_stats,
+    def _run_on(self, job, req: ChatRequest, rendered: RenderedPrompt, slot, prompt_ids: list[int], encoder_stats,
                 seed: int, bias) -> None:
         f = req.features
         if not f.cache_prompt:
