@@ -191,8 +191,51 @@ def test_the_state_models_store_replay_feeds_the_same_report(qwen3, tmp_path):
     for col in ("index", "turn", "session", "prompt_len", "held_before", "lcp_ids", "lcp_text", "reused", "read",
                 "reported", "divergence"):
         assert a[col].tolist() == b[col].tolist(), col
-    # its re-read is the divergence up to the text divergence; the driver's adds the realigned tail
-    assert (a["reread"] <= b["reread"]).all()
+    for col in ("reread", "cause", "divergence_reread"):   # one definition of re-read (the realigned tail too)
+        assert a[col].tolist() == b[col].tolist(), col
+    assert rep.note is None
+
+
+def _state_paths(path, tmp_path, qwen3, *, dask: bool):
+    """The state model's replays of a dump as the one report: the JSONL lines, the store natively, on Dask."""
+    from strata_lab.dump import convert_jsonl
+    from strata_lab.replayer import replay as state_replay
+
+    store = tmp_path / "store"
+    convert_jsonl([path], store, progress=False)
+    out = {"jsonl": state_replay(path, checkpoint_policy="recorded", tokenizer=qwen3),
+           "store": state_replay(sl.load_dump(store), checkpoint_policy="recorded", tokenizer=qwen3)}
+    if dask:
+        out["dask"] = state_replay(sl.load_dump(store), checkpoint_policy="recorded", tokenizer=qwen3,
+                                   cluster="local:1")
+    return {k: ReplayReport.from_state_report(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("path", DUMPS, ids=[os.path.basename(p) for p in DUMPS])
+def test_state_model_paths_reread_what_the_one_driver_rereads(qwen3, path, tmp_path):
+    """Every path of our engine's replay gives the driver's per-call re-read and cause (issue 27)."""
+    one = sl.replay(path, tokenizer=qwen3).frame()   # the driver's default: strata, recorded checkpoints
+    assert one["divergence_reread"].sum() > 0        # the dump has divergences to count
+    for name, rep in _state_paths(path, tmp_path, qwen3, dask=path.endswith("agent.jsonl")).items():
+        got = rep.frame()
+        assert got["index"].tolist() == one["index"].tolist(), name
+        for col in ("reused", "reread", "cause", "divergence", "divergence_reread", "engine_reread"):
+            assert got[col].astype(str).tolist() == one[col].astype(str).tolist(), (name, col)
+        assert rep.note is None and "note:" not in rep.format(), name
+
+
+def test_history_edit_through_the_store_rereads_everything_after_it(qwen3, tmp_path):
+    path = str(tmp_path / "edited.jsonl")
+    k, _n = _history_edit_dump(qwen3, path)
+    one = sl.replay(path, tokenizer=qwen3).frame()
+    edit = one[one["index"] == k].iloc[0]
+    assert edit["cause"] == "history_edit" and edit["reread"] > 0.9 * edit["held_before"] > 2500
+    for name, rep in _state_paths(path, tmp_path, qwen3, dask=False).items():
+        got = rep.frame()
+        row = got[got["index"] == k].iloc[0]
+        assert (row["cause"], row["reread"]) == ("history_edit", edit["reread"]), name
+        assert got["reread"].tolist() == one["reread"].tolist(), name
+        assert rep.worst(1)[0]["index"] == k, name
 
 
 def test_plain_replay_shows_the_reported_column(capsys, tmp_path):
