@@ -31,6 +31,7 @@ a history edit is never called `block_rounding`.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,30 +144,30 @@ def realigned_tail(held, prompt, h0: int, p0: int) -> int:
     P = np.asarray(prompt[p0:], dtype=np.int64)
     if len(H) < _GRAM or len(P) < _GRAM:
         return 0
-    gp = _grams(P)
-    gh = _grams(H)
-    uniq, first_at = np.unique(gp, return_index=True)     # the first prompt position of each gram
-    first = dict(zip(uniq.tolist(), first_at.tolist()))
-    cand = np.flatnonzero(np.isin(gh, uniq))              # held positions whose gram the prompt has
-    i, j, matched = 0, 0, 0
-    k = 0
+    gp = _grams(P).tolist()
+    gh = _grams(H).tolist()
+    first: dict = {}                                      # the first prompt position of each gram
+    for q, g in enumerate(gp):
+        first.setdefault(g, q)
+    cand = [i for i, g in enumerate(gh) if g in first]    # held positions whose gram the prompt has
+    j, matched, k = 0, 0, 0
     while k < len(cand):
-        i = int(cand[k])
+        i = cand[k]
         g = gh[i]
-        q = first[int(g)]
+        q = first[g]
         if q < j:   # the gram recurs: find it again at or after j
-            later = np.flatnonzero(gp[j:] == g)
-            if not len(later):
+            try:
+                q = gp.index(g, j)
+            except ValueError:
                 k += 1
                 continue
-            q = j + int(later[0])
         if not np.array_equal(H[i:i + _GRAM], P[q:q + _GRAM]):
             k += 1
             continue
         m = _GRAM + _lcp(H[i + _GRAM:], P[q + _GRAM:])
         matched += m
         j = q + m
-        k = int(np.searchsorted(cand, i + m))
+        k = bisect.bisect_left(cand, i + m)
     return matched
 
 
