@@ -12,6 +12,7 @@ import os
 import warnings
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import strata_lab as sl
 from strata_lab.caches.replay import ReplayReport
@@ -274,3 +275,37 @@ def test_strata_flags_are_the_engine_spec(tmp_path, capsys):
     assert json.loads(a.read_text())["engines"][0]["spec"] == "strata@1:checkpoints=turn,kind=attention"
     assert main(["replay", DUMPS[0], "-q", "--engine", "vllm", "--model", "attention"]) == 2
     assert "--model / --checkpoints / --full-hit set the strata engine" in capsys.readouterr().err
+
+
+def _greedy_tail(held, prompt, h0, p0, gram=8):
+    """explain.realigned_tail spelled out: left to right over held, each run of at least `gram` ids matched at
+    its first occurrence in the prompt at or after the previous match's end."""
+    H, P = list(held[h0:]), list(prompt[p0:])
+    i = j = matched = 0
+    while i + gram <= len(H):
+        q = next((q for q in range(j, len(P) - gram + 1) if P[q:q + gram] == H[i:i + gram]), None)
+        if q is None:
+            i += 1
+            continue
+        m = gram
+        while i + m < len(H) and q + m < len(P) and H[i + m] == P[q + m]:
+            m += 1
+        matched, j, i = matched + m, q + m, i + m
+    return matched
+
+
+@settings(max_examples=300, deadline=None)
+@given(held=st.lists(st.integers(0, 4), max_size=120), edits=st.lists(
+    st.tuples(st.integers(0, 120), st.integers(0, 20), st.lists(st.integers(0, 4), max_size=20)), max_size=5),
+    rotate=st.booleans(), h0=st.integers(0, 120), p0=st.integers(0, 160))
+def test_realigned_tail_is_the_greedy_walk(held, edits, rotate, h0, p0):
+    """The realigned tail (the re-read past a divergence, every replay path's) on repetitive ids."""
+    from strata_lab.replayer.explain import realigned_tail
+
+    prompt = list(held)
+    for at, n, new in edits:
+        prompt[at:at + n] = new
+    if rotate:
+        prompt = prompt[len(prompt) // 2:] + prompt[:len(prompt) // 2]
+    h0, p0 = min(h0, len(held)), min(p0, len(prompt))
+    assert realigned_tail(held, prompt, h0, p0) == _greedy_tail(held, prompt, h0, p0)

@@ -144,23 +144,31 @@ def realigned_tail(held, prompt, h0: int, p0: int) -> int:
     P = np.asarray(prompt[p0:], dtype=np.int64)
     if len(H) < _GRAM or len(P) < _GRAM:
         return 0
-    gp = _grams(P).tolist()
-    gh = _grams(H).tolist()
-    first: dict = {}                                      # the first prompt position of each gram
-    for q, g in enumerate(gp):
-        first.setdefault(g, q)
-    cand = [i for i, g in enumerate(gh) if g in first]    # held positions whose gram the prompt has
+    gp, gh = _grams(P), _grams(H)
+    order = np.argsort(gp, kind="stable")                 # equal grams keep prompt order: the first comes first
+    sp = gp[order]
+    head = np.ones(len(sp), dtype=bool)
+    head[1:] = sp[1:] != sp[:-1]
+    uniq, first_at = sp[head], order[head]                # each prompt gram, its first and last position
+    last_at = order[np.append(head[1:], True)]
+    at = np.minimum(np.searchsorted(uniq, gh), len(uniq) - 1)
+    found = uniq[at] == gh
+    cand_a = np.flatnonzero(found)                        # held positions whose gram the prompt has
+    last_c = last_at[at][cand_a]                          # per candidate: its gram's last prompt position
+    cand = cand_a.tolist()
+    first = first_at[at].tolist()                         # (where found) per held position
     j, matched, k = 0, 0, 0
     while k < len(cand):
         i = cand[k]
-        g = gh[i]
-        q = first[g]
+        q = first[i]
         if q < j:   # the gram recurs: find it again at or after j
-            try:
-                q = gp.index(g, j)
-            except ValueError:
-                k += 1
+            if last_c[k] < j:   # it does not: skip to the next candidate whose gram still occurs past j
+                nxt = np.flatnonzero(last_c[k:] >= j)
+                if not len(nxt):
+                    break
+                k += int(nxt[0])
                 continue
+            q = j + int(np.flatnonzero(gp[j:] == gh[i])[0])
         if not np.array_equal(H[i:i + _GRAM], P[q:q + _GRAM]):
             k += 1
             continue
