@@ -12,7 +12,7 @@ import os
 import warnings
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 import strata_lab as sl
 from strata_lab.caches.replay import ReplayReport
@@ -298,6 +298,8 @@ def _greedy_tail(held, prompt, h0, p0, gram=8):
 @given(held=st.lists(st.integers(0, 4), max_size=120), edits=st.lists(
     st.tuples(st.integers(0, 120), st.integers(0, 20), st.lists(st.integers(0, 4), max_size=20)), max_size=5),
     rotate=st.booleans(), h0=st.integers(0, 120), p0=st.integers(0, 160))
+# a run that recurs exactly where the previous match ends (its last occurrence in the prompt)
+@example(held=[0, 1, 2, 3, 4, 0, 1, 2, 4, 4, 0, 1, 2, 3, 4, 0, 1, 2], edits=[(8, 2, [])], rotate=False, h0=0, p0=0)
 def test_realigned_tail_is_the_greedy_walk(held, edits, rotate, h0, p0):
     """The realigned tail (the re-read past a divergence, every replay path's) on repetitive ids."""
     from strata_lab.replayer.explain import realigned_tail
