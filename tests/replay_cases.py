@@ -75,10 +75,13 @@ def case(tok, name):
     if name == "history_edit":
         gen = enc("Hello there.<|im_end|>")
         p2 = enc(p1_text().replace("2024-01-01", "2024-01-02") + "Hello there.<|im_end|>" + follow)
+        prefix = len(enc(SYSTEM.split("2024-01-01")[0] + "2024-01-0"))
+        assert p2[prefix + 1:len(p1) + len(gen)] == (p1 + gen)[prefix + 1:]   # one digit edited, the rest repeated
         return [dict(prompt_ids=p1, reused=0, gen_ids=gen),
-                dict(prompt_ids=p2, reused=0)], dict(cause="history_edit", reused=0,
-                                                     reread=len(enc(SYSTEM.split("2024-01-01")[0] + "2024-01-0")))
-    # (the text agrees up to the last digit: those ids are re-read, the hybrid state has no snapshot there)
+                dict(prompt_ids=p2, reused=0)], dict(cause="history_edit", reused=0, lcp_ids=prefix,
+                                                     reread=len(p1) + len(gen) - 1)
+    # (the text agrees up to the last digit: those ids are re-read, the hybrid state has no snapshot there; past
+    # the edited digit the prompt repeats every held id, re-read too (Contract 3): all held ids but that digit)
     if name == "checkpoint":
         # the prompt is held up to 3 ids into the reply (an assistant prefix): the engine must re-read the
         # last token for its logits and the only snapshot is at the turn start, so 2 held ids are re-read

@@ -12,6 +12,7 @@ import os
 import warnings
 
 import pytest
+from hypothesis import example, given, settings, strategies as st
 
 import strata_lab as sl
 from strata_lab.caches.replay import ReplayReport
@@ -191,8 +192,51 @@ def test_the_state_models_store_replay_feeds_the_same_report(qwen3, tmp_path):
     for col in ("index", "turn", "session", "prompt_len", "held_before", "lcp_ids", "lcp_text", "reused", "read",
                 "reported", "divergence"):
         assert a[col].tolist() == b[col].tolist(), col
-    # its re-read is the divergence up to the text divergence; the driver's adds the realigned tail
-    assert (a["reread"] <= b["reread"]).all()
+    for col in ("reread", "cause", "divergence_reread"):   # one definition of re-read (the realigned tail too)
+        assert a[col].tolist() == b[col].tolist(), col
+    assert rep.note is None
+
+
+def _state_paths(path, tmp_path, qwen3, *, dask: bool):
+    """The state model's replays of a dump as the one report: the JSONL lines, the store natively, on Dask."""
+    from strata_lab.dump import convert_jsonl
+    from strata_lab.replayer import replay as state_replay
+
+    store = tmp_path / "store"
+    convert_jsonl([path], store, progress=False)
+    out = {"jsonl": state_replay(path, checkpoint_policy="recorded", tokenizer=qwen3),
+           "store": state_replay(sl.load_dump(store), checkpoint_policy="recorded", tokenizer=qwen3)}
+    if dask:
+        out["dask"] = state_replay(sl.load_dump(store), checkpoint_policy="recorded", tokenizer=qwen3,
+                                   cluster="local:1")
+    return {k: ReplayReport.from_state_report(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("path", DUMPS, ids=[os.path.basename(p) for p in DUMPS])
+def test_state_model_paths_reread_what_the_one_driver_rereads(qwen3, path, tmp_path):
+    """Every path of our engine's replay gives the driver's per-call re-read and cause (issue 27)."""
+    one = sl.replay(path, tokenizer=qwen3).frame()   # the driver's default: strata, recorded checkpoints
+    assert one["divergence_reread"].sum() > 0        # the dump has divergences to count
+    for name, rep in _state_paths(path, tmp_path, qwen3, dask=path.endswith("agent.jsonl")).items():
+        got = rep.frame()
+        assert got["index"].tolist() == one["index"].tolist(), name
+        for col in ("reused", "reread", "cause", "divergence", "divergence_reread", "engine_reread"):
+            assert got[col].astype(str).tolist() == one[col].astype(str).tolist(), (name, col)
+        assert rep.note is None and "note:" not in rep.format(), name
+
+
+def test_history_edit_through_the_store_rereads_everything_after_it(qwen3, tmp_path):
+    path = str(tmp_path / "edited.jsonl")
+    k, _n = _history_edit_dump(qwen3, path)
+    one = sl.replay(path, tokenizer=qwen3).frame()
+    edit = one[one["index"] == k].iloc[0]
+    assert edit["cause"] == "history_edit" and edit["reread"] > 0.9 * edit["held_before"] > 2500
+    for name, rep in _state_paths(path, tmp_path, qwen3, dask=False).items():
+        got = rep.frame()
+        row = got[got["index"] == k].iloc[0]
+        assert (row["cause"], row["reread"]) == ("history_edit", edit["reread"]), name
+        assert got["reread"].tolist() == one["reread"].tolist(), name
+        assert rep.worst(1)[0]["index"] == k, name
 
 
 def test_plain_replay_shows_the_reported_column(capsys, tmp_path):
@@ -231,3 +275,39 @@ def test_strata_flags_are_the_engine_spec(tmp_path, capsys):
     assert json.loads(a.read_text())["engines"][0]["spec"] == "strata@1:checkpoints=turn,kind=attention"
     assert main(["replay", DUMPS[0], "-q", "--engine", "vllm", "--model", "attention"]) == 2
     assert "--model / --checkpoints / --full-hit set the strata engine" in capsys.readouterr().err
+
+
+def _greedy_tail(held, prompt, h0, p0, gram=8):
+    """explain.realigned_tail spelled out: left to right over held, each run of at least `gram` ids matched at
+    its first occurrence in the prompt at or after the previous match's end."""
+    H, P = list(held[h0:]), list(prompt[p0:])
+    i = j = matched = 0
+    while i + gram <= len(H):
+        q = next((q for q in range(j, len(P) - gram + 1) if P[q:q + gram] == H[i:i + gram]), None)
+        if q is None:
+            i += 1
+            continue
+        m = gram
+        while i + m < len(H) and q + m < len(P) and H[i + m] == P[q + m]:
+            m += 1
+        matched, j, i = matched + m, q + m, i + m
+    return matched
+
+
+@settings(max_examples=300, deadline=None)
+@given(held=st.lists(st.integers(0, 4), max_size=120), edits=st.lists(
+    st.tuples(st.integers(0, 120), st.integers(0, 20), st.lists(st.integers(0, 4), max_size=20)), max_size=5),
+    rotate=st.booleans(), h0=st.integers(0, 120), p0=st.integers(0, 160))
+# a run that recurs exactly where the previous match ends (its last occurrence in the prompt)
+@example(held=[0, 1, 2, 3, 4, 0, 1, 2, 4, 4, 0, 1, 2, 3, 4, 0, 1, 2], edits=[(8, 2, [])], rotate=False, h0=0, p0=0)
+def test_realigned_tail_is_the_greedy_walk(held, edits, rotate, h0, p0):
+    """The realigned tail (the re-read past a divergence, every replay path's) on repetitive ids."""
+    from strata_lab.replayer.explain import realigned_tail
+
+    prompt = list(held)
+    for at, n, new in edits:
+        prompt[at:at + n] = new
+    if rotate:
+        prompt = prompt[len(prompt) // 2:] + prompt[:len(prompt) // 2]
+    h0, p0 = min(h0, len(held)), min(p0, len(prompt))
+    assert realigned_tail(held, prompt, h0, p0) == _greedy_tail(held, prompt, h0, p0)

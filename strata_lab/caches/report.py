@@ -60,8 +60,8 @@ class ReplayReport:
     @classmethod
     def from_state_report(cls, state, checkpoints: str | None = None) -> "ReplayReport":
         """The state model's replay (`strata_lab.replayer.replay`: the store's delta encoding, native core or
-        Dask) as the one report, engine strata. Its rows carry the divergence up to the text divergence
-        (no realigned tail: that walk needs the whole held ids, which the delta replay never builds)."""
+        Dask) as the one report, engine strata. Its rows' `reread` and `cause` are the one definition
+        (`replayer.step.attribute_row` calls `explain.attribute`), so they equal the driver's."""
         from strata_lab.caches.presets import parse_engine
         from strata_lab.replayer.explain import DIVERGENCE_CAUSES
 
@@ -96,9 +96,6 @@ class ReplayReport:
                 cols[k].append(vals[k])
         rep = cls(cols, [preset], {preset.spec(): 0}, state.cost_model, policy=state.policy.name,
                   poor_fit=getattr(state, "poor_fit", None))
-        rep.note = ("re-read here stops at the text divergence: the state model's store replay (native core, "
-                    "Dask) does not walk the held ids the prompt repeats after it; `strata-lab replay` without "
-                    "--dask counts them")
         return rep
 
     # --- rows ------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ class Model(CacheModel):
         self.states: dict = {}
 
     def plan(self, call: Call, hint: Hint) -> CachePlan:
-        from strata_lab.replayer.state import SessionState
+        from strata_lab.replayer.state import SessionState, shortfall_cause
 
         st = self.states.get(call.session)
         if st is None:
@@ -68,9 +68,7 @@ class Model(CacheModel):
                                                           full_hit=self.preset.full_hit,
                                                           bytes_per_snapshot=self.snapshot_bytes)
         pred = st.call(call.prompt.tolist())
-        cause = None
-        if pred.reused < hint.exact and self.preset.kind == "hybrid":
-            cause = "no_state_checkpoint"   # a hybrid restarts from an earlier state snapshot
+        cause = shortfall_cause(self.preset.kind, pred.reused, hint.exact)   # a hybrid restarts from a snapshot
         unit = ""
         if pred.reused:
             unit = f"checkpoint {pred.restored_checkpoint}" if pred.restored_checkpoint is not None else "session state"

@@ -31,6 +31,7 @@ a history edit is never called `block_rounding`.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,30 +144,38 @@ def realigned_tail(held, prompt, h0: int, p0: int) -> int:
     P = np.asarray(prompt[p0:], dtype=np.int64)
     if len(H) < _GRAM or len(P) < _GRAM:
         return 0
-    gp = _grams(P)
-    gh = _grams(H)
-    uniq, first_at = np.unique(gp, return_index=True)     # the first prompt position of each gram
-    first = dict(zip(uniq.tolist(), first_at.tolist()))
-    cand = np.flatnonzero(np.isin(gh, uniq))              # held positions whose gram the prompt has
-    i, j, matched = 0, 0, 0
-    k = 0
+    gp, gh = _grams(P), _grams(H)
+    order = np.argsort(gp, kind="stable")                 # equal grams keep prompt order: the first comes first
+    sp = gp[order]
+    head = np.ones(len(sp), dtype=bool)
+    head[1:] = sp[1:] != sp[:-1]
+    uniq, first_at = sp[head], order[head]                # each prompt gram, its first and last position
+    last_at = order[np.append(head[1:], True)]
+    at = np.minimum(np.searchsorted(uniq, gh), len(uniq) - 1)
+    found = uniq[at] == gh
+    cand_a = np.flatnonzero(found)                        # held positions whose gram the prompt has
+    last_c = last_at[at][cand_a]                          # per candidate: its gram's last prompt position
+    cand = cand_a.tolist()
+    first = first_at[at].tolist()                         # (where found) per held position
+    j, matched, k = 0, 0, 0
     while k < len(cand):
-        i = int(cand[k])
-        g = gh[i]
-        q = first[int(g)]
+        i = cand[k]
+        q = first[i]
         if q < j:   # the gram recurs: find it again at or after j
-            later = np.flatnonzero(gp[j:] == g)
-            if not len(later):
-                k += 1
+            if last_c[k] < j:   # it does not: skip to the next candidate whose gram still occurs past j
+                nxt = np.flatnonzero(last_c[k:] >= j)
+                if not len(nxt):
+                    break
+                k += int(nxt[0])
                 continue
-            q = j + int(later[0])
+            q = j + int(np.flatnonzero(gp[j:] == gh[i])[0])
         if not np.array_equal(H[i:i + _GRAM], P[q:q + _GRAM]):
             k += 1
             continue
         m = _GRAM + _lcp(H[i + _GRAM:], P[q + _GRAM:])
         matched += m
         j = q + m
-        k = int(np.searchsorted(cand, i + m))
+        k = bisect.bisect_left(cand, i + m)
     return matched
 
 

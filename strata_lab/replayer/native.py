@@ -5,12 +5,13 @@ time) and hands each batch's flat buffers to `_ReplayCore` (the `strata_lab._rep
 held ids, snapshots and segments and applies the state model's rules (state.py) to the calls it can
 decide alone: a prompt that extends what the session holds. It stops at the calls that need Python:
 
-- a miss (the prompt leaves held): the divergence walk and the cause need the tokenizer's bytes;
+- a miss (the prompt leaves held): the divergence walk and the cause need the tokenizer's bytes, and its
+  re-read the held ids of that moment (the ones past the divergence the prompt repeats, `step.attribute_row`);
 - a line the columns do not describe alone (a raw line, extra fields, absent keys, a whole prompt);
 - a parent that does not check out (the same error `fast.DomainSteps` raises).
 
 Python steps that call on the same C++ state (`lcp_with`, `plan`, `advance`) with the same functions
-`step` uses (`find_divergence`, `classify`), writes its row, and resumes the batch. The report's rows are
+`step` uses (`find_divergence`, `classify`, `attribute_row`), writes its row, and resumes the batch. The report's rows are
 built column-wise from the batch's own columns and the core's outputs. Results are identical to
 `fast.DomainSteps` (the Python reference the notebook pager still steps) and to the JSONL replay
 (tests/test_replay_native.py).
@@ -34,7 +35,7 @@ from strata_lab.replayer.divergence import (Divergence, _assistant_id, classify,
                                             set_id_contexts, set_text_contexts)
 from strata_lab.replayer.fast import _ROW_COLUMNS, DeltaPrompt, _all_keys, _record, session_ends
 from strata_lab.replayer.rowtable import RowTable
-from strata_lab.replayer.step import COLUMNS, recorded_prefill_ms
+from strata_lab.replayer.step import COLUMNS, attribute_row, recorded_prefill_ms
 
 __all__ = ["replay_domain", "domain_batches", "native_available"]
 
@@ -245,12 +246,11 @@ class _Domain:
         self._has_vocab: bool | None = None
 
     def _vocab(self) -> bool:
-        """Give the core the tokenizer's bytes (on the first miss: a replay without one never pays it)."""
+        """Whether the core can walk a miss with the tokenizer's bytes (built on the first miss: a replay
+        without one never pays it; lent to the core for each walk, `_slow`)."""
         if self._has_vocab is None:
-            vocab = _native_vocab(self.tok)
-            self._has_vocab = vocab is not None
-            if vocab is not None:
-                self.core.set_vocab(vocab)
+            self._vocab_obj = _native_vocab(self.tok)
+            self._has_vocab = self._vocab_obj is not None
         return self._has_vocab
 
     def _cause_code(self, cause: str) -> int:
@@ -319,19 +319,34 @@ class _Domain:
         out_tuple = tuple(outs[k] for k in (*_INT_OUTS, "cause"))
         over: dict[int, dict] = {}  # row -> values of the rows Python stepped
         core = self.core
+        # the core runs without the vocabulary, so it stops at every miss: a miss's re-read counts the held ids
+        # past the divergence that the prompt repeats (`step.attribute_row`), read from the held ids of that
+        # moment; `_slow` lends the core the vocabulary for the walk alone
         i = core.run(0, ins, out_tuple)
-        if i < n and self._has_vocab is None:  # the first stop: a miss may only need the vocabulary
-            self._vocab()
-            i = core.run(i, ins, out_tuple)
         if i < n:
             self._py = _PyRows(b, lb, dict(zip(_LIST_COLUMNS, lists)), perm)
         while i < n:
             over[i] = self._slow(b, i, outs)
             i = core.run(i + 1, ins, out_tuple)
-        width = self.opts.context_chars
-        for m in core.take_misses():  # the misses the core explained: their context strings
-            over[m[0]] = _miss_contexts(m, width)
+        self._attribute_hits(outs, over)
         return seq, self._rows(b, outs, over)
+
+    def _attribute_hits(self, outs, over: dict) -> None:
+        """The core's rows (a prompt that extends held, or a new session) whose re-read or cause the one
+        definition (`step.attribute_row`) may give otherwise than the core's own rule: a shortfall below what a
+        token-exact cache reuses, or a prompt as long as held. Rare rows; the others keep the core's values."""
+        plen, held, lcp, reused = outs["prompt_len"], outs["held_before"], outs["lcp"], outs["reused"]
+        exact = np.minimum(lcp, np.maximum(plen - 1, 0))
+        rare = (held > 0) & ((reused < exact) | (held >= plen) | (outs["reread"] > 0))
+        model = self.opts.model
+        for i in np.flatnonzero(rare).tolist():
+            if i in over:   # stepped in Python: attributed there
+                continue
+            cause, reread = attribute_row(model, (), range(int(plen[i])), held_before=int(held[i]), lcp=int(lcp[i]),
+                                          lcp_text=int(outs["lcp_text"][i]),
+                                          cause=self.cause_names[int(outs["cause"][i])], reused=int(reused[i]))
+            outs["reread"][i] = reread
+            outs["cause"][i] = self._cause_code(cause)
 
     # --- a call Python steps ------------------------------------------------------------------------
     def _slow(self, b, i: int, outs) -> dict:
@@ -369,7 +384,11 @@ class _Domain:
             cause = classify(held=held, prompt=prompt, segments=(), div=None, reused=reused, target=target, tok=tok,
                              first_call=first, lcp_ids=lcp)
         elif self._vocab():  # the walk and the cause in C++, the context strings here
-            m = core.explain(code, lcp, tail, reused, target)
+            core.set_vocab(self._vocab_obj)
+            try:
+                m = core.explain(code, lcp, tail, reused, target)
+            finally:
+                core.set_vocab(None)   # `run` stops at the next miss (see `_batch`)
             div = _miss_divergence(m, lcp, opts.context_chars)
             cause = m[5]  # the core gives the cause by name
         else:  # a tokenizer without vocab_bytes: the Python walk
@@ -382,13 +401,15 @@ class _Domain:
             ckpts = [int(c) for c in rec["checkpoints"]]
             h_after = len(prompt) + len(gen) + len(drained)
             ckpts = [c for c in ckpts if 0 < c <= h_after]
-        _hb, _l, reused, target, snaps, index = core.advance(code, len(prompt), lcp, tail, gen, drained, ckpts, part,
-                                                            n_row)
-        plen = len(prompt)
         lcp_text = div.lcp_text if div is not None else held_before
-        useful = min(lcp_text, held_before, target if lcp_text >= plen else lcp_text)
+        # the one definition of re-read, on the held ids before the call (advance replaces them)
+        cause, reread = attribute_row(opts.model, held, prompt, held_before=held_before, lcp=lcp, lcp_text=lcp_text,
+                                      cause=cause, reused=reused)
+        _hb, _l, reused, target, snaps, index = core.advance(code, len(prompt), lcp, tail, gen, drained, ckpts, part,
+                                                            n_row)   # the same plan as above
+        plen = len(prompt)
         for name, v in (("prompt_len", plen), ("held_before", held_before), ("lcp", lcp), ("reused", reused),
-                        ("target", target), ("reread", max(useful - reused, 0)), ("snapshots", snaps),
+                        ("target", target), ("reread", reread), ("snapshots", snaps),
                         ("index", index), ("gen_len", len(gen)), ("drained_len", len(drained)),
                         ("lcp_text", lcp_text), ("cause", self._cause_code(cause))):
             outs[name][i] = v
@@ -486,7 +507,7 @@ class _Domain:
 
 
 def _miss_divergence(m: tuple, lcp: int, width: int) -> Divergence:
-    """A Divergence from the core's explanation of a miss (`explain` / `take_misses`)."""
+    """A Divergence from the core's explanation of a miss (`explain`)."""
     _row, lcp_text, in_token, _read, retok, _cause, before, held_after, prompt_after, held_at, prompt_at, text = m
     d = Divergence(lcp_ids=lcp, lcp_text=lcp_text, byte_in_token=in_token, retokenized=retok)
     set_id_contexts(d, before, held_after, prompt_after, width)
@@ -494,14 +515,6 @@ def _miss_divergence(m: tuple, lcp: int, width: int) -> Divergence:
     if text is not None:
         set_text_contexts(d, *text, width)
     return d
-
-
-def _miss_contexts(m: tuple, width: int) -> dict:
-    """The report columns a miss the core explained fills (its contexts; what `_miss_divergence` sets)."""
-    idh, idp = context_pair(m[6], m[7], m[8], width)
-    th, tp = context_pair(*m[11], width) if m[11] is not None else ("", "")
-    return {"id_context_held": idh, "id_context_prompt": idp, "text_context_held": th, "text_context_prompt": tp,
-            "held_ids_at": list(m[9]), "prompt_ids_at": list(m[10])}
 
 
 class _PyRows:

@@ -93,6 +93,17 @@ def predict_reuse(prompt: Sequence[int], held: Sequence[int], checkpoints, *, mo
     return reuse_from_target(target, len(held), checkpoints, model)
 
 
+def shortfall_cause(model: str, reused: int, exact: int) -> str | None:
+    """Our engine's own reason for reusing less than `exact` (what a token-exact cache could reuse): a hybrid
+    restarts from an earlier state snapshot (`no_state_checkpoint`); None: no reason of its own (the one
+    explainer, `explain.attribute`, names it). The strata cache model and the state model's rows both use it.
+
+    >>> shortfall_cause("hybrid", 4, 6), shortfall_cause("attention", 4, 6), shortfall_cause("hybrid", 6, 6)
+    ('no_state_checkpoint', None, None)
+    """
+    return "no_state_checkpoint" if model == "hybrid" and reused < exact else None
+
+
 def reuse_from_target(target: int, held_len: int, checkpoints, model: str) -> int:
     """What the state can serve of `target` ids: all of it on attention or when the state is already there
     (target == held_len); else the nearest snapshot at or before it (0 if none)."""

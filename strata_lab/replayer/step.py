@@ -21,9 +21,10 @@ from typing import ClassVar
 
 from strata_lab.replayer.costs import CostModel
 from strata_lab.replayer.divergence import classify, find_divergence
-from strata_lab.replayer.state import SessionState, lcp_len
+from strata_lab.replayer.explain import DIVERGENCE_CAUSES, Explanation, attribute, realigned_tail
+from strata_lab.replayer.state import SessionState, lcp_len, shortfall_cause
 
-__all__ = ["CallRow", "step"]
+__all__ = ["CallRow", "step", "attribute_row"]
 
 
 @dataclass(slots=True)
@@ -42,7 +43,7 @@ class CallRow:
     reused: int                  # predicted by the state model
     recorded_reused: int | None  # from the dump (None: unknown, or the policy changed the prompt)
     read: int
-    reread: int                  # held ids the prompt's text kept that the engine read again
+    reread: int                  # held ids the engine read again (`attribute_row`: Contract 3's one definition)
     cause: str
     checkpoint_gap: int
     snapshots: int
@@ -116,6 +117,9 @@ def step(state: SessionState, prompt, rec, *, tok, first: bool, recorded_checkpo
     target = pred.target
     cause = classify(held=held, prompt=prompt, segments=state.segments, div=div, reused=pred.reused,
                      target=target, tok=tok, first_call=first, lcp_ids=lcp)
+    lcp_text = div.lcp_text if div is not None else held_before
+    cause, reread = attribute_row(state.model, held, prompt, held_before=held_before, lcp=lcp, lcp_text=lcp_text,
+                                  cause=cause, reused=pred.reused)
     state.apply(prompt, pred)
     gen, drained = rec["gen_ids"], rec["drained_ids"]
     state.finish(gen, drained)
@@ -123,9 +127,6 @@ def step(state: SessionState, prompt, rec, *, tok, first: bool, recorded_checkpo
         state.checkpoints.clear()
         state.checkpoints.update((int(c), None) for c in rec["checkpoints"] if 0 < int(c) <= len(state.held))
 
-    lcp_text = div.lcp_text if div is not None else held_before
-    useful = min(lcp_text, held_before, target if lcp_text >= len(prompt) else lcp_text)
-    reread = max(useful - pred.reused, 0)
     read = len(prompt) - pred.reused
     t = recorded_prefill_ms(rec)
     rr = rec.get("reused")
@@ -140,6 +141,29 @@ def step(state: SessionState, prompt, rec, *, tok, first: bool, recorded_checkpo
         prefill_s=cost_model.seconds(read, pred.reused) if cost_model else math.nan,
         reread_s=cost_model.seconds(reread, pred.reused) if cost_model else math.nan,
         **(_div_context(div) if div is not None else {}))
+
+
+def attribute_row(model: str, held, prompt, *, held_before: int, lcp: int, lcp_text: int, cause: str,
+                  reused: int) -> tuple[str, int]:
+    """(cause, reread) of one state-model call by the one definition (`explain.attribute`, Contract 3): the
+    engine's shortfall plus the divergence's re-read ids, the held ids past the text divergence that the
+    prompt repeats (`explain.realigned_tail`) included. `cause`: `classify`'s; `held`, `prompt`: the ids
+    before the call (sliced only on a divergence). Every path of the state model's replay (records, the
+    store natively or on Dask) calls it, so each gives the one driver's row.
+
+    >>> held, prompt = list(range(1, 21)), [1, 2, 99] + list(range(4, 21))   # an edit at position 2
+    >>> attribute_row("hybrid", held, prompt, held_before=20, lcp=2, lcp_text=2, cause="history_edit", reused=0)
+    ('history_edit', 19)
+    """
+    plen = len(prompt)
+    exact = min(lcp, max(plen - 1, 0))
+    if cause in DIVERGENCE_CAUSES:
+        e = Explanation(held_before, lcp, lcp_text, cause, tail=realigned_tail(held, prompt, lcp_text, lcp))
+    else:
+        e = Explanation(held_before, lcp, lcp_text, "new_session" if not held_before else "none")
+    cause, reread, _div, _eng = attribute(e, reused=reused, engine_cause=shortfall_cause(model, reused, exact),
+                                          exact=exact, prompt_len=plen)
+    return cause, reread
 
 
 def _div_context(div) -> dict:
