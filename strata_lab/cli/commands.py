@@ -181,21 +181,12 @@ def _api_keys_file(path: str | None) -> tuple[tuple[str, str], ...]:
     (('alice', 'sk-a1'), ('key-784f0d5b', 'sk-b2'))
     >>> os.unlink(f.name)
     """
-    import os
-    import stat
-
-    from strata_lab.server.config import MAX_API_KEYS, MAX_KEY_CHARS, key_name
+    from strata_lab.server.config import MAX_API_KEYS, key_name, key_pair_problem
 
     if path is None:
         return ()
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would hang, /dev/zero never end
-            raise ValueError(f"--api-key-file {path}: not a regular file")
-        with open(path, "rb") as f:
-            data = f.read(MAX_KEY_FILE_BYTES + 1)
-        if len(data) > MAX_KEY_FILE_BYTES:
-            raise ValueError(f"--api-key-file {path}: larger than {MAX_KEY_FILE_BYTES} bytes")
-        text = data.decode("utf-8")
+        text = read_user_file(path, "--api-key-file", MAX_KEY_FILE_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"--api-key-file {path}: cannot read it ({type(exc).__name__})") from None
     out, names, keys = [], set(), set()
@@ -207,16 +198,9 @@ def _api_keys_file(path: str | None) -> tuple[tuple[str, str], ...]:
         if len(parts) > 2:
             raise ValueError(f"--api-key-file {path}:{lineno}: a line is KEY or NAME KEY (got {len(parts)} words)")
         name, key = (key_name(parts[0]), parts[0]) if len(parts) == 1 else parts
-        if len(key) > MAX_KEY_CHARS or not key.isprintable():
-            raise ValueError(f"--api-key-file {path}:{lineno}: a key is at most {MAX_KEY_CHARS} printable characters")
-        if len(name) > 64 or not name.isprintable():
-            raise ValueError(f"--api-key-file {path}:{lineno}: a name is at most 64 printable characters")
-        if name in names:
-            raise ValueError(f"--api-key-file {path}:{lineno}: the name {name!r} is given twice")
-        if key in keys:
-            raise ValueError(f"--api-key-file {path}:{lineno}: the same key as an earlier line")
-        names.add(name)
-        keys.add(key)
+        problem = key_pair_problem(name, key, names, keys, earlier="line")
+        if problem:
+            raise ValueError(f"--api-key-file {path}:{lineno}: {problem}")
         out.append((name, key))
         if len(out) > MAX_API_KEYS:
             raise ValueError(f"--api-key-file {path}: more than {MAX_API_KEYS} keys")

@@ -30,6 +30,23 @@ def key_name(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
+def key_pair_problem(name: str, key: str, names: set, keys: set, *, earlier: str) -> str | None:
+    """What is wrong with one (name, key) among those already seen (None: nothing; then both are added to
+    `names` and `keys`). The one rule for `--api-key-file` lines and `ServerConfig.api_keys`; the message never
+    shows the key."""
+    if not key or len(key) > MAX_KEY_CHARS or any(c.isspace() or not c.isprintable() for c in key):
+        return f"a key is 1..{MAX_KEY_CHARS} printable characters without spaces"
+    if not name or len(name) > 64 or any(c.isspace() or not c.isprintable() for c in name):
+        return "a name is 1..64 printable characters without spaces"
+    if name in names:
+        return f"the name {name!r} is given twice"
+    if key in keys:
+        return f"the same key as an earlier {earlier}"
+    names.add(name)
+    keys.add(key)
+    return None
+
+
 def max_threads() -> int:
     """The most engine threads a server accepts: 4 per core (more only thrashes; far more kills the process)."""
     return 4 * (os.cpu_count() or 1)
@@ -125,18 +142,9 @@ class ServerConfig:
         for i, pair in enumerate(self.api_keys):  # messages name the key by its place, never show it
             if len(pair) != 2 or not all(isinstance(x, str) for x in pair):
                 raise ValueError(f"api_keys[{i}] must be a (name, key) pair of strings")
-            name, key = pair
-            if not key or len(key) > MAX_KEY_CHARS or any(c.isspace() or not c.isprintable() for c in key):
-                raise ValueError(f"api_keys[{i}] ({name!r}): a key is 1..{MAX_KEY_CHARS} printable characters "
-                                 "without spaces")
-            if not name or len(name) > 64 or any(c.isspace() or not c.isprintable() for c in name):
-                raise ValueError(f"api_keys[{i}]: a name is 1..64 printable characters without spaces")
-            if name in names:
-                raise ValueError(f"api_keys[{i}]: the name {name!r} is given twice")
-            if key in keys:
-                raise ValueError(f"api_keys[{i}] ({name!r}): the same key as an earlier one")
-            names.add(name)
-            keys.add(key)
+            problem = key_pair_problem(*pair, names, keys, earlier="one")
+            if problem:
+                raise ValueError(f"api_keys[{i}]: {problem}")
         if self.model is not None and not Path(self.model).is_dir():
             raise ValueError(f"model must be a model directory, {self.model!r} is not one")
 
