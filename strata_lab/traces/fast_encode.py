@@ -48,6 +48,11 @@ _QWEN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{
          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _LINE_PATTERNS = frozenset((_QWEN, _QWEN.replace(r"|\p{N}|", r"|\p{N}{1,3}|", 1), _GPT2))  # Qwen, Llama-3, GPT-2
 _LINE_START = re.compile(r"\n[!-~]")
+# In these regexes a space followed by an ASCII letter always starts a pre-token (no alternative matches a
+# space and then a letter except from that space on: ``[^\r\n\p{L}\p{N}]?\p{L}+``, `` ?\p{L}+``; the others
+# hold only whitespace, or a space only first and then no letter), so an ASCII stretch whose every space is
+# followed by a letter splits at its spaces into parts that encode on their own.
+_IRREGULAR_SPACE = re.compile(r" (?![A-Za-z])")
 
 
 def _byte_map() -> dict[int, str]:
@@ -106,6 +111,7 @@ class SegmentEncoder:
         self._scan = re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True)))) if added else None
         self._trans = str.maketrans({chr(b): s for b, s in _byte_map().items()})
         self._pieces: dict[str, list[int]] = {}
+        self._words: dict[str, list[int]] = {}  # w -> ids of " " + w (a space followed by a letter)
         self._kept: dict[str, list[int]] = {}  # stretches of >= _MIN_KEPT characters
         self._kept_chars = 0
 
@@ -200,6 +206,24 @@ class SegmentEncoder:
             return []
         if _UNSAFE.search(piece) is not None:
             return self._hf.encode(piece, add_special_tokens=False).ids
+        if self._lines and _IRREGULAR_SPACE.search(piece) is None:
+            # every space starts a pre-token (it is followed by a letter): the words, each with its space,
+            # encode on their own (split in C, looked up by word)
+            parts = piece.split(" ")
+            head = self._split_ids(parts[0]) if parts[0] else []
+            words = self._words
+            try:
+                return head + list(chain.from_iterable(map(words.__getitem__, parts[1:])))
+            except KeyError:
+                if len(words) > _MAX_PIECES:
+                    words.clear()
+                for w in parts[1:]:
+                    if w not in words:
+                        words[w] = self._split_ids(" " + w)
+                return head + list(chain.from_iterable(map(words.__getitem__, parts[1:])))
+        return self._split_ids(piece)
+
+    def _split_ids(self, piece: str) -> list[int]:
         pre = self._split(piece)
         cache = self._pieces
         try:

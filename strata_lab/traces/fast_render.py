@@ -193,47 +193,8 @@ class FastRenderer:
             out += ("\n" if text else "") + "\n".join(calls)
         return out + "<|im_end|>\n"
 
-    def render(self, messages, tools, kwargs: dict, notes: list, reply: dict | None = None, key=None):
-        """(prompt, full) or None (see the module). `key` (a session): messages equal to those at the same
-        place in the key's previous call (and without object arguments) take that call's checks and parts."""
-        if not messages or (kwargs and (set(kwargs) != {"enable_thinking"}
-                                        or kwargs["enable_thinking"] not in (None, True, False))):
-            return None
-        if kwargs.get("enable_thinking") is not None and kwargs["enable_thinking"].__class__ is not bool:
-            return None
-        k, parsed = 0, []
-        prev = self._prev.get(key) if key is not None else None
-        if prev is not None:
-            praw, pparsed = prev
-            lim = min(len(messages), len(praw))
-            while k < lim and pparsed[k][6] and (messages[k] is praw[k] or messages[k] == praw[k]):
-                k += 1
-            parsed = pparsed[:k]
-            if _NOT_JSON not in notes and any(p[7] for p in parsed):
-                notes.append(_NOT_JSON)
-        for m in messages[k:] if k else messages:
-            p = self._message(m, notes)
-            if p is None:
-                return None
-            parsed.append(p)
-        if key is not None:
-            self._prev.pop(key, None)
-            self._prev[key] = (messages, parsed)
-            if len(self._prev) > _MAX_SESSIONS:
-                del self._prev[next(iter(self._prev))]
-        call_ids: set = set()
-        for p in parsed:
-            if p[0] == "assistant":
-                call_ids = p[5]
-            elif p[0] == "tool" and call_ids and p[4] not in call_ids:
-                return None  # tool_call_id of no preceding tool call: refused by the checks
-        last = None
-        if reply is not None:
-            last = self._message(reply, [])
-            if last is None or last[0] != "assistant":
-                return None
-        out = []
-        first_system = parsed[0][0] == "system"
+    def _tools_head(self, tools, first_system) -> str | None:
+        """The system turn's text: the first system message and the tool definitions (None: refused)."""
         if tools is not None:
             if tools.__class__ is not list:
                 return None
@@ -248,46 +209,196 @@ class FastRenderer:
                 if fn.get("parameters") is not None and fn["parameters"].__class__ is not dict:
                     return None
         if tools:
-            out.append("<|im_start|>system\n")
-            if first_system:
-                out.append(parsed[0][1] + "\n\n")
+            out = ["<|im_start|>system\n"]
+            if first_system is not None:
+                out.append(first_system + "\n\n")
             out.append(_TOOLS_HEAD)
             for t in tools:
                 out.append("\n" + _dumps(t))
             out.append(_TOOLS_TAIL)
-        elif first_system:
-            out.append("<|im_start|>system\n" + parsed[0][1] + "<|im_end|>\n")
+            return "".join(out)
+        return "<|im_start|>system\n" + first_system + "<|im_end|>\n" if first_system is not None else ""
+
+    def render(self, messages, tools, kwargs: dict, notes: list, reply: dict | None = None, key=None):
+        """(prompt, full) or None (see the module). `key` (a session): what the key's previous rendered call
+        shares with this one is taken from it, so a call costs what it adds to the history, not its length:
+        its leading messages equal to that call's (compared in C; a message with object arguments only when it
+        is the same object: 1 == 1.0 == True, but tojson writes them apart) keep their checks, and the text of
+        those that render the same (the same tool definitions, compared by their JSON; before the last user
+        query of both calls, as the template drops the think block of turns before it) is reused."""
+        if not messages or (kwargs and (set(kwargs) != {"enable_thinking"}
+                                        or kwargs["enable_thinking"] not in (None, True, False))):
+            return None
+        if kwargs.get("enable_thinking") is not None and kwargs["enable_thinking"].__class__ is not bool:
+            return None
+        k = 0
+        prev = self._prev.get(key) if key is not None else None
+        if prev is not None:
+            pm = prev.messages
+            n = len(pm)
+            if n <= len(messages) and n <= prev.plain and messages[:n] == pm:
+                k = n
+            else:
+                lim, pparsed = min(len(messages), n), prev.parsed
+                while k < lim and (messages[k] is pm[k] or (pparsed[k][6] and messages[k] == pm[k])):
+                    k += 1
+        if k:
+            parsed = prev.parsed[:k]
+            if prev.noted < k and _NOT_JSON not in notes:
+                notes.append(_NOT_JSON)
+            for m in messages[k:]:
+                p = self._message(m, notes)
+                if p is None:
+                    return None
+                parsed.append(p)
+        else:
+            parsed = []
+            for m in messages:
+                p = self._message(m, notes)
+                if p is None:
+                    return None
+                parsed.append(p)
+        n = len(parsed)
+        # the checks of the messages from k on (those before passed in the previous call): a tool result
+        # answers a call of the last assistant message before it
+        call_ids: set = set()
+        if k and k == len(prev.parsed):
+            call_ids = prev.call_ids
+        else:
+            for i in range(k - 1, -1, -1):
+                if parsed[i][0] == "assistant":
+                    call_ids = parsed[i][5]
+                    break
+        for i in range(k, n):
+            p = parsed[i]
+            if p[0] == "assistant":
+                call_ids = p[5]
+            elif p[0] == "tool" and call_ids and p[4] not in call_ids:
+                return None  # tool_call_id of no preceding tool call: refused by the checks
+        last = None
+        if reply is not None:
+            last = self._message(reply, [])
+            if last is None or last[0] != "assistant":
+                return None
+        try:
+            tkey = _tools_key(tools)
+        except TypeError:  # not JSON: the template decides
+            return None
+        # the last user query (not a tool response): assistant turns after it keep their think block
         last_query = -1
-        for i in range(len(parsed) - 1, -1, -1):
+        for i in range(n - 1, k - 1, -1):
             role, text = parsed[i][0], parsed[i][1]
             if role == "user" and not (text.startswith("<tool_response>") and text.endswith("</tool_response>")):
                 last_query = i
                 break
-        n = len(parsed)
-        for i, (role, text, reasoning, calls, _, _, _, _) in enumerate(parsed):
+        else:
+            if k and prev.last_query < k:
+                last_query = prev.last_query
+            else:
+                for i in range(k - 1, -1, -1):
+                    role, text = parsed[i][0], parsed[i][1]
+                    if role == "user" and not (text.startswith("<tool_response>")
+                                               and text.endswith("</tool_response>")):
+                        last_query = i
+                        break
+        # messages [0, r) render as in the previous call: the same message, the same next message's role
+        # where that decides (a tool result is closed before a message that is not one), the same side of the
+        # last user query, the same system turn
+        r = 0
+        if k and tkey == prev.tools_key:
+            r = k if parsed[k - 1][0] != "tool" else k - 1
+            if last_query != prev.last_query:
+                r = min(r, min(last_query, prev.last_query) + 1)
+        if r > 0 or (k and tkey == prev.tools_key):
+            offs = prev.offs[: r + 1]
+            out = [prev.body[: offs[r]]]
+            pos = offs[r]
+        else:
+            head = self._tools_head(tools, parsed[0][1] if parsed[0][0] == "system" else None)
+            if head is None:
+                return None
+            out, offs, pos = [head], [len(head)], len(head)
+        assistant = self._assistant
+        for i in range(r, n):
+            role, text, reasoning, calls = parsed[i][0], parsed[i][1], parsed[i][2], parsed[i][3]
             if role == "user" or (role == "system" and i):
-                out.append("<|im_start|>" + role + "\n" + text + "<|im_end|>\n")
+                part = "<|im_start|>" + role + "\n" + text + "<|im_end|>\n"
             elif role == "assistant":
-                out.append(self._assistant(text, reasoning, calls, i > last_query))
+                part = assistant(text, reasoning, calls, i > last_query)
             elif role == "tool":
+                part = "\n<tool_response>\n" + text + "\n</tool_response>"
                 if not i or parsed[i - 1][0] != "tool":
-                    out.append("<|im_start|>user")
-                out.append("\n<tool_response>\n" + text + "\n</tool_response>")
+                    part = "<|im_start|>user" + part
                 # closed before a message that is not a tool result; the last is closed when the reply follows
                 if i + 1 < n and parsed[i + 1][0] != "tool":
-                    out.append("<|im_end|>\n")
+                    part += "<|im_end|>\n"
+            else:  # the first system message: in the system turn
+                part = ""
+            out.append(part)
+            pos += len(part)
+            offs.append(pos)
         body = "".join(out)
-        tail_tool = parsed[-1][0] == "tool"
-        if tail_tool:
-            body += "<|im_end|>\n"
-        prompt = body + "<|im_start|>assistant\n"
+        if parsed[-1][0] == "tool":
+            body_t = body + "<|im_end|>\n"
+        else:
+            body_t = body
+        prompt = body_t + "<|im_start|>assistant\n"
         if kwargs.get("enable_thinking") is False:
             prompt += "<think>\n\n</think>\n\n"
         full = None
         if last is not None:
-            full = body + self._assistant(last[1], last[2], last[3], True)
-        from strata_lab.text.jinja import RENDER_MAX_CHARS
-
-        if len(prompt) > RENDER_MAX_CHARS or (full is not None and len(full) > RENDER_MAX_CHARS):
+            full = body_t + assistant(last[1], last[2], last[3], True)
+        if len(prompt) > _max_chars() or (full is not None and len(full) > _max_chars()):
             return None
+        if key is not None:
+            plain = prev.plain if k and prev.plain < k else k
+            while plain < n and parsed[plain][6]:
+                plain += 1
+            noted = prev.noted if k and prev.noted < k else next(
+                (i for i in range(k, n) if parsed[i][7]), _NEVER)
+            self._prev.pop(key, None)
+            self._prev[key] = _Last(messages, parsed, tkey, body, offs, last_query, call_ids, plain, noted)
+            if len(self._prev) > _MAX_SESSIONS:
+                del self._prev[next(iter(self._prev))]
         return prompt, full
+
+
+_NEVER = 1 << 62
+
+
+def _tools_key(tools):
+    """The tool definitions as the render sees them: their JSON (key order and number types included, as
+    ``tojson`` writes them), so that equal keys render the same."""
+    if tools is None or tools.__class__ is not list:
+        return tools.__class__ if tools is not None else None
+    if not tools:
+        return b"[]"
+    got = _orjson_dumps(tools)
+    # orjson writes NaN and infinities as null: with a null in them, the keys are the template's own JSON
+    return got if b"null" not in got else _dumps(tools)
+
+
+try:
+    from orjson import dumps as _orjson_dumps
+except ImportError:  # pragma: no cover - orjson is a core dependency
+    def _orjson_dumps(x):
+        return json.dumps(x, ensure_ascii=False).encode()
+
+
+@lru_cache(maxsize=1)
+def _max_chars() -> int:
+    from strata_lab.text.jinja import RENDER_MAX_CHARS
+
+    return RENDER_MAX_CHARS
+
+
+class _Last:
+    """A session's last rendered call: its messages and their checked parts, its tool definitions' key, its
+    history text and where each message's part of it starts (offs[i]; offs[n]: the end), its last user query,
+    the call ids a tool result after it may answer, its leading plain messages, its first noted message."""
+
+    __slots__ = ("messages", "parsed", "tools_key", "body", "offs", "last_query", "call_ids", "plain", "noted")
+
+    def __init__(self, messages, parsed, tools_key, body, offs, last_query, call_ids, plain, noted):
+        self.messages, self.parsed, self.tools_key, self.body, self.offs = messages, parsed, tools_key, body, offs
+        self.last_query, self.call_ids, self.plain, self.noted = last_query, call_ids, plain, noted

@@ -175,6 +175,7 @@ class SessionChain:
         self._firsts: dict = {}
         self._req_count: dict[int, int] = {}
         self._tick = 0
+        self.digests: list = []  # the last session_of_messages call's prefix digests
 
     def _remember(self, digest, session: str) -> None:
         self._seen.setdefault(digest, session)
@@ -191,12 +192,16 @@ class SessionChain:
         self._count += 1
         return f"{self.prefix}-{self._count}"
 
-    def session_of_messages(self, messages: Sequence[dict], reply: dict | None = None) -> str:
-        h = 0
-        digests = []
-        for m in messages:
+    def session_of_messages(self, messages: Sequence[dict], reply: dict | None = None, *,
+                            known: Sequence[int] = ()) -> str:
+        """`known`: the digests of the leading messages (`digests` after an earlier call whose messages these
+        are), so that a call hashes only the messages it adds. `digests` holds this call's after."""
+        digests = list(known)
+        h = digests[-1] if digests else 0
+        for m in messages[len(digests):] if digests else messages:
             h = hash((h, _message_key(m)))
             digests.append(h)
+        self.digests = digests
         # the shared prefix must reach the first message after the leading system messages
         need = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")),
                     len(messages))

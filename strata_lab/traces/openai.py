@@ -10,6 +10,7 @@ Batch API input lines (``{"custom_id", "method", "url", "body"}``). A response w
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Iterator
 
 from strata_lab.traces.log_calls import SessionChain, new_call, text_parts, tool_call
@@ -30,7 +31,15 @@ def detect(first: dict) -> bool:
 
 def convert_messages(messages: list, notes: list) -> list[dict]:
     """Wire messages into the internal shape (OpenAI's, text parts only, reasoning as reasoning_content)."""
+    return _convert(messages, notes)[0]
+
+
+def _convert(messages: list, notes: list) -> tuple[list[dict], int]:
+    """(the converted messages, how many leading ones are plain: written without a note, from a message without
+    numbers or booleans, so that an equal message converts the same: 1 == 1.0 == True, but str() and tojson
+    write them apart)."""
     out = []
+    plain = 0
     for m in messages:
         if not isinstance(m, dict):
             raise ValueError(f"message must be an object, got {type(m).__name__}")
@@ -39,35 +48,138 @@ def convert_messages(messages: list, notes: list) -> list[dict]:
         if content.__class__ is str and len(m) <= 3:  # the common shapes, as the general path writes them
             if len(m) == 2 and (role == "user" or role == "system"):
                 out.append({"role": role, "content": content})
+                if plain == len(out) - 1:
+                    plain += 1
                 continue
             tcid = m.get("tool_call_id")
             if len(m) == 3 and role == "tool" and tcid.__class__ is str and tcid:
                 out.append({"role": role, "content": content, "tool_call_id": tcid})
+                if plain == len(out) - 1:
+                    plain += 1
                 continue
-        role = _ROLES.get(role, role)
-        msg = {"role": role}
-        content = m.get("content")
-        if content is not None and content.__class__ is not str:
-            content = text_parts(content, notes)
-        if content is not None:
-            msg["content"] = content
-        elif role != "assistant":
-            msg["content"] = ""
-        if role == "assistant":
-            reasoning = m.get("reasoning_content") or m.get("reasoning")
-            if isinstance(reasoning, str) and reasoning:
-                msg["reasoning_content"] = reasoning
-            calls = [tool_call(c.get("id"), (c.get("function") or {}).get("name"),
-                               (c.get("function") or {}).get("arguments"))
-                     for c in m.get("tool_calls") or () if isinstance(c, dict)]
-            if calls:
-                msg["tool_calls"] = calls
-        if role == "tool":
-            msg["tool_call_id"] = str(m.get("tool_call_id") or m.get("name") or "call")
-        if isinstance(m.get("name"), str) and role in ("user", "system"):
-            msg["name"] = m["name"]
-        out.append(msg)
-    return out
+        mine: list = []
+        out.append(_message(m, mine))
+        if plain == len(out) - 1 and not mine and _no_numbers(m):
+            plain += 1
+        for n in mine:
+            if n not in notes:
+                notes.append(n)
+    return out, plain
+
+
+def _message(m: dict, notes: list) -> dict:
+    role = _ROLES.get(m.get("role"), m.get("role"))
+    msg = {"role": role}
+    content = m.get("content")
+    if content is not None and content.__class__ is not str:
+        content = text_parts(content, notes)
+    if content is not None:
+        msg["content"] = content
+    elif role != "assistant":
+        msg["content"] = ""
+    if role == "assistant":
+        reasoning = m.get("reasoning_content") or m.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            msg["reasoning_content"] = reasoning
+        calls = [tool_call(c.get("id"), (c.get("function") or {}).get("name"),
+                           (c.get("function") or {}).get("arguments"))
+                 for c in m.get("tool_calls") or () if isinstance(c, dict)]
+        if calls:
+            msg["tool_calls"] = calls
+    if role == "tool":
+        msg["tool_call_id"] = str(m.get("tool_call_id") or m.get("name") or "call")
+    if isinstance(m.get("name"), str) and role in ("user", "system"):
+        msg["name"] = m["name"]
+    return msg
+
+
+def _no_numbers(x) -> bool:
+    """Whether a JSON value holds only strings, nulls, lists and objects (no number or boolean)."""
+    c = x.__class__
+    if c is str or x is None:
+        return True
+    if c is dict:
+        return all(map(_no_numbers, x.values()))
+    if c is list:
+        return all(map(_no_numbers, x))
+    return False
+
+
+class RecentRequests:
+    """The converted messages of recent requests, so that a request that resends an earlier one's messages (an
+    agent's next call: its history, the reply, what comes next) converts only what it adds, and shares the
+    earlier call's message objects for the rest (calls are read, not changed in place). The earlier request is
+    the longest recent one with the same first message (and the first after the system prompt) that is a
+    prefix of this one, compared as parsed JSON (in C); only its leading plain messages are taken (see
+    `_convert`); with none, the most recent one's common leading messages. Bounded: `max_anchors` first
+    messages, `per_anchor` requests each."""
+
+    def __init__(self, max_anchors: int = 128, per_anchor: int = 2):
+        self._by: OrderedDict = OrderedDict()  # anchor -> [_Seen, ...] (oldest first)
+        self.last: _Seen | None = None
+        self.max_anchors, self.per_anchor = max_anchors, per_anchor
+
+    @staticmethod
+    def _anchor(raw: list):
+        first = raw[0] if raw[0].__class__ is dict else None
+        if first is None:
+            return None
+        a = first.get("content")
+        a = a if a.__class__ is str else None
+        b = None
+        if len(raw) > 1 and first.get("role") in ("system", "developer") and raw[1].__class__ is dict:
+            b = raw[1].get("content")
+            b = b if b.__class__ is str else None
+        return (a, b)
+
+    def convert(self, raw: list, notes: list) -> list[dict]:
+        """The converted messages; `last` is this request's record after (the caller's chaining fills its
+        `digests`)."""
+        anchor = self._anchor(raw) if raw else None
+        seen = self._by.get(anchor) if anchor is not None else None
+        best, k = None, 0
+        if seen:
+            for e in seen:
+                n = e.plain
+                if k < n <= len(raw) and raw[n - 1] == e.raw[n - 1] and raw[:n] == e.raw[:n]:
+                    best, k = e, n
+            if best is None:  # an edited history: the most recent request's common leading messages
+                e = seen[-1]
+                lim = min(len(raw), e.plain)
+                while k < lim and raw[k] == e.raw[k]:
+                    k += 1
+                best = e if k else None
+        if k:
+            conv, plain = _convert(raw[k:], notes)
+            conv = best.conv[:k] + conv
+            plain += k
+        else:
+            conv, plain = _convert(raw, notes)
+        rec = _Seen(raw, conv, plain, best.digests[:k] if k and best.digests is not None else [])
+        if anchor is not None:
+            if seen is None:
+                seen = self._by[anchor] = []
+                if len(self._by) > self.max_anchors:
+                    self._by.popitem(last=False)
+            else:
+                self._by.move_to_end(anchor)
+            seen.append(rec)
+            if len(seen) > self.per_anchor:
+                del seen[0]
+        self.last = rec
+        return conv
+
+
+class _Seen:
+    """One recent request: its wire messages, converted ones, leading plain ones, the chain digests of the
+    leading converted messages it shares with the earlier request (`known`), and of all its converted messages
+    once chained (`digests`; None: not chained)."""
+
+    __slots__ = ("raw", "conv", "plain", "known", "digests")
+
+    def __init__(self, raw, conv, plain, known):
+        self.raw, self.conv, self.plain, self.known = raw, conv, plain, known
+        self.digests = None
 
 
 def apply_response(call: dict, response: dict | None) -> None:
@@ -102,13 +214,17 @@ def apply_response(call: dict, response: dict | None) -> None:
         call["cached_tokens"] = timings["cache_n"]
 
 
-def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME) -> dict:
-    """One call from a chat-completions request body (and its response, if logged)."""
+def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME,
+                 recent: RecentRequests | None = None) -> dict:
+    """One call from a chat-completions request body (and its response, if logged). `recent`: converts only
+    what the request adds to a recent one (the same messages); the request's record is `recent.last` after."""
     notes: list = []
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise ValueError("messages: missing or empty")
+    messages = recent.convert(body["messages"], notes) if recent is not None else \
+        convert_messages(body["messages"], notes)
     call = new_call(format=fmt, fidelity="messages", model=body.get("model"), notes=notes,
-                    messages=convert_messages(body["messages"], notes),
+                    messages=messages,
                     tools=[t for t in body.get("tools") or () if isinstance(t, dict)] or None)
     kwargs = body.get("chat_template_kwargs")  # vLLM/SGLang: e.g. {"enable_thinking": false}, reaches the template
     if isinstance(kwargs, dict) and kwargs:
@@ -119,6 +235,7 @@ def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME) -
 
 def read(src: Source) -> Iterator[dict]:
     chain = SessionChain(src.stem)
+    recent = RecentRequests()
     for lineno, rec in src.json_lines():
         body, response = rec, None
         batch_out = None
@@ -143,10 +260,11 @@ def read(src: Source) -> Iterator[dict]:
         if isinstance(response, dict) and isinstance(response.get("body"), dict):  # batch output shape
             response = response["body"]
         try:
-            call = from_request(body, response)
+            call = from_request(body, response, recent=recent)
         except ValueError as exc:
             src.skip(lineno, str(exc))
             continue
+        seen = recent.last
         call["source"] = src.where(lineno)
         call["request_id"] = call["request_id"] or rec.get("custom_id")
         if batch_out is not None:
@@ -157,7 +275,12 @@ def read(src: Source) -> Iterator[dict]:
         call["ts"] = float(ts) if isinstance(ts, (int, float)) else None
         sid = src.session_of(rec) if src.session_key else \
             rec.get("session") or rec.get("session_id") or (body.get("metadata") or {}).get("session_id")
-        call["session"] = str(sid) if sid else chain.session_of_messages(call["messages"], reply_message(call))
+        if sid:
+            call["session"] = str(sid)
+        else:
+            call["session"] = chain.session_of_messages(call["messages"], reply_message(call),
+                                                        known=seen.known)
+            seen.digests, seen.known = chain.digests, None
         yield call
 
 
