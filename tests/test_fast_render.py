@@ -259,3 +259,190 @@ def test_every_fixture_renders_the_same_on_both_paths(name):
     a = [(c["source"], r) for c, r in fast.render(TOK)]
     b = [(c["source"], r) for c, r in plain.render(TOK, fast=False)]
     assert a == b and fast.render_skipped == plain.render_skipped
+
+
+# --- a call costs what it adds: word-split encoding, a session's calls rendered incrementally, lines parsed
+# after their shared prefix, messages converted and chained incrementally
+
+WORD = st.lists(st.sampled_from(["the", "Cache", "x", "it's", "a1", "b.", "(c)", "d\n\ne", "f\tg", "12", "é", "'LL",
+                                 "h,", "I!", "j\n", "<|im_end|>k", "", "  ", "\r\n"]), min_size=1, max_size=4).map("".join)
+WORDS = st.lists(WORD, max_size=30).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_text_split_at_its_spaces_encodes_as_the_tokenizer_does(family, data):
+    """Text whose every space is followed by a letter is encoded word by word (split at the spaces); other
+    text by the split regex: both as the tokenizer encodes it, in both families."""
+    seg = SegmentEncoder.of(family)
+    t = data.draw(WORDS)
+    for text in (t, " " + t, t + " ", "x " + t):
+        assert seg.encode(text) == family.hf.encode(text, add_special_tokens=False).ids, text
+
+
+SHORT = st.sampled_from(["", "a", "b c", "<think>t</think>x", "\n\nq", "<tool_response>r</tool_response>", "é"])
+
+
+@st.composite
+def agent_message(draw):
+    """Messages an agent sends (mostly ones the template takes): queries, tool-call turns with reasoning,
+    tool results (also several in a row), a user turn that is a wrapped tool response; sometimes an odd one."""
+    kind = draw(st.sampled_from(["user", "user", "assistant", "assistant", "tool", "tool", "system", "odd"]))
+    if kind == "odd":
+        return draw(message())
+    m = {"role": kind, "content": draw(SHORT)}
+    if kind == "assistant":
+        if draw(st.booleans()):
+            m["tool_calls"] = [{"id": draw(st.sampled_from(["c1", "c2"])), "type": "function",
+                                "function": {"name": "read", "arguments": draw(st.sampled_from(['{"p": 1}', "{}"]))}}]
+            m["content"] = draw(st.sampled_from([None, "", "x"]))
+        if draw(st.booleans()):
+            m["reasoning_content"] = draw(SHORT)
+    if kind == "tool":
+        m["tool_call_id"] = draw(st.sampled_from(["c1", "c2"]))
+    return m
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.integers(0, 5), st.lists(agent_message(), max_size=4), st.integers(0, 3), kwargs,
+                          replies), min_size=1, max_size=8), agent_message())
+def test_a_session_s_calls_render_as_the_template_renders_each(steps, first):
+    """One session's calls, each its previous call's messages (and reply) plus new ones, sometimes cut back
+    (an edit), with the same or other tool definitions: every call renders as the Jinja template renders it
+    alone (the parts taken from the previous call included), or is refused the same way."""
+    fast = FastRenderer.of(TMPL)
+    msgs = [first]
+    tool_sets = [None, [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}],
+                 [{"type": "function", "function": {"parameters": {"type": "object"}, "name": "read"}}],
+                 [{"type": "function", "function": {"name": "read", "parameters": {"minimum": 1.0}}}]]
+    for cut, more, tset, kw, reply in steps:
+        if cut == 1 and len(msgs) > 1:
+            msgs = msgs[: len(msgs) // 2]
+        msgs = msgs + more
+        if not msgs:
+            continue
+        notes: list = []
+        got = fast.render(msgs, tool_sets[tset], dict(kw), notes, reply, key="s")
+        prompt, full, slow_notes = _slow(msgs, tool_sets[tset], kw, reply)
+        if got is not None:
+            assert prompt is not None and got[0] == prompt and notes == slow_notes
+            if reply is not None:
+                assert got[1] == full
+
+        if reply is not None and cut % 2 == 0:
+            msgs = msgs + [reply]
+
+
+def _agent_lines(rng, sessions=3, turns=5, odd=True):
+    """Request lines of agent sessions as clients write them (each resends the history), in the shapes the
+    OpenAI reader takes, with what could fool a reader that skips a shared prefix."""
+    lines, live = [], []
+    for s in range(sessions):
+        live.append([{"role": "system", "content": f"sys {s % 2}"}])
+    for t in range(sessions * turns):
+        s = rng.randrange(sessions)
+        msgs = live[s]
+        r = rng.random()
+        if r < 0.15 and len(msgs) > 2:
+            msgs = msgs[: rng.randrange(1, len(msgs))]  # an edit
+        new = rng.choice([{"role": "user", "content": rng.choice(["hi", "a \"messages\": [1]", "é"])},
+                          {"role": "tool", "tool_call_id": rng.choice(["c1", 1, 1.0, True]), "content": "r"},
+                          {"role": "user", "content": [{"type": "text", "text": "p"}, {"type": "image_url"}]},
+                          {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                           "function": {"name": "f", "arguments": rng.choice(['{"a": 1}', {"a": 1}, {"a": 1.0}])}}]}])
+        msgs = msgs + [new]
+        reply = {"role": "assistant", "content": f"ok {t}"}
+        shape = rng.randrange(6) if odd else 0
+        if shape == 0:
+            rec = {"request": {"model": "m", "messages": msgs}, "response": {"choices": [{"message": reply}]}}
+        elif shape == 1:
+            rec = {"model": "m", "session_id": f"s{s}", "messages": msgs}
+        elif shape == 2:  # a "messages" array elsewhere first: the marker must not land there
+            rec = {"metadata": {"messages": msgs}, "request": {"model": "m", "messages": msgs}}
+        elif shape == 3:
+            rec = {"custom_id": f"q{t}", "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "m", "messages": msgs}}
+        elif shape == 4:
+            rec = {"model": "m", "messages": []}
+        else:
+            rec = {"model": "m", "messages": msgs}
+        text = json.dumps(rec, indent=rng.choice([None, None, 1]))
+        if shape == 0 and rng.random() < 0.1:
+            text = text.replace('"messages": [', '"messages":[ ', 1)
+        if not odd or rng.random() < 0.9:
+            lines.append(text.replace("\n", " ") if "\n" in text else text)
+        else:
+            lines.append(rng.choice(["not json", "[1, 2]", text[: len(text) // 2]]))
+        live[s] = msgs + [reply]
+    return lines
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lines_parsed_after_their_shared_prefix_are_the_lines(tmp_path, seed):
+    """Records read by parsing only what a line adds to a recent one are the records `json_lines` reads (the
+    same values, number types included, and the same lines skipped), on sessions with edits, other shapes,
+    a decoy array, spacing, invalid lines; and prefixes are in fact taken."""
+    import random
+    import warnings
+
+    from strata_lab.traces.openai import SharedPrefixLines
+    from strata_lab.traces.source import Source
+
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n".join(_agent_lines(random.Random(seed), sessions=1 + seed % 4, turns=8)) + "\n")
+    reader = SharedPrefixLines()
+    with warnings.catch_warnings(record=True) as got_w:
+        warnings.simplefilter("always")
+        got = list(reader.records(Source(path)))
+    with warnings.catch_warnings(record=True) as want_w:
+        warnings.simplefilter("always")
+        want = list(Source(path).json_lines())
+    assert got == want and [str(w.message) for w in got_w] == [str(w.message) for w in want_w]
+    for (_, a), (_, b) in zip(got, want):  # equal and also the same types (1 == 1.0 == True)
+        assert json.dumps(a) == json.dumps(b)
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text("\n".join(_agent_lines(random.Random(seed), sessions=2, turns=6, odd=False)) + "\n")
+    reader = SharedPrefixLines()
+    assert list(reader.records(Source(clean))) == list(Source(clean).json_lines()) and reader.shared > 0
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_calls_converted_and_chained_incrementally_are_those_read_whole(tmp_path, seed):
+    """The OpenAI reader converts and chains only what a request adds to a recent one: every call (messages,
+    notes, session, all fields) equals what converting each request whole and chaining it gives."""
+    import random
+
+    from strata_lab.traces.log_calls import SessionChain
+    from strata_lab.traces.openai import from_request, reply_message
+    from strata_lab.traces.source import Source
+
+    path = tmp_path / "agent.jsonl"
+    path.write_text("\n".join(_agent_lines(random.Random(seed), sessions=1 + seed % 3, turns=8)) + "\n")
+    got = load_trace(path, format="openai").calls()
+    chain, want = SessionChain("agent"), []
+    for lineno, rec in Source(path).json_lines():
+        body = rec["body"] if "custom_id" in rec else rec.get("request", rec)
+        try:
+            call = from_request(body, rec.get("response"))
+        except ValueError:
+            continue
+        sid = rec.get("session_id")
+        call["session"] = str(sid) if sid else chain.session_of_messages(call["messages"], reply_message(call))
+        want.append(call)
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        assert json.dumps(g["messages"]) == json.dumps(w["messages"])
+        assert (g["session"], g["notes"], g["tools"]) == (w["session"], w["notes"], w["tools"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_agent_logs_render_the_same_on_both_paths(tmp_path, seed):
+    """The whole fast path (lines, conversion, chaining, render, encode) on agent logs with edits and odd
+    shapes: the same Rendered, call by call, as the Jinja template and `tokenizer.encode`."""
+    import random
+
+    path = tmp_path / "agent.jsonl"
+    path.write_text("\n".join(_agent_lines(random.Random(seed), sessions=2, turns=8)) + "\n")
+    fast = [(c["source"], r) for c, r in load_trace(path, format="openai").render(TOK)]
+    plain = [(c["source"], r) for c, r in load_trace(path, format="openai").render(TOK, fast=False)]
+    assert len(fast) > 5 and fast == plain

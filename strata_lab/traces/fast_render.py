@@ -64,6 +64,7 @@ class FastRenderer:
     def __init__(self, template):
         self.template = template
         self._args: dict = {}  # argument JSON string -> (rendered text, parsed as JSON?)
+        self._names: dict = {}  # tool name -> the rendered tool call up to its arguments
         self._prev: dict = {}  # session -> (its last call's messages, their checked parts), oldest first
 
     @classmethod
@@ -167,7 +168,13 @@ class FastRenderer:
                     return None
                 args, json_ok = got
                 noted = noted or not json_ok
-                rendered.append('<tool_call>\n{"name": ' + _dumps(fname) + ', "arguments": ' + args + "}\n</tool_call>")
+                head = self._names.get(fname)
+                if head is None:
+                    head = '<tool_call>\n{"name": ' + _dumps(fname) + ', "arguments": '
+                    if len(self._names) > _MAX_ARGS:
+                        self._names.clear()
+                    self._names[fname] = head
+                rendered.append(head + args + "}\n</tool_call>")
             if not rendered:
                 rendered = None
         elif role == "assistant":

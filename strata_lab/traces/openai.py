@@ -10,12 +10,15 @@ Batch API input lines (``{"custom_id", "method", "url", "body"}``). A response w
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+import json
+import random
+import re
+from collections import OrderedDict, deque
 from typing import Iterator
 
 from strata_lab.traces.log_calls import SessionChain, new_call, text_parts, tool_call
 from strata_lab.traces.dialect import http_error, looks_anthropic
-from strata_lab.traces.source import Source
+from strata_lab.traces.source import Source, _DecodeError, loads
 
 NAME = "openai"
 SESSION_KEY = True  # --session-key names a field of each record
@@ -233,10 +236,110 @@ def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME,
     return call
 
 
+def _body(rec: dict) -> dict:
+    """The request body of a record: a Batch API input line's ``body``, a pair's ``request``, or the record."""
+    if isinstance(rec.get("body"), dict) and "custom_id" in rec:
+        return rec["body"]
+    if isinstance(rec.get("request"), dict):
+        return rec["request"]
+    return rec
+
+
+_MESSAGES = re.compile(r'"messages"\s*:\s*\[')
+_WS = re.compile(r"[ \t\n\r]*")
+_SEP = re.compile(r"[ \t\n\r]*,")
+_EMPTY = re.compile(r"[ \t\n\r]*\]")
+
+
+class SharedPrefixLines:
+    """The JSON records of a log's lines, as `Source.json_lines` gives them (the same values, the same skipped
+    lines), parsing only what a line adds to a recent one: when a line's request ``messages`` array starts
+    with the text of a recent line's whole array, element for element (an agent's next call resends its
+    history, written the same way), those elements are not parsed again; the record takes that line's
+    message objects (shared: records are read, not changed in place) and parses the rest.
+
+    Exact: the line is parsed with a marker element in place of the shared ones; the marker must come out as
+    the first message of the body the reader reads (so the text taken was that array's first elements, not a
+    string or another field's), else the line is parsed whole. Identical text parses to identical values
+    (number types, key order and all). Bounded: the last `keep` lines' arrays are remembered."""
+
+    def __init__(self, keep: int = 16):
+        self._recent: deque = deque(maxlen=keep)  # (array text up to its last element's end, messages)
+        self._nonce = random.getrandbits(62)
+        self._marker = {"\u0000strata-lab-shared-prefix": self._nonce}
+        self._marker_json = json.dumps(self._marker)
+        self._scan = json.scanner.make_scanner(json.JSONDecoder())
+        self.shared = 0  # messages taken from earlier lines (all lines so far)
+
+    def records(self, src: Source) -> Iterator[tuple[int, dict]]:
+        for lineno, line in src.lines():
+            rec = self._parse(line)
+            if rec is None:
+                try:
+                    rec = loads(line)
+                except _DecodeError:
+                    src.skip(lineno, "not valid JSON" + ("" if line.endswith(b"\n") else " (torn last line)"))
+                    continue
+                if not isinstance(rec, dict):
+                    src.skip(lineno, f"not a JSON object ({type(rec).__name__})")
+                    continue
+            yield lineno, rec
+
+    def _parse(self, line: bytes) -> dict | None:
+        """The record, or None: parse the line whole (and say what is wrong with it)."""
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        m = _MESSAGES.search(text)
+        if m is None:
+            return None
+        a = m.end() - 1  # the array's "["
+        base, rest = None, a + 1
+        for prev in self._recent:
+            if (base is None or len(prev[0]) > len(base[0])) and text.startswith(prev[0], a):
+                sep = _SEP.match(text, a + len(prev[0]))
+                if sep is not None:
+                    base, rest = prev, sep.end()
+        if base is None and _EMPTY.match(text, rest) is not None:
+            return None
+        try:
+            rec = loads(text[:a + 1] + self._marker_json + "," + text[rest:])
+        except _DecodeError:
+            return None
+        body = _body(rec) if rec.__class__ is dict else None
+        msgs = body.get("messages") if body is not None else None
+        if msgs.__class__ is not list or not msgs or msgs[0] != self._marker:
+            return None
+        del msgs[0]
+        if base is not None:
+            body["messages"] = msgs = base[1] + msgs
+            self.shared += len(base[1])
+        # where this line's array ends, for the lines after it (its new elements scanned in C)
+        pos, n, end = rest, 0, None
+        try:
+            while True:
+                pos = self._scan(text, _WS.match(text, pos).end())[1]
+                n += 1
+                end = pos
+                pos = _WS.match(text, pos).end()
+                c = text[pos: pos + 1]
+                if c == "]":
+                    break
+                if c != ",":
+                    raise StopIteration
+                pos += 1
+        except (StopIteration, ValueError, RecursionError):
+            end = None
+        if end is not None and n + (len(base[1]) if base is not None else 0) == len(msgs):
+            self._recent.append((text[a:end], msgs))
+        return rec
+
+
 def read(src: Source) -> Iterator[dict]:
     chain = SessionChain(src.stem)
     recent = RecentRequests()
-    for lineno, rec in src.json_lines():
+    for lineno, rec in SharedPrefixLines().records(src):
         body, response = rec, None
         batch_out = None
         if isinstance(rec.get("body"), dict) and "custom_id" in rec:  # Batch API input line

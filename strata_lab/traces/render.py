@@ -217,10 +217,10 @@ def _common_prefix(a: str, b: str) -> int:
     """Length of the common prefix of two strings (comparisons done by str.startswith, in C)."""
     if a.startswith(b):
         return len(b)
-    lo, hi = 0, min(len(a), len(b))
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; they differ before hi
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a.startswith(b[:mid]):
+        if a.startswith(b[lo:mid], lo):  # only the part not yet known to be equal is compared (and copied)
             lo = mid
         else:
             hi = mid - 1
