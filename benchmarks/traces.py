@@ -3,24 +3,33 @@
 1. `load_trace` (import) and `load_trace` + render + encode with the Qwen3 tokenizer and template (what
    `to_dump` does per call; the vocabulary is loaded before the clock starts) on generated OpenAI and Claude Code
    logs vs `json.loads` of the same lines (the floor: any reader must at least parse every line). Target: render
-   + encode >= 0.5x json.loads. Two render rows: `+render` (the fast path: the qwen3 template in Python, pieces
-   encoded with the tokenizer's own BPE model, incrementally per session) and `+plain` (`render(fast=False)`: the
-   Jinja template and `tokenizer.encode`, what the fast path is checked against; the same ids, checked here too
-   by a digest of every call's ids). The OpenAI log's sessions have --turns calls each (each call resends the
-   history, so the JSON grows with the square of the session length and the new text to encode linearly).
+   + encode >= 0.5x json.loads. Two render rows: `+render` (the fast path: a line parsed after the prefix it
+   shares with its session's previous line, messages converted and chained only where they are new, the qwen3
+   template in Python taking the previous call's text for the turns that render the same, pieces encoded with
+   the tokenizer's own BPE model, incrementally per session) and `+plain` (`render(fast=False)`: the Jinja
+   template and `tokenizer.encode`, what the fast path is checked against; the same ids, checked here too by a
+   digest of every call's ids: a difference stops the run). The OpenAI log's sessions have --turns calls each
+   (each call resends the history, so the JSON grows with the square of the session length and the new text to
+   encode linearly: the ratio follows the session length, not the file's size; a comma list measures several
+   shapes in one run).
 2. `strata-lab replay LOG --engine vllm --engine sglang` (import, render, encode, replay under both caches) vs
    `kvlint analyze LOG --engine vllm --engine sglang` (PyPI `kvlint`, the same simulation) on one generated
-   agent log of --agent-requests requests (issue: 3,000; default 600 to keep the run short), both with the same local tokenizer folder (the
-   Qwen3 vocabulary and template; no hub access), each CLI end to end in its own process, in the same run.
-   Target: >= 2x kvlint. Skipped (said so) when kvlint is not installed (`pip install kvlint`).
+   agent log of --agent-requests requests (issue: 3,000; default 600 to keep the run short), both with the same
+   local tokenizer folder (the Qwen3 vocabulary and template; no hub access), each CLI end to end in its own
+   process, in the same run. Target: >= 2x kvlint. Skipped (said so) when kvlint is not installed
+   (`pip install kvlint`).
 
     PYTHONPATH=$PWD python benchmarks/traces.py              # 8 MB per log, 600 agent requests (a few minutes)
     PYTHONPATH=$PWD python benchmarks/traces.py --mb 500 --agent-requests 3000     # the issue's sizes
-    PYTHONPATH=$PWD python benchmarks/traces.py --mb 50 --formats openai --skip kvlint --no-plain  # import only
+    PYTHONPATH=$PWD python benchmarks/traces.py --mb 32 --formats openai --turns 16,64 --skip kvlint --no-plain
+    PYTHONPATH=$PWD python benchmarks/traces.py --out benchmarks/results/traces.md  # also write the tables
 
-Each measurement runs in a fresh child process so its peak RSS is its own; the table prints MB/s, calls/s,
-the ratio to json.loads in the same run (fastest of --repeat runs each), and the child's peak RSS above an idle
-child's (bounded memory: it must not grow with the file).
+Each measurement runs in a fresh child process so its peak RSS is its own; the table prints MB/s, calls/s and
+the ratio to json.loads in the same run (fastest of --repeat interleaved runs each), all on the child's CPU
+time (single-threaded children: on a shared machine the wall clock also counts the other processes' turns;
+the wall-clock ratio is printed beside it), and the child's peak RSS above an idle child's (bounded memory: it
+must not grow with the file). The kvlint comparison is on the wall clock of each CLI (kvlint's tokenizer may
+use several threads), its children's CPU time beside it.
 """
 from __future__ import annotations
 
@@ -102,7 +111,7 @@ def child(mode: str, fmt: str, path: str) -> None:
 
         if mode in ("render", "plain"):
             tok, tmpl = load_tokenizer("qwen3"), ChatTemplate.from_name("qwen3")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if mode == "idle":
         import strata_lab.traces.trace  # noqa: F401  what every import run loads anyway
         n = 0
@@ -119,22 +128,23 @@ def child(mode: str, fmt: str, path: str) -> None:
 
         from array import array
 
-        n, digest, checking = 0, hashlib.blake2b(digest_size=8), 0.0
+        n, digest, checking, checking_cpu = 0, hashlib.blake2b(digest_size=8), 0.0, 0.0
         for _, r in load_trace(path, format=fmt).render(tok, tmpl, fast=mode == "render"):
             n += 1
-            t1 = time.perf_counter()  # the check of the ids is not the render's time
+            t1, c1 = time.perf_counter(), time.process_time()  # the check of the ids is not the render's time
             digest.update(array("q", r.prompt_ids).tobytes() + b"|" + array("q", r.gen_ids).tobytes() + b";")
             checking += time.perf_counter() - t1
-        seconds = time.perf_counter() - t0 - checking
-        print(json.dumps({"seconds": seconds, "n": n, "ids": digest.hexdigest(),
+            checking_cpu += time.process_time() - c1
+        print(json.dumps({"seconds": time.process_time() - c0 - checking_cpu,
+                          "wall": time.perf_counter() - t0 - checking, "n": n, "ids": digest.hexdigest(),
                           "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
         return
     else:
         from strata_lab import load_trace
 
         n = sum(1 for _ in load_trace(path, format=fmt))
-    seconds = time.perf_counter() - t0
-    print(json.dumps({"seconds": seconds, "n": n, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"seconds": time.process_time() - c0, "wall": time.perf_counter() - t0, "n": n,
+                      "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
 def run_child(mode: str, fmt: str, path: str) -> dict:
@@ -150,7 +160,8 @@ def main() -> None:
                     help="requests in the log replayed against kvlint (issue: 3000)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: import, kvlint")
     ap.add_argument("--formats", default="openai,claude-code", help="logs of the import table: openai, claude-code")
-    ap.add_argument("--turns", type=int, default=16, help="calls per session in the OpenAI log")
+    ap.add_argument("--turns", default="16", help="calls per session in the OpenAI log (a comma list: one log each)")
+    ap.add_argument("--out", help="also write the tables to this markdown file (e.g. benchmarks/results/traces.md)")
     ap.add_argument("--no-plain", dest="plain", action="store_false",
                     help="skip the plain (Jinja + tokenizer.encode) render row: it is the slow one")
     ap.add_argument("--repeat", type=int, default=2, help="runs per reader; the fastest counts (noisy machines)")
@@ -159,26 +170,45 @@ def main() -> None:
     if args.child:
         child(*args.child)
         return
+    lines = [f"`{' '.join(['benchmarks/traces.py'] + sys.argv[1:])}`", ""]
     if "import" not in args.skip.split(","):
-        import_table(args)
+        lines += import_table(args)
     if "kvlint" not in args.skip.split(","):
-        kvlint_table(args)
+        lines += kvlint_table(args)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("# Trace import (`benchmarks/traces.py`)\n\n" + "\n".join(lines) + "\n")
 
 
-def import_table(args) -> None:
+def say(out: list, line: str = "") -> None:
+    print(line, flush=True)
+    out.append(line)
+
+
+def import_table(args) -> list:
+    out: list = []
     idle = run_child("idle", "-", "-")["rss_mb"]
-    print(f"{'format':<12} {'MB':>6} {'calls':>8} {'reader':<10} {'MB/s':>7} {'calls/s':>9} {'x json.loads':>12} "
-          f"{'peak RSS over idle MB':>22}")
-    makers = {"openai": lambda p: make_openai(p, args.mb, turns=args.turns),
-              "claude-code": lambda p: make_claude_code(p, args.mb)}
+    say(out, "```")
+    say(out, f"{'log':<22} {'MB':>6} {'calls':>8} {'reader':<10} {'MB/s':>7} {'calls/s':>9} {'x json.loads':>12} "
+             f"{'(wall)':>7} {'peak RSS over idle MB':>22}")
+    try:
+        turns = [int(t) for t in str(args.turns).split(",") if t]
+    except ValueError:
+        raise SystemExit(f"--turns: {args.turns!r} is not a comma list of integers")
+    if not turns or min(turns) < 1:
+        raise SystemExit("--turns: at least one session length >= 1")
     formats = [f for f in args.formats.split(",") if f]
-    unknown = sorted(set(formats) - set(makers))
+    unknown = sorted(set(formats) - {"openai", "claude-code"})
     if unknown:
-        raise SystemExit(f"--formats: unknown {', '.join(unknown)}; known: {', '.join(makers)}")
+        raise SystemExit(f"--formats: unknown {', '.join(unknown)}; known: openai, claude-code")
+    logs = [(f"openai, {t} calls/session", "openai", lambda p, t=t: make_openai(p, args.mb, turns=t))
+            for t in turns if "openai" in formats]
+    if "claude-code" in formats:
+        logs.append(("claude-code", "claude-code", lambda p: make_claude_code(p, args.mb)))
     with tempfile.TemporaryDirectory() as tmp:
-        for fmt in formats:
+        for label, fmt, maker in logs:
             path = os.path.join(tmp, f"{fmt}.jsonl")
-            calls = makers[fmt](path)
+            calls = maker(path)
             mb = os.path.getsize(path) / 2**20
             best = {}
             # interleaved, so that every reader sees the same load on a shared machine
@@ -187,16 +217,25 @@ def import_table(args) -> None:
                     r = run_child(mode, fmt, path)
                     if mode not in best or r["seconds"] < best[mode]["seconds"]:
                         best[mode] = r
-            assert best["trace"]["n"] == calls, (best["trace"]["n"], calls)
-            if "plain" in best:  # the fast path gives the plain path's ids, call by call
-                assert best["plain"]["ids"] == best["render"]["ids"], "fast and plain render differ"
-            rows = [("json.loads", best["json"]), ("load_trace", best["trace"]), ("+render", best["render"])]
+                    best.setdefault(mode + "-wall", r["wall"])
+                    best[mode + "-wall"] = min(best[mode + "-wall"], r["wall"])
+            if best["trace"]["n"] != calls:
+                raise SystemExit(f"{label}: load_trace read {best['trace']['n']} calls of {calls}")
+            if "plain" in best and best["plain"]["ids"] != best["render"]["ids"]:
+                raise SystemExit(f"{label}: the fast path's ids differ from the plain path's (Jinja + "
+                                 f"tokenizer.encode): digest {best['render']['ids']} vs {best['plain']['ids']}")
+            rows = [("json.loads", "json"), ("load_trace", "trace"), ("+render", "render")]
             if "plain" in best:
-                rows.append(("+plain", best["plain"]))
-            for name, r in rows:
-                print(f"{fmt:<12} {mb:>6.0f} {calls:>8} {name:<10} {mb / r['seconds']:>7.1f} "
-                      f"{calls / r['seconds']:>9.0f} {best['json']['seconds'] / r['seconds']:>12.2f} "
-                      f"{r['rss_mb'] - idle:>22.1f}")
+                rows.append(("+plain", "plain"))
+            for name, mode in rows:
+                r = best[mode]
+                say(out, f"{label:<22} {mb:>6.0f} {calls:>8} {name:<10} {mb / r['seconds']:>7.1f} "
+                         f"{calls / r['seconds']:>9.0f} {best['json']['seconds'] / r['seconds']:>12.2f} "
+                         f"{best['json-wall'] / best[mode + '-wall']:>7.2f} {r['rss_mb'] - idle:>22.1f}")
+            if "plain" in best:
+                say(out, f"{label:<22} ids of every call: fast == plain (digest {best['render']['ids']})")
+    say(out, "```")
+    return out
 
 
 def make_agent(path: str, requests: int, seed: int = 2) -> int:
@@ -231,22 +270,26 @@ def _tokenizer_folder(folder: str) -> str:
     return folder
 
 
-def _timed(cmd: list[str]) -> tuple[float, str]:
+def _timed(cmd: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process and its children) of one command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({out.returncode}): {out.stderr[-2000:]}")
-    return seconds, out.stdout
+    return seconds, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
-def kvlint_table(args) -> None:
+def kvlint_table(args) -> list:
     import shutil
 
+    out: list = []
     kvlint = shutil.which("kvlint")
     if kvlint is None:
-        print("kvlint: not installed (pip install kvlint); the import + replay comparison is skipped")
-        return
+        say(out, "kvlint: not installed (pip install kvlint); the import + replay comparison is skipped")
+        return out
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "agent.jsonl")
         n = make_agent(log, args.agent_requests)
@@ -257,20 +300,30 @@ def kvlint_table(args) -> None:
                       "--json", os.path.join(tmp, "kvlint.json")]
         env_note = "HF_HUB_OFFLINE=1"
         os.environ["HF_HUB_OFFLINE"] = "1"
-        best = {}
-        for name, cmd in (("kvlint analyze", theirs_cmd), ("strata-lab replay", ours_cmd)):
-            best[name] = min(_timed(cmd)[0] for _ in range(args.repeat))
+        wall: dict = {}
+        cpu: dict = {}
+        for _ in range(args.repeat):  # interleaved
+            for name, cmd in (("kvlint analyze", theirs_cmd), ("strata-lab replay", ours_cmd)):
+                w, c = _timed(cmd)
+                wall[name], cpu[name] = min(wall.get(name, w), w), min(cpu.get(name, c), c)
         with open(os.path.join(tmp, "ours.json")) as f:
             ours = {e["engine"]: e for e in json.load(f)["engines"]}
         with open(os.path.join(tmp, "kvlint.json")) as f:
             theirs = json.load(f)
-        print(f"\nimport + replay under vLLM and SGLang, {n} agent requests, same tokenizer folder ({env_note}):")
-        print(f"{'tool':<20} {'seconds':>8} {'requests/s':>11} {'x kvlint':>9}")
-        for name, sec in best.items():
-            print(f"{name:<20} {sec:>8.2f} {n / sec:>11.0f} {best['kvlint analyze'] / sec:>9.2f}")
-        print("same simulation: (hit rate, prompt tokens) ours "
-              + ", ".join(f"{k} ({v['hit_rate']:.4f}, {v['prompt_tokens']})" for k, v in ours.items())
-              + "; kvlint " + ", ".join(f"{k} {v}" for k, v in _kvlint_rates(theirs).items()))
+        mb = os.path.getsize(log) / 2**20
+        say(out)
+        say(out, f"import + replay under vLLM and SGLang, {n} agent requests ({mb:.0f} MB), same tokenizer folder "
+                 f"({env_note}):")
+        say(out, "```")
+        say(out, f"{'tool':<20} {'seconds':>8} {'requests/s':>11} {'x kvlint':>9} {'CPU s':>7} {'x kvlint (CPU)':>15}")
+        for name, sec in wall.items():
+            say(out, f"{name:<20} {sec:>8.2f} {n / sec:>11.0f} {wall['kvlint analyze'] / sec:>9.2f} "
+                     f"{cpu[name]:>7.2f} {cpu['kvlint analyze'] / cpu[name]:>15.2f}")
+        say(out, "same simulation: (hit rate, prompt tokens) ours "
+                 + ", ".join(f"{k} ({v['hit_rate']:.4f}, {v['prompt_tokens']})" for k, v in ours.items())
+                 + "; kvlint " + ", ".join(f"{k} {v}" for k, v in _kvlint_rates(theirs).items()))
+        say(out, "```")
+    return out
 
 
 def _kvlint_rates(doc) -> dict:
