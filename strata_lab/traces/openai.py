@@ -245,10 +245,10 @@ def _body(rec: dict) -> dict:
     return rec
 
 
-_MESSAGES = re.compile(r'"messages"\s*:\s*\[')
-_WS = re.compile(r"[ \t\n\r]*")
-_SEP = re.compile(r"[ \t\n\r]*,")
-_EMPTY = re.compile(r"[ \t\n\r]*\]")
+_MESSAGES = re.compile(rb'"messages"[ \t\n\r]*:[ \t\n\r]*\[')
+_WS_S = re.compile(r"[ \t\n\r]*")
+_SEP = re.compile(rb"[ \t\n\r]*,")
+_EMPTY = re.compile(rb"[ \t\n\r]*\]")
 
 
 class SharedPrefixLines:
@@ -267,7 +267,7 @@ class SharedPrefixLines:
         self._recent: deque = deque(maxlen=keep)  # (array text up to its last element's end, messages)
         self._nonce = random.getrandbits(62)
         self._marker = {"\u0000strata-lab-shared-prefix": self._nonce}
-        self._marker_json = json.dumps(self._marker)
+        self._marker_json = json.dumps(self._marker).encode()
         self._scan = json.scanner.make_scanner(json.JSONDecoder())
         self.shared = 0  # messages taken from earlier lines (all lines so far)
 
@@ -287,24 +287,21 @@ class SharedPrefixLines:
 
     def _parse(self, line: bytes) -> dict | None:
         """The record, or None: parse the line whole (and say what is wrong with it)."""
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        m = _MESSAGES.search(text)
+        m = _MESSAGES.search(line)
         if m is None:
             return None
         a = m.end() - 1  # the array's "["
         base, rest = None, a + 1
-        for prev in self._recent:
-            if (base is None or len(prev[0]) > len(base[0])) and text.startswith(prev[0], a):
-                sep = _SEP.match(text, a + len(prev[0]))
+        for prev in self._recent:  # (a recent line's array text, a view of it: no copy; its messages)
+            if (base is None or len(prev[0]) > len(base[0])) and line.startswith(prev[0], a):
+                sep = _SEP.match(line, a + len(prev[0]))
                 if sep is not None:
                     base, rest = prev, sep.end()
-        if base is None and _EMPTY.match(text, rest) is not None:
+        if base is None and _EMPTY.match(line, rest) is not None:
             return None
+        view = memoryview(line)
         try:
-            rec = loads(text[:a + 1] + self._marker_json + "," + text[rest:])
+            rec = loads(b"".join((view[: a + 1], self._marker_json, b",", view[rest:])))
         except _DecodeError:
             return None
         body = _body(rec) if rec.__class__ is dict else None
@@ -316,14 +313,18 @@ class SharedPrefixLines:
             body["messages"] = msgs = base[1] + msgs
             self.shared += len(base[1])
         # where this line's array ends, for the lines after it (its new elements scanned in C)
-        pos, n, end = rest, 0, None
+        try:
+            tail = line[rest:].decode("utf-8")
+        except UnicodeDecodeError:  # pragma: no cover - orjson read it: it is UTF-8
+            return rec
+        pos, n, end = 0, 0, None
         try:
             while True:
-                pos = self._scan(text, _WS.match(text, pos).end())[1]
+                pos = self._scan(tail, _WS_S.match(tail, pos).end())[1]
                 n += 1
                 end = pos
-                pos = _WS.match(text, pos).end()
-                c = text[pos: pos + 1]
+                pos = _WS_S.match(tail, pos).end()
+                c = tail[pos: pos + 1]
                 if c == "]":
                     break
                 if c != ",":
@@ -332,7 +333,8 @@ class SharedPrefixLines:
         except (StopIteration, ValueError, RecursionError):
             end = None
         if end is not None and n + (len(base[1]) if base is not None else 0) == len(msgs):
-            self._recent.append((text[a:end], msgs))
+            end = rest + (end if tail.isascii() else len(tail[:end].encode("utf-8")))
+            self._recent.append((view[a:end], msgs))
         return rec
 
 

@@ -201,7 +201,7 @@ class Source:
                 for lineno, line in enumerate(f, 1):
                     if bar is not None:
                         bar.update(len(line))
-                    if line.strip():
+                    if line and not line.isspace():  # (strip() would copy every line)
                         yield lineno, line
         finally:
             if bar is not None:
