@@ -274,6 +274,19 @@ class FastTokenizer:
         return getattr(self.seg.tokenizer, name)
 
 
+def _take(ids, a: int, b: int) -> list[int]:
+    """ids[a:b] of a list, or of a (prompt ids, reply ids) pair as if joined."""
+    if ids.__class__ is list:
+        return ids[a:b]
+    head, tail = ids
+    n = len(head)
+    if b <= n:
+        return head[a:b]
+    if a >= n:
+        return tail[a - n: b - n]
+    return head[a:] + tail[: b - n]
+
+
 class IncrementalEncoder:
     """`encode(text, key)` == `tokenizer.encode(text)`, reusing the ids of the previous text of `key` up to the
     first added token whose match (or the piece before it) differs. At most `max_keys` keys are remembered."""
@@ -299,7 +312,7 @@ class IncrementalEncoder:
             j = bisect_right(pends, d - seg.max_added)
             if j:
                 start = pends[j - 1]
-                ids = pids[: pcounts[j - 1]]
+                ids = _take(pids, 0, pcounts[j - 1])
                 ends, counts = pends[:j], pcounts[:j]
         reused = len(ids)
         pos = start
@@ -307,7 +320,7 @@ class IncrementalEncoder:
             s, e = m.span()
             if j < len(pends) and e <= d and pends[j] == e:
                 # the same match after the same piece: the previous text's ids for both
-                ids += pids[pcounts[j - 1] if j else 0: pcounts[j]]
+                ids += _take(pids, pcounts[j - 1] if j else 0, pcounts[j])
                 j += 1
                 reused = len(ids)
             else:
@@ -335,6 +348,8 @@ class IncrementalEncoder:
         if prev is None or len(prev[0]) != n or not text.startswith(prev[0]):
             return tail
         ptext, pids, pends, pcounts = prev
+        if pids.__class__ is tuple:  # recorded by an encode_tail already
+            pids = pids[0] + pids[1]
         j = bisect_right(pends, n - seg.max_added)
         k = j
         for m in seg.scan(text, pends[j - 1] if j else 0):
@@ -349,7 +364,8 @@ class IncrementalEncoder:
         else:
             return tail
         base = len(pids)
-        self._remember(key, (text, pids + tail, list(pends) + [n + e for e in tends],
+        # the prompt's ids and the reply's, joined only as far as the next prompt takes them (one copy, not two)
+        self._remember(key, (text, (pids, tail), list(pends) + [n + e for e in tends],
                              list(pcounts) + [base + c for c in tcounts]))
         return tail
 
