@@ -261,7 +261,8 @@ class SharedPrefixLines:
     Exact: the line is parsed with a marker element in place of the shared ones; the marker must come out as
     the first message of the body the reader reads (so the text taken was that array's first elements, not a
     string or another field's), else the line is parsed whole. Identical text parses to identical values
-    (number types, key order and all). Bounded: the last `keep` lines' arrays are remembered."""
+    (number types, key order and all). Bounded: the arrays of the last `keep` lines that no later line
+    extends (about one a session) are remembered."""
 
     def __init__(self, keep: int = 16):
         self._recent: deque = deque(maxlen=keep)  # (array text up to its last element's end, messages)
@@ -292,11 +293,12 @@ class SharedPrefixLines:
             return None
         a = m.end() - 1  # the array's "["
         base, rest = None, a + 1
-        for prev in self._recent:  # (a recent line's array text, a view of it: no copy; its messages)
-            if (base is None or len(prev[0]) > len(base[0])) and line.startswith(prev[0], a):
+        for prev in reversed(self._recent):  # (a recent line's array text, as a view: no copy; its messages)
+            if line.startswith(prev[0], a):
                 sep = _SEP.match(line, a + len(prev[0]))
-                if sep is not None:
+                if sep is not None:  # the most recent line whose whole array this one's starts with
                     base, rest = prev, sep.end()
+                    break
         if base is None and _EMPTY.match(line, rest) is not None:
             return None
         view = memoryview(line)
@@ -334,6 +336,11 @@ class SharedPrefixLines:
             end = None
         if end is not None and n + (len(base[1]) if base is not None else 0) == len(msgs):
             end = rest + (end if tail.isascii() else len(tail[:end].encode("utf-8")))
+            if base is not None:  # this line holds all of it: one entry a session
+                for i, prev in enumerate(self._recent):
+                    if prev is base:
+                        del self._recent[i]
+                        break
             self._recent.append((view[a:end], msgs))
         return rec
 
