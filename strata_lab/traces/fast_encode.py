@@ -12,8 +12,10 @@ pre-token. We cut at the same places (one regex of the added-token strings, long
 A piece that is printable ASCII (plus tab, newline and carriage return) is split by the tokenizer's regex
 compiled for ASCII (``\\p{L}`` is ``[A-Za-z]``, ``\\p{N}`` ``[0-9]``, ``\\s`` ASCII whitespace: on these
 characters the same classes as onig's), NFC leaves it unchanged, and each pre-token's ids come from the
-tokenizer's own BPE model (``model.tokenize``, cached per pre-token). Any other piece is encoded by the
-tokenizer itself (it holds no added token, so it is encoded as it is inside the text).
+tokenizer's own BPE model (``model.tokenize``, cached per pre-token); with the Qwen / Llama-3 / GPT-2 regexes,
+a piece whose every space is followed by a letter is split at its spaces instead (each space starts a
+pre-token there) and its words looked up whole. Any other piece is encoded by the tokenizer itself (it holds
+no added token, so it is encoded as it is inside the text).
 
 `IncrementalEncoder.encode(text, key)` equals the same ids and reuses those of the previous text encoded under
 `key` (a session) for every piece before the first difference, encoding only the rest; `extend(key, text,

@@ -10,8 +10,10 @@ way, a message the checks would refuse included: the caller then renders with th
 same error it always did). It returns (prompt, full): the prompt with the generation prompt, and the text of the
 messages + `reply` as a history turn (None without a reply), what `reply_ids` renders.
 
-Exactness is checked by hypothesis against the Jinja template on generated agent sessions (tool calls,
-reasoning, edits, content null, tool results, odd inputs): tests/test_fast_render.py.
+With a session `key`, a call costs what it adds: what it shares with the session's previous call (checks,
+and the text of turns that render the same) is taken from it (`render`). Exactness is checked by hypothesis
+against the Jinja template on generated agent sessions, call after call (tool calls, reasoning, edits,
+content null, tool results, tool definitions, odd inputs): tests/test_fast_render.py.
 """
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """OpenAI chat-completions logs: one JSON per line holding a request body, ``{"request", "response"}`` pairs, or
 Batch API input lines (``{"custom_id", "method", "url", "body"}``). A response with vLLM's
-``prompt_token_ids`` / ``choices[].token_ids`` (``return_token_ids``) gives the call its ids.
+``prompt_token_ids`` / ``choices[].token_ids`` (``return_token_ids``) gives the call its ids. An agent's log
+resends each session's history with every call: a line is parsed only after the part of its ``messages`` that
+a recent line already held (`SharedPrefixLines`), and messages are converted and chained only where they are
+new (`RecentRequests`); the calls are those of reading every line whole (their leading messages are shared
+objects: calls are read, not changed in place).
 
 >>> call = from_request({"model": "m", "messages": [{"role": "user", "content": "hi"}]},
 ...                     {"choices": [{"message": {"content": "hello"}, "finish_reason": "stop"}],
