@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from itertools import chain
 
 __all__ = ["FastRenderer"]
 
@@ -319,14 +320,12 @@ class FastRenderer:
             if last_query != prev.last_query:
                 r = min(r, min(last_query, prev.last_query) + 1)
         if r > 0 or (k and tkey == prev.tools_key):
-            offs = prev.offs[: r + 1]
-            out = [prev.body[: offs[r]]]
-            pos = offs[r]
+            out = prev.parts[: r + 1]  # the system turn, then one part a message (strings shared, not copied)
         else:
             head = self._tools_head(tools, parsed[0][1] if parsed[0][0] == "system" else None)
             if head is None:
                 return None
-            out, offs, pos = [head], [len(head)], len(head)
+            out = [head]
         assistant = self._assistant
         for i in range(r, n):
             role, text, reasoning, calls = parsed[i][0], parsed[i][1], parsed[i][2], parsed[i][3]
@@ -344,19 +343,14 @@ class FastRenderer:
             else:  # the first system message: in the system turn
                 part = ""
             out.append(part)
-            pos += len(part)
-            offs.append(pos)
-        body = "".join(out)
-        if parsed[-1][0] == "tool":
-            body_t = body + "<|im_end|>\n"
-        else:
-            body_t = body
-        prompt = body_t + "<|im_start|>assistant\n"
-        if kwargs.get("enable_thinking") is False:
-            prompt += "<think>\n\n</think>\n\n"
+        # the prompt and the full text, each joined once from the parts
+        tail = "<|im_end|>\n" if parsed[-1][0] == "tool" else ""
+        gen = "<|im_start|>assistant\n<think>\n\n</think>\n\n" if kwargs.get("enable_thinking") is False else \
+            "<|im_start|>assistant\n"
+        prompt = "".join(chain(out, (tail, gen)))
         full = None
         if last is not None:
-            full = body_t + assistant(last[1], last[2], last[3], True)
+            full = "".join(chain(out, (tail, assistant(last[1], last[2], last[3], True))))
         if len(prompt) > _max_chars() or (full is not None and len(full) > _max_chars()):
             return None
         if key is not None:
@@ -366,7 +360,7 @@ class FastRenderer:
             noted = prev.noted if k and prev.noted < k else next(
                 (i for i in range(k, n) if parsed[i][7]), _NEVER)
             self._prev.pop(key, None)
-            self._prev[key] = _Last(messages, parsed, tkey, body, offs, last_query, call_ids, plain, noted)
+            self._prev[key] = _Last(messages, parsed, tkey, out, last_query, call_ids, plain, noted)
             if len(self._prev) > _MAX_SESSIONS:
                 del self._prev[next(iter(self._prev))]
         return prompt, full
@@ -403,11 +397,11 @@ def _max_chars() -> int:
 
 class _Last:
     """A session's last rendered call: its messages and their checked parts, its tool definitions' key, its
-    history text and where each message's part of it starts (offs[i]; offs[n]: the end), its last user query,
+    history text in parts (the system turn, then each message's), its last user query,
     the call ids a tool result after it may answer, its leading plain messages, its first noted message."""
 
-    __slots__ = ("messages", "parsed", "tools_key", "body", "offs", "last_query", "call_ids", "plain", "noted")
+    __slots__ = ("messages", "parsed", "tools_key", "parts", "last_query", "call_ids", "plain", "noted")
 
-    def __init__(self, messages, parsed, tools_key, body, offs, last_query, call_ids, plain, noted):
-        self.messages, self.parsed, self.tools_key, self.body, self.offs = messages, parsed, tools_key, body, offs
+    def __init__(self, messages, parsed, tools_key, parts, last_query, call_ids, plain, noted):
+        self.messages, self.parsed, self.tools_key, self.parts = messages, parsed, tools_key, parts
         self.last_query, self.call_ids, self.plain, self.noted = last_query, call_ids, plain, noted
