@@ -54,7 +54,8 @@ _LINE_START = re.compile(r"\n[!-~]")
 # space and then a letter except from that space on: ``[^\r\n\p{L}\p{N}]?\p{L}+``, `` ?\p{L}+``; the others
 # hold only whitespace, or a space only first and then no letter), so an ASCII stretch whose every space is
 # followed by a letter splits at its spaces into parts that encode on their own.
-_IRREGULAR_SPACE = re.compile(r" (?![A-Za-z])")
+# _ODD finds the first character outside _UNSAFE's set, or the first space not followed by a letter.
+_ODD = re.compile(r"[^\t\n\r\x20-\x7e]| (?![A-Za-z])")
 
 
 def _byte_map() -> dict[int, str]:
@@ -206,23 +207,26 @@ class SegmentEncoder:
     def _piece_ids(self, piece: str) -> list[int]:
         if not piece:
             return []
-        if _UNSAFE.search(piece) is not None:
+        odd = _ODD.search(piece)  # one pass: a character to leave to the tokenizer, or a space before no letter
+        if odd is not None and (odd.group() != " " or _UNSAFE.search(piece, odd.end()) is not None):
             return self._hf.encode(piece, add_special_tokens=False).ids
-        if self._lines and _IRREGULAR_SPACE.search(piece) is None:
+        if self._lines and odd is None:
             # every space starts a pre-token (it is followed by a letter): the words, each with its space,
             # encode on their own (split in C, looked up by word)
             parts = piece.split(" ")
-            head = self._split_ids(parts[0]) if parts[0] else []
+            ids = self._split_ids(parts[0]) if parts[0] else []
             words = self._words
             try:
-                return head + list(chain.from_iterable(map(words.__getitem__, parts[1:])))
+                ids.extend(chain.from_iterable(map(words.__getitem__, parts[1:])))
             except KeyError:
                 if len(words) > _MAX_PIECES:
                     words.clear()
                 for w in parts[1:]:
                     if w not in words:
                         words[w] = self._split_ids(" " + w)
-                return head + list(chain.from_iterable(map(words.__getitem__, parts[1:])))
+                ids = self._split_ids(parts[0]) if parts[0] else []
+                ids.extend(chain.from_iterable(map(words.__getitem__, parts[1:])))
+            return ids
         return self._split_ids(piece)
 
     def _split_ids(self, piece: str) -> list[int]:
