@@ -775,29 +775,38 @@ static inline void store_tile(const float* tile, int nt, int nr, const float* sc
     for (int r = 0; r < nr; ++r) y[t * ldy + r] = scale ? tile[t * 4 + r] * scale[r] : tile[t * 4 + r];
 }
 
-// Prefill (compute-bound): blocks of RB rows converted once to f32 (kept in L2) times tiles of TN tokens.
-static void prefill_one(Level lv, const Mat& w, const float* x, const float* xp, int64_t n, float* y) {
-  const int64_t rows = w.rows, K = w.cols;
-  const size_t es = dtype_size(w.dtype);
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const bool eo = use_eo(lv, w);
-  const float* xin = eo ? xp : x;
+// Prefill (compute-bound) of every output of a matmul_multi that is not int8_dot, in one pass: one loop over
+// the row blocks of all of them (no join between outputs, one tail instead of one per output). A block of RB
+// rows is converted once to f32 (kept in L2) and meets every tile of TN tokens, 4 rows at a time.
+static void prefill_multi(Level lv, const MatOut* outs, int count, const float* x, const float* xp, int64_t n) {
+  const int64_t K = outs[0].w->cols;
   const int TN = lv == Level::AVX512 ? 6 : 3;  // token tile (register budget: NT*4 accumulators)
-  const int64_t RB = 64;
-  const int64_t nblocks = (rows + RB - 1) / RB;
-  Cvt cvt = eo ? cvt_bf16_eo : cvt_fn(lv, w.dtype);
+  constexpr int64_t RB = 64;
+  int64_t start[9];
+  start[0] = 0;
+  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + RB - 1) / RB;
+  const int64_t nblocks = start[count];
 #pragma omp parallel
   {
     std::vector<float> scratch;
-    if (w.dtype != DType::F32) scratch.resize(size_t(RB * K));
     float tile[6 * 4];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < nblocks; ++b) {
-      const int64_t r0 = b * RB, nr_block = std::min(RB, rows - r0);
+      int m = 0;
+      while (b >= start[m + 1]) ++m;
+      const Mat& w = *outs[m].w;
+      float* y = outs[m].y;
+      const int64_t rows = w.rows, r0 = (b - start[m]) * RB, nr_block = std::min(RB, rows - r0);
+      const size_t es = dtype_size(w.dtype);
+      const uint8_t* base = static_cast<const uint8_t*>(w.data);
+      const bool eo = use_eo(lv, w);
+      const float* xin = eo ? xp : x;
       const float* wf;
       if (w.dtype == DType::F32) {
         wf = reinterpret_cast<const float*>(base) + r0 * K;
       } else {
+        if (scratch.size() < size_t(RB * K)) scratch.resize(size_t(RB * K));
+        const Cvt cvt = eo ? cvt_bf16_eo : cvt_fn(lv, w.dtype);
         for (int64_t r = 0; r < nr_block; ++r) cvt(base + size_t((r0 + r) * K) * es, K, scratch.data() + r * K);
         wf = scratch.data();
       }
@@ -868,16 +877,20 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   std::vector<float> xp;
   if (any_eo) {
     xp.resize(size_t(n * K));
+#pragma omp parallel for schedule(static) if (n > 16)
     for (int64_t t = 0; t < n; ++t) perm_eo(x + t * K, K, xp.data() + t * K);
   }
   thread_local QAct tl_qa;  // reused buffers; the decode lambda reads them from other threads by reference
   QAct& qa = tl_qa;
   if (any_q8) quantize_act(lv != Level::Scalar, x, n, K, qa);
   if (n > std::max<int64_t>(TN, kDecodeBatch)) {
+    MatOut f[8];
+    int nf = 0;
     for (int i = 0; i < count; ++i) {
       if (use_q8(*outs[i].w)) prefill_q8(lv, *outs[i].w, qa, n, outs[i].y);
-      else prefill_one(lv, *outs[i].w, x, xp.data(), n, outs[i].y);
+      else f[nf++] = outs[i];
     }
+    if (nf > 0) prefill_multi(lv, f, nf, x, xp.data(), n);
     return;
   }
   // Decode (memory-bound; up to kDecodeBatch tokens: a batched decode step of several sessions): the rows
