@@ -506,74 +506,12 @@ static MicroBh micro_bh(int nt, int nr) {
 }
 #undef STRATA_ROW4
 
-// Prefill (n > 6 tokens): full 6-token x 4-row tiles with the 24 sums reduced together. Each sum is
-// _mm512_reduce_add_ps's tree exactly (lanes j + 8, then j + 4, then j + 2, then j + 1 added pairwise),
-// computed for 16 (or 8) accumulators at once with shuffles: the same bits as micro_bf16dp's per-sum
-// reductions (which decode and the edge tiles use), at a third of the instructions -- at K = 1024 the 24
-// single reductions were a fifth of the tile's work.
-// reduce_tree<M>(a): M = 16 or 8 accumulators; lane 4 q + m of the result is the sum of a[4 m + q].
-template <int M>
-STRATA_AVX512BF16 static inline __m512 reduce_tree(const __m512* a) {
-  static_assert(M == 16 || M == 8, "reduce_tree");
-  __m512 p[M / 2], r[M / 4];
-  for (int i = 0; i < M / 2; ++i)  // s8: [a_2i lanes j + (j + 8), a_2i+1 likewise]
-    p[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-  for (int i = 0; i < M / 4; ++i)  // s4: quarter q of r_i holds accumulator 4 i + q's four sums
-    r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xDD));
-  // s2: per quarter [s4_0 + s4_2, s4_1 + s4_3] of r_i then of r_i+1
-  const __m512 u0 = _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                  _mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 u1 = M == 16 ? _mm512_add_ps(_mm512_shuffle_ps(r[2], r[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                            _mm512_shuffle_ps(r[2], r[3], _MM_SHUFFLE(3, 2, 3, 2)))
-                            : u0;
-  return _mm512_add_ps(_mm512_shuffle_ps(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_ps(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-// The 6 x 4 tile of micro_bf16dp<6, 4> (same accumulators, same k order), written to y[t * ldy + r].
-STRATA_AVX512BF16 static void tile_bf16dp_6x4(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t ldx,
-                                              int64_t K, float* y, int64_t ldy) {
-  constexpr int NT = 6, NR = 4;
-  __m512 acc[NT * NR];
-  for (int i = 0; i < NT * NR; ++i) acc[i] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    __m512bh xv[NT];
-    for (int t = 0; t < NT; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x + t * ldx + k);
-    for (int r = 0; r < NR; ++r) {
-      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + r * ldw + k);
-      for (int t = 0; t < NT; ++t) acc[t * NR + r] = _mm512_dpbf16_ps(acc[t * NR + r], xv[t], wv);
-    }
-  }
-  if (k < K) {
-    const __mmask32 m = __mmask32((1ull << (K - k)) - 1);
-    __m512bh xv[NT];
-    for (int t = 0; t < NT; ++t) xv[t] = (__m512bh)_mm512_maskz_loadu_epi16(m, x + t * ldx + k);
-    for (int r = 0; r < NR; ++r) {
-      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * ldw + k);
-      for (int t = 0; t < NT; ++t) acc[t * NR + r] = _mm512_dpbf16_ps(acc[t * NR + r], xv[t], wv);
-    }
-  }
-  // lane 4 r + t of v (accumulator t * 4 + r): transpose to lane 4 t + r, one 4-row store per token
-  const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const __m512 v = _mm512_permutexvar_ps(tr, reduce_tree<16>(acc));  // tokens 0..3
-  _mm_storeu_ps(y, _mm512_castps512_ps128(v));
-  _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(v, 1));
-  _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(v, 2));
-  _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(v, 3));
-  // tokens 4, 5: lane 4 r + (t - 4)
-  const __m512i tr2 = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512 v2 = _mm512_permutexvar_ps(tr2, reduce_tree<8>(acc + 16));
-  _mm_storeu_ps(y + 4 * ldy, _mm512_castps512_ps128(v2));
-  _mm_storeu_ps(y + 5 * ldy, _mm512_extractf32x4_ps(v2, 1));
-}
-
 // Prefill of every bf16 output of a matmul_multi at once: x rounded to bf16 once (in parallel), then one
 // loop over the row blocks of all outputs (no join between outputs, one tail instead of one per output).
-// A block of RB rows (RB * K * 2 bytes, in L2) meets every 6-token tile; full tiles go through
-// tile_bf16dp_6x4, the edges through micro_bf16dp: a token's values are the decode path's bits.
+// A block of RB rows (RB * K * 2 bytes, in L2) meets every 6-token tile through micro_bf16dp, the decode
+// path's kernel: a token's values are the same bits whatever n. (The 24 sums of a tile reduced together with
+// shuffles, the same tree as _mm512_reduce_add_ps, gave the same bits and no measurable gain, x0.96-1.12 on
+// one thread: the reductions overlap the next tile's vdpbf16ps.)
 static void prefill_bf16dp(const MatOut* outs, int count, const float* x, int64_t n) {
   const int64_t K = outs[0].w->cols, ldx = (K + 31) / 32 * 32;
   std::vector<uint16_t> xb(size_t(n * ldx), 0);
@@ -598,10 +536,6 @@ static void prefill_bf16dp(const MatOut* outs, int count, const float* x, int64_
       const int nt = int(std::min<int64_t>(TN, n - t0));
       for (int64_t rr = 0; rr < nr_block; rr += 4) {
         const int nr = int(std::min<int64_t>(4, nr_block - rr));
-        if (nt == TN && nr == 4) {
-          tile_bf16dp_6x4(base + (r0 + rr) * K, K, xb.data() + t0 * ldx, ldx, K, y + t0 * rows + r0 + rr, rows);
-          continue;
-        }
         micro_bh(nt, nr)(base + (r0 + rr) * K, K, xb.data() + t0 * ldx, ldx, K, tile, 4);
         for (int t = 0; t < nt; ++t)
           for (int r = 0; r < nr; ++r) y[(t0 + t) * rows + r0 + rr + r] = tile[t * 4 + r];
