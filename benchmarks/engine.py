@@ -265,6 +265,10 @@ def main(argv=None):
                     help="add 'strata bf16 kv f32': the KV cache in f32 (Engine.load kv_cache='f32'; twice the cache "
                          "bytes of the default f16 cache of bf16 weights)")
     ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
+    ap.add_argument("--llama-passive", action="store_true",
+                    help="add 'llama.cpp f16 passive': llama.cpp f16 with its OpenMP threads waiting at barriers as "
+                         "strata's do (OMP_WAIT_POLICY=passive; its default spins, which collapses on shared, "
+                         "loaded cores)")
     ap.add_argument("--q8-max-context", type=int, default=None,
                     help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
     ap.add_argument("--accuracy-tokens", type=int, default=256)
@@ -353,6 +357,9 @@ def main(argv=None):
         fa = "+fa" if args.llama_flash_attn else ""
         write_ggufs(path, ["f16"] + ([] if "llama-q8" in skip else ["q8_0"]))
         systems.append(("llama.cpp f16", lambda p: in_subprocess("llama", path, p, args.decode, T, "f16" + fa)))
+        if args.llama_passive:
+            systems.append(("llama.cpp f16 passive",
+                            lambda p: in_subprocess("llama", path, p, args.decode, T, "f16" + fa, omp_passive=True)))
         if "llama-q8" not in skip:
             def q8(p):
                 if args.q8_max_context is not None and len(p) > args.q8_max_context:

@@ -245,6 +245,36 @@ void register_checkpoint(py::module_& m) {
     return out;
   }, py::arg("w"), py::arg("scale"), py::arg("x"), py::arg("threads") = 0,
      "The engine's int8-weight matmul on its own (tests, A/B timings): x @ (scale * w)^T, rows scaled by scale.");
+  m.def("_bf16_matmul", [](std::vector<py::array_t<uint16_t, py::array::c_style | py::array::forcecast>> ws,
+                           py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads) {
+    // ys[i] [n, rows_i] = x [n, K] @ ws[i]^T, bf16 weights given as their uint16 bits, all outputs in one
+    // kernels::matmul_multi call (the prefill of q/k/v and gate/up).
+    if (ws.empty() || ws.size() > 8 || x.ndim() != 2 || x.shape(0) < 1 || x.shape(1) < 1)
+      throw std::invalid_argument("ws must be 1..8 [rows, K] uint16 (bf16 bits) arrays, x [n, K] with n, K >= 1");
+    const int64_t n = x.shape(0), K = x.shape(1);
+    std::vector<Mat> mats(ws.size());
+    std::vector<py::array_t<float>> outs;
+    std::vector<kernels::MatOut> mo(ws.size());
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (ws[i].ndim() != 2 || ws[i].shape(1) != K || ws[i].shape(0) < 1)
+        throw std::invalid_argument("ws[" + std::to_string(i) + "] must be [rows, K] with K = x.shape[1], rows >= 1");
+      mats[i].dtype = DType::BF16;
+      mats[i].rows = ws[i].shape(0);
+      mats[i].cols = K;
+      mats[i].data = ws[i].data();
+      outs.emplace_back(std::vector<py::ssize_t>{n, mats[i].rows});
+      mo[i] = kernels::MatOut{&mats[i], outs.back().mutable_data()};
+    }
+    const float* xp = x.data();
+    {
+      py::gil_scoped_release release;
+      use_threads(threads);
+      kernels::matmul_multi(mo.data(), int(mo.size()), xp, n);
+    }
+    return outs;
+  }, py::arg("ws"), py::arg("x"), py::arg("threads") = 0,
+     "The engine's bf16-weight matmul on its own (tests, A/B timings): [x @ w.T for w in ws] in one matmul_multi "
+     "call; ws hold bf16 bits as uint16.");
   m.def("_profile", [](bool reset) {
     // STRATA_PROFILE=1 per-op timers (set before the module loads): totals so far per phase, seconds per op.
     const prof::Totals t = prof::totals_snapshot(reset);

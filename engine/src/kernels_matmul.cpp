@@ -506,6 +506,44 @@ static MicroBh micro_bh(int nt, int nr) {
 }
 #undef STRATA_ROW4
 
+// Prefill of every bf16 output of a matmul_multi at once: x rounded to bf16 once (in parallel), then one
+// loop over the row blocks of all outputs (no join between outputs, one tail instead of one per output).
+// A block of RB rows (RB * K * 2 bytes, in L2) meets every 6-token tile through micro_bf16dp, the decode
+// path's kernel: a token's values are the same bits whatever n. (The 24 sums of a tile reduced together with
+// shuffles, the same tree as _mm512_reduce_add_ps, gave the same bits and no measurable gain, x0.96-1.12 on
+// one thread: the reductions overlap the next tile's vdpbf16ps.)
+static void prefill_bf16dp(const MatOut* outs, int count, const float* x, int64_t n) {
+  const int64_t K = outs[0].w->cols, ldx = (K + 31) / 32 * 32;
+  std::vector<uint16_t> xb(size_t(n * ldx), 0);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < n; ++t) to_bf16_avx512(x + t * K, K, xb.data() + t * ldx);
+  constexpr int TN = 6;
+  constexpr int64_t RB = 64;
+  int64_t start[9];
+  start[0] = 0;
+  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + RB - 1) / RB;
+  const int64_t nblocks = start[count];
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    int m = 0;
+    while (b >= start[m + 1]) ++m;
+    const Mat& w = *outs[m].w;
+    float* y = outs[m].y;
+    const int64_t rows = w.rows, r0 = (b - start[m]) * RB, nr_block = std::min(RB, rows - r0);
+    const uint16_t* base = static_cast<const uint16_t*>(w.data);
+    float tile[TN * 4];
+    for (int64_t t0 = 0; t0 < n; t0 += TN) {
+      const int nt = int(std::min<int64_t>(TN, n - t0));
+      for (int64_t rr = 0; rr < nr_block; rr += 4) {
+        const int nr = int(std::min<int64_t>(4, nr_block - rr));
+        micro_bh(nt, nr)(base + (r0 + rr) * K, K, xb.data() + t0 * ldx, ldx, K, tile, 4);
+        for (int t = 0; t < nt; ++t)
+          for (int r = 0; r < nr; ++r) y[(t0 + t) * rows + r0 + rr + r] = tile[t * 4 + r];
+      }
+    }
+  }
+}
+
 static void matmul_bf16dp(const Mat& w, const float* x, int64_t n, float* y) {
   const int64_t rows = w.rows, K = w.cols, ldx = (K + 31) / 32 * 32;
   const uint16_t* base = static_cast<const uint16_t*>(w.data);
@@ -671,34 +709,104 @@ static inline void store_tile(const float* tile, int nt, int nr, const float* sc
     for (int r = 0; r < nr; ++r) y[t * ldy + r] = scale ? tile[t * 4 + r] * scale[r] : tile[t * 4 + r];
 }
 
-// Prefill (compute-bound): blocks of RB rows converted once to f32 (kept in L2) times tiles of TN tokens.
-static void prefill_one(Level lv, const Mat& w, const float* x, const float* xp, int64_t n, float* y) {
-  const int64_t rows = w.rows, K = w.cols;
-  const size_t es = dtype_size(w.dtype);
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const bool eo = use_eo(lv, w);
-  const float* xin = eo ? xp : x;
+// micro_avx2<F32, NT, NR> over the k range [k0, k1) (k0, k1 multiples of 8, or k1 = K), its accumulators
+// carried in acc between ranges: the same FMAs in the same order, so the same bits as one call over all of K.
+// last (k1 = K): the 8-lane sums reduced (hsum256) and the K % 8 tail added as micro_avx2 does.
+template <int NT, int NR>
+STRATA_AVX2 static void micro_f32_part(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t k0,
+                                       int64_t k1, bool first, bool last, float* acc, float* y, int64_t ldy) {
+  __m256 a[NT][NR];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) a[t][r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + (t * NR + r) * 8);
+  int64_t k = k0;
+  for (; k + 8 <= k1; k += 8) {
+    __m256 xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + t * ldx + k);
+    for (int r = 0; r < NR; ++r) {
+      const __m256 wv = _mm256_loadu_ps(w + r * ldw + k);
+      for (int t = 0; t < NT; ++t) a[t][r] = _mm256_fmadd_ps(xv[t], wv, a[t][r]);
+    }
+  }
+  if (!last) {
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < NR; ++r) _mm256_storeu_ps(acc + (t * NR + r) * 8, a[t][r]);
+    return;
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) {
+      float sum = hsum256(a[t][r]);
+      for (int64_t kk = k; kk < k1; ++kk) sum = std::fma(x[t * ldx + kk], w[r * ldw + kk], sum);
+      y[t * ldy + r] = sum;
+    }
+}
+using MicroPart = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, bool, bool, float*,
+                           float*, int64_t);
+static MicroPart micro_part(int nt, int nr) {
+  static const MicroPart t[3][4] = {
+      {micro_f32_part<1, 1>, micro_f32_part<1, 2>, micro_f32_part<1, 3>, micro_f32_part<1, 4>},
+      {micro_f32_part<2, 1>, micro_f32_part<2, 2>, micro_f32_part<2, 3>, micro_f32_part<2, 4>},
+      {micro_f32_part<3, 1>, micro_f32_part<3, 2>, micro_f32_part<3, 3>, micro_f32_part<3, 4>}};
+  return t[nt - 1][nr - 1];
+}
+// AVX2, K above kPrefillKC: a token tile meets the block's rows KC columns at a time, so its x slice (3 x KC
+// floats) stays in L1 over the block's row quads instead of the whole rows (36 KiB at K = 3072) missing it.
+// One thread, CPU time, n = 256, 1024 rows (against whole rows, best of 4 each, 3 runs at load 5): K = 3072
+// x1.06-1.20, K = 2048 x0.95-1.06.
+constexpr int64_t kPrefillKC = 1024;
+
+// Prefill (compute-bound) of every output of a matmul_multi that is not int8_dot, in one pass: one loop over
+// the row blocks of all of them (no join between outputs, one tail instead of one per output). A block of RB
+// rows is converted once to f32 (kept in L2) and meets every tile of TN tokens, 4 rows at a time.
+static void prefill_multi(Level lv, const MatOut* outs, int count, const float* x, const float* xp, int64_t n) {
+  const int64_t K = outs[0].w->cols;
   const int TN = lv == Level::AVX512 ? 6 : 3;  // token tile (register budget: NT*4 accumulators)
-  const int64_t RB = 64;
-  const int64_t nblocks = (rows + RB - 1) / RB;
-  Cvt cvt = eo ? cvt_bf16_eo : cvt_fn(lv, w.dtype);
+  constexpr int64_t RB = 64;
+  int64_t start[9];
+  start[0] = 0;
+  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + RB - 1) / RB;
+  const int64_t nblocks = start[count];
 #pragma omp parallel
   {
     std::vector<float> scratch;
-    if (w.dtype != DType::F32) scratch.resize(size_t(RB * K));
+    std::vector<float> acc;  // kblocks: the partial sums of the tile's row quads between K ranges
     float tile[6 * 4];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < nblocks; ++b) {
-      const int64_t r0 = b * RB, nr_block = std::min(RB, rows - r0);
+      int m = 0;
+      while (b >= start[m + 1]) ++m;
+      const Mat& w = *outs[m].w;
+      float* y = outs[m].y;
+      const int64_t rows = w.rows, r0 = (b - start[m]) * RB, nr_block = std::min(RB, rows - r0);
+      const size_t es = dtype_size(w.dtype);
+      const uint8_t* base = static_cast<const uint8_t*>(w.data);
+      const bool eo = use_eo(lv, w);
+      const float* xin = eo ? xp : x;
       const float* wf;
       if (w.dtype == DType::F32) {
         wf = reinterpret_cast<const float*>(base) + r0 * K;
       } else {
+        if (scratch.size() < size_t(RB * K)) scratch.resize(size_t(RB * K));
+        const Cvt cvt = eo ? cvt_bf16_eo : cvt_fn(lv, w.dtype);
         for (int64_t r = 0; r < nr_block; ++r) cvt(base + size_t((r0 + r) * K) * es, K, scratch.data() + r * K);
         wf = scratch.data();
       }
+      const bool kblocks = lv == Level::AVX2 && K > kPrefillKC;
       for (int64_t t0 = 0; t0 < n; t0 += TN) {
         const int nt = int(std::min<int64_t>(TN, n - t0));
+        if (kblocks) {
+          if (acc.size() < size_t(RB / 4 * 12 * 8)) acc.resize(size_t(RB / 4 * 12 * 8));
+          const MicroPart f4 = micro_part(nt, 4);
+          for (int64_t k0 = 0; k0 < K; k0 += kPrefillKC) {
+            const int64_t k1 = std::min(K, k0 + kPrefillKC);
+            for (int64_t rr = 0; rr < nr_block; rr += 4) {
+              const int nr = int(std::min<int64_t>(4, nr_block - rr));
+              (nr == 4 ? f4 : micro_part(nt, nr))(wf + rr * K, K, xin + t0 * K, K, k0, k1, k0 == 0, k1 == K,
+                                                  acc.data() + rr / 4 * 12 * 8, tile, 4);
+              if (k1 == K) store_tile(tile, nt, nr, w.scale ? w.scale + r0 + rr : nullptr, y + t0 * rows + r0 + rr, rows);
+            }
+          }
+          continue;
+        }
         for (int64_t rr = 0; rr < nr_block; rr += 4) {
           const int nr = int(std::min<int64_t>(4, nr_block - rr));
           run_micro(lv, DType::F32, nt, nr, wf + rr * K, K, xin + t0 * K, K, K, tile, 4);
@@ -742,11 +850,14 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   const Level l = level();
   MatOut rest[8];
   if (l == Level::AVX512BF16) {  // bf16 weights with vdpbf16ps, the others as at AVX512
-    int nrest = 0;
+    int nrest = 0, nbf = 0;
+    MatOut bf[8];
     for (int i = 0; i < count; ++i) {
-      if (outs[i].w->dtype == DType::BF16) matmul_bf16dp(*outs[i].w, x, n, outs[i].y);
-      else rest[nrest++] = outs[i];
+      if (outs[i].w->dtype != DType::BF16) rest[nrest++] = outs[i];
+      else if (n > 6) bf[nbf++] = outs[i];  // prefill: all bf16 outputs in one pass (prefill_bf16dp)
+      else matmul_bf16dp(*outs[i].w, x, n, outs[i].y);
     }
+    if (nbf > 0) prefill_bf16dp(bf, nbf, x, n);
     if (nrest == 0) return;
     outs = rest;
     count = nrest;
@@ -761,16 +872,20 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   std::vector<float> xp;
   if (any_eo) {
     xp.resize(size_t(n * K));
+#pragma omp parallel for schedule(static) if (n > 16)
     for (int64_t t = 0; t < n; ++t) perm_eo(x + t * K, K, xp.data() + t * K);
   }
   thread_local QAct tl_qa;  // reused buffers; the decode lambda reads them from other threads by reference
   QAct& qa = tl_qa;
   if (any_q8) quantize_act(lv != Level::Scalar, x, n, K, qa);
   if (n > std::max<int64_t>(TN, kDecodeBatch)) {
+    MatOut f[8];
+    int nf = 0;
     for (int i = 0; i < count; ++i) {
       if (use_q8(*outs[i].w)) prefill_q8(lv, *outs[i].w, qa, n, outs[i].y);
-      else prefill_one(lv, *outs[i].w, x, xp.data(), n, outs[i].y);
+      else f[nf++] = outs[i];
     }
+    if (nf > 0) prefill_multi(lv, f, nf, x, xp.data(), n);
     return;
   }
   // Decode (memory-bound; up to kDecodeBatch tokens: a batched decode step of several sessions): the rows

@@ -48,6 +48,12 @@ void rope(float* x, int n_heads, int hd, int rd, int64_t pos, const float* inv_f
 }
 
 void silu_mul(float* g, const float* u, int64_t n) {
+  // Prefill-sized calls (n tokens x I) split over the threads (a scalar exp per element: the largest serial
+  // step of a prefill layer); each element's arithmetic is the same whichever thread runs it. Decode-sized
+  // calls, and calls from inside a parallel region (MoE experts), stay on this thread.
+#ifdef STRATA_HAVE_OPENMP
+#pragma omp parallel for schedule(static) if (n >= 65536 && !omp_in_parallel())
+#endif
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
