@@ -69,8 +69,9 @@ def wait_quiet(quiet_cores: float, max_wait: float, window: float = 0.5) -> None
 
 
 def interleaved(ext, eng, prompt, nbytes: int, threads: int, rounds: int, quiet_cores: float = 0.25,
-                quiet_wait: float = 20.0, steps: int = 8) -> list[Round]:
-    """``rounds`` alternations of one read pass and ``steps`` decode steps from the held ``prompt``."""
+                quiet_wait: float = 20.0, steps: int = 8, log=None) -> list[Round]:
+    """``rounds`` alternations of one read pass and ``steps`` decode steps from the held ``prompt``;
+    ``log(str)`` gets one line per round."""
     s = eng.session("bandwidth")
     s.reset()
     s.generate(prompt, max_new_tokens=0)
@@ -84,6 +85,11 @@ def interleaved(ext, eng, prompt, nbytes: int, threads: int, rounds: int, quiet_
         r = s.generate(held, max_new_tokens=steps).result  # held: only the decode steps run
         assert r.tokens_read <= 1 and len(r.gen_ids) == steps, (r.tokens_read, len(r.gen_ids))
         out.append(Round(gbs, steps / (r.decode_ms / 1e3), meter.others()))
+        if log:
+            o = out[-1]
+            log(f"    round {len(out)}: read {o.read_gbs:.1f} GB/s, decode {o.decode_tps:.2f} tok/s = "
+                f"{o.decode_tps * nbytes / 1e9 / o.read_gbs:.2f}, others "
+                + ("?" if o.others is None else f"{o.others:.2f} cores"))
     s.reset()
     return out
 

@@ -418,7 +418,8 @@ def main(argv=None):
                 ext._set_kernel_option("int8_dot", not name.endswith("f32 act"))
                 try:
                     res = bandwidth.interleaved(ext, eng, rng_prompt[:c], nbytes, T, args.interleaved_rounds,
-                                                args.quiet_cores, args.quiet_wait)
+                                                args.quiet_cores, args.quiet_wait,
+                                                log=lambda m: print(m, flush=True))
                 finally:
                     ext._set_kernel_option("int8_dot", True)
                 line = f"- {name}, context {c}: " + bandwidth.describe(res, nbytes, T, args.quiet_cores)
