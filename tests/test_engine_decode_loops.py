@@ -1,8 +1,8 @@
 """Engine tier: the decode matvec loop's variants (kernel options decode_rows8: 8 rows per micro-kernel call;
 decode_runs: each thread a contiguous run of chunks, stealing from the far end of others'; decode_pool: pool.h's
-barrier-free helpers, the caller alone for a while after a helper stalled) change which thread computes which
-rows and how many rows one call takes, never a row's arithmetic: every combination, at any thread count, gives
-the bits of the full forward (prefill kernels) and covers every row exactly once."""
+barrier-free helpers instead of OpenMP loops) change which thread computes which rows and how many rows one
+call takes, never a row's arithmetic: every combination, at any thread count, gives the bits of the full
+forward (prefill kernels) and covers every row exactly once."""
 import itertools
 
 import numpy as np

@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -31,13 +29,6 @@ bool& t_in_loop_flag() {
 constexpr int kEpochShift = 40, kTotalShift = 20;
 constexpr uint64_t kMask20 = (1u << 20) - 1, kMask24 = (1u << 24) - 1;
 constexpr int kSpin = 20000;  // ~50-100 us of pause before a helper sleeps
-constexpr double kStallUs = 300.0;
-constexpr int64_t kSoloLoops = 1500;
-// STRATA_POOL_SOLO=0: never run alone after a stall (A/B; read when a stall is seen)
-bool solo_after_stall() {
-  const char* e = std::getenv("STRATA_POOL_SOLO");
-  return !(e && e[0] == '0');
-}
 
 struct Pool {
   std::atomic<uint64_t> ctr{0};
@@ -52,7 +43,6 @@ struct Pool {
   std::condition_variable cv;
   std::atomic<int> sleepers{0};
   int nthreads = 0;
-  int64_t solo_left = 0;  // loops the caller runs alone after a stall (under run_mu)
 
   bool claim(uint64_t e, int64_t& idx) {
     uint64_t v = ctr.load(std::memory_order_acquire);
@@ -138,13 +128,6 @@ void run(int threads, int64_t n, int64_t grain, Fn fn, void* ctx) {
   }
   Pool& p = pool();
   std::lock_guard<std::mutex> g(p.run_mu);
-  if (p.solo_left > 0) {  // a helper stalled recently: its core is taken, run alone for a while
-    --p.solo_left;
-    t_in_loop_flag() = true;  // a loop started inside runs serially (run_mu is held)
-    fn(ctx, 0, n);
-    t_in_loop_flag() = false;
-    return;
-  }
   t_in_loop_flag() = true;
   p.ensure(threads - 1);
   p.fn = fn;
@@ -160,26 +143,12 @@ void run(int threads, int64_t n, int64_t grain, Fn fn, void* ctx) {
     std::lock_guard<std::mutex> lk(p.mu);
     p.cv.notify_all();
   }
-  const auto t0 = std::chrono::steady_clock::now();
   int64_t idx;
   while (p.claim(p.epoch, idx)) p.chunk(idx);
   // only chunks a helper claimed can still be running
-  const auto t1 = std::chrono::steady_clock::now();
-  bool waited = false;
   for (int spins = 0; p.done.load(std::memory_order_acquire) < chunks; ++spins) {
-    waited = true;
     if (spins < 4096) STRATA_PAUSE();
     else std::this_thread::yield();
-  }
-  if (waited) {
-    // A helper preempted inside a chunk it claimed (another process took its core) holds the loop up for
-    // a scheduler time slice. Waiting longer than kStallUs and longer than the caller's own share of the
-    // loop is such a stall (a running helper finishes its last chunk within one chunk's time): the next
-    // kSoloLoops loops (~10 decode steps) run on the caller alone, then the helpers are tried again.
-    const auto t2 = std::chrono::steady_clock::now();
-    const double own = std::chrono::duration<double, std::micro>(t1 - t0).count(),
-                 wait = std::chrono::duration<double, std::micro>(t2 - t1).count();
-    if (wait > kStallUs && wait > own && solo_after_stall()) p.solo_left = kSoloLoops;
   }
   t_in_loop_flag() = false;
 }

@@ -3,9 +3,7 @@
 // step costs as much as the slowest thread's wake-up latency per loop. Here the calling thread and up to
 // threads-1 helpers take chunks from one atomic counter; the caller waits only for chunks a helper has
 // actually claimed, so a helper that is not running simply takes no part. Results do not depend on which
-// thread ran a chunk. Helpers spin briefly for the next loop, then sleep. A helper preempted inside a chunk
-// it claimed still holds the caller up; after such a stall (a wait longer than 300 us and than the caller's
-// own work) the caller runs the next 1,500 loops alone (STRATA_POOL_SOLO=0: never), then tries again.
+// thread ran a chunk. Helpers spin briefly for the next loop, then sleep.
 #pragma once
 #include <cstdint>
 #include <type_traits>
