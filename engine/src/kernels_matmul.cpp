@@ -420,7 +420,8 @@ STRATA_AVX512 static void axpy_avx512(float a, const float* x, float* y, int64_t
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-template <DType DT, int NT, int NR>
+// PF: decode's linear prefetch of the next block, as micro_avx2 (same sums).
+template <DType DT, int NT, int NR, bool PF = false>
 STRATA_AVX512 static void micro_avx512(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
                                        int64_t ldy) {
   const size_t es = esize<DT>();
@@ -428,8 +429,14 @@ STRATA_AVX512 static void micro_avx512(const void* w, int64_t ldw, const float* 
   __m512 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_setzero_ps();
+  constexpr int64_t step = int64_t(NR) * 16 * int64_t(esize<DT>());  // block bytes read per k step
+  [[maybe_unused]] const char* pf = reinterpret_cast<const char*>(wb) + size_t(NR * ldw) * es + kPrefetchAhead;
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
+    if constexpr (PF) {
+      for (int64_t l = 0; l < step; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
+      pf += step;
+    }
     __m512 xv[NT];
     for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_ps(x + t * ldx + k);
     for (int r = 0; r < NR; ++r) {
@@ -647,6 +654,15 @@ static Micro micro512(int nt, int nr) {
                                 {STRATA_ROW4(micro_avx512, DT, 5)}, {STRATA_ROW4(micro_avx512, DT, 6)}};
   return t[nt - 1][nr - 1];
 }
+#define STRATA_ROW4PF(D, T) micro_avx512<D, T, 1, true>, micro_avx512<D, T, 2, true>, micro_avx512<D, T, 3, true>, \
+                            micro_avx512<D, T, 4, true>
+template <DType DT>
+static Micro micro512pf(int nt, int nr) {  // decode: the same sums as micro512, with linear prefetch
+  static const Micro t[6][4] = {{STRATA_ROW4PF(DT, 1)}, {STRATA_ROW4PF(DT, 2)}, {STRATA_ROW4PF(DT, 3)},
+                                {STRATA_ROW4PF(DT, 4)}, {STRATA_ROW4PF(DT, 5)}, {STRATA_ROW4PF(DT, 6)}};
+  return t[nt - 1][nr - 1];
+}
+#undef STRATA_ROW4PF
 template <DType DT>
 static Micro micro256(int nt, int nr) {
   static const Micro t[3][4] = {{STRATA_ROW4(micro_avx2, DT, 1)}, {STRATA_ROW4(micro_avx2, DT, 2)},
@@ -683,9 +699,14 @@ static void run_micro(Level l, DType dt, int nt, int nr, const void* w, int64_t 
   else micro_fn(l, dt, nt, nr)(w, ldw, x, ldx, K, y, ldy);
 }
 
-// Decode rows straight from memory (ldw == K): at AVX2 the prefetching variant of the same kernel.
+// Decode rows straight from memory (ldw == K): at AVX2 and AVX512 the prefetching variant of the same kernel.
 static void run_micro_decode(Level l, DType dt, int nt, int nr, const void* w, int64_t ldw, const float* x,
                              int64_t ldx, int64_t K, float* y, int64_t ldy) {
+  if (vec(l) == Level::AVX512) {
+    const Micro f = dt == DType::F32 ? micro512pf<DType::F32>(nt, nr) : dt == DType::BF16 ? micro512pf<DType::BF16>(nt, nr)
+                  : dt == DType::I8 ? micro512pf<DType::I8>(nt, nr) : micro512pf<DType::F16>(nt, nr);
+    return f(w, ldw, x, ldx, K, y, ldy);
+  }
   if (l != Level::AVX2) return run_micro(l, dt, nt, nr, w, ldw, x, ldx, K, y, ldy);
   const Micro f = dt == DType::F32 ? micro256pf<DType::F32>(nt, nr) : dt == DType::BF16 ? micro256pf<DType::BF16>(nt, nr)
                 : dt == DType::I8 ? micro256pf<DType::I8>(nt, nr) : micro256pf<DType::F16>(nt, nr);
