@@ -20,7 +20,7 @@ decode at every context (the same held prompt, cut back and decoded again).
 
 Prints one markdown table (system x context: prefill and decode tok/s, ratios against strata bf16), the
 decode bandwidth limit measured in the same run (a read loop over a buffer the size of the bytes one
-decode step streams, with the same threads) and each strata row's fraction of it, the cost growth with
+decode step streams, with the same threads) and each strata row's fraction of it at every context, the cost growth with
 context, 1 vs N threads, and int8 accuracy against the bf16 weights computed in f32 (max logit error,
 greedy agreement). Writes the table (engine.md) and a plot of tok/s against context (engine.png) to
 --out. The model folder and GGUFs are cached under build/bench/.
@@ -35,8 +35,15 @@ transformers runs only up to --hf-max-context (eager attention materialises [hea
 llama.cpp prefills in micro-batches of 512 tokens (its default n_ubatch; one batch of n would need a
 [heads, n, n] score buffer, 16 GiB at 16K) without flash attention (its default; --llama-flash-attn).
 The decode bandwidth limit counts the weights and the KV cache a step reads at that context (f32 or f16, as
-the engine holds it); strata bf16/int8 also get the fraction with read passes and decode steps alternated
-(medians, both under the same load: --interleaved-rounds).
+the engine holds it). Its fraction (every strata row, every context) alternates the two sides: --interleaved-rounds
+rounds of one read pass (kernels::read_bandwidth: the same threads, a buffer of that many bytes on huge pages as
+the weights are, one untimed pass first) then 8 decode steps from the same held context, and takes the medians.
+Each round waits (at most --quiet-wait seconds) for a 0.5 s window in which other processes used under
+--quiet-cores cores, and records the cores they used during the round (/proc/stat less this process's CPU time):
+on a shared box a process that takes a core costs a decode step (~150 parallel loops) a scheduler wake-up per
+loop, and the single long read pass far less, so the fraction is quoted over the quiet rounds and, beside it,
+over all rounds with the others' load. (A best-of-N read pass against a separately timed decode, the method
+before, took its limit from whichever pass met the quietest moment: 61.5 against ~36 GB/s in the other rows.)
 strata picks its kernels at run time (avx512bf16 > avx512 > avx2 > scalar; STRATA_KERNEL=avx2 caps it).
 OpenMP threads spin briefly, then sleep at barriers (OMP_WAIT_POLICY=passive with GOMP_SPINCOUNT=20000, set
 by strata_lab.engine unless the user set either): on shared or oversubscribed cores long-spinning waiters
@@ -47,11 +54,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 from pathlib import Path
 
 import numpy as np
 
+import bandwidth
 from peers import in_subprocess, write_ggufs  # records the user's environment before strata_lab.engine loads
 
 os.environ.setdefault("STRATA_PROFILE", "1")  # per-op timers: attention's share (read before the module loads)
@@ -273,9 +280,13 @@ def main(argv=None):
                     help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
     ap.add_argument("--accuracy-tokens", type=int, default=256)
     ap.add_argument("--interleaved-rounds", type=int, default=8,
-                    help="strata bf16/int8 at the first context: rounds of one read pass then 8 decode steps; the "
-                         "fraction of the medians (both under the same load). Its fresh session prefills that "
-                         "context once more (minutes at 16K); 0 skips it")
+                    help="the bandwidth fraction of every strata row at every context: rounds of one read pass then "
+                         "8 decode steps, medians. Its fresh session prefills that context once more (minutes at "
+                         "16K); 0 skips it")
+    ap.add_argument("--quiet-cores", type=float, default=0.25,
+                    help="a round is quiet when other processes used fewer cores than this during it")
+    ap.add_argument("--quiet-wait", type=float, default=20.0,
+                    help="seconds a round waits at most for a 0.5 s window under --quiet-cores before it runs anyway")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for engine.md/.png")
     ap.add_argument("--streams", type=int, nargs="+", default=None,
                     help="the concurrency axis instead (benchmarks/concurrency.py): N concurrent greedy streams on "
@@ -371,7 +382,6 @@ def main(argv=None):
     cfg = json.loads((path / "config.json").read_text())
     kv_token_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
     rows: dict = {}
-    bw = {}  # weights -> best GB/s of the read loop over that many bytes
     skipped = set()
     for rnd in range(args.repeat):
         for c in contexts:
@@ -379,19 +389,6 @@ def main(argv=None):
             for name, fn in systems:
                 if name in skipped:
                     continue
-                nbytes = 0
-                if name.startswith("strata") and name != OLD:
-                    wts = name.split()[1]
-                    info = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx,
-                                         "f32" if name.endswith("kv f32") else "auto").info
-                    nbytes = info["stream_bytes"]
-                    nbytes += kv_token_bytes * (c + args.decode // 2)  # the f32 KV cache a mid-decode step reads
-                    if info["kv_cache"] == "f16":
-                        nbytes -= kv_token_bytes * (c + args.decode // 2) // 2
-                    # the limit right before and right after: the faster of the best of 3 passes each (a
-                    # single pass caught by a competing process on a shared machine understated the limit:
-                    # fractions above 1)
-                    bw0 = ext.read_bandwidth(nbytes, T, 3)
                 try:
                     p, d = fn(prompt)
                 except (ImportError, NotImplementedError) as e:
@@ -399,10 +396,6 @@ def main(argv=None):
                         skipped.add(name)
                     print(f"  {name:18s} ctx {c:6d} skipped: {e}", flush=True)
                     continue
-                if nbytes:  # fraction of the bandwidth limit measured around this very run (load drifts)
-                    limit = max(bw0, ext.read_bandwidth(nbytes, T, 3)) * 1e9 / nbytes
-                    if d / limit > bw.get((name, c), (0.0, 0.0))[0]:
-                        bw[(name, c)] = (d / limit, limit * nbytes / 1e9, limit)
                 best = rows.get((name, c), (0.0, 0.0))
                 rows[(name, c)] = (max(best[0], p) if p == p else p, max(best[1], d))
                 share = PROFILES.get((name, c))
@@ -416,31 +409,29 @@ def main(argv=None):
 
     lines = [f"{head}; best of {args.repeat} round(s)", "", markdown(rows, contexts), ""]
     c0 = contexts[0]
-    # The same fraction with both sides under the same load: read passes and decode steps alternated, medians.
-    for name in ("strata bf16", "strata int8"):
-        if (name, c0) not in bw or args.interleaved_rounds <= 0:
-            continue
-        wts = name.split()[1]
-        eng = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx)
-        nbytes = bw[(name, c0)][1] * 1e9 / bw[(name, c0)][2]
-        s = eng.session("interleaved")
-        s.generate(rng_prompt[:c0], max_new_tokens=0)
-        reads, steps = [], []
-        for _ in range(args.interleaved_rounds):
-            reads.append(ext.read_bandwidth(int(nbytes), T, 1))
-            r = s.generate(s.held_ids[:c0], max_new_tokens=8).result  # held: only the decode steps run
-            steps.append(8 / (r.decode_ms / 1e3))
-        gbs, tps = statistics.median(reads), statistics.median(steps)
-        lines.append(f"- {name}, context {c0}, interleaved: {args.interleaved_rounds} rounds of one read pass then 8 "
-                     f"decode steps; medians {gbs:.1f} GB/s = limit {gbs * 1e9 / nbytes:.1f} tok/s, decode "
-                     f"{tps:.2f} tok/s = **{tps / (gbs * 1e9 / nbytes):.2f} of the bandwidth limit under the same "
-                     f"load**")
-    for (name, c), (frac, gbs, limit) in bw.items():
-        nbytes = gbs * 1e9 / limit
-        lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token (weights + KV cache, f16 or f32 as the engine holds it); "
-                     f"read loop over that many bytes, {T} threads, best of 3 passes just before and 3 after: "
-                     f"{gbs:.1f} GB/s = limit {limit:.1f} tok/s; decode "
-                     f"{rows[(name, c)][1]:.2f} tok/s = **{frac:.2f} of the bandwidth limit**")
+    # The decode bandwidth fraction: read passes and decode steps alternated, medians (bandwidth.py).
+    if args.interleaved_rounds > 0:
+        for name, _ in systems:
+            if not name.startswith("strata") or name in (OLD, OLD_DEC):
+                continue
+            wts = name.split()[1]
+            kv = "f32" if name.endswith("kv f32") else "auto"
+            eng = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx, kv)
+            for c in contexts:
+                if (name, c) not in rows:
+                    continue
+                # the weights and KV cache a step reads in the middle of the 8 (f16 cache: half the f32 bytes)
+                nbytes = eng.info["stream_bytes"] + kv_token_bytes * (c + 4) // (2 if eng.info["kv_cache"] == "f16" else 1)
+                ext._set_kernel_option("int8_dot", not name.endswith("f32 act"))
+                try:
+                    res = bandwidth.interleaved(ext, eng, rng_prompt[:c], nbytes, T, args.interleaved_rounds,
+                                                args.quiet_cores, args.quiet_wait,
+                                                log=lambda m: print(m, flush=True))
+                finally:
+                    ext._set_kernel_option("int8_dot", True)
+                line = f"- {name}, context {c}: " + bandwidth.describe(res, nbytes, T, args.quiet_cores)
+                print(line, flush=True)
+                lines.append(line)
     if len(contexts) > 1:
         for name in dict.fromkeys(n for n, _ in rows):
             cs = [c for c in contexts if (name, c) in rows]

@@ -1,7 +1,8 @@
 """Engine tier: the decode matvec loop's variants (kernel options decode_rows8: 8 rows per micro-kernel call;
-decode_runs: each thread a contiguous run of chunks, stealing from the far end of others') change which thread
-computes which rows and how many rows one call takes, never a row's arithmetic: every combination, at any
-thread count, gives the bits of the full forward (prefill kernels) and covers every row exactly once."""
+decode_runs: each thread a contiguous run of chunks, stealing from the far end of others'; decode_pool: pool.h's
+barrier-free helpers instead of OpenMP loops) change which thread computes which rows and how many rows one
+call takes, never a row's arithmetic: every combination, at any thread count, gives the bits of the full
+forward (prefill kernels) and covers every row exactly once."""
 import itertools
 
 import numpy as np
@@ -11,7 +12,7 @@ _engine = pytest.importorskip("strata_lab._engine")
 from strata_lab.engine import Engine  # noqa: E402
 from strata_lab.tiny import make_tiny  # noqa: E402
 
-OPTIONS = ("decode_rows8", "decode_runs")
+OPTIONS = ("decode_rows8", "decode_runs", "decode_pool")
 COMBOS = list(itertools.product([True, False], repeat=len(OPTIONS)))
 IDS = [9707, 1879, 0, 151643, 13, 220, 14990, 135992, 128, 253, 42, 7]
 

@@ -131,7 +131,7 @@ void register_checkpoint(py::module_& m) {
     use_threads(threads);
     return kernels::read_bandwidth(bytes, reps);
   }, py::arg("bytes"), py::arg("threads") = 0, py::arg("reps") = 3,
-     "Best GB/s of a read loop over a buffer of `bytes` with `threads` OpenMP threads (0: all cores).");
+     "Best GB/s of `reps` read passes over a buffer of `bytes` with `threads` OpenMP threads (0: all cores); the buffer on huge pages as the weights are, one untimed pass first.");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
         py::arg("name"), py::arg("on"), "Kernel switch (the table in engine/include/strata/kernels.h): 'int8_dot', 'attn_tiled', 'attn_decode', 'gdn_matrix', 'moe_parallel', 'bf16_eo', 'decode_rows8', 'decode_runs' (default on), 'kv_f16' or 'decode_pool' (default off); unknown names raise ValueError.");
   m.def("_kernel_option", [](const std::string& name) { return kernels::option(name); }, py::arg("name"),

@@ -3,6 +3,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "kernels_internal.h"
 
+#include <sys/mman.h>
+
 namespace strata {
 namespace kernels {
 
@@ -418,7 +420,8 @@ STRATA_AVX512 static void axpy_avx512(float a, const float* x, float* y, int64_t
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-template <DType DT, int NT, int NR>
+// PF: decode's linear prefetch of the next block, as micro_avx2 (same sums).
+template <DType DT, int NT, int NR, bool PF = false>
 STRATA_AVX512 static void micro_avx512(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t K, float* y,
                                        int64_t ldy) {
   const size_t es = esize<DT>();
@@ -426,8 +429,14 @@ STRATA_AVX512 static void micro_avx512(const void* w, int64_t ldw, const float* 
   __m512 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_setzero_ps();
+  constexpr int64_t step = int64_t(NR) * 16 * int64_t(esize<DT>());  // block bytes read per k step
+  [[maybe_unused]] const char* pf = reinterpret_cast<const char*>(wb) + size_t(NR * ldw) * es + kPrefetchAhead;
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
+    if constexpr (PF) {
+      for (int64_t l = 0; l < step; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
+      pf += step;
+    }
     __m512 xv[NT];
     for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_ps(x + t * ldx + k);
     for (int r = 0; r < NR; ++r) {
@@ -454,14 +463,23 @@ STRATA_AVX512 static void micro_avx512(const void* w, int64_t ldw, const float* 
 // FMA. Decode and prefill share this kernel (one accumulator per token x row, the same k order), so a
 // token's logits stay bit-identical however many tokens were computed with it.
 
-template <int NT, int NR>
+// PF (decode: rows contiguous, ldw == K, streamed from memory): each k step prefetches its share of the
+// next NR-row block in memory order into L2 (kPrefetchAhead bytes further on), as micro_avx2 does: an
+// NR-row block is one contiguous range read as NR short interleaved row streams (2 KiB each at K = 1024),
+// which the hardware prefetcher follows poorly (one core: 0.38 -> 0.8 of a read loop). Same sums.
+template <int NT, int NR, bool PF = false>
 STRATA_AVX512BF16 static void micro_bf16dp(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t ldx,
                                            int64_t K, float* y, int64_t ldy) {
   __m512 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_setzero_ps();
+  [[maybe_unused]] const char* pf = reinterpret_cast<const char*>(w + NR * ldw) + kPrefetchAhead;
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
+    if constexpr (PF) {
+      for (int l = 0; l < NR * 64; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
+      pf += NR * 64;
+    }
     __m512bh xv[NT];
     for (int t = 0; t < NT; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x + t * ldx + k);
     for (int r = 0; r < NR; ++r) {
@@ -505,6 +523,58 @@ static MicroBh micro_bh(int nt, int nr) {
   return t[nt - 1][nr - 1];
 }
 #undef STRATA_ROW4
+#define STRATA_ROW4(T) micro_bf16dp<T, 1, true>, micro_bf16dp<T, 2, true>, micro_bf16dp<T, 3, true>, \
+                       micro_bf16dp<T, 4, true>
+static MicroBh micro_bh_pf(int nt, int nr) {  // decode: the same sums as micro_bh, with linear prefetch
+  static const MicroBh t[6][4] = {{STRATA_ROW4(1)}, {STRATA_ROW4(2)}, {STRATA_ROW4(3)},
+                                  {STRATA_ROW4(4)}, {STRATA_ROW4(5)}, {STRATA_ROW4(6)}};
+  return t[nt - 1][nr - 1];
+}
+#undef STRATA_ROW4
+
+constexpr int kBf16dpTile = 6;  // tokens per micro-kernel call (registers: NT * 4 accumulators)
+
+// Decode (n <= kBf16dpTile tokens) of bf16 weights at AVX512BF16: x rounded to bf16 once for every output,
+// then the rows of all `count` outputs stream from memory once in one decode_for (one parallel loop for
+// q/k/v, one for gate/up), 4 at a time with linear prefetch; one token's rows go 8 to a call where two
+// whole 4-row blocks of one matrix follow each other (option decode_rows8). A row's sums are
+// micro_bf16dp's one accumulator per token x row in k order: the bits of prefill's, for any n.
+static void decode_bf16dp(const MatOut* outs, int count, const float* x, int64_t n) {
+  const int64_t K = outs[0].w->cols, ldx = (K + 31) / 32 * 32;
+  thread_local std::vector<uint16_t> tl_xb;  // reused; the decode lambda reads it from other threads
+  std::vector<uint16_t>& xb = tl_xb;
+  if (xb.size() < size_t(n * ldx)) xb.resize(size_t(n * ldx));
+  for (int64_t t = 0; t < n; ++t) {
+    to_bf16_avx512(x + t * K, K, xb.data() + t * ldx);
+    std::fill(xb.begin() + t * ldx + K, xb.begin() + (t + 1) * ldx, uint16_t(0));
+  }
+  int64_t start[9];
+  start[0] = 0;
+  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + 3) / 4;
+  const bool rows8 = g_decode_rows8 && n == 1;
+  const uint16_t* xbp = xb.data();
+  decode_for(start[count], 16, [&](int64_t q0, int64_t q1) {
+    float tile[kBf16dpTile * 8];
+    int m = 0;
+    for (int64_t qd = q0; qd < q1; ++qd) {
+      while (qd >= start[m + 1]) ++m;
+      const Mat& w = *outs[m].w;
+      const int64_t r0 = (qd - start[m]) * 4, rows = w.rows;
+      const uint16_t* rowp = static_cast<const uint16_t*>(w.data) + r0 * K;
+      float* y = outs[m].y;
+      if (rows8 && qd + 1 < q1 && r0 + 8 <= rows) {  // two whole quads of one matrix, one token
+        micro_bf16dp<1, 8, true>(rowp, K, xbp, ldx, K, tile, 8);
+        for (int r = 0; r < 8; ++r) y[r0 + r] = tile[r];
+        ++qd;
+        continue;
+      }
+      const int nr = int(std::min<int64_t>(4, rows - r0));
+      micro_bh_pf(int(n), nr)(rowp, K, xbp, ldx, K, tile, 4);
+      for (int64_t t = 0; t < n; ++t)
+        for (int r = 0; r < nr; ++r) y[t * rows + r0 + r] = tile[t * 4 + r];
+    }
+  });
+}
 
 // Prefill of every bf16 output of a matmul_multi at once: x rounded to bf16 once (in parallel), then one
 // loop over the row blocks of all outputs (no join between outputs, one tail instead of one per output).
@@ -531,45 +601,6 @@ static void prefill_bf16dp(const MatOut* outs, int count, const float* x, int64_
     float* y = outs[m].y;
     const int64_t rows = w.rows, r0 = (b - start[m]) * RB, nr_block = std::min(RB, rows - r0);
     const uint16_t* base = static_cast<const uint16_t*>(w.data);
-    float tile[TN * 4];
-    for (int64_t t0 = 0; t0 < n; t0 += TN) {
-      const int nt = int(std::min<int64_t>(TN, n - t0));
-      for (int64_t rr = 0; rr < nr_block; rr += 4) {
-        const int nr = int(std::min<int64_t>(4, nr_block - rr));
-        micro_bh(nt, nr)(base + (r0 + rr) * K, K, xb.data() + t0 * ldx, ldx, K, tile, 4);
-        for (int t = 0; t < nt; ++t)
-          for (int r = 0; r < nr; ++r) y[(t0 + t) * rows + r0 + rr + r] = tile[t * 4 + r];
-      }
-    }
-  }
-}
-
-static void matmul_bf16dp(const Mat& w, const float* x, int64_t n, float* y) {
-  const int64_t rows = w.rows, K = w.cols, ldx = (K + 31) / 32 * 32;
-  const uint16_t* base = static_cast<const uint16_t*>(w.data);
-  std::vector<uint16_t> xb(size_t(n * ldx), 0);
-#pragma omp parallel for schedule(static) if (n > 16)
-  for (int64_t t = 0; t < n; ++t) to_bf16_avx512(x + t * K, K, xb.data() + t * ldx);
-  constexpr int TN = 6;
-  if (n <= TN) {  // decode: weight rows stream from memory once, 4 at a time
-    const int64_t quads = (rows + 3) / 4;
-    decode_for(quads, 16, [&](int64_t q0, int64_t q1) {
-      for (int64_t qd = q0; qd < q1; ++qd) {
-        const int64_t r0 = qd * 4;
-        const int nr = int(std::min<int64_t>(4, rows - r0));
-        float tile[TN * 4];
-        micro_bh(int(n), nr)(base + r0 * K, K, xb.data(), ldx, K, tile, 4);
-        for (int64_t t = 0; t < n; ++t)
-          for (int r = 0; r < nr; ++r) y[t * rows + r0 + r] = tile[t * 4 + r];
-      }
-    });
-    return;
-  }
-  // Prefill: a block of RB weight rows (bf16, RB*K*2 bytes) stays in L2 while every token tile passes.
-  const int64_t RB = 64, nblocks = (rows + RB - 1) / RB;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t r0 = b * RB, nr_block = std::min(RB, rows - r0);
     float tile[TN * 4];
     for (int64_t t0 = 0; t0 < n; t0 += TN) {
       const int nt = int(std::min<int64_t>(TN, n - t0));
@@ -636,6 +667,15 @@ static Micro micro512(int nt, int nr) {
                                 {STRATA_ROW4(micro_avx512, DT, 5)}, {STRATA_ROW4(micro_avx512, DT, 6)}};
   return t[nt - 1][nr - 1];
 }
+#define STRATA_ROW4PF(D, T) micro_avx512<D, T, 1, true>, micro_avx512<D, T, 2, true>, micro_avx512<D, T, 3, true>, \
+                            micro_avx512<D, T, 4, true>
+template <DType DT>
+static Micro micro512pf(int nt, int nr) {  // decode: the same sums as micro512, with linear prefetch
+  static const Micro t[6][4] = {{STRATA_ROW4PF(DT, 1)}, {STRATA_ROW4PF(DT, 2)}, {STRATA_ROW4PF(DT, 3)},
+                                {STRATA_ROW4PF(DT, 4)}, {STRATA_ROW4PF(DT, 5)}, {STRATA_ROW4PF(DT, 6)}};
+  return t[nt - 1][nr - 1];
+}
+#undef STRATA_ROW4PF
 template <DType DT>
 static Micro micro256(int nt, int nr) {
   static const Micro t[3][4] = {{STRATA_ROW4(micro_avx2, DT, 1)}, {STRATA_ROW4(micro_avx2, DT, 2)},
@@ -672,9 +712,14 @@ static void run_micro(Level l, DType dt, int nt, int nr, const void* w, int64_t 
   else micro_fn(l, dt, nt, nr)(w, ldw, x, ldx, K, y, ldy);
 }
 
-// Decode rows straight from memory (ldw == K): at AVX2 the prefetching variant of the same kernel.
+// Decode rows straight from memory (ldw == K): at AVX2 and AVX512 the prefetching variant of the same kernel.
 static void run_micro_decode(Level l, DType dt, int nt, int nr, const void* w, int64_t ldw, const float* x,
                              int64_t ldx, int64_t K, float* y, int64_t ldy) {
+  if (vec(l) == Level::AVX512) {
+    const Micro f = dt == DType::F32 ? micro512pf<DType::F32>(nt, nr) : dt == DType::BF16 ? micro512pf<DType::BF16>(nt, nr)
+                  : dt == DType::I8 ? micro512pf<DType::I8>(nt, nr) : micro512pf<DType::F16>(nt, nr);
+    return f(w, ldw, x, ldx, K, y, ldy);
+  }
   if (l != Level::AVX2) return run_micro(l, dt, nt, nr, w, ldw, x, ldx, K, y, ldy);
   const Micro f = dt == DType::F32 ? micro256pf<DType::F32>(nt, nr) : dt == DType::BF16 ? micro256pf<DType::BF16>(nt, nr)
                 : dt == DType::I8 ? micro256pf<DType::I8>(nt, nr) : micro256pf<DType::F16>(nt, nr);
@@ -850,13 +895,14 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   const Level l = level();
   MatOut rest[8];
   if (l == Level::AVX512BF16) {  // bf16 weights with vdpbf16ps, the others as at AVX512
-    int nrest = 0, nbf = 0;
-    MatOut bf[8];
+    int nrest = 0, nbf = 0, ndec = 0;
+    MatOut bf[8], dec[8];
     for (int i = 0; i < count; ++i) {
       if (outs[i].w->dtype != DType::BF16) rest[nrest++] = outs[i];
-      else if (n > 6) bf[nbf++] = outs[i];  // prefill: all bf16 outputs in one pass (prefill_bf16dp)
-      else matmul_bf16dp(*outs[i].w, x, n, outs[i].y);
+      else if (n <= kBf16dpTile) dec[ndec++] = outs[i];  // decode: one parallel loop (decode_bf16dp)
+      else bf[nbf++] = outs[i];                           // prefill: all bf16 outputs in one pass (prefill_bf16dp)
     }
+    if (ndec > 0) decode_bf16dp(dec, ndec, x, n);
     if (nbf > 0) prefill_bf16dp(bf, nbf, x, n);
     if (nrest == 0) return;
     outs = rest;
@@ -961,17 +1007,25 @@ static uint64_t read_scalar(const uint8_t* p, int64_t bytes) {
 
 // Reads `bytes` of memory with the current OpenMP threads, each thread one contiguous slice (as a decode
 // step streams its rows): the best GB/s over `reps` passes. A model's decode limit is this over the bytes
-// it streams per token.
+// it streams per token. A fair peer of the weights: the buffer is 2 MiB-aligned and advised as transparent
+// huge pages as the weight arenas are (model.cpp alloc_arena; 4 KiB pages read ~20% slower on the 2-core
+// VM), and one untimed pass runs first (the first pass after the first-touch memset read up to 30% slower:
+// a single-pass measurement, as the interleaved benchmark takes, understated the limit).
 double read_bandwidth(int64_t bytes, int reps) {
+  constexpr int64_t kHuge = int64_t(2) << 20;
   bytes = std::max<int64_t>(bytes, int64_t(1) << 20) / 4096 * 4096;
-  uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(4096, size_t(bytes)));
+  const int64_t cap = (bytes + kHuge - 1) / kHuge * kHuge;
+  uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(size_t(kHuge), size_t(cap)));
   if (!buf) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  ::madvise(buf, size_t(cap), MADV_HUGEPAGE);  // advisory: ignored where THP is off
+#endif
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < bytes; i += 4096) std::memset(buf + i, int(i >> 12), 4096);  // first touch
   const bool avx = vec(level()) != Level::Scalar;
   double best = 0.0;
   uint64_t sink = 0;
-  for (int rep = 0; rep < std::max(reps, 1); ++rep) {
+  for (int rep = -1; rep < std::max(reps, 1); ++rep) {  // rep -1: the untimed warm pass
     const auto t0 = std::chrono::steady_clock::now();
     uint64_t tot = 0;
 #pragma omp parallel reduction(+ : tot)
@@ -986,7 +1040,7 @@ double read_bandwidth(int64_t bytes, int reps) {
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sink += tot;
-    best = std::max(best, double(bytes) / s / 1e9);
+    if (rep >= 0) best = std::max(best, double(bytes) / s / 1e9);
   }
   std::free(buf);
   return sink == 1 ? best + 1e-300 : best;  // keep the sums observable

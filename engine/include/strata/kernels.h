@@ -68,7 +68,8 @@ struct MatOut {
   float* y;
 };
 void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n);
-// Best GB/s of a read loop over `bytes` with the current OpenMP threads (the decode bandwidth limit).
+// Best GB/s of `reps` read passes over `bytes` with the current OpenMP threads (the decode bandwidth limit):
+// a buffer on transparent huge pages as the weights are, one untimed pass before the timed ones.
 double read_bandwidth(int64_t bytes, int reps);
 // int8 weights with one f32 scale per row (absmax / 127, round to nearest): q [rows, cols], scale [rows].
 void quantize_rows_int8(const Mat& w, int8_t* q, float* scale);
