@@ -2,6 +2,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "kernels_internal.h"
+#include "strata/state.h"  // kQ8Block
 
 namespace strata {
 namespace kernels {
@@ -128,10 +129,28 @@ STRATA_AVX2 static inline __m256 att_ld8(const float* p) { return _mm256_loadu_p
 STRATA_AVX2 static inline __m256 att_ld8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+// A q8 cache as the tiled kernel walks it: q points at a value, q0 / s0 at the cache's value 0 and scale 0
+// (values at offset o from q0 have scale s0[o / 32]). Offsets step by 8 within a block.
+struct Q8Ptr {
+  const int8_t *q, *q0;
+  const float* s0;
+  Q8Ptr operator+(int64_t o) const { return Q8Ptr{q + o, q0, s0}; }
+};
+// 8 q8 values as f32: float(int8) * scale, one rounding (the prefill pack computes the same product).
+STRATA_AVX2 static inline __m256 att_q8_widen(const int8_t* q, float s) {
+  const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(s));
+}
+STRATA_AVX2 static inline __m256 att_ld8(Q8Ptr p) { return att_q8_widen(p.q, p.s0[(p.q - p.q0) >> 5]); }
+// The q8 cache's four arrays (null: not a q8 cache).
+struct Q8Cache {
+  const int8_t *k, *v;
+  const float *ks, *vs;
+};
 
 // Scores of R query rows (q, ldq) against C <= 4 keys (k, ldk): s[r * lds + j] = (q_r . k_j) * scale.
 template <int R, int C, typename E>
-STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const E* k, int64_t ldk, int hd, float scale,
+STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, E k, int64_t ldk, int hd, float scale,
                                float* s, int64_t lds) {
   __m256 acc[R][4];
   for (int r = 0; r < R; ++r)
@@ -155,7 +174,7 @@ STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const E* k, int64_t 
 // O[r, c0 : c0 + 8 C] = O * alpha_r + sum_{j < cnt_r} p[r, j] v[j, c0 : ...], keys in order, R rows sharing
 // each V load for the keys all of them see (j < cmin) and alone for the rest.
 template <int R, int C, typename E>
-STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, const float* alpha, const E* v,
+STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, const float* alpha, E v,
                                int64_t ldv, float* o, int64_t ldo) {
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -192,7 +211,7 @@ STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, cons
 }
 
 template <int R, typename E>
-STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, const E* k, int64_t ldk, int C, int hd, float scale,
+STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, E k, int64_t ldk, int C, int hd, float scale,
                                  float* s, int64_t lds) {
   switch (C) {
     case 1: att_qk<R, 1, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
@@ -203,7 +222,7 @@ STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, const E* k, int64_
 }
 
 template <int R, typename E>
-STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, const float* alpha, const E* v,
+STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, const float* alpha, E v,
                                  int64_t ldv, float* o, int64_t ldo, int C) {
   switch (C) {
     case 1: att_pv<R, 1, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
@@ -270,14 +289,15 @@ struct AttBlock {
   float scale;
   AttScratch* w;
   const uint16_t *k16, *v16;  // f16 cache (null: f32): every tile is widened into the pack buffers
+  Q8Cache q8;                 // q8 cache (q8.k null: not q8): the same
 };
 
 STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, int hd, int64_t pos0, int64_t i0,
                                   int64_t i1, int g, AttScratch& w, const uint16_t* k16 = nullptr,
-                                  const uint16_t* v16 = nullptr) {
+                                  const uint16_t* v16 = nullptr, const Q8Cache* q8 = nullptr) {
   const int G = H / Hkv;
   b = AttBlock{H, Hkv, hd, g, pos0, i0, i1, (i1 - i0) * G, int64_t(Hkv) * hd, pos0 + i1 - 1,
-               1.0f / std::sqrt(float(hd)), &w, k16, v16};
+               1.0f / std::sqrt(float(hd)), &w, k16, v16, q8 ? *q8 : Q8Cache{nullptr, nullptr, nullptr, nullptr}};
   w.fit(b.rows, hd);
   float *Q = w.q.data(), *O = w.o.data(), *M = w.m.data(), *L = w.l.data();
   for (int64_t r = 0; r < b.rows; ++r) {
@@ -290,7 +310,7 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
 
 // Scores, online softmax and P V of one key tile (t0, kc keys; K/V rows kt, vt with stride ldk, f32 or f16).
 template <typename E>
-STRATA_AVX2 static void att_tile_body(const AttBlock& b, const E* kt, const E* vt, int64_t ldk, int kc, int64_t r0,
+STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk, int kc, int64_t r0,
                                       int64_t t0, AttPrefetch* pf) {
   const int G = b.H / b.Hkv, hd = b.hd;
   const int64_t rows = b.rows, pos0 = b.pos0, i0 = b.i0;
@@ -365,6 +385,25 @@ STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float*
     att_tile_body(b, b.k16 + int64_t(b.g) * hd + t0 * kvs, b.v16 + int64_t(b.g) * hd + t0 * kvs, kvs, kc, r0, t0, pf);
     return;
   }
+  if (b.q8.k && stream) {  // q8 cache, decode: widened in registers as it is read (the pack's values)
+    const int64_t o = int64_t(b.g) * hd + t0 * kvs;
+    att_tile_body(b, Q8Ptr{b.q8.k + o, b.q8.k, b.q8.ks}, Q8Ptr{b.q8.v + o, b.q8.v, b.q8.vs}, kvs, kc, r0, t0, pf);
+    return;
+  }
+  if (b.q8.k) {  // q8 cache: widen the tile's rows into the pack buffers, then as f32
+    const int64_t o = int64_t(b.g) * hd + t0 * kvs;
+    const int8_t *k8 = b.q8.k + o, *v8 = b.q8.v + o;
+    const float *ks = b.q8.ks + o / kQ8Block, *vs = b.q8.vs + o / kQ8Block;
+    float *kp = w.kt.data(), *vp = w.vt.data();
+    for (int j = 0; j < kc; ++j)
+      for (int c = 0; c < hd; c += 8) {
+        const int64_t e = j * kvs + c;
+        _mm256_storeu_ps(kp + j * hd + c, att_q8_widen(k8 + e, ks[e / kQ8Block]));
+        _mm256_storeu_ps(vp + j * hd + c, att_q8_widen(v8 + e, vs[e / kQ8Block]));
+      }
+    att_tile_body(b, static_cast<const float*>(kp), static_cast<const float*>(vp), int64_t(hd), kc, r0, t0, pf);
+    return;
+  }
   if (b.k16) {  // f16 cache: widen the tile's rows into the pack buffers (exact), then as f32
     const uint16_t *k16 = b.k16 + int64_t(b.g) * hd + t0 * kvs, *v16 = b.v16 + int64_t(b.g) * hd + t0 * kvs;
     float *kp = w.kt.data(), *vp = w.vt.data();
@@ -413,9 +452,10 @@ STRATA_AVX2 static void att_end(const AttBlock& b, float* out) {
 
 STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd, const float* k, const float* v,
                                           int64_t pos0, int64_t i0, int64_t i1, int g, bool pack, AttScratch& w,
-                                          float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr) {
+                                          float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr,
+                                          const Q8Cache* q8 = nullptr) {
   AttBlock b;
-  att_begin(b, q, H, Hkv, hd, pos0, i0, i1, g, w, k16, v16);
+  att_begin(b, q, H, Hkv, hd, pos0, i0, i1, g, w, k16, v16, q8);
   for (int64_t t0 = 0; t0 <= b.pmax; t0 += ATT_KT) att_tile(b, k, v, t0, pack, false);
   att_end(b, out);
 }
@@ -425,7 +465,8 @@ STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd
 // a steady prefetch stream ahead; each row's arithmetic (tile order, per-tile softmax, P V) is the block
 // kernel's, so decode keeps the full forward's bits whatever the thread count.
 static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
-                                  int64_t pos0, float* out, const uint16_t* k16, const uint16_t* v16) {
+                                  int64_t pos0, float* out, const uint16_t* k16, const uint16_t* v16,
+                                  const Q8Cache* q8) {
   const int T = std::max(1, std::min(Hkv, pool::current_threads()));
   const int64_t grain = (Hkv + T - 1) / T;
   decode_for(Hkv, grain, [&](int64_t g0, int64_t g1) {
@@ -433,12 +474,15 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
     std::vector<AttBlock> bs(size_t(g1 - g0));
     if (ws.size() < bs.size()) ws.resize(bs.size());
     for (int64_t g = g0; g < g1; ++g)
-      att_begin(bs[size_t(g - g0)], q, H, Hkv, hd, pos0, 0, n, int(g), ws[size_t(g - g0)], k16, v16);
+      att_begin(bs[size_t(g - g0)], q, H, Hkv, hd, pos0, 0, n, int(g), ws[size_t(g - g0)], k16, v16, q8);
     const int64_t pmax = pos0 + n - 1, nh = g1 - g0;
     AttPrefetch pf;
-    const int64_t es = k16 ? 2 : 4;  // bytes per cache element
-    pf.k = k16 ? reinterpret_cast<const char*>(k16 + g0 * hd) : reinterpret_cast<const char*>(k + g0 * hd);
-    pf.v = v16 ? reinterpret_cast<const char*>(v16 + g0 * hd) : reinterpret_cast<const char*>(v + g0 * hd);
+    const int64_t es = q8 ? 1 : k16 ? 2 : 4;  // bytes per cache element (q8: the values; the scales, an
+                                              // eighth of them in f32, stream in on the hardware prefetcher)
+    pf.k = q8 ? reinterpret_cast<const char*>(q8->k + g0 * hd)
+              : k16 ? reinterpret_cast<const char*>(k16 + g0 * hd) : reinterpret_cast<const char*>(k + g0 * hd);
+    pf.v = q8 ? reinterpret_cast<const char*>(q8->v + g0 * hd)
+              : v16 ? reinterpret_cast<const char*>(v16 + g0 * hd) : reinterpret_cast<const char*>(v + g0 * hd);
     pf.kvs = int64_t(Hkv) * hd * es;
     pf.span = nh * hd * es;
     // A tile-head's share of the next tile's rows, line by line (the span's last line too:
@@ -471,15 +515,16 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
 }
 
 static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
-                                 int64_t pos0, float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr) {
+                                 int64_t pos0, float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr,
+                                 const Q8Cache* q8 = nullptr) {
   if (n <= 6 && g_attn_decode) {
-    attention_decode_avx2(q, n, H, Hkv, hd, k, v, pos0, out, k16, v16);
+    attention_decode_avx2(q, n, H, Hkv, hd, k, v, pos0, out, k16, v16, q8);
     return;
   }
   if (n <= 6) {  // (old decode) one task per kv head, its n x G rows read the cache once, in place
     decode_for(Hkv, 1, [&](int64_t b, int64_t e) {
       thread_local AttScratch w;
-      for (int64_t g = b; g < e; ++g) attend_block_avx2(q, H, Hkv, hd, k, v, pos0, 0, n, int(g), false, w, out, k16, v16);
+      for (int64_t g = b; g < e; ++g) attend_block_avx2(q, H, Hkv, hd, k, v, pos0, 0, n, int(g), false, w, out, k16, v16, q8);
     });
     return;
   }
@@ -491,7 +536,7 @@ static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int 
     for (int64_t t = 0; t < tasks; ++t) {  // the longest blocks (last positions) first
       const int64_t b = nb - 1 - t / Hkv;
       attend_block_avx2(q, H, Hkv, hd, k, v, pos0, b * ATT_QB, std::min(n, (b + 1) * ATT_QB), int(t % Hkv),
-                        true, w, out, k16, v16);
+                        true, w, out, k16, v16, q8);
     }
   }
 }
@@ -566,6 +611,40 @@ void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint
     vf[size_t(i)] = f16_to_f32(v[i]);
   }
   attention(q, n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
+}
+
+void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* k, const float* ks,
+                  const int8_t* v, const float* vs, int64_t pos0, float* out) {
+  if (hd % kQ8Block != 0) throw std::invalid_argument("attention_q8: head_dim must be a multiple of 32");
+  // The AVX2 tiled kernel at every vector level (as attention_f16): prefill widens each key tile into its
+  // pack buffers, decode widens in registers as it streams the cache, the same products either way.
+  if (g_attn_tiled && vec(level()) != Level::Scalar) {
+    const Q8Cache c{k, v, ks, vs};
+    attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, nullptr, nullptr, &c);
+    return;
+  }
+  const int64_t m = (pos0 + n) * Hkv * hd;  // scalar level: the whole cache widened (the same values), then f32
+  std::vector<float> kf(static_cast<size_t>(m)), vf(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) {
+    kf[size_t(i)] = float(k[i]) * ks[i / kQ8Block];
+    vf[size_t(i)] = float(v[i]) * vs[i / kQ8Block];
+  }
+  attention(q, n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
+}
+
+void quantize_q8_rows(const float* x, int8_t* q, float* scale, int64_t n) {
+  if (n % kQ8Block != 0) throw std::invalid_argument("quantize_q8_rows: n must be a multiple of 32");
+  for (int64_t b = 0; b < n / kQ8Block; ++b) {
+    const float* xb = x + b * kQ8Block;
+    float amax = 0.f;
+    for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f, id = d != 0.f ? 1.0f / d : 0.f;
+    scale[b] = d;
+    for (int i = 0; i < kQ8Block; ++i) {
+      const float r = std::round(xb[i] * id);  // nearest, ties away from zero
+      q[b * kQ8Block + i] = int8_t(std::max(-127.f, std::min(127.f, r)));
+    }
+  }
 }
 
 }  // namespace kernels
