@@ -1,8 +1,9 @@
 """Engine tier: the q8 KV cache (Engine.load kv_cache="q8"; issue 32). K and V are held as int8 in blocks of 32
 values along head_dim with one f32 scale per block (absmax / 127, llama.cpp's q8_0 with an f32 scale).
 
-Checked: the quantisation rule itself (against numpy), the attention kernel over a q8 cache (it is the f32
-kernel over the dequantised cache, bit for bit, and close to float64 attention over the unquantised one),
+Checked: the quantisation rule itself (against numpy), the attention kernel over a q8 cache (query rows
+quantised the same way, exact int8 block dots for the scores: float64 attention over the dequantised values is
+its reference; close to attention over the unquantised ones),
 decode == prefill bits at every thread count, and at the engine level: decode equals the full forward,
 logits and greedy ids stay close to the f32 cache's (the stated tolerance below), sessions reuse a held
 prefix, cut back and restore checkpoints exactly as they do with the f16 cache, and a head_dim that is not a
@@ -64,22 +65,22 @@ Q8_CASES = [(150, 203, 4, 2, 32), (37, 37, 6, 2, 64), (3, 300, 6, 2, 128), (1, 1
 
 
 @pytest.mark.parametrize("case", Q8_CASES, ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
-def test_q8_cache_attention_is_the_f32_kernel_on_the_dequantised_cache(level, case):
+def test_q8_cache_attention_matches_reference_on_the_quantised_values(level, case):
+    """The kernel quantises the query rows like the cache (blocks of 32 along head_dim) and takes exact int8
+    block dots: float64 attention over the dequantised q, K and V is its reference (TOL, as f32 and f16), at
+    every vector level; against the unquantised inputs it stays close and is not equal."""
     n, T, H, Hkv, hd = case
     q, k, v = inputs(*case, seed=21)
     out = _engine._attention(q, k, v, H, Hkv, threads=2, kv_q8=True)
+    qd = _dequant(*_engine._quantize_q8(q))
     kd, vd = _dequant(*_engine._quantize_q8(k)), _dequant(*_engine._quantize_q8(v))
-    assert np.abs(out - reference(q, kd, vd)).max() <= TOL
-    # against the unquantised cache: close, and not equal (the cache really is quantised)
+    assert np.abs(out - reference(qd, kd, vd)).max() <= TOL
     err = np.abs(out - reference(q, k, v)).max()
-    assert 0 < err <= 0.05, err
-    # the same bits as the f32 kernel given the dequantised values (above scalar: the AVX2 tiled kernel)
-    _engine.set_kernel_level("avx2" if level in ("avx512", "avx512bf16") else level)
-    try:
-        same = _engine._attention(q, kd, vd, H, Hkv, threads=2)
-    finally:
-        _engine.set_kernel_level(level)
-    assert np.array_equal(out, same)
+    assert 0 < err <= 0.1, err  # measured up to 0.054 (peaked softmax: q scaled by 3)
+    # the kernel over the quantised arrays as given is the same kernel
+    k8, ks = _engine._quantize_q8(k)
+    v8, vs = _engine._quantize_q8(v)
+    assert np.array_equal(_engine._attention_q8(q, k8, ks, v8, vs, H, Hkv, threads=2), out)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

@@ -232,6 +232,36 @@ void register_checkpoint(py::module_& m) {
      "kv_f16: k and v rounded to an f16 cache first (the kv_f16 kernel option's cache); float16 k and v: an f16 "
      "cache as given. kv_q8: k and v quantised to a q8 cache first (kv_cache='q8': int8 blocks of 32 along hd, "
      "an f32 scale each), then its kernel.");
+  m.def("_attention_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                            py::array_t<int8_t, py::array::c_style> k, py::array_t<float, py::array::c_style> ks,
+                            py::array_t<int8_t, py::array::c_style> v, py::array_t<float, py::array::c_style> vs,
+                            int n_heads, int n_kv_heads, int threads) {
+    // A q8 cache as given (_quantize_q8's arrays: nothing quantised or copied): the kernel alone, for timings.
+    if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3 || ks.ndim() != 3 || vs.ndim() != 3)
+      throw std::invalid_argument("q, k, ks, v, vs must be 3-d");
+    const int64_t n = q.shape(0), T = k.shape(0), hd = q.shape(2);
+    if (q.shape(1) != n_heads || k.shape(1) != n_kv_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
+        hd % kQ8Block != 0)
+      throw std::invalid_argument("q must be [n, n_heads, hd] (hd a multiple of 32), k [T, n_kv_heads, hd]");
+    for (const auto* a : {&k, &v})
+      if (a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd || n < 1 || T < n)
+        throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd] with T >= n >= 1");
+    for (const auto* a : {&ks, &vs})
+      if (a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd / kQ8Block)
+        throw std::invalid_argument("ks and vs must both be [T, n_kv_heads, hd / 32]");
+    py::array_t<float> out({n, int64_t(n_heads), hd});
+    const float* qp = q.data();
+    float* op = out.mutable_data();
+    {
+      py::gil_scoped_release release;
+      use_threads(threads);
+      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), k.data(), ks.data(), v.data(), vs.data(), T - n, op);
+    }
+    return out;
+  }, py::arg("q"), py::arg("k"), py::arg("ks"), py::arg("v"), py::arg("vs"), py::arg("n_heads"),
+     py::arg("n_kv_heads"), py::arg("threads") = 0,
+     "The attention kernel over a q8 cache as given (k, v int8 [T, Hkv, hd]; ks, vs f32 [T, Hkv, hd / 32], "
+     "as _quantize_q8 returns them): queries at positions T-n..T-1.");
   m.def("_quantize_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
     // x [..., n] with n % 32 == 0 -> (int8 values of x's shape, f32 scales [..., n / 32]), as a q8 cache holds x.
     if (x.ndim() < 1 || x.shape(x.ndim() - 1) % kQ8Block != 0)

@@ -4,6 +4,8 @@
 #include "kernels_internal.h"
 #include "strata/state.h"  // kQ8Block
 
+#include <type_traits>
+
 namespace strata {
 namespace kernels {
 
@@ -129,24 +131,109 @@ STRATA_AVX2 static inline __m256 att_ld8(const float* p) { return _mm256_loadu_p
 STRATA_AVX2 static inline __m256 att_ld8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-// A q8 cache as the tiled kernel walks it: q points at a value, q0 / s0 at the cache's value 0 and scale 0
-// (values at offset o from q0 have scale s0[o / 32]). Offsets step by 8 within a block.
+// A key tile of a q8 cache, read in place: q at the tile's first value (key t0, the block's kv head), s at
+// that value's scale; rows ld values apart (their scales ld / 32 apart).
 struct Q8Ptr {
-  const int8_t *q, *q0;
-  const float* s0;
-  Q8Ptr operator+(int64_t o) const { return Q8Ptr{q + o, q0, s0}; }
+  const int8_t* q;
+  const float* s;
 };
-// 8 q8 values as f32: float(int8) * scale, one rounding (the prefill pack computes the same product).
-STRATA_AVX2 static inline __m256 att_q8_widen(const int8_t* q, float s) {
-  const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(s));
-}
-STRATA_AVX2 static inline __m256 att_ld8(Q8Ptr p) { return att_q8_widen(p.q, p.s0[(p.q - p.q0) >> 5]); }
 // The q8 cache's four arrays (null: not a q8 cache).
 struct Q8Cache {
   const int8_t *k, *v;
   const float *ks, *vs;
 };
+
+// q8 scores: the query rows are quantised like the cache (blocks of 32, att_begin), and each block's dot is
+// exact in int32 (AVX2 maddubs on |k| and sign(q, k), then madd: |products| <= 127^2, pairs < 2^15), then
+// s[r, j] = (sum over blocks, in order, of float(dot_b) * (dq_b * dk_b) in 8 lanes, reduced as att_qk
+// reduces) * scale. Each (row, key) is the same sequence whichever rows and keys share the call.
+template <int R, int C>
+STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int hd, const int8_t* k, const float* ks,
+                                  int64_t ldk, float scale, float* s, int64_t lds) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int nb = hd / 32;
+  const int64_t lds8 = ldk / 32;
+  for (int b = 0; b < nb; ++b) {
+    __m256i qv[R];
+    float dq[R];
+    for (int r = 0; r < R; ++r) {
+      qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
+      dq[r] = qs[r * nb + b];
+    }
+    for (int j = 0; j < C; ++j) {
+      const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + j * ldk + 32 * b));
+      const __m256i ax = _mm256_abs_epi8(kv);
+      const float dk = ks[j * lds8 + b];
+      for (int r = 0; r < R; ++r) {
+        const __m256i d32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(qv[r], kv)), ones);
+        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_set1_ps(dq[r] * dk), acc[r][j]);
+      }
+    }
+  }
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int r = 0; r < R; ++r) {
+    alignas(16) float t[4];
+    _mm_store_ps(t, _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+    for (int j = 0; j < C; ++j) s[r * lds + j] = t[j];
+  }
+}
+
+template <int R>
+STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const float* qs, int hd, const int8_t* k, const float* ks,
+                                    int64_t ldk, int C, float scale, float* s, int64_t lds) {
+  switch (C) {
+    case 1: att_qk_q8<R, 1>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
+    case 2: att_qk_q8<R, 2>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
+    case 3: att_qk_q8<R, 3>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
+    default: att_qk_q8<R, 4>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
+  }
+}
+
+// q8 P V over one block of 32 output columns (one scale per key): O[r, :32] = O * alpha_r + sum_{j < cnt_r}
+// (p[r, j] * dv_j) float(v_j) -- the weight rounded once, then one FMA per value, keys in order; R rows
+// share each widened V row for the keys all of them see.
+template <int R>
+STRATA_AVX2 static void att_pv_q8(const float* p, int64_t ldp, const int* cnt, const float* alpha, const int8_t* v,
+                                  const float* vs, int64_t ldv, float* o, int64_t ldo) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
+  const int64_t lds8 = ldv / 32;
+  int cmin = cnt[0];
+  for (int r = 1; r < R; ++r) cmin = std::min(cmin, cnt[r]);
+#define widen(j, c) \
+  _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + (j) * ldv + 8 * (c)))))
+  for (int j = 0; j < cmin; ++j) {
+    __m256 vv[4];
+    for (int c = 0; c < 4; ++c) vv[c] = widen(j, c);
+    const float dv = vs[j * lds8];
+    for (int r = 0; r < R; ++r) {
+      const __m256 w = _mm256_set1_ps(p[r * ldp + j] * dv);
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_fmadd_ps(w, vv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    __m256 a[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) a[c] = acc[r][c];
+    for (int j = cmin; j < cnt[r]; ++j) {
+      const __m256 w = _mm256_set1_ps(p[r * ldp + j] * vs[j * lds8]);
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) a[c] = _mm256_fmadd_ps(w, widen(j, c), a[c]);
+    }
+    const __m256 al = _mm256_set1_ps(alpha[r]);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      float* op = o + r * ldo + 8 * c;
+      _mm256_storeu_ps(op, _mm256_fmadd_ps(_mm256_loadu_ps(op), al, a[c]));
+    }
+  }
+#undef widen
+}
 
 // Scores of R query rows (q, ldq) against C <= 4 keys (k, ldk): s[r * lds + j] = (q_r . k_j) * scale.
 template <int R, int C, typename E>
@@ -236,6 +323,8 @@ STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, co
 struct AttScratch {
   std::vector<float> q, o, s, kt, vt, m, l, alpha;
   std::vector<int> cnt;
+  std::vector<int8_t> q8;  // q8 cache: the query rows quantised (blocks of 32), and their scales
+  std::vector<float> qs;
   void fit(int64_t rows, int hd) {
     if (int64_t(q.size()) < rows * hd) { q.resize(size_t(rows * hd)); o.resize(size_t(rows * hd)); }
     if (int64_t(s.size()) < rows * ATT_KT) s.resize(size_t(rows * ATT_KT));
@@ -306,6 +395,10 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
     M[r] = -INFINITY;
     L[r] = 0.f;
   }
+  if (q8) {  // the rows quantised as the cache is (each row on its own: the same bits in any block)
+    if (int64_t(w.q8.size()) < b.rows * hd) { w.q8.resize(size_t(b.rows * hd)); w.qs.resize(size_t(b.rows * hd / 32)); }
+    quantize_q8_rows(Q, w.q8.data(), w.qs.data(), b.rows * hd);
+  }
 }
 
 // Scores, online softmax and P V of one key tile (t0, kc keys; K/V rows kt, vt with stride ldk, f32 or f16).
@@ -319,7 +412,24 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
   float *Q = w.q.data(), *O = w.o.data(), *S = w.s.data(), *M = w.m.data(), *L = w.l.data(), *A = w.alpha.data();
   int* cnt = w.cnt.data();
   const int C8 = hd / 8;
-  // scores: 3 rows x 4 keys per micro-tile, the 4 keys' rows kept in L1 over all the rows
+  constexpr bool q8 = std::is_same<E, Q8Ptr>::value;
+  // scores: 3 rows x 4 keys per micro-tile (q8: 2 rows), the 4 keys' rows kept in L1 over all the rows
+  if constexpr (q8) {
+    const int8_t* Q8 = w.q8.data();
+    const float* QS = w.qs.data();
+    const int nb = hd / 32;
+    for (int j = 0; j < kc; j += 4) {
+      const int C = std::min(4, kc - j);
+      if (pf) att_decode_prefetch(*pf);
+      int64_t r = r0;
+      for (; r + 2 <= rows; r += 2)
+        att_qk_q8_r<2>(Q8 + r * hd, QS + r * nb, hd, kt.q + j * ldk, kt.s + j * (ldk / 32), ldk, C, scale,
+                       S + r * ATT_KT + j, ATT_KT);
+      if (r < rows)
+        att_qk_q8_r<1>(Q8 + r * hd, QS + r * nb, hd, kt.q + j * ldk, kt.s + j * (ldk / 32), ldk, C, scale,
+                       S + r * ATT_KT + j, ATT_KT);
+    }
+  } else
   for (int j = 0; j < kc; j += 4) {
     const int C = std::min(4, kc - j);
     if (pf) att_decode_prefetch(*pf);
@@ -359,15 +469,27 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
     }
     L[r] = L[r] * A[r] + hsum256(sum);
   }
-  // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile, the V column slice kept in L1
-  for (int c0 = 0; c0 < C8; c0 += 4) {
-    const int C = std::min(4, C8 - c0);
-    if (pf) att_decode_prefetch(*pf);
-    int64_t r = r0;
-    for (; r + 3 <= rows; r += 3)
-      att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-    if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-    else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+  // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile (q8: 2), the V column slice kept in L1
+  if constexpr (q8) {
+    for (int c0 = 0; c0 < C8; c0 += 4) {  // 32 columns: one q8 block
+      if (pf) att_decode_prefetch(*pf);
+      const int8_t* vq = vt.q + 8 * c0;
+      const float* vsc = vt.s + c0 / 4;
+      int64_t r = r0;
+      for (; r + 2 <= rows; r += 2)
+        att_pv_q8<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vq, vsc, ldk, O + r * hd + 8 * c0, hd);
+      if (r < rows) att_pv_q8<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vq, vsc, ldk, O + r * hd + 8 * c0, hd);
+    }
+  } else {
+    for (int c0 = 0; c0 < C8; c0 += 4) {
+      const int C = std::min(4, C8 - c0);
+      if (pf) att_decode_prefetch(*pf);
+      int64_t r = r0;
+      for (; r + 3 <= rows; r += 3)
+        att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+      if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+      else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+    }
   }
 }
 
@@ -385,23 +507,11 @@ STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float*
     att_tile_body(b, b.k16 + int64_t(b.g) * hd + t0 * kvs, b.v16 + int64_t(b.g) * hd + t0 * kvs, kvs, kc, r0, t0, pf);
     return;
   }
-  if (b.q8.k && stream) {  // q8 cache, decode: widened in registers as it is read (the pack's values)
+  if (b.q8.k) {  // q8 cache: read in place (int8 dots for the scores, V widened in registers), prefill and
+                 // decode alike
     const int64_t o = int64_t(b.g) * hd + t0 * kvs;
-    att_tile_body(b, Q8Ptr{b.q8.k + o, b.q8.k, b.q8.ks}, Q8Ptr{b.q8.v + o, b.q8.v, b.q8.vs}, kvs, kc, r0, t0, pf);
-    return;
-  }
-  if (b.q8.k) {  // q8 cache: widen the tile's rows into the pack buffers, then as f32
-    const int64_t o = int64_t(b.g) * hd + t0 * kvs;
-    const int8_t *k8 = b.q8.k + o, *v8 = b.q8.v + o;
-    const float *ks = b.q8.ks + o / kQ8Block, *vs = b.q8.vs + o / kQ8Block;
-    float *kp = w.kt.data(), *vp = w.vt.data();
-    for (int j = 0; j < kc; ++j)
-      for (int c = 0; c < hd; c += 8) {
-        const int64_t e = j * kvs + c;
-        _mm256_storeu_ps(kp + j * hd + c, att_q8_widen(k8 + e, ks[e / kQ8Block]));
-        _mm256_storeu_ps(vp + j * hd + c, att_q8_widen(v8 + e, vs[e / kQ8Block]));
-      }
-    att_tile_body(b, static_cast<const float*>(kp), static_cast<const float*>(vp), int64_t(hd), kc, r0, t0, pf);
+    att_tile_body(b, Q8Ptr{b.q8.k + o, b.q8.ks + o / kQ8Block}, Q8Ptr{b.q8.v + o, b.q8.vs + o / kQ8Block}, kvs, kc,
+                  r0, t0, pf);
     return;
   }
   if (b.k16) {  // f16 cache: widen the tile's rows into the pack buffers (exact), then as f32
@@ -528,14 +638,14 @@ static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int 
     });
     return;
   }
-  const int64_t nb = (n + ATT_QB - 1) / ATT_QB, tasks = nb * Hkv;
+  const int64_t qb = ATT_QB, nb = (n + qb - 1) / qb, tasks = nb * Hkv;
 #pragma omp parallel
   {
     AttScratch w;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {  // the longest blocks (last positions) first
       const int64_t b = nb - 1 - t / Hkv;
-      attend_block_avx2(q, H, Hkv, hd, k, v, pos0, b * ATT_QB, std::min(n, (b + 1) * ATT_QB), int(t % Hkv),
+      attend_block_avx2(q, H, Hkv, hd, k, v, pos0, b * qb, std::min(n, (b + 1) * qb), int(t % Hkv),
                         true, w, out, k16, v16, q8);
     }
   }
@@ -616,20 +726,26 @@ void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint
 void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* k, const float* ks,
                   const int8_t* v, const float* vs, int64_t pos0, float* out) {
   if (hd % kQ8Block != 0) throw std::invalid_argument("attention_q8: head_dim must be a multiple of 32");
-  // The AVX2 tiled kernel at every vector level (as attention_f16): prefill widens each key tile into its
-  // pack buffers, decode widens in registers as it streams the cache, the same products either way.
+  // The AVX2 tiled kernel at every vector level (as attention_f16), reading the cache in place, prefill and
+  // decode alike: the query rows quantised like the cache, int8 dots for the scores, V widened in registers.
   if (g_attn_tiled && vec(level()) != Level::Scalar) {
     const Q8Cache c{k, v, ks, vs};
     attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, nullptr, nullptr, &c);
     return;
   }
-  const int64_t m = (pos0 + n) * Hkv * hd;  // scalar level: the whole cache widened (the same values), then f32
-  std::vector<float> kf(static_cast<size_t>(m)), vf(static_cast<size_t>(m));
+  // scalar level: the whole cache and the queries (quantised as the tiled kernel quantises them) widened,
+  // then as f32
+  const int64_t m = (pos0 + n) * Hkv * hd, mq = n * H * hd;
+  std::vector<float> kf(static_cast<size_t>(m)), vf(static_cast<size_t>(m)), qf(static_cast<size_t>(mq));
   for (int64_t i = 0; i < m; ++i) {
     kf[size_t(i)] = float(k[i]) * ks[i / kQ8Block];
     vf[size_t(i)] = float(v[i]) * vs[i / kQ8Block];
   }
-  attention(q, n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
+  std::vector<int8_t> q8(static_cast<size_t>(mq));
+  std::vector<float> qs(static_cast<size_t>(mq / kQ8Block));
+  quantize_q8_rows(q, q8.data(), qs.data(), mq);
+  for (int64_t i = 0; i < mq; ++i) qf[size_t(i)] = float(q8[size_t(i)]) * qs[size_t(i / kQ8Block)];
+  attention(qf.data(), n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
 }
 
 void quantize_q8_rows(const float* x, int8_t* q, float* scale, int64_t n) {
