@@ -14,7 +14,7 @@ run; aggregate and per-stream tok/s, time to first token), written to concurrenc
 Long context (issue 18): `--contexts 256 4096 16384 --decode 16 --skip hf,hf-f32,int8,accuracy,scaling
 --attn-ab` prefills 4K and 16K prompts and decodes at that context for strata and llama.cpp in one run.
 strata's per-op timers (STRATA_PROFILE=1, on in this script) give attention's share of prefill and decode
-time at each context; --attn-ab adds a row with the attention kernel strata had before the tiled one (the
+time at each context (--kv-q8 adds the q8 KV cache's row and its logit error against the f32 cache, issue 32); --attn-ab adds a row with the attention kernel strata had before the tiled one (the
 per-query scalar loop): its prefill up to --ab-max-context (an hour per 16K prefill on 2 cores) and its
 decode at every context (the same held prompt, cut back and decoded again).
 
@@ -194,6 +194,32 @@ def int8_accuracy(path, threads, n_tokens, max_context, int8_dot=True):
     return err, scale, agree
 
 
+def kv_q8_accuracy(path, threads, prompt, n_tokens, max_context):
+    """The q8 KV cache against the f32 cache (bf16 weights both): the f32 cache's greedy continuation of
+    ``prompt`` (``n_tokens`` ids), then both engines teacher-forced over it (each prefix's last logits, read
+    by cutting the held ids back to it: one token read per step); max |logit error|, the largest |logit| and
+    greedy agreement."""
+    ref = strata_engine(path, threads, None, max_context, "f32")
+    q8 = strata_engine(path, threads, None, max_context, "q8")
+    s = ref.session("kv-acc")
+    s.reset()
+    gen = s.generate(prompt, max_new_tokens=n_tokens).result.gen_ids
+    logits = {}
+    for name, eng in (("f32", ref), ("q8", q8)):
+        se = eng.session("kv-acc")
+        se.reset()
+        rows = []
+        for i in range(n_tokens):
+            se.generate(prompt + gen[:i], max_new_tokens=0)
+            rows.append(se.last_logits().copy())
+        se.reset()
+        logits[name] = np.stack(rows)
+    err = float(np.max(np.abs(logits["f32"] - logits["q8"])))
+    scale = float(np.max(np.abs(logits["f32"])))
+    agree = float(np.mean(np.argmax(logits["q8"], axis=1) == np.asarray(gen)))
+    return err, scale, agree
+
+
 def markdown(rows, contexts, base="strata bf16"):
     out = ["| system | context | prefill tok/s | decode tok/s | prefill vs strata bf16 | decode vs strata bf16 |",
            "|---|---:|---:|---:|---:|---:|"]
@@ -264,6 +290,10 @@ def main(argv=None):
     ap.add_argument("--kv-f32", action="store_true",
                     help="add 'strata bf16 kv f32': the KV cache in f32 (Engine.load kv_cache='f32'; twice the cache "
                          "bytes of the default f16 cache of bf16 weights)")
+    ap.add_argument("--kv-q8", action="store_true",
+                    help="add 'strata bf16 kv q8': the KV cache as int8 blocks of 32 with an f32 scale (Engine.load "
+                         "kv_cache='q8'; 1.125 bytes per value against the default f16 cache's 2), and its logit "
+                         "error against the f32 cache (unless --skip accuracy)")
     ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
     ap.add_argument("--q8-max-context", type=int, default=None,
                     help="run llama.cpp Q8_0 only up to this context (long prefills take tens of minutes)")
@@ -334,6 +364,9 @@ def main(argv=None):
     if args.kv_f32 and "strata" not in skip:
         systems.append(("strata bf16 kv f32", lambda p: bench_strata(path, p, args.decode, T, None, max_ctx,
                                                                      "strata bf16 kv f32", kv_cache="f32")))
+    if args.kv_q8 and "strata" not in skip:
+        systems.append(("strata bf16 kv q8", lambda p: bench_strata(path, p, args.decode, T, None, max_ctx,
+                                                                    "strata bf16 kv q8", kv_cache="q8")))
     if args.decode_ab and "strata" not in skip:
         systems.append((OLD_DEC, lambda p: (float("nan"), max(DECODE_AB[len(p)]["old"]))))
     if args.attn_ab:
@@ -375,12 +408,12 @@ def main(argv=None):
                 nbytes = 0
                 if name.startswith("strata") and name != OLD:
                     wts = name.split()[1]
-                    info = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx,
-                                         "f32" if name.endswith("kv f32") else "auto").info
+                    kv = "f32" if name.endswith("kv f32") else "q8" if name.endswith("kv q8") else "auto"
+                    info = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx, kv).info
                     nbytes = info["stream_bytes"]
-                    nbytes += kv_token_bytes * (c + args.decode // 2)  # the f32 KV cache a mid-decode step reads
-                    if info["kv_cache"] == "f16":
-                        nbytes -= kv_token_bytes * (c + args.decode // 2) // 2
+                    # the KV cache a mid-decode step reads: f32 4 bytes a value, f16 2, q8 1 + 4 / 32 (scale)
+                    per_value = {"f32": 4.0, "f16": 2.0, "q8": 1.125}[info["kv_cache"]]
+                    nbytes += int(kv_token_bytes * (c + args.decode // 2) * per_value / 4)
                     # the limit right before and right after: the faster of the best of 3 passes each (a
                     # single pass caught by a competing process on a shared machine understated the limit:
                     # fractions above 1)
@@ -430,7 +463,7 @@ def main(argv=None):
                      f"load**")
     for (name, c), (frac, gbs, limit) in bw.items():
         nbytes = gbs * 1e9 / limit
-        lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token (weights + KV cache, f16 or f32 as the engine holds it); "
+        lines.append(f"- {name}, context {c}: decode streams {nbytes / 1e9:.3f} GB/token (weights + KV cache, f32, f16 or q8 as the engine holds it); "
                      f"read loop over that many bytes, {T} threads, best of 3 passes just before and 3 after: "
                      f"{gbs:.1f} GB/s = limit {limit:.1f} tok/s; decode "
                      f"{rows[(name, c)][1]:.2f} tok/s = **{frac:.2f} of the bandwidth limit**")
@@ -465,6 +498,13 @@ def main(argv=None):
             what = "int8 (int8 activations, blocks of 32)" if dot else "int8 f32 act (weights widened to f32)"
             lines.append(f"- {what} vs bf16 weights in f32, {args.accuracy_tokens} greedy tokens teacher-forced: max "
                          f"|logit error| {err:.4f} (logits up to {scale:.2f}), greedy agreement {agree * 100:.1f}%")
+    if args.kv_q8 and "accuracy" not in skip:
+        short = np.random.default_rng(1).integers(0, 151669, 32).tolist()
+        for prompt, n in ((short, args.accuracy_tokens), (rng_prompt[:contexts[-1]], args.decode)):
+            err, scale, agree = kv_q8_accuracy(path, T, prompt, n, max_ctx)
+            lines.append(f"- q8 KV cache (int8 blocks of 32, f32 scales) vs the f32 cache, bf16 weights, context "
+                         f"{len(prompt)}, {n} greedy tokens teacher-forced: max |logit error| {err:.4f} (logits up "
+                         f"to {scale:.2f}), greedy agreement {agree * 100:.1f}%")
     text = "\n".join(lines)
     print("\n" + text, flush=True)
     out = Path(args.out)
