@@ -25,8 +25,11 @@ context, 1 vs N threads, and int8 accuracy against the bf16 weights computed in 
 greedy agreement). Writes the table (engine.md) and a plot of tok/s against context (engine.png) to
 --out. The model folder and GGUFs are cached under build/bench/.
 
-The llama.cpp peer is optional and skipped (with a note) when absent; it needs packages that are not
-project dependencies (llama-cpp-python compiles llama.cpp, minutes on 2 cores):
+The llama.cpp peer is optional and skipped (with a note) when absent; without llama-cpp-python it runs through
+`llama-server` ($STRATA_LLAMA_SERVER or PATH; one slot, the f16 GGUF and its f16 KV cache, rows "llama.cpp
+f16" and "llama.cpp f16 +fa": flash attention off and on; prefill and decode tok/s from the server's own
+timings). llama-cpp-python needs packages that are not project dependencies (it compiles llama.cpp, minutes
+on 2 cores):
 
     pip install gguf diskcache
     CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python
@@ -45,6 +48,7 @@ starve the working threads, and sleeping at once costs a wake-up per parallel re
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -159,6 +163,42 @@ def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None
         PROFILES[(name, len(prompt))] = {ph: _attention_share(prof, ph) for ph in ("prefill", "decode")}
     p, d = len(prompt) / (r.prefill_ms / 1e3), n_decode / (r.decode_ms / 1e3)
     return (p, d, old_d) if old_attention == "decode" else (p, d)
+
+
+def llama_server_binary():
+    import shutil
+
+    return os.environ.get("STRATA_LLAMA_SERVER") or shutil.which("llama-server")
+
+
+def bench_llama_server(path, prompt, n_decode, threads, flash_attn):
+    """llama.cpp through one `llama-server` slot (when llama-cpp-python is not installed): the f16 GGUF, its
+    default f16 KV cache, flash attention on or off; one greedy /completion of ``prompt`` (token ids, no
+    prompt cache) and its own timings (prompt and predicted tokens per second)."""
+    import httpx
+    from concurrency import _free_port, _Server
+    from strata_lab.tiny.gguf_export import gguf_file
+
+    gguf = gguf_file(path, "f16")
+    os.sync()
+    port = _free_port()
+    argv = [llama_server_binary(), "-m", str(gguf), "-np", "1", "-c", str(len(prompt) + n_decode + 16), "-t",
+            str(threads), "-tb", str(threads), "-fa", "on" if flash_attn else "off", "--host", "127.0.0.1",
+            "--port", str(port), "--no-warmup"]
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
+           "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "20000")}
+    srv = _Server({"args": argv, "env": env}, port).wait()
+    try:
+        body = {"prompt": list(prompt), "n_predict": n_decode, "temperature": 0, "ignore_eos": True,
+                "cache_prompt": False}
+        r = httpx.post(srv.url + "/completion", json=body, timeout=7200)
+        r.raise_for_status()
+        t = r.json()["timings"]
+        if t["predicted_n"] != n_decode or t["prompt_n"] != len(prompt):
+            raise RuntimeError(f"llama-server read {t['prompt_n']} and decoded {t['predicted_n']} tokens")
+        return t["prompt_per_second"], t["predicted_per_second"]
+    finally:
+        srv.stop()
 
 
 def bench_hf_ctx(path, prompt, n_decode, threads, dtype_name, max_ctx):
@@ -382,7 +422,11 @@ def main(argv=None):
         if "hf-f32" not in skip:
             systems.append(("transformers f32",
                             lambda p: bench_hf_ctx(path, p, args.decode, T, "f32", args.hf_max_context)))
-    if "llama" not in skip:
+    if "llama" not in skip and not importlib.util.find_spec("llama_cpp") and llama_server_binary():
+        # no llama-cpp-python: llama.cpp f16 through llama-server, flash attention off and on
+        systems.append(("llama.cpp f16", lambda p: bench_llama_server(path, p, args.decode, T, False)))
+        systems.append(("llama.cpp f16 +fa", lambda p: bench_llama_server(path, p, args.decode, T, True)))
+    elif "llama" not in skip:
         fa = "+fa" if args.llama_flash_attn else ""
         write_ggufs(path, ["f16"] + ([] if "llama-q8" in skip else ["q8_0"]))
         systems.append(("llama.cpp f16", lambda p: in_subprocess("llama", path, p, args.decode, T, "f16" + fa)))

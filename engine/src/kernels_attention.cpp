@@ -343,6 +343,17 @@ struct AttPrefetch {
   int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
   int64_t col = 0;                         // next byte of row `row` to ask for
   int lines_step = 0;                      // K and V lines per step (score and P V loops)
+  const char *ks = nullptr, *vs = nullptr;  // q8: the span's scales in row 0 (null: no scales)
+  int64_t skvs = 0, sspan = 0;              // q8: scale row stride, scale span (bytes)
+  // q8: a row's scale lines (its first and last byte's), asked for with the row's first value line
+  void scales(int64_t row) const {
+    if (!ks) return;
+    const char *a = ks + row * skvs, *b = vs + row * skvs;
+    _mm_prefetch(a, _MM_HINT_T1);
+    _mm_prefetch(b, _MM_HINT_T1);
+    _mm_prefetch(a + sspan - 1, _MM_HINT_T1);
+    _mm_prefetch(b + sspan - 1, _MM_HINT_T1);
+  }
 };
 constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
 STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
@@ -354,6 +365,7 @@ STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
     const char *kr = p.k + row * kvs, *vr = p.v + row * kvs;
     for (int i = p.lines_step; i > 0; --i) {
       const int64_t c = col < span ? col : span - 1;
+      if (col == 0) p.scales(row);
       _mm_prefetch(kr + c, _MM_HINT_T1);
       _mm_prefetch(vr + c, _MM_HINT_T1);
       col += 64;
@@ -595,6 +607,12 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
               : v16 ? reinterpret_cast<const char*>(v16 + g0 * hd) : reinterpret_cast<const char*>(v + g0 * hd);
     pf.kvs = int64_t(Hkv) * hd * es;
     pf.span = nh * hd * es;
+    if (q8) {
+      pf.ks = reinterpret_cast<const char*>(q8->ks + g0 * hd / kQ8Block);
+      pf.vs = reinterpret_cast<const char*>(q8->vs + g0 * hd / kQ8Block);
+      pf.skvs = int64_t(Hkv) * hd / kQ8Block * 4;
+      pf.sspan = nh * hd / kQ8Block * 4;
+    }
     // A tile-head's share of the next tile's rows, line by line (the span's last line too:
     // spans need not start on a line, e.g. a malloc'ed cache 16 bytes past one, which the row-wise prefetch
     // missed), spread evenly over its 16 score and hd / 32 P V steps. Bursts hurt: whole rows per step, or
@@ -610,6 +628,7 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
       for (const char* base : {pf.k, pf.v})
         for (int64_t r = 0; r < r1; ++r)
           for (int64_t c = 0; c < pf.span + 63; c += 64) _mm_prefetch(base + r * pf.kvs + std::min(c, pf.span - 1), _MM_HINT_T1);
+      for (int64_t r = 0; r < r1; ++r) pf.scales(r);
     }
     for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
       const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT, next_end = std::min(pmax + 1, a0 + ATT_KT);
