@@ -246,8 +246,7 @@ def kv_q8_accuracy(path, threads, prompt, n_tokens, max_context):
     gen = s.generate(prompt, max_new_tokens=n_tokens).result.gen_ids
     logits = {}
     for name, eng in (("f32", ref), ("q8", q8)):
-        se = eng.session("kv-acc")
-        se.reset()
+        se = eng.session("kv-acc")  # f32: still holding prompt + gen (each prefix below: a cut, 1 token read)
         rows = []
         for i in range(n_tokens):
             se.generate(prompt + gen[:i], max_new_tokens=0)
