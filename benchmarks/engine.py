@@ -14,7 +14,7 @@ run; aggregate and per-stream tok/s, time to first token), written to concurrenc
 Long context (issue 18): `--contexts 256 4096 16384 --decode 16 --skip hf,hf-f32,int8,accuracy,scaling
 --attn-ab` prefills 4K and 16K prompts and decodes at that context for strata and llama.cpp in one run.
 strata's per-op timers (STRATA_PROFILE=1, on in this script) give attention's share of prefill and decode
-time at each context; --attn-ab adds a row with the attention kernel strata had before the tiled one (the
+time at each context (--kv-q8 adds the q8 KV cache's row and its logit error against the f32 cache, issue 32); --attn-ab adds a row with the attention kernel strata had before the tiled one (the
 per-query scalar loop): its prefill up to --ab-max-context (an hour per 16K prefill on 2 cores) and its
 decode at every context (the same held prompt, cut back and decoded again).
 
@@ -25,8 +25,11 @@ context, 1 vs N threads, and int8 accuracy against the bf16 weights computed in 
 greedy agreement). Writes the table (engine.md) and a plot of tok/s against context (engine.png) to
 --out. The model folder and GGUFs are cached under build/bench/.
 
-The llama.cpp peer is optional and skipped (with a note) when absent; it needs packages that are not
-project dependencies (llama-cpp-python compiles llama.cpp, minutes on 2 cores):
+The llama.cpp peer is optional and skipped (with a note) when absent; without llama-cpp-python it runs through
+`llama-server` ($STRATA_LLAMA_SERVER or PATH; one slot, the f16 GGUF and its f16 KV cache, rows "llama.cpp
+f16" and "llama.cpp f16 +fa": flash attention off and on; prefill and decode tok/s from the server's own
+timings). llama-cpp-python needs packages that are not project dependencies (it compiles llama.cpp, minutes
+on 2 cores):
 
     pip install gguf diskcache
     CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python
@@ -52,6 +55,7 @@ starve the working threads, and sleeping at once costs a wake-up per parallel re
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -168,6 +172,42 @@ def bench_strata(path, prompt, n_decode, threads, weights=None, max_context=None
     return (p, d, old_d) if old_attention == "decode" else (p, d)
 
 
+def llama_server_binary():
+    import shutil
+
+    return os.environ.get("STRATA_LLAMA_SERVER") or shutil.which("llama-server")
+
+
+def bench_llama_server(path, prompt, n_decode, threads, flash_attn):
+    """llama.cpp through one `llama-server` slot (when llama-cpp-python is not installed): the f16 GGUF, its
+    default f16 KV cache, flash attention on or off; one greedy /completion of ``prompt`` (token ids, no
+    prompt cache) and its own timings (prompt and predicted tokens per second)."""
+    import httpx
+    from concurrency import _free_port, _Server
+    from strata_lab.tiny.gguf_export import gguf_file
+
+    gguf = gguf_file(path, "f16")
+    os.sync()
+    port = _free_port()
+    argv = [llama_server_binary(), "-m", str(gguf), "-np", "1", "-c", str(len(prompt) + n_decode + 16), "-t",
+            str(threads), "-tb", str(threads), "-fa", "on" if flash_attn else "off", "--host", "127.0.0.1",
+            "--port", str(port), "--no-warmup"]
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
+           "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "20000")}
+    srv = _Server({"args": argv, "env": env}, port).wait()
+    try:
+        body = {"prompt": list(prompt), "n_predict": n_decode, "temperature": 0, "ignore_eos": True,
+                "cache_prompt": False}
+        r = httpx.post(srv.url + "/completion", json=body, timeout=7200)
+        r.raise_for_status()
+        t = r.json()["timings"]
+        if t["predicted_n"] != n_decode or t["prompt_n"] != len(prompt):
+            raise RuntimeError(f"llama-server read {t['prompt_n']} and decoded {t['predicted_n']} tokens")
+        return t["prompt_per_second"], t["predicted_per_second"]
+    finally:
+        srv.stop()
+
+
 def bench_hf_ctx(path, prompt, n_decode, threads, dtype_name, max_ctx):
     if len(prompt) > max_ctx:
         raise NotImplementedError(f"context {len(prompt)} > --hf-max-context {max_ctx}")
@@ -198,6 +238,31 @@ def int8_accuracy(path, threads, n_tokens, max_context, int8_dot=True):
     err = float(np.max(np.abs(a[lo:] - b[lo:])))
     scale = float(np.max(np.abs(a[lo:])))
     agree = float(np.mean(np.argmax(b[lo:-1], axis=1) == np.asarray(gen)))
+    return err, scale, agree
+
+
+def kv_q8_accuracy(path, threads, prompt, n_tokens, max_context):
+    """The q8 KV cache against the f32 cache (bf16 weights both): the f32 cache's greedy continuation of
+    ``prompt`` (``n_tokens`` ids), then both engines teacher-forced over it (each prefix's last logits, read
+    by cutting the held ids back to it: one token read per step); max |logit error|, the largest |logit| and
+    greedy agreement."""
+    ref = strata_engine(path, threads, None, max_context, "f32")
+    q8 = strata_engine(path, threads, None, max_context, "q8")
+    s = ref.session("kv-acc")
+    s.reset()
+    gen = s.generate(prompt, max_new_tokens=n_tokens).result.gen_ids
+    logits = {}
+    for name, eng in (("f32", ref), ("q8", q8)):
+        se = eng.session("kv-acc")  # f32: still holding prompt + gen (each prefix below: a cut, 1 token read)
+        rows = []
+        for i in range(n_tokens):
+            se.generate(prompt + gen[:i], max_new_tokens=0)
+            rows.append(se.last_logits().copy())
+        se.reset()
+        logits[name] = np.stack(rows)
+    err = float(np.max(np.abs(logits["f32"] - logits["q8"])))
+    scale = float(np.max(np.abs(logits["f32"])))
+    agree = float(np.mean(np.argmax(logits["q8"], axis=1) == np.asarray(gen)))
     return err, scale, agree
 
 
@@ -271,6 +336,10 @@ def main(argv=None):
     ap.add_argument("--kv-f32", action="store_true",
                     help="add 'strata bf16 kv f32': the KV cache in f32 (Engine.load kv_cache='f32'; twice the cache "
                          "bytes of the default f16 cache of bf16 weights)")
+    ap.add_argument("--kv-q8", action="store_true",
+                    help="add 'strata bf16 kv q8': the KV cache as int8 blocks of 32 with an f32 scale (Engine.load "
+                         "kv_cache='q8'; 1.125 bytes per value against the default f16 cache's 2), and its logit "
+                         "error against the f32 cache (unless --skip accuracy)")
     ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
     ap.add_argument("--llama-passive", action="store_true",
                     help="add 'llama.cpp f16 passive': llama.cpp f16 with its OpenMP threads waiting at barriers as "
@@ -349,6 +418,9 @@ def main(argv=None):
     if args.kv_f32 and "strata" not in skip:
         systems.append(("strata bf16 kv f32", lambda p: bench_strata(path, p, args.decode, T, None, max_ctx,
                                                                      "strata bf16 kv f32", kv_cache="f32")))
+    if args.kv_q8 and "strata" not in skip:
+        systems.append(("strata bf16 kv q8", lambda p: bench_strata(path, p, args.decode, T, None, max_ctx,
+                                                                    "strata bf16 kv q8", kv_cache="q8")))
     if args.decode_ab and "strata" not in skip:
         systems.append((OLD_DEC, lambda p: (float("nan"), max(DECODE_AB[len(p)]["old"]))))
     if args.attn_ab:
@@ -364,7 +436,11 @@ def main(argv=None):
         if "hf-f32" not in skip:
             systems.append(("transformers f32",
                             lambda p: bench_hf_ctx(path, p, args.decode, T, "f32", args.hf_max_context)))
-    if "llama" not in skip:
+    if "llama" not in skip and not importlib.util.find_spec("llama_cpp") and llama_server_binary():
+        # no llama-cpp-python: llama.cpp f16 through llama-server, flash attention off and on
+        systems.append(("llama.cpp f16", lambda p: bench_llama_server(path, p, args.decode, T, False)))
+        systems.append(("llama.cpp f16 +fa", lambda p: bench_llama_server(path, p, args.decode, T, True)))
+    elif "llama" not in skip:
         fa = "+fa" if args.llama_flash_attn else ""
         write_ggufs(path, ["f16"] + ([] if "llama-q8" in skip else ["q8_0"]))
         systems.append(("llama.cpp f16", lambda p: in_subprocess("llama", path, p, args.decode, T, "f16" + fa)))
@@ -415,13 +491,15 @@ def main(argv=None):
             if not name.startswith("strata") or name in (OLD, OLD_DEC):
                 continue
             wts = name.split()[1]
-            kv = "f32" if name.endswith("kv f32") else "auto"
+            kv = "f32" if name.endswith("kv f32") else "q8" if name.endswith("kv q8") else "auto"
             eng = strata_engine(path, T, None if wts == "bf16" else wts, max_ctx, kv)
             for c in contexts:
                 if (name, c) not in rows:
                     continue
-                # the weights and KV cache a step reads in the middle of the 8 (f16 cache: half the f32 bytes)
-                nbytes = eng.info["stream_bytes"] + kv_token_bytes * (c + 4) // (2 if eng.info["kv_cache"] == "f16" else 1)
+                # the weights and KV cache a step reads in the middle of the 8: f32 4 bytes a value, f16 2,
+                # q8 1 + 4 / 32 (its scale)
+                per_value = {"f32": 4.0, "f16": 2.0, "q8": 1.125}[eng.info["kv_cache"]]
+                nbytes = eng.info["stream_bytes"] + int(kv_token_bytes * (c + 4) * per_value / 4)
                 ext._set_kernel_option("int8_dot", not name.endswith("f32 act"))
                 try:
                     res = bandwidth.interleaved(ext, eng, rng_prompt[:c], nbytes, T, args.interleaved_rounds,
@@ -463,6 +541,13 @@ def main(argv=None):
             what = "int8 (int8 activations, blocks of 32)" if dot else "int8 f32 act (weights widened to f32)"
             lines.append(f"- {what} vs bf16 weights in f32, {args.accuracy_tokens} greedy tokens teacher-forced: max "
                          f"|logit error| {err:.4f} (logits up to {scale:.2f}), greedy agreement {agree * 100:.1f}%")
+    if args.kv_q8 and "accuracy" not in skip:
+        short = np.random.default_rng(1).integers(0, 151669, 32).tolist()
+        for prompt, n in ((short, args.accuracy_tokens), (rng_prompt[:contexts[-1]], args.decode)):
+            err, scale, agree = kv_q8_accuracy(path, T, prompt, n, max_ctx)
+            lines.append(f"- q8 KV cache (int8 blocks of 32, f32 scales) vs the f32 cache, bf16 weights, context "
+                         f"{len(prompt)}, {n} greedy tokens teacher-forced: max |logit error| {err:.4f} (logits up "
+                         f"to {scale:.2f}), greedy agreement {agree * 100:.1f}%")
     text = "\n".join(lines)
     print("\n" + text, flush=True)
     out = Path(args.out)

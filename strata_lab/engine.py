@@ -530,7 +530,12 @@ class Engine:
         decode reads per token at long contexts, with logits no worse than transformers computing in bf16
         (which keeps a bf16 cache) -- and f32 for f32 weights (logit parity with transformers f32 at
         1e-4). ``"f32"`` or ``"f16"`` whatever the weights. An f16 cache is rounded chunk by chunk as prefill
-        stores it, so decode still gives a position the bits the full forward gives it.
+        stores it, so decode still gives a position the bits the full forward gives it. ``"q8"``: K and V as
+        int8 in blocks of 32 values along head_dim with one float32 scale per block (absmax / 127, llama.cpp's
+        ``q8_0`` layout with an f32 scale): 1.125 bytes per value, under a quarter of the f32 cache, for long
+        contexts; quantised the same way chunk by chunk, so decode still equals the full forward, with logits
+        within the bound `tests/test_engine_attention.py` holds against the f32 cache. Needs head_dim a
+        multiple of 32 (else ModelFolderError).
 
         >>> import tempfile
         >>> from strata_lab.tiny import make_tiny
@@ -553,8 +558,8 @@ class Engine:
                 raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
         if weights not in (None, "stored", "int8"):
             raise ValueError(f"weights must be None, 'stored' or 'int8', got {weights!r}")
-        if not isinstance(kv_cache, str) or kv_cache not in ("auto", "f32", "f16"):
-            raise ValueError(f"kv_cache must be 'auto', 'f32' or 'f16', got {kv_cache!r}")
+        if not isinstance(kv_cache, str) or kv_cache not in ("auto", "f32", "f16", "q8"):
+            raise ValueError(f"kv_cache must be 'auto', 'f32', 'f16' or 'q8', got {kv_cache!r}")
         path = os.fspath(path)
         return cls(_ext().Engine(path, threads or 0, max_context or 0, mmap, check_weights, weights or "stored",
                                  kv_cache), path)

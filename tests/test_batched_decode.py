@@ -1,7 +1,8 @@
 """Engine tier: batched decode (continuous batching across sessions). Sessions decoding at the same time
 advance in one forward (Model::forward_batch: the matmuls take the [batch x hidden] rows together; attention,
 and for the hybrid the Gated DeltaNet and MoE, per sequence); each sequence's logits and greedy ids are the
-bits it gets alone, for batches of 1-8, dense Qwen3 and the hybrid Qwen3-Next, bf16 and int8 weights."""
+bits it gets alone, for batches of 1-8, dense Qwen3 and the hybrid Qwen3-Next, bf16 and int8 weights, f16, f32
+and q8 KV caches (q8 needs head_dim a multiple of 32: the "-hd32" folders)."""
 import threading
 
 import numpy as np
@@ -18,6 +19,9 @@ def models(tmp_path_factory):
     return {
         "dense": make_tiny(root / "dense", dtype="bfloat16", seed=3),
         "hybrid": make_tiny(root / "hybrid", "qwen3_next", "tiny-moe", dtype="bfloat16", seed=4),
+        "dense-hd32": make_tiny(root / "dense32", dtype="bfloat16", seed=3, overrides={"head_dim": 32}),
+        "hybrid-hd32": make_tiny(root / "hybrid32", "qwen3_next", "tiny-moe", dtype="bfloat16", seed=4,
+                                 overrides={"head_dim": 32}),
     }
 
 
@@ -29,14 +33,15 @@ def _seqs(B, seed):
 
 @pytest.mark.parametrize("arch,weights,kv_cache", [("dense", None, "auto"), ("dense", "int8", "auto"),
                                                    ("dense", None, "f32"), ("hybrid", None, "auto"),
-                                                   ("hybrid", "int8", "auto")])
+                                                   ("hybrid", "int8", "auto"), ("dense-hd32", None, "q8"),
+                                                   ("dense-hd32", "int8", "q8"), ("hybrid-hd32", None, "q8")])
 def test_batched_step_gives_each_sequence_its_own_bits(models, arch, weights, kv_cache):
     """One batched forward of B = 1..8 sequences equals, bit for bit, each sequence's own one-token forward
     at 1 and 2 threads (the decode matmul path covers up to 8 rows, tiles of 3 tokens at AVX2), with the f16
-    cache (auto for bf16 weights) and an f32 one."""
+    cache (auto for bf16 weights), an f32 one and a q8 one."""
     for threads in (1, 2):
         eng = Engine.load(models[arch], threads=threads, weights=weights, kv_cache=kv_cache)
-        assert eng.info["kv_cache"] == ("f32" if kv_cache == "f32" else "f16")
+        assert eng.info["kv_cache"] == {"f32": "f32", "q8": "q8"}.get(kv_cache, "f16")
         for B in (1, 2, 3, 4, 5, 8):
             seqs = _seqs(B, seed=B * 10 + threads)
             alone = eng._e._decode_fresh(seqs, False)
@@ -49,13 +54,15 @@ def test_batched_step_gives_each_sequence_its_own_bits(models, arch, weights, kv
                 assert not np.array_equal(batched[0], batched[1])
 
 
-@pytest.mark.parametrize("arch", ["dense", "hybrid"])
-def test_concurrent_sessions_decode_in_shared_steps_with_their_solo_ids(models, arch):
+@pytest.mark.parametrize("arch,kv_cache", [("dense", "auto"), ("hybrid", "auto"), ("dense-hd32", "q8"),
+                                           ("hybrid-hd32", "q8")])
+def test_concurrent_sessions_decode_in_shared_steps_with_their_solo_ids(models, arch, kv_cache):
     """N sessions generating greedily on N threads at once (batches of up to N) produce the ids and final
-    logits each produces alone, and the step thread's counts show the batches it ran."""
+    logits each produces alone, and the step thread's counts show the batches it ran (the default cache and
+    a q8 one)."""
     n_streams, steps = 6, 12
     prompts = _seqs(n_streams, seed=99)
-    solo = Engine.load(models[arch], threads=2)
+    solo = Engine.load(models[arch], threads=2, kv_cache=kv_cache)
     want = []
     for i, p in enumerate(prompts):
         s = solo.session(f"s{i}")
@@ -63,7 +70,7 @@ def test_concurrent_sessions_decode_in_shared_steps_with_their_solo_ids(models, 
         want.append((ids, s.last_logits()))
     assert solo.step_stats()["max_batch"] == 1  # one at a time: never batched
 
-    eng = Engine.load(models[arch], threads=2)
+    eng = Engine.load(models[arch], threads=2, kv_cache=kv_cache)
     got = [None] * n_streams
     barrier = threading.Barrier(n_streams)
 

@@ -263,8 +263,8 @@ def test_kv_cache_auto_explicit_and_the_kernel_option_override(tmp_path):
     np.testing.assert_array_equal(auto.forward(prompt), ref)
     assert Engine.load(path, threads=1, weights="int8").info["kv_cache"] == "f16"
     assert Engine.load(path, threads=1, weights="int8", kv_cache="f32").info["kv_cache"] == "f32"
-    for bad in ("F16", "bf16", None, 16):
-        with pytest.raises(ValueError, match="kv_cache must be 'auto', 'f32' or 'f16'"):
+    for bad in ("F16", "bf16", None, 16, "Q8", "q8_0", "int8"):
+        with pytest.raises(ValueError, match="kv_cache must be 'auto', 'f32', 'f16' or 'q8'"):
             Engine.load(path, threads=1, kv_cache=bad)
     with pytest.raises(ValueError, match="kv_cache must be"):
         _engine.Engine(str(path), 1, 0, True, False, "stored", "half")

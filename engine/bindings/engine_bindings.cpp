@@ -175,14 +175,16 @@ void register_checkpoint(py::module_& m) {
      "state [dk, dv]) from start state `state`; mode 'matrix' (chunked, matrix form), 'rows' (chunked, row "
      "form) or 'recurrent' (token by token).");
   m.def("_attention", [](py::array_t<float, py::array::c_style | py::array::forcecast> q, py::array k_in,
-                         py::array v_in, int n_heads, int n_kv_heads, int threads, bool kv_f16) {
+                         py::array v_in, int n_heads, int n_kv_heads, int threads, bool kv_f16, bool kv_q8) {
     // q [n, H, hd]; k, v [T, Hkv, hd] with T >= n: the last n cache rows are the queries' own positions.
     // float16 k and v are an f16 cache as it is (no rounding, nothing copied); anything else is cast to f32.
     const auto f16 = py::dtype("float16");
     const bool half = k_in.dtype().is(f16) || v_in.dtype().is(f16);
     if (half && !(k_in.dtype().is(f16) && v_in.dtype().is(f16)))
       throw std::invalid_argument("k and v must both be float16 or neither");
-    if (half && kv_f16) throw std::invalid_argument("kv_f16=True rounds an f32 cache; k and v are float16 already");
+    if (half && (kv_f16 || kv_q8))
+      throw std::invalid_argument("kv_f16/kv_q8=True round an f32 cache; k and v are float16 already");
+    if (kv_f16 && kv_q8) throw std::invalid_argument("kv_f16 and kv_q8 are two caches: set at most one");
     using F32 = py::array_t<float, py::array::c_style | py::array::forcecast>;
     py::array k = half ? py::array(k_in) : py::array(F32::ensure(k_in)), v = half ? py::array(v_in) : py::array(F32::ensure(v_in));
     if (!k || !v) throw std::invalid_argument("k and v must be float arrays");
@@ -209,6 +211,15 @@ void register_checkpoint(py::module_& m) {
         kernels::f32_to_f16_rows(static_cast<const float*>(k.data()), k16.data(), m);
         kernels::f32_to_f16_rows(static_cast<const float*>(v.data()), v16.data(), m);
         kernels::attention_f16(qp, n, n_heads, n_kv_heads, int(hd), k16.data(), v16.data(), T - n, op);
+      } else if (kv_q8) {  // the cache quantised as AttentionKV::commit() quantises it, then the q8 kernel
+        const int64_t m = T * n_kv_heads * hd;
+        if (hd % kQ8Block != 0) throw std::invalid_argument("kv_q8 needs hd a multiple of 32");
+        std::vector<int8_t> k8(static_cast<size_t>(m)), v8(static_cast<size_t>(m));
+        std::vector<float> ks(static_cast<size_t>(m / kQ8Block)), vs(static_cast<size_t>(m / kQ8Block));
+        kernels::quantize_q8_rows(static_cast<const float*>(k.data()), k8.data(), ks.data(), m);
+        kernels::quantize_q8_rows(static_cast<const float*>(v.data()), v8.data(), vs.data(), m);
+        kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), k8.data(), ks.data(), v8.data(), vs.data(),
+                              T - n, op);
       } else {
         kernels::attention(qp, n, n_heads, n_kv_heads, int(hd), static_cast<const float*>(k.data()),
                            static_cast<const float*>(v.data()), T - n, op);
@@ -216,10 +227,52 @@ void register_checkpoint(py::module_& m) {
     }
     return out;
   }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("threads") = 0,
-     py::arg("kv_f16") = false,
+     py::arg("kv_f16") = false, py::arg("kv_q8") = false,
      "The engine's causal GQA attention kernel on its own (tests, A/B timings): queries at positions T-n..T-1. "
      "kv_f16: k and v rounded to an f16 cache first (the kv_f16 kernel option's cache); float16 k and v: an f16 "
-     "cache as given.");
+     "cache as given. kv_q8: k and v quantised to a q8 cache first (kv_cache='q8': int8 blocks of 32 along hd, "
+     "an f32 scale each), then its kernel.");
+  m.def("_attention_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                            py::array_t<int8_t, py::array::c_style> k, py::array_t<float, py::array::c_style> ks,
+                            py::array_t<int8_t, py::array::c_style> v, py::array_t<float, py::array::c_style> vs,
+                            int n_heads, int n_kv_heads, int threads) {
+    // A q8 cache as given (_quantize_q8's arrays: nothing quantised or copied): the kernel alone, for timings.
+    if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3 || ks.ndim() != 3 || vs.ndim() != 3)
+      throw std::invalid_argument("q, k, ks, v, vs must be 3-d");
+    const int64_t n = q.shape(0), T = k.shape(0), hd = q.shape(2);
+    if (q.shape(1) != n_heads || k.shape(1) != n_kv_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
+        hd % kQ8Block != 0)
+      throw std::invalid_argument("q must be [n, n_heads, hd] (hd a multiple of 32), k [T, n_kv_heads, hd]");
+    for (const auto* a : {&k, &v})
+      if (a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd || n < 1 || T < n)
+        throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd] with T >= n >= 1");
+    for (const auto* a : {&ks, &vs})
+      if (a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd / kQ8Block)
+        throw std::invalid_argument("ks and vs must both be [T, n_kv_heads, hd / 32]");
+    py::array_t<float> out({n, int64_t(n_heads), hd});
+    const float* qp = q.data();
+    float* op = out.mutable_data();
+    {
+      py::gil_scoped_release release;
+      use_threads(threads);
+      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), k.data(), ks.data(), v.data(), vs.data(), T - n, op);
+    }
+    return out;
+  }, py::arg("q"), py::arg("k"), py::arg("ks"), py::arg("v"), py::arg("vs"), py::arg("n_heads"),
+     py::arg("n_kv_heads"), py::arg("threads") = 0,
+     "The attention kernel over a q8 cache as given (k, v int8 [T, Hkv, hd]; ks, vs f32 [T, Hkv, hd / 32], "
+     "as _quantize_q8 returns them): queries at positions T-n..T-1.");
+  m.def("_quantize_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+    // x [..., n] with n % 32 == 0 -> (int8 values of x's shape, f32 scales [..., n / 32]), as a q8 cache holds x.
+    if (x.ndim() < 1 || x.shape(x.ndim() - 1) % kQ8Block != 0)
+      throw std::invalid_argument("x's last axis must be a multiple of 32");
+    std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim()), sshape = shape;
+    sshape.back() /= kQ8Block;
+    py::array_t<int8_t> q(shape);
+    py::array_t<float> sc(sshape);
+    kernels::quantize_q8_rows(x.data(), q.mutable_data(), sc.mutable_data(), x.size());
+    return py::make_tuple(q, sc);
+  }, py::arg("x"), "The q8 KV cache's quantisation (AttentionKV::commit()) of x alone: (values, scales).");
   m.def("_int8_matmul", [](py::array_t<int8_t, py::array::c_style | py::array::forcecast> w,
                            py::array_t<float, py::array::c_style | py::array::forcecast> scale,
                            py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads) {
@@ -315,8 +368,9 @@ void register_engine(py::module_& m) {
              else if (weights != "stored") throw std::invalid_argument("weights must be 'stored' or 'int8', got '" + weights + "'");
              if (kv_cache == "f32") o.kv_cache = KVCache::F32;
              else if (kv_cache == "f16") o.kv_cache = KVCache::F16;
+             else if (kv_cache == "q8") o.kv_cache = KVCache::Q8;
              else if (kv_cache != "auto")
-               throw std::invalid_argument("kv_cache must be 'auto', 'f32' or 'f16', got '" + kv_cache + "'");
+               throw std::invalid_argument("kv_cache must be 'auto', 'f32', 'f16' or 'q8', got '" + kv_cache + "'");
              py::gil_scoped_release release;
              ReleaseTeam team;
              return std::make_shared<Engine>(path, o);

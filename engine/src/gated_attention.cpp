@@ -28,9 +28,8 @@ void gated_attention_forward(const AttnDims& d, const AttnWeights& w, const floa
     k::rope(q.data() + t * H * hd, int(H), int(hd), int(d.rd), pos0 + t, inv_freq);
     k::rope(kc + t * Hkv * hd, int(Hkv), int(hd), int(d.rd), pos0 + t, inv_freq);
   }
-  kv.commit();  // f16 cache: round this chunk's rows in (no-op for f32)
-  if (kv.half()) k::attention_f16(q.data(), T, int(H), int(Hkv), int(hd), kv.k16(), kv.v16(), pos0, o.data());
-  else k::attention(q.data(), T, int(H), int(Hkv), int(hd), kv.k(), kv.v(), pos0, o.data());
+  kv.commit();  // f16 / q8 cache: round this chunk's rows in (no-op for f32)
+  kv.attend(q.data(), T, int(H), o.data());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < H; ++h) {
       const float* gate = qg.data() + (t * H + h) * 2 * hd + hd;  // second half of this head's rows

@@ -2,6 +2,9 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "kernels_internal.h"
+#include "strata/state.h"  // kQ8Block
+
+#include <type_traits>
 
 namespace strata {
 namespace kernels {
@@ -128,10 +131,113 @@ STRATA_AVX2 static inline __m256 att_ld8(const float* p) { return _mm256_loadu_p
 STRATA_AVX2 static inline __m256 att_ld8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+// A key tile of a q8 cache, read in place: q at the tile's first value (key t0, the block's kv head), s at
+// that value's scale; rows ld values apart (their scales ld / 32 apart).
+struct Q8Ptr {
+  const int8_t* q;
+  const float* s;
+};
+// The q8 cache's four arrays (null: not a q8 cache).
+struct Q8Cache {
+  const int8_t *k, *v;
+  const float *ks, *vs;
+};
+
+// q8 scores: the query rows are quantised like the cache (blocks of 32, att_begin), and each block's dot is
+// exact in int32 (AVX2 maddubs on |k| and sign(q, k), then madd: |products| <= 127^2, pairs < 2^15), then
+// s[r, j] = (sum over blocks, in order, of float(dot_b) * (dq_b * dk_b) in 8 lanes, reduced as att_qk
+// reduces) * scale. Each (row, key) is the same sequence whichever rows and keys share the call.
+template <int R, int C>
+STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int hd, const int8_t* k, const float* ks,
+                                  int64_t ldk, float scale, float* s, int64_t lds) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int nb = hd / 32;
+  const int64_t lds8 = ldk / 32;
+  for (int b = 0; b < nb; ++b) {
+    __m256i qv[R];
+    float dq[R];
+    for (int r = 0; r < R; ++r) {
+      qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
+      dq[r] = qs[r * nb + b];
+    }
+    for (int j = 0; j < C; ++j) {
+      const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + j * ldk + 32 * b));
+      const __m256i ax = _mm256_abs_epi8(kv);
+      const float dk = ks[j * lds8 + b];
+      for (int r = 0; r < R; ++r) {
+        const __m256i d32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(qv[r], kv)), ones);
+        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_set1_ps(dq[r] * dk), acc[r][j]);
+      }
+    }
+  }
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int r = 0; r < R; ++r) {
+    alignas(16) float t[4];
+    _mm_store_ps(t, _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+    for (int j = 0; j < C; ++j) s[r * lds + j] = t[j];
+  }
+}
+
+template <int R>
+STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const float* qs, int hd, const int8_t* k, const float* ks,
+                                    int64_t ldk, int C, float scale, float* s, int64_t lds) {
+  switch (C) {
+    case 1: att_qk_q8<R, 1>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
+    case 2: att_qk_q8<R, 2>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
+    case 3: att_qk_q8<R, 3>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
+    default: att_qk_q8<R, 4>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
+  }
+}
+
+// q8 P V over one block of 32 output columns (one scale per key): O[r, :32] = O * alpha_r + sum_{j < cnt_r}
+// (p[r, j] * dv_j) float(v_j) -- the weight rounded once, then one FMA per value, keys in order; R rows
+// share each widened V row for the keys all of them see.
+template <int R>
+STRATA_AVX2 static void att_pv_q8(const float* p, int64_t ldp, const int* cnt, const float* alpha, const int8_t* v,
+                                  const float* vs, int64_t ldv, float* o, int64_t ldo) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
+  const int64_t lds8 = ldv / 32;
+  int cmin = cnt[0];
+  for (int r = 1; r < R; ++r) cmin = std::min(cmin, cnt[r]);
+#define widen(j, c) \
+  _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + (j) * ldv + 8 * (c)))))
+  for (int j = 0; j < cmin; ++j) {
+    __m256 vv[4];
+    for (int c = 0; c < 4; ++c) vv[c] = widen(j, c);
+    const float dv = vs[j * lds8];
+    for (int r = 0; r < R; ++r) {
+      const __m256 w = _mm256_set1_ps(p[r * ldp + j] * dv);
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_fmadd_ps(w, vv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    __m256 a[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) a[c] = acc[r][c];
+    for (int j = cmin; j < cnt[r]; ++j) {
+      const __m256 w = _mm256_set1_ps(p[r * ldp + j] * vs[j * lds8]);
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) a[c] = _mm256_fmadd_ps(w, widen(j, c), a[c]);
+    }
+    const __m256 al = _mm256_set1_ps(alpha[r]);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      float* op = o + r * ldo + 8 * c;
+      _mm256_storeu_ps(op, _mm256_fmadd_ps(_mm256_loadu_ps(op), al, a[c]));
+    }
+  }
+#undef widen
+}
 
 // Scores of R query rows (q, ldq) against C <= 4 keys (k, ldk): s[r * lds + j] = (q_r . k_j) * scale.
 template <int R, int C, typename E>
-STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const E* k, int64_t ldk, int hd, float scale,
+STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, E k, int64_t ldk, int hd, float scale,
                                float* s, int64_t lds) {
   __m256 acc[R][4];
   for (int r = 0; r < R; ++r)
@@ -155,7 +261,7 @@ STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, const E* k, int64_t 
 // O[r, c0 : c0 + 8 C] = O * alpha_r + sum_{j < cnt_r} p[r, j] v[j, c0 : ...], keys in order, R rows sharing
 // each V load for the keys all of them see (j < cmin) and alone for the rest.
 template <int R, int C, typename E>
-STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, const float* alpha, const E* v,
+STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, const float* alpha, E v,
                                int64_t ldv, float* o, int64_t ldo) {
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -192,7 +298,7 @@ STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, cons
 }
 
 template <int R, typename E>
-STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, const E* k, int64_t ldk, int C, int hd, float scale,
+STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, E k, int64_t ldk, int C, int hd, float scale,
                                  float* s, int64_t lds) {
   switch (C) {
     case 1: att_qk<R, 1, E>(q, ldq, k, ldk, hd, scale, s, lds); break;
@@ -203,7 +309,7 @@ STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, const E* k, int64_
 }
 
 template <int R, typename E>
-STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, const float* alpha, const E* v,
+STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, const float* alpha, E v,
                                  int64_t ldv, float* o, int64_t ldo, int C) {
   switch (C) {
     case 1: att_pv<R, 1, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
@@ -217,6 +323,8 @@ STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, co
 struct AttScratch {
   std::vector<float> q, o, s, kt, vt, m, l, alpha;
   std::vector<int> cnt;
+  std::vector<int8_t> q8;  // q8 cache: the query rows quantised (blocks of 32), and their scales
+  std::vector<float> qs;
   void fit(int64_t rows, int hd) {
     if (int64_t(q.size()) < rows * hd) { q.resize(size_t(rows * hd)); o.resize(size_t(rows * hd)); }
     if (int64_t(s.size()) < rows * ATT_KT) s.resize(size_t(rows * ATT_KT));
@@ -235,6 +343,17 @@ struct AttPrefetch {
   int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
   int64_t col = 0;                         // next byte of row `row` to ask for
   int lines_step = 0;                      // K and V lines per step (score and P V loops)
+  const char *ks = nullptr, *vs = nullptr;  // q8: the span's scales in row 0 (null: no scales)
+  int64_t skvs = 0, sspan = 0;              // q8: scale row stride, scale span (bytes)
+  // q8: a row's scale lines (its first and last byte's), asked for with the row's first value line
+  void scales(int64_t row) const {
+    if (!ks) return;
+    const char *a = ks + row * skvs, *b = vs + row * skvs;
+    _mm_prefetch(a, _MM_HINT_T1);
+    _mm_prefetch(b, _MM_HINT_T1);
+    _mm_prefetch(a + sspan - 1, _MM_HINT_T1);
+    _mm_prefetch(b + sspan - 1, _MM_HINT_T1);
+  }
 };
 constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
 STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
@@ -246,6 +365,7 @@ STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
     const char *kr = p.k + row * kvs, *vr = p.v + row * kvs;
     for (int i = p.lines_step; i > 0; --i) {
       const int64_t c = col < span ? col : span - 1;
+      if (col == 0) p.scales(row);
       _mm_prefetch(kr + c, _MM_HINT_T1);
       _mm_prefetch(vr + c, _MM_HINT_T1);
       col += 64;
@@ -270,14 +390,15 @@ struct AttBlock {
   float scale;
   AttScratch* w;
   const uint16_t *k16, *v16;  // f16 cache (null: f32): every tile is widened into the pack buffers
+  Q8Cache q8;                 // q8 cache (q8.k null: not q8): the same
 };
 
 STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, int hd, int64_t pos0, int64_t i0,
                                   int64_t i1, int g, AttScratch& w, const uint16_t* k16 = nullptr,
-                                  const uint16_t* v16 = nullptr) {
+                                  const uint16_t* v16 = nullptr, const Q8Cache* q8 = nullptr) {
   const int G = H / Hkv;
   b = AttBlock{H, Hkv, hd, g, pos0, i0, i1, (i1 - i0) * G, int64_t(Hkv) * hd, pos0 + i1 - 1,
-               1.0f / std::sqrt(float(hd)), &w, k16, v16};
+               1.0f / std::sqrt(float(hd)), &w, k16, v16, q8 ? *q8 : Q8Cache{nullptr, nullptr, nullptr, nullptr}};
   w.fit(b.rows, hd);
   float *Q = w.q.data(), *O = w.o.data(), *M = w.m.data(), *L = w.l.data();
   for (int64_t r = 0; r < b.rows; ++r) {
@@ -286,11 +407,15 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
     M[r] = -INFINITY;
     L[r] = 0.f;
   }
+  if (q8) {  // the rows quantised as the cache is (each row on its own: the same bits in any block)
+    if (int64_t(w.q8.size()) < b.rows * hd) { w.q8.resize(size_t(b.rows * hd)); w.qs.resize(size_t(b.rows * hd / 32)); }
+    quantize_q8_rows(Q, w.q8.data(), w.qs.data(), b.rows * hd);
+  }
 }
 
 // Scores, online softmax and P V of one key tile (t0, kc keys; K/V rows kt, vt with stride ldk, f32 or f16).
 template <typename E>
-STRATA_AVX2 static void att_tile_body(const AttBlock& b, const E* kt, const E* vt, int64_t ldk, int kc, int64_t r0,
+STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk, int kc, int64_t r0,
                                       int64_t t0, AttPrefetch* pf) {
   const int G = b.H / b.Hkv, hd = b.hd;
   const int64_t rows = b.rows, pos0 = b.pos0, i0 = b.i0;
@@ -299,7 +424,24 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, const E* kt, const E* v
   float *Q = w.q.data(), *O = w.o.data(), *S = w.s.data(), *M = w.m.data(), *L = w.l.data(), *A = w.alpha.data();
   int* cnt = w.cnt.data();
   const int C8 = hd / 8;
-  // scores: 3 rows x 4 keys per micro-tile, the 4 keys' rows kept in L1 over all the rows
+  constexpr bool q8 = std::is_same<E, Q8Ptr>::value;
+  // scores: 3 rows x 4 keys per micro-tile (q8: 2 rows), the 4 keys' rows kept in L1 over all the rows
+  if constexpr (q8) {
+    const int8_t* Q8 = w.q8.data();
+    const float* QS = w.qs.data();
+    const int nb = hd / 32;
+    for (int j = 0; j < kc; j += 4) {
+      const int C = std::min(4, kc - j);
+      if (pf) att_decode_prefetch(*pf);
+      int64_t r = r0;
+      for (; r + 2 <= rows; r += 2)
+        att_qk_q8_r<2>(Q8 + r * hd, QS + r * nb, hd, kt.q + j * ldk, kt.s + j * (ldk / 32), ldk, C, scale,
+                       S + r * ATT_KT + j, ATT_KT);
+      if (r < rows)
+        att_qk_q8_r<1>(Q8 + r * hd, QS + r * nb, hd, kt.q + j * ldk, kt.s + j * (ldk / 32), ldk, C, scale,
+                       S + r * ATT_KT + j, ATT_KT);
+    }
+  } else
   for (int j = 0; j < kc; j += 4) {
     const int C = std::min(4, kc - j);
     if (pf) att_decode_prefetch(*pf);
@@ -339,15 +481,27 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, const E* kt, const E* v
     }
     L[r] = L[r] * A[r] + hsum256(sum);
   }
-  // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile, the V column slice kept in L1
-  for (int c0 = 0; c0 < C8; c0 += 4) {
-    const int C = std::min(4, C8 - c0);
-    if (pf) att_decode_prefetch(*pf);
-    int64_t r = r0;
-    for (; r + 3 <= rows; r += 3)
-      att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-    if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-    else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+  // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile (q8: 2), the V column slice kept in L1
+  if constexpr (q8) {
+    for (int c0 = 0; c0 < C8; c0 += 4) {  // 32 columns: one q8 block
+      if (pf) att_decode_prefetch(*pf);
+      const int8_t* vq = vt.q + 8 * c0;
+      const float* vsc = vt.s + c0 / 4;
+      int64_t r = r0;
+      for (; r + 2 <= rows; r += 2)
+        att_pv_q8<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vq, vsc, ldk, O + r * hd + 8 * c0, hd);
+      if (r < rows) att_pv_q8<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vq, vsc, ldk, O + r * hd + 8 * c0, hd);
+    }
+  } else {
+    for (int c0 = 0; c0 < C8; c0 += 4) {
+      const int C = std::min(4, C8 - c0);
+      if (pf) att_decode_prefetch(*pf);
+      int64_t r = r0;
+      for (; r + 3 <= rows; r += 3)
+        att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+      if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+      else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+    }
   }
 }
 
@@ -363,6 +517,13 @@ STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float*
   int64_t ldk = kvs;
   if (b.k16 && stream) {  // f16 cache, decode: widened in registers as it is read, in place (same values)
     att_tile_body(b, b.k16 + int64_t(b.g) * hd + t0 * kvs, b.v16 + int64_t(b.g) * hd + t0 * kvs, kvs, kc, r0, t0, pf);
+    return;
+  }
+  if (b.q8.k) {  // q8 cache: read in place (int8 dots for the scores, V widened in registers), prefill and
+                 // decode alike
+    const int64_t o = int64_t(b.g) * hd + t0 * kvs;
+    att_tile_body(b, Q8Ptr{b.q8.k + o, b.q8.ks + o / kQ8Block}, Q8Ptr{b.q8.v + o, b.q8.vs + o / kQ8Block}, kvs, kc,
+                  r0, t0, pf);
     return;
   }
   if (b.k16) {  // f16 cache: widen the tile's rows into the pack buffers (exact), then as f32
@@ -413,9 +574,10 @@ STRATA_AVX2 static void att_end(const AttBlock& b, float* out) {
 
 STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd, const float* k, const float* v,
                                           int64_t pos0, int64_t i0, int64_t i1, int g, bool pack, AttScratch& w,
-                                          float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr) {
+                                          float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr,
+                                          const Q8Cache* q8 = nullptr) {
   AttBlock b;
-  att_begin(b, q, H, Hkv, hd, pos0, i0, i1, g, w, k16, v16);
+  att_begin(b, q, H, Hkv, hd, pos0, i0, i1, g, w, k16, v16, q8);
   for (int64_t t0 = 0; t0 <= b.pmax; t0 += ATT_KT) att_tile(b, k, v, t0, pack, false);
   att_end(b, out);
 }
@@ -425,7 +587,8 @@ STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd
 // a steady prefetch stream ahead; each row's arithmetic (tile order, per-tile softmax, P V) is the block
 // kernel's, so decode keeps the full forward's bits whatever the thread count.
 static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
-                                  int64_t pos0, float* out, const uint16_t* k16, const uint16_t* v16) {
+                                  int64_t pos0, float* out, const uint16_t* k16, const uint16_t* v16,
+                                  const Q8Cache* q8) {
   const int T = std::max(1, std::min(Hkv, pool::current_threads()));
   const int64_t grain = (Hkv + T - 1) / T;
   decode_for(Hkv, grain, [&](int64_t g0, int64_t g1) {
@@ -433,14 +596,23 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
     std::vector<AttBlock> bs(size_t(g1 - g0));
     if (ws.size() < bs.size()) ws.resize(bs.size());
     for (int64_t g = g0; g < g1; ++g)
-      att_begin(bs[size_t(g - g0)], q, H, Hkv, hd, pos0, 0, n, int(g), ws[size_t(g - g0)], k16, v16);
+      att_begin(bs[size_t(g - g0)], q, H, Hkv, hd, pos0, 0, n, int(g), ws[size_t(g - g0)], k16, v16, q8);
     const int64_t pmax = pos0 + n - 1, nh = g1 - g0;
     AttPrefetch pf;
-    const int64_t es = k16 ? 2 : 4;  // bytes per cache element
-    pf.k = k16 ? reinterpret_cast<const char*>(k16 + g0 * hd) : reinterpret_cast<const char*>(k + g0 * hd);
-    pf.v = v16 ? reinterpret_cast<const char*>(v16 + g0 * hd) : reinterpret_cast<const char*>(v + g0 * hd);
+    const int64_t es = q8 ? 1 : k16 ? 2 : 4;  // bytes per cache element (q8: the values; the scales, an
+                                              // eighth of them in f32, stream in on the hardware prefetcher)
+    pf.k = q8 ? reinterpret_cast<const char*>(q8->k + g0 * hd)
+              : k16 ? reinterpret_cast<const char*>(k16 + g0 * hd) : reinterpret_cast<const char*>(k + g0 * hd);
+    pf.v = q8 ? reinterpret_cast<const char*>(q8->v + g0 * hd)
+              : v16 ? reinterpret_cast<const char*>(v16 + g0 * hd) : reinterpret_cast<const char*>(v + g0 * hd);
     pf.kvs = int64_t(Hkv) * hd * es;
     pf.span = nh * hd * es;
+    if (q8) {
+      pf.ks = reinterpret_cast<const char*>(q8->ks + g0 * hd / kQ8Block);
+      pf.vs = reinterpret_cast<const char*>(q8->vs + g0 * hd / kQ8Block);
+      pf.skvs = int64_t(Hkv) * hd / kQ8Block * 4;
+      pf.sspan = nh * hd / kQ8Block * 4;
+    }
     // A tile-head's share of the next tile's rows, line by line (the span's last line too:
     // spans need not start on a line, e.g. a malloc'ed cache 16 bytes past one, which the row-wise prefetch
     // missed), spread evenly over its 16 score and hd / 32 P V steps. Bursts hurt: whole rows per step, or
@@ -456,6 +628,7 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
       for (const char* base : {pf.k, pf.v})
         for (int64_t r = 0; r < r1; ++r)
           for (int64_t c = 0; c < pf.span + 63; c += 64) _mm_prefetch(base + r * pf.kvs + std::min(c, pf.span - 1), _MM_HINT_T1);
+      for (int64_t r = 0; r < r1; ++r) pf.scales(r);
     }
     for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
       const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT, next_end = std::min(pmax + 1, a0 + ATT_KT);
@@ -471,27 +644,28 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
 }
 
 static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
-                                 int64_t pos0, float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr) {
+                                 int64_t pos0, float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr,
+                                 const Q8Cache* q8 = nullptr) {
   if (n <= 6 && g_attn_decode) {
-    attention_decode_avx2(q, n, H, Hkv, hd, k, v, pos0, out, k16, v16);
+    attention_decode_avx2(q, n, H, Hkv, hd, k, v, pos0, out, k16, v16, q8);
     return;
   }
   if (n <= 6) {  // (old decode) one task per kv head, its n x G rows read the cache once, in place
     decode_for(Hkv, 1, [&](int64_t b, int64_t e) {
       thread_local AttScratch w;
-      for (int64_t g = b; g < e; ++g) attend_block_avx2(q, H, Hkv, hd, k, v, pos0, 0, n, int(g), false, w, out, k16, v16);
+      for (int64_t g = b; g < e; ++g) attend_block_avx2(q, H, Hkv, hd, k, v, pos0, 0, n, int(g), false, w, out, k16, v16, q8);
     });
     return;
   }
-  const int64_t nb = (n + ATT_QB - 1) / ATT_QB, tasks = nb * Hkv;
+  const int64_t qb = ATT_QB, nb = (n + qb - 1) / qb, tasks = nb * Hkv;
 #pragma omp parallel
   {
     AttScratch w;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {  // the longest blocks (last positions) first
       const int64_t b = nb - 1 - t / Hkv;
-      attend_block_avx2(q, H, Hkv, hd, k, v, pos0, b * ATT_QB, std::min(n, (b + 1) * ATT_QB), int(t % Hkv),
-                        true, w, out, k16, v16);
+      attend_block_avx2(q, H, Hkv, hd, k, v, pos0, b * qb, std::min(n, (b + 1) * qb), int(t % Hkv),
+                        true, w, out, k16, v16, q8);
     }
   }
 }
@@ -566,6 +740,46 @@ void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint
     vf[size_t(i)] = f16_to_f32(v[i]);
   }
   attention(q, n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
+}
+
+void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* k, const float* ks,
+                  const int8_t* v, const float* vs, int64_t pos0, float* out) {
+  if (hd % kQ8Block != 0) throw std::invalid_argument("attention_q8: head_dim must be a multiple of 32");
+  // The AVX2 tiled kernel at every vector level (as attention_f16), reading the cache in place, prefill and
+  // decode alike: the query rows quantised like the cache, int8 dots for the scores, V widened in registers.
+  if (g_attn_tiled && vec(level()) != Level::Scalar) {
+    const Q8Cache c{k, v, ks, vs};
+    attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, nullptr, nullptr, &c);
+    return;
+  }
+  // scalar level: the whole cache and the queries (quantised as the tiled kernel quantises them) widened,
+  // then as f32
+  const int64_t m = (pos0 + n) * Hkv * hd, mq = n * H * hd;
+  std::vector<float> kf(static_cast<size_t>(m)), vf(static_cast<size_t>(m)), qf(static_cast<size_t>(mq));
+  for (int64_t i = 0; i < m; ++i) {
+    kf[size_t(i)] = float(k[i]) * ks[i / kQ8Block];
+    vf[size_t(i)] = float(v[i]) * vs[i / kQ8Block];
+  }
+  std::vector<int8_t> q8(static_cast<size_t>(mq));
+  std::vector<float> qs(static_cast<size_t>(mq / kQ8Block));
+  quantize_q8_rows(q, q8.data(), qs.data(), mq);
+  for (int64_t i = 0; i < mq; ++i) qf[size_t(i)] = float(q8[size_t(i)]) * qs[size_t(i / kQ8Block)];
+  attention(qf.data(), n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
+}
+
+void quantize_q8_rows(const float* x, int8_t* q, float* scale, int64_t n) {
+  if (n % kQ8Block != 0) throw std::invalid_argument("quantize_q8_rows: n must be a multiple of 32");
+  for (int64_t b = 0; b < n / kQ8Block; ++b) {
+    const float* xb = x + b * kQ8Block;
+    float amax = 0.f;
+    for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f, id = d != 0.f ? 1.0f / d : 0.f;
+    scale[b] = d;
+    for (int i = 0; i < kQ8Block; ++i) {
+      const float r = std::round(xb[i] * id);  // nearest, ties away from zero
+      q[b * kQ8Block + i] = int8_t(std::max(-127.f, std::min(127.f, r)));
+    }
+  }
 }
 
 }  // namespace kernels

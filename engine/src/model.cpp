@@ -137,12 +137,24 @@ DecoderIO load_decoder_io(ModelFolder& c, const std::string& model_type, int64_t
   const bool half_weights = io.embed.dtype == DType::BF16 || io.embed.dtype == DType::F16 ||
                             opts.weights == WeightFormat::Int8;
   info.kv_cache_auto = opts.kv_cache == KVCache::Auto;
-  info.kv_cache = opts.kv_cache == KVCache::F16 || (info.kv_cache_auto && half_weights) ? "f16" : "f32";
+  info.kv_cache = opts.kv_cache == KVCache::Q8 ? "q8"
+                  : opts.kv_cache == KVCache::F16 || (info.kv_cache_auto && half_weights) ? "f16" : "f32";
   return io;
 }
 
 bool kv_cache_half(const ModelInfo& info) {
   return info.kv_cache == "f16" || (info.kv_cache_auto && kernels::option("kv_f16"));
+}
+
+KVFormat kv_cache_format(const ModelInfo& info) {
+  if (info.kv_cache == "q8") return KVFormat::Q8;
+  return kv_cache_half(info) ? KVFormat::F16 : KVFormat::F32;
+}
+
+void check_kv_cache(const ModelInfo& info, int64_t head_dim) {
+  if (info.kv_cache == "q8" && head_dim % kQ8Block != 0)
+    throw ModelFolderError("kv_cache 'q8' needs head_dim a multiple of " + std::to_string(kQ8Block) +
+                           " (config.json head_dim " + std::to_string(head_dim) + ")");
 }
 
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts) {

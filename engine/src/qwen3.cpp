@@ -48,6 +48,7 @@ Qwen3Model::Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opt
   inv_freq_ = k::rope_inv_freq(theta, int(hd_));
 
   DecoderIO io = load_decoder_io(c, "qwen3", V, D_, L, opts, info_);
+  check_kv_cache(info_, hd_);
   lm_head_ = store_.prepare(io.lm_head);
   // tied: the lm_head's copy serves the embedding too; else the embedding is copied out on its own
   embed_ = io.embed.data == io.lm_head.data && lm_head_.dtype == io.embed.dtype && lm_head_.data != io.embed.data
@@ -81,8 +82,8 @@ Qwen3Model::Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opt
 
 std::unique_ptr<SessionState> Qwen3Model::new_state() const {
   auto st = std::make_unique<SessionState>();
-  const bool half = kv_cache_half(info_);
-  for (size_t i = 0; i < layers_.size(); ++i) st->layers.push_back(std::make_unique<AttentionKV>(int(Hkv_), int(hd_), half));
+  const KVFormat fmt = kv_cache_format(info_);
+  for (size_t i = 0; i < layers_.size(); ++i) st->layers.push_back(std::make_unique<AttentionKV>(int(Hkv_), int(hd_), fmt));
   return st;
 }
 
@@ -131,9 +132,8 @@ void Qwen3Model::forward(const int32_t* tokens, int64_t n, SessionState& state, 
     }
     {
       prof::Scope ps(prof::Attention, dec);
-      kv.commit();  // f16 cache: round this chunk's rows in (no-op for f32)
-      if (kv.half()) k::attention_f16(q.data(), n, int(H_), int(Hkv_), int(hd_), kv.k16(), kv.v16(), pos0, att.data());
-      else k::attention(q.data(), n, int(H_), int(Hkv_), int(hd_), kv.k(), kv.v(), pos0, att.data());
+      kv.commit();  // f16 / q8 cache: round this chunk's rows in (no-op for f32)
+      kv.attend(q.data(), n, int(H_), att.data());
     }
     {
       prof::Scope ps(prof::OProj, dec);
@@ -217,8 +217,7 @@ void Qwen3Model::forward_batch(const int32_t* tokens, int64_t B, SessionState* c
         std::copy(vb.data() + t * kvd, vb.data() + (t + 1) * kvd, vc);
         kv.commit();
         float* out = att.data() + t * qd;
-        if (kv.half()) k::attention_f16(q.data() + t * qd, 1, int(H_), int(Hkv_), int(hd_), kv.k16(), kv.v16(), pos[size_t(t)], out);
-        else k::attention(q.data() + t * qd, 1, int(H_), int(Hkv_), int(hd_), kv.k(), kv.v(), pos[size_t(t)], out);
+        kv.attend(q.data() + t * qd, 1, int(H_), out);
       }
     }
     {

@@ -110,6 +110,7 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<ModelFolder> ckpt, const LoadOpti
   ad_ = next::AttnDims{D_, H, Hkv, hd, rd, eps_};
 
   DecoderIO io = load_decoder_io(c, "qwen3_next", V, D_, L, opts, info_);
+  check_kv_cache(info_, hd);
   lm_head_ = store_.prepare(io.lm_head);
   // tied: the lm_head's copy serves the embedding too; else the embedding is copied out on its own
   embed_ = io.embed.data == io.lm_head.data && lm_head_.dtype == io.embed.dtype && lm_head_.data != io.embed.data
@@ -178,9 +179,9 @@ Qwen3NextModel::Qwen3NextModel(std::unique_ptr<ModelFolder> ckpt, const LoadOpti
 
 std::unique_ptr<SessionState> Qwen3NextModel::new_state() const {
   auto st = std::make_unique<SessionState>();
-  const bool half = kv_cache_half(info_);
+  const KVFormat fmt = kv_cache_format(info_);
   for (const Layer& ly : layers_) {
-    if (ly.attn) st->layers.push_back(std::make_unique<AttentionKV>(int(ad_.Hkv), int(ad_.hd), half));
+    if (ly.attn) st->layers.push_back(std::make_unique<AttentionKV>(int(ad_.Hkv), int(ad_.hd), fmt));
     else st->layers.push_back(std::make_unique<next::GdnState>(gd_));
   }
   return st;

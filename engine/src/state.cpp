@@ -3,19 +3,36 @@
 #include "strata/kernels.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 namespace strata {
 
 AttentionKV::AttentionKV(int n_kv_heads, int head_dim, bool half)
-    : n_kv_heads_(n_kv_heads), head_dim_(head_dim), half_(half) {}
+    : AttentionKV(n_kv_heads, head_dim, half ? KVFormat::F16 : KVFormat::F32) {}
+
+AttentionKV::AttentionKV(int n_kv_heads, int head_dim, KVFormat format)
+    : n_kv_heads_(n_kv_heads), head_dim_(head_dim), format_(format) {
+  if (format == KVFormat::Q8 && head_dim % kQ8Block != 0)
+    throw std::invalid_argument("kv_cache 'q8' needs head_dim a multiple of " + std::to_string(kQ8Block) +
+                                ", got " + std::to_string(head_dim));
+}
 
 void AttentionKV::append(int64_t n, float** k_out, float** v_out) {
-  if (half_) {
+  if (format_ != KVFormat::F32) {  // f16 / q8: the cache grows, the chunk is staged in f32
     const size_t need = size_t((length_ + n) * row());
-    if (need > k16_.size()) {
+    if (format_ == KVFormat::F16 && need > k16_.size()) {
       size_t cap = std::max(need, k16_.size() * 3 / 2 + size_t(64 * row()));
       k16_.resize(cap);
       v16_.resize(cap);
+    }
+    if (format_ == KVFormat::Q8 && need > k8_.size()) {
+      size_t cap = std::max(need, k8_.size() * 3 / 2 + size_t(64 * row()));
+      cap = (cap + kQ8Block - 1) / kQ8Block * kQ8Block;
+      k8_.resize(cap);
+      v8_.resize(cap);
+      ks_.resize(cap / kQ8Block);
+      vs_.resize(cap / kQ8Block);
     }
     if (k_.size() < size_t(n * row())) {
       k_.resize(size_t(n * row()));
@@ -39,14 +56,33 @@ void AttentionKV::append(int64_t n, float** k_out, float** v_out) {
 }
 
 void AttentionKV::commit() {
-  if (!half_ || !staged_) return;
+  if (format_ == KVFormat::F32 || !staged_) return;
   const int64_t m = staged_ * row(), o = (length_ - staged_) * row();
-  kernels::f32_to_f16_rows(k_.data(), k16_.data() + o, m);
-  kernels::f32_to_f16_rows(v_.data(), v16_.data() + o, m);
+  if (format_ == KVFormat::F16) {
+    kernels::f32_to_f16_rows(k_.data(), k16_.data() + o, m);
+    kernels::f32_to_f16_rows(v_.data(), v16_.data() + o, m);
+  } else {
+    kernels::quantize_q8_rows(k_.data(), k8_.data() + o, ks_.data() + o / kQ8Block, m);
+    kernels::quantize_q8_rows(v_.data(), v8_.data() + o, vs_.data() + o / kQ8Block, m);
+  }
   if (staged_ > 64) {  // a prefill chunk's staging (2 x its rows in f32) is not kept: decode stages 1 row
     k_.clear(); v_.clear(); k_.shrink_to_fit(); v_.shrink_to_fit();
   }
   staged_ = 0;
+}
+
+void AttentionKV::attend(const float* q, int64_t n, int H, float* out) const {
+  const int64_t pos0 = length_ - n;
+  switch (format_) {
+    case KVFormat::F16:
+      kernels::attention_f16(q, n, H, n_kv_heads_, head_dim_, k16(), v16(), pos0, out);
+      break;
+    case KVFormat::Q8:
+      kernels::attention_q8(q, n, H, n_kv_heads_, head_dim_, k8(), ks(), v8(), vs(), pos0, out);
+      break;
+    default:
+      kernels::attention(q, n, H, n_kv_heads_, head_dim_, k(), v(), pos0, out);
+  }
 }
 
 int64_t SessionState::bytes() const {

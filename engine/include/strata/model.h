@@ -19,7 +19,7 @@ struct ModelInfo {
   int64_t max_context = 0;    // tokens a session may hold
   int64_t weight_bytes = 0;   // bytes of weights as stored
   std::string weights = "stored";  // how matrices are computed with: "stored" dtype or "int8"
-  std::string kv_cache = "f32";    // what new sessions' attention KV caches hold: "f32" or "f16"
+  std::string kv_cache = "f32";    // what new sessions' attention KV caches hold: "f32", "f16" or "q8"
   bool kv_cache_auto = true;       // kv_cache chosen from the weights (LoadOptions::kv_cache Auto)
   int64_t stream_bytes = 0;   // bytes of matrices one decode step reads (every layer's + lm_head)
   // where the matrices live: "mapped" (the file mapping), "hugepages" (copied out of it, copy_weights()),
@@ -29,8 +29,9 @@ struct ModelInfo {
 
 enum class WeightFormat { Stored, Int8 };
 // The attention KV cache: Auto is f16 for bf16/f16 weights (the embedding's stored dtype) and int8
-// weights, f32 for f32 weights (parity with transformers f32); F32 / F16 whatever the weights.
-enum class KVCache { Auto, F32, F16 };
+// weights, f32 for f32 weights (parity with transformers f32); F32 / F16 / Q8 whatever the weights (Q8: int8
+// values in blocks of 32 along head_dim with an f32 scale each, AttentionKV's KVFormat::Q8).
+enum class KVCache { Auto, F32, F16, Q8 };
 
 struct LoadOptions {
   int threads = 0;            // 0: all cores (OpenMP default)
@@ -141,6 +142,10 @@ DecoderIO load_decoder_io(ModelFolder& c, const std::string& model_type, int64_t
 // Whether a new session's attention caches hold f16: info.kv_cache, or f16 for an Auto cache while the kernel
 // option kv_f16 is on (the older process-wide switch, kept as an override).
 bool kv_cache_half(const ModelInfo& info);
+// The format of a new session's attention caches: Q8 for info.kv_cache "q8", else F16 / F32 as kv_cache_half.
+KVFormat kv_cache_format(const ModelInfo& info);
+// A q8 cache needs head_dim a multiple of kQ8Block: ModelFolderError naming kv_cache and head_dim otherwise.
+void check_kv_cache(const ModelInfo& info, int64_t head_dim);
 
 // Dispatches on config.json model_type; throws ModelFolderError for unknown types or bad files.
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts);

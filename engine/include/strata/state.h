@@ -37,22 +37,38 @@ class LayerState {
 // default: f16 rounding breaks parity with transformers f32). append() then returns f32 staging rows for the
 // chunk; commit() (after K's norm and RoPE) rounds them into the cache, which attention then reads -- prefill
 // and decode alike, so decode still equals the full forward.
+// q8(): the cache holds K and V as int8 in blocks of 32 values along head_dim, one f32 scale per block
+// (absmax / 127, as llama.cpp's q8_0 with an f32 scale): commit() quantises the staged rows the same way.
+enum class KVFormat { F32, F16, Q8 };
+constexpr int kQ8Block = 32;  // values per q8 scale (head_dim must be a multiple)
+
 class AttentionKV final : public LayerState {
  public:
   AttentionKV(int n_kv_heads, int head_dim, bool half);  // half: an f16 cache (commit() rounds)
+  AttentionKV(int n_kv_heads, int head_dim, KVFormat format);  // Q8: head_dim a multiple of kQ8Block
   int64_t length() const { return length_; }
   int64_t row() const { return int64_t(n_kv_heads_) * head_dim_; }
   // Makes room for n more tokens; returns pointers to rows [length, length + n) and advances length.
   void append(int64_t n, float** k_out, float** v_out);
-  void commit();  // half: round the rows append() returned into the cache (no-op otherwise)
-  bool half() const { return half_; }
+  void commit();  // half / q8: round the rows append() returned into the cache (no-op for f32)
+  KVFormat format() const { return format_; }
+  bool half() const { return format_ == KVFormat::F16; }
+  bool q8() const { return format_ == KVFormat::Q8; }
   const float* k() const { return k_.data(); }
   const float* v() const { return v_.data(); }
   const uint16_t* k16() const { return k16_.data(); }
   const uint16_t* v16() const { return v16_.data(); }
+  const int8_t* k8() const { return k8_.data(); }  // q8: [capacity, n_kv_heads, head_dim] int8
+  const int8_t* v8() const { return v8_.data(); }
+  const float* ks() const { return ks_.data(); }   // q8: [capacity, n_kv_heads * head_dim / 32] scales
+  const float* vs() const { return vs_.data(); }
+  // Attention of n queries q [n, H, hd] at positions length() - n .. length() - 1 over this cache (after
+  // commit()), into out [n, H, hd]: the kernel of the cache's format.
+  void attend(const float* q, int64_t n, int H, float* out) const;
 
   int64_t bytes() const override {
-    return int64_t((k_.capacity() + v_.capacity()) * sizeof(float) + (k16_.capacity() + v16_.capacity()) * 2);
+    return int64_t((k_.capacity() + v_.capacity()) * sizeof(float) + (k16_.capacity() + v16_.capacity()) * 2 +
+                   k8_.capacity() + v8_.capacity() + (ks_.capacity() + vs_.capacity()) * sizeof(float));
   }
   bool can_truncate() const override { return true; }
   void truncate(int64_t n) override { if (n < length_) length_ = n; }
@@ -62,14 +78,18 @@ class AttentionKV final : public LayerState {
     length_ = staged_ = 0;
     k_.clear(); v_.clear(); k_.shrink_to_fit(); v_.shrink_to_fit();
     k16_.clear(); v16_.clear(); k16_.shrink_to_fit(); v16_.shrink_to_fit();
+    k8_.clear(); v8_.clear(); k8_.shrink_to_fit(); v8_.shrink_to_fit();
+    ks_.clear(); vs_.clear(); ks_.shrink_to_fit(); vs_.shrink_to_fit();
   }
 
  private:
   int n_kv_heads_, head_dim_;
-  bool half_;
+  KVFormat format_;
   int64_t length_ = 0, staged_ = 0;
-  std::vector<float> k_, v_;         // the cache (f32), or the staged chunk (half)
+  std::vector<float> k_, v_;         // the cache (f32), or the staged chunk (half, q8)
   std::vector<uint16_t> k16_, v16_;  // the cache (half)
+  std::vector<int8_t> k8_, v8_;      // the cache (q8): values
+  std::vector<float> ks_, vs_;       // the cache (q8): one scale per kQ8Block values
 };
 
 // Everything a model needs to continue a sequence: per-layer states and the number of tokens read
