@@ -121,16 +121,24 @@ def folders(tmp_path_factory):
     }
 
 
-def _decode_equals_full_forward(eng, prompt, name):
+# Qwen3-Next's decode and full forward agree to this (tests/test_engine_next.py's TOL), not bit for bit at every
+# kernel level: its Gated DeltaNet steps one token at a time in decode and runs the chunked form over a prompt.
+NEXT_TOL = 1e-4
+
+
+def _decode_equals_full_forward(eng, prompt, name, exact=True):
     """Prefill, greedy-decode 4 tokens, cut back to 131 ids and re-read one: ids and logits equal the full
-    forward's, bit for bit (as tests/test_engine_attention.py checks the f32 and f16 caches)."""
+    forward's, bit for bit for a dense model (as tests/test_engine_attention.py checks the f32 and f16 caches),
+    within NEXT_TOL for a hybrid one."""
     s = eng.session(name)
     r = s.generate(prompt, max_new_tokens=4).result
     full = eng.forward(s.held_ids)
     assert r.gen_ids == [int(np.argmax(full[i])) for i in range(len(prompt) - 1, len(s.held_ids) - 1)]
-    np.testing.assert_array_equal(s.last_logits(), full[-1])
+    same = np.testing.assert_array_equal if exact else (
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=NEXT_TOL))
+    same(s.last_logits(), full[-1])
     s.generate(prompt[:131], max_new_tokens=0)
-    np.testing.assert_array_equal(s.last_logits(), eng.forward(prompt[:131])[-1])
+    same(s.last_logits(), eng.forward(prompt[:131])[-1])
     return full
 
 
@@ -144,7 +152,7 @@ def test_q8_engine_decode_equals_full_forward_and_stays_close_to_f32(folders, ar
     f32 = Engine.load(path, threads=2, max_context=512, kv_cache="f32")
     q8 = Engine.load(path, threads=2, max_context=512, kv_cache="q8")
     assert q8.info["kv_cache"] == "q8" and f32.info["kv_cache"] == "f32"
-    _decode_equals_full_forward(q8, prompt, "q8")
+    _decode_equals_full_forward(q8, prompt, "q8", exact=arch == "dense")
     s = f32.session("greedy")
     gen = s.generate(prompt, max_new_tokens=48).result.gen_ids
     ids = prompt + gen
