@@ -280,15 +280,9 @@ class SharedPrefixLines:
         for lineno, line in src.lines():
             rec = self._parse(line)
             if rec is None:
-                try:
-                    rec = loads(line)
-                except _DecodeError:
-                    src.skip(lineno, "not valid JSON" + ("" if line.endswith(b"\n") else " (torn last line)"))
-                    continue
-                if not isinstance(rec, dict):
-                    src.skip(lineno, f"not a JSON object ({type(rec).__name__})")
-                    continue
-            yield lineno, rec
+                rec = src.json_object(lineno, line)
+            if rec is not None:
+                yield lineno, rec
 
     def _parse(self, line: bytes) -> dict | None:
         """The record, or None: parse the line whole (and say what is wrong with it)."""

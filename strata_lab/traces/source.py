@@ -210,15 +210,21 @@ class Source:
     def json_lines(self) -> Iterator[tuple[int, dict]]:
         """(line number, object) for each line that is a JSON object; other lines are skipped with a warning."""
         for lineno, line in self.lines():
-            try:
-                rec = loads(line)
-            except _DecodeError:
-                self.skip(lineno, "not valid JSON" + ("" if line.endswith(b"\n") else " (torn last line)"))
-                continue
-            if not isinstance(rec, dict):
-                self.skip(lineno, f"not a JSON object ({type(rec).__name__})")
-                continue
-            yield lineno, rec
+            rec = self.json_object(lineno, line)
+            if rec is not None:
+                yield lineno, rec
+
+    def json_object(self, lineno: int, line: bytes) -> dict | None:
+        """The line parsed whole, or None when it is not a JSON object (skipped with a warning)."""
+        try:
+            rec = loads(line)
+        except _DecodeError:
+            self.skip(lineno, "not valid JSON" + ("" if line.endswith(b"\n") else " (torn last line)"))
+            return None
+        if not isinstance(rec, dict):
+            self.skip(lineno, f"not a JSON object ({type(rec).__name__})")
+            return None
+        return rec
 
     def head(self, n: int = 65536) -> bytes:
         with open(self.path, "rb") as f:
