@@ -99,7 +99,6 @@ STRATA_AVX2 static void axpy_avx2(float a, const float* x, float* y, int64_t n) 
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-// NT tokens x NR rows of dot products over K; w rows are f32 (converted block), ldw = K.
 // NT tokens x NR rows of dot products over K; w rows in dtype DT (f32 for converted blocks), ldw in
 // elements. Prefill and decode both run through these kernels, so a token's logits do not depend on how
 // many tokens were computed with it (bit-identical reuse).
@@ -532,6 +531,22 @@ static MicroBh micro_bh_pf(int nt, int nr) {  // decode: the same sums as micro_
 }
 #undef STRATA_ROW4
 
+// The row blocks of several outputs numbered one after another, for one parallel loop over all of them (a
+// matmul_multi's q/k/v or gate/up): block b is output out(b)'s block b - first[out(b)], of `per` rows each.
+struct OutBlocks {
+  int64_t first[9];
+  int64_t total;
+  OutBlocks(const MatOut* outs, int count, int64_t per) {
+    first[0] = 0;
+    for (int i = 0; i < count; ++i) first[i + 1] = first[i] + (outs[i].w->rows + per - 1) / per;
+    total = first[count];
+  }
+  int out(int64_t b, int from = 0) const {  // from: an output at or before b's (blocks visited in order)
+    while (b >= first[from + 1]) ++from;
+    return from;
+  }
+};
+
 constexpr int kBf16dpTile = 6;  // tokens per micro-kernel call (registers: NT * 4 accumulators)
 
 // Decode (n <= kBf16dpTile tokens) of bf16 weights at AVX512BF16: x rounded to bf16 once for every output,
@@ -548,18 +563,16 @@ static void decode_bf16dp(const MatOut* outs, int count, const float* x, int64_t
     to_bf16_avx512(x + t * K, K, xb.data() + t * ldx);
     std::fill(xb.begin() + t * ldx + K, xb.begin() + (t + 1) * ldx, uint16_t(0));
   }
-  int64_t start[9];
-  start[0] = 0;
-  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + 3) / 4;
+  const OutBlocks blk(outs, count, 4);
   const bool rows8 = g_decode_rows8 && n == 1;
   const uint16_t* xbp = xb.data();
-  decode_for(start[count], 16, [&](int64_t q0, int64_t q1) {
+  decode_for(blk.total, 16, [&](int64_t q0, int64_t q1) {
     float tile[kBf16dpTile * 8];
     int m = 0;
     for (int64_t qd = q0; qd < q1; ++qd) {
-      while (qd >= start[m + 1]) ++m;
+      m = blk.out(qd, m);
       const Mat& w = *outs[m].w;
-      const int64_t r0 = (qd - start[m]) * 4, rows = w.rows;
+      const int64_t r0 = (qd - blk.first[m]) * 4, rows = w.rows;
       const uint16_t* rowp = static_cast<const uint16_t*>(w.data) + r0 * K;
       float* y = outs[m].y;
       if (rows8 && qd + 1 < q1 && r0 + 8 <= rows) {  // two whole quads of one matrix, one token
@@ -589,17 +602,13 @@ static void prefill_bf16dp(const MatOut* outs, int count, const float* x, int64_
   for (int64_t t = 0; t < n; ++t) to_bf16_avx512(x + t * K, K, xb.data() + t * ldx);
   constexpr int TN = 6;
   constexpr int64_t RB = 64;
-  int64_t start[9];
-  start[0] = 0;
-  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + RB - 1) / RB;
-  const int64_t nblocks = start[count];
+  const OutBlocks blk(outs, count, RB);
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t b = 0; b < nblocks; ++b) {
-    int m = 0;
-    while (b >= start[m + 1]) ++m;
+  for (int64_t b = 0; b < blk.total; ++b) {
+    const int m = blk.out(b);
     const Mat& w = *outs[m].w;
     float* y = outs[m].y;
-    const int64_t rows = w.rows, r0 = (b - start[m]) * RB, nr_block = std::min(RB, rows - r0);
+    const int64_t rows = w.rows, r0 = (b - blk.first[m]) * RB, nr_block = std::min(RB, rows - r0);
     const uint16_t* base = static_cast<const uint16_t*>(w.data);
     float tile[TN * 4];
     for (int64_t t0 = 0; t0 < n; t0 += TN) {
@@ -806,22 +815,18 @@ static void prefill_multi(Level lv, const MatOut* outs, int count, const float* 
   const int64_t K = outs[0].w->cols;
   const int TN = lv == Level::AVX512 ? 6 : 3;  // token tile (register budget: NT*4 accumulators)
   constexpr int64_t RB = 64;
-  int64_t start[9];
-  start[0] = 0;
-  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + RB - 1) / RB;
-  const int64_t nblocks = start[count];
+  const OutBlocks blk(outs, count, RB);
 #pragma omp parallel
   {
     std::vector<float> scratch;
     std::vector<float> acc;  // kblocks: the partial sums of the tile's row quads between K ranges
     float tile[6 * 4];
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < nblocks; ++b) {
-      int m = 0;
-      while (b >= start[m + 1]) ++m;
+    for (int64_t b = 0; b < blk.total; ++b) {
+      const int m = blk.out(b);
       const Mat& w = *outs[m].w;
       float* y = outs[m].y;
-      const int64_t rows = w.rows, r0 = (b - start[m]) * RB, nr_block = std::min(RB, rows - r0);
+      const int64_t rows = w.rows, r0 = (b - blk.first[m]) * RB, nr_block = std::min(RB, rows - r0);
       const size_t es = dtype_size(w.dtype);
       const uint8_t* base = static_cast<const uint8_t*>(w.data);
       const bool eo = use_eo(lv, w);
@@ -938,23 +943,19 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   // of every output stream from memory once, 4 at a time, converted in registers, each quad meeting the
   // tokens in tiles of TN while it is in L1 (a token's sums are its own: the same bits for any n); one loop for all outputs, chunks of 64 rows dealt out by decode_for (OpenMP, or with
   // decode_pool pool.h's helpers: no join barrier, so a helper preempted on a shared machine holds no one up).
-  int64_t start[9];
-  start[0] = 0;
-  for (int i = 0; i < count; ++i) start[i + 1] = start[i] + (outs[i].w->rows + 3) / 4;
-  const int64_t total = start[count];
+  const OutBlocks blk(outs, count, 4);
   const float* xpp = xp.data();
   const bool rows8 = g_decode_rows8 && n == 1 && lv == Level::AVX2;
   // token tiles as even as TN allows (n = 4 at AVX2: 2 + 2, not 3 + 1: a 1-token tile has too few FMA chains
   // to hide their latency); a token's sums do not depend on its tile
   const int64_t tiles = (n + TN - 1) / TN;
   auto tile_n = [&](int64_t i) { return n / tiles + (i < n % tiles ? 1 : 0); };
-  decode_for(total, 16, [&](int64_t q0, int64_t q1) {
+  decode_for(blk.total, 16, [&](int64_t q0, int64_t q1) {
     float tile[6 * 4];
     for (int64_t qd = q0; qd < q1; ++qd) {
-      int m = 0;
-      while (qd >= start[m + 1]) ++m;
+      const int m = blk.out(qd);
       const Mat& w = *outs[m].w;
-      const int64_t r0 = (qd - start[m]) * 4;
+      const int64_t r0 = (qd - blk.first[m]) * 4;
       const int nr = int(std::min<int64_t>(4, w.rows - r0));
       const uint8_t* rowp = static_cast<const uint8_t*>(w.data) + size_t(r0 * K) * dtype_size(w.dtype);
       if (rows8 && qd + 1 < q1 && r0 + 8 <= w.rows && use_eo(lv, w)) {

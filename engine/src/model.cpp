@@ -142,13 +142,9 @@ DecoderIO load_decoder_io(ModelFolder& c, const std::string& model_type, int64_t
   return io;
 }
 
-bool kv_cache_half(const ModelInfo& info) {
-  return info.kv_cache == "f16" || (info.kv_cache_auto && kernels::option("kv_f16"));
-}
-
 KVFormat kv_cache_format(const ModelInfo& info) {
   if (info.kv_cache == "q8") return KVFormat::Q8;
-  return kv_cache_half(info) ? KVFormat::F16 : KVFormat::F32;
+  return info.kv_cache == "f16" || (info.kv_cache_auto && kernels::option("kv_f16")) ? KVFormat::F16 : KVFormat::F32;
 }
 
 void check_kv_cache(const ModelInfo& info, int64_t head_dim) {

@@ -8,9 +8,6 @@
 
 namespace strata {
 
-AttentionKV::AttentionKV(int n_kv_heads, int head_dim, bool half)
-    : AttentionKV(n_kv_heads, head_dim, half ? KVFormat::F16 : KVFormat::F32) {}
-
 AttentionKV::AttentionKV(int n_kv_heads, int head_dim, KVFormat format)
     : n_kv_heads_(n_kv_heads), head_dim_(head_dim), format_(format) {
   if (format == KVFormat::Q8 && head_dim % kQ8Block != 0)

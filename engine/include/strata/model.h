@@ -139,10 +139,8 @@ struct DecoderIO {
 DecoderIO load_decoder_io(ModelFolder& c, const std::string& model_type, int64_t V, int64_t D, int64_t L,
                           const LoadOptions& opts, ModelInfo& info);
 
-// Whether a new session's attention caches hold f16: info.kv_cache, or f16 for an Auto cache while the kernel
-// option kv_f16 is on (the older process-wide switch, kept as an override).
-bool kv_cache_half(const ModelInfo& info);
-// The format of a new session's attention caches: Q8 for info.kv_cache "q8", else F16 / F32 as kv_cache_half.
+// The format of a new session's attention caches: info.kv_cache ("q8", "f16", "f32"), or f16 for an Auto cache
+// while the kernel option kv_f16 is on (the older process-wide switch, kept as an override).
 KVFormat kv_cache_format(const ModelInfo& info);
 // A q8 cache needs head_dim a multiple of kQ8Block: ModelFolderError naming kv_cache and head_dim otherwise.
 void check_kv_cache(const ModelInfo& info, int64_t head_dim);

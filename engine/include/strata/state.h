@@ -33,27 +33,24 @@ class LayerState {
 
 // KV cache of one attention layer. k, v: [capacity, n_kv_heads, head_dim]; K is stored after k_norm
 // and RoPE. Used by Qwen3 attention and by Qwen3-Next gated attention.
-// half(): the cache holds K and V in f16 (the kv_f16 kernel option, read when the cache is created; off by
-// default: f16 rounding breaks parity with transformers f32). append() then returns f32 staging rows for the
-// chunk; commit() (after K's norm and RoPE) rounds them into the cache, which attention then reads -- prefill
-// and decode alike, so decode still equals the full forward.
-// q8(): the cache holds K and V as int8 in blocks of 32 values along head_dim, one f32 scale per block
+// format() F16: the cache holds K and V in f16 (kv_cache "f16", or the kv_f16 kernel option for an "auto"
+// cache, read when the cache is created). append() then returns f32 staging rows for the chunk; commit() (after
+// K's norm and RoPE) rounds them into the cache, which attention then reads -- prefill and decode alike, so
+// decode still equals the full forward.
+// format() Q8: the cache holds K and V as int8 in blocks of 32 values along head_dim, one f32 scale per block
 // (absmax / 127, as llama.cpp's q8_0 with an f32 scale): commit() quantises the staged rows the same way.
 enum class KVFormat { F32, F16, Q8 };
 constexpr int kQ8Block = 32;  // values per q8 scale (head_dim must be a multiple)
 
 class AttentionKV final : public LayerState {
  public:
-  AttentionKV(int n_kv_heads, int head_dim, bool half);  // half: an f16 cache (commit() rounds)
   AttentionKV(int n_kv_heads, int head_dim, KVFormat format);  // Q8: head_dim a multiple of kQ8Block
   int64_t length() const { return length_; }
   int64_t row() const { return int64_t(n_kv_heads_) * head_dim_; }
   // Makes room for n more tokens; returns pointers to rows [length, length + n) and advances length.
   void append(int64_t n, float** k_out, float** v_out);
-  void commit();  // half / q8: round the rows append() returned into the cache (no-op for f32)
+  void commit();  // f16 / q8: round the rows append() returned into the cache (no-op for f32)
   KVFormat format() const { return format_; }
-  bool half() const { return format_ == KVFormat::F16; }
-  bool q8() const { return format_ == KVFormat::Q8; }
   const float* k() const { return k_.data(); }
   const float* v() const { return v_.data(); }
   const uint16_t* k16() const { return k16_.data(); }
@@ -86,8 +83,8 @@ class AttentionKV final : public LayerState {
   int n_kv_heads_, head_dim_;
   KVFormat format_;
   int64_t length_ = 0, staged_ = 0;
-  std::vector<float> k_, v_;         // the cache (f32), or the staged chunk (half, q8)
-  std::vector<uint16_t> k16_, v16_;  // the cache (half)
+  std::vector<float> k_, v_;         // the cache (f32), or the staged chunk (f16, q8)
+  std::vector<uint16_t> k16_, v16_;  // the cache (f16)
   std::vector<int8_t> k8_, v8_;      // the cache (q8): values
   std::vector<float> ks_, vs_;       // the cache (q8): one scale per kQ8Block values
 };
