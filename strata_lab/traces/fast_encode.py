@@ -215,16 +215,16 @@ class SegmentEncoder:
             # encode on their own (split in C, looked up by word)
             parts = piece.split(" ")
             ids = self._split_ids(parts[0]) if parts[0] else []
-            words = self._words
+            head, words = len(ids), self._words
             try:
                 ids.extend(chain.from_iterable(map(words.__getitem__, parts[1:])))
-            except KeyError:
+            except KeyError:  # a word not seen yet (extend stopped part way: the head's ids are kept)
+                del ids[head:]
                 if len(words) > _MAX_PIECES:
                     words.clear()
                 for w in parts[1:]:
                     if w not in words:
                         words[w] = self._split_ids(" " + w)
-                ids = self._split_ids(parts[0]) if parts[0] else []
                 ids.extend(chain.from_iterable(map(words.__getitem__, parts[1:])))
             return ids
         return self._split_ids(piece)
