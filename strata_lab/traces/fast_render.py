@@ -252,22 +252,14 @@ class FastRenderer:
                 lim, pparsed = min(len(messages), n), prev.parsed
                 while k < lim and (messages[k] is pm[k] or (pparsed[k][6] and messages[k] == pm[k])):
                     k += 1
-        if k:
-            parsed = prev.parsed[:k]
-            if prev.noted < k and _NOT_JSON not in notes:
-                notes.append(_NOT_JSON)
-            for m in messages[k:]:
-                p = self._message(m, notes)
-                if p is None:
-                    return None
-                parsed.append(p)
-        else:
-            parsed = []
-            for m in messages:
-                p = self._message(m, notes)
-                if p is None:
-                    return None
-                parsed.append(p)
+        parsed = prev.parsed[:k] if k else []
+        if k and prev.noted < k and _NOT_JSON not in notes:
+            notes.append(_NOT_JSON)
+        for m in messages[k:] if k else messages:
+            p = self._message(m, notes)
+            if p is None:
+                return None
+            parsed.append(p)
         n = len(parsed)
         # the checks of the messages from k on (those before passed in the previous call): a tool result
         # answers a call of the last assistant message before it
