@@ -4,7 +4,7 @@ transformers (eager, bf16 and f32) and, when installed, llama.cpp (llama-cpp-pyt
 GGUFs of the same weights), on one random-weight Qwen3-0.6B-shaped model folder, at one or more context lengths.
 
     PYTHONPATH=$PWD python benchmarks/engine.py [--contexts 512 4096] [--decode 128] [--threads 2]
-        [--repeat 2] [--skip strata,hf,hf-f32,llama,llama-q8,int8,accuracy,scaling] [--attn-ab]
+        [--repeat 2] [--skip strata,hf,hf-f32,llama,llama-q8,llama-fa,int8,accuracy,scaling] [--attn-ab]
         [--out benchmarks/results]
 
 Concurrency (issue 32): `--streams 1 2 4 8 --prefill 64 --decode 32` runs benchmarks/concurrency.py instead:
@@ -178,10 +178,24 @@ def llama_server_binary():
     return os.environ.get("STRATA_LLAMA_SERVER") or shutil.which("llama-server")
 
 
-def bench_llama_server(path, prompt, n_decode, threads, flash_attn):
+def llama_server_extra(specs):
+    """--llama-server LABEL=PATH values -> [(label, path)]; a bad value or a missing binary is an error."""
+    out = []
+    for spec in specs:
+        label, sep, binary = spec.partition("=")
+        if not sep or not label or not binary:
+            raise SystemExit(f"--llama-server: expected LABEL=PATH, got {spec!r}")
+        if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+            raise SystemExit(f"--llama-server {label}: {binary!r} is not an executable file")
+        out.append((label, binary))
+    return out
+
+
+def bench_llama_server(path, prompt, n_decode, threads, flash_attn, binary=None):
     """llama.cpp through one `llama-server` slot (when llama-cpp-python is not installed): the f16 GGUF, its
     default f16 KV cache, flash attention on or off; one greedy /completion of ``prompt`` (token ids, no
-    prompt cache) and its own timings (prompt and predicted tokens per second)."""
+    prompt cache) and its own timings (prompt and predicted tokens per second). binary: the llama-server
+    to run (default llama_server_binary())."""
     import httpx
     from concurrency import _free_port, _Server
     from strata_lab.tiny.gguf_export import gguf_file
@@ -189,7 +203,7 @@ def bench_llama_server(path, prompt, n_decode, threads, flash_attn):
     gguf = gguf_file(path, "f16")
     os.sync()
     port = _free_port()
-    argv = [llama_server_binary(), "-m", str(gguf), "-np", "1", "-c", str(len(prompt) + n_decode + 16), "-t",
+    argv = [binary or llama_server_binary(), "-m", str(gguf), "-np", "1", "-c", str(len(prompt) + n_decode + 16), "-t",
             str(threads), "-tb", str(threads), "-fa", "on" if flash_attn else "off", "--host", "127.0.0.1",
             "--port", str(port), "--no-warmup"]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
@@ -320,7 +334,8 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over all systems; best tok/s per system (shared machines are noisy)")
     ap.add_argument("--skip", default="",
-                    help="comma list of: strata (bf16), hf, hf-f32, llama, llama-q8, int8, accuracy, scaling")
+                    help="comma list of: strata (bf16), hf, hf-f32, llama, llama-q8, llama-fa (the llama-server "
+                         "+fa rows), int8, accuracy, scaling")
     ap.add_argument("--hf-max-context", type=int, default=2048)
     ap.add_argument("--attn-ab", action="store_true",
                     help="add 'strata bf16 old attention' (the per-query scalar attention) to the table")
@@ -341,6 +356,10 @@ def main(argv=None):
                          "kv_cache='q8'; 1.125 bytes per value against the default f16 cache's 2), and its logit "
                          "error against the f32 cache (unless --skip accuracy)")
     ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
+    ap.add_argument("--llama-server", action="append", default=[], metavar="LABEL=PATH",
+                    help="add 'llama.cpp f16 LABEL' (and its +fa row unless --skip llama-fa): the llama-server at "
+                         "PATH, beside $STRATA_LLAMA_SERVER's 'llama.cpp f16', e.g. avx2=<the binary printed by "
+                         "scripts/build_llama_server.sh --isa avx2> (repeatable)")
     ap.add_argument("--llama-passive", action="store_true",
                     help="add 'llama.cpp f16 passive': llama.cpp f16 with its OpenMP threads waiting at barriers as "
                          "strata's do (OMP_WAIT_POLICY=passive; its default spins, which collapses on shared, "
@@ -373,6 +392,13 @@ def main(argv=None):
                                  *([] if args.layers is None else ["--layers", str(args.layers)])])
     contexts = [args.prefill] if args.prefill else sorted(args.contexts)
     skip = set(filter(None, args.skip.split(",")))
+    unknown = skip - {"strata", "hf", "hf-f32", "llama", "llama-q8", "llama-fa", "int8", "accuracy", "scaling"}
+    if unknown:
+        raise SystemExit(f"--skip: unknown {', '.join(sorted(unknown))}")
+    extra_servers = llama_server_extra(args.llama_server)
+    if extra_servers and ("llama" in skip or importlib.util.find_spec("llama_cpp") or not llama_server_binary()):
+        raise SystemExit("--llama-server needs the llama-server peer: no --skip llama, no llama-cpp-python, "
+                         "and $STRATA_LLAMA_SERVER or llama-server on PATH")
     path = model_folder(args.preset, args.layers)
     rng_prompt = np.random.default_rng(0).integers(0, 151669, max(contexts)).tolist()
     max_ctx = max(contexts) + args.decode + 32
@@ -438,8 +464,11 @@ def main(argv=None):
                             lambda p: bench_hf_ctx(path, p, args.decode, T, "f32", args.hf_max_context)))
     if "llama" not in skip and not importlib.util.find_spec("llama_cpp") and llama_server_binary():
         # no llama-cpp-python: llama.cpp f16 through llama-server, flash attention off and on
-        systems.append(("llama.cpp f16", lambda p: bench_llama_server(path, p, args.decode, T, False)))
-        systems.append(("llama.cpp f16 +fa", lambda p: bench_llama_server(path, p, args.decode, T, True)))
+        for label, binary in [("", None)] + extra_servers:
+            name = "llama.cpp f16" + (f" {label}" if label else "")
+            systems.append((name, lambda p, b=binary: bench_llama_server(path, p, args.decode, T, False, b)))
+            if "llama-fa" not in skip:
+                systems.append((name + " +fa", lambda p, b=binary: bench_llama_server(path, p, args.decode, T, True, b)))
     elif "llama" not in skip:
         fa = "+fa" if args.llama_flash_attn else ""
         write_ggufs(path, ["f16"] + ([] if "llama-q8" in skip else ["q8_0"]))

@@ -55,3 +55,24 @@ def test_harnesses_find_the_shared_model_folder():
                            "from engine import model_folder; print(model_folder.__module__)", str(BENCH)],
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "engine", proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--skip", "hf,llama-f16"], "--skip: unknown llama-f16"),
+    (["--llama-server", "avx2"], "expected LABEL=PATH"),
+    (["--llama-server", "avx2=no/such/llama-server"], "is not an executable file"),
+])
+def test_engine_rejects_bad_options_before_any_work(args, message, tmp_path):
+    # an unknown --skip name or a --llama-server peer that cannot run is a clear error, not a table without it
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(BENCH / "engine.py"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+    assert "bf16 weights" not in proc.stdout  # stopped before the model folder and the run's header
+
+
+def test_llama_server_build_script_rejects_an_unknown_isa(tmp_path):
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "build_llama_server.sh"), "--isa", "avx512", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--isa must be native or avx2" in proc.stderr, proc.stderr
+    assert not any(tmp_path.iterdir())  # nothing downloaded or built
