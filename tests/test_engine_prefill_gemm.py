@@ -61,3 +61,34 @@ def test_bf16_matmul_rejects_bad_shapes():
         _engine._bf16_matmul([np.zeros((4, 8), np.uint16), np.zeros((4, 9), np.uint16)], x)
     with pytest.raises(ValueError, match="1..8"):
         _engine._bf16_matmul([], x)
+
+
+@pytest.mark.parametrize("K", [72, 1040])
+def test_long_prefill_rows_match_decode_across_token_chunks(K):
+    # the AVX2 prefill packs x in chunks of at most 384 tokens (the tile walks K in ranges above 1024): a token's
+    # row is still the bits of its own decode (n = 1) on both sides of every chunk edge. K = 72: rows widened
+    # in order (K % 16 != 0); K = 1040: the even/odd order and two K ranges.
+    rng = np.random.default_rng(K + 1)
+    rows = (37, 72)
+    ws = [_bf16_bits(rng.standard_normal((r, K)).astype(np.float32) * 0.05) for r in rows]
+    n = 2 * 384 + 29  # three chunks at 4,096-token sizes: 267 + 267 + 263 (multiples of the 3-token tile)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    probe = sorted({0, 1, 2, 3, 265, 266, 267, 268, 383, 384, 385, 533, 534, 535, n - 2, n - 1})
+    best = _engine.kernel_level()
+    try:
+        for level in _levels():
+            _engine.set_kernel_level(level)
+            full = _engine._bf16_matmul(ws, x, threads=2)
+            for w, f in zip(ws, full):
+                ref = x.astype(np.float64) @ _bf16_float(w).astype(np.float64).T
+                tol = 1e-2 if level == "avx512bf16" else 1e-4
+                assert np.abs(f - ref).max() <= tol * np.abs(ref).max(), level
+            for t in probe:
+                one = _engine._bf16_matmul(ws, x[t:t + 1], threads=1)
+                for p, f in zip(one, full):
+                    np.testing.assert_array_equal(p[0], f[t], err_msg=f"{level} token {t}")
+            mid = _engine._bf16_matmul(ws, x[260:540], threads=2)  # one chunk, its edges elsewhere
+            for p, f in zip(mid, full):
+                np.testing.assert_array_equal(p, f[260:540], err_msg=f"{level}: tokens 260..539 alone")
+    finally:
+        _engine.set_kernel_level(best)

@@ -38,7 +38,6 @@ extern bool g_kv_f16;
 extern bool g_decode_rows8;
 extern bool g_decode_runs;
 extern bool g_moe_parallel;
-extern bool g_prefill_packed;
 constexpr int64_t kPrefetchAhead = 8192;
 // matmul: up to this many tokens take the decode path (rows streamed once for all of them: a batched decode
 // step), more the blocked prefill GEMM.

@@ -763,49 +763,10 @@ static inline void store_tile(const float* tile, int nt, int nr, const float* sc
     for (int r = 0; r < nr; ++r) y[t * ldy + r] = scale ? tile[t * 4 + r] * scale[r] : tile[t * 4 + r];
 }
 
-// micro_avx2<F32, NT, NR> over the k range [k0, k1) (k0, k1 multiples of 8, or k1 = K), its accumulators
-// carried in acc between ranges: the same FMAs in the same order, so the same bits as one call over all of K.
-// last (k1 = K): the 8-lane sums reduced (hsum256) and the K % 8 tail added as micro_avx2 does.
-template <int NT, int NR>
-STRATA_AVX2 static void micro_f32_part(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t k0,
-                                       int64_t k1, bool first, bool last, float* acc, float* y, int64_t ldy) {
-  __m256 a[NT][NR];
-  for (int t = 0; t < NT; ++t)
-    for (int r = 0; r < NR; ++r) a[t][r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + (t * NR + r) * 8);
-  int64_t k = k0;
-  for (; k + 8 <= k1; k += 8) {
-    __m256 xv[NT];
-    for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + t * ldx + k);
-    for (int r = 0; r < NR; ++r) {
-      const __m256 wv = _mm256_loadu_ps(w + r * ldw + k);
-      for (int t = 0; t < NT; ++t) a[t][r] = _mm256_fmadd_ps(xv[t], wv, a[t][r]);
-    }
-  }
-  if (!last) {
-    for (int t = 0; t < NT; ++t)
-      for (int r = 0; r < NR; ++r) _mm256_storeu_ps(acc + (t * NR + r) * 8, a[t][r]);
-    return;
-  }
-  for (int t = 0; t < NT; ++t)
-    for (int r = 0; r < NR; ++r) {
-      float sum = hsum256(a[t][r]);
-      for (int64_t kk = k; kk < k1; ++kk) sum = std::fma(x[t * ldx + kk], w[r * ldw + kk], sum);
-      y[t * ldy + r] = sum;
-    }
-}
-using MicroPart = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, bool, bool, float*,
-                           float*, int64_t);
-static MicroPart micro_part(int nt, int nr) {
-  static const MicroPart t[3][4] = {
-      {micro_f32_part<1, 1>, micro_f32_part<1, 2>, micro_f32_part<1, 3>, micro_f32_part<1, 4>},
-      {micro_f32_part<2, 1>, micro_f32_part<2, 2>, micro_f32_part<2, 3>, micro_f32_part<2, 4>},
-      {micro_f32_part<3, 1>, micro_f32_part<3, 2>, micro_f32_part<3, 3>, micro_f32_part<3, 4>}};
-  return t[nt - 1][nr - 1];
-}
-// AVX2, K above kPrefillKC: a token tile meets the block's rows KC columns at a time, so its x slice (3 x KC
-// floats) stays in L1 over the block's row quads instead of the whole rows (36 KiB at K = 3072) missing it.
-// One thread, CPU time, n = 256, 1024 rows (against whole rows, best of 4 each, 3 runs at load 5): K = 3072
-// x1.06-1.20, K = 2048 x0.95-1.06.
+// AVX2, K above kPrefillKC: a token tile meets the block's rows KC columns at a time (8-lane partial sums
+// carried between ranges, the same bits), so its x slice (3 x KC floats) stays in L1 over the block's row quads
+// instead of the whole rows (36 KiB at K = 3072) missing it. Unpacked, one thread, CPU time, n = 256, 1024 rows
+// (against whole rows, best of 4 each, 3 runs at load 5): K = 3072 x1.06-1.20, K = 2048 x0.95-1.06.
 constexpr int64_t kPrefillKC = 1024;
 
 // ---------------------------------------------------------------- AVX2 prefill on packed operands
@@ -901,11 +862,14 @@ STRATA_AVX2 static void pack_rows(const Mat& w, const uint8_t* rows, int nr, boo
 
 // AVX2 prefill (K % 8 == 0) of every output of a matmul_multi that is not int8_dot, in one pass over the row
 // blocks of all of them (as prefill_multi): a block of RB rows is packed once (in L2) and meets every token
-// tile, its quads one after another; above kPrefillKC the tile walks K in ranges (x's slice stays in L1).
+// tile of a chunk, its quads one after another; above kPrefillKC the tile walks K in ranges (x's slice stays in
+// L1). Tokens go in chunks of at most kPackChunk (a multiple of the tile): each block reads its chunk's packed x
+// once, from L3 (all of x at 4,096 tokens, 16-48 MiB, came from memory once per block: x0.79 at 4,096 tokens).
+constexpr int64_t kPackChunk = 384;
 static void prefill_packed_avx2(const MatOut* outs, int count, const float* x, int64_t n) {
   const int64_t K = outs[0].w->cols, S = K / 8;
-  constexpr int64_t RB = 32;  // rows per packed block: 32 * K * 4 bytes, 384 KiB at K = 3072 (in L2)
-  bool need[2] = {false, false};  // packed x in plain / eo order
+  const int64_t RB = K <= 1024 ? 64 : 32;  // rows per packed block: RB * K * 4 bytes, at most 384 KiB (L2)
+  bool need[2] = {false, false};           // packed x in plain / eo order
   for (int i = 0; i < count; ++i) need[use_eo(Level::AVX2, *outs[i].w)] = true;
   thread_local std::vector<float> tl_px[2];  // reused; read from the other threads by pointer
   for (int e = 0; e < 2; ++e)
@@ -915,13 +879,16 @@ static void prefill_packed_avx2(const MatOut* outs, int count, const float* x, i
     }
   const float* px[2] = {tl_px[0].data(), tl_px[1].data()};
   const int64_t SC = kPrefillKC / 8;  // k steps per range
+  const int64_t nch = (n + kPackChunk - 1) / kPackChunk;
+  const int64_t NC = ((n + nch - 1) / nch + kPackTN - 1) / kPackTN * kPackTN;  // tokens per chunk
   const OutBlocks blk(outs, count, RB);
 #pragma omp parallel
   {
     std::vector<float> wpk(size_t(RB * K)), tmp(static_cast<size_t>(K)), acc(size_t(RB / 4 * kPackTN * 4 * 8));
     float tile[kPackTN * 4];
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < blk.total; ++b) {
+    for (int64_t i = 0; i < nch * blk.total; ++i) {  // chunk-major: the threads share a chunk's x
+      const int64_t b = i % blk.total, c0 = i / blk.total * NC, c1 = std::min(n, c0 + NC);
       const int m = blk.out(b);
       const Mat& w = *outs[m].w;
       float* y = outs[m].y;
@@ -932,8 +899,8 @@ static void prefill_packed_avx2(const MatOut* outs, int count, const float* x, i
         pack_rows(w, base + size_t(rr * K) * dtype_size(w.dtype), int(std::min<int64_t>(4, nr_block - rr)), eo,
                   wpk.data() + rr * K, tmp.data());
       const float* xin = px[eo];
-      for (int64_t t0 = 0; t0 < n; t0 += kPackTN) {
-        const int nt = int(std::min<int64_t>(kPackTN, n - t0));
+      for (int64_t t0 = c0; t0 < c1; t0 += kPackTN) {
+        const int nt = int(std::min<int64_t>(kPackTN, c1 - t0));
         for (int64_t s0 = 0; s0 < S; s0 += SC) {
           const int64_t s1 = std::min(S, s0 + SC);
           for (int64_t rr = 0; rr < nr_block; rr += 4) {
@@ -951,7 +918,8 @@ static void prefill_packed_avx2(const MatOut* outs, int count, const float* x, i
 
 // Prefill (compute-bound) of every output of a matmul_multi that is not int8_dot, in one pass: one loop over
 // the row blocks of all of them (no join between outputs, one tail instead of one per output). A block of RB
-// rows is converted once to f32 (kept in L2) and meets every tile of TN tokens, 4 rows at a time.
+// rows is converted once to f32 (kept in L2) and meets every tile of TN tokens, 4 rows at a time. AVX512 and
+// scalar; AVX2 only where K % 8 != 0 (prefill_packed_avx2 otherwise).
 static void prefill_multi(Level lv, const MatOut* outs, int count, const float* x, const float* xp, int64_t n) {
   const int64_t K = outs[0].w->cols;
   const int TN = lv == Level::AVX512 ? 6 : 3;  // token tile (register budget: NT*4 accumulators)
@@ -960,7 +928,6 @@ static void prefill_multi(Level lv, const MatOut* outs, int count, const float* 
 #pragma omp parallel
   {
     std::vector<float> scratch;
-    std::vector<float> acc;  // kblocks: the partial sums of the tile's row quads between K ranges
     float tile[6 * 4];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < blk.total; ++b) {
@@ -981,23 +948,8 @@ static void prefill_multi(Level lv, const MatOut* outs, int count, const float* 
         for (int64_t r = 0; r < nr_block; ++r) cvt(base + size_t((r0 + r) * K) * es, K, scratch.data() + r * K);
         wf = scratch.data();
       }
-      const bool kblocks = lv == Level::AVX2 && K > kPrefillKC;
       for (int64_t t0 = 0; t0 < n; t0 += TN) {
         const int nt = int(std::min<int64_t>(TN, n - t0));
-        if (kblocks) {
-          if (acc.size() < size_t(RB / 4 * 12 * 8)) acc.resize(size_t(RB / 4 * 12 * 8));
-          const MicroPart f4 = micro_part(nt, 4);
-          for (int64_t k0 = 0; k0 < K; k0 += kPrefillKC) {
-            const int64_t k1 = std::min(K, k0 + kPrefillKC);
-            for (int64_t rr = 0; rr < nr_block; rr += 4) {
-              const int nr = int(std::min<int64_t>(4, nr_block - rr));
-              (nr == 4 ? f4 : micro_part(nt, nr))(wf + rr * K, K, xin + t0 * K, K, k0, k1, k0 == 0, k1 == K,
-                                                  acc.data() + rr / 4 * 12 * 8, tile, 4);
-              if (k1 == K) store_tile(tile, nt, nr, w.scale ? w.scale + r0 + rr : nullptr, y + t0 * rows + r0 + rr, rows);
-            }
-          }
-          continue;
-        }
         for (int64_t rr = 0; rr < nr_block; rr += 4) {
           const int nr = int(std::min<int64_t>(4, nr_block - rr));
           run_micro(lv, DType::F32, nt, nr, wf + rr * K, K, xin + t0 * K, K, K, tile, 4);
@@ -1061,7 +1013,7 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
     any_eo = any_eo || use_eo(lv, *outs[i].w);
     any_q8 = any_q8 || use_q8(*outs[i].w);
   }
-  const bool packed = g_prefill_packed && lv == Level::AVX2 && K % 8 == 0 && n > std::max<int64_t>(TN, kDecodeBatch);
+  const bool packed = lv == Level::AVX2 && K % 8 == 0 && n > std::max<int64_t>(TN, kDecodeBatch);
   std::vector<float> xp;
   if (any_eo && !packed) {
     xp.resize(size_t(n * K));

@@ -46,7 +46,6 @@ bool g_int8_dot = true;
 bool g_attn_decode = true;
 bool g_kv_f16 = false;
 bool g_moe_parallel = true;
-bool g_prefill_packed = true;
 
 namespace {
 struct Switch {
@@ -57,8 +56,7 @@ const Switch kTable[] = {{"int8_dot", &g_int8_dot},         {"attn_tiled", &g_at
                          {"attn_decode", &g_attn_decode},   {"gdn_matrix", &g_gdn_matrix},
                          {"moe_parallel", &g_moe_parallel}, {"kv_f16", &g_kv_f16},
                          {"decode_pool", &g_decode_pool},   {"bf16_eo", &g_bf16_eo},
-                         {"decode_rows8", &g_decode_rows8}, {"decode_runs", &g_decode_runs},
-                         {"prefill_packed", &g_prefill_packed}};
+                         {"decode_rows8", &g_decode_rows8}, {"decode_runs", &g_decode_runs}};
 bool* find_switch(const std::string& name) {
   for (const Switch& s : kTable)
     if (name == s.name) return s.flag;
