@@ -375,6 +375,10 @@ def main(argv=None):
                     help="a round is quiet when other processes used fewer cores than this during it")
     ap.add_argument("--quiet-wait", type=float, default=20.0,
                     help="seconds a round waits at most for a 0.5 s window under --quiet-cores before it runs anyway")
+    ap.add_argument("--wait-quiet", action="store_true",
+                    help="before every system's run in every round, wait (at most --quiet-wait seconds) for a 0.5 s "
+                         "window in which other processes used under --quiet-cores cores (a shared box: the best "
+                         "of the rounds then compares the systems at quiet moments)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for engine.md/.png")
     ap.add_argument("--streams", type=int, nargs="+", default=None,
                     help="the concurrency axis instead (benchmarks/concurrency.py): N concurrent greedy streams on "
@@ -494,6 +498,8 @@ def main(argv=None):
             for name, fn in systems:
                 if name in skipped:
                     continue
+                if args.wait_quiet:
+                    bandwidth.wait_quiet(args.quiet_cores, args.quiet_wait)
                 try:
                     p, d = fn(prompt)
                 except (ImportError, NotImplementedError) as e:
