@@ -448,3 +448,101 @@ def test_agent_logs_render_the_same_on_both_paths(tmp_path, seed):
     fast = [(c["source"], r) for c, r in load_trace(path, format="openai").render(TOK)]
     plain = [(c["source"], r) for c, r in load_trace(path, format="openai").render(TOK, fast=False)]
     assert len(fast) > 5 and fast == plain
+
+
+# --- the native byte-level BPE (strata/byte_bpe.h): ASCII stretches encoded in C++, exactly
+
+
+def _gpt2_style(folder: Path) -> Path:
+    """A small GPT-2-style tokenizer (ByteLevel with its own regex, merges applied to every word)."""
+    import sys
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tokenizer_families import CORPUS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=600, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama3", "gpt2"])
+def native_family(request, tmp_path_factory):
+    if request.param == "qwen3":
+        tok = TOK
+    elif request.param == "gpt2":
+        tok = load_tokenizer(str(_gpt2_style(tmp_path_factory.mktemp("gpt2"))))
+    else:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        from tokenizer_families import build
+
+        tok = load_tokenizer(str(build(request.param, tmp_path_factory.mktemp(request.param))))
+    seg = SegmentEncoder.of(tok)
+    assert seg is not None and seg._native is not None, "the native encoder is built (scripts/dev_build.sh)"
+    return tok, seg._native
+
+
+ASCII_PIECES = ["'s", "'S", "'t", "'T", "'re", "'Re", "'ve", "'VE", "'m", "'M", "'ll", "'lL", "'d", "'D", "'r", "'v",
+                "'l", "'", "''", " '", "a", "Hello", "world", " the", "  ", "   ", " ", "\t", "\t\t", "\n", "\n\n",
+                "\r", "\r\n", " \n", "\n ", "\t\n", " \r\n ", "0", "7", "12", "123", "4567", "1.5", " 9", ".", "...",
+                "!?", " !", "(", "{", "}", "\"", "#", "_", "-", "~", "\\", "x" * 40,
+                "internationalization", "supercalifragilistic", "Qu", "AbC", "dEf"]
+ASCII_TEXT = st.lists(st.one_of(st.sampled_from(ASCII_PIECES),
+                                st.text(alphabet=[chr(c) for c in range(0x20, 0x7f)] + ["\t", "\n", "\r"],
+                                        max_size=8)), max_size=30).map("".join)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_native_encoder_matches_the_tokenizer(native_family, data):
+    """Printable ASCII with tabs, newlines and carriage returns (contractions in both cases, digit runs,
+    punctuation runs, whitespace runs before words, digits, punctuation and line ends, long words): the C++
+    pre-tokenizer and merge loop give the tokenizer's own ids."""
+    tok, native = native_family
+    t = data.draw(ASCII_TEXT)
+    got = native(t)
+    assert got == tok.hf.encode(t, add_special_tokens=False).ids or (got is None and len(t) > 512), t
+
+
+@pytest.mark.parametrize("text", ["x" * 600, "é", "a\x0bb", "a\x0cb", "a\x1cb", "\x7f", "ab" + "-" * 513])
+def test_native_encoder_leaves_what_it_does_not_take(native_family, text):
+    """Characters outside printable ASCII + tab / newline / carriage return, and pre-tokens over 512 bytes, are
+    not encoded natively (None: fast_encode encodes them the other way), and the text still encodes exactly."""
+    tok, native = native_family
+    assert native(text) is None
+    seg = SegmentEncoder.of(tok)
+    assert seg.encode(text) == tok.hf.encode(text, add_special_tokens=False).ids
+
+
+def test_native_encoder_refuses_a_model_it_cannot_read():
+    from strata_lab._native import replay
+
+    with pytest.raises(ValueError, match="BPE"):
+        replay()._ByteBpe(b'{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}', 0)
+    with pytest.raises(ValueError, match="tokenizer JSON"):
+        replay()._ByteBpe(b'{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [', 0)
+    with pytest.raises(ValueError, match="split"):
+        replay()._ByteBpe(TOK.model_json(), 7)
+
+
+def test_a_tokenizer_whose_file_changed_is_read_from_its_model(tmp_path):
+    """The model's JSON comes from the tokenizer.json while that file is unchanged, else from the tokenizer
+    itself: the native tables always describe the loaded tokenizer."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tokenizer_families import build
+
+    tok = load_tokenizer(str(build("llama3", tmp_path / "l")))
+    assert tok.model_json() == (tmp_path / "l" / "tokenizer.json").read_bytes()
+    (tmp_path / "l" / "tokenizer.json").write_text("{}")
+    got = json.loads(tok.model_json())
+    assert got["type"] == "BPE" and len(got["vocab"]) == tok.hf.get_vocab_size(with_added_tokens=False)

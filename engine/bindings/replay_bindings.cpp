@@ -2,7 +2,8 @@
 // driven by strata_lab/replayer/native.py, with the enums it speaks by name (FullHit, Cause) and the
 // CheckpointPolicy struct. Linked without OpenMP: a store replay loads no OpenMP runtime, so it cannot
 // fix the engine's OpenMP settings before strata_lab._engine is loaded (strata_lab/_native.py imports
-// both). Batches cross as numpy arrays (Arrow's flat buffers), checked here.
+// both). Batches cross as numpy arrays (Arrow's flat buffers), checked here. Also `_ByteBpe`
+// (strata/byte_bpe.h), the ASCII byte-level BPE encoder strata_lab/traces/fast_encode.py uses.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <string>
 
+#include "strata/byte_bpe.h"
 #include "strata/replay_core.h"
 #include "checkpoint_policy_binding.h"
 
@@ -82,6 +84,43 @@ PYBIND11_MODULE(_replay, m) {
 #define STRATA_REPLAY_CAUSE(name) cause.value(#name, ReplayCause::name);
   STRATA_REPLAY_CAUSES(STRATA_REPLAY_CAUSE)
 #undef STRATA_REPLAY_CAUSE
+  py::class_<ByteBpe>(m, "_ByteBpe",
+                      "Byte-level BPE of ASCII text for the Qwen / Llama-3 / GPT-2 split regexes "
+                      "(strata/byte_bpe.h; strata_lab.traces.fast_encode uses it).")
+      .def(py::init([](py::bytes json, int split) { return new ByteBpe(std::string(json), split); }),
+           py::arg("json"), py::arg("split"),
+           "json: a tokenizer.json document or its BPE model's JSON; split: 0 Qwen2/3, 1 Llama-3, 2 GPT-2.")
+      .def(
+          "encode",
+          [](ByteBpe& b, py::handle text) -> py::object {
+            PyObject* t = text.ptr();
+            if (!PyUnicode_Check(t)) throw py::type_error("_ByteBpe.encode: expected a str");
+            if (!PyUnicode_IS_ASCII(t)) return py::none();
+            thread_local std::vector<int32_t> out;
+            out.clear();
+            if (!b.encode(static_cast<const char*>(PyUnicode_DATA(t)), static_cast<size_t>(PyUnicode_GET_LENGTH(t)),
+                          out))
+              return py::none();
+            PyObject* list = PyList_New(static_cast<Py_ssize_t>(out.size()));
+            if (list == nullptr) throw py::error_already_set();
+            for (size_t i = 0; i < out.size(); ++i) {
+              PyObject* v = PyLong_FromLong(out[i]);
+              if (v == nullptr) {
+                Py_DECREF(list);
+                throw py::error_already_set();
+              }
+              PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), v);
+            }
+            return py::reinterpret_steal<py::object>(list);
+          },
+          py::arg("text"),
+          "The ids of `text` (a stretch holding no added token, normalized), or None when it holds a character "
+          "other than printable ASCII, tab, newline and carriage return, or a pre-token over 512 bytes.")
+      .def_property_readonly("vocab_size", &ByteBpe::vocab_size)
+      .def_property_readonly("ascii_tokens", &ByteBpe::ascii_tokens)
+      .def_property_readonly("merges", &ByteBpe::merges)
+      .def_property_readonly("cached", &ByteBpe::cached);
+
   py::class_<ReplayVocab, std::shared_ptr<ReplayVocab>>(m, "_ReplayVocab",
                                                         "A tokenizer's bytes per id, for the replay core's byte walk.")
       .def(py::init([](py::bytes blob, py::array_t<int64_t, py::array::c_style | py::array::forcecast> offsets,

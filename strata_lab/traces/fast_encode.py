@@ -48,7 +48,13 @@ _OF: dict = {}  # id(hf tokenizer) -> (it, its SegmentEncoder or None)
 # next user query comes, so the reply's text recurs after "assistant\n" instead of "</think>\n\n").
 _QWEN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LINE_PATTERNS = frozenset((_QWEN, _QWEN.replace(r"|\p{N}|", r"|\p{N}{1,3}|", 1), _GPT2))  # Qwen, Llama-3, GPT-2
+_LLAMA3 = _QWEN.replace(r"|\p{N}|", r"|\p{N}{1,3}|", 1)
+_LINE_PATTERNS = frozenset((_QWEN, _LLAMA3, _GPT2))
+_NATIVE_SPLIT = {_QWEN: 0, _LLAMA3: 1, _GPT2: 2}  # the split regexes strata_lab._replay._ByteBpe follows
+# Checked once per tokenizer against its own encode before the native encoder is used (every rule of the
+# split regexes on ASCII, merges of long words): a model file that does not match the tokenizer is not used.
+_PROBE = ("Hello world, it's 12345 O'Neil'S 'll 'VE 'd 're  tokens!\n\n  def f(x):\n\treturn x  # ok \r\n"
+          "  \n}\n\n\t\t{\"a\": [1, 22, 333]}   ...?! internationalization_of_a_long_identifier \n")
 _LINE_START = re.compile(r"\n[!-~]")
 # In these regexes a space followed by an ASCII letter always starts a pre-token (no alternative matches a
 # space and then a letter except from that space on: ``[^\r\n\p{L}\p{N}]?\p{L}+``, `` ?\p{L}+``; the others
@@ -103,8 +109,10 @@ class SegmentEncoder:
     """`encode(text)` == `tokenizer.encode(text)`, fast on ASCII; `scan(text, start)` iterates the added-token
     matches from `start` (a position where the tokenizer's own scan resumes)."""
 
-    def __init__(self, tokenizer, split: re.Pattern, added: dict[str, int], lines: bool = False):
+    def __init__(self, tokenizer, split: re.Pattern, added: dict[str, int], lines: bool = False, native=None):
         self.tokenizer = tokenizer
+        # the ids of an ASCII stretch in C++ (None: the text is not one it takes; see strata/byte_bpe.h)
+        self._native = native
         self._lines = lines  # the split regex is one of _LINE_PATTERNS
         self._hf = tokenizer.hf
         self._model = tokenizer.hf.model
@@ -174,7 +182,7 @@ class SegmentEncoder:
                 return None
             if t.content:
                 added[t.content] = i
-        return cls(tokenizer, split_re, added, pattern in _LINE_PATTERNS)
+        return cls(tokenizer, split_re, added, pattern in _LINE_PATTERNS, _native_encoder(tokenizer, hf, pattern))
 
     def piece_ids(self, piece: str) -> list[int]:
         """Ids of one stretch of text holding no added token (the tokenizer encodes each such stretch on its
@@ -207,6 +215,10 @@ class SegmentEncoder:
     def _piece_ids(self, piece: str) -> list[int]:
         if not piece:
             return []
+        if self._native is not None:
+            got = self._native(piece)
+            if got is not None:
+                return got
         odd = _ODD.search(piece)  # one pass: a character to leave to the tokenizer, or a space before no letter
         if odd is not None and (odd.group() != " " or _UNSAFE.search(piece, odd.end()) is not None):
             return self._hf.encode(piece, add_special_tokens=False).ids
@@ -267,6 +279,28 @@ class SegmentEncoder:
         if pos < len(text):
             ids += self.piece_ids(text[pos:])
         return ids, ends, counts
+
+
+def _native_encoder(tokenizer, hf, pattern: str):
+    """`strata_lab._replay._ByteBpe(...).encode` for the tokenizer's model, or None: a split regex it does not
+    follow, no compiled extension, a model it cannot read, or one whose ids differ from the tokenizer's."""
+    split = _NATIVE_SPLIT.get(pattern)
+    if split is None or not hasattr(tokenizer, "model_json"):
+        return None
+    from strata_lab._native import replay
+
+    try:
+        make = replay()._ByteBpe
+    except (ImportError, AttributeError):  # a source checkout without a build, or an older one
+        return None
+    try:
+        bpe = make(tokenizer.model_json(), split)
+    except ValueError:
+        return None
+    if bpe.vocab_size != hf.get_vocab_size(with_added_tokens=False) or \
+            bpe.encode(_PROBE) != hf.encode(_PROBE, add_special_tokens=False).ids:
+        return None
+    return bpe.encode
 
 
 class FastTokenizer:
