@@ -526,11 +526,11 @@ def test_native_encoder_refuses_a_model_it_cannot_read():
     from strata_lab._native import replay
 
     with pytest.raises(ValueError, match="BPE"):
-        replay()._ByteBpe(b'{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}', 0)
+        replay()._ByteBpe(b'{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}', 0, {})
     with pytest.raises(ValueError, match="tokenizer JSON"):
-        replay()._ByteBpe(b'{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [', 0)
+        replay()._ByteBpe(b'{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [', 0, {})
     with pytest.raises(ValueError, match="split"):
-        replay()._ByteBpe(TOK.model_json(), 7)
+        replay()._ByteBpe(TOK.model_json(), 7, {})
 
 
 def test_a_tokenizer_whose_file_changed_is_read_from_its_model(tmp_path):

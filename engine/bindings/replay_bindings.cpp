@@ -9,6 +9,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 #include <string>
 
 #include "strata/byte_bpe.h"
@@ -69,6 +71,156 @@ py::tuple miss_tuple(const ReplayMiss& m) {
 
 const char* kind_name(int32_t k) { return k == 0 ? "prompt" : k == 1 ? "gen" : "drained"; }
 
+
+// The encoder fast_encode.py holds: the BPE (strata/byte_bpe.h), the added tokens it cuts the text at
+// (leftmost, then longest: the tokenizer's scan), and one int object per id (a list of ids costs increfs).
+struct BpeEncoder {
+  ByteBpe bpe;
+  std::vector<std::pair<std::string, int32_t>> tokens;  // longest first
+  std::vector<int32_t> first[128];                      // first byte -> indices into tokens, longest first
+  bool starts[256] = {};                                // a token starts with this byte
+  std::vector<PyObject*> ints;
+  std::vector<int32_t> buf;                   // the ids of one encode_into
+  std::vector<int32_t> one;                   // the ids of one encode (other() may call it during encode_into)
+  std::vector<size_t> cut_ends, cut_counts;   // its added tokens: ends, ids up to and including each
+  std::string ascii;
+
+  BpeEncoder(const std::string& json, int split) : bpe(json, split) {}
+  ~BpeEncoder() {
+    for (PyObject* o : ints) Py_XDECREF(o);
+  }
+  void add_token(const std::string& t, int32_t id) {
+    if (!t.empty()) tokens.emplace_back(t, id);
+  }
+  void sort_tokens() {
+    std::stable_sort(tokens.begin(), tokens.end(),
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+    for (size_t k = 0; k < tokens.size(); ++k)
+      first[static_cast<unsigned char>(tokens[k].first[0])].push_back(static_cast<int32_t>(k));
+    for (int c = 0; c < 128; ++c) starts[c] = !first[c].empty();
+  }
+  PyObject* integer(int32_t id) {  // a new reference
+    if (id >= 0 && id < (1 << 22)) {
+      if (static_cast<size_t>(id) >= ints.size()) ints.resize(static_cast<size_t>(id) + 1, nullptr);
+      PyObject*& o = ints[static_cast<size_t>(id)];
+      if (o == nullptr && (o = PyLong_FromLong(id)) == nullptr) throw py::error_already_set();
+      Py_INCREF(o);
+      return o;
+    }
+    PyObject* o = PyLong_FromLong(id);
+    if (o == nullptr) throw py::error_already_set();
+    return o;
+  }
+  py::object encode(py::handle text) {
+    PyObject* t = text.ptr();
+    if (!PyUnicode_Check(t)) throw py::type_error("_ByteBpe.encode: expected a str");
+    if (!PyUnicode_IS_ASCII(t)) return py::none();
+    one.clear();
+    if (!bpe.encode(static_cast<const char*>(PyUnicode_DATA(t)), static_cast<size_t>(PyUnicode_GET_LENGTH(t)), one))
+      return py::none();
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(one.size()));
+    if (list == nullptr) throw py::error_already_set();
+    for (size_t i = 0; i < one.size(); ++i) PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), integer(one[i]));
+    return py::reinterpret_steal<py::object>(list);
+  }
+  // An added token matching at i (the longest), or -1.
+  template <typename C>
+  int32_t match_at(const C* s, size_t i, size_t n) const {
+    const uint32_t c = s[i];
+    if (c >= 128) return -1;
+    for (int32_t k : first[c]) {
+      const std::string& t = tokens[static_cast<size_t>(k)].first;
+      if (t.size() > n - i) continue;
+      size_t q = 1;
+      while (q < t.size() && static_cast<uint32_t>(s[i + q]) == static_cast<unsigned char>(t[q])) ++q;
+      if (q == t.size()) return k;
+    }
+    return -1;
+  }
+  // Appends the ids of text[a:b) (no added token in it) to buf.
+  template <typename C>
+  void piece(PyObject* text, const C* s, size_t a, size_t b, py::handle other) {
+    if (a >= b) return;
+    bool ok = true;
+    if constexpr (sizeof(C) == 1) {
+      ok = bpe.encode(reinterpret_cast<const char*>(s + a), b - a, buf);  // (refuses bytes >= 0x80 itself)
+    } else {
+      ascii.resize(b - a);
+      for (size_t i = a; i < b && ok; ++i) {
+        const uint32_t c = s[i];
+        ok = c < 128;
+        ascii[i - a] = static_cast<char>(c);
+      }
+      ok = ok && bpe.encode(ascii.data(), ascii.size(), buf);
+    }
+    if (ok) return;
+    py::object sub = py::reinterpret_steal<py::object>(
+        PyUnicode_Substring(text, static_cast<Py_ssize_t>(a), static_cast<Py_ssize_t>(b)));
+    if (!sub) throw py::error_already_set();
+    py::object got = other(sub);
+    if (!PyList_Check(got.ptr())) throw py::type_error("_ByteBpe.encode_into: other() must return a list");
+    const Py_ssize_t k = PyList_GET_SIZE(got.ptr());
+    for (Py_ssize_t q = 0; q < k; ++q) {
+      long v = PyLong_AsLong(PyList_GET_ITEM(got.ptr(), q));
+      if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+      buf.push_back(static_cast<int32_t>(v));
+    }
+  }
+  template <typename C>
+  void run(PyObject* text, const C* s, size_t pos, size_t n, py::handle other) {
+    size_t start = pos;
+    for (size_t i = pos; i < n;) {
+      while (i < n && (s[i] >= 128 || !starts[s[i]])) ++i;
+      if (i >= n) break;
+      const int32_t k = match_at(s, i, n);
+      if (k < 0) {
+        ++i;
+        continue;
+      }
+      piece(text, s, start, i, other);
+      buf.push_back(tokens[static_cast<size_t>(k)].second);
+      i += tokens[static_cast<size_t>(k)].first.size();
+      start = i;
+      cut_ends.push_back(i);
+      cut_counts.push_back(buf.size());
+    }
+    piece(text, s, start, n, other);
+  }
+  static void put(PyObject* list, PyObject* o) {
+    if (o == nullptr) throw py::error_already_set();
+    const int rc = PyList_Append(list, o);
+    Py_DECREF(o);
+    if (rc != 0) throw py::error_already_set();
+  }
+  void encode_into(py::handle text, Py_ssize_t pos, py::list ids, py::list ends, py::list counts, py::handle other) {
+    PyObject* t = text.ptr();
+    if (!PyUnicode_Check(t)) throw py::type_error("_ByteBpe.encode_into: expected a str");
+    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    if (pos < 0 || static_cast<size_t>(pos) > n) throw py::value_error("_ByteBpe.encode_into: pos out of range");
+    const void* d = PyUnicode_DATA(t);
+    buf.clear();
+    cut_ends.clear();
+    cut_counts.clear();
+    switch (PyUnicode_KIND(t)) {
+      case PyUnicode_1BYTE_KIND: run(t, static_cast<const Py_UCS1*>(d), static_cast<size_t>(pos), n, other); break;
+      case PyUnicode_2BYTE_KIND: run(t, static_cast<const Py_UCS2*>(d), static_cast<size_t>(pos), n, other); break;
+      default: run(t, static_cast<const Py_UCS4*>(d), static_cast<size_t>(pos), n, other);
+    }
+    // one list of the new ids, joined to `ids` at once
+    const Py_ssize_t base = PyList_GET_SIZE(ids.ptr());
+    PyObject* add = PyList_New(static_cast<Py_ssize_t>(buf.size()));
+    if (add == nullptr) throw py::error_already_set();
+    for (size_t i = 0; i < buf.size(); ++i) PyList_SET_ITEM(add, static_cast<Py_ssize_t>(i), integer(buf[i]));
+    const int rc = PyList_SetSlice(ids.ptr(), base, base, add);
+    Py_DECREF(add);
+    if (rc != 0) throw py::error_already_set();
+    for (size_t k = 0; k < cut_ends.size(); ++k) {
+      put(ends.ptr(), PyLong_FromSize_t(cut_ends[k]));
+      put(counts.ptr(), PyLong_FromSsize_t(base + static_cast<Py_ssize_t>(cut_counts[k])));
+    }
+  }
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_replay, m) {
@@ -84,42 +236,39 @@ PYBIND11_MODULE(_replay, m) {
 #define STRATA_REPLAY_CAUSE(name) cause.value(#name, ReplayCause::name);
   STRATA_REPLAY_CAUSES(STRATA_REPLAY_CAUSE)
 #undef STRATA_REPLAY_CAUSE
-  py::class_<ByteBpe>(m, "_ByteBpe",
-                      "Byte-level BPE of ASCII text for the Qwen / Llama-3 / GPT-2 split regexes "
-                      "(strata/byte_bpe.h; strata_lab.traces.fast_encode uses it).")
-      .def(py::init([](py::bytes json, int split) { return new ByteBpe(std::string(json), split); }),
-           py::arg("json"), py::arg("split"),
-           "json: a tokenizer.json document or its BPE model's JSON; split: 0 Qwen2/3, 1 Llama-3, 2 GPT-2.")
-      .def(
-          "encode",
-          [](ByteBpe& b, py::handle text) -> py::object {
-            PyObject* t = text.ptr();
-            if (!PyUnicode_Check(t)) throw py::type_error("_ByteBpe.encode: expected a str");
-            if (!PyUnicode_IS_ASCII(t)) return py::none();
-            thread_local std::vector<int32_t> out;
-            out.clear();
-            if (!b.encode(static_cast<const char*>(PyUnicode_DATA(t)), static_cast<size_t>(PyUnicode_GET_LENGTH(t)),
-                          out))
-              return py::none();
-            PyObject* list = PyList_New(static_cast<Py_ssize_t>(out.size()));
-            if (list == nullptr) throw py::error_already_set();
-            for (size_t i = 0; i < out.size(); ++i) {
-              PyObject* v = PyLong_FromLong(out[i]);
-              if (v == nullptr) {
-                Py_DECREF(list);
-                throw py::error_already_set();
-              }
-              PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), v);
-            }
-            return py::reinterpret_steal<py::object>(list);
-          },
-          py::arg("text"),
-          "The ids of `text` (a stretch holding no added token, normalized), or None when it holds a character "
-          "other than printable ASCII, tab, newline and carriage return, or a pre-token over 512 bytes.")
-      .def_property_readonly("vocab_size", &ByteBpe::vocab_size)
-      .def_property_readonly("ascii_tokens", &ByteBpe::ascii_tokens)
-      .def_property_readonly("merges", &ByteBpe::merges)
-      .def_property_readonly("cached", &ByteBpe::cached);
+  py::class_<BpeEncoder>(m, "_ByteBpe",
+                         "Byte-level BPE of ASCII text for the Qwen / Llama-3 / GPT-2 split regexes "
+                         "(strata/byte_bpe.h), with the added-token scan (strata_lab.traces.fast_encode uses it).")
+      .def(py::init([](py::bytes json, int split, py::dict added) {
+             auto* e = new BpeEncoder(std::string(json), split);
+             for (auto kv : added) {
+               std::string k = py::cast<std::string>(kv.first);
+               for (unsigned char c : k)
+                 if (c >= 0x80) {
+                   delete e;
+                   throw py::value_error("_ByteBpe: an added token that is not ASCII");
+                 }
+               e->add_token(k, py::cast<int32_t>(kv.second));
+             }
+             e->sort_tokens();
+             return e;
+           }),
+           py::arg("json"), py::arg("split"), py::arg("added"),
+           "json: a tokenizer.json document or its BPE model's JSON; split: 0 Qwen2/3, 1 Llama-3, 2 GPT-2; "
+           "added: the added tokens matched on the raw text (ASCII strings -> ids).")
+      .def("encode", &BpeEncoder::encode, py::arg("text"),
+           "The ids of `text` (a stretch holding no added token, normalized), or None when it holds a character "
+           "other than printable ASCII, tab, newline and carriage return, or a pre-token over 512 bytes.")
+      .def("encode_into", &BpeEncoder::encode_into, py::arg("text"), py::arg("pos"), py::arg("ids"),
+           py::arg("ends"), py::arg("counts"), py::arg("other"),
+           "Encodes text[pos:] as the tokenizer does from there (pos: where its scan for added tokens resumes): "
+           "appends the ids to `ids`, and for each added token its end (a position in `text`) to `ends` and "
+           "len(ids) after it to `counts`. A stretch between added tokens that `encode` does not take is "
+           "encoded by other(stretch) (a list of ids).")
+      .def_property_readonly("vocab_size", [](const BpeEncoder& e) { return e.bpe.vocab_size(); })
+      .def_property_readonly("ascii_tokens", [](const BpeEncoder& e) { return e.bpe.ascii_tokens(); })
+      .def_property_readonly("merges", [](const BpeEncoder& e) { return e.bpe.merges(); })
+      .def_property_readonly("cached", [](const BpeEncoder& e) { return e.bpe.cached(); });
 
   py::class_<ReplayVocab, std::shared_ptr<ReplayVocab>>(m, "_ReplayVocab",
                                                         "A tokenizer's bytes per id, for the replay core's byte walk.")

@@ -409,6 +409,73 @@ bool ByteBpe::bpe(const unsigned char* s, size_t n, std::vector<int32_t>& out) c
   return true;
 }
 
+namespace {
+
+inline uint64_t hash_bytes(const char* s, size_t n) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xFF51AFD7ED558CCDull);
+  while (n >= 8) {
+    uint64_t v;
+    std::memcpy(&v, s, 8);
+    h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    s += 8;
+    n -= 8;
+  }
+  if (n) {
+    uint64_t v = 0;
+    std::memcpy(&v, s, n);
+    h = (h ^ v) * 0x94D049BB133111EBull;
+    h ^= h >> 31;
+  }
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  return h | 1;  // never 0 (an empty slot)
+}
+
+}  // namespace
+
+const ByteBpe::Slot* ByteBpe::find(const char* s, size_t n, uint64_t h) const {
+  if (slots_.empty()) return nullptr;
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = h & mask;; i = (i + 1) & mask) {
+    const Slot& sl = slots_[i];
+    if (sl.hash == 0) return nullptr;
+    if (sl.hash == h && sl.key_len == n && std::memcmp(arena_.data() + sl.key, s, n) == 0) return &sl;
+  }
+}
+
+void ByteBpe::insert(const char* s, size_t n, uint64_t h, const int32_t* ids, size_t count) {
+  if (used_ >= kMaxCached || arena_.size() + n > UINT32_MAX / 2 || pool_.size() + count > UINT32_MAX / 2) {
+    slots_.assign(slots_.size(), Slot{});  // start over
+    used_ = 0;
+    arena_.clear();
+    pool_.clear();
+  }
+  if (slots_.empty() || (used_ + 1) * 2 > slots_.size()) {
+    std::vector<Slot> old(slots_.empty() ? 1024 : slots_.size() * 2);
+    old.swap(slots_);
+    const size_t mask = slots_.size() - 1;
+    for (const Slot& sl : old) {
+      if (sl.hash == 0) continue;
+      size_t i = sl.hash & mask;
+      while (slots_[i].hash != 0) i = (i + 1) & mask;
+      slots_[i] = sl;
+    }
+  }
+  const size_t mask = slots_.size() - 1;
+  size_t i = h & mask;
+  while (slots_[i].hash != 0) i = (i + 1) & mask;
+  Slot& sl = slots_[i];
+  sl.hash = h;
+  sl.key = static_cast<uint32_t>(arena_.size());
+  sl.key_len = static_cast<uint32_t>(n);
+  sl.ids = static_cast<uint32_t>(pool_.size());
+  sl.ids_len = static_cast<uint32_t>(count);
+  arena_.append(s, n);
+  pool_.insert(pool_.end(), ids, ids + count);
+  ++used_;
+}
+
 bool ByteBpe::encode(const char* text, size_t n, std::vector<int32_t>& out) {
   const auto* s = reinterpret_cast<const unsigned char*>(text);
   for (size_t i = 0; i < n; ++i)
@@ -416,28 +483,24 @@ bool ByteBpe::encode(const char* text, size_t n, std::vector<int32_t>& out) {
   const size_t start = out.size();
   size_t i = 0;
   while (i < n) {
-    size_t j = next_piece(s, i, n);
-    if (j - i > kMaxPiece) {
+    const size_t j = next_piece(s, i, n);
+    const size_t len = j - i;
+    if (len > kMaxPiece) {
       out.resize(start);
       return false;
     }
-    key_.assign(text + i, j - i);
-    auto it = cache_.find(key_);
-    if (it != cache_.end()) {
-      const int32_t* ids = pool_.data() + it->second.first;
-      out.insert(out.end(), ids, ids + it->second.second);
+    const uint64_t h = hash_bytes(text + i, len);
+    if (const Slot* sl = find(text + i, len, h)) {
+      const int32_t* ids = pool_.data() + sl->ids;
+      if (sl->ids_len == 1) out.push_back(*ids);
+      else out.insert(out.end(), ids, ids + sl->ids_len);
     } else {
-      size_t before = out.size();
-      if (!bpe(s + i, j - i, out)) {
+      const size_t before = out.size();
+      if (!bpe(s + i, len, out)) {
         out.resize(start);
         return false;
       }
-      if (cache_.size() >= kMaxCached) {
-        cache_.clear();
-        pool_.clear();
-      }
-      cache_.emplace(key_, std::make_pair(static_cast<uint32_t>(pool_.size()), static_cast<uint32_t>(out.size() - before)));
-      pool_.insert(pool_.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
+      insert(text + i, len, h, out.data() + before, out.size() - before);
     }
     i = j;
   }

@@ -111,8 +111,10 @@ class SegmentEncoder:
 
     def __init__(self, tokenizer, split: re.Pattern, added: dict[str, int], lines: bool = False, native=None):
         self.tokenizer = tokenizer
-        # the ids of an ASCII stretch in C++ (None: the text is not one it takes; see strata/byte_bpe.h)
-        self._native = native
+        # in C++ (strata/byte_bpe.h): the ids of an ASCII stretch (None: not one it takes), and the scan of a text
+        # for added tokens with its stretches encoded (those it does not take by piece_ids); None: not built
+        self._native = native.encode if native is not None else None
+        self._into = native.encode_into if native is not None and native.scans else None
         self._lines = lines  # the split regex is one of _LINE_PATTERNS
         self._hf = tokenizer.hf
         self._model = tokenizer.hf.model
@@ -182,7 +184,8 @@ class SegmentEncoder:
                 return None
             if t.content:
                 added[t.content] = i
-        return cls(tokenizer, split_re, added, pattern in _LINE_PATTERNS, _native_encoder(tokenizer, hf, pattern))
+        return cls(tokenizer, split_re, added, pattern in _LINE_PATTERNS,
+                   _native_encoder(tokenizer, hf, pattern, added))
 
     def piece_ids(self, piece: str) -> list[int]:
         """Ids of one stretch of text holding no added token (the tokenizer encodes each such stretch on its
@@ -267,6 +270,9 @@ class SegmentEncoder:
         ids: list[int] = []
         ends: list[int] = []
         counts: list[int] = []
+        if self._into is not None:
+            self._into(text, 0, ids, ends, counts, self.piece_ids)
+            return ids, ends, counts
         pos, added = 0, self._added
         for m in self.scan(text):
             s = m.start()
@@ -281,9 +287,10 @@ class SegmentEncoder:
         return ids, ends, counts
 
 
-def _native_encoder(tokenizer, hf, pattern: str):
-    """`strata_lab._replay._ByteBpe(...).encode` for the tokenizer's model, or None: a split regex it does not
-    follow, no compiled extension, a model it cannot read, or one whose ids differ from the tokenizer's."""
+def _native_encoder(tokenizer, hf, pattern: str, added: dict[str, int]):
+    """`strata_lab._replay._ByteBpe` for the tokenizer's model, or None: a split regex it does not follow, no
+    compiled extension, a model it cannot read, or one whose ids differ from the tokenizer's. Its `scans`:
+    whether it also cuts texts at the added tokens (they are ASCII)."""
     split = _NATIVE_SPLIT.get(pattern)
     if split is None or not hasattr(tokenizer, "model_json"):
         return None
@@ -293,14 +300,22 @@ def _native_encoder(tokenizer, hf, pattern: str):
         make = replay()._ByteBpe
     except (ImportError, AttributeError):  # a source checkout without a build, or an older one
         return None
+    scans = all(t.isascii() for t in added)
     try:
-        bpe = make(tokenizer.model_json(), split)
+        bpe = make(tokenizer.model_json(), split, added if scans else {})
     except ValueError:
         return None
     if bpe.vocab_size != hf.get_vocab_size(with_added_tokens=False) or \
             bpe.encode(_PROBE) != hf.encode(_PROBE, add_special_tokens=False).ids:
         return None
-    return bpe.encode
+    return _Native(bpe, scans)
+
+
+class _Native:
+    __slots__ = ("encode", "encode_into", "scans")
+
+    def __init__(self, bpe, scans: bool):
+        self.encode, self.encode_into, self.scans = bpe.encode, bpe.encode_into, scans
 
 
 class FastTokenizer:
@@ -324,7 +339,7 @@ def _take(ids, a: int, b: int) -> list[int]:
         return head[a:b]
     if a >= n:
         return tail[a - n: b - n]
-    return head[a:] + tail[: b - n]
+    return (head[a:] if a else head) + tail[: b - n]  # one copy
 
 
 class IncrementalEncoder:
@@ -356,6 +371,26 @@ class IncrementalEncoder:
                 ends, counts = pends[:j], pcounts[:j]
         reused = len(ids)
         pos = start
+        into = seg._into
+        if into is not None:
+            # the matches of the previous text at the same places before the first difference: its ids; from
+            # the first other match on, the rest is encoded in C++
+            if j < len(pends):
+                for m in seg.scan(text, start):
+                    e = m.end()
+                    if j >= len(pends) or e > d or pends[j] != e:
+                        break
+                    ids += _take(pids, pcounts[j - 1] if j else 0, pcounts[j])
+                    j += 1
+                    reused = len(ids)
+                    pos = e
+                    ends.append(e)
+                    counts.append(reused)
+            into(text, pos, ids, ends, counts, seg.piece_ids)
+            self.reused = reused
+            if key is not None:
+                self._remember(key, (text, ids, ends, counts))
+            return ids
         for m in seg.scan(text, start):
             s, e = m.span()
             if j < len(pends) and e <= d and pends[j] == e:
@@ -383,7 +418,12 @@ class IncrementalEncoder:
         added token of `text`'s own scan starts at `n` (no match crosses it), `text` encodes as the prompt's ids
         + these, and is recorded as the key's last text: the next prompt reuses the reply's ids too."""
         seg = self.seg
-        tail, tends, tcounts = seg.encode_cuts(text[n:])
+        if seg._into is not None:  # the ends are positions in `text`
+            tail, tends, tcounts = [], [], []
+            seg._into(text, n, tail, tends, tcounts, seg.piece_ids)
+        else:
+            tail, tends, tcounts = seg.encode_cuts(text[n:])
+            tends = [n + e for e in tends]
         prev = self._last.get(key) if key is not None else None
         if prev is None or len(prev[0]) != n or not text.startswith(prev[0]):
             return tail
@@ -405,7 +445,7 @@ class IncrementalEncoder:
             return tail
         base = len(pids)
         # the prompt's ids and the reply's, joined only as far as the next prompt takes them (one copy, not two)
-        self._remember(key, (text, (pids, tail), list(pends) + [n + e for e in tends],
+        self._remember(key, (text, (pids, tail), list(pends) + tends,
                              list(pcounts) + [base + c for c in tcounts]))
         return tail
 

@@ -32,7 +32,7 @@ class ByteBpe {
   size_t vocab_size() const { return vocab_size_; }  // every token of the model's vocabulary
   size_t ascii_tokens() const { return ascii_.size(); }  // those whose bytes are ASCII (the ones used here)
   size_t merges() const { return merges_.size(); }
-  size_t cached() const { return cache_.size(); }
+  size_t cached() const { return used_; }
 
  private:
   size_t next_piece(const unsigned char* s, size_t i, size_t n) const;
@@ -44,9 +44,17 @@ class ByteBpe {
   int32_t byte_id_[128];
   std::unordered_map<std::string, int32_t> ascii_;     // ASCII token bytes -> id
   std::unordered_map<uint64_t, uint32_t> merges_;      // (left id << 32 | right id) -> rank
-  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> cache_;  // pre-token -> (offset, count) in pool_
+  // pre-token -> its ids: open addressing (a power of two of slots, at most half used), keys in arena_, ids in pool_
+  struct Slot {
+    uint64_t hash = 0;  // 0: empty
+    uint32_t key = 0, key_len = 0, ids = 0, ids_len = 0;
+  };
+  const Slot* find(const char* s, size_t n, uint64_t h) const;
+  void insert(const char* s, size_t n, uint64_t h, const int32_t* ids, size_t count);
+  std::vector<Slot> slots_;
+  size_t used_ = 0;
+  std::string arena_;
   std::vector<int32_t> pool_;
-  std::string key_;
 };
 
 }  // namespace strata
