@@ -494,7 +494,8 @@ ASCII_PIECES = ["'s", "'S", "'t", "'T", "'re", "'Re", "'ve", "'VE", "'m", "'M", 
                 "'l", "'", "''", " '", "a", "Hello", "world", " the", "  ", "   ", " ", "\t", "\t\t", "\n", "\n\n",
                 "\r", "\r\n", " \n", "\n ", "\t\n", " \r\n ", "0", "7", "12", "123", "4567", "1.5", " 9", ".", "...",
                 "!?", " !", "(", "{", "}", "\"", "#", "_", "-", "~", "\\", "x" * 40,
-                "internationalization", "supercalifragilistic", "Qu", "AbC", "dEf"]
+                "internationalization", "supercalifragilistic", "Qu", "AbC", "dEf", "<think>", "</think>", "<|im_end|>",
+                "<|im_start|>", "<|eot_id|>", "<|start_header_id|>", "<", "<|", "|>"]
 ASCII_TEXT = st.lists(st.one_of(st.sampled_from(ASCII_PIECES),
                                 st.text(alphabet=[chr(c) for c in range(0x20, 0x7f)] + ["\t", "\n", "\r"],
                                         max_size=8)), max_size=30).map("".join)
@@ -504,12 +505,23 @@ ASCII_TEXT = st.lists(st.one_of(st.sampled_from(ASCII_PIECES),
 @given(data=st.data())
 def test_native_encoder_matches_the_tokenizer(native_family, data):
     """Printable ASCII with tabs, newlines and carriage returns (contractions in both cases, digit runs,
-    punctuation runs, whitespace runs before words, digits, punctuation and line ends, long words): the C++
-    pre-tokenizer and merge loop give the tokenizer's own ids."""
+    punctuation runs, whitespace runs before words, digits, punctuation and line ends, long words, added
+    tokens): the C++ pre-tokenizer and merge loop give the tokenizer's own ids, for a stretch (`encode`) and
+    for a text cut at its added tokens (`encode_into`, from any position)."""
     tok, native = native_family
+    seg = SegmentEncoder.of(tok)
     t = data.draw(ASCII_TEXT)
-    got = native(t)
-    assert got == tok.hf.encode(t, add_special_tokens=False).ids or (got is None and len(t) > 512), t
+    want = tok.hf.encode(t, add_special_tokens=False).ids
+    if not any(a in t for a in tok.added_tokens):
+        got = native(t)
+        assert got == want or (got is None and len(t) > 512), t
+    pos = data.draw(st.integers(0, len(t)))
+    head = seg.encode(t[:pos])
+    ids, ends, counts = list(head), [], []
+    seg._into(t, pos, ids, ends, counts, seg.piece_ids)
+    assert ids[len(head):] == tok.hf.encode(t[pos:], add_special_tokens=False).ids, (t, pos)
+    assert all(t[:e].endswith(tuple(tok.added_tokens)) and ids[c - 1] in tok.added_tokens.values()
+               for e, c in zip(ends, counts))
 
 
 @pytest.mark.parametrize("text", ["x" * 600, "é", "a\x0bb", "a\x0cb", "a\x1cb", "\x7f", "ab" + "-" * 513])

@@ -87,6 +87,12 @@ def _messages(call: dict, notes: list | None = None) -> list[dict]:
 
 
 def _reply(call: dict) -> dict | None:
+    m = _raw_reply(call)
+    return vllm_messages([m])[0] if m is not None else None
+
+
+def _raw_reply(call: dict) -> dict | None:
+    """The reply as the log gives it (the fast renderer does what `vllm_messages` does itself)."""
     if call["response_text"] is None and not call["response_tool_calls"] and not call["response_reasoning"]:
         return None
     m = {"role": "assistant", "content": call["response_text"] or ""}
@@ -94,7 +100,7 @@ def _reply(call: dict) -> dict | None:
         m["reasoning_content"] = call["response_reasoning"]
     if call["response_tool_calls"]:
         m["tool_calls"] = call["response_tool_calls"]
-    return vllm_messages([m])[0]
+    return m
 
 
 def _lcp(a: list, b: list) -> int:
@@ -232,7 +238,7 @@ def _render_fast(call: dict, tokenizer, template, fast, encoder, kw: dict, notes
     msgs = call["messages"] or ()
     if call["system"] and not (msgs and msgs[0].get("role") == "system"):
         msgs = [{"role": "system", "content": call["system"]}, *msgs]
-    reply = None if call["response_ids"] else _reply(call)
+    reply = None if call["response_ids"] else _raw_reply(call)
     got = fast.render(msgs, call["tools"], kw, notes, reply, key=call["session"])
     if got is None or (reply is not None and not got[1].startswith(got[0])):
         return None  # not append-only here: reply_ids compares the turn token by token
