@@ -434,18 +434,23 @@ inline uint64_t hash_bytes(const char* s, size_t n) {
 
 }  // namespace
 
-const ByteBpe::Slot* ByteBpe::find(const char* s, size_t n, uint64_t h) const {
-  if (slots_.empty()) return nullptr;
+bool ByteBpe::Table::get(const char* s, size_t n, uint64_t h, std::vector<int32_t>& out) const {
+  if (slots_.empty()) return false;
   const size_t mask = slots_.size() - 1;
   for (size_t i = h & mask;; i = (i + 1) & mask) {
     const Slot& sl = slots_[i];
-    if (sl.hash == 0) return nullptr;
-    if (sl.hash == h && sl.key_len == n && std::memcmp(arena_.data() + sl.key, s, n) == 0) return &sl;
+    if (sl.hash == 0) return false;
+    if (sl.hash == h && sl.key_len == n && std::memcmp(arena_.data() + sl.key, s, n) == 0) {
+      const int32_t* ids = pool_.data() + sl.ids;
+      if (sl.ids_len == 1) out.push_back(*ids);
+      else out.insert(out.end(), ids, ids + sl.ids_len);
+      return true;
+    }
   }
 }
 
-void ByteBpe::insert(const char* s, size_t n, uint64_t h, const int32_t* ids, size_t count) {
-  if (used_ >= kMaxCached || arena_.size() + n > UINT32_MAX / 2 || pool_.size() + count > UINT32_MAX / 2) {
+void ByteBpe::Table::put(const char* s, size_t n, uint64_t h, const int32_t* ids, size_t count) {
+  if (used_ >= max_keys_ || arena_.size() + n > max_chars_ || pool_.size() + count > UINT32_MAX / 2) {
     slots_.assign(slots_.size(), Slot{});  // start over
     used_ = 0;
     arena_.clear();
@@ -476,35 +481,59 @@ void ByteBpe::insert(const char* s, size_t n, uint64_t h, const int32_t* ids, si
   ++used_;
 }
 
+bool ByteBpe::pieces(const char* text, size_t n, std::vector<int32_t>& out) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text);
+  size_t i = 0;
+  while (i < n) {
+    const size_t j = next_piece(s, i, n);
+    const size_t len = j - i;
+    if (len > kMaxPiece) return false;
+    const uint64_t h = hash_bytes(text + i, len);
+    if (!pretokens_.get(text + i, len, h, out)) {
+      const size_t before = out.size();
+      if (!bpe(s + i, len, out)) return false;
+      pretokens_.put(text + i, len, h, out.data() + before, out.size() - before);
+    }
+    i = j;
+  }
+  return true;
+}
+
 bool ByteBpe::encode(const char* text, size_t n, std::vector<int32_t>& out) {
   const auto* s = reinterpret_cast<const unsigned char*>(text);
   for (size_t i = 0; i < n; ++i)
     if (s[i] >= 0x80 || cls(s[i]) == X) return false;
   const size_t start = out.size();
-  size_t i = 0;
-  while (i < n) {
-    const size_t j = next_piece(s, i, n);
-    const size_t len = j - i;
-    if (len > kMaxPiece) {
-      out.resize(start);
-      return false;
-    }
-    const uint64_t h = hash_bytes(text + i, len);
-    if (const Slot* sl = find(text + i, len, h)) {
-      const int32_t* ids = pool_.data() + sl->ids;
-      if (sl->ids_len == 1) out.push_back(*ids);
-      else out.insert(out.end(), ids, ids + sl->ids_len);
-    } else {
-      const size_t before = out.size();
-      if (!bpe(s + i, len, out)) {
-        out.resize(start);
-        return false;
+  bool ok = true;
+  if (n < kMinKept) {
+    ok = pieces(text, n, out);
+  } else {
+    const uint64_t h = hash_bytes(text, n);
+    if (stretches_.get(text, n, h, out)) return true;
+    size_t p = 0;  // after the first line break followed by a printable character
+    for (size_t i = 0; i + 1 < n; ++i)
+      if (s[i] == '\n' && s[i + 1] > 0x20 && s[i + 1] < 0x7f) {
+        p = i + 1;
+        break;
       }
-      insert(text + i, len, h, out.data() + before, out.size() - before);
+    if (p) {
+      ok = pieces(text, p, out);
+      const size_t rest = n - p;
+      if (ok) {
+        const uint64_t hr = rest >= kMinKept ? hash_bytes(text + p, rest) : 0;
+        if (!(rest >= kMinKept && stretches_.get(text + p, rest, hr, out))) {
+          const size_t before = out.size();
+          ok = pieces(text + p, rest, out);
+          if (ok && rest >= kMinKept) stretches_.put(text + p, rest, hr, out.data() + before, out.size() - before);
+        }
+      }
+    } else {
+      ok = pieces(text, n, out);
     }
-    i = j;
+    if (ok) stretches_.put(text, n, h, out.data() + start, out.size() - start);
   }
-  return true;
+  if (!ok) out.resize(start);
+  return ok;
 }
 
 }  // namespace strata
