@@ -9,6 +9,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <cstdint>
 #include <vector>
 #include <string>
@@ -71,6 +73,14 @@ py::tuple miss_tuple(const ReplayMiss& m) {
 
 const char* kind_name(int32_t k) { return k == 0 ? "prompt" : k == 1 ? "gen" : "drained"; }
 
+
+// A session's last encoded text (strata_lab.traces.fast_encode.IncrementalEncoder): the text, its ids, the
+// ends of its added-token matches and the ids up to and including each.
+struct IdsState {
+  py::object text;
+  std::vector<int32_t> ids;
+  std::vector<size_t> ends, counts;
+};
 
 // The encoder fast_encode.py holds: the BPE (strata/byte_bpe.h), the added tokens it cuts the text at
 // (leftmost, then longest: the tokenizer's scan), and one int object per id (a list of ids costs increfs).
@@ -192,6 +202,149 @@ struct BpeEncoder {
     Py_DECREF(o);
     if (rc != 0) throw py::error_already_set();
   }
+
+  // --- a session's texts (IncrementalEncoder): what the previous text shares is taken from it ---------------
+  template <typename F>
+  static auto with_units(PyObject* t, F&& f) {
+    const void* d = PyUnicode_DATA(t);
+    switch (PyUnicode_KIND(t)) {
+      case PyUnicode_1BYTE_KIND: return f(static_cast<const Py_UCS1*>(d));
+      case PyUnicode_2BYTE_KIND: return f(static_cast<const Py_UCS2*>(d));
+      default: return f(static_cast<const Py_UCS4*>(d));
+    }
+  }
+  static size_t common_prefix(PyObject* a, PyObject* b) {
+    const size_t n = static_cast<size_t>(std::min(PyUnicode_GET_LENGTH(a), PyUnicode_GET_LENGTH(b)));
+    const int ka = PyUnicode_KIND(a);
+    if (ka == PyUnicode_KIND(b)) {
+      const auto* pa = static_cast<const unsigned char*>(PyUnicode_DATA(a));
+      const auto* pb = static_cast<const unsigned char*>(PyUnicode_DATA(b));
+      const size_t bytes = n * static_cast<size_t>(ka);
+      size_t i = 0;
+      while (i + 4096 <= bytes && std::memcmp(pa + i, pb + i, 4096) == 0) i += 4096;
+      while (i < bytes && pa[i] == pb[i]) ++i;
+      return i / static_cast<size_t>(ka);
+    }
+    const void* da = PyUnicode_DATA(a);
+    const void* db = PyUnicode_DATA(b);
+    const int kb = PyUnicode_KIND(b);
+    size_t i = 0;
+    while (i < n && PyUnicode_READ(ka, da, i) == PyUnicode_READ(kb, db, i)) ++i;
+    return i;
+  }
+  size_t max_added() const { return tokens.empty() ? 0 : tokens[0].first.size(); }
+  // The next added-token match at or after i: (start, token index), or (n, -1).
+  template <typename C>
+  std::pair<size_t, int32_t> next_match(const C* s, size_t i, size_t n) const {
+    for (; i < n; ++i) {
+      if (s[i] >= 128 || !starts[s[i]]) continue;
+      const int32_t k = match_at(s, i, n);
+      if (k >= 0) return {i, k};
+    }
+    return {n, -1};
+  }
+  py::list ids_list(const int32_t* ids, size_t n) {
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(n));
+    if (list == nullptr) throw py::error_already_set();
+    for (size_t i = 0; i < n; ++i) PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), integer(ids[i]));
+    return py::reinterpret_steal<py::list>(list);
+  }
+  void scan_into(PyObject* t, size_t pos, py::handle other) {
+    buf.clear();
+    cut_ends.clear();
+    cut_counts.clear();
+    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    with_units(t, [&](auto* s) { run(t, s, pos, n, other); });
+  }
+  static void check_str(py::handle text, const char* what) {
+    if (!PyUnicode_Check(text.ptr())) throw py::type_error(std::string("_ByteBpe.") + what + ": expected a str");
+  }
+  // (ids of text, its state, ids taken from prev)
+  py::tuple encode_session(py::handle text, std::shared_ptr<IdsState> prev, py::handle other) {
+    check_str(text, "encode_session");
+    PyObject* t = text.ptr();
+    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    auto st = std::make_shared<IdsState>();
+    st->text = py::reinterpret_borrow<py::object>(text);
+    size_t pos = 0, reused = 0;
+    if (prev) {
+      const size_t d = common_prefix(t, prev->text.ptr());
+      const auto& pe = prev->ends;
+      const auto& pc = prev->counts;
+      size_t j = d >= max_added() ? static_cast<size_t>(std::upper_bound(pe.begin(), pe.end(), d - max_added()) - pe.begin()) : 0;
+      if (j) {
+        pos = pe[j - 1];
+        st->ids.assign(prev->ids.begin(), prev->ids.begin() + static_cast<std::ptrdiff_t>(pc[j - 1]));
+        st->ends.assign(pe.begin(), pe.begin() + static_cast<std::ptrdiff_t>(j));
+        st->counts.assign(pc.begin(), pc.begin() + static_cast<std::ptrdiff_t>(j));
+      }
+      // the matches of the previous text at the same places before the first difference: its ids
+      with_units(t, [&](auto* s) {
+        while (j < pe.size()) {
+          auto [m, k] = next_match(s, pos, n);
+          if (k < 0) break;
+          const size_t e = m + tokens[static_cast<size_t>(k)].first.size();
+          if (e > d || pe[j] != e) break;
+          st->ids.insert(st->ids.end(), prev->ids.begin() + static_cast<std::ptrdiff_t>(j ? pc[j - 1] : 0),
+                         prev->ids.begin() + static_cast<std::ptrdiff_t>(pc[j]));
+          ++j;
+          pos = e;
+          st->ends.push_back(e);
+          st->counts.push_back(st->ids.size());
+        }
+        return 0;
+      });
+      reused = st->ids.size();
+    }
+    scan_into(t, pos, other);
+    const size_t base = st->ids.size();
+    st->ids.insert(st->ids.end(), buf.begin(), buf.end());
+    st->ends.insert(st->ends.end(), cut_ends.begin(), cut_ends.end());
+    for (size_t c : cut_counts) st->counts.push_back(base + c);
+    py::list ids = ids_list(st->ids.data(), st->ids.size());
+    return py::make_tuple(ids, st, reused);
+  }
+  // (ids of text[n:], text's state or None): see IncrementalEncoder.encode_tail
+  py::tuple encode_tail(std::shared_ptr<IdsState> prev, py::handle text, Py_ssize_t n_, py::handle other) {
+    check_str(text, "encode_tail");
+    PyObject* t = text.ptr();
+    const size_t len = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    if (n_ < 0 || static_cast<size_t>(n_) > len) throw py::value_error("_ByteBpe.encode_tail: n out of range");
+    const size_t n = static_cast<size_t>(n_);
+    scan_into(t, n, other);
+    py::list tail = ids_list(buf.data(), buf.size());
+    py::object none = py::none();
+    if (!prev || static_cast<size_t>(PyUnicode_GET_LENGTH(prev->text.ptr())) != n ||
+        common_prefix(t, prev->text.ptr()) != n)
+      return py::make_tuple(tail, none);
+    const auto& pe = prev->ends;
+    size_t j = n >= max_added() ? static_cast<size_t>(std::upper_bound(pe.begin(), pe.end(), n - max_added()) - pe.begin()) : 0;
+    // an added token of text's own scan starts at n, and its scan up to there is the prompt's
+    const bool joins = with_units(t, [&](auto* s) {
+      size_t k = j, i = j ? pe[j - 1] : 0;
+      while (true) {
+        auto [m, tok] = next_match(s, i, len);
+        if (tok < 0) return false;
+        const size_t e = m + tokens[static_cast<size_t>(tok)].first.size();
+        if (m >= n) return m == n && k == pe.size();
+        if (e > n || k >= pe.size() || pe[k] != e) return false;
+        ++k;
+        i = e;
+      }
+    });
+    if (!joins) return py::make_tuple(tail, none);
+    auto st = std::make_shared<IdsState>();
+    st->text = py::reinterpret_borrow<py::object>(text);
+    st->ids.reserve(prev->ids.size() + buf.size());
+    st->ids = prev->ids;
+    const size_t base = st->ids.size();
+    st->ids.insert(st->ids.end(), buf.begin(), buf.end());
+    st->ends = prev->ends;
+    st->ends.insert(st->ends.end(), cut_ends.begin(), cut_ends.end());
+    st->counts = prev->counts;
+    for (size_t c : cut_counts) st->counts.push_back(base + c);
+    return py::make_tuple(tail, st);
+  }
   void encode_into(py::handle text, Py_ssize_t pos, py::list ids, py::list ends, py::list counts, py::handle other) {
     PyObject* t = text.ptr();
     if (!PyUnicode_Check(t)) throw py::type_error("_ByteBpe.encode_into: expected a str");
@@ -236,6 +389,9 @@ PYBIND11_MODULE(_replay, m) {
 #define STRATA_REPLAY_CAUSE(name) cause.value(#name, ReplayCause::name);
   STRATA_REPLAY_CAUSES(STRATA_REPLAY_CAUSE)
 #undef STRATA_REPLAY_CAUSE
+  py::class_<IdsState, std::shared_ptr<IdsState>>(m, "_IdsState", "A session's last encoded text and its ids.")
+      .def_property_readonly("text", [](const IdsState& s) { return s.text; })
+      .def_property_readonly("ids", [](const IdsState& s) { return s.ids; });
   py::class_<BpeEncoder>(m, "_ByteBpe",
                          "Byte-level BPE of ASCII text for the Qwen / Llama-3 / GPT-2 split regexes "
                          "(strata/byte_bpe.h), with the added-token scan (strata_lab.traces.fast_encode uses it).")
@@ -265,6 +421,13 @@ PYBIND11_MODULE(_replay, m) {
            "appends the ids to `ids`, and for each added token its end (a position in `text`) to `ends` and "
            "len(ids) after it to `counts`. A stretch between added tokens that `encode` does not take is "
            "encoded by other(stretch) (a list of ids).")
+      .def("encode_session", &BpeEncoder::encode_session, py::arg("text"), py::arg("prev"), py::arg("other"),
+           "(ids of `text`, its state, ids taken from `prev`): `prev` (a session's last state, or None) gives "
+           "its ids up to its added tokens that `text` has at the same places before the first difference.")
+      .def("encode_tail", &BpeEncoder::encode_tail, py::arg("prev"), py::arg("text"), py::arg("n"),
+           py::arg("other"),
+           "(ids of text[n:], the state of `text` or None): the state when `prev` is the state of text[:n] and "
+           "an added token of text's own scan starts at n.")
       .def_property_readonly("vocab_size", [](const BpeEncoder& e) { return e.bpe.vocab_size(); })
       .def_property_readonly("ascii_tokens", [](const BpeEncoder& e) { return e.bpe.ascii_tokens(); })
       .def_property_readonly("merges", [](const BpeEncoder& e) { return e.bpe.merges(); })

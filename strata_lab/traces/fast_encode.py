@@ -115,6 +115,8 @@ class SegmentEncoder:
         # for added tokens with its stretches encoded (those it does not take by piece_ids); None: not built
         self._native = native.encode if native is not None else None
         self._into = native.encode_into if native is not None and native.scans else None
+        # a session's texts in C++ (IncrementalEncoder): (encode_session, encode_tail), or None
+        self._sessions = (native.encode_session, native.encode_tail) if self._into is not None else None
         self._lines = lines  # the split regex is one of _LINE_PATTERNS
         self._hf = tokenizer.hf
         self._model = tokenizer.hf.model
@@ -312,10 +314,11 @@ def _native_encoder(tokenizer, hf, pattern: str, added: dict[str, int]):
 
 
 class _Native:
-    __slots__ = ("encode", "encode_into", "scans")
+    __slots__ = ("encode", "encode_into", "encode_session", "encode_tail", "scans")
 
     def __init__(self, bpe, scans: bool):
         self.encode, self.encode_into, self.scans = bpe.encode, bpe.encode_into, scans
+        self.encode_session, self.encode_tail = bpe.encode_session, bpe.encode_tail
 
 
 class FastTokenizer:
@@ -354,7 +357,14 @@ class IncrementalEncoder:
         self._last: OrderedDict = OrderedDict()
 
     def encode(self, text: str, key=None) -> list[int]:
-        seg, added = self.seg, self.seg._added
+        seg = self.seg
+        if seg._sessions is not None:  # the same steps in C++ (its state: strata_lab._replay._IdsState)
+            prev = self._last.pop(key, None) if key is not None else None
+            ids, state, self.reused = seg._sessions[0](text, prev, seg.piece_ids)
+            if key is not None:
+                self._remember(key, state)
+            return ids
+        added = seg._added
         prev = self._last.pop(key, None) if key is not None else None
         ids: list[int] = []
         ends: list[int] = []
@@ -418,6 +428,11 @@ class IncrementalEncoder:
         added token of `text`'s own scan starts at `n` (no match crosses it), `text` encodes as the prompt's ids
         + these, and is recorded as the key's last text: the next prompt reuses the reply's ids too."""
         seg = self.seg
+        if seg._sessions is not None:
+            tail, state = seg._sessions[1](self._last.get(key) if key is not None else None, text, n, seg.piece_ids)
+            if state is not None:
+                self._remember(key, state)
+            return tail
         if seg._into is not None:  # the ends are positions in `text`
             tail, tends, tcounts = [], [], []
             seg._into(text, n, tail, tends, tcounts, seg.piece_ids)
