@@ -1,6 +1,7 @@
 """Typed face of the compiled extension strata_lab._replay: the store replay's core, linked without OpenMP
-(engine/bindings/replay_bindings.cpp). Only strata_lab._native imports it; strata_lab.replayer.native drives it."""
-from typing import ClassVar, Optional, Sequence
+(engine/bindings/replay_bindings.cpp). Only strata_lab._native imports it; strata_lab.replayer.native drives it.
+It also holds the ASCII byte-level BPE encoder of strata_lab.traces.fast_encode (_ByteBpe, strata/byte_bpe.h)."""
+from typing import Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 
@@ -43,6 +44,27 @@ class Cause:
     value: int
     def __int__(self) -> int: ...
     def __index__(self) -> int: ...
+
+class _IdsState:
+    """A session's last encoded text and its ids (strata_lab.traces.fast_encode.IncrementalEncoder)."""
+    text: str
+    ids: list[int]
+
+class _ByteBpe:
+    """Byte-level BPE of ASCII text for the Qwen / Llama-3 / GPT-2 split regexes, with the added-token scan
+    (strata/byte_bpe.h; strata_lab.traces.fast_encode uses it)."""
+    vocab_size: int
+    ascii_tokens: int
+    merges: int
+    cached: int
+    def __init__(self, json: bytes, split: int, added: dict[str, int]) -> None: ...
+    def encode(self, text: str) -> Optional[list[int]]: ...
+    def encode_into(self, text: str, pos: int, ids: list[int], ends: list[int], counts: list[int],
+                    other: Callable[[str], list[int]]) -> None: ...
+    def encode_session(self, text: str, prev: Optional[_IdsState],
+                       other: Callable[[str], list[int]]) -> tuple[list[int], _IdsState, int]: ...
+    def encode_tail(self, prev: Optional[_IdsState], text: str, n: int,
+                    other: Callable[[str], list[int]]) -> tuple[list[int], Optional[_IdsState]]: ...
 
 class _ReplayVocab:
     """A tokenizer's bytes per id, for the replay core's byte walk (strata_lab.replayer.native)."""

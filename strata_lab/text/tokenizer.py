@@ -191,16 +191,13 @@ class Tokenizer:
         """JSON that holds the tokenizer's model (vocabulary, merges), for a reader that builds its own tables:
         the tokenizer.json it was loaded from while that file is unchanged (the model is its "model" member),
         else the model alone as the tokenizers library writes it (a few tenths of a second for 150K tokens)."""
-        if self._file is not None:
-            path, size, mtime = self._file
-            try:
-                st = path.stat()
-                if (st.st_size, st.st_mtime_ns) == (size, mtime):
-                    data = path.read_bytes()
-                    if len(data) == size:
-                        return data
-            except OSError:
-                pass
+        try:
+            if self._file is not None and _stamp(self._file[0]) == self._file:
+                data = self._file[0].read_bytes()
+                if len(data) == self._file[1]:
+                    return data
+        except OSError:
+            pass
         return self.hf.model.__getstate__()
 
     # --- encoding -------------------------------------------------------------------------------
@@ -358,7 +355,7 @@ class Tokenizer:
 _LOADED: dict[str, Tokenizer] = {}
 
 
-def _stamp(path: Path, stat=None) -> tuple:
+def _stamp(path: Path, stat=None) -> tuple:  # (a file, its size, its mtime): whether it changed since
     st = stat or path.stat()
     return path, st.st_size, st.st_mtime_ns
 

@@ -17,6 +17,18 @@ a piece whose every space is followed by a letter is split at its spaces instead
 pre-token there) and its words looked up whole. Any other piece is encoded by the tokenizer itself (it holds
 no added token, so it is encoded as it is inside the text).
 
+In C++ (`strata_lab._replay._ByteBpe`, engine/src/byte_bpe.cpp, built once per tokenizer from the vocabulary
+and merges of its tokenizer.json and checked against its `encode` on a probe text before use): for the Qwen,
+Llama-3 and GPT-2 regexes, the same steps on ASCII stretches (the regex followed alternative by alternative,
+each pre-token's ids cached, the BPE merge loop for new ones, long stretches remembered), the added-token scan
+of a text, and the session bookkeeping of `IncrementalEncoder` below; a stretch it does not take (a character
+outside printable ASCII, tab, newline and carriage return, or a pre-token over 512 bytes) is encoded by
+`piece_ids` as described above. Without the compiled extension everything runs in Python, with the same ids.
+
+Why one module: the piece encoder, the incremental encoder and their use of the native encoder rest on one
+exactness argument (the text cut at its added tokens, each stretch encoded on its own) and share its state
+(the caches of one tokenizer); apart, each would restate it.
+
 `IncrementalEncoder.encode(text, key)` equals the same ids and reuses those of the previous text encoded under
 `key` (a session) for every piece before the first difference, encoding only the rest; `extend(key, text,
 more_ids)` records that `text` (the prompt + the rendered reply) has the previous ids + `more_ids`, when an
