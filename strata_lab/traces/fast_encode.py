@@ -42,6 +42,7 @@ import re
 from bisect import bisect_right
 from collections import OrderedDict
 from itertools import chain
+from types import MappingProxyType
 
 from strata_lab.traces.render import _common_prefix
 
@@ -339,6 +340,7 @@ class FastTokenizer:
     def __init__(self, seg: SegmentEncoder):
         self.seg = seg
         self.encode = seg.encode
+        self.added_tokens = MappingProxyType(dict(seg._added))  # (read per call: not a new copy each time)
 
     def __getattr__(self, name):
         return getattr(self.seg.tokenizer, name)

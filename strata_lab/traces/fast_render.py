@@ -117,6 +117,8 @@ class FastRenderer:
             if content.__class__ is str:
                 if n == 2 and (role == "user" or role == "system"):
                     return role, content, None, None, None, None, True, False
+                if n == 2 and role == "assistant":
+                    return role, content, None, None, None, set(), True, False
                 if n == 3 and role == "tool":
                     tcid = m.get("tool_call_id")
                     if tcid.__class__ is str and tcid:
