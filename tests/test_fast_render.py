@@ -2,6 +2,7 @@
 its refusals), the piece encoder `tokenizer.encode`'s ids, the incremental encoder the same ids as encoding
 each prompt whole, and `Trace.render` the same `Rendered` with and without them, on generated agent sessions
 (tool calls, reasoning, edits, content null, tool results, odd inputs)."""
+import functools
 import json
 from pathlib import Path
 
@@ -176,6 +177,8 @@ def test_segment_encoder_matches_the_tokenizer(family, data):
     seg = SegmentEncoder.of(family)
     t = data.draw(SEG_TEXT)
     assert seg.encode(t) == family.hf.encode(t, add_special_tokens=False).ids
+    if family is TOK:  # and without the compiled extension
+        assert _python_only().encode(t) == TOK.hf.encode(t, add_special_tokens=False).ids
 
 
 LONG = st.lists(st.sampled_from(PIECES[:16] + ["\n!", "\nx", "x\n", " \n", "\n\n", "def f():\n    return 1\n", "é\n"]),
@@ -194,12 +197,20 @@ def test_long_stretches_are_remembered_exactly(family, data):
             assert seg.encode(text) == family.hf.encode(text, add_special_tokens=False).ids, (head, body)
 
 
+@functools.lru_cache(maxsize=1)
+def _python_only():
+    """A SegmentEncoder that does everything in Python (as without the compiled extension)."""
+    seg = SegmentEncoder._of(TOK, TOK.hf)
+    seg._native = seg._into = seg._sessions = None
+    return seg
+
+
 @SETTINGS
-@given(st.lists(st.tuples(st.integers(0, 3), SEG_TEXT, SEG_TEXT), min_size=1, max_size=6))
-def test_incremental_encoder_matches_whole_encodes(steps):
+@given(st.lists(st.tuples(st.integers(0, 3), SEG_TEXT, SEG_TEXT), min_size=1, max_size=6), st.booleans())
+def test_incremental_encoder_matches_whole_encodes(steps, native):
     """A session's prompts grow, get edited (cut back and continued) and replies are appended: every prompt's
-    ids and every reply's ids are those of encoding it whole."""
-    enc = IncrementalEncoder(SegmentEncoder.of(TOK))
+    ids and every reply's ids are those of encoding it whole (in C++ and in Python)."""
+    enc = IncrementalEncoder(SegmentEncoder.of(TOK) if native else _python_only())
     text = "<|im_start|>system\nYou are terse.<|im_end|>\n"
     for cut, more, reply in steps:
         if cut and text:
