@@ -395,26 +395,6 @@ class IncrementalEncoder:
                 ends, counts = pends[:j], pcounts[:j]
         reused = len(ids)
         pos = start
-        into = seg._into
-        if into is not None:
-            # the matches of the previous text at the same places before the first difference: its ids; from
-            # the first other match on, the rest is encoded in C++
-            if j < len(pends):
-                for m in seg.scan(text, start):
-                    e = m.end()
-                    if j >= len(pends) or e > d or pends[j] != e:
-                        break
-                    ids += _take(pids, pcounts[j - 1] if j else 0, pcounts[j])
-                    j += 1
-                    reused = len(ids)
-                    pos = e
-                    ends.append(e)
-                    counts.append(reused)
-            into(text, pos, ids, ends, counts, seg.piece_ids)
-            self.reused = reused
-            if key is not None:
-                self._remember(key, (text, ids, ends, counts))
-            return ids
         for m in seg.scan(text, start):
             s, e = m.span()
             if j < len(pends) and e <= d and pends[j] == e:
@@ -447,12 +427,8 @@ class IncrementalEncoder:
             if state is not None:
                 self._remember(key, state)
             return tail
-        if seg._into is not None:  # the ends are positions in `text`
-            tail, tends, tcounts = [], [], []
-            seg._into(text, n, tail, tends, tcounts, seg.piece_ids)
-        else:
-            tail, tends, tcounts = seg.encode_cuts(text[n:])
-            tends = [n + e for e in tends]
+        tail, tends, tcounts = seg.encode_cuts(text[n:])
+        tends = [n + e for e in tends]
         prev = self._last.get(key) if key is not None else None
         if prev is None or len(prev[0]) != n or not text.startswith(prev[0]):
             return tail
