@@ -374,6 +374,73 @@ struct BpeEncoder {
   }
 };
 
+// Where the elements of a JSON array that continue at `pos` end: (the end of its last element, how many
+// elements from pos), or None when pos is not followed by one or more elements and the array's "]". For text
+// that a JSON parser read already (strata_lab.traces.openai.SharedPrefixLines): strings, objects and arrays
+// are skipped by their quotes and brackets, not checked.
+py::object json_array_end(py::bytes data, Py_ssize_t pos) {
+  char* p = nullptr;
+  Py_ssize_t len = 0;
+  if (PyBytes_AsStringAndSize(data.ptr(), &p, &len) != 0) throw py::error_already_set();
+  if (pos < 0 || pos > len) throw py::value_error("json_array_end: pos out of range");
+  const auto* s = reinterpret_cast<const unsigned char*>(p);
+  const size_t n = static_cast<size_t>(len);
+  size_t i = static_cast<size_t>(pos), count = 0;
+  auto ws = [&]() {
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
+  };
+  auto string_end = [&]() -> bool {  // i at the opening quote: i after the closing one
+    ++i;
+    while (i < n) {
+      const void* q = std::memchr(s + i, '"', n - i);
+      if (q == nullptr) return false;
+      size_t k = static_cast<size_t>(static_cast<const unsigned char*>(q) - s);
+      size_t b = k;
+      while (b > i && s[b - 1] == '\\') --b;
+      i = k + 1;
+      if (((k - b) & 1) == 0) return true;  // an even run of backslashes: the quote closes the string
+    }
+    return false;
+  };
+  while (true) {
+    ws();
+    if (i >= n) return py::none();
+    const unsigned char c = s[i];
+    if (c == '"') {
+      if (!string_end()) return py::none();
+    } else if (c == '{' || c == '[') {
+      size_t depth = 0;
+      while (i < n) {
+        const unsigned char d = s[i];
+        if (d == '"') {
+          if (!string_end()) return py::none();
+          continue;
+        }
+        ++i;
+        if (d == '{' || d == '[') {
+          ++depth;
+        } else if (d == '}' || d == ']') {
+          if (--depth == 0) break;
+        }
+      }
+      if (depth != 0) return py::none();
+    } else if (c == ']' || c == ',' || c == '}' || c == ':') {
+      return py::none();  // no element here
+    } else {  // a number, true, false or null
+      while (i < n && s[i] != ',' && s[i] != ']' && s[i] != '}' && s[i] != ' ' && s[i] != '\t' && s[i] != '\n' &&
+             s[i] != '\r')
+        ++i;
+    }
+    ++count;
+    const size_t end = i;
+    ws();
+    if (i >= n) return py::none();
+    if (s[i] == ']') return py::make_tuple(end, count);
+    if (s[i] != ',') return py::none();
+    ++i;
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_replay, m) {
@@ -389,6 +456,9 @@ PYBIND11_MODULE(_replay, m) {
 #define STRATA_REPLAY_CAUSE(name) cause.value(#name, ReplayCause::name);
   STRATA_REPLAY_CAUSES(STRATA_REPLAY_CAUSE)
 #undef STRATA_REPLAY_CAUSE
+  m.def("json_array_end", &json_array_end, py::arg("data"), py::arg("pos"),
+        "(end of the last element, elements) of the JSON array whose elements continue at data[pos:] up to its "
+        "']', or None; for text a JSON parser read already (brackets and quotes followed, not checked).");
   py::class_<IdsState, std::shared_ptr<IdsState>>(m, "_IdsState", "A session's last encoded text and its ids.")
       .def_property_readonly("text", [](const IdsState& s) { return s.text; })
       .def_property_readonly("ids", [](const IdsState& s) { return s.ids; });
