@@ -390,8 +390,9 @@ def _agent_lines(rng, sessions=3, turns=5, odd=True):
     return lines
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 @pytest.mark.parametrize("seed", range(12))
-def test_lines_parsed_after_their_shared_prefix_are_the_lines(tmp_path, seed):
+def test_lines_parsed_after_their_shared_prefix_are_the_lines(tmp_path, seed, native):
     """Records read by parsing only what a line adds to a recent one are the records `json_lines` reads (the
     same values, number types included, and the same lines skipped), on sessions with edits, other shapes,
     a decoy array, spacing, invalid lines; and prefixes are in fact taken."""
@@ -404,6 +405,10 @@ def test_lines_parsed_after_their_shared_prefix_are_the_lines(tmp_path, seed):
     path = tmp_path / "log.jsonl"
     path.write_text("\n".join(_agent_lines(random.Random(seed), sessions=1 + seed % 4, turns=8)) + "\n")
     reader = SharedPrefixLines()
+    if native:
+        assert reader._array_end is not None  # the compiled extension is built here
+    else:  # the json module's scanner finds where the arrays end (no compiled extension)
+        reader._array_end = None
     with warnings.catch_warnings(record=True) as got_w:
         warnings.simplefilter("always")
         got = list(reader.records(Source(path)))
@@ -416,7 +421,46 @@ def test_lines_parsed_after_their_shared_prefix_are_the_lines(tmp_path, seed):
     clean = tmp_path / "clean.jsonl"
     clean.write_text("\n".join(_agent_lines(random.Random(seed), sessions=2, turns=6, odd=False)) + "\n")
     reader = SharedPrefixLines()
+    if not native:
+        reader._array_end = None
     assert list(reader.records(Source(clean))) == list(Source(clean).json_lines()) and reader.shared > 0
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+    | st.text(alphabet=st.sampled_from(list('ab"\\[]{},: \n\t') + ["\u00e9", "\u2028", "\U0001f600"])),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(head=st.lists(_JSON_VALUES, max_size=3), tail=st.lists(_JSON_VALUES, max_size=4),
+       ws=st.sampled_from(["", " ", "\n  ", "\t\r\n"]), ascii_only=st.booleans(), whole=st.booleans())
+def test_native_array_end_is_the_json_scanners(head, tail, ws, ascii_only, whole):
+    """`_replay.json_array_end` (where a line's messages array ends, found in C++) says what the json module's
+    scanner says, for arrays of any JSON values (strings with quotes, backslashes, brackets, non-ASCII), any
+    spacing, continuing after a first part of the array (after its comma) or from its start, and a truncated
+    line (None)."""
+    from strata_lab.traces.openai import SharedPrefixLines
+
+    reader = SharedPrefixLines()
+    assert reader._array_end is not None
+    items = [json.dumps(v, ensure_ascii=ascii_only) for v in head + tail]
+    sep = ws + "," + ws
+    start = '{"model": "m", "messages":' + ws + "["
+    if head and tail:  # resumed after the elements an earlier line held, as the reader does
+        start += ws + sep.join(items[: len(head)]) + ws + ","
+        items = items[len(head):]
+    text = start + ws + sep.join(items) + ws + "]" + ws + ', "x": [1, "]"]}'
+    line = (text if whole else text[: len(start) + (len(text) - len(start)) * 2 // 3]).encode()
+    rest = len(start.encode())
+    got = reader._array_end(line, rest)
+    end, n = reader._scan_tail(line, rest)
+    assert (None if end is None else (rest + end, n)) == got
+    if whole and items:  # the array is whole: its end is found, with its element count
+        assert got is not None and got[1] == len(items) and line[got[0]:].lstrip().startswith(b"]")
+    if not items:
+        assert got is None
 
 
 @pytest.mark.parametrize("seed", range(12))

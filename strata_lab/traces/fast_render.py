@@ -69,6 +69,7 @@ class FastRenderer:
         self._args: dict = {}  # argument JSON string -> (rendered text, parsed as JSON?)
         self._names: dict = {}  # tool name -> the rendered tool call up to its arguments
         self._prev: dict = {}  # session -> (its last call's messages, their checked parts), oldest first
+        self._max_chars = _max_chars()
 
     @classmethod
     def of(cls, template) -> "FastRenderer | None":
@@ -265,7 +266,7 @@ class FastRenderer:
         n = len(parsed)
         # the checks of the messages from k on (those before passed in the previous call): a tool result
         # answers a call of the last assistant message before it
-        call_ids: set = set()
+        call_ids = _NO_IDS
         if k and k == len(prev.parsed):
             call_ids = prev.call_ids
         else:
@@ -345,14 +346,20 @@ class FastRenderer:
         full = None
         if last is not None:
             full = "".join(chain(out, (tail, assistant(last[1], last[2], last[3], True))))
-        if len(prompt) > _max_chars() or (full is not None and len(full) > _max_chars()):
+        if len(prompt) > self._max_chars or (full is not None and len(full) > self._max_chars):
             return None
         if key is not None:
             plain = prev.plain if k and prev.plain < k else k
             while plain < n and parsed[plain][6]:
                 plain += 1
-            noted = prev.noted if k and prev.noted < k else next(
-                (i for i in range(k, n) if parsed[i][7]), _NEVER)
+            if k and prev.noted < k:
+                noted = prev.noted
+            else:
+                noted = k
+                while noted < n and not parsed[noted][7]:
+                    noted += 1
+                if noted == n:
+                    noted = _NEVER
             self._prev.pop(key, None)
             self._prev[key] = _Last(messages, parsed, tkey, out, last_query, call_ids, plain, noted)
             if len(self._prev) > _MAX_SESSIONS:
@@ -361,6 +368,7 @@ class FastRenderer:
 
 
 _NEVER = 1 << 62
+_NO_IDS = frozenset()  # the call ids a tool result may answer before any assistant message
 
 
 def _tools_key(tools):

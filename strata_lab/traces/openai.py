@@ -103,13 +103,17 @@ def _message(m: dict, notes: list) -> dict:
 def _no_numbers(x) -> bool:
     """Whether a JSON value holds only strings, nulls, lists and objects (no number or boolean)."""
     c = x.__class__
-    if c is str or x is None:
-        return True
     if c is dict:
-        return all(map(_no_numbers, x.values()))
-    if c is list:
-        return all(map(_no_numbers, x))
-    return False
+        values = x.values()
+    elif c is list:
+        values = x
+    else:
+        return c is str or x is None
+    for v in values:  # strings and nulls here, objects and lists in a call of their own
+        c = v.__class__
+        if not (c is str or v is None or ((c is dict or c is list) and _no_numbers(v))):
+            return False
+    return True
 
 
 class RecentRequests:

@@ -149,7 +149,10 @@ def _reply_end(tokenizer, template, reply: dict, ids: list[int], notes: list) ->
             notes.append("reply: the template drops reasoning_content and has no think tags; reply without it")
     eos_id = tokenizer.added_tokens.get(eos) if eos else None
     if eos_id is not None and eos_id in ids:
-        ids = ids[: len(ids) - ids[::-1].index(eos_id)]
+        i = len(ids) - 1  # the last eos (a reply's is near its end: no reversed copy)
+        while ids[i] != eos_id:
+            i -= 1
+        ids = ids[: i + 1]
     return ids
 
 
@@ -262,7 +265,8 @@ def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None
     notes: list = []
     got = None
     if call["fidelity"] == "messages" and fast is not None:
-        kw = dict((call.get("extra") or {}).get("chat_template_kwargs") or {})
+        extra = call.get("extra")
+        kw = dict(extra.get("chat_template_kwargs") or {}) if extra else {}
         if enable_thinking is not None:
             kw["enable_thinking"] = enable_thinking
         got = _render_fast(call, tokenizer, template, fast, encoder, kw, notes)
