@@ -216,9 +216,12 @@ def test_incremental_encoder_matches_whole_encodes(steps, native):
         if cut and text:
             text = text[: len(text) * cut // 4]  # an edit: back to a point, then on
         text += more + "<|im_start|>assistant\n"
-        assert enc.encode(text, "s") == TOK.encode(text)
         full = text + reply + "<|im_end|>\n"
-        assert enc.encode_tail("s", full, len(text)) == TOK.encode(full[len(text):])
+        if cut == 1:  # the prompt and the reply in one call
+            assert enc.encode_turn("s", text, full) == (TOK.encode(text), TOK.encode(full[len(text):]))
+        else:
+            assert enc.encode(text, "s") == TOK.encode(text)
+            assert enc.encode_tail("s", full, len(text)) == TOK.encode(full[len(text):])
         if cut == 3:  # the same reply recorded twice
             assert enc.encode_tail("s", full, len(text)) == TOK.encode(full[len(text):])
         text = full if cut % 2 else text + reply

@@ -262,11 +262,20 @@ struct BpeEncoder {
   // (ids of text, its state, ids taken from prev)
   py::tuple encode_session(py::handle text, std::shared_ptr<IdsState> prev, py::handle other) {
     check_str(text, "encode_session");
+    size_t reused = 0;
+    auto st = session_state(text, prev, other, reused);
+    py::list ids = ids_list(st->ids.data(), st->ids.size());
+    return py::make_tuple(ids, st, reused);
+  }
+  // The state of `text` (a str) after `prev`'s; `reused`: the ids taken from prev.
+  std::shared_ptr<IdsState> session_state(py::handle text, const std::shared_ptr<IdsState>& prev, py::handle other,
+                                          size_t& reused) {
     PyObject* t = text.ptr();
     const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
     auto st = std::make_shared<IdsState>();
     st->text = py::reinterpret_borrow<py::object>(text);
-    size_t pos = 0, reused = 0;
+    size_t pos = 0;
+    reused = 0;
     if (prev) {
       const size_t d = common_prefix(t, prev->text.ptr());
       const auto& pe = prev->ends;
@@ -301,8 +310,7 @@ struct BpeEncoder {
     st->ids.insert(st->ids.end(), buf.begin(), buf.end());
     st->ends.insert(st->ends.end(), cut_ends.begin(), cut_ends.end());
     for (size_t c : cut_counts) st->counts.push_back(base + c);
-    py::list ids = ids_list(st->ids.data(), st->ids.size());
-    return py::make_tuple(ids, st, reused);
+    return st;
   }
   // (ids of text[n:], text's state or None): see IncrementalEncoder.encode_tail
   py::tuple encode_tail(std::shared_ptr<IdsState> prev, py::handle text, Py_ssize_t n_, py::handle other) {
@@ -310,13 +318,38 @@ struct BpeEncoder {
     PyObject* t = text.ptr();
     const size_t len = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
     if (n_ < 0 || static_cast<size_t>(n_) > len) throw py::value_error("_ByteBpe.encode_tail: n out of range");
-    const size_t n = static_cast<size_t>(n_);
-    scan_into(t, n, other);
+    auto st = tail_state(prev, text, static_cast<size_t>(n_), other, false);
     py::list tail = ids_list(buf.data(), buf.size());
-    py::object none = py::none();
+    if (!st) return py::make_tuple(tail, py::none());
+    return py::make_tuple(tail, st);
+  }
+  // (ids of prompt, ids of full[len(prompt):], the state of full, or of prompt when full does not join it, ids
+  // taken from prev): encode_session(prompt) then encode_tail(its state, full, len(prompt)), in one call.
+  py::tuple encode_turn(py::handle prompt, py::handle full, std::shared_ptr<IdsState> prev, py::handle other) {
+    check_str(prompt, "encode_turn");
+    check_str(full, "encode_turn");
+    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(prompt.ptr()));
+    if (static_cast<size_t>(PyUnicode_GET_LENGTH(full.ptr())) < n)
+      throw py::value_error("_ByteBpe.encode_turn: full is shorter than prompt");
+    size_t reused = 0;
+    auto st = session_state(prompt, prev, other, reused);
+    py::list ids = ids_list(st->ids.data(), st->ids.size());
+    auto joined = tail_state(st, full, n, other, true);  // (takes st's vectors when it joins)
+    py::list tail = ids_list(buf.data(), buf.size());
+    if (joined) return py::make_tuple(ids, tail, joined, reused);
+    return py::make_tuple(ids, tail, st, reused);
+  }
+  // Encodes text[n:] into buf (cut_ends: positions in text; cut_counts: ids in buf); returns the state of text when prev
+  // is the state of text[:n] and an added token of text's own scan starts at n, else null. `own`: prev is this
+  // call's alone (its vectors are moved, not copied, into the state returned).
+  std::shared_ptr<IdsState> tail_state(const std::shared_ptr<IdsState>& prev, py::handle text, size_t n,
+                                       py::handle other, bool own) {
+    PyObject* t = text.ptr();
+    const size_t len = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    scan_into(t, n, other);
     if (!prev || static_cast<size_t>(PyUnicode_GET_LENGTH(prev->text.ptr())) != n ||
         common_prefix(t, prev->text.ptr()) != n)
-      return py::make_tuple(tail, none);
+      return nullptr;
     const auto& pe = prev->ends;
     size_t j = n >= max_added() ? static_cast<size_t>(std::upper_bound(pe.begin(), pe.end(), n - max_added()) - pe.begin()) : 0;
     // an added token of text's own scan starts at n, and its scan up to there is the prompt's
@@ -332,18 +365,24 @@ struct BpeEncoder {
         i = e;
       }
     });
-    if (!joins) return py::make_tuple(tail, none);
+    if (!joins) return nullptr;
     auto st = std::make_shared<IdsState>();
     st->text = py::reinterpret_borrow<py::object>(text);
-    st->ids.reserve(prev->ids.size() + buf.size());
-    st->ids = prev->ids;
+    if (own) {
+      st->ids = std::move(prev->ids);
+      st->ends = std::move(prev->ends);
+      st->counts = std::move(prev->counts);
+    } else {
+      st->ids.reserve(prev->ids.size() + buf.size());
+      st->ids = prev->ids;
+      st->ends = prev->ends;
+      st->counts = prev->counts;
+    }
     const size_t base = st->ids.size();
     st->ids.insert(st->ids.end(), buf.begin(), buf.end());
-    st->ends = prev->ends;
     st->ends.insert(st->ends.end(), cut_ends.begin(), cut_ends.end());
-    st->counts = prev->counts;
     for (size_t c : cut_counts) st->counts.push_back(base + c);
-    return py::make_tuple(tail, st);
+    return st;
   }
   void encode_into(py::handle text, Py_ssize_t pos, py::list ids, py::list ends, py::list counts, py::handle other) {
     PyObject* t = text.ptr();
@@ -494,6 +533,10 @@ PYBIND11_MODULE(_replay, m) {
       .def("encode_session", &BpeEncoder::encode_session, py::arg("text"), py::arg("prev"), py::arg("other"),
            "(ids of `text`, its state, ids taken from `prev`): `prev` (a session's last state, or None) gives "
            "its ids up to its added tokens that `text` has at the same places before the first difference.")
+      .def("encode_turn", &BpeEncoder::encode_turn, py::arg("prompt"), py::arg("full"), py::arg("prev"),
+           py::arg("other"),
+           "(ids of `prompt`, ids of full[len(prompt):], the state of `full` (of `prompt` when it does not join), "
+           "ids taken from `prev`): encode_session then encode_tail in one call.")
       .def("encode_tail", &BpeEncoder::encode_tail, py::arg("prev"), py::arg("text"), py::arg("n"),
            py::arg("other"),
            "(ids of text[n:], the state of `text` or None): the state when `prev` is the state of text[:n] and "

@@ -129,7 +129,8 @@ class SegmentEncoder:
         self._native = native.encode if native is not None else None
         self._into = native.encode_into if native is not None and native.scans else None
         # a session's texts in C++ (IncrementalEncoder): (encode_session, encode_tail), or None
-        self._sessions = (native.encode_session, native.encode_tail) if self._into is not None else None
+        self._sessions = (native.encode_session, native.encode_tail, native.encode_turn) \
+            if self._into is not None else None
         self._lines = lines  # the split regex is one of _LINE_PATTERNS
         self._hf = tokenizer.hf
         self._model = tokenizer.hf.model
@@ -327,11 +328,12 @@ def _native_encoder(tokenizer, hf, pattern: str, added: dict[str, int]):
 
 
 class _Native:
-    __slots__ = ("encode", "encode_into", "encode_session", "encode_tail", "scans")
+    __slots__ = ("encode", "encode_into", "encode_session", "encode_tail", "encode_turn", "scans")
 
     def __init__(self, bpe, scans: bool):
         self.encode, self.encode_into, self.scans = bpe.encode, bpe.encode_into, scans
-        self.encode_session, self.encode_tail = bpe.encode_session, bpe.encode_tail
+        self.encode_session, self.encode_tail, self.encode_turn = bpe.encode_session, bpe.encode_tail, \
+            bpe.encode_turn
 
 
 class FastTokenizer:
@@ -416,6 +418,18 @@ class IncrementalEncoder:
         if key is not None:
             self._remember(key, (text, ids, ends, counts))
         return ids
+
+    def encode_turn(self, key, prompt: str, full: str) -> tuple[list[int], list[int]]:
+        """(`encode(prompt, key)`, `encode_tail(key, full, len(prompt))`): a call's prompt and its reply after
+        it (`full` starts with `prompt`), in one native call where there is one."""
+        seg = self.seg
+        if seg._sessions is not None:
+            prev = self._last.pop(key, None) if key is not None else None
+            ids, tail, state, self.reused = seg._sessions[2](prompt, full, prev, seg.piece_ids)
+            if key is not None:
+                self._remember(key, state)
+            return ids, tail
+        return self.encode(prompt, key), self.encode_tail(key, full, len(prompt))
 
     def encode_tail(self, key, text: str, n: int) -> list[int]:
         """`tokenizer.encode(text[n:])` (a reply after its prompt `text[:n]`, the key's last text). When an

@@ -247,6 +247,10 @@ def _render_fast(call: dict, tokenizer, template, fast, encoder, kw: dict, notes
         return None  # not append-only here: reply_ids compares the turn token by token
     text, full = got
     key = call["session"]
+    turn = getattr(encoder, "encode_turn", None) if reply is not None else None
+    if turn is not None:  # the prompt and the reply in one call (fast_encode.IncrementalEncoder)
+        prompt, ids = turn(key, text, full)
+        return prompt, _reply_end(tokenizer, template, reply, ids, notes)
     prompt = encoder.encode(text, key) if encoder is not None else tokenizer.encode(text)
     if call["response_ids"]:
         return prompt, list(call["response_ids"])
