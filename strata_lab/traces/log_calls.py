@@ -217,10 +217,16 @@ class SessionChain:
                 break
         if session is None:
             session, k = self._new(), need - 1
+        seen, pop = self._seen, self._seen.pop
         for d in digests[k + 1:]:  # the matched prefix is registered already (to this session)
-            self._claim(d, session)
+            pop(d, None)  # (`_claim`, inline)
+            seen[d] = session
         if reply is not None:
-            self._claim(hash((h, _message_key(reply))), session)
+            d = hash((h, _message_key(reply)))
+            pop(d, None)
+            seen[d] = session
+        while len(seen) > self._max:
+            del seen[next(iter(seen))]
         return session
 
     def session_of_ids(self, prompt_ids: Sequence[int], reply_ids: Iterable[int] = (), *,

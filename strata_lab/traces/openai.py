@@ -307,8 +307,9 @@ class SharedPrefixLines:
         if m is None:
             return None
         a = m.end() - 1  # the array's "["
-        base, rest = None, a + 1
+        base, rest, at = None, a + 1, 0
         for prev in reversed(self._recent):  # (a recent line's array text, as a view: no copy; its messages)
+            at -= 1
             if line.startswith(prev[0], a):
                 sep = _SEP.match(line, a + len(prev[0]))
                 if sep is not None:  # the most recent line whose whole array this one's starts with
@@ -340,10 +341,7 @@ class SharedPrefixLines:
         if end is not None and n + (len(base[1]) if base is not None else 0) == len(msgs):
             end += rest
             if base is not None:  # this line holds all of it: one entry a session
-                for i, prev in enumerate(self._recent):
-                    if prev is base:
-                        del self._recent[i]
-                        break
+                del self._recent[at]
             self._recent.append((view[a:end], msgs))
         return rec
 
