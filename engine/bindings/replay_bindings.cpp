@@ -276,7 +276,10 @@ struct BpeEncoder {
     st->text = py::reinterpret_borrow<py::object>(text);
     size_t pos = 0;
     reused = 0;
-    if (prev) {
+    if (prev) {  // room for the previous text's ids and what a turn adds: one allocation each, not a doubling run
+      st->ids.reserve(std::max(prev->ids.size(), n / 4) + 256);
+      st->ends.reserve(prev->ends.size() + 64);
+      st->counts.reserve(prev->counts.size() + 64);
       const size_t d = common_prefix(t, prev->text.ptr());
       const auto& pe = prev->ends;
       const auto& pc = prev->counts;
@@ -372,6 +375,7 @@ struct BpeEncoder {
       st->ids = std::move(prev->ids);
       st->ends = std::move(prev->ends);
       st->counts = std::move(prev->counts);
+      st->ids.reserve(st->ids.size() + buf.size());
     } else {
       st->ids.reserve(prev->ids.size() + buf.size());
       st->ids = prev->ids;
