@@ -258,8 +258,16 @@ class FastRenderer:
         parsed = prev.parsed[:k] if k else []
         if k and prev.noted < k and _NOT_JSON not in notes:
             notes.append(_NOT_JSON)
+        # the previous call's reply, resent as the first new message, keeps its checked parts
+        again = prev.reply if k and k == len(prev.messages) and prev.reply is not None else None
         for m in messages[k:] if k else messages:
-            p = self._message(m, notes)
+            if again is not None:
+                p = again[1] if _same_reply(m, again[0]) else self._message(m, notes)
+                again = None
+                if p is not None and p[7] and _NOT_JSON not in notes:
+                    notes.append(_NOT_JSON)
+            else:
+                p = self._message(m, notes)
             if p is None:
                 return None
             parsed.append(p)
@@ -361,13 +369,30 @@ class FastRenderer:
                 if noted == n:
                     noted = _NEVER
             self._prev.pop(key, None)
-            self._prev[key] = _Last(messages, parsed, tkey, out, last_query, call_ids, plain, noted)
+            self._prev[key] = _Last(messages, parsed, tkey, out, last_query, call_ids, plain, noted,
+                                    (reply, last) if last is not None and last[6] else None)
             if len(self._prev) > _MAX_SESSIONS:
                 del self._prev[next(iter(self._prev))]
         return prompt, full
 
 
 _NEVER = 1 << 62
+_REPLY_KEYS = frozenset(("role", "content", "tool_calls", "reasoning_content"))
+
+
+def _same_reply(m, reply: dict) -> bool:
+    """Whether message `m` has the checked parts of `reply` (a reply as `render._raw_reply` gives it, without
+    object arguments): an assistant message with no other keys, the same text (None is ""), reasoning and
+    tool calls (strings or empty arguments: equal ones render the same)."""
+    if m.__class__ is not dict or m.get("role") != "assistant" or not _REPLY_KEYS.issuperset(m):
+        return False
+    content = m.get("content")
+    if content is None:
+        content = ""
+    elif content.__class__ is not str:
+        return False
+    return content == reply.get("content") and m.get("reasoning_content") == reply.get("reasoning_content") \
+        and m.get("tool_calls") == reply.get("tool_calls")
 _NO_IDS = frozenset()  # the call ids a tool result may answer before any assistant message
 
 
@@ -402,8 +427,9 @@ class _Last:
     history text in parts (the system turn, then each message's), its last user query,
     the call ids a tool result after it may answer, its leading plain messages, its first noted message."""
 
-    __slots__ = ("messages", "parsed", "tools_key", "parts", "last_query", "call_ids", "plain", "noted")
+    __slots__ = ("messages", "parsed", "tools_key", "parts", "last_query", "call_ids", "plain", "noted", "reply")
 
-    def __init__(self, messages, parsed, tools_key, parts, last_query, call_ids, plain, noted):
+    def __init__(self, messages, parsed, tools_key, parts, last_query, call_ids, plain, noted, reply):
         self.messages, self.parsed, self.tools_key, self.parts = messages, parsed, tools_key, parts
         self.last_query, self.call_ids, self.plain, self.noted = last_query, call_ids, plain, noted
+        self.reply = reply  # (the reply as given, its checked parts) when it has no object arguments, or None
