@@ -1,6 +1,7 @@
 """Typed face of the compiled extension strata_lab._replay: the store replay's core, linked without OpenMP
-(engine/bindings/replay_bindings.cpp). Only strata_lab._native imports it; strata_lab.replayer.native drives it."""
-from typing import ClassVar, Optional, Sequence
+(engine/bindings/replay_bindings.cpp). Only strata_lab._native imports it; strata_lab.replayer.native drives it.
+It also holds the ASCII byte-level BPE encoder of strata_lab.traces.fast_encode (_ByteBpe, strata/byte_bpe.h)."""
+from typing import Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 
@@ -44,6 +45,29 @@ class Cause:
     def __int__(self) -> int: ...
     def __index__(self) -> int: ...
 
+class _IdsState:
+    """A session's last encoded text and its ids (strata_lab.traces.fast_encode.IncrementalEncoder)."""
+    text: str
+    ids: list[int]
+
+class _ByteBpe:
+    """Byte-level BPE of ASCII text for the Qwen / Llama-3 / GPT-2 split regexes, with the added-token scan
+    (strata/byte_bpe.h; strata_lab.traces.fast_encode uses it)."""
+    vocab_size: int
+    ascii_tokens: int
+    merges: int
+    cached: int
+    def __init__(self, json: bytes, split: int, added: dict[str, int]) -> None: ...
+    def encode(self, text: str) -> Optional[list[int]]: ...
+    def encode_into(self, text: str, pos: int, ids: list[int], ends: list[int], counts: list[int],
+                    other: Callable[[str], list[int]]) -> None: ...
+    def encode_session(self, text: str, prev: Optional[_IdsState],
+                       other: Callable[[str], list[int]]) -> tuple[list[int], _IdsState, int]: ...
+    def encode_tail(self, prev: Optional[_IdsState], text: str, n: int,
+                    other: Callable[[str], list[int]]) -> tuple[list[int], Optional[_IdsState]]: ...
+    def encode_turn(self, prompt: str, full: str, prev: Optional[_IdsState],
+                    other: Callable[[str], list[int]]) -> tuple[list[int], list[int], _IdsState, int]: ...
+
 class _ReplayVocab:
     """A tokenizer's bytes per id, for the replay core's byte walk (strata_lab.replayer.native)."""
     size: int
@@ -76,3 +100,8 @@ class _ReplayCore:
     def explain(self, code: int, lcp: int, ptail: Sequence[int], reused: int, target: int) -> tuple: ...
     def take_misses(self) -> list[tuple]: ...
     def add_recorded_ms(self, ms: float) -> None: ...
+
+def json_array_end(data: bytes, pos: int) -> Optional[tuple[int, int]]:
+    """(end of the last element, elements) of the JSON array whose elements continue at data[pos:] up to its
+    ']', or None; for text a JSON parser read already (brackets and quotes followed, not checked)."""
+    ...

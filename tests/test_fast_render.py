@@ -2,6 +2,7 @@
 its refusals), the piece encoder `tokenizer.encode`'s ids, the incremental encoder the same ids as encoding
 each prompt whole, and `Trace.render` the same `Rendered` with and without them, on generated agent sessions
 (tool calls, reasoning, edits, content null, tool results, odd inputs)."""
+import functools
 import json
 from pathlib import Path
 
@@ -176,6 +177,8 @@ def test_segment_encoder_matches_the_tokenizer(family, data):
     seg = SegmentEncoder.of(family)
     t = data.draw(SEG_TEXT)
     assert seg.encode(t) == family.hf.encode(t, add_special_tokens=False).ids
+    if family is TOK:  # and without the compiled extension
+        assert _python_only().encode(t) == TOK.hf.encode(t, add_special_tokens=False).ids
 
 
 LONG = st.lists(st.sampled_from(PIECES[:16] + ["\n!", "\nx", "x\n", " \n", "\n\n", "def f():\n    return 1\n", "é\n"]),
@@ -194,20 +197,31 @@ def test_long_stretches_are_remembered_exactly(family, data):
             assert seg.encode(text) == family.hf.encode(text, add_special_tokens=False).ids, (head, body)
 
 
+@functools.lru_cache(maxsize=1)
+def _python_only():
+    """A SegmentEncoder that does everything in Python (as without the compiled extension)."""
+    seg = SegmentEncoder._of(TOK, TOK.hf)
+    seg._native = seg._into = seg._sessions = None
+    return seg
+
+
 @SETTINGS
-@given(st.lists(st.tuples(st.integers(0, 3), SEG_TEXT, SEG_TEXT), min_size=1, max_size=6))
-def test_incremental_encoder_matches_whole_encodes(steps):
+@given(st.lists(st.tuples(st.integers(0, 3), SEG_TEXT, SEG_TEXT), min_size=1, max_size=6), st.booleans())
+def test_incremental_encoder_matches_whole_encodes(steps, native):
     """A session's prompts grow, get edited (cut back and continued) and replies are appended: every prompt's
-    ids and every reply's ids are those of encoding it whole."""
-    enc = IncrementalEncoder(SegmentEncoder.of(TOK))
+    ids and every reply's ids are those of encoding it whole (in C++ and in Python)."""
+    enc = IncrementalEncoder(SegmentEncoder.of(TOK) if native else _python_only())
     text = "<|im_start|>system\nYou are terse.<|im_end|>\n"
     for cut, more, reply in steps:
         if cut and text:
             text = text[: len(text) * cut // 4]  # an edit: back to a point, then on
         text += more + "<|im_start|>assistant\n"
-        assert enc.encode(text, "s") == TOK.encode(text)
         full = text + reply + "<|im_end|>\n"
-        assert enc.encode_tail("s", full, len(text)) == TOK.encode(full[len(text):])
+        if cut == 1:  # the prompt and the reply in one call
+            assert enc.encode_turn("s", text, full) == (TOK.encode(text), TOK.encode(full[len(text):]))
+        else:
+            assert enc.encode(text, "s") == TOK.encode(text)
+            assert enc.encode_tail("s", full, len(text)) == TOK.encode(full[len(text):])
         if cut == 3:  # the same reply recorded twice
             assert enc.encode_tail("s", full, len(text)) == TOK.encode(full[len(text):])
         text = full if cut % 2 else text + reply
@@ -379,8 +393,9 @@ def _agent_lines(rng, sessions=3, turns=5, odd=True):
     return lines
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 @pytest.mark.parametrize("seed", range(12))
-def test_lines_parsed_after_their_shared_prefix_are_the_lines(tmp_path, seed):
+def test_lines_parsed_after_their_shared_prefix_are_the_lines(tmp_path, seed, native):
     """Records read by parsing only what a line adds to a recent one are the records `json_lines` reads (the
     same values, number types included, and the same lines skipped), on sessions with edits, other shapes,
     a decoy array, spacing, invalid lines; and prefixes are in fact taken."""
@@ -393,6 +408,10 @@ def test_lines_parsed_after_their_shared_prefix_are_the_lines(tmp_path, seed):
     path = tmp_path / "log.jsonl"
     path.write_text("\n".join(_agent_lines(random.Random(seed), sessions=1 + seed % 4, turns=8)) + "\n")
     reader = SharedPrefixLines()
+    if native:
+        assert reader._array_end is not None  # the compiled extension is built here
+    else:  # the json module's scanner finds where the arrays end (no compiled extension)
+        reader._array_end = None
     with warnings.catch_warnings(record=True) as got_w:
         warnings.simplefilter("always")
         got = list(reader.records(Source(path)))
@@ -405,7 +424,46 @@ def test_lines_parsed_after_their_shared_prefix_are_the_lines(tmp_path, seed):
     clean = tmp_path / "clean.jsonl"
     clean.write_text("\n".join(_agent_lines(random.Random(seed), sessions=2, turns=6, odd=False)) + "\n")
     reader = SharedPrefixLines()
+    if not native:
+        reader._array_end = None
     assert list(reader.records(Source(clean))) == list(Source(clean).json_lines()) and reader.shared > 0
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+    | st.text(alphabet=st.sampled_from(list('ab"\\[]{},: \n\t') + ["\u00e9", "\u2028", "\U0001f600"])),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(head=st.lists(_JSON_VALUES, max_size=3), tail=st.lists(_JSON_VALUES, max_size=4),
+       ws=st.sampled_from(["", " ", "\n  ", "\t\r\n"]), ascii_only=st.booleans(), whole=st.booleans())
+def test_native_array_end_is_the_json_scanners(head, tail, ws, ascii_only, whole):
+    """`_replay.json_array_end` (where a line's messages array ends, found in C++) says what the json module's
+    scanner says, for arrays of any JSON values (strings with quotes, backslashes, brackets, non-ASCII), any
+    spacing, continuing after a first part of the array (after its comma) or from its start, and a truncated
+    line (None)."""
+    from strata_lab.traces.openai import SharedPrefixLines
+
+    reader = SharedPrefixLines()
+    assert reader._array_end is not None
+    items = [json.dumps(v, ensure_ascii=ascii_only) for v in head + tail]
+    sep = ws + "," + ws
+    start = '{"model": "m", "messages":' + ws + "["
+    if head and tail:  # resumed after the elements an earlier line held, as the reader does
+        start += ws + sep.join(items[: len(head)]) + ws + ","
+        items = items[len(head):]
+    text = start + ws + sep.join(items) + ws + "]" + ws + ', "x": [1, "]"]}'
+    line = (text if whole else text[: len(start) + (len(text) - len(start)) * 2 // 3]).encode()
+    rest = len(start.encode())
+    got = reader._array_end(line, rest)
+    end, n = reader._scan_tail(line, rest)
+    assert (None if end is None else (rest + end, n)) == got
+    if whole and items:  # the array is whole: its end is found, with its element count
+        assert got is not None and got[1] == len(items) and line[got[0]:].lstrip().startswith(b"]")
+    if not items:
+        assert got is None
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -448,3 +506,113 @@ def test_agent_logs_render_the_same_on_both_paths(tmp_path, seed):
     fast = [(c["source"], r) for c, r in load_trace(path, format="openai").render(TOK)]
     plain = [(c["source"], r) for c, r in load_trace(path, format="openai").render(TOK, fast=False)]
     assert len(fast) > 5 and fast == plain
+
+
+# --- the native byte-level BPE (strata/byte_bpe.h): ASCII stretches encoded in C++, exactly
+
+
+def _gpt2_style(folder: Path) -> Path:
+    """A small GPT-2-style tokenizer (ByteLevel with its own regex, merges applied to every word)."""
+    import sys
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tokenizer_families import CORPUS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=600, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama3", "gpt2"])
+def native_family(request, tmp_path_factory):
+    if request.param == "qwen3":
+        tok = TOK
+    elif request.param == "gpt2":
+        tok = load_tokenizer(str(_gpt2_style(tmp_path_factory.mktemp("gpt2"))))
+    else:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        from tokenizer_families import build
+
+        tok = load_tokenizer(str(build(request.param, tmp_path_factory.mktemp(request.param))))
+    seg = SegmentEncoder.of(tok)
+    assert seg is not None and seg._native is not None, "the native encoder is built (scripts/dev_build.sh)"
+    return tok, seg._native
+
+
+ASCII_PIECES = ["'s", "'S", "'t", "'T", "'re", "'Re", "'ve", "'VE", "'m", "'M", "'ll", "'lL", "'d", "'D", "'r", "'v",
+                "'l", "'", "''", " '", "a", "Hello", "world", " the", "  ", "   ", " ", "\t", "\t\t", "\n", "\n\n",
+                "\r", "\r\n", " \n", "\n ", "\t\n", " \r\n ", "0", "7", "12", "123", "4567", "1.5", " 9", ".", "...",
+                "!?", " !", "(", "{", "}", "\"", "#", "_", "-", "~", "\\", "x" * 40,
+                "internationalization", "supercalifragilistic", "Qu", "AbC", "dEf", "<think>", "</think>", "<|im_end|>",
+                "<|im_start|>", "<|eot_id|>", "<|start_header_id|>", "<", "<|", "|>"]
+ASCII_TEXT = st.lists(st.one_of(st.sampled_from(ASCII_PIECES),
+                                st.text(alphabet=[chr(c) for c in range(0x20, 0x7f)] + ["\t", "\n", "\r"],
+                                        max_size=8)), max_size=30).map("".join)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_native_encoder_matches_the_tokenizer(native_family, data):
+    """Printable ASCII with tabs, newlines and carriage returns (contractions in both cases, digit runs,
+    punctuation runs, whitespace runs before words, digits, punctuation and line ends, long words, added
+    tokens): the C++ pre-tokenizer and merge loop give the tokenizer's own ids, for a stretch (`encode`) and
+    for a text cut at its added tokens (`encode_into`, from any position)."""
+    tok, native = native_family
+    seg = SegmentEncoder.of(tok)
+    t = data.draw(ASCII_TEXT)
+    want = tok.hf.encode(t, add_special_tokens=False).ids
+    if not any(a in t for a in tok.added_tokens):
+        got = native(t)
+        assert got == want or (got is None and len(t) > 512), t
+    pos = data.draw(st.integers(0, len(t)))
+    head = seg.encode(t[:pos])
+    ids, ends, counts = list(head), [], []
+    seg._into(t, pos, ids, ends, counts, seg.piece_ids)
+    assert ids[len(head):] == tok.hf.encode(t[pos:], add_special_tokens=False).ids, (t, pos)
+    assert all(t[:e].endswith(tuple(tok.added_tokens)) and ids[c - 1] in tok.added_tokens.values()
+               for e, c in zip(ends, counts))
+
+
+@pytest.mark.parametrize("text", ["x" * 600, "é", "a\x0bb", "a\x0cb", "a\x1cb", "\x7f", "ab" + "-" * 513])
+def test_native_encoder_leaves_what_it_does_not_take(native_family, text):
+    """Characters outside printable ASCII + tab / newline / carriage return, and pre-tokens over 512 bytes, are
+    not encoded natively (None: fast_encode encodes them the other way), and the text still encodes exactly."""
+    tok, native = native_family
+    assert native(text) is None
+    seg = SegmentEncoder.of(tok)
+    assert seg.encode(text) == tok.hf.encode(text, add_special_tokens=False).ids
+
+
+def test_native_encoder_refuses_a_model_it_cannot_read():
+    from strata_lab._native import replay
+
+    with pytest.raises(ValueError, match="BPE"):
+        replay()._ByteBpe(b'{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}', 0, {})
+    with pytest.raises(ValueError, match="tokenizer JSON"):
+        replay()._ByteBpe(b'{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [', 0, {})
+    with pytest.raises(ValueError, match="split"):
+        replay()._ByteBpe(TOK.model_json(), 7, {})
+
+
+def test_a_tokenizer_whose_file_changed_is_read_from_its_model(tmp_path):
+    """The model's JSON comes from the tokenizer.json while that file is unchanged, else from the tokenizer
+    itself: the native tables always describe the loaded tokenizer."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tokenizer_families import build
+
+    tok = load_tokenizer(str(build("llama3", tmp_path / "l")))
+    assert tok.model_json() == (tmp_path / "l" / "tokenizer.json").read_bytes()
+    (tmp_path / "l" / "tokenizer.json").write_text("{}")
+    got = json.loads(tok.model_json())
+    assert got["type"] == "BPE" and len(got["vocab"]) == tok.hf.get_vocab_size(with_added_tokens=False)

@@ -2,14 +2,20 @@
 // driven by strata_lab/replayer/native.py, with the enums it speaks by name (FullHit, Cause) and the
 // CheckpointPolicy struct. Linked without OpenMP: a store replay loads no OpenMP runtime, so it cannot
 // fix the engine's OpenMP settings before strata_lab._engine is loaded (strata_lab/_native.py imports
-// both). Batches cross as numpy arrays (Arrow's flat buffers), checked here.
+// both). Batches cross as numpy arrays (Arrow's flat buffers), checked here. Also `_ByteBpe`
+// (strata/byte_bpe.h), the ASCII byte-level BPE encoder strata_lab/traces/fast_encode.py uses.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
+#include <cstdint>
+#include <vector>
 #include <string>
 
+#include "strata/byte_bpe.h"
 #include "strata/replay_core.h"
 #include "checkpoint_policy_binding.h"
 
@@ -67,6 +73,417 @@ py::tuple miss_tuple(const ReplayMiss& m) {
 
 const char* kind_name(int32_t k) { return k == 0 ? "prompt" : k == 1 ? "gen" : "drained"; }
 
+
+// A session's last encoded text (strata_lab.traces.fast_encode.IncrementalEncoder): the text, its ids, the
+// ends of its added-token matches and the ids up to and including each.
+struct IdsState {
+  py::object text;
+  std::vector<int32_t> ids;
+  std::vector<size_t> ends, counts;
+};
+
+// The encoder fast_encode.py holds: the BPE (strata/byte_bpe.h), the added tokens it cuts the text at
+// (leftmost, then longest: the tokenizer's scan), and one int object per id (a list of ids costs increfs).
+struct BpeEncoder {
+  ByteBpe bpe;
+  std::vector<std::pair<std::string, int32_t>> tokens;  // longest first
+  std::vector<int32_t> first[128];                      // first byte -> indices into tokens, longest first
+  bool starts[256] = {};                                // a token starts with this byte
+  std::vector<PyObject*> ints;
+  std::vector<int32_t> buf;                   // the ids of one encode_into
+  std::vector<int32_t> one;                   // the ids of one encode (other() may call it during encode_into)
+  std::vector<size_t> cut_ends, cut_counts;   // its added tokens: ends, ids up to and including each
+  std::string ascii;
+
+  BpeEncoder(const std::string& json, int split) : bpe(json, split) {}
+  ~BpeEncoder() {
+    for (PyObject* o : ints) Py_XDECREF(o);
+  }
+  void add_token(const std::string& t, int32_t id) {
+    if (!t.empty()) tokens.emplace_back(t, id);
+  }
+  void sort_tokens() {
+    std::stable_sort(tokens.begin(), tokens.end(),
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+    for (size_t k = 0; k < tokens.size(); ++k)
+      first[static_cast<unsigned char>(tokens[k].first[0])].push_back(static_cast<int32_t>(k));
+    for (int c = 0; c < 128; ++c) starts[c] = !first[c].empty();
+  }
+  PyObject* integer(int32_t id) {  // a new reference
+    if (id >= 0 && id < (1 << 22)) {
+      if (static_cast<size_t>(id) >= ints.size()) ints.resize(static_cast<size_t>(id) + 1, nullptr);
+      PyObject*& o = ints[static_cast<size_t>(id)];
+      if (o == nullptr && (o = PyLong_FromLong(id)) == nullptr) throw py::error_already_set();
+      Py_INCREF(o);
+      return o;
+    }
+    PyObject* o = PyLong_FromLong(id);
+    if (o == nullptr) throw py::error_already_set();
+    return o;
+  }
+  py::object encode(py::handle text) {
+    PyObject* t = text.ptr();
+    if (!PyUnicode_Check(t)) throw py::type_error("_ByteBpe.encode: expected a str");
+    if (!PyUnicode_IS_ASCII(t)) return py::none();
+    one.clear();
+    if (!bpe.encode(static_cast<const char*>(PyUnicode_DATA(t)), static_cast<size_t>(PyUnicode_GET_LENGTH(t)), one))
+      return py::none();
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(one.size()));
+    if (list == nullptr) throw py::error_already_set();
+    for (size_t i = 0; i < one.size(); ++i) PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), integer(one[i]));
+    return py::reinterpret_steal<py::object>(list);
+  }
+  // An added token matching at i (the longest), or -1.
+  template <typename C>
+  int32_t match_at(const C* s, size_t i, size_t n) const {
+    const uint32_t c = s[i];
+    if (c >= 128) return -1;
+    for (int32_t k : first[c]) {
+      const std::string& t = tokens[static_cast<size_t>(k)].first;
+      if (t.size() > n - i) continue;
+      size_t q = 1;
+      while (q < t.size() && static_cast<uint32_t>(s[i + q]) == static_cast<unsigned char>(t[q])) ++q;
+      if (q == t.size()) return k;
+    }
+    return -1;
+  }
+  // Appends the ids of text[a:b) (no added token in it) to buf.
+  template <typename C>
+  void piece(PyObject* text, const C* s, size_t a, size_t b, py::handle other) {
+    if (a >= b) return;
+    bool ok = true;
+    if constexpr (sizeof(C) == 1) {
+      ok = bpe.encode(reinterpret_cast<const char*>(s + a), b - a, buf);  // (refuses bytes >= 0x80 itself)
+    } else {
+      ascii.resize(b - a);
+      for (size_t i = a; i < b && ok; ++i) {
+        const uint32_t c = s[i];
+        ok = c < 128;
+        ascii[i - a] = static_cast<char>(c);
+      }
+      ok = ok && bpe.encode(ascii.data(), ascii.size(), buf);
+    }
+    if (ok) return;
+    py::object sub = py::reinterpret_steal<py::object>(
+        PyUnicode_Substring(text, static_cast<Py_ssize_t>(a), static_cast<Py_ssize_t>(b)));
+    if (!sub) throw py::error_already_set();
+    py::object got = other(sub);
+    if (!PyList_Check(got.ptr())) throw py::type_error("_ByteBpe.encode_into: other() must return a list");
+    const Py_ssize_t k = PyList_GET_SIZE(got.ptr());
+    for (Py_ssize_t q = 0; q < k; ++q) {
+      long v = PyLong_AsLong(PyList_GET_ITEM(got.ptr(), q));
+      if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+      buf.push_back(static_cast<int32_t>(v));
+    }
+  }
+  template <typename C>
+  void run(PyObject* text, const C* s, size_t pos, size_t n, py::handle other) {
+    size_t start = pos;
+    for (size_t i = pos; i < n;) {
+      while (i < n && (s[i] >= 128 || !starts[s[i]])) ++i;
+      if (i >= n) break;
+      const int32_t k = match_at(s, i, n);
+      if (k < 0) {
+        ++i;
+        continue;
+      }
+      piece(text, s, start, i, other);
+      buf.push_back(tokens[static_cast<size_t>(k)].second);
+      i += tokens[static_cast<size_t>(k)].first.size();
+      start = i;
+      cut_ends.push_back(i);
+      cut_counts.push_back(buf.size());
+    }
+    piece(text, s, start, n, other);
+  }
+  static void put(PyObject* list, PyObject* o) {
+    if (o == nullptr) throw py::error_already_set();
+    const int rc = PyList_Append(list, o);
+    Py_DECREF(o);
+    if (rc != 0) throw py::error_already_set();
+  }
+
+  // --- a session's texts (IncrementalEncoder): what the previous text shares is taken from it ---------------
+  template <typename F>
+  static auto with_units(PyObject* t, F&& f) {
+    const void* d = PyUnicode_DATA(t);
+    switch (PyUnicode_KIND(t)) {
+      case PyUnicode_1BYTE_KIND: return f(static_cast<const Py_UCS1*>(d));
+      case PyUnicode_2BYTE_KIND: return f(static_cast<const Py_UCS2*>(d));
+      default: return f(static_cast<const Py_UCS4*>(d));
+    }
+  }
+  static size_t common_prefix(PyObject* a, PyObject* b) {
+    const size_t n = static_cast<size_t>(std::min(PyUnicode_GET_LENGTH(a), PyUnicode_GET_LENGTH(b)));
+    const int ka = PyUnicode_KIND(a);
+    if (ka == PyUnicode_KIND(b)) {
+      const auto* pa = static_cast<const unsigned char*>(PyUnicode_DATA(a));
+      const auto* pb = static_cast<const unsigned char*>(PyUnicode_DATA(b));
+      const size_t bytes = n * static_cast<size_t>(ka);
+      size_t i = 0;
+      while (i + 4096 <= bytes && std::memcmp(pa + i, pb + i, 4096) == 0) i += 4096;
+      while (i < bytes && pa[i] == pb[i]) ++i;
+      return i / static_cast<size_t>(ka);
+    }
+    const void* da = PyUnicode_DATA(a);
+    const void* db = PyUnicode_DATA(b);
+    const int kb = PyUnicode_KIND(b);
+    size_t i = 0;
+    while (i < n && PyUnicode_READ(ka, da, i) == PyUnicode_READ(kb, db, i)) ++i;
+    return i;
+  }
+  size_t max_added() const { return tokens.empty() ? 0 : tokens[0].first.size(); }
+  // The next added-token match at or after i: (start, token index), or (n, -1).
+  template <typename C>
+  std::pair<size_t, int32_t> next_match(const C* s, size_t i, size_t n) const {
+    for (; i < n; ++i) {
+      if (s[i] >= 128 || !starts[s[i]]) continue;
+      const int32_t k = match_at(s, i, n);
+      if (k >= 0) return {i, k};
+    }
+    return {n, -1};
+  }
+  py::list ids_list(const int32_t* ids, size_t n) {
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(n));
+    if (list == nullptr) throw py::error_already_set();
+    for (size_t i = 0; i < n; ++i) PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), integer(ids[i]));
+    return py::reinterpret_steal<py::list>(list);
+  }
+  void scan_into(PyObject* t, size_t pos, py::handle other) {
+    buf.clear();
+    cut_ends.clear();
+    cut_counts.clear();
+    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    with_units(t, [&](auto* s) { run(t, s, pos, n, other); });
+  }
+  static void check_str(py::handle text, const char* what) {
+    if (!PyUnicode_Check(text.ptr())) throw py::type_error(std::string("_ByteBpe.") + what + ": expected a str");
+  }
+  // (ids of text, its state, ids taken from prev)
+  py::tuple encode_session(py::handle text, std::shared_ptr<IdsState> prev, py::handle other) {
+    check_str(text, "encode_session");
+    size_t reused = 0;
+    auto st = session_state(text, prev, other, reused);
+    py::list ids = ids_list(st->ids.data(), st->ids.size());
+    return py::make_tuple(ids, st, reused);
+  }
+  // The state of `text` (a str) after `prev`'s; `reused`: the ids taken from prev.
+  std::shared_ptr<IdsState> session_state(py::handle text, const std::shared_ptr<IdsState>& prev, py::handle other,
+                                          size_t& reused) {
+    PyObject* t = text.ptr();
+    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    auto st = std::make_shared<IdsState>();
+    st->text = py::reinterpret_borrow<py::object>(text);
+    size_t pos = 0;
+    reused = 0;
+    if (prev) {  // room for the previous text's ids and what a turn adds: one allocation each, not a doubling run
+      st->ids.reserve(std::max(prev->ids.size(), n / 4) + 256);
+      st->ends.reserve(prev->ends.size() + 64);
+      st->counts.reserve(prev->counts.size() + 64);
+      const size_t d = common_prefix(t, prev->text.ptr());
+      const auto& pe = prev->ends;
+      const auto& pc = prev->counts;
+      size_t j = d >= max_added() ? static_cast<size_t>(std::upper_bound(pe.begin(), pe.end(), d - max_added()) - pe.begin()) : 0;
+      if (j) {
+        pos = pe[j - 1];
+        st->ids.assign(prev->ids.begin(), prev->ids.begin() + static_cast<std::ptrdiff_t>(pc[j - 1]));
+        st->ends.assign(pe.begin(), pe.begin() + static_cast<std::ptrdiff_t>(j));
+        st->counts.assign(pc.begin(), pc.begin() + static_cast<std::ptrdiff_t>(j));
+      }
+      // the matches of the previous text at the same places before the first difference: its ids
+      with_units(t, [&](auto* s) {
+        while (j < pe.size()) {
+          auto [m, k] = next_match(s, pos, n);
+          if (k < 0) break;
+          const size_t e = m + tokens[static_cast<size_t>(k)].first.size();
+          if (e > d || pe[j] != e) break;
+          st->ids.insert(st->ids.end(), prev->ids.begin() + static_cast<std::ptrdiff_t>(j ? pc[j - 1] : 0),
+                         prev->ids.begin() + static_cast<std::ptrdiff_t>(pc[j]));
+          ++j;
+          pos = e;
+          st->ends.push_back(e);
+          st->counts.push_back(st->ids.size());
+        }
+        return 0;
+      });
+      reused = st->ids.size();
+    }
+    scan_into(t, pos, other);
+    const size_t base = st->ids.size();
+    st->ids.insert(st->ids.end(), buf.begin(), buf.end());
+    st->ends.insert(st->ends.end(), cut_ends.begin(), cut_ends.end());
+    for (size_t c : cut_counts) st->counts.push_back(base + c);
+    return st;
+  }
+  // (ids of text[n:], text's state or None): see IncrementalEncoder.encode_tail
+  py::tuple encode_tail(std::shared_ptr<IdsState> prev, py::handle text, Py_ssize_t n_, py::handle other) {
+    check_str(text, "encode_tail");
+    PyObject* t = text.ptr();
+    const size_t len = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    if (n_ < 0 || static_cast<size_t>(n_) > len) throw py::value_error("_ByteBpe.encode_tail: n out of range");
+    auto st = tail_state(prev, text, static_cast<size_t>(n_), other, false);
+    py::list tail = ids_list(buf.data(), buf.size());
+    if (!st) return py::make_tuple(tail, py::none());
+    return py::make_tuple(tail, st);
+  }
+  // (ids of prompt, ids of full[len(prompt):], the state of full, or of prompt when full does not join it, ids
+  // taken from prev): encode_session(prompt) then encode_tail(its state, full, len(prompt)), in one call.
+  py::tuple encode_turn(py::handle prompt, py::handle full, std::shared_ptr<IdsState> prev, py::handle other) {
+    check_str(prompt, "encode_turn");
+    check_str(full, "encode_turn");
+    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(prompt.ptr()));
+    if (static_cast<size_t>(PyUnicode_GET_LENGTH(full.ptr())) < n)
+      throw py::value_error("_ByteBpe.encode_turn: full is shorter than prompt");
+    size_t reused = 0;
+    auto st = session_state(prompt, prev, other, reused);
+    py::list ids = ids_list(st->ids.data(), st->ids.size());
+    auto joined = tail_state(st, full, n, other, true);  // (takes st's vectors when it joins)
+    py::list tail = ids_list(buf.data(), buf.size());
+    if (joined) return py::make_tuple(ids, tail, joined, reused);
+    return py::make_tuple(ids, tail, st, reused);
+  }
+  // Encodes text[n:] into buf (cut_ends: positions in text; cut_counts: ids in buf); returns the state of text when prev
+  // is the state of text[:n] and an added token of text's own scan starts at n, else null. `own`: prev is this
+  // call's alone (its vectors are moved, not copied, into the state returned).
+  std::shared_ptr<IdsState> tail_state(const std::shared_ptr<IdsState>& prev, py::handle text, size_t n,
+                                       py::handle other, bool own) {
+    PyObject* t = text.ptr();
+    const size_t len = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    scan_into(t, n, other);
+    if (!prev || static_cast<size_t>(PyUnicode_GET_LENGTH(prev->text.ptr())) != n ||
+        common_prefix(t, prev->text.ptr()) != n)
+      return nullptr;
+    const auto& pe = prev->ends;
+    size_t j = n >= max_added() ? static_cast<size_t>(std::upper_bound(pe.begin(), pe.end(), n - max_added()) - pe.begin()) : 0;
+    // an added token of text's own scan starts at n, and its scan up to there is the prompt's
+    const bool joins = with_units(t, [&](auto* s) {
+      size_t k = j, i = j ? pe[j - 1] : 0;
+      while (true) {
+        auto [m, tok] = next_match(s, i, len);
+        if (tok < 0) return false;
+        const size_t e = m + tokens[static_cast<size_t>(tok)].first.size();
+        if (m >= n) return m == n && k == pe.size();
+        if (e > n || k >= pe.size() || pe[k] != e) return false;
+        ++k;
+        i = e;
+      }
+    });
+    if (!joins) return nullptr;
+    auto st = std::make_shared<IdsState>();
+    st->text = py::reinterpret_borrow<py::object>(text);
+    if (own) {
+      st->ids = std::move(prev->ids);
+      st->ends = std::move(prev->ends);
+      st->counts = std::move(prev->counts);
+      st->ids.reserve(st->ids.size() + buf.size());
+    } else {
+      st->ids.reserve(prev->ids.size() + buf.size());
+      st->ids = prev->ids;
+      st->ends = prev->ends;
+      st->counts = prev->counts;
+    }
+    const size_t base = st->ids.size();
+    st->ids.insert(st->ids.end(), buf.begin(), buf.end());
+    st->ends.insert(st->ends.end(), cut_ends.begin(), cut_ends.end());
+    for (size_t c : cut_counts) st->counts.push_back(base + c);
+    return st;
+  }
+  void encode_into(py::handle text, Py_ssize_t pos, py::list ids, py::list ends, py::list counts, py::handle other) {
+    PyObject* t = text.ptr();
+    if (!PyUnicode_Check(t)) throw py::type_error("_ByteBpe.encode_into: expected a str");
+    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    if (pos < 0 || static_cast<size_t>(pos) > n) throw py::value_error("_ByteBpe.encode_into: pos out of range");
+    const void* d = PyUnicode_DATA(t);
+    buf.clear();
+    cut_ends.clear();
+    cut_counts.clear();
+    switch (PyUnicode_KIND(t)) {
+      case PyUnicode_1BYTE_KIND: run(t, static_cast<const Py_UCS1*>(d), static_cast<size_t>(pos), n, other); break;
+      case PyUnicode_2BYTE_KIND: run(t, static_cast<const Py_UCS2*>(d), static_cast<size_t>(pos), n, other); break;
+      default: run(t, static_cast<const Py_UCS4*>(d), static_cast<size_t>(pos), n, other);
+    }
+    // one list of the new ids, joined to `ids` at once
+    const Py_ssize_t base = PyList_GET_SIZE(ids.ptr());
+    PyObject* add = PyList_New(static_cast<Py_ssize_t>(buf.size()));
+    if (add == nullptr) throw py::error_already_set();
+    for (size_t i = 0; i < buf.size(); ++i) PyList_SET_ITEM(add, static_cast<Py_ssize_t>(i), integer(buf[i]));
+    const int rc = PyList_SetSlice(ids.ptr(), base, base, add);
+    Py_DECREF(add);
+    if (rc != 0) throw py::error_already_set();
+    for (size_t k = 0; k < cut_ends.size(); ++k) {
+      put(ends.ptr(), PyLong_FromSize_t(cut_ends[k]));
+      put(counts.ptr(), PyLong_FromSsize_t(base + static_cast<Py_ssize_t>(cut_counts[k])));
+    }
+  }
+};
+
+// Where the elements of a JSON array that continue at `pos` end: (the end of its last element, how many
+// elements from pos), or None when pos is not followed by one or more elements and the array's "]". For text
+// that a JSON parser read already (strata_lab.traces.openai.SharedPrefixLines): strings, objects and arrays
+// are skipped by their quotes and brackets, not checked.
+py::object json_array_end(py::bytes data, Py_ssize_t pos) {
+  char* p = nullptr;
+  Py_ssize_t len = 0;
+  if (PyBytes_AsStringAndSize(data.ptr(), &p, &len) != 0) throw py::error_already_set();
+  if (pos < 0 || pos > len) throw py::value_error("json_array_end: pos out of range");
+  const auto* s = reinterpret_cast<const unsigned char*>(p);
+  const size_t n = static_cast<size_t>(len);
+  size_t i = static_cast<size_t>(pos), count = 0;
+  auto ws = [&]() {
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
+  };
+  auto string_end = [&]() -> bool {  // i at the opening quote: i after the closing one
+    ++i;
+    while (i < n) {
+      const void* q = std::memchr(s + i, '"', n - i);
+      if (q == nullptr) return false;
+      size_t k = static_cast<size_t>(static_cast<const unsigned char*>(q) - s);
+      size_t b = k;
+      while (b > i && s[b - 1] == '\\') --b;
+      i = k + 1;
+      if (((k - b) & 1) == 0) return true;  // an even run of backslashes: the quote closes the string
+    }
+    return false;
+  };
+  while (true) {
+    ws();
+    if (i >= n) return py::none();
+    const unsigned char c = s[i];
+    if (c == '"') {
+      if (!string_end()) return py::none();
+    } else if (c == '{' || c == '[') {
+      size_t depth = 0;
+      while (i < n) {
+        const unsigned char d = s[i];
+        if (d == '"') {
+          if (!string_end()) return py::none();
+          continue;
+        }
+        ++i;
+        if (d == '{' || d == '[') {
+          ++depth;
+        } else if (d == '}' || d == ']') {
+          if (--depth == 0) break;
+        }
+      }
+      if (depth != 0) return py::none();
+    } else if (c == ']' || c == ',' || c == '}' || c == ':') {
+      return py::none();  // no element here
+    } else {  // a number, true, false or null
+      while (i < n && s[i] != ',' && s[i] != ']' && s[i] != '}' && s[i] != ' ' && s[i] != '\t' && s[i] != '\n' &&
+             s[i] != '\r')
+        ++i;
+    }
+    ++count;
+    const size_t end = i;
+    ws();
+    if (i >= n) return py::none();
+    if (s[i] == ']') return py::make_tuple(end, count);
+    if (s[i] != ',') return py::none();
+    ++i;
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_replay, m) {
@@ -82,6 +499,57 @@ PYBIND11_MODULE(_replay, m) {
 #define STRATA_REPLAY_CAUSE(name) cause.value(#name, ReplayCause::name);
   STRATA_REPLAY_CAUSES(STRATA_REPLAY_CAUSE)
 #undef STRATA_REPLAY_CAUSE
+  m.def("json_array_end", &json_array_end, py::arg("data"), py::arg("pos"),
+        "(end of the last element, elements) of the JSON array whose elements continue at data[pos:] up to its "
+        "']', or None; for text a JSON parser read already (brackets and quotes followed, not checked).");
+  py::class_<IdsState, std::shared_ptr<IdsState>>(m, "_IdsState", "A session's last encoded text and its ids.")
+      .def_property_readonly("text", [](const IdsState& s) { return s.text; })
+      .def_property_readonly("ids", [](const IdsState& s) { return s.ids; });
+  py::class_<BpeEncoder>(m, "_ByteBpe",
+                         "Byte-level BPE of ASCII text for the Qwen / Llama-3 / GPT-2 split regexes "
+                         "(strata/byte_bpe.h), with the added-token scan (strata_lab.traces.fast_encode uses it).")
+      .def(py::init([](py::bytes json, int split, py::dict added) {
+             auto* e = new BpeEncoder(std::string(json), split);
+             for (auto kv : added) {
+               std::string k = py::cast<std::string>(kv.first);
+               for (unsigned char c : k)
+                 if (c >= 0x80) {
+                   delete e;
+                   throw py::value_error("_ByteBpe: an added token that is not ASCII");
+                 }
+               e->add_token(k, py::cast<int32_t>(kv.second));
+             }
+             e->sort_tokens();
+             return e;
+           }),
+           py::arg("json"), py::arg("split"), py::arg("added"),
+           "json: a tokenizer.json document or its BPE model's JSON; split: 0 Qwen2/3, 1 Llama-3, 2 GPT-2; "
+           "added: the added tokens matched on the raw text (ASCII strings -> ids).")
+      .def("encode", &BpeEncoder::encode, py::arg("text"),
+           "The ids of `text` (a stretch holding no added token, normalized), or None when it holds a character "
+           "other than printable ASCII, tab, newline and carriage return, or a pre-token over 512 bytes.")
+      .def("encode_into", &BpeEncoder::encode_into, py::arg("text"), py::arg("pos"), py::arg("ids"),
+           py::arg("ends"), py::arg("counts"), py::arg("other"),
+           "Encodes text[pos:] as the tokenizer does from there (pos: where its scan for added tokens resumes): "
+           "appends the ids to `ids`, and for each added token its end (a position in `text`) to `ends` and "
+           "len(ids) after it to `counts`. A stretch between added tokens that `encode` does not take is "
+           "encoded by other(stretch) (a list of ids).")
+      .def("encode_session", &BpeEncoder::encode_session, py::arg("text"), py::arg("prev"), py::arg("other"),
+           "(ids of `text`, its state, ids taken from `prev`): `prev` (a session's last state, or None) gives "
+           "its ids up to its added tokens that `text` has at the same places before the first difference.")
+      .def("encode_turn", &BpeEncoder::encode_turn, py::arg("prompt"), py::arg("full"), py::arg("prev"),
+           py::arg("other"),
+           "(ids of `prompt`, ids of full[len(prompt):], the state of `full` (of `prompt` when it does not join), "
+           "ids taken from `prev`): encode_session then encode_tail in one call.")
+      .def("encode_tail", &BpeEncoder::encode_tail, py::arg("prev"), py::arg("text"), py::arg("n"),
+           py::arg("other"),
+           "(ids of text[n:], the state of `text` or None): the state when `prev` is the state of text[:n] and "
+           "an added token of text's own scan starts at n.")
+      .def_property_readonly("vocab_size", [](const BpeEncoder& e) { return e.bpe.vocab_size(); })
+      .def_property_readonly("ascii_tokens", [](const BpeEncoder& e) { return e.bpe.ascii_tokens(); })
+      .def_property_readonly("merges", [](const BpeEncoder& e) { return e.bpe.merges(); })
+      .def_property_readonly("cached", [](const BpeEncoder& e) { return e.bpe.cached(); });
+
   py::class_<ReplayVocab, std::shared_ptr<ReplayVocab>>(m, "_ReplayVocab",
                                                         "A tokenizer's bytes per id, for the replay core's byte walk.")
       .def(py::init([](py::bytes blob, py::array_t<int64_t, py::array::c_style | py::array::forcecast> offsets,

@@ -185,6 +185,20 @@ class Tokenizer:
         self._vocab_blob: tuple[bytes, list[int]] | None = None
         self._byte_level_flag: bool | None = None  # read on first use (see _byte_level)
         self._bytes_cache: Path | None = None      # set by load_tokenizer: where the byte table is cached
+        self._file: tuple | None = None            # set by load_tokenizer: (tokenizer.json, its size, mtime)
+
+    def model_json(self) -> bytes:
+        """JSON that holds the tokenizer's model (vocabulary, merges), for a reader that builds its own tables:
+        the tokenizer.json it was loaded from while that file is unchanged (the model is its "model" member),
+        else the model alone as the tokenizers library writes it (a few tenths of a second for 150K tokens)."""
+        try:
+            if self._file is not None and _stamp(self._file[0]) == self._file:
+                data = self._file[0].read_bytes()
+                if len(data) == self._file[1]:
+                    return data
+        except OSError:
+            pass
+        return self.hf.model.__getstate__()
 
     # --- encoding -------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -341,6 +355,11 @@ class Tokenizer:
 _LOADED: dict[str, Tokenizer] = {}
 
 
+def _stamp(path: Path, stat=None) -> tuple:  # (a file, its size, its mtime): whether it changed since
+    st = stat or path.stat()
+    return path, st.st_size, st.st_mtime_ns
+
+
 def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
     """Load a tokenizer by name ("qwen3", "qwen3.5"/"qwen3.6"), from a Hugging Face model folder, or from a
     ``tokenizer.json`` file: byte-level BPE (Qwen, Llama 3, GPT-2), SentencePiece-style BPE or Unigram (Llama 2,
@@ -368,6 +387,7 @@ def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
             _LOADED[key] = Tokenizer(HFTokenizer.from_file(str(file)), name=spec.name,
                                      embedding_rows=spec.embedding_rows)
             _LOADED[key]._bytes_cache = bytes_cache_path(file, _cache_dir(), Path(_vocab.__file__))
+            _LOADED[key]._file = _stamp(Path(file))
         return _LOADED[key]
     path = Path(key).expanduser()
     if path.is_dir():
@@ -389,6 +409,7 @@ def load_tokenizer(name_or_path: str | os.PathLike = "qwen3") -> Tokenizer:
                              f"({exc})") from exc
         _LOADED[cache_key] = Tokenizer(hf, name=path.parent.name if path.name == "tokenizer.json" else str(path))
         _LOADED[cache_key]._bytes_cache = bytes_cache_path(path, _cache_dir(), Path(_vocab.__file__))
+        _LOADED[cache_key]._file = _stamp(path.resolve(), stat)
     return _LOADED[cache_key]
 
 

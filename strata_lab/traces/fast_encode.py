@@ -17,6 +17,18 @@ a piece whose every space is followed by a letter is split at its spaces instead
 pre-token there) and its words looked up whole. Any other piece is encoded by the tokenizer itself (it holds
 no added token, so it is encoded as it is inside the text).
 
+In C++ (`strata_lab._replay._ByteBpe`, engine/src/byte_bpe.cpp, built once per tokenizer from the vocabulary
+and merges of its tokenizer.json and checked against its `encode` on a probe text before use): for the Qwen,
+Llama-3 and GPT-2 regexes, the same steps on ASCII stretches (the regex followed alternative by alternative,
+each pre-token's ids cached, the BPE merge loop for new ones, long stretches remembered), the added-token scan
+of a text, and the session bookkeeping of `IncrementalEncoder` below; a stretch it does not take (a character
+outside printable ASCII, tab, newline and carriage return, or a pre-token over 512 bytes) is encoded by
+`piece_ids` as described above. Without the compiled extension everything runs in Python, with the same ids.
+
+Why one module: the piece encoder, the incremental encoder and their use of the native encoder rest on one
+exactness argument (the text cut at its added tokens, each stretch encoded on its own) and share its state
+(the caches of one tokenizer); apart, each would restate it.
+
 `IncrementalEncoder.encode(text, key)` equals the same ids and reuses those of the previous text encoded under
 `key` (a session) for every piece before the first difference, encoding only the rest; `extend(key, text,
 more_ids)` records that `text` (the prompt + the rendered reply) has the previous ids + `more_ids`, when an
@@ -30,6 +42,7 @@ import re
 from bisect import bisect_right
 from collections import OrderedDict
 from itertools import chain
+from types import MappingProxyType
 
 from strata_lab.traces.render import _common_prefix
 
@@ -48,7 +61,13 @@ _OF: dict = {}  # id(hf tokenizer) -> (it, its SegmentEncoder or None)
 # next user query comes, so the reply's text recurs after "assistant\n" instead of "</think>\n\n").
 _QWEN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LINE_PATTERNS = frozenset((_QWEN, _QWEN.replace(r"|\p{N}|", r"|\p{N}{1,3}|", 1), _GPT2))  # Qwen, Llama-3, GPT-2
+_LLAMA3 = _QWEN.replace(r"|\p{N}|", r"|\p{N}{1,3}|", 1)
+_LINE_PATTERNS = frozenset((_QWEN, _LLAMA3, _GPT2))
+_NATIVE_SPLIT = {_QWEN: 0, _LLAMA3: 1, _GPT2: 2}  # the split regexes strata_lab._replay._ByteBpe follows
+# Checked once per tokenizer against its own encode before the native encoder is used (every rule of the
+# split regexes on ASCII, merges of long words): a model file that does not match the tokenizer is not used.
+_PROBE = ("Hello world, it's 12345 O'Neil'S 'll 'VE 'd 're  tokens!\n\n  def f(x):\n\treturn x  # ok \r\n"
+          "  \n}\n\n\t\t{\"a\": [1, 22, 333]}   ...?! internationalization_of_a_long_identifier \n")
 _LINE_START = re.compile(r"\n[!-~]")
 # In these regexes a space followed by an ASCII letter always starts a pre-token (no alternative matches a
 # space and then a letter except from that space on: ``[^\r\n\p{L}\p{N}]?\p{L}+``, `` ?\p{L}+``; the others
@@ -103,8 +122,15 @@ class SegmentEncoder:
     """`encode(text)` == `tokenizer.encode(text)`, fast on ASCII; `scan(text, start)` iterates the added-token
     matches from `start` (a position where the tokenizer's own scan resumes)."""
 
-    def __init__(self, tokenizer, split: re.Pattern, added: dict[str, int], lines: bool = False):
+    def __init__(self, tokenizer, split: re.Pattern, added: dict[str, int], lines: bool = False, native=None):
         self.tokenizer = tokenizer
+        # in C++ (strata/byte_bpe.h): the ids of an ASCII stretch (None: not one it takes), and the scan of a text
+        # for added tokens with its stretches encoded (those it does not take by piece_ids); None: not built
+        self._native = native.encode if native is not None else None
+        self._into = native.encode_into if native is not None and native.scans else None
+        # a session's texts in C++ (IncrementalEncoder): (encode_session, encode_tail), or None
+        self._sessions = (native.encode_session, native.encode_tail, native.encode_turn) \
+            if self._into is not None else None
         self._lines = lines  # the split regex is one of _LINE_PATTERNS
         self._hf = tokenizer.hf
         self._model = tokenizer.hf.model
@@ -174,7 +200,8 @@ class SegmentEncoder:
                 return None
             if t.content:
                 added[t.content] = i
-        return cls(tokenizer, split_re, added, pattern in _LINE_PATTERNS)
+        return cls(tokenizer, split_re, added, pattern in _LINE_PATTERNS,
+                   _native_encoder(tokenizer, hf, pattern, added))
 
     def piece_ids(self, piece: str) -> list[int]:
         """Ids of one stretch of text holding no added token (the tokenizer encodes each such stretch on its
@@ -207,6 +234,10 @@ class SegmentEncoder:
     def _piece_ids(self, piece: str) -> list[int]:
         if not piece:
             return []
+        if self._native is not None:
+            got = self._native(piece)
+            if got is not None:
+                return got
         odd = _ODD.search(piece)  # one pass: a character to leave to the tokenizer, or a space before no letter
         if odd is not None and (odd.group() != " " or _UNSAFE.search(piece, odd.end()) is not None):
             return self._hf.encode(piece, add_special_tokens=False).ids
@@ -255,6 +286,9 @@ class SegmentEncoder:
         ids: list[int] = []
         ends: list[int] = []
         counts: list[int] = []
+        if self._into is not None:
+            self._into(text, 0, ids, ends, counts, self.piece_ids)
+            return ids, ends, counts
         pos, added = 0, self._added
         for m in self.scan(text):
             s = m.start()
@@ -269,12 +303,46 @@ class SegmentEncoder:
         return ids, ends, counts
 
 
+def _native_encoder(tokenizer, hf, pattern: str, added: dict[str, int]):
+    """`strata_lab._replay._ByteBpe` for the tokenizer's model, or None: a split regex it does not follow, no
+    compiled extension, a model it cannot read, or one whose ids differ from the tokenizer's. Its `scans`:
+    whether it also cuts texts at the added tokens (they are ASCII)."""
+    split = _NATIVE_SPLIT.get(pattern)
+    if split is None or not hasattr(tokenizer, "model_json"):
+        return None
+    from strata_lab._native import replay
+
+    try:
+        make = replay()._ByteBpe
+    except (ImportError, AttributeError):  # a source checkout without a build, or an older one
+        return None
+    scans = all(t.isascii() for t in added)
+    try:
+        bpe = make(tokenizer.model_json(), split, added if scans else {})
+    except ValueError:
+        return None
+    if bpe.vocab_size != hf.get_vocab_size(with_added_tokens=False) or \
+            bpe.encode(_PROBE) != hf.encode(_PROBE, add_special_tokens=False).ids:
+        return None
+    return _Native(bpe, scans)
+
+
+class _Native:
+    __slots__ = ("encode", "encode_into", "encode_session", "encode_tail", "encode_turn", "scans")
+
+    def __init__(self, bpe, scans: bool):
+        self.encode, self.encode_into, self.scans = bpe.encode, bpe.encode_into, scans
+        self.encode_session, self.encode_tail, self.encode_turn = bpe.encode_session, bpe.encode_tail, \
+            bpe.encode_turn
+
+
 class FastTokenizer:
     """A tokenizer whose `encode` is a `SegmentEncoder`'s (the same ids); everything else is the tokenizer's."""
 
     def __init__(self, seg: SegmentEncoder):
         self.seg = seg
         self.encode = seg.encode
+        self.added_tokens = MappingProxyType(dict(seg._added))  # (read per call: not a new copy each time)
 
     def __getattr__(self, name):
         return getattr(self.seg.tokenizer, name)
@@ -290,7 +358,7 @@ def _take(ids, a: int, b: int) -> list[int]:
         return head[a:b]
     if a >= n:
         return tail[a - n: b - n]
-    return head[a:] + tail[: b - n]
+    return (head[a:] if a else head) + tail[: b - n]  # one copy
 
 
 class IncrementalEncoder:
@@ -305,7 +373,14 @@ class IncrementalEncoder:
         self._last: OrderedDict = OrderedDict()
 
     def encode(self, text: str, key=None) -> list[int]:
-        seg, added = self.seg, self.seg._added
+        seg = self.seg
+        if seg._sessions is not None:  # the same steps in C++ (its state: strata_lab._replay._IdsState)
+            prev = self._last.pop(key, None) if key is not None else None
+            ids, state, self.reused = seg._sessions[0](text, prev, seg.piece_ids)
+            if key is not None:
+                self._remember(key, state)
+            return ids
+        added = seg._added
         prev = self._last.pop(key, None) if key is not None else None
         ids: list[int] = []
         ends: list[int] = []
@@ -344,12 +419,30 @@ class IncrementalEncoder:
             self._remember(key, (text, ids, ends, counts))
         return ids
 
+    def encode_turn(self, key, prompt: str, full: str) -> tuple[list[int], list[int]]:
+        """(`encode(prompt, key)`, `encode_tail(key, full, len(prompt))`): a call's prompt and its reply after
+        it (`full` starts with `prompt`), in one native call where there is one."""
+        seg = self.seg
+        if seg._sessions is not None:
+            prev = self._last.pop(key, None) if key is not None else None
+            ids, tail, state, self.reused = seg._sessions[2](prompt, full, prev, seg.piece_ids)
+            if key is not None:
+                self._remember(key, state)
+            return ids, tail
+        return self.encode(prompt, key), self.encode_tail(key, full, len(prompt))
+
     def encode_tail(self, key, text: str, n: int) -> list[int]:
         """`tokenizer.encode(text[n:])` (a reply after its prompt `text[:n]`, the key's last text). When an
         added token of `text`'s own scan starts at `n` (no match crosses it), `text` encodes as the prompt's ids
         + these, and is recorded as the key's last text: the next prompt reuses the reply's ids too."""
         seg = self.seg
+        if seg._sessions is not None:
+            tail, state = seg._sessions[1](self._last.get(key) if key is not None else None, text, n, seg.piece_ids)
+            if state is not None:
+                self._remember(key, state)
+            return tail
         tail, tends, tcounts = seg.encode_cuts(text[n:])
+        tends = [n + e for e in tends]
         prev = self._last.get(key) if key is not None else None
         if prev is None or len(prev[0]) != n or not text.startswith(prev[0]):
             return tail
@@ -371,7 +464,7 @@ class IncrementalEncoder:
             return tail
         base = len(pids)
         # the prompt's ids and the reply's, joined only as far as the next prompt takes them (one copy, not two)
-        self._remember(key, (text, (pids, tail), list(pends) + [n + e for e in tends],
+        self._remember(key, (text, (pids, tail), list(pends) + tends,
                              list(pcounts) + [base + c for c in tcounts]))
         return tail
 

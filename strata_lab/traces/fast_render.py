@@ -69,6 +69,7 @@ class FastRenderer:
         self._args: dict = {}  # argument JSON string -> (rendered text, parsed as JSON?)
         self._names: dict = {}  # tool name -> the rendered tool call up to its arguments
         self._prev: dict = {}  # session -> (its last call's messages, their checked parts), oldest first
+        self._max_chars = _max_chars()
 
     @classmethod
     def of(cls, template) -> "FastRenderer | None":
@@ -117,6 +118,8 @@ class FastRenderer:
             if content.__class__ is str:
                 if n == 2 and (role == "user" or role == "system"):
                     return role, content, None, None, None, None, True, False
+                if n == 2 and role == "assistant":
+                    return role, content, None, None, None, set(), True, False
                 if n == 3 and role == "tool":
                     tcid = m.get("tool_call_id")
                     if tcid.__class__ is str and tcid:
@@ -255,15 +258,23 @@ class FastRenderer:
         parsed = prev.parsed[:k] if k else []
         if k and prev.noted < k and _NOT_JSON not in notes:
             notes.append(_NOT_JSON)
+        # the previous call's reply, resent as the first new message, keeps its checked parts
+        again = prev.reply if k and k == len(prev.messages) and prev.reply is not None else None
         for m in messages[k:] if k else messages:
-            p = self._message(m, notes)
+            if again is not None:
+                p = again[1] if _same_reply(m, again[0]) else self._message(m, notes)
+                again = None
+                if p is not None and p[7] and _NOT_JSON not in notes:
+                    notes.append(_NOT_JSON)
+            else:
+                p = self._message(m, notes)
             if p is None:
                 return None
             parsed.append(p)
         n = len(parsed)
         # the checks of the messages from k on (those before passed in the previous call): a tool result
         # answers a call of the last assistant message before it
-        call_ids: set = set()
+        call_ids = _NO_IDS
         if k and k == len(prev.parsed):
             call_ids = prev.call_ids
         else:
@@ -343,22 +354,46 @@ class FastRenderer:
         full = None
         if last is not None:
             full = "".join(chain(out, (tail, assistant(last[1], last[2], last[3], True))))
-        if len(prompt) > _max_chars() or (full is not None and len(full) > _max_chars()):
+        if len(prompt) > self._max_chars or (full is not None and len(full) > self._max_chars):
             return None
         if key is not None:
             plain = prev.plain if k and prev.plain < k else k
             while plain < n and parsed[plain][6]:
                 plain += 1
-            noted = prev.noted if k and prev.noted < k else next(
-                (i for i in range(k, n) if parsed[i][7]), _NEVER)
+            if k and prev.noted < k:
+                noted = prev.noted
+            else:
+                noted = k
+                while noted < n and not parsed[noted][7]:
+                    noted += 1
+                if noted == n:
+                    noted = _NEVER
             self._prev.pop(key, None)
-            self._prev[key] = _Last(messages, parsed, tkey, out, last_query, call_ids, plain, noted)
+            self._prev[key] = _Last(messages, parsed, tkey, out, last_query, call_ids, plain, noted,
+                                    (reply, last) if last is not None and last[6] else None)
             if len(self._prev) > _MAX_SESSIONS:
                 del self._prev[next(iter(self._prev))]
         return prompt, full
 
 
 _NEVER = 1 << 62
+_REPLY_KEYS = frozenset(("role", "content", "tool_calls", "reasoning_content"))
+
+
+def _same_reply(m, reply: dict) -> bool:
+    """Whether message `m` has the checked parts of `reply` (a reply as `render._raw_reply` gives it, without
+    object arguments): an assistant message with no other keys, the same text (None is ""), reasoning and
+    tool calls (strings or empty arguments: equal ones render the same)."""
+    if m.__class__ is not dict or m.get("role") != "assistant" or not _REPLY_KEYS.issuperset(m):
+        return False
+    content = m.get("content")
+    if content is None:
+        content = ""
+    elif content.__class__ is not str:
+        return False
+    return content == reply.get("content") and m.get("reasoning_content") == reply.get("reasoning_content") \
+        and m.get("tool_calls") == reply.get("tool_calls")
+_NO_IDS = frozenset()  # the call ids a tool result may answer before any assistant message
 
 
 def _tools_key(tools):
@@ -392,8 +427,9 @@ class _Last:
     history text in parts (the system turn, then each message's), its last user query,
     the call ids a tool result after it may answer, its leading plain messages, its first noted message."""
 
-    __slots__ = ("messages", "parsed", "tools_key", "parts", "last_query", "call_ids", "plain", "noted")
+    __slots__ = ("messages", "parsed", "tools_key", "parts", "last_query", "call_ids", "plain", "noted", "reply")
 
-    def __init__(self, messages, parsed, tools_key, parts, last_query, call_ids, plain, noted):
+    def __init__(self, messages, parsed, tools_key, parts, last_query, call_ids, plain, noted, reply):
         self.messages, self.parsed, self.tools_key, self.parts = messages, parsed, tools_key, parts
         self.last_query, self.call_ids, self.plain, self.noted = last_query, call_ids, plain, noted
+        self.reply = reply  # (the reply as given, its checked parts) when it has no object arguments, or None

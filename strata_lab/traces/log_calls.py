@@ -55,15 +55,17 @@ FIELDS = ("ts", "session", "call", "model", "fidelity", "source", "format", "req
           "prompt_tokens", "completion_tokens", "cached_tokens", "cache_read_tokens", "cache_creation_tokens",
           "cache_breakpoints", "finish", "notes", "extra")
 
+_FIELD_SET = frozenset(FIELDS)
+_EMPTY_CALL = dict.fromkeys(FIELDS)  # (copied per call: cheaper than building it)
+
 IMAGE_PLACEHOLDER = "[image]"
 
 
 def new_call(**fields: Any) -> dict:
     """A call dict with every field present; unknown names are an error (a reader bug, not bad input)."""
-    unknown = set(fields) - set(FIELDS)
-    if unknown:
-        raise TypeError(f"unknown call fields: {sorted(unknown)}")
-    call = dict.fromkeys(FIELDS)
+    if not _FIELD_SET.issuperset(fields):
+        raise TypeError(f"unknown call fields: {sorted(set(fields) - _FIELD_SET)}")
+    call = _EMPTY_CALL.copy()
     call.update(fields)
     if call["notes"] is None:
         call["notes"] = []
@@ -203,8 +205,11 @@ class SessionChain:
             digests.append(h)
         self.digests = digests
         # the shared prefix must reach the first message after the leading system messages
-        need = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")),
-                    len(messages))
+        need = 0
+        for m in messages:
+            if m.get("role") not in ("system", "developer"):
+                break
+            need += 1
         session, k = None, need - 1
         for k in range(len(digests) - 1, need - 1, -1):
             session = self._seen.get(digests[k])
@@ -212,10 +217,16 @@ class SessionChain:
                 break
         if session is None:
             session, k = self._new(), need - 1
+        seen, pop = self._seen, self._seen.pop
         for d in digests[k + 1:]:  # the matched prefix is registered already (to this session)
-            self._claim(d, session)
+            pop(d, None)  # (`_claim`, inline)
+            seen[d] = session
         if reply is not None:
-            self._claim(hash((h, _message_key(reply))), session)
+            d = hash((h, _message_key(reply)))
+            pop(d, None)
+            seen[d] = session
+        while len(seen) > self._max:
+            del seen[next(iter(seen))]
         return session
 
     def session_of_ids(self, prompt_ids: Sequence[int], reply_ids: Iterable[int] = (), *,

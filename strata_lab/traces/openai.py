@@ -103,13 +103,17 @@ def _message(m: dict, notes: list) -> dict:
 def _no_numbers(x) -> bool:
     """Whether a JSON value holds only strings, nulls, lists and objects (no number or boolean)."""
     c = x.__class__
-    if c is str or x is None:
-        return True
     if c is dict:
-        return all(map(_no_numbers, x.values()))
-    if c is list:
-        return all(map(_no_numbers, x))
-    return False
+        values = x.values()
+    elif c is list:
+        values = x
+    else:
+        return c is str or x is None
+    for v in values:  # strings and nulls here, objects and lists in a call of their own
+        c = v.__class__
+        if not (c is str or v is None or ((c is dict or c is list) and _no_numbers(v))):
+            return False
+    return True
 
 
 class RecentRequests:
@@ -253,6 +257,18 @@ _MESSAGES = re.compile(rb'"messages"[ \t\n\r]*:[ \t\n\r]*\[')
 _WS_S = re.compile(r"[ \t\n\r]*")
 _SEP = re.compile(rb"[ \t\n\r]*,")
 _EMPTY = re.compile(rb"[ \t\n\r]*\]")
+_NOT_UTF8 = object()
+
+
+def _native_array_end():
+    """`strata_lab._replay.json_array_end` (the end of a JSON array's elements, found in C++), or None without
+    the compiled extension (then the json module's scanner finds it)."""
+    from strata_lab._native import replay
+
+    try:
+        return replay().json_array_end
+    except (ImportError, AttributeError):
+        return None
 
 
 class SharedPrefixLines:
@@ -275,6 +291,7 @@ class SharedPrefixLines:
         self._marker_json = json.dumps(self._marker).encode()
         self._scan = json.scanner.make_scanner(json.JSONDecoder())
         self.shared = 0  # messages taken from earlier lines (all lines so far)
+        self._array_end = _native_array_end()
 
     def records(self, src: Source) -> Iterator[tuple[int, dict]]:
         for lineno, line in src.lines():
@@ -290,8 +307,9 @@ class SharedPrefixLines:
         if m is None:
             return None
         a = m.end() - 1  # the array's "["
-        base, rest = None, a + 1
+        base, rest, at = None, a + 1, 0
         for prev in reversed(self._recent):  # (a recent line's array text, as a view: no copy; its messages)
+            at -= 1
             if line.startswith(prev[0], a):
                 sep = _SEP.match(line, a + len(prev[0]))
                 if sep is not None:  # the most recent line whose whole array this one's starts with
@@ -313,10 +331,27 @@ class SharedPrefixLines:
             body["messages"] = msgs = base[1] + msgs
             self.shared += len(base[1])
         # where this line's array ends, for the lines after it (its new elements scanned in C)
+        if self._array_end is not None:
+            got = self._array_end(line, rest)
+            end, n = (None, 0) if got is None else (got[0] - rest, got[1])
+        else:
+            end, n = self._scan_tail(line, rest)
+            if end is _NOT_UTF8:  # pragma: no cover - orjson read it: it is UTF-8
+                return rec
+        if end is not None and n + (len(base[1]) if base is not None else 0) == len(msgs):
+            end += rest
+            if base is not None:  # this line holds all of it: one entry a session
+                del self._recent[at]
+            self._recent.append((view[a:end], msgs))
+        return rec
+
+    def _scan_tail(self, line: bytes, rest: int):
+        """(where the array's elements from line[rest:] end, relative to rest, in bytes; how many), or (None, 0);
+        what `strata_lab._replay.json_array_end` does, with the json module's scanner."""
         try:
             tail = line[rest:].decode("utf-8")
-        except UnicodeDecodeError:  # pragma: no cover - orjson read it: it is UTF-8
-            return rec
+        except UnicodeDecodeError:
+            return _NOT_UTF8, 0
         pos, n, end = 0, 0, None
         try:
             while True:
@@ -331,16 +366,8 @@ class SharedPrefixLines:
                     raise StopIteration
                 pos += 1
         except (StopIteration, ValueError, RecursionError):
-            end = None
-        if end is not None and n + (len(base[1]) if base is not None else 0) == len(msgs):
-            end = rest + (end if tail.isascii() else len(tail[:end].encode("utf-8")))
-            if base is not None:  # this line holds all of it: one entry a session
-                for i, prev in enumerate(self._recent):
-                    if prev is base:
-                        del self._recent[i]
-                        break
-            self._recent.append((view[a:end], msgs))
-        return rec
+            return None, 0
+        return (end if tail.isascii() else len(tail[:end].encode("utf-8"))), n
 
 
 def read(src: Source) -> Iterator[dict]:

@@ -87,6 +87,12 @@ def _messages(call: dict, notes: list | None = None) -> list[dict]:
 
 
 def _reply(call: dict) -> dict | None:
+    m = _raw_reply(call)
+    return vllm_messages([m])[0] if m is not None else None
+
+
+def _raw_reply(call: dict) -> dict | None:
+    """The reply as the log gives it (the fast renderer does what `vllm_messages` does itself)."""
     if call["response_text"] is None and not call["response_tool_calls"] and not call["response_reasoning"]:
         return None
     m = {"role": "assistant", "content": call["response_text"] or ""}
@@ -94,7 +100,7 @@ def _reply(call: dict) -> dict | None:
         m["reasoning_content"] = call["response_reasoning"]
     if call["response_tool_calls"]:
         m["tool_calls"] = call["response_tool_calls"]
-    return vllm_messages([m])[0]
+    return m
 
 
 def _lcp(a: list, b: list) -> int:
@@ -143,7 +149,10 @@ def _reply_end(tokenizer, template, reply: dict, ids: list[int], notes: list) ->
             notes.append("reply: the template drops reasoning_content and has no think tags; reply without it")
     eos_id = tokenizer.added_tokens.get(eos) if eos else None
     if eos_id is not None and eos_id in ids:
-        ids = ids[: len(ids) - ids[::-1].index(eos_id)]
+        i = len(ids) - 1  # the last eos (a reply's is near its end: no reversed copy)
+        while ids[i] != eos_id:
+            i -= 1
+        ids = ids[: i + 1]
     return ids
 
 
@@ -232,12 +241,16 @@ def _render_fast(call: dict, tokenizer, template, fast, encoder, kw: dict, notes
     msgs = call["messages"] or ()
     if call["system"] and not (msgs and msgs[0].get("role") == "system"):
         msgs = [{"role": "system", "content": call["system"]}, *msgs]
-    reply = None if call["response_ids"] else _reply(call)
+    reply = None if call["response_ids"] else _raw_reply(call)
     got = fast.render(msgs, call["tools"], kw, notes, reply, key=call["session"])
     if got is None or (reply is not None and not got[1].startswith(got[0])):
         return None  # not append-only here: reply_ids compares the turn token by token
     text, full = got
     key = call["session"]
+    turn = getattr(encoder, "encode_turn", None) if reply is not None else None
+    if turn is not None:  # the prompt and the reply in one call (fast_encode.IncrementalEncoder)
+        prompt, ids = turn(key, text, full)
+        return prompt, _reply_end(tokenizer, template, reply, ids, notes)
     prompt = encoder.encode(text, key) if encoder is not None else tokenizer.encode(text)
     if call["response_ids"]:
         return prompt, list(call["response_ids"])
@@ -256,7 +269,8 @@ def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None
     notes: list = []
     got = None
     if call["fidelity"] == "messages" and fast is not None:
-        kw = dict((call.get("extra") or {}).get("chat_template_kwargs") or {})
+        extra = call.get("extra")
+        kw = dict(extra.get("chat_template_kwargs") or {}) if extra else {}
         if enable_thinking is not None:
             kw["enable_thinking"] = enable_thinking
         got = _render_fast(call, tokenizer, template, fast, encoder, kw, notes)

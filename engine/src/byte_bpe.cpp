@@ -1,0 +1,539 @@
+// Byte-level BPE of ASCII text (strata/byte_bpe.h): the model's vocabulary and merges read from its JSON,
+// the split regex followed alternative by alternative, the merge loop for pre-tokens not seen yet.
+#include "strata/byte_bpe.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <tuple>
+
+namespace strata {
+
+namespace {
+
+enum : unsigned char { X = 0, L = 1, N = 2, W = 3, P = 4 };  // refused, letter, digit, whitespace, other
+
+struct Classes {
+  unsigned char c[256];
+  Classes() {
+    std::memset(c, X, sizeof c);
+    for (int b = 0x21; b < 0x7f; ++b) c[b] = P;
+    for (int b = 'A'; b <= 'Z'; ++b) c[b] = L;
+    for (int b = 'a'; b <= 'z'; ++b) c[b] = L;
+    for (int b = '0'; b <= '9'; ++b) c[b] = N;
+    c[static_cast<unsigned char>(' ')] = c[static_cast<unsigned char>('\t')] = W;
+    c[static_cast<unsigned char>('\n')] = c[static_cast<unsigned char>('\r')] = W;
+  }
+};
+const Classes kClass;
+
+inline unsigned char cls(unsigned char b) { return kClass.c[b]; }
+inline unsigned char lower(unsigned char b) { return (b >= 'A' && b <= 'Z') ? b + 32 : b; }
+inline size_t run(const unsigned char* s, size_t i, size_t n, unsigned char k) {
+  while (i < n && cls(s[i]) == k) ++i;
+  return i;
+}
+
+// A reader for the few JSON values the model object holds (strict enough: the file was written by serde).
+struct Reader {
+  const char* p;
+  const char* e;
+  const char* start;
+
+  [[noreturn]] void fail(const char* what) const {
+    throw std::invalid_argument(std::string("tokenizer JSON: ") + what + " at byte " + std::to_string(p - start));
+  }
+  void ws() {
+    while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) ++p;
+  }
+  bool peek(char c) {
+    ws();
+    return p < e && *p == c;
+  }
+  void expect(char c) {
+    ws();
+    if (p >= e || *p != c) fail((std::string("expected '") + c + "'").c_str());
+    ++p;
+  }
+  static void put_utf8(std::string& out, uint32_t cp) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+  uint32_t hex4() {
+    if (e - p < 4) fail("short \\u escape");
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k, ++p) {
+      char c = *p;
+      v <<= 4;
+      if (c >= '0' && c <= '9') v |= c - '0';
+      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
+      else fail("bad \\u escape");
+    }
+    return v;
+  }
+  void string(std::string& out) {  // UTF-8
+    expect('"');
+    out.clear();
+    while (true) {
+      if (p >= e) fail("unterminated string");
+      char c = *p++;
+      if (c == '"') return;
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (p >= e) fail("unterminated escape");
+      c = *p++;
+      switch (c) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          uint32_t cp = hex4();
+          if (cp >= 0xD800 && cp < 0xDC00 && e - p >= 6 && p[0] == '\\' && p[1] == 'u') {
+            p += 2;
+            uint32_t lo = hex4();
+            if (lo < 0xDC00 || lo >= 0xE000) fail("bad surrogate pair");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          }
+          put_utf8(out, cp);
+          break;
+        }
+        default: fail("bad escape");
+      }
+    }
+  }
+  int64_t integer() {
+    ws();
+    bool neg = p < e && *p == '-';
+    if (neg) ++p;
+    if (p >= e || *p < '0' || *p > '9') fail("expected an integer");
+    int64_t v = 0;
+    while (p < e && *p >= '0' && *p <= '9') v = v * 10 + (*p++ - '0');
+    if (p < e && (*p == '.' || *p == 'e' || *p == 'E')) fail("expected an integer");
+    return neg ? -v : v;
+  }
+  bool literal(const char* word) {
+    ws();
+    size_t k = std::strlen(word);
+    if (static_cast<size_t>(e - p) >= k && std::memcmp(p, word, k) == 0) {
+      p += k;
+      return true;
+    }
+    return false;
+  }
+  void skip(int depth = 0) {
+    if (depth > 64) fail("nested too deeply");
+    ws();
+    if (p >= e) fail("unexpected end");
+    char c = *p;
+    if (c == '"') {
+      ++p;
+      while (p < e && *p != '"') p += (*p == '\\') ? 2 : 1;
+      if (p >= e) fail("unterminated string");
+      ++p;
+    } else if (c == '{' || c == '[') {
+      char close = c == '{' ? '}' : ']';
+      ++p;
+      if (peek(close)) {
+        ++p;
+        return;
+      }
+      while (true) {
+        if (c == '{') {
+          skip(depth + 1);
+          expect(':');
+        }
+        skip(depth + 1);
+        if (peek(',')) {
+          ++p;
+          continue;
+        }
+        expect(close);
+        return;
+      }
+    } else {
+      while (p < e && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\n' && *p != '\r' && *p != '\t')
+        ++p;
+    }
+  }
+};
+
+// A byte-level token's text -> its bytes, when they are all ASCII (GPT-2's bytes_to_unicode, inverted: bytes
+// 0x21-0x7e stand for themselves, 0x00-0x20 for U+0100-U+0120, 0x7f for U+0121).
+bool ascii_bytes(const std::string& text, std::string& out) {
+  out.clear();
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  size_t i = 0, n = text.size();
+  while (i < n) {
+    unsigned char b = s[i];
+    if (b >= 0x21 && b < 0x7f) {
+      out += static_cast<char>(b);
+      ++i;
+    } else if ((b == 0xC4 || b == 0xC5) && i + 1 < n) {  // U+0100-U+017F
+      uint32_t cp = ((b & 0x1Fu) << 6) | (s[i + 1] & 0x3Fu);
+      if (cp <= 0x120) out += static_cast<char>(cp - 0x100);
+      else if (cp == 0x121) out += static_cast<char>(0x7f);
+      else return false;
+      i += 2;
+    } else {
+      return false;
+    }
+  }
+  return !out.empty();
+}
+
+}  // namespace
+
+ByteBpe::ByteBpe(const std::string& json, int split) : split_(split) {
+  if (split < kQwen || split > kGpt2) throw std::invalid_argument("ByteBpe: unknown split regex");
+  Reader r{json.data(), json.data() + json.size(), json.data()};
+  std::vector<std::tuple<uint32_t, std::string, std::string>> late;  // merges read before the vocab
+  bool have_vocab = false, have_merges = false;
+  uint32_t rank = 0;
+  std::string key, a, b, bytes_a, bytes_b;
+  ascii_.reserve(1 << 18);
+  merges_.reserve(1 << 19);
+  // a merge of two ASCII tokens (the others never apply to ASCII text); the merged token is looked up when
+  // the merge applies (bpe)
+  auto add_merge = [&](uint32_t r, const std::string& left, const std::string& right) {
+    auto l = ascii_.find(left);
+    if (l == ascii_.end()) return;
+    auto rt = ascii_.find(right);
+    if (rt == ascii_.end()) return;
+    uint64_t k = (static_cast<uint64_t>(static_cast<uint32_t>(l->second)) << 32) | static_cast<uint32_t>(rt->second);
+    merges_.emplace(k, r);
+  };
+  auto read_model = [&](auto& self_ref) -> void {
+    r.expect('{');
+    if (r.peek('}')) {
+      ++r.p;
+      return;
+    }
+    while (true) {
+      r.string(key);
+      r.expect(':');
+      if (key == "model") {
+        self_ref(self_ref);
+      } else if (key == "vocab" && r.peek('{')) {
+        have_vocab = true;
+        ++r.p;
+        if (!r.peek('}')) {
+          while (true) {
+            r.string(a);
+            r.expect(':');
+            int64_t id = r.integer();
+            ++vocab_size_;
+            if (ascii_bytes(a, bytes_a)) ascii_[bytes_a] = static_cast<int32_t>(id);
+            if (r.peek(',')) {
+              ++r.p;
+              continue;
+            }
+            break;
+          }
+        }
+        r.expect('}');
+      } else if (key == "merges" && r.peek('[')) {
+        have_merges = true;
+        ++r.p;
+        if (!r.peek(']')) {
+          while (true) {
+            if (r.peek('[')) {  // ["a", "b"]
+              ++r.p;
+              r.string(a);
+              r.expect(',');
+              r.string(b);
+              r.expect(']');
+            } else {  // "a b"
+              r.string(a);
+              size_t sp = a.find(' ');
+              if (sp == std::string::npos) r.fail("a merge without a space");
+              b = a.substr(sp + 1);
+              a.resize(sp);
+            }
+            if (ascii_bytes(a, bytes_a) && ascii_bytes(b, bytes_b)) {
+              if (have_vocab) add_merge(rank, bytes_a, bytes_b);  // (serde writes the vocab first)
+              else late.emplace_back(rank, bytes_a, bytes_b);
+            }
+            ++rank;
+            if (r.peek(',')) {
+              ++r.p;
+              continue;
+            }
+            break;
+          }
+        }
+        r.expect(']');
+      } else if (key == "type" && r.peek('"')) {
+        r.string(a);
+        if (a != "BPE") r.fail("not a BPE model");
+      } else if (key == "ignore_merges") {
+        if (r.literal("true")) ignore_merges_ = true;
+        else if (!r.literal("false") && !r.literal("null")) r.fail("ignore_merges: expected a boolean");
+      } else if (key == "continuing_subword_prefix" || key == "end_of_word_suffix") {
+        if (!r.literal("null")) {
+          if (!r.peek('"')) r.fail("expected a string or null");
+          r.string(a);
+          if (!a.empty()) r.fail("a subword prefix / suffix is not byte-level BPE");
+        }
+      } else {
+        r.skip();
+      }
+      if (r.peek(',')) {
+        ++r.p;
+        continue;
+      }
+      r.expect('}');
+      return;
+    }
+  };
+  read_model(read_model);
+  if (!have_vocab || !have_merges) throw std::invalid_argument("tokenizer JSON: no BPE vocab and merges");
+  for (const auto& [r, left, right] : late) add_merge(r, left, right);
+  for (int c = 0; c < 128; ++c) {
+    auto it = ascii_.find(std::string(1, static_cast<char>(c)));
+    byte_id_[c] = it == ascii_.end() ? -1 : it->second;
+  }
+}
+
+size_t ByteBpe::next_piece(const unsigned char* s, size_t i, size_t n) const {
+  const unsigned char c = s[i];
+  const unsigned char k = cls(c);
+  if (split_ == kGpt2) {
+    // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+    if (c == '\'' && i + 1 < n) {
+      unsigned char d = s[i + 1];
+      if (d == 's' || d == 't' || d == 'm' || d == 'd') return i + 2;
+      if (i + 2 < n && ((d == 'r' && s[i + 2] == 'e') || (d == 'v' && s[i + 2] == 'e') || (d == 'l' && s[i + 2] == 'l')))
+        return i + 3;
+    }
+    size_t j = i;
+    if (c == ' ' && i + 1 < n && cls(s[i + 1]) != W) j = i + 1;
+    unsigned char kj = cls(s[j]);
+    if (kj != W) return run(s, j, n, kj);
+  } else {
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1 or 1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*
+    // |\s*[\r\n]+|\s+(?!\S)|\s+
+    if (c == '\'' && i + 1 < n) {
+      unsigned char d = lower(s[i + 1]);
+      if (d == 's' || d == 't' || d == 'm' || d == 'd') return i + 2;
+      if (i + 2 < n) {
+        unsigned char f = lower(s[i + 2]);
+        if (((d == 'r' || d == 'v') && f == 'e') || (d == 'l' && f == 'l')) return i + 3;
+      }
+    }
+    if (k == L) return run(s, i, n, L);
+    if (k != N && c != '\r' && c != '\n' && i + 1 < n && cls(s[i + 1]) == L) return run(s, i + 1, n, L);
+    if (k == N) {
+      if (split_ == kQwen) return i + 1;
+      size_t j = i + 1;
+      while (j < n && j < i + 3 && cls(s[j]) == N) ++j;
+      return j;
+    }
+    size_t j = (c == ' ' && i + 1 < n && cls(s[i + 1]) == P) ? i + 1 : i;
+    if (cls(s[j]) == P) {
+      j = run(s, j, n, P);
+      while (j < n && (s[j] == '\r' || s[j] == '\n')) ++j;
+      return j;
+    }
+    // whitespace from here: \s*[\r\n]+ (through the run's last line break)
+    size_t w = run(s, i, n, W);
+    for (size_t q = w; q > i; --q)
+      if (s[q - 1] == '\n' || s[q - 1] == '\r') return q;
+    if (w == n) return w;  // \s+(?!\S) at the end
+    return w - 1 > i ? w - 1 : w;  // \s+(?!\S) leaves the last space to the next token, else \s+
+  }
+  // GPT-2's whitespace
+  size_t w = run(s, i, n, W);
+  if (w == n) return w;
+  return w - 1 > i ? w - 1 : w;
+}
+
+bool ByteBpe::bpe(const unsigned char* s, size_t n, std::vector<int32_t>& out) const {
+  if (ignore_merges_) {
+    auto it = ascii_.find(std::string(reinterpret_cast<const char*>(s), n));
+    if (it != ascii_.end()) {
+      out.push_back(it->second);
+      return true;
+    }
+  }
+  std::vector<int32_t> sym(n);
+  std::vector<uint32_t> len(n, 1);  // bytes per symbol
+  for (size_t i = 0; i < n; ++i) {
+    int32_t id = byte_id_[s[i]];
+    if (id < 0) return false;
+    sym[i] = id;
+  }
+  std::string joined;
+  while (sym.size() > 1) {
+    uint32_t best = UINT32_MAX;
+    size_t pos = 0;
+    for (size_t i = 0; i + 1 < sym.size(); ++i) {
+      uint64_t k = (static_cast<uint64_t>(static_cast<uint32_t>(sym[i])) << 32) | static_cast<uint32_t>(sym[i + 1]);
+      auto it = merges_.find(k);
+      if (it != merges_.end() && it->second < best) {  // the lowest rank; the leftmost of equal pairs
+        best = it->second;
+        pos = i;
+      }
+    }
+    if (best == UINT32_MAX) break;
+    size_t at = 0;
+    for (size_t i = 0; i < pos; ++i) at += len[i];
+    joined.assign(reinterpret_cast<const char*>(s) + at, len[pos] + len[pos + 1]);
+    auto j = ascii_.find(joined);
+    if (j == ascii_.end()) return false;  // a merge into no token: the library refuses such a model
+    sym[pos] = j->second;
+    len[pos] += len[pos + 1];
+    sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(pos) + 1);
+    len.erase(len.begin() + static_cast<std::ptrdiff_t>(pos) + 1);
+  }
+  out.insert(out.end(), sym.begin(), sym.end());
+  return true;
+}
+
+namespace {
+
+inline uint64_t hash_bytes(const char* s, size_t n) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xFF51AFD7ED558CCDull);
+  while (n >= 8) {
+    uint64_t v;
+    std::memcpy(&v, s, 8);
+    h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    s += 8;
+    n -= 8;
+  }
+  if (n) {
+    uint64_t v = 0;
+    std::memcpy(&v, s, n);
+    h = (h ^ v) * 0x94D049BB133111EBull;
+    h ^= h >> 31;
+  }
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  return h | 1;  // never 0 (an empty slot)
+}
+
+}  // namespace
+
+bool ByteBpe::Table::get(const char* s, size_t n, uint64_t h, std::vector<int32_t>& out) const {
+  if (slots_.empty()) return false;
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = h & mask;; i = (i + 1) & mask) {
+    const Slot& sl = slots_[i];
+    if (sl.hash == 0) return false;
+    if (sl.hash == h && sl.key_len == n && std::memcmp(arena_.data() + sl.key, s, n) == 0) {
+      const int32_t* ids = pool_.data() + sl.ids;
+      if (sl.ids_len == 1) out.push_back(*ids);
+      else out.insert(out.end(), ids, ids + sl.ids_len);
+      return true;
+    }
+  }
+}
+
+void ByteBpe::Table::put(const char* s, size_t n, uint64_t h, const int32_t* ids, size_t count) {
+  if (used_ >= max_keys_ || arena_.size() + n > max_chars_ || pool_.size() + count > UINT32_MAX / 2) {
+    slots_.assign(slots_.size(), Slot{});  // start over
+    used_ = 0;
+    arena_.clear();
+    pool_.clear();
+  }
+  if (slots_.empty() || (used_ + 1) * 2 > slots_.size()) {
+    std::vector<Slot> old(slots_.empty() ? 1024 : slots_.size() * 2);
+    old.swap(slots_);
+    const size_t mask = slots_.size() - 1;
+    for (const Slot& sl : old) {
+      if (sl.hash == 0) continue;
+      size_t i = sl.hash & mask;
+      while (slots_[i].hash != 0) i = (i + 1) & mask;
+      slots_[i] = sl;
+    }
+  }
+  const size_t mask = slots_.size() - 1;
+  size_t i = h & mask;
+  while (slots_[i].hash != 0) i = (i + 1) & mask;
+  Slot& sl = slots_[i];
+  sl.hash = h;
+  sl.key = static_cast<uint32_t>(arena_.size());
+  sl.key_len = static_cast<uint32_t>(n);
+  sl.ids = static_cast<uint32_t>(pool_.size());
+  sl.ids_len = static_cast<uint32_t>(count);
+  arena_.append(s, n);
+  pool_.insert(pool_.end(), ids, ids + count);
+  ++used_;
+}
+
+bool ByteBpe::pieces(const char* text, size_t n, std::vector<int32_t>& out) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text);
+  size_t i = 0;
+  while (i < n) {
+    const size_t j = next_piece(s, i, n);
+    const size_t len = j - i;
+    if (len > kMaxPiece) return false;
+    const uint64_t h = hash_bytes(text + i, len);
+    if (!pretokens_.get(text + i, len, h, out)) {
+      const size_t before = out.size();
+      if (!bpe(s + i, len, out)) return false;
+      pretokens_.put(text + i, len, h, out.data() + before, out.size() - before);
+    }
+    i = j;
+  }
+  return true;
+}
+
+bool ByteBpe::encode(const char* text, size_t n, std::vector<int32_t>& out) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text);
+  for (size_t i = 0; i < n; ++i)
+    if (s[i] >= 0x80 || cls(s[i]) == X) return false;
+  const size_t start = out.size();
+  bool ok = true;
+  if (n < kMinKept) {
+    ok = pieces(text, n, out);
+  } else {
+    const uint64_t h = hash_bytes(text, n);
+    if (stretches_.get(text, n, h, out)) return true;
+    size_t p = 0;  // after the first line break followed by a printable character
+    for (size_t i = 0; i + 1 < n; ++i)
+      if (s[i] == '\n' && s[i + 1] > 0x20 && s[i + 1] < 0x7f) {
+        p = i + 1;
+        break;
+      }
+    if (p) {
+      ok = pieces(text, p, out);
+      const size_t rest = n - p;
+      if (ok) {
+        const uint64_t hr = rest >= kMinKept ? hash_bytes(text + p, rest) : 0;
+        if (!(rest >= kMinKept && stretches_.get(text + p, rest, hr, out))) {
+          const size_t before = out.size();
+          ok = pieces(text + p, rest, out);
+          if (ok && rest >= kMinKept) stretches_.put(text + p, rest, hr, out.data() + before, out.size() - before);
+        }
+      }
+    } else {
+      ok = pieces(text, n, out);
+    }
+    if (ok) stretches_.put(text, n, h, out.data() + start, out.size() - start);
+  }
+  if (!ok) out.resize(start);
+  return ok;
+}
+
+}  // namespace strata
