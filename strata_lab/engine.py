@@ -48,6 +48,10 @@ __all__ = ["Engine", "Session", "Stream", "Sampling", "CheckpointPolicy", "Gener
            "TokenLogprob"]
 
 
+# Engine.load's kv_cache values (the CLI's and the server's --kv-cache): what the attention KV caches hold.
+KV_CACHES = ("auto", "f32", "f16", "q8")
+
+
 def _ext():
     """The compiled engine, through strata_lab._native (which sets its OpenMP environment before loading it)."""
     from strata_lab import _native
@@ -558,7 +562,7 @@ class Engine:
                 raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
         if weights not in (None, "stored", "int8"):
             raise ValueError(f"weights must be None, 'stored' or 'int8', got {weights!r}")
-        if not isinstance(kv_cache, str) or kv_cache not in ("auto", "f32", "f16", "q8"):
+        if not isinstance(kv_cache, str) or kv_cache not in KV_CACHES:
             raise ValueError(f"kv_cache must be 'auto', 'f32', 'f16' or 'q8', got {kv_cache!r}")
         path = os.fspath(path)
         return cls(_ext().Engine(path, threads or 0, max_context or 0, mmap, check_weights, weights or "stored",

@@ -15,7 +15,7 @@ _engine = pytest.importorskip("strata_lab._engine")
 from strata_lab.engine import CheckpointPolicy, Engine  # noqa: E402
 from strata_lab.tiny import make_tiny  # noqa: E402
 
-from test_engine_attention import TOL, inputs, level, reference  # noqa: E402,F401  (level: the fixture)
+from test_engine_attention import TOL, inputs, level, levels, reference  # noqa: E402,F401  (level: the fixture)
 
 # Logit error of the q8 cache against the f32 cache on the tiny models below, as a fraction of the largest
 # |logit| (measured: 1.4% dense, 0.7% hybrid; the f16 cache: 0.8%, 0.9%, its bound in test_engine_attention.py
@@ -81,6 +81,32 @@ def test_q8_cache_attention_matches_reference_on_the_quantised_values(level, cas
     k8, ks = _engine._quantize_q8(k)
     v8, vs = _engine._quantize_q8(v)
     assert np.array_equal(_engine._attention_q8(q, k8, ks, v8, vs, H, Hkv, threads=2), out)
+
+
+@pytest.mark.parametrize("case", Q8_CASES, ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
+def test_q8_cache_attention_bits_equal_at_every_vector_level(case):
+    """The AVX-512 levels take the scores with VNNI where the CPU has it (vpdpbusd on k + 128, each row's
+    accumulator starting at its correction -128 * sum(q)) and P V in 512-bit registers; every int32 lane and
+    every float step is the AVX2 kernel's, so the bits are the same at avx2, avx512 and avx512bf16, for a
+    block of queries (prefill) and for the last query alone (decode). Skipped on a CPU with AVX2 only."""
+    vector = [lv for lv in levels() if lv != "scalar"]
+    if len(vector) < 2:
+        pytest.skip("one vector level on this CPU")
+    n, T, H, Hkv, hd = case
+    q, k, v = inputs(*case, seed=23)
+    best = _engine.kernel_level()
+    outs = {}
+    try:
+        for lv in vector:
+            assert _engine.set_kernel_level(lv) == lv
+            outs[lv] = (_engine._attention(q, k, v, H, Hkv, threads=2, kv_q8=True),
+                        _engine._attention(q[-1:], k, v, H, Hkv, threads=2, kv_q8=True))
+    finally:
+        _engine.set_kernel_level(best)
+    for lv in vector[1:]:
+        assert np.array_equal(outs[lv][0], outs["avx2"][0]), f"{lv}: prefill bits differ from avx2's"
+        assert np.array_equal(outs[lv][1], outs["avx2"][1]), f"{lv}: decode bits differ from avx2's"
+    assert np.array_equal(outs["avx2"][1][0], outs["avx2"][0][-1])
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

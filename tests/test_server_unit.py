@@ -213,6 +213,40 @@ def test_header_checkpoint_option_reaches_the_engine_session(argv, on):
     assert r.checkpoints == ([head, len(ids)] if on else [len(ids)])
 
 
+def test_kv_cache_option_is_checked_before_any_work(capsys):
+    """--kv-cache takes Engine.load's kv_cache values (default auto); any other is a clear error naming the
+    field and the values, from ServerConfig and so from `strata-lab serve` before it loads anything."""
+    from strata_lab.cli import build_parser, main
+    from strata_lab.engine import KV_CACHES
+
+    assert build_parser().parse_args(["serve"]).kv_cache == "auto" == ServerConfig().kv_cache
+    assert build_parser().parse_args(["serve", "--kv-cache", "q8"]).kv_cache == "q8"
+    for kv in KV_CACHES:
+        assert ServerConfig(kv_cache=kv).kv_cache == kv
+    for bad in ("q4", "Q8", "", None, 8):
+        with pytest.raises(ValueError, match=r"kv_cache must be one of auto, f32, f16, q8, got "):
+            ServerConfig(kv_cache=bad)
+    assert main(["serve", "--kv-cache", "q4", "--port", "0"]) == 2
+    assert "serve: error: kv_cache must be one of auto, f32, f16, q8, got 'q4'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kv", ["q8", "f32"])
+def test_kv_cache_option_reaches_the_engine(tmp_path, kv):
+    """The server's engine holds the cache --kv-cache names (a dense tiny model, head_dim 64: q8 needs a
+    multiple of 32), and its session reads a prompt and decodes with it."""
+    pytest.importorskip("strata_lab._engine")
+    from strata_lab.cli import build_parser
+    from strata_lab.server.app import load_state
+    from strata_lab.tiny import make_tiny
+
+    path = make_tiny(tmp_path / "dense", dtype="bfloat16", seed=5, overrides={"head_dim": 64})
+    args = build_parser().parse_args(["serve", "--model", str(path), "--kv-cache", kv, "--ctx", "256"])
+    st = load_state(ServerConfig(model=args.model, port=0, max_context=args.ctx, kv_cache=args.kv_cache))
+    assert st.runner.engine.info["kv_cache"] == kv
+    r = st.runner.pool.slots[0].session.generate(list(range(100, 140)), max_new_tokens=3).result
+    assert len(r.gen_ids) == 3
+
+
 def test_stop_sequences_parse_in_both_dialects():
     msgs = [{"role": "user", "content": "x"}]
     assert parse_openai({"messages": msgs, "stop": "END"}).stop == ("END",)

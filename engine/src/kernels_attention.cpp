@@ -141,35 +141,47 @@ struct Q8Ptr {
 struct Q8Cache {
   const int8_t *k, *v;
   const float *ks, *vs;
+  bool vnni = false;  // scores with AVX-512 VNNI (att_qk_q8_vnni): the same bits as without
+  bool zmm = false;   // P V in 512-bit registers (att_pv_q8_zmm, the AVX-512 levels): the same bits as without
 };
 
 // q8 scores: the query rows are quantised like the cache (blocks of 32, att_begin), and each block's dot is
 // exact in int32 (AVX2 maddubs on |k| and sign(q, k), then madd: |products| <= 127^2, pairs < 2^15), then
 // s[r, j] = (sum over blocks, in order, of float(dot_b) * (dq_b * dk_b) in 8 lanes, reduced as att_qk
-// reduces) * scale. Each (row, key) is the same sequence whichever rows and keys share the call.
-template <int R, int C>
-STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int hd, const int8_t* k, const float* ks,
-                                  int64_t ldk, float scale, float* s, int64_t lds) {
+// reduces) * scale. Each (row, key) is the same sequence whichever rows and keys share the call. The scale
+// products dq_b * dk_b are taken first (sd: R x 4 x nb, 4 at a time where nb allows), so the block loop
+// broadcasts them from memory instead of multiplying and broadcasting in registers (the same f32 products).
+template <int R, int C, int NB>
+STRATA_AVX2 static inline void att_q8_scales(const float* qs, int nb_, const float* ks, int64_t lds8, float* sd) {
+  const int nb = NB ? NB : nb_;
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) {
+      const float *a = qs + r * nb, *b = ks + j * lds8;
+      float* d = sd + (r * 4 + j) * nb;
+      int i = 0;
+      for (; i + 4 <= nb; i += 4) _mm_storeu_ps(d + i, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
+      for (; i < nb; ++i) d[i] = a[i] * b[i];
+    }
+}
+
+template <int R, int C, int NB>
+STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int hd_, const int8_t* k, const float* ks,
+                                  int64_t ldk, float scale, float* s, int64_t lds, float* sd) {
   __m256 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
-  const int nb = hd / 32;
-  const int64_t lds8 = ldk / 32;
+  const int nb = NB ? NB : hd_ / 32, hd = 32 * nb;
+  att_q8_scales<R, C, NB>(qs, nb, ks, ldk / 32, sd);
   for (int b = 0; b < nb; ++b) {
     __m256i qv[R];
-    float dq[R];
-    for (int r = 0; r < R; ++r) {
-      qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
-      dq[r] = qs[r * nb + b];
-    }
+    for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
     for (int j = 0; j < C; ++j) {
       const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + j * ldk + 32 * b));
       const __m256i ax = _mm256_abs_epi8(kv);
-      const float dk = ks[j * lds8 + b];
       for (int r = 0; r < R; ++r) {
         const __m256i d32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(qv[r], kv)), ones);
-        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_set1_ps(dq[r] * dk), acc[r][j]);
+        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_broadcast_ss(sd + (r * 4 + j) * nb + b), acc[r][j]);
       }
     }
   }
@@ -181,27 +193,85 @@ STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int hd, cons
   }
 }
 
-template <int R>
-STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const float* qs, int hd, const int8_t* k, const float* ks,
-                                    int64_t ldk, int C, float scale, float* s, int64_t lds) {
+// The same scores with AVX-512 VNNI (avx512 levels on CPUs that have it): vpdpbusd takes unsigned x signed
+// bytes, so the key block is offset to k + 128 (one xor, shared by the rows) and each row's accumulator starts
+// at its correction -128 * (sum of its 4 query bytes per lane, qc: att_begin): every int32 lane is the same
+// integer as maddubs + madd gives it above, and the float steps are the same, so the bits are too.
+#define STRATA_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+template <int R, int C, int NB>
+STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const float* qs, int hd_, const int8_t* k,
+                                       const float* ks, int64_t ldk, float scale, float* s, int64_t lds, float* sd) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+  const __m256i x80 = _mm256_set1_epi8(char(0x80));
+  const int nb = NB ? NB : hd_ / 32, hd = 32 * nb;
+  att_q8_scales<R, C, NB>(qs, nb, ks, ldk / 32, sd);
+  for (int b = 0; b < nb; ++b) {
+    __m256i qv[R], cv[R];
+    for (int r = 0; r < R; ++r) {
+      qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
+      cv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + (r * nb + b) * 8));
+    }
+    for (int j = 0; j < C; ++j) {
+      const __m256i ku =
+          _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + j * ldk + 32 * b)), x80);
+      for (int r = 0; r < R; ++r) {
+        const __m256i d32 = _mm256_dpbusd_epi32(cv[r], ku, qv[r]);
+        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_broadcast_ss(sd + (r * 4 + j) * nb + b), acc[r][j]);
+      }
+    }
+  }
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int r = 0; r < R; ++r) {
+    alignas(16) float t[4];
+    _mm_store_ps(t, _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+    for (int j = 0; j < C; ++j) s[r * lds + j] = t[j];
+  }
+}
+
+// head_dim 128 and 256 (nb 4 and 8 blocks) compiled for their block count, any other multiple of 32 at run time
+template <int R, int NB>
+STRATA_AVX2 static void att_qk_q8_nb(const int8_t* q, const int32_t* qc, const float* qs, int hd, const int8_t* k,
+                                     const float* ks, int64_t ldk, int C, float scale, float* s, int64_t lds, float* sd) {
+  if (qc) {
+    switch (C) {
+      case 1: att_qk_q8_vnni<R, 1, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
+      case 2: att_qk_q8_vnni<R, 2, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
+      case 3: att_qk_q8_vnni<R, 3, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
+      default: att_qk_q8_vnni<R, 4, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
+    }
+    return;
+  }
   switch (C) {
-    case 1: att_qk_q8<R, 1>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
-    case 2: att_qk_q8<R, 2>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
-    case 3: att_qk_q8<R, 3>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
-    default: att_qk_q8<R, 4>(q, qs, hd, k, ks, ldk, scale, s, lds); break;
+    case 1: att_qk_q8<R, 1, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
+    case 2: att_qk_q8<R, 2, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
+    case 3: att_qk_q8<R, 3, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
+    default: att_qk_q8<R, 4, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
+  }
+}
+
+template <int R>
+STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const int32_t* qc, const float* qs, int hd, const int8_t* k,
+                                    const float* ks, int64_t ldk, int C, float scale, float* s, int64_t lds, float* sd) {
+  switch (hd) {
+    case 128: att_qk_q8_nb<R, 4>(q, qc, qs, hd, k, ks, ldk, C, scale, s, lds, sd); break;
+    case 256: att_qk_q8_nb<R, 8>(q, qc, qs, hd, k, ks, ldk, C, scale, s, lds, sd); break;
+    default: att_qk_q8_nb<R, 0>(q, qc, qs, hd, k, ks, ldk, C, scale, s, lds, sd); break;
   }
 }
 
 // q8 P V over one block of 32 output columns (one scale per key): O[r, :32] = O * alpha_r + sum_{j < cnt_r}
 // (p[r, j] * dv_j) float(v_j) -- the weight rounded once, then one FMA per value, keys in order; R rows
-// share each widened V row for the keys all of them see.
-template <int R>
-STRATA_AVX2 static void att_pv_q8(const float* p, int64_t ldp, const int* cnt, const float* alpha, const int8_t* v,
-                                  const float* vs, int64_t ldv, float* o, int64_t ldo) {
+// share each widened V row for the keys all of them see. The weights come in taken (wt[r][j][block], att_pv_q8_w,
+// ldw floats per row): the loop broadcasts them from memory.
+template <int R, int NB>
+STRATA_AVX2 static void att_pv_q8(const float* wt, int64_t ldw, int nb_, const int* cnt, const float* alpha,
+                                  const int8_t* v, int64_t ldv, float* o, int64_t ldo) {
   __m256 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
-  const int64_t lds8 = ldv / 32;
+  const int nb = NB ? NB : nb_;
   int cmin = cnt[0];
   for (int r = 1; r < R; ++r) cmin = std::min(cmin, cnt[r]);
 #define widen(j, c) \
@@ -209,9 +279,8 @@ STRATA_AVX2 static void att_pv_q8(const float* p, int64_t ldp, const int* cnt, c
   for (int j = 0; j < cmin; ++j) {
     __m256 vv[4];
     for (int c = 0; c < 4; ++c) vv[c] = widen(j, c);
-    const float dv = vs[j * lds8];
     for (int r = 0; r < R; ++r) {
-      const __m256 w = _mm256_set1_ps(p[r * ldp + j] * dv);
+      const __m256 w = _mm256_broadcast_ss(wt + r * ldw + j * nb);
       for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_fmadd_ps(w, vv[c], acc[r][c]);
     }
   }
@@ -221,7 +290,7 @@ STRATA_AVX2 static void att_pv_q8(const float* p, int64_t ldp, const int* cnt, c
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) a[c] = acc[r][c];
     for (int j = cmin; j < cnt[r]; ++j) {
-      const __m256 w = _mm256_set1_ps(p[r * ldp + j] * vs[j * lds8]);
+      const __m256 w = _mm256_broadcast_ss(wt + r * ldw + j * nb);
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) a[c] = _mm256_fmadd_ps(w, widen(j, c), a[c]);
     }
@@ -233,6 +302,75 @@ STRATA_AVX2 static void att_pv_q8(const float* p, int64_t ldp, const int* cnt, c
     }
   }
 #undef widen
+}
+
+// The same P V at the AVX-512 levels: NCB <= 4 blocks (up to 128 columns) per pass over the keys, 16 columns a
+// register, so each V row is widened once per pass (the AVX2 kernel reads a key's row once per 32 columns).
+// Lane for lane the same steps (w broadcast, one FMA per value, keys in order, then O * alpha + acc): the
+// same bits as att_pv_q8.
+template <int R, int NCB, int NB>
+STRATA_AVX512 static void att_pv_q8_zmm(const float* wt, int64_t ldw, int nb_, const int* cnt, const float* alpha,
+                                        const int8_t* v, int64_t ldv, float* o, int64_t ldo) {
+  constexpr int NZ = 2 * NCB;
+  const int nb = NB ? NB : nb_;
+  __m512 acc[R][NZ];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NZ; ++c) acc[r][c] = _mm512_setzero_ps();
+  int cmin = cnt[0];
+  for (int r = 1; r < R; ++r) cmin = std::min(cmin, cnt[r]);
+#define widen(j, c) \
+  _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + (j) * ldv + 16 * (c)))))
+  for (int j = 0; j < cmin; ++j) {
+    __m512 vv[NZ];
+    for (int c = 0; c < NZ; ++c) vv[c] = widen(j, c);
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NZ; ++c)
+        acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(wt[r * ldw + j * nb + c / 2]), vv[c], acc[r][c]);
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r) {
+    __m512 a[NZ];
+#pragma GCC unroll 8
+    for (int c = 0; c < NZ; ++c) a[c] = acc[r][c];
+    for (int j = cmin; j < cnt[r]; ++j) {
+#pragma GCC unroll 8
+      for (int c = 0; c < NZ; ++c) a[c] = _mm512_fmadd_ps(_mm512_set1_ps(wt[r * ldw + j * nb + c / 2]), widen(j, c), a[c]);
+    }
+    const __m512 al = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 8
+    for (int c = 0; c < NZ; ++c) {
+      float* op = o + r * ldo + 16 * c;
+      _mm512_storeu_ps(op, _mm512_fmadd_ps(_mm512_loadu_ps(op), al, a[c]));
+    }
+  }
+#undef widen
+}
+
+template <int R, int NB>
+STRATA_AVX512 static void att_pv_q8_zmm_r(const float* wt, int64_t ldw, int nb, int ncb, const int* cnt,
+                                          const float* alpha, const int8_t* v, int64_t ldv, float* o, int64_t ldo) {
+  switch (ncb) {
+    case 1: att_pv_q8_zmm<R, 1, NB>(wt, ldw, nb, cnt, alpha, v, ldv, o, ldo); break;
+    case 2: att_pv_q8_zmm<R, 2, NB>(wt, ldw, nb, cnt, alpha, v, ldv, o, ldo); break;
+    case 3: att_pv_q8_zmm<R, 3, NB>(wt, ldw, nb, cnt, alpha, v, ldv, o, ldo); break;
+    default: att_pv_q8_zmm<R, 4, NB>(wt, ldw, nb, cnt, alpha, v, ldv, o, ldo); break;
+  }
+}
+
+// The P V weights of R rows: wt[r * ldw + j * nb + b] = p[r, j] * dv[j, b] for j < cnt_r (every block b).
+template <int NB>
+STRATA_AVX2 static void att_pv_q8_w(const float* p, int64_t ldp, const int* cnt, int R, const float* vs, int64_t lds8,
+                                    int nb_, float* wt, int64_t ldw) {
+  const int nb = NB ? NB : nb_;
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < cnt[r]; ++j) {
+      const float* d = vs + j * lds8;
+      float* w = wt + r * ldw + j * nb;
+      const float pj = p[r * ldp + j];
+      int b = 0;
+      for (; b + 4 <= nb; b += 4) _mm_storeu_ps(w + b, _mm_mul_ps(_mm_set1_ps(pj), _mm_loadu_ps(d + b)));
+      for (; b < nb; ++b) w[b] = pj * d[b];
+    }
 }
 
 // Scores of R query rows (q, ldq) against C <= 4 keys (k, ldk): s[r * lds + j] = (q_r . k_j) * scale.
@@ -325,6 +463,8 @@ struct AttScratch {
   std::vector<int> cnt;
   std::vector<int8_t> q8;  // q8 cache: the query rows quantised (blocks of 32), and their scales
   std::vector<float> qs;
+  std::vector<int32_t> qc;  // q8 with VNNI: each row's per-lane corrections (att_qk_q8_vnni)
+  std::vector<float> sd, wt;  // q8: a score micro-tile's scale products, a row pair's P V weights
   void fit(int64_t rows, int hd) {
     if (int64_t(q.size()) < rows * hd) { q.resize(size_t(rows * hd)); o.resize(size_t(rows * hd)); }
     if (int64_t(s.size()) < rows * ATT_KT) s.resize(size_t(rows * ATT_KT));
@@ -408,8 +548,17 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
     L[r] = 0.f;
   }
   if (q8) {  // the rows quantised as the cache is (each row on its own: the same bits in any block)
-    if (int64_t(w.q8.size()) < b.rows * hd) { w.q8.resize(size_t(b.rows * hd)); w.qs.resize(size_t(b.rows * hd / 32)); }
+    const int nb = hd / 32;
+    if (int64_t(w.q8.size()) < b.rows * hd) { w.q8.resize(size_t(b.rows * hd)); w.qs.resize(size_t(b.rows * nb)); }
+    if (int64_t(w.sd.size()) < 8 * nb) w.sd.resize(size_t(8 * nb));
+    if (int64_t(w.wt.size()) < 2 * ATT_KT * nb) w.wt.resize(size_t(2 * ATT_KT * nb));
     quantize_q8_rows(Q, w.q8.data(), w.qs.data(), b.rows * hd);
+    if (q8->vnni) {  // lane l of block b: -128 * (q[32 b + 4 l] + ... + q[32 b + 4 l + 3])
+      if (int64_t(w.qc.size()) < b.rows * hd / 4) w.qc.resize(size_t(b.rows * hd / 4));
+      const int8_t* q8r = w.q8.data();
+      for (int64_t i = 0; i < b.rows * hd / 4; ++i)
+        w.qc[size_t(i)] = -128 * (int32_t(q8r[4 * i]) + q8r[4 * i + 1] + q8r[4 * i + 2] + q8r[4 * i + 3]);
+    }
   }
 }
 
@@ -429,17 +578,19 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
   if constexpr (q8) {
     const int8_t* Q8 = w.q8.data();
     const float* QS = w.qs.data();
+    const int32_t* QC = b.q8.vnni ? w.qc.data() : nullptr;
+    float* SD = w.sd.data();
     const int nb = hd / 32;
     for (int j = 0; j < kc; j += 4) {
       const int C = std::min(4, kc - j);
       if (pf) att_decode_prefetch(*pf);
       int64_t r = r0;
       for (; r + 2 <= rows; r += 2)
-        att_qk_q8_r<2>(Q8 + r * hd, QS + r * nb, hd, kt.q + j * ldk, kt.s + j * (ldk / 32), ldk, C, scale,
-                       S + r * ATT_KT + j, ATT_KT);
+        att_qk_q8_r<2>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, hd, kt.q + j * ldk,
+                       kt.s + j * (ldk / 32), ldk, C, scale, S + r * ATT_KT + j, ATT_KT, SD);
       if (r < rows)
-        att_qk_q8_r<1>(Q8 + r * hd, QS + r * nb, hd, kt.q + j * ldk, kt.s + j * (ldk / 32), ldk, C, scale,
-                       S + r * ATT_KT + j, ATT_KT);
+        att_qk_q8_r<1>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, hd, kt.q + j * ldk,
+                       kt.s + j * (ldk / 32), ldk, C, scale, S + r * ATT_KT + j, ATT_KT, SD);
     }
   } else
   for (int j = 0; j < kc; j += 4) {
@@ -482,15 +633,34 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
     L[r] = L[r] * A[r] + hsum256(sum);
   }
   // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile (q8: 2), the V column slice kept in L1
-  if constexpr (q8) {
-    for (int c0 = 0; c0 < C8; c0 += 4) {  // 32 columns: one q8 block
-      if (pf) att_decode_prefetch(*pf);
-      const int8_t* vq = vt.q + 8 * c0;
-      const float* vsc = vt.s + c0 / 4;
-      int64_t r = r0;
-      for (; r + 2 <= rows; r += 2)
-        att_pv_q8<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vq, vsc, ldk, O + r * hd + 8 * c0, hd);
-      if (r < rows) att_pv_q8<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vq, vsc, ldk, O + r * hd + 8 * c0, hd);
+  if constexpr (q8) {  // a row pair at a time: its weights p * dv taken first, then 32 columns (a q8 block) at a time
+    const int nb = hd / 32;
+    float* WT = w.wt.data();
+    const int64_t ldw = int64_t(ATT_KT) * nb;
+    for (int64_t r = r0; r < rows; r += 2) {
+      const int R = rows - r >= 2 ? 2 : 1;
+      const auto pv = [&](auto nbc) {
+        constexpr int NB = decltype(nbc)::value;
+        att_pv_q8_w<NB>(S + r * ATT_KT, ATT_KT, cnt + r, R, vt.s, ldk / 32, nb, WT, ldw);
+        if (b.q8.zmm) {  // up to 4 blocks per pass (the prefetch steps as the AVX2 loop takes them)
+          for (int c0 = 0; c0 < C8; c0 += 16) {
+            const int ncb = std::min(4, (C8 - c0) / 4);
+            if (pf && r == r0)
+              for (int i = 0; i < ncb; ++i) att_decode_prefetch(*pf);
+            if (R == 2) att_pv_q8_zmm_r<2, NB>(WT + c0 / 4, ldw, nb, ncb, cnt + r, A + r, vt.q + 8 * c0, ldk, O + r * hd + 8 * c0, hd);
+            else att_pv_q8_zmm_r<1, NB>(WT + c0 / 4, ldw, nb, ncb, cnt + r, A + r, vt.q + 8 * c0, ldk, O + r * hd + 8 * c0, hd);
+          }
+          return;
+        }
+        for (int c0 = 0; c0 < C8; c0 += 4) {
+          if (pf && r == r0) att_decode_prefetch(*pf);  // (the steps AttPrefetch counts: hd / 32 per tile)
+          if (R == 2) att_pv_q8<2, NB>(WT + c0 / 4, ldw, nb, cnt + r, A + r, vt.q + 8 * c0, ldk, O + r * hd + 8 * c0, hd);
+          else att_pv_q8<1, NB>(WT + c0 / 4, ldw, nb, cnt + r, A + r, vt.q + 8 * c0, ldk, O + r * hd + 8 * c0, hd);
+        }
+      };
+      if (nb == 4) pv(std::integral_constant<int, 4>());
+      else if (nb == 8) pv(std::integral_constant<int, 8>());
+      else pv(std::integral_constant<int, 0>());
     }
   } else {
     for (int c0 = 0; c0 < C8; c0 += 4) {
@@ -748,7 +918,9 @@ void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_
   // The AVX2 tiled kernel at every vector level (as attention_f16), reading the cache in place, prefill and
   // decode alike: the query rows quantised like the cache, int8 dots for the scores, V widened in registers.
   if (g_attn_tiled && vec(level()) != Level::Scalar) {
-    const Q8Cache c{k, v, ks, vs};
+    static const bool has_vnni = __builtin_cpu_supports("avx512vnni");
+    const bool a512 = vec(level()) == Level::AVX512;
+    const Q8Cache c{k, v, ks, vs, a512 && has_vnni, a512};
     attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, nullptr, nullptr, &c);
     return;
   }

@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "errors and logs")
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
     p.add_argument("--threads", type=int, default=0, help="engine threads (0 = engine default; at most 4 per core)")
+    p.add_argument("--kv-cache", default="auto", metavar="{auto,f32,f16,q8}",
+                   help="what the attention KV caches hold (Engine.load's kv_cache): auto (f32 for f32 weights, else "
+                        "f16), f32, f16, or q8 (int8 blocks of 32 with an f32 scale: 1.125 bytes a value)")
     p.add_argument("--no-reply-reuse", action="store_true", help="do not reuse a reply's own ids (A/B runs)")
     p.add_argument("--max-body", type=int, default=4 * 1024 * 1024, help="request body limit in bytes")
     p.add_argument("--chat-template", "--template", "--chat-template-file", dest="template", default="qwen3",

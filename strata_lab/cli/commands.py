@@ -214,7 +214,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     serve(ServerConfig(model=args.model, host=args.host, port=args.port, dump=args.dump, api_key=_api_key(args),
                        api_keys=_api_keys_file(args.api_key_file),
-                       max_context=args.ctx, threads=args.threads, reply_reuse=not args.no_reply_reuse,
+                       max_context=args.ctx, threads=args.threads, kv_cache=args.kv_cache, reply_reuse=not args.no_reply_reuse,
                        max_body_bytes=args.max_body, template=args.template, model_name=args.alias,
                        stop_latency=args.stop_latency, header_checkpoint=not args.no_header_checkpoint,
                        allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(args.cors),

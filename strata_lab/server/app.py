@@ -70,7 +70,8 @@ def load_state(config: ServerConfig) -> ServerState:
     recorder = Recorder(config.dump, on_error="count") if config.dump else Recorder.from_env(on_error="count")
     if recorder is not None:
         recorder.check_writable()  # fail fast at start-up, not after the first generation
-    kwargs = {"max_context": config.max_context, "mmap": not config.no_mmap, "check_weights": config.check_weights}
+    kwargs = {"max_context": config.max_context, "mmap": not config.no_mmap, "check_weights": config.check_weights,
+              "kv_cache": config.kv_cache}
     if config.threads:
         kwargs["threads"] = config.threads
     model_path = Path(config.model) if config.model else embedded_model("hybrid")
@@ -665,7 +666,7 @@ def serve(config: ServerConfig) -> None:
     keys = (f", {len(names)} API key{'s' if len(names) > 1 else ''}: {', '.join(names[:8])}"
             f"{' ...' if len(names) > 8 else ''}") if names else ", no API key"
     print(f"strata-lab serve: {state.model_name} on http://{config.host}:{config.port} "
-          f"(context {config.max_context}, reply reuse {'on' if config.reply_reuse else 'off'}{keys})",
+          f"(context {config.max_context}, kv cache {state.runner.engine.info['kv_cache']}, reply reuse {'on' if config.reply_reuse else 'off'}{keys})",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
                 timeout_keep_alive=config.keep_alive_timeout)

@@ -63,6 +63,7 @@ class ServerConfig:
     api_keys: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     max_context: int = 4096
     threads: int = 0                  # 0 = the engine's default
+    kv_cache: str = "auto"            # the sessions' attention KV caches: Engine.load's kv_cache (auto|f32|f16|q8)
     reply_reuse: bool = True          # PromptEncoder.remember_reply after each request
     max_body_bytes: int = 4 * 1024 * 1024
     template: str = "qwen3"             # a preset name, or a .jinja / tokenizer_config.json / model folder path
@@ -106,6 +107,10 @@ class ServerConfig:
             raise ValueError(f"slot_similarity must be in [0, 1], got {self.slot_similarity}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        from strata_lab.engine import KV_CACHES
+
+        if not isinstance(self.kv_cache, str) or self.kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {self.kv_cache!r}")
         if self.threads > max_threads():
             raise ValueError(f"threads must be <= {max_threads()} (4 x {os.cpu_count()} cores), got {self.threads}")
         if not 0 < self.body_timeout <= 3600:
