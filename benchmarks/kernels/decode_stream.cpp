@@ -9,15 +9,19 @@
 // 6144x1024, down 1024x3072, then the 151936x1024 lm_head), bf16, one 2 MiB-aligned arena on huge pages;
 // [MiB] < the full 1.19 GB keeps the first layers only. Variants:
 //   read256 / read512   the read loop with 32- / 64-byte loads over the whole arena, one parallel region
-//   mv_one              the engine's decode kernel (8 rows, vdpbf16ps, linear T1 prefetch 8 KiB ahead) over
-//                       the whole arena as rows of K = 1024, each thread one contiguous half, one region
-//   mv_loops            the same kernel, one parallel region per matrix (~141 per step, as the engine)
+//   mv_one              the engine's old decode kernel (8 rows interleaved, vdpbf16ps, linear T1 prefetch 8 KiB
+//                       past the block) over the arena as rows of K = 1024, each thread one contiguous half
+//   mv_loops            the same kernel, one parallel region per matrix (113 per pass)
 //   mv_nopf             mv_one without software prefetch
-//   mv_pf{2,4,16,32}K   mv_one with the prefetch that far ahead
-//   mv_pfT0             mv_one prefetching into L1 (T0)
-//   mv_packed           mv_one over weights packed per 8-row block in k-steps of 32 (one linear stream)
-//   mv_packed_nopf      mv_packed without software prefetch
-//   read256_1t / mv_one_1t   read256 / mv_one on one thread
+//   mv_pf{2,4}K         mv_one with the prefetch that far ahead
+//   mv_packed_nopf      mv_one's sums over weights packed per 8-row block in k-steps of 32 (one linear
+//                       stream), no software prefetch
+//   mv_seq              rows one after another, one accumulator each, no software prefetch (the engine's
+//                       decode_seq); mv_seq_pf{1,4}K: with a prefetch that far ahead
+//   mv_seq2             two rows at a time (two streams)
+//   *_1t                the variant on one thread
+// (decode_stream.log's run A measured an earlier set: prefetch 16/32 KiB ahead, T0 and NTA hints, packed
+// with prefetch.)
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
