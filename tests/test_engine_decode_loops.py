@@ -1,7 +1,8 @@
 """Engine tier: the decode matvec loop's variants (kernel options decode_rows8: 8 rows per micro-kernel call;
 decode_runs: each thread a contiguous run of chunks, stealing from the far end of others'; decode_pool: pool.h's
-barrier-free helpers instead of OpenMP loops) change which thread computes which rows and how many rows one
-call takes, never a row's arithmetic: every combination, at any thread count, gives the bits of the full
+barrier-free helpers instead of OpenMP loops; decode_seq: AVX512BF16 bf16 rows one after another in memory
+order instead of 4/8 interleaved rows) change which thread computes which rows, how many rows one call takes
+and in which order their bytes are read, never a row's arithmetic: every combination, at any thread count, gives the bits of the full
 forward (prefill kernels) and covers every row exactly once."""
 import itertools
 
@@ -12,7 +13,7 @@ _engine = pytest.importorskip("strata_lab._engine")
 from strata_lab.engine import Engine  # noqa: E402
 from strata_lab.tiny import make_tiny  # noqa: E402
 
-OPTIONS = ("decode_rows8", "decode_runs", "decode_pool")
+OPTIONS = ("decode_rows8", "decode_runs", "decode_pool", "decode_seq")
 COMBOS = list(itertools.product([True, False], repeat=len(OPTIONS)))
 IDS = [9707, 1879, 0, 151643, 13, 220, 14990, 135992, 128, 253, 42, 7]
 
@@ -48,6 +49,34 @@ def test_int8_decode_rows_bit_identical_under_every_loop(rows, restore_options):
             for t in (0, 3):
                 one = _engine._int8_matmul(w, scale, x[t:t + 1], threads=threads)
                 np.testing.assert_array_equal(one, full[t:t + 1], err_msg=f"{combo} threads={threads}")
+
+
+def _bf16_bits(a):
+    """float32 -> bf16 bits (round to nearest even), as uint16."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("K", [96, 100, 1024])
+def test_bf16_decode_rows_bit_identical_under_every_loop(K, restore_options):
+    """bf16 weights, several outputs in one matmul_multi (q/k/v-like; row counts with a partial last quad and
+    a partial last chunk; K with and without a tail past the last 32): the rows of a decode call of 1-6 tokens
+    equal those tokens' rows of a 9-token call (prefill tiles), for every option combination and 1-3 threads."""
+    rng = np.random.default_rng(K)
+    ws = [_bf16_bits(rng.standard_normal((rows, K)) * 0.05) for rows in (37, 64 * 5 + 3, 8)]
+    x = rng.standard_normal((9, K)).astype(np.float32)
+    full = _engine._bf16_matmul(ws, x, threads=2)
+    wf = [(w.astype(np.uint32) << 16).view(np.float32).astype(np.float64) for w in ws]
+    for got, w in zip(full, wf):
+        exact = x.astype(np.float64) @ w.T
+        assert np.abs(got - exact).max() <= 0.02 * np.abs(exact).max()  # x rounded to bf16 at AVX512BF16
+    for combo in COMBOS:
+        _set(combo)
+        for threads in (1, 2, 3):
+            for t0, n in ((0, 1), (3, 1), (2, 4), (3, 6)):
+                part = _engine._bf16_matmul(ws, x[t0:t0 + n], threads=threads)
+                for i, (p, f) in enumerate(zip(part, full)):
+                    np.testing.assert_array_equal(p, f[t0:t0 + n], err_msg=f"{combo} threads={threads} out {i} n={n}")
 
 
 @pytest.mark.parametrize("weights", [None, "int8"])

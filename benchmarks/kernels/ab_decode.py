@@ -20,7 +20,7 @@ import numpy as np
 
 DEFAULT = "default: OpenMP, even/odd, 8 rows, runs"
 _BASE = {"decode_pool": False, "bf16_eo": True, "int8_dot": True, "decode_rows8": True, "decode_runs": True,
-         "attn_decode": True}
+         "attn_decode": True, "decode_seq": True}
 VARIANTS = {
     DEFAULT: _BASE,
     "pool instead of OpenMP": {**_BASE, "decode_pool": True},
@@ -29,6 +29,7 @@ VARIANTS = {
     "dynamic chunks in turn (before decode_runs)": {**_BASE, "decode_runs": False},
     "int8 widening to f32 (before int8_dot)": {**_BASE, "int8_dot": False},
     "decode attention one task per kv head (before attn_decode)": {**_BASE, "attn_decode": False},
+    "AVX512BF16 interleaved rows, linear prefetch (before decode_seq)": {**_BASE, "decode_seq": False},
 }
 
 

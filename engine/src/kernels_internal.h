@@ -37,6 +37,7 @@ extern bool g_attn_decode;
 extern bool g_kv_f16;
 extern bool g_decode_rows8;
 extern bool g_decode_runs;
+extern bool g_decode_seq;
 extern bool g_moe_parallel;
 constexpr int64_t kPrefetchAhead = 8192;
 // matmul: up to this many tokens take the decode path (rows streamed once for all of them: a batched decode

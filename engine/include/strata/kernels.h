@@ -39,8 +39,10 @@ const char* level_name(Level l);
 // |              |         |                                             | before; x1.21 faster at load 8 (noisy)        |
 // | decode_rows8 | on      | one-token decode, 8 rows per kernel call    | 4 rows. Undecided: x1.29 faster at load 8     |
 // | decode_runs  | on      | decode chunks in contiguous runs per thread | OpenMP dynamic schedule. Undecided: x1.06     |
+// | decode_seq   | on      | AVX512BF16 bf16 decode: rows one after      | 4/8 interleaved rows, linear prefetch (same   |
+// |              |         | another in memory order, no sw prefetch     | bits). Undecided: one quiet A/B round pair    |
 //
-// The undecided four keep bit-identical results both ways (tests/test_engine_decode_loops.py); their
+// The undecided five keep bit-identical results both ways (tests/test_engine_decode_loops.py); their
 // numbers are in benchmarks/results/kernel_switches.md. Deleted with their losing paths (numbers there
 // too): linear_prefetch, attn_pf_lines, attn_first_tile, release_teams.
 void set_option(const std::string& name, bool on);

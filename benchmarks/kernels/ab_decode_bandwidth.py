@@ -1,0 +1,97 @@
+"""Decode bandwidth fraction of kernel-switch variants side by side (issue 32): for each context, rounds in
+which every variant (in turn, the order rotated each round) runs benchmarks/bandwidth.py's round -- wait for
+a quiet 0.5 s window, one read pass over the bytes a step reads, 8 decode steps from the same held context --
+so each variant's fraction is measured against read passes taken under the same load as its own steps.
+
+    PYTHONPATH=$PWD python benchmarks/kernels/ab_decode_bandwidth.py [--contexts 256 1024] [--rounds 8]
+        [--variants decode_seq=0 ...]   (each variant: comma-separated switch=0/1 over the defaults)
+
+Prints every round and, per context and variant, bandwidth.describe's line (quiet rounds and all rounds).
+Importing benchmarks/engine.py turns the per-op timers on (STRATA_PROFILE=1), as in its own fraction.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+import bandwidth  # noqa: E402
+
+
+def parse_variant(text: str) -> dict[str, bool]:
+    out = {}
+    for part in filter(None, text.split(",")):
+        name, sep, val = part.partition("=")
+        if not sep or val not in ("0", "1"):
+            raise SystemExit(f"--variants: '{part}' is not switch=0 or switch=1")
+        out[name] = val == "1"
+    return out
+
+
+def main(argv=None):
+    from engine import model_folder  # benchmarks/engine.py
+    from strata_lab.engine import Engine, _ext
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="qwen3-0.6b")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quiet-cores", type=float, default=0.25)
+    ap.add_argument("--quiet-wait", type=float, default=20.0)
+    ap.add_argument("--variants", nargs="+", default=["decode_seq=0"],
+                    help="besides the defaults: switch=0/1[,switch=0/1...] over the defaults")
+    args = ap.parse_args(argv)
+    ext = _ext()
+    variants = {"defaults": {}} | {v: parse_variant(v) for v in args.variants}
+    switches = {k for v in variants.values() for k in v}
+    defaults = {k: ext._kernel_option(k) for k in switches}  # raises on an unknown switch, before any work
+    eng = Engine.load(model_folder(args.preset), threads=args.threads, max_context=max(args.contexts) + 64)
+    info = eng.info
+    print(f"{args.preset}, kernels {ext.kernel_level()}, {args.threads} threads, kv cache {info['kv_cache']}", flush=True)
+    per_value = {"f32": 4.0, "f16": 2.0, "q8": 1.125}[info["kv_cache"]]
+    cfg = __import__("json").loads((model_folder(args.preset) / "config.json").read_text())
+    kv_token_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg.get("head_dim", 128) * 4
+    rng_prompt = np.random.default_rng(0).integers(0, 151669, max(args.contexts)).tolist()
+    meter = bandwidth.LoadMeter()
+    lines = []
+    try:
+        for c in args.contexts:
+            nbytes = info["stream_bytes"] + int(kv_token_bytes * (c + args.steps / 2) * per_value / 4)
+            s = eng.session("ab")
+            s.reset()
+            s.generate(rng_prompt[:c], max_new_tokens=0)
+            held = s.held_ids[:c]
+            res = {name: [] for name in variants}
+            names = list(variants)
+            for rnd in range(args.rounds):
+                for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+                    for k in switches:
+                        ext._set_kernel_option(k, variants[name].get(k, defaults[k]))
+                    bandwidth.wait_quiet(args.quiet_cores, args.quiet_wait)
+                    meter.start()
+                    gbs = ext.read_bandwidth(int(nbytes), args.threads, 1)
+                    r = s.generate(held, max_new_tokens=args.steps).result
+                    assert r.tokens_read <= 1 and len(r.gen_ids) == args.steps
+                    o = bandwidth.Round(gbs, args.steps / (r.decode_ms / 1e3), meter.others())
+                    res[name].append(o)
+                    print(f"  context {c} round {rnd + 1} {name}: read {o.read_gbs:.1f} GB/s, decode "
+                          f"{o.decode_tps:.2f} tok/s = {o.decode_tps * nbytes / 1e9 / o.read_gbs:.2f}, others "
+                          + ("?" if o.others is None else f"{o.others:.2f} cores"), flush=True)
+            s.reset()
+            for name in names:
+                lines.append(f"- {name}, context {c}: "
+                             + bandwidth.describe(res[name], nbytes, args.threads, args.quiet_cores))
+                print(lines[-1], flush=True)
+    finally:
+        for k, v in defaults.items():
+            ext._set_kernel_option(k, v)
+    print("\n".join(["", *lines]))
+
+
+if __name__ == "__main__":
+    main()
