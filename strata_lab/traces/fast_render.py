@@ -14,6 +14,10 @@ With a session `key`, a call costs what it adds: what it shares with the session
 and the text of turns that render the same) is taken from it (`render`). Exactness is checked by hypothesis
 against the Jinja template on generated agent sessions, call after call (tool calls, reasoning, edits,
 content null, tool results, tool definitions, odd inputs): tests/test_fast_render.py.
+
+Why one module: the renderer, its per-session reuse and its input checks are one reading of one template;
+split apart, a change to how a turn renders and to when a previous call's text may be reused would land in
+different files, and the hypothesis tests against Jinja check them only together.
 """
 from __future__ import annotations
 

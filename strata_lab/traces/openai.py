@@ -6,6 +6,9 @@ a recent line already held (`SharedPrefixLines`), and messages are converted and
 new (`RecentRequests`); the calls are those of reading every line whole (their leading messages are shared
 objects: calls are read, not changed in place).
 
+Why one module: the three line shapes, the shared-prefix parse and the chaining of recent requests decide
+together which part of a line is new; kept apart, the parse could skip what the chaining still needs.
+
 >>> call = from_request({"model": "m", "messages": [{"role": "user", "content": "hi"}]},
 ...                     {"choices": [{"message": {"content": "hello"}, "finish_reason": "stop"}],
 ...                      "usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}})
