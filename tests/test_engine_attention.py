@@ -172,66 +172,6 @@ def test_decode_path_bits_equal_the_prefill_block(threads):
     assert np.array_equal(two, full[3:5])
 
 
-# One-token decode split over key tiles (kernel option attn_split, on by default: each thread scores a run of
-# tiles reading K in address order, then its exponentials and P V reading V so, then the tiles are folded in
-# order per query head). Each value is the tiled kernel's by the same operations, so a position decoded alone
-# has the bits a prefill-sized call (n > 6: query blocks, packed key tiles) gives it, with the option on or
-# off (attn_decode's per-kv-head runs) and at 1-3 threads (tile runs split unevenly). Cases: one key (the
-# first position), a context of exactly one tile and one past it, GQA groups 1-4, head_dim 8 to 136 (a
-# column group of 8 past the last 32).
-SPLIT_CASES = [(9, 9, 4, 2, 40), (8, 64, 16, 8, 128), (8, 73, 3, 3, 8), (8, 1000, 16, 8, 128),
-               (8, 2047, 8, 2, 64), (7, 1301, 12, 3, 128), (8, 777, 6, 1, 24), (8, 300, 8, 2, 136),
-               (8, 500, 16, 4, 128)]
-
-
-@pytest.fixture
-def restore_attn_split():
-    saved = _engine._kernel_option("attn_split")
-    yield
-    _engine._set_kernel_option("attn_split", saved)
-
-
-@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
-def test_split_decode_bits_equal_the_prefill_block_and_the_head_runs(level, case, restore_attn_split):
-    n, T, H, Hkv, hd = case
-    q, k, v = inputs(*case, seed=13)
-    caches = [(k.astype(np.float16), v.astype(np.float16))]
-    if level == "avx2":  # the f32 cache takes the tiled kernel at avx2 (AVX-512: the per-query attend kernel)
-        caches.append((k, v))
-    for kc, vc in caches:
-        _engine._set_kernel_option("attn_split", True)
-        full = _engine._attention(q, kc, vc, H, Hkv, threads=2)
-        err = np.abs(full - reference(q, kc.astype(np.float32), vc.astype(np.float32))).max()
-        assert err <= TOL, f"{level} {kc.dtype}: max |error| {err:.2e} > {TOL}"
-        for i in sorted({0, n // 2, n - 1}):
-            m = T - n + i + 1
-            for on in (True, False):
-                _engine._set_kernel_option("attn_split", on)
-                for threads in (1, 2, 3):
-                    alone = _engine._attention(q[i:i + 1], kc[:m], vc[:m], H, Hkv, threads=threads)
-                    assert np.array_equal(alone[0], full[i]), \
-                        f"{level} {kc.dtype}: query {i} (keys {m}) differs alone, attn_split {on}, {threads} threads"
-
-
-@pytest.mark.parametrize("on", [True, False])
-def test_split_decode_engine_decode_equals_full_forward(tmp_path, on, restore_attn_split):
-    """The engine-level contract with attn_split on and off (f16 cache: a bf16 model's default), at 1 and 3
-    threads: decode logits equal the full forward's bits; both settings give the same logits."""
-    from strata_lab.engine import Engine
-    from strata_lab.tiny import make_tiny
-
-    _engine._set_kernel_option("attn_split", on)
-    path = make_tiny(tmp_path / "ck", dtype="bfloat16", seed=5)
-    prompt = np.random.default_rng(4).integers(0, 151000, 150).tolist()
-    ref = None
-    for threads in (1, 3):
-        eng = Engine.load(path, threads=threads, max_context=512)
-        assert eng.info["kv_cache"] == "f16"
-        full = _decode_equals_full_forward(eng, prompt, f"split-{on}-{threads}")
-        ref = full if ref is None else ref
-        np.testing.assert_array_equal(full, ref)
-
-
 # f16 KV cache (kernel option kv_f16, off by default): the cache rounded to f16 (round to nearest even,
 # numpy's float16), then the same kernel; checked against float64 attention over the rounded K/V, decode
 # (streaming path, 1 and 2 threads, on/off) against the prefill-sized call, and at the engine level: decode

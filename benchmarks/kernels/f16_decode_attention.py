@@ -4,16 +4,19 @@
 reads its cache from memory rather than from a cache warmed by the call before (a step's other reads, the
 weights, evict it; here a 64 MiB pass over another array between steps does).
 
-A/B of the kernel option attn_split (on: each thread a contiguous run of key tiles, K then V rows in address
-order; off: attn_decode's runs of kv heads with software prefetch) in the same process: rounds alternate the
-order of the variants; each variant's cell is the median of --steps steps; the table gives the median over
+A/B of a kernel option (--option; attn_decode: each thread a contiguous run of kv heads walking the key
+tiles with software prefetch, against one task per kv head) in the same process: rounds alternate the order
+of the variants; each variant's cell is the median of --steps steps; the table gives the median over
 rounds of those and the fastest step, as GB/s of cache bytes (all layers' K and V) and as a fraction of the
 read loop (read_bandwidth, the same threads, over the same number of bytes, once per round). Outputs of the
 two variants are compared bit for bit. Shared machine: the load average is printed; only ratios in one run
 mean anything.
 
-    PYTHONPATH=$PWD python benchmarks/kernels/f16_decode_attention.py [--contexts 256 1024 4096] [--threads 2]
-        [--rounds 6] [--steps 6] [--layers 28] [--out FILE.md]
+    PYTHONPATH=$PWD python benchmarks/kernels/f16_decode_attention.py [--option attn_decode]
+        [--contexts 256 1024 4096] [--threads 2] [--rounds 6] [--steps 6] [--layers 28] [--out FILE.md]
+
+(benchmarks/results/decode_bandwidth/attn_split_kernel_ab.md: its run with --option attn_split, a split of
+the keys over threads tried and deleted; the README there says why.)
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import numpy as np
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--option", default="attn_decode", help="the kernel switch to time on against off")
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 4096])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=6)
@@ -41,6 +45,8 @@ def main(argv=None):
     from strata_lab.engine import _ext
 
     E = _ext()
+    opt = args.option
+    was = E._kernel_option(opt)  # an unknown switch raises, before any work
     H, Hkv, hd = args.heads
     rng = np.random.default_rng(0)
     T = max(args.contexts)
@@ -48,7 +54,6 @@ def main(argv=None):
                rng.standard_normal((T, Hkv, hd), dtype=np.float32).astype(np.float16)) for _ in range(args.layers)]
     q = rng.standard_normal((1, H, hd), dtype=np.float32) * 3
     flush = np.ones(64 << 18, dtype=np.float32)  # 64 MiB
-    was = E._kernel_option("attn_split")
     step: dict = {}
     read: dict = {}
     same = True
@@ -60,7 +65,7 @@ def main(argv=None):
                 nbytes = sum(k.nbytes + v.nbytes for k, v in views)
                 outs = {}
                 for on in ((False, True) if rnd % 2 == 0 else (True, False)):
-                    E._set_kernel_option("attn_split", on)
+                    E._set_kernel_option(opt, on)
                     ts = []
                     for _ in range(args.steps):
                         flush.sum()
@@ -74,13 +79,13 @@ def main(argv=None):
                 read.setdefault(ctx, []).append(E.read_bandwidth(nbytes, args.threads, 1))
                 del views
     finally:
-        E._set_kernel_option("attn_split", was)
+        E._set_kernel_option(opt, was)
     load1 = os.getloadavg()[0]
     lines = [f"decode attention over an f16 cache, {args.layers} layers x (1 query, H={H} Hkv={Hkv} hd={hd}) per "
              f"step, {args.threads} threads, {args.rounds} alternating rounds x {args.steps} steps, kernels "
              f"{E.kernel_level()}; load average {load0:.1f} at the start, {load1:.1f} at the end; outputs of "
-             f"attn_split on and off bit-equal: {same}", "",
-             "| context | cache MB (all layers) | read loop GB/s (median) | attn_split | step ms (median of round "
+             f"{opt} on and off bit-equal: {same}", "",
+             f"| context | cache MB (all layers) | read loop GB/s (median) | {opt} | step ms (median of round "
              "medians) | GB/s | of read loop | fastest step ms | GB/s | on vs off (median) |",
              "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for ctx in args.contexts:

@@ -562,36 +562,6 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
   }
 }
 
-// A score row's steps in a key tile (c keys it sees), shared by the tiled kernel and the decode split so
-// both take them with the same operations: its maximum; its exponentials exp(s - m) in place (the last
-// chunk's lanes past c zeroed: S has room, KT % 8 == 0) and their sum; the running sum's update.
-STRATA_AVX2 static inline float att_row_max(const float* sr, int c) {
-  __m256 mx = _mm256_set1_ps(-INFINITY);
-  int j = 0;
-  for (; j + 8 <= c; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sr + j));
-  float mt = -INFINITY;
-  alignas(32) float t[8];
-  _mm256_store_ps(t, mx);
-  for (int e = 0; e < 8; ++e) mt = std::max(mt, t[e]);
-  for (int e = j; e < c; ++e) mt = std::max(mt, sr[e]);
-  return mt;
-}
-STRATA_AVX2 static inline float att_row_exp(float* sr, int c, float mnew) {
-  const __m256 mv = _mm256_set1_ps(mnew);
-  __m256 sum = _mm256_setzero_ps();
-  for (int j = 0; j < c; j += 8) {
-    __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
-    if (c - j < 8) {
-      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-      e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c - j), lane)));
-    }
-    _mm256_storeu_ps(sr + j, e);
-    sum = _mm256_add_ps(sum, e);
-  }
-  return hsum256(sum);
-}
-STRATA_AVX2 static inline float att_fold_l(float l, float alpha, float sum) { return l * alpha + sum; }
-
 // Scores, online softmax and P V of one key tile (t0, kc keys; K/V rows kt, vt with stride ldk, f32 or f16).
 template <typename E>
 STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk, int kc, int64_t r0,
@@ -636,10 +606,31 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
     const int c = int(std::min<int64_t>(kc, pos0 + i0 + r / G + 1 - t0));
     cnt[r] = c;
     float* sr = S + r * ATT_KT;
-    const float mnew = std::max(M[r], att_row_max(sr, c));
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= c; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sr + j));
+    float mt = -INFINITY;
+    {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, mx);
+      for (int e = 0; e < 8; ++e) mt = std::max(mt, t[e]);
+      for (int e = j; e < c; ++e) mt = std::max(mt, sr[e]);
+    }
+    const float mnew = std::max(M[r], mt);
     A[r] = std::exp(M[r] - mnew);  // 0 on the first tile
     M[r] = mnew;
-    L[r] = att_fold_l(L[r], A[r], att_row_exp(sr, c, mnew));
+    const __m256 mv = _mm256_set1_ps(mnew);
+    __m256 sum = _mm256_setzero_ps();
+    for (j = 0; j < c; j += 8) {  // the last chunk's lanes past c are zeroed (S has room: KT % 8 == 0)
+      __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
+      if (c - j < 8) {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(c - j), lane)));
+      }
+      _mm256_storeu_ps(sr + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    L[r] = L[r] * A[r] + hsum256(sum);
   }
   // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile (q8: 2), the V column slice kept in L1
   if constexpr (q8) {  // a row pair at a time: its weights p * dv taken first, then 32 columns (a q8 block) at a time
@@ -822,269 +813,9 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
   });
 }
 
-// ---------------------------------------------------------------- decode attention split over keys (attn_split)
-// One query position (n == 1) over an f32 or f16 cache in three parallel steps, each thread reading its share
-// of the cache in address order (no software prefetch):
-//   1. scores: thread i takes a contiguous run of key tiles and reads their K rows (all kv heads) in address
-//      order, 4 keys at a time; it keeps each tile's maximum per query head;
-//   2. P V: the same run of tiles; a row's running maximum entering a tile is the maximum of the tile maxima
-//      before it (max is exact), so each tile's alpha, exponentials, sum and P V sums (from zero, keys in order)
-//      need nothing else from the tiles before it; V rows in address order, 4 keys at a time;
-//   3. per query head, the tiles folded in order: L = L alpha + sum, O = O alpha + P V (one FMA), out = O / L.
-// Each value is the one the tiled kernel (prefill blocks, attention_decode_avx2) computes, by the same
-// operations in the same order (att_qk; att_row_max, att_row_exp, att_fold_l; one FMA chain per output from
-// zero over a tile's keys in order; att_end's division), so decode keeps the full forward's bits at any
-// thread count. attention_decode_avx2 walks the tiles in order per kv head instead: each thread a run of kv
-// heads, i.e. a 1 KiB span of every 2 KiB cache row (Qwen3-0.6B, f16) read 256 bytes per head at a time,
-// with software prefetch one tile ahead.
-constexpr int ATT_SPLIT_KB = 4;
-static bool g_attn_split_kb = std::getenv("STRATA_SPLIT_KB") != nullptr;  // EXPERIMENT
-static int g_split_pf = std::getenv("STRATA_SPLIT_PF") ? std::atoi(std::getenv("STRATA_SPLIT_PF")) : 0;  // EXPERIMENT
-static int g_split_hint = std::getenv("STRATA_SPLIT_HINT") ? std::atoi(std::getenv("STRATA_SPLIT_HINT")) : 0;  // EXPERIMENT
-static inline void att_split_pf(const void* row, int64_t bytes) {
-  const char* p = static_cast<const char*>(row);
-  if (g_split_hint == 0) for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
-  else if (g_split_hint == 1) for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch(p + c, _MM_HINT_T1);
-  else for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch(p + c, _MM_HINT_NTA);
-}
-  // keys per P V step (accumulators loaded and stored once per step)
-
-// acc[r, :8C] += p[r, j] v[j, :8C] for j < nj, keys in order, R rows sharing each V load; acc in memory
-// between steps (f32 round trips are exact).
-template <int R, int C, typename E>
-STRATA_AVX2 static void att_pv_acc(const float* p, int64_t ldp, int nj, E v, int64_t ldv, float* acc,
-                                   int64_t lda) {
-  __m256 a[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) a[r][c] = _mm256_loadu_ps(acc + r * lda + 8 * c);
-  for (int j = 0; j < nj; ++j) {
-    __m256 b[R];
-    for (int r = 0; r < R; ++r) b[r] = _mm256_broadcast_ss(p + r * ldp + j);
-    for (int c = 0; c < C; ++c) {
-      const __m256 vv = att_ld8(v + j * ldv + 8 * c);
-      for (int r = 0; r < R; ++r) a[r][c] = _mm256_fmadd_ps(b[r], vv, a[r][c]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + r * lda + 8 * c, a[r][c]);
-}
-
-template <int R, typename E>
-STRATA_AVX2 static void att_pv_acc_r(const float* p, int64_t ldp, int nj, E v, int64_t ldv, float* acc,
-                                     int64_t lda, int hd) {
-  int c0 = 0;
-  for (; c0 + 32 <= hd; c0 += 32) att_pv_acc<R, 4, E>(p, ldp, nj, v + c0, ldv, acc + c0, lda);
-  switch ((hd - c0) / 8) {
-    case 3: att_pv_acc<R, 3, E>(p, ldp, nj, v + c0, ldv, acc + c0, lda); break;
-    case 2: att_pv_acc<R, 2, E>(p, ldp, nj, v + c0, ldv, acc + c0, lda); break;
-    case 1: att_pv_acc<R, 1, E>(p, ldp, nj, v + c0, ldv, acc + c0, lda); break;
-    default: break;
-  }
-}
-
-// One call's shape and buffers (the calling thread's, shared with the helpers for the call).
-struct AttSplit {
-  int H, Hkv, G, hd;
-  int64_t nk, nt, lds, kvs;  // keys, tiles, score row stride (nt KT), cache row stride
-  float scale;
-  const float* q;            // [H, hd]
-  float *S, *MT, *AL, *SU, *ACC;  // scores [H, lds]; per (tile, head): max, alpha, sum; P V [nt, H, hd]
-};
-
-// One key row's scores for every query head, the row read once in address order (head after head, 8 values at
-// a time): each (head, row) dot is one 8-lane FMA chain over hd in order (att_qk's), reduced four at a time by
-// hsum4 (each lane of its result depends on its own vector alone) and scaled. Out of order execution overlaps
-// the heads' chains.
-STRATA_AVX2 static inline void att_split_put(__m256* buf, int nb, const int64_t* rows, float* s, int64_t lds,
-                                             __m128 sc) {
-  for (int i = nb; i < 4; ++i) buf[i] = _mm256_setzero_ps();
-  alignas(16) float t[4];
-  _mm_store_ps(t, _mm_mul_ps(hsum4(buf[0], buf[1], buf[2], buf[3]), sc));
-  for (int i = 0; i < nb; ++i) s[rows[i] * lds] = t[i];
-}
-
-template <typename E>
-STRATA_AVX2 static void att_split_key(const AttSplit& a, E kr, float* s) {
-  const int G = a.G, hd = a.hd;
-  const __m128 sc = _mm_set1_ps(a.scale);
-  __m256 buf[4];
-  int64_t rows[4];
-  int nb = 0;
-  auto flush = [&]() {
-    att_split_put(buf, nb, rows, s, a.lds, sc);
-    nb = 0;
-  };
-  for (int g = 0; g < a.Hkv; ++g) {
-    E kg = kr + int64_t(g) * hd;
-    int r = 0;
-    for (; r + 2 <= G; r += 2) {
-      const float *q0 = a.q + (int64_t(g) * G + r) * hd, *q1 = q0 + hd;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-      for (int c = 0; c < hd; c += 8) {
-        const __m256 kv = att_ld8(kg + c);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + c), kv, a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + c), kv, a1);
-      }
-      if (nb > 2) flush();
-      rows[nb] = int64_t(g) * G + r;
-      buf[nb++] = a0;
-      rows[nb] = int64_t(g) * G + r + 1;
-      buf[nb++] = a1;
-    }
-    if (r < G) {
-      const float* q0 = a.q + (int64_t(g) * G + r) * hd;
-      __m256 a0 = _mm256_setzero_ps();
-      for (int c = 0; c < hd; c += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + c), att_ld8(kg + c), a0);
-      if (nb > 3) flush();
-      rows[nb] = int64_t(g) * G + r;
-      buf[nb++] = a0;
-    }
-  }
-  if (nb) flush();
-}
-
-template <typename E>
-STRATA_AVX2 static void att_split_scores(const AttSplit& a, E k, int64_t ta, int64_t tb) {
-  for (int64_t t = ta; t < tb; ++t) {
-    const int64_t t0 = t * ATT_KT;
-    const int kc = int(std::min<int64_t>(ATT_KT, a.nk - t0));
-    for (int j = 0; j < kc; ++j) {
-      if (g_split_pf && t0 + j + g_split_pf < a.nk) att_split_pf(k + (t0 + j + g_split_pf) * a.kvs, a.kvs * int64_t(sizeof(*k)));
-      att_split_key(a, k + (t0 + j) * a.kvs, a.S + t0 + j);
-    }
-    for (int h = 0; h < a.H; ++h) a.MT[t * a.H + h] = att_row_max(a.S + h * a.lds + t0, kc);
-  }
-}
-
-template <typename E>
-STRATA_AVX2 static void att_split_pv(const AttSplit& a, E v, int64_t ta, int64_t tb, float* M) {
-  const int G = a.G, hd = a.hd, H = a.H;
-  for (int h = 0; h < H; ++h) {  // the running maximum entering tile ta
-    float m = -INFINITY;
-    for (int64_t t = 0; t < ta; ++t) m = std::max(m, a.MT[t * H + h]);
-    M[h] = m;
-  }
-  for (int64_t t = ta; t < tb; ++t) {
-    const int64_t t0 = t * ATT_KT;
-    const int c = int(std::min<int64_t>(ATT_KT, a.nk - t0));
-    for (int h = 0; h < H; ++h) {  // att_tile_body's softmax steps for one row
-      const float mnew = std::max(M[h], a.MT[t * H + h]);
-      a.AL[t * H + h] = std::exp(M[h] - mnew);
-      M[h] = mnew;
-      a.SU[t * H + h] = att_row_exp(a.S + h * a.lds + t0, c, mnew);
-    }
-    float* acc = a.ACC + t * H * hd;
-    std::fill(acc, acc + int64_t(H) * hd, 0.f);
-    if (g_attn_split_kb) {
-    for (int j = 0; j < c; j += ATT_SPLIT_KB) {
-      const int nj = std::min(ATT_SPLIT_KB, c - j);
-      for (int g = 0; g < a.Hkv; ++g) {
-        const float* pg = a.S + int64_t(g) * G * a.lds + t0 + j;
-        E vp = v + (t0 + j) * a.kvs + int64_t(g) * hd;
-        float* ag = acc + int64_t(g) * G * hd;
-        int r = 0;
-        for (; r + 3 <= G; r += 3) att_pv_acc_r<3>(pg + r * a.lds, a.lds, nj, vp, a.kvs, ag + r * hd, hd, hd);
-        if (G - r == 2) att_pv_acc_r<2>(pg + r * a.lds, a.lds, nj, vp, a.kvs, ag + r * hd, hd, hd);
-        else if (G - r == 1) att_pv_acc_r<1>(pg + r * a.lds, a.lds, nj, vp, a.kvs, ag + r * hd, hd, hd);
-      }
-    }
-    } else
-    for (int j = 0; j < c; ++j) {  // one V row at a time, in address order
-      E vr = v + (t0 + j) * a.kvs;
-      if (g_split_pf && t0 + j + g_split_pf < a.nk) att_split_pf(v + (t0 + j + g_split_pf) * a.kvs, a.kvs * int64_t(sizeof(*v)));
-      for (int g = 0; g < a.Hkv; ++g) {
-        E vg = vr + int64_t(g) * hd;
-        int r = 0;
-        for (; r + 2 <= G; r += 2) {
-          const int64_t h = int64_t(g) * G + r;
-          const __m256 b0 = _mm256_broadcast_ss(a.S + h * a.lds + t0 + j), b1 = _mm256_broadcast_ss(a.S + (h + 1) * a.lds + t0 + j);
-          float *o0 = acc + h * hd, *o1 = o0 + hd;
-          for (int cc = 0; cc < hd; cc += 8) {
-            const __m256 vv = att_ld8(vg + cc);
-            _mm256_storeu_ps(o0 + cc, _mm256_fmadd_ps(b0, vv, _mm256_loadu_ps(o0 + cc)));
-            _mm256_storeu_ps(o1 + cc, _mm256_fmadd_ps(b1, vv, _mm256_loadu_ps(o1 + cc)));
-          }
-        }
-        if (r < G) {
-          const int64_t h = int64_t(g) * G + r;
-          const __m256 b0 = _mm256_broadcast_ss(a.S + h * a.lds + t0 + j);
-          float* o0 = acc + h * hd;
-          for (int cc = 0; cc < hd; cc += 8)
-            _mm256_storeu_ps(o0 + cc, _mm256_fmadd_ps(b0, att_ld8(vg + cc), _mm256_loadu_ps(o0 + cc)));
-        }
-      }
-    }
-  }
-}
-
-STRATA_AVX2 static void att_split_fold(const AttSplit& a, int64_t h0, int64_t h1, float* out) {
-  const int H = a.H, hd = a.hd;
-  for (int64_t h = h0; h < h1; ++h) {
-    float* o = out + h * hd;
-    std::fill(o, o + hd, 0.f);
-    float L = 0.f;
-    for (int64_t t = 0; t < a.nt; ++t) {
-      const float al = a.AL[t * H + h];
-      L = att_fold_l(L, al, a.SU[t * H + h]);
-      const __m256 av = _mm256_set1_ps(al);
-      const float* p = a.ACC + (t * H + h) * hd;
-      for (int c = 0; c < hd; c += 8)
-        _mm256_storeu_ps(o + c, _mm256_fmadd_ps(_mm256_loadu_ps(o + c), av, _mm256_loadu_ps(p + c)));
-    }
-    const __m256 inv = _mm256_set1_ps(1.0f / L);  // att_end
-    for (int c = 0; c < hd; c += 8) _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(o + c), inv));
-  }
-}
-
-template <typename E>
-static void attention_decode_split(const float* q, int H, int Hkv, int hd, E k, E v, int64_t pos0, float* out) {
-  struct Buf {
-    std::vector<float> s, mt, al, su, acc;
-  };
-  thread_local Buf w;
-  AttSplit a;
-  a.H = H;
-  a.Hkv = Hkv;
-  a.G = H / Hkv;
-  a.hd = hd;
-  a.nk = pos0 + 1;
-  a.nt = (a.nk + ATT_KT - 1) / ATT_KT;
-  a.lds = a.nt * ATT_KT;
-  a.kvs = int64_t(Hkv) * hd;
-  a.scale = 1.0f / std::sqrt(float(hd));
-  a.q = q;
-  if (int64_t(w.s.size()) < H * a.lds) w.s.resize(size_t(H * a.lds));
-  if (int64_t(w.mt.size()) < a.nt * H) {
-    w.mt.resize(size_t(a.nt * H));
-    w.al.resize(size_t(a.nt * H));
-    w.su.resize(size_t(a.nt * H));
-  }
-  if (int64_t(w.acc.size()) < a.nt * H * hd) w.acc.resize(size_t(a.nt * H * hd));
-  a.S = w.s.data();
-  a.MT = w.mt.data();
-  a.AL = w.al.data();
-  a.SU = w.su.data();
-  a.ACC = w.acc.data();
-  const int64_t T = std::max<int64_t>(1, std::min<int64_t>(a.nt, pool::current_threads()));
-  decode_for(T, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t i = c0; i < c1; ++i) att_split_scores(a, k, a.nt * i / T, a.nt * (i + 1) / T);
-  });
-  decode_for(T, 1, [&](int64_t c0, int64_t c1) {
-    thread_local std::vector<float> M;
-    if (M.size() < size_t(H)) M.resize(size_t(H));
-    for (int64_t i = c0; i < c1; ++i) att_split_pv(a, v, a.nt * i / T, a.nt * (i + 1) / T, M.data());
-  });
-  decode_for(H, (H + T - 1) / T, [&](int64_t h0, int64_t h1) { att_split_fold(a, h0, h1, out); });
-}
-
 static void attention_tiled_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
                                  int64_t pos0, float* out, const uint16_t* k16 = nullptr, const uint16_t* v16 = nullptr,
                                  const Q8Cache* q8 = nullptr) {
-  if (n == 1 && g_attn_split && !q8) {
-    if (k16) attention_decode_split(q, H, Hkv, hd, k16, v16, pos0, out);
-    else attention_decode_split(q, H, Hkv, hd, k, v, pos0, out);
-    return;
-  }
   if (n <= 6 && g_attn_decode) {
     attention_decode_avx2(q, n, H, Hkv, hd, k, v, pos0, out, k16, v16, q8);
     return;

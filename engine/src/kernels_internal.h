@@ -34,7 +34,6 @@ extern bool g_gdn_matrix;
 extern bool g_attn_tiled;
 extern bool g_int8_dot;
 extern bool g_attn_decode;
-extern bool g_attn_split;
 extern bool g_kv_f16;
 extern bool g_decode_rows8;
 extern bool g_decode_runs;

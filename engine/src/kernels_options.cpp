@@ -45,7 +45,6 @@ bool g_decode_seq = true;
 bool g_attn_tiled = true;
 bool g_int8_dot = true;
 bool g_attn_decode = true;
-bool g_attn_split = true;
 bool g_kv_f16 = false;
 bool g_moe_parallel = true;
 
@@ -59,7 +58,7 @@ const Switch kTable[] = {{"int8_dot", &g_int8_dot},         {"attn_tiled", &g_at
                          {"moe_parallel", &g_moe_parallel}, {"kv_f16", &g_kv_f16},
                          {"decode_pool", &g_decode_pool},   {"bf16_eo", &g_bf16_eo},
                          {"decode_rows8", &g_decode_rows8}, {"decode_runs", &g_decode_runs},
-                         {"decode_seq", &g_decode_seq},     {"attn_split", &g_attn_split}};
+                         {"decode_seq", &g_decode_seq}};
 bool* find_switch(const std::string& name) {
   for (const Switch& s : kTable)
     if (name == s.name) return s.flag;

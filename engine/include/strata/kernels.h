@@ -41,9 +41,6 @@ const char* level_name(Level l);
 // | decode_runs  | on      | decode chunks in contiguous runs per thread | OpenMP dynamic schedule. Undecided: x1.06     |
 // | decode_seq   | on      | AVX512BF16 bf16 decode: rows one after      | 4/8 interleaved rows, linear prefetch (same   |
 // |              |         | another in memory order, no sw prefetch     | bits). Undecided: one quiet A/B round pair    |
-// | attn_split   | on      | one-token decode attention (f32/f16 cache,  | attn_decode's per-kv-head runs (same bits).   |
-// |              |         | tiled kernel) split over key tiles, each    | Undecided until an A/B:                       |
-// |              |         | thread's K then V rows in address order     | benchmarks/kernels/f16_decode_attention.py    |
 //
 // The undecided five keep bit-identical results both ways (tests/test_engine_decode_loops.py); their
 // numbers are in benchmarks/results/kernel_switches.md. Deleted with their losing paths (numbers there
