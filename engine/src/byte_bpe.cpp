@@ -2,9 +2,10 @@
 // the split regex followed alternative by alternative, the merge loop for pre-tokens not seen yet.
 #include "strata/byte_bpe.h"
 
+#include "strata/json.h"
+
 #include <cstring>
 #include <stdexcept>
-#include <tuple>
 
 namespace strata {
 
@@ -32,150 +33,6 @@ inline size_t run(const unsigned char* s, size_t i, size_t n, unsigned char k) {
   while (i < n && cls(s[i]) == k) ++i;
   return i;
 }
-
-// A reader for the few JSON values the model object holds (strict enough: the file was written by serde).
-struct Reader {
-  const char* p;
-  const char* e;
-  const char* start;
-
-  [[noreturn]] void fail(const char* what) const {
-    throw std::invalid_argument(std::string("tokenizer JSON: ") + what + " at byte " + std::to_string(p - start));
-  }
-  void ws() {
-    while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) ++p;
-  }
-  bool peek(char c) {
-    ws();
-    return p < e && *p == c;
-  }
-  void expect(char c) {
-    ws();
-    if (p >= e || *p != c) fail((std::string("expected '") + c + "'").c_str());
-    ++p;
-  }
-  static void put_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-  uint32_t hex4() {
-    if (e - p < 4) fail("short \\u escape");
-    uint32_t v = 0;
-    for (int k = 0; k < 4; ++k, ++p) {
-      char c = *p;
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else fail("bad \\u escape");
-    }
-    return v;
-  }
-  void string(std::string& out) {  // UTF-8
-    expect('"');
-    out.clear();
-    while (true) {
-      if (p >= e) fail("unterminated string");
-      char c = *p++;
-      if (c == '"') return;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (p >= e) fail("unterminated escape");
-      c = *p++;
-      switch (c) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          uint32_t cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00 && e - p >= 6 && p[0] == '\\' && p[1] == 'u') {
-            p += 2;
-            uint32_t lo = hex4();
-            if (lo < 0xDC00 || lo >= 0xE000) fail("bad surrogate pair");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          }
-          put_utf8(out, cp);
-          break;
-        }
-        default: fail("bad escape");
-      }
-    }
-  }
-  int64_t integer() {
-    ws();
-    bool neg = p < e && *p == '-';
-    if (neg) ++p;
-    if (p >= e || *p < '0' || *p > '9') fail("expected an integer");
-    int64_t v = 0;
-    while (p < e && *p >= '0' && *p <= '9') v = v * 10 + (*p++ - '0');
-    if (p < e && (*p == '.' || *p == 'e' || *p == 'E')) fail("expected an integer");
-    return neg ? -v : v;
-  }
-  bool literal(const char* word) {
-    ws();
-    size_t k = std::strlen(word);
-    if (static_cast<size_t>(e - p) >= k && std::memcmp(p, word, k) == 0) {
-      p += k;
-      return true;
-    }
-    return false;
-  }
-  void skip(int depth = 0) {
-    if (depth > 64) fail("nested too deeply");
-    ws();
-    if (p >= e) fail("unexpected end");
-    char c = *p;
-    if (c == '"') {
-      ++p;
-      while (p < e && *p != '"') p += (*p == '\\') ? 2 : 1;
-      if (p >= e) fail("unterminated string");
-      ++p;
-    } else if (c == '{' || c == '[') {
-      char close = c == '{' ? '}' : ']';
-      ++p;
-      if (peek(close)) {
-        ++p;
-        return;
-      }
-      while (true) {
-        if (c == '{') {
-          skip(depth + 1);
-          expect(':');
-        }
-        skip(depth + 1);
-        if (peek(',')) {
-          ++p;
-          continue;
-        }
-        expect(close);
-        return;
-      }
-    } else {
-      while (p < e && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\n' && *p != '\r' && *p != '\t')
-        ++p;
-    }
-  }
-};
 
 // A byte-level token's text -> its bytes, when they are all ASCII (GPT-2's bytes_to_unicode, inverted: bytes
 // 0x21-0x7e stand for themselves, 0x00-0x20 for U+0100-U+0120, 0x7f for U+0121).
@@ -205,109 +62,65 @@ bool ascii_bytes(const std::string& text, std::string& out) {
 
 ByteBpe::ByteBpe(const std::string& json, int split) : split_(split) {
   if (split < kQwen || split > kGpt2) throw std::invalid_argument("ByteBpe: unknown split regex");
-  Reader r{json.data(), json.data() + json.size(), json.data()};
-  std::vector<std::tuple<uint32_t, std::string, std::string>> late;  // merges read before the vocab
-  bool have_vocab = false, have_merges = false;
-  uint32_t rank = 0;
-  std::string key, a, b, bytes_a, bytes_b;
+  auto fail = [](const std::string& what) { throw std::invalid_argument("tokenizer JSON: " + what); };
+  Json doc;
+  try {
+    doc = Json::parse(json);
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
+  const Json* model = doc.is_object() ? doc.find("model") : nullptr;
+  if (model == nullptr) model = &doc;  // the BPE model's own JSON
+  if (!model->is_object()) fail("the model is not an object");
+  if (const Json* type = model->find("type"); type != nullptr && type->is_string() && type->string != "BPE")
+    fail("not a BPE model");
+  if (const Json* im = model->find("ignore_merges"); im != nullptr && !im->is_null()) {
+    if (im->kind != Json::Kind::Bool) fail("ignore_merges: expected a boolean");
+    ignore_merges_ = im->boolean;
+  }
+  for (const char* name : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const Json* affix = model->find(name);
+    if (affix == nullptr || affix->is_null()) continue;
+    if (!affix->is_string()) fail(std::string(name) + ": expected a string or null");
+    if (!affix->string.empty()) fail("a subword prefix / suffix is not byte-level BPE");
+  }
+  const Json* vocab = model->find("vocab");
+  const Json* merges = model->find("merges");
+  if (vocab == nullptr || !vocab->is_object() || merges == nullptr || !merges->is_array())
+    fail("no BPE vocab and merges");
+  std::string bytes_a, bytes_b;
   ascii_.reserve(1 << 18);
   merges_.reserve(1 << 19);
+  for (const auto& [text, id] : vocab->object) {
+    if (!id.is_number() || !id.integral) fail("vocab: expected an integer id for a token");
+    ++vocab_size_;
+    if (ascii_bytes(text, bytes_a)) ascii_[bytes_a] = static_cast<int32_t>(id.integer);
+  }
   // a merge of two ASCII tokens (the others never apply to ASCII text); the merged token is looked up when
   // the merge applies (bpe)
-  auto add_merge = [&](uint32_t r, const std::string& left, const std::string& right) {
-    auto l = ascii_.find(left);
-    if (l == ascii_.end()) return;
-    auto rt = ascii_.find(right);
-    if (rt == ascii_.end()) return;
+  uint32_t rank = 0;
+  std::string left, right;
+  for (const Json& m : merges->array) {
+    if (m.is_array() && m.array.size() == 2 && m.array[0].is_string() && m.array[1].is_string()) {  // ["a", "b"]
+      left = m.array[0].string;
+      right = m.array[1].string;
+    } else if (m.is_string()) {  // "a b"
+      size_t sp = m.string.find(' ');
+      if (sp == std::string::npos) fail("a merge without a space");
+      left = m.string.substr(0, sp);
+      right = m.string.substr(sp + 1);
+    } else {
+      fail("a merge is neither \"a b\" nor [\"a\", \"b\"]");
+    }
+    const uint32_t r = rank++;
+    if (!ascii_bytes(left, bytes_a) || !ascii_bytes(right, bytes_b)) continue;
+    auto l = ascii_.find(bytes_a);
+    if (l == ascii_.end()) continue;
+    auto rt = ascii_.find(bytes_b);
+    if (rt == ascii_.end()) continue;
     uint64_t k = (static_cast<uint64_t>(static_cast<uint32_t>(l->second)) << 32) | static_cast<uint32_t>(rt->second);
     merges_.emplace(k, r);
-  };
-  auto read_model = [&](auto& self_ref) -> void {
-    r.expect('{');
-    if (r.peek('}')) {
-      ++r.p;
-      return;
-    }
-    while (true) {
-      r.string(key);
-      r.expect(':');
-      if (key == "model") {
-        self_ref(self_ref);
-      } else if (key == "vocab" && r.peek('{')) {
-        have_vocab = true;
-        ++r.p;
-        if (!r.peek('}')) {
-          while (true) {
-            r.string(a);
-            r.expect(':');
-            int64_t id = r.integer();
-            ++vocab_size_;
-            if (ascii_bytes(a, bytes_a)) ascii_[bytes_a] = static_cast<int32_t>(id);
-            if (r.peek(',')) {
-              ++r.p;
-              continue;
-            }
-            break;
-          }
-        }
-        r.expect('}');
-      } else if (key == "merges" && r.peek('[')) {
-        have_merges = true;
-        ++r.p;
-        if (!r.peek(']')) {
-          while (true) {
-            if (r.peek('[')) {  // ["a", "b"]
-              ++r.p;
-              r.string(a);
-              r.expect(',');
-              r.string(b);
-              r.expect(']');
-            } else {  // "a b"
-              r.string(a);
-              size_t sp = a.find(' ');
-              if (sp == std::string::npos) r.fail("a merge without a space");
-              b = a.substr(sp + 1);
-              a.resize(sp);
-            }
-            if (ascii_bytes(a, bytes_a) && ascii_bytes(b, bytes_b)) {
-              if (have_vocab) add_merge(rank, bytes_a, bytes_b);  // (serde writes the vocab first)
-              else late.emplace_back(rank, bytes_a, bytes_b);
-            }
-            ++rank;
-            if (r.peek(',')) {
-              ++r.p;
-              continue;
-            }
-            break;
-          }
-        }
-        r.expect(']');
-      } else if (key == "type" && r.peek('"')) {
-        r.string(a);
-        if (a != "BPE") r.fail("not a BPE model");
-      } else if (key == "ignore_merges") {
-        if (r.literal("true")) ignore_merges_ = true;
-        else if (!r.literal("false") && !r.literal("null")) r.fail("ignore_merges: expected a boolean");
-      } else if (key == "continuing_subword_prefix" || key == "end_of_word_suffix") {
-        if (!r.literal("null")) {
-          if (!r.peek('"')) r.fail("expected a string or null");
-          r.string(a);
-          if (!a.empty()) r.fail("a subword prefix / suffix is not byte-level BPE");
-        }
-      } else {
-        r.skip();
-      }
-      if (r.peek(',')) {
-        ++r.p;
-        continue;
-      }
-      r.expect('}');
-      return;
-    }
-  };
-  read_model(read_model);
-  if (!have_vocab || !have_merges) throw std::invalid_argument("tokenizer JSON: no BPE vocab and merges");
-  for (const auto& [r, left, right] : late) add_merge(r, left, right);
+  }
   for (int c = 0; c < 128; ++c) {
     auto it = ascii_.find(std::string(1, static_cast<char>(c)));
     byte_id_[c] = it == ascii_.end() ? -1 : it->second;
