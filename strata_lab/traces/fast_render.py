@@ -123,7 +123,7 @@ class FastRenderer:
                 if n == 2 and (role == "user" or role == "system"):
                     return role, content, None, None, None, None, True, False
                 if n == 2 and role == "assistant":
-                    return role, content, None, None, None, set(), True, False
+                    return role, content, None, None, None, _NO_IDS, True, False
                 if n == 3 and role == "tool":
                     tcid = m.get("tool_call_id")
                     if tcid.__class__ is str and tcid:
@@ -381,6 +381,7 @@ class FastRenderer:
 
 
 _NEVER = 1 << 62
+_NO_IDS = frozenset()  # the call ids a tool result may answer before any assistant message (read only)
 _REPLY_KEYS = frozenset(("role", "content", "tool_calls", "reasoning_content"))
 
 
@@ -397,7 +398,6 @@ def _same_reply(m, reply: dict) -> bool:
         return False
     return content == reply.get("content") and m.get("reasoning_content") == reply.get("reasoning_content") \
         and m.get("tool_calls") == reply.get("tool_calls")
-_NO_IDS = frozenset()  # the call ids a tool result may answer before any assistant message
 
 
 def _tools_key(tools):
