@@ -109,7 +109,6 @@ with a saved prompt); the quoted source lines above are the model's specificatio
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np

@@ -268,7 +268,6 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     from strata_lab.caches.call_ids import write_calls
     from strata_lab.caches.lint import FIXABLE, before_after, before_after_sessions, check_fixes, lint_calls
     from strata_lab.cli.commands import status
-    from strata_lab.dump import load_dump
 
     dump = _checked(args.dump if len(args.dump) > 1 else args.dump[0], args.tokenizer, vocab_limit=False)
     if next(iter(dump), None) is None:

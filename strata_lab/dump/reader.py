@@ -187,7 +187,6 @@ def dump_lines(f) -> Iterator[bytes]:
 
 
 def _iter_file(path: str, vocab_size: int | None = None) -> Iterator[dict]:
-    import gzip
     import zlib
 
     skipped = 0

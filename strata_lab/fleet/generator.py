@@ -25,7 +25,6 @@ import random
 from dataclasses import dataclass
 from typing import Iterator
 
-import orjson
 
 __all__ = ["FleetConfig", "generate_fleet", "write_fleet"]
 

@@ -31,7 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from strata_lab import _native
-from strata_lab.replayer.divergence import (Divergence, _assistant_id, classify, context_pair, find_divergence,
+from strata_lab.replayer.divergence import (Divergence, _assistant_id, classify, find_divergence,
                                             set_id_contexts, set_text_contexts)
 from strata_lab.replayer.fast import _ROW_COLUMNS, DeltaPrompt, _all_keys, _record, session_ends
 from strata_lab.replayer.rowtable import RowTable

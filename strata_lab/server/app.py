@@ -61,7 +61,6 @@ def load_state(config: ServerConfig) -> ServerState:
     from strata_lab.text.encoder import PromptEncoder
     from strata_lab.engine import CheckpointPolicy, Engine
     from strata_lab.dump.writer import Recorder
-    from strata_lab.text.template import ChatTemplate
     from strata_lab.text.tokenizer import load_tokenizer
 
     from strata_lab.tiny import embedded_model

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import unicodedata
 from dataclasses import dataclass

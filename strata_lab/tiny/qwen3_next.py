@@ -7,9 +7,8 @@ loaders ignore them.
 """
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np

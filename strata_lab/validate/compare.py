@@ -19,7 +19,6 @@ plus `refused` where the engine turned the call away.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 __all__ = ["Comparison", "compare", "write_dump", "to_calls", "explain", "explain_slot"]
