@@ -38,7 +38,7 @@ class ByteBpe {
   size_t vocab_size() const { return vocab_size_; }  // every token of the model's vocabulary
   size_t ascii_tokens() const { return ascii_.size(); }  // those whose bytes are ASCII (the ones used here)
   size_t merges() const { return merges_.size(); }
-  size_t cached() const { return pretokens_.size(); }
+  size_t cached() const { return pretokens_.size() + short_.size(); }
   size_t kept() const { return stretches_.size(); }
 
  private:
@@ -72,7 +72,28 @@ class ByteBpe {
     std::string arena_;
     std::vector<int32_t> pool_;
   };
+  // pre-tokens of at most 16 bytes with at most 4 ids (most words): key and ids held in the slot, compared as
+  // two words (no key arena, no memcmp); it starts over when it holds kMaxCached keys
+  class ShortTable {
+   public:
+    // the key of s[0:n) (n <= 16), zero-padded; `avail`: bytes readable from s (>= n)
+    static void key(const char* s, size_t n, size_t avail, uint64_t& a, uint64_t& b);
+    bool get(uint64_t a, uint64_t b, size_t n, std::vector<int32_t>& out) const;
+    void put(uint64_t a, uint64_t b, size_t n, const int32_t* ids, size_t count);
+    size_t size() const { return used_; }
+
+   private:
+    struct Slot {
+      uint64_t a = 0, b = 0;
+      uint32_t len = 0, count = 0;  // len 0: empty (a pre-token is never empty)
+      int32_t ids[4] = {};
+    };
+    static size_t hash(uint64_t a, uint64_t b, size_t n);
+    std::vector<Slot> slots_;
+    size_t used_ = 0;
+  };
   bool pieces(const char* text, size_t n, std::vector<int32_t>& out);  // pre-token by pre-token
+  ShortTable short_;
   Table pretokens_{kMaxCached, size_t(1) << 30};
   Table stretches_{size_t(1) << 20, kMaxKeptChars};  // stretches of >= kMinKept bytes
 };
