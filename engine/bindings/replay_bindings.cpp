@@ -89,6 +89,7 @@ struct BpeEncoder {
   std::vector<std::pair<std::string, int32_t>> tokens;  // longest first
   std::vector<int32_t> first[128];                      // first byte -> indices into tokens, longest first
   bool starts[256] = {};                                // a token starts with this byte
+  unsigned char only = 0;                               // the one byte every token starts with, or 0
   std::vector<PyObject*> ints;
   std::vector<int32_t> buf;                   // the ids of one encode_into
   std::vector<int32_t> one;                   // the ids of one encode (other() may call it during encode_into)
@@ -107,7 +108,27 @@ struct BpeEncoder {
                      [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
     for (size_t k = 0; k < tokens.size(); ++k)
       first[static_cast<unsigned char>(tokens[k].first[0])].push_back(static_cast<int32_t>(k));
-    for (int c = 0; c < 128; ++c) starts[c] = !first[c].empty();
+    int count = 0;
+    for (int c = 0; c < 128; ++c) {
+      starts[c] = !first[c].empty();
+      if (starts[c]) {
+        only = static_cast<unsigned char>(c);
+        ++count;
+      }
+    }
+    if (count != 1) only = 0;
+  }
+  // The first position >= i (< n) where an added token may start, or n.
+  template <typename C>
+  size_t next_start(const C* s, size_t i, size_t n) const {
+    if constexpr (sizeof(C) == 1) {
+      if (only != 0) {  // every added token starts with the same byte (Qwen's '<'): memchr
+        const void* q = i < n ? std::memchr(s + i, only, n - i) : nullptr;
+        return q == nullptr ? n : static_cast<size_t>(static_cast<const C*>(q) - s);
+      }
+    }
+    while (i < n && (s[i] >= 128 || !starts[s[i]])) ++i;
+    return i;
   }
   PyObject* integer(int32_t id) {  // a new reference
     if (id >= 0 && id < (1 << 22)) {
@@ -180,7 +201,7 @@ struct BpeEncoder {
   void run(PyObject* text, const C* s, size_t pos, size_t n, py::handle other) {
     size_t start = pos;
     for (size_t i = pos; i < n;) {
-      while (i < n && (s[i] >= 128 || !starts[s[i]])) ++i;
+      i = next_start(s, i, n);
       if (i >= n) break;
       const int32_t k = match_at(s, i, n);
       if (k < 0) {
@@ -236,8 +257,7 @@ struct BpeEncoder {
   // The next added-token match at or after i: (start, token index), or (n, -1).
   template <typename C>
   std::pair<size_t, int32_t> next_match(const C* s, size_t i, size_t n) const {
-    for (; i < n; ++i) {
-      if (s[i] >= 128 || !starts[s[i]]) continue;
+    for (; (i = next_start(s, i, n)) < n; ++i) {
       const int32_t k = match_at(s, i, n);
       if (k >= 0) return {i, k};
     }

@@ -391,8 +391,14 @@ bool ByteBpe::pieces(const char* text, size_t n, std::vector<int32_t>& out) {
 
 bool ByteBpe::encode(const char* text, size_t n, std::vector<int32_t>& out) {
   const auto* s = reinterpret_cast<const unsigned char*>(text);
-  for (size_t i = 0; i < n; ++i)
-    if (s[i] >= 0x80 || cls(s[i]) == X) return false;
+  // printable ASCII, tab, newline, carriage return only (branch-free, so the compiler vectorizes it)
+  unsigned bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char b = s[i];
+    bad |= static_cast<unsigned>(static_cast<unsigned char>(b - 0x20) > 0x5e) &
+           static_cast<unsigned>(b != '\t') & static_cast<unsigned>(b != '\n') & static_cast<unsigned>(b != '\r');
+  }
+  if (bad) return false;
   const size_t start = out.size();
   bool ok = true;
   if (n < kMinKept) {
@@ -420,7 +426,10 @@ bool ByteBpe::encode(const char* text, size_t n, std::vector<int32_t>& out) {
     } else {
       ok = pieces(text, n, out);
     }
-    if (ok) stretches_.put(text, n, h, out.data() + start, out.size() - start);
+    // whole, unless its rest is remembered and the part before it short (a header: "user\n"); the lookup
+    // then finds the rest after encoding that part
+    if (ok && (p == 0 || p > kMinKept || n - p < kMinKept))
+      stretches_.put(text, n, h, out.data() + start, out.size() - start);
   }
   if (!ok) out.resize(start);
   return ok;

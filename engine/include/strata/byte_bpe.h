@@ -21,10 +21,11 @@ class ByteBpe {
   enum Split : int { kQwen = 0, kLlama3 = 1, kGpt2 = 2 };
   static constexpr size_t kMaxPiece = 512;     // longer pre-tokens: not taken (the merge loop is quadratic)
   static constexpr size_t kMaxCached = 1 << 18;  // pre-tokens remembered (then the cache starts over)
-  // Stretches this long are remembered whole (a tool result a re-rendered turn holds again, a system prompt
-  // every session starts with), up to kMaxKeptChars bytes of them; one that is not is cut after its first line
-  // break followed by a printable character (a pre-token ends there in all three regexes) and the rest is
-  // looked up and remembered on its own too (the same text after another header).
+  // Stretches this long are remembered (a tool result a re-rendered turn holds again, a system prompt every
+  // session starts with), up to kMaxKeptChars bytes of them; one that is not is cut after its first line break
+  // followed by a printable character (a pre-token ends there in all three regexes) and the rest is looked up
+  // and remembered on its own (the same text after another header); the whole stretch too, unless the part
+  // before its rest is a short header (then a lookup finds the rest after it).
   static constexpr size_t kMinKept = 64;
   static constexpr size_t kMaxKeptChars = size_t(4) << 20;
 
