@@ -243,6 +243,14 @@ struct BpeEncoder {
       const size_t bytes = n * static_cast<size_t>(ka);
       size_t i = 0;
       while (i + 4096 <= bytes && std::memcmp(pa + i, pb + i, 4096) == 0) i += 4096;
+      while (i + 64 <= bytes && std::memcmp(pa + i, pb + i, 64) == 0) i += 64;  // then a word at a time
+      while (i + 8 <= bytes) {
+        uint64_t x, y;
+        std::memcpy(&x, pa + i, 8);
+        std::memcpy(&y, pb + i, 8);
+        if (x != y) break;
+        i += 8;
+      }
       while (i < bytes && pa[i] == pb[i]) ++i;
       return i / static_cast<size_t>(ka);
     }
