@@ -132,7 +132,9 @@ struct BpeEncoder {
   }
   PyObject* integer(int32_t id) {  // a new reference
     if (id >= 0 && id < (1 << 22)) {
-      if (static_cast<size_t>(id) >= ints.size()) ints.resize(static_cast<size_t>(id) + 1, nullptr);
+      if (static_cast<size_t>(id) >= ints.size())  // (grown geometrically: not once per larger id)
+        ints.resize(std::min<size_t>(std::max<size_t>(static_cast<size_t>(id) + 1, ints.size() * 2), size_t(1) << 22),
+                    nullptr);
       PyObject*& o = ints[static_cast<size_t>(id)];
       if (o == nullptr && (o = PyLong_FromLong(id)) == nullptr) throw py::error_already_set();
       Py_INCREF(o);
@@ -274,8 +276,19 @@ struct BpeEncoder {
   py::list ids_list(const int32_t* ids, size_t n) {
     PyObject* list = PyList_New(static_cast<Py_ssize_t>(n));
     if (list == nullptr) throw py::error_already_set();
-    for (size_t i = 0; i < n; ++i) PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), integer(ids[i]));
-    return py::reinterpret_steal<py::list>(list);
+    auto ref = py::reinterpret_steal<py::list>(list);
+    PyObject** items = reinterpret_cast<PyListObject*>(list)->ob_item;
+    for (size_t i = 0; i < n; ++i) {  // the ints made already: one load and an incref each
+      const auto id = static_cast<uint32_t>(ids[i]);
+      PyObject* o = id < ints.size() ? ints[id] : nullptr;
+      if (o != nullptr) {
+        Py_INCREF(o);
+        items[i] = o;
+      } else {
+        items[i] = integer(ids[i]);
+      }
+    }
+    return ref;
   }
   void scan_into(PyObject* t, size_t pos, py::handle other) {
     buf.clear();
