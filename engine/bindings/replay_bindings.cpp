@@ -89,6 +89,7 @@ struct BpeEncoder {
   std::vector<std::pair<std::string, int32_t>> tokens;  // longest first
   std::vector<int32_t> first[128];                      // first byte -> indices into tokens, longest first
   bool starts[256] = {};                                // a token starts with this byte
+  unsigned char only = 0;                               // the one byte every token starts with, or 0
   std::vector<PyObject*> ints;
   std::vector<int32_t> buf;                   // the ids of one encode_into
   std::vector<int32_t> one;                   // the ids of one encode (other() may call it during encode_into)
@@ -107,11 +108,33 @@ struct BpeEncoder {
                      [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
     for (size_t k = 0; k < tokens.size(); ++k)
       first[static_cast<unsigned char>(tokens[k].first[0])].push_back(static_cast<int32_t>(k));
-    for (int c = 0; c < 128; ++c) starts[c] = !first[c].empty();
+    int count = 0;
+    for (int c = 0; c < 128; ++c) {
+      starts[c] = !first[c].empty();
+      if (starts[c]) {
+        only = static_cast<unsigned char>(c);
+        ++count;
+      }
+    }
+    if (count != 1) only = 0;
+  }
+  // The first position >= i (< n) where an added token may start, or n.
+  template <typename C>
+  size_t next_start(const C* s, size_t i, size_t n) const {
+    if constexpr (sizeof(C) == 1) {
+      if (only != 0) {  // every added token starts with the same byte (Qwen's '<'): memchr
+        const void* q = i < n ? std::memchr(s + i, only, n - i) : nullptr;
+        return q == nullptr ? n : static_cast<size_t>(static_cast<const C*>(q) - s);
+      }
+    }
+    while (i < n && (s[i] >= 128 || !starts[s[i]])) ++i;
+    return i;
   }
   PyObject* integer(int32_t id) {  // a new reference
     if (id >= 0 && id < (1 << 22)) {
-      if (static_cast<size_t>(id) >= ints.size()) ints.resize(static_cast<size_t>(id) + 1, nullptr);
+      if (static_cast<size_t>(id) >= ints.size())  // (grown geometrically: not once per larger id)
+        ints.resize(std::min<size_t>(std::max<size_t>(static_cast<size_t>(id) + 1, ints.size() * 2), size_t(1) << 22),
+                    nullptr);
       PyObject*& o = ints[static_cast<size_t>(id)];
       if (o == nullptr && (o = PyLong_FromLong(id)) == nullptr) throw py::error_already_set();
       Py_INCREF(o);
@@ -180,7 +203,7 @@ struct BpeEncoder {
   void run(PyObject* text, const C* s, size_t pos, size_t n, py::handle other) {
     size_t start = pos;
     for (size_t i = pos; i < n;) {
-      while (i < n && (s[i] >= 128 || !starts[s[i]])) ++i;
+      i = next_start(s, i, n);
       if (i >= n) break;
       const int32_t k = match_at(s, i, n);
       if (k < 0) {
@@ -222,6 +245,14 @@ struct BpeEncoder {
       const size_t bytes = n * static_cast<size_t>(ka);
       size_t i = 0;
       while (i + 4096 <= bytes && std::memcmp(pa + i, pb + i, 4096) == 0) i += 4096;
+      while (i + 64 <= bytes && std::memcmp(pa + i, pb + i, 64) == 0) i += 64;  // then a word at a time
+      while (i + 8 <= bytes) {
+        uint64_t x, y;
+        std::memcpy(&x, pa + i, 8);
+        std::memcpy(&y, pb + i, 8);
+        if (x != y) break;
+        i += 8;
+      }
       while (i < bytes && pa[i] == pb[i]) ++i;
       return i / static_cast<size_t>(ka);
     }
@@ -236,8 +267,7 @@ struct BpeEncoder {
   // The next added-token match at or after i: (start, token index), or (n, -1).
   template <typename C>
   std::pair<size_t, int32_t> next_match(const C* s, size_t i, size_t n) const {
-    for (; i < n; ++i) {
-      if (s[i] >= 128 || !starts[s[i]]) continue;
+    for (; (i = next_start(s, i, n)) < n; ++i) {
       const int32_t k = match_at(s, i, n);
       if (k >= 0) return {i, k};
     }
@@ -246,8 +276,19 @@ struct BpeEncoder {
   py::list ids_list(const int32_t* ids, size_t n) {
     PyObject* list = PyList_New(static_cast<Py_ssize_t>(n));
     if (list == nullptr) throw py::error_already_set();
-    for (size_t i = 0; i < n; ++i) PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), integer(ids[i]));
-    return py::reinterpret_steal<py::list>(list);
+    auto ref = py::reinterpret_steal<py::list>(list);
+    PyObject** items = reinterpret_cast<PyListObject*>(list)->ob_item;
+    for (size_t i = 0; i < n; ++i) {  // the ints made already: one load and an incref each
+      const auto id = static_cast<uint32_t>(ids[i]);
+      PyObject* o = id < ints.size() ? ints[id] : nullptr;
+      if (o != nullptr) {
+        Py_INCREF(o);
+        items[i] = o;
+      } else {
+        items[i] = integer(ids[i]);
+      }
+    }
+    return ref;
   }
   void scan_into(PyObject* t, size_t pos, py::handle other) {
     buf.clear();

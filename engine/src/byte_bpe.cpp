@@ -294,12 +294,89 @@ void ByteBpe::Table::put(const char* s, size_t n, uint64_t h, const int32_t* ids
   ++used_;
 }
 
+void ByteBpe::ShortTable::key(const char* s, size_t n, size_t avail, uint64_t& a, uint64_t& b) {
+  unsigned char buf[16] = {};
+  if (avail >= 16) {
+    std::memcpy(buf, s, 16);
+    std::memset(buf + n, 0, 16 - n);
+  } else {
+    std::memcpy(buf, s, n);
+  }
+  std::memcpy(&a, buf, 8);
+  std::memcpy(&b, buf + 8, 8);
+}
+
+size_t ByteBpe::ShortTable::hash(uint64_t a, uint64_t b, size_t n) {
+  uint64_t h = (a * 0x9E3779B97F4A7C15ull) ^ (b * 0xC2B2AE3D27D4EB4Full) ^ (n * 0x165667B19E3779F9ull);
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  return static_cast<size_t>(h ^ (h >> 32));
+}
+
+bool ByteBpe::ShortTable::get(uint64_t a, uint64_t b, size_t n, std::vector<int32_t>& out) const {
+  if (slots_.empty()) return false;
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = hash(a, b, n) & mask;; i = (i + 1) & mask) {
+    const Slot& sl = slots_[i];
+    if (sl.len == 0) return false;
+    if (sl.a == a && sl.b == b && sl.len == n) {
+      if (sl.count == 1) out.push_back(sl.ids[0]);
+      else out.insert(out.end(), sl.ids, sl.ids + sl.count);
+      return true;
+    }
+  }
+}
+
+void ByteBpe::ShortTable::put(uint64_t a, uint64_t b, size_t n, const int32_t* ids, size_t count) {
+  if (used_ >= kMaxCached) {  // start over
+    slots_.assign(slots_.size(), Slot{});
+    used_ = 0;
+  }
+  if (slots_.empty() || (used_ + 1) * 2 > slots_.size()) {
+    std::vector<Slot> old(slots_.empty() ? 1024 : slots_.size() * 2);
+    old.swap(slots_);
+    const size_t mask = slots_.size() - 1;
+    for (const Slot& sl : old) {
+      if (sl.len == 0) continue;
+      size_t i = hash(sl.a, sl.b, sl.len) & mask;
+      while (slots_[i].len != 0) i = (i + 1) & mask;
+      slots_[i] = sl;
+    }
+  }
+  const size_t mask = slots_.size() - 1;
+  size_t i = hash(a, b, n) & mask;
+  while (slots_[i].len != 0) i = (i + 1) & mask;
+  Slot& sl = slots_[i];
+  sl.a = a;
+  sl.b = b;
+  sl.len = static_cast<uint32_t>(n);
+  sl.count = static_cast<uint32_t>(count);
+  std::memcpy(sl.ids, ids, count * sizeof(int32_t));
+  ++used_;
+}
+
 bool ByteBpe::pieces(const char* text, size_t n, std::vector<int32_t>& out) {
   const auto* s = reinterpret_cast<const unsigned char*>(text);
   size_t i = 0;
   while (i < n) {
     const size_t j = next_piece(s, i, n);
     const size_t len = j - i;
+    if (len <= 16) {
+      uint64_t a, b;
+      ShortTable::key(text + i, len, n - i, a, b);
+      if (!short_.get(a, b, len, out)) {  // (a short pre-token of more than 4 ids: in pretokens_)
+        const uint64_t h = hash_bytes(text + i, len);
+        if (!pretokens_.get(text + i, len, h, out)) {
+          const size_t before = out.size();
+          if (!bpe(s + i, len, out)) return false;
+          const size_t count = out.size() - before;
+          if (count <= 4) short_.put(a, b, len, out.data() + before, count);
+          else pretokens_.put(text + i, len, h, out.data() + before, count);
+        }
+      }
+      i = j;
+      continue;
+    }
     if (len > kMaxPiece) return false;
     const uint64_t h = hash_bytes(text + i, len);
     if (!pretokens_.get(text + i, len, h, out)) {
@@ -314,8 +391,14 @@ bool ByteBpe::pieces(const char* text, size_t n, std::vector<int32_t>& out) {
 
 bool ByteBpe::encode(const char* text, size_t n, std::vector<int32_t>& out) {
   const auto* s = reinterpret_cast<const unsigned char*>(text);
-  for (size_t i = 0; i < n; ++i)
-    if (s[i] >= 0x80 || cls(s[i]) == X) return false;
+  // printable ASCII, tab, newline, carriage return only (branch-free, so the compiler vectorizes it)
+  unsigned bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char b = s[i];
+    bad |= static_cast<unsigned>(static_cast<unsigned char>(b - 0x20) > 0x5e) &
+           static_cast<unsigned>(b != '\t') & static_cast<unsigned>(b != '\n') & static_cast<unsigned>(b != '\r');
+  }
+  if (bad) return false;
   const size_t start = out.size();
   bool ok = true;
   if (n < kMinKept) {
@@ -343,7 +426,10 @@ bool ByteBpe::encode(const char* text, size_t n, std::vector<int32_t>& out) {
     } else {
       ok = pieces(text, n, out);
     }
-    if (ok) stretches_.put(text, n, h, out.data() + start, out.size() - start);
+    // whole, unless its rest is remembered and the part before it short (a header: "user\n"); the lookup
+    // then finds the rest after encoding that part
+    if (ok && (p == 0 || p > kMinKept || n - p < kMinKept))
+      stretches_.put(text, n, h, out.data() + start, out.size() - start);
   }
   if (!ok) out.resize(start);
   return ok;

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from itertools import chain
 
 __all__ = ["FastRenderer"]
 
@@ -298,7 +297,7 @@ class FastRenderer:
             if last is None or last[0] != "assistant":
                 return None
         try:
-            tkey = _tools_key(tools)
+            tkey = _tools_key(tools) if tools is not None else None
         except TypeError:  # not JSON: the template decides
             return None
         # the last user query (not a tool response): assistant turns after it keep their think block
@@ -354,10 +353,14 @@ class FastRenderer:
         tail = "<|im_end|>\n" if parsed[-1][0] == "tool" else ""
         gen = "<|im_start|>assistant\n<think>\n\n</think>\n\n" if kwargs.get("enable_thinking") is False else \
             "<|im_start|>assistant\n"
-        prompt = "".join(chain(out, (tail, gen)))
+        parts = len(out)  # (out is this call's own list: the two ends are appended, joined, then dropped)
+        out += (tail, gen)
+        prompt = "".join(out)
         full = None
         if last is not None:
-            full = "".join(chain(out, (tail, assistant(last[1], last[2], last[3], True))))
+            out[-1] = assistant(last[1], last[2], last[3], True)
+            full = "".join(out)
+        del out[parts:]
         if len(prompt) > self._max_chars or (full is not None and len(full) > self._max_chars):
             return None
         if key is not None:

@@ -148,11 +148,12 @@ def _reply_end(tokenizer, template, reply: dict, ids: list[int], notes: list) ->
         else:
             notes.append("reply: the template drops reasoning_content and has no think tags; reply without it")
     eos_id = tokenizer.added_tokens.get(eos) if eos else None
-    if eos_id is not None and eos_id in ids:
-        i = len(ids) - 1  # the last eos (a reply's is near its end: no reversed copy)
-        while ids[i] != eos_id:
+    if eos_id is not None:
+        i = len(ids) - 1  # the last eos, searched from the end (a reply's is near its end: no forward scan)
+        while i >= 0 and ids[i] != eos_id:
             i -= 1
-        ids = ids[: i + 1]
+        if i >= 0:
+            ids = ids[: i + 1]
     return ids
 
 

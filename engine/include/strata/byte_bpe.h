@@ -21,10 +21,11 @@ class ByteBpe {
   enum Split : int { kQwen = 0, kLlama3 = 1, kGpt2 = 2 };
   static constexpr size_t kMaxPiece = 512;     // longer pre-tokens: not taken (the merge loop is quadratic)
   static constexpr size_t kMaxCached = 1 << 18;  // pre-tokens remembered (then the cache starts over)
-  // Stretches this long are remembered whole (a tool result a re-rendered turn holds again, a system prompt
-  // every session starts with), up to kMaxKeptChars bytes of them; one that is not is cut after its first line
-  // break followed by a printable character (a pre-token ends there in all three regexes) and the rest is
-  // looked up and remembered on its own too (the same text after another header).
+  // Stretches this long are remembered (a tool result a re-rendered turn holds again, a system prompt every
+  // session starts with), up to kMaxKeptChars bytes of them; one that is not is cut after its first line break
+  // followed by a printable character (a pre-token ends there in all three regexes) and the rest is looked up
+  // and remembered on its own (the same text after another header); the whole stretch too, unless the part
+  // before its rest is a short header (then a lookup finds the rest after it).
   static constexpr size_t kMinKept = 64;
   static constexpr size_t kMaxKeptChars = size_t(4) << 20;
 
@@ -38,7 +39,7 @@ class ByteBpe {
   size_t vocab_size() const { return vocab_size_; }  // every token of the model's vocabulary
   size_t ascii_tokens() const { return ascii_.size(); }  // those whose bytes are ASCII (the ones used here)
   size_t merges() const { return merges_.size(); }
-  size_t cached() const { return pretokens_.size(); }
+  size_t cached() const { return pretokens_.size() + short_.size(); }
   size_t kept() const { return stretches_.size(); }
 
  private:
@@ -72,7 +73,28 @@ class ByteBpe {
     std::string arena_;
     std::vector<int32_t> pool_;
   };
+  // pre-tokens of at most 16 bytes with at most 4 ids (most words): key and ids held in the slot, compared as
+  // two words (no key arena, no memcmp); it starts over when it holds kMaxCached keys
+  class ShortTable {
+   public:
+    // the key of s[0:n) (n <= 16), zero-padded; `avail`: bytes readable from s (>= n)
+    static void key(const char* s, size_t n, size_t avail, uint64_t& a, uint64_t& b);
+    bool get(uint64_t a, uint64_t b, size_t n, std::vector<int32_t>& out) const;
+    void put(uint64_t a, uint64_t b, size_t n, const int32_t* ids, size_t count);
+    size_t size() const { return used_; }
+
+   private:
+    struct Slot {
+      uint64_t a = 0, b = 0;
+      uint32_t len = 0, count = 0;  // len 0: empty (a pre-token is never empty)
+      int32_t ids[4] = {};
+    };
+    static size_t hash(uint64_t a, uint64_t b, size_t n);
+    std::vector<Slot> slots_;
+    size_t used_ = 0;
+  };
   bool pieces(const char* text, size_t n, std::vector<int32_t>& out);  // pre-token by pre-token
+  ShortTable short_;
   Table pretokens_{kMaxCached, size_t(1) << 30};
   Table stretches_{size_t(1) << 20, kMaxKeptChars};  // stretches of >= kMinKept bytes
 };
