@@ -217,6 +217,32 @@ def test_f16_cache_decode_bits_equal_the_prefill_block(threads):
             _engine._set_kernel_option("attn_decode", True)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_f16_cache_prefill_blocks_keep_each_querys_bits(level, threads):
+    """A prefill of 300 queries at a 400-key f16 cache runs three query blocks (128, 128 and a partial 44) whose
+    key tiles are copied as f16 and widened in registers: every query gives the bits it gives alone (decode) and
+    in calls cut elsewhere, and the bits of the f32 kernel (avx2) on the pre-rounded cache."""
+    n, T, H, Hkv, hd = 300, 400, 16, 8, 128
+    q, k, v = inputs(n, T, H, Hkv, hd, seed=11)
+    k16, v16 = k.astype(np.float16), v.astype(np.float16)
+    full = _engine._attention(q, k16, v16, H, Hkv, threads=threads)
+    for i in [0, 1, 63, 64, 127, 128, 129, 200, 255, 256, 299]:
+        alone = _engine._attention(q[i:i + 1], k16[:T - n + i + 1], v16[:T - n + i + 1], H, Hkv, threads=threads)
+        assert np.array_equal(alone[0], full[i]), f"query {i} differs alone ({level})"
+    for a, b in [(0, 100), (100, 250), (250, 300)]:
+        part = _engine._attention(q[a:b], k16[:T - n + b], v16[:T - n + b], H, Hkv, threads=threads)
+        assert np.array_equal(part, full[a:b]), f"queries {a}..{b} differ ({level})"
+    if level != "scalar":
+        _engine.set_kernel_level("avx2")
+        try:
+            same = _engine._attention(q, k16.astype(np.float32), v16.astype(np.float32), H, Hkv, threads=threads)
+        finally:
+            _engine.set_kernel_level(level)
+        assert np.array_equal(full, same)
+    err = np.abs(full - reference(q, k16.astype(np.float32), v16.astype(np.float32))).max()
+    assert err <= TOL, f"{level}: max |error| {err:.2e} > {TOL}"
+
+
 def test_f16_cache_engine_decode_equals_full_forward_and_stays_close_to_f32(tmp_path):
     """A bf16 model folder gets an f16 cache by default (kv_cache="auto"): decode equals the full forward, the
     logits differ from an explicit f32 cache's (the cache really changed) and stay close to them."""
