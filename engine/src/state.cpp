@@ -2,11 +2,44 @@
 
 #include "strata/kernels.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 #include <stdexcept>
 #include <string>
 
 namespace strata {
+
+// >= 2 MiB: a mapping of its own (fresh pages, 2 MiB-aligned, the length rounded up to 4 KiB pages only: no
+// memory added), advised before the vector first touches it; smaller arrays from malloc.
+constexpr size_t kKVHuge = size_t(2) << 20, kKVPage = 4096;
+
+void* kv_alloc(size_t bytes) {
+  if (bytes < kKVHuge) {
+    void* p = std::malloc(bytes ? bytes : 1);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  const size_t len = (bytes + kKVPage - 1) / kKVPage * kKVPage;
+  void* m = ::mmap(nullptr, len + kKVHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(m), a = (lo + kKVHuge - 1) / kKVHuge * kKVHuge;
+  if (a > lo) ::munmap(m, a - lo);
+  if (lo + len + kKVHuge > a + len) ::munmap(reinterpret_cast<void*>(a + len), lo + len + kKVHuge - (a + len));
+#ifdef MADV_HUGEPAGE
+  const char* env = std::getenv("STRATA_KV_HUGEPAGES");
+  if (!(env && std::string(env) == "0")) ::madvise(reinterpret_cast<void*>(a), len, MADV_HUGEPAGE);  // advisory
+#endif
+  return reinterpret_cast<void*>(a);
+}
+
+void kv_free(void* p, size_t bytes) noexcept {
+  if (!p) return;
+  if (bytes < kKVHuge) std::free(p);
+  else ::munmap(p, (bytes + kKVPage - 1) / kKVPage * kKVPage);
+}
 
 AttentionKV::AttentionKV(int n_kv_heads, int head_dim, KVFormat format)
     : n_kv_heads_(n_kv_heads), head_dim_(head_dim), format_(format) {
