@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -53,17 +54,20 @@ def _attention_ms(prof) -> float | None:
 
 
 def _attention_line(rows, quiet_cores: float) -> str:
-    """Per-op timers' decode attention: median ms/token and share of decode time, quiet rounds and all."""
-    rows = [r for r in rows if r[0] is not None]
-    if not rows:
-        return ""
+    """Per-op timers' decode attention (median ms/token and share of decode time, quiet rounds and all) and
+    the process's CPU time per token (with --threads 1: the work, not the wait for a core)."""
+    cpu = (f"; process CPU time (all threads, spin-waits included) {float(np.median([r[3] for r in rows])):.2f} "
+           "ms/token (median, all rounds)")
+    timed = [r for r in rows if r[0] is not None]
+    if not timed:
+        return cpu
     out = []
-    for label, sel in (("quiet rounds", [r for r in rows if r[2] is not None and r[2] < quiet_cores]),
-                       ("all rounds", rows)):
+    for label, sel in (("quiet rounds", [r for r in timed if r[2] is not None and r[2] < quiet_cores]),
+                       ("all rounds", timed)):
         if sel:
             out.append(f"{label} {float(np.median([r[0] for r in sel])):.2f} ms/token "
                        f"({float(np.median([r[0] / r[1] for r in sel])) * 100:.1f} % of decode time)")
-    return "; decode attention (per-op timers): " + ", ".join(out)
+    return "; decode attention (per-op timers): " + ", ".join(out) + cpu
 
 
 class _Env:
@@ -138,10 +142,12 @@ def main(argv=None):
                     meter.start()
                     gbs = ext.read_bandwidth(int(nbytes), args.threads, 1)
                     ext._profile(True)
+                    cpu0 = time.process_time()
                     with _Env(envs[name]):
                         r = s.generate(held, max_new_tokens=args.steps).result
+                    cpu = (time.process_time() - cpu0) * 1e3 / args.steps
                     att = _attention_ms(ext._profile(True))
-                    attn[name].append((att, 1e3 / (args.steps / (r.decode_ms / 1e3)), meter.others()))
+                    attn[name].append((att, 1e3 / (args.steps / (r.decode_ms / 1e3)), meter.others(), cpu))
                     assert r.tokens_read <= 1 and len(r.gen_ids) == args.steps
                     o = bandwidth.Round(gbs, args.steps / (r.decode_ms / 1e3), meter.others())
                     res[name].append(o)
@@ -149,7 +155,8 @@ def main(argv=None):
                           f"{o.decode_tps:.2f} tok/s = {o.decode_tps * nbytes / 1e9 / o.read_gbs:.2f}, others "
                           + ("?" if o.others is None else f"{o.others:.2f} cores")
                           + ("" if attn[name][-1][0] is None else
-                             f", attention {attn[name][-1][0]:.2f} ms/token"), flush=True)
+                             f", attention {attn[name][-1][0]:.2f} ms/token")
+                          + f", process CPU {attn[name][-1][3]:.2f} ms/token", flush=True)
             for s in sessions.values():
                 s.reset()
             for name in names:
