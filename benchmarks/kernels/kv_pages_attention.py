@@ -5,10 +5,10 @@ a 64 MiB pass over another array between steps so no call finds its cache warm.
 
 "4k": each layer's K and V its own numpy array with numpy's huge-page advice turned off (the engine's cache
 before STRATA_KV_HUGEPAGES: std::vector on 4 KiB pages, 16 bytes past a cache line as malloc leaves it, as
-numpy's are); "4k64": the same arrays each starting on a 64-byte cache line (as the engine's arrays under 2 MiB
-now do: 64-byte aligned malloc); "huge": all layers in one array, advised (numpy advises arrays of >= 4 MiB), still 16 bytes past
-a line; "huge64": the same with every row starting on a cache line (as the engine's >= 2 MiB arrays now do: a
-2 MiB-aligned mapping advised before first touch).
+numpy's are); "4k64": the same arrays each starting on a 64-byte cache line (as the engine's arrays under
+2 MiB now do: 64-byte aligned malloc); "huge": all layers in one array, advised (numpy advises arrays of
+>= 4 MiB), still 16 bytes past a line; "huge64": the same with every row starting on a cache line (as the
+engine's >= 2 MiB arrays now do: a 2 MiB-aligned mapping advised before first touch).
 Rounds rotate the order; each cell is the median of --steps steps. With --threads 1 the time is the
 thread's CPU time (time.thread_time: the work, not the wait for a core another process holds), else wall
 time. Outputs are compared bit for bit; the load average is printed: on a shared machine only ratios in one
@@ -99,8 +99,10 @@ def main(argv=None):
             print(f"context {ctx}, {th} thread(s) ({'CPU' if th == 1 else 'wall'} time), {mb:.1f} MB of cache: "
                   + ", ".join(f"{n} {med[n] * 1e3:.2f} ms (best {best[n] * 1e3:.2f}, {mb / med[n] / 1e3:.1f} GB/s)"
                               for n in caches)
-                  + "; 4k / variant: " + ", ".join(f"{n} median {med['4k'] / med[n]:.2f}x best {best['4k'] / best[n]:.2f}x"
-                                                   for n in names[1:]) + "; "
+                  + "; 4k / variant: "
+                  + ", ".join(f"{n} median {med['4k'] / med[n]:.2f}x best {best['4k'] / best[n]:.2f}x"
+                              for n in names[1:])
+                  + "; "
                   f"bits equal: {same}; load average {os.getloadavg()[0]:.1f}", flush=True)
 
 
