@@ -2,11 +2,52 @@
 
 #include "strata/kernels.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 #include <stdexcept>
 #include <string>
 
 namespace strata {
+
+// >= 2 MiB: a mapping of its own (fresh pages, 2 MiB-aligned, the length rounded up to whole pages only: no
+// memory added), advised before the vector first touches it; smaller arrays 64-byte aligned from malloc.
+constexpr size_t kKVHuge = size_t(2) << 20;
+static size_t kv_page() {
+  static const size_t page = [] {
+    const long p = ::sysconf(_SC_PAGESIZE);
+    return p > 0 ? size_t(p) : size_t(4096);
+  }();
+  return page;
+}
+
+void* kv_alloc(size_t bytes) {
+  if (bytes < kKVHuge) {  // on a cache line: a thread's span of every row starts on one (16 lines, not 17)
+    void* p = nullptr;
+    if (::posix_memalign(&p, 64, bytes ? bytes : 1) != 0) throw std::bad_alloc();
+    return p;
+  }
+  const size_t len = (bytes + kv_page() - 1) / kv_page() * kv_page();
+  void* m = ::mmap(nullptr, len + kKVHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(m), a = (lo + kKVHuge - 1) / kKVHuge * kKVHuge;
+  if (a > lo) ::munmap(m, a - lo);
+  if (lo + len + kKVHuge > a + len) ::munmap(reinterpret_cast<void*>(a + len), lo + len + kKVHuge - (a + len));
+#ifdef MADV_HUGEPAGE
+  const char* env = std::getenv("STRATA_KV_HUGEPAGES");
+  if (!(env && std::string(env) == "0")) ::madvise(reinterpret_cast<void*>(a), len, MADV_HUGEPAGE);  // advisory
+#endif
+  return reinterpret_cast<void*>(a);
+}
+
+void kv_free(void* p, size_t bytes) noexcept {
+  if (!p) return;
+  if (bytes < kKVHuge) std::free(p);
+  else ::munmap(p, (bytes + kv_page() - 1) / kv_page() * kv_page());
+}
 
 AttentionKV::AttentionKV(int n_kv_heads, int head_dim, KVFormat format)
     : n_kv_heads_(n_kv_heads), head_dim_(head_dim), format_(format) {

@@ -2,11 +2,37 @@
 // Attention layers can be cut back to any prefix for free; recurrent layers (Gated DeltaNet) cannot and
 // need snapshots (checkpoints) taken at exact positions. The Session (session.h) applies Contract 1 on top.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 namespace strata {
+
+// Storage of the f32 and f16 KV cache arrays. An array of >= 2 MiB starts on a 2 MiB boundary and is advised
+// as transparent huge pages (THP "madvise" mode) before anything touches it, as the weights are (model.cpp):
+// decode attention streams every layer's cache with software prefetch, and on 4 KiB pages each thread's rows
+// (a 1 KiB piece of each 2 KiB row at the 0.6B shape, 2 threads) meet a new page every two rows (the kernel at
+// 1,024 keys, one thread: 1.03-1.27x on huge pages; benchmarks/results/decode_bandwidth/kv_hugepages.md).
+// Every array starts on a cache line (malloc aligns to 16 bytes only: 17 lines per 1 KiB span, not 16).
+// STRATA_KV_HUGEPAGES=0 (read at each allocation): plain pages (A/B). The same values either way.
+void* kv_alloc(size_t bytes);
+void kv_free(void* p, size_t bytes) noexcept;  // bytes: as allocated
+template <class T>
+struct KVAlloc {
+  using value_type = T;
+  KVAlloc() = default;
+  template <class U>
+  KVAlloc(const KVAlloc<U>&) noexcept {}
+  T* allocate(size_t n) { return static_cast<T*>(kv_alloc(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) noexcept { kv_free(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const KVAlloc<U>&) const noexcept { return true; }
+  template <class U>
+  bool operator!=(const KVAlloc<U>&) const noexcept { return false; }
+};
+template <class T>
+using KVVector = std::vector<T, KVAlloc<T>>;
 
 // A saved copy of the part of a layer's state that cannot roll back.
 class LayerSnapshot {
@@ -83,8 +109,8 @@ class AttentionKV final : public LayerState {
   int n_kv_heads_, head_dim_;
   KVFormat format_;
   int64_t length_ = 0, staged_ = 0;
-  std::vector<float> k_, v_;         // the cache (f32), or the staged chunk (f16, q8)
-  std::vector<uint16_t> k16_, v16_;  // the cache (f16)
+  KVVector<float> k_, v_;            // the cache (f32), or the staged chunk (f16, q8)
+  KVVector<uint16_t> k16_, v16_;     // the cache (f16)
   std::vector<int8_t> k8_, v8_;      // the cache (q8): values
   std::vector<float> ks_, vs_;       // the cache (q8): one scale per kQ8Block values
 };
