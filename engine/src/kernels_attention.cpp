@@ -147,119 +147,139 @@ struct Q8Cache {
   bool vnni = false;  // scores and P V with AVX-512 VNNI (att_qk_q8_vnni, att_pv_q8i_zmm): the same bits as without
 };
 
-// q8 scores: the query rows are quantised like the cache (blocks of 32, att_begin), and each block's dot is
-// exact in int32 (AVX2 maddubs on |k| and sign(q, k), then madd: |products| <= 127^2, pairs < 2^15), then
-// s[r, j] = (sum over blocks, in order, of float(dot_b) * (dq_b * dk_b) in 8 lanes, reduced as att_qk
-// reduces) * scale. Each (row, key) is the same sequence whichever rows and keys share the call. The scale
-// products dq_b * dk_b are taken first (sd: R x 4 x nb, 4 at a time where nb allows), so the block loop
-// broadcasts them from memory instead of multiplying and broadcasting in registers (the same f32 products).
-template <int R, int C, int NB>
-STRATA_AVX2 static inline void att_q8_scales(const float* qs, int nb_, const float* ks, int64_t lds8, float* sd) {
-  const int nb = NB ? NB : nb_;
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < C; ++j) {
-      const float *a = qs + r * nb, *b = ks + j * lds8;
-      float* d = sd + (r * 4 + j) * nb;
-      int i = 0;
-      for (; i + 4 <= nb; i += 4) _mm_storeu_ps(d + i, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
-      for (; i < nb; ++i) d[i] = a[i] * b[i];
-    }
-}
-
-template <int R, int C, int NB>
-STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int hd_, const int8_t* k, const float* ks,
-                                  int64_t ldk, float scale, float* s, int64_t lds, float* sd) {
-  __m256 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
-  const int nb = NB ? NB : hd_ / 32, hd = 32 * nb;
-  att_q8_scales<R, C, NB>(qs, nb, ks, ldk / 32, sd);
-  for (int b = 0; b < nb; ++b) {
-    __m256i qv[R];
-    for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
-    for (int j = 0; j < C; ++j) {
-      const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + j * ldk + 32 * b));
-      const __m256i ax = _mm256_abs_epi8(kv);
-      for (int r = 0; r < R; ++r) {
-        const __m256i d32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(qv[r], kv)), ones);
-        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_broadcast_ss(sd + (r * 4 + j) * nb + b), acc[r][j]);
+// q8 scores: the query rows are quantised like the cache (blocks of 32, att_begin), each block's dot q_b . k_b is
+// exact in int32, and s[r, j] = (sum over blocks b, in order, of float(dot_b) * (dq_b * dk_b) by FMA from 0) *
+// scale. A micro-tile is R <= 2 rows x 8 keys: per block and row the 8 keys' 8-lane int32 partial dots are summed
+// across lanes in integers (hadd, exact) into one vector of 8 keys, so the float steps -- one conversion and one
+// FMA per block -- run on 8 keys at once (the old kernel took them per key and lane, then reduced the lanes:
+// 2 x 4 x 4 conversions and FMAs per 4 keys against 2 x 4 per 8 now). The dots: AVX2 maddubs on |k| and
+// sign(q, k), then madd (|products| <= 127^2, pairs < 2^15); AVX-512 VNNI vpdpbusd on k + 128 against q, each
+// accumulator starting at the row's correction -128 * (sum of its 4 query bytes per lane, qc: att_begin): the
+// same integers, so the same bits at every level. Each (row, key) is the same sequence whichever rows and keys
+// share the call (keys past the tile repeat its last key: kp, their scores unused).
+//
+// The key scales of the 8 keys transposed (dk[b * 8 + j] = ks[j, b]), shared by the rows.
+STRATA_AVX2 static void att_q8_kscales(const float* ks, int64_t lds8, int nb, int C, float* dk) {
+  if (nb % 4 == 0) {
+    for (int b0 = 0; b0 < nb; b0 += 4)
+      for (int h = 0; h < 8; h += 4) {
+        __m128 x0 = _mm_loadu_ps(ks + std::min(h + 0, C - 1) * lds8 + b0);
+        __m128 x1 = _mm_loadu_ps(ks + std::min(h + 1, C - 1) * lds8 + b0);
+        __m128 x2 = _mm_loadu_ps(ks + std::min(h + 2, C - 1) * lds8 + b0);
+        __m128 x3 = _mm_loadu_ps(ks + std::min(h + 3, C - 1) * lds8 + b0);
+        _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+        _mm_storeu_ps(dk + (b0 + 0) * 8 + h, x0);
+        _mm_storeu_ps(dk + (b0 + 1) * 8 + h, x1);
+        _mm_storeu_ps(dk + (b0 + 2) * 8 + h, x2);
+        _mm_storeu_ps(dk + (b0 + 3) * 8 + h, x3);
       }
-    }
+    return;
   }
-  const __m128 sc = _mm_set1_ps(scale);
+  for (int j = 0; j < 8; ++j)
+    for (int b = 0; b < nb; ++b) dk[b * 8 + j] = ks[std::min(j, C - 1) * lds8 + b];
+}
+
+// 8 keys' dots (8 int32 lanes each, d_j) summed across lanes: x0 = hadd(hadd(d0, d1), hadd(d2, d3)), x1 the same
+// for keys 4..7; one vector, key j in lane j.
+STRATA_AVX2 static inline __m256i att_hsum8(__m256i x0, __m256i x1) {
+  return _mm256_add_epi32(_mm256_permute2x128_si256(x0, x1, 0x20), _mm256_permute2x128_si256(x0, x1, 0x31));
+}
+
+template <int R>
+STRATA_AVX2 static inline void att_qk_q8_store(const __m256* acc, float scale, float* s, int64_t lds, int C) {
   for (int r = 0; r < R; ++r) {
-    alignas(16) float t[4];
-    _mm_store_ps(t, _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
-    for (int j = 0; j < C; ++j) s[r * lds + j] = t[j];
+    const __m256 v = _mm256_mul_ps(acc[r], _mm256_set1_ps(scale));
+    if (C == 8) {
+      _mm256_storeu_ps(s + r * lds, v);
+    } else {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, v);
+      for (int j = 0; j < C; ++j) s[r * lds + j] = t[j];
+    }
   }
 }
 
-// The same scores with AVX-512 VNNI (avx512 levels on CPUs that have it): vpdpbusd takes unsigned x signed
-// bytes, so the key block is offset to k + 128 (one xor, shared by the rows) and each row's accumulator starts
-// at its correction -128 * (sum of its 4 query bytes per lane, qc: att_begin): every int32 lane is the same
-// integer as maddubs + madd gives it above, and the float steps are the same, so the bits are too.
-#define STRATA_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-template <int R, int C, int NB>
-STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const float* qs, int hd_, const int8_t* k,
-                                       const float* ks, int64_t ldk, float scale, float* s, int64_t lds, float* sd) {
-  __m256 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
-  const __m256i x80 = _mm256_set1_epi8(char(0x80));
-  const int nb = NB ? NB : hd_ / 32, hd = 32 * nb;
-  att_q8_scales<R, C, NB>(qs, nb, ks, ldk / 32, sd);
+template <int R, int NB>
+STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int nb_, const int8_t* const* kp, const float* dk,
+                                  float scale, float* s, int64_t lds, int C) {
+  const int nb = NB ? NB : nb_, hd = 32 * nb;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
-    __m256i qv[R], cv[R];
+    __m256i qv[R], x[R][2];
+    for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
+    for (int half = 0; half < 2; ++half) {  // (in halves: fewer vectors live, AVX2 has 16 registers)
+      __m256i h[R][2];
+      for (int p = 0; p < 2; ++p) {
+        const int j = 4 * half + 2 * p;
+        const __m256i k0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[j] + 32 * b));
+        const __m256i k1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[j + 1] + 32 * b));
+        const __m256i a0 = _mm256_abs_epi8(k0), a1 = _mm256_abs_epi8(k1);
+        for (int r = 0; r < R; ++r) {
+          const __m256i d0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(qv[r], k0)), ones);
+          const __m256i d1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(qv[r], k1)), ones);
+          h[r][p] = _mm256_hadd_epi32(d0, d1);
+        }
+      }
+      for (int r = 0; r < R; ++r) x[r][half] = _mm256_hadd_epi32(h[r][0], h[r][1]);
+    }
+    const __m256 dkb = _mm256_loadu_ps(dk + 8 * b);
+    for (int r = 0; r < R; ++r) {
+      const __m256i t = att_hsum8(x[r][0], x[r][1]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(_mm256_set1_ps(qs[r * nb + b]), dkb), acc[r]);
+    }
+  }
+  att_qk_q8_store<R>(acc, scale, s, lds, C);
+}
+
+#define STRATA_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+template <int R, int NB>
+STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const float* qs, int nb_,
+                                       const int8_t* const* kp, const float* dk, float scale, float* s, int64_t lds,
+                                       int C) {
+  const int nb = NB ? NB : nb_, hd = 32 * nb;
+  const __m256i x80 = _mm256_set1_epi8(char(0x80));
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    __m256i qv[R], cv[R], h[R][4];
     for (int r = 0; r < R; ++r) {
       qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
       cv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + (r * nb + b) * 8));
     }
-    for (int j = 0; j < C; ++j) {
-      const __m256i ku =
-          _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + j * ldk + 32 * b)), x80);
-      for (int r = 0; r < R; ++r) {
-        const __m256i d32 = _mm256_dpbusd_epi32(cv[r], ku, qv[r]);
-        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_broadcast_ss(sd + (r * 4 + j) * nb + b), acc[r][j]);
-      }
+    for (int p = 0; p < 4; ++p) {
+      const __m256i k0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[2 * p] + 32 * b)), x80);
+      const __m256i k1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[2 * p + 1] + 32 * b)), x80);
+      for (int r = 0; r < R; ++r)
+        h[r][p] = _mm256_hadd_epi32(_mm256_dpbusd_epi32(cv[r], k0, qv[r]), _mm256_dpbusd_epi32(cv[r], k1, qv[r]));
+    }
+    const __m256 dkb = _mm256_loadu_ps(dk + 8 * b);
+    for (int r = 0; r < R; ++r) {
+      const __m256i t = att_hsum8(_mm256_hadd_epi32(h[r][0], h[r][1]), _mm256_hadd_epi32(h[r][2], h[r][3]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(_mm256_set1_ps(qs[r * nb + b]), dkb), acc[r]);
     }
   }
-  const __m128 sc = _mm_set1_ps(scale);
-  for (int r = 0; r < R; ++r) {
-    alignas(16) float t[4];
-    _mm_store_ps(t, _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
-    for (int j = 0; j < C; ++j) s[r * lds + j] = t[j];
-  }
+  att_qk_q8_store<R>(acc, scale, s, lds, C);
 }
 
 // head_dim 128 and 256 (nb 4 and 8 blocks) compiled for their block count, any other multiple of 32 at run time
-template <int R, int NB>
-STRATA_AVX2 static void att_qk_q8_nb(const int8_t* q, const int32_t* qc, const float* qs, int hd, const int8_t* k,
-                                     const float* ks, int64_t ldk, int C, float scale, float* s, int64_t lds, float* sd) {
+template <int R>
+STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const int32_t* qc, const float* qs, int nb,
+                                    const int8_t* const* kp, const float* dk, float scale, float* s, int64_t lds,
+                                    int C) {
   if (qc) {
-    switch (C) {
-      case 1: att_qk_q8_vnni<R, 1, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-      case 2: att_qk_q8_vnni<R, 2, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-      case 3: att_qk_q8_vnni<R, 3, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-      default: att_qk_q8_vnni<R, 4, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
+    switch (nb) {
+      case 4: att_qk_q8_vnni<R, 4>(q, qc, qs, nb, kp, dk, scale, s, lds, C); break;
+      case 8: att_qk_q8_vnni<R, 8>(q, qc, qs, nb, kp, dk, scale, s, lds, C); break;
+      default: att_qk_q8_vnni<R, 0>(q, qc, qs, nb, kp, dk, scale, s, lds, C); break;
     }
     return;
   }
-  switch (C) {
-    case 1: att_qk_q8<R, 1, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-    case 2: att_qk_q8<R, 2, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-    case 3: att_qk_q8<R, 3, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-    default: att_qk_q8<R, 4, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-  }
-}
-
-template <int R>
-STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const int32_t* qc, const float* qs, int hd, const int8_t* k,
-                                    const float* ks, int64_t ldk, int C, float scale, float* s, int64_t lds, float* sd) {
-  switch (hd) {
-    case 128: att_qk_q8_nb<R, 4>(q, qc, qs, hd, k, ks, ldk, C, scale, s, lds, sd); break;
-    case 256: att_qk_q8_nb<R, 8>(q, qc, qs, hd, k, ks, ldk, C, scale, s, lds, sd); break;
-    default: att_qk_q8_nb<R, 0>(q, qc, qs, hd, k, ks, ldk, C, scale, s, lds, sd); break;
+  switch (nb) {
+    case 4: att_qk_q8<R, 4>(q, qs, nb, kp, dk, scale, s, lds, C); break;
+    case 8: att_qk_q8<R, 8>(q, qs, nb, kp, dk, scale, s, lds, C); break;
+    default: att_qk_q8<R, 0>(q, qs, nb, kp, dk, scale, s, lds, C); break;
   }
 }
 
@@ -508,7 +528,7 @@ struct AttScratch {
   std::vector<int8_t> q8;  // q8 cache: the query rows quantised (blocks of 32), and their scales
   std::vector<float> qs;
   std::vector<int32_t> qc;  // q8 with VNNI: each row's per-lane corrections (att_qk_q8_vnni)
-  std::vector<float> sd, ws, wtmp;  // q8: a score micro-tile's scale products; a row pair's P V weight scales
+  std::vector<float> sd, ws, wtmp;  // q8: a score micro-tile's key scales (transposed); a row pair's P V weight scales
   std::vector<int32_t> wq, pvi;     // q8: a row pair's int16 P V weights (in pairs of keys), its int32 P V sums
   void fit(int64_t rows, int hd) {
     if (int64_t(q.size()) < rows * hd) { q.resize(size_t(rows * hd)); o.resize(size_t(rows * hd)); }
@@ -624,23 +644,29 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
   int* cnt = w.cnt.data();
   const int C8 = hd / 8;
   constexpr bool q8 = std::is_same<E, Q8Ptr>::value;
-  // scores: 3 rows x 4 keys per micro-tile (q8: 2 rows), the 4 keys' rows kept in L1 over all the rows
+  // scores: 3 rows x 4 keys per micro-tile (q8: 2 rows x 8 keys), the keys' rows kept in L1 over all the rows
   if constexpr (q8) {
     const int8_t* Q8 = w.q8.data();
     const float* QS = w.qs.data();
     const int32_t* QC = b.q8.vnni ? w.qc.data() : nullptr;
-    float* SD = w.sd.data();
+    float* DK = w.sd.data();
     const int nb = hd / 32;
-    for (int j = 0; j < kc; j += 4) {
-      const int C = std::min(4, kc - j);
-      if (pf) att_decode_prefetch(*pf);
+    for (int j = 0; j < kc; j += 8) {
+      const int C = std::min(8, kc - j);
+      if (pf) {  // (two of the ATT_KT / 4 score steps AttPrefetch counts)
+        att_decode_prefetch(*pf);
+        att_decode_prefetch(*pf);
+      }
+      const int8_t* kp[8];
+      for (int i = 0; i < 8; ++i) kp[i] = kt.q + (j + std::min(i, C - 1)) * ldk;
+      att_q8_kscales(kt.s + j * (ldk / 32), ldk / 32, nb, C, DK);
       int64_t r = r0;
       for (; r + 2 <= rows; r += 2)
-        att_qk_q8_r<2>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, hd, kt.q + j * ldk,
-                       kt.s + j * (ldk / 32), ldk, C, scale, S + r * ATT_KT + j, ATT_KT, SD);
+        att_qk_q8_r<2>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, nb, kp, DK, scale, S + r * ATT_KT + j,
+                       ATT_KT, C);
       if (r < rows)
-        att_qk_q8_r<1>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, hd, kt.q + j * ldk,
-                       kt.s + j * (ldk / 32), ldk, C, scale, S + r * ATT_KT + j, ATT_KT, SD);
+        att_qk_q8_r<1>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, nb, kp, DK, scale, S + r * ATT_KT + j,
+                       ATT_KT, C);
     }
   } else {
   // keys in chunks of ATT_QK_KC (their rows in L1) x rows in chunks of ATT_QK_RC (their q rows in L1): a block's
