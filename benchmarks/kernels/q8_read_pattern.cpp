@@ -2,7 +2,7 @@
 // (issue 32, s6: benchmarks/results/long_context/q8/s6/README.md; prints GB/s of each pattern, rounds alternating)
 // Read pattern A/B for the q8 decode cache (per layer: K and V [16384 rows x 1024 B], scales [16384 x 128 B] each),
 // 2 threads: A = head split (thread t reads bytes [512t, 512t+512) of every row, scales [64t, 64t+64)),
-// B = key split (thread t reads full rows of its half of the keys). Light compute (byte sums), T1 prefetch 64 rows ahead.
+// B = key split (thread t reads full rows of its half of the keys). Light compute (byte sums); T1 prefetch 0 / 16 / 64 rows ahead.
 #include <immintrin.h>
 #include <pthread.h>
 #include <sys/mman.h>
