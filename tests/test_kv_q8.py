@@ -23,6 +23,12 @@ from test_engine_attention import TOL, inputs, level, levels, reference  # noqa:
 # agree (measured: 96%, as with the f16 cache).
 Q8_LOGIT_TOL = 0.03
 Q8_AGREE = 0.9
+# The vector kernels take P V in integers: per key tile (64 keys), row and block of 32 values, the weights
+# p * dv are rounded to int16 against the tile's largest one (a step of 1/32767 of it) and the sums are exact
+# int32 (att_pv_q8_wq in kernels_attention.cpp). Against float64 attention over the dequantised values that adds
+# up to half a step per key and value (measured up to 2.5e-4 on outputs up to 3.5 in Q8_CASES, against the
+# cache's own error up to 0.054 below); the scalar level widens the cache and stays within TOL.
+Q8_PV_TOL = 1e-3
 
 
 def _np_q8(x):
@@ -67,14 +73,15 @@ Q8_CASES = [(150, 203, 4, 2, 32), (37, 37, 6, 2, 64), (3, 300, 6, 2, 128), (1, 1
 @pytest.mark.parametrize("case", Q8_CASES, ids=lambda c: "n%d-T%d-H%d-kv%d-hd%d" % c)
 def test_q8_cache_attention_matches_reference_on_the_quantised_values(level, case):
     """The kernel quantises the query rows like the cache (blocks of 32 along head_dim) and takes exact int8
-    block dots: float64 attention over the dequantised q, K and V is its reference (TOL, as f32 and f16), at
-    every vector level; against the unquantised inputs it stays close and is not equal."""
+    block dots for the scores and int16 weights for P V: float64 attention over the dequantised q, K and V is
+    its reference (Q8_PV_TOL; the scalar level TOL, as f32 and f16), at every level; against the unquantised
+    inputs it stays close and is not equal."""
     n, T, H, Hkv, hd = case
     q, k, v = inputs(*case, seed=21)
     out = _engine._attention(q, k, v, H, Hkv, threads=2, kv_q8=True)
     qd = _dequant(*_engine._quantize_q8(q))
     kd, vd = _dequant(*_engine._quantize_q8(k)), _dequant(*_engine._quantize_q8(v))
-    assert np.abs(out - reference(qd, kd, vd)).max() <= TOL
+    assert np.abs(out - reference(qd, kd, vd)).max() <= (TOL if level == "scalar" else Q8_PV_TOL)
     err = np.abs(out - reference(q, k, v)).max()
     assert 0 < err <= 0.1, err  # measured up to 0.054 (peaked softmax: q scaled by 3)
     # the kernel over the quantised arrays as given is the same kernel

@@ -144,236 +144,293 @@ struct Q8Ptr {
 struct Q8Cache {
   const int8_t *k, *v;
   const float *ks, *vs;
-  bool vnni = false;  // scores with AVX-512 VNNI (att_qk_q8_vnni): the same bits as without
-  bool zmm = false;   // P V in 512-bit registers (att_pv_q8_zmm, the AVX-512 levels): the same bits as without
+  bool vnni = false;  // scores and P V with AVX-512 VNNI (att_qk_q8_vnni, att_pv_q8i_zmm): the same bits as without
 };
 
-// q8 scores: the query rows are quantised like the cache (blocks of 32, att_begin), and each block's dot is
-// exact in int32 (AVX2 maddubs on |k| and sign(q, k), then madd: |products| <= 127^2, pairs < 2^15), then
-// s[r, j] = (sum over blocks, in order, of float(dot_b) * (dq_b * dk_b) in 8 lanes, reduced as att_qk
-// reduces) * scale. Each (row, key) is the same sequence whichever rows and keys share the call. The scale
-// products dq_b * dk_b are taken first (sd: R x 4 x nb, 4 at a time where nb allows), so the block loop
-// broadcasts them from memory instead of multiplying and broadcasting in registers (the same f32 products).
-template <int R, int C, int NB>
-STRATA_AVX2 static inline void att_q8_scales(const float* qs, int nb_, const float* ks, int64_t lds8, float* sd) {
-  const int nb = NB ? NB : nb_;
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < C; ++j) {
-      const float *a = qs + r * nb, *b = ks + j * lds8;
-      float* d = sd + (r * 4 + j) * nb;
-      int i = 0;
-      for (; i + 4 <= nb; i += 4) _mm_storeu_ps(d + i, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
-      for (; i < nb; ++i) d[i] = a[i] * b[i];
-    }
-}
-
-template <int R, int C, int NB>
-STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int hd_, const int8_t* k, const float* ks,
-                                  int64_t ldk, float scale, float* s, int64_t lds, float* sd) {
-  __m256 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
-  const int nb = NB ? NB : hd_ / 32, hd = 32 * nb;
-  att_q8_scales<R, C, NB>(qs, nb, ks, ldk / 32, sd);
-  for (int b = 0; b < nb; ++b) {
-    __m256i qv[R];
-    for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
-    for (int j = 0; j < C; ++j) {
-      const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + j * ldk + 32 * b));
-      const __m256i ax = _mm256_abs_epi8(kv);
-      for (int r = 0; r < R; ++r) {
-        const __m256i d32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(qv[r], kv)), ones);
-        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_broadcast_ss(sd + (r * 4 + j) * nb + b), acc[r][j]);
+// q8 scores: the query rows are quantised like the cache (blocks of 32, att_begin), each block's dot q_b . k_b is
+// exact in int32, and s[r, j] = (sum over blocks b, in order, of float(dot_b) * (dq_b * dk_b) by FMA from 0) *
+// scale. A micro-tile is R <= 2 rows x 8 keys: per block and row the 8 keys' 8-lane int32 partial dots are summed
+// across lanes in integers (hadd, exact) into one vector of 8 keys, so the float steps -- one conversion and one
+// FMA per block -- run on 8 keys at once (the old kernel took them per key and lane, then reduced the lanes:
+// 2 x 4 x 4 conversions and FMAs per 4 keys against 2 x 4 per 8 now). The dots: AVX2 maddubs on |k| and
+// sign(q, k), then madd (|products| <= 127^2, pairs < 2^15); AVX-512 VNNI vpdpbusd on k + 128 against q, each
+// accumulator starting at the row's correction -128 * (sum of its 4 query bytes per lane, qc: att_begin): the
+// same integers, so the same bits at every level. Each (row, key) is the same sequence whichever rows and keys
+// share the call (keys past the tile repeat its last key: kp, their scores unused).
+//
+// The key scales of the 8 keys transposed (dk[b * 8 + j] = ks[j, b]), shared by the rows.
+STRATA_AVX2 static void att_q8_kscales(const float* ks, int64_t lds8, int nb, int C, float* dk) {
+  if (nb % 4 == 0) {
+    for (int b0 = 0; b0 < nb; b0 += 4)
+      for (int h = 0; h < 8; h += 4) {
+        __m128 x0 = _mm_loadu_ps(ks + std::min(h + 0, C - 1) * lds8 + b0);
+        __m128 x1 = _mm_loadu_ps(ks + std::min(h + 1, C - 1) * lds8 + b0);
+        __m128 x2 = _mm_loadu_ps(ks + std::min(h + 2, C - 1) * lds8 + b0);
+        __m128 x3 = _mm_loadu_ps(ks + std::min(h + 3, C - 1) * lds8 + b0);
+        _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+        _mm_storeu_ps(dk + (b0 + 0) * 8 + h, x0);
+        _mm_storeu_ps(dk + (b0 + 1) * 8 + h, x1);
+        _mm_storeu_ps(dk + (b0 + 2) * 8 + h, x2);
+        _mm_storeu_ps(dk + (b0 + 3) * 8 + h, x3);
       }
-    }
+    return;
   }
-  const __m128 sc = _mm_set1_ps(scale);
+  for (int j = 0; j < 8; ++j)
+    for (int b = 0; b < nb; ++b) dk[b * 8 + j] = ks[std::min(j, C - 1) * lds8 + b];
+}
+
+// 8 keys' dots (8 int32 lanes each, d_j) summed across lanes: x0 = hadd(hadd(d0, d1), hadd(d2, d3)), x1 the same
+// for keys 4..7; one vector, key j in lane j.
+STRATA_AVX2 static inline __m256i att_hsum8(__m256i x0, __m256i x1) {
+  return _mm256_add_epi32(_mm256_permute2x128_si256(x0, x1, 0x20), _mm256_permute2x128_si256(x0, x1, 0x31));
+}
+
+template <int R>
+STRATA_AVX2 static inline void att_qk_q8_store(const __m256* acc, float scale, float* s, int64_t lds, int C) {
   for (int r = 0; r < R; ++r) {
-    alignas(16) float t[4];
-    _mm_store_ps(t, _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
-    for (int j = 0; j < C; ++j) s[r * lds + j] = t[j];
+    const __m256 v = _mm256_mul_ps(acc[r], _mm256_set1_ps(scale));
+    if (C == 8) {
+      _mm256_storeu_ps(s + r * lds, v);
+    } else {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, v);
+      for (int j = 0; j < C; ++j) s[r * lds + j] = t[j];
+    }
   }
 }
 
-// The same scores with AVX-512 VNNI (avx512 levels on CPUs that have it): vpdpbusd takes unsigned x signed
-// bytes, so the key block is offset to k + 128 (one xor, shared by the rows) and each row's accumulator starts
-// at its correction -128 * (sum of its 4 query bytes per lane, qc: att_begin): every int32 lane is the same
-// integer as maddubs + madd gives it above, and the float steps are the same, so the bits are too.
-#define STRATA_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-template <int R, int C, int NB>
-STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const float* qs, int hd_, const int8_t* k,
-                                       const float* ks, int64_t ldk, float scale, float* s, int64_t lds, float* sd) {
-  __m256 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
-  const __m256i x80 = _mm256_set1_epi8(char(0x80));
-  const int nb = NB ? NB : hd_ / 32, hd = 32 * nb;
-  att_q8_scales<R, C, NB>(qs, nb, ks, ldk / 32, sd);
+template <int R, int NB>
+STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int nb_, const int8_t* const* kp, const float* dk,
+                                  float scale, float* s, int64_t lds, int C) {
+  const int nb = NB ? NB : nb_, hd = 32 * nb;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
-    __m256i qv[R], cv[R];
+    __m256i qv[R], x[R][2];
+    for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
+    for (int half = 0; half < 2; ++half) {  // (in halves: fewer vectors live, AVX2 has 16 registers)
+      __m256i h[R][2];
+      for (int p = 0; p < 2; ++p) {
+        const int j = 4 * half + 2 * p;
+        const __m256i k0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[j] + 32 * b));
+        const __m256i k1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[j + 1] + 32 * b));
+        const __m256i a0 = _mm256_abs_epi8(k0), a1 = _mm256_abs_epi8(k1);
+        for (int r = 0; r < R; ++r) {
+          const __m256i d0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(qv[r], k0)), ones);
+          const __m256i d1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(qv[r], k1)), ones);
+          h[r][p] = _mm256_hadd_epi32(d0, d1);
+        }
+      }
+      for (int r = 0; r < R; ++r) x[r][half] = _mm256_hadd_epi32(h[r][0], h[r][1]);
+    }
+    const __m256 dkb = _mm256_loadu_ps(dk + 8 * b);
+    for (int r = 0; r < R; ++r) {
+      const __m256i t = att_hsum8(x[r][0], x[r][1]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(_mm256_set1_ps(qs[r * nb + b]), dkb), acc[r]);
+    }
+  }
+  att_qk_q8_store<R>(acc, scale, s, lds, C);
+}
+
+#define STRATA_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+template <int R, int NB>
+STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const float* qs, int nb_,
+                                       const int8_t* const* kp, const float* dk, float scale, float* s, int64_t lds,
+                                       int C) {
+  const int nb = NB ? NB : nb_, hd = 32 * nb;
+  const __m256i x80 = _mm256_set1_epi8(char(0x80));
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    __m256i qv[R], cv[R], h[R][4];
     for (int r = 0; r < R; ++r) {
       qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
       cv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + (r * nb + b) * 8));
     }
-    for (int j = 0; j < C; ++j) {
-      const __m256i ku =
-          _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + j * ldk + 32 * b)), x80);
-      for (int r = 0; r < R; ++r) {
-        const __m256i d32 = _mm256_dpbusd_epi32(cv[r], ku, qv[r]);
-        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d32), _mm256_broadcast_ss(sd + (r * 4 + j) * nb + b), acc[r][j]);
-      }
+    for (int p = 0; p < 4; ++p) {
+      const __m256i k0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[2 * p] + 32 * b)), x80);
+      const __m256i k1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[2 * p + 1] + 32 * b)), x80);
+      for (int r = 0; r < R; ++r)
+        h[r][p] = _mm256_hadd_epi32(_mm256_dpbusd_epi32(cv[r], k0, qv[r]), _mm256_dpbusd_epi32(cv[r], k1, qv[r]));
+    }
+    const __m256 dkb = _mm256_loadu_ps(dk + 8 * b);
+    for (int r = 0; r < R; ++r) {
+      const __m256i t = att_hsum8(_mm256_hadd_epi32(h[r][0], h[r][1]), _mm256_hadd_epi32(h[r][2], h[r][3]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(_mm256_set1_ps(qs[r * nb + b]), dkb), acc[r]);
     }
   }
-  const __m128 sc = _mm_set1_ps(scale);
-  for (int r = 0; r < R; ++r) {
-    alignas(16) float t[4];
-    _mm_store_ps(t, _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
-    for (int j = 0; j < C; ++j) s[r * lds + j] = t[j];
-  }
+  att_qk_q8_store<R>(acc, scale, s, lds, C);
 }
 
 // head_dim 128 and 256 (nb 4 and 8 blocks) compiled for their block count, any other multiple of 32 at run time
-template <int R, int NB>
-STRATA_AVX2 static void att_qk_q8_nb(const int8_t* q, const int32_t* qc, const float* qs, int hd, const int8_t* k,
-                                     const float* ks, int64_t ldk, int C, float scale, float* s, int64_t lds, float* sd) {
+template <int R>
+STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const int32_t* qc, const float* qs, int nb,
+                                    const int8_t* const* kp, const float* dk, float scale, float* s, int64_t lds,
+                                    int C) {
   if (qc) {
-    switch (C) {
-      case 1: att_qk_q8_vnni<R, 1, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-      case 2: att_qk_q8_vnni<R, 2, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-      case 3: att_qk_q8_vnni<R, 3, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-      default: att_qk_q8_vnni<R, 4, NB>(q, qc, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
+    switch (nb) {
+      case 4: att_qk_q8_vnni<R, 4>(q, qc, qs, nb, kp, dk, scale, s, lds, C); break;
+      case 8: att_qk_q8_vnni<R, 8>(q, qc, qs, nb, kp, dk, scale, s, lds, C); break;
+      default: att_qk_q8_vnni<R, 0>(q, qc, qs, nb, kp, dk, scale, s, lds, C); break;
     }
     return;
   }
-  switch (C) {
-    case 1: att_qk_q8<R, 1, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-    case 2: att_qk_q8<R, 2, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-    case 3: att_qk_q8<R, 3, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
-    default: att_qk_q8<R, 4, NB>(q, qs, hd, k, ks, ldk, scale, s, lds, sd); break;
+  switch (nb) {
+    case 4: att_qk_q8<R, 4>(q, qs, nb, kp, dk, scale, s, lds, C); break;
+    case 8: att_qk_q8<R, 8>(q, qs, nb, kp, dk, scale, s, lds, C); break;
+    default: att_qk_q8<R, 0>(q, qs, nb, kp, dk, scale, s, lds, C); break;
   }
+}
+
+// q8 P V in integers. Per row pair and key tile, the weights w[r, j, b] = p[r, j] * dv[j, b] (the f32 products)
+// are quantised per (row, block) over the tile's keys to int16, W[r, b] = max_j w / 32767, wq = round(w / W)
+// (nearest even; 0 for keys j >= cnt_r), and the block's sums over the tile's keys are exact int32 sums of
+// wq * v (int16 x int8 products, taken two keys at a time: pmaddwd on (v_j, v_j+1) against (wq_j, wq_j+1);
+// |sum| <= 64 * 32767 * 127 < 2^31), then O = O * alpha + float(sum) * W. The int32 sums are exact, so their
+// order (AVX2 pmaddwd + add, AVX-512 VNNI vpdpwssd) does not change them: every level gives the same bits, and
+// a row's result depends only on its own keys (prefill and decode alike). The P quantisation adds at most
+// W / 65534 per weight (2^-16 of the tile's largest weight), far below the cache's own int8 step of V.
+// The widening to float and the f32 FMA per value and key (the old P V: 16 512-bit FMAs and 8 widenings per
+// key and row pair) become 8 pmovsx + 8 unpack + 16 vpdpwssd per two keys.
+//
+// Weights of R <= 2 rows: wq[(r * ldq + i) * nb + b] = int16 pair (key 2 i low, key 2 i + 1 high) of block b,
+// for pairs i < np (np: the pairs the row pair takes, keys past cnt_r zero); ws[r * nb + b] = W. tmp: 4 * ATT_KT
+// floats.
+template <int NB>
+STRATA_AVX2 static void att_pv_q8_wq(const float* p, int64_t ldp, const int* cnt, int R, int np, const float* vs,
+                                     int64_t lds8, int nb_, float* tmp, int32_t* wq, int64_t ldq, float* ws) {
+  const int nb = NB ? NB : nb_;
+  for (int r = 0; r < R; ++r) {
+    const int c = cnt[r];
+    const float* pr = p + r * ldp;
+    int32_t* q = wq + r * ldq * nb;
+    if (nb % 4 == 0) {
+      const __m128i pairs = _mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+      for (int b0 = 0; b0 < nb; b0 += 4) {
+        __m128 mx = _mm_setzero_ps();
+        for (int j = 0; j < c; ++j) {
+          const __m128 w = _mm_mul_ps(_mm_set1_ps(pr[j]), _mm_loadu_ps(vs + j * lds8 + b0));
+          _mm_storeu_ps(tmp + 4 * j, w);
+          mx = _mm_max_ps(mx, w);
+        }
+        _mm_storeu_ps(tmp + 4 * c, _mm_setzero_ps());  // the odd key's partner
+        _mm_storeu_ps(ws + r * nb + b0, _mm_div_ps(mx, _mm_set1_ps(32767.0f)));
+        const __m128 iw = _mm_and_ps(_mm_div_ps(_mm_set1_ps(32767.0f), mx), _mm_cmpgt_ps(mx, _mm_setzero_ps()));
+        const int ip = (c + 1) / 2;
+        for (int i = 0; i < ip; ++i) {
+          const __m128i a = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(tmp + 8 * i), iw));
+          const __m128i e = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(tmp + 8 * i + 4), iw));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i * nb + b0), _mm_shuffle_epi8(_mm_packs_epi32(a, e), pairs));
+        }
+        for (int i = ip; i < np; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i * nb + b0), _mm_setzero_si128());
+      }
+      continue;
+    }
+    for (int b = 0; b < nb; ++b) {  // any other block count (head_dim 32, 64, 96, ...): the same steps in scalars
+      float mx = 0.f;
+      for (int j = 0; j < c; ++j) {
+        tmp[j] = pr[j] * vs[j * lds8 + b];
+        mx = std::max(mx, tmp[j]);
+      }
+      tmp[c] = 0.f;
+      ws[r * nb + b] = mx / 32767.0f;
+      const float iw = mx > 0.f ? 32767.0f / mx : 0.f;
+      const int ip = (c + 1) / 2;
+      for (int i = 0; i < np; ++i) {
+        int32_t lo = 0, hi = 0;
+        if (i < ip) {
+          lo = int32_t(std::nearbyint(tmp[2 * i] * iw));
+          hi = int32_t(std::nearbyint(tmp[2 * i + 1] * iw));
+        }
+        q[i * nb + b] = int32_t(uint32_t(uint16_t(int16_t(lo))) | (uint32_t(uint16_t(int16_t(hi))) << 16));
+      }
+    }
+  }
+}
+
+// The int32 sums of R rows over one block of 32 columns (AVX2): key pairs i < np (the last pair's second key
+// not read when odd: v past the tile may be past the cache), wq as att_pv_q8_wq lays it out (wq at the block).
+// out[r * ldo + 0..31]: the sums in pmaddwd's lane order, columns (0-3, 8-11, 16-19, 24-27, 4-7, 12-15, 20-23,
+// 28-31) -- the order the AVX-512 kernel's lanes have too (att_pv_q8_fin puts them back).
+alignas(64) static const int8_t kPvZero[128] = {};  // the partner of a pair's lone key (att_pv_q8i)
+template <int R>
+STRATA_AVX2 static void att_pv_q8i(const int32_t* wq, int64_t ldq, int nb, int np, bool odd, const int8_t* v,
+                                   int64_t ldv, int32_t* out, int64_t ldo) {
+  __m256i acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_si256();
+  const int full = odd ? np - 1 : np;
+  for (int i = 0; i < np; ++i) {
+    const int8_t *v0 = v + 2 * i * ldv, *v1 = i < full ? v0 + ldv : kPvZero;
+    const __m256i a0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v0)));
+    const __m256i a1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v0 + 16)));
+    const __m256i b0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v1)));
+    const __m256i b1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v1 + 16)));
+    const __m256i l0 = _mm256_unpacklo_epi16(a0, b0), l1 = _mm256_unpacklo_epi16(a1, b1);
+    const __m256i h0 = _mm256_unpackhi_epi16(a0, b0), h1 = _mm256_unpackhi_epi16(a1, b1);
+    for (int r = 0; r < R; ++r) {
+      const __m256i w = _mm256_set1_epi32(wq[(r * ldq + i) * nb]);
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(l0, w));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(l1, w));
+      acc[r][2] = _mm256_add_epi32(acc[r][2], _mm256_madd_epi16(h0, w));
+      acc[r][3] = _mm256_add_epi32(acc[r][3], _mm256_madd_epi16(h1, w));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + 8 * c), acc[r][c]);
+}
+
+// The same sums with AVX-512 VNNI (vpdpwssd), NCB <= 4 blocks (128 columns) a pass, each V row read once a pass:
+// per block the 512-bit lanes hold the AVX2 kernel's two 256-bit halves (the same columns in the same order).
+template <int R, int NCB>
+STRATA_VNNI static void att_pv_q8i_zmm(const int32_t* wq, int64_t ldq, int nb, int np, bool odd, const int8_t* v,
+                                       int64_t ldv, int32_t* out, int64_t ldo) {
+  __m512i acc[R][2 * NCB];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 2 * NCB; ++c) acc[r][c] = _mm512_setzero_si512();
+  const int full = odd ? np - 1 : np;
+  for (int i = 0; i < np; ++i) {
+    const int8_t *v0 = v + 2 * i * ldv, *v1 = i < full ? v0 + ldv : kPvZero;
+    for (int c = 0; c < NCB; ++c) {
+      const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + 32 * c)));
+      const __m512i e = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + 32 * c)));
+      const __m512i l = _mm512_unpacklo_epi16(a, e), h = _mm512_unpackhi_epi16(a, e);
+      for (int r = 0; r < R; ++r) {
+        const __m512i w = _mm512_set1_epi32(wq[(r * ldq + i) * nb + c]);
+        acc[r][2 * c] = _mm512_dpwssd_epi32(acc[r][2 * c], l, w);
+        acc[r][2 * c + 1] = _mm512_dpwssd_epi32(acc[r][2 * c + 1], h, w);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 2 * NCB; ++c) _mm512_storeu_si512(out + r * ldo + 16 * c, acc[r][c]);
 }
 
 template <int R>
-STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const int32_t* qc, const float* qs, int hd, const int8_t* k,
-                                    const float* ks, int64_t ldk, int C, float scale, float* s, int64_t lds, float* sd) {
-  switch (hd) {
-    case 128: att_qk_q8_nb<R, 4>(q, qc, qs, hd, k, ks, ldk, C, scale, s, lds, sd); break;
-    case 256: att_qk_q8_nb<R, 8>(q, qc, qs, hd, k, ks, ldk, C, scale, s, lds, sd); break;
-    default: att_qk_q8_nb<R, 0>(q, qc, qs, hd, k, ks, ldk, C, scale, s, lds, sd); break;
-  }
-}
-
-// q8 P V over one block of 32 output columns (one scale per key): O[r, :32] = O * alpha_r + sum_{j < cnt_r}
-// (p[r, j] * dv_j) float(v_j) -- the weight rounded once, then one FMA per value, keys in order; R rows
-// share each widened V row for the keys all of them see. The weights come in taken (wt[r][j][block], att_pv_q8_w,
-// ldw floats per row): the loop broadcasts them from memory.
-template <int R, int NB>
-STRATA_AVX2 static void att_pv_q8(const float* wt, int64_t ldw, int nb_, const int* cnt, const float* alpha,
-                                  const int8_t* v, int64_t ldv, float* o, int64_t ldo) {
-  __m256 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_ps();
-  const int nb = NB ? NB : nb_;
-  int cmin = cnt[0];
-  for (int r = 1; r < R; ++r) cmin = std::min(cmin, cnt[r]);
-#define widen(j, c) \
-  _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + (j) * ldv + 8 * (c)))))
-  for (int j = 0; j < cmin; ++j) {
-    __m256 vv[4];
-    for (int c = 0; c < 4; ++c) vv[c] = widen(j, c);
-    for (int r = 0; r < R; ++r) {
-      const __m256 w = _mm256_broadcast_ss(wt + r * ldw + j * nb);
-      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_fmadd_ps(w, vv[c], acc[r][c]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    __m256 a[4];
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) a[c] = acc[r][c];
-    for (int j = cmin; j < cnt[r]; ++j) {
-      const __m256 w = _mm256_broadcast_ss(wt + r * ldw + j * nb);
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) a[c] = _mm256_fmadd_ps(w, widen(j, c), a[c]);
-    }
-    const __m256 al = _mm256_set1_ps(alpha[r]);
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      float* op = o + r * ldo + 8 * c;
-      _mm256_storeu_ps(op, _mm256_fmadd_ps(_mm256_loadu_ps(op), al, a[c]));
-    }
-  }
-#undef widen
-}
-
-// The same P V at the AVX-512 levels: NCB <= 4 blocks (up to 128 columns) per pass over the keys, 16 columns a
-// register, so each V row is widened once per pass (the AVX2 kernel reads a key's row once per 32 columns).
-// Lane for lane the same steps (w broadcast, one FMA per value, keys in order, then O * alpha + acc): the
-// same bits as att_pv_q8.
-template <int R, int NCB, int NB>
-STRATA_AVX512 static void att_pv_q8_zmm(const float* wt, int64_t ldw, int nb_, const int* cnt, const float* alpha,
-                                        const int8_t* v, int64_t ldv, float* o, int64_t ldo) {
-  constexpr int NZ = 2 * NCB;
-  const int nb = NB ? NB : nb_;
-  __m512 acc[R][NZ];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NZ; ++c) acc[r][c] = _mm512_setzero_ps();
-  int cmin = cnt[0];
-  for (int r = 1; r < R; ++r) cmin = std::min(cmin, cnt[r]);
-#define widen(j, c) \
-  _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + (j) * ldv + 16 * (c)))))
-  for (int j = 0; j < cmin; ++j) {
-    __m512 vv[NZ];
-    for (int c = 0; c < NZ; ++c) vv[c] = widen(j, c);
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < NZ; ++c)
-        acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(wt[r * ldw + j * nb + c / 2]), vv[c], acc[r][c]);
-  }
-#pragma GCC unroll 2
-  for (int r = 0; r < R; ++r) {
-    __m512 a[NZ];
-#pragma GCC unroll 8
-    for (int c = 0; c < NZ; ++c) a[c] = acc[r][c];
-    for (int j = cmin; j < cnt[r]; ++j) {
-#pragma GCC unroll 8
-      for (int c = 0; c < NZ; ++c) a[c] = _mm512_fmadd_ps(_mm512_set1_ps(wt[r * ldw + j * nb + c / 2]), widen(j, c), a[c]);
-    }
-    const __m512 al = _mm512_set1_ps(alpha[r]);
-#pragma GCC unroll 8
-    for (int c = 0; c < NZ; ++c) {
-      float* op = o + r * ldo + 16 * c;
-      _mm512_storeu_ps(op, _mm512_fmadd_ps(_mm512_loadu_ps(op), al, a[c]));
-    }
-  }
-#undef widen
-}
-
-template <int R, int NB>
-STRATA_AVX512 static void att_pv_q8_zmm_r(const float* wt, int64_t ldw, int nb, int ncb, const int* cnt,
-                                          const float* alpha, const int8_t* v, int64_t ldv, float* o, int64_t ldo) {
+STRATA_VNNI static void att_pv_q8i_zmm_r(const int32_t* wq, int64_t ldq, int nb, int ncb, int np, bool odd,
+                                         const int8_t* v, int64_t ldv, int32_t* out, int64_t ldo) {
   switch (ncb) {
-    case 1: att_pv_q8_zmm<R, 1, NB>(wt, ldw, nb, cnt, alpha, v, ldv, o, ldo); break;
-    case 2: att_pv_q8_zmm<R, 2, NB>(wt, ldw, nb, cnt, alpha, v, ldv, o, ldo); break;
-    case 3: att_pv_q8_zmm<R, 3, NB>(wt, ldw, nb, cnt, alpha, v, ldv, o, ldo); break;
-    default: att_pv_q8_zmm<R, 4, NB>(wt, ldw, nb, cnt, alpha, v, ldv, o, ldo); break;
+    case 1: att_pv_q8i_zmm<R, 1>(wq, ldq, nb, np, odd, v, ldv, out, ldo); break;
+    case 2: att_pv_q8i_zmm<R, 2>(wq, ldq, nb, np, odd, v, ldv, out, ldo); break;
+    case 3: att_pv_q8i_zmm<R, 3>(wq, ldq, nb, np, odd, v, ldv, out, ldo); break;
+    default: att_pv_q8i_zmm<R, 4>(wq, ldq, nb, np, odd, v, ldv, out, ldo); break;
   }
 }
 
-// The P V weights of R rows: wt[r * ldw + j * nb + b] = p[r, j] * dv[j, b] for j < cnt_r (every block b).
-template <int NB>
-STRATA_AVX2 static void att_pv_q8_w(const float* p, int64_t ldp, const int* cnt, int R, const float* vs, int64_t lds8,
-                                    int nb_, float* wt, int64_t ldw) {
-  const int nb = NB ? NB : nb_;
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < cnt[r]; ++j) {
-      const float* d = vs + j * lds8;
-      float* w = wt + r * ldw + j * nb;
-      const float pj = p[r * ldp + j];
-      int b = 0;
-      for (; b + 4 <= nb; b += 4) _mm_storeu_ps(w + b, _mm_mul_ps(_mm_set1_ps(pj), _mm_loadu_ps(d + b)));
-      for (; b < nb; ++b) w[b] = pj * d[b];
+// O[:hd] = O * alpha + float(sum) * W (per block), the sums in the kernels' lane order (att_pv_q8i).
+STRATA_AVX2 static void att_pv_q8_fin(const int32_t* acc, const float* ws, int nb, float alpha, float* o) {
+  const __m256 al = _mm256_set1_ps(alpha);
+  for (int b = 0; b < nb; ++b) {
+    const __m256 W = _mm256_set1_ps(ws[b]);
+    const int32_t* a = acc + 32 * b;
+    for (int k = 0; k < 4; ++k) {
+      const __m256i x = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16 + 4 * k)),
+                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 4 * k)));
+      float* op = o + 32 * b + 8 * k;
+      _mm256_storeu_ps(op, _mm256_fmadd_ps(_mm256_loadu_ps(op), al, _mm256_mul_ps(_mm256_cvtepi32_ps(x), W)));
     }
+  }
 }
 
 // Scores of R query rows (q, ldq) against C <= 4 keys (k, ldk): s[r * lds + j] = (q_r . k_j) * scale.
@@ -471,7 +528,8 @@ struct AttScratch {
   std::vector<int8_t> q8;  // q8 cache: the query rows quantised (blocks of 32), and their scales
   std::vector<float> qs;
   std::vector<int32_t> qc;  // q8 with VNNI: each row's per-lane corrections (att_qk_q8_vnni)
-  std::vector<float> sd, wt;  // q8: a score micro-tile's scale products, a row pair's P V weights
+  std::vector<float> sd, ws, wtmp;  // q8: a score micro-tile's key scales (transposed); a row pair's P V weight scales
+  std::vector<int32_t> wq, pvi;     // q8: a row pair's int16 P V weights (in pairs of keys), its int32 P V sums
   void fit(int64_t rows, int hd) {
     if (int64_t(q.size()) < rows * hd) { q.resize(size_t(rows * hd)); o.resize(size_t(rows * hd)); }
     if (int64_t(s.size()) < rows * ATT_KT) s.resize(size_t(rows * ATT_KT));
@@ -558,7 +616,12 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
     const int nb = hd / 32;
     if (int64_t(w.q8.size()) < b.rows * hd) { w.q8.resize(size_t(b.rows * hd)); w.qs.resize(size_t(b.rows * nb)); }
     if (int64_t(w.sd.size()) < 8 * nb) w.sd.resize(size_t(8 * nb));
-    if (int64_t(w.wt.size()) < 2 * ATT_KT * nb) w.wt.resize(size_t(2 * ATT_KT * nb));
+    if (int64_t(w.wq.size()) < ATT_KT * nb) {
+      w.wq.resize(size_t(ATT_KT * nb));
+      w.ws.resize(size_t(2 * nb));
+      w.wtmp.resize(size_t(4 * ATT_KT + 4));
+      w.pvi.resize(size_t(2 * hd));
+    }
     quantize_q8_rows(Q, w.q8.data(), w.qs.data(), b.rows * hd);
     if (q8->vnni) {  // lane l of block b: -128 * (q[32 b + 4 l] + ... + q[32 b + 4 l + 3])
       if (int64_t(w.qc.size()) < b.rows * hd / 4) w.qc.resize(size_t(b.rows * hd / 4));
@@ -581,23 +644,29 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
   int* cnt = w.cnt.data();
   const int C8 = hd / 8;
   constexpr bool q8 = std::is_same<E, Q8Ptr>::value;
-  // scores: 3 rows x 4 keys per micro-tile (q8: 2 rows), the 4 keys' rows kept in L1 over all the rows
+  // scores: 3 rows x 4 keys per micro-tile (q8: 2 rows x 8 keys), the keys' rows kept in L1 over all the rows
   if constexpr (q8) {
     const int8_t* Q8 = w.q8.data();
     const float* QS = w.qs.data();
     const int32_t* QC = b.q8.vnni ? w.qc.data() : nullptr;
-    float* SD = w.sd.data();
+    float* DK = w.sd.data();
     const int nb = hd / 32;
-    for (int j = 0; j < kc; j += 4) {
-      const int C = std::min(4, kc - j);
-      if (pf) att_decode_prefetch(*pf);
+    for (int j = 0; j < kc; j += 8) {
+      const int C = std::min(8, kc - j);
+      if (pf) {  // (two of the ATT_KT / 4 score steps AttPrefetch counts)
+        att_decode_prefetch(*pf);
+        att_decode_prefetch(*pf);
+      }
+      const int8_t* kp[8];
+      for (int i = 0; i < 8; ++i) kp[i] = kt.q + (j + std::min(i, C - 1)) * ldk;
+      att_q8_kscales(kt.s + j * (ldk / 32), ldk / 32, nb, C, DK);
       int64_t r = r0;
       for (; r + 2 <= rows; r += 2)
-        att_qk_q8_r<2>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, hd, kt.q + j * ldk,
-                       kt.s + j * (ldk / 32), ldk, C, scale, S + r * ATT_KT + j, ATT_KT, SD);
+        att_qk_q8_r<2>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, nb, kp, DK, scale, S + r * ATT_KT + j,
+                       ATT_KT, C);
       if (r < rows)
-        att_qk_q8_r<1>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, hd, kt.q + j * ldk,
-                       kt.s + j * (ldk / 32), ldk, C, scale, S + r * ATT_KT + j, ATT_KT, SD);
+        att_qk_q8_r<1>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, nb, kp, DK, scale, S + r * ATT_KT + j,
+                       ATT_KT, C);
     }
   } else {
   // keys in chunks of ATT_QK_KC (their rows in L1) x rows in chunks of ATT_QK_RC (their q rows in L1): a block's
@@ -650,34 +719,35 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
     L[r] = L[r] * A[r] + hsum256(sum);
   }
   // O = O * alpha + P V: 32 output columns x 3 rows per micro-tile (q8: 2), the V column slice kept in L1
-  if constexpr (q8) {  // a row pair at a time: its weights p * dv taken first, then 32 columns (a q8 block) at a time
+  if constexpr (q8) {  // a row pair at a time: its int16 weights first, then the int32 sums, then O (att_pv_q8_wq)
     const int nb = hd / 32;
-    float* WT = w.wt.data();
-    const int64_t ldw = int64_t(ATT_KT) * nb;
+    int32_t *WQ = w.wq.data(), *PV = w.pvi.data();
+    float *WS = w.ws.data(), *TMP = w.wtmp.data();
+    constexpr int64_t ldq = ATT_KT / 2;  // key pairs per row
     for (int64_t r = r0; r < rows; r += 2) {
       const int R = rows - r >= 2 ? 2 : 1;
-      const auto pv = [&](auto nbc) {
-        constexpr int NB = decltype(nbc)::value;
-        att_pv_q8_w<NB>(S + r * ATT_KT, ATT_KT, cnt + r, R, vt.s, ldk / 32, nb, WT, ldw);
-        if (b.q8.zmm) {  // up to 4 blocks per pass (the prefetch steps as the AVX2 loop takes them)
-          for (int c0 = 0; c0 < C8; c0 += 16) {
-            const int ncb = std::min(4, (C8 - c0) / 4);
-            if (pf && r == r0)
-              for (int i = 0; i < ncb; ++i) att_decode_prefetch(*pf);
-            if (R == 2) att_pv_q8_zmm_r<2, NB>(WT + c0 / 4, ldw, nb, ncb, cnt + r, A + r, vt.q + 8 * c0, ldk, O + r * hd + 8 * c0, hd);
-            else att_pv_q8_zmm_r<1, NB>(WT + c0 / 4, ldw, nb, ncb, cnt + r, A + r, vt.q + 8 * c0, ldk, O + r * hd + 8 * c0, hd);
-          }
-          return;
+      const int cmax = R == 2 ? std::max(cnt[r], cnt[r + 1]) : cnt[r];
+      const int np = (cmax + 1) / 2;
+      const bool odd = cmax % 2 != 0;
+      if (nb == 4) att_pv_q8_wq<4>(S + r * ATT_KT, ATT_KT, cnt + r, R, np, vt.s, ldk / 32, nb, TMP, WQ, ldq, WS);
+      else if (nb == 8) att_pv_q8_wq<8>(S + r * ATT_KT, ATT_KT, cnt + r, R, np, vt.s, ldk / 32, nb, TMP, WQ, ldq, WS);
+      else att_pv_q8_wq<0>(S + r * ATT_KT, ATT_KT, cnt + r, R, np, vt.s, ldk / 32, nb, TMP, WQ, ldq, WS);
+      if (b.q8.vnni) {  // up to 4 blocks per pass (the prefetch steps as the AVX2 loop takes them)
+        for (int b0 = 0; b0 < nb; b0 += 4) {
+          const int ncb = std::min(4, nb - b0);
+          if (pf && r == r0)
+            for (int i = 0; i < ncb; ++i) att_decode_prefetch(*pf);
+          if (R == 2) att_pv_q8i_zmm_r<2>(WQ + b0, ldq, nb, ncb, np, odd, vt.q + 32 * b0, ldk, PV + 32 * b0, hd);
+          else att_pv_q8i_zmm_r<1>(WQ + b0, ldq, nb, ncb, np, odd, vt.q + 32 * b0, ldk, PV + 32 * b0, hd);
         }
-        for (int c0 = 0; c0 < C8; c0 += 4) {
+      } else {
+        for (int b0 = 0; b0 < nb; ++b0) {
           if (pf && r == r0) att_decode_prefetch(*pf);  // (the steps AttPrefetch counts: hd / 32 per tile)
-          if (R == 2) att_pv_q8<2, NB>(WT + c0 / 4, ldw, nb, cnt + r, A + r, vt.q + 8 * c0, ldk, O + r * hd + 8 * c0, hd);
-          else att_pv_q8<1, NB>(WT + c0 / 4, ldw, nb, cnt + r, A + r, vt.q + 8 * c0, ldk, O + r * hd + 8 * c0, hd);
+          if (R == 2) att_pv_q8i<2>(WQ + b0, ldq, nb, np, odd, vt.q + 32 * b0, ldk, PV + 32 * b0, hd);
+          else att_pv_q8i<1>(WQ + b0, ldq, nb, np, odd, vt.q + 32 * b0, ldk, PV + 32 * b0, hd);
         }
-      };
-      if (nb == 4) pv(std::integral_constant<int, 4>());
-      else if (nb == 8) pv(std::integral_constant<int, 8>());
-      else pv(std::integral_constant<int, 0>());
+      }
+      for (int i = 0; i < R; ++i) att_pv_q8_fin(PV + i * hd, WS + i * nb, nb, A[r + i], O + (r + i) * hd);
     }
   } else {
     for (int c0 = 0; c0 < C8; c0 += 4) {
@@ -956,7 +1026,7 @@ void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_
   if (g_attn_tiled && vec(level()) != Level::Scalar) {
     static const bool has_vnni = __builtin_cpu_supports("avx512vnni");
     const bool a512 = vec(level()) == Level::AVX512;
-    const Q8Cache c{k, v, ks, vs, a512 && has_vnni, a512};
+    const Q8Cache c{k, v, ks, vs, a512 && has_vnni};
     attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, nullptr, nullptr, &c);
     return;
   }
