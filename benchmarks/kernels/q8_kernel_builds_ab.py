@@ -21,7 +21,9 @@ import time
 
 def child(args):
     import numpy as np
-    from strata_lab import _engine as E
+    from strata_lab._native import engine
+
+    E = engine()
 
     H, Hkv, hd = 16, 8, 128
     rng = np.random.default_rng(0)
