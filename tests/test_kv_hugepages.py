@@ -1,4 +1,4 @@
-"""Engine tier: the f32 / f16 KV cache arrays of 2 MiB and more sit on their own 2 MiB-aligned mappings, advised
+"""Engine tier: the f32 / f16 / q8 KV cache arrays of 2 MiB and more sit on their own 2 MiB-aligned mappings, advised
 as transparent huge pages before they are touched (issue 32: decode attention at 1,024 tokens streamed its
 4 KiB-paged cache ~1.2x slower; benchmarks/results/decode_bandwidth/kv_hugepages.md). STRATA_KV_HUGEPAGES=0,
 read at each allocation, keeps plain pages (the A/B). Checked: the same bits with and without, through the
@@ -40,7 +40,7 @@ def _run(eng, name, prompt):
     return r.gen_ids, held, out
 
 
-@pytest.mark.parametrize("kv_cache", ["f16", "f32"])
+@pytest.mark.parametrize("kv_cache", ["f16", "f32", "q8"])
 def test_huge_page_cache_gives_the_plain_page_cache_bits(folder, kv_cache, monkeypatch):
     eng = Engine.load(folder, threads=2, max_context=2048, kv_cache=kv_cache)
     prompt = np.random.default_rng(0).integers(0, SHAPE["vocab_size"], 1100).tolist()

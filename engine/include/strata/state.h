@@ -111,8 +111,8 @@ class AttentionKV final : public LayerState {
   int64_t length_ = 0, staged_ = 0;
   KVVector<float> k_, v_;            // the cache (f32), or the staged chunk (f16, q8)
   KVVector<uint16_t> k16_, v16_;     // the cache (f16)
-  std::vector<int8_t> k8_, v8_;      // the cache (q8): values
-  std::vector<float> ks_, vs_;       // the cache (q8): one scale per kQ8Block values
+  KVVector<int8_t> k8_, v8_;         // the cache (q8): values
+  KVVector<float> ks_, vs_;          // the cache (q8): one scale per kQ8Block values
 };
 
 // Everything a model needs to continue a sequence: per-layer states and the number of tokens read
