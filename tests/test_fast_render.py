@@ -73,6 +73,19 @@ replies = st.one_of(st.none(), st.builds(
     st.one_of(text, st.just("")), st.one_of(st.none(), text), st.one_of(st.none(), st.lists(tool_call, max_size=2))))
 
 
+def _renderer(native: bool) -> FastRenderer:
+    """The renderer with its C++ renderer of the common shapes first (as imports run), or the Python one alone."""
+    fast = FastRenderer.of(TMPL)
+    if not native:
+        fast.native = None
+    else:
+        assert fast.native is not None, "the compiled extension is built in every install"
+    return fast
+
+
+both = pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+
+
 def _slow(msgs, tools, kw, reply):
     notes = []
     vm = vllm_messages(msgs, notes)
@@ -89,10 +102,11 @@ def _slow(msgs, tools, kw, reply):
     return prompt, full, notes
 
 
+@both
 @SETTINGS
 @given(session_messages(), tools, kwargs, replies, st.integers(0, 8), session_messages())
-def test_fast_renderer_matches_the_jinja_template(msgs, tools, kw, reply, keep, other):
-    fast = FastRenderer.of(TMPL)
+def test_fast_renderer_matches_the_jinja_template(native, msgs, tools, kw, reply, keep, other):
+    fast = _renderer(native)
     # the session's previous call: part of this one's history, then other messages (an edit)
     fast.render(msgs[:keep] + other, tools, dict(kw), [], None, key="s")
     notes: list = []
@@ -106,7 +120,8 @@ def test_fast_renderer_matches_the_jinja_template(msgs, tools, kw, reply, keep, 
         assert full != "refused" and got[1] == full
 
 
-def test_fast_renderer_takes_the_common_shapes():
+@both
+def test_fast_renderer_takes_the_common_shapes(native):
     """What real logs hold renders on the fast path (not only by falling back)."""
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
             {"role": "assistant", "content": None, "tool_calls": [
@@ -114,17 +129,21 @@ def test_fast_renderer_takes_the_common_shapes():
             {"role": "tool", "tool_call_id": "c1", "content": "r"},
             {"role": "assistant", "content": "a", "reasoning_content": "why"},
             {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]}]
-    fast = FastRenderer.of(TMPL)
-    for kw in ({}, {"enable_thinking": False}):
-        got = fast.render(msgs, None, kw, [], {"role": "assistant", "content": "ok"})
-        assert got is not None and got[0] == _slow(msgs, None, kw, None)[0]
+    fast = _renderer(native)
+    defs = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+    for kw, tools in (({}, None), ({"enable_thinking": False}, None), ({}, defs)):
+        got = fast.render(msgs, tools, kw, [], {"role": "assistant", "content": "ok"})
+        assert got is not None and got[0] == _slow(msgs, tools, kw, None)[0]
+        if native:  # taken by the C++ renderer itself, not left to the Python one
+            assert fast.native.render(msgs, tools, kw.get("enable_thinking"), None, []) is not None
     assert FastRenderer.of(ChatTemplate(TMPL.source + " ", name="other")) is None
 
 
-def test_equal_but_differently_typed_arguments_are_not_reused():
+@both
+def test_equal_but_differently_typed_arguments_are_not_reused(native):
     """1 == 1.0 == True, but tojson writes them apart: a message is taken from the session's previous call only
     when it has no object arguments."""
-    fast = FastRenderer.of(TMPL)
+    fast = _renderer(native)
     for value in (1, 1.0, True):
         msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": value}}}]}]
@@ -319,14 +338,15 @@ def agent_message(draw):
     return m
 
 
+@both
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.tuples(st.integers(0, 5), st.lists(agent_message(), max_size=4), st.integers(0, 3), kwargs,
                           replies), min_size=1, max_size=8), agent_message())
-def test_a_session_s_calls_render_as_the_template_renders_each(steps, first):
+def test_a_session_s_calls_render_as_the_template_renders_each(native, steps, first):
     """One session's calls, each its previous call's messages (and reply) plus new ones, sometimes cut back
     (an edit), with the same or other tool definitions: every call renders as the Jinja template renders it
     alone (the parts taken from the previous call included), or is refused the same way."""
-    fast = FastRenderer.of(TMPL)
+    fast = _renderer(native)
     msgs = [first]
     tool_sets = [None, [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}],
                  [{"type": "function", "function": {"parameters": {"type": "object"}, "name": "read"}}],

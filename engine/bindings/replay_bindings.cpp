@@ -22,6 +22,8 @@
 namespace py = pybind11;
 using namespace strata;
 
+void bind_qwen3_render(py::module_& m);  // qwen3_render.cpp
+
 namespace {
 
 template <typename T>
@@ -530,6 +532,7 @@ py::object json_array_end(py::bytes data, Py_ssize_t pos) {
 PYBIND11_MODULE(_replay, m) {
   m.doc() = "strata_lab's store replay core (no OpenMP; import it through strata_lab._native)";
   strata_bindings::bind_checkpoint_policy(m);
+  bind_qwen3_render(m);
   py::enum_<FullHit> full_hit(m, "FullHit", "What the engine does when the whole prompt is held "
                                             "(strata/reuse_rule.h; strata_lab.replayer.state.FULL_HIT_RULES).");
 #define STRATA_FULL_HIT(name) full_hit.value(#name, FullHit::name);

@@ -73,6 +73,8 @@ class FastRenderer:
         self._names: dict = {}  # tool name -> the rendered tool call up to its arguments
         self._prev: dict = {}  # session -> (its last call's messages, their checked parts), oldest first
         self._max_chars = _max_chars()
+        self._heads: dict = {}  # (tool definitions' key, first system text) -> the system turn, or None: refused
+        self.native = _native(self)  # strata_lab._replay._Qwen3Render, or None without the compiled extension
 
     @classmethod
     def of(cls, template) -> "FastRenderer | None":
@@ -109,6 +111,34 @@ class FastRenderer:
             self._args[args] = got
         if not got[1] and _NOT_JSON not in notes:
             notes.append(_NOT_JSON)
+        return got
+
+    def _call_head(self, fname: str) -> str:
+        """A tool call's rendered text up to its arguments."""
+        head = self._names.get(fname)
+        if head is None:
+            head = '<tool_call>\n{"name": ' + _dumps(fname) + ', "arguments": '
+            if len(self._names) > _MAX_ARGS:
+                self._names.clear()
+            self._names[fname] = head
+        return head
+
+    def _system_turn(self, tools, first_system):
+        """`_tools_head` for the native renderer, remembered per tool definitions (by their JSON) and system
+        text; None: refused."""
+        try:
+            key = (_tools_key(tools), first_system)
+        except TypeError:  # not JSON: the template decides
+            return None
+        try:
+            return self._heads[key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable key (tools not a list): the Python renderer decides
+            return None
+        if len(self._heads) > 256:
+            self._heads.clear()
+        got = self._heads[key] = self._tools_head(tools, first_system)
         return got
 
     def _message(self, m, notes: list):
@@ -177,13 +207,7 @@ class FastRenderer:
                     return None
                 args, json_ok = got
                 noted = noted or not json_ok
-                head = self._names.get(fname)
-                if head is None:
-                    head = '<tool_call>\n{"name": ' + _dumps(fname) + ', "arguments": '
-                    if len(self._names) > _MAX_ARGS:
-                        self._names.clear()
-                    self._names[fname] = head
-                rendered.append(head + args + "}\n</tool_call>")
+                rendered.append(self._call_head(fname) + args + "}\n</tool_call>")
             if not rendered:
                 rendered = None
         elif role == "assistant":
@@ -245,8 +269,13 @@ class FastRenderer:
         if not messages or (kwargs and (set(kwargs) != {"enable_thinking"}
                                         or kwargs["enable_thinking"] not in (None, True, False))):
             return None
-        if kwargs.get("enable_thinking") is not None and kwargs["enable_thinking"].__class__ is not bool:
+        thinking = kwargs.get("enable_thinking") if kwargs else None
+        if thinking is not None and thinking.__class__ is not bool:
             return None
+        if self.native is not None:  # the common shapes, rendered whole in C++; the rest here
+            got = self.native.render(messages, tools, thinking, reply, notes)
+            if got is not None:
+                return got
         k = 0
         prev = self._prev.get(key) if key is not None else None
         if prev is not None:
@@ -420,6 +449,20 @@ try:
 except ImportError:  # pragma: no cover - orjson is a core dependency
     def _orjson_dumps(x):
         return json.dumps(x, ensure_ascii=False).encode()
+
+
+def _native(renderer: FastRenderer):
+    """The C++ renderer of the common shapes (strata_lab._replay._Qwen3Render), sharing `renderer`'s caches of
+    arguments and call heads and calling its own methods for what they do not hold; None without the compiled
+    extension."""
+    from strata_lab._native import replay
+
+    try:
+        cls = replay()._Qwen3Render
+    except (ImportError, AttributeError):
+        return None
+    return cls(renderer._args, renderer._names, renderer._arguments, renderer._call_head, renderer._system_turn,
+               renderer._max_chars, _NOT_JSON)
 
 
 @lru_cache(maxsize=1)
