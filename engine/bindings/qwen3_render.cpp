@@ -426,6 +426,11 @@ class Qwen3Render {
 
 }  // namespace
 
+py::object qwen3_render_call(py::handle renderer, py::handle messages, py::handle tools, py::handle enable_thinking,
+                             py::handle reply, py::handle notes) {
+  return renderer.cast<Qwen3Render&>().render(messages, tools, enable_thinking, reply, notes);
+}
+
 void bind_qwen3_render(py::module_& m) {
   py::class_<Qwen3Render>(m, "_Qwen3Render",
                           "The qwen3 chat template for a log's calls, in C++ (strata_lab.traces.fast_render).")

@@ -23,6 +23,8 @@ namespace py = pybind11;
 using namespace strata;
 
 void bind_qwen3_render(py::module_& m);  // qwen3_render.cpp
+py::object qwen3_render_call(py::handle renderer, py::handle messages, py::handle tools, py::handle enable_thinking,
+                             py::handle reply, py::handle notes);
 
 namespace {
 
@@ -593,6 +595,40 @@ PYBIND11_MODULE(_replay, m) {
       .def_property_readonly("ascii_tokens", [](const BpeEncoder& e) { return e.bpe.ascii_tokens(); })
       .def_property_readonly("merges", [](const BpeEncoder& e) { return e.bpe.merges(); })
       .def_property_readonly("cached", [](const BpeEncoder& e) { return e.bpe.cached(); });
+
+  m.def(
+      "qwen3_turn",
+      [](py::handle renderer, BpeEncoder& bpe, py::handle messages, py::handle tools, py::handle enable_thinking,
+         py::handle reply, py::handle notes, std::shared_ptr<IdsState> prev, py::handle other,
+         int64_t eos) -> py::object {
+        py::object got = qwen3_render_call(renderer, messages, tools, enable_thinking, reply, notes);
+        if (got.is_none()) return got;
+        PyObject* prompt = PyTuple_GET_ITEM(got.ptr(), 0);
+        PyObject* full = PyTuple_GET_ITEM(got.ptr(), 1);
+        if (full == Py_None) {
+          py::tuple r = bpe.encode_session(prompt, std::move(prev), other);
+          return py::make_tuple(r[0], py::list(), r[1], r[2]);
+        }
+        const Py_ssize_t n = PyUnicode_GET_LENGTH(prompt);
+        const Py_ssize_t starts = PyUnicode_Tailmatch(full, prompt, 0, n, -1);
+        if (starts < 0) throw py::error_already_set();
+        if (starts == 0) return py::none();  // the reply's turn does not extend the prompt: compared by tokens
+        py::tuple r = bpe.encode_turn(prompt, full, std::move(prev), other);
+        PyObject* tail = PyTuple_GET_ITEM(r.ptr(), 1);
+        for (Py_ssize_t i = PyList_GET_SIZE(tail) - 1; eos >= 0 && i >= 0; --i) {  // cut after the last eos
+          if (PyLong_AsLongLong(PyList_GET_ITEM(tail, i)) == eos) {
+            if (PyList_SetSlice(tail, i + 1, PyList_GET_SIZE(tail), nullptr) < 0) throw py::error_already_set();
+            break;
+          }
+        }
+        return std::move(r);
+      },
+      py::arg("renderer"), py::arg("bpe"), py::arg("messages"), py::arg("tools"), py::arg("enable_thinking"),
+      py::arg("reply"), py::arg("notes"), py::arg("prev"), py::arg("other"), py::arg("eos"),
+      "A call's turn in one step: `renderer` (_Qwen3Render) renders the prompt and the reply's turn, `bpe` "
+      "encodes them after the session's state `prev` (encode_turn; encode_session without a reply): (prompt "
+      "ids, reply ids through the last `eos` id, the state, ids reused), or None: not one the C++ renderer "
+      "takes, or a reply turn that does not extend the prompt.");
 
   py::class_<ReplayVocab, std::shared_ptr<ReplayVocab>>(m, "_ReplayVocab",
                                                         "A tokenizer's bytes per id, for the replay core's byte walk.")

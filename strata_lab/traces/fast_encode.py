@@ -41,6 +41,7 @@ import json
 import re
 from bisect import bisect_right
 from collections import OrderedDict
+from functools import lru_cache
 from itertools import chain
 from types import MappingProxyType
 
@@ -131,6 +132,7 @@ class SegmentEncoder:
         # a session's texts in C++ (IncrementalEncoder): (encode_session, encode_tail), or None
         self._sessions = (native.encode_session, native.encode_tail, native.encode_turn) \
             if self._into is not None else None
+        self._bpe = native.bpe if self._into is not None else None  # (for strata_lab._replay.qwen3_turn)
         self._lines = lines  # the split regex is one of _LINE_PATTERNS
         self._hf = tokenizer.hf
         self._model = tokenizer.hf.model
@@ -303,6 +305,13 @@ class SegmentEncoder:
         return ids, ends, counts
 
 
+@lru_cache(maxsize=1)
+def _qwen3_turn():
+    from strata_lab._native import replay
+
+    return replay().qwen3_turn
+
+
 def _native_encoder(tokenizer, hf, pattern: str, added: dict[str, int]):
     """`strata_lab._replay._ByteBpe` for the tokenizer's model, or None: a split regex it does not follow, no
     compiled extension, a model it cannot read, or one whose ids differ from the tokenizer's. Its `scans`:
@@ -328,9 +337,10 @@ def _native_encoder(tokenizer, hf, pattern: str, added: dict[str, int]):
 
 
 class _Native:
-    __slots__ = ("encode", "encode_into", "encode_session", "encode_tail", "encode_turn", "scans")
+    __slots__ = ("bpe", "encode", "encode_into", "encode_session", "encode_tail", "encode_turn", "scans")
 
     def __init__(self, bpe, scans: bool):
+        self.bpe = bpe
         self.encode, self.encode_into, self.scans = bpe.encode, bpe.encode_into, scans
         self.encode_session, self.encode_tail, self.encode_turn = bpe.encode_session, bpe.encode_tail, \
             bpe.encode_turn
@@ -430,6 +440,24 @@ class IncrementalEncoder:
                 self._remember(key, state)
             return ids, tail
         return self.encode(prompt, key), self.encode_tail(key, full, len(prompt))
+
+    def render_turn(self, renderer, messages, tools, thinking, reply, notes: list, key, eos: int):
+        """A call rendered by `renderer` (the C++ qwen3 renderer, `FastRenderer.native`) and encoded as
+        `encode_turn(key, prompt, full)` in one native step (strata_lab._replay.qwen3_turn): (prompt ids, the
+        reply's ids through its last `eos` id, [] without a reply), or None: not a call that step takes (the
+        caller renders it the general way)."""
+        bpe = self.seg._bpe
+        if bpe is None or renderer is None:
+            return None
+        prev = self._last.get(key) if key is not None else None
+        got = _qwen3_turn()(renderer, bpe, messages, tools, thinking, reply, notes, prev, self.seg.piece_ids, eos)
+        if got is None:
+            return None
+        ids, tail, state, self.reused = got
+        if key is not None:
+            self._last.pop(key, None)
+            self._remember(key, state)
+        return ids, tail
 
     def encode_tail(self, key, text: str, n: int) -> list[int]:
         """`tokenizer.encode(text[n:])` (a reply after its prompt `text[:n]`, the key's last text). When an

@@ -243,6 +243,19 @@ def _render_fast(call: dict, tokenizer, template, fast, encoder, kw: dict, notes
     if call["system"] and not (msgs and msgs[0].get("role") == "system"):
         msgs = [{"role": "system", "content": call["system"]}, *msgs]
     reply = None if call["response_ids"] else _raw_reply(call)
+    turn = getattr(encoder, "render_turn", None)
+    if turn is not None and (not kw or (len(kw) == 1 and kw.get("enable_thinking", 0).__class__ is bool)):
+        # rendered (the common shapes) and encoded in one native step
+        eos = template.special_tokens.get("eos_token")
+        eos_id = tokenizer.added_tokens.get(eos, -1) if eos else -1
+        got = turn(fast.native, msgs, call["tools"], kw.get("enable_thinking") if kw else None, reply, notes,
+                   call["session"], eos_id)
+        if got is not None:
+            if call["response_ids"]:
+                return got[0], list(call["response_ids"])
+            if reply is not None and reply.get("reasoning_content"):  # put back where the template drops it
+                return got[0], _reply_end(tokenizer, template, reply, got[1], notes)
+            return got
     got = fast.render(msgs, call["tools"], kw, notes, reply, key=call["session"])
     if got is None or (reply is not None and not got[1].startswith(got[0])):
         return None  # not append-only here: reply_ids compares the turn token by token
