@@ -74,6 +74,7 @@ class FastRenderer:
         self._prev: dict = {}  # session -> (its last call's messages, their checked parts), oldest first
         self._max_chars = _max_chars()
         self._heads: dict = {}  # (tool definitions' key, first system text) -> the system turn, or None: refused
+        self.eos_ids: dict = {}  # tokenizer -> the id of this template's eos token (-1: none), for render_call
         self.native = _native(self)  # strata_lab._replay._Qwen3Render, or None without the compiled extension
 
     @classmethod

@@ -23,7 +23,7 @@ import re
 from collections import OrderedDict, deque
 from typing import Iterator
 
-from strata_lab.traces.log_calls import SessionChain, new_call, text_parts, tool_call
+from strata_lab.traces.log_calls import _EMPTY_CALL, SessionChain, text_parts, tool_call
 from strata_lab.traces.dialect import http_error, looks_anthropic
 from strata_lab.traces.source import Source, _DecodeError, loads
 
@@ -237,9 +237,12 @@ def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME,
         raise ValueError("messages: missing or empty")
     messages = recent.convert(body["messages"], notes) if recent is not None else \
         convert_messages(body["messages"], notes)
-    call = new_call(format=fmt, fidelity="messages", model=body.get("model"), notes=notes,
-                    messages=messages,
-                    tools=[t for t in body.get("tools") or () if isinstance(t, dict)] or None)
+    call = _EMPTY_CALL.copy()  # (new_call's dict, filled in place: the fields are known)
+    call["format"], call["fidelity"], call["model"], call["notes"], call["messages"] = \
+        fmt, "messages", body.get("model"), notes, messages
+    tools = body.get("tools")
+    if tools:
+        call["tools"] = [t for t in tools if isinstance(t, dict)] or None
     kwargs = body.get("chat_template_kwargs")  # vLLM/SGLang: e.g. {"enable_thinking": false}, reaches the template
     if isinstance(kwargs, dict) and kwargs:
         call["extra"] = {"chat_template_kwargs": kwargs}
@@ -393,7 +396,7 @@ def read(src: Source) -> Iterator[dict]:
             body, response = rec["request"], rec.get("response")
         elif isinstance(rec.get("response"), dict) and "messages" in rec:
             response = rec["response"]
-        refused = http_error(response)
+        refused = http_error(response) if response is not None else None
         if refused is not None:
             src.skip(lineno, f"{refused}: not a model call")
             continue

@@ -246,8 +246,10 @@ def _render_fast(call: dict, tokenizer, template, fast, encoder, kw: dict, notes
     turn = getattr(encoder, "render_turn", None)
     if turn is not None and (not kw or (len(kw) == 1 and kw.get("enable_thinking", 0).__class__ is bool)):
         # rendered (the common shapes) and encoded in one native step
-        eos = template.special_tokens.get("eos_token")
-        eos_id = tokenizer.added_tokens.get(eos, -1) if eos else -1
+        eos_id = fast.eos_ids.get(tokenizer)
+        if eos_id is None:
+            eos = template.special_tokens.get("eos_token")
+            eos_id = fast.eos_ids[tokenizer] = tokenizer.added_tokens.get(eos, -1) if eos else -1
         got = turn(fast.native, msgs, call["tools"], kw.get("enable_thinking") if kw else None, reply, notes,
                    call["session"], eos_id)
         if got is not None:
