@@ -10,10 +10,18 @@ way, a message the checks would refuse included: the caller then renders with th
 same error it always did). It returns (prompt, full): the prompt with the generation prompt, and the text of the
 messages + `reply` as a history turn (None without a reply), what `reply_ids` renders.
 
-With a session `key`, a call costs what it adds: what it shares with the session's previous call (checks,
+In C++ first: `strata_lab._replay._Qwen3Render` (engine/bindings/qwen3_render.cpp) renders the shapes agent logs
+hold whole, from scratch, reading the messages in C (`FastRenderer.native`); it shares this renderer's caches of
+tool-call arguments and call heads and asks it for what they do not hold (and for the tool definitions' text). It
+returns None for anything else (reasoning written inside an assistant's content, a message the checks would
+refuse, ...), and this renderer renders the call. `render.render_call` goes one step further where the encoder
+is the native one: `fast_encode.IncrementalEncoder.render_turn` renders and encodes a call in one native call.
+
+With a session `key`, a call the Python renderer renders costs what it adds: what it shares with the session's previous call (checks,
 and the text of turns that render the same) is taken from it (`render`). Exactness is checked by hypothesis
 against the Jinja template on generated agent sessions, call after call (tool calls, reasoning, edits,
-content null, tool results, tool definitions, odd inputs): tests/test_fast_render.py.
+content null, tool results, tool definitions, odd inputs), the C++ renderer and the Python one each:
+tests/test_fast_render.py.
 
 Why one module: the renderer, its per-session reuse and its input checks are one reading of one template;
 split apart, a change to how a turn renders and to when a previous call's text may be reused would land in

@@ -25,7 +25,7 @@ __all__ = ["Rendered", "render_call", "reply_ids", "vllm_messages", "PrefixEncod
 
 
 
-@dataclass
+@dataclass(slots=True)  # (no instance dict: one object a call, not two)
 class Rendered:
     prompt_ids: list[int]
     gen_ids: list[int]
