@@ -1,7 +1,7 @@
 """Typed face of the compiled extension strata_lab._replay: the store replay's core, linked without OpenMP
 (engine/bindings/replay_bindings.cpp). Only strata_lab._native imports it; strata_lab.replayer.native drives it.
 It also holds the ASCII byte-level BPE encoder of strata_lab.traces.fast_encode (_ByteBpe, strata/byte_bpe.h)."""
-from typing import Callable, ClassVar, Optional, Sequence
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 
@@ -68,6 +68,15 @@ class _ByteBpe:
     def encode_turn(self, prompt: str, full: str, prev: Optional[_IdsState],
                     other: Callable[[str], list[int]]) -> tuple[list[int], list[int], _IdsState, int]: ...
 
+class _Qwen3Render:
+    """The qwen3 chat template for a log's calls, in C++ (engine/bindings/qwen3_render.cpp;
+    strata_lab.traces.fast_render.FastRenderer renders with it first)."""
+    def __init__(self, args: dict, heads: dict, arguments: Callable[[Any, list], Optional[tuple[str, bool]]],
+                 call_head: Callable[[str], str], tools_head: Callable[[list, Optional[str]], Optional[str]],
+                 max_chars: int, not_json: str) -> None: ...
+    def render(self, messages: list, tools: Optional[list], enable_thinking: Optional[bool], reply: Optional[dict],
+               notes: list) -> Optional[tuple[str, Optional[str]]]: ...
+
 class _ReplayVocab:
     """A tokenizer's bytes per id, for the replay core's byte walk (strata_lab.replayer.native)."""
     size: int
@@ -104,4 +113,11 @@ class _ReplayCore:
 def json_array_end(data: bytes, pos: int) -> Optional[tuple[int, int]]:
     """(end of the last element, elements) of the JSON array whose elements continue at data[pos:] up to its
     ']', or None; for text a JSON parser read already (brackets and quotes followed, not checked)."""
+    ...
+
+def qwen3_turn(renderer: _Qwen3Render, bpe: _ByteBpe, messages: list, tools: Optional[list],
+               enable_thinking: Optional[bool], reply: Optional[dict], notes: list, prev: Optional[_IdsState],
+               other: Callable[[str], list[int]], eos: int) -> Optional[tuple[list[int], list[int], _IdsState, int]]:
+    """A call's turn in one step: rendered by `renderer`, encoded by `bpe` after the session's state `prev`:
+    (prompt ids, reply ids through the last `eos` id, the state, ids reused), or None (not taken here)."""
     ...
