@@ -146,9 +146,39 @@ class RecentRequests:
             b = b if b.__class__ is str else None
         return (a, b)
 
-    def convert(self, raw: list, notes: list) -> list[dict]:
+    def convert(self, raw: list, notes: list, base: list | None = None) -> list[dict]:
         """The converted messages; `last` is this request's record after (the caller's chaining fills its
-        `digests`)."""
+        `digests`). `base`: the messages list of an earlier line that `raw` starts with, the same objects
+        (`SharedPrefixLines.base`); when it is the last request's, that request is the earlier one without a
+        search (its leading plain messages are raw's; with two or more, the same anchor)."""
+        last = self.last
+        if base is not None and last is not None and last.raw is base and len(base) >= 2:
+            anchor, best, k = last.anchor, last, last.plain
+            seen = self._by.get(anchor) if anchor is not None else None
+        else:
+            anchor, best, k, seen = self._search(raw)
+        if k:
+            conv, plain = _convert(raw[k:], notes)
+            conv = best.conv[:k] + conv
+            plain += k
+        else:
+            conv, plain = _convert(raw, notes)
+        rec = _Seen(raw, conv, plain, best.digests[:k] if k and best.digests is not None else [], anchor)
+        if anchor is not None:
+            if seen is None:
+                seen = self._by[anchor] = []
+                if len(self._by) > self.max_anchors:
+                    self._by.popitem(last=False)
+            else:
+                self._by.move_to_end(anchor)
+            seen.append(rec)
+            if len(seen) > self.per_anchor:
+                del seen[0]
+        self.last = rec
+        return conv
+
+    def _search(self, raw: list):
+        """(anchor, the earlier request, how many leading messages it gives, the anchor's requests)."""
         anchor = self._anchor(raw) if raw else None
         seen = self._by.get(anchor) if anchor is not None else None
         best, k = None, 0
@@ -163,25 +193,7 @@ class RecentRequests:
                 while k < lim and raw[k] == e.raw[k]:
                     k += 1
                 best = e if k else None
-        if k:
-            conv, plain = _convert(raw[k:], notes)
-            conv = best.conv[:k] + conv
-            plain += k
-        else:
-            conv, plain = _convert(raw, notes)
-        rec = _Seen(raw, conv, plain, best.digests[:k] if k and best.digests is not None else [])
-        if anchor is not None:
-            if seen is None:
-                seen = self._by[anchor] = []
-                if len(self._by) > self.max_anchors:
-                    self._by.popitem(last=False)
-            else:
-                self._by.move_to_end(anchor)
-            seen.append(rec)
-            if len(seen) > self.per_anchor:
-                del seen[0]
-        self.last = rec
-        return conv
+        return anchor, best, k, seen
 
 
 class _Seen:
@@ -189,10 +201,10 @@ class _Seen:
     leading converted messages it shares with the earlier request (`known`), and of all its converted messages
     once chained (`digests`; None: not chained)."""
 
-    __slots__ = ("raw", "conv", "plain", "known", "digests")
+    __slots__ = ("raw", "conv", "plain", "known", "digests", "anchor")
 
-    def __init__(self, raw, conv, plain, known):
-        self.raw, self.conv, self.plain, self.known = raw, conv, plain, known
+    def __init__(self, raw, conv, plain, known, anchor):
+        self.raw, self.conv, self.plain, self.known, self.anchor = raw, conv, plain, known, anchor
         self.digests = None
 
 
@@ -229,13 +241,14 @@ def apply_response(call: dict, response: dict | None) -> None:
 
 
 def from_request(body: dict, response: dict | None = None, *, fmt: str = NAME,
-                 recent: RecentRequests | None = None) -> dict:
+                 recent: RecentRequests | None = None, base: list | None = None) -> dict:
     """One call from a chat-completions request body (and its response, if logged). `recent`: converts only
-    what the request adds to a recent one (the same messages); the request's record is `recent.last` after."""
+    what the request adds to a recent one (the same messages); the request's record is `recent.last` after.
+    `base`: see `RecentRequests.convert`."""
     notes: list = []
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise ValueError("messages: missing or empty")
-    messages = recent.convert(body["messages"], notes) if recent is not None else \
+    messages = recent.convert(body["messages"], notes, base) if recent is not None else \
         convert_messages(body["messages"], notes)
     call = _EMPTY_CALL.copy()  # (new_call's dict, filled in place: the fields are known)
     call["format"], call["fidelity"], call["model"], call["notes"], call["messages"] = \
@@ -297,6 +310,7 @@ class SharedPrefixLines:
         self._marker_json = json.dumps(self._marker).encode()
         self._scan = json.scanner.make_scanner(json.JSONDecoder())
         self.shared = 0  # messages taken from earlier lines (all lines so far)
+        self.base = None  # the last record's leading messages taken from an earlier line (that line's list)
         self._array_end = _native_array_end()
 
     def records(self, src: Source) -> Iterator[tuple[int, dict]]:
@@ -309,6 +323,7 @@ class SharedPrefixLines:
 
     def _parse(self, line: bytes) -> dict | None:
         """The record, or None: parse the line whole (and say what is wrong with it)."""
+        self.base = None
         m = _MESSAGES.search(line)
         if m is None:
             return None
@@ -336,6 +351,7 @@ class SharedPrefixLines:
         if base is not None:
             body["messages"] = msgs = base[1] + msgs
             self.shared += len(base[1])
+            self.base = base[1]
         # where this line's array ends, for the lines after it (its new elements scanned in C)
         if self._array_end is not None:
             got = self._array_end(line, rest)
@@ -379,7 +395,8 @@ class SharedPrefixLines:
 def read(src: Source) -> Iterator[dict]:
     chain = SessionChain(src.stem)
     recent = RecentRequests()
-    for lineno, rec in SharedPrefixLines().records(src):
+    lines = SharedPrefixLines()
+    for lineno, rec in lines.records(src):
         body, response = rec, None
         batch_out = None
         if isinstance(rec.get("body"), dict) and "custom_id" in rec:  # Batch API input line
@@ -396,14 +413,16 @@ def read(src: Source) -> Iterator[dict]:
             body, response = rec["request"], rec.get("response")
         elif isinstance(rec.get("response"), dict) and "messages" in rec:
             response = rec["response"]
-        refused = http_error(response) if response is not None else None
+        refused = http_error(response) if response is not None and (
+            response.__class__ is not dict or "status_code" in response or "status" in response
+            or "error" in response or "type" in response or "body" in response) else None
         if refused is not None:
             src.skip(lineno, f"{refused}: not a model call")
             continue
         if isinstance(response, dict) and isinstance(response.get("body"), dict):  # batch output shape
             response = response["body"]
         try:
-            call = from_request(body, response, recent=recent)
+            call = from_request(body, response, recent=recent, base=lines.base)
         except ValueError as exc:
             src.skip(lineno, str(exc))
             continue
