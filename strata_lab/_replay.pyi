@@ -121,3 +121,9 @@ def qwen3_turn(renderer: _Qwen3Render, bpe: _ByteBpe, messages: list, tools: Opt
     """A call's turn in one step: rendered by `renderer`, encoded by `bpe` after the session's state `prev`:
     (prompt ids, reply ids through the last `eos` id, the state, ids reused), or None (not taken here)."""
     ...
+
+def chain_messages(seen: dict, messages: list, known: list, reply: Optional[dict], new_session: Callable[[], str],
+                   max_entries: int, python_key: Callable[[dict], int]) -> tuple[str, list[int]]:
+    """(session, prefix digests): strata_lab.traces.log_calls.SessionChain.session_of_messages on its dict
+    `seen`, the same digests; `python_key(message)` keys the messages the common shapes do not cover."""
+    ...

@@ -56,3 +56,52 @@ def test_help_and_docs_state_one_rule():
     assert "longest prefix over recent calls (not equality)" in CHAINING_RULE
     for phrase in ("longest prefix over recent calls (not equality)", f"except at most its last {ID_SLACK} ids"):
         assert phrase in docs, phrase
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from strata_lab.traces import log_calls  # noqa: E402
+
+_TEXT = st.sampled_from(["", "hi", "sys", "é", "a b", "<think>x</think>"])
+_ARGS = st.one_of(st.none(), st.just(""), st.just('{"a": 1}'), st.just({"a": 1}), st.just({"a": 1.0}), st.just(3))
+_CALL = st.one_of(
+    st.builds(lambda n, a: {"type": "function", "function": {"name": n, "arguments": a}},
+              st.sampled_from(["read", "f", ""]), _ARGS),
+    st.builds(lambda a: {"function": {"arguments": a}}, _ARGS),  # no name
+    st.just({"function": None}), st.just("not a dict"), st.just({"type": "function"}))
+_MESSAGE = st.builds(
+    lambda role, content, calls: {k: v for k, v in (("role", role), ("content", content), ("tool_calls", calls))
+                                  if v != "-"},
+    st.sampled_from(["system", "developer", "user", "assistant", "tool", None, "-"]),
+    st.one_of(_TEXT, st.none(), st.just("-"), st.just(7),
+              st.lists(st.one_of(st.builds(lambda t: {"type": "text", "text": t}, _TEXT), st.just("x")),
+                       max_size=2)),
+    st.one_of(st.just("-"), st.none(), st.lists(_CALL, max_size=2)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.integers(0, 4), st.lists(_MESSAGE, max_size=3), st.one_of(st.none(), _MESSAGE),
+                          st.booleans()), min_size=1, max_size=10), st.integers(4, 64))
+def test_native_chaining_is_the_python_chaining(steps, max_entries):
+    """strata_lab._replay.chain_messages gives the sessions and digests of SessionChain's Python steps, on
+    histories that grow, get cut back and restart, with every message shape the key reads (content parts,
+    tool calls without a name or a function, object arguments, ...), and with the oldest digests evicted."""
+    native = log_calls._native_chain()
+    assert native is not None, "the compiled extension is built in every install"
+    a, b = SessionChain("s", max_entries=max_entries), SessionChain("s", max_entries=max_entries)
+    history: list = []
+    for cut, more, reply, use_known in steps:
+        history = (history[: len(history) * cut // 4] if cut < 4 else history) + more
+        if not history:
+            continue
+        known = b.digests[: len(history) // 2] if use_known and len(b.digests) >= len(history) // 2 else []
+        got_a = native(a._seen, list(history), list(known), reply, a._new, a._max, log_calls._message_key)
+        log_calls._NATIVE_CHAIN[:] = [None]  # the Python steps
+        try:
+            got_b = b.session_of_messages(list(history), reply, known=list(known))
+        finally:
+            log_calls._NATIVE_CHAIN.clear()
+        assert got_a == (got_b, b.digests)
+        assert list(a._seen.items()) == list(b._seen.items())
+        if reply is not None and cut % 2:
+            history = history + [reply]

@@ -23,6 +23,7 @@ namespace py = pybind11;
 using namespace strata;
 
 void bind_qwen3_render(py::module_& m);  // qwen3_render.cpp
+void bind_log_chain(py::module_& m);     // log_chain.cpp
 py::object qwen3_render_call(py::handle renderer, py::handle messages, py::handle tools, py::handle enable_thinking,
                              py::handle reply, py::handle notes);
 
@@ -535,6 +536,7 @@ PYBIND11_MODULE(_replay, m) {
   m.doc() = "strata_lab's store replay core (no OpenMP; import it through strata_lab._native)";
   strata_bindings::bind_checkpoint_policy(m);
   bind_qwen3_render(m);
+  bind_log_chain(m);
   py::enum_<FullHit> full_hit(m, "FullHit", "What the engine does when the whole prompt is held "
                                             "(strata/reuse_rule.h; strata_lab.replayer.state.FULL_HIT_RULES).");
 #define STRATA_FULL_HIT(name) full_hit.value(#name, FullHit::name);

@@ -128,6 +128,23 @@ def _message_key(m: dict) -> int:
     return hash((m.get("role"), content, calls or ()))
 
 
+_NATIVE_CHAIN: list = []
+
+
+def _native_chain():
+    """`strata_lab._replay.chain_messages`, or None without the compiled extension (remembered in
+    `_NATIVE_CHAIN`)."""
+    if not _NATIVE_CHAIN:
+        from strata_lab._native import replay
+
+        try:
+            got = replay().chain_messages
+        except (ImportError, AttributeError):
+            got = None
+        _NATIVE_CHAIN.append(got)
+    return _NATIVE_CHAIN[0]
+
+
 def parse_field_path(path: str | None) -> str | None:
     """A `--session-key` value: dotted field names; a clear error for an empty one."""
     if path is None:
@@ -197,7 +214,13 @@ class SessionChain:
     def session_of_messages(self, messages: Sequence[dict], reply: dict | None = None, *,
                             known: Sequence[int] = ()) -> str:
         """`known`: the digests of the leading messages (`digests` after an earlier call whose messages these
-        are), so that a call hashes only the messages it adds. `digests` holds this call's after."""
+        are), so that a call hashes only the messages it adds. `digests` holds this call's after. The same
+        steps run in C where the compiled extension is (strata_lab._replay.chain_messages: the same digests)."""
+        native = _native_chain()
+        if native is not None and messages.__class__ is list:
+            session, self.digests = native(self._seen, messages, known if known.__class__ is list else list(known),
+                                           reply, self._new, self._max, _message_key)
+            return session
         digests = list(known)
         h = digests[-1] if digests else 0
         for m in messages[len(digests):] if digests else messages:

@@ -1,0 +1,186 @@
+// `chain_messages` of strata_lab._replay: the message-level session chaining of logs without a session key
+// (strata_lab/traces/log_calls.py, `SessionChain.session_of_messages`), in C. The same steps on the same
+// Python objects: each message's key is hash((role, text, tool calls)) and a prefix's digest hash((previous
+// digest, key)), computed by PyObject_Hash on the same tuples the Python code hashes (so the digests are the
+// same ints), kept in the chain's own dict. A message whose key the common shapes do not cover (content parts,
+// tool calls that are not dicts with a function dict, ...) is keyed by the Python function itself.
+#include <pybind11/pybind11.h>
+
+namespace py = pybind11;
+
+namespace {
+
+PyObject* interned(const char* s) {
+  PyObject* o = PyUnicode_InternFromString(s);
+  if (o == nullptr) throw py::error_already_set();
+  return o;
+}
+
+struct Keys {
+  PyObject *role, *content, *tool_calls, *function, *name, *arguments, *empty, *system, *developer;
+  Keys()
+      : role(interned("role")), content(interned("content")), tool_calls(interned("tool_calls")),
+        function(interned("function")), name(interned("name")), arguments(interned("arguments")),
+        empty(interned("")), system(interned("system")), developer(interned("developer")) {}
+};
+
+const Keys& keys() {
+  static const Keys* k = new Keys();
+  return *k;
+}
+
+PyObject* get(PyObject* d, PyObject* key) {
+  PyObject* v = PyDict_GetItemWithError(d, key);
+  if (v == nullptr && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
+
+// hash((role, text, calls or ())) for the common shapes, or false: the Python function keys this message.
+bool message_key(PyObject* m, Py_hash_t& out) {
+  const Keys& k = keys();
+  if (!PyDict_CheckExact(m)) return false;
+  PyObject* content = get(m, k.content);
+  if (content == nullptr || content == Py_None) {
+    content = k.empty;
+  } else if (!PyUnicode_CheckExact(content)) {
+    return false;  // parts (joined by the Python function), or another type
+  }
+  PyObject* role = get(m, k.role);
+  if (role == nullptr) role = Py_None;
+  PyObject* calls = get(m, k.tool_calls);
+  py::object keyed;
+  if (calls != nullptr && calls != Py_None) {
+    if (!PyList_CheckExact(calls)) return false;
+    const Py_ssize_t n = PyList_GET_SIZE(calls);
+    if (n == 0) {
+      keyed = py::reinterpret_steal<py::object>(PyTuple_New(0));
+    } else {
+      keyed = py::reinterpret_steal<py::object>(PyTuple_New(n));
+      if (!keyed) throw py::error_already_set();
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* c = PyList_GET_ITEM(calls, i);
+        if (!PyDict_CheckExact(c)) return false;
+        PyObject* fn = get(c, k.function);
+        if (fn == nullptr || !PyDict_CheckExact(fn)) return false;
+        PyObject* name = get(fn, k.name);
+        PyObject* args = get(fn, k.arguments);
+        if (name == nullptr || !PyUnicode_CheckExact(name)) return false;
+        PyObject* text;  // str(arguments)
+        if (args == nullptr) {
+          text = k.empty;
+          Py_INCREF(text);
+        } else if (PyUnicode_CheckExact(args)) {
+          text = args;
+          Py_INCREF(text);
+        } else {
+          text = PyObject_Str(args);
+          if (text == nullptr) throw py::error_already_set();
+        }
+        PyObject* item = PyUnicode_Concat(name, text);
+        Py_DECREF(text);
+        if (item == nullptr) throw py::error_already_set();
+        PyTuple_SET_ITEM(keyed.ptr(), i, item);
+      }
+    }
+  } else {
+    keyed = py::reinterpret_steal<py::object>(PyTuple_New(0));
+  }
+  py::object t = py::reinterpret_steal<py::object>(PyTuple_Pack(3, role, content, keyed.ptr()));
+  if (!t) throw py::error_already_set();
+  out = PyObject_Hash(t.ptr());
+  if (out == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return true;
+}
+
+// hash((h, key)) as a new int
+py::object chained(PyObject* h, PyObject* m, py::handle python_key) {
+  Py_hash_t key;
+  py::object key_obj;
+  if (message_key(m, key)) {
+    key_obj = py::reinterpret_steal<py::object>(PyLong_FromSsize_t(key));
+  } else {
+    key_obj = python_key(py::handle(m));
+  }
+  py::object t = py::reinterpret_steal<py::object>(PyTuple_Pack(2, h, key_obj.ptr()));
+  if (!t) throw py::error_already_set();
+  const Py_hash_t d = PyObject_Hash(t.ptr());
+  if (d == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(PyLong_FromSsize_t(d));
+}
+
+void claim(PyObject* seen, PyObject* d, PyObject* session) {  // seen.pop(d, None); seen[d] = session
+  if (PyDict_Contains(seen, d) == 1 && PyDict_DelItem(seen, d) < 0) throw py::error_already_set();
+  if (PyDict_SetItem(seen, d, session) < 0) throw py::error_already_set();
+}
+
+// (session, the call's prefix digests): SessionChain.session_of_messages on its dict `seen`.
+py::tuple chain_messages(py::dict seen, py::list messages, py::list known, py::object reply, py::object new_session,
+                         Py_ssize_t max_entries, py::object python_key) {
+  const Keys& k = keys();
+  PyObject* ms = messages.ptr();
+  const Py_ssize_t n = PyList_GET_SIZE(ms);
+  const Py_ssize_t nk = PyList_GET_SIZE(known.ptr());
+  if (nk > n) throw py::value_error("chain_messages: more known digests than messages");
+  py::list digests = py::reinterpret_steal<py::list>(PyList_GetSlice(known.ptr(), 0, nk));
+  py::object h = nk ? py::reinterpret_borrow<py::object>(PyList_GET_ITEM(known.ptr(), nk - 1))
+                    : py::reinterpret_steal<py::object>(PyLong_FromLong(0));
+  for (Py_ssize_t i = nk; i < n; ++i) {
+    h = chained(h.ptr(), PyList_GET_ITEM(ms, i), python_key);
+    if (PyList_Append(digests.ptr(), h.ptr()) < 0) throw py::error_already_set();
+  }
+  // the shared prefix must reach the first message after the leading system messages
+  Py_ssize_t need = 0;
+  for (; need < n; ++need) {
+    PyObject* m = PyList_GET_ITEM(ms, need);
+    PyObject* role = PyDict_Check(m) ? get(m, k.role) : nullptr;
+    if (!PyDict_Check(m)) {  // m.get(...) on a non-dict: the Python code would raise; so does this
+      throw py::type_error("chain_messages: a message is not a dict");
+    }
+    if (role == nullptr) break;
+    const int a = PyObject_RichCompareBool(role, k.system, Py_EQ);
+    const int b = a == 1 ? 1 : PyObject_RichCompareBool(role, k.developer, Py_EQ);
+    if (a < 0 || b < 0) throw py::error_already_set();
+    if (!a && !b) break;
+  }
+  PyObject* sd = seen.ptr();
+  PyObject* session = nullptr;
+  Py_ssize_t at = need - 1;
+  for (Py_ssize_t i = n - 1; i >= need; --i) {
+    session = get(sd, PyList_GET_ITEM(digests.ptr(), i));
+    if (session != nullptr) {
+      at = i;
+      break;
+    }
+  }
+  py::object s;
+  if (session == nullptr) {
+    s = new_session();
+    at = need - 1;
+  } else {
+    s = py::reinterpret_borrow<py::object>(session);
+  }
+  for (Py_ssize_t i = at + 1; i < n; ++i) claim(sd, PyList_GET_ITEM(digests.ptr(), i), s.ptr());
+  if (!reply.is_none()) {
+    py::object d = chained(h.ptr(), reply.ptr(), python_key);
+    claim(sd, d.ptr(), s.ptr());
+  }
+  while (PyDict_GET_SIZE(sd) > max_entries) {  // the oldest digests go first
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    if (!PyDict_Next(sd, &pos, &key, &value)) break;
+    Py_INCREF(key);
+    const int rc = PyDict_DelItem(sd, key);
+    Py_DECREF(key);
+    if (rc < 0) throw py::error_already_set();
+  }
+  return py::make_tuple(s, digests);
+}
+
+}  // namespace
+
+void bind_log_chain(py::module_& m) {
+  m.def("chain_messages", &chain_messages, py::arg("seen"), py::arg("messages"), py::arg("known"), py::arg("reply"),
+        py::arg("new_session"), py::arg("max_entries"), py::arg("python_key"),
+        "(session, prefix digests): strata_lab.traces.log_calls.SessionChain.session_of_messages on its dict "
+        "`seen`, the same digests; `python_key(message)` keys the messages the common shapes do not cover.");
+}
