@@ -127,3 +127,9 @@ def chain_messages(seen: dict, messages: list, known: list, reply: Optional[dict
     """(session, prefix digests): strata_lab.traces.log_calls.SessionChain.session_of_messages on its dict
     `seen`, the same digests; `python_key(message)` keys the messages the common shapes do not cover."""
     ...
+
+def convert_messages(messages: list, start: int, notes: list,
+                     python_one: Callable[[Any, list], tuple[dict, bool]]) -> tuple[list[dict], int]:
+    """(messages[start:] converted, how many leading ones are plain): strata_lab.traces.openai._convert for the
+    common shapes; python_one(message, notes) -> (converted, plain) for the others."""
+    ...

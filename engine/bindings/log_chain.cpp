@@ -4,6 +4,8 @@
 // digest, key)), computed by PyObject_Hash on the same tuples the Python code hashes (so the digests are the
 // same ints), kept in the chain's own dict. A message whose key the common shapes do not cover (content parts,
 // tool calls that are not dicts with a function dict, ...) is keyed by the Python function itself.
+// Also `convert_messages`: the OpenAI reader's conversion of wire messages (strata_lab/traces/openai.py
+// `_convert`) for the common shapes, the rest by the Python function.
 #include <pybind11/pybind11.h>
 
 namespace py = pybind11;
@@ -176,9 +178,172 @@ py::tuple chain_messages(py::dict seen, py::list messages, py::list known, py::o
   return py::make_tuple(s, digests);
 }
 
+// --- the OpenAI reader's message conversion (strata_lab/traces/openai.py `_convert`) ---------------------
+
+struct WireKeys {
+  PyObject *role, *content, *tool_calls, *tool_call_id, *reasoning_content, *reasoning, *function, *name, *arguments,
+      *id, *type, *user, *system, *tool, *assistant, *function_type;
+  WireKeys()
+      : role(interned("role")), content(interned("content")), tool_calls(interned("tool_calls")),
+        tool_call_id(interned("tool_call_id")), reasoning_content(interned("reasoning_content")),
+        reasoning(interned("reasoning")), function(interned("function")), name(interned("name")),
+        arguments(interned("arguments")), id(interned("id")), type(interned("type")), user(interned("user")),
+        system(interned("system")), tool(interned("tool")), assistant(interned("assistant")),
+        function_type(interned("function")) {}
+};
+
+const WireKeys& wire() {
+  static const WireKeys* k = new WireKeys();
+  return *k;
+}
+
+bool is(PyObject* s, const char* what) {  // an exact str equal to `what`
+  return s != nullptr && PyUnicode_CheckExact(s) && PyUnicode_CompareWithASCIIString(s, what) == 0;
+}
+
+// _no_numbers: only strings, nulls, lists and objects (no number or boolean)
+bool no_numbers(PyObject* x, int depth = 0) {
+  if (depth > 200) return false;  // (deeper than any message; counted as not plain, which only costs reuse)
+  if (PyUnicode_CheckExact(x) || x == Py_None) return true;
+  if (PyDict_CheckExact(x)) {
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(x, &pos, &k, &v))
+      if (!no_numbers(v, depth + 1)) return false;
+    return true;
+  }
+  if (PyList_CheckExact(x)) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(x); ++i)
+      if (!no_numbers(PyList_GET_ITEM(x, i), depth + 1)) return false;
+    return true;
+  }
+  return false;
+}
+
+void set(PyObject* d, PyObject* k, PyObject* v) {
+  if (PyDict_SetItem(d, k, v) < 0) throw py::error_already_set();
+}
+
+// An assistant message of the common shape as `_message` converts it (a new dict), or nullptr: the Python
+// function converts it.
+PyObject* assistant(PyObject* m) {
+  const WireKeys& k = wire();
+  PyObject* content = get(m, k.content);
+  if (content != nullptr && content != Py_None && !PyUnicode_CheckExact(content)) return nullptr;  // parts
+  PyObject* reasoning = get(m, k.reasoning_content);
+  PyObject* reasoning2 = get(m, k.reasoning);
+  if (reasoning2 != nullptr && reasoning2 != Py_None) return nullptr;  // `or` between the two: the Python one
+  if (reasoning != nullptr && reasoning != Py_None && !PyUnicode_CheckExact(reasoning)) return nullptr;
+  PyObject* calls = get(m, k.tool_calls);
+  if (calls != nullptr && calls != Py_None && !PyList_CheckExact(calls)) return nullptr;
+  py::object converted;  // the tool calls, as tool_call() writes them
+  if (calls != nullptr && calls != Py_None && PyList_GET_SIZE(calls) > 0) {
+    const Py_ssize_t n = PyList_GET_SIZE(calls);
+    converted = py::reinterpret_steal<py::object>(PyList_New(n));
+    if (!converted) throw py::error_already_set();
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* c = PyList_GET_ITEM(calls, i);
+      if (!PyDict_CheckExact(c)) return nullptr;
+      PyObject* fn = get(c, k.function);
+      if (fn == nullptr || !PyDict_CheckExact(fn)) return nullptr;
+      PyObject* name = get(fn, k.name);
+      if (name == nullptr || !PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) == 0) return nullptr;
+      PyObject* args = get(fn, k.arguments);
+      py::object a;
+      if (args == nullptr || args == Py_None) {
+        a = py::reinterpret_steal<py::object>(PyDict_New());
+      } else if (PyUnicode_CheckExact(args) || PyDict_CheckExact(args)) {
+        a = py::reinterpret_borrow<py::object>(args);
+      } else {
+        return nullptr;  // written as JSON by the Python one
+      }
+      PyObject* cid = get(c, k.id);
+      const bool with_id = cid != nullptr && cid != Py_None && !(PyUnicode_CheckExact(cid) && PyUnicode_GET_LENGTH(cid) == 0);
+      if (with_id && !PyUnicode_CheckExact(cid)) return nullptr;  // str() of another type: the Python one
+      py::object f = py::reinterpret_steal<py::object>(PyDict_New());
+      set(f.ptr(), k.name, name);
+      set(f.ptr(), k.arguments, a.ptr());
+      PyObject* out = PyDict_New();
+      if (out == nullptr) throw py::error_already_set();
+      PyList_SET_ITEM(converted.ptr(), i, out);
+      set(out, k.type, k.function_type);
+      set(out, k.function, f.ptr());
+      if (with_id) set(out, k.id, cid);
+    }
+  }
+  PyObject* msg = PyDict_New();
+  if (msg == nullptr) throw py::error_already_set();
+  py::object holder = py::reinterpret_steal<py::object>(msg);
+  set(msg, k.role, k.assistant);
+  if (content != nullptr && content != Py_None) set(msg, k.content, content);
+  if (reasoning != nullptr && reasoning != Py_None && PyUnicode_GET_LENGTH(reasoning) > 0)
+    set(msg, k.reasoning_content, reasoning);
+  if (converted) set(msg, k.tool_calls, converted.ptr());
+  return holder.release().ptr();
+}
+
+// (the converted messages[start:], how many leading ones are plain): `_convert`; `python_one(m, notes)` gives
+// (converted, plain) for the messages the common shapes do not cover.
+py::tuple convert_messages(py::list messages, Py_ssize_t start, py::list notes, py::object python_one) {
+  const WireKeys& k = wire();
+  PyObject* ms = messages.ptr();
+  const Py_ssize_t n = PyList_GET_SIZE(ms);
+  if (start < 0 || start > n) throw py::value_error("convert_messages: start out of range");
+  py::list out(0);
+  Py_ssize_t plain = 0;
+  for (Py_ssize_t i = start; i < n; ++i) {
+    PyObject* m = PyList_GET_ITEM(ms, i);
+    PyObject* msg = nullptr;
+    bool is_plain = false;
+    if (PyDict_CheckExact(m)) {
+      const Py_ssize_t size = PyDict_GET_SIZE(m);
+      PyObject* role = get(m, k.role);
+      PyObject* content = get(m, k.content);
+      if (content != nullptr && PyUnicode_CheckExact(content) && size <= 3) {
+        if (size == 2 && (is(role, "user") || is(role, "system"))) {
+          msg = PyDict_New();
+          if (msg == nullptr) throw py::error_already_set();
+          set(msg, k.role, role);
+          set(msg, k.content, content);
+          is_plain = true;
+        } else if (size == 3 && is(role, "tool")) {
+          PyObject* tcid = get(m, k.tool_call_id);
+          if (tcid != nullptr && PyUnicode_CheckExact(tcid) && PyUnicode_GET_LENGTH(tcid) > 0) {
+            msg = PyDict_New();
+            if (msg == nullptr) throw py::error_already_set();
+            set(msg, k.role, role);
+            set(msg, k.content, content);
+            set(msg, k.tool_call_id, tcid);
+            is_plain = true;
+          }
+        }
+      }
+      if (msg == nullptr && is(role, "assistant")) {
+        msg = assistant(m);
+        if (msg != nullptr) is_plain = no_numbers(m);
+      }
+    }
+    if (msg != nullptr) {
+      const int rc = PyList_Append(out.ptr(), msg);
+      Py_DECREF(msg);
+      if (rc < 0) throw py::error_already_set();
+    } else {
+      py::tuple got = python_one(py::handle(m), notes);
+      if (PyList_Append(out.ptr(), got[0].ptr()) < 0) throw py::error_already_set();
+      is_plain = PyObject_IsTrue(got[1].ptr()) == 1;
+    }
+    if (is_plain && plain == PyList_GET_SIZE(out.ptr()) - 1) ++plain;
+  }
+  return py::make_tuple(out, plain);
+}
+
 }  // namespace
 
 void bind_log_chain(py::module_& m) {
+  m.def("convert_messages", &convert_messages, py::arg("messages"), py::arg("start"), py::arg("notes"),
+        py::arg("python_one"),
+        "(messages[start:] converted, how many leading ones are plain): strata_lab.traces.openai._convert for "
+        "the common shapes; python_one(message, notes) -> (converted, plain) for the others.");
   m.def("chain_messages", &chain_messages, py::arg("seen"), py::arg("messages"), py::arg("known"), py::arg("reply"),
         py::arg("new_session"), py::arg("max_entries"), py::arg("python_key"),
         "(session, prefix digests): strata_lab.traces.log_calls.SessionChain.session_of_messages on its dict "

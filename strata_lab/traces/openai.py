@@ -44,10 +44,47 @@ def convert_messages(messages: list, notes: list) -> list[dict]:
     return _convert(messages, notes)[0]
 
 
-def _convert(messages: list, notes: list) -> tuple[list[dict], int]:
-    """(the converted messages, how many leading ones are plain: written without a note, from a message without
-    numbers or booleans, so that an equal message converts the same: 1 == 1.0 == True, but str() and tojson
-    write them apart)."""
+def _convert(messages: list, notes: list, start: int = 0) -> tuple[list[dict], int]:
+    """(the converted messages[start:], how many leading ones are plain: written without a note, from a message
+    without numbers or booleans, so that an equal message converts the same: 1 == 1.0 == True, but str() and
+    tojson write them apart). The common shapes convert in C where the compiled extension is
+    (strata_lab._replay.convert_messages: the same dicts), the rest by `_message`."""
+    native = _native_convert()
+    if native is not None and messages.__class__ is list:
+        return native(messages, start, notes, _convert_one)
+    return _convert_py(messages[start:] if start else messages, notes)
+
+
+def _convert_one(m, notes: list) -> tuple[dict, bool]:
+    """One message `_convert` does not take in C: (converted, plain)."""
+    if not isinstance(m, dict):
+        raise ValueError(f"message must be an object, got {type(m).__name__}")
+    mine: list = []
+    msg = _message(m, mine)
+    for n in mine:
+        if n not in notes:
+            notes.append(n)
+    return msg, not mine and _no_numbers(m)
+
+
+_NATIVE_CONVERT: list = []
+
+
+def _native_convert():
+    """`strata_lab._replay.convert_messages`, or None without the compiled extension (remembered in
+    `_NATIVE_CONVERT`)."""
+    if not _NATIVE_CONVERT:
+        from strata_lab._native import replay
+
+        try:
+            got = replay().convert_messages
+        except (ImportError, AttributeError):
+            got = None
+        _NATIVE_CONVERT.append(got)
+    return _NATIVE_CONVERT[0]
+
+
+def _convert_py(messages: list, notes: list) -> tuple[list[dict], int]:
     out = []
     plain = 0
     for m in messages:
@@ -158,7 +195,7 @@ class RecentRequests:
         else:
             anchor, best, k, seen = self._search(raw)
         if k:
-            conv, plain = _convert(raw[k:], notes)
+            conv, plain = _convert(raw, notes, k)
             conv = best.conv[:k] + conv
             plain += k
         else:
