@@ -74,8 +74,9 @@ class _Qwen3Render:
     def __init__(self, args: dict, heads: dict, arguments: Callable[[Any, list], Optional[tuple[str, bool]]],
                  call_head: Callable[[str], str], tools_head: Callable[[list, Optional[str]], Optional[str]],
                  max_chars: int, not_json: str) -> None: ...
+    sessions: int  # sessions whose last call is remembered
     def render(self, messages: list, tools: Optional[list], enable_thinking: Optional[bool], reply: Optional[dict],
-               notes: list) -> Optional[tuple[str, Optional[str]]]: ...
+               notes: list, key: Optional[str] = None) -> Optional[tuple[str, Optional[str]]]: ...
 
 class _ReplayVocab:
     """A tokenizer's bytes per id, for the replay core's byte walk (strata_lab.replayer.native)."""
@@ -116,7 +117,8 @@ def json_array_end(data: bytes, pos: int) -> Optional[tuple[int, int]]:
     ...
 
 def qwen3_turn(renderer: _Qwen3Render, bpe: _ByteBpe, messages: list, tools: Optional[list],
-               enable_thinking: Optional[bool], reply: Optional[dict], notes: list, prev: Optional[_IdsState],
+               enable_thinking: Optional[bool], reply: Optional[dict], notes: list, key: Optional[str],
+               prev: Optional[_IdsState],
                other: Callable[[str], list[int]], eos: int) -> Optional[tuple[list[int], list[int], _IdsState, int]]:
     """A call's turn in one step: rendered by `renderer`, encoded by `bpe` after the session's state `prev`:
     (prompt ids, reply ids through the last `eos` id, the state, ids reused), or None (not taken here)."""

@@ -636,3 +636,28 @@ def test_a_tokenizer_whose_file_changed_is_read_from_its_model(tmp_path):
     (tmp_path / "l" / "tokenizer.json").write_text("{}")
     got = json.loads(tok.model_json())
     assert got["type"] == "BPE" and len(got["vocab"]) == tok.hf.get_vocab_size(with_added_tokens=False)
+
+
+def test_the_c_renderer_takes_a_session_s_shared_messages_from_its_last_call():
+    """With a session key, the C++ renderer takes the text of the leading messages a call shares (the same
+    objects) with the session's last call: the same text as rendering the call whole, also where what follows
+    changes the width of the text (ASCII, then wider characters), the last user query or a tool result's end."""
+    native = _renderer(True).native
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "not json"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"}]
+    steps = [msgs, msgs + [{"role": "tool", "tool_call_id": "c1", "content": "中文 🙂"}],
+             msgs + [{"role": "assistant", "content": "é", "reasoning_content": "why"},
+                     {"role": "user", "content": [{"type": "text", "text": "parts"}]}],
+             msgs[:2] + [{"role": "user", "content": "edit"}]]
+    steps.append(steps[2] + [{"role": "assistant", "content": "ok"}])
+    for kw in (None, False):
+        for i, m in enumerate(steps):
+            notes, whole_notes = [], []
+            got = native.render(m, None, kw, {"role": "assistant", "content": "r"}, notes, f"s{kw}")
+            whole = native.render(m, None, kw, {"role": "assistant", "content": "r"}, whole_notes, None)
+            assert got == whole and notes == whole_notes, i
+            slow = _slow(m, None, {} if kw is None else {"enable_thinking": kw}, {"role": "assistant", "content": "r"})
+            assert got[0] == slow[0] and got[1] == slow[1] and notes == slow[2], i
+    assert native.sessions == 2

@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace py = pybind11;
@@ -98,7 +100,30 @@ struct Msg {
   size_t calls_begin = 0, calls_end = 0;  // its rendered tool calls: pieces in Render::call_pieces
   size_t ids_begin = 0, ids_end = 0;      // its tool calls' ids in Render::ids
   bool has_calls = false;
+  bool noted = false;  // tool-call arguments that are not JSON (the call notes it)
+  py::object owned;    // the text when it was joined from content parts (kept with the session)
 };
+
+// A part of a rendered text: s[a:b].
+struct Part {
+  PyObject* s;
+  Py_ssize_t a, b;
+};
+
+// A session's last rendered call (for the next call of the session: what it shares is not read or written again).
+struct Session {
+  py::object messages;               // its messages list (keeps the message objects it points into alive)
+  py::object text;                   // its prompt
+  py::object head;                   // its system turn's text
+  std::vector<Msg> msgs;
+  std::vector<Py_ssize_t> offsets;   // where message i's part starts in text (offsets[n]: where the parts end)
+  std::vector<Py_UCS4> maxpre;       // the widest character bound of text[:offsets[i]]
+  std::vector<PyObject*> ids;        // the tool-call ids Msg::ids_begin / ids_end index
+  Py_ssize_t last_query = -1;
+  bool with_tools = false;           // its system turn holds tool definitions
+};
+
+constexpr size_t kMaxSessions = 1024;  // sessions remembered (then they start over)
 
 bool is_str(PyObject* o) { return PyUnicode_CheckExact(o); }
 
@@ -117,21 +142,23 @@ PyObject* get(PyObject* d, PyObject* key) {  // borrowed, or nullptr when absent
   return v;
 }
 
-// Python's "".join(parts) of str objects, into one new str of the narrowest kind (as str.join builds it).
-PyObject* join(const std::vector<PyObject*>& parts, Py_ssize_t total) {
-  Py_UCS4 maxchar = 0;
-  for (PyObject* p : parts) maxchar = std::max(maxchar, PyUnicode_MAX_CHAR_VALUE(p));
+// Python's "".join of the parts, into one new str of the narrowest kind (as str.join builds it); `maxchar`: the
+// widest character bound of the parts (each part's own bound where it is a whole canonical str; a slice's taken
+// from the session's record, see Session::maxpre).
+PyObject* join(const std::vector<Part>& parts, Py_ssize_t total, Py_UCS4 maxchar) {
   PyObject* out = PyUnicode_New(total, maxchar);
   if (out == nullptr) throw py::error_already_set();
   const int kind = PyUnicode_KIND(out);
   char* data = static_cast<char*>(PyUnicode_DATA(out));
   Py_ssize_t at = 0;
-  for (PyObject* p : parts) {
-    const Py_ssize_t n = PyUnicode_GET_LENGTH(p);
+  for (const Part& p : parts) {
+    const Py_ssize_t n = p.b - p.a;
     if (n == 0) continue;
-    if (PyUnicode_KIND(p) == kind) {
-      std::memcpy(data + at * kind, PyUnicode_DATA(p), static_cast<size_t>(n) * kind);
-    } else if (PyUnicode_CopyCharacters(out, at, p, 0, n) < 0) {
+    const int pk = PyUnicode_KIND(p.s);
+    if (pk == kind) {
+      std::memcpy(data + at * kind, static_cast<const char*>(PyUnicode_DATA(p.s)) + p.a * kind,
+                  static_cast<size_t>(n) * kind);
+    } else if (PyUnicode_CopyCharacters(out, at, p.s, p.a, n) < 0) {
       Py_DECREF(out);
       throw py::error_already_set();
     }
@@ -152,29 +179,57 @@ class Qwen3Render {
         not_json_(std::move(not_json)) {}
 
   // (prompt, full or None), or None: the Python renderer renders this call. enable_thinking: None, True, False.
+  // key: the call's session (a str) or None; the session's last call gives what this one shares with it.
   py::object render(py::handle messages, py::handle tools, py::handle enable_thinking, py::handle reply,
-                    py::handle notes) {
+                    py::handle notes, py::handle key) {
     const Names& k = names();
     PyObject* ms = messages.ptr();
     if (!PyList_CheckExact(ms) || PyList_GET_SIZE(ms) == 0 || !PyList_CheckExact(notes.ptr())) return py::none();
     Refs refs;
+    const Py_ssize_t n = PyList_GET_SIZE(ms);
+    // the session's last call: its leading messages that are this call's (the same objects) are not read again
+    Session* prev = nullptr;
+    std::string skey;
+    if (PyUnicode_CheckExact(key.ptr())) {
+      Py_ssize_t len = 0;
+      const char* u = PyUnicode_AsUTF8AndSize(key.ptr(), &len);
+      if (u == nullptr) throw py::error_already_set();
+      skey.assign(u, static_cast<size_t>(len));
+      auto it = sessions_.find(skey);
+      if (it != sessions_.end()) prev = &it->second;
+    }
+    Py_ssize_t same = 0;
+    if (prev != nullptr) {
+      const Py_ssize_t lim = std::min(n, static_cast<Py_ssize_t>(prev->msgs.size()));
+      PyObject* pm = prev->messages.ptr();
+      while (same < lim && PyList_GET_ITEM(ms, same) == PyList_GET_ITEM(pm, same)) ++same;
+    }
     msgs_.clear();
     call_pieces_.clear();
     ids_.clear();
-    const Py_ssize_t n = PyList_GET_SIZE(ms);
     msgs_.reserve(static_cast<size_t>(n) + 1);
-    for (Py_ssize_t i = 0; i < n; ++i) {
+    bool noted = false;
+    if (same > 0) {
+      msgs_.assign(prev->msgs.begin(), prev->msgs.begin() + same);
+      ids_ = prev->ids;
+      for (const Msg& m : msgs_) noted = noted || m.noted;
+      if (noted) note(notes.ptr());
+      // (the reply's ids, read after the messages, were not kept: the reused messages' ranges lie before them)
+    }
+    for (Py_ssize_t i = same; i < n; ++i) {
       Msg m;
       if (!read(PyList_GET_ITEM(ms, i), m, notes.ptr(), refs)) return py::none();
-      msgs_.push_back(m);
+      msgs_.push_back(std::move(m));
     }
-    // a tool result answers a call of the last assistant message before it (when that message names its calls)
+    // a tool result answers a call of the last assistant message before it (when that message names its calls);
+    // the messages before `same` passed this check in the session's last call
     size_t ib = 0, ie = 0;
-    for (const Msg& m : msgs_) {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      const Msg& m = msgs_[static_cast<size_t>(i)];
       if (m.role == ASSISTANT) {
         ib = m.ids_begin;
         ie = m.ids_end;
-      } else if (m.role == TOOL && ie > ib) {
+      } else if (m.role == TOOL && ie > ib && i >= same) {
         bool found = false;
         for (size_t j = ib; j < ie && !found; ++j) {
           const int eq = PyObject_RichCompareBool(m.tcid, ids_[j], Py_EQ);
@@ -185,6 +240,7 @@ class Qwen3Render {
       }
     }
     Msg last;
+    const size_t ids_kept = ids_.size();  // (the reply's are not the session's)
     const bool with_reply = !reply.is_none();
     if (with_reply) {
       PyObject* scratch = refs.own(PyList_New(0));  // the reply's notes are not the prompt's
@@ -195,13 +251,16 @@ class Qwen3Render {
     PyObject* head;
     PyObject* t = tools.ptr();
     if (t != Py_None && !PyList_CheckExact(t)) return py::none();
-    if (t != Py_None && PyList_GET_SIZE(t) > 0) {
-      PyObject* h = refs.own(PyObject_CallFunctionObjArgs(tools_head_.ptr(), t,
-                                                          first_system ? first_system : Py_None, nullptr));
-      if (!is_str(h)) return py::none();
-      head = h;
+    const bool with_tools = t != Py_None && PyList_GET_SIZE(t) > 0;
+    if (with_tools) {
+      head = refs.own(PyObject_CallFunctionObjArgs(tools_head_.ptr(), t, first_system ? first_system : Py_None,
+                                                   nullptr));
+      if (!is_str(head)) return py::none();
+    } else if (same > 0 && !prev->with_tools) {
+      head = prev->head.ptr();  // the same first message, no tool definitions: the same system turn
     } else if (first_system != nullptr) {
-      head = nullptr;  // written below: "<|im_start|>system\n" + text + "<|im_end|>\n"
+      PyObject* h = refs.own(PyUnicode_Concat(k.system_head, first_system));
+      head = refs.own(PyUnicode_Concat(h, k.im_end_nl));
     } else {
       head = k.empty;
     }
@@ -215,55 +274,118 @@ class Qwen3Render {
         break;
       }
     }
-    parts_.clear();
-    if (head != nullptr) {
-      parts_.push_back(head);
-    } else {
-      parts_.push_back(k.system_head);
-      parts_.push_back(first_system);
-      parts_.push_back(k.im_end_nl);
-    }
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      const Msg& m = msgs_[static_cast<size_t>(i)];
-      if (m.role == USER || (m.role == SYSTEM && i > 0)) {
-        parts_.push_back(m.role == USER ? k.user_turn : k.system_head);
-        parts_.push_back(m.text);
-        parts_.push_back(k.im_end_nl);
-      } else if (m.role == ASSISTANT) {
-        if (!assistant(m, i > last_query, refs)) return py::none();
-      } else if (m.role == TOOL) {
-        if (i == 0 || msgs_[static_cast<size_t>(i - 1)].role != TOOL) parts_.push_back(k.user_head);
-        parts_.push_back(k.tr_open);
-        parts_.push_back(m.text);
-        parts_.push_back(k.tr_close);
-        if (i + 1 < n && msgs_[static_cast<size_t>(i + 1)].role != TOOL) parts_.push_back(k.im_end_nl);
+    // messages [0, r) render as in the session's last call: the same message, the same next message where that
+    // decides (a tool result is closed before a message that is not one), the same side of the last user query,
+    // the same system turn; their text is taken from that call's
+    Py_ssize_t r = 0;
+    bool head_same = false;
+    if (same > 0) {
+      const int eq = head == prev->head.ptr() ? 1 : PyObject_RichCompareBool(head, prev->head.ptr(), Py_EQ);
+      if (eq < 0) throw py::error_already_set();
+      head_same = eq == 1;
+      if (head_same) {
+        r = same;
+        if (msgs_[static_cast<size_t>(r - 1)].role == TOOL) --r;
+        if (last_query != prev->last_query) r = std::min(r, std::min(last_query, prev->last_query) + 1);
+        r = std::max<Py_ssize_t>(r, 0);
       }
     }
-    if (msgs_.back().role == TOOL) parts_.push_back(k.im_end_nl);
-    const size_t base = parts_.size();
+    parts_.clear();
+    offsets_.assign(static_cast<size_t>(n) + 1, 0);
+    maxpre_.assign(static_cast<size_t>(n) + 1, 0);
     Py_ssize_t total = 0;
-    for (PyObject* p : parts_) total += PyUnicode_GET_LENGTH(p);
-    parts_.push_back(enable_thinking.ptr() == Py_False ? k.gen_no_think : k.gen);
-    const Py_ssize_t prompt_len = total + PyUnicode_GET_LENGTH(parts_.back());
-    if (prompt_len > max_chars_) return py::none();
-    PyObject* prompt = refs.own(join(parts_, prompt_len));
+    Py_UCS4 maxchar = 0;
+    auto push = [&](PyObject* s) {
+      const Py_ssize_t len = PyUnicode_GET_LENGTH(s);
+      if (len == 0) return;
+      parts_.push_back({s, 0, len});
+      total += len;
+      maxchar = std::max(maxchar, PyUnicode_MAX_CHAR_VALUE(s));
+    };
+    bool reused = false;
+    if (head_same) {
+      reused = true;
+      const Py_ssize_t end = prev->offsets[static_cast<size_t>(r)];
+      if (end > 0) parts_.push_back({prev->text.ptr(), 0, end});
+      total = end;
+      maxchar = prev->maxpre[static_cast<size_t>(r)];
+      for (Py_ssize_t i = 0; i <= r; ++i) {
+        offsets_[static_cast<size_t>(i)] = prev->offsets[static_cast<size_t>(i)];
+        maxpre_[static_cast<size_t>(i)] = prev->maxpre[static_cast<size_t>(i)];
+      }
+    }
+    if (!reused) {
+      r = 0;
+      push(head);
+    }
+    for (Py_ssize_t i = r; i < n; ++i) {
+      offsets_[static_cast<size_t>(i)] = total;
+      maxpre_[static_cast<size_t>(i)] = maxchar;
+      if (i < same) {  // taken from the last call, rendered again here: read again for its tool calls' text
+        Msg m;
+        if (!read(PyList_GET_ITEM(ms, i), m, notes.ptr(), refs)) return py::none();
+        m.ids_begin = msgs_[static_cast<size_t>(i)].ids_begin;  // (the ids the checks above used)
+        m.ids_end = msgs_[static_cast<size_t>(i)].ids_end;
+        msgs_[static_cast<size_t>(i)] = std::move(m);
+      }
+      const Msg& m = msgs_[static_cast<size_t>(i)];
+      if (m.role == USER || (m.role == SYSTEM && i > 0)) {
+        push(m.role == USER ? k.user_turn : k.system_head);
+        push(m.text);
+        push(k.im_end_nl);
+      } else if (m.role == ASSISTANT) {
+        if (!assistant(m, i > last_query, refs, push)) return py::none();
+      } else if (m.role == TOOL) {
+        if (i == 0 || msgs_[static_cast<size_t>(i - 1)].role != TOOL) push(k.user_head);
+        push(k.tr_open);
+        push(m.text);
+        push(k.tr_close);
+        if (i + 1 < n && msgs_[static_cast<size_t>(i + 1)].role != TOOL) push(k.im_end_nl);
+      }
+    }
+    offsets_[static_cast<size_t>(n)] = total;
+    maxpre_[static_cast<size_t>(n)] = maxchar;
+    if (msgs_.back().role == TOOL) push(k.im_end_nl);
+    const size_t base = parts_.size();
+    const Py_ssize_t base_total = total;
+    const Py_UCS4 base_max = maxchar;
+    push(enable_thinking.ptr() == Py_False ? k.gen_no_think : k.gen);
+    if (total > max_chars_) return py::none();
+    PyObject* prompt = refs.own(join(parts_, total, maxchar));
     PyObject* full = Py_None;
     if (with_reply) {
       parts_.resize(base);
-      if (!assistant(last, true, refs)) return py::none();
-      Py_ssize_t full_len = total;
-      for (size_t j = base; j < parts_.size(); ++j) full_len += PyUnicode_GET_LENGTH(parts_[j]);
-      if (full_len > max_chars_) return py::none();
-      full = refs.own(join(parts_, full_len));
+      total = base_total;
+      maxchar = base_max;
+      if (!assistant(last, true, refs, push)) return py::none();
+      if (total > max_chars_) return py::none();
+      full = refs.own(join(parts_, total, maxchar));
+    }
+    if (PyUnicode_CheckExact(key.ptr())) {
+      if (prev == nullptr && sessions_.size() >= kMaxSessions) sessions_.clear();  // (then they start over)
+      Session& st = sessions_[skey];
+      st.messages = py::reinterpret_borrow<py::object>(messages);
+      st.text = py::reinterpret_borrow<py::object>(prompt);
+      st.head = py::reinterpret_borrow<py::object>(head);
+      st.msgs = msgs_;
+      for (Msg& m : st.msgs) m.calls_begin = m.calls_end = 0;  // (this call's pieces are not kept)
+      st.offsets = offsets_;
+      st.maxpre = maxpre_;
+      st.ids.assign(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(std::min(ids_kept, ids_.size())));
+      st.last_query = last_query;
+      st.with_tools = with_tools;
     }
     return py::make_tuple(py::reinterpret_borrow<py::object>(prompt), py::reinterpret_borrow<py::object>(full));
   }
+
+  size_t sessions() const { return sessions_.size(); }  // sessions remembered
 
  private:
   // One message as the checks read it (FastRenderer._message); false: not taken here.
   bool read(PyObject* m, Msg& out, PyObject* notes, Refs& refs) {
     const Names& k = names();
     if (!PyDict_CheckExact(m)) return false;
+    noted_ = false;
     const Py_ssize_t size = PyDict_GET_SIZE(m);
     PyObject* role = get(m, k.role);
     PyObject* content = get(m, k.content);
@@ -297,7 +419,18 @@ class Qwen3Render {
         texts.push_back(txt);
         total += PyUnicode_GET_LENGTH(txt);
       }
-      out.text = texts.empty() ? k.empty : refs.own(join(texts, total));
+      if (texts.empty()) {
+        out.text = k.empty;
+      } else {
+        std::vector<Part> ps;
+        Py_UCS4 mx = 0;
+        for (PyObject* x : texts) {
+          ps.push_back({x, 0, PyUnicode_GET_LENGTH(x)});
+          mx = std::max(mx, PyUnicode_MAX_CHAR_VALUE(x));
+        }
+        out.owned = py::reinterpret_steal<py::object>(join(ps, total, mx));  // (kept with the session)
+        out.text = out.owned.ptr();
+      }
     } else {
       return false;
     }
@@ -352,7 +485,14 @@ class Qwen3Render {
       out.ids_end = ids_.size();
       out.calls_end = call_pieces_.size();
     }
+    out.noted = noted_;
     return true;
+  }
+
+  void note(PyObject* notes) {  // the note of arguments that are not JSON, once
+    const int has = PySequence_Contains(notes, not_json_.ptr());
+    if (has < 0) throw py::error_already_set();
+    if (!has && PyList_Append(notes, not_json_.ptr()) < 0) throw py::error_already_set();
   }
 
   // The rendered arguments of a tool call (a new or kept reference in refs), or nullptr: not taken here.
@@ -367,14 +507,14 @@ class Qwen3Render {
       refs.keep(got);
       if (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != 2 || !is_str(PyTuple_GET_ITEM(got, 0))) return nullptr;
       if (PyTuple_GET_ITEM(got, 1) != Py_True) {  // not JSON: rendered as the string, noted once
-        const int has = PySequence_Contains(notes, not_json_.ptr());
-        if (has < 0) throw py::error_already_set();
-        if (!has && PyList_Append(notes, not_json_.ptr()) < 0) throw py::error_already_set();
+        noted_ = true;
+        note(notes);
       }
       return PyTuple_GET_ITEM(got, 0);
     }
     got = refs.own(PyObject_CallFunctionObjArgs(arguments_.ptr(), args, notes, nullptr));
     if (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != 2 || !is_str(PyTuple_GET_ITEM(got, 0))) return nullptr;
+    if (PyTuple_GET_ITEM(got, 1) != Py_True) noted_ = true;
     return PyTuple_GET_ITEM(got, 0);
   }
 
@@ -390,7 +530,8 @@ class Qwen3Render {
   }
 
   // An assistant turn (FastRenderer._assistant) appended to parts_; false: not taken here.
-  bool assistant(const Msg& m, bool after_query, Refs& refs) {
+  template <typename Push>
+  bool assistant(const Msg& m, bool after_query, Refs& refs, Push&& push) {
     const Names& k = names();
     PyObject* reasoning = m.reasoning;
     if (reasoning == nullptr) {
@@ -400,19 +541,19 @@ class Qwen3Render {
       reasoning = k.empty;
     }
     if (after_query) {
-      parts_.push_back(k.think_open);
-      parts_.push_back(strip_nl(reasoning, false, refs));
-      parts_.push_back(k.think_close);
-      parts_.push_back(strip_nl(m.text, true, refs));
+      push(k.think_open);
+      push(strip_nl(reasoning, false, refs));
+      push(k.think_close);
+      push(strip_nl(m.text, true, refs));
     } else {
-      parts_.push_back(k.assistant_head);
-      parts_.push_back(m.text);
+      push(k.assistant_head);
+      push(m.text);
     }
     if (m.has_calls) {
-      if (PyUnicode_GET_LENGTH(m.text) > 0) parts_.push_back(k.nl);
-      for (size_t j = m.calls_begin; j < m.calls_end; ++j) parts_.push_back(call_pieces_[j]);
+      if (PyUnicode_GET_LENGTH(m.text) > 0) push(k.nl);
+      for (size_t j = m.calls_begin; j < m.calls_end; ++j) push(call_pieces_[j]);
     }
-    parts_.push_back(k.im_end_nl);
+    push(k.im_end_nl);
     return true;
   }
 
@@ -421,14 +562,19 @@ class Qwen3Render {
   py::ssize_t max_chars_;
   py::str not_json_;
   std::vector<Msg> msgs_;
-  std::vector<PyObject*> call_pieces_, ids_, parts_;
+  std::vector<PyObject*> call_pieces_, ids_;
+  std::vector<Part> parts_;
+  std::vector<Py_ssize_t> offsets_;
+  std::vector<Py_UCS4> maxpre_;
+  std::unordered_map<std::string, Session> sessions_;
+  bool noted_ = false;
 };
 
 }  // namespace
 
 py::object qwen3_render_call(py::handle renderer, py::handle messages, py::handle tools, py::handle enable_thinking,
-                             py::handle reply, py::handle notes) {
-  return renderer.cast<Qwen3Render&>().render(messages, tools, enable_thinking, reply, notes);
+                             py::handle reply, py::handle notes, py::handle key) {
+  return renderer.cast<Qwen3Render&>().render(messages, tools, enable_thinking, reply, notes, key);
 }
 
 void bind_qwen3_render(py::module_& m) {
@@ -438,7 +584,10 @@ void bind_qwen3_render(py::module_& m) {
            py::arg("args"), py::arg("heads"), py::arg("arguments"), py::arg("call_head"), py::arg("tools_head"),
            py::arg("max_chars"), py::arg("not_json"))
       .def("render", &Qwen3Render::render, py::arg("messages"), py::arg("tools"), py::arg("enable_thinking"),
-           py::arg("reply"), py::arg("notes"),
+           py::arg("reply"), py::arg("notes"), py::arg("key") = py::none(),
            "(prompt, full or None) as the qwen3 template renders the messages (and the reply as a history turn), "
-           "or None: a shape this renderer leaves to the Python one.");
+           "or None: a shape this renderer leaves to the Python one. key: the call's session (a str): what its "
+           "leading messages (the same objects as the session's last call's) render the same is taken from "
+           "that call's text.")
+      .def_property_readonly("sessions", [](const Qwen3Render& r) { return r.sessions(); });
 }

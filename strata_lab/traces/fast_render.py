@@ -282,7 +282,7 @@ class FastRenderer:
         if thinking is not None and thinking.__class__ is not bool:
             return None
         if self.native is not None:  # the common shapes, rendered whole in C++; the rest here
-            got = self.native.render(messages, tools, thinking, reply, notes)
+            got = self.native.render(messages, tools, thinking, reply, notes, key)
             if got is not None:
                 return got
         k = 0
