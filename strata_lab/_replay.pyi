@@ -117,9 +117,9 @@ def json_array_end(data: bytes, pos: int) -> Optional[tuple[int, int]]:
     ...
 
 def qwen3_turn(renderer: _Qwen3Render, bpe: _ByteBpe, messages: list, tools: Optional[list],
-               enable_thinking: Optional[bool], reply: Optional[dict], notes: list, key: Optional[str],
-               prev: Optional[_IdsState],
-               other: Callable[[str], list[int]], eos: int) -> Optional[tuple[list[int], list[int], _IdsState, int]]:
+               enable_thinking: Optional[bool], reply: Optional[dict], notes: list, prev: Optional[_IdsState],
+               other: Callable[[str], list[int]], eos: int,
+               key: Optional[str] = None) -> Optional[tuple[list[int], list[int], _IdsState, int]]:
     """A call's turn in one step: rendered by `renderer`, encoded by `bpe` after the session's state `prev`:
     (prompt ids, reply ids through the last `eos` id, the state, ids reused), or None (not taken here)."""
     ...

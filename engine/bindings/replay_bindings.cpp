@@ -601,8 +601,8 @@ PYBIND11_MODULE(_replay, m) {
   m.def(
       "qwen3_turn",
       [](py::handle renderer, BpeEncoder& bpe, py::handle messages, py::handle tools, py::handle enable_thinking,
-         py::handle reply, py::handle notes, py::handle key, std::shared_ptr<IdsState> prev, py::handle other,
-         int64_t eos) -> py::object {
+         py::handle reply, py::handle notes, std::shared_ptr<IdsState> prev, py::handle other, int64_t eos,
+         py::handle key) -> py::object {
         py::object got = qwen3_render_call(renderer, messages, tools, enable_thinking, reply, notes, key);
         if (got.is_none()) return got;
         PyObject* prompt = PyTuple_GET_ITEM(got.ptr(), 0);
@@ -626,7 +626,7 @@ PYBIND11_MODULE(_replay, m) {
         return std::move(r);
       },
       py::arg("renderer"), py::arg("bpe"), py::arg("messages"), py::arg("tools"), py::arg("enable_thinking"),
-      py::arg("reply"), py::arg("notes"), py::arg("key"), py::arg("prev"), py::arg("other"), py::arg("eos"),
+      py::arg("reply"), py::arg("notes"), py::arg("prev"), py::arg("other"), py::arg("eos"), py::arg("key") = py::none(),
       "A call's turn in one step: `renderer` (_Qwen3Render) renders the prompt and the reply's turn, `bpe` "
       "encodes them after the session's state `prev` (encode_turn; encode_session without a reply): (prompt "
       "ids, reply ids through the last `eos` id, the state, ids reused), or None: not one the C++ renderer "

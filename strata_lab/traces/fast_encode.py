@@ -450,8 +450,8 @@ class IncrementalEncoder:
         if bpe is None or renderer is None:
             return None
         prev = self._last.get(key) if key is not None else None
-        got = _qwen3_turn()(renderer, bpe, messages, tools, thinking, reply, notes, key, prev, self.seg.piece_ids,
-                            eos)
+        got = _qwen3_turn()(renderer, bpe, messages, tools, thinking, reply, notes, prev, self.seg.piece_ids, eos,
+                            key)
         if got is None:
             return None
         ids, tail, state, self.reused = got
