@@ -13,6 +13,7 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -121,9 +122,12 @@ struct Session {
   std::vector<PyObject*> ids;        // the tool-call ids Msg::ids_begin / ids_end index
   Py_ssize_t last_query = -1;
   bool with_tools = false;           // its system turn holds tool definitions
+  uint64_t tick = 0;                 // when it was last rendered
 };
 
-constexpr size_t kMaxSessions = 1024;  // sessions remembered (then they start over)
+// Sessions remembered (the least recently rendered goes first): a session's record keeps its messages alive, so
+// it is kept for the sessions a log interleaves, not for every session of the log.
+constexpr size_t kMaxSessions = 64;
 
 bool is_str(PyObject* o) { return PyUnicode_CheckExact(o); }
 
@@ -362,8 +366,14 @@ class Qwen3Render {
       full = refs.own(join(parts_, total, maxchar));
     }
     if (PyUnicode_CheckExact(key.ptr())) {
-      if (prev == nullptr && sessions_.size() >= kMaxSessions) sessions_.clear();  // (then they start over)
+      if (prev == nullptr && sessions_.size() >= kMaxSessions) {  // the least recently rendered goes
+        auto oldest = sessions_.begin();
+        for (auto it = sessions_.begin(); it != sessions_.end(); ++it)
+          if (it->second.tick < oldest->second.tick) oldest = it;
+        sessions_.erase(oldest);
+      }
       Session& st = sessions_[skey];
+      st.tick = ++tick_;
       st.messages = py::reinterpret_borrow<py::object>(messages);
       st.text = py::reinterpret_borrow<py::object>(prompt);
       st.head = py::reinterpret_borrow<py::object>(head);
@@ -568,6 +578,7 @@ class Qwen3Render {
   std::vector<Py_UCS4> maxpre_;
   std::unordered_map<std::string, Session> sessions_;
   bool noted_ = false;
+  uint64_t tick_ = 0;
 };
 
 }  // namespace
