@@ -135,3 +135,8 @@ def convert_messages(messages: list, start: int, notes: list,
     """(messages[start:] converted, how many leading ones are plain): strata_lab.traces.openai._convert for the
     common shapes; python_one(message, notes) -> (converted, plain) for the others."""
     ...
+
+def apply_response(call: dict, response: dict) -> bool:
+    """strata_lab.traces.openai.apply_response for the common shape of a chat.completion (True), or False
+    (nothing written): the Python function reads it."""
+    ...

@@ -73,3 +73,67 @@ def test_the_common_shapes_convert_in_c():
 
     got = openai._native_convert()(common, 0, [], refuse)
     assert got == openai._convert_py(common, []) and got[1] == len(common)
+
+
+_RESPONSE_VALUES = st.one_of(st.none(), st.just(""), st.just("txt"), st.just(0), st.just(12), st.just([]),
+                             st.just({}), st.just({"cached_tokens": 3}), st.just([1, 2]))
+
+
+@st.composite
+def response(draw):
+    """chat.completion bodies as servers and SDKs write them, and odd ones."""
+    message = {}
+    for key, values in (("content", st.one_of(_TEXT, st.none(), st.just(5))),
+                        ("reasoning_content", st.one_of(_TEXT, st.none(), st.just(0))),
+                        ("reasoning", st.one_of(_TEXT, st.none())),
+                        ("tool_calls", st.one_of(st.none(), st.lists(_CALL, max_size=2), st.just("x"), st.just({})))):
+        if draw(st.booleans()):
+            message[key] = draw(values)
+    choice = {"message": message} if draw(st.integers(0, 5)) else {"message": draw(st.sampled_from([None, "m"]))}
+    if draw(st.booleans()):
+        choice["finish_reason"] = draw(st.sampled_from(["stop", "length", None]))
+    body = {"choices": [choice] if draw(st.integers(0, 6)) else draw(st.sampled_from([[], None, ["x"]]))}
+    for key, values in (("model", st.sampled_from(["m", "", None])), ("id", st.sampled_from(["r1", "", None, 4])),
+                        ("usage", st.one_of(st.builds(lambda p, c, d: {"prompt_tokens": p, "completion_tokens": c,
+                                                                        "prompt_tokens_details": d},
+                                                      st.sampled_from([9, None]), st.sampled_from([2, None]),
+                                                      _RESPONSE_VALUES), _RESPONSE_VALUES)),
+                        ("prompt_token_ids", st.sampled_from([[1, 2], None])),
+                        ("timings", st.sampled_from([{"cache_n": 4}, None]))):
+        if draw(st.integers(0, 2)) == 0:
+            body[key] = draw(values)
+    return body
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(response(), st.sampled_from([None, "before"]))
+def test_native_reply_and_usage_are_the_python_ones(body, before):
+    """strata_lab._replay.apply_response writes the fields `_apply_response_py` writes (the same values and
+    types), or leaves the call untouched and says so, on chat.completion bodies of every shape."""
+    from strata_lab.traces.log_calls import new_call
+
+    native = openai._native_fn("apply_response")
+    assert native is not None, "the compiled extension is built in every install"
+    a, b = new_call(model=before, request_id=before), new_call(model=before, request_id=before)
+    untouched = dict(a)
+    try:
+        openai._apply_response_py(b, body)
+    except (AttributeError, TypeError, KeyError):
+        assert native(a, body) is False and a == untouched
+        return
+    if native(a, body):
+        assert repr(a) == repr(b)
+    else:
+        assert a == untouched
+
+
+def test_the_common_reply_is_read_in_c():
+    from strata_lab.traces.log_calls import new_call
+
+    call = new_call(model="m")
+    body = {"id": "r1", "choices": [{"message": {"content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"p": 1}'}}]},
+        "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 9, "completion_tokens": 2,
+                                                   "prompt_tokens_details": {"cached_tokens": 4}}}
+    assert openai._native_fn("apply_response")(call, body) is True
+    assert call["response_tool_calls"][0]["function"]["name"] == "read" and call["cached_tokens"] == 4

@@ -337,9 +337,137 @@ py::tuple convert_messages(py::list messages, Py_ssize_t start, py::list notes, 
   return py::make_tuple(out, plain);
 }
 
+// --- the OpenAI reader's reply and usage (strata_lab/traces/openai.py `apply_response`) ----------------------
+
+struct ResponseKeys {
+  PyObject *choices, *message, *finish_reason, *model, *id, *usage, *prompt_tokens, *completion_tokens, *details,
+      *cached_tokens, *prompt_token_ids, *timings, *response_text, *response_reasoning, *response_tool_calls, *finish,
+      *request_id, *tool;
+  ResponseKeys()
+      : choices(interned("choices")), message(interned("message")), finish_reason(interned("finish_reason")),
+        model(interned("model")), id(interned("id")), usage(interned("usage")),
+        prompt_tokens(interned("prompt_tokens")), completion_tokens(interned("completion_tokens")),
+        details(interned("prompt_tokens_details")), cached_tokens(interned("cached_tokens")),
+        prompt_token_ids(interned("prompt_token_ids")), timings(interned("timings")),
+        response_text(interned("response_text")), response_reasoning(interned("response_reasoning")),
+        response_tool_calls(interned("response_tool_calls")), finish(interned("finish")),
+        request_id(interned("request_id")), tool(interned("tool")) {}
+};
+
+const ResponseKeys& response_keys() {
+  static const ResponseKeys* k = new ResponseKeys();
+  return *k;
+}
+
+int truthy(PyObject* o) {
+  const int t = PyObject_IsTrue(o);
+  if (t < 0) throw py::error_already_set();
+  return t;
+}
+
+// `tool_call(c.get("id"), function.get("name"), function.get("arguments"))` for a dict c of the common shape
+// (a new reference), or nullptr: the Python function writes it.
+PyObject* tool_call(PyObject* c) {
+  const WireKeys& w = wire();
+  PyObject* fn = get(c, w.function);
+  py::object empty;
+  if (fn == nullptr || !truthy(fn)) {
+    empty = py::reinterpret_steal<py::object>(PyDict_New());
+    fn = empty.ptr();
+  } else if (!PyDict_CheckExact(fn)) {
+    return nullptr;
+  }
+  PyObject* name = get(fn, w.name);
+  if (name == nullptr || !truthy(name)) {
+    name = response_keys().tool;
+  } else if (!PyUnicode_CheckExact(name)) {
+    return nullptr;  // str() of another type
+  }
+  PyObject* args = get(fn, w.arguments);
+  py::object a;
+  if (args == nullptr || args == Py_None) {
+    a = py::reinterpret_steal<py::object>(PyDict_New());
+  } else if (PyUnicode_CheckExact(args) || PyDict_CheckExact(args)) {
+    a = py::reinterpret_borrow<py::object>(args);
+  } else {
+    return nullptr;  // written as JSON
+  }
+  PyObject* cid = get(c, w.id);
+  const bool with_id = cid != nullptr && truthy(cid);
+  if (with_id && !PyUnicode_CheckExact(cid)) return nullptr;
+  py::object f = py::reinterpret_steal<py::object>(PyDict_New());
+  set(f.ptr(), w.name, name);
+  set(f.ptr(), w.arguments, a.ptr());
+  py::object out = py::reinterpret_steal<py::object>(PyDict_New());
+  set(out.ptr(), w.type, w.function_type);
+  set(out.ptr(), w.function, f.ptr());
+  if (with_id) set(out.ptr(), w.id, cid);
+  return out.release().ptr();
+}
+
+// apply_response(call, response) for the common shape of a chat.completion; false (nothing written): the
+// Python function reads it.
+bool apply_response(py::dict call_, py::handle response_) {
+  const ResponseKeys& k = response_keys();
+  const WireKeys& w = wire();
+  PyObject* call = call_.ptr();
+  PyObject* response = response_.ptr();
+  if (!PyDict_CheckExact(response)) return false;
+  if (get(response, k.prompt_token_ids) != nullptr || get(response, k.timings) != nullptr) return false;
+  PyObject* choices = get(response, k.choices);
+  if (choices == nullptr || !PyList_CheckExact(choices) || PyList_GET_SIZE(choices) == 0) return false;
+  PyObject* choice = PyList_GET_ITEM(choices, 0);
+  if (!PyDict_CheckExact(choice)) return false;
+  PyObject* message = get(choice, k.message);
+  if (message == nullptr || !PyDict_CheckExact(message)) return false;
+  PyObject* usage = get(response, k.usage);
+  if (usage != nullptr && truthy(usage) && !PyDict_CheckExact(usage)) return false;
+  PyObject* details = usage != nullptr && PyDict_CheckExact(usage) ? get(usage, k.details) : nullptr;
+  if (details != nullptr && truthy(details) && !PyDict_CheckExact(details)) return false;
+  PyObject* calls = get(message, w.tool_calls);
+  if (calls != nullptr && truthy(calls) && !PyList_CheckExact(calls)) return false;
+  py::list converted(0);
+  if (calls != nullptr && PyList_CheckExact(calls)) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(calls); ++i) {
+      PyObject* c = PyList_GET_ITEM(calls, i);
+      if (!PyDict_Check(c)) continue;  // (the Python function skips what is not an object)
+      if (!PyDict_CheckExact(c)) return false;
+      PyObject* one = tool_call(c);
+      if (one == nullptr) return false;
+      const int rc = PyList_Append(converted.ptr(), one);
+      Py_DECREF(one);
+      if (rc < 0) throw py::error_already_set();
+    }
+  }
+  PyObject* content = get(message, w.content);
+  set(call, k.response_text, content != nullptr && PyUnicode_Check(content) ? content : Py_None);
+  PyObject* reasoning = get(message, w.reasoning_content);
+  if (reasoning == nullptr || !truthy(reasoning)) reasoning = get(message, w.reasoning);
+  set(call, k.response_reasoning, reasoning != nullptr && PyUnicode_Check(reasoning) ? reasoning : Py_None);
+  set(call, k.response_tool_calls, PyList_GET_SIZE(converted.ptr()) ? converted.ptr() : Py_None);
+  PyObject* finish = get(choice, k.finish_reason);
+  set(call, k.finish, finish != nullptr ? finish : Py_None);
+  PyObject* model = get(response, k.model);
+  if (model != nullptr && truthy(model)) set(call, k.model, model);
+  else set(call, k.model, get(call, k.model) ? get(call, k.model) : Py_None);
+  PyObject* rid = get(response, k.id);
+  if (rid != nullptr && truthy(rid)) set(call, k.request_id, rid);
+  else set(call, k.request_id, get(call, k.request_id) ? get(call, k.request_id) : Py_None);
+  PyObject* pt = usage != nullptr && PyDict_CheckExact(usage) ? get(usage, k.prompt_tokens) : nullptr;
+  PyObject* ct = usage != nullptr && PyDict_CheckExact(usage) ? get(usage, k.completion_tokens) : nullptr;
+  set(call, k.prompt_tokens, pt != nullptr ? pt : Py_None);
+  set(call, k.completion_tokens, ct != nullptr ? ct : Py_None);
+  PyObject* cached = details != nullptr && PyDict_CheckExact(details) ? get(details, k.cached_tokens) : nullptr;
+  set(call, k.cached_tokens, cached != nullptr ? cached : Py_None);
+  return true;
+}
+
 }  // namespace
 
 void bind_log_chain(py::module_& m) {
+  m.def("apply_response", &apply_response, py::arg("call"), py::arg("response"),
+        "strata_lab.traces.openai.apply_response for the common shape of a chat.completion (True), or False "
+        "(nothing written): the Python function reads it.");
   m.def("convert_messages", &convert_messages, py::arg("messages"), py::arg("start"), py::arg("notes"),
         py::arg("python_one"),
         "(messages[start:] converted, how many leading ones are plain): strata_lab.traces.openai._convert for "

@@ -67,21 +67,28 @@ def _convert_one(m, notes: list) -> tuple[dict, bool]:
     return msg, not mine and _no_numbers(m)
 
 
-_NATIVE_CONVERT: list = []
+_NATIVE: dict = {}
+
+
+def _native_fn(name: str):
+    """`strata_lab._replay.<name>`, or None without the compiled extension (remembered in `_NATIVE`)."""
+    try:
+        return _NATIVE[name]
+    except KeyError:
+        pass
+    from strata_lab._native import replay
+
+    try:
+        got = getattr(replay(), name)
+    except (ImportError, AttributeError):
+        got = None
+    _NATIVE[name] = got
+    return got
 
 
 def _native_convert():
-    """`strata_lab._replay.convert_messages`, or None without the compiled extension (remembered in
-    `_NATIVE_CONVERT`)."""
-    if not _NATIVE_CONVERT:
-        from strata_lab._native import replay
-
-        try:
-            got = replay().convert_messages
-        except (ImportError, AttributeError):
-            got = None
-        _NATIVE_CONVERT.append(got)
-    return _NATIVE_CONVERT[0]
+    """`strata_lab._replay.convert_messages` (the common shapes of `_convert` in C), or None."""
+    return _native_fn("convert_messages")
 
 
 def _convert_py(messages: list, notes: list) -> tuple[list[dict], int]:
@@ -246,9 +253,23 @@ class _Seen:
 
 
 def apply_response(call: dict, response: dict | None) -> None:
-    """Fill a call's reply and reported usage from a chat.completion (or a streamed one, assembled)."""
+    """Fill a call's reply and reported usage from a chat.completion (or a streamed one, assembled). The
+    common shape is read in C where the compiled extension is (strata_lab._replay.apply_response: the same
+    fields)."""
     if not isinstance(response, dict):
         return
+    native = _NATIVE.get("apply_response", _MISSING)
+    if native is _MISSING:
+        native = _native_fn("apply_response")
+    if native is not None and native(call, response):
+        return
+    _apply_response_py(call, response)
+
+
+_MISSING = object()
+
+
+def _apply_response_py(call: dict, response: dict) -> None:
     choices = response.get("choices") or []
     choice = choices[0] if choices and isinstance(choices[0], dict) else {}
     message = choice.get("message") or {}
