@@ -120,8 +120,10 @@ def qwen3_turn(renderer: _Qwen3Render, bpe: _ByteBpe, messages: list, tools: Opt
                enable_thinking: Optional[bool], reply: Optional[dict], notes: list, prev: Optional[_IdsState],
                other: Callable[[str], list[int]], eos: int,
                key: Optional[str] = None) -> Optional[tuple[list[int], list[int], _IdsState, int]]:
-    """A call's turn in one step: rendered by `renderer`, encoded by `bpe` after the session's state `prev`:
-    (prompt ids, reply ids through the last `eos` id, the state, ids reused), or None (not taken here)."""
+    """A call's turn in one step: rendered by `renderer`, encoded by `bpe` after the session's state: (prompt
+    ids, reply ids through the last `eos` id, the state, ids reused), or None (not taken here). With a str `key`
+    the state stays with the renderer's record of the session (None is returned in its place; `prev` is used
+    when the record holds none); without one, `prev` is the state."""
     ...
 
 def chain_messages(seen: dict, messages: list, known: list, reply: Optional[dict], new_session: Callable[[], str],

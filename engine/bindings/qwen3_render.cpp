@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -123,6 +124,7 @@ struct Session {
   Py_ssize_t last_query = -1;
   bool with_tools = false;           // its system turn holds tool definitions
   uint64_t tick = 0;                 // when it was last rendered
+  std::shared_ptr<void> encoded;     // the session's encoder state (strata_lab._replay.qwen3_turn's), or null
 };
 
 // Sessions remembered (the least recently rendered goes first): a session's record keeps its messages alive, so
@@ -389,6 +391,23 @@ class Qwen3Render {
   }
 
   size_t sessions() const { return sessions_.size(); }  // sessions remembered
+  // The encoder state kept with a session (qwen3_turn's), or null.
+  std::shared_ptr<void> encoded(py::handle key) {
+    Session* s = find(key);
+    return s != nullptr ? s->encoded : nullptr;
+  }
+  void set_encoded(py::handle key, std::shared_ptr<void> state) {
+    Session* s = find(key);
+    if (s != nullptr) s->encoded = std::move(state);
+  }
+  Session* find(py::handle key) {
+    if (!PyUnicode_CheckExact(key.ptr())) return nullptr;
+    Py_ssize_t len = 0;
+    const char* u = PyUnicode_AsUTF8AndSize(key.ptr(), &len);
+    if (u == nullptr) throw py::error_already_set();
+    auto it = sessions_.find(std::string(u, static_cast<size_t>(len)));
+    return it != sessions_.end() ? &it->second : nullptr;
+  }
 
  private:
   // One message as the checks read it (FastRenderer._message); false: not taken here.
@@ -586,6 +605,14 @@ class Qwen3Render {
 py::object qwen3_render_call(py::handle renderer, py::handle messages, py::handle tools, py::handle enable_thinking,
                              py::handle reply, py::handle notes, py::handle key) {
   return renderer.cast<Qwen3Render&>().render(messages, tools, enable_thinking, reply, notes, key);
+}
+
+std::shared_ptr<void> qwen3_encoded(py::handle renderer, py::handle key) {
+  return renderer.cast<Qwen3Render&>().encoded(key);
+}
+
+void qwen3_set_encoded(py::handle renderer, py::handle key, std::shared_ptr<void> state) {
+  renderer.cast<Qwen3Render&>().set_encoded(key, std::move(state));
 }
 
 void bind_qwen3_render(py::module_& m) {

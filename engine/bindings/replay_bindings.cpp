@@ -26,6 +26,8 @@ void bind_qwen3_render(py::module_& m);  // qwen3_render.cpp
 void bind_log_chain(py::module_& m);     // log_chain.cpp
 py::object qwen3_render_call(py::handle renderer, py::handle messages, py::handle tools, py::handle enable_thinking,
                              py::handle reply, py::handle notes, py::handle key);
+std::shared_ptr<void> qwen3_encoded(py::handle renderer, py::handle key);
+void qwen3_set_encoded(py::handle renderer, py::handle key, std::shared_ptr<void> state);
 
 namespace {
 
@@ -607,15 +609,36 @@ PYBIND11_MODULE(_replay, m) {
         if (got.is_none()) return got;
         PyObject* prompt = PyTuple_GET_ITEM(got.ptr(), 0);
         PyObject* full = PyTuple_GET_ITEM(got.ptr(), 1);
+        // with a session key, the session's encoder state is kept with the renderer's record of it (no state
+        // object crosses to Python); `prev` is used where there is none
+        const bool kept = PyUnicode_CheckExact(key.ptr());
+        if (kept) {  // (the state kept here is the session's latest; `prev`, from Python, may be older)
+          auto mine = std::static_pointer_cast<IdsState>(qwen3_encoded(renderer, key));
+          if (mine) prev = std::move(mine);
+        }
         if (full == Py_None) {
-          py::tuple r = bpe.encode_session(prompt, std::move(prev), other);
-          return py::make_tuple(r[0], py::list(), r[1], r[2]);
+          size_t reused = 0;
+          auto st = bpe.session_state(prompt, prev, other, reused);
+          py::list ids = bpe.ids_list(st->ids.data(), st->ids.size());
+          if (kept) {
+            qwen3_set_encoded(renderer, key, st);
+            return py::make_tuple(ids, py::list(), py::none(), reused);
+          }
+          return py::make_tuple(ids, py::list(), st, reused);
         }
         const Py_ssize_t n = PyUnicode_GET_LENGTH(prompt);
         const Py_ssize_t starts = PyUnicode_Tailmatch(full, prompt, 0, n, -1);
         if (starts < 0) throw py::error_already_set();
         if (starts == 0) return py::none();  // the reply's turn does not extend the prompt: compared by tokens
-        py::tuple r = bpe.encode_turn(prompt, full, std::move(prev), other);
+        size_t reused = 0;
+        auto st = bpe.session_state(prompt, prev, other, reused);
+        py::list ids = bpe.ids_list(st->ids.data(), st->ids.size());
+        auto joined = bpe.tail_state(st, full, static_cast<size_t>(n), other, true);  // (takes st's vectors)
+        py::list tail_ids = bpe.ids_list(bpe.buf.data(), bpe.buf.size());
+        std::shared_ptr<IdsState> state = joined ? joined : st;
+        py::tuple r = kept ? py::tuple(py::make_tuple(ids, tail_ids, py::none(), reused))
+                           : py::tuple(py::make_tuple(ids, tail_ids, state, reused));
+        if (kept) qwen3_set_encoded(renderer, key, state);
         PyObject* tail = PyTuple_GET_ITEM(r.ptr(), 1);
         for (Py_ssize_t i = PyList_GET_SIZE(tail) - 1; eos >= 0 && i >= 0; --i) {  // cut after the last eos
           if (PyLong_AsLongLong(PyList_GET_ITEM(tail, i)) == eos) {

@@ -455,7 +455,7 @@ class IncrementalEncoder:
         if got is None:
             return None
         ids, tail, state, self.reused = got
-        if key is not None:
+        if state is not None and key is not None:  # (with a str key the state stays with the renderer's record)
             self._last.pop(key, None)
             self._remember(key, state)
         return ids, tail
