@@ -129,7 +129,7 @@ struct Session {
 
 // Sessions remembered (the least recently rendered goes first): a session's record keeps its messages alive, so
 // it is kept for the sessions a log interleaves, not for every session of the log.
-constexpr size_t kMaxSessions = 64;
+constexpr size_t kMaxSessions = 256;
 
 bool is_str(PyObject* o) { return PyUnicode_CheckExact(o); }
 
