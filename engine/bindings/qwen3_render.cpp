@@ -2,14 +2,23 @@
 //
 // strata_lab/traces/fast_render.py's `FastRenderer` renders a call with it first: the messages are read as a
 // log reader gives them (content null -> "", tool-call arguments parsed and written back as `tojson` writes
-// them), checked as the template's input checks check them, and rendered whole (no per-session state: a call
-// costs its messages, read in C). It takes the shapes agent logs hold: text or text-part content, reasoning,
-// tool calls with JSON or empty arguments, tool results answering the last assistant message's calls, tool
-// definitions (their text written by the Python renderer, once per definition list). For anything else it
-// returns None and the Python renderer renders the call (and refuses what the template refuses): an assistant
-// text holding "</think>" without reasoning_content, arguments the Python renderer has not seen yet (it parses
-// them, notes what is not JSON, and remembers them for this renderer), a message the checks would refuse.
-// Exactness: tests/test_fast_render.py checks it against the Jinja template by hypothesis, as the Python one.
+// them), checked as the template's input checks check them, and rendered. It takes the shapes agent logs hold:
+// text or text-part content, reasoning, tool calls, tool results answering the last assistant message's calls,
+// tool definitions (their text written by the Python renderer, once per definition list). Arguments and tool
+// names it has not seen yet are parsed and written by the Python renderer (which notes arguments that are not
+// JSON and remembers both for this one). For anything else it returns None and the Python renderer renders the
+// call (and refuses what the template refuses): an assistant text holding "</think>" without
+// reasoning_content, a message the checks would refuse.
+//
+// Per session (a str key; `kMaxSessions` kept, the least recently rendered evicted) it keeps a record of the
+// last call: its messages list (so the message objects stay alive), its text, where each message's part starts
+// and the widest character before it. A call's leading messages that are that call's (the same objects) are
+// not read again, and those that render the same (the Python renderer's rule: the same system turn, not the
+// tool result the next message closes, the same side of the last user query) are copied from that text. The
+// record also holds the session's encoder state for strata_lab._replay.qwen3_turn.
+//
+// Exactness: tests/test_fast_render.py checks it against the Jinja template by hypothesis, as the Python one,
+// session after session.
 #include <pybind11/pybind11.h>
 
 #include <algorithm>

@@ -11,9 +11,10 @@ same error it always did). It returns (prompt, full): the prompt with the genera
 messages + `reply` as a history turn (None without a reply), what `reply_ids` renders.
 
 In C++ first: `strata_lab._replay._Qwen3Render` (engine/bindings/qwen3_render.cpp) renders the shapes agent logs
-hold whole, from scratch, reading the messages in C (`FastRenderer.native`); it shares this renderer's caches of
-tool-call arguments and call heads and asks it for what they do not hold (and for the tool definitions' text). It
-returns None for anything else (reasoning written inside an assistant's content, a message the checks would
+hold, reading the messages in C (`FastRenderer.native`), taking per session what a call shares with the
+session's last call by the same rule as below; it shares this renderer's caches of tool-call arguments and call
+heads and asks it for what they do not hold (and for the tool definitions' text). It returns None for anything
+else (reasoning written inside an assistant's content, a message the checks would
 refuse, ...), and this renderer renders the call. `render.render_call` goes one step further where the encoder
 is the native one: `fast_encode.IncrementalEncoder.render_turn` renders and encodes a call in one native call.
 
