@@ -224,6 +224,72 @@ void set(PyObject* d, PyObject* k, PyObject* v) {
   if (PyDict_SetItem(d, k, v) < 0) throw py::error_already_set();
 }
 
+struct ResponseKeys {
+  PyObject *choices, *message, *finish_reason, *model, *id, *usage, *prompt_tokens, *completion_tokens, *details,
+      *cached_tokens, *prompt_token_ids, *timings, *response_text, *response_reasoning, *response_tool_calls, *finish,
+      *request_id, *tool;
+  ResponseKeys()
+      : choices(interned("choices")), message(interned("message")), finish_reason(interned("finish_reason")),
+        model(interned("model")), id(interned("id")), usage(interned("usage")),
+        prompt_tokens(interned("prompt_tokens")), completion_tokens(interned("completion_tokens")),
+        details(interned("prompt_tokens_details")), cached_tokens(interned("cached_tokens")),
+        prompt_token_ids(interned("prompt_token_ids")), timings(interned("timings")),
+        response_text(interned("response_text")), response_reasoning(interned("response_reasoning")),
+        response_tool_calls(interned("response_tool_calls")), finish(interned("finish")),
+        request_id(interned("request_id")), tool(interned("tool")) {}
+};
+
+const ResponseKeys& response_keys() {
+  static const ResponseKeys* k = new ResponseKeys();
+  return *k;
+}
+
+int truthy(PyObject* o) {
+  const int t = PyObject_IsTrue(o);
+  if (t < 0) throw py::error_already_set();
+  return t;
+}
+
+// `tool_call(c.get("id"), function.get("name"), function.get("arguments"))` for a dict c of the common shape
+// (a new reference), or nullptr: the Python function writes it.
+PyObject* tool_call(PyObject* c) {
+  const WireKeys& w = wire();
+  PyObject* fn = get(c, w.function);
+  py::object empty;
+  if (fn == nullptr || !truthy(fn)) {
+    empty = py::reinterpret_steal<py::object>(PyDict_New());
+    fn = empty.ptr();
+  } else if (!PyDict_CheckExact(fn)) {
+    return nullptr;
+  }
+  PyObject* name = get(fn, w.name);
+  if (name == nullptr || !truthy(name)) {
+    name = response_keys().tool;
+  } else if (!PyUnicode_CheckExact(name)) {
+    return nullptr;  // str() of another type
+  }
+  PyObject* args = get(fn, w.arguments);
+  py::object a;
+  if (args == nullptr || args == Py_None) {
+    a = py::reinterpret_steal<py::object>(PyDict_New());
+  } else if (PyUnicode_CheckExact(args) || PyDict_CheckExact(args)) {
+    a = py::reinterpret_borrow<py::object>(args);
+  } else {
+    return nullptr;  // written as JSON
+  }
+  PyObject* cid = get(c, w.id);
+  const bool with_id = cid != nullptr && truthy(cid);
+  if (with_id && !PyUnicode_CheckExact(cid)) return nullptr;
+  py::object f = py::reinterpret_steal<py::object>(PyDict_New());
+  set(f.ptr(), w.name, name);
+  set(f.ptr(), w.arguments, a.ptr());
+  py::object out = py::reinterpret_steal<py::object>(PyDict_New());
+  set(out.ptr(), w.type, w.function_type);
+  set(out.ptr(), w.function, f.ptr());
+  if (with_id) set(out.ptr(), w.id, cid);
+  return out.release().ptr();
+}
+
 // An assistant message of the common shape as `_message` converts it (a new dict), or nullptr: the Python
 // function converts it.
 PyObject* assistant(PyObject* m) {
@@ -239,37 +305,19 @@ PyObject* assistant(PyObject* m) {
   py::object converted;  // the tool calls, as tool_call() writes them
   if (calls != nullptr && calls != Py_None && PyList_GET_SIZE(calls) > 0) {
     const Py_ssize_t n = PyList_GET_SIZE(calls);
-    converted = py::reinterpret_steal<py::object>(PyList_New(n));
+    converted = py::reinterpret_steal<py::object>(PyList_New(0));
     if (!converted) throw py::error_already_set();
     for (Py_ssize_t i = 0; i < n; ++i) {
       PyObject* c = PyList_GET_ITEM(calls, i);
+      if (!PyDict_Check(c)) continue;  // (the Python function skips what is not an object)
       if (!PyDict_CheckExact(c)) return nullptr;
-      PyObject* fn = get(c, k.function);
-      if (fn == nullptr || !PyDict_CheckExact(fn)) return nullptr;
-      PyObject* name = get(fn, k.name);
-      if (name == nullptr || !PyUnicode_CheckExact(name) || PyUnicode_GET_LENGTH(name) == 0) return nullptr;
-      PyObject* args = get(fn, k.arguments);
-      py::object a;
-      if (args == nullptr || args == Py_None) {
-        a = py::reinterpret_steal<py::object>(PyDict_New());
-      } else if (PyUnicode_CheckExact(args) || PyDict_CheckExact(args)) {
-        a = py::reinterpret_borrow<py::object>(args);
-      } else {
-        return nullptr;  // written as JSON by the Python one
-      }
-      PyObject* cid = get(c, k.id);
-      const bool with_id = cid != nullptr && cid != Py_None && !(PyUnicode_CheckExact(cid) && PyUnicode_GET_LENGTH(cid) == 0);
-      if (with_id && !PyUnicode_CheckExact(cid)) return nullptr;  // str() of another type: the Python one
-      py::object f = py::reinterpret_steal<py::object>(PyDict_New());
-      set(f.ptr(), k.name, name);
-      set(f.ptr(), k.arguments, a.ptr());
-      PyObject* out = PyDict_New();
-      if (out == nullptr) throw py::error_already_set();
-      PyList_SET_ITEM(converted.ptr(), i, out);
-      set(out, k.type, k.function_type);
-      set(out, k.function, f.ptr());
-      if (with_id) set(out, k.id, cid);
+      PyObject* one = tool_call(c);
+      if (one == nullptr) return nullptr;
+      const int rc = PyList_Append(converted.ptr(), one);
+      Py_DECREF(one);
+      if (rc < 0) throw py::error_already_set();
     }
+    if (PyList_GET_SIZE(converted.ptr()) == 0) converted = py::object();
   }
   PyObject* msg = PyDict_New();
   if (msg == nullptr) throw py::error_already_set();
@@ -339,71 +387,6 @@ py::tuple convert_messages(py::list messages, Py_ssize_t start, py::list notes, 
 
 // --- the OpenAI reader's reply and usage (strata_lab/traces/openai.py `apply_response`) ----------------------
 
-struct ResponseKeys {
-  PyObject *choices, *message, *finish_reason, *model, *id, *usage, *prompt_tokens, *completion_tokens, *details,
-      *cached_tokens, *prompt_token_ids, *timings, *response_text, *response_reasoning, *response_tool_calls, *finish,
-      *request_id, *tool;
-  ResponseKeys()
-      : choices(interned("choices")), message(interned("message")), finish_reason(interned("finish_reason")),
-        model(interned("model")), id(interned("id")), usage(interned("usage")),
-        prompt_tokens(interned("prompt_tokens")), completion_tokens(interned("completion_tokens")),
-        details(interned("prompt_tokens_details")), cached_tokens(interned("cached_tokens")),
-        prompt_token_ids(interned("prompt_token_ids")), timings(interned("timings")),
-        response_text(interned("response_text")), response_reasoning(interned("response_reasoning")),
-        response_tool_calls(interned("response_tool_calls")), finish(interned("finish")),
-        request_id(interned("request_id")), tool(interned("tool")) {}
-};
-
-const ResponseKeys& response_keys() {
-  static const ResponseKeys* k = new ResponseKeys();
-  return *k;
-}
-
-int truthy(PyObject* o) {
-  const int t = PyObject_IsTrue(o);
-  if (t < 0) throw py::error_already_set();
-  return t;
-}
-
-// `tool_call(c.get("id"), function.get("name"), function.get("arguments"))` for a dict c of the common shape
-// (a new reference), or nullptr: the Python function writes it.
-PyObject* tool_call(PyObject* c) {
-  const WireKeys& w = wire();
-  PyObject* fn = get(c, w.function);
-  py::object empty;
-  if (fn == nullptr || !truthy(fn)) {
-    empty = py::reinterpret_steal<py::object>(PyDict_New());
-    fn = empty.ptr();
-  } else if (!PyDict_CheckExact(fn)) {
-    return nullptr;
-  }
-  PyObject* name = get(fn, w.name);
-  if (name == nullptr || !truthy(name)) {
-    name = response_keys().tool;
-  } else if (!PyUnicode_CheckExact(name)) {
-    return nullptr;  // str() of another type
-  }
-  PyObject* args = get(fn, w.arguments);
-  py::object a;
-  if (args == nullptr || args == Py_None) {
-    a = py::reinterpret_steal<py::object>(PyDict_New());
-  } else if (PyUnicode_CheckExact(args) || PyDict_CheckExact(args)) {
-    a = py::reinterpret_borrow<py::object>(args);
-  } else {
-    return nullptr;  // written as JSON
-  }
-  PyObject* cid = get(c, w.id);
-  const bool with_id = cid != nullptr && truthy(cid);
-  if (with_id && !PyUnicode_CheckExact(cid)) return nullptr;
-  py::object f = py::reinterpret_steal<py::object>(PyDict_New());
-  set(f.ptr(), w.name, name);
-  set(f.ptr(), w.arguments, a.ptr());
-  py::object out = py::reinterpret_steal<py::object>(PyDict_New());
-  set(out.ptr(), w.type, w.function_type);
-  set(out.ptr(), w.function, f.ptr());
-  if (with_id) set(out.ptr(), w.id, cid);
-  return out.release().ptr();
-}
 
 // apply_response(call, response) for the common shape of a chat.completion; false (nothing written): the
 // Python function reads it.
