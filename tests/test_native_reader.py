@@ -49,7 +49,7 @@ def test_native_conversion_is_the_python_conversion(messages, start):
     notes_a, notes_b = ["kept"], ["kept"]
     try:
         got_b = openai._convert_py(messages[start:], notes_b)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, AttributeError) as exc:  # (a function that is a string: both raise the same)
         with pytest.raises(type(exc)):
             native(messages, start, notes_a, openai._convert_one)
         return
