@@ -43,7 +43,7 @@ def wire_message(draw):
                           st.just({"role": "tool", "content": "r", "tool_call_id": "c1"})), max_size=5),
        st.integers(0, 5))
 def test_native_conversion_is_the_python_conversion(messages, start):
-    native = openai._native_convert()
+    native = openai.native_fn("convert_messages")
     assert native is not None, "the compiled extension is built in every install"
     start = min(start, len(messages))
     notes_a, notes_b = ["kept"], ["kept"]
@@ -71,7 +71,7 @@ def test_the_common_shapes_convert_in_c():
     def refuse(m, notes):
         raise AssertionError(f"left to Python: {m}")
 
-    got = openai._native_convert()(common, 0, [], refuse)
+    got = openai.native_fn("convert_messages")(common, 0, [], refuse)
     assert got == openai._convert_py(common, []) and got[1] == len(common)
 
 
@@ -112,7 +112,7 @@ def test_native_reply_and_usage_are_the_python_ones(body, before):
     types), or leaves the call untouched and says so, on chat.completion bodies of every shape."""
     from strata_lab.traces.log_calls import new_call
 
-    native = openai._native_fn("apply_response")
+    native = openai.native_fn("apply_response")
     assert native is not None, "the compiled extension is built in every install"
     a, b = new_call(model=before, request_id=before), new_call(model=before, request_id=before)
     untouched = dict(a)
@@ -135,5 +135,5 @@ def test_the_common_reply_is_read_in_c():
         {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"p": 1}'}}]},
         "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 9, "completion_tokens": 2,
                                                    "prompt_tokens_details": {"cached_tokens": 4}}}
-    assert openai._native_fn("apply_response")(call, body) is True
+    assert openai.native_fn("apply_response")(call, body) is True
     assert call["response_tool_calls"][0]["function"]["name"] == "read" and call["cached_tokens"] == 4

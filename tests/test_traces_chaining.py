@@ -86,7 +86,7 @@ def test_native_chaining_is_the_python_chaining(steps, max_entries):
     """strata_lab._replay.chain_messages gives the sessions and digests of SessionChain's Python steps, on
     histories that grow, get cut back and restart, with every message shape the key reads (content parts,
     tool calls without a name or a function, object arguments, ...), and with the oldest digests evicted."""
-    native = log_calls._native_chain()
+    native = log_calls.native_fn("chain_messages")
     assert native is not None, "the compiled extension is built in every install"
     a, b = SessionChain("s", max_entries=max_entries), SessionChain("s", max_entries=max_entries)
     history: list = []
@@ -96,11 +96,11 @@ def test_native_chaining_is_the_python_chaining(steps, max_entries):
             continue
         known = b.digests[: len(history) // 2] if use_known and len(b.digests) >= len(history) // 2 else []
         got_a = native(a._seen, list(history), list(known), reply, a._new, a._max, log_calls._message_key)
-        log_calls._NATIVE_CHAIN[:] = [None]  # the Python steps
+        log_calls._NATIVE["chain_messages"] = None  # the Python steps
         try:
             got_b = b.session_of_messages(list(history), reply, known=list(known))
         finally:
-            log_calls._NATIVE_CHAIN.clear()
+            del log_calls._NATIVE["chain_messages"]
         assert got_a == (got_b, b.digests)
         assert list(a._seen.items()) == list(b._seen.items())
         if reply is not None and cut % 2:

@@ -290,6 +290,22 @@ PyObject* tool_call(PyObject* c) {
   return out.release().ptr();
 }
 
+// The tool calls of a list, as `[tool_call(...) for c in calls if isinstance(c, dict)]` writes them, appended
+// to out; false: one the Python function writes.
+bool tool_calls(PyObject* calls, py::list& out) {
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(calls); ++i) {
+    PyObject* c = PyList_GET_ITEM(calls, i);
+    if (!PyDict_Check(c)) continue;  // (the Python function skips what is not an object)
+    if (!PyDict_CheckExact(c)) return false;
+    PyObject* one = tool_call(c);
+    if (one == nullptr) return false;
+    const int rc = PyList_Append(out.ptr(), one);
+    Py_DECREF(one);
+    if (rc < 0) throw py::error_already_set();
+  }
+  return true;
+}
+
 // An assistant message of the common shape as `_message` converts it (a new dict), or nullptr: the Python
 // function converts it.
 PyObject* assistant(PyObject* m) {
@@ -302,23 +318,8 @@ PyObject* assistant(PyObject* m) {
   if (reasoning != nullptr && reasoning != Py_None && !PyUnicode_CheckExact(reasoning)) return nullptr;
   PyObject* calls = get(m, k.tool_calls);
   if (calls != nullptr && calls != Py_None && !PyList_CheckExact(calls)) return nullptr;
-  py::object converted;  // the tool calls, as tool_call() writes them
-  if (calls != nullptr && calls != Py_None && PyList_GET_SIZE(calls) > 0) {
-    const Py_ssize_t n = PyList_GET_SIZE(calls);
-    converted = py::reinterpret_steal<py::object>(PyList_New(0));
-    if (!converted) throw py::error_already_set();
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      PyObject* c = PyList_GET_ITEM(calls, i);
-      if (!PyDict_Check(c)) continue;  // (the Python function skips what is not an object)
-      if (!PyDict_CheckExact(c)) return nullptr;
-      PyObject* one = tool_call(c);
-      if (one == nullptr) return nullptr;
-      const int rc = PyList_Append(converted.ptr(), one);
-      Py_DECREF(one);
-      if (rc < 0) throw py::error_already_set();
-    }
-    if (PyList_GET_SIZE(converted.ptr()) == 0) converted = py::object();
-  }
+  py::list converted(0);  // the tool calls, as tool_call() writes them
+  if (calls != nullptr && calls != Py_None && !tool_calls(calls, converted)) return nullptr;
   PyObject* msg = PyDict_New();
   if (msg == nullptr) throw py::error_already_set();
   py::object holder = py::reinterpret_steal<py::object>(msg);
@@ -326,7 +327,7 @@ PyObject* assistant(PyObject* m) {
   if (content != nullptr && content != Py_None) set(msg, k.content, content);
   if (reasoning != nullptr && reasoning != Py_None && PyUnicode_GET_LENGTH(reasoning) > 0)
     set(msg, k.reasoning_content, reasoning);
-  if (converted) set(msg, k.tool_calls, converted.ptr());
+  if (PyList_GET_SIZE(converted.ptr()) > 0) set(msg, k.tool_calls, converted.ptr());
   return holder.release().ptr();
 }
 
@@ -410,18 +411,7 @@ bool apply_response(py::dict call_, py::handle response_) {
   PyObject* calls = get(message, w.tool_calls);
   if (calls != nullptr && truthy(calls) && !PyList_CheckExact(calls)) return false;
   py::list converted(0);
-  if (calls != nullptr && PyList_CheckExact(calls)) {
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(calls); ++i) {
-      PyObject* c = PyList_GET_ITEM(calls, i);
-      if (!PyDict_Check(c)) continue;  // (the Python function skips what is not an object)
-      if (!PyDict_CheckExact(c)) return false;
-      PyObject* one = tool_call(c);
-      if (one == nullptr) return false;
-      const int rc = PyList_Append(converted.ptr(), one);
-      Py_DECREF(one);
-      if (rc < 0) throw py::error_already_set();
-    }
-  }
+  if (calls != nullptr && PyList_CheckExact(calls) && !tool_calls(calls, converted)) return false;
   PyObject* content = get(message, w.content);
   set(call, k.response_text, content != nullptr && PyUnicode_Check(content) ? content : Py_None);
   PyObject* reasoning = get(message, w.reasoning_content);

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from typing import Any, Iterable, Sequence
 
 __all__ = ["FIELDS", "FIDELITIES", "new_call", "text_parts", "image_placeholder", "tool_call", "SessionChain",
-           "CHAINING_RULE", "field_path", "parse_field_path"]
+           "CHAINING_RULE", "field_path", "parse_field_path", "native_fn"]
 
 # ids: the log has the prompt token ids; messages: the chat messages (rendered with a template); text: the
 # rendered prompt text (encoded with the tokenizer); lengths: only token counts (placeholder ids keep the reuse)
@@ -128,21 +128,24 @@ def _message_key(m: dict) -> int:
     return hash((m.get("role"), content, calls or ()))
 
 
-_NATIVE_CHAIN: list = []
+_NATIVE: dict = {}
 
 
-def _native_chain():
-    """`strata_lab._replay.chain_messages`, or None without the compiled extension (remembered in
-    `_NATIVE_CHAIN`)."""
-    if not _NATIVE_CHAIN:
-        from strata_lab._native import replay
+def native_fn(name: str):
+    """`strata_lab._replay.<name>` (a step of log reading in C), or None without the compiled extension
+    (remembered in `_NATIVE`; the tests set a name to None there to run the Python steps)."""
+    try:
+        return _NATIVE[name]
+    except KeyError:
+        pass
+    from strata_lab._native import replay
 
-        try:
-            got = replay().chain_messages
-        except (ImportError, AttributeError):
-            got = None
-        _NATIVE_CHAIN.append(got)
-    return _NATIVE_CHAIN[0]
+    try:
+        got = getattr(replay(), name)
+    except (ImportError, AttributeError):
+        got = None
+    _NATIVE[name] = got
+    return got
 
 
 def parse_field_path(path: str | None) -> str | None:
@@ -216,7 +219,7 @@ class SessionChain:
         """`known`: the digests of the leading messages (`digests` after an earlier call whose messages these
         are), so that a call hashes only the messages it adds. `digests` holds this call's after. The same
         steps run in C where the compiled extension is (strata_lab._replay.chain_messages: the same digests)."""
-        native = _native_chain()
+        native = native_fn("chain_messages")
         if native is not None and messages.__class__ is list:
             session, self.digests = native(self._seen, messages, known if known.__class__ is list else list(known),
                                            reply, self._new, self._max, _message_key)

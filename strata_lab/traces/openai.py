@@ -23,7 +23,7 @@ import re
 from collections import OrderedDict, deque
 from typing import Iterator
 
-from strata_lab.traces.log_calls import _EMPTY_CALL, SessionChain, text_parts, tool_call
+from strata_lab.traces.log_calls import _EMPTY_CALL, SessionChain, native_fn, text_parts, tool_call
 from strata_lab.traces.dialect import http_error, looks_anthropic
 from strata_lab.traces.source import Source, _DecodeError, loads
 
@@ -49,7 +49,7 @@ def _convert(messages: list, notes: list, start: int = 0) -> tuple[list[dict], i
     without numbers or booleans, so that an equal message converts the same: 1 == 1.0 == True, but str() and
     tojson write them apart). The common shapes convert in C where the compiled extension is
     (strata_lab._replay.convert_messages: the same dicts), the rest by `_message`."""
-    native = _native_convert()
+    native = native_fn("convert_messages")
     if native is not None and messages.__class__ is list:
         return native(messages, start, notes, _convert_one)
     return _convert_py(messages[start:] if start else messages, notes)
@@ -65,30 +65,6 @@ def _convert_one(m, notes: list) -> tuple[dict, bool]:
         if n not in notes:
             notes.append(n)
     return msg, not mine and _no_numbers(m)
-
-
-_NATIVE: dict = {}
-
-
-def _native_fn(name: str):
-    """`strata_lab._replay.<name>`, or None without the compiled extension (remembered in `_NATIVE`)."""
-    try:
-        return _NATIVE[name]
-    except KeyError:
-        pass
-    from strata_lab._native import replay
-
-    try:
-        got = getattr(replay(), name)
-    except (ImportError, AttributeError):
-        got = None
-    _NATIVE[name] = got
-    return got
-
-
-def _native_convert():
-    """`strata_lab._replay.convert_messages` (the common shapes of `_convert` in C), or None."""
-    return _native_fn("convert_messages")
 
 
 def _convert_py(messages: list, notes: list) -> tuple[list[dict], int]:
@@ -258,15 +234,10 @@ def apply_response(call: dict, response: dict | None) -> None:
     fields)."""
     if not isinstance(response, dict):
         return
-    native = _NATIVE.get("apply_response", _MISSING)
-    if native is _MISSING:
-        native = _native_fn("apply_response")
+    native = native_fn("apply_response")
     if native is not None and native(call, response):
         return
     _apply_response_py(call, response)
-
-
-_MISSING = object()
 
 
 def _apply_response_py(call: dict, response: dict) -> None:
