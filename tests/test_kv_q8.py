@@ -4,7 +4,8 @@ values along head_dim with one f32 scale per block (absmax / 127, llama.cpp's q8
 Checked: the quantisation rule itself (against numpy), the attention kernel over a q8 cache (query rows
 quantised the same way, exact int8 block dots for the scores: float64 attention over the dequantised values is
 its reference; close to attention over the unquantised ones),
-decode == prefill bits at every thread count, and at the engine level: decode equals the full forward,
+decode == prefill bits at every thread count, the cache's layout in pages (numpy's reshape), and at the engine
+level: decode equals the full forward,
 logits and greedy ids stay close to the f32 cache's (the stated tolerance below), sessions reuse a held
 prefix, cut back and restore checkpoints exactly as they do with the f16 cache, and a head_dim that is not a
 multiple of 32 is a clear error. Batched decode with q8: tests/test_batched_decode.py."""
@@ -134,6 +135,41 @@ def test_q8_cache_decode_bits_equal_the_prefill_block(threads):
     assert np.array_equal(two, full[3:5])
 
 
+def _np_pages(x):
+    """numpy's reading of the q8 cache's layout (state.h kQ8Page): rows [T, Hkv, d] padded with zeros to whole
+    pages of 64 positions, then each page kv head by kv head: [pages, Hkv, 64, d], flattened."""
+    T = x.shape[0]
+    P = -(-T // 64)
+    pad = np.zeros((P * 64, *x.shape[1:]), x.dtype)
+    pad[:T] = x
+    return pad.reshape(P, 64, *x.shape[1:]).transpose(0, 2, 1, 3).reshape(-1)
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
+def test_q8_cache_pages_are_64_positions_kv_head_by_kv_head(T):
+    """_q8_pages lays a cache out as the engine holds it (numpy's reshape is the reference), and the kernel
+    over those pages in place (length=T) gives the bits it gives over the rows (copied into pages per call)."""
+    H, Hkv, hd = 8, 4, 64
+    q, k, v = inputs(3 if T >= 3 else 1, T, H, Hkv, hd, seed=T)
+    k8, ks = _engine._quantize_q8(k)
+    v8, vs = _engine._quantize_q8(v)
+    kp, ksp = _engine._q8_pages(k8, ks)
+    vp, vsp = _engine._q8_pages(v8, vs)
+    assert np.array_equal(kp, _np_pages(k8)) and np.array_equal(ksp, _np_pages(ks))
+    assert kp.shape == (-(-T // 64) * 64 * Hkv * hd,) and ksp.shape == (kp.shape[0] // 32,)
+    for threads in (1, 2):
+        rows = _engine._attention_q8(q, k8, ks, v8, vs, H, Hkv, threads=threads)
+        pages = _engine._attention_q8(q, kp, ksp, vp, vsp, H, Hkv, threads=threads, length=T)
+        assert np.array_equal(rows, pages)
+        assert np.array_equal(rows, _engine._attention(q, k, v, H, Hkv, threads=threads, kv_q8=True))
+    with pytest.raises(ValueError, match="length"):
+        _engine._attention_q8(q, k8, ks, v8, vs, H, Hkv, length=T)
+    with pytest.raises(ValueError, match="_q8_pages"):
+        _engine._attention_q8(q, kp[:-1], ksp, vp, vsp, H, Hkv, length=T)
+    with pytest.raises(ValueError, match="T >= n"):
+        _engine._attention_q8(q, kp, ksp, vp, vsp, H, Hkv)
+
+
 def test_attention_refuses_q8_with_f16_arrays_or_both_caches():
     q, k, v = inputs(1, 40, 2, 1, 32, seed=1)
     with pytest.raises(ValueError, match="float16 already"):
@@ -202,8 +238,9 @@ def test_q8_engine_decode_equals_full_forward_and_stays_close_to_f32(folders, ar
 def test_q8_sessions_reuse_and_cut_back_like_f16(folders):
     """Dense: a prompt extending the held ids reuses them all; a prompt diverging earlier cuts the cache
     back; the logits equal a fresh forward's, bit for bit; the q8 cache holds 1.125 bytes per value (int8 and
-    an f32 scale per 32), against the f16 cache's 2 (the same session in f32, f16 and q8: the f16 cache's bytes
-    are the f32 session's minus the f16 one's)."""
+    an f32 scale per 32), against the f16 cache's 2 (the same 320-token prefill in f32, f16 and q8 -- five whole
+    q8 pages, state.h kQ8Page, and as many rows in the f32 and f16 caches: the f16 cache's bytes are the f32
+    session's minus the f16 one's)."""
     eng = Engine.load(folders["dense"], threads=2, max_context=1024, kv_cache="q8")
     prompt = np.random.default_rng(8).integers(0, 151000, 300).tolist()
     s = eng.session("reuse")
@@ -218,13 +255,29 @@ def test_q8_sessions_reuse_and_cut_back_like_f16(folders):
     assert (r.lcp, r.reused, r.tokens_read, r.restored_checkpoint) == (77, 77, 2, None)
     np.testing.assert_array_equal(s.last_logits(), eng.forward(s.held_ids)[-1])
     mem = {}
+    long_prompt = np.random.default_rng(9).integers(0, 151000, 320).tolist()
     for kv in ("f32", "f16", "q8"):
         sm = Engine.load(folders["dense"], threads=2, max_context=1024, kv_cache=kv).session("mem")
-        sm.generate(prompt, max_new_tokens=5).result
+        sm.generate(long_prompt, max_new_tokens=0).result
         mem[kv] = sm.memory_bytes
     c16 = mem["f32"] - mem["f16"]
     c8 = mem["q8"] - (mem["f16"] - c16)
     assert c16 > 2 * 300 * 2 * 2 * 64 and abs(c8 / c16 - 1.125 / 2) < 0.01, mem
+
+
+def test_q8_sessions_across_page_boundaries(folders):
+    """The q8 cache grows page by page (64 positions, kv head by kv head): decode steps that start a page, a
+    cut back into an earlier page and a re-read that fills it and starts new ones all keep the full forward's
+    logits bit for bit (dense model)."""
+    eng = Engine.load(folders["dense"], threads=2, max_context=1024, kv_cache="q8")
+    ids = np.random.default_rng(12).integers(0, 151000, 200).tolist()
+    s = eng.session("pages")
+    r = s.generate(ids[:61], max_new_tokens=6).result  # positions 61..66: page 1 starts at 64
+    assert len(r.gen_ids) == 6
+    np.testing.assert_array_equal(s.last_logits(), eng.forward(s.held_ids)[-1])
+    for n in (64, 65, 130, 63, 129, 200):  # cut back (into pages 0 and 1) and read on past the next page
+        r = s.generate(ids[:n], max_new_tokens=1).result
+        np.testing.assert_array_equal(s.last_logits(), eng.forward(s.held_ids)[-1])
 
 
 def test_q8_hybrid_checkpoints_restore_like_f16(folders):

@@ -1,7 +1,8 @@
 """Decode attention over a q8 KV cache, the kernel alone, at every vector level of this CPU in one process
 (issue 32): one query (n = 1) against a --contexts-key cache of Qwen3-0.6B's attention shape (16 query heads,
-8 kv heads, head_dim 128) held as _quantize_q8 gives it (int8 blocks of 32, an f32 scale each), through
-_attention_q8 (nothing quantised or copied per call).
+8 kv heads, head_dim 128) held as the engine holds it (int8 blocks of 32, an f32 scale each, _quantize_q8; in
+pages of 64 positions kv head by kv head, _q8_pages, on 64-byte lines as the engine's cache), through
+_attention_q8 with length= (nothing quantised or copied per call).
 
 The levels run the same kernel body: avx2 takes the scores with maddubs/madd and P V in 256-bit registers;
 avx512 and avx512bf16 take the scores with VNNI (vpdpbusd, where the CPU has it) and P V in 512-bit registers.
@@ -22,6 +23,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+
+def _on_lines(a, line=64):
+    """a copy of a starting on a cache line (the engine's KV arrays do: state.h kv_alloc)"""
+    buf = np.empty(a.nbytes + line, np.uint8)
+    o = -buf.ctypes.data % line
+    out = buf[o:o + a.nbytes].view(a.dtype)
+    out[:] = a
+    return out
 
 
 def main(argv=None):
@@ -46,6 +56,8 @@ def main(argv=None):
     T = max(args.contexts)
     k8, ks = E._quantize_q8(rng.standard_normal((T, Hkv, hd), dtype=np.float32))
     v8, vs = E._quantize_q8(rng.standard_normal((T, Hkv, hd), dtype=np.float32))
+    pages = {ctx: tuple(_on_lines(a) for a in (*E._q8_pages(k8[:ctx], ks[:ctx]), *E._q8_pages(v8[:ctx], vs[:ctx])))
+             for ctx in args.contexts}
     q = rng.standard_normal((1, H, hd), dtype=np.float32)
     times: dict = {}
     read: dict = {}
@@ -53,14 +65,14 @@ def main(argv=None):
     try:
         for rnd in range(args.rounds):
             for ctx in args.contexts:
-                arrs = (k8[:ctx], ks[:ctx], v8[:ctx], vs[:ctx])
-                nbytes = sum(a.nbytes for a in arrs)
+                arrs = pages[ctx]
+                nbytes = 2 * ctx * Hkv * hd * 9 // 8  # int8 values and an f32 scale per 32
                 for th in args.threads:
                     for lv in (levels if rnd % 2 == 0 else levels[::-1]):
                         E.set_kernel_level(lv)
                         for _ in range(args.calls):
                             t0 = time.perf_counter()
-                            o = E._attention_q8(q, *arrs[:2], *arrs[2:], H, Hkv, threads=th)
+                            o = E._attention_q8(q, *arrs, H, Hkv, threads=th, length=ctx)
                             times.setdefault((ctx, th, lv), []).append(time.perf_counter() - t0)
                         outs.setdefault((ctx, th, lv), o)
                     read.setdefault((ctx, th), []).append(nbytes / (E.read_bandwidth(nbytes, th, 1) * 1e9))

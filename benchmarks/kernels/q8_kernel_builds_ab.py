@@ -1,6 +1,7 @@
 """Decode attention over a q8 KV cache, the kernel alone, two builds of the engine against each other (issue 32):
 Qwen3-0.6B's attention shape (16 query heads, 8 kv heads, head_dim 128), one query, --context keys, caches made
-by _quantize_q8. Each cell runs in its own process (a build is a PYTHONPATH: --a and --b, e.g. a copy of
+by _quantize_q8 (and laid out in the cache's pages by _q8_pages, on 64-byte lines, where the build has it: a
+build from before the pages reads the rows as given). Each cell runs in its own process (a build is a PYTHONPATH: --a and --b, e.g. a copy of
 strata_lab/ holding the old _engine .so, and the checkout), the two builds alternating, --rounds times, each
 timing --calls calls; with --caches N the calls rotate over N caches so each reads its cache from memory (16K
 keys: 4 caches of 38 MB, more than the L3), with 1 the same cache again and again (2,048 keys: L3-resident, the
@@ -31,14 +32,19 @@ def child(args):
     for _ in range(args.caches):
         k8, ks = E._quantize_q8(rng.standard_normal((args.context, Hkv, hd), dtype=np.float32))
         v8, vs = E._quantize_q8(rng.standard_normal((args.context, Hkv, hd), dtype=np.float32))
+        if hasattr(E, "_q8_pages"):  # the engine's own layout, read in place (length=)
+            from q8_decode_attention import _on_lines
+            k8, ks = (_on_lines(a) for a in E._q8_pages(k8, ks))
+            v8, vs = (_on_lines(a) for a in E._q8_pages(v8, vs))
         caches.append((k8, ks, v8, vs))
+    kw = {"length": args.context} if hasattr(E, "_q8_pages") else {}
     q = rng.standard_normal((1, H, hd), dtype=np.float32)
     E.set_kernel_level(args.level)
     ts = []
     for i in range(args.calls + args.caches):
         k8, ks, v8, vs = caches[i % args.caches]
         t0 = time.perf_counter()
-        E._attention_q8(q, k8, ks, v8, vs, H, Hkv, threads=args.threads)
+        E._attention_q8(q, k8, ks, v8, vs, H, Hkv, threads=args.threads, **kw)
         if i >= args.caches:
             ts.append(time.perf_counter() - t0)
     ts = np.array(ts) * 1e9 / (args.context * Hkv)

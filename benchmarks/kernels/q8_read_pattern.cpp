@@ -1,8 +1,11 @@
 // Build and run: g++ -O2 -pthread -o q8_read_pattern benchmarks/kernels/q8_read_pattern.cpp && ./q8_read_pattern [rounds]
-// (issue 32, s6: benchmarks/results/long_context/q8/s6/README.md; prints GB/s of each pattern, rounds alternating)
+// (issue 32, s6 and s7: benchmarks/results/long_context/q8/s6/ and s7/README.md; prints GB/s of each pattern, rounds
+// alternating)
 // Read pattern A/B for the q8 decode cache (per layer: K and V [16384 rows x 1024 B], scales [16384 x 128 B] each),
 // 2 threads: A = head split (thread t reads bytes [512t, 512t+512) of every row, scales [64t, 64t+64)),
-// B = key split (thread t reads full rows of its half of the keys). Light compute (byte sums); T1 prefetch 0 / 16 / 64 rows ahead.
+// B = key split (thread t reads full rows of its half of the keys), C = pages (s7: the layout of state.h kQ8Page, pages of
+// 64 rows kv head by kv head; thread t reads its 4 kv heads' 32 KiB run of K and of V and 4 KiB of scales per page).
+// Light compute (byte sums); T1 prefetch 0 / 16 rows ahead (C: the next page's runs, when the distance is not 0).
 #include <immintrin.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -24,6 +27,21 @@ __attribute__((target("avx2"))) static long long rd(const char* p, long n, long 
 }
 static long long work(int t, int mode, int dist) {
   long long acc = 0;
+  if (mode == 2) {  // paged: pages of 64 rows, each [8 heads][64 rows][128 B]: thread t reads its 4 heads' 32 KiB
+    for (auto& l : layers)
+      for (long p = 0; p < N / 64; ++p) {
+        const long o = p * 64 * RB + t * 32768, so = p * 64 * SB + t * 4096;
+        if (dist > 0 && p + 1 < N / 64) {
+          for (long c = 0; c < 32768; c += 64) { _mm_prefetch((const char*)l.k + o + 64 * RB + c, _MM_HINT_T1); _mm_prefetch((const char*)l.v + o + 64 * RB + c, _MM_HINT_T1); }
+          for (long c = 0; c < 4096; c += 64) { _mm_prefetch(l.ks + so + 64 * SB + c, _MM_HINT_T1); _mm_prefetch(l.vs + so + 64 * SB + c, _MM_HINT_T1); }
+        }
+        acc = rd((const char*)l.k + o, 32768, acc);
+        acc = rd((const char*)l.v + o, 32768, acc);
+        acc = rd(l.ks + so, 4096, acc);
+        acc = rd(l.vs + so, 4096, acc);
+      }
+    return acc;
+  }
   for (auto& l : layers) {
     long r0, r1, c0, cn, s0, sn;
     if (mode == 0) { r0 = 0; r1 = N; c0 = 512 * t; cn = 512; s0 = 64 * t; sn = 64; }
@@ -49,13 +67,13 @@ int main(int argc, char** argv) {
   const double bytes = (double)L * N * (2 * RB + 2 * SB);
   for (int r = 0; r < rounds; ++r) {
     for (int cfg = 0; cfg < 6; ++cfg) {
-      int mode = cfg % 2, dist = cfg / 2 == 0 ? 0 : cfg / 2 == 1 ? 16 : 64;
+      int mode = cfg % 3, dist = cfg / 3 == 0 ? 0 : 16;
       std::atomic<long long> sink{0};
       auto t0 = std::chrono::steady_clock::now();
       std::thread a([&] { sink += work(0, mode, dist); }), b([&] { sink += work(1, mode, dist); });
       a.join(); b.join();
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      printf("round %d %s dist %2d: %.1f GB/s\n", r, mode ? "key split " : "head split", dist, bytes / s / 1e9);
+      printf("round %d %s dist %2d: %.1f GB/s\n", r, mode == 2 ? "paged     " : mode ? "key split " : "head split", dist, bytes / s / 1e9);
     }
   }
 }

@@ -218,7 +218,12 @@ void register_checkpoint(py::module_& m) {
         std::vector<float> ks(static_cast<size_t>(m / kQ8Block)), vs(static_cast<size_t>(m / kQ8Block));
         kernels::quantize_q8_rows(static_cast<const float*>(k.data()), k8.data(), ks.data(), m);
         kernels::quantize_q8_rows(static_cast<const float*>(v.data()), v8.data(), vs.data(), m);
-        kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), k8.data(), ks.data(), v8.data(), vs.data(),
+        const int64_t pm = (T + kQ8Page - 1) / kQ8Page * kQ8Page * n_kv_heads * hd;
+        std::vector<int8_t> kp(static_cast<size_t>(pm)), vp(static_cast<size_t>(pm));
+        std::vector<float> ksp(static_cast<size_t>(pm / kQ8Block)), vsp(static_cast<size_t>(pm / kQ8Block));
+        kernels::q8_to_pages(k8.data(), ks.data(), T, n_kv_heads, int(hd), kp.data(), ksp.data());
+        kernels::q8_to_pages(v8.data(), vs.data(), T, n_kv_heads, int(hd), vp.data(), vsp.data());
+        kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), kp.data(), ksp.data(), vp.data(), vsp.data(),
                               T - n, op);
       } else {
         kernels::attention(qp, n, n_heads, n_kv_heads, int(hd), static_cast<const float*>(k.data()),
@@ -235,33 +240,64 @@ void register_checkpoint(py::module_& m) {
   m.def("_attention_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
                             py::array_t<int8_t, py::array::c_style> k, py::array_t<float, py::array::c_style> ks,
                             py::array_t<int8_t, py::array::c_style> v, py::array_t<float, py::array::c_style> vs,
-                            int n_heads, int n_kv_heads, int threads) {
-    // A q8 cache as given (_quantize_q8's arrays: nothing quantised or copied): the kernel alone, for timings.
-    if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3 || ks.ndim() != 3 || vs.ndim() != 3)
-      throw std::invalid_argument("q, k, ks, v, vs must be 3-d");
-    const int64_t n = q.shape(0), T = k.shape(0), hd = q.shape(2);
-    if (q.shape(1) != n_heads || k.shape(1) != n_kv_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
-        hd % kQ8Block != 0)
-      throw std::invalid_argument("q must be [n, n_heads, hd] (hd a multiple of 32), k [T, n_kv_heads, hd]");
+                            int n_heads, int n_kv_heads, int threads, int64_t length) {
+    // A q8 cache as given: rows (_quantize_q8's arrays, 3-d: copied into pages here) or pages (_q8_pages'
+    // arrays, 1-d, with length: nothing copied) -- the kernel alone, for timings.
+    if (q.ndim() != 3 || q.shape(1) != n_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
+        q.shape(2) % kQ8Block != 0)
+      throw std::invalid_argument("q must be [n, n_heads, hd] (hd a multiple of 32, n_heads of n_kv_heads)");
+    const int64_t n = q.shape(0), hd = q.shape(2);
+    const bool rows = k.ndim() == 3;
+    const int64_t T = rows ? k.shape(0) : length;
+    if (rows && length != -1) throw std::invalid_argument("length: only with the 1-d arrays of _q8_pages");
+    if (n < 1 || T < n) throw std::invalid_argument("the cache must hold T >= n >= 1 positions");
+    const int64_t pm = (T + kQ8Page - 1) / kQ8Page * kQ8Page * n_kv_heads * hd;
     for (const auto* a : {&k, &v})
-      if (a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd || n < 1 || T < n)
-        throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd] with T >= n >= 1");
+      if (rows ? (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd)
+               : (a->ndim() != 1 || a->shape(0) < pm))
+        throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd], or _q8_pages' values for length");
     for (const auto* a : {&ks, &vs})
-      if (a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd / kQ8Block)
-        throw std::invalid_argument("ks and vs must both be [T, n_kv_heads, hd / 32]");
+      if (rows ? (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd / kQ8Block)
+               : (a->ndim() != 1 || a->shape(0) < pm / kQ8Block))
+        throw std::invalid_argument("ks and vs must both be [T, n_kv_heads, hd / 32], or _q8_pages' scales");
     py::array_t<float> out({n, int64_t(n_heads), hd});
     const float* qp = q.data();
     float* op = out.mutable_data();
     {
       py::gil_scoped_release release;
+      std::vector<int8_t> kp, vp;
+      std::vector<float> ksp, vsp;
+      const int8_t *K = k.data(), *V = v.data();
+      const float *KS = ks.data(), *VS = vs.data();
+      if (rows) {
+        kp.resize(size_t(pm)); vp.resize(size_t(pm)); ksp.resize(size_t(pm / kQ8Block)); vsp.resize(size_t(pm / kQ8Block));
+        kernels::q8_to_pages(K, KS, T, n_kv_heads, int(hd), kp.data(), ksp.data());
+        kernels::q8_to_pages(V, VS, T, n_kv_heads, int(hd), vp.data(), vsp.data());
+        K = kp.data(); V = vp.data(); KS = ksp.data(); VS = vsp.data();
+      }
       use_threads(threads);
-      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), k.data(), ks.data(), v.data(), vs.data(), T - n, op);
+      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), K, KS, V, VS, T - n, op);
     }
     return out;
   }, py::arg("q"), py::arg("k"), py::arg("ks"), py::arg("v"), py::arg("vs"), py::arg("n_heads"),
-     py::arg("n_kv_heads"), py::arg("threads") = 0,
-     "The attention kernel over a q8 cache as given (k, v int8 [T, Hkv, hd]; ks, vs f32 [T, Hkv, hd / 32], "
-     "as _quantize_q8 returns them): queries at positions T-n..T-1.");
+     py::arg("n_kv_heads"), py::arg("threads") = 0, py::arg("length") = -1,
+     "The attention kernel over a q8 cache as given: k, v int8 [T, Hkv, hd] and ks, vs f32 [T, Hkv, hd / 32] "
+     "(as _quantize_q8 returns them; copied into the cache's pages per call), or the 1-d arrays _q8_pages returns "
+     "with length=T (read in place): queries at positions T-n..T-1.");
+  m.def("_q8_pages", [](py::array_t<int8_t, py::array::c_style> x, py::array_t<float, py::array::c_style> xs) {
+    // rows [T, Hkv, hd] (+ scales [T, Hkv, hd / 32]) -> the q8 cache's pages (1-d values, 1-d scales)
+    if (x.ndim() != 3 || xs.ndim() != 3 || x.shape(2) % kQ8Block != 0 || xs.shape(0) != x.shape(0) ||
+        xs.shape(1) != x.shape(1) || xs.shape(2) != x.shape(2) / kQ8Block)
+      throw std::invalid_argument("x must be [T, n_kv_heads, hd] int8 (hd a multiple of 32), xs [T, n_kv_heads, hd / 32]");
+    const int64_t T = x.shape(0), Hkv = x.shape(1), hd = x.shape(2);
+    const int64_t pm = (T + kQ8Page - 1) / kQ8Page * kQ8Page * Hkv * hd;
+    py::array_t<int8_t> out(pm);
+    py::array_t<float> outs(pm / kQ8Block);
+    kernels::q8_to_pages(x.data(), xs.data(), T, int(Hkv), int(hd), out.mutable_data(), outs.mutable_data());
+    return py::make_tuple(out, outs);
+  }, py::arg("x"), py::arg("xs"),
+     "A q8 cache's rows (_quantize_q8's values and scales, [T, Hkv, hd]) in the cache's own layout: pages of "
+     "64 positions, kv head by kv head ([pages, Hkv, 64, hd] and [pages, Hkv, 64, hd / 32], flattened).");
   m.def("_quantize_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
     // x [..., n] with n % 32 == 0 -> (int8 values of x's shape, f32 scales [..., n / 32]), as a q8 cache holds x.
     if (x.ndim() < 1 || x.shape(x.ndim() - 1) % kQ8Block != 0)

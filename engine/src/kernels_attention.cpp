@@ -295,12 +295,54 @@ STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const int32_t* qc, const fl
 // key and row pair) become 8 pmovsx + 8 unpack + 16 vpdpwssd per two keys.
 //
 // Weights of R <= 2 rows: wq[(r * ldq + i) * nb + b] = int16 pair (key 2 i low, key 2 i + 1 high) of block b,
-// for pairs i < np (np: the pairs the row pair takes, keys past cnt_r zero); ws[r * nb + b] = W. tmp: 4 * ATT_KT
+// for pairs i < np (np: the pairs the row pair takes, keys past cnt_r zero); ws[r * nb + b] = W. tmp: 8 * ATT_KT + 8
 // floats.
 template <int NB>
 STRATA_AVX2 static void att_pv_q8_wq(const float* p, int64_t ldp, const int* cnt, int R, int np, const float* vs,
                                      int64_t lds8, int nb_, float* tmp, int32_t* wq, int64_t ldq, float* ws) {
   const int nb = NB ? NB : nb_;
+  if (R == 2 && nb % 4 == 0) {  // the two rows side by side (row 0 in the low lanes): the same products, maxima
+                                // and roundings, on 8 lanes (tmp: 8 floats a key)
+    const int c0 = cnt[0], c1 = cnt[1], cmin = std::min(c0, c1), cmax = std::max(c0, c1);
+    const float *p0 = p, *p1 = p + ldp;
+    int32_t *q0 = wq, *q1 = wq + ldq * nb;
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                           0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    for (int b0 = 0; b0 < nb; b0 += 4) {
+      __m256 mxa = _mm256_setzero_ps(), mxb = _mm256_setzero_ps();  // (two chains: even and odd keys)
+      int j = 0;
+      for (; j + 2 <= cmin; j += 2) {
+        const __m256 wa = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(p1[j]), _mm_set1_ps(p0[j])),
+                                        _mm256_broadcast_ps(reinterpret_cast<const __m128*>(vs + j * lds8 + b0)));
+        const __m256 wb = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(p1[j + 1]), _mm_set1_ps(p0[j + 1])),
+                                        _mm256_broadcast_ps(reinterpret_cast<const __m128*>(vs + (j + 1) * lds8 + b0)));
+        _mm256_storeu_ps(tmp + 8 * j, wa);
+        _mm256_storeu_ps(tmp + 8 * j + 8, wb);
+        mxa = _mm256_max_ps(mxa, wa);
+        mxb = _mm256_max_ps(mxb, wb);
+      }
+      for (; j < cmax; ++j) {  // keys only one row sees: 0 for the other (a product of 0, as its own rows' zeros)
+        const __m256 w = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(j < c1 ? p1[j] : 0.f), _mm_set1_ps(j < c0 ? p0[j] : 0.f)),
+                                       _mm256_broadcast_ps(reinterpret_cast<const __m128*>(vs + j * lds8 + b0)));
+        _mm256_storeu_ps(tmp + 8 * j, w);
+        mxa = _mm256_max_ps(mxa, w);
+      }
+      _mm256_storeu_ps(tmp + 8 * cmax, _mm256_setzero_ps());  // the odd key's partner
+      const __m256 mx = _mm256_max_ps(mxa, mxb);  // (weights >= 0: the same maximum in any order)
+      const __m256 W = _mm256_div_ps(mx, _mm256_set1_ps(32767.0f));
+      _mm_storeu_ps(ws + b0, _mm256_castps256_ps128(W));
+      _mm_storeu_ps(ws + nb + b0, _mm256_extractf128_ps(W, 1));
+      const __m256 iw = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(32767.0f), mx), _mm256_cmp_ps(mx, _mm256_setzero_ps(), _CMP_GT_OQ));
+      for (int i = 0; i < np; ++i) {  // (pairs past a row's keys: its zeros, rounded to 0)
+        const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(tmp + 16 * i), iw));
+        const __m256i e = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(tmp + 16 * i + 8), iw));
+        const __m256i x = _mm256_shuffle_epi8(_mm256_packs_epi32(a, e), pairs);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q0 + i * nb + b0), _mm256_castsi256_si128(x));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q1 + i * nb + b0), _mm256_extracti128_si256(x, 1));
+      }
+    }
+    return;
+  }
   for (int r = 0; r < R; ++r) {
     const int c = cnt[r];
     const float* pr = p + r * ldp;
@@ -548,20 +590,27 @@ struct AttPrefetch {
   int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
   int64_t col = 0;                         // next byte of row `row` to ask for
   int lines_step = 0;                      // K and V lines per step (score and P V loops)
-  const char *ks = nullptr, *vs = nullptr;  // q8: the span's scales in row 0 (null: no scales)
-  int64_t skvs = 0, sspan = 0;              // q8: scale row stride, scale span (bytes)
-  // q8: a row's scale lines (its first and last byte's), asked for with the row's first value line
-  void scales(int64_t row) const {
-    if (!ks) return;
-    const char *a = ks + row * skvs, *b = vs + row * skvs;
-    _mm_prefetch(a, _MM_HINT_T1);
-    _mm_prefetch(b, _MM_HINT_T1);
-    _mm_prefetch(a + sspan - 1, _MM_HINT_T1);
-    _mm_prefetch(b + sspan - 1, _MM_HINT_T1);
-  }
+  // q8 (pages, state.h): the thread's piece of the next page is one run of K bytes [0, pend) from pk (V: pv),
+  // its scales one run of pend / 8 bytes from pks (pvs); pcur: the next K byte to ask for. pk null: rows.
+  const char *pk = nullptr, *pv = nullptr, *pks = nullptr, *pvs = nullptr;
+  int64_t pcur = 0, pend = 0;
 };
 constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
 STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
+  if (p.pk) {  // q8 pages: lines_step K and V lines in address order, a scale line with every 8th
+    int64_t c = p.pcur;
+    const int64_t e = std::min(p.pend, c + 64 * int64_t(p.lines_step));
+    for (; c < e; c += 64) {
+      _mm_prefetch(p.pk + c, _MM_HINT_T1);
+      _mm_prefetch(p.pv + c, _MM_HINT_T1);
+      if ((c & 511) == 0) {
+        _mm_prefetch(p.pks + c / 8, _MM_HINT_T1);
+        _mm_prefetch(p.pvs + c / 8, _MM_HINT_T1);
+      }
+    }
+    p.pcur = c;
+    return;
+  }
   {  // the span's lines, the last one too when the span does not start on a line
     // (in locals: through p, GCC reloaded and stored the cursor on every line, 17% of a 1-thread decode)
     int64_t row = p.row, col = p.col;
@@ -570,7 +619,6 @@ STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
     const char *kr = p.k + row * kvs, *vr = p.v + row * kvs;
     for (int i = p.lines_step; i > 0; --i) {
       const int64_t c = col < span ? col : span - 1;
-      if (col == 0) p.scales(row);
       _mm_prefetch(kr + c, _MM_HINT_T1);
       _mm_prefetch(vr + c, _MM_HINT_T1);
       col += 64;
@@ -619,7 +667,7 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
     if (int64_t(w.wq.size()) < ATT_KT * nb) {
       w.wq.resize(size_t(ATT_KT * nb));
       w.ws.resize(size_t(2 * nb));
-      w.wtmp.resize(size_t(4 * ATT_KT + 4));
+      w.wtmp.resize(size_t(8 * ATT_KT + 8));
       w.pvi.resize(size_t(2 * hd));
     }
     quantize_q8_rows(Q, w.q8.data(), w.qs.data(), b.rows * hd);
@@ -778,9 +826,9 @@ STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float*
   }
   if (b.q8.k) {  // q8 cache: read in place (int8 dots for the scores, V widened in registers), prefill and
                  // decode alike
-    const int64_t o = int64_t(b.g) * hd + t0 * kvs;
-    att_tile_body(b, Q8Ptr{b.q8.k + o, b.q8.ks + o / kQ8Block}, Q8Ptr{b.q8.v + o, b.q8.vs + o / kQ8Block}, kvs, kc,
-                  r0, t0, pf);
+    const int64_t o = q8_offset(t0, b.g, b.Hkv, hd);  // (t0 starts a page: its kv head's rows hd apart)
+    att_tile_body(b, Q8Ptr{b.q8.k + o, b.q8.ks + o / kQ8Block}, Q8Ptr{b.q8.v + o, b.q8.vs + o / kQ8Block},
+                  int64_t(hd), kc, r0, t0, pf);
     return;
   }
   if (b.k16) {
@@ -875,20 +923,50 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
       att_begin(bs[size_t(g - g0)], q, H, Hkv, hd, pos0, 0, n, int(g), ws[size_t(g - g0)], k16, v16, q8);
     const int64_t pmax = pos0 + n - 1, nh = g1 - g0;
     AttPrefetch pf;
-    const int64_t es = q8 ? 1 : k16 ? 2 : 4;  // bytes per cache element (q8: the values; the scales, an
-                                              // eighth of them in f32, stream in on the hardware prefetcher)
-    pf.k = q8 ? reinterpret_cast<const char*>(q8->k + g0 * hd)
-              : k16 ? reinterpret_cast<const char*>(k16 + g0 * hd) : reinterpret_cast<const char*>(k + g0 * hd);
-    pf.v = q8 ? reinterpret_cast<const char*>(q8->v + g0 * hd)
-              : v16 ? reinterpret_cast<const char*>(v16 + g0 * hd) : reinterpret_cast<const char*>(v + g0 * hd);
+    if (q8) {
+      // Pages (state.h): the thread's kv heads of a page are one run of nh * kQ8Page * hd bytes of K (and of V),
+      // their scales one run of an eighth of that: while it works on page t it asks for page t + 1's runs in
+      // address order, spread over the tile's score and P V steps. (Reading a part of every row instead, the
+      // rows' layout, read 16-25 GB/s where whole runs read 31: benchmarks/results/long_context/q8/s7.)
+      static_assert(ATT_KT == kQ8Page, "a key tile is a q8 page");
+      const int64_t run = nh * kQ8Page * hd, steps = nh * (ATT_KT / 4 + (hd + 31) / 32);
+      pf.lines_step = int((run / 64 + steps - 1) / steps);
+      auto page = [&](int64_t t0) {
+        const int64_t o = q8_offset(t0, int(g0), Hkv, hd);
+        pf.pk = reinterpret_cast<const char*>(q8->k + o);
+        pf.pv = reinterpret_cast<const char*>(q8->v + o);
+        pf.pks = reinterpret_cast<const char*>(q8->ks + o / kQ8Block);
+        pf.pvs = reinterpret_cast<const char*>(q8->vs + o / kQ8Block);
+        pf.pcur = 0;
+      };
+      {  // page 0 at once (as the rows below): each head's rows that exist, values and scales
+        page(0);
+        const int64_t r1 = std::min<int64_t>(pmax + 1, kQ8Page);
+        for (int64_t h = 0; h < nh; ++h)
+          for (int64_t c = 0; c < r1 * hd; c += 64) {
+            const int64_t o = h * kQ8Page * hd + c;
+            _mm_prefetch(pf.pk + o, _MM_HINT_T1);
+            _mm_prefetch(pf.pv + o, _MM_HINT_T1);
+            if (c % 512 == 0) {
+              _mm_prefetch(pf.pks + o / 8, _MM_HINT_T1);
+              _mm_prefetch(pf.pvs + o / 8, _MM_HINT_T1);
+            }
+          }
+      }
+      for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
+        const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT;
+        page(a0);
+        pf.pend = a0 <= pmax ? run : 0;
+        for (int64_t i = 0; i < nh; ++i) att_tile(bs[size_t(i)], k, v, t0, false, true, &pf);
+      }
+      for (auto& b : bs) att_end(b, out);
+      return;
+    }
+    const int64_t es = k16 ? 2 : 4;  // bytes per cache element
+    pf.k = k16 ? reinterpret_cast<const char*>(k16 + g0 * hd) : reinterpret_cast<const char*>(k + g0 * hd);
+    pf.v = v16 ? reinterpret_cast<const char*>(v16 + g0 * hd) : reinterpret_cast<const char*>(v + g0 * hd);
     pf.kvs = int64_t(Hkv) * hd * es;
     pf.span = nh * hd * es;
-    if (q8) {
-      pf.ks = reinterpret_cast<const char*>(q8->ks + g0 * hd / kQ8Block);
-      pf.vs = reinterpret_cast<const char*>(q8->vs + g0 * hd / kQ8Block);
-      pf.skvs = int64_t(Hkv) * hd / kQ8Block * 4;
-      pf.sspan = nh * hd / kQ8Block * 4;
-    }
     // A tile-head's share of the next tile's rows, line by line (the span's last line too:
     // spans need not start on a line, e.g. a malloc'ed cache 16 bytes past one, which the row-wise prefetch
     // missed), spread evenly over its 16 score and hd / 32 P V steps. Bursts hurt: whole rows per step, or
@@ -904,7 +982,6 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
       for (const char* base : {pf.k, pf.v})
         for (int64_t r = 0; r < r1; ++r)
           for (int64_t c = 0; c < pf.span + 63; c += 64) _mm_prefetch(base + r * pf.kvs + std::min(c, pf.span - 1), _MM_HINT_T1);
-      for (int64_t r = 0; r < r1; ++r) pf.scales(r);
     }
     for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
       const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT, next_end = std::min(pmax + 1, a0 + ATT_KT);
@@ -1034,15 +1111,31 @@ void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_
   // then as f32
   const int64_t m = (pos0 + n) * Hkv * hd, mq = n * H * hd;
   std::vector<float> kf(static_cast<size_t>(m)), vf(static_cast<size_t>(m)), qf(static_cast<size_t>(mq));
-  for (int64_t i = 0; i < m; ++i) {
-    kf[size_t(i)] = float(k[i]) * ks[i / kQ8Block];
-    vf[size_t(i)] = float(v[i]) * vs[i / kQ8Block];
-  }
+  for (int64_t t = 0; t < pos0 + n; ++t)  // from the pages to rows [T, Hkv, hd]
+    for (int g = 0; g < Hkv; ++g) {
+      const int64_t src = q8_offset(t, g, Hkv, hd), dst = (t * Hkv + g) * hd;
+      for (int d = 0; d < hd; ++d) {
+        kf[size_t(dst + d)] = float(k[src + d]) * ks[(src + d) / kQ8Block];
+        vf[size_t(dst + d)] = float(v[src + d]) * vs[(src + d) / kQ8Block];
+      }
+    }
   std::vector<int8_t> q8(static_cast<size_t>(mq));
   std::vector<float> qs(static_cast<size_t>(mq / kQ8Block));
   quantize_q8_rows(q, q8.data(), qs.data(), mq);
   for (int64_t i = 0; i < mq; ++i) qf[size_t(i)] = float(q8[size_t(i)]) * qs[size_t(i / kQ8Block)];
   attention(qf.data(), n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
+}
+
+void q8_to_pages(const int8_t* x, const float* xs, int64_t T, int Hkv, int hd, int8_t* out, float* outs) {
+  const int64_t pages = (T + kQ8Page - 1) / kQ8Page, nb = hd / kQ8Block;
+  std::fill(out, out + pages * kQ8Page * Hkv * hd, int8_t(0));
+  std::fill(outs, outs + pages * kQ8Page * Hkv * nb, 0.f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int g = 0; g < Hkv; ++g) {
+      const int64_t src = (t * Hkv + g) * hd, dst = q8_offset(t, g, Hkv, hd);
+      std::memcpy(out + dst, x + src, size_t(hd));
+      std::memcpy(outs + dst / kQ8Block, xs + src / kQ8Block, size_t(nb) * 4);
+    }
 }
 
 void quantize_q8_rows(const float* x, int8_t* q, float* scale, int64_t n) {

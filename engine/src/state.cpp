@@ -64,9 +64,10 @@ void AttentionKV::append(int64_t n, float** k_out, float** v_out) {
       k16_.resize(cap);
       v16_.resize(cap);
     }
-    if (format_ == KVFormat::Q8 && need > k8_.size()) {
-      size_t cap = std::max(need, k8_.size() * 3 / 2 + size_t(64 * row()));
-      cap = (cap + kQ8Block - 1) / kQ8Block * kQ8Block;
+    const size_t page = size_t(kQ8Page * row());  // q8: whole pages (state.h)
+    if (format_ == KVFormat::Q8 && (need + page - 1) / page * page > k8_.size()) {
+      size_t cap = std::max(need, k8_.size() * 3 / 2 + page);
+      cap = (cap + page - 1) / page * page;
       k8_.resize(cap);
       v8_.resize(cap);
       ks_.resize(cap / kQ8Block);
@@ -99,9 +100,15 @@ void AttentionKV::commit() {
   if (format_ == KVFormat::F16) {
     kernels::f32_to_f16_rows(k_.data(), k16_.data() + o, m);
     kernels::f32_to_f16_rows(v_.data(), v16_.data() + o, m);
-  } else {
-    kernels::quantize_q8_rows(k_.data(), k8_.data() + o, ks_.data() + o / kQ8Block, m);
-    kernels::quantize_q8_rows(v_.data(), v8_.data() + o, vs_.data() + o / kQ8Block, m);
+  } else {  // each (position, kv head) row to its place in the pages (blocks quantised on their own: the same
+            // values as quantising the chunk at once)
+    const int64_t p0 = length_ - staged_;
+    for (int64_t i = 0; i < staged_; ++i)
+      for (int g = 0; g < n_kv_heads_; ++g) {
+        const int64_t src = (i * n_kv_heads_ + g) * head_dim_, dst = q8_offset(p0 + i, g, n_kv_heads_, head_dim_);
+        kernels::quantize_q8_rows(k_.data() + src, k8_.data() + dst, ks_.data() + dst / kQ8Block, head_dim_);
+        kernels::quantize_q8_rows(v_.data() + src, v8_.data() + dst, vs_.data() + dst / kQ8Block, head_dim_);
+      }
   }
   if (staged_ > 64) {  // a prefill chunk's staging (2 x its rows in f32) is not kept: decode stages 1 row
     k_.clear(); v_.clear(); k_.shrink_to_fit(); v_.shrink_to_fit();

@@ -67,6 +67,17 @@ class LayerState {
 // (absmax / 127, as llama.cpp's q8_0 with an f32 scale): commit() quantises the staged rows the same way.
 enum class KVFormat { F32, F16, Q8 };
 constexpr int kQ8Block = 32;  // values per q8 scale (head_dim must be a multiple)
+// The q8 cache is held in pages of kQ8Page positions, each page kv head by kv head: values
+// [page][n_kv_heads][kQ8Page][head_dim] int8, scales [page][n_kv_heads][kQ8Page][head_dim / 32] f32. A kv
+// head's rows of one page (a key tile of the attention kernel, kernels_attention.cpp ATT_KT) are one contiguous
+// run, and so are the rows of any run of kv heads: decode splits the kv heads over the threads, and each thread
+// streams one contiguous piece of every page (the hardware prefetcher follows it) instead of a part of every
+// row. Pages are appended as the cache grows; the layout of the positions already held never changes.
+constexpr int kQ8Page = 64;
+// Offset of position pos, kv head g in a q8 cache's values (the scales: the same / kQ8Block).
+inline int64_t q8_offset(int64_t pos, int g, int n_kv_heads, int head_dim) {
+  return ((pos / kQ8Page * n_kv_heads + g) * kQ8Page + pos % kQ8Page) * head_dim;
+}
 
 class AttentionKV final : public LayerState {
  public:
@@ -81,9 +92,9 @@ class AttentionKV final : public LayerState {
   const float* v() const { return v_.data(); }
   const uint16_t* k16() const { return k16_.data(); }
   const uint16_t* v16() const { return v16_.data(); }
-  const int8_t* k8() const { return k8_.data(); }  // q8: [capacity, n_kv_heads, head_dim] int8
+  const int8_t* k8() const { return k8_.data(); }  // q8: [pages, n_kv_heads, kQ8Page, head_dim] int8
   const int8_t* v8() const { return v8_.data(); }
-  const float* ks() const { return ks_.data(); }   // q8: [capacity, n_kv_heads * head_dim / 32] scales
+  const float* ks() const { return ks_.data(); }   // q8: [pages, n_kv_heads, kQ8Page, head_dim / 32] scales
   const float* vs() const { return vs_.data(); }
   // Attention of n queries q [n, H, hd] at positions length() - n .. length() - 1 over this cache (after
   // commit()), into out [n, H, hd]: the kernel of the cache's format.
