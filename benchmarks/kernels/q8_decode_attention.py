@@ -56,7 +56,8 @@ def main(argv=None):
     T = max(args.contexts)
     k8, ks = E._quantize_q8(rng.standard_normal((T, Hkv, hd), dtype=np.float32))
     v8, vs = E._quantize_q8(rng.standard_normal((T, Hkv, hd), dtype=np.float32))
-    pages = {ctx: tuple(_on_lines(a) for a in (*E._q8_pages(k8[:ctx], ks[:ctx]), *E._q8_pages(v8[:ctx], vs[:ctx])))
+    pages = {ctx: tuple(_on_lines(a) for a in (*E._q8_pages(k8[:ctx], ks[:ctx], keys=True),
+                                               *E._q8_pages(v8[:ctx], vs[:ctx], keys=False)))
              for ctx in args.contexts}
     q = rng.standard_normal((1, H, hd), dtype=np.float32)
     times: dict = {}

@@ -34,8 +34,8 @@ def child(args):
         v8, vs = E._quantize_q8(rng.standard_normal((args.context, Hkv, hd), dtype=np.float32))
         if hasattr(E, "_q8_pages"):  # the engine's own layout, read in place (length=)
             from q8_decode_attention import _on_lines
-            k8, ks = (_on_lines(a) for a in E._q8_pages(k8, ks))
-            v8, vs = (_on_lines(a) for a in E._q8_pages(v8, vs))
+            k8, ks = (_on_lines(a) for a in E._q8_pages(k8, ks, keys=True))
+            v8, vs = (_on_lines(a) for a in E._q8_pages(v8, vs, keys=False))
         caches.append((k8, ks, v8, vs))
     kw = {"length": args.context} if hasattr(E, "_q8_pages") else {}
     q = rng.standard_normal((1, H, hd), dtype=np.float32)

@@ -221,8 +221,8 @@ void register_checkpoint(py::module_& m) {
         const int64_t pm = (T + kQ8Page - 1) / kQ8Page * kQ8Page * n_kv_heads * hd;
         std::vector<int8_t> kp(static_cast<size_t>(pm)), vp(static_cast<size_t>(pm));
         std::vector<float> ksp(static_cast<size_t>(pm / kQ8Block)), vsp(static_cast<size_t>(pm / kQ8Block));
-        kernels::q8_to_pages(k8.data(), ks.data(), T, n_kv_heads, int(hd), kp.data(), ksp.data());
-        kernels::q8_to_pages(v8.data(), vs.data(), T, n_kv_heads, int(hd), vp.data(), vsp.data());
+        kernels::q8_to_pages(k8.data(), ks.data(), T, n_kv_heads, int(hd), kp.data(), ksp.data(), true);
+        kernels::q8_to_pages(v8.data(), vs.data(), T, n_kv_heads, int(hd), vp.data(), vsp.data(), false);
         kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), kp.data(), ksp.data(), vp.data(), vsp.data(),
                               T - n, op);
       } else {
@@ -271,8 +271,8 @@ void register_checkpoint(py::module_& m) {
       const float *KS = ks.data(), *VS = vs.data();
       if (rows) {
         kp.resize(size_t(pm)); vp.resize(size_t(pm)); ksp.resize(size_t(pm / kQ8Block)); vsp.resize(size_t(pm / kQ8Block));
-        kernels::q8_to_pages(K, KS, T, n_kv_heads, int(hd), kp.data(), ksp.data());
-        kernels::q8_to_pages(V, VS, T, n_kv_heads, int(hd), vp.data(), vsp.data());
+        kernels::q8_to_pages(K, KS, T, n_kv_heads, int(hd), kp.data(), ksp.data(), true);
+        kernels::q8_to_pages(V, VS, T, n_kv_heads, int(hd), vp.data(), vsp.data(), false);
         K = kp.data(); V = vp.data(); KS = ksp.data(); VS = vsp.data();
       }
       use_threads(threads);
@@ -284,7 +284,8 @@ void register_checkpoint(py::module_& m) {
      "The attention kernel over a q8 cache as given: k, v int8 [T, Hkv, hd] and ks, vs f32 [T, Hkv, hd / 32] "
      "(as _quantize_q8 returns them; copied into the cache's pages per call), or the 1-d arrays _q8_pages returns "
      "with length=T (read in place): queries at positions T-n..T-1.");
-  m.def("_q8_pages", [](py::array_t<int8_t, py::array::c_style> x, py::array_t<float, py::array::c_style> xs) {
+  m.def("_q8_pages", [](py::array_t<int8_t, py::array::c_style> x, py::array_t<float, py::array::c_style> xs,
+                        bool keys) {
     // rows [T, Hkv, hd] (+ scales [T, Hkv, hd / 32]) -> the q8 cache's pages (1-d values, 1-d scales)
     if (x.ndim() != 3 || xs.ndim() != 3 || x.shape(2) % kQ8Block != 0 || xs.shape(0) != x.shape(0) ||
         xs.shape(1) != x.shape(1) || xs.shape(2) != x.shape(2) / kQ8Block)
@@ -293,11 +294,12 @@ void register_checkpoint(py::module_& m) {
     const int64_t pm = (T + kQ8Page - 1) / kQ8Page * kQ8Page * Hkv * hd;
     py::array_t<int8_t> out(pm);
     py::array_t<float> outs(pm / kQ8Block);
-    kernels::q8_to_pages(x.data(), xs.data(), T, int(Hkv), int(hd), out.mutable_data(), outs.mutable_data());
+    kernels::q8_to_pages(x.data(), xs.data(), T, int(Hkv), int(hd), out.mutable_data(), outs.mutable_data(), keys);
     return py::make_tuple(out, outs);
-  }, py::arg("x"), py::arg("xs"),
+  }, py::arg("x"), py::arg("xs"), py::arg("keys"),
      "A q8 cache's rows (_quantize_q8's values and scales, [T, Hkv, hd]) in the cache's own layout: pages of "
-     "64 positions, kv head by kv head ([pages, Hkv, 64, hd] and [pages, Hkv, 64, hd / 32], flattened).");
+     "64 positions, kv head by kv head ([pages, Hkv, 64, hd], flattened); the scales [pages, Hkv, hd / 32, 64] "
+     "for keys=True (K's, block-major), [pages, Hkv, 64, hd / 32] for keys=False (V's).");
   m.def("_quantize_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
     // x [..., n] with n % 32 == 0 -> (int8 values of x's shape, f32 scales [..., n / 32]), as a q8 cache holds x.
     if (x.ndim() < 1 || x.shape(x.ndim() - 1) % kQ8Block != 0)

@@ -158,26 +158,7 @@ struct Q8Cache {
 // same integers, so the same bits at every level. Each (row, key) is the same sequence whichever rows and keys
 // share the call (keys past the tile repeat its last key: kp, their scores unused).
 //
-// The key scales of the 8 keys transposed (dk[b * 8 + j] = ks[j, b]), shared by the rows.
-STRATA_AVX2 static void att_q8_kscales(const float* ks, int64_t lds8, int nb, int C, float* dk) {
-  if (nb % 4 == 0) {
-    for (int b0 = 0; b0 < nb; b0 += 4)
-      for (int h = 0; h < 8; h += 4) {
-        __m128 x0 = _mm_loadu_ps(ks + std::min(h + 0, C - 1) * lds8 + b0);
-        __m128 x1 = _mm_loadu_ps(ks + std::min(h + 1, C - 1) * lds8 + b0);
-        __m128 x2 = _mm_loadu_ps(ks + std::min(h + 2, C - 1) * lds8 + b0);
-        __m128 x3 = _mm_loadu_ps(ks + std::min(h + 3, C - 1) * lds8 + b0);
-        _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
-        _mm_storeu_ps(dk + (b0 + 0) * 8 + h, x0);
-        _mm_storeu_ps(dk + (b0 + 1) * 8 + h, x1);
-        _mm_storeu_ps(dk + (b0 + 2) * 8 + h, x2);
-        _mm_storeu_ps(dk + (b0 + 3) * 8 + h, x3);
-      }
-    return;
-  }
-  for (int j = 0; j < 8; ++j)
-    for (int b = 0; b < nb; ++b) dk[b * 8 + j] = ks[std::min(j, C - 1) * lds8 + b];
-}
+// The key scales: dk[b * kQ8Page + j] (the page's K scales, block-major: state.h), 8 keys' scales of a block one load.
 
 // 8 keys' dots (8 int32 lanes each, d_j) summed across lanes: x0 = hadd(hadd(d0, d1), hadd(d2, d3)), x1 the same
 // for keys 4..7; one vector, key j in lane j.
@@ -224,7 +205,7 @@ STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int nb_, con
       }
       for (int r = 0; r < R; ++r) x[r][half] = _mm256_hadd_epi32(h[r][0], h[r][1]);
     }
-    const __m256 dkb = _mm256_loadu_ps(dk + 8 * b);
+    const __m256 dkb = _mm256_loadu_ps(dk + kQ8Page * b);
     for (int r = 0; r < R; ++r) {
       const __m256i t = att_hsum8(x[r][0], x[r][1]);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(_mm256_set1_ps(qs[r * nb + b]), dkb), acc[r]);
@@ -254,7 +235,7 @@ STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const
       for (int r = 0; r < R; ++r)
         h[r][p] = _mm256_hadd_epi32(_mm256_dpbusd_epi32(cv[r], k0, qv[r]), _mm256_dpbusd_epi32(cv[r], k1, qv[r]));
     }
-    const __m256 dkb = _mm256_loadu_ps(dk + 8 * b);
+    const __m256 dkb = _mm256_loadu_ps(dk + kQ8Page * b);
     for (int r = 0; r < R; ++r) {
       const __m256i t = att_hsum8(_mm256_hadd_epi32(h[r][0], h[r][1]), _mm256_hadd_epi32(h[r][2], h[r][3]));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(_mm256_set1_ps(qs[r * nb + b]), dkb), acc[r]);
@@ -570,7 +551,7 @@ struct AttScratch {
   std::vector<int8_t> q8;  // q8 cache: the query rows quantised (blocks of 32), and their scales
   std::vector<float> qs;
   std::vector<int32_t> qc;  // q8 with VNNI: each row's per-lane corrections (att_qk_q8_vnni)
-  std::vector<float> sd, ws, wtmp;  // q8: a score micro-tile's key scales (transposed); a row pair's P V weight scales
+  std::vector<float> ws, wtmp;  // q8: a row pair's P V weight scales, its weights in f32
   std::vector<int32_t> wq, pvi;     // q8: a row pair's int16 P V weights (in pairs of keys), its int32 P V sums
   void fit(int64_t rows, int hd) {
     if (int64_t(q.size()) < rows * hd) { q.resize(size_t(rows * hd)); o.resize(size_t(rows * hd)); }
@@ -663,7 +644,6 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
   if (q8) {  // the rows quantised as the cache is (each row on its own: the same bits in any block)
     const int nb = hd / 32;
     if (int64_t(w.q8.size()) < b.rows * hd) { w.q8.resize(size_t(b.rows * hd)); w.qs.resize(size_t(b.rows * nb)); }
-    if (int64_t(w.sd.size()) < 8 * nb) w.sd.resize(size_t(8 * nb));
     if (int64_t(w.wq.size()) < ATT_KT * nb) {
       w.wq.resize(size_t(ATT_KT * nb));
       w.ws.resize(size_t(2 * nb));
@@ -697,7 +677,6 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
     const int8_t* Q8 = w.q8.data();
     const float* QS = w.qs.data();
     const int32_t* QC = b.q8.vnni ? w.qc.data() : nullptr;
-    float* DK = w.sd.data();
     const int nb = hd / 32;
     for (int j = 0; j < kc; j += 8) {
       const int C = std::min(8, kc - j);
@@ -707,7 +686,7 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
       }
       const int8_t* kp[8];
       for (int i = 0; i < 8; ++i) kp[i] = kt.q + (j + std::min(i, C - 1)) * ldk;
-      att_q8_kscales(kt.s + j * (ldk / 32), ldk / 32, nb, C, DK);
+      const float* DK = kt.s + j;  // (lanes past C: scales of the page's later rows, their scores unused)
       int64_t r = r0;
       for (; r + 2 <= rows; r += 2)
         att_qk_q8_r<2>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, nb, kp, DK, scale, S + r * ATT_KT + j,
@@ -1115,7 +1094,7 @@ void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_
     for (int g = 0; g < Hkv; ++g) {
       const int64_t src = q8_offset(t, g, Hkv, hd), dst = (t * Hkv + g) * hd;
       for (int d = 0; d < hd; ++d) {
-        kf[size_t(dst + d)] = float(k[src + d]) * ks[(src + d) / kQ8Block];
+        kf[size_t(dst + d)] = float(k[src + d]) * ks[q8_kscale_offset(t, g, d / kQ8Block, Hkv, hd)];
         vf[size_t(dst + d)] = float(v[src + d]) * vs[(src + d) / kQ8Block];
       }
     }
@@ -1126,7 +1105,7 @@ void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_
   attention(qf.data(), n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
 }
 
-void q8_to_pages(const int8_t* x, const float* xs, int64_t T, int Hkv, int hd, int8_t* out, float* outs) {
+void q8_to_pages(const int8_t* x, const float* xs, int64_t T, int Hkv, int hd, int8_t* out, float* outs, bool keys) {
   const int64_t pages = (T + kQ8Page - 1) / kQ8Page, nb = hd / kQ8Block;
   std::fill(out, out + pages * kQ8Page * Hkv * hd, int8_t(0));
   std::fill(outs, outs + pages * kQ8Page * Hkv * nb, 0.f);
@@ -1134,7 +1113,9 @@ void q8_to_pages(const int8_t* x, const float* xs, int64_t T, int Hkv, int hd, i
     for (int g = 0; g < Hkv; ++g) {
       const int64_t src = (t * Hkv + g) * hd, dst = q8_offset(t, g, Hkv, hd);
       std::memcpy(out + dst, x + src, size_t(hd));
-      std::memcpy(outs + dst / kQ8Block, xs + src / kQ8Block, size_t(nb) * 4);
+      if (!keys) std::memcpy(outs + dst / kQ8Block, xs + src / kQ8Block, size_t(nb) * 4);
+      else
+        for (int b = 0; b < nb; ++b) outs[q8_kscale_offset(t, g, b, Hkv, hd)] = xs[src / kQ8Block + b];
     }
 }
 

@@ -103,10 +103,13 @@ void AttentionKV::commit() {
   } else {  // each (position, kv head) row to its place in the pages (blocks quantised on their own: the same
             // values as quantising the chunk at once)
     const int64_t p0 = length_ - staged_;
+    const int nb = head_dim_ / kQ8Block;
+    std::vector<float> sc(static_cast<size_t>(nb));  // (a row's K scales, then to their block-major places)
     for (int64_t i = 0; i < staged_; ++i)
       for (int g = 0; g < n_kv_heads_; ++g) {
         const int64_t src = (i * n_kv_heads_ + g) * head_dim_, dst = q8_offset(p0 + i, g, n_kv_heads_, head_dim_);
-        kernels::quantize_q8_rows(k_.data() + src, k8_.data() + dst, ks_.data() + dst / kQ8Block, head_dim_);
+        kernels::quantize_q8_rows(k_.data() + src, k8_.data() + dst, sc.data(), head_dim_);
+        for (int b = 0; b < nb; ++b) ks_[size_t(q8_kscale_offset(p0 + i, g, b, n_kv_heads_, head_dim_))] = sc[b];
         kernels::quantize_q8_rows(v_.data() + src, v8_.data() + dst, vs_.data() + dst / kQ8Block, head_dim_);
       }
   }

@@ -68,15 +68,21 @@ class LayerState {
 enum class KVFormat { F32, F16, Q8 };
 constexpr int kQ8Block = 32;  // values per q8 scale (head_dim must be a multiple)
 // The q8 cache is held in pages of kQ8Page positions, each page kv head by kv head: values
-// [page][n_kv_heads][kQ8Page][head_dim] int8, scales [page][n_kv_heads][kQ8Page][head_dim / 32] f32. A kv
+// [page][n_kv_heads][kQ8Page][head_dim] int8; f32 scales, one per 32 values, V's [page][n_kv_heads][kQ8Page]
+// [head_dim / 32] (a key's scales together: the P V weights take them per key) and K's block-major,
+// [page][n_kv_heads][head_dim / 32][kQ8Page] (a block's scales of 8 keys are one load of the score step). A kv
 // head's rows of one page (a key tile of the attention kernel, kernels_attention.cpp ATT_KT) are one contiguous
 // run, and so are the rows of any run of kv heads: decode splits the kv heads over the threads, and each thread
 // streams one contiguous piece of every page (the hardware prefetcher follows it) instead of a part of every
 // row. Pages are appended as the cache grows; the layout of the positions already held never changes.
 constexpr int kQ8Page = 64;
-// Offset of position pos, kv head g in a q8 cache's values (the scales: the same / kQ8Block).
+// Offset of position pos, kv head g in a q8 cache's values (V's scales: the same / kQ8Block).
 inline int64_t q8_offset(int64_t pos, int g, int n_kv_heads, int head_dim) {
   return ((pos / kQ8Page * n_kv_heads + g) * kQ8Page + pos % kQ8Page) * head_dim;
+}
+// Offset of the scale of block b (values 32 b .. 32 b + 31) of position pos, kv head g in a q8 cache's K scales.
+inline int64_t q8_kscale_offset(int64_t pos, int g, int b, int n_kv_heads, int head_dim) {
+  return ((pos / kQ8Page * n_kv_heads + g) * (head_dim / kQ8Block) + b) * kQ8Page + pos % kQ8Page;
 }
 
 class AttentionKV final : public LayerState {
