@@ -135,21 +135,31 @@ def test_q8_cache_decode_bits_equal_the_prefill_block(threads):
     assert np.array_equal(two, full[3:5])
 
 
-def _np_pages(x, block_major=False):
+def _np_pages(x, layout="rows"):
     """numpy's reading of the q8 cache's layout (state.h kQ8Page): rows [T, Hkv, d] padded with zeros to whole
-    pages of 64 positions, then each page kv head by kv head: [pages, Hkv, 64, d], flattened; block_major (K's
-    scales): [pages, Hkv, d, 64]."""
-    T = x.shape[0]
+    pages of 64 positions, then each page kv head by kv head, flattened, within a kv head's run:
+    "rows" (V's scales) [64, d]; "blocks" (K's scales) [d, 64]; "keys" (K) [d / 4, 64, 4], the keys in the lanes;
+    "pairs" (V) [32, d, 2], the positions in pairs interleaved value by value."""
+    T, Hkv, d = x.shape
     P = -(-T // 64)
-    pad = np.zeros((P * 64, *x.shape[1:]), x.dtype)
+    pad = np.zeros((P * 64, Hkv, d), x.dtype)
     pad[:T] = x
-    return pad.reshape(P, 64, *x.shape[1:]).transpose((0, 2, 3, 1) if block_major else (0, 2, 1, 3)).reshape(-1)
+    pages = pad.reshape(P, 64, Hkv, d)
+    if layout == "rows":
+        out = pages.transpose(0, 2, 1, 3)
+    elif layout == "blocks":
+        out = pages.transpose(0, 2, 3, 1)
+    elif layout == "keys":
+        out = pages.reshape(P, 64, Hkv, d // 4, 4).transpose(0, 2, 3, 1, 4)
+    else:
+        out = pages.reshape(P, 32, 2, Hkv, d).transpose(0, 3, 1, 4, 2)
+    return out.reshape(-1)
 
 
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
 def test_q8_cache_pages_are_64_positions_kv_head_by_kv_head(T):
-    """_q8_pages lays a cache out as the engine holds it (numpy's reshape is the reference: K's scales
-    block-major, V's key by key), and the kernel
+    """_q8_pages lays a cache out as the engine holds it (numpy's reshape is the reference: K with the keys in
+    the lanes and its scales block-major, V in pairs of positions and its scales key by key), and the kernel
     over those pages in place (length=T) gives the bits it gives over the rows (copied into pages per call)."""
     H, Hkv, hd = 8, 4, 64
     q, k, v = inputs(3 if T >= 3 else 1, T, H, Hkv, hd, seed=T)
@@ -157,8 +167,8 @@ def test_q8_cache_pages_are_64_positions_kv_head_by_kv_head(T):
     v8, vs = _engine._quantize_q8(v)
     kp, ksp = _engine._q8_pages(k8, ks, keys=True)
     vp, vsp = _engine._q8_pages(v8, vs, keys=False)
-    assert np.array_equal(kp, _np_pages(k8)) and np.array_equal(ksp, _np_pages(ks, block_major=True))
-    assert np.array_equal(vp, _np_pages(v8)) and np.array_equal(vsp, _np_pages(vs))
+    assert np.array_equal(kp, _np_pages(k8, "keys")) and np.array_equal(ksp, _np_pages(ks, "blocks"))
+    assert np.array_equal(vp, _np_pages(v8, "pairs")) and np.array_equal(vsp, _np_pages(vs))
     assert kp.shape == (-(-T // 64) * 64 * Hkv * hd,) and ksp.shape == (kp.shape[0] // 32,)
     for threads in (1, 2):
         rows = _engine._attention_q8(q, k8, ks, v8, vs, H, Hkv, threads=threads)

@@ -298,8 +298,9 @@ void register_checkpoint(py::module_& m) {
     return py::make_tuple(out, outs);
   }, py::arg("x"), py::arg("xs"), py::arg("keys"),
      "A q8 cache's rows (_quantize_q8's values and scales, [T, Hkv, hd]) in the cache's own layout: pages of "
-     "64 positions, kv head by kv head ([pages, Hkv, 64, hd], flattened); the scales [pages, Hkv, hd / 32, 64] "
-     "for keys=True (K's, block-major), [pages, Hkv, 64, hd / 32] for keys=False (V's).");
+     "64 positions, kv head by kv head, flattened: keys=True (K) [pages, Hkv, hd / 4, 64, 4] (the keys in the "
+     "lanes), scales [pages, Hkv, hd / 32, 64] (block-major); keys=False (V) [pages, Hkv, 32, hd, 2] (positions "
+     "in pairs, interleaved value by value), scales [pages, Hkv, 64, hd / 32].");
   m.def("_quantize_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
     // x [..., n] with n % 32 == 0 -> (int8 values of x's shape, f32 scales [..., n / 32]), as a q8 cache holds x.
     if (x.ndim() < 1 || x.shape(x.ndim() - 1) % kQ8Block != 0)

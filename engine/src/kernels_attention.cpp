@@ -149,28 +149,24 @@ struct Q8Cache {
 
 // q8 scores: the query rows are quantised like the cache (blocks of 32, att_begin), each block's dot q_b . k_b is
 // exact in int32, and s[r, j] = (sum over blocks b, in order, of float(dot_b) * (dq_b * dk_b) by FMA from 0) *
-// scale. A micro-tile is R <= 2 rows x 8 keys: per block and row the 8 keys' 8-lane int32 partial dots are summed
-// across lanes in integers (hadd, exact) into one vector of 8 keys, so the float steps -- one conversion and one
-// FMA per block -- run on 8 keys at once (the old kernel took them per key and lane, then reduced the lanes:
-// 2 x 4 x 4 conversions and FMAs per 4 keys against 2 x 4 per 8 now). The dots: AVX2 maddubs on |k| and
-// sign(q, k), then madd (|products| <= 127^2, pairs < 2^15); AVX-512 VNNI vpdpbusd on k + 128 against q, each
-// accumulator starting at the row's correction -128 * (sum of its 4 query bytes per lane, qc: att_begin): the
-// same integers, so the same bits at every level. Each (row, key) is the same sequence whichever rows and keys
-// share the call (keys past the tile repeat its last key: kp, their scores unused).
-//
-// The key scales: dk[b * kQ8Page + j] (the page's K scales, block-major: state.h), 8 keys' scales of a block one load.
-
-// 8 keys' dots (8 int32 lanes each, d_j) summed across lanes: x0 = hadd(hadd(d0, d1), hadd(d2, d3)), x1 the same
-// for keys 4..7; one vector, key j in lane j.
-STRATA_AVX2 static inline __m256i att_hsum8(__m256i x0, __m256i x1) {
-  return _mm256_add_epi32(_mm256_permute2x128_si256(x0, x1, 0x20), _mm256_permute2x128_si256(x0, x1, 0x31));
-}
-
+// scale. K is held with the keys in the lanes (state.h: [hd / 4][kQ8Page][4] bytes a page and kv head), so a
+// micro-tile is R <= 2 rows x 16 keys and a block's dots of 16 keys come out of its 8 groups of 4 values one
+// key per lane, with no reduction across lanes:
+// - AVX-512 VNNI: vpdpbusd on k + 128 (one 64-byte line: 16 keys x 4 values) against the row's 4 query bytes of
+//   the group broadcast, each block's accumulator starting at the row's correction -128 * (sum of the block's 32
+//   query bytes, qc: att_begin); the blocks' chains run side by side (4 at a time) to hide vpdpbusd's latency;
+// - AVX2: maddubs on |k| and sign(q, k), then madd (|products| <= 127^2, pairs < 2^15), two 8-key halves.
+// The same integers either way, then the same float steps per key and block -- so the same bits at every level,
+// and each (row, key) is the same sequence whichever rows and keys share the call (lanes past C: whatever the
+// page holds there, their scores not stored).
+// The key scales: dk[b * kQ8Page + j] (the page's K scales, block-major: state.h), 16 keys' scales of a block one
+// 512-bit load.
 template <int R>
-STRATA_AVX2 static inline void att_qk_q8_store(const __m256* acc, float scale, float* s, int64_t lds, int C) {
+STRATA_AVX2 static inline void att_qk_q8_store8(const __m256* acc, float scale, float* s, int64_t lds, int C) {
+  if (C <= 0) return;
   for (int r = 0; r < R; ++r) {
     const __m256 v = _mm256_mul_ps(acc[r], _mm256_set1_ps(scale));
-    if (C == 8) {
+    if (C >= 8) {
       _mm256_storeu_ps(s + r * lds, v);
     } else {
       alignas(32) float t[8];
@@ -180,75 +176,98 @@ STRATA_AVX2 static inline void att_qk_q8_store(const __m256* acc, float scale, f
   }
 }
 
+STRATA_AVX2 static inline __m256i att_q4(const int8_t* q) {  // 4 query bytes broadcast
+  int32_t x;
+  std::memcpy(&x, q, 4);
+  return _mm256_set1_epi32(x);
+}
+
+// kp: the page's K at key j0 (kt.q + 4 j0), dk: its K scales at key j0; C <= 16 keys stored.
 template <int R, int NB>
-STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int nb_, const int8_t* const* kp, const float* dk,
+STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int nb_, const int8_t* kp, const float* dk,
                                   float scale, float* s, int64_t lds, int C) {
   const int nb = NB ? NB : nb_, hd = 32 * nb;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
-    __m256i qv[R], x[R][2];
-    for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
-    for (int half = 0; half < 2; ++half) {  // (in halves: fewer vectors live, AVX2 has 16 registers)
-      __m256i h[R][2];
-      for (int p = 0; p < 2; ++p) {
-        const int j = 4 * half + 2 * p;
-        const __m256i k0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[j] + 32 * b));
-        const __m256i k1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[j + 1] + 32 * b));
-        const __m256i a0 = _mm256_abs_epi8(k0), a1 = _mm256_abs_epi8(k1);
-        for (int r = 0; r < R; ++r) {
-          const __m256i d0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(qv[r], k0)), ones);
-          const __m256i d1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(qv[r], k1)), ones);
-          h[r][p] = _mm256_hadd_epi32(d0, d1);
-        }
+    __m256i d[R][2];
+    for (int r = 0; r < R; ++r) d[r][0] = d[r][1] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const int8_t* kg = kp + (8 * b + g) * (4 * kQ8Page);
+      const __m256i k0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kg));
+      const __m256i k1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kg + 32));
+      const __m256i a0 = _mm256_abs_epi8(k0), a1 = _mm256_abs_epi8(k1);
+      for (int r = 0; r < R; ++r) {
+        const __m256i qb = att_q4(q + r * hd + 32 * b + 4 * g);
+        d[r][0] = _mm256_add_epi32(d[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(qb, k0)), ones));
+        d[r][1] = _mm256_add_epi32(d[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(qb, k1)), ones));
       }
-      for (int r = 0; r < R; ++r) x[r][half] = _mm256_hadd_epi32(h[r][0], h[r][1]);
     }
-    const __m256 dkb = _mm256_loadu_ps(dk + kQ8Page * b);
+    const __m256 dk0 = _mm256_loadu_ps(dk + kQ8Page * b), dk1 = _mm256_loadu_ps(dk + kQ8Page * b + 8);
     for (int r = 0; r < R; ++r) {
-      const __m256i t = att_hsum8(x[r][0], x[r][1]);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(_mm256_set1_ps(qs[r * nb + b]), dkb), acc[r]);
+      const __m256 dq = _mm256_set1_ps(qs[r * nb + b]);
+      acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[r][0]), _mm256_mul_ps(dq, dk0), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[r][1]), _mm256_mul_ps(dq, dk1), acc[r][1]);
     }
   }
-  att_qk_q8_store<R>(acc, scale, s, lds, C);
+  __m256 lo[R], hi[R];
+  for (int r = 0; r < R; ++r) { lo[r] = acc[r][0]; hi[r] = acc[r][1]; }
+  att_qk_q8_store8<R>(lo, scale, s, lds, std::min(C, 8));
+  att_qk_q8_store8<R>(hi, scale, s + 8, lds, C - 8);
 }
 
 #define STRATA_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+// NBG blocks from b0 (their chains side by side) into acc.
+template <int R, int NBG>
+STRATA_VNNI static inline void att_qk_q8_vnni_blocks(const int8_t* q, const int32_t* qc, const float* qs, int nb,
+                                                     int b0, const int8_t* kp, const float* dk, __m512* acc) {
+  const int hd = 32 * nb;
+  const __m512i x80 = _mm512_set1_epi8(char(0x80));
+  __m512i d[R][NBG];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < NBG; ++i) d[r][i] = _mm512_set1_epi32(qc[r * nb + b0 + i]);
+  for (int g = 0; g < 8; ++g)
+    for (int i = 0; i < NBG; ++i) {
+      const int b = b0 + i;
+      const __m512i kv = _mm512_xor_si512(
+          _mm512_loadu_si512(reinterpret_cast<const void*>(kp + (8 * b + g) * (4 * kQ8Page))), x80);
+      for (int r = 0; r < R; ++r) {
+        int32_t x;
+        std::memcpy(&x, q + r * hd + 32 * b + 4 * g, 4);
+        d[r][i] = _mm512_dpbusd_epi32(d[r][i], kv, _mm512_set1_epi32(x));
+      }
+    }
+  for (int i = 0; i < NBG; ++i) {  // (the float steps in block order)
+    const __m512 dkb = _mm512_loadu_ps(dk + kQ8Page * (b0 + i));
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r][i]), _mm512_mul_ps(_mm512_set1_ps(qs[r * nb + b0 + i]), dkb),
+                               acc[r]);
+  }
+}
+
 template <int R, int NB>
 STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const float* qs, int nb_,
-                                       const int8_t* const* kp, const float* dk, float scale, float* s, int64_t lds,
-                                       int C) {
-  const int nb = NB ? NB : nb_, hd = 32 * nb;
-  const __m256i x80 = _mm256_set1_epi8(char(0x80));
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int b = 0; b < nb; ++b) {
-    __m256i qv[R], cv[R], h[R][4];
-    for (int r = 0; r < R; ++r) {
-      qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * hd + 32 * b));
-      cv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + (r * nb + b) * 8));
-    }
-    for (int p = 0; p < 4; ++p) {
-      const __m256i k0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[2 * p] + 32 * b)), x80);
-      const __m256i k1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kp[2 * p + 1] + 32 * b)), x80);
-      for (int r = 0; r < R; ++r)
-        h[r][p] = _mm256_hadd_epi32(_mm256_dpbusd_epi32(cv[r], k0, qv[r]), _mm256_dpbusd_epi32(cv[r], k1, qv[r]));
-    }
-    const __m256 dkb = _mm256_loadu_ps(dk + kQ8Page * b);
-    for (int r = 0; r < R; ++r) {
-      const __m256i t = att_hsum8(_mm256_hadd_epi32(h[r][0], h[r][1]), _mm256_hadd_epi32(h[r][2], h[r][3]));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(_mm256_set1_ps(qs[r * nb + b]), dkb), acc[r]);
-    }
+                                       const int8_t* kp, const float* dk, float scale, float* s, int64_t lds, int C) {
+  const int nb = NB ? NB : nb_;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  int b0 = 0;
+  for (; b0 + 4 <= nb; b0 += 4) att_qk_q8_vnni_blocks<R, 4>(q, qc, qs, nb, b0, kp, dk, acc);
+  switch (nb - b0) {
+    case 1: att_qk_q8_vnni_blocks<R, 1>(q, qc, qs, nb, b0, kp, dk, acc); break;
+    case 2: att_qk_q8_vnni_blocks<R, 2>(q, qc, qs, nb, b0, kp, dk, acc); break;
+    case 3: att_qk_q8_vnni_blocks<R, 3>(q, qc, qs, nb, b0, kp, dk, acc); break;
+    default: break;
   }
-  att_qk_q8_store<R>(acc, scale, s, lds, C);
+  const __mmask16 m = C >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << C) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(s + r * lds, m, _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
 }
 
 // head_dim 128 and 256 (nb 4 and 8 blocks) compiled for their block count, any other multiple of 32 at run time
 template <int R>
-STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const int32_t* qc, const float* qs, int nb,
-                                    const int8_t* const* kp, const float* dk, float scale, float* s, int64_t lds,
-                                    int C) {
+STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const int32_t* qc, const float* qs, int nb, const int8_t* kp,
+                                    const float* dk, float scale, float* s, int64_t lds, int C) {
   if (qc) {
     switch (nb) {
       case 4: att_qk_q8_vnni<R, 4>(q, qc, qs, nb, kp, dk, scale, s, lds, C); break;
@@ -273,7 +292,7 @@ STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const int32_t* qc, const fl
 // a row's result depends only on its own keys (prefill and decode alike). The P quantisation adds at most
 // W / 65534 per weight (2^-16 of the tile's largest weight), far below the cache's own int8 step of V.
 // The widening to float and the f32 FMA per value and key (the old P V: 16 512-bit FMAs and 8 widenings per
-// key and row pair) become 8 pmovsx + 8 unpack + 16 vpdpwssd per two keys.
+// key and row pair) become 8 pmovsx + 16 vpdpwssd per two keys (V held in pairs of keys: no unpacks).
 //
 // Weights of R <= 2 rows: wq[(r * ldq + i) * nb + b] = int16 pair (key 2 i low, key 2 i + 1 high) of block b,
 // for pairs i < np (np: the pairs the row pair takes, keys past cnt_r zero); ws[r * nb + b] = W. tmp: 8 * ATT_KT + 8
@@ -372,57 +391,47 @@ STRATA_AVX2 static void att_pv_q8_wq(const float* p, int64_t ldp, const int* cnt
   }
 }
 
-// The int32 sums of R rows over one block of 32 columns (AVX2): key pairs i < np (the last pair's second key
-// not read when odd: v past the tile may be past the cache), wq as att_pv_q8_wq lays it out (wq at the block).
-// out[r * ldo + 0..31]: the sums in pmaddwd's lane order, columns (0-3, 8-11, 16-19, 24-27, 4-7, 12-15, 20-23,
-// 28-31) -- the order the AVX-512 kernel's lanes have too (att_pv_q8_fin puts them back).
-alignas(64) static const int8_t kPvZero[128] = {};  // the partner of a pair's lone key (att_pv_q8i)
+// The int32 sums of R rows over one block of 32 columns (AVX2): key pairs i < np, V held in pairs of keys
+// interleaved value by value (state.h: pair i at v + 2 hd i, the block at v), so widening 16 bytes gives 8
+// columns' (key 2i, key 2i + 1) int16 pairs for pmaddwd against (wq_2i, wq_2i + 1). A lone last key's partner is
+// the page's next position, whatever it holds, weighed by 0. wq as att_pv_q8_wq lays it out (wq at the block).
+// out[r * ldo + 0..31]: the sums in column order.
 template <int R>
-STRATA_AVX2 static void att_pv_q8i(const int32_t* wq, int64_t ldq, int nb, int np, bool odd, const int8_t* v,
-                                   int64_t ldv, int32_t* out, int64_t ldo) {
+STRATA_AVX2 static void att_pv_q8i(const int32_t* wq, int64_t ldq, int nb, int np, const int8_t* v, int hd,
+                                   int32_t* out, int64_t ldo) {
   __m256i acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_si256();
-  const int full = odd ? np - 1 : np;
   for (int i = 0; i < np; ++i) {
-    const int8_t *v0 = v + 2 * i * ldv, *v1 = i < full ? v0 + ldv : kPvZero;
-    const __m256i a0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v0)));
-    const __m256i a1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v0 + 16)));
-    const __m256i b0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v1)));
-    const __m256i b1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v1 + 16)));
-    const __m256i l0 = _mm256_unpacklo_epi16(a0, b0), l1 = _mm256_unpacklo_epi16(a1, b1);
-    const __m256i h0 = _mm256_unpackhi_epi16(a0, b0), h1 = _mm256_unpackhi_epi16(a1, b1);
+    const int8_t* vp = v + 2 * int64_t(hd) * i;
+    __m256i x[4];
+    for (int c = 0; c < 4; ++c) x[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vp + 16 * c)));
     for (int r = 0; r < R; ++r) {
       const __m256i w = _mm256_set1_epi32(wq[(r * ldq + i) * nb]);
-      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(l0, w));
-      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(l1, w));
-      acc[r][2] = _mm256_add_epi32(acc[r][2], _mm256_madd_epi16(h0, w));
-      acc[r][3] = _mm256_add_epi32(acc[r][3], _mm256_madd_epi16(h1, w));
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(x[c], w));
     }
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 4; ++c) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + 8 * c), acc[r][c]);
 }
 
-// The same sums with AVX-512 VNNI (vpdpwssd), NCB <= 4 blocks (128 columns) a pass, each V row read once a pass:
-// per block the 512-bit lanes hold the AVX2 kernel's two 256-bit halves (the same columns in the same order).
+// The same sums with AVX-512 VNNI (vpdpwssd), NCB <= 4 blocks (128 columns) a pass, each pair's bytes read once a
+// pass: 32 bytes widened are 16 columns' pairs.
 template <int R, int NCB>
-STRATA_VNNI static void att_pv_q8i_zmm(const int32_t* wq, int64_t ldq, int nb, int np, bool odd, const int8_t* v,
-                                       int64_t ldv, int32_t* out, int64_t ldo) {
+STRATA_VNNI static void att_pv_q8i_zmm(const int32_t* wq, int64_t ldq, int nb, int np, const int8_t* v, int hd,
+                                       int32_t* out, int64_t ldo) {
   __m512i acc[R][2 * NCB];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 2 * NCB; ++c) acc[r][c] = _mm512_setzero_si512();
-  const int full = odd ? np - 1 : np;
   for (int i = 0; i < np; ++i) {
-    const int8_t *v0 = v + 2 * i * ldv, *v1 = i < full ? v0 + ldv : kPvZero;
+    const int8_t* vp = v + 2 * int64_t(hd) * i;
     for (int c = 0; c < NCB; ++c) {
-      const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + 32 * c)));
-      const __m512i e = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + 32 * c)));
-      const __m512i l = _mm512_unpacklo_epi16(a, e), h = _mm512_unpackhi_epi16(a, e);
+      const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp + 64 * c)));
+      const __m512i e = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp + 64 * c + 32)));
       for (int r = 0; r < R; ++r) {
         const __m512i w = _mm512_set1_epi32(wq[(r * ldq + i) * nb + c]);
-        acc[r][2 * c] = _mm512_dpwssd_epi32(acc[r][2 * c], l, w);
-        acc[r][2 * c + 1] = _mm512_dpwssd_epi32(acc[r][2 * c + 1], h, w);
+        acc[r][2 * c] = _mm512_dpwssd_epi32(acc[r][2 * c], a, w);
+        acc[r][2 * c + 1] = _mm512_dpwssd_epi32(acc[r][2 * c + 1], e, w);
       }
     }
   }
@@ -431,25 +440,23 @@ STRATA_VNNI static void att_pv_q8i_zmm(const int32_t* wq, int64_t ldq, int nb, i
 }
 
 template <int R>
-STRATA_VNNI static void att_pv_q8i_zmm_r(const int32_t* wq, int64_t ldq, int nb, int ncb, int np, bool odd,
-                                         const int8_t* v, int64_t ldv, int32_t* out, int64_t ldo) {
+STRATA_VNNI static void att_pv_q8i_zmm_r(const int32_t* wq, int64_t ldq, int nb, int ncb, int np, const int8_t* v,
+                                         int hd, int32_t* out, int64_t ldo) {
   switch (ncb) {
-    case 1: att_pv_q8i_zmm<R, 1>(wq, ldq, nb, np, odd, v, ldv, out, ldo); break;
-    case 2: att_pv_q8i_zmm<R, 2>(wq, ldq, nb, np, odd, v, ldv, out, ldo); break;
-    case 3: att_pv_q8i_zmm<R, 3>(wq, ldq, nb, np, odd, v, ldv, out, ldo); break;
-    default: att_pv_q8i_zmm<R, 4>(wq, ldq, nb, np, odd, v, ldv, out, ldo); break;
+    case 1: att_pv_q8i_zmm<R, 1>(wq, ldq, nb, np, v, hd, out, ldo); break;
+    case 2: att_pv_q8i_zmm<R, 2>(wq, ldq, nb, np, v, hd, out, ldo); break;
+    case 3: att_pv_q8i_zmm<R, 3>(wq, ldq, nb, np, v, hd, out, ldo); break;
+    default: att_pv_q8i_zmm<R, 4>(wq, ldq, nb, np, v, hd, out, ldo); break;
   }
 }
 
-// O[:hd] = O * alpha + float(sum) * W (per block), the sums in the kernels' lane order (att_pv_q8i).
+// O[:hd] = O * alpha + float(sum) * W (per block), the sums in column order (att_pv_q8i).
 STRATA_AVX2 static void att_pv_q8_fin(const int32_t* acc, const float* ws, int nb, float alpha, float* o) {
   const __m256 al = _mm256_set1_ps(alpha);
   for (int b = 0; b < nb; ++b) {
     const __m256 W = _mm256_set1_ps(ws[b]);
-    const int32_t* a = acc + 32 * b;
     for (int k = 0; k < 4; ++k) {
-      const __m256i x = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16 + 4 * k)),
-                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 4 * k)));
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + 32 * b + 8 * k));
       float* op = o + 32 * b + 8 * k;
       _mm256_storeu_ps(op, _mm256_fmadd_ps(_mm256_loadu_ps(op), al, _mm256_mul_ps(_mm256_cvtepi32_ps(x), W)));
     }
@@ -550,7 +557,7 @@ struct AttScratch {
   std::vector<int> cnt;
   std::vector<int8_t> q8;  // q8 cache: the query rows quantised (blocks of 32), and their scales
   std::vector<float> qs;
-  std::vector<int32_t> qc;  // q8 with VNNI: each row's per-lane corrections (att_qk_q8_vnni)
+  std::vector<int32_t> qc;  // q8 with VNNI: each row's per-block corrections (att_qk_q8_vnni)
   std::vector<float> ws, wtmp;  // q8: a row pair's P V weight scales, its weights in f32
   std::vector<int32_t> wq, pvi;     // q8: a row pair's int16 P V weights (in pairs of keys), its int32 P V sums
   void fit(int64_t rows, int hd) {
@@ -651,11 +658,14 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
       w.pvi.resize(size_t(2 * hd));
     }
     quantize_q8_rows(Q, w.q8.data(), w.qs.data(), b.rows * hd);
-    if (q8->vnni) {  // lane l of block b: -128 * (q[32 b + 4 l] + ... + q[32 b + 4 l + 3])
-      if (int64_t(w.qc.size()) < b.rows * hd / 4) w.qc.resize(size_t(b.rows * hd / 4));
+    if (q8->vnni) {  // row r, block b: -128 * (q[32 b] + ... + q[32 b + 31])
+      if (int64_t(w.qc.size()) < b.rows * nb) w.qc.resize(size_t(b.rows * nb));
       const int8_t* q8r = w.q8.data();
-      for (int64_t i = 0; i < b.rows * hd / 4; ++i)
-        w.qc[size_t(i)] = -128 * (int32_t(q8r[4 * i]) + q8r[4 * i + 1] + q8r[4 * i + 2] + q8r[4 * i + 3]);
+      for (int64_t i = 0; i < b.rows * nb; ++i) {
+        int32_t sum = 0;
+        for (int e = 0; e < kQ8Block; ++e) sum += q8r[kQ8Block * i + e];
+        w.qc[size_t(i)] = -128 * sum;
+      }
     }
   }
 }
@@ -678,21 +688,18 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
     const float* QS = w.qs.data();
     const int32_t* QC = b.q8.vnni ? w.qc.data() : nullptr;
     const int nb = hd / 32;
-    for (int j = 0; j < kc; j += 8) {
-      const int C = std::min(8, kc - j);
-      if (pf) {  // (two of the ATT_KT / 4 score steps AttPrefetch counts)
-        att_decode_prefetch(*pf);
-        att_decode_prefetch(*pf);
-      }
-      const int8_t* kp[8];
-      for (int i = 0; i < 8; ++i) kp[i] = kt.q + (j + std::min(i, C - 1)) * ldk;
-      const float* DK = kt.s + j;  // (lanes past C: scales of the page's later rows, their scores unused)
+    for (int j = 0; j < kc; j += 16) {  // (kt.q: the page's K, keys in the lanes: key j's bytes from 4 j)
+      const int C = std::min(16, kc - j);
+      if (pf)  // (four of the ATT_KT / 4 score steps AttPrefetch counts)
+        for (int i = 0; i < 4; ++i) att_decode_prefetch(*pf);
+      const int8_t* KP = kt.q + 4 * j;
+      const float* DK = kt.s + j;  // (lanes past C: the page's later rows, their scores not stored)
       int64_t r = r0;
       for (; r + 2 <= rows; r += 2)
-        att_qk_q8_r<2>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, nb, kp, DK, scale, S + r * ATT_KT + j,
+        att_qk_q8_r<2>(Q8 + r * hd, QC ? QC + r * nb : nullptr, QS + r * nb, nb, KP, DK, scale, S + r * ATT_KT + j,
                        ATT_KT, C);
       if (r < rows)
-        att_qk_q8_r<1>(Q8 + r * hd, QC ? QC + r * hd / 4 : nullptr, QS + r * nb, nb, kp, DK, scale, S + r * ATT_KT + j,
+        att_qk_q8_r<1>(Q8 + r * hd, QC ? QC + r * nb : nullptr, QS + r * nb, nb, KP, DK, scale, S + r * ATT_KT + j,
                        ATT_KT, C);
     }
   } else {
@@ -755,7 +762,6 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
       const int R = rows - r >= 2 ? 2 : 1;
       const int cmax = R == 2 ? std::max(cnt[r], cnt[r + 1]) : cnt[r];
       const int np = (cmax + 1) / 2;
-      const bool odd = cmax % 2 != 0;
       if (nb == 4) att_pv_q8_wq<4>(S + r * ATT_KT, ATT_KT, cnt + r, R, np, vt.s, ldk / 32, nb, TMP, WQ, ldq, WS);
       else if (nb == 8) att_pv_q8_wq<8>(S + r * ATT_KT, ATT_KT, cnt + r, R, np, vt.s, ldk / 32, nb, TMP, WQ, ldq, WS);
       else att_pv_q8_wq<0>(S + r * ATT_KT, ATT_KT, cnt + r, R, np, vt.s, ldk / 32, nb, TMP, WQ, ldq, WS);
@@ -764,14 +770,14 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
           const int ncb = std::min(4, nb - b0);
           if (pf && r == r0)
             for (int i = 0; i < ncb; ++i) att_decode_prefetch(*pf);
-          if (R == 2) att_pv_q8i_zmm_r<2>(WQ + b0, ldq, nb, ncb, np, odd, vt.q + 32 * b0, ldk, PV + 32 * b0, hd);
-          else att_pv_q8i_zmm_r<1>(WQ + b0, ldq, nb, ncb, np, odd, vt.q + 32 * b0, ldk, PV + 32 * b0, hd);
+          if (R == 2) att_pv_q8i_zmm_r<2>(WQ + b0, ldq, nb, ncb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd);
+          else att_pv_q8i_zmm_r<1>(WQ + b0, ldq, nb, ncb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd);
         }
       } else {
         for (int b0 = 0; b0 < nb; ++b0) {
           if (pf && r == r0) att_decode_prefetch(*pf);  // (the steps AttPrefetch counts: hd / 32 per tile)
-          if (R == 2) att_pv_q8i<2>(WQ + b0, ldq, nb, np, odd, vt.q + 32 * b0, ldk, PV + 32 * b0, hd);
-          else att_pv_q8i<1>(WQ + b0, ldq, nb, np, odd, vt.q + 32 * b0, ldk, PV + 32 * b0, hd);
+          if (R == 2) att_pv_q8i<2>(WQ + b0, ldq, nb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd);
+          else att_pv_q8i<1>(WQ + b0, ldq, nb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd);
         }
       }
       for (int i = 0; i < R; ++i) att_pv_q8_fin(PV + i * hd, WS + i * nb, nb, A[r + i], O + (r + i) * hd);
@@ -805,7 +811,7 @@ STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float*
   }
   if (b.q8.k) {  // q8 cache: read in place (int8 dots for the scores, V widened in registers), prefill and
                  // decode alike
-    const int64_t o = q8_offset(t0, b.g, b.Hkv, hd);  // (t0 starts a page: its kv head's rows hd apart)
+    const int64_t o = q8_run_offset(t0, b.g, b.Hkv, hd);  // (t0 starts a page: its kv head's run, state.h)
     att_tile_body(b, Q8Ptr{b.q8.k + o, b.q8.ks + o / kQ8Block}, Q8Ptr{b.q8.v + o, b.q8.vs + o / kQ8Block},
                   int64_t(hd), kc, r0, t0, pf);
     return;
@@ -911,26 +917,28 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
       const int64_t run = nh * kQ8Page * hd, steps = nh * (ATT_KT / 4 + (hd + 31) / 32);
       pf.lines_step = int((run / 64 + steps - 1) / steps);
       auto page = [&](int64_t t0) {
-        const int64_t o = q8_offset(t0, int(g0), Hkv, hd);
+        const int64_t o = q8_run_offset(t0, int(g0), Hkv, hd);
         pf.pk = reinterpret_cast<const char*>(q8->k + o);
         pf.pv = reinterpret_cast<const char*>(q8->v + o);
         pf.pks = reinterpret_cast<const char*>(q8->ks + o / kQ8Block);
         pf.pvs = reinterpret_cast<const char*>(q8->vs + o / kQ8Block);
         pf.pcur = 0;
       };
-      {  // page 0 at once (as the rows below): each head's rows that exist, values and scales
+      {  // page 0 at once (as the rows below): each head's lines of the positions that exist, values and scales
         page(0);
-        const int64_t r1 = std::min<int64_t>(pmax + 1, kQ8Page);
-        for (int64_t h = 0; h < nh; ++h)
-          for (int64_t c = 0; c < r1 * hd; c += 64) {
-            const int64_t o = h * kQ8Page * hd + c;
-            _mm_prefetch(pf.pk + o, _MM_HINT_T1);
-            _mm_prefetch(pf.pv + o, _MM_HINT_T1);
-            if (c % 512 == 0) {
-              _mm_prefetch(pf.pks + o / 8, _MM_HINT_T1);
-              _mm_prefetch(pf.pvs + o / 8, _MM_HINT_T1);
-            }
+        const int64_t r1 = std::min<int64_t>(pmax + 1, kQ8Page), l16 = (r1 + 15) / 16;
+        for (int64_t h = 0; h < nh; ++h) {
+          const int64_t o = h * kQ8Page * hd;
+          for (int64_t c = 0; c < (r1 + 1) / 2 * 2 * hd; c += 64) {  // V: pairs of positions, key by key
+            _mm_prefetch(pf.pv + o + c, _MM_HINT_T1);
+            if (c % 512 == 0) _mm_prefetch(pf.pvs + (o + c) / 8, _MM_HINT_T1);
           }
+          for (int64_t l = 0; l < l16; ++l) {  // K: 16 positions a line in each group of 4 values
+            for (int64_t gr = 0; gr < hd / 4; ++gr) _mm_prefetch(pf.pk + o + gr * 4 * kQ8Page + 64 * l, _MM_HINT_T1);
+            for (int64_t bl = 0; bl < hd / kQ8Block; ++bl)
+              _mm_prefetch(pf.pks + o / 8 + bl * 4 * kQ8Page + 64 * l, _MM_HINT_T1);
+          }
+        }
       }
       for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
         const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT;
@@ -1091,13 +1099,12 @@ void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_
   const int64_t m = (pos0 + n) * Hkv * hd, mq = n * H * hd;
   std::vector<float> kf(static_cast<size_t>(m)), vf(static_cast<size_t>(m)), qf(static_cast<size_t>(mq));
   for (int64_t t = 0; t < pos0 + n; ++t)  // from the pages to rows [T, Hkv, hd]
-    for (int g = 0; g < Hkv; ++g) {
-      const int64_t src = q8_offset(t, g, Hkv, hd), dst = (t * Hkv + g) * hd;
+    for (int g = 0; g < Hkv; ++g)
       for (int d = 0; d < hd; ++d) {
-        kf[size_t(dst + d)] = float(k[src + d]) * ks[q8_kscale_offset(t, g, d / kQ8Block, Hkv, hd)];
-        vf[size_t(dst + d)] = float(v[src + d]) * vs[(src + d) / kQ8Block];
+        const int64_t dst = (t * Hkv + g) * hd + d;
+        kf[size_t(dst)] = float(k[q8_k_offset(t, g, d, Hkv, hd)]) * ks[q8_kscale_offset(t, g, d / kQ8Block, Hkv, hd)];
+        vf[size_t(dst)] = float(v[q8_v_offset(t, g, d, Hkv, hd)]) * vs[q8_vscale_offset(t, g, d / kQ8Block, Hkv, hd)];
       }
-    }
   std::vector<int8_t> q8(static_cast<size_t>(mq));
   std::vector<float> qs(static_cast<size_t>(mq / kQ8Block));
   quantize_q8_rows(q, q8.data(), qs.data(), mq);
@@ -1111,11 +1118,10 @@ void q8_to_pages(const int8_t* x, const float* xs, int64_t T, int Hkv, int hd, i
   std::fill(outs, outs + pages * kQ8Page * Hkv * nb, 0.f);
   for (int64_t t = 0; t < T; ++t)
     for (int g = 0; g < Hkv; ++g) {
-      const int64_t src = (t * Hkv + g) * hd, dst = q8_offset(t, g, Hkv, hd);
-      std::memcpy(out + dst, x + src, size_t(hd));
-      if (!keys) std::memcpy(outs + dst / kQ8Block, xs + src / kQ8Block, size_t(nb) * 4);
-      else
-        for (int b = 0; b < nb; ++b) outs[q8_kscale_offset(t, g, b, Hkv, hd)] = xs[src / kQ8Block + b];
+      const int64_t src = (t * Hkv + g) * hd;
+      q8_put_row(x + src, t, g, Hkv, hd, keys, out);
+      for (int b = 0; b < nb; ++b)
+        outs[keys ? q8_kscale_offset(t, g, b, Hkv, hd) : q8_vscale_offset(t, g, b, Hkv, hd)] = xs[src / kQ8Block + b];
     }
 }
 

@@ -104,13 +104,17 @@ void AttentionKV::commit() {
             // values as quantising the chunk at once)
     const int64_t p0 = length_ - staged_;
     const int nb = head_dim_ / kQ8Block;
-    std::vector<float> sc(static_cast<size_t>(nb));  // (a row's K scales, then to their block-major places)
+    std::vector<float> sc(static_cast<size_t>(nb));  // (a row's scales, then to their places)
+    std::vector<int8_t> q(static_cast<size_t>(head_dim_));
     for (int64_t i = 0; i < staged_; ++i)
       for (int g = 0; g < n_kv_heads_; ++g) {
-        const int64_t src = (i * n_kv_heads_ + g) * head_dim_, dst = q8_offset(p0 + i, g, n_kv_heads_, head_dim_);
-        kernels::quantize_q8_rows(k_.data() + src, k8_.data() + dst, sc.data(), head_dim_);
-        for (int b = 0; b < nb; ++b) ks_[size_t(q8_kscale_offset(p0 + i, g, b, n_kv_heads_, head_dim_))] = sc[b];
-        kernels::quantize_q8_rows(v_.data() + src, v8_.data() + dst, vs_.data() + dst / kQ8Block, head_dim_);
+        const int64_t src = (i * n_kv_heads_ + g) * head_dim_, p = p0 + i;
+        kernels::quantize_q8_rows(k_.data() + src, q.data(), sc.data(), head_dim_);
+        q8_put_row(q.data(), p, g, n_kv_heads_, head_dim_, true, k8_.data());
+        for (int b = 0; b < nb; ++b) ks_[size_t(q8_kscale_offset(p, g, b, n_kv_heads_, head_dim_))] = sc[b];
+        kernels::quantize_q8_rows(v_.data() + src, q.data(), vs_.data() + q8_vscale_offset(p, g, 0, n_kv_heads_, head_dim_),
+                                  head_dim_);
+        q8_put_row(q.data(), p, g, n_kv_heads_, head_dim_, false, v8_.data());
       }
   }
   if (staged_ > 64) {  // a prefill chunk's staging (2 x its rows in f32) is not kept: decode stages 1 row

@@ -105,16 +105,17 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
 // whole cache first.
 void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint16_t* k, const uint16_t* v,
                    int64_t pos0, float* out);
-// The same with a q8 cache (AttentionKV's k8() / ks() / v8() / vs()): in pages of kQ8Page positions (state.h),
-// k, v [pages, Hkv, kQ8Page, hd] int8, one f32 scale per 32 values (hd % 32 == 0): ks [pages, Hkv, hd / 32,
-// kQ8Page], vs [pages, Hkv, kQ8Page, hd / 32]; pages = ceil((pos0 + n) / kQ8Page). The AVX2 tiled kernel (every vector level) quantises each query row the same way
+// The same with a q8 cache (AttentionKV's k8() / ks() / v8() / vs()): in pages of kQ8Page positions, kv head by
+// kv head, laid out as state.h says (K with the keys in the lanes, V in pairs of positions, one f32 scale per 32
+// values: K's block-major, V's key by key); pages = ceil((pos0 + n) / kQ8Page). The AVX2 tiled kernel (every
+// vector level) quantises each query row the same way
 // (quantize_q8_rows), scores with exact int8 block dots times dq * dk, and weighs V (widened in registers) by
 // p * dv; it reads the cache in place with the same per-row arithmetic in prefill and decode, so decode keeps
 // the bits the full forward gives a position. The scalar level widens the quantised q and the cache first.
 void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* k, const float* ks,
                   const int8_t* v, const float* vs, int64_t pos0, float* out);
 // A q8 cache held row by row (x [T, Hkv, hd] int8, xs [T, Hkv, hd / 32], as quantize_q8_rows gives them) into
-// attention_q8's pages: out [pages, Hkv, kQ8Page, hd], outs as ks (keys) or vs (values) (rows past T zero).
+// attention_q8's pages (state.h): out as k (keys) or v, outs as ks or vs (positions past T zero).
 void q8_to_pages(const int8_t* x, const float* xs, int64_t T, int Hkv, int hd, int8_t* out, float* outs, bool keys);
 // x [n] (n % 32 == 0) to q8 blocks of 32: scale d = absmax / 127 (f32), values round(x / d) (nearest, ties
 // away from zero) computed as x * (1 / d); an all-zero block gets d = 0 and zeros.

@@ -67,22 +67,52 @@ class LayerState {
 // (absmax / 127, as llama.cpp's q8_0 with an f32 scale): commit() quantises the staged rows the same way.
 enum class KVFormat { F32, F16, Q8 };
 constexpr int kQ8Block = 32;  // values per q8 scale (head_dim must be a multiple)
-// The q8 cache is held in pages of kQ8Page positions, each page kv head by kv head: values
-// [page][n_kv_heads][kQ8Page][head_dim] int8; f32 scales, one per 32 values, V's [page][n_kv_heads][kQ8Page]
-// [head_dim / 32] (a key's scales together: the P V weights take them per key) and K's block-major,
-// [page][n_kv_heads][head_dim / 32][kQ8Page] (a block's scales of 8 keys are one load of the score step). A kv
-// head's rows of one page (a key tile of the attention kernel, kernels_attention.cpp ATT_KT) are one contiguous
-// run, and so are the rows of any run of kv heads: decode splits the kv heads over the threads, and each thread
-// streams one contiguous piece of every page (the hardware prefetcher follows it) instead of a part of every
-// row. Pages are appended as the cache grows; the layout of the positions already held never changes.
+// The q8 cache is held in pages of kQ8Page positions, each page kv head by kv head: a kv head's 64 positions of
+// a page (a key tile of the attention kernel, kernels_attention.cpp ATT_KT) are one run of kQ8Page * head_dim
+// bytes of K and one of V, and so are the positions of any run of kv heads: decode splits the kv heads over the
+// threads, and each thread streams one contiguous piece of every page (the hardware prefetcher follows it)
+// instead of a part of every row. Within a run the values are laid out for the kernel's registers:
+//   K: [head_dim / 4][kQ8Page][4]: the 4 values d .. d + 3 of 16 consecutive keys are one 64-byte line, so a
+//      VNNI dot against 4 query bytes gives 16 keys' partial dots in their own lanes (no reduction across lanes);
+//   V: [kQ8Page / 2][head_dim][2]: the positions in pairs, interleaved value by value, so widening 16 bytes to
+//      int16 gives the (key 2i, key 2i + 1) pairs that pmaddwd / vpdpwssd weigh by (w_2i, w_2i + 1).
+// f32 scales, one per 32 values: K's block-major, [page][n_kv_heads][head_dim / 32][kQ8Page] (a block's scales
+// of 16 keys are one load of the score step); V's key by key, [page][n_kv_heads][kQ8Page][head_dim / 32] (the
+// P V weights take them per key). Pages are appended as the cache grows; the layout of the positions already
+// held never changes.
 constexpr int kQ8Page = 64;
-// Offset of position pos, kv head g in a q8 cache's values (V's scales: the same / kQ8Block).
-inline int64_t q8_offset(int64_t pos, int g, int n_kv_heads, int head_dim) {
-  return ((pos / kQ8Page * n_kv_heads + g) * kQ8Page + pos % kQ8Page) * head_dim;
+// Offset of the run of position pos's page and kv head g in a q8 cache's K or V values (the run's scales: the
+// same / kQ8Block).
+inline int64_t q8_run_offset(int64_t pos, int g, int n_kv_heads, int head_dim) {
+  return (pos / kQ8Page * n_kv_heads + g) * int64_t(kQ8Page) * head_dim;
+}
+// Offset of value d of position pos, kv head g in a q8 cache's K values.
+inline int64_t q8_k_offset(int64_t pos, int g, int d, int n_kv_heads, int head_dim) {
+  return q8_run_offset(pos, g, n_kv_heads, head_dim) + (d / 4) * (4 * kQ8Page) + (pos % kQ8Page) * 4 + d % 4;
+}
+// Offset of value d of position pos, kv head g in a q8 cache's V values.
+inline int64_t q8_v_offset(int64_t pos, int g, int d, int n_kv_heads, int head_dim) {
+  return q8_run_offset(pos, g, n_kv_heads, head_dim) + (pos % kQ8Page / 2) * (2 * head_dim) + 2 * d + pos % 2;
 }
 // Offset of the scale of block b (values 32 b .. 32 b + 31) of position pos, kv head g in a q8 cache's K scales.
 inline int64_t q8_kscale_offset(int64_t pos, int g, int b, int n_kv_heads, int head_dim) {
   return ((pos / kQ8Page * n_kv_heads + g) * (head_dim / kQ8Block) + b) * kQ8Page + pos % kQ8Page;
+}
+// The same in V's scales.
+inline int64_t q8_vscale_offset(int64_t pos, int g, int b, int n_kv_heads, int head_dim) {
+  return q8_run_offset(pos, g, n_kv_heads, head_dim) / kQ8Block + (pos % kQ8Page) * (head_dim / kQ8Block) + b;
+}
+// A row of a q8 cache (head_dim values of position pos, kv head g, as quantize_q8_rows gives them) to its
+// places in K (keys) or V.
+inline void q8_put_row(const int8_t* row, int64_t pos, int g, int n_kv_heads, int head_dim, bool keys, int8_t* out) {
+  if (keys) {
+    int8_t* dst = out + q8_k_offset(pos, g, 0, n_kv_heads, head_dim);
+    for (int d = 0; d < head_dim; d += 4)
+      for (int e = 0; e < 4; ++e) dst[d * kQ8Page + e] = row[d + e];
+  } else {
+    int8_t* dst = out + q8_v_offset(pos, g, 0, n_kv_heads, head_dim);
+    for (int d = 0; d < head_dim; ++d) dst[2 * d] = row[d];
+  }
 }
 
 class AttentionKV final : public LayerState {
@@ -98,9 +128,9 @@ class AttentionKV final : public LayerState {
   const float* v() const { return v_.data(); }
   const uint16_t* k16() const { return k16_.data(); }
   const uint16_t* v16() const { return v16_.data(); }
-  const int8_t* k8() const { return k8_.data(); }  // q8: [pages, n_kv_heads, kQ8Page, head_dim] int8
+  const int8_t* k8() const { return k8_.data(); }  // q8: pages, each [n_kv_heads] runs (above)
   const int8_t* v8() const { return v8_.data(); }
-  const float* ks() const { return ks_.data(); }   // q8: [pages, n_kv_heads, kQ8Page, head_dim / 32] scales
+  const float* ks() const { return ks_.data(); }   // q8: the scales (above)
   const float* vs() const { return vs_.data(); }
   // Attention of n queries q [n, H, hd] at positions length() - n .. length() - 1 over this cache (after
   // commit()), into out [n, H, hd]: the kernel of the cache's format.
