@@ -1,5 +1,5 @@
 """Engine tier: the q8 KV cache (Engine.load kv_cache="q8"; issue 32). K and V are held as int8 in blocks of 32
-values along head_dim with one f32 scale per block (absmax / 127, llama.cpp's q8_0 with an f32 scale).
+values along head_dim with one f16 scale per block (absmax / 127, llama.cpp's q8_0).
 
 Checked: the quantisation rule itself (against numpy), the attention kernel over a q8 cache (query rows
 quantised the same way, exact int8 block dots for the scores: float64 attention over the dequantised values is
@@ -33,13 +33,18 @@ Q8_PV_TOL = 1e-3
 
 
 def _np_q8(x):
-    """numpy's reading of the rule: d = absmax / 127 (f32), q = round(x * (1 / d)), ties away from zero."""
+    """numpy's reading of the rule (llama.cpp's q8_0): d = absmax / 127 (f32), q = round(x * (1 / d)), ties away
+    from zero; the scale held is d rounded to f16 (nearest even: numpy's float16 cast), past f16's range its
+    largest finite value."""
     b = x.astype(np.float32).reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
     d = (np.abs(b).max(-1) / np.float32(127)).astype(np.float32)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
     r = (b * inv[..., None]).astype(np.float32)
     q = (np.sign(r) * np.floor(np.abs(r) + np.float32(0.5))).clip(-127, 127).astype(np.int8)
-    return q.reshape(x.shape), d
+    with np.errstate(over="ignore"):
+        d16 = d.astype(np.float16)
+    d16 = np.where(np.isinf(d16), np.finfo(np.float16).max, d16)
+    return q.reshape(x.shape), d16.astype(np.float32)
 
 
 def _dequant(q, d):
@@ -51,9 +56,11 @@ def test_quantize_q8_is_the_block_rule_and_within_half_a_step():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((7, 3, 96), dtype=np.float32) * rng.uniform(0.01, 50, (7, 3, 1)).astype(np.float32)
     x[0, 0, :32] = 0.0                       # an all-zero block: scale 0, values 0
-    x[1, 1, 32:64] = 1e-30                   # tiny, equal values: every one the block's max
+    x[1, 1, 32:64] = 1e-30                   # tiny, equal values: every one the block's max (its f16 scale 0)
     x[2, 2, 64] = -1e4                       # one outlier sets its block's step
     x[3, 0, :4] = [127.0, -63.5, 0.5, 1.5]   # steps of exactly 1: ties round away from zero
+    x[4, 0, 32:64] = 1e9                     # a step past f16's range: its largest finite scale
+    x[5, 1, :32] = np.float32(1e-9)          # a step below f16's smallest: scale 0 (values 127 from the f32 step)
     q, d = _engine._quantize_q8(x)
     assert q.dtype == np.int8 and q.shape == x.shape and d.shape == (7, 3, 3) and d.dtype == np.float32
     nq, nd = _np_q8(x)
@@ -61,8 +68,15 @@ def test_quantize_q8_is_the_block_rule_and_within_half_a_step():
     np.testing.assert_array_equal(q, nq)
     assert np.abs(q.astype(np.int32)).max() == 127 and (q[0, 0, :32] == 0).all() and d[0, 0, 0] == 0
     assert list(q[3, 0, :4]) == [127, -64, 1, 2]
+    assert d[4, 0, 1] == np.finfo(np.float16).max and d[5, 1, 0] == 0 and (q[5, 1, :32] == 127).all()
+    assert (d.astype(np.float16).astype(np.float32) == d).all()  # every scale an f16 value
+    ok = np.ones(x.shape, bool)
+    ok[4, 0, 32:64] = ok[5, 1, :32] = ok[1, 1, 32:64] = False
+    assert (_dequant(q, d)[1, 1, 32:64] == 0).all() and (_dequant(q, d)[5, 1, :32] == 0).all()
+    # within half a step of the f32 step, plus the f16 rounding of the scale (2^-11 of it) times |q| <= 127
+    step = np.repeat(d, 32, axis=-1)
     err = np.abs(_dequant(q, d) - x)
-    assert (err <= np.repeat(d, 32, axis=-1) * 0.5001 + 1e-37).all(), err.max()
+    assert (err[ok] <= (step * (0.5001 + 127 * 2.0 ** -11))[ok] + 1e-37).all(), err[ok].max()
     with pytest.raises(ValueError, match="multiple of 32"):
         _engine._quantize_q8(np.zeros((2, 40), np.float32))
 
@@ -167,8 +181,9 @@ def test_q8_cache_pages_are_64_positions_kv_head_by_kv_head(T):
     v8, vs = _engine._quantize_q8(v)
     kp, ksp = _engine._q8_pages(k8, ks, keys=True)
     vp, vsp = _engine._q8_pages(v8, vs, keys=False)
-    assert np.array_equal(kp, _np_pages(k8, "keys")) and np.array_equal(ksp, _np_pages(ks, "blocks"))
-    assert np.array_equal(vp, _np_pages(v8, "pairs")) and np.array_equal(vsp, _np_pages(vs))
+    assert ksp.dtype == vsp.dtype == np.float16
+    assert np.array_equal(kp, _np_pages(k8, "keys")) and np.array_equal(ksp, _np_pages(ks.astype(np.float16), "blocks"))
+    assert np.array_equal(vp, _np_pages(v8, "pairs")) and np.array_equal(vsp, _np_pages(vs.astype(np.float16)))
     assert kp.shape == (-(-T // 64) * 64 * Hkv * hd,) and ksp.shape == (kp.shape[0] // 32,)
     for threads in (1, 2):
         rows = _engine._attention_q8(q, k8, ks, v8, vs, H, Hkv, threads=threads)
@@ -179,6 +194,10 @@ def test_q8_cache_pages_are_64_positions_kv_head_by_kv_head(T):
         _engine._attention_q8(q, k8, ks, v8, vs, H, Hkv, length=T)
     with pytest.raises(ValueError, match="_q8_pages"):
         _engine._attention_q8(q, kp[:-1], ksp, vp, vsp, H, Hkv, length=T)
+    with pytest.raises(ValueError, match="float16 scales"):  # the pages' scales are f16, the rows' f32
+        _engine._attention_q8(q, kp, ksp.astype(np.float32), vp, vsp, H, Hkv, length=T)
+    with pytest.raises(ValueError, match="float32"):
+        _engine._attention_q8(q, k8, ks.astype(np.float16), v8, vs, H, Hkv)
     with pytest.raises(ValueError, match="T >= n"):
         _engine._attention_q8(q, kp, ksp, vp, vsp, H, Hkv)
 
@@ -250,8 +269,8 @@ def test_q8_engine_decode_equals_full_forward_and_stays_close_to_f32(folders, ar
 
 def test_q8_sessions_reuse_and_cut_back_like_f16(folders):
     """Dense: a prompt extending the held ids reuses them all; a prompt diverging earlier cuts the cache
-    back; the logits equal a fresh forward's, bit for bit; the q8 cache holds 1.125 bytes per value (int8 and
-    an f32 scale per 32), against the f16 cache's 2 (the same 320-token prefill in f32, f16 and q8 -- five whole
+    back; the logits equal a fresh forward's, bit for bit; the q8 cache holds 1.0625 bytes per value (int8 and
+    an f16 scale per 32), against the f16 cache's 2 (the same 320-token prefill in f32, f16 and q8 -- five whole
     q8 pages, state.h kQ8Page, and as many rows in the f32 and f16 caches: the f16 cache's bytes are the f32
     session's minus the f16 one's)."""
     eng = Engine.load(folders["dense"], threads=2, max_context=1024, kv_cache="q8")
@@ -275,7 +294,7 @@ def test_q8_sessions_reuse_and_cut_back_like_f16(folders):
         mem[kv] = sm.memory_bytes
     c16 = mem["f32"] - mem["f16"]
     c8 = mem["q8"] - (mem["f16"] - c16)
-    assert c16 > 2 * 300 * 2 * 2 * 64 and abs(c8 / c16 - 1.125 / 2) < 0.01, mem
+    assert c16 > 2 * 300 * 2 * 2 * 64 and abs(c8 / c16 - 1.0625 / 2) < 0.01, mem
 
 
 def test_q8_sessions_across_page_boundaries(folders):

@@ -42,6 +42,49 @@ static long long work(int t, int mode, int dist) {
       }
     return acc;
   }
+  if (mode == 4) {  // paged, K and V read alternately 1 KiB at a time (the layout of mode 2, a finer order)
+    for (auto& l : layers)
+      for (long p = 0; p < N / 64; ++p) {
+        const long o = p * 64 * RB + t * 32768, so = p * 64 * SB + t * 4096;
+        for (long c = 0; c < 32768; c += 1024) {
+          acc = rd((const char*)l.k + o + c, 1024, acc);
+          acc = rd((const char*)l.v + o + c, 1024, acc);
+          if (c % 8192 == 0) { acc = rd(l.ks + so + c / 8, 1024, acc); acc = rd(l.vs + so + c / 8, 1024, acc); }
+        }
+      }
+    return acc;
+  }
+  if (mode == 5) {  // one run per page and kv head: [K 8 KiB | V 8 KiB | K's scales 1 KiB | V's 1 KiB] (the k array
+                    // holds K and V, the ks array the scales' bytes unused: the same bytes read, from k and v's
+                    // allocations laid end to end), thread t's 4 heads one 72 KiB run of each page
+    for (auto& l : layers)
+      for (long p = 0; p < N / 64; ++p)
+        for (int h = 4 * t; h < 4 * t + 4; ++h) {
+          const long o = (p * 8 + h) * 18432;  // (< 2 N RB: k and v are one 2 x 16 MiB span here, see main)
+          acc = rd((const char*)l.k + o, 8192 + 1024, acc);
+          acc = rd((const char*)l.k + o + 9216, 8192 + 1024, acc);
+        }
+    return acc;
+  }
+  if (mode == 3) {  // head-major (s8): each kv head's K and V one run over all positions ([8 heads][N rows][128 B],
+                   // scales [8 heads][N][16 B]); thread t reads its 4 heads one after the other, page by page (K
+                   // 8 KiB, V 8 KiB, 1 KiB of each scale), the next page of the head asked for when dist > 0
+    const long HB = (long)N * 128, HS = (long)N * 16;
+    for (auto& l : layers)
+      for (int h = 4 * t; h < 4 * t + 4; ++h)
+        for (long p = 0; p < N / 64; ++p) {
+          const long o = h * HB + p * 8192, so = h * HS + p * 1024;
+          if (dist > 0 && p + 1 < N / 64) {
+            for (long c = 0; c < 8192; c += 64) { _mm_prefetch((const char*)l.k + o + 8192 + c, _MM_HINT_T1); _mm_prefetch((const char*)l.v + o + 8192 + c, _MM_HINT_T1); }
+            for (long c = 0; c < 1024; c += 64) { _mm_prefetch(l.ks + so + 1024 + c, _MM_HINT_T1); _mm_prefetch(l.vs + so + 1024 + c, _MM_HINT_T1); }
+          }
+          acc = rd((const char*)l.k + o, 8192, acc);
+          acc = rd((const char*)l.v + o, 8192, acc);
+          acc = rd(l.ks + so, 1024, acc);
+          acc = rd(l.vs + so, 1024, acc);
+        }
+    return acc;
+  }
   for (auto& l : layers) {
     long r0, r1, c0, cn, s0, sn;
     if (mode == 0) { r0 = 0; r1 = N; c0 = 512 * t; cn = 512; s0 = 64 * t; sn = 64; }
@@ -63,17 +106,17 @@ static long long work(int t, int mode, int dist) {
 }
 int main(int argc, char** argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 4;
-  for (int i = 0; i < L; ++i) layers.push_back({(int8_t*)hp((size_t)N * RB), (int8_t*)hp((size_t)N * RB), (char*)hp((size_t)N * SB), (char*)hp((size_t)N * SB)});
+  for (int i = 0; i < L; ++i) layers.push_back({(int8_t*)hp((size_t)N * RB * 2 + (size_t)N * SB * 2), (int8_t*)hp((size_t)N * RB), (char*)hp((size_t)N * SB), (char*)hp((size_t)N * SB)});
   const double bytes = (double)L * N * (2 * RB + 2 * SB);
   for (int r = 0; r < rounds; ++r) {
-    for (int cfg = 0; cfg < 6; ++cfg) {
-      int mode = cfg % 3, dist = cfg / 3 == 0 ? 0 : 16;
+    for (int mode : {1, 2, 4, 5}) {
+      int dist = 0;
       std::atomic<long long> sink{0};
       auto t0 = std::chrono::steady_clock::now();
       std::thread a([&] { sink += work(0, mode, dist); }), b([&] { sink += work(1, mode, dist); });
       a.join(); b.join();
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      printf("round %d %s dist %2d: %.1f GB/s\n", r, mode == 2 ? "paged     " : mode ? "key split " : "head split", dist, bytes / s / 1e9);
+      printf("round %d %s dist %2d: %.1f GB/s\n", r, mode == 5 ? "page runs " : mode == 4 ? "paged 1KiB" : mode == 3 ? "head-major" : mode == 2 ? "paged     " : mode ? "key split " : "head split", dist, bytes / s / 1e9);
     }
   }
 }

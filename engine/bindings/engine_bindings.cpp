@@ -220,7 +220,7 @@ void register_checkpoint(py::module_& m) {
         kernels::quantize_q8_rows(static_cast<const float*>(v.data()), v8.data(), vs.data(), m);
         const int64_t pm = (T + kQ8Page - 1) / kQ8Page * kQ8Page * n_kv_heads * hd;
         std::vector<int8_t> kp(static_cast<size_t>(pm)), vp(static_cast<size_t>(pm));
-        std::vector<float> ksp(static_cast<size_t>(pm / kQ8Block)), vsp(static_cast<size_t>(pm / kQ8Block));
+        std::vector<uint16_t> ksp(static_cast<size_t>(pm / kQ8Block)), vsp(static_cast<size_t>(pm / kQ8Block));
         kernels::q8_to_pages(k8.data(), ks.data(), T, n_kv_heads, int(hd), kp.data(), ksp.data(), true);
         kernels::q8_to_pages(v8.data(), vs.data(), T, n_kv_heads, int(hd), vp.data(), vsp.data(), false);
         kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), kp.data(), ksp.data(), vp.data(), vsp.data(),
@@ -236,10 +236,10 @@ void register_checkpoint(py::module_& m) {
      "The engine's causal GQA attention kernel on its own (tests, A/B timings): queries at positions T-n..T-1. "
      "kv_f16: k and v rounded to an f16 cache first (the kv_f16 kernel option's cache); float16 k and v: an f16 "
      "cache as given. kv_q8: k and v quantised to a q8 cache first (kv_cache='q8': int8 blocks of 32 along hd, "
-     "an f32 scale each), then its kernel.");
+     "an f16 scale each, llama.cpp's q8_0), then its kernel.");
   m.def("_attention_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
-                            py::array_t<int8_t, py::array::c_style> k, py::array_t<float, py::array::c_style> ks,
-                            py::array_t<int8_t, py::array::c_style> v, py::array_t<float, py::array::c_style> vs,
+                            py::array_t<int8_t, py::array::c_style> k, py::array ks,
+                            py::array_t<int8_t, py::array::c_style> v, py::array vs,
                             int n_heads, int n_kv_heads, int threads, int64_t length) {
     // A q8 cache as given: rows (_quantize_q8's arrays, 3-d: copied into pages here) or pages (_q8_pages'
     // arrays, 1-d, with length: nothing copied) -- the kernel alone, for timings.
@@ -257,22 +257,24 @@ void register_checkpoint(py::module_& m) {
                : (a->ndim() != 1 || a->shape(0) < pm))
         throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd], or _q8_pages' values for length");
     for (const auto* a : {&ks, &vs})
-      if (rows ? (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd / kQ8Block)
-               : (a->ndim() != 1 || a->shape(0) < pm / kQ8Block))
-        throw std::invalid_argument("ks and vs must both be [T, n_kv_heads, hd / 32], or _q8_pages' scales");
+      if (!(a->flags() & py::array::c_style) || a->dtype().kind() != 'f' || a->dtype().itemsize() != (rows ? 4 : 2) ||
+          (rows ? (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd / kQ8Block)
+                : (a->ndim() != 1 || a->shape(0) < pm / kQ8Block)))
+        throw std::invalid_argument(
+            "ks and vs must both be float32 [T, n_kv_heads, hd / 32] (_quantize_q8's), or _q8_pages' float16 scales");
     py::array_t<float> out({n, int64_t(n_heads), hd});
     const float* qp = q.data();
     float* op = out.mutable_data();
     {
       py::gil_scoped_release release;
       std::vector<int8_t> kp, vp;
-      std::vector<float> ksp, vsp;
+      std::vector<uint16_t> ksp, vsp;
       const int8_t *K = k.data(), *V = v.data();
-      const float *KS = ks.data(), *VS = vs.data();
+      const uint16_t *KS = static_cast<const uint16_t*>(ks.data()), *VS = static_cast<const uint16_t*>(vs.data());
       if (rows) {
         kp.resize(size_t(pm)); vp.resize(size_t(pm)); ksp.resize(size_t(pm / kQ8Block)); vsp.resize(size_t(pm / kQ8Block));
-        kernels::q8_to_pages(K, KS, T, n_kv_heads, int(hd), kp.data(), ksp.data(), true);
-        kernels::q8_to_pages(V, VS, T, n_kv_heads, int(hd), vp.data(), vsp.data(), false);
+        kernels::q8_to_pages(K, static_cast<const float*>(ks.data()), T, n_kv_heads, int(hd), kp.data(), ksp.data(), true);
+        kernels::q8_to_pages(V, static_cast<const float*>(vs.data()), T, n_kv_heads, int(hd), vp.data(), vsp.data(), false);
         K = kp.data(); V = vp.data(); KS = ksp.data(); VS = vsp.data();
       }
       use_threads(threads);
@@ -281,9 +283,9 @@ void register_checkpoint(py::module_& m) {
     return out;
   }, py::arg("q"), py::arg("k"), py::arg("ks"), py::arg("v"), py::arg("vs"), py::arg("n_heads"),
      py::arg("n_kv_heads"), py::arg("threads") = 0, py::arg("length") = -1,
-     "The attention kernel over a q8 cache as given: k, v int8 [T, Hkv, hd] and ks, vs f32 [T, Hkv, hd / 32] "
-     "(as _quantize_q8 returns them; copied into the cache's pages per call), or the 1-d arrays _q8_pages returns "
-     "with length=T (read in place): queries at positions T-n..T-1.");
+     "The attention kernel over a q8 cache as given: k, v int8 [T, Hkv, hd] and ks, vs float32 [T, Hkv, hd / 32] "
+     "(as _quantize_q8 returns them; copied into the cache's pages per call, the scales rounded to f16), or the "
+     "1-d arrays _q8_pages returns (float16 scales) with length=T (read in place): queries at positions T-n..T-1.");
   m.def("_q8_pages", [](py::array_t<int8_t, py::array::c_style> x, py::array_t<float, py::array::c_style> xs,
                         bool keys) {
     // rows [T, Hkv, hd] (+ scales [T, Hkv, hd / 32]) -> the q8 cache's pages (1-d values, 1-d scales)
@@ -293,16 +295,18 @@ void register_checkpoint(py::module_& m) {
     const int64_t T = x.shape(0), Hkv = x.shape(1), hd = x.shape(2);
     const int64_t pm = (T + kQ8Page - 1) / kQ8Page * kQ8Page * Hkv * hd;
     py::array_t<int8_t> out(pm);
-    py::array_t<float> outs(pm / kQ8Block);
-    kernels::q8_to_pages(x.data(), xs.data(), T, int(Hkv), int(hd), out.mutable_data(), outs.mutable_data(), keys);
+    py::array outs(py::dtype("e"), std::vector<py::ssize_t>{pm / kQ8Block});  // float16
+    kernels::q8_to_pages(x.data(), xs.data(), T, int(Hkv), int(hd), out.mutable_data(),
+                         static_cast<uint16_t*>(outs.mutable_data()), keys);
     return py::make_tuple(out, outs);
   }, py::arg("x"), py::arg("xs"), py::arg("keys"),
      "A q8 cache's rows (_quantize_q8's values and scales, [T, Hkv, hd]) in the cache's own layout: pages of "
      "64 positions, kv head by kv head, flattened: keys=True (K) [pages, Hkv, hd / 4, 64, 4] (the keys in the "
      "lanes), scales [pages, Hkv, hd / 32, 64] (block-major); keys=False (V) [pages, Hkv, 32, hd, 2] (positions "
-     "in pairs, interleaved value by value), scales [pages, Hkv, 64, hd / 32].");
+     "in pairs, interleaved value by value), scales [pages, Hkv, 64, hd / 32]; the scales float16.");
   m.def("_quantize_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
-    // x [..., n] with n % 32 == 0 -> (int8 values of x's shape, f32 scales [..., n / 32]), as a q8 cache holds x.
+    // x [..., n] with n % 32 == 0 -> (int8 values of x's shape, scales [..., n / 32] as float32: the f16 values a
+    // q8 cache holds), as a q8 cache holds x.
     if (x.ndim() < 1 || x.shape(x.ndim() - 1) % kQ8Block != 0)
       throw std::invalid_argument("x's last axis must be a multiple of 32");
     std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim()), sshape = shape;

@@ -138,29 +138,85 @@ STRATA_AVX2 static inline __m256 att_ld8(const uint16_t* p) {
 // that value's scale; rows ld values apart (their scales ld / 32 apart).
 struct Q8Ptr {
   const int8_t* q;
-  const float* s;
+  const uint16_t* s;  // f16 scales
 };
 // The q8 cache's four arrays (null: not a q8 cache).
 struct Q8Cache {
   const int8_t *k, *v;
-  const float *ks, *vs;
+  const uint16_t *ks, *vs;  // f16 scales
   bool vnni = false;  // scores and P V with AVX-512 VNNI (att_qk_q8_vnni, att_pv_q8i_zmm): the same bits as without
 };
+
+// Decode streams the cache in place. A thread owns a contiguous run of kv heads, i.e. one contiguous span of
+// every cache row (span floats from column c0 of each K and V row); while it works on key tile t it asks
+// for the rows of tile t + 1 in address order, a few rows per step of the score loop, so the lines come in
+// as one steady sequential stream (into L2) behind the arithmetic rather than in the tile's strided order.
+struct AttPrefetch {
+  const char *k = nullptr, *v = nullptr;  // row 0, column c0 of the span
+  int64_t kvs = 0, span = 0;              // row stride, span length (bytes)
+  int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
+  int64_t col = 0;                         // next byte of row `row` to ask for
+  int lines_step = 0;                      // K and V lines per step (score and P V loops)
+  // q8 (pages, state.h): the thread's piece of the next page is one run of K bytes [0, pend) from pk (V: pv),
+  // its scales one run of pend / 16 bytes from pks (pvs); pcur: the next K byte to ask for. pk null: rows.
+  const char *pk = nullptr, *pv = nullptr, *pks = nullptr, *pvs = nullptr;
+  int64_t pcur = 0, pend = 0;
+};
+constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
+STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
+  if (p.pk) {  // q8 pages: lines_step K and V lines in address order, a scale line with every 16th
+    int64_t c = p.pcur;
+    const int64_t e = std::min(p.pend, c + 64 * int64_t(p.lines_step));
+    for (; c < e; c += 64) {
+      _mm_prefetch(p.pk + c, _MM_HINT_T1);
+      _mm_prefetch(p.pv + c, _MM_HINT_T1);
+      if ((c & 1023) == 0) {
+        _mm_prefetch(p.pks + c / 16, _MM_HINT_T1);
+        _mm_prefetch(p.pvs + c / 16, _MM_HINT_T1);
+      }
+    }
+    p.pcur = c;
+    return;
+  }
+  {  // the span's lines, the last one too when the span does not start on a line
+    // (in locals: through p, GCC reloaded and stored the cursor on every line, 17% of a 1-thread decode)
+    int64_t row = p.row, col = p.col;
+    const int64_t end = p.end, span = p.span, kvs = p.kvs;
+    if (row >= end) return;
+    const char *kr = p.k + row * kvs, *vr = p.v + row * kvs;
+    for (int i = p.lines_step; i > 0; --i) {
+      const int64_t c = col < span ? col : span - 1;
+      _mm_prefetch(kr + c, _MM_HINT_T1);
+      _mm_prefetch(vr + c, _MM_HINT_T1);
+      col += 64;
+      if (col >= span + 63) {
+        col = 0;
+        if (++row >= end) break;
+        kr += kvs;
+        vr += kvs;
+      }
+    }
+    p.row = row;
+    p.col = col;
+  }
+}
 
 // q8 scores: the query rows are quantised like the cache (blocks of 32, att_begin), each block's dot q_b . k_b is
 // exact in int32, and s[r, j] = (sum over blocks b, in order, of float(dot_b) * (dq_b * dk_b) by FMA from 0) *
 // scale. K is held with the keys in the lanes (state.h: [hd / 4][kQ8Page][4] bytes a page and kv head), so a
-// micro-tile is R <= 2 rows x 16 keys and a block's dots of 16 keys come out of its 8 groups of 4 values one
-// key per lane, with no reduction across lanes:
+// block's dots of 16 keys come out of its 8 groups of 4 values one key per lane, with no reduction across lanes:
 // - AVX-512 VNNI: vpdpbusd on k + 128 (one 64-byte line: 16 keys x 4 values) against the row's 4 query bytes of
 //   the group broadcast, each block's accumulator starting at the row's correction -128 * (sum of the block's 32
-//   query bytes, qc: att_begin); the blocks' chains run side by side (4 at a time) to hide vpdpbusd's latency;
-// - AVX2: maddubs on |k| and sign(q, k), then madd (|products| <= 127^2, pairs < 2^15), two 8-key halves.
+//   query bytes, qc: att_begin); R <= 2 rows x the whole tile, K read in address order;
+// - AVX2: maddubs on |k| and sign(q, k), then madd (|products| <= 127^2, pairs < 2^15), R <= 2 rows x 16 keys
+//   (two 8-key halves: AVX2's 16 registers).
 // The same integers either way, then the same float steps per key and block -- so the same bits at every level,
 // and each (row, key) is the same sequence whichever rows and keys share the call (lanes past C: whatever the
 // page holds there, their scores not stored).
 // The key scales: dk[b * kQ8Page + j] (the page's K scales, block-major: state.h), 16 keys' scales of a block one
 // 512-bit load.
+//
+// AVX2 kernel: kp the page's K at key j0 (kt.q + 4 j0), dk its K scales at key j0; C <= 16 keys stored.
 template <int R>
 STRATA_AVX2 static inline void att_qk_q8_store8(const __m256* acc, float scale, float* s, int64_t lds, int C) {
   if (C <= 0) return;
@@ -182,9 +238,8 @@ STRATA_AVX2 static inline __m256i att_q4(const int8_t* q) {  // 4 query bytes br
   return _mm256_set1_epi32(x);
 }
 
-// kp: the page's K at key j0 (kt.q + 4 j0), dk: its K scales at key j0; C <= 16 keys stored.
 template <int R, int NB>
-STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int nb_, const int8_t* kp, const float* dk,
+STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int nb_, const int8_t* kp, const uint16_t* dk,
                                   float scale, float* s, int64_t lds, int C) {
   const int nb = NB ? NB : nb_, hd = 32 * nb;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -204,7 +259,8 @@ STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int nb_, con
         d[r][1] = _mm256_add_epi32(d[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(qb, k1)), ones));
       }
     }
-    const __m256 dk0 = _mm256_loadu_ps(dk + kQ8Page * b), dk1 = _mm256_loadu_ps(dk + kQ8Page * b + 8);
+    const __m256 dk0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dk + kQ8Page * b)));
+    const __m256 dk1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dk + kQ8Page * b + 8)));
     for (int r = 0; r < R; ++r) {
       const __m256 dq = _mm256_set1_ps(qs[r * nb + b]);
       acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d[r][0]), _mm256_mul_ps(dq, dk0), acc[r][0]);
@@ -218,64 +274,72 @@ STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int nb_, con
 }
 
 #define STRATA_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-// NBG blocks from b0 (their chains side by side) into acc.
-template <int R, int NBG>
-STRATA_VNNI static inline void att_qk_q8_vnni_blocks(const int8_t* q, const int32_t* qc, const float* qs, int nb,
-                                                     int b0, const int8_t* kp, const float* dk, __m512* acc) {
+// R rows x the tile's first 16 NK keys (kp: the page's K; dk: its K scales), blocks in order, and within a
+// block its 8 groups of 4 values in address order (16 NK keys' 64-byte lines one after the other): the block's
+// 2 x NK accumulators are independent vpdpbusd chains. pf (decode): ATT_KT / 4 prefetch steps spread over the
+// blocks. C <= 16 NK keys stored.
+template <int R, int NK>
+STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const float* qs, int nb,
+                                       const int8_t* kp, const uint16_t* dk, float scale, float* s, int64_t lds, int C,
+                                       AttPrefetch* pf) {
   const int hd = 32 * nb;
   const __m512i x80 = _mm512_set1_epi8(char(0x80));
-  __m512i d[R][NBG];
+  __m512 acc[R][NK];
   for (int r = 0; r < R; ++r)
-    for (int i = 0; i < NBG; ++i) d[r][i] = _mm512_set1_epi32(qc[r * nb + b0 + i]);
-  for (int g = 0; g < 8; ++g)
-    for (int i = 0; i < NBG; ++i) {
-      const int b = b0 + i;
-      const __m512i kv = _mm512_xor_si512(
-          _mm512_loadu_si512(reinterpret_cast<const void*>(kp + (8 * b + g) * (4 * kQ8Page))), x80);
+    for (int c = 0; c < NK; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    __m512i d[R][NK];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NK; ++c) d[r][c] = _mm512_set1_epi32(qc[r * nb + b]);
+    const int8_t* kb = kp + 8 * b * (4 * kQ8Page);
+    for (int g = 0; g < 8; ++g) {
+      __m512i qb[R];
       for (int r = 0; r < R; ++r) {
         int32_t x;
         std::memcpy(&x, q + r * hd + 32 * b + 4 * g, 4);
-        d[r][i] = _mm512_dpbusd_epi32(d[r][i], kv, _mm512_set1_epi32(x));
+        qb[r] = _mm512_set1_epi32(x);
+      }
+      for (int c = 0; c < NK; ++c) {
+        const __m512i kv =
+            _mm512_xor_si512(_mm512_loadu_si512(reinterpret_cast<const void*>(kb + g * (4 * kQ8Page) + 64 * c)), x80);
+        for (int r = 0; r < R; ++r) d[r][c] = _mm512_dpbusd_epi32(d[r][c], kv, qb[r]);
       }
     }
-  for (int i = 0; i < NBG; ++i) {  // (the float steps in block order)
-    const __m512 dkb = _mm512_loadu_ps(dk + kQ8Page * (b0 + i));
-    for (int r = 0; r < R; ++r)
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r][i]), _mm512_mul_ps(_mm512_set1_ps(qs[r * nb + b0 + i]), dkb),
-                               acc[r]);
+    for (int r = 0; r < R; ++r) {
+      const __m512 dq = _mm512_set1_ps(qs[r * nb + b]);
+      for (int c = 0; c < NK; ++c)
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r][c]),
+                                    _mm512_mul_ps(dq, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                          reinterpret_cast<const __m256i*>(dk + kQ8Page * b + 16 * c)))),
+                                    acc[r][c]);
+    }
+    if (pf)
+      for (int i = (ATT_KT / 4) * b / nb; i < (ATT_KT / 4) * (b + 1) / nb; ++i) att_decode_prefetch(*pf);
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int c = 0; c < NK; ++c) {
+    const int n = std::min(16, C - 16 * c);
+    const __mmask16 m = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(s + r * lds + 16 * c, m, _mm512_mul_ps(acc[r][c], sc));
   }
 }
 
-template <int R, int NB>
-STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const float* qs, int nb_,
-                                       const int8_t* kp, const float* dk, float scale, float* s, int64_t lds, int C) {
-  const int nb = NB ? NB : nb_;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  int b0 = 0;
-  for (; b0 + 4 <= nb; b0 += 4) att_qk_q8_vnni_blocks<R, 4>(q, qc, qs, nb, b0, kp, dk, acc);
-  switch (nb - b0) {
-    case 1: att_qk_q8_vnni_blocks<R, 1>(q, qc, qs, nb, b0, kp, dk, acc); break;
-    case 2: att_qk_q8_vnni_blocks<R, 2>(q, qc, qs, nb, b0, kp, dk, acc); break;
-    case 3: att_qk_q8_vnni_blocks<R, 3>(q, qc, qs, nb, b0, kp, dk, acc); break;
-    default: break;
+template <int R>
+STRATA_VNNI static void att_qk_q8_vnni_r(const int8_t* q, const int32_t* qc, const float* qs, int nb,
+                                         const int8_t* kp, const uint16_t* dk, float scale, float* s, int64_t lds, int C,
+                                         AttPrefetch* pf) {
+  switch ((C + 15) / 16) {
+    case 1: att_qk_q8_vnni<R, 1>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf); break;
+    case 2: att_qk_q8_vnni<R, 2>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf); break;
+    case 3: att_qk_q8_vnni<R, 3>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf); break;
+    default: att_qk_q8_vnni<R, 4>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf); break;
   }
-  const __mmask16 m = C >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << C) - 1);
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(s + r * lds, m, _mm512_mul_ps(acc[r], _mm512_set1_ps(scale)));
 }
 
 // head_dim 128 and 256 (nb 4 and 8 blocks) compiled for their block count, any other multiple of 32 at run time
 template <int R>
-STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const int32_t* qc, const float* qs, int nb, const int8_t* kp,
-                                    const float* dk, float scale, float* s, int64_t lds, int C) {
-  if (qc) {
-    switch (nb) {
-      case 4: att_qk_q8_vnni<R, 4>(q, qc, qs, nb, kp, dk, scale, s, lds, C); break;
-      case 8: att_qk_q8_vnni<R, 8>(q, qc, qs, nb, kp, dk, scale, s, lds, C); break;
-      default: att_qk_q8_vnni<R, 0>(q, qc, qs, nb, kp, dk, scale, s, lds, C); break;
-    }
-    return;
-  }
+STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const float* qs, int nb, const int8_t* kp,
+                                    const uint16_t* dk, float scale, float* s, int64_t lds, int C) {
   switch (nb) {
     case 4: att_qk_q8<R, 4>(q, qs, nb, kp, dk, scale, s, lds, C); break;
     case 8: att_qk_q8<R, 8>(q, qs, nb, kp, dk, scale, s, lds, C); break;
@@ -297,8 +361,15 @@ STRATA_AVX2 static void att_qk_q8_r(const int8_t* q, const int32_t* qc, const fl
 // Weights of R <= 2 rows: wq[(r * ldq + i) * nb + b] = int16 pair (key 2 i low, key 2 i + 1 high) of block b,
 // for pairs i < np (np: the pairs the row pair takes, keys past cnt_r zero); ws[r * nb + b] = W. tmp: 8 * ATT_KT + 8
 // floats.
+STRATA_AVX2 static inline __m128 att_vs4(const uint16_t* p) {  // 4 f16 scales widened
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+STRATA_AVX2 static inline __m256 att_vs4x2(const uint16_t* p) {  // the same in both halves
+  const __m128 x = att_vs4(p);
+  return _mm256_set_m128(x, x);
+}
 template <int NB>
-STRATA_AVX2 static void att_pv_q8_wq(const float* p, int64_t ldp, const int* cnt, int R, int np, const float* vs,
+STRATA_AVX2 static void att_pv_q8_wq(const float* p, int64_t ldp, const int* cnt, int R, int np, const uint16_t* vs,
                                      int64_t lds8, int nb_, float* tmp, int32_t* wq, int64_t ldq, float* ws) {
   const int nb = NB ? NB : nb_;
   if (R == 2 && nb % 4 == 0) {  // the two rows side by side (row 0 in the low lanes): the same products, maxima
@@ -313,9 +384,9 @@ STRATA_AVX2 static void att_pv_q8_wq(const float* p, int64_t ldp, const int* cnt
       int j = 0;
       for (; j + 2 <= cmin; j += 2) {
         const __m256 wa = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(p1[j]), _mm_set1_ps(p0[j])),
-                                        _mm256_broadcast_ps(reinterpret_cast<const __m128*>(vs + j * lds8 + b0)));
+                                        att_vs4x2(vs + j * lds8 + b0));
         const __m256 wb = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(p1[j + 1]), _mm_set1_ps(p0[j + 1])),
-                                        _mm256_broadcast_ps(reinterpret_cast<const __m128*>(vs + (j + 1) * lds8 + b0)));
+                                        att_vs4x2(vs + (j + 1) * lds8 + b0));
         _mm256_storeu_ps(tmp + 8 * j, wa);
         _mm256_storeu_ps(tmp + 8 * j + 8, wb);
         mxa = _mm256_max_ps(mxa, wa);
@@ -323,7 +394,7 @@ STRATA_AVX2 static void att_pv_q8_wq(const float* p, int64_t ldp, const int* cnt
       }
       for (; j < cmax; ++j) {  // keys only one row sees: 0 for the other (a product of 0, as its own rows' zeros)
         const __m256 w = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(j < c1 ? p1[j] : 0.f), _mm_set1_ps(j < c0 ? p0[j] : 0.f)),
-                                       _mm256_broadcast_ps(reinterpret_cast<const __m128*>(vs + j * lds8 + b0)));
+                                       att_vs4x2(vs + j * lds8 + b0));
         _mm256_storeu_ps(tmp + 8 * j, w);
         mxa = _mm256_max_ps(mxa, w);
       }
@@ -352,7 +423,7 @@ STRATA_AVX2 static void att_pv_q8_wq(const float* p, int64_t ldp, const int* cnt
       for (int b0 = 0; b0 < nb; b0 += 4) {
         __m128 mx = _mm_setzero_ps();
         for (int j = 0; j < c; ++j) {
-          const __m128 w = _mm_mul_ps(_mm_set1_ps(pr[j]), _mm_loadu_ps(vs + j * lds8 + b0));
+          const __m128 w = _mm_mul_ps(_mm_set1_ps(pr[j]), att_vs4(vs + j * lds8 + b0));
           _mm_storeu_ps(tmp + 4 * j, w);
           mx = _mm_max_ps(mx, w);
         }
@@ -372,7 +443,7 @@ STRATA_AVX2 static void att_pv_q8_wq(const float* p, int64_t ldp, const int* cnt
     for (int b = 0; b < nb; ++b) {  // any other block count (head_dim 32, 64, 96, ...): the same steps in scalars
       float mx = 0.f;
       for (int j = 0; j < c; ++j) {
-        tmp[j] = pr[j] * vs[j * lds8 + b];
+        tmp[j] = pr[j] * f16_to_f32(vs[j * lds8 + b]);
         mx = std::max(mx, tmp[j]);
       }
       tmp[c] = 0.f;
@@ -568,60 +639,6 @@ struct AttScratch {
   }
 };
 
-// Decode streams the cache in place. A thread owns a contiguous run of kv heads, i.e. one contiguous span of
-// every cache row (span floats from column c0 of each K and V row); while it works on key tile t it asks
-// for the rows of tile t + 1 in address order, a few rows per step of the score loop, so the lines come in
-// as one steady sequential stream (into L2) behind the arithmetic rather than in the tile's strided order.
-struct AttPrefetch {
-  const char *k = nullptr, *v = nullptr;  // row 0, column c0 of the span
-  int64_t kvs = 0, span = 0;              // row stride, span length (bytes)
-  int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
-  int64_t col = 0;                         // next byte of row `row` to ask for
-  int lines_step = 0;                      // K and V lines per step (score and P V loops)
-  // q8 (pages, state.h): the thread's piece of the next page is one run of K bytes [0, pend) from pk (V: pv),
-  // its scales one run of pend / 8 bytes from pks (pvs); pcur: the next K byte to ask for. pk null: rows.
-  const char *pk = nullptr, *pv = nullptr, *pks = nullptr, *pvs = nullptr;
-  int64_t pcur = 0, pend = 0;
-};
-constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
-STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
-  if (p.pk) {  // q8 pages: lines_step K and V lines in address order, a scale line with every 8th
-    int64_t c = p.pcur;
-    const int64_t e = std::min(p.pend, c + 64 * int64_t(p.lines_step));
-    for (; c < e; c += 64) {
-      _mm_prefetch(p.pk + c, _MM_HINT_T1);
-      _mm_prefetch(p.pv + c, _MM_HINT_T1);
-      if ((c & 511) == 0) {
-        _mm_prefetch(p.pks + c / 8, _MM_HINT_T1);
-        _mm_prefetch(p.pvs + c / 8, _MM_HINT_T1);
-      }
-    }
-    p.pcur = c;
-    return;
-  }
-  {  // the span's lines, the last one too when the span does not start on a line
-    // (in locals: through p, GCC reloaded and stored the cursor on every line, 17% of a 1-thread decode)
-    int64_t row = p.row, col = p.col;
-    const int64_t end = p.end, span = p.span, kvs = p.kvs;
-    if (row >= end) return;
-    const char *kr = p.k + row * kvs, *vr = p.v + row * kvs;
-    for (int i = p.lines_step; i > 0; --i) {
-      const int64_t c = col < span ? col : span - 1;
-      _mm_prefetch(kr + c, _MM_HINT_T1);
-      _mm_prefetch(vr + c, _MM_HINT_T1);
-      col += 64;
-      if (col >= span + 63) {
-        col = 0;
-        if (++row >= end) break;
-        kr += kvs;
-        vr += kvs;
-      }
-    }
-    p.row = row;
-    p.col = col;
-  }
-}
-
 // One block of query rows of the tiled kernel: positions i0..i1-1 (of the call's n; position pos0 + i) x the
 // G heads of kv head g; row r is position i0 + r / G, head g G + r % G. att_begin loads the rows, att_tile
 // folds the key tile starting at t0 into their online softmax (tiles in order), att_end writes O / l.
@@ -688,19 +705,26 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
     const float* QS = w.qs.data();
     const int32_t* QC = b.q8.vnni ? w.qc.data() : nullptr;
     const int nb = hd / 32;
-    for (int j = 0; j < kc; j += 16) {  // (kt.q: the page's K, keys in the lanes: key j's bytes from 4 j)
-      const int C = std::min(16, kc - j);
-      if (pf)  // (four of the ATT_KT / 4 score steps AttPrefetch counts)
-        for (int i = 0; i < 4; ++i) att_decode_prefetch(*pf);
-      const int8_t* KP = kt.q + 4 * j;
-      const float* DK = kt.s + j;  // (lanes past C: the page's later rows, their scores not stored)
+    if (QC) {  // VNNI: the whole tile a row pair at a time, K read in address order (the prefetch steps inside)
       int64_t r = r0;
       for (; r + 2 <= rows; r += 2)
-        att_qk_q8_r<2>(Q8 + r * hd, QC ? QC + r * nb : nullptr, QS + r * nb, nb, KP, DK, scale, S + r * ATT_KT + j,
-                       ATT_KT, C);
+        att_qk_q8_vnni_r<2>(Q8 + r * hd, QC + r * nb, QS + r * nb, nb, kt.q, kt.s, scale, S + r * ATT_KT, ATT_KT, kc,
+                            r == r0 ? pf : nullptr);
       if (r < rows)
-        att_qk_q8_r<1>(Q8 + r * hd, QC ? QC + r * nb : nullptr, QS + r * nb, nb, KP, DK, scale, S + r * ATT_KT + j,
-                       ATT_KT, C);
+        att_qk_q8_vnni_r<1>(Q8 + r * hd, QC + r * nb, QS + r * nb, nb, kt.q, kt.s, scale, S + r * ATT_KT, ATT_KT, kc,
+                            r == r0 ? pf : nullptr);
+    } else {
+      for (int j = 0; j < kc; j += 16) {  // (kt.q: the page's K, keys in the lanes: key j's bytes from 4 j)
+        const int C = std::min(16, kc - j);
+        if (pf)  // (four of the ATT_KT / 4 score steps AttPrefetch counts)
+          for (int i = 0; i < 4; ++i) att_decode_prefetch(*pf);
+        const int8_t* KP = kt.q + 4 * j;
+        const uint16_t* DK = kt.s + j;  // (lanes past C: the page's later rows, their scores not stored)
+        int64_t r = r0;
+        for (; r + 2 <= rows; r += 2)
+          att_qk_q8_r<2>(Q8 + r * hd, QS + r * nb, nb, KP, DK, scale, S + r * ATT_KT + j, ATT_KT, C);
+        if (r < rows) att_qk_q8_r<1>(Q8 + r * hd, QS + r * nb, nb, KP, DK, scale, S + r * ATT_KT + j, ATT_KT, C);
+      }
     }
   } else {
   // keys in chunks of ATT_QK_KC (their rows in L1) x rows in chunks of ATT_QK_RC (their q rows in L1): a block's
@@ -931,13 +955,13 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
           const int64_t o = h * kQ8Page * hd;
           for (int64_t c = 0; c < (r1 + 1) / 2 * 2 * hd; c += 64) {  // V: pairs of positions, key by key
             _mm_prefetch(pf.pv + o + c, _MM_HINT_T1);
-            if (c % 512 == 0) _mm_prefetch(pf.pvs + (o + c) / 8, _MM_HINT_T1);
+            if (c % 1024 == 0) _mm_prefetch(pf.pvs + (o + c) / 16, _MM_HINT_T1);
           }
-          for (int64_t l = 0; l < l16; ++l) {  // K: 16 positions a line in each group of 4 values
+          for (int64_t l = 0; l < l16; ++l)  // K: 16 positions a line in each group of 4 values
             for (int64_t gr = 0; gr < hd / 4; ++gr) _mm_prefetch(pf.pk + o + gr * 4 * kQ8Page + 64 * l, _MM_HINT_T1);
+          for (int64_t l = 0; l < (r1 + 31) / 32; ++l)  // K's scales: 32 positions a line in each block
             for (int64_t bl = 0; bl < hd / kQ8Block; ++bl)
-              _mm_prefetch(pf.pks + o / 8 + bl * 4 * kQ8Page + 64 * l, _MM_HINT_T1);
-          }
+              _mm_prefetch(pf.pks + o / 16 + bl * 2 * kQ8Page + 64 * l, _MM_HINT_T1);
         }
       }
       for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
@@ -1082,8 +1106,8 @@ void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint
   attention(q, n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
 }
 
-void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* k, const float* ks,
-                  const int8_t* v, const float* vs, int64_t pos0, float* out) {
+void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* k, const uint16_t* ks,
+                  const int8_t* v, const uint16_t* vs, int64_t pos0, float* out) {
   if (hd % kQ8Block != 0) throw std::invalid_argument("attention_q8: head_dim must be a multiple of 32");
   // The AVX2 tiled kernel at every vector level (as attention_f16), reading the cache in place, prefill and
   // decode alike: the query rows quantised like the cache, int8 dots for the scores, V widened in registers.
@@ -1102,8 +1126,10 @@ void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_
     for (int g = 0; g < Hkv; ++g)
       for (int d = 0; d < hd; ++d) {
         const int64_t dst = (t * Hkv + g) * hd + d;
-        kf[size_t(dst)] = float(k[q8_k_offset(t, g, d, Hkv, hd)]) * ks[q8_kscale_offset(t, g, d / kQ8Block, Hkv, hd)];
-        vf[size_t(dst)] = float(v[q8_v_offset(t, g, d, Hkv, hd)]) * vs[q8_vscale_offset(t, g, d / kQ8Block, Hkv, hd)];
+        kf[size_t(dst)] = float(k[q8_k_offset(t, g, d, Hkv, hd)]) *
+                          f16_to_f32(ks[q8_kscale_offset(t, g, d / kQ8Block, Hkv, hd)]);
+        vf[size_t(dst)] = float(v[q8_v_offset(t, g, d, Hkv, hd)]) *
+                          f16_to_f32(vs[q8_vscale_offset(t, g, d / kQ8Block, Hkv, hd)]);
       }
   std::vector<int8_t> q8(static_cast<size_t>(mq));
   std::vector<float> qs(static_cast<size_t>(mq / kQ8Block));
@@ -1112,16 +1138,18 @@ void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_
   attention(qf.data(), n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
 }
 
-void q8_to_pages(const int8_t* x, const float* xs, int64_t T, int Hkv, int hd, int8_t* out, float* outs, bool keys) {
+void q8_to_pages(const int8_t* x, const float* xs, int64_t T, int Hkv, int hd, int8_t* out, uint16_t* outs,
+                 bool keys) {
   const int64_t pages = (T + kQ8Page - 1) / kQ8Page, nb = hd / kQ8Block;
   std::fill(out, out + pages * kQ8Page * Hkv * hd, int8_t(0));
-  std::fill(outs, outs + pages * kQ8Page * Hkv * nb, 0.f);
+  std::fill(outs, outs + pages * kQ8Page * Hkv * nb, uint16_t(0));
   for (int64_t t = 0; t < T; ++t)
     for (int g = 0; g < Hkv; ++g) {
       const int64_t src = (t * Hkv + g) * hd;
       q8_put_row(x + src, t, g, Hkv, hd, keys, out);
       for (int b = 0; b < nb; ++b)
-        outs[keys ? q8_kscale_offset(t, g, b, Hkv, hd) : q8_vscale_offset(t, g, b, Hkv, hd)] = xs[src / kQ8Block + b];
+        outs[keys ? q8_kscale_offset(t, g, b, Hkv, hd) : q8_vscale_offset(t, g, b, Hkv, hd)] =
+            f32_to_f16(xs[src / kQ8Block + b]);
     }
 }
 
@@ -1132,7 +1160,9 @@ void quantize_q8_rows(const float* x, int8_t* q, float* scale, int64_t n) {
     float amax = 0.f;
     for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(xb[i]));
     const float d = amax / 127.0f, id = d != 0.f ? 1.0f / d : 0.f;
-    scale[b] = d;
+    uint16_t h = f32_to_f16(d);  // held in f16 (llama.cpp's q8_0: the values from the f32 step)
+    if ((h & 0x7FFF) >= 0x7C00) h = 0x7BFF;  // (past f16's range: its largest finite value, not an infinity)
+    scale[b] = f16_to_f32(h);
     for (int i = 0; i < kQ8Block; ++i) {
       const float r = std::round(xb[i] * id);  // nearest, ties away from zero
       q[b * kQ8Block + i] = int8_t(std::max(-127.f, std::min(127.f, r)));

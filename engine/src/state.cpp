@@ -111,10 +111,12 @@ void AttentionKV::commit() {
         const int64_t src = (i * n_kv_heads_ + g) * head_dim_, p = p0 + i;
         kernels::quantize_q8_rows(k_.data() + src, q.data(), sc.data(), head_dim_);
         q8_put_row(q.data(), p, g, n_kv_heads_, head_dim_, true, k8_.data());
-        for (int b = 0; b < nb; ++b) ks_[size_t(q8_kscale_offset(p, g, b, n_kv_heads_, head_dim_))] = sc[b];
-        kernels::quantize_q8_rows(v_.data() + src, q.data(), vs_.data() + q8_vscale_offset(p, g, 0, n_kv_heads_, head_dim_),
-                                  head_dim_);
+        for (int b = 0; b < nb; ++b)
+          ks_[size_t(q8_kscale_offset(p, g, b, n_kv_heads_, head_dim_))] = kernels::f32_to_f16(sc[b]);  // (exact)
+        kernels::quantize_q8_rows(v_.data() + src, q.data(), sc.data(), head_dim_);
         q8_put_row(q.data(), p, g, n_kv_heads_, head_dim_, false, v8_.data());
+        for (int b = 0; b < nb; ++b)
+          vs_[size_t(q8_vscale_offset(p, g, b, n_kv_heads_, head_dim_))] = kernels::f32_to_f16(sc[b]);
       }
   }
   if (staged_ > 64) {  // a prefill chunk's staging (2 x its rows in f32) is not kept: decode stages 1 row

@@ -63,8 +63,8 @@ class LayerState {
 // cache, read when the cache is created). append() then returns f32 staging rows for the chunk; commit() (after
 // K's norm and RoPE) rounds them into the cache, which attention then reads -- prefill and decode alike, so
 // decode still equals the full forward.
-// format() Q8: the cache holds K and V as int8 in blocks of 32 values along head_dim, one f32 scale per block
-// (absmax / 127, as llama.cpp's q8_0 with an f32 scale): commit() quantises the staged rows the same way.
+// format() Q8: the cache holds K and V as int8 in blocks of 32 values along head_dim, one f16 scale per block
+// (absmax / 127: llama.cpp's q8_0, kernels::quantize_q8_rows): commit() quantises the staged rows that way.
 enum class KVFormat { F32, F16, Q8 };
 constexpr int kQ8Block = 32;  // values per q8 scale (head_dim must be a multiple)
 // The q8 cache is held in pages of kQ8Page positions, each page kv head by kv head: a kv head's 64 positions of
@@ -76,7 +76,7 @@ constexpr int kQ8Block = 32;  // values per q8 scale (head_dim must be a multipl
 //      VNNI dot against 4 query bytes gives 16 keys' partial dots in their own lanes (no reduction across lanes);
 //   V: [kQ8Page / 2][head_dim][2]: the positions in pairs, interleaved value by value, so widening 16 bytes to
 //      int16 gives the (key 2i, key 2i + 1) pairs that pmaddwd / vpdpwssd weigh by (w_2i, w_2i + 1).
-// f32 scales, one per 32 values: K's block-major, [page][n_kv_heads][head_dim / 32][kQ8Page] (a block's scales
+// f16 scales, one per 32 values: K's block-major, [page][n_kv_heads][head_dim / 32][kQ8Page] (a block's scales
 // of 16 keys are one load of the score step); V's key by key, [page][n_kv_heads][kQ8Page][head_dim / 32] (the
 // P V weights take them per key). Pages are appended as the cache grows; the layout of the positions already
 // held never changes.
@@ -130,15 +130,15 @@ class AttentionKV final : public LayerState {
   const uint16_t* v16() const { return v16_.data(); }
   const int8_t* k8() const { return k8_.data(); }  // q8: pages, each [n_kv_heads] runs (above)
   const int8_t* v8() const { return v8_.data(); }
-  const float* ks() const { return ks_.data(); }   // q8: the scales (above)
-  const float* vs() const { return vs_.data(); }
+  const uint16_t* ks() const { return ks_.data(); }  // q8: the f16 scales (above)
+  const uint16_t* vs() const { return vs_.data(); }
   // Attention of n queries q [n, H, hd] at positions length() - n .. length() - 1 over this cache (after
   // commit()), into out [n, H, hd]: the kernel of the cache's format.
   void attend(const float* q, int64_t n, int H, float* out) const;
 
   int64_t bytes() const override {
     return int64_t((k_.capacity() + v_.capacity()) * sizeof(float) + (k16_.capacity() + v16_.capacity()) * 2 +
-                   k8_.capacity() + v8_.capacity() + (ks_.capacity() + vs_.capacity()) * sizeof(float));
+                   k8_.capacity() + v8_.capacity() + (ks_.capacity() + vs_.capacity()) * sizeof(uint16_t));
   }
   bool can_truncate() const override { return true; }
   void truncate(int64_t n) override { if (n < length_) length_ = n; }
@@ -159,7 +159,7 @@ class AttentionKV final : public LayerState {
   KVVector<float> k_, v_;            // the cache (f32), or the staged chunk (f16, q8)
   KVVector<uint16_t> k16_, v16_;     // the cache (f16)
   KVVector<int8_t> k8_, v8_;         // the cache (q8): values
-  KVVector<float> ks_, vs_;          // the cache (q8): one scale per kQ8Block values
+  KVVector<uint16_t> ks_, vs_;          // the cache (q8): one scale per kQ8Block values
 };
 
 // Everything a model needs to continue a sequence: per-layer states and the number of tokens read
