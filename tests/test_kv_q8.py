@@ -149,57 +149,51 @@ def test_q8_cache_decode_bits_equal_the_prefill_block(threads):
     assert np.array_equal(two, full[3:5])
 
 
-def _np_pages(x, layout="rows"):
+def _np_pages(k8, ks, v8, vs):
     """numpy's reading of the q8 cache's layout (state.h kQ8Page): rows [T, Hkv, d] padded with zeros to whole
-    pages of 64 positions, then each page kv head by kv head, flattened, within a kv head's run:
-    "rows" (V's scales) [64, d]; "blocks" (K's scales) [d, 64]; "keys" (K) [d / 4, 64, 4], the keys in the lanes;
-    "pairs" (V) [32, d, 2], the positions in pairs interleaved value by value."""
-    T, Hkv, d = x.shape
+    pages of 64 positions, each page kv head by kv head, and a kv head's part of a page one run of bytes:
+    K [d / 4, 64, 4] (the keys in the lanes), V [32, d, 2] (positions in pairs, interleaved value by value),
+    K's scales [d / 32, 64] and V's [64, d / 32], both f16."""
+    T, Hkv, d = k8.shape
     P = -(-T // 64)
-    pad = np.zeros((P * 64, Hkv, d), x.dtype)
-    pad[:T] = x
-    pages = pad.reshape(P, 64, Hkv, d)
-    if layout == "rows":
-        out = pages.transpose(0, 2, 1, 3)
-    elif layout == "blocks":
-        out = pages.transpose(0, 2, 3, 1)
-    elif layout == "keys":
-        out = pages.reshape(P, 64, Hkv, d // 4, 4).transpose(0, 2, 3, 1, 4)
-    else:
-        out = pages.reshape(P, 32, 2, Hkv, d).transpose(0, 3, 1, 4, 2)
-    return out.reshape(-1)
+
+    def pages(x):
+        pad = np.zeros((P * 64, Hkv, x.shape[-1]), x.dtype)
+        pad[:T] = x
+        return pad.reshape(P, 64, Hkv, x.shape[-1])
+
+    parts = [pages(k8).reshape(P, 64, Hkv, d // 4, 4).transpose(0, 2, 3, 1, 4),
+             pages(v8).reshape(P, 32, 2, Hkv, d).transpose(0, 3, 1, 4, 2),
+             pages(ks.astype(np.float16)).transpose(0, 2, 3, 1),
+             pages(vs.astype(np.float16)).transpose(0, 2, 1, 3)]
+    runs = [np.ascontiguousarray(x).reshape(P, Hkv, -1).view(np.int8) for x in parts]
+    return np.concatenate(runs, axis=2).reshape(-1)
 
 
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
 def test_q8_cache_pages_are_64_positions_kv_head_by_kv_head(T):
-    """_q8_pages lays a cache out as the engine holds it (numpy's reshape is the reference: K with the keys in
-    the lanes and its scales block-major, V in pairs of positions and its scales key by key), and the kernel
-    over those pages in place (length=T) gives the bits it gives over the rows (copied into pages per call)."""
+    """_q8_pages lays a cache out as the engine holds it (numpy's reshape is the reference: one run per page and
+    kv head of K with the keys in the lanes, V in pairs of positions and the f16 scales), and the kernel over those
+    pages in place gives the bits it gives over the rows (copied into pages per call)."""
     H, Hkv, hd = 8, 4, 64
     q, k, v = inputs(3 if T >= 3 else 1, T, H, Hkv, hd, seed=T)
     k8, ks = _engine._quantize_q8(k)
     v8, vs = _engine._quantize_q8(v)
-    kp, ksp = _engine._q8_pages(k8, ks, keys=True)
-    vp, vsp = _engine._q8_pages(v8, vs, keys=False)
-    assert ksp.dtype == vsp.dtype == np.float16
-    assert np.array_equal(kp, _np_pages(k8, "keys")) and np.array_equal(ksp, _np_pages(ks.astype(np.float16), "blocks"))
-    assert np.array_equal(vp, _np_pages(v8, "pairs")) and np.array_equal(vsp, _np_pages(vs.astype(np.float16)))
-    assert kp.shape == (-(-T // 64) * 64 * Hkv * hd,) and ksp.shape == (kp.shape[0] // 32,)
+    pages = _engine._q8_pages(k8, ks, v8, vs)
+    assert pages.dtype == np.int8 and pages.shape == (-(-T // 64) * Hkv * 64 * (2 * hd + 4 * hd // 32),)
+    assert np.array_equal(pages, _np_pages(k8, ks, v8, vs))
     for threads in (1, 2):
         rows = _engine._attention_q8(q, k8, ks, v8, vs, H, Hkv, threads=threads)
-        pages = _engine._attention_q8(q, kp, ksp, vp, vsp, H, Hkv, threads=threads, length=T)
-        assert np.array_equal(rows, pages)
+        assert np.array_equal(rows, _engine._attention_q8_pages(q, pages, H, Hkv, length=T, threads=threads))
         assert np.array_equal(rows, _engine._attention(q, k, v, H, Hkv, threads=threads, kv_q8=True))
-    with pytest.raises(ValueError, match="length"):
-        _engine._attention_q8(q, k8, ks, v8, vs, H, Hkv, length=T)
     with pytest.raises(ValueError, match="_q8_pages"):
-        _engine._attention_q8(q, kp[:-1], ksp, vp, vsp, H, Hkv, length=T)
-    with pytest.raises(ValueError, match="float16 scales"):  # the pages' scales are f16, the rows' f32
-        _engine._attention_q8(q, kp, ksp.astype(np.float32), vp, vsp, H, Hkv, length=T)
+        _engine._attention_q8_pages(q, pages[:-1], H, Hkv, length=T)
+    with pytest.raises(ValueError, match="length >= n"):
+        _engine._attention_q8_pages(q, pages, H, Hkv, length=0)
     with pytest.raises(ValueError, match="float32"):
-        _engine._attention_q8(q, k8, ks.astype(np.float16), v8, vs, H, Hkv)
-    with pytest.raises(ValueError, match="T >= n"):
-        _engine._attention_q8(q, kp, ksp, vp, vsp, H, Hkv)
+        _engine._attention_q8(q, k8, ks[..., :1], v8, vs, H, Hkv)
+    with pytest.raises(ValueError, match="k's shape"):
+        _engine._q8_pages(k8, ks, v8[:, :1], vs)
 
 
 def test_attention_refuses_q8_with_f16_arrays_or_both_caches():

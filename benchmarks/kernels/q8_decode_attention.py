@@ -1,8 +1,8 @@
 """Decode attention over a q8 KV cache, the kernel alone, at every vector level of this CPU in one process
 (issue 32): one query (n = 1) against a --contexts-key cache of Qwen3-0.6B's attention shape (16 query heads,
-8 kv heads, head_dim 128) held as the engine holds it (int8 blocks of 32, an f32 scale each, _quantize_q8; in
+8 kv heads, head_dim 128) held as the engine holds it (int8 blocks of 32, an f16 scale each, _quantize_q8; in
 pages of 64 positions kv head by kv head, _q8_pages, on 64-byte lines as the engine's cache), through
-_attention_q8 with length= (nothing quantised or copied per call).
+_attention_q8_pages (nothing quantised or copied per call).
 
 The levels run the same kernel body: avx2 takes the scores with maddubs/madd and P V in 256-bit registers;
 avx512 and avx512bf16 take the scores with VNNI (vpdpbusd, where the CPU has it) and P V in 512-bit registers.
@@ -56,9 +56,7 @@ def main(argv=None):
     T = max(args.contexts)
     k8, ks = E._quantize_q8(rng.standard_normal((T, Hkv, hd), dtype=np.float32))
     v8, vs = E._quantize_q8(rng.standard_normal((T, Hkv, hd), dtype=np.float32))
-    pages = {ctx: tuple(_on_lines(a) for a in (*E._q8_pages(k8[:ctx], ks[:ctx], keys=True),
-                                               *E._q8_pages(v8[:ctx], vs[:ctx], keys=False)))
-             for ctx in args.contexts}
+    pages = {ctx: _on_lines(E._q8_pages(k8[:ctx], ks[:ctx], v8[:ctx], vs[:ctx])) for ctx in args.contexts}
     q = rng.standard_normal((1, H, hd), dtype=np.float32)
     times: dict = {}
     read: dict = {}
@@ -67,13 +65,13 @@ def main(argv=None):
         for rnd in range(args.rounds):
             for ctx in args.contexts:
                 arrs = pages[ctx]
-                nbytes = 2 * ctx * Hkv * hd * 9 // 8  # int8 values and an f32 scale per 32
+                nbytes = arrs.nbytes * ctx // (-(-ctx // 64) * 64)  # int8 values and an f16 scale per 32
                 for th in args.threads:
                     for lv in (levels if rnd % 2 == 0 else levels[::-1]):
                         E.set_kernel_level(lv)
                         for _ in range(args.calls):
                             t0 = time.perf_counter()
-                            o = E._attention_q8(q, *arrs, H, Hkv, threads=th, length=ctx)
+                            o = E._attention_q8_pages(q, arrs, H, Hkv, length=ctx, threads=th)
                             times.setdefault((ctx, th, lv), []).append(time.perf_counter() - t0)
                         outs.setdefault((ctx, th, lv), o)
                     read.setdefault((ctx, th), []).append(nbytes / (E.read_bandwidth(nbytes, th, 1) * 1e9))

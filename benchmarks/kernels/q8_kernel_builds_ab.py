@@ -32,7 +32,10 @@ def child(args):
     for _ in range(args.caches):
         k8, ks = E._quantize_q8(rng.standard_normal((args.context, Hkv, hd), dtype=np.float32))
         v8, vs = E._quantize_q8(rng.standard_normal((args.context, Hkv, hd), dtype=np.float32))
-        if hasattr(E, "_q8_pages"):  # the engine's own layout, read in place (length=)
+        if hasattr(E, "_attention_q8_pages"):  # the engine's own layout, one array (s8), read in place
+            from q8_decode_attention import _on_lines
+            k8 = _on_lines(E._q8_pages(k8, ks, v8, vs))
+        elif hasattr(E, "_q8_pages"):  # four arrays (s7), read in place (length=)
             from q8_decode_attention import _on_lines
             k8, ks = (_on_lines(a) for a in E._q8_pages(k8, ks, keys=True))
             v8, vs = (_on_lines(a) for a in E._q8_pages(v8, vs, keys=False))
@@ -44,7 +47,10 @@ def child(args):
     for i in range(args.calls + args.caches):
         k8, ks, v8, vs = caches[i % args.caches]
         t0 = time.perf_counter()
-        E._attention_q8(q, k8, ks, v8, vs, H, Hkv, threads=args.threads, **kw)
+        if hasattr(E, "_attention_q8_pages"):
+            E._attention_q8_pages(q, k8, H, Hkv, length=args.context, threads=args.threads)
+        else:
+            E._attention_q8(q, k8, ks, v8, vs, H, Hkv, threads=args.threads, **kw)
         if i >= args.caches:
             ts.append(time.perf_counter() - t0)
     ts = np.array(ts) * 1e9 / (args.context * Hkv)

@@ -218,13 +218,9 @@ void register_checkpoint(py::module_& m) {
         std::vector<float> ks(static_cast<size_t>(m / kQ8Block)), vs(static_cast<size_t>(m / kQ8Block));
         kernels::quantize_q8_rows(static_cast<const float*>(k.data()), k8.data(), ks.data(), m);
         kernels::quantize_q8_rows(static_cast<const float*>(v.data()), v8.data(), vs.data(), m);
-        const int64_t pm = (T + kQ8Page - 1) / kQ8Page * kQ8Page * n_kv_heads * hd;
-        std::vector<int8_t> kp(static_cast<size_t>(pm)), vp(static_cast<size_t>(pm));
-        std::vector<uint16_t> ksp(static_cast<size_t>(pm / kQ8Block)), vsp(static_cast<size_t>(pm / kQ8Block));
-        kernels::q8_to_pages(k8.data(), ks.data(), T, n_kv_heads, int(hd), kp.data(), ksp.data(), true);
-        kernels::q8_to_pages(v8.data(), vs.data(), T, n_kv_heads, int(hd), vp.data(), vsp.data(), false);
-        kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), kp.data(), ksp.data(), vp.data(), vsp.data(),
-                              T - n, op);
+        std::vector<int8_t> pages(size_t((T + kQ8Page - 1) / kQ8Page * n_kv_heads * q8_run_bytes(int(hd))));
+        kernels::q8_to_pages(k8.data(), ks.data(), v8.data(), vs.data(), T, n_kv_heads, int(hd), pages.data());
+        kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), T - n, op);
       } else {
         kernels::attention(qp, n, n_heads, n_kv_heads, int(hd), static_cast<const float*>(k.data()),
                            static_cast<const float*>(v.data()), T - n, op);
@@ -238,72 +234,79 @@ void register_checkpoint(py::module_& m) {
      "cache as given. kv_q8: k and v quantised to a q8 cache first (kv_cache='q8': int8 blocks of 32 along hd, "
      "an f16 scale each, llama.cpp's q8_0), then its kernel.");
   m.def("_attention_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
-                            py::array_t<int8_t, py::array::c_style> k, py::array ks,
-                            py::array_t<int8_t, py::array::c_style> v, py::array vs,
-                            int n_heads, int n_kv_heads, int threads, int64_t length) {
-    // A q8 cache as given: rows (_quantize_q8's arrays, 3-d: copied into pages here) or pages (_q8_pages'
-    // arrays, 1-d, with length: nothing copied) -- the kernel alone, for timings.
+                            py::array_t<int8_t, py::array::c_style> k, py::array_t<float, py::array::c_style> ks,
+                            py::array_t<int8_t, py::array::c_style> v, py::array_t<float, py::array::c_style> vs,
+                            int n_heads, int n_kv_heads, int threads) {
+    // A q8 cache as _quantize_q8 gives it, row by row: copied into the cache's pages (q8_to_pages), then the kernel.
     if (q.ndim() != 3 || q.shape(1) != n_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
         q.shape(2) % kQ8Block != 0)
       throw std::invalid_argument("q must be [n, n_heads, hd] (hd a multiple of 32, n_heads of n_kv_heads)");
-    const int64_t n = q.shape(0), hd = q.shape(2);
-    const bool rows = k.ndim() == 3;
-    const int64_t T = rows ? k.shape(0) : length;
-    if (rows && length != -1) throw std::invalid_argument("length: only with the 1-d arrays of _q8_pages");
-    if (n < 1 || T < n) throw std::invalid_argument("the cache must hold T >= n >= 1 positions");
-    const int64_t pm = (T + kQ8Page - 1) / kQ8Page * kQ8Page * n_kv_heads * hd;
+    const int64_t n = q.shape(0), hd = q.shape(2), T = k.ndim() == 3 ? k.shape(0) : -1;
     for (const auto* a : {&k, &v})
-      if (rows ? (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd)
-               : (a->ndim() != 1 || a->shape(0) < pm))
-        throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd], or _q8_pages' values for length");
+      if (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd)
+        throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd] int8");
     for (const auto* a : {&ks, &vs})
-      if (!(a->flags() & py::array::c_style) || a->dtype().kind() != 'f' || a->dtype().itemsize() != (rows ? 4 : 2) ||
-          (rows ? (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd / kQ8Block)
-                : (a->ndim() != 1 || a->shape(0) < pm / kQ8Block)))
-        throw std::invalid_argument(
-            "ks and vs must both be float32 [T, n_kv_heads, hd / 32] (_quantize_q8's), or _q8_pages' float16 scales");
+      if (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd / kQ8Block)
+        throw std::invalid_argument("ks and vs must both be [T, n_kv_heads, hd / 32] float32");
+    if (n < 1 || T < n) throw std::invalid_argument("the cache must hold T >= n >= 1 positions");
     py::array_t<float> out({n, int64_t(n_heads), hd});
     const float* qp = q.data();
     float* op = out.mutable_data();
     {
       py::gil_scoped_release release;
-      std::vector<int8_t> kp, vp;
-      std::vector<uint16_t> ksp, vsp;
-      const int8_t *K = k.data(), *V = v.data();
-      const uint16_t *KS = static_cast<const uint16_t*>(ks.data()), *VS = static_cast<const uint16_t*>(vs.data());
-      if (rows) {
-        kp.resize(size_t(pm)); vp.resize(size_t(pm)); ksp.resize(size_t(pm / kQ8Block)); vsp.resize(size_t(pm / kQ8Block));
-        kernels::q8_to_pages(K, static_cast<const float*>(ks.data()), T, n_kv_heads, int(hd), kp.data(), ksp.data(), true);
-        kernels::q8_to_pages(V, static_cast<const float*>(vs.data()), T, n_kv_heads, int(hd), vp.data(), vsp.data(), false);
-        K = kp.data(); V = vp.data(); KS = ksp.data(); VS = vsp.data();
-      }
+      std::vector<int8_t> pages(size_t((T + kQ8Page - 1) / kQ8Page * n_kv_heads * q8_run_bytes(int(hd))));
+      kernels::q8_to_pages(k.data(), ks.data(), v.data(), vs.data(), T, n_kv_heads, int(hd), pages.data());
       use_threads(threads);
-      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), K, KS, V, VS, T - n, op);
+      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), T - n, op);
     }
     return out;
   }, py::arg("q"), py::arg("k"), py::arg("ks"), py::arg("v"), py::arg("vs"), py::arg("n_heads"),
-     py::arg("n_kv_heads"), py::arg("threads") = 0, py::arg("length") = -1,
-     "The attention kernel over a q8 cache as given: k, v int8 [T, Hkv, hd] and ks, vs float32 [T, Hkv, hd / 32] "
-     "(as _quantize_q8 returns them; copied into the cache's pages per call, the scales rounded to f16), or the "
-     "1-d arrays _q8_pages returns (float16 scales) with length=T (read in place): queries at positions T-n..T-1.");
-  m.def("_q8_pages", [](py::array_t<int8_t, py::array::c_style> x, py::array_t<float, py::array::c_style> xs,
-                        bool keys) {
-    // rows [T, Hkv, hd] (+ scales [T, Hkv, hd / 32]) -> the q8 cache's pages (1-d values, 1-d scales)
-    if (x.ndim() != 3 || xs.ndim() != 3 || x.shape(2) % kQ8Block != 0 || xs.shape(0) != x.shape(0) ||
-        xs.shape(1) != x.shape(1) || xs.shape(2) != x.shape(2) / kQ8Block)
-      throw std::invalid_argument("x must be [T, n_kv_heads, hd] int8 (hd a multiple of 32), xs [T, n_kv_heads, hd / 32]");
-    const int64_t T = x.shape(0), Hkv = x.shape(1), hd = x.shape(2);
-    const int64_t pm = (T + kQ8Page - 1) / kQ8Page * kQ8Page * Hkv * hd;
-    py::array_t<int8_t> out(pm);
-    py::array outs(py::dtype("e"), std::vector<py::ssize_t>{pm / kQ8Block});  // float16
-    kernels::q8_to_pages(x.data(), xs.data(), T, int(Hkv), int(hd), out.mutable_data(),
-                         static_cast<uint16_t*>(outs.mutable_data()), keys);
-    return py::make_tuple(out, outs);
-  }, py::arg("x"), py::arg("xs"), py::arg("keys"),
-     "A q8 cache's rows (_quantize_q8's values and scales, [T, Hkv, hd]) in the cache's own layout: pages of "
-     "64 positions, kv head by kv head, flattened: keys=True (K) [pages, Hkv, hd / 4, 64, 4] (the keys in the "
-     "lanes), scales [pages, Hkv, hd / 32, 64] (block-major); keys=False (V) [pages, Hkv, 32, hd, 2] (positions "
-     "in pairs, interleaved value by value), scales [pages, Hkv, 64, hd / 32]; the scales float16.");
+     py::arg("n_kv_heads"), py::arg("threads") = 0,
+     "The attention kernel over a q8 cache given row by row: k, v int8 [T, Hkv, hd] and ks, vs float32 [T, Hkv, "
+     "hd / 32] (as _quantize_q8 returns them), copied into the cache's pages per call (the scales held in f16): "
+     "queries at positions T-n..T-1.");
+  m.def("_attention_q8_pages", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                                  py::array_t<int8_t, py::array::c_style> pages, int n_heads, int n_kv_heads,
+                                  int64_t length, int threads) {
+    // The kernel over _q8_pages' array, read in place (nothing copied or quantised per call: timings).
+    if (q.ndim() != 3 || q.shape(1) != n_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
+        q.shape(2) % kQ8Block != 0)
+      throw std::invalid_argument("q must be [n, n_heads, hd] (hd a multiple of 32, n_heads of n_kv_heads)");
+    const int64_t n = q.shape(0), hd = q.shape(2);
+    if (n < 1 || length < n) throw std::invalid_argument("the cache must hold length >= n >= 1 positions");
+    if (pages.ndim() != 1 || pages.shape(0) < (length + kQ8Page - 1) / kQ8Page * n_kv_heads * q8_run_bytes(int(hd)))
+      throw std::invalid_argument("pages must be _q8_pages' array of at least length positions (this hd, n_kv_heads)");
+    py::array_t<float> out({n, int64_t(n_heads), hd});
+    const float* qp = q.data();
+    float* op = out.mutable_data();
+    {
+      py::gil_scoped_release release;
+      use_threads(threads);
+      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), length - n, op);
+    }
+    return out;
+  }, py::arg("q"), py::arg("pages"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("length"),
+     py::arg("threads") = 0,
+     "The attention kernel over a q8 cache in its own layout (_q8_pages' array, read in place): queries at "
+     "positions length-n..length-1.");
+  m.def("_q8_pages", [](py::array_t<int8_t, py::array::c_style> k, py::array_t<float, py::array::c_style> ks,
+                        py::array_t<int8_t, py::array::c_style> v, py::array_t<float, py::array::c_style> vs) {
+    // rows (+ scales) -> the q8 cache's pages (one 1-d int8 array)
+    if (k.ndim() != 3 || k.shape(2) % kQ8Block != 0)
+      throw std::invalid_argument("k must be [T, n_kv_heads, hd] int8 (hd a multiple of 32)");
+    const int64_t T = k.shape(0), Hkv = k.shape(1), hd = k.shape(2);
+    if (v.ndim() != 3 || v.shape(0) != T || v.shape(1) != Hkv || v.shape(2) != hd)
+      throw std::invalid_argument("v must be k's shape");
+    for (const auto* a : {&ks, &vs})
+      if (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != Hkv || a->shape(2) != hd / kQ8Block)
+        throw std::invalid_argument("ks and vs must both be [T, n_kv_heads, hd / 32] float32");
+    py::array_t<int8_t> out((T + kQ8Page - 1) / kQ8Page * Hkv * q8_run_bytes(int(hd)));
+    kernels::q8_to_pages(k.data(), ks.data(), v.data(), vs.data(), T, int(Hkv), int(hd), out.mutable_data());
+    return out;
+  }, py::arg("k"), py::arg("ks"), py::arg("v"), py::arg("vs"),
+     "A q8 cache's rows (_quantize_q8's values and scales, [T, Hkv, hd], for K and for V) in the cache's own "
+     "layout (state.h): one int8 array of pages of 64 positions, kv head by kv head, each kv head's part "
+     "[K: hd / 4, 64, 4 | V: 32, hd, 2 | K's scales: hd / 32, 64 (f16) | V's scales: 64, hd / 32 (f16)].");
   m.def("_quantize_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
     // x [..., n] with n % 32 == 0 -> (int8 values of x's shape, scales [..., n / 32] as float32: the f16 values a
     // q8 cache holds), as a q8 cache holds x.

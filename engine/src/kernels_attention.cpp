@@ -140,10 +140,9 @@ struct Q8Ptr {
   const int8_t* q;
   const uint16_t* s;  // f16 scales
 };
-// The q8 cache's four arrays (null: not a q8 cache).
+// The q8 cache's pages (state.h; null: not a q8 cache).
 struct Q8Cache {
-  const int8_t *k, *v;
-  const uint16_t *ks, *vs;  // f16 scales
+  const int8_t* c = nullptr;
   bool vnni = false;  // scores and P V with AVX-512 VNNI (att_qk_q8_vnni, att_pv_q8i_zmm): the same bits as without
 };
 
@@ -157,24 +156,17 @@ struct AttPrefetch {
   int64_t row = 0, end = 0;                // next row to ask for, rows this tile-head asks for stop at end
   int64_t col = 0;                         // next byte of row `row` to ask for
   int lines_step = 0;                      // K and V lines per step (score and P V loops)
-  // q8 (pages, state.h): the thread's piece of the next page is one run of K bytes [0, pend) from pk (V: pv),
-  // its scales one run of pend / 16 bytes from pks (pvs); pcur: the next K byte to ask for. pk null: rows.
-  const char *pk = nullptr, *pv = nullptr, *pks = nullptr, *pvs = nullptr;
+  // q8 (pages, state.h): the thread's piece of the next page is one run of bytes [0, pend) from pk (its kv
+  // heads' K, V and scales); pcur: the next byte to ask for. pk null: rows.
+  const char* pk = nullptr;
   int64_t pcur = 0, pend = 0;
 };
 constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
 STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
-  if (p.pk) {  // q8 pages: lines_step K and V lines in address order, a scale line with every 16th
+  if (p.pk) {  // q8 pages: lines_step lines in address order
     int64_t c = p.pcur;
     const int64_t e = std::min(p.pend, c + 64 * int64_t(p.lines_step));
-    for (; c < e; c += 64) {
-      _mm_prefetch(p.pk + c, _MM_HINT_T1);
-      _mm_prefetch(p.pv + c, _MM_HINT_T1);
-      if ((c & 1023) == 0) {
-        _mm_prefetch(p.pks + c / 16, _MM_HINT_T1);
-        _mm_prefetch(p.pvs + c / 16, _MM_HINT_T1);
-      }
-    }
+    for (; c < e; c += 64) _mm_prefetch(p.pk + c, _MM_HINT_T1);
     p.pcur = c;
     return;
   }
@@ -648,7 +640,7 @@ struct AttBlock {
   float scale;
   AttScratch* w;
   const uint16_t *k16, *v16;  // f16 cache (null: f32): every tile is widened into the pack buffers
-  Q8Cache q8;                 // q8 cache (q8.k null: not q8): the same
+  Q8Cache q8;                 // q8 cache (q8.c null: not q8): the same
 };
 
 STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, int hd, int64_t pos0, int64_t i0,
@@ -656,7 +648,7 @@ STRATA_AVX2 static void att_begin(AttBlock& b, const float* q, int H, int Hkv, i
                                   const uint16_t* v16 = nullptr, const Q8Cache* q8 = nullptr) {
   const int G = H / Hkv;
   b = AttBlock{H, Hkv, hd, g, pos0, i0, i1, (i1 - i0) * G, int64_t(Hkv) * hd, pos0 + i1 - 1,
-               1.0f / std::sqrt(float(hd)), &w, k16, v16, q8 ? *q8 : Q8Cache{nullptr, nullptr, nullptr, nullptr}};
+               1.0f / std::sqrt(float(hd)), &w, k16, v16, q8 ? *q8 : Q8Cache{}};
   w.fit(b.rows, hd);
   float *Q = w.q.data(), *O = w.o.data(), *M = w.m.data(), *L = w.l.data();
   for (int64_t r = 0; r < b.rows; ++r) {
@@ -833,10 +825,12 @@ STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float*
     att_tile_body(b, b.k16 + int64_t(b.g) * hd + t0 * kvs, b.v16 + int64_t(b.g) * hd + t0 * kvs, kvs, kc, r0, t0, pf);
     return;
   }
-  if (b.q8.k) {  // q8 cache: read in place (int8 dots for the scores, V widened in registers), prefill and
+  if (b.q8.c) {  // q8 cache: read in place (int8 dots for the scores, V widened in registers), prefill and
                  // decode alike
     const int64_t o = q8_run_offset(t0, b.g, b.Hkv, hd);  // (t0 starts a page: its kv head's run, state.h)
-    att_tile_body(b, Q8Ptr{b.q8.k + o, b.q8.ks + o / kQ8Block}, Q8Ptr{b.q8.v + o, b.q8.vs + o / kQ8Block},
+    const int8_t* run = b.q8.c + o;
+    att_tile_body(b, Q8Ptr{run, reinterpret_cast<const uint16_t*>(run + q8_run_kscales(hd))},
+                  Q8Ptr{run + q8_run_v(hd), reinterpret_cast<const uint16_t*>(run + q8_run_vscales(hd))},
                   int64_t(hd), kc, r0, t0, pf);
     return;
   }
@@ -933,35 +927,27 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
     const int64_t pmax = pos0 + n - 1, nh = g1 - g0;
     AttPrefetch pf;
     if (q8) {
-      // Pages (state.h): the thread's kv heads of a page are one run of nh * kQ8Page * hd bytes of K (and of V),
-      // their scales one run of an eighth of that: while it works on page t it asks for page t + 1's runs in
-      // address order, spread over the tile's score and P V steps. (Reading a part of every row instead, the
-      // rows' layout, read 16-25 GB/s where whole runs read 31: benchmarks/results/long_context/q8/s7.)
+      // Pages (state.h): the thread's kv heads of a page are one run of nh runs (K, V and their scales): while
+      // it works on page t it asks for page t + 1's run in address order, spread over the tile's score and P V
+      // steps. (Reading a part of every row instead, the rows' layout, read 16-25 GB/s where whole runs read 31:
+      // benchmarks/results/long_context/q8/s7; one run for K, V and the scales together: s8.)
       static_assert(ATT_KT == kQ8Page, "a key tile is a q8 page");
-      const int64_t run = nh * kQ8Page * hd, steps = nh * (ATT_KT / 4 + (hd + 31) / 32);
+      const int64_t rb = q8_run_bytes(hd), run = nh * rb, steps = nh * (ATT_KT / 4 + (hd + 31) / 32);
       pf.lines_step = int((run / 64 + steps - 1) / steps);
       auto page = [&](int64_t t0) {
-        const int64_t o = q8_run_offset(t0, int(g0), Hkv, hd);
-        pf.pk = reinterpret_cast<const char*>(q8->k + o);
-        pf.pv = reinterpret_cast<const char*>(q8->v + o);
-        pf.pks = reinterpret_cast<const char*>(q8->ks + o / kQ8Block);
-        pf.pvs = reinterpret_cast<const char*>(q8->vs + o / kQ8Block);
+        pf.pk = reinterpret_cast<const char*>(q8->c + q8_run_offset(t0, int(g0), Hkv, hd));
         pf.pcur = 0;
       };
-      {  // page 0 at once (as the rows below): each head's lines of the positions that exist, values and scales
+      {  // page 0 at once (as the rows below): each head's lines of the positions that exist, and its scales
         page(0);
         const int64_t r1 = std::min<int64_t>(pmax + 1, kQ8Page), l16 = (r1 + 15) / 16;
         for (int64_t h = 0; h < nh; ++h) {
-          const int64_t o = h * kQ8Page * hd;
-          for (int64_t c = 0; c < (r1 + 1) / 2 * 2 * hd; c += 64) {  // V: pairs of positions, key by key
-            _mm_prefetch(pf.pv + o + c, _MM_HINT_T1);
-            if (c % 1024 == 0) _mm_prefetch(pf.pvs + (o + c) / 16, _MM_HINT_T1);
-          }
+          const char* o = pf.pk + h * rb;
           for (int64_t l = 0; l < l16; ++l)  // K: 16 positions a line in each group of 4 values
-            for (int64_t gr = 0; gr < hd / 4; ++gr) _mm_prefetch(pf.pk + o + gr * 4 * kQ8Page + 64 * l, _MM_HINT_T1);
-          for (int64_t l = 0; l < (r1 + 31) / 32; ++l)  // K's scales: 32 positions a line in each block
-            for (int64_t bl = 0; bl < hd / kQ8Block; ++bl)
-              _mm_prefetch(pf.pks + o / 16 + bl * 2 * kQ8Page + 64 * l, _MM_HINT_T1);
+            for (int64_t gr = 0; gr < hd / 4; ++gr) _mm_prefetch(o + gr * 4 * kQ8Page + 64 * l, _MM_HINT_T1);
+          for (int64_t c = 0; c < (r1 + 1) / 2 * 2 * hd; c += 64)  // V: pairs of positions, key by key
+            _mm_prefetch(o + q8_run_v(hd) + c, _MM_HINT_T1);
+          for (int64_t c = q8_run_kscales(hd); c < rb; c += 64) _mm_prefetch(o + c, _MM_HINT_T1);  // the scales
         }
       }
       for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
@@ -1106,15 +1092,14 @@ void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint
   attention(q, n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
 }
 
-void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* k, const uint16_t* ks,
-                  const int8_t* v, const uint16_t* vs, int64_t pos0, float* out) {
+void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* cache, int64_t pos0, float* out) {
   if (hd % kQ8Block != 0) throw std::invalid_argument("attention_q8: head_dim must be a multiple of 32");
   // The AVX2 tiled kernel at every vector level (as attention_f16), reading the cache in place, prefill and
   // decode alike: the query rows quantised like the cache, int8 dots for the scores, V widened in registers.
   if (g_attn_tiled && vec(level()) != Level::Scalar) {
     static const bool has_vnni = __builtin_cpu_supports("avx512vnni");
     const bool a512 = vec(level()) == Level::AVX512;
-    const Q8Cache c{k, v, ks, vs, a512 && has_vnni};
+    const Q8Cache c{cache, a512 && has_vnni};
     attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, nullptr, nullptr, &c);
     return;
   }
@@ -1126,10 +1111,11 @@ void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_
     for (int g = 0; g < Hkv; ++g)
       for (int d = 0; d < hd; ++d) {
         const int64_t dst = (t * Hkv + g) * hd + d;
-        kf[size_t(dst)] = float(k[q8_k_offset(t, g, d, Hkv, hd)]) *
-                          f16_to_f32(ks[q8_kscale_offset(t, g, d / kQ8Block, Hkv, hd)]);
-        vf[size_t(dst)] = float(v[q8_v_offset(t, g, d, Hkv, hd)]) *
-                          f16_to_f32(vs[q8_vscale_offset(t, g, d / kQ8Block, Hkv, hd)]);
+        uint16_t sk, sv;
+        std::memcpy(&sk, cache + q8_kscale_offset(t, g, d / kQ8Block, Hkv, hd), 2);
+        std::memcpy(&sv, cache + q8_vscale_offset(t, g, d / kQ8Block, Hkv, hd), 2);
+        kf[size_t(dst)] = float(cache[q8_k_offset(t, g, d, Hkv, hd)]) * f16_to_f32(sk);
+        vf[size_t(dst)] = float(cache[q8_v_offset(t, g, d, Hkv, hd)]) * f16_to_f32(sv);
       }
   std::vector<int8_t> q8(static_cast<size_t>(mq));
   std::vector<float> qs(static_cast<size_t>(mq / kQ8Block));
@@ -1138,18 +1124,19 @@ void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_
   attention(qf.data(), n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
 }
 
-void q8_to_pages(const int8_t* x, const float* xs, int64_t T, int Hkv, int hd, int8_t* out, uint16_t* outs,
-                 bool keys) {
+void q8_to_pages(const int8_t* k, const float* ks, const int8_t* v, const float* vs, int64_t T, int Hkv, int hd,
+                 int8_t* out) {
   const int64_t pages = (T + kQ8Page - 1) / kQ8Page, nb = hd / kQ8Block;
-  std::fill(out, out + pages * kQ8Page * Hkv * hd, int8_t(0));
-  std::fill(outs, outs + pages * kQ8Page * Hkv * nb, uint16_t(0));
+  std::fill(out, out + pages * Hkv * q8_run_bytes(hd), int8_t(0));
+  std::vector<uint16_t> s16(static_cast<size_t>(nb));
   for (int64_t t = 0; t < T; ++t)
     for (int g = 0; g < Hkv; ++g) {
       const int64_t src = (t * Hkv + g) * hd;
-      q8_put_row(x + src, t, g, Hkv, hd, keys, out);
-      for (int b = 0; b < nb; ++b)
-        outs[keys ? q8_kscale_offset(t, g, b, Hkv, hd) : q8_vscale_offset(t, g, b, Hkv, hd)] =
-            f32_to_f16(xs[src / kQ8Block + b]);
+      for (const bool keys : {true, false}) {
+        const float* xs = (keys ? ks : vs) + src / kQ8Block;
+        for (int64_t b = 0; b < nb; ++b) s16[size_t(b)] = f32_to_f16(xs[b]);
+        q8_put_row((keys ? k : v) + src, s16.data(), t, g, Hkv, hd, keys, out);
+      }
     }
 }
 

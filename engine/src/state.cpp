@@ -64,14 +64,10 @@ void AttentionKV::append(int64_t n, float** k_out, float** v_out) {
       k16_.resize(cap);
       v16_.resize(cap);
     }
-    const size_t page = size_t(kQ8Page * row());  // q8: whole pages (state.h)
-    if (format_ == KVFormat::Q8 && (need + page - 1) / page * page > k8_.size()) {
-      size_t cap = std::max(need, k8_.size() * 3 / 2 + page);
-      cap = (cap + page - 1) / page * page;
-      k8_.resize(cap);
-      v8_.resize(cap);
-      ks_.resize(cap / kQ8Block);
-      vs_.resize(cap / kQ8Block);
+    if (format_ == KVFormat::Q8) {  // whole pages (state.h)
+      const size_t page = size_t(n_kv_heads_ * q8_run_bytes(head_dim_));
+      const size_t want = size_t((length_ + n + kQ8Page - 1) / kQ8Page) * page;
+      if (want > q8_.size()) q8_.resize(std::max(want, (q8_.size() * 3 / 2 + page) / page * page));
     }
     if (k_.size() < size_t(n * row())) {
       k_.resize(size_t(n * row()));
@@ -104,19 +100,17 @@ void AttentionKV::commit() {
             // values as quantising the chunk at once)
     const int64_t p0 = length_ - staged_;
     const int nb = head_dim_ / kQ8Block;
-    std::vector<float> sc(static_cast<size_t>(nb));  // (a row's scales, then to their places)
+    std::vector<float> sc(static_cast<size_t>(nb));  // (a row's scales: f16 values, then held as f16)
+    std::vector<uint16_t> sc16(static_cast<size_t>(nb));
     std::vector<int8_t> q(static_cast<size_t>(head_dim_));
     for (int64_t i = 0; i < staged_; ++i)
       for (int g = 0; g < n_kv_heads_; ++g) {
         const int64_t src = (i * n_kv_heads_ + g) * head_dim_, p = p0 + i;
-        kernels::quantize_q8_rows(k_.data() + src, q.data(), sc.data(), head_dim_);
-        q8_put_row(q.data(), p, g, n_kv_heads_, head_dim_, true, k8_.data());
-        for (int b = 0; b < nb; ++b)
-          ks_[size_t(q8_kscale_offset(p, g, b, n_kv_heads_, head_dim_))] = kernels::f32_to_f16(sc[b]);  // (exact)
-        kernels::quantize_q8_rows(v_.data() + src, q.data(), sc.data(), head_dim_);
-        q8_put_row(q.data(), p, g, n_kv_heads_, head_dim_, false, v8_.data());
-        for (int b = 0; b < nb; ++b)
-          vs_[size_t(q8_vscale_offset(p, g, b, n_kv_heads_, head_dim_))] = kernels::f32_to_f16(sc[b]);
+        for (const bool keys : {true, false}) {
+          kernels::quantize_q8_rows((keys ? k_ : v_).data() + src, q.data(), sc.data(), head_dim_);
+          for (int b = 0; b < nb; ++b) sc16[size_t(b)] = kernels::f32_to_f16(sc[size_t(b)]);  // (exact)
+          q8_put_row(q.data(), sc16.data(), p, g, n_kv_heads_, head_dim_, keys, q8_.data());
+        }
       }
   }
   if (staged_ > 64) {  // a prefill chunk's staging (2 x its rows in f32) is not kept: decode stages 1 row
@@ -132,7 +126,7 @@ void AttentionKV::attend(const float* q, int64_t n, int H, float* out) const {
       kernels::attention_f16(q, n, H, n_kv_heads_, head_dim_, k16(), v16(), pos0, out);
       break;
     case KVFormat::Q8:
-      kernels::attention_q8(q, n, H, n_kv_heads_, head_dim_, k8(), ks(), v8(), vs(), pos0, out);
+      kernels::attention_q8(q, n, H, n_kv_heads_, head_dim_, q8(), pos0, out);
       break;
     default:
       kernels::attention(q, n, H, n_kv_heads_, head_dim_, k(), v(), pos0, out);

@@ -105,19 +105,18 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
 // whole cache first.
 void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint16_t* k, const uint16_t* v,
                    int64_t pos0, float* out);
-// The same with a q8 cache (AttentionKV's k8() / ks() / v8() / vs()): in pages of kQ8Page positions, kv head by
-// kv head, laid out as state.h says (K with the keys in the lanes, V in pairs of positions, one f16 scale per 32
-// values: K's block-major, V's key by key); pages = ceil((pos0 + n) / kQ8Page). The AVX2 tiled kernel (every
-// vector level) quantises each query row the same way
+// The same with a q8 cache (AttentionKV::q8()): pages of kQ8Page positions, kv head by kv head, each kv head's
+// part one run of K (the keys in the lanes), V (in pairs of positions) and their f16 scales, one per 32 values,
+// as state.h lays them out; ceil((pos0 + n) / kQ8Page) pages. The AVX2 tiled kernel (every vector level)
+// quantises each query row the same way
 // (quantize_q8_rows), scores with exact int8 block dots times dq * dk, and weighs V (widened in registers) by
 // p * dv; it reads the cache in place with the same per-row arithmetic in prefill and decode, so decode keeps
 // the bits the full forward gives a position. The scalar level widens the quantised q and the cache first.
-void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* k, const uint16_t* ks,
-                  const int8_t* v, const uint16_t* vs, int64_t pos0, float* out);
-// A q8 cache held row by row (x [T, Hkv, hd] int8, xs [T, Hkv, hd / 32], as quantize_q8_rows gives them) into
-// attention_q8's pages (state.h): out as k (keys) or v, outs as ks or vs (positions past T zero).
-void q8_to_pages(const int8_t* x, const float* xs, int64_t T, int Hkv, int hd, int8_t* out, uint16_t* outs,
-                 bool keys);
+void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* cache, int64_t pos0, float* out);
+// A q8 cache held row by row (k, v [T, Hkv, hd] int8, ks, vs [T, Hkv, hd / 32], as quantize_q8_rows gives them)
+// into attention_q8's pages: out, ceil(T / kQ8Page) * Hkv * q8_run_bytes(hd) bytes (positions past T zero).
+void q8_to_pages(const int8_t* k, const float* ks, const int8_t* v, const float* vs, int64_t T, int Hkv, int hd,
+                 int8_t* out);
 // x [n] (n % 32 == 0) to q8 blocks of 32, llama.cpp's q8_0: d = absmax / 127 (f32), values round(x * (1 / d))
 // (nearest, ties away from zero, clipped to +-127), and the scale held in f16: scale = d rounded to f16 (nearest
 // even), given back as an f32; an all-zero block gets 0 and zeros. (A block whose d is past f16's range, absmax

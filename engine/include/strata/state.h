@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -67,51 +68,63 @@ class LayerState {
 // (absmax / 127: llama.cpp's q8_0, kernels::quantize_q8_rows): commit() quantises the staged rows that way.
 enum class KVFormat { F32, F16, Q8 };
 constexpr int kQ8Block = 32;  // values per q8 scale (head_dim must be a multiple)
-// The q8 cache is held in pages of kQ8Page positions, each page kv head by kv head: a kv head's 64 positions of
-// a page (a key tile of the attention kernel, kernels_attention.cpp ATT_KT) are one run of kQ8Page * head_dim
-// bytes of K and one of V, and so are the positions of any run of kv heads: decode splits the kv heads over the
-// threads, and each thread streams one contiguous piece of every page (the hardware prefetcher follows it)
-// instead of a part of every row. Within a run the values are laid out for the kernel's registers:
-//   K: [head_dim / 4][kQ8Page][4]: the 4 values d .. d + 3 of 16 consecutive keys are one 64-byte line, so a
-//      VNNI dot against 4 query bytes gives 16 keys' partial dots in their own lanes (no reduction across lanes);
-//   V: [kQ8Page / 2][head_dim][2]: the positions in pairs, interleaved value by value, so widening 16 bytes to
-//      int16 gives the (key 2i, key 2i + 1) pairs that pmaddwd / vpdpwssd weigh by (w_2i, w_2i + 1).
-// f16 scales, one per 32 values: K's block-major, [page][n_kv_heads][head_dim / 32][kQ8Page] (a block's scales
-// of 16 keys are one load of the score step); V's key by key, [page][n_kv_heads][kQ8Page][head_dim / 32] (the
-// P V weights take them per key). Pages are appended as the cache grows; the layout of the positions already
-// held never changes.
+// The q8 cache is one byte array held in pages of kQ8Page positions, each page kv head by kv head, and a kv
+// head's part of a page (a key tile of the attention kernel, kernels_attention.cpp ATT_KT) one run of
+// q8_run_bytes(head_dim) bytes holding its K, V and their scales:
+//   K [head_dim / 4][kQ8Page][4] int8: the 4 values d .. d + 3 of 16 consecutive keys one 64-byte line, so a
+//     VNNI dot against 4 query bytes gives 16 keys' partial dots in their own lanes (no reduction across lanes);
+//   V [kQ8Page / 2][head_dim][2] int8: the positions in pairs, interleaved value by value, so widening 16 bytes
+//     to int16 gives the (key 2i, key 2i + 1) pairs that pmaddwd / vpdpwssd weigh by (w_2i, w_2i + 1);
+//   K's scales [head_dim / 32][kQ8Page] f16, block-major (a block's scales of 16 keys one load);
+//   V's scales [kQ8Page][head_dim / 32] f16, key by key (the P V weights take them per key).
+// The runs of any span of kv heads are contiguous: decode splits the kv heads over the threads, so each thread
+// reads one contiguous piece of every page, its K, V and scales together (one stream: read alone, 28.4-28.7 GB/s
+// against 21.5-26.3 with K, V and the scales in four arrays; benchmarks/kernels/q8_read_pattern.cpp). Pages are
+// appended as the cache grows; the positions already held never move. Every part starts on a 64-byte line.
 constexpr int kQ8Page = 64;
-// Offset of the run of position pos's page and kv head g in a q8 cache's K or V values (the run's scales: the
-// same / kQ8Block).
-inline int64_t q8_run_offset(int64_t pos, int g, int n_kv_heads, int head_dim) {
-  return (pos / kQ8Page * n_kv_heads + g) * int64_t(kQ8Page) * head_dim;
+// Bytes of one kv head's run of a page: K and V (kQ8Page * head_dim each) and their f16 scales.
+inline int64_t q8_run_bytes(int head_dim) {
+  return int64_t(kQ8Page) * (2 * head_dim + 2 * 2 * (head_dim / kQ8Block));
 }
-// Offset of value d of position pos, kv head g in a q8 cache's K values.
+// Offset of the run of position pos's page and kv head g (its K), and of its V and scales within the run.
+inline int64_t q8_run_offset(int64_t pos, int g, int n_kv_heads, int head_dim) {
+  return (pos / kQ8Page * n_kv_heads + g) * q8_run_bytes(head_dim);
+}
+inline int64_t q8_run_v(int head_dim) { return int64_t(kQ8Page) * head_dim; }
+inline int64_t q8_run_kscales(int head_dim) { return int64_t(2) * kQ8Page * head_dim; }
+inline int64_t q8_run_vscales(int head_dim) { return q8_run_kscales(head_dim) + 2 * kQ8Page * (head_dim / kQ8Block); }
+// Byte offset of value d of position pos, kv head g: K's, V's.
 inline int64_t q8_k_offset(int64_t pos, int g, int d, int n_kv_heads, int head_dim) {
   return q8_run_offset(pos, g, n_kv_heads, head_dim) + (d / 4) * (4 * kQ8Page) + (pos % kQ8Page) * 4 + d % 4;
 }
-// Offset of value d of position pos, kv head g in a q8 cache's V values.
 inline int64_t q8_v_offset(int64_t pos, int g, int d, int n_kv_heads, int head_dim) {
-  return q8_run_offset(pos, g, n_kv_heads, head_dim) + (pos % kQ8Page / 2) * (2 * head_dim) + 2 * d + pos % 2;
+  return q8_run_offset(pos, g, n_kv_heads, head_dim) + q8_run_v(head_dim) + (pos % kQ8Page / 2) * (2 * head_dim) +
+         2 * d + pos % 2;
 }
-// Offset of the scale of block b (values 32 b .. 32 b + 31) of position pos, kv head g in a q8 cache's K scales.
+// Byte offset of the f16 scale of block b (values 32 b .. 32 b + 31) of position pos, kv head g: K's, V's.
 inline int64_t q8_kscale_offset(int64_t pos, int g, int b, int n_kv_heads, int head_dim) {
-  return ((pos / kQ8Page * n_kv_heads + g) * (head_dim / kQ8Block) + b) * kQ8Page + pos % kQ8Page;
+  return q8_run_offset(pos, g, n_kv_heads, head_dim) + q8_run_kscales(head_dim) + 2 * (b * kQ8Page + pos % kQ8Page);
 }
-// The same in V's scales.
 inline int64_t q8_vscale_offset(int64_t pos, int g, int b, int n_kv_heads, int head_dim) {
-  return q8_run_offset(pos, g, n_kv_heads, head_dim) / kQ8Block + (pos % kQ8Page) * (head_dim / kQ8Block) + b;
+  return q8_run_offset(pos, g, n_kv_heads, head_dim) + q8_run_vscales(head_dim) +
+         2 * ((pos % kQ8Page) * (head_dim / kQ8Block) + b);
 }
-// A row of a q8 cache (head_dim values of position pos, kv head g, as quantize_q8_rows gives them) to its
-// places in K (keys) or V.
-inline void q8_put_row(const int8_t* row, int64_t pos, int g, int n_kv_heads, int head_dim, bool keys, int8_t* out) {
+// A row of a q8 cache (head_dim values of position pos, kv head g, and their head_dim / 32 f16 scales) to its
+// places in the cache: K's (keys) or V's.
+inline void q8_put_row(const int8_t* row, const uint16_t* scales, int64_t pos, int g, int n_kv_heads, int head_dim,
+                       bool keys, int8_t* cache) {
   if (keys) {
-    int8_t* dst = out + q8_k_offset(pos, g, 0, n_kv_heads, head_dim);
+    int8_t* dst = cache + q8_k_offset(pos, g, 0, n_kv_heads, head_dim);
     for (int d = 0; d < head_dim; d += 4)
       for (int e = 0; e < 4; ++e) dst[d * kQ8Page + e] = row[d + e];
   } else {
-    int8_t* dst = out + q8_v_offset(pos, g, 0, n_kv_heads, head_dim);
+    int8_t* dst = cache + q8_v_offset(pos, g, 0, n_kv_heads, head_dim);
     for (int d = 0; d < head_dim; ++d) dst[2 * d] = row[d];
+  }
+  for (int b = 0; b < head_dim / kQ8Block; ++b) {
+    const int64_t o = keys ? q8_kscale_offset(pos, g, b, n_kv_heads, head_dim)
+                           : q8_vscale_offset(pos, g, b, n_kv_heads, head_dim);
+    std::memcpy(cache + o, &scales[b], 2);
   }
 }
 
@@ -128,17 +141,14 @@ class AttentionKV final : public LayerState {
   const float* v() const { return v_.data(); }
   const uint16_t* k16() const { return k16_.data(); }
   const uint16_t* v16() const { return v16_.data(); }
-  const int8_t* k8() const { return k8_.data(); }  // q8: pages, each [n_kv_heads] runs (above)
-  const int8_t* v8() const { return v8_.data(); }
-  const uint16_t* ks() const { return ks_.data(); }  // q8: the f16 scales (above)
-  const uint16_t* vs() const { return vs_.data(); }
+  const int8_t* q8() const { return q8_.data(); }  // q8: the pages (above)
   // Attention of n queries q [n, H, hd] at positions length() - n .. length() - 1 over this cache (after
   // commit()), into out [n, H, hd]: the kernel of the cache's format.
   void attend(const float* q, int64_t n, int H, float* out) const;
 
   int64_t bytes() const override {
     return int64_t((k_.capacity() + v_.capacity()) * sizeof(float) + (k16_.capacity() + v16_.capacity()) * 2 +
-                   k8_.capacity() + v8_.capacity() + (ks_.capacity() + vs_.capacity()) * sizeof(uint16_t));
+                   q8_.capacity());
   }
   bool can_truncate() const override { return true; }
   void truncate(int64_t n) override { if (n < length_) length_ = n; }
@@ -148,8 +158,7 @@ class AttentionKV final : public LayerState {
     length_ = staged_ = 0;
     k_.clear(); v_.clear(); k_.shrink_to_fit(); v_.shrink_to_fit();
     k16_.clear(); v16_.clear(); k16_.shrink_to_fit(); v16_.shrink_to_fit();
-    k8_.clear(); v8_.clear(); k8_.shrink_to_fit(); v8_.shrink_to_fit();
-    ks_.clear(); vs_.clear(); ks_.shrink_to_fit(); vs_.shrink_to_fit();
+    q8_.clear(); q8_.shrink_to_fit();
   }
 
  private:
@@ -158,8 +167,7 @@ class AttentionKV final : public LayerState {
   int64_t length_ = 0, staged_ = 0;
   KVVector<float> k_, v_;            // the cache (f32), or the staged chunk (f16, q8)
   KVVector<uint16_t> k16_, v16_;     // the cache (f16)
-  KVVector<int8_t> k8_, v8_;         // the cache (q8): values
-  KVVector<uint16_t> ks_, vs_;          // the cache (q8): one scale per kQ8Block values
+  KVVector<int8_t> q8_;              // the cache (q8): pages of K, V and their scales
 };
 
 // Everything a model needs to continue a sequence: per-layer states and the number of tokens read
