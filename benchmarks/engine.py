@@ -352,8 +352,9 @@ def main(argv=None):
                     help="add 'strata bf16 kv f32': the KV cache in f32 (Engine.load kv_cache='f32'; twice the cache "
                          "bytes of the default f16 cache of bf16 weights)")
     ap.add_argument("--kv-q8", action="store_true",
-                    help="add 'strata bf16 kv q8': the KV cache as int8 blocks of 32 with an f32 scale (Engine.load "
-                         "kv_cache='q8'; 1.125 bytes per value against the default f16 cache's 2), and its logit "
+                    help="add 'strata bf16 kv q8': the KV cache as int8 blocks of 32 with an f16 scale (Engine.load "
+                         "kv_cache='q8', llama.cpp's q8_0; 1.0625 bytes per value against the default f16 cache's "
+                         "2), and its logit "
                          "error against the f32 cache (unless --skip accuracy)")
     ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash_attn=True")
     ap.add_argument("--llama-server", action="append", default=[], metavar="LABEL=PATH",
@@ -580,7 +581,7 @@ def main(argv=None):
         short = np.random.default_rng(1).integers(0, 151669, 32).tolist()
         for prompt, n in ((short, args.accuracy_tokens), (rng_prompt[:contexts[-1]], args.decode)):
             err, scale, agree = kv_q8_accuracy(path, T, prompt, n, max_ctx)
-            lines.append(f"- q8 KV cache (int8 blocks of 32, f32 scales) vs the f32 cache, bf16 weights, context "
+            lines.append(f"- q8 KV cache (int8 blocks of 32, f16 scales) vs the f32 cache, bf16 weights, context "
                          f"{len(prompt)}, {n} greedy tokens teacher-forced: max |logit error| {err:.4f} (logits up "
                          f"to {scale:.2f}), greedy agreement {agree * 100:.1f}%")
     text = "\n".join(lines)

@@ -151,7 +151,7 @@ def test_q8_cache_decode_bits_equal_the_prefill_block(threads):
 
 def _np_pages(k8, ks, v8, vs):
     """numpy's reading of the q8 cache's layout (state.h kQ8Page): rows [T, Hkv, d] padded with zeros to whole
-    pages of 64 positions, each page kv head by kv head, and a kv head's part of a page one run of bytes:
+    pages of 64 positions, kv head by kv head ([Hkv, pages, run]), a kv head's part of a page one run of bytes:
     K [d / 4, 64, 4] (the keys in the lanes), V [32, d, 2] (positions in pairs, interleaved value by value),
     K's scales [d / 32, 64] and V's [64, d / 32], both f16."""
     T, Hkv, d = k8.shape
@@ -167,13 +167,13 @@ def _np_pages(k8, ks, v8, vs):
              pages(ks.astype(np.float16)).transpose(0, 2, 3, 1),
              pages(vs.astype(np.float16)).transpose(0, 2, 1, 3)]
     runs = [np.ascontiguousarray(x).reshape(P, Hkv, -1).view(np.int8) for x in parts]
-    return np.concatenate(runs, axis=2).reshape(-1)
+    return np.concatenate(runs, axis=2).transpose(1, 0, 2).reshape(-1)
 
 
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
 def test_q8_cache_pages_are_64_positions_kv_head_by_kv_head(T):
-    """_q8_pages lays a cache out as the engine holds it (numpy's reshape is the reference: one run per page and
-    kv head of K with the keys in the lanes, V in pairs of positions and the f16 scales), and the kernel over those
+    """_q8_pages lays a cache out as the engine holds it (numpy's reshape is the reference: kv head by kv head,
+    one run per page of K with the keys in the lanes, V in pairs of positions and the f16 scales), and the kernel over those
     pages in place gives the bits it gives over the rows (copied into pages per call)."""
     H, Hkv, hd = 8, 4, 64
     q, k, v = inputs(3 if T >= 3 else 1, T, H, Hkv, hd, seed=T)

@@ -66,6 +66,17 @@ static long long work(int t, int mode, int dist) {
         }
     return acc;
   }
+  if (mode == 6) {  // head-major runs (s8): [kv head][page][K 8 KiB | V 8 KiB | scales 2 x 1 KiB]: thread t's 4
+                    // kv heads one contiguous region, read head by head, page by page (one stream)
+    for (auto& l : layers)
+      for (int h = 4 * t; h < 4 * t + 4; ++h)
+        for (long p = 0; p < N / 64; ++p) {
+          const long o = ((long)h * (N / 64) + p) * 18432;
+          acc = rd((const char*)l.k + o, 8192 + 1024, acc);
+          acc = rd((const char*)l.k + o + 9216, 8192 + 1024, acc);
+        }
+    return acc;
+  }
   if (mode == 3) {  // head-major (s8): each kv head's K and V one run over all positions ([8 heads][N rows][128 B],
                    // scales [8 heads][N][16 B]); thread t reads its 4 heads one after the other, page by page (K
                    // 8 KiB, V 8 KiB, 1 KiB of each scale), the next page of the head asked for when dist > 0
@@ -109,14 +120,14 @@ int main(int argc, char** argv) {
   for (int i = 0; i < L; ++i) layers.push_back({(int8_t*)hp((size_t)N * RB * 2 + (size_t)N * SB * 2), (int8_t*)hp((size_t)N * RB), (char*)hp((size_t)N * SB), (char*)hp((size_t)N * SB)});
   const double bytes = (double)L * N * (2 * RB + 2 * SB);
   for (int r = 0; r < rounds; ++r) {
-    for (int mode : {1, 2, 4, 5}) {
+    for (int mode : {1, 2, 5, 6}) {
       int dist = 0;
       std::atomic<long long> sink{0};
       auto t0 = std::chrono::steady_clock::now();
       std::thread a([&] { sink += work(0, mode, dist); }), b([&] { sink += work(1, mode, dist); });
       a.join(); b.join();
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      printf("round %d %s dist %2d: %.1f GB/s\n", r, mode == 5 ? "page runs " : mode == 4 ? "paged 1KiB" : mode == 3 ? "head-major" : mode == 2 ? "paged     " : mode ? "key split " : "head split", dist, bytes / s / 1e9);
+      printf("round %d %s dist %2d: %.1f GB/s\n", r, mode == 6 ? "head runs " : mode == 5 ? "page runs " : mode == 4 ? "paged 1KiB" : mode == 3 ? "head-major" : mode == 2 ? "paged     " : mode ? "key split " : "head split", dist, bytes / s / 1e9);
     }
   }
 }

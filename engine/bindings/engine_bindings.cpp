@@ -218,9 +218,10 @@ void register_checkpoint(py::module_& m) {
         std::vector<float> ks(static_cast<size_t>(m / kQ8Block)), vs(static_cast<size_t>(m / kQ8Block));
         kernels::quantize_q8_rows(static_cast<const float*>(k.data()), k8.data(), ks.data(), m);
         kernels::quantize_q8_rows(static_cast<const float*>(v.data()), v8.data(), vs.data(), m);
-        std::vector<int8_t> pages(size_t((T + kQ8Page - 1) / kQ8Page * n_kv_heads * q8_run_bytes(int(hd))));
+        const int64_t cap = (T + kQ8Page - 1) / kQ8Page;
+        std::vector<int8_t> pages(size_t(cap * n_kv_heads * q8_run_bytes(int(hd))));
         kernels::q8_to_pages(k8.data(), ks.data(), v8.data(), vs.data(), T, n_kv_heads, int(hd), pages.data());
-        kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), T - n, op);
+        kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), cap, T - n, op);
       } else {
         kernels::attention(qp, n, n_heads, n_kv_heads, int(hd), static_cast<const float*>(k.data()),
                            static_cast<const float*>(v.data()), T - n, op);
@@ -254,10 +255,11 @@ void register_checkpoint(py::module_& m) {
     float* op = out.mutable_data();
     {
       py::gil_scoped_release release;
-      std::vector<int8_t> pages(size_t((T + kQ8Page - 1) / kQ8Page * n_kv_heads * q8_run_bytes(int(hd))));
+      const int64_t cap = (T + kQ8Page - 1) / kQ8Page;
+      std::vector<int8_t> pages(size_t(cap * n_kv_heads * q8_run_bytes(int(hd))));
       kernels::q8_to_pages(k.data(), ks.data(), v.data(), vs.data(), T, n_kv_heads, int(hd), pages.data());
       use_threads(threads);
-      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), T - n, op);
+      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), cap, T - n, op);
     }
     return out;
   }, py::arg("q"), py::arg("k"), py::arg("ks"), py::arg("v"), py::arg("vs"), py::arg("n_heads"),
@@ -274,15 +276,17 @@ void register_checkpoint(py::module_& m) {
       throw std::invalid_argument("q must be [n, n_heads, hd] (hd a multiple of 32, n_heads of n_kv_heads)");
     const int64_t n = q.shape(0), hd = q.shape(2);
     if (n < 1 || length < n) throw std::invalid_argument("the cache must hold length >= n >= 1 positions");
-    if (pages.ndim() != 1 || pages.shape(0) < (length + kQ8Page - 1) / kQ8Page * n_kv_heads * q8_run_bytes(int(hd)))
+    const int64_t head = n_kv_heads * q8_run_bytes(int(hd));  // bytes of a page of every kv head
+    if (pages.ndim() != 1 || pages.shape(0) % head != 0 || pages.shape(0) / head < (length + kQ8Page - 1) / kQ8Page)
       throw std::invalid_argument("pages must be _q8_pages' array of at least length positions (this hd, n_kv_heads)");
+    const int64_t cap = pages.shape(0) / head;
     py::array_t<float> out({n, int64_t(n_heads), hd});
     const float* qp = q.data();
     float* op = out.mutable_data();
     {
       py::gil_scoped_release release;
       use_threads(threads);
-      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), length - n, op);
+      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), cap, length - n, op);
     }
     return out;
   }, py::arg("q"), py::arg("pages"), py::arg("n_heads"), py::arg("n_kv_heads"), py::arg("length"),
@@ -305,8 +309,8 @@ void register_checkpoint(py::module_& m) {
     return out;
   }, py::arg("k"), py::arg("ks"), py::arg("v"), py::arg("vs"),
      "A q8 cache's rows (_quantize_q8's values and scales, [T, Hkv, hd], for K and for V) in the cache's own "
-     "layout (state.h): one int8 array of pages of 64 positions, kv head by kv head, each kv head's part "
-     "[K: hd / 4, 64, 4 | V: 32, hd, 2 | K's scales: hd / 32, 64 (f16) | V's scales: 64, hd / 32 (f16)].");
+     "layout (state.h): one int8 array, kv head by kv head, each kv head's ceil(T / 64) pages of 64 positions one "
+     "run [K: hd / 4, 64, 4 | V: 32, hd, 2 | K's scales: hd / 32, 64 (f16) | V's scales: 64, hd / 32 (f16)].");
   m.def("_quantize_q8", [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
     // x [..., n] with n % 32 == 0 -> (int8 values of x's shape, scales [..., n / 32] as float32: the f16 values a
     // q8 cache holds), as a q8 cache holds x.

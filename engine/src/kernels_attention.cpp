@@ -143,6 +143,7 @@ struct Q8Ptr {
 // The q8 cache's pages (state.h; null: not a q8 cache).
 struct Q8Cache {
   const int8_t* c = nullptr;
+  int64_t cap = 0;  // pages per kv head
   bool vnni = false;  // scores and P V with AVX-512 VNNI (att_qk_q8_vnni, att_pv_q8i_zmm): the same bits as without
 };
 
@@ -827,7 +828,7 @@ STRATA_AVX2 static void att_tile(const AttBlock& b, const float* k, const float*
   }
   if (b.q8.c) {  // q8 cache: read in place (int8 dots for the scores, V widened in registers), prefill and
                  // decode alike
-    const int64_t o = q8_run_offset(t0, b.g, b.Hkv, hd);  // (t0 starts a page: its kv head's run, state.h)
+    const int64_t o = q8_run_offset(t0, b.g, b.q8.cap, hd);  // (t0 starts a page: its kv head's run, state.h)
     const int8_t* run = b.q8.c + o;
     att_tile_body(b, Q8Ptr{run, reinterpret_cast<const uint16_t*>(run + q8_run_kscales(hd))},
                   Q8Ptr{run + q8_run_v(hd), reinterpret_cast<const uint16_t*>(run + q8_run_vscales(hd))},
@@ -927,35 +928,35 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
     const int64_t pmax = pos0 + n - 1, nh = g1 - g0;
     AttPrefetch pf;
     if (q8) {
-      // Pages (state.h): the thread's kv heads of a page are one run of nh runs (K, V and their scales): while
-      // it works on page t it asks for page t + 1's run in address order, spread over the tile's score and P V
-      // steps. (Reading a part of every row instead, the rows' layout, read 16-25 GB/s where whole runs read 31:
-      // benchmarks/results/long_context/q8/s7; one run for K, V and the scales together: s8.)
+      // Pages (state.h): each kv head's pages are one run of K, V and their scales page after page, and a
+      // thread's kv heads are one contiguous stretch of the cache, read head by head (tile order within each head:
+      // the same per-row arithmetic as the tile-outer order of the f32 / f16 caches). While it works on a page it
+      // asks for the next one (the head's next page, or the next head's first) in address order, spread over the
+      // tile's score and P V steps. (benchmarks/results/long_context/q8/s7 and s8.)
       static_assert(ATT_KT == kQ8Page, "a key tile is a q8 page");
-      const int64_t rb = q8_run_bytes(hd), run = nh * rb, steps = nh * (ATT_KT / 4 + (hd + 31) / 32);
-      pf.lines_step = int((run / 64 + steps - 1) / steps);
-      auto page = [&](int64_t t0) {
-        pf.pk = reinterpret_cast<const char*>(q8->c + q8_run_offset(t0, int(g0), Hkv, hd));
-        pf.pcur = 0;
+      const int64_t rb = q8_run_bytes(hd), steps = ATT_KT / 4 + (hd + 31) / 32;
+      pf.lines_step = int((rb / 64 + steps - 1) / steps);
+      auto run = [&](int64_t t0, int64_t g) {
+        return reinterpret_cast<const char*>(q8->c + q8_run_offset(t0, int(g), q8->cap, hd));
       };
-      {  // page 0 at once (as the rows below): each head's lines of the positions that exist, and its scales
-        page(0);
+      {  // the first head's page 0 at once (as the rows below): its lines of the positions that exist, its scales
+        const char* o = run(0, g0);
         const int64_t r1 = std::min<int64_t>(pmax + 1, kQ8Page), l16 = (r1 + 15) / 16;
-        for (int64_t h = 0; h < nh; ++h) {
-          const char* o = pf.pk + h * rb;
-          for (int64_t l = 0; l < l16; ++l)  // K: 16 positions a line in each group of 4 values
-            for (int64_t gr = 0; gr < hd / 4; ++gr) _mm_prefetch(o + gr * 4 * kQ8Page + 64 * l, _MM_HINT_T1);
-          for (int64_t c = 0; c < (r1 + 1) / 2 * 2 * hd; c += 64)  // V: pairs of positions, key by key
-            _mm_prefetch(o + q8_run_v(hd) + c, _MM_HINT_T1);
-          for (int64_t c = q8_run_kscales(hd); c < rb; c += 64) _mm_prefetch(o + c, _MM_HINT_T1);  // the scales
+        for (int64_t l = 0; l < l16; ++l)  // K: 16 positions a line in each group of 4 values
+          for (int64_t gr = 0; gr < hd / 4; ++gr) _mm_prefetch(o + gr * 4 * kQ8Page + 64 * l, _MM_HINT_T1);
+        for (int64_t c = 0; c < (r1 + 1) / 2 * 2 * hd; c += 64)  // V: pairs of positions, key by key
+          _mm_prefetch(o + q8_run_v(hd) + c, _MM_HINT_T1);
+        for (int64_t c = q8_run_kscales(hd); c < rb; c += 64) _mm_prefetch(o + c, _MM_HINT_T1);  // the scales
+      }
+      for (int64_t g = g0; g < g1; ++g)
+        for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
+          const bool more = t0 + ATT_KT <= pmax;
+          pf.pk = more ? run(t0 + ATT_KT, g) : g + 1 < g1 ? run(0, g + 1) : nullptr;
+          pf.pend = more || g + 1 < g1 ? rb : 0;
+          pf.pcur = 0;
+          if (!pf.pk) pf.pk = run(0, g);  // (nothing to ask for: pend 0; pk set so the q8 branch runs)
+          att_tile(bs[size_t(g - g0)], k, v, t0, false, true, &pf);
         }
-      }
-      for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
-        const int64_t a0 = t0 + ATT_DEC_DIST * ATT_KT;
-        page(a0);
-        pf.pend = a0 <= pmax ? run : 0;
-        for (int64_t i = 0; i < nh; ++i) att_tile(bs[size_t(i)], k, v, t0, false, true, &pf);
-      }
       for (auto& b : bs) att_end(b, out);
       return;
     }
@@ -1092,14 +1093,15 @@ void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint
   attention(q, n, H, Hkv, hd, kf.data(), vf.data(), pos0, out);
 }
 
-void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* cache, int64_t pos0, float* out) {
+void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* cache, int64_t cap, int64_t pos0,
+                  float* out) {
   if (hd % kQ8Block != 0) throw std::invalid_argument("attention_q8: head_dim must be a multiple of 32");
   // The AVX2 tiled kernel at every vector level (as attention_f16), reading the cache in place, prefill and
   // decode alike: the query rows quantised like the cache, int8 dots for the scores, V widened in registers.
   if (g_attn_tiled && vec(level()) != Level::Scalar) {
     static const bool has_vnni = __builtin_cpu_supports("avx512vnni");
     const bool a512 = vec(level()) == Level::AVX512;
-    const Q8Cache c{cache, a512 && has_vnni};
+    const Q8Cache c{cache, cap, a512 && has_vnni};
     attention_tiled_avx2(q, n, H, Hkv, hd, nullptr, nullptr, pos0, out, nullptr, nullptr, &c);
     return;
   }
@@ -1112,10 +1114,10 @@ void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_
       for (int d = 0; d < hd; ++d) {
         const int64_t dst = (t * Hkv + g) * hd + d;
         uint16_t sk, sv;
-        std::memcpy(&sk, cache + q8_kscale_offset(t, g, d / kQ8Block, Hkv, hd), 2);
-        std::memcpy(&sv, cache + q8_vscale_offset(t, g, d / kQ8Block, Hkv, hd), 2);
-        kf[size_t(dst)] = float(cache[q8_k_offset(t, g, d, Hkv, hd)]) * f16_to_f32(sk);
-        vf[size_t(dst)] = float(cache[q8_v_offset(t, g, d, Hkv, hd)]) * f16_to_f32(sv);
+        std::memcpy(&sk, cache + q8_kscale_offset(t, g, d / kQ8Block, cap, hd), 2);
+        std::memcpy(&sv, cache + q8_vscale_offset(t, g, d / kQ8Block, cap, hd), 2);
+        kf[size_t(dst)] = float(cache[q8_k_offset(t, g, d, cap, hd)]) * f16_to_f32(sk);
+        vf[size_t(dst)] = float(cache[q8_v_offset(t, g, d, cap, hd)]) * f16_to_f32(sv);
       }
   std::vector<int8_t> q8(static_cast<size_t>(mq));
   std::vector<float> qs(static_cast<size_t>(mq / kQ8Block));
@@ -1135,7 +1137,7 @@ void q8_to_pages(const int8_t* k, const float* ks, const int8_t* v, const float*
       for (const bool keys : {true, false}) {
         const float* xs = (keys ? ks : vs) + src / kQ8Block;
         for (int64_t b = 0; b < nb; ++b) s16[size_t(b)] = f32_to_f16(xs[b]);
-        q8_put_row((keys ? k : v) + src, s16.data(), t, g, Hkv, hd, keys, out);
+        q8_put_row((keys ? k : v) + src, s16.data(), t, g, pages, hd, keys, out);
       }
     }
 }

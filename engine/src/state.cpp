@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -64,10 +65,16 @@ void AttentionKV::append(int64_t n, float** k_out, float** v_out) {
       k16_.resize(cap);
       v16_.resize(cap);
     }
-    if (format_ == KVFormat::Q8) {  // whole pages (state.h)
-      const size_t page = size_t(n_kv_heads_ * q8_run_bytes(head_dim_));
-      const size_t want = size_t((length_ + n + kQ8Page - 1) / kQ8Page) * page;
-      if (want > q8_.size()) q8_.resize(std::max(want, (q8_.size() * 3 / 2 + page) / page * page));
+    const int64_t want = (length_ + n + kQ8Page - 1) / kQ8Page;  // q8: pages per kv head (state.h)
+    if (format_ == KVFormat::Q8 && want > q8_cap_) {  // each kv head's pages held so far to their new place
+      const int64_t cap = std::max(want, q8_cap_ * 3 / 2 + 1), rb = q8_run_bytes(head_dim_);
+      const int64_t held = (length_ + kQ8Page - 1) / kQ8Page;
+      KVVector<int8_t> grown(size_t(n_kv_heads_ * cap * rb));
+      for (int g = 0; g < n_kv_heads_; ++g)
+        if (held)
+          std::memcpy(grown.data() + g * cap * rb, q8_.data() + g * q8_cap_ * rb, size_t(held * rb));
+      q8_.swap(grown);
+      q8_cap_ = cap;
     }
     if (k_.size() < size_t(n * row())) {
       k_.resize(size_t(n * row()));
@@ -109,7 +116,7 @@ void AttentionKV::commit() {
         for (const bool keys : {true, false}) {
           kernels::quantize_q8_rows((keys ? k_ : v_).data() + src, q.data(), sc.data(), head_dim_);
           for (int b = 0; b < nb; ++b) sc16[size_t(b)] = kernels::f32_to_f16(sc[size_t(b)]);  // (exact)
-          q8_put_row(q.data(), sc16.data(), p, g, n_kv_heads_, head_dim_, keys, q8_.data());
+          q8_put_row(q.data(), sc16.data(), p, g, q8_cap_, head_dim_, keys, q8_.data());
         }
       }
   }
@@ -126,7 +133,7 @@ void AttentionKV::attend(const float* q, int64_t n, int H, float* out) const {
       kernels::attention_f16(q, n, H, n_kv_heads_, head_dim_, k16(), v16(), pos0, out);
       break;
     case KVFormat::Q8:
-      kernels::attention_q8(q, n, H, n_kv_heads_, head_dim_, q8(), pos0, out);
+      kernels::attention_q8(q, n, H, n_kv_heads_, head_dim_, q8(), q8_cap_, pos0, out);
       break;
     default:
       kernels::attention(q, n, H, n_kv_heads_, head_dim_, k(), v(), pos0, out);

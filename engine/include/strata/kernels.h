@@ -105,16 +105,18 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
 // whole cache first.
 void attention_f16(const float* q, int64_t n, int H, int Hkv, int hd, const uint16_t* k, const uint16_t* v,
                    int64_t pos0, float* out);
-// The same with a q8 cache (AttentionKV::q8()): pages of kQ8Page positions, kv head by kv head, each kv head's
-// part one run of K (the keys in the lanes), V (in pairs of positions) and their f16 scales, one per 32 values,
-// as state.h lays them out; ceil((pos0 + n) / kQ8Page) pages. The AVX2 tiled kernel (every vector level)
+// The same with a q8 cache (AttentionKV::q8()): kv head by kv head, cap pages of kQ8Page positions each (at least
+// ceil((pos0 + n) / kQ8Page)), a kv head's part of a page one run of K (the keys in the lanes), V (in pairs of
+// positions) and their f16 scales, one per 32 values, as state.h lays them out. The AVX2 tiled kernel (every vector level)
 // quantises each query row the same way
 // (quantize_q8_rows), scores with exact int8 block dots times dq * dk, and weighs V (widened in registers) by
 // p * dv; it reads the cache in place with the same per-row arithmetic in prefill and decode, so decode keeps
 // the bits the full forward gives a position. The scalar level widens the quantised q and the cache first.
-void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* cache, int64_t pos0, float* out);
+void attention_q8(const float* q, int64_t n, int H, int Hkv, int hd, const int8_t* cache, int64_t cap, int64_t pos0,
+                  float* out);
 // A q8 cache held row by row (k, v [T, Hkv, hd] int8, ks, vs [T, Hkv, hd / 32], as quantize_q8_rows gives them)
-// into attention_q8's pages: out, ceil(T / kQ8Page) * Hkv * q8_run_bytes(hd) bytes (positions past T zero).
+// into attention_q8's pages, cap = ceil(T / kQ8Page) a kv head: out, Hkv * cap * q8_run_bytes(hd) bytes (positions
+// past T zero).
 void q8_to_pages(const int8_t* k, const float* ks, const int8_t* v, const float* vs, int64_t T, int Hkv, int hd,
                  int8_t* out);
 // x [n] (n % 32 == 0) to q8 blocks of 32, llama.cpp's q8_0: d = absmax / 127 (f32), values round(x * (1 / d))

@@ -30,7 +30,7 @@ struct ModelInfo {
 enum class WeightFormat { Stored, Int8 };
 // The attention KV cache: Auto is f16 for bf16/f16 weights (the embedding's stored dtype) and int8
 // weights, f32 for f32 weights (parity with transformers f32); F32 / F16 / Q8 whatever the weights (Q8: int8
-// values in blocks of 32 along head_dim with an f32 scale each, AttentionKV's KVFormat::Q8).
+// values in blocks of 32 along head_dim with an f16 scale each, llama.cpp's q8_0: AttentionKV's KVFormat::Q8).
 enum class KVCache { Auto, F32, F16, Q8 };
 
 struct LoadOptions {

@@ -68,62 +68,64 @@ class LayerState {
 // (absmax / 127: llama.cpp's q8_0, kernels::quantize_q8_rows): commit() quantises the staged rows that way.
 enum class KVFormat { F32, F16, Q8 };
 constexpr int kQ8Block = 32;  // values per q8 scale (head_dim must be a multiple)
-// The q8 cache is one byte array held in pages of kQ8Page positions, each page kv head by kv head, and a kv
-// head's part of a page (a key tile of the attention kernel, kernels_attention.cpp ATT_KT) one run of
-// q8_run_bytes(head_dim) bytes holding its K, V and their scales:
+// The q8 cache is one byte array of pages of kQ8Page positions (a key tile of the attention kernel,
+// kernels_attention.cpp ATT_KT), kv head by kv head: [n_kv_heads][capacity pages][run], a kv head's part of a page
+// one run of q8_run_bytes(head_dim) bytes holding its K, V and their scales:
 //   K [head_dim / 4][kQ8Page][4] int8: the 4 values d .. d + 3 of 16 consecutive keys one 64-byte line, so a
 //     VNNI dot against 4 query bytes gives 16 keys' partial dots in their own lanes (no reduction across lanes);
 //   V [kQ8Page / 2][head_dim][2] int8: the positions in pairs, interleaved value by value, so widening 16 bytes
 //     to int16 gives the (key 2i, key 2i + 1) pairs that pmaddwd / vpdpwssd weigh by (w_2i, w_2i + 1);
 //   K's scales [head_dim / 32][kQ8Page] f16, block-major (a block's scales of 16 keys one load);
 //   V's scales [kQ8Page][head_dim / 32] f16, key by key (the P V weights take them per key).
-// The runs of any span of kv heads are contiguous: decode splits the kv heads over the threads, so each thread
-// reads one contiguous piece of every page, its K, V and scales together (one stream: read alone, 28.4-28.7 GB/s
-// against 21.5-26.3 with K, V and the scales in four arrays; benchmarks/kernels/q8_read_pattern.cpp). Pages are
-// appended as the cache grows; the positions already held never move. Every part starts on a 64-byte line.
+// Decode splits the kv heads over the threads and each thread reads its heads one after the other, so all it
+// reads is one contiguous stream (read alone: 32.2-34.9 GB/s, against 27.0-30.6 for a run of kv heads per page and
+// 21.1-30.6 with K, V and the scales in four arrays; benchmarks/kernels/q8_read_pattern.cpp, s8). The capacity
+// grows by half as the cache does (each kv head's pages copied to its new place, as a vector's grow would copy
+// them). Every part starts on a 64-byte line.
 constexpr int kQ8Page = 64;
 // Bytes of one kv head's run of a page: K and V (kQ8Page * head_dim each) and their f16 scales.
 inline int64_t q8_run_bytes(int head_dim) {
   return int64_t(kQ8Page) * (2 * head_dim + 2 * 2 * (head_dim / kQ8Block));
 }
-// Offset of the run of position pos's page and kv head g (its K), and of its V and scales within the run.
-inline int64_t q8_run_offset(int64_t pos, int g, int n_kv_heads, int head_dim) {
-  return (pos / kQ8Page * n_kv_heads + g) * q8_run_bytes(head_dim);
+// Offset of the run of position pos's page and kv head g (its K) in a cache of cap pages per kv head, and of
+// its V and scales within the run.
+inline int64_t q8_run_offset(int64_t pos, int g, int64_t cap, int head_dim) {
+  return (g * cap + pos / kQ8Page) * q8_run_bytes(head_dim);
 }
 inline int64_t q8_run_v(int head_dim) { return int64_t(kQ8Page) * head_dim; }
 inline int64_t q8_run_kscales(int head_dim) { return int64_t(2) * kQ8Page * head_dim; }
 inline int64_t q8_run_vscales(int head_dim) { return q8_run_kscales(head_dim) + 2 * kQ8Page * (head_dim / kQ8Block); }
 // Byte offset of value d of position pos, kv head g: K's, V's.
-inline int64_t q8_k_offset(int64_t pos, int g, int d, int n_kv_heads, int head_dim) {
-  return q8_run_offset(pos, g, n_kv_heads, head_dim) + (d / 4) * (4 * kQ8Page) + (pos % kQ8Page) * 4 + d % 4;
+inline int64_t q8_k_offset(int64_t pos, int g, int d, int64_t cap, int head_dim) {
+  return q8_run_offset(pos, g, cap, head_dim) + (d / 4) * (4 * kQ8Page) + (pos % kQ8Page) * 4 + d % 4;
 }
-inline int64_t q8_v_offset(int64_t pos, int g, int d, int n_kv_heads, int head_dim) {
-  return q8_run_offset(pos, g, n_kv_heads, head_dim) + q8_run_v(head_dim) + (pos % kQ8Page / 2) * (2 * head_dim) +
+inline int64_t q8_v_offset(int64_t pos, int g, int d, int64_t cap, int head_dim) {
+  return q8_run_offset(pos, g, cap, head_dim) + q8_run_v(head_dim) + (pos % kQ8Page / 2) * (2 * head_dim) +
          2 * d + pos % 2;
 }
 // Byte offset of the f16 scale of block b (values 32 b .. 32 b + 31) of position pos, kv head g: K's, V's.
-inline int64_t q8_kscale_offset(int64_t pos, int g, int b, int n_kv_heads, int head_dim) {
-  return q8_run_offset(pos, g, n_kv_heads, head_dim) + q8_run_kscales(head_dim) + 2 * (b * kQ8Page + pos % kQ8Page);
+inline int64_t q8_kscale_offset(int64_t pos, int g, int b, int64_t cap, int head_dim) {
+  return q8_run_offset(pos, g, cap, head_dim) + q8_run_kscales(head_dim) + 2 * (b * kQ8Page + pos % kQ8Page);
 }
-inline int64_t q8_vscale_offset(int64_t pos, int g, int b, int n_kv_heads, int head_dim) {
-  return q8_run_offset(pos, g, n_kv_heads, head_dim) + q8_run_vscales(head_dim) +
+inline int64_t q8_vscale_offset(int64_t pos, int g, int b, int64_t cap, int head_dim) {
+  return q8_run_offset(pos, g, cap, head_dim) + q8_run_vscales(head_dim) +
          2 * ((pos % kQ8Page) * (head_dim / kQ8Block) + b);
 }
 // A row of a q8 cache (head_dim values of position pos, kv head g, and their head_dim / 32 f16 scales) to its
 // places in the cache: K's (keys) or V's.
-inline void q8_put_row(const int8_t* row, const uint16_t* scales, int64_t pos, int g, int n_kv_heads, int head_dim,
+inline void q8_put_row(const int8_t* row, const uint16_t* scales, int64_t pos, int g, int64_t cap, int head_dim,
                        bool keys, int8_t* cache) {
   if (keys) {
-    int8_t* dst = cache + q8_k_offset(pos, g, 0, n_kv_heads, head_dim);
+    int8_t* dst = cache + q8_k_offset(pos, g, 0, cap, head_dim);
     for (int d = 0; d < head_dim; d += 4)
       for (int e = 0; e < 4; ++e) dst[d * kQ8Page + e] = row[d + e];
   } else {
-    int8_t* dst = cache + q8_v_offset(pos, g, 0, n_kv_heads, head_dim);
+    int8_t* dst = cache + q8_v_offset(pos, g, 0, cap, head_dim);
     for (int d = 0; d < head_dim; ++d) dst[2 * d] = row[d];
   }
   for (int b = 0; b < head_dim / kQ8Block; ++b) {
-    const int64_t o = keys ? q8_kscale_offset(pos, g, b, n_kv_heads, head_dim)
-                           : q8_vscale_offset(pos, g, b, n_kv_heads, head_dim);
+    const int64_t o = keys ? q8_kscale_offset(pos, g, b, cap, head_dim)
+                           : q8_vscale_offset(pos, g, b, cap, head_dim);
     std::memcpy(cache + o, &scales[b], 2);
   }
 }
@@ -142,6 +144,7 @@ class AttentionKV final : public LayerState {
   const uint16_t* k16() const { return k16_.data(); }
   const uint16_t* v16() const { return v16_.data(); }
   const int8_t* q8() const { return q8_.data(); }  // q8: the pages (above)
+  int64_t q8_capacity() const { return q8_cap_; }   // q8: pages per kv head
   // Attention of n queries q [n, H, hd] at positions length() - n .. length() - 1 over this cache (after
   // commit()), into out [n, H, hd]: the kernel of the cache's format.
   void attend(const float* q, int64_t n, int H, float* out) const;
@@ -159,6 +162,7 @@ class AttentionKV final : public LayerState {
     k_.clear(); v_.clear(); k_.shrink_to_fit(); v_.shrink_to_fit();
     k16_.clear(); v16_.clear(); k16_.shrink_to_fit(); v16_.shrink_to_fit();
     q8_.clear(); q8_.shrink_to_fit();
+    q8_cap_ = 0;
   }
 
  private:
@@ -168,6 +172,7 @@ class AttentionKV final : public LayerState {
   KVVector<float> k_, v_;            // the cache (f32), or the staged chunk (f16, q8)
   KVVector<uint16_t> k16_, v16_;     // the cache (f16)
   KVVector<int8_t> q8_;              // the cache (q8): pages of K, V and their scales
+  int64_t q8_cap_ = 0;               // (q8) pages per kv head
 };
 
 // Everything a model needs to continue a sequence: per-layer states and the number of tokens read
