@@ -78,7 +78,7 @@ def main(argv=None):
         p = subprocess.Popen([sys.executable, os.path.abspath(__file__), *common], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": path})
         info = json.loads(p.stdout.readline())
-        print(f"{name}: {path}, level {info['level']}, prefill + first decode {info['ready']:.1f} s", flush=True)
+        print(f"{name}: level {info['level']}, prefill + first decode {info['ready']:.1f} s", flush=True)
         procs[name] = p
     rows = {"a": [], "b": []}
     try:

@@ -1,11 +1,14 @@
-// Build and run: g++ -O2 -pthread -o q8_read_pattern benchmarks/kernels/q8_read_pattern.cpp && ./q8_read_pattern [rounds]
-// (issue 32, s6 and s7: benchmarks/results/long_context/q8/s6/ and s7/README.md; prints GB/s of each pattern, rounds
-// alternating)
+// Build and run: g++ -O2 -pthread -o q8_read_pattern benchmarks/kernels/q8_read_pattern.cpp &&
+//   ./q8_read_pattern [rounds] [prefetch] [modes ...]   (s8: ./q8_read_pattern 4 1 2 5 6)
+// (issue 32, s6-s8: benchmarks/results/long_context/q8/s6/, s7/ and s8/README.md; prints GB/s of each pattern, rounds
+// alternating; modes 0-6 as below, all of them by default)
 // Read pattern A/B for the q8 decode cache (per layer: K and V [16384 rows x 1024 B], scales [16384 x 128 B] each),
 // 2 threads: A = head split (thread t reads bytes [512t, 512t+512) of every row, scales [64t, 64t+64)),
 // B = key split (thread t reads full rows of its half of the keys), C = pages (s7: the layout of state.h kQ8Page, pages of
 // 64 rows kv head by kv head; thread t reads its 4 kv heads' 32 KiB run of K and of V and 4 KiB of scales per page).
-// Light compute (byte sums); T1 prefetch 0 / 16 rows ahead (C: the next page's runs, when the distance is not 0).
+// s8: 3 = head-major in four arrays, 4 = C read K / V alternately 1 KiB at a time, 5 = one run per page and kv head
+// (K, V, scales), 6 = 5 kv head by kv head (the engine's layout since s8: each thread one contiguous stream).
+// Light compute (byte sums); T1 prefetch 0 / 16 rows ahead for modes 0-3 with "prefetch" (C: the next page's runs).
 #include <immintrin.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -16,6 +19,7 @@
 #include <thread>
 #include <vector>
 #include <atomic>
+#include <string>
 static const int L = 28, N = 16384, RB = 1024, SB = 128;
 struct Layer { int8_t *k, *v; char *ks, *vs; };
 static std::vector<Layer> layers;
@@ -117,11 +121,15 @@ static long long work(int t, int mode, int dist) {
 }
 int main(int argc, char** argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 4;
+  const bool dist16 = argc > 2 && std::string(argv[2]) == "prefetch";  // modes 0-3 with T1 prefetch 16 rows / a page ahead
+  std::vector<int> modes;
+  for (int i = dist16 ? 3 : 2; i < argc; ++i) modes.push_back(atoi(argv[i]));
+  if (modes.empty()) modes = {0, 1, 2, 3, 4, 5, 6};
   for (int i = 0; i < L; ++i) layers.push_back({(int8_t*)hp((size_t)N * RB * 2 + (size_t)N * SB * 2), (int8_t*)hp((size_t)N * RB), (char*)hp((size_t)N * SB), (char*)hp((size_t)N * SB)});
   const double bytes = (double)L * N * (2 * RB + 2 * SB);
   for (int r = 0; r < rounds; ++r) {
-    for (int mode : {1, 2, 5, 6}) {
-      int dist = 0;
+    for (int mode : modes) {
+      int dist = mode <= 3 && dist16 ? 16 : 0;
       std::atomic<long long> sink{0};
       auto t0 = std::chrono::steady_clock::now();
       std::thread a([&] { sink += work(0, mode, dist); }), b([&] { sink += work(1, mode, dist); });

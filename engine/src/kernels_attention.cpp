@@ -948,13 +948,15 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
           _mm_prefetch(o + q8_run_v(hd) + c, _MM_HINT_T1);
         for (int64_t c = q8_run_kscales(hd); c < rb; c += 64) _mm_prefetch(o + c, _MM_HINT_T1);  // the scales
       }
+      const int64_t P = pmax / kQ8Page + 1;  // pages a head holds
       for (int64_t g = g0; g < g1; ++g)
         for (int64_t t0 = 0; t0 <= pmax; t0 += ATT_KT) {
-          const bool more = t0 + ATT_KT <= pmax;
-          pf.pk = more ? run(t0 + ATT_KT, g) : g + 1 < g1 ? run(0, g + 1) : nullptr;
-          pf.pend = more || g + 1 < g1 ? rb : 0;
+          // the page ATT_DEC_DIST ahead in the thread's stream (1, 2, 3: within noise at 16K; none: x1.3 slower)
+          const int64_t nx = (g - g0) * P + t0 / kQ8Page + ATT_DEC_DIST;
+          const bool any = nx < nh * P;
+          pf.pk = any ? run(nx % P * kQ8Page, g0 + nx / P) : run(0, g);
+          pf.pend = any ? rb : 0;
           pf.pcur = 0;
-          if (!pf.pk) pf.pk = run(0, g);  // (nothing to ask for: pend 0; pk set so the q8 branch runs)
           att_tile(bs[size_t(g - g0)], k, v, t0, false, true, &pf);
         }
       for (auto& b : bs) att_end(b, out);
