@@ -17,54 +17,28 @@ import json
 import os
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from q8_decode_engine import add_args
 
 
 def child(args):
-    os.environ.setdefault("STRATA_PROFILE", "1")
-    import numpy as np
+    from q8_decode_engine import held_session, profiled_round  # (sets STRATA_PROFILE before the engine loads)
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import engine as bench  # noqa: E402  (benchmarks/engine.py: the model folder)
-    from strata_lab.engine import Engine, _ext
-
-    ext = _ext()
-    path = bench.model_folder(args.preset, None if args.layers == 28 and args.preset == "qwen3-0.6b" else args.layers)
-    eng = Engine.load(path, threads=args.threads, kv_cache="q8", max_context=args.context + 8 * args.decode)
-    prompt = np.random.default_rng(0).integers(0, 151669, args.context).tolist()
-    s = eng.session("q8")
-    t0 = time.perf_counter()
-    s.generate(prompt, max_new_tokens=args.decode).result
-    print(json.dumps({"ready": time.perf_counter() - t0, "level": ext.kernel_level()}), flush=True)
+    ext, s, prompt, secs, _ = held_session(args)
+    print(json.dumps({"ready": secs, "level": ext.kernel_level()}), flush=True)
     for line in sys.stdin:
         if line.strip() != "go":
             break
-        ext._profile(True)
-        r = s.generate(prompt, max_new_tokens=args.decode).result
-        prof = ext._profile(True)
-        assert r.tokens_read <= 1 and len(r.gen_ids) == args.decode
-        d = prof["decode"]
-        secs = d["seconds"]
-        total = sum(secs.values())
-        att = secs.get("attention", 0.0)
-        n = max(1, d["tokens"])
-        print(json.dumps({"tok_s": args.decode / (r.decode_ms / 1e3), "att_ms": att * 1e3 / n,
-                          "share": 100 * att / total, "rest_ms": (total - att) * 1e3 / n}), flush=True)
+        print(json.dumps(profiled_round(ext, s, prompt, args.decode)), flush=True)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", help="PYTHONPATH of build a")
     ap.add_argument("--b", help="PYTHONPATH of build b")
-    ap.add_argument("--preset", default="qwen3-0.6b")
-    ap.add_argument("--layers", type=int, default=28)
-    ap.add_argument("--context", type=int, default=16384)
-    ap.add_argument("--decode", type=int, default=16)
+    add_args(ap)
+    ap.set_defaults(layers=28)
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:

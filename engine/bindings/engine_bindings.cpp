@@ -100,6 +100,36 @@ void register_options(py::module_& m) {
       }, py::arg("fn"), "fn(n_produced, last_id, bits) -> bool, with a mask_words attribute; None: no mask.");
 }
 
+namespace {
+
+// A q8 cache given row by row (int8 values and f32 scales of K and V, [T, Hkv, hd] and [T, Hkv, hd / 32], as
+// quantize_q8_rows gives them) in the cache's own layout (state.h), cap = ceil(T / kQ8Page) pages a kv head.
+std::vector<int8_t> q8_rows_to_pages(const int8_t* k, const float* ks, const int8_t* v, const float* vs, int64_t T,
+                                     int Hkv, int hd) {
+  std::vector<int8_t> pages(size_t((T + kQ8Page - 1) / kQ8Page * Hkv * q8_run_bytes(hd)));
+  kernels::q8_to_pages(k, ks, v, vs, T, Hkv, hd, pages.data());
+  return pages;
+}
+
+// The refusals of the q8 bindings: queries [n, n_heads, hd] (hd a multiple of 32); rows of K and V as
+// _quantize_q8 gives them, T positions of n_kv_heads kv heads.
+void check_q8_query(const py::array& q, int n_heads, int n_kv_heads) {
+  if (q.ndim() != 3 || q.shape(1) != n_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
+      q.shape(2) % kQ8Block != 0)
+    throw std::invalid_argument("q must be [n, n_heads, hd] (hd a multiple of 32, n_heads of n_kv_heads)");
+}
+void check_q8_rows(const py::array& k, const py::array& ks, const py::array& v, const py::array& vs, int64_t T,
+                   int64_t Hkv, int64_t hd) {
+  for (const auto* a : {&k, &v})
+    if (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != Hkv || a->shape(2) != hd)
+      throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd] int8 (v k's shape)");
+  for (const auto* a : {&ks, &vs})
+    if (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != Hkv || a->shape(2) != hd / kQ8Block)
+      throw std::invalid_argument("ks and vs must both be [T, n_kv_heads, hd / 32] float32");
+}
+
+}  // namespace
+
 void register_checkpoint(py::module_& m) {
   static py::exception<ModelFolderError> exc(m, "ModelFolderError", PyExc_ValueError);
   py::register_exception_translator([](std::exception_ptr p) {
@@ -218,10 +248,8 @@ void register_checkpoint(py::module_& m) {
         std::vector<float> ks(static_cast<size_t>(m / kQ8Block)), vs(static_cast<size_t>(m / kQ8Block));
         kernels::quantize_q8_rows(static_cast<const float*>(k.data()), k8.data(), ks.data(), m);
         kernels::quantize_q8_rows(static_cast<const float*>(v.data()), v8.data(), vs.data(), m);
-        const int64_t cap = (T + kQ8Page - 1) / kQ8Page;
-        std::vector<int8_t> pages(size_t(cap * n_kv_heads * q8_run_bytes(int(hd))));
-        kernels::q8_to_pages(k8.data(), ks.data(), v8.data(), vs.data(), T, n_kv_heads, int(hd), pages.data());
-        kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), cap, T - n, op);
+        const auto pages = q8_rows_to_pages(k8.data(), ks.data(), v8.data(), vs.data(), T, n_kv_heads, int(hd));
+        kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), (T + kQ8Page - 1) / kQ8Page, T - n, op);
       } else {
         kernels::attention(qp, n, n_heads, n_kv_heads, int(hd), static_cast<const float*>(k.data()),
                            static_cast<const float*>(v.data()), T - n, op);
@@ -239,27 +267,18 @@ void register_checkpoint(py::module_& m) {
                             py::array_t<int8_t, py::array::c_style> v, py::array_t<float, py::array::c_style> vs,
                             int n_heads, int n_kv_heads, int threads) {
     // A q8 cache as _quantize_q8 gives it, row by row: copied into the cache's pages (q8_to_pages), then the kernel.
-    if (q.ndim() != 3 || q.shape(1) != n_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
-        q.shape(2) % kQ8Block != 0)
-      throw std::invalid_argument("q must be [n, n_heads, hd] (hd a multiple of 32, n_heads of n_kv_heads)");
+    check_q8_query(q, n_heads, n_kv_heads);
     const int64_t n = q.shape(0), hd = q.shape(2), T = k.ndim() == 3 ? k.shape(0) : -1;
-    for (const auto* a : {&k, &v})
-      if (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd)
-        throw std::invalid_argument("k and v must both be [T, n_kv_heads, hd] int8");
-    for (const auto* a : {&ks, &vs})
-      if (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != n_kv_heads || a->shape(2) != hd / kQ8Block)
-        throw std::invalid_argument("ks and vs must both be [T, n_kv_heads, hd / 32] float32");
+    check_q8_rows(k, ks, v, vs, T, n_kv_heads, hd);
     if (n < 1 || T < n) throw std::invalid_argument("the cache must hold T >= n >= 1 positions");
     py::array_t<float> out({n, int64_t(n_heads), hd});
     const float* qp = q.data();
     float* op = out.mutable_data();
     {
       py::gil_scoped_release release;
-      const int64_t cap = (T + kQ8Page - 1) / kQ8Page;
-      std::vector<int8_t> pages(size_t(cap * n_kv_heads * q8_run_bytes(int(hd))));
-      kernels::q8_to_pages(k.data(), ks.data(), v.data(), vs.data(), T, n_kv_heads, int(hd), pages.data());
+      const auto pages = q8_rows_to_pages(k.data(), ks.data(), v.data(), vs.data(), T, n_kv_heads, int(hd));
       use_threads(threads);
-      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), cap, T - n, op);
+      kernels::attention_q8(qp, n, n_heads, n_kv_heads, int(hd), pages.data(), (T + kQ8Page - 1) / kQ8Page, T - n, op);
     }
     return out;
   }, py::arg("q"), py::arg("k"), py::arg("ks"), py::arg("v"), py::arg("vs"), py::arg("n_heads"),
@@ -271,9 +290,7 @@ void register_checkpoint(py::module_& m) {
                                   py::array_t<int8_t, py::array::c_style> pages, int n_heads, int n_kv_heads,
                                   int64_t length, int threads) {
     // The kernel over _q8_pages' array, read in place (nothing copied or quantised per call: timings).
-    if (q.ndim() != 3 || q.shape(1) != n_heads || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
-        q.shape(2) % kQ8Block != 0)
-      throw std::invalid_argument("q must be [n, n_heads, hd] (hd a multiple of 32, n_heads of n_kv_heads)");
+    check_q8_query(q, n_heads, n_kv_heads);
     const int64_t n = q.shape(0), hd = q.shape(2);
     if (n < 1 || length < n) throw std::invalid_argument("the cache must hold length >= n >= 1 positions");
     const int64_t head = n_kv_heads * q8_run_bytes(int(hd));  // bytes of a page of every kv head
@@ -299,11 +316,7 @@ void register_checkpoint(py::module_& m) {
     if (k.ndim() != 3 || k.shape(2) % kQ8Block != 0)
       throw std::invalid_argument("k must be [T, n_kv_heads, hd] int8 (hd a multiple of 32)");
     const int64_t T = k.shape(0), Hkv = k.shape(1), hd = k.shape(2);
-    if (v.ndim() != 3 || v.shape(0) != T || v.shape(1) != Hkv || v.shape(2) != hd)
-      throw std::invalid_argument("v must be k's shape");
-    for (const auto* a : {&ks, &vs})
-      if (a->ndim() != 3 || a->shape(0) != T || a->shape(1) != Hkv || a->shape(2) != hd / kQ8Block)
-        throw std::invalid_argument("ks and vs must both be [T, n_kv_heads, hd / 32] float32");
+    check_q8_rows(k, ks, v, vs, T, Hkv, hd);
     py::array_t<int8_t> out((T + kQ8Page - 1) / kQ8Page * Hkv * q8_run_bytes(int(hd)));
     kernels::q8_to_pages(k.data(), ks.data(), v.data(), vs.data(), T, int(Hkv), int(hd), out.mutable_data());
     return out;
