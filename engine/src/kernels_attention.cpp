@@ -5,6 +5,7 @@
 #include "strata/state.h"  // kQ8Block
 
 #include <type_traits>
+#include <utility>
 
 namespace strata {
 namespace kernels {
@@ -163,6 +164,15 @@ struct AttPrefetch {
   int64_t pcur = 0, pend = 0;
 };
 constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
+// q8 decode: a page's prefetch steps, spread over its phases in proportion to their time (scores, softmax,
+// P V: about 2 : 1 : 2). A software prefetch waits for a free miss buffer, so a burst of them stalls the core,
+// and a phase without them (the softmax and the P weights) lets the memory pipe run dry. With all the steps
+// in the scores (16 : 0 : 4) the kernel read 28 layers of a 16K cache x1.2-1.3 slower
+// (benchmarks/results/long_context/q8/s9).
+constexpr int Q8_PF_QK = 16, Q8_PF_SM = 8, Q8_PF_PV = 16;
+static inline int att_share(int total, int64_t k, int64_t parts) {  // part k's steps of total over parts
+  return int(total * (k + 1) / parts - total * k / parts);
+}
 STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
   if (p.pk) {  // q8 pages: lines_step lines in address order
     int64_t c = p.pcur;
@@ -192,6 +202,10 @@ STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
     p.row = row;
     p.col = col;
   }
+}
+STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch* p, int steps) {
+  if (p)
+    for (int i = 0; i < steps; ++i) att_decode_prefetch(*p);
 }
 
 // q8 scores: the query rows are quantised like the cache (blocks of 32, att_begin), each block's dot q_b . k_b is
@@ -269,12 +283,12 @@ STRATA_AVX2 static void att_qk_q8(const int8_t* q, const float* qs, int nb_, con
 #define STRATA_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 // R rows x the tile's first 16 NK keys (kp: the page's K; dk: its K scales), blocks in order, and within a
 // block its 8 groups of 4 values in address order (16 NK keys' 64-byte lines one after the other): the block's
-// 2 x NK accumulators are independent vpdpbusd chains. pf (decode): ATT_KT / 4 prefetch steps spread over the
-// blocks. C <= 16 NK keys stored.
+// 2 x NK accumulators are independent vpdpbusd chains. pf (decode): pfn prefetch steps spread over the blocks.
+// C <= 16 NK keys stored.
 template <int R, int NK>
 STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const float* qs, int nb,
                                        const int8_t* kp, const uint16_t* dk, float scale, float* s, int64_t lds, int C,
-                                       AttPrefetch* pf) {
+                                       AttPrefetch* pf, int pfn) {
   const int hd = 32 * nb;
   const __m512i x80 = _mm512_set1_epi8(char(0x80));
   __m512 acc[R][NK];
@@ -306,8 +320,7 @@ STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const
                                                           reinterpret_cast<const __m256i*>(dk + kQ8Page * b + 16 * c)))),
                                     acc[r][c]);
     }
-    if (pf)
-      for (int i = (ATT_KT / 4) * b / nb; i < (ATT_KT / 4) * (b + 1) / nb; ++i) att_decode_prefetch(*pf);
+    att_decode_prefetch(pf, att_share(pfn, b, nb));
   }
   const __m512 sc = _mm512_set1_ps(scale);
   for (int c = 0; c < NK; ++c) {
@@ -320,12 +333,12 @@ STRATA_VNNI static void att_qk_q8_vnni(const int8_t* q, const int32_t* qc, const
 template <int R>
 STRATA_VNNI static void att_qk_q8_vnni_r(const int8_t* q, const int32_t* qc, const float* qs, int nb,
                                          const int8_t* kp, const uint16_t* dk, float scale, float* s, int64_t lds, int C,
-                                         AttPrefetch* pf) {
+                                         AttPrefetch* pf, int pfn) {
   switch ((C + 15) / 16) {
-    case 1: att_qk_q8_vnni<R, 1>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf); break;
-    case 2: att_qk_q8_vnni<R, 2>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf); break;
-    case 3: att_qk_q8_vnni<R, 3>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf); break;
-    default: att_qk_q8_vnni<R, 4>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf); break;
+    case 1: att_qk_q8_vnni<R, 1>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf, pfn); break;
+    case 2: att_qk_q8_vnni<R, 2>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf, pfn); break;
+    case 3: att_qk_q8_vnni<R, 3>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf, pfn); break;
+    default: att_qk_q8_vnni<R, 4>(q, qc, qs, nb, kp, dk, scale, s, lds, C, pf, pfn); break;
   }
 }
 
@@ -459,20 +472,25 @@ STRATA_AVX2 static void att_pv_q8_wq(const float* p, int64_t ldp, const int* cnt
 // interleaved value by value (state.h: pair i at v + 2 hd i, the block at v), so widening 16 bytes gives 8
 // columns' (key 2i, key 2i + 1) int16 pairs for pmaddwd against (wq_2i, wq_2i + 1). A lone last key's partner is
 // the page's next position, whatever it holds, weighed by 0. wq as att_pv_q8_wq lays it out (wq at the block).
-// out[r * ldo + 0..31]: the sums in column order.
+// out[r * ldo + 0..31]: the sums in column order. pf (decode): pfn prefetch steps spread over the pairs.
 template <int R>
 STRATA_AVX2 static void att_pv_q8i(const int32_t* wq, int64_t ldq, int nb, int np, const int8_t* v, int hd,
-                                   int32_t* out, int64_t ldo) {
+                                   int32_t* out, int64_t ldo, AttPrefetch* pf, int pfn) {
   __m256i acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_si256();
-  for (int i = 0; i < np; ++i) {
-    const int8_t* vp = v + 2 * int64_t(hd) * i;
-    __m256i x[4];
-    for (int c = 0; c < 4; ++c) x[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vp + 16 * c)));
-    for (int r = 0; r < R; ++r) {
-      const __m256i w = _mm256_set1_epi32(wq[(r * ldq + i) * nb]);
-      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(x[c], w));
+  const int segs = pf && pfn > 0 ? pfn : 1;  // (as att_pv_q8i_zmm: a prefetch step before each segment of pairs)
+  for (int sg = 0, i0 = 0; sg < segs; ++sg) {
+    if (pf) att_decode_prefetch(*pf);
+    const int i1 = np * (sg + 1) / segs;
+    for (int i = std::exchange(i0, i1); i < i1; ++i) {
+      const int8_t* vp = v + 2 * int64_t(hd) * i;
+      __m256i x[4];
+      for (int c = 0; c < 4; ++c) x[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vp + 16 * c)));
+      for (int r = 0; r < R; ++r) {
+        const __m256i w = _mm256_set1_epi32(wq[(r * ldq + i) * nb]);
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(x[c], w));
+      }
     }
   }
   for (int r = 0; r < R; ++r)
@@ -483,19 +501,26 @@ STRATA_AVX2 static void att_pv_q8i(const int32_t* wq, int64_t ldq, int nb, int n
 // pass: 32 bytes widened are 16 columns' pairs.
 template <int R, int NCB>
 STRATA_VNNI static void att_pv_q8i_zmm(const int32_t* wq, int64_t ldq, int nb, int np, const int8_t* v, int hd,
-                                       int32_t* out, int64_t ldo) {
+                                       int32_t* out, int64_t ldo, AttPrefetch* pf, int pfn) {
   __m512i acc[R][2 * NCB];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 2 * NCB; ++c) acc[r][c] = _mm512_setzero_si512();
-  for (int i = 0; i < np; ++i) {
-    const int8_t* vp = v + 2 * int64_t(hd) * i;
-    for (int c = 0; c < NCB; ++c) {
-      const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp + 64 * c)));
-      const __m512i e = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp + 64 * c + 32)));
-      for (int r = 0; r < R; ++r) {
-        const __m512i w = _mm512_set1_epi32(wq[(r * ldq + i) * nb + c]);
-        acc[r][2 * c] = _mm512_dpwssd_epi32(acc[r][2 * c], a, w);
-        acc[r][2 * c + 1] = _mm512_dpwssd_epi32(acc[r][2 * c + 1], e, w);
+  // the pairs in pfn segments, a prefetch step before each (a step inside the pair loop made GCC copy all
+  // 16 accumulators to other registers and back on every pair)
+  const int segs = pf && pfn > 0 ? pfn : 1;
+  for (int sg = 0, i0 = 0; sg < segs; ++sg) {
+    if (pf) att_decode_prefetch(*pf);
+    const int i1 = np * (sg + 1) / segs;
+    for (int i = std::exchange(i0, i1); i < i1; ++i) {
+      const int8_t* vp = v + 2 * int64_t(hd) * i;
+      for (int c = 0; c < NCB; ++c) {
+        const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp + 64 * c)));
+        const __m512i e = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp + 64 * c + 32)));
+        for (int r = 0; r < R; ++r) {
+          const __m512i w = _mm512_set1_epi32(wq[(r * ldq + i) * nb + c]);
+          acc[r][2 * c] = _mm512_dpwssd_epi32(acc[r][2 * c], a, w);
+          acc[r][2 * c + 1] = _mm512_dpwssd_epi32(acc[r][2 * c + 1], e, w);
+        }
       }
     }
   }
@@ -505,12 +530,12 @@ STRATA_VNNI static void att_pv_q8i_zmm(const int32_t* wq, int64_t ldq, int nb, i
 
 template <int R>
 STRATA_VNNI static void att_pv_q8i_zmm_r(const int32_t* wq, int64_t ldq, int nb, int ncb, int np, const int8_t* v,
-                                         int hd, int32_t* out, int64_t ldo) {
+                                         int hd, int32_t* out, int64_t ldo, AttPrefetch* pf, int pfn) {
   switch (ncb) {
-    case 1: att_pv_q8i_zmm<R, 1>(wq, ldq, nb, np, v, hd, out, ldo); break;
-    case 2: att_pv_q8i_zmm<R, 2>(wq, ldq, nb, np, v, hd, out, ldo); break;
-    case 3: att_pv_q8i_zmm<R, 3>(wq, ldq, nb, np, v, hd, out, ldo); break;
-    default: att_pv_q8i_zmm<R, 4>(wq, ldq, nb, np, v, hd, out, ldo); break;
+    case 1: att_pv_q8i_zmm<R, 1>(wq, ldq, nb, np, v, hd, out, ldo, pf, pfn); break;
+    case 2: att_pv_q8i_zmm<R, 2>(wq, ldq, nb, np, v, hd, out, ldo, pf, pfn); break;
+    case 3: att_pv_q8i_zmm<R, 3>(wq, ldq, nb, np, v, hd, out, ldo, pf, pfn); break;
+    default: att_pv_q8i_zmm<R, 4>(wq, ldq, nb, np, v, hd, out, ldo, pf, pfn); break;
   }
 }
 
@@ -698,19 +723,20 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
     const float* QS = w.qs.data();
     const int32_t* QC = b.q8.vnni ? w.qc.data() : nullptr;
     const int nb = hd / 32;
-    if (QC) {  // VNNI: the whole tile a row pair at a time, K read in address order (the prefetch steps inside)
+    if (QC) {  // VNNI: the whole tile a row pair at a time, K read in address order (each pair its share of the
+               // prefetch steps, inside)
+      const int64_t pairs = (rows - r0 + 1) / 2;
       int64_t r = r0;
       for (; r + 2 <= rows; r += 2)
         att_qk_q8_vnni_r<2>(Q8 + r * hd, QC + r * nb, QS + r * nb, nb, kt.q, kt.s, scale, S + r * ATT_KT, ATT_KT, kc,
-                            r == r0 ? pf : nullptr);
+                            pf, att_share(Q8_PF_QK, (r - r0) / 2, pairs));
       if (r < rows)
         att_qk_q8_vnni_r<1>(Q8 + r * hd, QC + r * nb, QS + r * nb, nb, kt.q, kt.s, scale, S + r * ATT_KT, ATT_KT, kc,
-                            r == r0 ? pf : nullptr);
+                            pf, att_share(Q8_PF_QK, (r - r0) / 2, pairs));
     } else {
       for (int j = 0; j < kc; j += 16) {  // (kt.q: the page's K, keys in the lanes: key j's bytes from 4 j)
         const int C = std::min(16, kc - j);
-        if (pf)  // (four of the ATT_KT / 4 score steps AttPrefetch counts)
-          for (int i = 0; i < 4; ++i) att_decode_prefetch(*pf);
+        att_decode_prefetch(pf, att_share(Q8_PF_QK, j / 16, (kc + 15) / 16));
         const int8_t* KP = kt.q + 4 * j;
         const uint16_t* DK = kt.s + j;  // (lanes past C: the page's later rows, their scores not stored)
         int64_t r = r0;
@@ -740,6 +766,7 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
   }
   // online softmax: each row over its own keys j < cnt (positions t0 + j <= its position)
   for (int64_t r = r0; r < rows; ++r) {
+    if constexpr (q8) att_decode_prefetch(pf, att_share(Q8_PF_SM, r - r0, rows - r0));
     const int c = int(std::min<int64_t>(kc, pos0 + i0 + r / G + 1 - t0));
     cnt[r] = c;
     float* sr = S + r * ATT_KT;
@@ -775,26 +802,26 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
     int32_t *WQ = w.wq.data(), *PV = w.pvi.data();
     float *WS = w.ws.data(), *TMP = w.wtmp.data();
     constexpr int64_t ldq = ATT_KT / 2;  // key pairs per row
+    const int64_t pairs = (rows - r0 + 1) / 2;
     for (int64_t r = r0; r < rows; r += 2) {
       const int R = rows - r >= 2 ? 2 : 1;
+      const int pfn = att_share(Q8_PF_PV, (r - r0) / 2, pairs);  // the row pair's prefetch steps, over its passes
       const int cmax = R == 2 ? std::max(cnt[r], cnt[r + 1]) : cnt[r];
       const int np = (cmax + 1) / 2;
       if (nb == 4) att_pv_q8_wq<4>(S + r * ATT_KT, ATT_KT, cnt + r, R, np, vt.s, ldk / 32, nb, TMP, WQ, ldq, WS);
       else if (nb == 8) att_pv_q8_wq<8>(S + r * ATT_KT, ATT_KT, cnt + r, R, np, vt.s, ldk / 32, nb, TMP, WQ, ldq, WS);
       else att_pv_q8_wq<0>(S + r * ATT_KT, ATT_KT, cnt + r, R, np, vt.s, ldk / 32, nb, TMP, WQ, ldq, WS);
-      if (b.q8.vnni) {  // up to 4 blocks per pass (the prefetch steps as the AVX2 loop takes them)
+      if (b.q8.vnni) {  // up to 4 blocks per pass
         for (int b0 = 0; b0 < nb; b0 += 4) {
-          const int ncb = std::min(4, nb - b0);
-          if (pf && r == r0)
-            for (int i = 0; i < ncb; ++i) att_decode_prefetch(*pf);
-          if (R == 2) att_pv_q8i_zmm_r<2>(WQ + b0, ldq, nb, ncb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd);
-          else att_pv_q8i_zmm_r<1>(WQ + b0, ldq, nb, ncb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd);
+          const int ncb = std::min(4, nb - b0), ns = att_share(pfn, b0 / 4, (nb + 3) / 4);
+          if (R == 2) att_pv_q8i_zmm_r<2>(WQ + b0, ldq, nb, ncb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd, pf, ns);
+          else att_pv_q8i_zmm_r<1>(WQ + b0, ldq, nb, ncb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd, pf, ns);
         }
       } else {
         for (int b0 = 0; b0 < nb; ++b0) {
-          if (pf && r == r0) att_decode_prefetch(*pf);  // (the steps AttPrefetch counts: hd / 32 per tile)
-          if (R == 2) att_pv_q8i<2>(WQ + b0, ldq, nb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd);
-          else att_pv_q8i<1>(WQ + b0, ldq, nb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd);
+          const int ns = att_share(pfn, b0, nb);
+          if (R == 2) att_pv_q8i<2>(WQ + b0, ldq, nb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd, pf, ns);
+          else att_pv_q8i<1>(WQ + b0, ldq, nb, np, vt.q + 64 * b0, hd, PV + 32 * b0, hd, pf, ns);
         }
       }
       for (int i = 0; i < R; ++i) att_pv_q8_fin(PV + i * hd, WS + i * nb, nb, A[r + i], O + (r + i) * hd);
@@ -932,9 +959,9 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
       // thread's kv heads are one contiguous stretch of the cache, read head by head (tile order within each head:
       // the same per-row arithmetic as the tile-outer order of the f32 / f16 caches). While it works on a page it
       // asks for the next one (the head's next page, or the next head's first) in address order, spread over the
-      // tile's score and P V steps. (benchmarks/results/long_context/q8/s7 and s8.)
+      // tile's score, softmax and P V steps (Q8_PF_QK ...). (benchmarks/results/long_context/q8/s7, s8 and s9.)
       static_assert(ATT_KT == kQ8Page, "a key tile is a q8 page");
-      const int64_t rb = q8_run_bytes(hd), steps = ATT_KT / 4 + (hd + 31) / 32;
+      const int64_t rb = q8_run_bytes(hd), steps = Q8_PF_QK + Q8_PF_SM + Q8_PF_PV;
       pf.lines_step = int((rb / 64 + steps - 1) / steps);
       auto run = [&](int64_t t0, int64_t g) {
         return reinterpret_cast<const char*>(q8->c + q8_run_offset(t0, int(g), q8->cap, hd));
