@@ -162,14 +162,17 @@ struct AttPrefetch {
   // heads' K, V and scales); pcur: the next byte to ask for. pk null: rows.
   const char* pk = nullptr;
   int64_t pcur = 0, pend = 0;
+  // rows (f32 / f16 decode): steps in the softmax and inside P V's key loop too (ATT_PF_*), not only one per
+  // score micro-tile and P V column block
+  bool spread = false;
 };
 constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
-// q8 decode: a page's prefetch steps, spread over its phases in proportion to their time (scores, softmax,
+// Decode: a tile's prefetch steps, spread over its phases in proportion to their time (scores, softmax,
 // P V: about 2 : 1 : 2). A software prefetch waits for a free miss buffer, so a burst of them stalls the core,
-// and a phase without them (the softmax and the P weights) lets the memory pipe run dry. With all the steps
-// in the scores (16 : 0 : 4) the kernel read 28 layers of a 16K cache x1.2-1.3 slower
-// (benchmarks/results/long_context/q8/s9).
-constexpr int Q8_PF_QK = 16, Q8_PF_SM = 8, Q8_PF_PV = 16;
+// and a phase without them (the softmax, q8's P weights) lets the memory pipe run dry. With the steps in the
+// scores and one per P V column block (16 : 0 : 4) the q8 kernel read 28 layers of a 16K cache x1.2-1.4 slower
+// (benchmarks/results/long_context/q8/s9). The f32 / f16 rows take ATT_KT / 4 score steps (one per micro-tile).
+constexpr int ATT_PF_QK = 16, ATT_PF_SM = 8, ATT_PF_PV = 16;
 static inline int att_share(int total, int64_t k, int64_t parts) {  // part k's steps of total over parts
   return int(total * (k + 1) / parts - total * k / parts);
 }
@@ -583,19 +586,28 @@ STRATA_AVX2 static void att_qk(const float* q, int64_t ldq, E k, int64_t ldk, in
 // each V load for the keys all of them see (j < cmin) and alone for the rest.
 template <int R, int C, typename E>
 STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, const float* alpha, E v,
-                               int64_t ldv, float* o, int64_t ldo) {
+                               int64_t ldv, float* o, int64_t ldo, AttPrefetch* pf, int pfn) {
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   int cmin = cnt[0];
   for (int r = 1; r < R; ++r) cmin = std::min(cmin, cnt[r]);
-  for (int j = 0; j < cmin; ++j) {
+  auto key = [&](int j) STRATA_AVX2 {
     __m256 b[R];
     for (int r = 0; r < R; ++r) b[r] = _mm256_broadcast_ss(p + r * ldp + j);
     for (int c = 0; c < C; ++c) {
       const __m256 vv = att_ld8(v + j * ldv + 8 * c);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(b[r], vv, acc[r][c]);
     }
+  };
+  if (pf && pfn > 0) {  // decode: pfn prefetch steps, one before each segment of the keys (as att_pv_q8i_zmm)
+    for (int sg = 0, j0 = 0; sg < pfn; ++sg) {
+      att_decode_prefetch(*pf);
+      const int j1 = cmin * (sg + 1) / pfn;
+      for (int j = std::exchange(j0, j1); j < j1; ++j) key(j);
+    }
+  } else {
+    for (int j = 0; j < cmin; ++j) key(j);
   }
   // (fully unrolled over r and c so that acc stays in registers: a run-time index into it made GCC store
   // all of acc to the stack on every key of the loop above)
@@ -631,12 +643,12 @@ STRATA_AVX2 static void att_qk_r(const float* q, int64_t ldq, E k, int64_t ldk, 
 
 template <int R, typename E>
 STRATA_AVX2 static void att_pv_r(const float* p, int64_t ldp, const int* cnt, const float* alpha, E v,
-                                 int64_t ldv, float* o, int64_t ldo, int C) {
+                                 int64_t ldv, float* o, int64_t ldo, int C, AttPrefetch* pf = nullptr, int pfn = 0) {
   switch (C) {
-    case 1: att_pv<R, 1, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
-    case 2: att_pv<R, 2, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
-    case 3: att_pv<R, 3, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
-    default: att_pv<R, 4, E>(p, ldp, cnt, alpha, v, ldv, o, ldo); break;
+    case 1: att_pv<R, 1, E>(p, ldp, cnt, alpha, v, ldv, o, ldo, pf, pfn); break;
+    case 2: att_pv<R, 2, E>(p, ldp, cnt, alpha, v, ldv, o, ldo, pf, pfn); break;
+    case 3: att_pv<R, 3, E>(p, ldp, cnt, alpha, v, ldv, o, ldo, pf, pfn); break;
+    default: att_pv<R, 4, E>(p, ldp, cnt, alpha, v, ldv, o, ldo, pf, pfn); break;
   }
 }
 
@@ -729,14 +741,14 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
       int64_t r = r0;
       for (; r + 2 <= rows; r += 2)
         att_qk_q8_vnni_r<2>(Q8 + r * hd, QC + r * nb, QS + r * nb, nb, kt.q, kt.s, scale, S + r * ATT_KT, ATT_KT, kc,
-                            pf, att_share(Q8_PF_QK, (r - r0) / 2, pairs));
+                            pf, att_share(ATT_PF_QK, (r - r0) / 2, pairs));
       if (r < rows)
         att_qk_q8_vnni_r<1>(Q8 + r * hd, QC + r * nb, QS + r * nb, nb, kt.q, kt.s, scale, S + r * ATT_KT, ATT_KT, kc,
-                            pf, att_share(Q8_PF_QK, (r - r0) / 2, pairs));
+                            pf, att_share(ATT_PF_QK, (r - r0) / 2, pairs));
     } else {
       for (int j = 0; j < kc; j += 16) {  // (kt.q: the page's K, keys in the lanes: key j's bytes from 4 j)
         const int C = std::min(16, kc - j);
-        att_decode_prefetch(pf, att_share(Q8_PF_QK, j / 16, (kc + 15) / 16));
+        att_decode_prefetch(pf, att_share(ATT_PF_QK, j / 16, (kc + 15) / 16));
         const int8_t* KP = kt.q + 4 * j;
         const uint16_t* DK = kt.s + j;  // (lanes past C: the page's later rows, their scores not stored)
         int64_t r = r0;
@@ -766,7 +778,7 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
   }
   // online softmax: each row over its own keys j < cnt (positions t0 + j <= its position)
   for (int64_t r = r0; r < rows; ++r) {
-    if constexpr (q8) att_decode_prefetch(pf, att_share(Q8_PF_SM, r - r0, rows - r0));
+    if (q8 || (pf && pf->spread)) att_decode_prefetch(pf, att_share(ATT_PF_SM, r - r0, rows - r0));
     const int c = int(std::min<int64_t>(kc, pos0 + i0 + r / G + 1 - t0));
     cnt[r] = c;
     float* sr = S + r * ATT_KT;
@@ -805,7 +817,7 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
     const int64_t pairs = (rows - r0 + 1) / 2;
     for (int64_t r = r0; r < rows; r += 2) {
       const int R = rows - r >= 2 ? 2 : 1;
-      const int pfn = att_share(Q8_PF_PV, (r - r0) / 2, pairs);  // the row pair's prefetch steps, over its passes
+      const int pfn = att_share(ATT_PF_PV, (r - r0) / 2, pairs);  // the row pair's prefetch steps, over its passes
       const int cmax = R == 2 ? std::max(cnt[r], cnt[r + 1]) : cnt[r];
       const int np = (cmax + 1) / 2;
       if (nb == 4) att_pv_q8_wq<4>(S + r * ATT_KT, ATT_KT, cnt + r, R, np, vt.s, ldk / 32, nb, TMP, WQ, ldq, WS);
@@ -827,14 +839,17 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
       for (int i = 0; i < R; ++i) att_pv_q8_fin(PV + i * hd, WS + i * nb, nb, A[r + i], O + (r + i) * hd);
     }
   } else {
+    const bool spread = pf && pf->spread;  // decode: ATT_PF_PV steps over the column blocks, inside the key loop
     for (int c0 = 0; c0 < C8; c0 += 4) {
       const int C = std::min(4, C8 - c0);
-      if (pf) att_decode_prefetch(*pf);
+      if (pf && !spread) att_decode_prefetch(*pf);
+      AttPrefetch* p1 = spread ? pf : nullptr;  // (the first row group's call takes the block's steps)
+      const int n1 = spread ? att_share(ATT_PF_PV, c0 / 4, (C8 + 3) / 4) : 0;
       int64_t r = r0;
-      for (; r + 3 <= rows; r += 3)
-        att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-      if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
-      else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C);
+      for (; r + 3 <= rows; r += 3, p1 = nullptr)
+        att_pv_r<3>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C, p1, n1);
+      if (rows - r == 2) att_pv_r<2>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C, p1, n1);
+      else if (rows - r == 1) att_pv_r<1>(S + r * ATT_KT, ATT_KT, cnt + r, A + r, vt + 8 * c0, ldk, O + r * hd + 8 * c0, hd, C, p1, n1);
     }
   }
 }
@@ -959,9 +974,9 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
       // thread's kv heads are one contiguous stretch of the cache, read head by head (tile order within each head:
       // the same per-row arithmetic as the tile-outer order of the f32 / f16 caches). While it works on a page it
       // asks for the next one (the head's next page, or the next head's first) in address order, spread over the
-      // tile's score, softmax and P V steps (Q8_PF_QK ...). (benchmarks/results/long_context/q8/s7, s8 and s9.)
+      // tile's score, softmax and P V steps (ATT_PF_QK ...). (benchmarks/results/long_context/q8/s7, s8 and s9.)
       static_assert(ATT_KT == kQ8Page, "a key tile is a q8 page");
-      const int64_t rb = q8_run_bytes(hd), steps = Q8_PF_QK + Q8_PF_SM + Q8_PF_PV;
+      const int64_t rb = q8_run_bytes(hd), steps = ATT_PF_QK + ATT_PF_SM + ATT_PF_PV;
       pf.lines_step = int((rb / 64 + steps - 1) / steps);
       auto run = [&](int64_t t0, int64_t g) {
         return reinterpret_cast<const char*>(q8->c + q8_run_offset(t0, int(g), q8->cap, hd));
@@ -996,10 +1011,12 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
     pf.span = nh * hd * es;
     // A tile-head's share of the next tile's rows, line by line (the span's last line too:
     // spans need not start on a line, e.g. a malloc'ed cache 16 bytes past one, which the row-wise prefetch
-    // missed), spread evenly over its 16 score and hd / 32 P V steps. Bursts hurt: whole rows per step, or
-    // the same lines over the first half of the steps, read the cache slower at 16K keys (2 threads, f16).
+    // missed), spread evenly over its ATT_KT / 4 score, ATT_PF_SM softmax and ATT_PF_PV P V steps. Bursts hurt:
+    // whole rows per step, or the same lines over the first half of the steps, read the cache slower at 16K keys
+    // (2 threads, f16), and so did the steps in the scores and one per P V column block alone (16 : 0 : 4, s9).
     const int64_t rows_th = (ATT_KT + nh - 1) / nh, lines_row = pf.span / 64 + 1,
-                  steps = ATT_KT / 4 + (hd + 31) / 32;
+                  steps = ATT_KT / 4 + ATT_PF_SM + ATT_PF_PV;
+    pf.spread = true;
     pf.lines_step = int((rows_th * lines_row + steps - 1) / steps);
     // Tile 0 has no tile before it to ask for it, so its rows come in as demand misses, one
     // 4 KiB page (two cache rows) at a time -- most of a short context's cache. Ask for all of its lines at
