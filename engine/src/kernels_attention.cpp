@@ -162,8 +162,8 @@ struct AttPrefetch {
   // heads' K, V and scales); pcur: the next byte to ask for. pk null: rows.
   const char* pk = nullptr;
   int64_t pcur = 0, pend = 0;
-  // rows (f32 / f16 decode): steps in the softmax and inside P V's key loop too (ATT_PF_*), not only one per
-  // score micro-tile and P V column block
+  // decode: steps in the softmax too (ATT_PF_SM) and, for the f32 / f16 rows, inside P V's key loop (ATT_PF_PV)
+  // instead of one per P V column block (prefill: false)
   bool spread = false;
 };
 constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
@@ -209,6 +209,19 @@ STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch& p) {
 STRATA_AVX2 static inline void att_decode_prefetch(AttPrefetch* p, int steps) {
   if (p)
     for (int i = 0; i < steps; ++i) att_decode_prefetch(*p);
+}
+// body(i) for i < n in order; with pf and pfn > 0 steps, in pfn segments with a prefetch step before each. (The
+// P V loops: a step inside the loop made GCC copy all the accumulators to other registers and back on every
+// iteration.) Inlined into its caller, so body takes the caller's vector level.
+template <typename F>
+__attribute__((always_inline)) static inline void att_segments(AttPrefetch* pf, int pfn, int n, F&& body) {
+  const bool steps = pf && pfn > 0;
+  const int segs = steps ? pfn : 1;
+  for (int sg = 0, i0 = 0; sg < segs; ++sg) {
+    if (steps) att_decode_prefetch(*pf);
+    const int i1 = n * (sg + 1) / segs;
+    for (int i = std::exchange(i0, i1); i < i1; ++i) body(i);
+  }
 }
 
 // q8 scores: the query rows are quantised like the cache (blocks of 32, att_begin), each block's dot q_b . k_b is
@@ -482,20 +495,15 @@ STRATA_AVX2 static void att_pv_q8i(const int32_t* wq, int64_t ldq, int nb, int n
   __m256i acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_si256();
-  const int segs = pf && pfn > 0 ? pfn : 1;  // (as att_pv_q8i_zmm: a prefetch step before each segment of pairs)
-  for (int sg = 0, i0 = 0; sg < segs; ++sg) {
-    if (pf) att_decode_prefetch(*pf);
-    const int i1 = np * (sg + 1) / segs;
-    for (int i = std::exchange(i0, i1); i < i1; ++i) {
-      const int8_t* vp = v + 2 * int64_t(hd) * i;
-      __m256i x[4];
-      for (int c = 0; c < 4; ++c) x[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vp + 16 * c)));
-      for (int r = 0; r < R; ++r) {
-        const __m256i w = _mm256_set1_epi32(wq[(r * ldq + i) * nb]);
-        for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(x[c], w));
-      }
+  att_segments(pf, pfn, np, [&](int i) STRATA_AVX2 {
+    const int8_t* vp = v + 2 * int64_t(hd) * i;
+    __m256i x[4];
+    for (int c = 0; c < 4; ++c) x[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vp + 16 * c)));
+    for (int r = 0; r < R; ++r) {
+      const __m256i w = _mm256_set1_epi32(wq[(r * ldq + i) * nb]);
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(x[c], w));
     }
-  }
+  });
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 4; ++c) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo + 8 * c), acc[r][c]);
 }
@@ -508,25 +516,18 @@ STRATA_VNNI static void att_pv_q8i_zmm(const int32_t* wq, int64_t ldq, int nb, i
   __m512i acc[R][2 * NCB];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 2 * NCB; ++c) acc[r][c] = _mm512_setzero_si512();
-  // the pairs in pfn segments, a prefetch step before each (a step inside the pair loop made GCC copy all
-  // 16 accumulators to other registers and back on every pair)
-  const int segs = pf && pfn > 0 ? pfn : 1;
-  for (int sg = 0, i0 = 0; sg < segs; ++sg) {
-    if (pf) att_decode_prefetch(*pf);
-    const int i1 = np * (sg + 1) / segs;
-    for (int i = std::exchange(i0, i1); i < i1; ++i) {
-      const int8_t* vp = v + 2 * int64_t(hd) * i;
-      for (int c = 0; c < NCB; ++c) {
-        const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp + 64 * c)));
-        const __m512i e = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp + 64 * c + 32)));
-        for (int r = 0; r < R; ++r) {
-          const __m512i w = _mm512_set1_epi32(wq[(r * ldq + i) * nb + c]);
-          acc[r][2 * c] = _mm512_dpwssd_epi32(acc[r][2 * c], a, w);
-          acc[r][2 * c + 1] = _mm512_dpwssd_epi32(acc[r][2 * c + 1], e, w);
-        }
+  att_segments(pf, pfn, np, [&](int i) STRATA_VNNI {
+    const int8_t* vp = v + 2 * int64_t(hd) * i;
+    for (int c = 0; c < NCB; ++c) {
+      const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp + 64 * c)));
+      const __m512i e = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vp + 64 * c + 32)));
+      for (int r = 0; r < R; ++r) {
+        const __m512i w = _mm512_set1_epi32(wq[(r * ldq + i) * nb + c]);
+        acc[r][2 * c] = _mm512_dpwssd_epi32(acc[r][2 * c], a, w);
+        acc[r][2 * c + 1] = _mm512_dpwssd_epi32(acc[r][2 * c + 1], e, w);
       }
     }
-  }
+  });
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < 2 * NCB; ++c) _mm512_storeu_si512(out + r * ldo + 16 * c, acc[r][c]);
 }
@@ -592,23 +593,14 @@ STRATA_AVX2 static void att_pv(const float* p, int64_t ldp, const int* cnt, cons
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   int cmin = cnt[0];
   for (int r = 1; r < R; ++r) cmin = std::min(cmin, cnt[r]);
-  auto key = [&](int j) STRATA_AVX2 {
+  att_segments(pf, pfn, cmin, [&](int j) STRATA_AVX2 {  // (decode: pfn prefetch steps over the keys)
     __m256 b[R];
     for (int r = 0; r < R; ++r) b[r] = _mm256_broadcast_ss(p + r * ldp + j);
     for (int c = 0; c < C; ++c) {
       const __m256 vv = att_ld8(v + j * ldv + 8 * c);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(b[r], vv, acc[r][c]);
     }
-  };
-  if (pf && pfn > 0) {  // decode: pfn prefetch steps, one before each segment of the keys (as att_pv_q8i_zmm)
-    for (int sg = 0, j0 = 0; sg < pfn; ++sg) {
-      att_decode_prefetch(*pf);
-      const int j1 = cmin * (sg + 1) / pfn;
-      for (int j = std::exchange(j0, j1); j < j1; ++j) key(j);
-    }
-  } else {
-    for (int j = 0; j < cmin; ++j) key(j);
-  }
+  });
   // (fully unrolled over r and c so that acc stays in registers: a run-time index into it made GCC store
   // all of acc to the stack on every key of the loop above)
 #pragma GCC unroll 8
@@ -778,7 +770,7 @@ STRATA_AVX2 static void att_tile_body(const AttBlock& b, E kt, E vt, int64_t ldk
   }
   // online softmax: each row over its own keys j < cnt (positions t0 + j <= its position)
   for (int64_t r = r0; r < rows; ++r) {
-    if (q8 || (pf && pf->spread)) att_decode_prefetch(pf, att_share(ATT_PF_SM, r - r0, rows - r0));
+    if (pf && pf->spread) att_decode_prefetch(pf, att_share(ATT_PF_SM, r - r0, rows - r0));
     const int c = int(std::min<int64_t>(kc, pos0 + i0 + r / G + 1 - t0));
     cnt[r] = c;
     float* sr = S + r * ATT_KT;
@@ -978,6 +970,7 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
       static_assert(ATT_KT == kQ8Page, "a key tile is a q8 page");
       const int64_t rb = q8_run_bytes(hd), steps = ATT_PF_QK + ATT_PF_SM + ATT_PF_PV;
       pf.lines_step = int((rb / 64 + steps - 1) / steps);
+      pf.spread = true;
       auto run = [&](int64_t t0, int64_t g) {
         return reinterpret_cast<const char*>(q8->c + q8_run_offset(t0, int(g), q8->cap, hd));
       };
