@@ -1,8 +1,8 @@
 // What a software prefetch costs a linear stream (issue 32, s10: benchmarks/results/long_context/q8/s10/):
 // 2 threads each read one contiguous half of a huge-page arena (256-bit loads, byte sums), once as a plain
 // read loop and once per variant below that asks for the line LEAD bytes ahead with a prefetch hint; the
-// "+w4" variants do 8 vpmaddwd per 64-byte line on the loaded data (arithmetic the out-of-order core can
-// overlap). Variants alternate within each round; printed: GB/s (median and best of the rounds) and the
+// "+wN" variants do 2N vpmaddwd per 64-byte line on the loaded data, two dependent chains of N (arithmetic
+// the out-of-order core overlaps across lines: +w24 makes the loop compute-bound). Variants alternate within each round; printed: GB/s (median and best of the rounds) and the
 // median over rounds of the variant's GB/s over the plain loop's in the same round.
 //
 //   g++ -O2 -pthread benchmarks/kernels/prefetch_hint_stream.cpp -o prefetch_hint_stream
@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
       {"plain", kNone, 0, 0},       {"T1 4 KiB", kT1, 4096, 0},  {"T1 16 KiB", kT1, 16384, 0},
       {"T2 16 KiB", kT2, 16384, 0}, {"T0 2 KiB", kT0, 2048, 0},  {"T0 8 KiB", kT0, 8192, 0},
       {"NTA 8 KiB", kNta, 8192, 0}, {"plain +w4", kNone, 0, 4}, {"T1 16 KiB +w4", kT1, 16384, 4},
+      {"plain +w24", kNone, 0, 24}, {"T1 16 KiB +w24", kT1, 16384, 24},
   };
   std::vector<std::vector<double>> gbs(vs.size());
   std::atomic<long long> sink{0};
