@@ -72,20 +72,87 @@ class _Rollout:
                                                                item.get("name") or kind, args))
 
 
+    def reply(self) -> tuple[str, str | None, list | None]:
+        """(text, reasoning or None, tool calls or None) of the output items waiting."""
+        content = "".join(m.get("content") or "" for m in self.outputs)
+        reasoning = "".join(m.get("reasoning_content", "") for m in self.outputs) or None
+        calls = [c for m in self.outputs for c in m.get("tool_calls", ())] or None
+        return content, reasoning, calls
+
+    def close_outputs(self) -> None:
+        """The waiting output items become one assistant message of the history."""
+        if not self.outputs:
+            return
+        content, reasoning, calls = self.reply()
+        merged = {"role": "assistant", "content": content}
+        if reasoning:
+            merged["reasoning_content"] = reasoning
+        if calls:
+            merged["tool_calls"] = calls
+        self.history.append(merged)
+        self.outputs = []
+
+    def add_input(self, item: dict) -> None:
+        """An item the model reads (a message, a tool call's output) appended to the history."""
+        kind = item.get("type")
+        if kind == "message":
+            role = {"developer": "system"}.get(item.get("role"), item.get("role"))
+            self.history.append({"role": role if role in ("system", "user") else "user",
+                                 "content": _text(item.get("content"), self.notes)})
+        elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
+            out = item.get("output")
+            if isinstance(out, dict):
+                out = out.get("content", json.dumps(out))
+            elif isinstance(out, list):  # content parts (input_text, input_image)
+                out = _text(out, self.notes)
+            self.history.append({"role": "tool", "tool_call_id": str(item.get("call_id") or "call"),
+                                 "content": out if isinstance(out, str) else json.dumps(out)})
+
+
+def is_output(item: dict) -> bool:
+    """Whether a Responses item is the model's output (reasoning, assistant text, a tool call)."""
+    kind = item.get("type")
+    return kind in _OUTPUTS or (kind == "message" and item.get("role") == "assistant")
+
+
+def convert_items(items: list, notes: list) -> list[dict]:
+    """Responses API items (a request's ``input``, a response's ``output``, a rollout's response items) as
+    OpenAI chat messages, the conversion `read` applies: consecutive output items merge into one assistant
+    message. Items written without ``type`` (``{"role", "content"}``) are messages.
+
+    >>> convert_items([{"role": "user", "content": "hi"},
+    ...                {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+    ...                {"type": "function_call_output", "call_id": "c1", "output": "a.txt"}], [])[1:]
+    [{'role': 'assistant', 'content': '', 'tool_calls': [{'type': 'function', 'function': {'name': 'ls', \
+'arguments': '{}'}, 'id': 'c1'}]}, {'role': 'tool', 'tool_call_id': 'c1', 'content': 'a.txt'}]
+    """
+    r = _Rollout()
+    r.notes = notes
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"input[{i}]: must be an object, got {type(item).__name__}")
+        if "type" not in item and "role" in item:
+            item = dict(item, type="message")
+        if is_output(item):
+            r.add_output(item)
+        else:
+            r.close_outputs()
+            r.add_input(item)
+    r.close_outputs()
+    return r.history
+
+
 def _flush(r: _Rollout, src: Source, lineno: int | None, info: dict | None, ts: float | None = None) -> dict | None:
     if not r.outputs:
         return None
     if info is None and r.held is not None:
         info, ts, _ = r.held
         r.held = None
-    replies = r.outputs
     notes = list(r.notes)
     if r.system is None:
         notes.append("base instructions (system prompt) not in the log")
     notes.append("tool definitions not in the log")
-    content = "".join(m.get("content") or "" for m in replies)
-    reasoning = "".join(m.get("reasoning_content", "") for m in replies) or None
-    calls = [c for m in replies for c in m.get("tool_calls", ())] or None
+    content, reasoning, calls = r.reply()
     call = new_call(format=NAME, fidelity="messages", session=r.session, source=src.where(r.first_line),
                     model=r.model, system=r.system, messages=list(r.history), notes=notes, ts=ts,
                     request_id=r.first_id, response_text=content, response_reasoning=reasoning,
@@ -97,15 +164,7 @@ def _flush(r: _Rollout, src: Source, lineno: int | None, info: dict | None, ts: 
         call["prompt_tokens"] = usage.get("input_tokens")
         call["cached_tokens"] = usage.get("cached_input_tokens")
         call["completion_tokens"] = usage.get("output_tokens")
-    for m in replies:
-        m.setdefault("content", "")
-    merged = {"role": "assistant", "content": content}
-    if reasoning:
-        merged["reasoning_content"] = reasoning
-    if calls:
-        merged["tool_calls"] = calls
-    r.history.append(merged)
-    r.outputs = []
+    r.close_outputs()
     r.first_line = None
     r.first_id = None
     return call
@@ -132,9 +191,7 @@ def read(src: Source) -> Iterator[dict]:
                 yield done
             r.history = [{"role": "user", "content": str(p.get("message", ""))}]
         elif kind == "response_item":
-            item_kind = p.get("type")
-            is_output = item_kind in _OUTPUTS or (item_kind == "message" and p.get("role") == "assistant")
-            if is_output:
+            if is_output(p):
                 r.first_line = r.first_line or lineno
                 r.first_id = r.first_id or (p.get("id") if isinstance(p.get("id"), str) else None)
                 r.add_output(p)
@@ -142,16 +199,7 @@ def read(src: Source) -> Iterator[dict]:
             done = _flush(r, src, lineno, None)
             if done is not None:
                 yield done
-            if item_kind == "message":
-                role = {"developer": "system"}.get(p.get("role"), p.get("role"))
-                r.history.append({"role": role if role in ("system", "user") else "user",
-                                  "content": _text(p.get("content"), r.notes)})
-            elif item_kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
-                out = p.get("output")
-                if isinstance(out, dict):
-                    out = out.get("content", json.dumps(out))
-                r.history.append({"role": "tool", "tool_call_id": str(p.get("call_id") or "call"),
-                                  "content": out if isinstance(out, str) else json.dumps(out)})
+            r.add_input(p)
         elif kind == "event_msg" and p.get("type") == "token_count" and isinstance(p.get("info"), dict):
             info = p["info"]
             if info == r.last_info:
