@@ -46,6 +46,12 @@ FIXTURES = {
     "cc-1.0-subagents.jsonl": ("claude-code", 8, 3),
     "mooncake.jsonl": ("mooncake", 6, 6),
     "bailian.jsonl": ("bailian", 6, 4),
+    # issue 48: agent trajectories (tests/test_traces_agents_swe.py checks each in detail)
+    "swe-agent-1.1.traj": ("swe-agent", 4, 1),
+    "swe-agent-0.7.traj": ("swe-agent", 3, 1),
+    "mini-swe-agent.traj.json": ("mini-swe-agent", 4, 1),
+    "mini-swe-agent-1.traj.json": ("mini-swe-agent", 3, 1),
+    "aider.llm.history": ("aider", 3, 1),
 }
 
 

@@ -1,19 +1,21 @@
 """The readers, by format name, and format detection from a file's first bytes and first records.
 
 >>> sorted(READERS)[:4]
-['anthropic', 'bailian', 'claude-code', 'codex']
+['aider', 'anthropic', 'bailian', 'claude-code']
 """
 from __future__ import annotations
 
 from strata_lab.traces import (anthropic, bailian, claude_code, codex, har, llamacpp_log, mooncake, openai,
                                openai_batch, otel, proxy,
                                sglang_log, sharegpt, strata, vllm_log)
+from strata_lab.traces import aider, mini_swe_agent, swe_agent
 from strata_lab.traces.source import Source, loads
 
 __all__ = ["READERS", "detect_format", "TEXT_FORMATS"]
 
 READERS = {m.NAME: m for m in (strata, openai, openai_batch, anthropic, proxy, otel, claude_code, codex, har,
-                               vllm_log, sglang_log, llamacpp_log, sharegpt, mooncake, bailian)}
+                               vllm_log, sglang_log, llamacpp_log, sharegpt, mooncake, bailian,
+                               swe_agent, mini_swe_agent, aider)}
 # JSON-lines formats, most specific first (an Anthropic body also has "messages"; a proxy line has a request)
 _JSON_ORDER = (bailian, mooncake, strata, proxy, claude_code, codex, otel, openai_batch, sharegpt, anthropic, openai)
 _TEXT_ORDER = (vllm_log, sglang_log, llamacpp_log)
@@ -24,6 +26,13 @@ def detect_format(src: Source) -> tuple[str, str]:
     """(format name, why) for one file; ValueError naming the file when nothing matches."""
     head = src.head()
     stripped = head.lstrip()
+    # agent trajectories, told by how the file starts (first: their messages may quote any log's markers)
+    if swe_agent.detect_head(head):
+        return swe_agent.NAME, "a SWE-agent trajectory object (trajectory / history / attempts)"
+    if mini_swe_agent.detect_source(src, head):
+        return mini_swe_agent.NAME, "a mini-swe-agent trajectory object (info, messages, trajectory_format)"
+    if aider.detect_head(head):
+        return aider.NAME, "aider's LLM history (TO LLM / LLM RESPONSE sections)"
     if src.path.endswith(".har") or (stripped.startswith(b"{") and har.detect_head(head)):
         return har.NAME, "a HAR document (log.entries)"
     for mod in _TEXT_ORDER:  # text logs may hold JSON lines too; their markers decide first
