@@ -46,6 +46,11 @@ FIXTURES = {
     "cc-1.0-subagents.jsonl": ("claude-code", 8, 3),
     "mooncake.jsonl": ("mooncake", 6, 6),
     "bailian.jsonl": ("bailian", 6, 4),
+    # issue 48: OpenHands, LangSmith, OpenAI Responses (tests/test_traces_agents_oh.py checks each in detail)
+    "openhands-trajectory.json": ("openhands", 4, 1),
+    "openhands-eval-output.jsonl": ("openhands-eval", 4, 2),
+    "langsmith-runs.jsonl": ("langsmith", 3, 2),
+    "openai-responses.jsonl": ("openai-responses", 3, 2),
     # issue 48: agent trajectories (tests/test_traces_agents_swe.py checks each in detail)
     "swe-agent-1.1.traj": ("swe-agent", 4, 1),
     "swe-agent-0.7.traj": ("swe-agent", 3, 1),

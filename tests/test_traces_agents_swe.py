@@ -230,3 +230,26 @@ def test_doctests():
     for name in ("swe_agent", "mini_swe_agent", "aider"):
         mod = importlib.import_module(f"strata_lab.traces.{name}")
         assert doctest.testmod(mod).failed == 0, name
+
+
+def test_mini_swe_agent_responses_api_objects(tmp_path):
+    def response(rid, output, prompt, cached):
+        return {"id": rid, "object": "response", "model": "gpt-5", "output": output,
+                "usage": {"input_tokens": prompt, "output_tokens": 5, "input_tokens_details": {"cached_tokens": cached}},
+                "extra": {"actions": [], "cost": 0.001, "timestamp": 1.0}}
+    call = {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{\"command\": \"ls\"}", "id": "fc_1"}
+    done = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]}
+    doc = {"info": {"model_stats": {"instance_cost": 0.002, "api_calls": 2}, "mini_version": "2.4.6"},
+           "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "T"},
+                        response("resp_1", [call], 100, 0),
+                        {"type": "function_call_output", "call_id": "c1", "output": "a.py", "extra": {"returncode": 0}},
+                        response("resp_2", [done], 130, 64)],
+           "trajectory_format": "mini-swe-agent-1.1", "instance_id": "x-1"}
+    path = tmp_path / "x-1.traj.json"
+    path.write_text(json.dumps(doc, indent=2))
+    _, calls, warned = read(path)
+    assert not warned and len(calls) == 2 and calls[0]["response_tool_calls"][0]["id"] == "c1"
+    assert [m["role"] for m in calls[1]["messages"]] == ["system", "user", "assistant", "tool"]
+    assert calls[1]["messages"][2]["tool_calls"][0]["function"]["name"] == "bash"
+    assert calls[1]["messages"][3] == {"role": "tool", "tool_call_id": "c1", "content": "a.py"}
+    assert (calls[1]["response_text"], calls[1]["prompt_tokens"], calls[1]["cached_tokens"]) == ("done", 130, 64)

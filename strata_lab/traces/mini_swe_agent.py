@@ -89,12 +89,12 @@ def usage_fields(usage) -> dict:
     return out
 
 
-def _reply_of_chat(response: dict, notes: list) -> dict:
+def _reply_of_chat(response: dict) -> dict:
     """The assistant message of a chat completion (litellm's ``model_dump``)."""
     choices = response.get("choices") or []
     choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    return message
+    return dict(choice.get("message") or {}, role="assistant") if isinstance(choice.get("message"), dict) \
+        else {"role": "assistant", "content": ""}
 
 
 def _output_items(items, notes: list) -> dict:
@@ -168,9 +168,8 @@ def read(src: Source) -> Iterator[dict]:
             wire = _wire(m, version)
             reply = convert_messages([wire], notes)[0]
         elif extra.get("interrupt_type") == "FormatError" and response is not None:
-            reply = convert_messages([_reply_of_chat(response, notes)], notes)[0] if "choices" in response \
+            reply = convert_messages([_reply_of_chat(response)], notes)[0] if "choices" in response \
                 else _output_items(response.get("output"), notes)
-            reply["role"] = "assistant"
             notes.append("format error: the reply is not in the conversation that follows")
         else:
             wire = _wire(m, version)

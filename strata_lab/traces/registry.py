@@ -9,15 +9,18 @@ from strata_lab.traces import (anthropic, bailian, claude_code, codex, har, llam
                                openai_batch, otel, proxy,
                                sglang_log, sharegpt, strata, vllm_log)
 from strata_lab.traces import aider, mini_swe_agent, swe_agent
+from strata_lab.traces import langsmith, openai_responses, openhands, openhands_eval
 from strata_lab.traces.source import Source, loads
 
 __all__ = ["READERS", "detect_format", "TEXT_FORMATS"]
 
 READERS = {m.NAME: m for m in (strata, openai, openai_batch, anthropic, proxy, otel, claude_code, codex, har,
                                vllm_log, sglang_log, llamacpp_log, sharegpt, mooncake, bailian,
-                               swe_agent, mini_swe_agent, aider)}
+                               swe_agent, mini_swe_agent, aider,
+                               openhands, openhands_eval, langsmith, openai_responses)}
 # JSON-lines formats, most specific first (an Anthropic body also has "messages"; a proxy line has a request)
-_JSON_ORDER = (bailian, mooncake, strata, proxy, claude_code, codex, otel, openai_batch, sharegpt, anthropic, openai)
+_JSON_ORDER = (bailian, mooncake, strata, openhands_eval, langsmith, openai_responses, proxy, claude_code, codex,
+               otel, openai_batch, sharegpt, anthropic, openai)
 _TEXT_ORDER = (vllm_log, sglang_log, llamacpp_log)
 TEXT_FORMATS = tuple(m.NAME for m in _TEXT_ORDER)  # no records, so no --session-key
 
@@ -39,6 +42,11 @@ def detect_format(src: Source) -> tuple[str, str]:
         if mod.detect_head(head):
             return mod.NAME, "server log markers in the first 64 KiB"
     if stripped.startswith(b"["):
+        first = _first_item(src)
+        if openhands.detect_event(first):
+            return openhands.NAME, "a JSON array of OpenHands events (source, action / observation)"
+        if isinstance(first, dict) and langsmith.detect(first):
+            return langsmith.NAME, "a JSON array of LangSmith runs (run_type, inputs)"
         if b'"conversations"' in head:
             return sharegpt.NAME, "a JSON array of conversations"
         if b"gen_ai." in head:
@@ -68,3 +76,13 @@ def detect_format(src: Source) -> tuple[str, str]:
         if isinstance(first, dict) and otel.detect(first):
             return otel.NAME, "indented JSON span objects (console exporter)"
     raise ValueError(f"format: cannot tell the format of {src.path}; pass format= one of {', '.join(READERS)}")
+
+def _first_item(src: Source):
+    """The first item of a file that is one JSON array (read from its first 4 MiB), or None."""
+    import json
+
+    text = src.head(1 << 22).decode("utf-8", "replace").lstrip()[1:].lstrip()  # after the "["
+    try:
+        return json.JSONDecoder().raw_decode(text)[0]
+    except ValueError:
+        return None
