@@ -173,6 +173,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="runs per reader; the fastest counts (noisy machines)")
     ap.add_argument("--kvlint-repeat", type=int, default=1,
                     help="runs of each CLI in the kvlint comparison (kvlint takes minutes on 3,000 requests)")
+    ap.add_argument("--template", action="append", default=None, metavar="JINJA",
+                    help="chat template(s) of the kvlint comparison, one table each: qwen3 (ours) or a .jinja file "
+                         "(e.g. llama.cpp's models/templates/deepseek-ai-DeepSeek-V3.1.jinja); repeatable")
     ap.add_argument("--child", nargs=3, metavar=("MODE", "FORMAT", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -182,7 +185,8 @@ def main() -> None:
     if "import" not in args.skip.split(","):
         lines += import_table(args)
     if "kvlint" not in args.skip.split(","):
-        lines += kvlint_table(args)
+        for template in args.template or ["qwen3"]:
+            lines += kvlint_table(args, template)
     if args.out:
         with open(args.out, "w") as f:
             f.write("# Trace import (`benchmarks/traces.py`)\n\n" + "\n".join(lines) + "\n")
@@ -265,13 +269,19 @@ def make_agent(path: str, requests: int, seed: int = 2) -> int:
     return n
 
 
-def _tokenizer_folder(folder: str) -> str:
-    """A model folder both tools load offline: our Qwen3 tokenizer.json and the qwen3 chat template."""
+def _tokenizer_folder(folder: str, template: str = "qwen3") -> str:
+    """A model folder both tools load offline: our Qwen3 tokenizer.json and the qwen3 chat template, or another
+    template (a .jinja file: the ids are Qwen3's, the rendered text is that template's)."""
     from strata_lab import ChatTemplate, load_tokenizer
 
     os.makedirs(folder, exist_ok=True)
     load_tokenizer("qwen3").save(os.path.join(folder, "tokenizer.json"))
-    cfg = {"chat_template": ChatTemplate.from_name("qwen3").source, "eos_token": "<|im_end|>",
+    if template == "qwen3":
+        source = ChatTemplate.from_name("qwen3").source
+    else:
+        with open(template, encoding="utf-8") as f:
+            source = f.read()
+    cfg = {"chat_template": source, "eos_token": "<|im_end|>", "bos_token": "<|endoftext|>",
            "pad_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 20}
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump(cfg, f)
@@ -290,7 +300,7 @@ def _timed(cmd: list[str]) -> tuple[float, float]:
     return seconds, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
-def kvlint_table(args) -> list:
+def kvlint_table(args, template: str = "qwen3") -> list:
     import shutil
 
     out: list = []
@@ -301,7 +311,7 @@ def kvlint_table(args) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "agent.jsonl")
         n = make_agent(log, args.agent_requests)
-        folder = _tokenizer_folder(os.path.join(tmp, "qwen3-folder"))
+        folder = _tokenizer_folder(os.path.join(tmp, "model-folder"), template)
         ours_cmd = [sys.executable, "-m", "strata_lab", "replay", log, "--format", "openai", "--tokenizer", folder,
                     "--engine", "vllm", "--engine", "sglang", "--quiet", "--json", os.path.join(tmp, "ours.json")]
         theirs_cmd = [kvlint, "analyze", log, "--model", folder, "--engine", "vllm", "--engine", "sglang",
@@ -321,7 +331,7 @@ def kvlint_table(args) -> list:
         mb = os.path.getsize(log) / 2**20
         say(out)
         say(out, f"import + replay under vLLM and SGLang, {n} agent requests ({mb:.0f} MB), same tokenizer folder "
-                 f"({env_note}):")
+                 f"({env_note}), template {os.path.basename(template)}:")
         say(out, "```")
         say(out, f"{'tool':<20} {'seconds':>8} {'requests/s':>11} {'x kvlint':>9} {'CPU s':>7} {'x kvlint (CPU)':>15}")
         for name, sec in wall.items():
