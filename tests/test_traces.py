@@ -57,6 +57,12 @@ FIXTURES = {
     "mini-swe-agent.traj.json": ("mini-swe-agent", 4, 1),
     "mini-swe-agent-1.traj.json": ("mini-swe-agent", 3, 1),
     "aider.llm.history": ("aider", 3, 1),
+    # issue 48: Gemini CLI, Cline / Roo Code, Managed Agents (tests/test_traces_agents_ide.py checks each in detail)
+    "gemini-cli-session.jsonl": ("gemini-cli", 4, 1),
+    "gemini-cli-legacy.json": ("gemini-cli", 3, 1),
+    "cline-task/api_conversation_history.json": ("cline", 3, 1),
+    "cline-task/ui_messages.json": ("cline", 3, 1),
+    "managed-agents-events.jsonl": ("managed-agents", 4, 1),
 }
 
 

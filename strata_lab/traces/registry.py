@@ -10,6 +10,7 @@ from strata_lab.traces import (anthropic, bailian, claude_code, codex, har, llam
                                sglang_log, sharegpt, strata, vllm_log)
 from strata_lab.traces import aider, mini_swe_agent, swe_agent
 from strata_lab.traces import langsmith, openai_responses, openhands, openhands_eval
+from strata_lab.traces import cline, gemini_cli, managed_agents
 from strata_lab.traces.source import Source, loads
 
 __all__ = ["READERS", "detect_format", "TEXT_FORMATS"]
@@ -17,9 +18,10 @@ __all__ = ["READERS", "detect_format", "TEXT_FORMATS"]
 READERS = {m.NAME: m for m in (strata, openai, openai_batch, anthropic, proxy, otel, claude_code, codex, har,
                                vllm_log, sglang_log, llamacpp_log, sharegpt, mooncake, bailian,
                                swe_agent, mini_swe_agent, aider,
-                               openhands, openhands_eval, langsmith, openai_responses)}
+                               openhands, openhands_eval, langsmith, openai_responses,
+                               gemini_cli, cline, managed_agents)}
 # JSON-lines formats, most specific first (an Anthropic body also has "messages"; a proxy line has a request)
-_JSON_ORDER = (bailian, mooncake, strata, openhands_eval, langsmith, openai_responses, proxy, claude_code, codex,
+_JSON_ORDER = (bailian, mooncake, strata, gemini_cli, managed_agents, openhands_eval, langsmith, openai_responses, proxy, claude_code, codex,
                otel, openai_batch, sharegpt, anthropic, openai)
 _TEXT_ORDER = (vllm_log, sglang_log, llamacpp_log)
 TEXT_FORMATS = tuple(m.NAME for m in _TEXT_ORDER)  # no records, so no --session-key
@@ -36,6 +38,10 @@ def detect_format(src: Source) -> tuple[str, str]:
         return mini_swe_agent.NAME, "a mini-swe-agent trajectory object (info, messages, trajectory_format)"
     if aider.detect_head(head):
         return aider.NAME, "aider's LLM history (TO LLM / LLM RESPONSE sections)"
+    if gemini_cli.detect_head(head):
+        return gemini_cli.NAME, "a Gemini CLI ConversationRecord (sessionId, projectHash, messages)"
+    if cline.detect_head(src.path, head):
+        return cline.NAME, "a Cline / Roo Code task file (api_conversation_history.json / ui_messages.json)"
     if src.path.endswith(".har") or (stripped.startswith(b"{") and har.detect_head(head)):
         return har.NAME, "a HAR document (log.entries)"
     for mod in _TEXT_ORDER:  # text logs may hold JSON lines too; their markers decide first

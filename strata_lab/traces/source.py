@@ -90,6 +90,7 @@ class Source:
         self.facts: list[str] = []      # what the log reports beyond its calls (aggregate counters)
         self.why_none: str | None = None  # a reader's reason when the file can give no calls
         self.batch: dict | None = None  # OpenAI Batch output responses by custom_id (joined to input lines)
+        self.companions: list[str] = []  # files read with this one (a Cline task folder's ui_messages.json)
 
     def session_of(self, rec) -> str | None:
         """The `--session-key` field of a record (None: no key given, or the record lacks it)."""

@@ -36,7 +36,8 @@ class Trace:
     Iterating streams the files; `to_frame()` gives pandas; `to_dump()` renders to strata-dump/1. After a
     pass, `stats[path]` says per file: calls, sessions, fidelities, calls with reported usage / cached tokens,
     notes, what the log reports beyond its calls (`facts`) and, for a file with no call, why (`why_none`).
-    OpenAI Batch output files join their input files' lines on ``custom_id`` when both are given."""
+    OpenAI Batch output files join their input files' lines on ``custom_id`` when both are given, and a Cline /
+    Roo Code task folder's ui_messages.json its api_conversation_history.json (its usage, request by request)."""
 
     def __init__(self, paths: Iterable[str | os.PathLike], format: str | None = None, *, progress: bool = False,
                  session_key: str | None = None):
@@ -91,11 +92,16 @@ class Trace:
             batch = {}
             for p in outputs:
                 load(self._source(p), batch)
-        order = [p for p in self.paths if p not in outputs] + outputs
+        # a Cline / Roo Code task folder's ui_messages.json is read with its api_conversation_history.json
+        from strata_lab.traces.cline import companions
+
+        joined = companions(self.paths, self.detected)
+        order = [p for p in self.paths if p not in outputs and p not in joined] + outputs
         for p in order:
             fmt = self.detected[p][0]
             src = self._source(p)
             src.batch = batch
+            src.companions = [u for u, h in joined.items() if h == p]
             st = self.stats[p] = {"format": fmt, "why": self.detected[p][1], "calls": 0, "sessions": set(),
                                   "fidelity": {}, "usage": 0, "cached": 0, "notes": {}, "facts": src.facts,
                                   "why_none": None, "skipped": 0}
