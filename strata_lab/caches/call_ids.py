@@ -11,6 +11,7 @@ Optional per-call fields read from a dump line (all absent in our own dumps):
 |---|---|
 | `reported_cached_tokens` | what the serving engine reported it served from its cache (docs/CONTRACTS.md, "Reported cache figures"; vLLM `num_cached_tokens`, SGLang `meta_info.cached_tokens`, llama.cpp `timings.cache_n`, OpenAI `cached_tokens`, Anthropic `cache_read_input_tokens`). Older dumps' `cached_tokens` reads the same |
 | `reported_cache_write_tokens` | what a hosted API reported it wrote to its cache (Anthropic `cache_creation_input_tokens`); older dumps' `reported_cache_creation_tokens` reads the same |
+| `reported_prompt_tokens` | the prompt tokens the log reported for the call (OpenAI `prompt_tokens`; Anthropic input + cache read + cache creation): what the reported figures are a share of |
 | `cache_engine` | which engine reported them (`vllm`, `sglang`, `llama.cpp`, `openai`, `anthropic`, ...); a label, shown in `reported_by` |
 | `cache_control` | Anthropic breakpoints: token positions where a `cache_control` block ends (the prefix `prompt_ids[:p]`) |
 | `content_blocks` | token positions where content blocks end (Anthropic look-back counts these) |
@@ -82,6 +83,7 @@ class Call:
     reported: int | None = None    # cached tokens the serving engine reported for this call
     reported_by: str | None = None  # which engine reported it ("strata" for our dumps' `reused`)
     reported_write: int | None = None  # cache-write tokens a hosted API reported for this call
+    reported_prompt: int | None = None  # prompt tokens the log reported for this call (its `reported_prompt_tokens`)
     breakpoints: tuple | None = None  # Anthropic cache_control positions (None: automatic / not given)
     content_blocks: tuple | None = None  # content-block end positions (None: derive from the ids)
     cache_salt: str | None = None
@@ -174,6 +176,7 @@ def calls_from_records(records: Iterable[dict]) -> Iterator[Call]:
         if done is not None and (ts is None or done < ts):
             raise ValueError(f"call {i}: done_ts {done} needs a ts at or before it (ts {ts})")
         reported, by, write = reported_usage(rec, i)
+        asked = _count(rec, ("reported_prompt_tokens",), i) if reported is not None else None
         t = rec.get("timings") if isinstance(rec.get("timings"), dict) else {}
         ms = t.get("prefill_ms")
         bps = _int_tuple(rec.get("cache_control"), "cache_control", i)
@@ -183,7 +186,8 @@ def calls_from_records(records: Iterable[dict]) -> Iterator[Call]:
                 raise ValueError(f"call {i}: {name} position {pos[-1]} is past the prompt ({len(prompt)} ids)")
         salt = rec.get("cache_salt")
         yield Call(index=i, session=str(rec.get("session", "default")), prompt=prompt, output=output, ts=ts,
-                   done_ts=done, reported=reported, reported_by=by, reported_write=write, breakpoints=bps, content_blocks=blocks,
+                   done_ts=done, reported=reported, reported_by=by, reported_write=write, reported_prompt=asked,
+                   breakpoints=bps, content_blocks=blocks,
                    cache_salt=salt if isinstance(salt, str) else None, request_id=rec.get("request_id"),
                    call=int(rec.get("call") or 0),
                    prefill_ms=float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None,

@@ -31,7 +31,8 @@ from strata_lab.caches.base import Hint
 from strata_lab.caches.call_ids import Call, as_ids, calls_from_dump, lcp_call
 from strata_lab.caches.fleet import Router
 from strata_lab.caches.presets import parse_engine
-from strata_lab.caches.report import _DTYPES, EnginesReport, ReplayReport  # noqa: F401 (re-exported)
+from strata_lab.caches.report import (_DTYPES, EnginesReport, ReplayReport,  # noqa: F401 (re-exported)
+                                      reported_agrees, reported_base)
 from strata_lab.replayer.explain import SessionHistory, attribute, explain
 
 __all__ = ["replay", "replay_engines", "ReplayReport", "EnginesReport", "explain_calls", "default_engine",
@@ -139,7 +140,7 @@ def _apply_policy(calls: list[Call], policy, tok) -> list[Call]:
         rw.finish(rec, prompt)
         new = dict(rec, prompt_ids=list(prompt), reused=None)
         out.append(dataclasses.replace(c, prompt=as_ids(prompt), record=new, reported=None, reported_by=None,
-                                       reported_write=None, memo=None))
+                                       reported_write=None, reported_prompt=None, memo=None))
     return out
 
 
@@ -284,9 +285,11 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
             read = c.prompt_len - reused
             dollars = preset.dollars(c.prompt_len, len(c.output), reused, plan.written) \
                 if hasattr(preset, "dollars") else math.nan
-            # the serving engine's report sits beside every simulated engine (Contract 4)
+            # the serving engine's report sits beside every simulated engine (Contract 4), as a share of the
+            # prompt tokens the log reports (a Claude Code log's prompt holds a system prompt it never shows)
             diff = reused - c.reported if c.reported is not None else None
-            pct = 100.0 * diff / c.prompt_len if diff is not None and c.prompt_len else math.nan
+            base = reported_base(c.prompt_len, c.reported, c.reported_prompt)
+            pct = 100.0 * diff / base if diff is not None and base else math.nan
             d = e.div
             for k, v in (("engine", preset.engine), ("spec", spec), ("replica", r), ("index", c.index),
                          ("turn", turn), ("session", c.session), ("request_id", c.request_id),
@@ -300,6 +303,8 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
                          ("reread_s", cost_model.seconds(reread, reused) if cost_model else math.nan),
                          ("dollars", dollars), ("reported", c.reported), ("reported_by", c.reported_by),
                          ("reported_diff", diff), ("reported_diff_pct", pct), ("reported_write", c.reported_write),
+                         ("reported_prompt", c.reported_prompt),
+                         ("reported_agrees", reported_agrees(reused, c.reported, base)),
                          ("id_context_held", d.id_context_held if d is not None else ""),
                          ("id_context_prompt", d.id_context_prompt if d is not None else ""),
                          ("text_context_held", d.text_context_held if d is not None else ""),

@@ -11,7 +11,13 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["ReplayReport", "EnginesReport", "COLUMNS"]
+__all__ = ["ReplayReport", "EnginesReport", "COLUMNS", "AGREE_POINTS", "reported_base", "reported_agrees",
+           "agreement"]
+
+# a call's reported and simulated cached tokens agree when they are within this many points of its prompt
+AGREE_POINTS = 5.0
+# reporters whose cache no model here simulates (their calls' agreement is not measured)
+_UNMODELLED = {"gemini": "no Gemini model"}
 
 _DTYPES = {
     "engine": "category", "spec": "category", "replica": "int64", "index": "int64", "turn": "int64",
@@ -20,11 +26,62 @@ _DTYPES = {
     "reread": "int64", "cause": "category", "divergence": "category", "divergence_reread": "int64",
     "engine_reread": "int64", "unit": "string", "source": "Int64", "written": "int64", "prefill_s": "float64",
     "reread_s": "float64", "dollars": "float64", "reported": "Int64", "reported_by": "string",
-    "reported_diff": "Int64", "reported_diff_pct": "float64", "reported_write": "Int64",
+    "reported_diff": "Int64", "reported_diff_pct": "float64", "reported_write": "Int64", "reported_prompt": "Int64",
+    "reported_agrees": "boolean",
     "id_context_held": "string", "id_context_prompt": "string", "text_context_held": "string",
     "text_context_prompt": "string",
 }
 COLUMNS = tuple(_DTYPES)
+
+
+def reported_base(prompt_len: int, reported: int | None, reported_prompt: int | None) -> int:
+    """The prompt tokens a call's reported figures are a share of (Contract 4): the log's own count where it
+    reports one (OpenAI ``prompt_tokens``; Anthropic input + cache read + cache creation, which counts the
+    system prompt and tools a Claude Code log never shows), else the rendered prompt; never below the reported
+    cached tokens (a log whose cached count passes its prompt count contradicts itself).
+
+    >>> reported_base(100, 40, None), reported_base(100, 4000, 4100), reported_base(10, 30, 20)
+    (100, 4100, 30)
+    """
+    base = reported_prompt if reported_prompt is not None else prompt_len
+    return max(base, reported or 0)
+
+
+def reported_agrees(reused: int, reported: int | None, base: int) -> bool | None:
+    """Whether a call's simulated cached tokens agree with what the log reports: within `AGREE_POINTS` points
+    of the reported prompt tokens (`reported_base`); None where the log reports nothing.
+
+    >>> reported_agrees(960, 1000, 1000), reported_agrees(900, 1000, 1000), reported_agrees(5, None, 10)
+    (True, False, None)
+    """
+    if reported is None:
+        return None
+    return abs(reused - reported) <= AGREE_POINTS / 100.0 * base if base else reused == reported
+
+
+def _unmodelled(reporters) -> str | None:
+    """What the agreement says for reporters no cache model here simulates ("no Gemini model"), else None."""
+    for who in reporters:
+        for key, words in _UNMODELLED.items():
+            if str(who).lower().startswith(key):
+                return words
+    return None
+
+
+def agreement(frame) -> dict:
+    """One engine's agreement with the log, from its rows of `ReplayReport.frame()`: `agree_calls` (calls whose
+    simulated cached tokens are within `AGREE_POINTS` points of the reported prompt tokens of what the log
+    reports), `reported_calls`, `agree_share` and `agreement` in words ("3/4 calls (75%)"; "no Gemini model"
+    where no cache model here simulates the reporter)."""
+    rep = frame[frame["reported"].notna()]
+    by = sorted(set(rep["reported_by"].dropna().astype(str)))
+    none = _unmodelled(by)
+    if none is not None:
+        return {"agree_calls": 0, "reported_calls": len(rep), "agree_share": math.nan, "agreement": none}
+    agree = int(rep["reported_agrees"].fillna(False).astype(bool).sum())
+    share = agree / len(rep) if len(rep) else math.nan
+    words = f"{agree}/{len(rep)} calls ({share:.0%})" if len(rep) else "no call reports its cached tokens"
+    return {"agree_calls": agree, "reported_calls": len(rep), "agree_share": share, "agreement": words}
 
 
 def _fmt_s(x: float) -> str:
@@ -46,7 +103,7 @@ class ReplayReport:
         import pyarrow as pa
 
         kinds = {"string": pa.string(), "category": pa.string(), "int64": pa.int64(), "Int64": pa.int64(),
-                 "float64": pa.float64()}
+                 "float64": pa.float64(), "boolean": pa.bool_()}
         self.table = pa.table({k: pa.array(cols[k], type=kinds[d]) for k, d in _DTYPES.items()})
         self.presets = presets
         self.evictions = evictions
@@ -89,7 +146,9 @@ class ReplayReport:
                     "prefill_s": r.prefill_s, "reread_s": r.reread_s, "dollars": math.nan, "reported": reported,
                     "reported_by": "strata" if reported is not None else None, "reported_diff": diff,
                     "reported_diff_pct": 100.0 * diff / r.prompt_len if diff is not None and r.prompt_len else math.nan,
-                    "reported_write": None, "id_context_held": r.id_context_held,
+                    "reported_write": None, "reported_prompt": None,
+                    "reported_agrees": reported_agrees(r.reused, reported, r.prompt_len),
+                    "id_context_held": r.id_context_held,
                     "id_context_prompt": r.id_context_prompt, "text_context_held": r.text_context_held,
                     "text_context_prompt": r.text_context_prompt}
             for k in COLUMNS:
@@ -136,7 +195,10 @@ class ReplayReport:
         """One row per engine: calls, prompt tokens, reused, read, reread, hit rate, seconds, dollars,
         evictions, and the comparison with what the log reports (Contract 4): over the calls with a report,
         `simulated_cached` vs `reported_cached` tokens, `reported_diff` (simulated - reported) and
-        `reported_diff_pct` (that difference in % of those calls' prompt tokens), `calls_differ`, the rates,
+        `reported_diff_pct` (that difference in % of those calls' reported prompt tokens), `calls_differ`, the
+        rates (`simulated_rate` of the rendered prompts, `reported_rate` of the reported prompt tokens,
+        `reported_prompt_tokens`), the agreement (`agree_calls`: calls within `AGREE_POINTS` points,
+        `agree_share`, `models_reporter`: this engine is the reporter's cache model, `agreement`: in words),
         and `simulated_written` vs `reported_written` on calls with a reported cache write; then the causes."""
         import pandas as pd
 
@@ -150,9 +212,12 @@ class ReplayReport:
             rep = g[g["reported"].notna()]
             wr = g[g["reported_write"].notna()]
             prompt = int(g["prompt_len"].sum())
-            rep_prompt = int(rep["prompt_len"].sum())
+            rendered = int(rep["prompt_len"].sum())
+            rep_prompt = sum(reported_base(n, r, q if q is not pd.NA else None)
+                             for n, r, q in zip(rep["prompt_len"], rep["reported"], rep["reported_prompt"]))
             sim, got = int(rep["reused"].sum()), int(rep["reported"].sum())
             by = sorted(set(rep["reported_by"].dropna().astype(str)))
+            agr = agreement(g)
             rows.append({
                 "engine": p.engine, "spec": spec, "policy": self.policy, "sessions": int(g["session"].nunique()),
                 "calls": len(g), "prompt_tokens": prompt,
@@ -165,9 +230,12 @@ class ReplayReport:
                 "reported_calls": len(rep), "reported_by": ", ".join(by) or None,
                 "simulated_cached": sim, "reported_cached": got, "reported_diff": sim - got,
                 "reported_diff_pct": 100.0 * (sim - got) / rep_prompt if rep_prompt else math.nan,
-                "simulated_rate": sim / rep_prompt if rep_prompt else math.nan,
+                "reported_prompt_tokens": rep_prompt,
+                "simulated_rate": sim / rendered if rendered else math.nan,
                 "reported_rate": got / rep_prompt if rep_prompt else math.nan,
                 "calls_differ": int((rep["reused"] != rep["reported"]).sum()) if len(rep) else 0,
+                "agree_calls": agr["agree_calls"], "agree_share": agr["agree_share"],
+                "models_reporter": p.engine in by, "agreement": agr["agreement"],
                 "reported_write_calls": len(wr), "simulated_written": int(wr["written"].sum()),
                 "reported_written": int(wr["reported_write"].sum()),
                 "causes": ", ".join(f"{k} {v}" for k, v in sorted(Counter(g["cause"].astype(str)).items(),
@@ -263,6 +331,9 @@ class ReplayReport:
                            f"cached ({r['simulated_rate']:.1%}), reported {r['reported_cached']} "
                            f"({r['reported_rate']:.1%}), difference {r['reported_diff']:+d} tokens "
                            f"({r['reported_diff_pct']:+.1f}% of their prompt tokens), {r['calls_differ']} calls differ")
+                out.append(f"    agreement with the log (cached within {AGREE_POINTS:g} points of the reported prompt "
+                           f"tokens): {r['agreement']}" + (" (the reporter's cache model)" if r["models_reporter"]
+                                                          else ""))
             else:
                 out.append("    vs reported: no call in this trace reports its cached tokens")
             if r["reported_write_calls"]:

@@ -91,7 +91,8 @@ def plot_budget_sweep(frame, path=None, *, ax=None):
 def plot_engines(report, path=None):
     """Per call: reused ids per engine (grouped bars) and, where the log reports them, the cached tokens the
     serving engine reported (red x); right: each engine's hit rate, and its simulated vs the reported rate
-    over the calls with a report (Contract 4)."""
+    over the calls with a report (Contract 4); the title: each engine's agreement with the log (calls whose
+    simulated cached tokens are within `AGREE_POINTS` points of the reported ones)."""
     import matplotlib
 
     if path is not None:
@@ -132,6 +133,11 @@ def plot_engines(report, path=None):
                  borderaxespad=0.0)
     b.invert_yaxis()
     b.set_xlabel("hit rate (%)")
+    if (summ["reported_calls"] > 0).any():  # per engine: calls whose simulated cached tokens agree with the log
+        from strata_lab.caches.report import AGREE_POINTS
+
+        fig.suptitle(f"agreement with the log (within {AGREE_POINTS:g} points): " + "; ".join(
+            f"{spec.split(':')[0]} {words}" for spec, words in zip(specs, summ["agreement"])), fontsize="medium")
     b.tick_params(axis="y", labelsize="small")
     house_style(fig)
     if path is not None:

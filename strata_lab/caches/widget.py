@@ -67,7 +67,8 @@ class EngineExplorer:
         full = report.summary()
         cols = ["spec", "hit_rate", "reused", "reread", "evictions"]
         if (full["reported_calls"] > 0).any():  # simulated vs what the log reports (Contract 4)
-            cols += ["reported_calls", "simulated_cached", "reported_cached", "reported_diff", "reported_diff_pct"]
+            cols += ["reported_calls", "simulated_cached", "reported_cached", "reported_diff", "reported_diff_pct",
+                     "agreement"]
         s = full[cols + ["causes"]]
         # the table keeps to the output's width: long specs and cause lists wrap inside their cells
         table = s.to_html(index=False, float_format=lambda x: f"{x:.3g}")

@@ -102,7 +102,8 @@ def plot_policies(table, ax=None):
 
 
 def plot_report(frame, path=None, *, policies=None):
-    """One figure with all views (the policy panel when `policies` is given); saved to `path` if set."""
+    """One figure with all views (the policy panel when `policies` is given); saved to `path` if set. Where
+    the log reports cached tokens, the title gives the replay's agreement with them (Contract 4)."""
     import matplotlib
 
     if path is not None:
@@ -116,6 +117,11 @@ def plot_report(frame, path=None, *, policies=None):
     plot_causes(frame, axes[2])
     if policies is not None:
         plot_policies(policies, axes[3])
+    if "reported_agrees" in frame and frame["reported"].notna().any():  # reported vs simulated (Contract 4)
+        from strata_lab.caches.report import AGREE_POINTS, agreement
+
+        fig.suptitle(f"agreement with the log's cached tokens (within {AGREE_POINTS:g} points of its prompt "
+                     f"tokens): {agreement(frame)['agreement']}", fontsize="medium")
     house_style(fig)
     if path is not None:
         save(fig, path, dpi=100)

@@ -21,6 +21,8 @@ from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from strata_lab.text.jinja import TemplateRenderError
+
 __all__ = ["Rendered", "render_call", "reply_ids", "vllm_messages", "PrefixEncoder", "LengthsSynth"]
 
 
@@ -37,16 +39,23 @@ class Rendered:
     notes: tuple = ()        # what the render had to assume for this call
 
 
-def vllm_messages(messages: list[dict], notes: list | None = None) -> list[dict]:
+def vllm_messages(messages: list[dict], notes: list | None = None, *, parse_arguments: bool = True) -> list[dict]:
     """Messages as vLLM's chat utils hand them to a template: ``content: None`` (what the OpenAI SDK sends beside
     ``tool_calls``) and a missing assistant content become ``""``; tool-call ``arguments`` JSON strings are
     parsed to objects (empty ones to ``{}``), so templates render them with their own ``tojson``; an empty
     ``tool_calls`` list is dropped. Arguments that are not JSON stay a string (noted).
 
+    `parse_arguments=False`: arguments stay the JSON string the client sent (objects, e.g. Anthropic's
+    ``input``, are written as JSON), for templates that splice them in as a string (DeepSeek V3 / R1 / V3.1:
+    ``'<｜tool▁sep｜>' + tool['function']['arguments']``, which fails on an object).
+
     >>> m = vllm_messages([{"role": "assistant", "content": None, "tool_calls": [
     ...     {"type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]}])
     >>> m[0]["content"], m[0]["tool_calls"][0]["function"]["arguments"]
     ('', {'a': 1})
+    >>> vllm_messages([{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+    ...     "name": "f", "arguments": {"a": 1}}}]}], parse_arguments=False)[0]["tool_calls"][0]["function"]
+    {'name': 'f', 'arguments': '{"a": 1}'}
     """
     out = []
     for m in messages:
@@ -58,16 +67,20 @@ def vllm_messages(messages: list[dict], notes: list | None = None) -> list[dict]
             if not calls:
                 del m["tool_calls"]
             else:
-                m["tool_calls"] = [_parsed_call(c, notes) for c in calls]
+                m["tool_calls"] = [_parsed_call(c, notes, parse_arguments) for c in calls]
         out.append(m)
     return out
 
 
-def _parsed_call(call, notes: list | None):
+def _parsed_call(call, notes: list | None, parse: bool = True):
     if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
         return call
     fn = dict(call["function"])
     args = fn.get("arguments")
+    if not parse:  # the string the client sent; an object (or nothing) as JSON
+        if not isinstance(args, str):
+            fn["arguments"] = json.dumps({} if args is None else args, ensure_ascii=False)
+        return {**call, "function": fn}
     if not args:
         fn["arguments"] = {}
     elif isinstance(args, str):
@@ -79,16 +92,42 @@ def _parsed_call(call, notes: list | None):
     return {**call, "function": fn}
 
 
-def _messages(call: dict, notes: list | None = None) -> list[dict]:
+def _messages(call: dict, notes: list | None = None, parse_arguments: bool = True) -> list[dict]:
     msgs = list(call["messages"] or ())
     if call["system"] and not (msgs and msgs[0].get("role") == "system"):
         msgs.insert(0, {"role": "system", "content": call["system"]})
-    return vllm_messages(msgs, notes)
+    return vllm_messages(msgs, notes, parse_arguments=parse_arguments)
 
 
-def _reply(call: dict) -> dict | None:
+def _reply(call: dict, parse_arguments: bool = True) -> dict | None:
     m = _raw_reply(call)
-    return vllm_messages([m])[0] if m is not None else None
+    return vllm_messages([m], parse_arguments=parse_arguments)[0] if m is not None else None
+
+
+STRING_ARGUMENTS = "arguments rendered as JSON strings: the template splices strings"
+
+
+def _splices_strings(exc: Exception, call: dict) -> bool:
+    """Whether a template's failure is one of a template that splices tool-call arguments in as a string (a
+    TypeError from ``str + dict``) on a call whose messages or reply hold tool calls (whose arguments
+    `vllm_messages` parsed to objects)."""
+    if not isinstance(exc.__cause__, TypeError):
+        return False
+    msgs = list(call["messages"] or ())
+    return any(m.get("tool_calls") for m in msgs if isinstance(m, dict)) or bool(call["response_tool_calls"])
+
+
+def _render_messages(call: dict, tokenizer, template, encoder, kw: dict, notes: list, parse_arguments: bool):
+    """(prompt ids, generated ids) of a message-level call rendered by the template."""
+    msgs = _messages(call, notes, parse_arguments)
+    text = template.render(msgs, tools=call["tools"], add_generation_prompt=True, **kw)
+    prompt = encoder.encode(text, call["session"]) if encoder is not None else tokenizer.encode(text)
+    reply = _reply(call, parse_arguments)
+    if call["response_ids"]:
+        return prompt, list(call["response_ids"])
+    if reply is not None:
+        return prompt, reply_ids(tokenizer, template, msgs, reply, text, call["tools"], notes, **kw)
+    return prompt, []
 
 
 def _raw_reply(call: dict) -> dict | None:
@@ -303,16 +342,19 @@ def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None
         kw = dict((call.get("extra") or {}).get("chat_template_kwargs") or {})  # what the client asked for
         if enable_thinking is not None:
             kw["enable_thinking"] = enable_thinking
-        msgs = _messages(call, notes)
-        text = template.render(msgs, tools=call["tools"], add_generation_prompt=True, **kw)
-        prompt = encoder.encode(text, call["session"]) if encoder is not None else tokenizer.encode(text)
-        reply = _reply(call)
-        if call["response_ids"]:
-            gen = list(call["response_ids"])
-        elif reply is not None:
-            gen = reply_ids(tokenizer, template, msgs, reply, text, call["tools"], notes, **kw)
-        else:
-            gen = []
+        try:
+            prompt, gen = _render_messages(call, tokenizer, template, encoder, kw, notes, True)
+        except TemplateRenderError as exc:
+            # the template splices arguments in as a string (DeepSeek V3 / R1 / V3.1): render the client's
+            # JSON strings, as a server that hands the template the request's arguments unparsed does
+            if not _splices_strings(exc, call):
+                raise
+            notes.clear()
+            try:
+                prompt, gen = _render_messages(call, tokenizer, template, encoder, kw, notes, False)
+            except TemplateRenderError:
+                raise exc from None
+            notes.append(STRING_ARGUMENTS)
     elif call["fidelity"] == "text":  # the log printed the rendered prompt (vLLM without ids): encode it
         prompt = tokenizer.encode(call["prompt_text"])
         gen = list(call["response_ids"] or ()) or (tokenizer.encode(call["response_text"])
