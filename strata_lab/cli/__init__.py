@@ -157,6 +157,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "required; 429 after; default 16)")
     p.add_argument("--slot-similarity", type=float, default=0.5,
                    help="share of the prompt a slot's held ids must cover to be chosen by similarity")
+    p.add_argument("--shared-cache", action="store_true",
+                   help="let all API keys share one prompt cache (by default a slot's cached prompt, and the "
+                        "cached_tokens it reports, serve only the key that sent it)")
+    p.add_argument("--response-store", type=int, default=256, metavar="N",
+                   help="/v1/responses held for previous_response_id, each for its own API key only (0: none; "
+                        "default 256)")
+    p.add_argument("--response-store-mib", type=float, default=64.0, metavar="MIB",
+                   help="the held responses' JSON, metadata included, at most this many MiB (default 64)")
+    p.add_argument("--response-ttl", type=float, default=3600.0, metavar="SECONDS",
+                   help="a held response expires this long after it was made (default 3600)")
     p.add_argument("--alias", help="model name reported to clients")
     p.add_argument("--stop-latency", type=int, default=0,
                    help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")

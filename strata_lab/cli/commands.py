@@ -225,6 +225,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        grammar_max_string=None if args.grammar_max_string == 0 else args.grammar_max_string,
                        grammar_max_items=None if args.grammar_max_items == 0 else args.grammar_max_items,
                        cpu_workers=args.cpu_workers, cpu_queue=args.cpu_queue, cpu_timeout=args.cpu_timeout,
+                       shared_cache=args.shared_cache, response_store=args.response_store,
+                       response_store_bytes=int(args.response_store_mib * 1024 * 1024),
+                       response_ttl=args.response_ttl,
                        max_client_requests=args.max_client_requests))
     return 0
 

@@ -172,6 +172,16 @@ async def _cancel_on_disconnect(request, job, every: float = 0.1) -> None:
         await asyncio.sleep(every)
 
 
+def _key_of(request) -> str | None:
+    """The name of the API key the request came with (security.Gate); None when the server needs none."""
+    return request.scope.get("state", {}).get("api_key_name")
+
+
+def _cache_owner(st: "ServerState", request) -> str | None:
+    """Whose cached prompts a request may reuse: its API key's own (None for all with --shared-cache)."""
+    return None if st.config.shared_cache else _key_of(request)
+
+
 def _session_key(request) -> str | None:
     key = request.headers.get("x-session-id")
     if key is not None and not 0 < len(key) <= 256:
@@ -197,10 +207,15 @@ async def _parsed(request, parser, **kw):
 
 
 def _check_min_context(st: ServerState, req: ChatRequest) -> None:
-    """The cheap context check: a prompt that cannot fit whatever it tokenizes to is refused before rendering."""
-    low = min_prompt_tokens(req.messages)
+    """The cheap context check: a prompt that cannot fit whatever it tokenizes to is refused before rendering.
+    The assistant prefix is prompt text too, appended as it is: it counts (and is named when it alone is over)."""
+    from strata_lab.server.cpu import MAX_TOKEN_BYTES
+
+    prefix = -(-len((req.assistant_prefix or "").encode("utf-8", "surrogatepass")) // MAX_TOKEN_BYTES)
+    low = min_prompt_tokens(req.messages) + prefix
     if low > st.config.max_context:
-        raise RequestError("messages", f"the prompt is at least {low} tokens, over the context of "
+        field = "assistant_prefix" if prefix > st.config.max_context else "messages"
+        raise RequestError(field, f"the prompt is at least {low} tokens, over the context of "
                            f"{st.config.max_context} tokens", code="context_length_exceeded")
 
 
@@ -250,10 +265,12 @@ async def _run(request, req: ChatRequest, rendered, build, stream_cls):
     if st.weights is not None:
         st.weights.check()
 
+    owner = _cache_owner(st, request)
+
     def work(job):
         if st.weights is not None:
             st.weights.check()  # again right before the engine reads the weights
-        st.runner.run(job, req, rendered)
+        st.runner.run(job, req, rendered, owner=owner)
 
     job = st.worker.submit(work)
     events = job.events()
@@ -380,20 +397,22 @@ async def responses(request: Request):
     """OpenAI /v1/responses: input items or text, instructions, function tools, previous_response_id."""
     from functools import partial
 
-    from strata_lab.server.responses import ResponsesBuilder, ResponseStore, output_messages, parse_responses
+    from strata_lab.server.responses import ResponsesBuilder, output_messages, parse_responses
 
     st: ServerState = request.app.state.strata
     if st.responses is None:
-        st.responses = ResponseStore()
+        st.responses = _response_store(st.config)
+    key = _key_of(request)
     body = await _json_body(request)
     prior, previous = None, body.get("previous_response_id") if isinstance(body, dict) else None
     if previous is not None:
         if not isinstance(previous, str):
             raise RequestError("previous_response_id", "must be a string")
-        found = st.responses.get(previous)
+        found = st.responses.get(previous, owner=key)
         if found is None:
             raise RequestError("previous_response_id", f"no response {previous!r} is held (the server keeps the "
-                               f"last {st.responses.max_entries}, in memory)", code="not_found")
+                               f"last {st.responses.max_entries} of each API key for "
+                               f"{st.config.response_ttl:g} s, in memory)", code="not_found")
         prior = found[0]
     req, conversation = await st.cpu.run(partial(parse_responses, body, prior=prior, session_key=_session_key(request)),
                                          heavy=False, what="checking the request", request=request)
@@ -404,7 +423,7 @@ async def responses(request: Request):
 
     def store(final: dict) -> None:
         if body.get("store", True):
-            st.responses.put(final["id"], conversation + output_messages(final), final)
+            st.responses.put(final["id"], conversation + output_messages(final), final, owner=key)
 
     builder = partial(ResponsesBuilder, body=body, previous_id=previous, on_done=store)
 
@@ -414,11 +433,18 @@ async def responses(request: Request):
     return await _run(request, req, rendered, build, builder)
 
 
+def _response_store(config: ServerConfig):
+    from strata_lab.server.responses import ResponseStore
+
+    return ResponseStore(config.response_store, config.response_store_bytes, config.response_ttl)
+
+
 async def get_response(request: Request):
     """OpenAI GET /v1/responses/{id}: a response this server still holds."""
     st: ServerState = request.app.state.strata
     rid = request.path_params["response_id"]
-    found = st.responses.get(rid) if st.responses is not None else None
+    # another key's response is answered as one never held: the 404 tells nothing about it
+    found = st.responses.get(rid, owner=_key_of(request)) if st.responses is not None else None
     if found is None:
         raise RequestError("response_id", f"no response {rid!r} is held", code="not_found", status=404)
     return found[1]
@@ -441,7 +467,8 @@ async def slots(request: Request):
     """Each slot: its session name, held length, requests served, last use, checkpoints, whether it is
     processing and the size of the engine's latest decode step (the batch it is in) if so."""
     st: ServerState = request.app.state.strata
-    return st.runner.pool.as_list(batch=st.runner.engine.step_stats()["last_batch"])
+    return st.runner.pool.as_list(batch=st.runner.engine.step_stats()["last_batch"],
+                                  viewer=_cache_owner(st, request))
 
 
 async def models(request: Request):

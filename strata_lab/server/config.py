@@ -132,6 +132,16 @@ class ServerConfig:
         if self.max_tokens_default < 1:
             raise ValueError(f"max_tokens_default must be >= 1, got {self.max_tokens_default}")
         self.allowed_hosts, self.cors_origins = tuple(self.allowed_hosts), tuple(self.cors_origins)
+        for host in self.allowed_hosts:   # a Host header value: a name or address[:port], nothing else
+            if not isinstance(host, str) or not host or len(host) > 255 or \
+                    any(c.isspace() or not c.isprintable() or c in "/\\@?#," for c in host):
+                raise ValueError(f"allowed_hosts (--allowed-host) must hold host names like app.example or "
+                                 f"10.0.0.5:8080, got {host!r}")
+        if self.model_name is not None and (not isinstance(self.model_name, str) or not self.model_name.strip()
+                                            or len(self.model_name) > 256
+                                            or any(not c.isprintable() for c in self.model_name)):
+            raise ValueError(f"model_name (--alias) must be a non-empty name of printable characters (at most 256), "
+                             f"got {str(self.model_name)[:60]!r}")
         for origin in self.cors_origins:
             if origin == "*" or "://" not in origin or origin.endswith("/"):
                 raise ValueError(f"cors_origins must hold origins like https://app.example (no '*', no path), "

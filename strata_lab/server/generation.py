@@ -15,6 +15,15 @@ of plain-text ones (no stop id, no `<`, no split character) joins the thinking, 
 the text (they stay in the dump). A wrap-up closes the reasoning and a second engine call continues with
 prompt = first prompt + thought ids + kept drained ids + wrap-up ids, so the engine reuses all it holds.
 
+Isolation by API key (`run(..., owner=)`: the key's name, None without keys or with --shared-cache): the
+slot is picked among the key's own (slots.py) and reset when it last held another key's ids, and each key
+has its own prompt encoder (its remembered prompts and replies), so nothing one key sent shapes what
+another is served or told (`cached_tokens`).
+
+Non-finite logits (broken weights) are caught on every path: the engine reports each generated id's
+logprob (0 alternatives when the client asked for none), and an id whose logprob is not finite never
+reaches the output; the request ends with a 503 (a stream: an error event).
+
 Why one module: the budget wrap-up, the n > 1 choices, logprobs, the non-finite-logits guard and the
 recorder all act inside one generation loop over one stream; split, each part would reach into its state.
 """
@@ -26,6 +35,7 @@ import secrets
 import sys
 import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Sequence
 
@@ -197,8 +207,12 @@ def _finite(entry) -> bool:
     return math.isfinite(entry.logprob) and all(math.isfinite(lp) for _, lp in entry.top)
 
 
+def _debugging() -> bool:
+    return os.environ.get("STRATA_DEBUG", "") not in ("", "0")
+
+
 def _debug(line: str) -> None:
-    if os.environ.get("STRATA_DEBUG", "") not in ("", "0"):
+    if _debugging():
         print(f"[strata] {line}", file=sys.stderr, flush=True)
 
 
@@ -230,32 +244,38 @@ class ChatRunner:
         self._slots_cv = threading.Condition()
         self._in_use: set[int] = set()
         self._encode_lock = threading.Lock()  # the encoder keeps per-call state (last_stats)
+        self._encoders: OrderedDict = OrderedDict()  # API key name -> its own PromptEncoder (most recent last)
 
     # --- one request ------------------------------------------------------------------------------
-    def run(self, job, req: ChatRequest, rendered: RenderedPrompt) -> None:
+    def run(self, job, req: ChatRequest, rendered: RenderedPrompt, *, owner: str | None = None) -> None:
+        """Run one request for API key `owner` (None: no key, or --shared-cache) on a slot of its own."""
         f = req.features
         if rendered.prompt_ids is not None:
             prompt_ids, encoder_stats = list(rendered.prompt_ids), None
         else:
             with self._encode_lock:
-                prompt_ids = list(self.encoder.encode(rendered.prompt_text))
-                encoder_stats = _stats_dict(getattr(self.encoder, "last_stats", None))
+                encoder = self.encoder_for(owner)
+                prompt_ids = list(encoder.encode(rendered.prompt_text))
+                encoder_stats = _stats_dict(getattr(encoder, "last_stats", None))
         self._check_context(req, prompt_ids)
         seed = req.seed if req.seed is not None else secrets.randbits(63)  # no seed: a fresh one per request
         bias = self._logit_bias(req)
-        if rendered.prefix_text:
+        if rendered.prefix_text and _debugging():  # a second encode of the prompt: only when it is printed
             base = rendered.prompt_text[:len(rendered.prompt_text) - len(rendered.prefix_text)]
-            x = len(self.tokenizer.encode(base))
+            x = len(self.tokenizer.encode_batch([base])[0])
             z = len(prompt_ids)
             _debug(f"assistant prefill: {z - x} tokens (prompt {x} -> {z}, generation starts at position {z})")
         with self._slots_cv:
-            slot = self.pool.choose(prompt_ids, slot=f.slot, key=f.session_key, busy=self._in_use)
+            slot = self.pool.choose(prompt_ids, slot=f.slot, key=f.session_key, busy=self._in_use, owner=owner)
             while slot.id in self._in_use:  # its slot serves another request: wait for it (bounded by that one)
                 if job.cancelled:
                     return
                 self._slots_cv.wait(timeout=0.1)
             self._in_use.add(slot.id)
+            foreign = self.pool.take(slot, owner)
         try:
+            if foreign:  # another key's ids: dropped before this key's prompt is planned or read
+                slot.session.reset()
             self._run_on(job, req, rendered, slot, prompt_ids, encoder_stats, seed, bias)
         finally:
             with self._slots_cv:
@@ -299,8 +319,11 @@ class ChatRunner:
         outside the vocabulary is a 400 naming it."""
         out: dict[int, float] = {}
         vocab = self.engine.vocab_size if self.engine is not None else self.tokenizer.vocab_size
+        texts = [key for key, _ in req.logit_bias if isinstance(key, str)]
+        # one encode_batch call: it releases the GIL (the texts are bounded: request.MAX_BIAS_TEXT)
+        encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
         for key, value in req.logit_bias:
-            ids = self.tokenizer.encode(key) if isinstance(key, str) else [key]
+            ids = next(encoded) if isinstance(key, str) else [key]
             for i in ids:
                 if not 0 <= i < vocab:
                     raise RequestError("logit_bias", f"token id {i} is out of range (0..{vocab - 1})")
@@ -333,7 +356,7 @@ class ChatRunner:
         finish = ("cancelled" if job.cancelled else "stop" if out.matcher.hit is not None else
                   "budget" if first.hit_budget else result.finish)
         calls = [self._stats(0, prompt_ids, result)]
-        logprobs = list(result.logprobs)
+        logprobs = list(result.logprobs) if f.logprobs is not None else []  # else the guard's own, not sent
         reply_ids = gen_ids + plain_drained(self.tokenizer, result.drained_ids, self.stop_ids,
                                             mid_character=out.text.mid_character)
         completion = len(reply_ids)
@@ -358,14 +381,14 @@ class ChatRunner:
                 more = gen2 + plain_drained(self.tokenizer, result.drained_ids, self.stop_ids,
                                             mid_character=out.text.mid_character)
                 reply_ids = gen_ids + kept + wrap_ids + more
-                logprobs += list(result.logprobs)
+                logprobs += list(result.logprobs) if f.logprobs is not None else []
                 completion += len(more)
             else:
                 finish = "length"
 
         out.finish()
         if self.reply_reuse and rendered.prompt_ids is None:
-            self.encoder.remember_reply(prompt_ids, reply_ids)
+            self.encoder_for(slot.owner).remember_reply(prompt_ids, reply_ids)
 
         from strata_lab.server.output import collect
 
@@ -383,6 +406,24 @@ class ChatRunner:
         return summary, len(calls)
 
     # --- pieces -----------------------------------------------------------------------------------
+    MAX_KEY_ENCODERS = 16  # API keys whose prompt encoders are kept (the least recently used one goes)
+
+    def encoder_for(self, owner: str | None):
+        """The prompt encoder of API key `owner`: the runner's own `encoder` for None (no key, or a shared
+        cache), else one per key, so one key's remembered prompts and replies never shape another's ids."""
+        if owner is None:
+            return self.encoder
+        with self._slots_cv:
+            enc = self._encoders.pop(owner, None)
+            if enc is None:
+                e = self.encoder
+                enc = type(e)(self.tokenizer, max_chars=e.max_chars, max_tokens=e.max_tokens,
+                              chunk_chars=e.chunk_chars)
+            self._encoders[owner] = enc
+            while len(self._encoders) > self.MAX_KEY_ENCODERS:
+                self._encoders.popitem(last=False)
+            return enc
+
     def _room(self, prompt_len: int, limit: int | None) -> int:
         room = max(0, self.max_context - prompt_len)
         return room if limit is None else min(limit, room)
@@ -407,7 +448,9 @@ class ChatRunner:
                                        stop_ids=self.stop_ids, stop_latency=self.stop_latency,
                                        record=False if self._observed else (self.recorder or False),
                                        record_meta=call.record_meta,
-                                       logprobs=call.logprobs, token_mask=call.token_mask)
+                                       # the chosen id's logprob always (the non-finite guard below)
+                                       logprobs=call.logprobs if call.logprobs is not None else 0,
+                                       token_mask=call.token_mask)
         consumed, thought = 0, 0
         hit_budget = stopped = non_finite = False
         for token in stream:
@@ -417,13 +460,13 @@ class ChatRunner:
                 stream.stop()
                 stopped = True
                 continue
+            if not _finite(stream.logprobs[-1]):  # before the id reaches the output: nothing of it is sent
+                stream.stop()  # NaN / infinite logits: the model is broken (its ids are garbage), a 503
+                stopped = non_finite = True
+                continue
             counts = out.parser.in_reasoning
             out.feed([token])
             consumed += 1
-            if call.logprobs is not None and not _finite(stream.logprobs[-1]):
-                stream.stop()  # NaN / infinite logits: the model is broken, never a frame that is not JSON
-                stopped = non_finite = True
-                continue
             if call.logprobs is not None and token not in self.stop_ids:  # streamed after the text it produced
                 if out.index == 0:
                     job.emit("logprobs", stream.logprobs[-1])

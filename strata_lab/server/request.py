@@ -154,13 +154,35 @@ def _prefix(value: Any, name: str) -> str | None:
     return _str(value, name)
 
 
+# Sampler values (docs/SERVER_BEHAVIOUR.md, "Sampler values"): a temperature under GREEDY_BELOW is greedy
+# (dividing logits by it would overflow: 1e-40 sampled at random); a top_p under MIN_TOP_P acts as MIN_TOP_P,
+# which already keeps only the most likely id (its probability is at least 1 / vocabulary > 1e-6), and the
+# engine's float32 would read 1e-50 as 0; a repetition penalty is in [MIN_REPETITION_PENALTY, 10] (a
+# smaller one multiplies logits past float32's range).
+GREEDY_BELOW = 1e-5
+MIN_TOP_P = 1e-6
+MIN_REPETITION_PENALTY = 0.01
+MAX_BIAS_TEXT = 1024  # characters of one logit_bias text key (every id of its encoding gets the bias)
+
+
+def _temperature(value: Any, hi: float) -> float:
+    """A temperature in [0, hi]; one under GREEDY_BELOW is 0 (greedy).
+
+    >>> _temperature(1e-40, 2.0), _temperature(0.7, 2.0)
+    (0.0, 0.7)
+    """
+    t = _number(value, "temperature", 0.0, hi)
+    return 0.0 if t < GREEDY_BELOW else t
+
+
 def _sampling(body: dict, req: dict) -> None:
     if body.get("temperature") is not None:
-        req["temperature"] = _number(body["temperature"], "temperature", 0.0, 2.0)
+        req["temperature"] = _temperature(body["temperature"], 2.0)
     if body.get("top_p") is not None:
         req["top_p"] = _number(body["top_p"], "top_p", 0.0, 1.0)
         if req["top_p"] == 0:
             raise RequestError("top_p", "must be > 0")
+        req["top_p"] = max(req["top_p"], MIN_TOP_P)
     if body.get("top_k") is not None:
         req["top_k"] = check_int(body["top_k"], "top_k", minimum=0, maximum=1 << 20)
     if body.get("seed") is not None:
@@ -176,9 +198,7 @@ def _sampling(body: dict, req: dict) -> None:
     if len(rep) == 2 and body["repetition_penalty"] != body["repeat_penalty"]:
         raise RequestError("repeat_penalty", "is llama.cpp's name for repetition_penalty: give one of them")
     if rep:
-        req["repetition_penalty"] = _number(body[rep[0]], rep[0], 0.0, 10.0)
-        if req["repetition_penalty"] == 0:
-            raise RequestError(rep[0], "must be > 0 (1 is off)")
+        req["repetition_penalty"] = _number(body[rep[0]], rep[0], MIN_REPETITION_PENALTY, 10.0)
     if body.get("repeat_last_n") is not None:
         req["repeat_last_n"] = check_int(body["repeat_last_n"], "repeat_last_n", minimum=-1, maximum=1 << 20)
     if body.get("logit_bias") is not None:
@@ -228,6 +248,10 @@ def parse_logit_bias(value: Any, name: str = "logit_bias") -> tuple:
         raise RequestError(name, f"must be an object {{token id: bias}} or an array of pairs, got {_kind(value)}")
     if len(out) > 1024:
         raise RequestError(name, f"holds at most 1024 entries, got {len(out)}")
+    for i, (key, _) in enumerate(out):
+        if isinstance(key, str) and len(key) > MAX_BIAS_TEXT:
+            raise RequestError(name, f"a text key is at most {MAX_BIAS_TEXT} characters (entry {i} has "
+                               f"{len(key)})")
     return tuple(out)
 
 
@@ -567,7 +591,7 @@ def parse_anthropic(body: Any, *, session_key: str | None = None) -> ChatRequest
         req["stream"] = _bool(body["stream"], "stream")
     _sampling(body, req)
     if "temperature" in req:
-        req["temperature"] = _number(body["temperature"], "temperature", 0.0, 1.0)
+        req["temperature"] = _temperature(body["temperature"], 1.0)
     budget = SchemaBudget()  # one request's schemas share the size limits
     req["tools"] = _anthropic_tools(body.get("tools"), budget)
     req["response_format"] = _response_format(body.get("response_format"), budget=budget)

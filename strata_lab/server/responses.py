@@ -8,7 +8,8 @@ non-streamed body is the same builder fed the same events at once, so both carry
 usage.
 
 `previous_response_id` chains in memory: each stored response keeps its conversation (input and output,
-without `instructions`, which do not carry over); the store keeps the last `ResponseStore.max_entries`.
+without `instructions`, which do not carry over). The store (`ResponseStore`) belongs to no one: each
+response is held for the API key that made it only, for a time, and within a count and a byte budget.
 
 >>> req, conv = parse_responses({"input": "hi", "instructions": "be brief", "max_output_tokens": 5})
 >>> [m["role"] for m in req.messages], req.max_tokens, conv
@@ -48,27 +49,75 @@ RESPONSES_REFUSED: tuple = (
 )
 
 
-class ResponseStore:
-    """The last `max_entries` responses: id -> (conversation messages, response body), in memory."""
+# OpenAI's bounds on `metadata`: 16 pairs, keys of at most 64 characters, string values of at most 512.
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 
-    def __init__(self, max_entries: int = 256):
-        self.max_entries = max_entries
-        self._items: OrderedDict[str, tuple[list, dict]] = OrderedDict()
+
+class ResponseStore:
+    """Stored responses: id -> (conversation messages, response body), in memory, each for one API key.
+
+    An entry belongs to the key that made it (`owner`: the key's name; None when the server needs no key):
+    `get` by another owner answers None, exactly as for an id never held. Entries expire `ttl` seconds after
+    they were stored; at most `max_entries` are held and at most `max_bytes` of their JSON (conversation and
+    body, metadata included: the entries are kept as that JSON, so the bytes counted are the bytes held),
+    the oldest dropped first. One entry larger than `max_bytes` is not held at all (`put` answers False).
+
+    >>> store = ResponseStore(max_entries=2)
+    >>> store.put("r1", [], {"id": "r1"}, owner="alice")
+    True
+    >>> store.get("r1", owner="alice")[1], store.get("r1", owner="bob"), store.get("r1")
+    ({'id': 'r1'}, None, None)
+    """
+
+    def __init__(self, max_entries: int = 256, max_bytes: int = 64 << 20, ttl: float = 3600.0, clock=None):
+        if max_entries < 0 or max_bytes < 0 or not ttl > 0:
+            raise ValueError(f"max_entries and max_bytes must be >= 0 and ttl > 0, got {max_entries}, "
+                             f"{max_bytes}, {ttl}")
+        self.max_entries, self.max_bytes, self.ttl = max_entries, max_bytes, ttl
+        self._clock = clock or time.monotonic
+        self._items: OrderedDict[str, tuple[str | None, float, bytes]] = OrderedDict()  # oldest first
+        self.bytes = 0
         self._lock = threading.Lock()
 
-    def put(self, response_id: str, conversation: list, body: dict) -> None:
+    def put(self, response_id: str, conversation: list, body: dict, owner: str | None = None) -> bool:
+        raw = json.dumps([conversation, body], ensure_ascii=False, separators=(",", ":")).encode("utf-8",
+                                                                                                   "surrogatepass")
         with self._lock:
-            self._items[response_id] = (conversation, body)
-            self._items.move_to_end(response_id)
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)
+            self._drop(response_id)
+            if self.max_entries == 0 or len(raw) > self.max_bytes:
+                return False
+            self._items[response_id] = (owner, self._clock() + self.ttl, raw)
+            self.bytes += len(raw)
+            while len(self._items) > self.max_entries or self.bytes > self.max_bytes:
+                self._drop(next(iter(self._items)))
+            return True
 
-    def get(self, response_id: str) -> tuple[list, dict] | None:
+    def get(self, response_id: str, owner: str | None = None) -> tuple[list, dict] | None:
         with self._lock:
-            return self._items.get(response_id)
+            self._expire()
+            entry = self._items.get(response_id)
+            if entry is None or entry[0] != owner:
+                return None
+            conversation, body = json.loads(entry[2])
+            return conversation, body
+
+    def _drop(self, response_id: str) -> None:
+        entry = self._items.pop(response_id, None)
+        if entry is not None:
+            self.bytes -= len(entry[2])
+
+    def _expire(self) -> None:
+        now = self._clock()
+        while self._items:
+            rid, (_, until, _) = next(iter(self._items.items()))
+            if until > now:  # stored in order, each with the same ttl: the rest expire later
+                return
+            self._drop(rid)
 
     def __len__(self) -> int:
-        return len(self._items)
+        with self._lock:
+            self._expire()
+            return len(self._items)
 
 
 # --- request ----------------------------------------------------------------------------------------
@@ -237,9 +286,28 @@ def parse_responses(body: Any, *, prior: list | None = None,
         raise RequestError(field or None, raw, code=exc.code, status=exc.status) from None
     if body.get("store") is not None and not isinstance(body["store"], bool):
         raise RequestError("store", f"must be a boolean, got {_kind(body['store'])}")
-    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
-        raise RequestError("metadata", f"must be an object, got {_kind(body['metadata'])}")
+    _check_metadata(body.get("metadata"))
     return req, conversation
+
+
+def _check_metadata(value: Any) -> None:
+    """OpenAI's `metadata`: at most 16 pairs of a key of at most 64 characters and a string of at most 512
+    (the response is stored with it, so its size is bounded like the rest of the body)."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise RequestError("metadata", f"must be an object, got {_kind(value)}")
+    if len(value) > METADATA_PAIRS:
+        raise RequestError("metadata", f"holds at most {METADATA_PAIRS} pairs, got {len(value)}")
+    for key, item in value.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise RequestError("metadata", f"keys are at most {METADATA_KEY_CHARS} characters, got one of "
+                               f"{len(key)}")
+        if not isinstance(item, str):
+            raise RequestError(f"metadata.{key}", f"must be a string, got {_kind(item)}")
+        if len(item) > METADATA_VALUE_CHARS:
+            raise RequestError(f"metadata.{key}", f"must be at most {METADATA_VALUE_CHARS} characters, got "
+                               f"{len(item)}")
 
 
 # --- response ---------------------------------------------------------------------------------------

@@ -107,7 +107,8 @@ class Source:
     @property
     def stem(self) -> str:
         """The file name without its suffix: the prefix of session keys derived by prefix-chaining."""
-        return os.path.splitext(os.path.basename(self.path))[0]
+        name = os.path.basename(self.path)
+        return os.path.splitext(name[:-3] if name.endswith(".gz") else name)[0]
 
     def skip(self, lineno: int | None, why: str) -> None:
         self.skipped += 1
@@ -126,7 +127,7 @@ class Source:
         (OTel's Python console exporter prints indented spans), read in 1 MiB windows."""
         decoder = json.JSONDecoder()
         bar = self._bar()
-        with open(self.path, "r", encoding="utf-8", errors="replace") as f:
+        with self.open_text() as f:
             buf, pos, lineno, eof = "", 0, 1, False
             try:
                 while True:
@@ -198,7 +199,7 @@ class Source:
         """(line number, raw line) for every non-blank line, streamed with a 1 MiB buffer."""
         bar = self._bar()
         try:
-            with open(self.path, "rb", buffering=1 << 20) as f:
+            with self.open_binary() as f:
                 for lineno, line in enumerate(f, 1):
                     if bar is not None:
                         bar.update(len(line))
@@ -228,15 +229,28 @@ class Source:
         return rec
 
     def head(self, n: int = 65536) -> bytes:
-        with open(self.path, "rb") as f:
+        with self.open_binary() as f:
             return f.read(n)
+
+    def open_binary(self):
+        """The file's bytes, streamed: gzip data (a `.gz` trace) inflated as it is read, its decompressed size
+        checked against the `trace_bytes` limit while inflating (strata_lab.limits.open_input)."""
+        from strata_lab.limits import open_input
+
+        return open_input(self.path)
+
+    def open_text(self):
+        """`open_binary` decoded as UTF-8 (undecodable bytes replaced)."""
+        import io
+
+        return io.TextIOWrapper(self.open_binary(), encoding="utf-8", errors="replace")
 
     def array_items(self, key: str | None = None) -> Iterator[tuple[int, object]]:
         """Stream the items of a top-level JSON array (or of the array under `key`, found by text search, as in
         a HAR's ``"entries"``) without loading the document: (line number of the item's start, item)."""
         decoder = json.JSONDecoder()
         bar = self._bar()
-        with open(self.path, "r", encoding="utf-8", errors="replace") as f:
+        with self.open_text() as f:
             buf, pos, lineno, eof = "", 0, 1, False
 
             def more() -> bool:
