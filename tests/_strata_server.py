@@ -67,3 +67,43 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self._log.close()
+
+
+def health_while(url: str, fn, samples: int = 10) -> tuple[object, float, float, float]:
+    """(fn()'s result, the slowest /health answer while fn ran, the slowest of `samples` /health answers just
+    before it, fn's own time). The baseline is measured on the same machine under the same load, so a check
+    built on it holds on a loaded machine as on an idle one (see `assert_no_stall`)."""
+    import threading
+
+    baseline = 0.0
+    for _ in range(samples):
+        t = time.perf_counter()
+        assert httpx.get(url + "/health", timeout=120).status_code == 200
+        baseline = max(baseline, time.perf_counter() - t)
+    out: dict = {}
+
+    def run():
+        t = time.perf_counter()
+        try:
+            out["r"] = fn()
+        finally:
+            out["t"] = time.perf_counter() - t
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    worst = 0.0
+    while thread.is_alive():
+        t = time.perf_counter()
+        assert httpx.get(url + "/health", timeout=120).status_code == 200
+        worst = max(worst, time.perf_counter() - t)
+        time.sleep(0.02)
+    thread.join()
+    return out["r"], worst, baseline, out["t"]
+
+
+def assert_no_stall(worst: float, baseline: float, took: float) -> None:
+    """/health did not wait for the request's work: its slowest answer during the request is neither a large
+    share of the request's own time nor far above its baseline. A stall (the event loop held by the work)
+    makes /health wait about as long as the work, so it fails both; no wall-clock limit is assumed."""
+    assert worst < max(took / 2, 10 * baseline), (
+        f"/health took {worst:.3f} s during a {took:.3f} s request (baseline {baseline:.3f} s)")

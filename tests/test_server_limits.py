@@ -16,7 +16,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from _strata_server import ServerProcess, tiny_model
+from _strata_server import ServerProcess, assert_no_stall, health_while, tiny_model
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -39,19 +39,12 @@ def _schema_body(schema, **extra):
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, **extra}
 
 
-def _health_while(server, fn) -> tuple[object, float]:
-    """fn()'s result and the slowest /health answer while it ran."""
-    out: dict = {}
-    thread = threading.Thread(target=lambda: out.setdefault("r", fn()))
-    thread.start()
-    worst = 0.0
-    while thread.is_alive():
-        t = time.perf_counter()
-        assert httpx.get(server.url + "/health", timeout=60).status_code == 200
-        worst = max(worst, time.perf_counter() - t)
-        time.sleep(0.05)
-    thread.join()
-    return out["r"], worst
+def _health_while(server, fn):
+    """fn()'s result, after checking that /health kept answering while it ran (against a baseline measured
+    just before, on the same machine under the same load: no wall-clock limit)."""
+    r, worst, baseline, took = health_while(server.url, fn)
+    assert_no_stall(worst, baseline, took)
+    return r
 
 
 # --- schema size: refused by the cheap limits before any compile, /health answering throughout ---------------
@@ -74,10 +67,9 @@ def _props(n, required=False):
      "tools"),
 ])
 def test_huge_schemas_are_a_quick_400(server, body, param):
-    r, worst = _health_while(server, lambda: post(server, "/v1/chat/completions", body))
+    r = _health_while(server, lambda: post(server, "/v1/chat/completions", body))
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text[:300]
     assert r.json()["error"]["code"] == "schema_too_large"
-    assert worst < 2.0
 
 
 def test_properties_across_tools_share_one_budget(server):
@@ -192,14 +184,14 @@ def test_schema_walk_survives_any_nesting():
 # --- big text off the event loop; the cheap context check first ------------------------------------------
 def test_big_count_tokens_body_does_not_stall_health(server):
     text = "hello world, " * (3_900_000 // 13)
-    r, worst = _health_while(server, lambda: post(server, "/v1/messages/count_tokens",
-                                                  {"messages": [{"role": "user", "content": text}]}))
+    r = _health_while(server, lambda: post(server, "/v1/messages/count_tokens",
+                                           {"messages": [{"role": "user", "content": text}]}))
     assert r.status_code == 200 and r.json()["input_tokens"] > 600_000, r.text[:200]
-    assert worst < 2.0
 
 
-def _gone(pid: int, within: float = 3.0) -> bool:
-    """Whether process `pid` has ended and been reaped (no /proc entry) within `within` seconds."""
+def _gone(pid: int, within: float = 60.0) -> bool:
+    """Whether process `pid` has ended and been reaped (no /proc entry), polled for at most `within` seconds
+    (a bound on the wait, not a speed limit: a killed worker goes at once)."""
     import os
 
     end = time.perf_counter() + within
@@ -218,7 +210,8 @@ def _raise_413():
 
 def test_cpu_pool_stops_a_job_over_its_budget():
     """A job that would run 30 s (a native call no thread can interrupt, as a tokenizer's or a grammar
-    compiler's): a 503 at its 1 s budget, its worker process killed and gone, the next job served at once."""
+    compiler's): a 503 at its 1 s budget (before the job could end: a job that ended would answer None), its
+    worker process killed and gone, its slot free for the next job. No wall-clock limit is asserted."""
     import asyncio
     import os
 
@@ -234,19 +227,17 @@ def test_cpu_pool_stops_a_job_over_its_budget():
 
     async def scenario():
         pool = CpuPool(workers=1, queue=1, timeout=1.0)
-        t = time.perf_counter()
         slow = asyncio.ensure_future(pool.run(time.sleep, 30, heavy=True, what="sleeping"))
-        await asyncio.sleep(0.3)
+        while not pool.pids:  # the worker is forked (however loaded the machine)
+            await asyncio.sleep(0.05)
         (pid,) = pool.pids
         with pytest.raises(RequestError) as err:
             await slow
         assert err.value.status == 503 and err.value.code == "cpu_timeout" and "stopped" in err.value.message
-        assert time.perf_counter() - t < 2.5
         assert _gone(pid), "the worker still runs after its budget"
-        t = time.perf_counter()
-        assert await pool.run(sum, [1, 2], heavy=True) == 3  # the slot is free again
-        assert time.perf_counter() - t < 1.0
-        assert pool.stopped == 1 and pool.running == 0 and not pool.pids
+        assert pool.stopped == 1 and pool.running == 0 and not pool.pids  # its slot is free at once
+        assert await pool.run(sum, [1, 2], heavy=True) == 3
+        assert pool.running == 0 and not pool.pids
 
         # the bound: one running + one queued, a third is refused at once
         running = asyncio.ensure_future(pool.run(time.sleep, 0.6, heavy=True))
@@ -259,11 +250,12 @@ def test_cpu_pool_stops_a_job_over_its_budget():
 
         # a client that leaves stops its running job too
         leaving = asyncio.ensure_future(pool.run(time.sleep, 30, heavy=True, request=Leaving()))
-        await asyncio.sleep(0.15)
-        (pid,) = pool.pids
+        while not pool.pids and not leaving.done():  # forked, or (a very loaded machine) never started
+            await asyncio.sleep(0.02)
+        pids = set(pool.pids)
         with pytest.raises(ClientGone):
             await leaving
-        assert _gone(pid)
+        assert all(_gone(pid) for pid in pids) and not pool.pids
 
         # a worker's RequestError comes back whole; a worker that dies is a 503, not a hang
         with pytest.raises(RequestError) as err:
@@ -337,9 +329,7 @@ def test_a_count_over_its_budget_is_stopped_and_its_worker_is_gone(tmp_path):
         out: dict = {}
 
         def count():
-            t = time.perf_counter()
             out["r"] = post(srv, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": text}]})
-            out["s"] = time.perf_counter() - t
 
         thread = threading.Thread(target=count)
         thread.start()
@@ -349,35 +339,32 @@ def test_a_count_over_its_budget_is_stopped_and_its_worker_is_gone(tmp_path):
         thread.join()
         r = out["r"]
         assert r.status_code == 503 and r.json()["error"]["code"] == "cpu_timeout", r.text[:300]
-        assert out["s"] < 6, out["s"]  # the budget (1 s) after the 4 MB body arrived and parsed
         assert seen, "no worker process was seen"
         assert all(_gone(pid) for pid in seen), "a worker outlived its budget"
         props = httpx.get(srv.url + "/props").json()["cpu"]
         assert props["stopped"] >= 1 and props["running"] == 0, props
-        t = time.perf_counter()  # a large (worker) request and a small one, served at once
+        # the only worker slot is free (with --cpu-queue 0 a held one would be a 503 server_busy): a large
+        # (worker) request and a small one are served
         r = post(srv, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi " * 30_000}]})
         assert r.status_code == 200 and r.json()["input_tokens"] >= 30_000, r.text[:300]
         r = post(srv, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi"}]})
-        assert r.status_code == 200 and time.perf_counter() - t < 3
+        assert r.status_code == 200
     finally:
         srv.stop()
 
 
 def test_big_chat_is_refused_by_the_cheap_context_check(server):
     text = "x" * 3_900_000
-    t = time.perf_counter()
     r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": text}], "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:200]
-    assert "at least" in r.json()["error"]["message"]
-    assert time.perf_counter() - t < 10
+    assert "at least" in r.json()["error"]["message"]  # the cheap bound's words: nothing was tokenized
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/completion"])
 def test_big_completion_prompt_is_refused_by_the_cheap_context_check(server, route):
     text = "x" * 3_900_000
-    r, worst = _health_while(server, lambda: post(server, route, {"prompt": text, "max_tokens": 2, "n_predict": 2}))
+    r = _health_while(server, lambda: post(server, route, {"prompt": text, "max_tokens": 2, "n_predict": 2}))
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:200]
-    assert worst < 2.0
 
 
 def test_max_token_bytes_bounds_the_real_vocabulary():
@@ -405,7 +392,6 @@ def _trickle(server, path="/v1/chat/completions", total=200, every=0.5) -> socke
 def test_body_deadline_is_total_not_idle(server):
     s = _trickle(server)
     s.settimeout(30)
-    t = time.perf_counter()
     answer = b""
     try:
         for _ in range(40):  # a byte every 0.25 s: never idle for 2 s, but the whole body takes longer
@@ -423,8 +409,8 @@ def test_body_deadline_is_total_not_idle(server):
         pass
     finally:
         s.close()
+    # the 408 came while bytes still arrived every 0.25 s (an idle timer would never have fired)
     assert b" 408 " in answer.split(b"\r\n", 1)[0], answer[:200]
-    assert time.perf_counter() - t < 6
 
 
 def test_per_client_concurrency_limit(server):
@@ -518,11 +504,9 @@ def test_template_render_limits(source, message):
 
     old = jinja.RENDER_SECONDS
     jinja.RENDER_SECONDS = 1.0
-    try:
-        t = time.perf_counter()
+    try:  # the limit's own error (a render that ran to its end would raise none)
         with pytest.raises(TemplateRenderError, match=message):
             ChatTemplate(source).render(USER)
-        assert time.perf_counter() - t < 5
     finally:
         jinja.RENDER_SECONDS = old
 
@@ -564,16 +548,28 @@ def nan_server(tmp_path_factory, tiny_dir):
     srv.stop()
 
 
+@pytest.mark.parametrize("route, body", [
+    ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": 2}),
+    ("/v1/chat/completions", {"messages": USER}),  # issue 52: no logprobs asked for, no garbage either
+    ("/v1/chat/completions", {"messages": USER, "temperature": 1.0, "seed": 3}),
+    ("/v1/messages", {"messages": USER}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 3}),
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/completion", {"prompt": "hi", "n_predict": 3}),
+])
 @pytest.mark.parametrize("stream", [False, True])
-def test_nan_weights_are_a_503_never_non_json(nan_server, stream):
-    body = {"messages": USER, "max_tokens": 3, "logprobs": True, "top_logprobs": 2, "stream": stream}
-    r = post(nan_server, "/v1/chat/completions", body)
+def test_nan_weights_are_a_503_never_non_json(nan_server, route, body, stream):
+    body = {"max_tokens": 3, **body, "stream": stream}
+    r = post(nan_server, route, body)
     if not stream:
         assert r.status_code == 503 and "non-finite" in r.json()["error"]["message"], r.text[:300]
         return
     for line in r.text.splitlines():
         if line.startswith("data: ") and line != "data: [DONE]":
-            json.loads(line[6:], parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in {line}"))
+            event = json.loads(line[6:], parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in {line}"))
+            text = json.dumps(event)  # no frame carries generated text: the error comes before any id is sent
+            assert '"delta": {"content"' not in text and "text_delta" not in text, line
+            assert "output_text.delta" not in text and '"content": "' not in text.replace('"content": ""', ""), line
     assert "non-finite" in r.text
 
 
@@ -599,9 +595,8 @@ def test_first_grammar_build_does_not_stall_health(tmp_path):
     pytest.importorskip("xgrammar")
     srv = ServerProcess(tmp_path, "--model", str(tiny_model()), "--ctx", "256").wait(120)
     try:
-        r, worst = _health_while(srv, lambda: post(srv, "/v1/chat/completions", _schema_body(
+        r = _health_while(srv, lambda: post(srv, "/v1/chat/completions", _schema_body(
             {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, max_tokens=4)))
         assert r.status_code in (200, 422), r.text[:300]  # 422: the tiny model's output checked after
-        assert worst < 2.0
     finally:
         srv.stop()

@@ -320,3 +320,30 @@ def test_anthropic_metadata_user_id_keeps_a_key_on_its_slot(tmp_path):
         assert cached("c", fox) > 10      # a new key goes by similarity to a slot holding the fox prompt
     finally:
         srv.stop()
+
+
+# --- issue 52: sampler values at the edges of float32 are defined or refused, never a 500 ---------------------
+def test_a_temperature_under_the_epsilon_is_greedy(server):
+    from strata_lab.server.request import GREEDY_BELOW
+
+    body = {"messages": USER, "max_tokens": 8}
+    greedy = post(server, "/v1/chat/completions", {**body, "temperature": 0}).json()["choices"][0]["message"]
+    for t, seed in ((1e-40, 1), (1e-40, 2), (GREEDY_BELOW / 2, 3)):
+        r = post(server, "/v1/chat/completions", {**body, "temperature": t, "seed": seed})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"] == greedy, (t, r.text[:300])
+
+
+@pytest.mark.parametrize("extra", [{"top_p": 1e-50}, {"top_p": 5e-324}, {"min_p": 1e-50}, {"temperature": 5e-324},
+                                   {"frequency_penalty": 1e-50}, {"logit_bias": {"15": 1e-50}}])
+def test_tiny_sampler_values_are_served(server, extra):
+    r = post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 2, "temperature": 1, "seed": 1, **extra})
+    assert r.status_code == 200, r.text[:300]
+
+
+@pytest.mark.parametrize("field, value", [("repetition_penalty", 1e-50), ("repeat_penalty", 0.001),
+                                          ("repetition_penalty", 0), ("top_p", 0), ("temperature", -1e-50)])
+def test_sampler_values_out_of_range_are_a_400_naming_them(server, field, value):
+    for route, body in (("/v1/chat/completions", {"messages": USER}), ("/completion", {"prompt": "1, 2, 3,"}),
+                        ("/v1/messages", {"messages": USER})):
+        r = post(server, route, {**body, "max_tokens": 2, field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (route, r.text[:300])

@@ -336,7 +336,7 @@ class PromptEncoder:
         splits = self._splits(sub)
         self._chunks_used = 1  # how many chunks the last fresh text was encoded in (for tests)
         if not splits:
-            fresh = hf.encode(sub, add_special_tokens=False)
+            fresh = _hf_encode(hf, sub)
             return (fresh.ids,) + self._pretokens(sub, fresh, fresh.ids)
         starts = [0] + [p for p, _ in splits]
         ends = [e for _, e in splits] + [len(sub)]
@@ -352,7 +352,7 @@ class PromptEncoder:
                 m = self._split_ok(sub, a, starts[i + 1], ends[i], q, window)
                 if m is None:  # not provably exact: encode the rest in one call
                     rest = sub[a:]
-                    fresh = hf.encode(rest, add_special_tokens=False)
+                    fresh = _hf_encode(hf, rest)
                     chunk_ids = fresh.ids
                     q, tok_idx, window = self._pretokens(rest, fresh, chunk_ids)
                     m = len(q)
@@ -459,6 +459,15 @@ def _cuts(q: np.ndarray, tok_idx: np.ndarray, window: np.ndarray, c: int, kept: 
 
 
 _BYTE_LENGTHS: dict = {}  # id(tokenizer) -> (tokenizer, lengths)
+
+
+def _hf_encode(hf, text: str):
+    """`hf.encode(text)` without special tokens; a long text through `encode_batch`, which releases the GIL
+    (`encode` holds it for the whole call: seconds for megabytes, during which a server's event loop, in
+    another thread of the process, could not answer even /health)."""
+    if len(text) > 65536:
+        return hf.encode_batch([text], add_special_tokens=False)[0]
+    return hf.encode(text, add_special_tokens=False)
 
 
 def _byte_lengths(tokenizer) -> np.ndarray:
