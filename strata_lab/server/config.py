@@ -91,6 +91,14 @@ class ServerConfig:
     cpu_queue: int = 8
     cpu_timeout: float = 120.0
     max_client_requests: int = 16     # requests one API key (no key required: one address) may have in flight
+    # isolation by API key (docs/SECURITY.md): a slot's cached prompt serves only the key that sent it, unless
+    # shared_cache (--shared-cache) lets all keys share one cache (as without keys); stored /v1/responses are
+    # always per key: at most response_store of them and response_store_bytes of their JSON, each for
+    # response_ttl seconds
+    shared_cache: bool = False
+    response_store: int = 256
+    response_store_bytes: int = 64 * 1024 * 1024
+    response_ttl: float = 3600.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -129,6 +137,12 @@ class ServerConfig:
             raise ValueError(f"cpu_timeout must be in (0, 3600] seconds, got {self.cpu_timeout}")
         if not 1 <= self.max_client_requests <= 4096:
             raise ValueError(f"max_client_requests must be in 1..4096, got {self.max_client_requests}")
+        if not 0 <= self.response_store <= 1_000_000:
+            raise ValueError(f"response_store must be in 0..1000000, got {self.response_store}")
+        if not 0 <= self.response_store_bytes <= 1 << 40:
+            raise ValueError(f"response_store_bytes must be in 0..2**40, got {self.response_store_bytes}")
+        if not 0 < self.response_ttl <= 30 * 86400:
+            raise ValueError(f"response_ttl must be in (0, 2592000] seconds, got {self.response_ttl}")
         if self.max_tokens_default < 1:
             raise ValueError(f"max_tokens_default must be >= 1, got {self.max_tokens_default}")
         self.allowed_hosts, self.cors_origins = tuple(self.allowed_hosts), tuple(self.cors_origins)
