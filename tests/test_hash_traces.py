@@ -260,7 +260,7 @@ DUMPS = sorted(glob.glob(str(ROOT / "dumps" / "*.jsonl")))
 def test_export_round_trips_exactly_under_vllm(tmp_path, dump, fmt):
     out = tmp_path / f"{fmt}.jsonl"
     for block, extra in ((16, ""), (4, ",kv_tokens=300"), (32, ",kv_tokens=600")):
-        n = sl.export_trace(dump, out, format=fmt, block=block)
+        n = sl.export_trace(dump, out, format=fmt, block=block, min_sessions=1)   # k = 1: every block's reuse
         assert n == len(calls_from_dump(dump))
         spec = f"vllm:block_size={block}{extra}"
         orig = sl.replay_engines(dump, [spec]).frame()["reused"].tolist()
@@ -285,23 +285,34 @@ def _relabel(dump, tmp_path):
 def test_export_holds_no_text_and_no_ids(tmp_path, fmt):
     dump = str(ROOT / "dumps" / "agent.jsonl")
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    sl.export_trace(dump, a, format=fmt, salt="k")
-    sl.export_trace(_relabel(dump, tmp_path), b, format=fmt, salt="k")
-    # any other ids with the same prefix structure give the same bytes: the file cannot hold the ids
-    assert a.read_bytes() == b.read_bytes()
+    sl.export_trace(dump, a, format=fmt, salt="k", min_sessions=1)
+    sl.export_trace(_relabel(dump, tmp_path), b, format=fmt, salt="k", min_sessions=1)
+    # any other ids with the same prefix structure give the same trace up to the hash integers, which are
+    # keyed hashes (52-bit): the file holds the structure, not the ids
     rows = [json.loads(line) for line in a.read_text().splitlines()]
+    other = [json.loads(line) for line in b.read_text().splitlines()]
+
+    def shape(rs):
+        first: dict = {}
+        return [{**r, "hash_ids": [first.setdefault(h, len(first)) for h in r["hash_ids"]],
+                 "output_hash_ids": [first.setdefault(h, len(first)) for h in r["output_hash_ids"]]} for r in rs]
+
+    assert shape(rows) == shape(other)
     allowed = {"timestamp", "input_length", "output_length", "hash_ids", "output_hash_ids"} | (
         {"chat_id", "parent_chat_id", "type", "turn"} if fmt == "bailian" else set())
     assert all(set(r) == allowed for r in rows)
     recs = sl.load_dump(dump).records()
     assert all(r["session"] not in a.read_text() for r in recs)
     assert rows[0]["timestamp"] == 0
-    hashes = sorted({h for r in rows for h in r["hash_ids"] + r["output_hash_ids"]})
-    assert hashes == list(range(len(hashes)))   # remapped to integers in order of first appearance
-    # different salts give the same integers (the remap), a random salt by default
-    c = tmp_path / "c.jsonl"
-    sl.export_trace(dump, c, format=fmt)
-    assert c.read_bytes() == a.read_bytes()
+    hashes = {h for r in rows for h in r["hash_ids"] + r["output_hash_ids"]}
+    assert all(0 <= h < 2**52 for h in hashes)   # exact in any JSON reader
+    # a fresh random salt per export: two exports of one dump share no hash integer (issue 52)
+    c, e = tmp_path / "c.jsonl", tmp_path / "e.jsonl"
+    sl.export_trace(dump, c, format=fmt, min_sessions=1)
+    sl.export_trace(dump, e, format=fmt, min_sessions=1)
+    assert c.read_bytes() != e.read_bytes()
+    assert not hashes & {h for line in c.read_text().splitlines() for h in json.loads(line)["hash_ids"]}
+    assert shape(json.loads(line) for line in c.read_text().splitlines()) == shape(rows)
     if fmt == "bailian":
         assert [r["turn"] for r in rows] == list(range(1, len(rows) + 1))
         assert [r["parent_chat_id"] for r in rows] == [-1] + [r["chat_id"] for r in rows[:-1]]
@@ -311,7 +322,8 @@ def test_export_from_a_store_and_bad_options(tmp_path):
     store = tmp_path / "store"
     sl.convert_jsonl([str(ROOT / "dumps" / "webui.jsonl")], str(store))
     out = tmp_path / "s.jsonl"
-    assert sl.export_trace(str(store), out, format="mooncake", block=16) == len(calls_from_dump(str(store)))
+    assert sl.export_trace(str(store), out, format="mooncake", block=16, min_sessions=1) == \
+        len(calls_from_dump(str(store)))
     orig = sl.replay_engines(str(store), ["vllm"]).frame()["reused"].tolist()
     assert sl.replay_engines(load_hash_trace(out, block=16), ["vllm"]).frame()["reused"].tolist() == orig
     with pytest.raises(ValueError, match="format must be one of"):
@@ -322,7 +334,7 @@ def test_export_from_a_store_and_bad_options(tmp_path):
         sl.export_trace(str(store), out, format="bailian", salt="")
     # calls without times keep their order: each one's position is its time
     untimed = [dataclasses.replace(c, ts=None) for c in calls_from_dump(str(ROOT / "dumps" / "agent.jsonl"))]
-    sl.export_trace(untimed, out, format="mooncake", block=16)
+    sl.export_trace(untimed, out, format="mooncake", block=16, min_sessions=1)
     assert [json.loads(x)["timestamp"] for x in out.read_text().splitlines()] == \
         [1000 * i for i in range(len(untimed))]
     assert sl.replay_engines(load_hash_trace(out, block=16), ["vllm"]).frame()["reused"].tolist() == \

@@ -288,8 +288,10 @@ def simulate(stream: BlockStream, policy: str, capacity: int | None, *, tier2: i
                 rr += 1
         c = caches[r]
         k, k2 = c.lookup(keys)
+        # the leading cached blocks' tokens: full blocks hold T, a request's last block `last` (a prompt shorter
+        # than a block has no block and reuses nothing); never more than the prompt
         n = len(keys)
-        tokens = (k - (k == n)) * T + (int(stream.last[i]) if k == n and n else 0)
+        tokens = min((n - 1) * T + int(stream.last[i]) if k == n and n else k * T, int(stream.prompt[i]))
         hit += tokens
         if k2:
             hit2 += min(tokens, k2 * T)

@@ -3,9 +3,18 @@ an anonymous Mooncake or Qwen-Bailian hash trace (`strata-lab export`).
 
 Each call's prompt is cut into blocks of `block` tokens; block i's hash chains block i-1's hash and the
 block's ids under a keyed BLAKE2b (`salt`: given, or random per export), so equal hashes mean equal
-prefixes, and the hashes are then remapped to small integers in order of first appearance. Nothing else of
-the ids is kept, and no text: only lengths, relative timestamps, the hash integers and, for Bailian, chat /
-parent-chat ids numbering the calls of each session (the session names are not written) and the turn.
+prefixes; each hash is written as a 52-bit integer drawn from its keyed digest, so two exports with random
+salts share no hash values and an export's integers cannot be computed from a guessed text without the key.
+Nothing else of the ids is kept, and no text: only lengths, relative timestamps, the hash integers and, for
+Bailian, chat / parent-chat ids numbering the calls of each session (the session names are not written) and
+the turn.
+
+`min_sessions` (k): a block keeps its shared hash integer only when at least k distinct sessions hold it
+(their prompts share the prefix up to it); a rarer block gets a new integer at each occurrence, so content
+private to fewer than k sessions shows no reuse at all (not even within its own session) and an attacker
+who planted or guessed content cannot confirm it in someone else's session unless k - 1 other sessions hold
+it too. Prefixes common to k sessions (system prompts, shared documents, tool schemas) keep their reuse.
+A block size other than the format's is written on every line (`block_tokens`), so the trace replays with it.
 
 `output_hash_ids` (an extension both formats' readers here accept and other readers ignore) holds the
 hashes of the blocks of prompt + output from the prompt's last block on: the reply's blocks, so a later
@@ -18,10 +27,15 @@ reused tokens per call.
 >>> calls = [Call(0, "s", as_ids(range(40)), as_ids([90, 91]), ts=5.0),
 ...          Call(1, "s", as_ids(list(range(40)) + [90, 91, 7]), ts=6.5)]
 >>> out = os.path.join(tempfile.mkdtemp(), "t.jsonl")
->>> export_trace(calls, out, format="bailian", block=16, salt="x")
+>>> export_trace(calls, out, format="bailian", block=16, salt="x", min_sessions=1)
 2
->>> [json.loads(line) for line in open(out)][1]
-{'chat_id': 2, 'parent_chat_id': 1, 'timestamp': 1.5, 'input_length': 43, 'output_length': 0, 'type': 'text', 'turn': 2, 'hash_ids': [0, 1, 4], 'output_hash_ids': [4]}
+>>> a, b = [json.loads(line) for line in open(out)]
+>>> b["input_length"], b["turn"], b["hash_ids"][:2] == a["hash_ids"][:2], b["output_hash_ids"] == b["hash_ids"][2:]
+(43, 2, True, True)
+>>> _ = export_trace(calls, out, format="bailian", block=16, salt="x")   # one session: k = 2 shares nothing
+>>> a, b = [json.loads(line) for line in open(out)]
+>>> set(a["hash_ids"]) & set(b["hash_ids"])
+set()
 """
 from __future__ import annotations
 
@@ -33,12 +47,17 @@ __all__ = ["export_trace", "FORMATS"]
 FORMATS = ("mooncake", "bailian")
 
 
+MIN_SESSIONS = 2   # distinct sessions a block must be in to keep its shared hash integer (the default)
+_ID_BITS = 52      # hash integers below 2**52: exact in any JSON reader (a double holds them)
+
+
 def export_trace(dump, out, *, format: str = "mooncake", block: int | None = None, salt: str | None = None,
-                 progress: bool = False) -> int:
+                 min_sessions: int = MIN_SESSIONS, progress: bool = False) -> int:
     """Write `dump` (a path, paths, `Dump`, store, or `Call`s) as a `format` hash trace to `out`; returns
     the number of requests written. `block`: tokens per hash block (default: the format's, 512 / 16).
     `salt`: the hash key (1-64 bytes of text; default random, so two exports share no hash values).
-    `progress`: a progress bar."""
+    `min_sessions`: distinct sessions a block must be in to keep its shared hash (rarer blocks get a new
+    integer at each occurrence; 1 keeps every block's reuse). `progress`: a progress bar."""
     from strata_lab.caches.call_ids import calls_from_dump
     from strata_lab.caches.replay import _order
     from strata_lab.traces.hashtrace import BLOCK, write_hash_trace
@@ -48,6 +67,8 @@ def export_trace(dump, out, *, format: str = "mooncake", block: int | None = Non
     N = BLOCK[format] if block is None else block
     if isinstance(N, bool) or not isinstance(N, int) or N < 1:
         raise ValueError(f"block must be a positive int, got {block!r}")
+    if isinstance(min_sessions, bool) or not isinstance(min_sessions, int) or min_sessions < 1:
+        raise ValueError(f"min_sessions must be an int >= 1, got {min_sessions!r}")
     if salt is not None and not isinstance(salt, str):
         raise ValueError(f"salt must be a string, got {salt!r}")
     key = salt.encode() if salt is not None else os.urandom(32)
@@ -61,16 +82,33 @@ def export_trace(dump, out, *, format: str = "mooncake", block: int | None = Non
     # position (seconds), which keeps that order when the export is replayed
     timed = all(c.ts is not None for c in calls)
     t0 = min(c.ts for c in calls) if timed else None
-    remap: dict = {}
+    remap: dict = {}      # digest -> its integer
+    taken: set = set()    # integers given out (a new one never repeats one)
+
+    def draw(material: bytes) -> int:
+        """A 52-bit integer from the keyed hash of `material`, redrawn on the (rare) clash with one given out."""
+        for attempt in range(1 << 16):
+            d = hashlib.blake2b(material + attempt.to_bytes(4, "little"), key=key, digest_size=8).digest()
+            v = int.from_bytes(d, "little") >> (64 - _ID_BITS)
+            if v not in taken:
+                taken.add(v)
+                return v
+        raise RuntimeError("export: no free hash integer")  # pragma: no cover - 2**52 values
+
+    holders: dict = {}    # digest -> distinct sessions holding it (up to min_sessions)
+    occurrences = [0]
 
     def num(digest: bytes) -> int:
+        if len(holders[digest]) < min_sessions:   # rare: a new integer for this occurrence
+            occurrences[0] += 1
+            return draw(b"once" + digest + occurrences[0].to_bytes(8, "little"))
         v = remap.get(digest)
         if v is None:
-            v = remap[digest] = len(remap)
+            v = remap[digest] = draw(b"block" + digest)
         return v
 
     chats: dict = {}     # session -> (last chat id, turns)
-    rows = []
+    hashed = []          # per call in order: (prompt digests, output digests)
     it = order
     if progress:
         from tqdm.auto import tqdm
@@ -94,9 +132,20 @@ def export_trace(dump, out, *, format: str = "mooncake", block: int | None = Non
         full = chain(root, 0, (P // N) * N)
         prompt_h = full + (chain(full[-1] if full else root, (P // N) * N, P) if P % N else [])
         out_h = chain(full[-1] if full else root, (P // N) * N, P + O)
+        for h in prompt_h + out_h:
+            held = holders.setdefault(h, set())
+            if len(held) < min_sessions:
+                held.add(c.session)
+        hashed.append((prompt_h, out_h))
+    rows = []
+    for n, (i, (prompt_h, out_h)) in enumerate(zip(order, hashed)):
+        c = calls[i]
+        P, O = c.prompt_len, len(c.output)
         ts = c.ts - t0 if timed else float(n)
         row = {"input_length": P, "output_length": O, "hash_ids": [num(h) for h in prompt_h],
                "output_hash_ids": [num(h) for h in out_h]}
+        if N != BLOCK[format]:
+            row["block_tokens"] = N
         if format == "mooncake":
             row["timestamp"] = int(round(ts * 1000))
         else:

@@ -270,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.showwarning = show
+            from strata_lab.cli.outputs import check_outputs
+
+            check_outputs(args)  # no output may overwrite an input (before any work)
             return int(args.func(args) or 0)
     except ModuleNotFoundError as exc:
         extra = _EXTRAS.get((exc.name or "").split(".")[0])

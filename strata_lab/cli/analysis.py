@@ -96,23 +96,26 @@ def _checked(paths, tokenizer: str, *, vocab_limit: bool = True, first: int = 25
 def _cmd_import(args: argparse.Namespace) -> int:
     from strata_lab.traces.trace import load_trace
 
+    from strata_lab.cli.outputs import output
+
+    if not args.out.endswith((".parquet", ".jsonl")):
+        raise ValueError(f"--out: {args.out} must end in .parquet (trace table) or .jsonl (strata-dump/1)")
     trace = load_trace(args.log if len(args.log) > 1 else args.log[0], format=args.format, progress=not args.quiet,
                        session_key=args.session_key)
-    if args.out.endswith(".parquet"):
-        df = trace.to_frame()
-        if len(df):
-            trace.write(args.out)
-        records = None
-    elif args.out.endswith(".jsonl"):
-        records = trace.to_dump(args.tokenizer, args.template, args.out).records()
-    else:
-        raise ValueError(f"--out: {args.out} must end in .parquet (trace table) or .jsonl (strata-dump/1)")
+    with output(args.out) as out:   # written beside --out and renamed at the end: a failed run leaves the old file
+        if args.out.endswith(".parquet"):
+            df = trace.to_frame()
+            if len(df):
+                trace.write(out)
+            records = None
+        else:
+            records = trace.to_dump(args.tokenizer, args.template, out).records()
+        total = sum(st["calls"] for st in trace.stats.values())
+        if total == 0 and os.path.exists(out):
+            os.remove(out)  # no empty dump left behind (nor an earlier file replaced by one)
     for line in _file_report(trace, records):
         print(line)
     empty = [(p, st["why_none"]) for p, st in trace.stats.items() if not st["calls"]]
-    total = sum(st["calls"] for st in trace.stats.values())
-    if total == 0 and os.path.exists(args.out):
-        os.remove(args.out)  # no empty dump left behind
     for path, why in empty:
         print(f"strata-lab import: error: {path}: no calls: {why}", file=sys.stderr)
     if records is not None:
@@ -208,7 +211,9 @@ def _emit(report, args: argparse.Namespace, calls=None, engines=None) -> int:
         if args.json == "-":
             sys.stdout.write(text)
         else:
-            with open(args.json, "w", encoding="utf-8") as f:
+            from strata_lab.cli.outputs import output
+
+            with output(args.json) as path, open(path, "w", encoding="utf-8") as f:
                 f.write(text)
     else:
         print(report.format(worst=getattr(args, "worst", 5)))
@@ -233,15 +238,18 @@ def _emit(report, args: argparse.Namespace, calls=None, engines=None) -> int:
     if args.json and args.json != "-":
         say(f"wrote {args.json}")
     if getattr(args, "png", None):
-        if len(report.presets) == 1:
-            from strata_lab.notebook.plots import plot_report
+        from strata_lab.cli.outputs import output
 
-            plot_report(report.frame(), args.png, policies=table[table["spec"] == report.specs[0]]
-                        if table is not None else None)
-        else:
-            from strata_lab.caches.sweeps import plot_engines
+        with output(args.png) as png:
+            if len(report.presets) == 1:
+                from strata_lab.notebook.plots import plot_report
 
-            plot_engines(report, args.png)
+                plot_report(report.frame(), png, policies=table[table["spec"] == report.specs[0]]
+                            if table is not None else None)
+            else:
+                from strata_lab.caches.sweeps import plot_engines
+
+                plot_engines(report, png)
         say(f"\nwrote {args.png}")
     return 0
 
@@ -295,7 +303,10 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     if not any(d["kept"] for d in decisions):
         print(f"nothing to fix: no fix helps without making a session worse; {args.fix} not written")
         return 0
-    write_calls(fixed, args.fix)
+    from strata_lab.cli.outputs import output
+
+    with output(args.fix) as out:
+        write_calls(fixed, out)
     print(f"wrote {args.fix}\n")
     fmt = lambda x: f"{x:.3g}"  # noqa: E731
     print("per engine:")
@@ -312,13 +323,19 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     if args.to_jsonl:
         if len(args.dump) != 1:
             raise ValueError("dump: --to-jsonl reads one store")
-        n = Store(args.dump[0], tokenizer=tok).to_jsonl(args.out)
+        from strata_lab.cli.outputs import output
+
+        with output(args.out) as out:
+            n = Store(args.dump[0], tokenizer=tok).to_jsonl(out)
         print(f"wrote {n} lines to {args.out}")
         return 0
     if tok is not None:  # the first calls agree with --tokenizer; later lines past its ids are skipped
         _checked(args.dump if len(args.dump) > 1 else args.dump[0], args.tokenizer, vocab_limit=False)
-    info = convert_jsonl(args.dump, args.out, row_group_rows=args.row_group, progress=not args.quiet,
-                         vocab_size=None if tok is None else tok.embedding_rows)
+    from strata_lab.cli.outputs import output
+
+    with output(args.out, directory=True) as out:   # a new store is made under a temporary name first
+        info = convert_jsonl(args.dump, out, row_group_rows=args.row_group, progress=not args.quiet,
+                             vocab_size=None if tok is None else tok.embedding_rows)
     ratio = info["bytes_in"] / info["bytes_out"] if info["bytes_out"] else float("nan")
     print(f"{info['lines']} calls ({info['skipped']} bad lines skipped): {info['bytes_in'] / 2**20:.1f} MB JSONL -> "
           f"{info['bytes_out'] / 2**20:.1f} MB Parquet ({ratio:.1f}x smaller) in {args.out}")

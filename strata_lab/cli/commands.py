@@ -251,7 +251,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     status(f"serving a scripted agent session twice on the {args.model} model (reply-id reuse off, then on; "
            f"about 20-40 s) ...")
-    run_demo(args.png, out_dir=args.out_dir, model=args.model, turns=args.turns)
+    from strata_lab.cli.outputs import output
+
+    with output(args.png) as png:
+        run_demo(png, out_dir=args.out_dir, model=args.model, turns=args.turns)
     return 0
 
 
@@ -281,16 +284,22 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
     _check_model_arg(args.model)
     _check_new_file(args.out, "--out")
-    for name, low in (("turns", 1), ("max_tokens", 1), ("seed", 0)):
-        if getattr(args, name) < low:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    for name, low, high in (("turns", 1, 1000), ("max_tokens", 1, 1 << 16), ("seed", 0, 2**32 - 1)):
+        if not low <= getattr(args, name) <= high:
+            raise ValueError(f"--{name.replace('_', '-')} must be in {low}..{high}, got {getattr(args, name)}")
     if args.stop_latency is not None and args.stop_latency < 0:
         raise ValueError(f"--stop-latency must be >= 0, got {args.stop_latency}")
 
+    from strata_lab.cli.outputs import output
+
     status(f"recording the {args.scenario} scenario: starting a server and driving {args.turns} turns ...")
-    print(record(args.scenario, args.out, model=args.model, reply_id_reuse=args.reply_id_reuse, turns=args.turns,
-                 max_tokens=args.max_tokens, seed=args.seed, stop_latency=args.stop_latency,
-                 header_checkpoint=not args.no_header_checkpoint))
+    with output(args.out) as out:
+        done = record(args.scenario, out, model=args.model, reply_id_reuse=args.reply_id_reuse, turns=args.turns,
+                      max_tokens=args.max_tokens, seed=args.seed, stop_latency=args.stop_latency,
+                      header_checkpoint=not args.no_header_checkpoint)
+    import dataclasses
+
+    print(dataclasses.replace(done, path=args.out))
     return 0
 
 
@@ -309,10 +318,13 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
            "prediction ...", args)
     kw = dict(model=args.model, policy=args.policy, tokenizer=_load_tokenizer(args.tokenizer),
               allow_model_mismatch=args.allow_model_mismatch, progress=not args.quiet)
-    if args.command == "reproduce":
-        r = reproduce(args.dump, out=args.out, **kw)
-    else:
-        r = rewrite(args.dump, args.out, **kw)
+    from strata_lab.cli.outputs import output
+
+    with output(args.out) as out:
+        if args.command == "reproduce":
+            r = reproduce(args.dump, out=out, **kw)
+        else:
+            r = rewrite(args.dump, out, **kw)
     print(r.summary())
     if args.out:
         print(f"wrote {args.out}")

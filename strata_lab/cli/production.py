@@ -54,11 +54,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     show["hit_rate"] = (100 * show["hit_rate"]).round(2)
     show["tier2_hit_rate"] = (100 * show["tier2_hit_rate"]).round(2)
     print(show.to_string(index=False))
+    from strata_lab.cli.outputs import output
+
     if args.csv:
-        df.to_csv(args.csv, index=False)
+        with output(args.csv) as csv:
+            df.to_csv(csv, index=False)
         print(f"-> {args.csv}")
     if args.png:
-        plot_sweep(df, args.png, title=", ".join(args.trace))
+        with output(args.png) as png:
+            plot_sweep(df, png, title=", ".join(args.trace))
         print(f"-> {args.png}")
     return 0
 
@@ -66,6 +70,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     import tempfile
 
+    if args.min_sessions < 1:
+        raise ValueError(f"--min-sessions must be >= 1, got {args.min_sessions}")
+    if args.block is not None and not 1 <= args.block <= 1 << 16:
+        raise ValueError(f"--block must be in 1..{1 << 16}, got {args.block}")
     from strata_lab.caches.export import export_trace
     from strata_lab.cli.analysis import _replay_input
     from strata_lab.traces.opener import open_hash_trace
@@ -74,8 +82,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
         src = open_hash_trace(args.dump)  # a hash trace re-exported from its columns
         if src is None:   # dumps and stores as they are; any other log imported (rendered with --tokenizer) first
             src = _replay_input(args, tmp)
-        n = export_trace(src, args.out, format=args.to, block=args.block, salt=args.salt,
-                         progress=not args.quiet)
+        from strata_lab.cli.outputs import output
+
+        with output(args.out) as out:
+            n = export_trace(src, out, format=args.to, block=args.block, salt=args.salt,
+                             min_sessions=args.min_sessions, progress=not args.quiet)
     print(f"{n} requests -> {args.out} ({args.to}, no text or ids: salted block hashes as integers)")
     return 0
 
@@ -111,6 +122,11 @@ def add_parsers(sub) -> None:
                                       "else qwen3)")
     p.add_argument("--out", required=True, help="the JSONL trace to write")
     p.add_argument("--block", type=int, help="tokens per hash block (default: 512 mooncake, 16 bailian)")
-    p.add_argument("--salt", help="hash key (default: random, so block hashes cannot be matched across exports)")
+    p.add_argument("--salt", help="hash key (default: a fresh random one per export, so block hashes cannot be "
+                                  "matched across exports; give one to make exports reproducible and comparable)")
+    p.add_argument("--min-sessions", type=int, default=2, metavar="K",
+                   help="a block keeps its shared hash only when at least K distinct sessions hold it; rarer "
+                        "blocks get a new hash at each occurrence (default 2; 1 keeps all reuse; see "
+                        "docs/FORMATS.md for what an export protects)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_export)

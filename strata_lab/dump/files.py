@@ -5,15 +5,25 @@ ours is narrowed, another user's refused), never opened through a symbolic link 
 files (no FIFO, device or socket); directories 0700; whole files (Parquet) written to a new temporary with
 O_EXCL and renamed into place. `strata_lab.dump.writer` builds the JSONL writer (`Recorder`,
 `write_records`) on these; `strata_lab.dump.store_writer` the store's directories and segments.
+
+Every file a command writes (a dump, a trace, a CSV, a JSON report, a plot) also follows two output rules:
+`check_output` refuses, before any work, an output that resolves to one of the command's inputs (the same
+path, a symbolic or hard link to it, or a path inside an input directory) or that is not a regular file (a
+FIFO would hang the writer); `replaced_output` has the writer fill a temporary beside the target and renames
+it into place only when the command succeeds, so a run that fails part-way leaves the previous file (or none).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import secrets
+import shutil
 import stat
 import warnings
+from typing import Iterable, Iterator
 
-__all__ = ["open_private", "private_dir", "write_private_file"]
+__all__ = ["open_private", "private_dir", "write_private_file", "same_file", "check_output", "replaced_output"]
 
 
 def _open_dump(path: str, *, truncate: bool = False, what: str = "dump") -> int:
@@ -120,3 +130,109 @@ def write_private_file(path: str | os.PathLike, write, *, what: str = "file") ->
             pass
         raise
     return p
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file: the same resolved path (symbolic links followed) or the same
+    device and inode (a hard link). A path that does not exist is compared by its resolved path only."""
+    a, b = os.fspath(a), os.fspath(b)
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether `path` (resolved) lies inside the directory `folder` (resolved)."""
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    return real != root and os.path.commonpath([real, root]) == root
+
+
+def check_output(path: str | os.PathLike | None, inputs: Iterable, option: str, *,
+                 directory: bool = False) -> None:
+    """Refuse (ValueError naming `option`) an output that would overwrite an input or cannot be written whole:
+    one of `inputs` (same path, a symbolic or hard link to it), a path inside an input directory, an input
+    inside the output directory (`directory`: the output is a directory), or an existing thing other than a
+    regular file (a directory unless `directory`; a FIFO or device would hang or never end). None: no output.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp(); src = os.path.join(d, "log.jsonl"); _ = open(src, "w").write("{}")
+    >>> os.link(src, os.path.join(d, "twin.jsonl"))
+    >>> check_output(os.path.join(d, "twin.jsonl"), [src], "--out")
+    Traceback (most recent call last):
+    ...
+    ValueError: --out ... is the input ...log.jsonl (a link to it); name another file
+    >>> check_output(os.path.join(d, "new.jsonl"), [src], "--out")
+    """
+    if path is None:
+        return
+    p = os.fspath(path)
+    if not p:
+        raise ValueError(f"{option}: an empty path; name a file")
+    for src in inputs:
+        if src is None:
+            continue
+        src = os.fspath(src)
+        if not os.path.lexists(src):
+            continue
+        if same_file(p, src):
+            how = "" if os.path.abspath(p) == os.path.abspath(src) else " (a link to it)"
+            raise ValueError(f"{option} {p} is the input {src}{how}; name another file")
+        if os.path.isdir(src) and _inside(p, src):
+            raise ValueError(f"{option} {p} is inside the input directory {src}; name a file outside it")
+        if directory and _inside(src, p):
+            raise ValueError(f"{option} {p} holds the input {src}; name another directory")
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ValueError(f"{option} {p}: cannot use it ({exc.strerror})") from None
+    if st is not None and not stat.S_ISREG(st.st_mode) and not (directory and stat.S_ISDIR(st.st_mode)):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, device or socket)"
+        raise ValueError(f"{option} {p} is {kind}; name a file")
+    folder = os.path.dirname(os.path.abspath(p))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option} {p}: the folder {folder} does not exist")
+
+
+@contextlib.contextmanager
+def replaced_output(path: str | os.PathLike, *, directory: bool = False) -> Iterator[str]:
+    """Write an output whole or not at all: yields a new temporary path beside `path` (its name ends with
+    `path`'s own name, so writers that go by the extension still see it); when the block ends without an
+    exception the temporary replaces `path` (a symbolic link at `path` is replaced, its target never
+    written), else it is removed and `path` is left as it was. A block that writes nothing there leaves
+    `path` as it was too. With `directory` (a store), an existing directory is written in place (stores
+    append; their own open markers cover a crash) and a new one is made under the temporary name first.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp(); out = os.path.join(d, "report.json")
+    >>> _ = open(out, "w").write("old")
+    >>> try:
+    ...     with replaced_output(out) as tmp:
+    ...         _ = open(tmp, "w").write("half")
+    ...         raise RuntimeError("the reader died")
+    ... except RuntimeError:
+    ...     pass
+    >>> open(out).read(), sorted(os.listdir(d))
+    ('old', ['report.json'])
+    """
+    p = os.fspath(path)
+    if directory and os.path.isdir(p):
+        yield p
+        return
+    folder, name = os.path.split(os.path.abspath(p))
+    tmp = os.path.join(folder, f".tmp-{secrets.token_hex(6)}-{name}")
+    try:
+        yield tmp
+        if os.path.lexists(tmp):
+            os.replace(tmp, p)
+    finally:
+        if os.path.lexists(tmp):
+            if os.path.isdir(tmp) and not os.path.islink(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                os.unlink(tmp)

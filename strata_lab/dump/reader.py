@@ -123,6 +123,10 @@ def check_record(rec, vocab_size: int | None = None) -> dict:
             rec[name] = kind()
         elif not isinstance(v, kind):
             raise ValueError(f"{name} must be a {kind.__name__}, got {type(v).__name__}")
+    from strata_lab.limits import check_length
+
+    for name in ("prompt_ids", "gen_ids", "drained_ids"):
+        check_length(len(rec[name]), "call_tokens", f"{name}: a list of")
     for name in _ID_LISTS:
         _check_ids(rec, name, vocab_size)
     reused = rec.get("reused")
@@ -139,7 +143,8 @@ def check_record(rec, vocab_size: int | None = None) -> dict:
     return rec
 
 
-MAX_LINE_BYTES = 1 << 30  # one dump line (a 1M-token prompt is ~8 MB): longer is a bad line, never read whole
+# one dump line (a 1M-token prompt is ~8 MB): longer is a bad line, never read whole (strata_lab.limits)
+MAX_LINE_BYTES = __import__("strata_lab.limits").limits.limit("line_bytes")
 _COMPRESSED = {".zst": "zstd", ".bz2": "bzip2", ".xz": "xz", ".lz4": "lz4", ".zip": "zip"}
 
 
@@ -162,12 +167,10 @@ def check_dump_path(path: str) -> None:
 
 def open_dump(path: str):
     """A dump file opened for reading bytes: `.gz` through gzip, anything else as it is."""
-    check_dump_path(path)
-    if path.endswith(".gz"):
-        import gzip
+    from strata_lab.limits import open_input
 
-        return gzip.open(path, "rb")
-    return open(path, "rb", buffering=1 << 20)
+    check_dump_path(path)
+    return open_input(path)   # gzip inflated as it is read, within the trace_bytes limit
 
 
 def dump_lines(f) -> Iterator[bytes]:

@@ -42,6 +42,16 @@ def _check_metadata(path: str, pf) -> None:
     md = pf.metadata
     if md.num_rows > MAX_SEGMENT_ROWS:
         raise StoreError(f"{path}: {md.num_rows} rows, over the limit of {MAX_SEGMENT_ROWS} for one segment")
+    from strata_lab.limits import limit
+
+    ids, top = 0, limit("segment_ids")
+    for i in range(md.num_row_groups):   # the ids the id columns declare, before any page is read
+        rg = md.row_group(i)
+        ids += sum(rg.column(j).num_values for j in range(rg.num_columns)
+                   if rg.column(j).path_in_schema.split(".", 1)[0] in _ID_COLUMNS + ("checkpoints",))
+    if ids > top:
+        raise StoreError(f"{path}: declares {ids} ids, over the limit of {top} for one segment (segment_ids; set "
+                         "STRATA_LIMIT_SEGMENT_IDS to change it)")
     total = 0
     for i in range(md.num_row_groups):
         rg = md.row_group(i)
@@ -154,7 +164,10 @@ def check_partition(partition: str, *, vocab_size: int | None = None, seen_roots
     last_seq = None
     latest: dict = {}          # session -> (row, prompt_len) of its latest row
     cols = ["seq", "session", "ts", "parent_call", "shared_len", "suffix_ids", "prompt_len", "gen_ids",
-            "drained_ids", "keys", "extra", "raw"]
+            "drained_ids", "keys", "extra", "raw", "reused"]
+    from strata_lab.limits import limit as size_limit
+
+    max_call = size_limit("call_tokens")
     for f in files:
         pf = open_segment(f)
         present = [c for c in cols if pf.schema_arrow.get_field_index(c) >= 0]
@@ -198,6 +211,9 @@ def check_partition(partition: str, *, vocab_size: int | None = None, seen_roots
                 n_suffix = None if not suffix.is_valid else len(suffix)
                 if plen is None or plen < -1:
                     raise StoreError(f"{at}: prompt_len must be -1 or >= 0, got {plen!r}")
+                if plen > max_call:
+                    raise StoreError(f"{at}: prompt_len {plen} is over the limit of {max_call} (call_tokens; set "
+                                     "STRATA_LIMIT_CALL_TOKENS to change it)")
                 if plen >= 0:
                     if parent is None or parent < -1:
                         raise StoreError(f"{at}: parent_call must be -1 or a row number, got {parent!r}")
@@ -222,11 +238,46 @@ def check_partition(partition: str, *, vocab_size: int | None = None, seen_roots
                         raise StoreError(f"{at}: prompt_len {plen} is not shared_len {shared} + {n_suffix} suffix ids")
                     if sid is not None:
                         latest[sid] = (row, plen)
+                _agree(at, data, j, plen, raw, rec if raw is not None else None)
                 row += 1
     return files
 
 
 _ID_COLUMNS = ("suffix_ids", "gen_ids", "drained_ids")
+
+
+def _agree(at: str, data: dict, j: int, plen: int, raw, rec: dict | None) -> None:
+    """The columns of one row agree with each other: `reused` within the prompt, `keys` naming the fields the
+    row has, and a `raw` line (the row's record as written) holding the same keys, prompt and `reused` as the
+    columns (readers take some fields from the columns and some from `raw`: where they differ, the numbers
+    would mix two calls, e.g. a negative read)."""
+    reused = data["reused"][j] if "reused" in data else None
+    keys = data["keys"][j]
+    names = keys.split(",") if keys else []
+    if reused is not None and plen >= 0 and not 0 <= reused <= plen:
+        raise StoreError(f"{at}: reused {reused} is not within the prompt of {plen} ids")
+    if raw is None:
+        if plen >= 0 and "prompt_ids" not in names:
+            raise StoreError(f"{at}: keys {keys!r} do not name prompt_ids, though the row holds a prompt")
+        if reused is not None and "reused" not in names:
+            raise StoreError(f"{at}: keys {keys!r} do not name reused, though the row's reused column is set")
+        return
+    if (keys or "") != ",".join(rec):
+        raise StoreError(f"{at}: keys {keys!r} are not the keys of its raw line (columns inconsistent)")
+    prompt = rec.get("prompt_ids")
+    if plen >= 0:
+        suffix = data["suffix_ids"][j]
+        shared = data["shared_len"][j] or 0
+        if not isinstance(prompt, list) or len(prompt) != plen or prompt[shared:] != suffix.as_py():
+            raise StoreError(f"{at}: the raw line's prompt_ids are not the {plen} ids of prompt_len / suffix_ids "
+                             "(columns inconsistent)")
+    if reused is not None and rec.get("reused") != reused:
+        raise StoreError(f"{at}: the raw line's reused {rec.get('reused')!r} is not the reused column's {reused} "
+                         "(columns inconsistent)")
+    r = rec.get("reused")
+    n = len(prompt) if isinstance(prompt, list) else plen
+    if isinstance(r, int) and not isinstance(r, bool) and n >= 0 and not 0 <= r <= n:
+        raise StoreError(f"{at}: the raw line's reused {r} is not within its prompt of {n} ids")
 
 
 def check_vocabulary(files, vocab_size: int, *, check_model=None) -> None:

@@ -91,6 +91,9 @@ class _Partition:
         self.next_seg = (int(os.path.basename(files[-1])[4:10]) + 1) if files else 0
         self.encoder = RowEncoder(first_row=rows)
         self.buffer: list[dict] = []
+        from strata_lab.limits import limit
+
+        self.max_ids, self.ids = limit("segment_ids"), 0   # ids buffered (list values, an empty list counts 1)
 
     def add(self, row: dict) -> None:
         if not self.buffer:
@@ -98,7 +101,14 @@ class _Partition:
 
             info = orjson.dumps({"pid": os.getpid(), "since": time.time()})
             write_private_file(os.path.join(self.path, MARKER), lambda f: f.write(info), what="store marker")
+        # a segment holds at most `segment_ids` ids (strata_lab.limits; readers refuse more): start a new one first
+        ids = sum(max(len(row.get(k) or ()), 1) for k in ("suffix_ids", "gen_ids", "drained_ids", "checkpoints"))
+        if self.buffer and self.ids + ids > self.max_ids:
+            self.flush()
+            self.add(row)
+            return
         self.buffer.append(row)
+        self.ids += ids
         if len(self.buffer) >= self.row_group_rows:
             self.flush()
 
@@ -119,6 +129,7 @@ class _Partition:
                                                            use_dictionary=_DICTIONARY_COLUMNS), what="store segment")
         self.next_seg += 1
         self.buffer = []
+        self.ids = 0
         try:
             os.unlink(os.path.join(self.path, MARKER))
         except FileNotFoundError:

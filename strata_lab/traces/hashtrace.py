@@ -18,6 +18,8 @@ fresh ids (never seen before) of ``output_length``. Sessions: Bailian's ``chat_i
 An export written by `strata-lab export` may add ``output_hash_ids``: the hashes of the blocks of prompt +
 output from the prompt's last (partial) block on; then the prompt's tail and the output take their ids from
 those blocks, so a later prompt that repeats the reply finds it cached, as in the original.
+It writes ``block_tokens`` on every line when its block is not the format's (``export --format mooncake
+--block 16``); such a trace is read with that block (`declared_block`).
 
 Each `Call` keeps its blocks (`Call.blocks`): the vLLM model keys them at block granularity instead of
 hashing every token (same numbers, see `strata_lab.caches.vllm`).
@@ -59,22 +61,35 @@ def detect_hash_format(first: dict) -> str | None:
     return "bailian" if "chat_id" in first else "mooncake"
 
 
-def is_hash_trace(path) -> str | None:
-    """The format of a JSONL file whose first record is a hash trace line (else None; no file: None)."""
-    p = os.fspath(path)
+def _first_record(p: str):
+    """The first JSON record of a JSONL file (None: no file, no record, or not JSON)."""
     if not os.path.isfile(p):
         return None
-    with open(p, "rb") as f:
+    from strata_lab.limits import open_input
+
+    with open_input(p) as f:   # a .gz trace inflated as it is read
         for raw in f:
             raw = raw.strip()
             if not raw:
                 continue
             try:
-                rec = loads(raw)
+                return loads(raw)
             except ValueError:
                 return None
-            return detect_hash_format(rec)
     return None
+
+
+def is_hash_trace(path) -> str | None:
+    """The format of a JSONL file whose first record is a hash trace line (else None; no file: None)."""
+    return detect_hash_format(_first_record(os.fspath(path)))
+
+
+def declared_block(path) -> int | None:
+    """The tokens per block a trace declares (`block_tokens` on its lines: our exports with a block other
+    than the format's), else None."""
+    first = _first_record(os.fspath(path))
+    v = first.get("block_tokens") if isinstance(first, dict) else None
+    return v if type(v) is int and v >= 1 else None
 
 
 def _int(rec: dict, key: str, *, minimum: int = 0) -> int:
@@ -94,8 +109,13 @@ def _hashes(rec: dict, key: str) -> list:
 def parse_record(rec: dict, fmt: str, block: int) -> dict:
     """One trace line checked and normalised (ValueError naming the field): ts in seconds, lengths, hashes,
     the optional `output_hash_ids` of our exports, Bailian's chat fields."""
-    n_in = _int(rec, "input_length")
-    n_out = _int(rec, "output_length")
+    from strata_lab.limits import check_length
+
+    declared = rec.get("block_tokens")
+    if declared is not None and declared != block:
+        raise ValueError(f"block_tokens is {declared!r}, the trace is read with blocks of {block} tokens")
+    n_in = check_length(_int(rec, "input_length"), "call_tokens", "input_length")   # before any id is made
+    n_out = check_length(_int(rec, "output_length"), "call_tokens", "output_length")
     hashes = _hashes(rec, "hash_ids")
     if -(-n_in // block) != len(hashes):
         raise ValueError(f"hash_ids has {len(hashes)} blocks; input_length {n_in} needs {-(-n_in // block)} "
@@ -242,12 +262,23 @@ def _sessions(fmt: str, records: list, stem: str) -> list:
 
 
 def iter_records(src: Source, fmt: str, block: int) -> Iterator[tuple[int, dict]]:
-    """(line number, parsed record) of every valid line; bad lines are skipped with a warning naming file:line."""
+    """(line number, parsed record) of every valid line; bad lines are skipped with a warning naming file:line.
+    The trace's tokens in all (prompts + outputs) must stay within the `trace_tokens` limit (a ValueError
+    naming the file and line where they pass it, before that line's ids are made)."""
+    from strata_lab.limits import limit
+
+    top, total = limit("trace_tokens"), 0
     for lineno, rec in src.json_lines():
         try:
-            yield lineno, parse_record(rec, fmt, block)
+            p = parse_record(rec, fmt, block)
         except ValueError as exc:
             src.skip(lineno, f"{fmt} line: {exc}")
+            continue
+        total += p["input_length"] + p["output_length"]
+        if total > top:
+            raise ValueError(f"{src.where(lineno)}: the trace's prompt and output tokens pass the limit of {top} "
+                             "(trace_tokens; set STRATA_LIMIT_TRACE_TOKENS to change it)")
+        yield lineno, p
 
 
 def load_hash_trace(path, format: str | None = None, *, block: int | None = None, progress: bool = False
@@ -261,7 +292,7 @@ def load_hash_trace(path, format: str | None = None, *, block: int | None = None
         raise ValueError(f"format: {p} is not a mooncake or bailian hash trace (its first record has no "
                          f"hash_ids / input_length)" if format is None else
                          f"format: must be mooncake or bailian, got {format!r}")
-    T = block or BLOCK[fmt]
+    T = block or declared_block(p) or BLOCK[fmt]
     if isinstance(T, bool) or not isinstance(T, int) or T < 1:
         raise ValueError(f"block must be a positive int, got {block!r}")
     records = [r for _, r in iter_records(src, fmt, T)]
@@ -275,12 +306,13 @@ def load_hash_trace(path, format: str | None = None, *, block: int | None = None
 
 
 def write_hash_trace(rows, path, fmt: str) -> None:
-    """Write rows (dicts in the format's shape) as JSONL, mode 0600."""
+    """Write rows (dicts in the format's shape) as JSONL, mode 0600. A row's `block_tokens` (a block other
+    than the format's) is written too, so the trace is read back with its own block size."""
     from strata_lab.dump.writer import write_records
 
     keys = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn",
-            "hash_ids", "output_hash_ids") if fmt == "bailian" else \
-        ("timestamp", "input_length", "output_length", "hash_ids", "output_hash_ids")
+            "hash_ids", "output_hash_ids", "block_tokens") if fmt == "bailian" else \
+        ("timestamp", "input_length", "output_length", "hash_ids", "output_hash_ids", "block_tokens")
     write_records(({k: r[k] for k in keys if k in r} for r in rows), path)  # 0600, no symbolic link
 
 
@@ -388,7 +420,7 @@ def read_calls(src: Source, fmt: str, name: str) -> Iterator[dict]:
     hashes and lengths ride along in `extra` (`hash_ids`, `block_tokens`, ...)."""
     from strata_lab.traces.log_calls import new_call
 
-    T = BLOCK[fmt]
+    T = declared_block(src.path) or BLOCK[fmt]
     synth = IdSynth(T)
     root: dict = {}
     for i, (lineno, p) in enumerate(iter_records(src, fmt, T)):

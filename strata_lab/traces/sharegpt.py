@@ -78,11 +78,18 @@ def expand(conv: dict, src: Source, lineno: int) -> Iterator[dict]:
         messages.append({"role": "system", "content": conv["system"]})
     pending: list = []  # tool calls whose results come next
     n_calls = 0
+    from strata_lab.limits import limit
+
+    max_chars = limit("text_chars")
     for i, t in enumerate(turns):
         role = _ROLES.get(str(t.get("from", t.get("role", ""))).lower()) if isinstance(t, dict) else None
         text = t.get("value", t.get("content")) if isinstance(t, dict) else None
         if role is None or not isinstance(text, str):
             src.skip(lineno, f"conversation {sid!r} turn {i}: unknown speaker or no text")
+            return
+        if len(text) > max_chars:   # before it is rendered and tokenized (strata_lab.limits)
+            src.skip(lineno, f"conversation {sid!r} turn {i}: {len(text)} characters, over the limit of {max_chars} "
+                             "(text_chars; set STRATA_LIMIT_TEXT_CHARS to change it)")
             return
         tc = None
         if role == "tool_call":
