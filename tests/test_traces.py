@@ -46,6 +46,12 @@ FIXTURES = {
     "cc-1.0-subagents.jsonl": ("claude-code", 8, 3),
     "mooncake.jsonl": ("mooncake", 6, 6),
     "bailian.jsonl": ("bailian", 6, 4),
+    # issue 48: Claude Code 2.x subagent opening on a reply, JS SDK spans, the generic message-list reader
+    "cc-2.0-agent-headless.jsonl": ("claude-code", 3, 1),
+    "vercel-ai-spans.jsonl": ("otel", 5, 4),
+    "openinference-spans.jsonl": ("otel", 3, 2),
+    "generic-nested.json": ("generic", 5, 3),
+    "generic-lines.jsonl": ("generic", 2, 1),
     # issue 48: OpenHands, LangSmith, OpenAI Responses (tests/test_traces_agents_oh.py checks each in detail)
     "openhands-trajectory.json": ("openhands", 4, 1),
     "openhands-eval-output.jsonl": ("openhands-eval", 4, 2),

@@ -38,7 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json")
     p.add_argument("--template", help="chat template: preset, .jinja, tokenizer_config.json, .gguf or folder "
                                       "(default: the tokenizer's folder, else qwen3)")
-    p.add_argument("--out", required=True, help="trace.parquet (the table) or dump.jsonl (rendered ids)")
+    p.add_argument("--out", help="trace.parquet (the table) or dump.jsonl (rendered ids); required unless --inspect")
+    p.add_argument("--messages-path", metavar="PATH",
+                   help="read the files with the generic reader, their message lists (OpenAI, Anthropic or Gemini "
+                        "shaped) at this path in each record, e.g. data.messages or turns[*].messages")
+    p.add_argument("--inspect", action="store_true",
+                   help="print what each file holds (record keys, message lists and their paths, usage fields, "
+                        "the reader detection picks and why) and import nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_import)
 
@@ -47,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them), a Parquet "
                                           "store, or any log `strata-lab import` reads")
     p.add_argument("--format", help="log format (default: detected; strata dumps replay as they are)")
+    p.add_argument("--messages-path", metavar="PATH",
+                   help="for logs: read them with the generic reader, their message lists at this path in each "
+                        "record (see strata-lab import --inspect)")
     p.add_argument("--session-key", metavar="FIELD.PATH",
                    help="for imported logs: dotted path of the field naming each record's session (see below)")
     p.add_argument("--template", help="chat template for message-level logs (default: the tokenizer's folder, "

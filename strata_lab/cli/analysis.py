@@ -27,7 +27,8 @@ def _replay_input(args: argparse.Namespace, tmp: str):
         return Store(paths, tokenizer=_load_tokenizer(args.tokenizer))
     _load_tokenizer(args.tokenizer)  # a bad --tokenizer fails before any work
     src = open_source(paths, format=args.format, progress=not args.quiet,
-                      session_key=getattr(args, "session_key", None))
+                      session_key=getattr(args, "session_key", None),
+                      messages_path=getattr(args, "messages_path", None))
     if src.kind == "dump":
         return _checked(paths, args.tokenizer)
     trace = src.source
@@ -36,6 +37,11 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     empty = [f"{p}: no calls: {st['why_none']}" for p, st in trace.stats.items() if not st["calls"]]
     if empty and len(empty) == len(trace.stats):
         raise ValueError("; ".join(empty))
+    total = sum(st["calls"] for st in trace.stats.values())
+    if total and len(trace.render_skipped) == total:
+        src, why = trace.render_skipped[0]
+        raise ValueError(f"none of the {total} calls could be rendered with --template {args.template or 'default'} "
+                         f"(first: {src}: {why}); nothing to replay")
     if getattr(args, "json", None) != "-":  # --json - keeps stdout to the JSON report
         _print_checks(trace)
     return dump
@@ -62,6 +68,9 @@ def _file_report(trace, records=None) -> list[str]:
                 f"{exact} of {len(reported)} render to exactly the prompt_tokens the log reports"
                 + ("" if exact == len(reported) else " (another template or tokenizer than the server's?)")
                 if reported else "the log reports no prompt_tokens to check the render against"))
+        if st.get("joined"):
+            lines.append(f"  {st['joined']} of its lines matched input lines on custom_id (those calls are counted "
+                         "with the input file)")
         if st["calls"]:
             lines.append(f"  usage: reported on {st['usage']} of {st['calls']} calls, cached tokens on "
                          f"{st['cached']}")
@@ -98,10 +107,21 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
     from strata_lab.cli.outputs import output
 
+    if getattr(args, "inspect", False):  # look, import nothing
+        from strata_lab.traces.generic import inspect_file
+
+        if args.out is not None:
+            raise ValueError("--inspect: imports nothing, so --out has no use with it")
+        paths = load_trace(args.log if len(args.log) > 1 else args.log[0], format="generic").paths
+        for path in paths:
+            print("\n".join(inspect_file(path)))
+        return 0
+    if args.out is None:
+        raise ValueError("--out: required: trace.parquet (the table) or dump.jsonl (rendered ids); or --inspect")
     if not args.out.endswith((".parquet", ".jsonl")):
         raise ValueError(f"--out: {args.out} must end in .parquet (trace table) or .jsonl (strata-dump/1)")
     trace = load_trace(args.log if len(args.log) > 1 else args.log[0], format=args.format, progress=not args.quiet,
-                       session_key=args.session_key)
+                       session_key=args.session_key, messages_path=getattr(args, "messages_path", None))
     with output(args.out) as out:   # written beside --out and renamed at the end: a failed run leaves the old file
         if args.out.endswith(".parquet"):
             df = trace.to_frame()
@@ -111,15 +131,21 @@ def _cmd_import(args: argparse.Namespace) -> int:
         else:
             records = trace.to_dump(args.tokenizer, args.template, out).records()
         total = sum(st["calls"] for st in trace.stats.values())
-        if total == 0 and os.path.exists(out):
+        if (total == 0 or records == []) and os.path.exists(out):
             os.remove(out)  # no empty dump left behind (nor an earlier file replaced by one)
     for line in _file_report(trace, records):
         print(line)
-    empty = [(p, st["why_none"]) for p, st in trace.stats.items() if not st["calls"]]
-    for path, why in empty:
-        print(f"strata-lab import: error: {path}: no calls: {why}", file=sys.stderr)
+    # a file whose lines were joined to another file's calls (a batch output) is judged with that file
+    empty = [(p, st["why_none"]) for p, st in trace.stats.items() if not st["calls"] and not st.get("joined")]
     if records is not None:
         _print_checks(trace)
+    if total and records == []:  # every call read, none rendered: no dump
+        src, why = trace.render_skipped[0] if trace.render_skipped else ("", "")
+        print(f"strata-lab import: error: none of the {total} calls could be rendered with --template "
+              f"{args.template or 'default'} (first: {src}: {why}); nothing written to {args.out}", file=sys.stderr)
+        return 1
+    for path, why in empty:
+        print(f"strata-lab import: error: {path}: no calls: {why}", file=sys.stderr)
     if empty:
         return 1
     print(f"{total} calls in {len({s for st in trace.stats.values() for s in st['sessions']})} sessions "

@@ -9,7 +9,9 @@ rewind (a message that continues from an earlier one) drops the abandoned branch
 (a ``compact_boundary`` line with no parent, then the summary) starts the history over. Subagent
 (``isSidechain``) lines form their own sessions: ``<sessionId>/agent-<agentId>``, or, in versions that write no
 ``agentId`` (1.0.x, subagents inside the main file), ``<sessionId>/sidechain-<uuid of the subagent's first
-line>`` — each subagent's chain of ``parentUuid`` apart, so concurrent subagents do not interleave.
+line>`` — each subagent's chain of ``parentUuid`` apart, so concurrent subagents do not interleave. A
+transcript may start with an assistant reply whose prompt is not in it (2.x subagent files): that call is
+length-only (its usage), noted, and the calls after it are prompts that start at that reply.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from strata_lab.traces.source import Source
 NAME = "claude-code"
 _EVENT_TYPES = ("user", "assistant", "summary", "system", "file-history-snapshot", "queue-operation")
 NOT_LOGGED = "system prompt and tool definitions not in the log"
+HEADLESS = "prompt not in the file (the transcript starts with this reply): lengths and usage only"
+HEADLESS_AFTER = "the conversation's first prompt is not in the file: the prompt starts at the first reply"
 # conversations whose history is kept at once; a file is one session plus its sidechains, so this bounds memory
 # on concatenated logs without splitting real sessions (one evicted and seen again restarts, with a note)
 MAX_OPEN_SESSIONS = 32
@@ -78,6 +82,7 @@ class _Session:
         self.history: list[dict] = []    # the messages on the path to `cur`
         self.pending: dict | None = None  # {"id", "prompt", "blocks", "line", "rec", "reply"}
         self.calls = 0
+        self.headless = None  # a reply the file holds without its prompt (a subagent transcript's first line)
 
     def attach(self, rec: dict, node: _Node, src: Source, lineno: int, root: bool = False) -> None:
         """Hang a line's node under its parent (moving along the tree) and record it by uuid."""
@@ -128,6 +133,8 @@ def _flush(s: _Session, src: Source) -> dict | None:
         notes.append("subagent sidechain")
     reply = convert_messages([{"role": "assistant", "content": p["blocks"]}], notes)[0]
     msg = p["rec"].get("message") or {}
+    if p["prompt"] and p["prompt"][0] is s.headless:
+        notes.append(HEADLESS_AFTER)
     call = new_call(format=NAME, fidelity="messages", session=s.key, source=src.where(p["line"]),
                     ts=parse_ts(p["rec"].get("timestamp")), model=msg.get("model"), request_id=p["id"],
                     messages=p["prompt"], notes=notes, finish=msg.get("stop_reason"),
@@ -138,6 +145,13 @@ def _flush(s: _Session, src: Source) -> dict | None:
     apply_usage(call, msg.get("usage"))
     p["reply"].clear()
     p["reply"].update(reply)  # the later prompts that hold this reply see it whole
+    if not p["prompt"]:  # the reply comes first: its prompt (the subagent's task) is not in the file
+        s.headless = p["reply"]
+        if not isinstance(call["prompt_tokens"], int):
+            src.skip(p["line"], "an assistant reply whose prompt is not in the file, without usage: no call")
+            return None
+        call.update(fidelity="lengths", messages=None, prompt_len=call["prompt_tokens"])
+        notes.append(HEADLESS)
     return call
 
 

@@ -56,7 +56,8 @@ class CallSource:
 
 
 def open_source(path_or_paths, *, format: str | None = None, session_key: str | None = None,
-                progress: bool = False, tokenizer="qwen3", template=None) -> CallSource:
+                progress: bool = False, tokenizer="qwen3", template=None,
+                messages_path: str | None = None) -> CallSource:
     """Find what `path_or_paths` holds (a store, strata dumps, or another tool's log) and open it; a `Store`,
     `Dump` or `Trace` object is taken as it is. A bad path or an undetectable format is a ValueError or
     FileNotFoundError naming it, before any work."""
@@ -84,10 +85,11 @@ def open_source(path_or_paths, *, format: str | None = None, session_key: str | 
     try:
         with warnings.catch_warnings():  # a dumps/ folder holds a README: only say so if it is not all dumps
             warnings.simplefilter("ignore", TraceWarning)
-            trace = load_trace(src, format=format, progress=progress, session_key=session_key)
+            trace = load_trace(src, format=format, progress=progress, session_key=session_key,
+                               messages_path=messages_path)
     except ValueError:
         names = [src] if isinstance(src, str) else list(src)
-        if format is not None or not all(str(n).endswith(".jsonl") for n in names):
+        if format is not None or messages_path is not None or not all(str(n).endswith(".jsonl") for n in names):
             raise
         return CallSource("dump", load_dump(src), **kw)  # no format to detect (empty, no valid line): a dump
     if trace.formats == ["strata"]:

@@ -7,11 +7,27 @@ of spans. Messages come from ``gen_ai.input.messages`` / ``gen_ai.output.message
 buckets), ``gen_ai.usage.cache_read.input_tokens``, ``gen_ai.usage.cache_creation.input_tokens`` (or
 OpenLLMetry's ``gen_ai.usage.prompt_tokens`` / ``completion_tokens`` / ``cache_read_input_tokens`` /
 ``cache_creation_input_tokens``). A model span without content (capture off) is a length-only call. Session:
-``gen_ai.conversation.id``, else prefix-chaining.
+``gen_ai.conversation.id``, else prefix-chaining within the span's trace (independent traces never share a
+session).
+
+The JS SDKs' spans (the span object as JSON: ``{"name", "spanContext" | "_spanContext": {"traceId", "spanId"},
+"attributes"}``, or the console exporter's ``{"traceId", "id", "timestamp"}``) are read too. Vercel AI SDK
+(``ai.*`` attributes): only its model-call spans (``ai.generateText.doGenerate``, ``ai.streamText.doStream``,
+``ai.generateObject.doGenerate``, ``ai.streamObject.doStream``) are calls; the prompt is ``ai.prompt.messages``
+(the SDK's own messages: ``text``, ``reasoning``, ``tool-call`` with ``input``/``args``, ``tool-result`` with
+``output``/``result`` parts), else ``ai.prompt`` (``{system, prompt, messages}``); the reply
+``ai.response.text`` / ``ai.response.reasoning`` / ``ai.response.toolCalls``; usage ``gen_ai.usage.input_tokens``
+/ ``ai.usage.inputTokens`` / ``ai.usage.promptTokens``, cached ``ai.usage.inputTokenDetails.cacheReadTokens`` /
+``ai.usage.cachedInputTokens`` (an Anthropic model under AI SDK 5 reports input tokens without the cache
+buckets: they are added, noted). OpenInference (Arize Phoenix; ``openinference.span.kind`` = ``LLM``, other
+kinds are no calls): ``llm.input_messages.N.message.role`` / ``content`` / ``contents`` / ``tool_calls`` /
+``tool_call_id``, flattened or as nested lists, ``llm.output_messages``, ``llm.token_count.prompt`` /
+``completion`` / ``prompt_details.cache_read`` / ``cache_write``, ``llm.tools``, ``session.id``.
 """
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from typing import Iterator
 
 from strata_lab.traces.log_calls import SessionChain, image_placeholder, new_call, text_parts, tool_call
@@ -21,7 +37,11 @@ from strata_lab.traces.source import Source
 
 NAME = "otel"
 _MODEL_OPS = ("chat", "text_completion", "generate_content", "completion")
+# the Vercel AI SDK's spans that are one model request each (the others wrap them, or run tools, or embed)
+AI_SDK_CALLS = ("ai.generateText.doGenerate", "ai.streamText.doStream", "ai.generateObject.doGenerate",
+                "ai.streamObject.doStream")
 SESSION_KEY = True  # --session-key names a field of each record
+MAX_OPEN_TRACES = 4096  # traces whose chains are kept at once (a span of an older trace starts a new session)
 
 
 def detect(first: dict) -> bool:
@@ -29,7 +49,26 @@ def detect(first: dict) -> bool:
         return True
     attrs = first.get("attributes")
     return isinstance(attrs, (dict, list)) and ("span_id" in first or "spanId" in first or "context" in first
-                                                or "traceId" in first)
+                                                or "traceId" in first or "spanContext" in first
+                                                or "_spanContext" in first)
+
+
+def trace_id(span: dict):
+    """The span's trace id, in any of the exporters' shapes (OTLP, Python's ``context``, the JS span object's
+    ``spanContext`` / ``_spanContext``), or None."""
+    for key in ("spanContext", "_spanContext", "context"):
+        ctx = span.get(key)
+        if isinstance(ctx, dict) and (ctx.get("traceId") or ctx.get("trace_id")):
+            return ctx.get("traceId") or ctx.get("trace_id")
+    return span.get("traceId") or span.get("trace_id")
+
+
+def _span_id(span: dict):
+    for key in ("spanContext", "_spanContext", "context"):
+        ctx = span.get(key)
+        if isinstance(ctx, dict) and (ctx.get("spanId") or ctx.get("span_id")):
+            return ctx.get("spanId") or ctx.get("span_id")
+    return span.get("spanId") or span.get("span_id") or span.get("id")
 
 
 def _value(v):
@@ -118,6 +157,21 @@ def _indexed(attrs: dict, prefix: str) -> list[dict]:
 def from_span(span: dict) -> dict | None:
     """One call from a GenAI span, or None when the span is not a model call."""
     attrs = _attrs(span.get("attributes"))
+    op = attrs.get("ai.operationId") or span.get("name")
+    if op in AI_SDK_CALLS:
+        from strata_lab.traces.otel_conventions import from_ai_sdk
+
+        return from_ai_sdk(span, attrs)
+    if isinstance(op, str) and op.startswith("ai.") and "ai.operationId" in attrs or any(
+            isinstance(k, str) and k.startswith("ai.prompt") for k in attrs):
+        return None  # the AI SDK's other spans: the run around the steps, tool calls, embeddings
+    kind = attrs.get("openinference.span.kind") or span.get("span_kind")
+    if kind is not None:
+        if str(kind).upper() != "LLM":
+            return None  # OpenInference chains, agents, tools, retrievers: no model request of their own
+        from strata_lab.traces.otel_conventions import from_openinference
+
+        return from_openinference(span, attrs)
     events = {e.get("name"): _attrs(e.get("attributes")) for e in span.get("events") or () if isinstance(e, dict)}
     notes: list = []
     if "gen_ai.input.messages" in attrs:
@@ -148,7 +202,7 @@ def from_span(span: dict) -> dict | None:
                     system=system if isinstance(system, str) and system else None,
                     tools=tools if isinstance(tools, list) else None,
                     model=attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model"),
-                    request_id=attrs.get("gen_ai.response.id") or span.get("spanId") or span.get("span_id"),
+                    request_id=attrs.get("gen_ai.response.id") or _span_id(span),
                     response_text=content if isinstance(content, str) else text_parts_text(content),
                     response_reasoning=reply.get("reasoning_content"),
                     response_tool_calls=reply.get("tool_calls"),
@@ -163,8 +217,7 @@ def from_span(span: dict) -> dict | None:
     call["cached_tokens"] = call["cache_read_tokens"]
     reasons = attrs.get("gen_ai.response.finish_reasons")
     call["finish"] = reasons[0] if isinstance(reasons, list) and reasons else None
-    start = span.get("startTimeUnixNano") or span.get("start_time")
-    call["ts"] = int(start) / 1e9 if isinstance(start, (int, str)) and str(start).isdigit() else parse_ts(start)
+    call["ts"] = span_ts(span)
     call["session"] = attrs.get("gen_ai.conversation.id")
     if not messages:
         if not isinstance(call["prompt_tokens"], int):
@@ -173,6 +226,21 @@ def from_span(span: dict) -> dict | None:
         call.update(fidelity="lengths", messages=None, prompt_len=call["prompt_tokens"], system=None)
         notes.append("no message content captured: lengths and usage only")
     return call
+
+
+def span_ts(span: dict) -> float | None:
+    """Start time in seconds: OTLP nanoseconds, Python's ISO string, the JS exporter's microseconds
+    (``timestamp``) or the JS span object's ``startTime`` ([seconds, nanoseconds])."""
+    start = span.get("startTimeUnixNano") or span.get("start_time")
+    if start is not None:
+        return int(start) / 1e9 if isinstance(start, (int, str)) and str(start).isdigit() else parse_ts(start)
+    hr = span.get("startTime")
+    if isinstance(hr, list) and len(hr) == 2 and all(isinstance(x, (int, float)) for x in hr):
+        return hr[0] + hr[1] / 1e9
+    micros = span.get("timestamp")
+    if isinstance(micros, (int, float)) and not isinstance(micros, bool):
+        return micros / 1e6
+    return parse_ts(micros)
 
 
 def text_parts_text(content) -> str | None:
@@ -195,6 +263,7 @@ def _records(src: Source) -> Iterator[tuple[int, dict]]:
 
 def read(src: Source) -> Iterator[dict]:
     chain = SessionChain(src.stem)
+    traces: OrderedDict = OrderedDict()  # trace id -> its own chain (the most recently active last)
     for lineno, rec in _records(src):
         for span in _spans(rec):
             try:
@@ -206,17 +275,25 @@ def read(src: Source) -> Iterator[dict]:
             if call is None:
                 continue  # not a GenAI model call (tool spans, HTTP spans ...)
             call["source"] = src.where(lineno)
+            tid = trace_id(span)
             if call["fidelity"] == "lengths":  # no content to chain on: the conversation id, else the trace
-                ctx = span.get("context") if isinstance(span.get("context"), dict) else {}
-                trace_id = span.get("traceId") or ctx.get("trace_id")
                 if src.session_key:
                     call["session"] = src.session_of(span)
-                call["session"] = str(call["session"] or (f"{src.stem}-trace-{trace_id}" if trace_id else src.stem))
+                call["session"] = str(call["session"] or (f"{src.stem}-trace-{tid}" if tid else src.stem))
                 yield call
                 continue
             head = [{"role": "system", "content": call["system"]}] if call["system"] else []
+            own = chain
+            if tid:  # chained within its trace only: independent traces never share a session
+                own = traces.get(tid)
+                if own is None:
+                    own = traces[tid] = SessionChain(f"{src.stem}-trace-{tid}")
+                    if len(traces) > MAX_OPEN_TRACES:
+                        traces.popitem(last=False)
+                else:
+                    traces.move_to_end(tid)
             if src.session_key:
                 call["session"] = src.session_of(span)
-            call["session"] = str(call["session"]) if call["session"] else chain.session_of_messages(
+            call["session"] = str(call["session"]) if call["session"] else own.session_of_messages(
                 head + call["messages"], reply_message(call))
             yield call

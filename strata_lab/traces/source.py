@@ -91,6 +91,9 @@ class Source:
         self.why_none: str | None = None  # a reader's reason when the file can give no calls
         self.batch: dict | None = None  # OpenAI Batch output responses by custom_id (joined to input lines)
         self.companions: list[str] = []  # files read with this one (a Cline task folder's ui_messages.json)
+        self.reader: str | None = None  # the reader's name (`Trace` sets it), for messages that name it
+        self.messages_path: str | None = None  # --messages-path: where the generic reader finds message lists
+        self._doc_checked = False  # whether a line that is not JSON made us look for one multi-line document
 
     def session_of(self, rec) -> str | None:
         """The `--session-key` field of a record (None: no key given, or the record lacks it)."""
@@ -221,12 +224,49 @@ class Source:
         try:
             rec = loads(line)
         except _DecodeError:
+            if not self._doc_checked:
+                self._doc_checked = True
+                self.not_json_lines()
             self.skip(lineno, "not valid JSON" + ("" if line.endswith(b"\n") else " (torn last line)"))
             return None
         if not isinstance(rec, dict):
             self.skip(lineno, f"not a JSON object ({type(rec).__name__})")
             return None
         return rec
+
+    def not_json_lines(self) -> None:
+        """A ValueError in one line when the file is one JSON document over many lines (pretty-printed, or an
+        array) rather than a JSON object a line: which reader reads it instead, not a warning per line."""
+        head = self.head(1 << 22)
+        body = head.lstrip()
+        if not body.startswith((b"{", b"[")):
+            return
+        first = body.split(b"\n", 1)[0].strip()
+        try:
+            loads(first)
+            return  # the first line is a whole record: JSON lines with a bad line further on
+        except _DecodeError:
+            pass
+        try:
+            json.JSONDecoder().raw_decode(head.decode("utf-8", "replace").lstrip())
+        except (ValueError, RecursionError):
+            if len(head) == self.size or first not in (b"{", b"[", b"[{"):
+                return
+        kind = "an array" if body.startswith(b"[") else "one object"
+        from strata_lab.traces.registry import detect_format
+
+        try:
+            name, why = detect_format(self)
+        except ValueError:
+            name, why = None, None
+        reader = f"the {self.reader} reader" if self.reader else "this reader"
+        if name is not None and name != self.reader:
+            advice = f"the {name} reader reads it ({why}): leave out --format, or pass --format {name}"
+        else:
+            advice = ("no reader reads it as it is; `strata-lab import --inspect FILE` shows what is in it, and "
+                      "--messages-path PATH picks its message lists")
+        raise ValueError(f"{self.path}: the file is one JSON document ({kind} over many lines), not a JSON "
+                         f"object a line as {reader} reads; {advice}")
 
     def head(self, n: int = 65536) -> bytes:
         with self.open_binary() as f:

@@ -35,17 +35,27 @@ class Trace:
     """Calls read from `paths` (each in `format`, or the detected one: `detected[path] = (format, why)`).
     Iterating streams the files; `to_frame()` gives pandas; `to_dump()` renders to strata-dump/1. After a
     pass, `stats[path]` says per file: calls, sessions, fidelities, calls with reported usage / cached tokens,
-    notes, what the log reports beyond its calls (`facts`) and, for a file with no call, why (`why_none`).
+    notes, what the log reports beyond its calls (`facts`), for a file with no call, why (`why_none`), and for
+    an OpenAI Batch output file, how many of its lines became its input file's calls (`joined`).
     OpenAI Batch output files join their input files' lines on ``custom_id`` when both are given, and a Cline /
     Roo Code task folder's ui_messages.json its api_conversation_history.json (its usage, request by request)."""
 
     def __init__(self, paths: Iterable[str | os.PathLike], format: str | None = None, *, progress: bool = False,
-                 session_key: str | None = None):
+                 session_key: str | None = None, messages_path: str | None = None):
         self.paths = [os.fspath(p) for p in paths]
         if not self.paths:
             raise ValueError("path: no log files given (or the glob matched nothing)")
         if format is not None and format not in READERS:
             raise ValueError(f"format: unknown {format!r}; known: {', '.join(READERS)}")
+        if messages_path is not None:  # the message lists at this path, read by the generic reader
+            from strata_lab.traces.generic import parse_path
+
+            parse_path(messages_path)
+            if format not in (None, "generic"):
+                raise ValueError(f"messages_path: --messages-path reads the files with the generic reader; "
+                                 f"--format {format} reads them its own way (give one of the two)")
+            format = "generic"
+        self.messages_path = messages_path
         self.progress = progress
         self.session_key = parse_field_path(session_key)
         # per file, filled while reading: calls, sessions, fidelity and usage counts, notes, what the log reports
@@ -63,7 +73,8 @@ class Trace:
                 warn(f"{p}: skipped: {exc}")  # a README beside the logs
         self.paths = [p for p in self.paths if p in self.detected]
         if not self.paths:
-            raise ValueError("format: no file's format could be detected; pass format=")
+            raise ValueError("format: no file's format could be detected; pass --format NAME (the warnings above "
+                             "say what each file holds)")
         if self.session_key is not None:
             text = sorted({f for f, _ in self.detected.values() if f in TEXT_FORMATS})
             if text:
@@ -79,19 +90,24 @@ class Trace:
         return sorted({f for f, _ in self.detected.values()})
 
     def _source(self, path: str) -> Source:
-        return Source(path, progress=self.progress, session_key=self.session_key)
+        src = Source(path, progress=self.progress, session_key=self.session_key)
+        src.messages_path = self.messages_path
+        return src
 
     def __iter__(self) -> Iterator[dict]:
         counts: dict[str, int] = {}
         # OpenAI Batch output files are read first: their input files' lines join them on custom_id
         outputs = [p for p in self.paths if self.detected[p][0] == "openai-batch"]
         batch = None
+        batch_joined: dict[str, int] = {}  # output file -> its lines joined to input lines (counted there)
         if outputs and any(self.detected[p][0] == "openai" for p in self.paths):
             from strata_lab.traces.openai_batch import load
 
             batch = {}
             for p in outputs:
+                before = len(batch)
                 load(self._source(p), batch)
+                batch_joined[p] = len(batch) - before  # less the lines left unjoined, once the inputs are read
         # a Cline / Roo Code task folder's ui_messages.json is read with its api_conversation_history.json
         from strata_lab.traces.cline import companions
 
@@ -101,10 +117,13 @@ class Trace:
             fmt = self.detected[p][0]
             src = self._source(p)
             src.batch = batch
+            src.reader = fmt
             src.companions = [u for u, h in joined.items() if h == p]
             st = self.stats[p] = {"format": fmt, "why": self.detected[p][1], "calls": 0, "sessions": set(),
                                   "fidelity": {}, "usage": 0, "cached": 0, "notes": {}, "facts": src.facts,
                                   "why_none": None, "skipped": 0}
+            if p in batch_joined:
+                st["joined"] = batch_joined[p] - sum(1 for v in batch.values() if v[1].startswith(p + ":"))
             for call in READERS[fmt].read(src):
                 call["session"] = str(call["session"] or fmt)
                 call["call"] = counts.get(call["session"], 0)
@@ -125,7 +144,8 @@ class Trace:
             if src.key_missing:
                 src.facts.append(f"{src.key_missing} records without {self.session_key} (chained instead)")
             if not st["calls"]:
-                st["why_none"] = src.why_none or (
+                st["why_none"] = (f"its {st['joined']} lines were joined to their input lines (counted there)"
+                                  if st.get("joined") else None) or src.why_none or (
                     f"every record was skipped ({src.skipped} warnings)" if src.skipped else
                     f"no model call in it for the {fmt} reader")
 
@@ -217,8 +237,11 @@ class Trace:
         call that differs]]."""
         from strata_lab.traces.breakpoints import positions
 
+        from strata_lab.traces.habits import history_change
+
         tokenizer, template = resolve(tokenizer, template)
         self.checks = {"render": [0, []], "reply": [0, []]}
+        last: dict = {}  # session -> its previous message-level call (what the session held: `history_change`)
         for call, r in self.render(tokenizer, template, **kw):
             for what, exact, ours, theirs in (("render", r.exact, len(r.prompt_ids), call["prompt_tokens"]),
                                               ("reply", r.gen_exact, len(r.gen_ids), call["completion_tokens"])):
@@ -255,6 +278,11 @@ class Trace:
                     rec["cache_control"] = bps  # Anthropic breakpoints as prompt positions (breakpoint mode)
                 if blocks is not None:  # where content blocks end: what Anthropic's look-back counts
                     rec["content_blocks"] = blocks
+            if call["fidelity"] == "messages":  # the first message the client changed (traces/habits.py)
+                prev = last.get(call["session"])
+                if prev is not None:
+                    rec["history_change"] = history_change(prev, call)
+                last[call["session"]] = call
             if call["notes"]:
                 rec["trace_notes"] = list(call["notes"])  # what the log lacks or how it was read, per call
             if r.synthetic:
@@ -331,7 +359,7 @@ def resolve(tokenizer, template):
 
 
 def load_trace(path_or_paths_or_glob, format: str | None = None, *, progress: bool = False,
-               session_key: str | None = None) -> Trace:
+               session_key: str | None = None, messages_path: str | None = None) -> Trace:
     """Read logs into a `Trace`: a file, a list of files, a directory (its files, by name, recursively) or a
     glob. `format=None` detects each file's format (`trace.detected` says which and why). `session_key`: a
     dotted field path in each record naming its session (else `calls.CHAINING_RULE`).
@@ -340,6 +368,8 @@ def load_trace(path_or_paths_or_glob, format: str | None = None, *, progress: bo
         path_or_paths_or_glob: a log file, a list of them, a directory, or a glob.
         format: a reader name (see `strata_lab.traces.READERS`), or None to detect each file's.
         progress: show a progress bar while reading.
+        messages_path: read every file with the generic reader, its message lists at this path
+            (``data.messages``, ``turns[*].messages``).
 
     >>> load_trace("/nonexistent/*.jsonl")
     Traceback (most recent call last):
@@ -357,4 +387,4 @@ def load_trace(path_or_paths_or_glob, format: str | None = None, *, progress: bo
             paths = [p]
     else:
         paths = [os.fspath(x) for x in arg]
-    return Trace(paths, format, progress=progress, session_key=session_key)
+    return Trace(paths, format, progress=progress, session_key=session_key, messages_path=messages_path)

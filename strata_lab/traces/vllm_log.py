@@ -41,6 +41,19 @@ def detect_head(head: bytes) -> bool:
         or b"Avg prompt throughput" in head or b"Prefix cache hit rate" in head or b"vLLM API server version" in head
 
 
+def not_this_reader(src: Source, what: str) -> str:
+    """Why a file forced onto a reader gives no call when it is not that reader's kind of file at all: what it
+    is not, and which reader detection picks for it (or what is in it)."""
+    from strata_lab.traces.registry import detect_format
+
+    try:
+        name, why = detect_format(src)
+    except ValueError:
+        return (f"not {what}, and no other reader detects it: `strata-lab import --inspect {src.path}` shows what "
+                "is in it")
+    return f"not {what}; the {name} reader reads it ({why}): leave out --format, or pass --format {name}"
+
+
 def _pystr(raw: bytes) -> str | None:
     """A Python string literal as vLLM's logger printed it (repr), or None if it does not parse."""
     import ast
@@ -160,7 +173,9 @@ def read(src: Source) -> Iterator[dict]:
         src.facts.append(f"{max(posts, len(added))} requests served (access / 'Added request' lines)")
     if rate is not None:
         src.facts.append(f"last engine-wide prefix cache hit rate {rate:g}% (not per request)")
-    if not n_calls:
+    if not n_calls and not (posts or added or rate is not None or detect_head(src.head())):
+        src.why_none = not_this_reader(src, "a vLLM log: none of its lines is a vLLM request, access or stats line")
+    elif not n_calls:
         src.why_none = ("a default vLLM log: no per-request prompts or ids; start vLLM with --enable-log-requests "
                         "(the ids print at DEBUG from v0.16: VLLM_LOGGING_LEVEL=DEBUG) and --enable-log-outputs"
                         + (f"; it reports {'; '.join(src.facts)}" if src.facts else ""))
