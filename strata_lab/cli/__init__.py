@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--response-ttl", type=float, default=3600.0, metavar="SECONDS",
                    help="a held response expires this long after it was made (default 3600)")
     p.add_argument("--alias", help="model name reported to clients")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the sampler seed of requests that name none (default: a fresh one per request; "
+                        "-1 as llama-server: the same)")
     p.add_argument("--stop-latency", type=int, default=0,
                    help="engine steps before a STOP lands (model a production engine's late STOP; drained ids)")
     p.add_argument("--no-header-checkpoint", action="store_true",

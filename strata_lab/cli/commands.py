@@ -228,7 +228,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        shared_cache=args.shared_cache, response_store=args.response_store,
                        response_store_bytes=int(args.response_store_mib * 1024 * 1024),
                        response_ttl=args.response_ttl,
-                       max_client_requests=args.max_client_requests))
+                       max_client_requests=args.max_client_requests,
+                       seed=None if args.seed in (None, -1) else args.seed))
     return 0
 
 

@@ -101,6 +101,15 @@ def json_schema_grammar(text: str) -> Any:
     return xgr.Grammar.from_ebnf(ebnf.replace(_LOOSE_CHARS, _JSON_CHARS)) if _LOOSE_CHARS in ebnf else grammar
 
 
+def choice_ebnf(options: Sequence[str]) -> str:
+    """An EBNF grammar whose language is exactly `options`.
+
+    >>> choice_ebnf(["yes", "no"])
+    'root ::= "yes" | "no"'
+    """
+    return "root ::= " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
+
+
 class GrammarError(ValueError):
     """A schema or grammar xgrammar cannot compile."""
 
@@ -230,9 +239,23 @@ class TokenGrammar:
 
         return self._cached(f"json:{think_prefix}:{text}", build)
 
-    def gbnf(self, grammar: str) -> CompiledGrammar:
-        """A llama.cpp GBNF grammar (xgrammar reads GBNF/EBNF with a `root` rule)."""
-        return self._cached(f"gbnf:{grammar}", lambda: self._compiler.compile_grammar(grammar))
+    def gbnf(self, grammar: str, *, think_prefix: bool = False) -> CompiledGrammar:
+        """A llama.cpp GBNF grammar (xgrammar reads GBNF/EBNF with a `root` rule; SGLang's `ebnf` too)."""
+        import xgrammar as xgr
+
+        return self._cached(f"gbnf:{think_prefix}:{grammar}", lambda: self._compiler.compile_grammar(
+            self._with_prefix(xgr.Grammar.from_ebnf(grammar), think_prefix)))
+
+    def regex(self, pattern: str, *, think_prefix: bool = False) -> CompiledGrammar:
+        """Text matching the regular expression `pattern` as a whole (vLLM `guided_regex`, SGLang `regex`)."""
+        import xgrammar as xgr
+
+        return self._cached(f"regex:{think_prefix}:{pattern}", lambda: self._compiler.compile_grammar(
+            self._with_prefix(xgr.Grammar.from_regex(pattern), think_prefix)))
+
+    def choice(self, options: Sequence[str], *, think_prefix: bool = False) -> CompiledGrammar:
+        """Exactly one of `options` (vLLM `guided_choice`)."""
+        return self.gbnf(choice_ebnf(options), think_prefix=think_prefix)
 
     def tool_call(self, tools: Sequence[dict], name: str | None = None, *, thinking: str = "off") -> CompiledGrammar:
         """One call in Qwen3's tool-call syntax: `<tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>`,

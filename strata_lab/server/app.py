@@ -94,7 +94,7 @@ def load_state(config: ServerConfig) -> ServerState:
     runner = ChatRunner(tokenizer=tokenizer, pool=pool, encoder=encoder,
                         max_context=config.max_context, recorder=recorder, reply_reuse=config.reply_reuse,
                         model_name=name, stop_latency=config.stop_latency, engine=engine,
-                        max_tokens_default=config.max_tokens_default,
+                        max_tokens_default=config.max_tokens_default, default_seed=config.seed,
                         grammars=GrammarCompiler(tokenizer, engine.vocab_size, max_string=config.grammar_max_string,
                                                  max_items=config.grammar_max_items))
     return ServerState(config=config, tokenizer=tokenizer, template=template,
@@ -376,21 +376,39 @@ async def completions(request: Request):
 
 
 async def llama_completion(request: Request):
-    """llama.cpp /completion: prompt as text or ids, n_predict, cache_prompt, n_probs, id_slot, timings."""
+    """llama.cpp /completion: prompt as text or ids, n_predict, cache_prompt, n_probs, id_slot, timings.
+    A batch of prompts (["a", [1, 2]]) is answered as llama-server does: a list of results, in order."""
     from functools import partial
 
-    from strata_lab.server.completions import LlamaStream, llama_response, parse_completion
+    from starlette.responses import JSONResponse
+
+    from strata_lab.server.completions import LlamaStream, llama_response, parse_completion_batch
 
     st: ServerState = request.app.state.strata
-    req, rendered = await _parsed(request, parse_completion, dialect="llama", vocab_size=st.runner.engine.vocab_size,
-                              session_key=_session_key(request))
-    _check_min_completion(st, rendered)
-    rendered.request_id = new_id("cmpl-")
+    req, renders = await _parsed(request, parse_completion_batch, dialect="llama",
+                                 vocab_size=st.runner.engine.vocab_size, session_key=_session_key(request))
+    for rendered in renders:
+        _check_min_completion(st, rendered)
+        rendered.request_id = new_id("cmpl-")
 
     def build(summary, **kw):
         return llama_response(summary, req, st.tokenizer, **kw)
 
-    return await _run(request, req, rendered, build, partial(LlamaStream, req=req, tokenizer=st.tokenizer))
+    stream_cls = partial(LlamaStream, req=req, tokenizer=st.tokenizer)
+    if len(renders) == 1:
+        return await _run(request, req, renders[0], build, stream_cls)
+    results = []  # one after another (never streamed: parse_completion_batch refuses that)
+    for i, rendered in enumerate(renders):
+        body = json.loads((await _run(request, req, rendered, build, stream_cls)).body)
+        results.append({**body, "index": i})
+    return JSONResponse(results)
+
+
+async def embeddings(request: Request):
+    """OpenAI /v1/embeddings (llama-server --embeddings): not served. A 501 saying why, before any work."""
+    raise RequestError(None, "embeddings are not served: the engine returns logits only, not the final hidden "
+                       "states a pooled embedding needs (exposing them is a change to the C++ engine); "
+                       "see docs/SERVER_BEHAVIOUR.md", code="not_implemented", status=501)
 
 
 async def responses(request: Request):
@@ -628,6 +646,9 @@ ROUTES = [
     ("POST", "/detokenize", detokenize, _body_schema({"tokens": {"type": "array", "items": {"type": "integer"}}},
                                                      ["tokens"])),
     ("POST", "/apply-template", apply_template, _body_schema(_CHAT, ["messages"])),
+    ("POST", "/v1/embeddings", embeddings, None),  # 501: see embeddings()
+    ("POST", "/embeddings", embeddings, None),
+    ("POST", "/embedding", embeddings, None),
 ]
 
 

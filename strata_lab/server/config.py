@@ -99,6 +99,7 @@ class ServerConfig:
     response_store: int = 256
     response_store_bytes: int = 64 * 1024 * 1024
     response_ttl: float = 3600.0
+    seed: int | None = None           # the sampler seed of a request that names none (None: a fresh one each)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -143,6 +144,9 @@ class ServerConfig:
             raise ValueError(f"response_store_bytes must be in 0..2**40, got {self.response_store_bytes}")
         if not 0 < self.response_ttl <= 30 * 86400:
             raise ValueError(f"response_ttl must be in (0, 2592000] seconds, got {self.response_ttl}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**64):
+            raise ValueError(f"seed (--seed) must be an integer in 0..2**64-1, got {self.seed!r}")
         if self.max_tokens_default < 1:
             raise ValueError(f"max_tokens_default must be >= 1, got {self.max_tokens_default}")
         self.allowed_hosts, self.cors_origins = tuple(self.allowed_hosts), tuple(self.cors_origins)

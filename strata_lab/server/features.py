@@ -21,25 +21,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from strata_lab.server.controls import Controls, parse_controls
 from strata_lab.server.errors import RequestError
 
 __all__ = ["Features", "Constraint", "parse_features", "MAX_N", "MAX_TOP_LOGPROBS"]
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
+CONSTRAINT_KINDS = ("json_schema", "gbnf", "regex", "choice")
+# the fields that constrain the output, each one's kind: llama.cpp's, vLLM's (guided_*, structured_outputs)
+# and SGLang's (regex, ebnf; json_schema as a JSON string); a request gives one of them
+CONSTRAINT_FIELDS = {"grammar": "gbnf", "json_schema": "json_schema", "guided_json": "json_schema",
+                     "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "gbnf",
+                     "regex": "regex", "ebnf": "gbnf", "structured_outputs": None}
+# structured_outputs (vLLM): its constraint keys, and the options accepted at their defaults only
+_STRUCTURED = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "gbnf", "json_object": None}
+_STRUCTURED_DEFAULTS = {"disable_fallback": False, "disable_any_whitespace": False,
+                        "disable_additional_properties": False, "whitespace_pattern": None,
+                        "structural_tag": None}
 
 
 @dataclass(frozen=True)
 class Constraint:
     """What the output must match: a JSON schema, or a GBNF grammar (llama.cpp's `grammar`)."""
 
-    kind: str                  # "json_schema" | "gbnf"
-    source: Any                # the schema (dict) or the grammar text
+    kind: str                  # "json_schema" | "gbnf" | "regex" | "choice"
+    source: Any                # the schema (dict), the grammar or regex text, or the choices (a tuple)
     field: str                 # the request field it came from (for errors)
 
     def __post_init__(self):
-        if self.kind not in ("json_schema", "gbnf"):
-            raise ValueError(f"kind must be 'json_schema' or 'gbnf', got {self.kind!r}")
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,7 @@ class Features:
     tool_choice: str | None = None         # None/"auto", "none", "required" (any tool), or a tool name
     constraint: Constraint | None = None   # grammar / json_schema (llama.cpp)
     cache_prompt: bool = True              # llama.cpp: False reads the whole prompt again
+    controls: Controls = Controls()        # vLLM / SGLang token-level fields (controls.py)
 
     def __post_init__(self):
         if not 1 <= self.n <= MAX_N:
@@ -105,24 +118,71 @@ def _tool_choice(value: Any, dialect: str) -> str | None:
     raise RequestError("tool_choice.type", f"must be 'auto', 'any', 'tool' or 'none', got {kind!r}")
 
 
-def _constraint(body: dict, budget=None) -> Constraint | None:
-    grammar, schema = body.get("grammar"), body.get("json_schema")
-    if grammar is not None and schema is not None:
-        raise RequestError("grammar", "cannot be combined with json_schema")
-    if grammar is not None:
-        if not isinstance(grammar, str) or not grammar.strip():
-            raise RequestError("grammar", "must be a non-empty GBNF grammar string")
-        if len(grammar) > 100_000:
-            raise RequestError("grammar", "is longer than 100000 characters")
-        return Constraint("gbnf", grammar, "grammar")
-    if schema is not None:
-        if not isinstance(schema, dict):
-            raise RequestError("json_schema", "must be a JSON schema object")
-        from strata_lab.server.schemas import check_schema
+def _constraint_value(kind: str, value: Any, name: str, budget=None) -> Constraint:
+    """One constraint field's value checked: `kind` of CONSTRAINT_KINDS, `name` the field (for errors)."""
+    if kind in ("gbnf", "regex"):
+        what = "GBNF grammar" if kind == "gbnf" else "regular expression"
+        if not isinstance(value, str) or not value.strip():
+            raise RequestError(name, f"must be a non-empty {what} string")
+        if len(value) > 100_000:
+            raise RequestError(name, "is longer than 100000 characters")
+        return Constraint(kind, value, name)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or len(value) > 1024:
+            raise RequestError(name, "must be an array of 1..1024 strings")
+        for i, v in enumerate(value):
+            if not isinstance(v, str) or not v:
+                raise RequestError(f"{name}[{i}]", "must be a non-empty string")
+        return Constraint("choice", tuple(value), name)
+    if isinstance(value, str):  # vLLM's guided_json and SGLang's json_schema may be the schema as JSON text
+        import json
 
-        check_schema(schema, "json_schema", budget)  # the same check as response_format and tool parameters
-        return Constraint("json_schema", schema, "json_schema")
-    return None
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise RequestError(name, "must be a JSON schema (an object, or its JSON text)") from None
+    if not isinstance(value, dict):
+        raise RequestError(name, "must be a JSON schema object")
+    from strata_lab.server.schemas import check_schema
+
+    check_schema(value, name, budget)  # the same check as response_format and tool parameters
+    return Constraint("json_schema", value, name)
+
+
+def _structured(value: Any, budget=None) -> Constraint:
+    """vLLM's structured_outputs: one of json / regex / choice / grammar / json_object."""
+    if not isinstance(value, dict):
+        raise RequestError("structured_outputs", "must be an object")
+    for key, v in value.items():
+        if key in _STRUCTURED_DEFAULTS:
+            if v not in (None, _STRUCTURED_DEFAULTS[key]):
+                raise RequestError(f"structured_outputs.{key}", "is not supported by this server",
+                                   code="unsupported_parameter")
+        elif key not in _STRUCTURED:
+            raise RequestError(f"structured_outputs.{key}", "is not a structured_outputs field this server "
+                               f"knows (it takes {', '.join(_STRUCTURED)})", code="unsupported_parameter")
+    given = [k for k in _STRUCTURED if value.get(k) not in (None, False)]
+    if len(given) != 1:
+        raise RequestError("structured_outputs", f"must set exactly one of {', '.join(_STRUCTURED)}, got "
+                           f"{len(given)}")
+    key = given[0]
+    if key == "json_object":
+        if value[key] is not True:
+            raise RequestError("structured_outputs.json_object", "must be a boolean")
+        return Constraint("json_schema", {"type": "object"}, "structured_outputs.json_object")
+    return _constraint_value(_STRUCTURED[key], value[key], f"structured_outputs.{key}", budget)
+
+
+def _constraint(body: dict, budget=None) -> Constraint | None:
+    given = [name for name in CONSTRAINT_FIELDS if body.get(name) is not None]
+    if len(given) > 1:
+        raise RequestError(given[1], f"cannot be combined with {given[0]} (one output constraint per request)")
+    if not given:
+        return None
+    name = given[0]
+    if name == "structured_outputs":
+        return _structured(body[name], budget)
+    return _constraint_value(CONSTRAINT_FIELDS[name], body[name], name, budget)
 
 
 def parse_features(body: dict, dialect: str, *, header_key: str | None = None, schema_budget=None) -> Features:
@@ -166,4 +226,5 @@ def parse_features(body: dict, dialect: str, *, header_key: str | None = None, s
         if not isinstance(body["cache_prompt"], bool):
             raise RequestError("cache_prompt", "must be a boolean")
         kw["cache_prompt"] = body["cache_prompt"]
+    kw["controls"] = parse_controls(body)
     return Features(**kw)

@@ -45,8 +45,8 @@ FIELDS: tuple[Field, ...] = (
     # --- the prompt
     Field("messages", "CM", "the conversation, rendered by the chat template", "x"),
     Field("system", "M", "the system prompt (text or text blocks)", 5),
-    Field("prompt", "OL", "text (no template) or token ids, as given; O: a batch of them (choice index = "
-          "prompt * n + j; not streamed)", 5.5),
+    Field("prompt", "OL", "text (no template) or token ids, as given; a batch of them (not streamed): O one body, "
+          "choice index = prompt * n + j; L a list of results, as llama-server", 5.5),
     Field("input", "R", "text, or message / function_call / function_call_output / reasoning items", 5),
     Field("instructions", "R", "a system message for this response only (not carried by previous_response_id)",
           5),
@@ -74,9 +74,10 @@ FIELDS: tuple[Field, ...] = (
     Field("top_p", _SAMPLER, "nucleus filter (0, 1]", "x"),
     Field("top_k", _SAMPLER, "keep the k most likely ids (0 off)", "x"),
     Field("min_p", _SAMPLER, "keep ids with p >= min_p * p_max", "x"),
-    Field("seed", _SAMPLER, "the sampler seed; none: a fresh one per request, reported as `seed`", "x"),
-    Field("logit_bias", _SAMPLER, "{id: bias} or [[id or text, bias or false]]: bias added to the raw logit; "
-          "-100 / false bans the id", "x"),
+    Field("seed", _SAMPLER, "the sampler seed; none: the server's `--seed`, else a fresh one per request, "
+          "reported as `seed`", "x"),
+    Field("logit_bias", _SAMPLER, "{id or text: bias} or [[id or text, bias or false]]: bias added to the raw "
+          "logit (a text: each id of its encoding, llama.cpp); -100 / false bans the id", "x"),
     Field("frequency_penalty", _SAMPLER, "OpenAI: logit -= count * f over this reply's ids (-2..2)", "x"),
     Field("presence_penalty", _SAMPLER, "OpenAI: logit -= p once an id is in this reply (-2..2)", "x"),
     Field("repetition_penalty", _SAMPLER, "HF / llama.cpp: ids in the last repeat_last_n of prompt + reply: "
@@ -101,8 +102,31 @@ FIELDS: tuple[Field, ...] = (
     Field("response_format", "CM", "text / json_object (an optional schema) / json_schema: grammar + check",
           "x"),
     Field("text", "R", "{format: text / json_object / json_schema}", "x"),
-    Field("grammar", "CMOL", "a GBNF grammar (llama.cpp)", 5),
-    Field("json_schema", "CMOL", "a JSON schema the output follows (llama.cpp)", 5),
+    Field("grammar", _SAMPLER, "a GBNF grammar (llama.cpp); one output constraint per request", 5),
+    Field("json_schema", _SAMPLER, "a JSON schema the output follows (llama.cpp; SGLang: its JSON text)", 5),
+    Field("guided_json", _SAMPLER, "vLLM: a JSON schema (or its text) the output follows", 5),
+    Field("guided_regex", _SAMPLER, "vLLM: a regular expression the whole output matches", 5),
+    Field("guided_choice", _SAMPLER, "vLLM: the output is exactly one of these strings", "x"),
+    Field("guided_grammar", _SAMPLER, "vLLM: an EBNF / GBNF grammar (xgrammar's syntax)", 5),
+    Field("regex", _SAMPLER, "SGLang: a regular expression the whole output matches", 5),
+    Field("ebnf", _SAMPLER, "SGLang: an EBNF / GBNF grammar (xgrammar's syntax)", 5),
+    Field("structured_outputs", _SAMPLER, "vLLM: one of json / regex / choice / grammar / json_object; other "
+          "keys refused", "x"),
+    # --- vLLM / SGLang token controls (controls.py)
+    Field("stop_token_ids", _SAMPLER, "vLLM: these ids end the output too (their text left out)", "x"),
+    Field("min_tokens", _SAMPLER, "vLLM: the end-of-turn ids and stop_token_ids are masked, and stop "
+          "sequences not looked for, until this many ids are out", "x"),
+    Field("min_new_tokens", _SAMPLER, "SGLang's name of min_tokens", "x"),
+    Field("include_stop_str_in_output", _SAMPLER, "vLLM: the stop sequence (or stop id's text) that ended the "
+          "output stays in it", "x"),
+    Field("no_stop_trim", _SAMPLER, "SGLang's name of include_stop_str_in_output", "x"),
+    Field("allowed_token_ids", _SAMPLER, "vLLM: only these ids can be sampled (the end-of-turn ids only if "
+          "listed)", "x"),
+    Field("bad_words", _SAMPLER, "vLLM: words never completed (a word's last id is masked where the reply "
+          "ends with its other ids; with and without a leading space)", "x"),
+    Field("truncate_prompt_tokens", _SAMPLER, "vLLM: keep the prompt's last k ids (-1: the last context-many)",
+          "x"),
+    Field("separate_reasoning", "CR", "SGLang: true (the thinking is always given apart); false refused", "x"),
     # --- transport, slots, storage
     Field("stream", "CMOLR", "server-sent events; the frames carry what the whole body does", "x"),
     Field("stream_options", "CO", "include_usage: a last chunk with the usage (L refuses it)", "x"),
@@ -127,6 +151,10 @@ _INLINE_REFUSALS = (
     ("OL", "top_logprobs / prompt_logprobs", "chat fields: use logprobs (and echo)"),
     ("C", "prompt_logprobs with stream", "prompt logprobs are served whole only"),
     ("O", "stream with n > 1 or a batch", "served whole only"),
+    ("L", "stream with a batch", "served whole only"),
+    ("CR", "separate_reasoning: false", "the reply's thinking is always given apart (reasoning_content)"),
+    ("CMOLR", "structured_outputs.structural_tag / whitespace_pattern / disable_*", "only their defaults"),
+    ("CMOLR", "two output constraints", "one of grammar, json_schema, guided_*, regex, ebnf, structured_outputs"),
 )
 
 

@@ -137,6 +137,7 @@ class EngineCall:
     budget: int | None = None         # thinking budget: stop after this many reasoning ids
     logprobs: int | None = None
     token_mask: Any = None            # grammar mask for the decode loop (grammar.GrammarMask)
+    extra_stop: tuple = ()            # the request's stop_token_ids (vLLM): they end the call too
 
 
 @dataclass
@@ -157,7 +158,10 @@ class _Choice:
         if not rendered.raw:
             self.parser.prime(rendered.assistant_text)
         self.text = TextStream(runner.tokenizer)
-        self.matcher = StopMatcher(req.stop)  # stop sequences: the text ends before the first one
+        controls = req.features.controls
+        # stop sequences: the text ends before the first one (after it with include_stop_str_in_output)
+        self.matcher = StopMatcher(req.stop, include=controls.include_stop, after=controls.min_tokens)
+        self.stop_token_ids, self.include_stop = frozenset(controls.stop_token_ids), controls.include_stop
         self.events: list[Event] = []
         self.reasoning_tokens = 0
         self.one_call = not req.parallel_tool_calls  # parallel_tool_calls false: the reply ends after one call
@@ -183,6 +187,8 @@ class _Choice:
     def feed(self, ids: Sequence[int]) -> None:
         for i in ids:
             if i in self.runner.stop_ids:  # the end of the turn is not text
+                continue
+            if i in self.stop_token_ids and not self.include_stop:  # vLLM: a stop id's text is left out
                 continue
             self._emit(self._route(self.matcher.push(self.text.push(i))))
 
@@ -222,7 +228,7 @@ class ChatRunner:
 
     def __init__(self, *, tokenizer, pool, encoder, max_context: int, recorder=None, reply_reuse: bool = True,
                  model_name: str = "strata", stop_latency: int = 0, engine=None, grammars=None,
-                 max_tokens_default: int | None = None):
+                 max_tokens_default: int | None = None, default_seed: int | None = None):
         self.tokenizer = tokenizer
         self.pool = pool                  # slots.SlotPool
         self.encoder = encoder
@@ -236,6 +242,7 @@ class ChatRunner:
         self.stop_latency = stop_latency  # engine steps before a STOP takes effect (models a late STOP)
         self.engine_calls = 0
         self.max_tokens_default = max_tokens_default  # the cap of a request that names none (None: the context)
+        self.default_seed = default_seed  # the seed of a request that names none (None: a fresh one each)
         # the recorder observes the engine: it gets each call's record when the call ends
         self._observed = recorder is not None and engine is not None and hasattr(engine, "add_observer")
         if self._observed:
@@ -257,8 +264,12 @@ class ChatRunner:
                 encoder = self.encoder_for(owner)
                 prompt_ids = list(encoder.encode(rendered.prompt_text))
                 encoder_stats = _stats_dict(getattr(encoder, "last_stats", None))
+        prompt_ids = f.controls.truncate(prompt_ids, self.max_context)  # vLLM's truncate_prompt_tokens
+        f.controls.check_vocab(self.engine.vocab_size if self.engine is not None else self.tokenizer.vocab_size)
         self._check_context(req, prompt_ids)
-        seed = req.seed if req.seed is not None else secrets.randbits(63)  # no seed: a fresh one per request
+        # no seed: the server's --seed, else a fresh one per request
+        seed = req.seed if req.seed is not None else self.default_seed if self.default_seed is not None \
+            else secrets.randbits(63)
         bias = self._logit_bias(req)
         if rendered.prefix_text and _debugging():  # a second encode of the prompt: only when it is printed
             base = rendered.prompt_text[:len(rendered.prompt_text) - len(rendered.prefix_text)]
@@ -344,12 +355,14 @@ class ChatRunner:
                             frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty)
         out = _Choice(self, job, rendered, req, index)
         mask = self.grammars.mask_for(req, rendered) if self.grammars is not None else None
+        mask = self._controlled(req, mask)
         limit = req.max_tokens if req.max_tokens is not None else self.max_tokens_default
         meta = {"request_id": rendered.request_id, "call": call0, "model": self.model_name}
         if encoder_stats is not None:
             meta["encoder"] = encoder_stats
         first = self.call(job, slot, EngineCall(prompt_ids, self._room(len(prompt_ids), limit), sampling, meta,
-                                                budget=req.thinking_budget, logprobs=f.logprobs, token_mask=mask), out)
+                                                budget=req.thinking_budget, logprobs=f.logprobs, token_mask=mask,
+                                                extra_stop=f.controls.stop_token_ids), out)
         result = first.result
         gen_ids = list(result.gen_ids)
         out.feed(gen_ids[first.consumed:])  # ids the engine passed on after we stopped reading
@@ -372,7 +385,9 @@ class ChatRunner:
             if len(prompt2) <= self.max_context:
                 meta2 = {"request_id": rendered.request_id, "call": call0 + 1, "model": self.model_name}
                 second = self.call(job, slot, EngineCall(prompt2, self._room(len(prompt2), remaining), sampling,
-                                                         meta2, logprobs=f.logprobs), out)
+                                                         meta2, logprobs=f.logprobs,
+                                                         token_mask=self._controlled(req, None, done=reply_ids),
+                                                         extra_stop=f.controls.stop_token_ids), out)
                 result = second.result
                 gen2 = list(result.gen_ids)
                 out.feed(gen2[second.consumed:])
@@ -387,7 +402,7 @@ class ChatRunner:
                 finish = "length"
 
         out.finish()
-        if self.reply_reuse and rendered.prompt_ids is None:
+        if self.reply_reuse and rendered.prompt_ids is None and f.controls.truncate_prompt_tokens is None:
             self.encoder_for(slot.owner).remember_reply(prompt_ids, reply_ids)
 
         from strata_lab.server.output import collect
@@ -424,6 +439,17 @@ class ChatRunner:
                 self._encoders.popitem(last=False)
             return enc
 
+    def _controlled(self, req: ChatRequest, mask, done=()):
+        """`mask` (the grammar's, or None) with the request's vLLM token controls on top (controls.py)."""
+        from strata_lab.server.controls import TokenFilter, bad_word_ids
+
+        c = req.features.controls
+        if not c.active:
+            return mask
+        vocab = self.engine.vocab_size if self.engine is not None else self.tokenizer.vocab_size
+        return TokenFilter(mask, vocab, c, end_ids=self.stop_ids + c.stop_token_ids,
+                           words=bad_word_ids(self.tokenizer, c.bad_words), done=done)
+
     def _room(self, prompt_len: int, limit: int | None) -> int:
         room = max(0, self.max_context - prompt_len)
         return room if limit is None else min(limit, room)
@@ -445,7 +471,8 @@ class ChatRunner:
         recorder among them) when it ends."""
         self.engine_calls += 1
         stream = slot.session.generate(call.prompt_ids, max_new_tokens=call.max_new, sampling=call.sampling,
-                                       stop_ids=self.stop_ids, stop_latency=self.stop_latency,
+                                       stop_ids=self.stop_ids + tuple(call.extra_stop),
+                                       stop_latency=self.stop_latency,
                                        record=False if self._observed else (self.recorder or False),
                                        record_meta=call.record_meta,
                                        # the chosen id's logprob always (the non-finite guard below)

@@ -56,6 +56,17 @@ class GrammarCompiler:
             return "open"
         return "off"
 
+    @staticmethod
+    def think_prefix(req: ChatRequest, rendered=None) -> bool:
+        """Whether a schema / regex / choice grammar admits Qwen3's empty think block first: on a chat turn
+        whose thinking is not off (`enable_thinking: false`, Anthropic `thinking: disabled`, or a template
+        that already closed the thought); never on a raw completion."""
+        if not req.messages or req.enable_thinking is False:
+            return False
+        if rendered is not None and (rendered.raw or "</think>" in rendered.assistant_text):
+            return False
+        return True
+
     def compiled(self, req: ChatRequest, rendered=None):
         """The compiled grammar for `req` (its prompt as `rendered`), or None when its output is free."""
         from strata_lab.grammar.xgr import GrammarError
@@ -67,13 +78,19 @@ class GrammarCompiler:
                 field = "tool_choice"
                 name = None if f.tool_choice == "required" else f.tool_choice
                 return self._tg().tool_call(req.tools, name, thinking=self.thinking(req, rendered))
-            if f.constraint is not None:
-                field = f.constraint.field
-                if f.constraint.kind == "gbnf":
-                    return self._tg().gbnf(f.constraint.source)
-                return self._tg().json_schema(f.constraint.source, think_prefix=not req.messages == [])
+            think = self.think_prefix(req, rendered)
+            c = f.constraint
+            if c is not None:
+                field = c.field
+                if c.kind == "gbnf":  # a grammar says all the output: no think block unless it spells one
+                    return self._tg().gbnf(c.source)
+                if c.kind == "regex":
+                    return self._tg().regex(c.source, think_prefix=think)
+                if c.kind == "choice":
+                    return self._tg().choice(c.source, think_prefix=think)
+                return self._tg().json_schema(c.source, think_prefix=think)
             if req.schema is not None:
-                return self._tg().json_schema(req.schema, think_prefix=True)
+                return self._tg().json_schema(req.schema, think_prefix=think)
         except GrammarError as exc:
             raise RequestError(field, f"cannot be compiled into a grammar: {exc}") from None
         return None
@@ -125,5 +142,6 @@ def _key(req: ChatRequest) -> str:
     f = req.features
     c = f.constraint
     return json.dumps([f.tool_choice, req.tools if f.tool_choice not in (None, "none") else None,
-                       None if c is None else [c.kind, c.source], req.schema, req.messages == []],
+                       None if c is None else [c.kind, c.source], req.schema, req.messages == [],
+                       req.enable_thinking is False],
                       sort_keys=True, default=str)

@@ -35,22 +35,32 @@ class StopMatcher:
     ('hello ', '', 'END')
     >>> m = StopMatcher(["END"]); m.push("a E"), m.flush()
     ('a ', 'E')
+
+    `include` (vLLM's include_stop_str_in_output) keeps the stop sequence in the text; `after` (vLLM's
+    min_tokens) lets the first `after` pushes (one per generated id) through unlooked-at.
+
+    >>> m = StopMatcher(["END"], include=True, after=1); m.push("END"), m.push("x END y"), m.hit
+    ('END', 'x END', 'END')
     """
 
-    def __init__(self, stops):
+    def __init__(self, stops, *, include: bool = False, after: int = 0):
         self.stops = tuple(stops)
         self.hit: str | None = None
         self._held = ""
+        self.include, self.after, self._pushes = include, after, 0
 
     def push(self, text: str) -> str:
         if self.hit is not None or not self.stops:
             return "" if self.hit is not None else text
+        self._pushes += 1
+        if self._pushes <= self.after:
+            return text
         data = self._held + text
         found = [(data.find(s), s) for s in self.stops if s in data]
         if found:
             at, self.hit = min(found)
             self._held = ""
-            return data[:at]
+            return data[:at + (len(self.hit) if self.include else 0)]
         # keep the longest tail that is a proper prefix of a stop sequence
         keep = 0
         for s in self.stops:

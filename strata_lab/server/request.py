@@ -208,13 +208,17 @@ def _sampling(body: dict, req: dict) -> None:
 
 
 def parse_logit_bias(value: Any, name: str = "logit_bias") -> tuple:
-    """OpenAI's {"id": bias} and llama.cpp's [[id or text, bias or false], ...] as ((id or text, bias), ...).
+    """OpenAI's {"id": bias} and llama.cpp's {"id or text": bias or false} and [[id or text, bias or false], ...]
+    as ((id or text, bias), ...).
 
     A bias is a number in -100..100, added to the id's logit; -100 (and llama.cpp's `false`) bans the id.
-    A text key (llama.cpp) biases every id of its encoding. Ids are checked against the vocabulary later.
+    A text key (llama.cpp: an object key that is not a whole integer, or a string in a pair) biases every id
+    of its encoding. Ids are checked against the vocabulary later.
 
     >>> parse_logit_bias({"15": -100, "7": 2})
     ((15, -100.0), (7, 2.0))
+    >>> parse_logit_bias({" Hello": False, "3": 1})
+    ((' Hello', -100.0), (3, 1.0))
     >>> parse_logit_bias([[15, False], ["Hello", 1]])
     ((15, -100.0), ('Hello', 1.0))
     """
@@ -226,12 +230,13 @@ def parse_logit_bias(value: Any, name: str = "logit_bias") -> tuple:
     out = []
     if isinstance(value, dict):
         for key, v in value.items():
-            try:
+            if not key:
+                raise RequestError(f"{name}.{key}", "keys must be token ids or non-empty text")
+            tid: Any = key
+            if key.lstrip("-").isdigit() and key.isascii():  # llama.cpp: a whole integer is an id, else text
                 tid = int(key)
-            except ValueError:
-                raise RequestError(f"{name}.{key}", "keys must be token ids (as strings)") from None
-            if tid < 0:
-                raise RequestError(f"{name}.{key}", "must be a token id >= 0")
+                if tid < 0:
+                    raise RequestError(f"{name}.{key}", "must be a token id >= 0")
             out.append((tid, bias(v, f"{name}.{key}")))
     elif isinstance(value, list):
         for i, pair in enumerate(value):
@@ -434,6 +439,9 @@ def parse_openai(body: Any, *, session_key: str | None = None) -> ChatRequest:
     if body.get("thinking_budget") is not None:
         req["thinking_budget"] = check_int(body["thinking_budget"], "thinking_budget", minimum=1)
     req["stop"] = _stop_sequences(body.get("stop"), "stop", allow_str=True)
+    if body.get("separate_reasoning") is not None and not _bool(body["separate_reasoning"], "separate_reasoning"):
+        raise RequestError("separate_reasoning", "false is not supported by this server: the reply's thinking is "
+                           "always given apart (reasoning_content)", code="unsupported_parameter")
     req["features"] = _features(body, "openai", req, session_key, budget)
     return ChatRequest(**req)
 
@@ -443,7 +451,7 @@ def _features(body: dict, dialect: str, req: dict, session_key: str | None,
     """The issue-17 fields (features.py), checked against what the rest of the request asks for."""
     f = parse_features(body, dialect, header_key=session_key, schema_budget=budget)
     if f.n > 1 and dialect == "anthropic":
-        raise RequestError("n", "is not an Anthropic field (one message per request)")
+        raise RequestError("n", "is not an Anthropic field (one message per request)", code="unsupported_parameter")
     if dialect == "anthropic":  # an Anthropic message has no place for log probabilities
         for name in ("logprobs", "top_logprobs", "n_probs", "prompt_logprobs"):
             if body.get(name) not in (None, False, 0):

@@ -32,7 +32,11 @@ __all__ = ["parse_responses", "ResponsesBuilder", "ResponseStore", "RESPONSES_RE
 
 _PASS = ("temperature", "top_p", "top_k", "min_p", "seed", "stream", "user", "enable_thinking", "thinking_budget",
          "frequency_penalty", "presence_penalty", "repetition_penalty", "repeat_penalty", "repeat_last_n",
-         "logit_bias", "stop", "ignore_eos", "parallel_tool_calls")
+         "logit_bias", "stop", "ignore_eos", "parallel_tool_calls",
+         # vLLM's and SGLang's extra fields (features.py CONSTRAINT_FIELDS, controls.py), as on chat
+         "grammar", "json_schema", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "regex", "ebnf",
+         "structured_outputs", "stop_token_ids", "min_tokens", "min_new_tokens", "include_stop_str_in_output",
+         "no_stop_trim", "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "separate_reasoning")
 
 # Responses fields that are refused (a 400 naming them) unless they hold the value shown to be harmless.
 RESPONSES_REFUSED: tuple = (
@@ -43,6 +47,7 @@ RESPONSES_REFUSED: tuple = (
     ("truncation", lambda v: v not in (None, "disabled"), "only truncation 'disabled' is supported"),
     ("max_tool_calls", lambda v: v is not None, "max_tool_calls is not supported"),
     ("top_logprobs", lambda v: v not in (None, 0), "logprobs are not supported on /v1/responses"),
+    ("n", lambda v: v not in (None, 1), "one output per response (a Response has no choices): n is 1 only"),
     ("reasoning", lambda v: v not in (None, {}) and not (isinstance(v, dict) and v.get("effort") in (None, "none")
                                                          and v.get("summary") is None),
      "reasoning effort levels are not supported: thinking is on or off (enable_thinking, or effort 'none')"),

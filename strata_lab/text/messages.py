@@ -4,7 +4,7 @@ OpenAI's shape: ``{"role", "content", "tool_calls", "tool_call_id", "reasoning_c
 or a list of text parts. Every error names the message index and the field, so the server can answer 400.
 
 >>> validate_messages([{"role": "assistant", "content": None, "reasoning": "r"}])
-[{'role': 'assistant', 'reasoning_content': 'r'}]
+[{'role': 'assistant', 'reasoning': 'r', 'reasoning_content': 'r'}]
 >>> validate_messages([{"role": "tool", "content": "x"}])
 Traceback (most recent call last):
 ...
@@ -90,7 +90,8 @@ def _check_tool_calls(tool_calls: Any, index: int) -> list[dict]:
 
 
 def validate_messages(messages: Any) -> list[dict]:
-    """Check messages and return normalized copies (None values dropped, `reasoning` -> `reasoning_content`)."""
+    """Check messages and return normalized copies (None values dropped, `reasoning` copied to
+    `reasoning_content`; it stays too, as transformers passes it, for the templates that read vLLM's name)."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TemplateInputError("messages", "must be a list of message objects")
     if not messages:
@@ -118,7 +119,7 @@ def validate_messages(messages: Any) -> list[dict]:
             if key in m and not isinstance(m[key], str):
                 raise TemplateInputError(key, "must be a string", i)
         if "reasoning" in m:  # one internal name: reasoning_content
-            reasoning = m.pop("reasoning")
+            reasoning = m["reasoning"]
             if m.setdefault("reasoning_content", reasoning) != reasoning:
                 raise TemplateInputError("reasoning", "differs from reasoning_content; send one of them", i)
         if "tool_calls" in m:

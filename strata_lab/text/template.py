@@ -336,6 +336,7 @@ class ChatTemplate:
                 template_kwargs: Mapping[str, Any]) -> str:
         # Same variables as transformers' render_jinja_template; special tokens first, as apply_chat_template.
         kwargs = {**self.special_tokens, **template_kwargs}
+        messages = _alias_reasoning(messages)
         try:
             with render_budget():
                 text = self._template.render(messages=messages, tools=tools, documents=None,
@@ -404,6 +405,24 @@ class ChatTemplate:
                 findings.append(AppendOnlyFinding(turn, i, k, _context(with_reply, k, context),
                                                   _context(nxt, k, context)))
         return findings
+
+
+_REASONING_NAMES = ("reasoning_content", "thinking", "reasoning")
+
+
+def _alias_reasoning(messages: list[dict]) -> list[dict]:
+    """A message's reasoning under both names templates read, as transformers' `render_jinja_template` passes
+    it: `reasoning_content` (most templates) and `thinking` (gpt-oss), from the first of the two (or
+    `reasoning`) that is set; a `thinking` the message already has is kept.
+
+    >>> _alias_reasoning([{"role": "assistant", "content": "4", "reasoning_content": "2+2"}])
+    [{'thinking': '2+2', 'role': 'assistant', 'content': '4', 'reasoning_content': '2+2'}]
+    """
+    out = []
+    for m in messages:
+        reasoning = next((m[k] for k in _REASONING_NAMES if m.get(k) is not None), None)
+        out.append(m if reasoning is None else {"thinking": reasoning, **m, "reasoning_content": reasoning})
+    return out
 
 
 _MAX_TEMPLATE_FILE = 16 * 1024 * 1024

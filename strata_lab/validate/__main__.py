@@ -18,16 +18,52 @@ def main(argv=None) -> int:
     ap.add_argument("--args", default="", help="the engine's own flags (strata's model reads the same)")
     ap.add_argument("--workload", default="agent", help="agent[:k=v,...] | fleet[:k=v,...] | dump:PATH")
     ap.add_argument("--clients", type=int, default=1, help="concurrent clients (live engines)")
-    ap.add_argument("--model", default="qwen3", help="tiny model kind for live engines: qwen3 | qwen3-next")
+    ap.add_argument("--model", default="qwen3", choices=["qwen3", "qwen3-next"],
+                    help="tiny model kind for live engines")
     ap.add_argument("--out", help="write the served calls with both numbers (strata-dump/1)")
     ap.add_argument("--log", help="engine log file (live engines)")
     a = ap.parse_args(argv)
-    from strata_lab.validate.compare import compare, explain, write_dump
+    workload = _checked(ap, a)
+    try:
+        return _run(a, workload)
+    except (RuntimeError, ValueError, TypeError, OSError, ImportError) as exc:  # an engine missing or failing
+        print(f"{ap.prog}: error: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
+              file=sys.stderr)
+        return 1
+
+
+def _checked(ap: argparse.ArgumentParser, a: argparse.Namespace):
+    """Every argument checked before any engine starts (a bad one: a one-line usage error, exit 2); the workload."""
+    import os
+
+    from strata_lab.caches.presets import parse_engine
     from strata_lab.validate.workloads import parse_workload
 
-    if a.clients < 1:
-        ap.error("--clients must be >= 1")
-    workload = parse_workload(a.workload)
+    if not 1 <= a.clients <= 256:
+        ap.error(f"--clients must be in 1..256, got {a.clients}")
+    try:
+        parse_engine(f"{'llama.cpp' if a.engine == 'llama.cpp' else 'vllm'}:args={a.args}")
+    except ValueError as exc:
+        ap.error(f"--args: {exc}")
+    for flag, path in (("--out", a.out), ("--log", a.log)):
+        if path is not None:
+            folder = os.path.dirname(os.path.abspath(path))
+            if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                ap.error(f"{flag}: cannot write {path!r} (not a file in a writable folder)")
+    try:
+        first = parse_workload(a.workload)
+        # a generator checks its arguments when it starts: start one, then take a fresh one
+        empty = next(first, None) is None
+    except (ValueError, TypeError, OSError, KeyError) as exc:
+        ap.error(f"--workload {a.workload!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+    if empty:
+        ap.error(f"--workload {a.workload!r}: holds no calls")
+    return parse_workload(a.workload)
+
+
+def _run(a: argparse.Namespace, workload) -> int:
+    from strata_lab.validate.compare import compare, explain, write_dump
+
     if a.engine == "vllm-oracle":
         from strata_lab.validate.vllm_check import run_oracle
 
