@@ -32,6 +32,7 @@ OUTPUTS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str, bool], ...]]] = 
     "record": (("model",), (("out", "--out", False),)),
     "demo": (("model",), (("png", "--png", False), ("out_dir", "--out-dir", True))),
     "serve": (("model", "api_key_file", "template"), (("dump", "--dump", True),)),
+    "proxy": ((), (("dump", "--dump", True),)),
 }
 
 

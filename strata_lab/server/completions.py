@@ -130,6 +130,9 @@ def parse_completion_batch(body: Any, dialect: str, *, vocab_size: int,
         if dialect != "llama":
             raise RequestError("return_tokens", "is a /completion field", code="unsupported_parameter")
         chat.extra["return_tokens"] = _bool(body["return_tokens"], "return_tokens")
+    if dialect == "llama" and body.get("return_token_ids") is not None:
+        raise RequestError("return_token_ids", "is a /v1/completions field: /completion returns the generated ids "
+                           "as `tokens` (return_tokens)", code="unsupported_parameter")
     renders = [RenderedPrompt(prompt_text=text if text is not None else "", assistant_text="", prefix_text=None,
                         prompt_ids=ids, raw=True) for text, ids in prompts]
     return chat, renders
@@ -185,6 +188,8 @@ def completion_response(summary, req: ChatRequest, tokenizer, *, model: str, req
             lp = _legacy_logprobs(tokenizer, entries)
         choices.append({"text": prompt_text + s.content, "index": s.index, "logprobs": lp,
                         "finish_reason": _finish(s)})
+        if s.token_ids is not None:  # return_token_ids (vLLM): per choice, the prompt's ids and the generated ones
+            choices[-1].update(prompt_token_ids=summary.prompt_ids, token_ids=s.token_ids)
     return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": {"prompt_tokens": summary.prompt_tokens,
                                           "completion_tokens": summary.completion_tokens,
@@ -254,17 +259,24 @@ class CompletionStream:
         self.include_usage, self.req, self.tokenizer = include_usage, req, tokenizer
         self.offset = 0       # text_offset of the next logprobs token
         self._echo: list[str] = []
+        self._prompt_ids: list | None = None  # return_token_ids (vLLM): the first chunk carries the prompt's ids
 
-    def _chunk(self, text: str, finish=None, logprobs=None, **extra) -> str:
+    def _chunk(self, text: str, finish=None, logprobs=None, token_ids=None, **extra) -> str:
+        choice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}
+        if self._prompt_ids is not None:
+            choice["prompt_token_ids"], self._prompt_ids = self._prompt_ids, None
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
         return _frame({"id": self.request_id, "object": "text_completion", "created": self.created,
-                       "model": self.model, "choices": [{"text": text, "index": 0, "logprobs": logprobs,
-                                                         "finish_reason": finish}], **extra})
+                       "model": self.model, "choices": [choice], **extra})
 
     def _wants_logprobs(self) -> bool:
         return self.req is not None and self.req.features.logprobs is not None
 
     def prompt_info(self, info: dict) -> None:
-        """The start payload: echo sends the prompt (and its logprobs) first."""
+        """The start payload: echo sends the prompt (and its logprobs) first; return_token_ids its ids."""
+        if info.get("return_token_ids"):
+            self._prompt_ids = list(info.get("prompt_ids") or [])
         if self.req is None or not self.req.extra.get("echo"):
             return
         ids = info.get("prompt_ids") or []
@@ -291,7 +303,8 @@ class CompletionStream:
         return [self._chunk("", logprobs=lp)]
 
     def done(self, summary) -> list[str]:
-        frames = [self._chunk("", _finish(summary), timings=summary.timings(), seed=summary.seed)]
+        frames = [self._chunk("", _finish(summary), token_ids=summary.token_ids, timings=summary.timings(),
+                              seed=summary.seed)]
         if self.include_usage:
             frames.append(_frame({"id": self.request_id, "object": "text_completion", "created": self.created,
                                   "model": self.model, "choices": [],

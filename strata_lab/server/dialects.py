@@ -89,10 +89,14 @@ def openai_response(summary, *, model: str, request_id: str, tokenizer=None, log
     for s in summary.choices or [summary]:
         lp = {"content": [logprob_entry(tokenizer, e) for e in s.logprobs]} if logprobs else None
         choices.append({"index": s.index, "message": _openai_message(s), "finish_reason": _finish(s), "logprobs": lp})
+        if s.token_ids is not None:  # return_token_ids (vLLM): each choice's generated ids
+            choices[-1]["token_ids"] = s.token_ids
     body = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": openai_usage(summary), "timings": summary.timings(), "seed": summary.seed}
     if summary.prompt_logprobs is not None:
         body["prompt_logprobs"] = _prompt_logprobs(summary, tokenizer)
+    if summary.token_ids is not None:  # return_token_ids (vLLM): the ids the engine was handed
+        body["prompt_token_ids"] = summary.prompt_ids
     return body
 
 
@@ -118,14 +122,24 @@ class OpenAIStream:
         self.created = int(time.time())
         self.calls: dict[int, int] = {}  # tool calls sent so far, per choice
         self.include_usage = include_usage  # stream_options.include_usage: one usage chunk before [DONE]
+        self.prompt_token_ids: list | None = None  # return_token_ids (vLLM): sent in the first chunk
 
-    def _chunk(self, delta: dict, finish=None, index: int = 0, **extra) -> str:
+    def prompt_info(self, info: dict) -> None:
+        """The start payload: with return_token_ids the first chunk carries the prompt's ids (as vLLM's)."""
+        if info.get("return_token_ids"):
+            self.prompt_token_ids = list(info.get("prompt_ids") or [])
+
+    def _chunk(self, delta: dict, finish=None, index: int = 0, token_ids=None, **extra) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+        if token_ids is not None:  # return_token_ids: a choice's generated ids, in its finishing chunk
+            choice["token_ids"] = token_ids
         body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [{"index": index, "delta": delta, "finish_reason": finish,
-                                                  "logprobs": None}], **extra}
+                "model": self.model, "choices": [choice], **extra}
         return f"data: {_dumps(body)}\n\n"
 
     def start(self) -> list[str]:
+        if self.prompt_token_ids is not None:
+            return [self._chunk({"role": "assistant", "content": ""}, prompt_token_ids=self.prompt_token_ids)]
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def event(self, ev: Event, index: int = 0) -> list[str]:
@@ -151,8 +165,9 @@ class OpenAIStream:
         return [f"data: {_dumps(body)}\n\n"]
 
     def done(self, summary) -> list[str]:
-        frames = [self._chunk({}, _finish(c), index=c.index) for c in summary.choices[1:]]
-        frames.append(self._chunk({}, _finish(summary), timings=summary.timings(), seed=summary.seed))
+        frames = [self._chunk({}, _finish(c), index=c.index, token_ids=c.token_ids) for c in summary.choices[1:]]
+        frames.append(self._chunk({}, _finish(summary), token_ids=summary.token_ids, timings=summary.timings(),
+                                  seed=summary.seed))
         if self.include_usage:  # OpenAI: a last chunk with no choices carries the usage
             body = {"id": self.request_id, "object": "chat.completion.chunk", "created": self.created,
                     "model": self.model, "choices": [], "usage": openai_usage(summary)}

@@ -65,6 +65,7 @@ class Features:
     constraint: Constraint | None = None   # grammar / json_schema (llama.cpp)
     cache_prompt: bool = True              # llama.cpp: False reads the whole prompt again
     controls: Controls = Controls()        # vLLM / SGLang token-level fields (controls.py)
+    return_token_ids: bool = False         # vLLM: prompt_token_ids and each choice's token_ids in the response
 
     def __post_init__(self):
         if not 1 <= self.n <= MAX_N:
@@ -227,4 +228,8 @@ def parse_features(body: dict, dialect: str, *, header_key: str | None = None, s
             raise RequestError("cache_prompt", "must be a boolean")
         kw["cache_prompt"] = body["cache_prompt"]
     kw["controls"] = parse_controls(body)
+    if dialect == "openai" and body.get("return_token_ids") is not None:
+        if not isinstance(body["return_token_ids"], bool):
+            raise RequestError("return_token_ids", "must be a boolean")
+        kw["return_token_ids"] = body["return_token_ids"]
     return Features(**kw)

@@ -93,6 +93,9 @@ FIELDS: tuple[Field, ...] = (
     Field("prompt_logprobs", "CMOL", "C (vLLM): each prompt id's logprob, not streamed; O/L refuse it "
           "(O: echo with logprobs), M refuses it", "x"),
     Field("return_tokens", "OL", "L: false leaves out `tokens` (sent by default here); O refuses it", "x"),
+    Field("return_token_ids", "COL", "C/O (vLLM): `prompt_token_ids` (C: in the body, a stream's first chunk; O: "
+          "per choice) and each choice's generated `token_ids` (a stream: in its finishing chunk); L refuses it "
+          "(`tokens`)", "x"),
     Field("echo", "OL", "O: the prompt (and its logprobs) before the reply; L refuses it", "x"),
     # --- tools and structured output
     Field("tools", "CMR", "function tools, in the template's tool syntax", "x"),

@@ -103,6 +103,8 @@ class Summary:
     seed: int = 0                                  # the request's seed: the client's, or the fresh one drawn
     events: list = field(default_factory=list)     # the choice's output Events in order (what a stream sent)
     reasoning_tokens: int = 0                      # generated ids read while inside the thought
+    token_ids: list | None = None                  # return_token_ids (vLLM): the ids the engine generated after
+                                                   # the prompt, the end of turn included (None: not asked)
 
     def timings(self) -> dict:
         """llama.cpp-style timings summed over the request's engine calls."""
@@ -306,7 +308,8 @@ class ChatRunner:
             if not all(_finite(e) for e in prompt_lp):
                 raise self._non_finite()
         job.emit("start", {"prompt_tokens": len(prompt_ids), "cached_tokens": cached, "slot": slot.id,
-                           "prompt_ids": prompt_ids, "prompt_logprobs": prompt_lp, "seed": seed})
+                           "prompt_ids": prompt_ids, "prompt_logprobs": prompt_lp, "seed": seed,
+                           "return_token_ids": f.return_token_ids})
 
         summaries, calls_made = [], 0
         for index in range(f.n):
@@ -365,6 +368,7 @@ class ChatRunner:
                                                 extra_stop=f.controls.stop_token_ids), out)
         result = first.result
         gen_ids = list(result.gen_ids)
+        token_ids = list(gen_ids)  # return_token_ids: what the engine generated (a wrap-up adds to it below)
         out.feed(gen_ids[first.consumed:])  # ids the engine passed on after we stopped reading
         finish = ("cancelled" if job.cancelled else "stop" if out.matcher.hit is not None else
                   "budget" if first.hit_budget else result.finish)
@@ -390,6 +394,7 @@ class ChatRunner:
                                                          extra_stop=f.controls.stop_token_ids), out)
                 result = second.result
                 gen2 = list(result.gen_ids)
+                token_ids = gen_ids + kept + wrap_ids + gen2
                 out.feed(gen2[second.consumed:])
                 finish = "cancelled" if job.cancelled else "stop" if out.matcher.hit is not None else result.finish
                 calls.append(self._stats(1, prompt2, result))
@@ -415,7 +420,8 @@ class ChatRunner:
                           tool_calls=tool_calls, stop_sequence=out.matcher.hit, index=index,
                           gen_ids=[i for i in reply_ids if i not in self.stop_ids],
                           logprobs=[e for e in logprobs if e.id not in self.stop_ids],
-                          events=list(out.events), reasoning_tokens=out.reasoning_tokens)
+                          events=list(out.events), reasoning_tokens=out.reasoning_tokens,
+                          token_ids=token_ids if f.return_token_ids else None)
         if req.schema is not None and not job.cancelled:
             self._check_schema(req, rendered, content, finish)
         return summary, len(calls)
