@@ -5,13 +5,21 @@ Rules (each `Finding` names the call, the position and the text):
 
 | rule | fires when | fix |
 |---|---|---|
-| `volatile_system` | consecutive prompts of a session part inside the system message on a line that differs only in digits / hex (a timestamp, a request id) | move the line to the end of the last user message |
+| `volatile_system` | consecutive calls of a session send a system message that differs only in its volatile parts (`mask_volatile`: a timestamp, a date, a request id) | move the line to the end of the last user message (ChatML prompts) |
 | `per_user_early` | the first prompts of two sessions part inside the system message on a line with other words (a user's name, plan, locale) and agree again after it | move the line to the end of the last user message |
 | `tool_schema_order` | a `<tools>` definition whose text changes while its JSON does not (key order, whitespace) | rewrite every tool as canonical JSON (sorted keys) |
-| `reasoning_stripped` | the template drops an earlier reply's `<think>` block (the explainer's `template_rewrite` there) | none here: keep reasoning in the template |
+| `reasoning_stripped` | the reply's reasoning is gone from the next prompt: the client sent it back without it, or the template drops it (the explainer's `template_rewrite`) | none here: send reasoning back, keep it in the template |
+| `arguments_reserialised` | the client sends a reply's tool-call arguments back as other text (key order, spacing) | none here: send the arguments back as received |
+| `tool_output_truncated` | the client sends an earlier tool output back shorter | none here: truncate once, when the output is first sent |
+| `history_edit` | the client changes another message its session held (an edited turn, a dropped message) | none |
 | `breakpoint_lookback` | an Anthropic breakpoint more than `lookback_blocks` content blocks past the session's previous one | add a breakpoint at the last boundary the look-back still reaches |
 | `prefix_mid_block` | the prefix shared by all sessions ends mid-block (vLLM / TRT-LLM blocks) | none: the lost ids are reported |
 | `below_minimum` | a prompt under the hosted minimum that the next call of its session extends | none |
+
+Rules are template-agnostic: on an imported log, the client's habits come from its messages (each dump line's
+`history_change`, `strata_lab/traces/habits.py`), and a call whose messages resend what its session held yet
+whose ids part was rewritten by the template; on a dump of ids, the system message is located by the
+template's own structure (`TemplateStructure`, found by rendering probe conversations; default qwen3's).
 
 `tokens` of a finding is what it costs the call, per engine: the ids the session held (up to the prompt's
 length) that the engine does not reuse, for divergences; the ids past the last whole block for
@@ -20,19 +28,22 @@ length) that the engine does not reuse, for divergences; the ids past the last w
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from strata_lab.caches.call_ids import Call, as_ids, calls_from_dump
+from strata_lab.text.structure import TemplateStructure, mask_volatile
 
 __all__ = ["Finding", "lint_calls", "fix_calls", "check_fixes", "before_after", "before_after_sessions", "RULES"]
 
-RULES = ("volatile_system", "per_user_early", "tool_schema_order", "reasoning_stripped", "breakpoint_lookback",
-         "prefix_mid_block", "below_minimum")
+RULES = ("volatile_system", "per_user_early", "tool_schema_order", "reasoning_stripped", "arguments_reserialised",
+         "tool_output_truncated", "history_edit", "breakpoint_lookback", "prefix_mid_block", "below_minimum")
 FIXABLE = ("volatile_system", "per_user_early", "tool_schema_order", "breakpoint_lookback")
-_VOLATILE = re.compile(r"[0-9a-fA-F]+")
+# a client habit (traces/habits.py) -> the rule that reports it
+_HABIT_RULE = {"volatile_system": "volatile_system", "reasoning_dropped": "reasoning_stripped",
+               "arguments_reserialised": "arguments_reserialised", "tool_output_truncated": "tool_output_truncated",
+               "history_edit": "history_edit"}
 _END, _START = "<|im_end|>", "<|im_start|>"
 
 
@@ -66,8 +77,34 @@ def _first_diff(a: str, b: str) -> int:
     return i
 
 
-def _system_end(text: str) -> int:
+def _system_end(text: str, structure: TemplateStructure | None = None) -> int:
+    """Where the system message ends in a prompt's text (-1: it opens with none); ChatML's without a structure."""
+    if structure is not None:
+        span = structure.system_span(text)
+        return span[1] if span is not None else -1
     return text.find(_END) if text.startswith(_START + "system") else -1
+
+
+def _structure(template):
+    """The `TemplateStructure` of a template given as a ChatTemplate, a preset name or a file (None: ChatML)."""
+    if template is None:
+        return None
+    from strata_lab.text.template import TEMPLATE_PRESETS, ChatTemplate
+
+    if not isinstance(template, ChatTemplate):
+        template = ChatTemplate.from_name(template) if template in TEMPLATE_PRESETS else ChatTemplate.from_file(template)
+    return TemplateStructure.of(template)
+
+
+def _history_change(c):
+    """(has the field, the change) of a call's dump line (`history_change`, written by import)."""
+    rec = c.record
+    if rec is None:
+        return False, None
+    try:
+        return True, rec["history_change"]
+    except KeyError:
+        return False, None
 
 
 def _tools(text: str) -> list[str]:
@@ -89,34 +126,54 @@ def _sessions(calls):
     return by
 
 
-def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic"), price: bool = True):
+def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic"), price: bool = True,
+               template=None, progress: bool = False):
     """All findings on a trace, each priced per engine (see the module docstring).
 
     Args:
         dump: a dump path, paths, `Dump`, or a list of `Call`.
         tokenizer: a Tokenizer or a name ("qwen3"), to decode prompts.
+        template: the chat template the prompts were rendered with (a ChatTemplate, preset name or file):
+            where its system message lies (default: ChatML's, as qwen3 renders it). Imported logs need none:
+            their lines say what the client changed.
         engines: the engine specs findings are priced on, as given ("vllm:block_size=64"): the block rules
             use their block sizes, the minimum rule their minimums, and `Finding.tokens` is keyed by them.
         price: replay the engines to price divergence findings (False: only the rules' own counts).
+        progress: progress bars on stderr (decoding the prompts, the pricing replays).
     """
     from strata_lab.caches.presets import parse_engine
     from strata_lab.caches.replay import replay_engines
 
     calls = calls_from_dump(dump)
     tok = _tokenizer(tokenizer)
-    texts = {c.index: tok.decode(c.prompt.tolist()) for c in calls}
+    structure = _structure(template)
+    from strata_lab.progress import progress_bar
+
+    texts = {c.index: tok.decode(c.prompt.tolist())
+             for c in progress_bar(calls, enabled=progress, desc="lint: decode", unit="call")}
     out: list[Finding] = []
     sessions = _sessions(calls)
     for sid, cs in sessions.items():
         for prev, c in zip(cs, cs[1:]):
             a, b = texts[prev.index], texts[c.index]
             d = _first_diff(a, b)
-            end = _system_end(b)
-            if 0 <= d < end:
-                la, lb = _line_at(a, d), _line_at(b, d)
-                old, new = a[la[0]:la[1]], b[lb[0]:lb[1]]
-                if _VOLATILE.sub("#", old) == _VOLATILE.sub("#", new):
-                    out.append(Finding("volatile_system", c.index, sid, lb[0], new))
+            has, change = _history_change(c)
+            if has:   # an imported log: its messages say what the client changed (any template)
+                if isinstance(change, dict) and change.get("habit") in _HABIT_RULE:
+                    rule = _HABIT_RULE[change["habit"]]
+                    text = change.get("text") or ""
+                    if rule == "volatile_system" and 0 <= d < len(b):   # the line as the prompt has it
+                        lb = _line_at(b, d)
+                        if mask_volatile(a[_line_at(a, d)[0]:_line_at(a, d)[1]]) == mask_volatile(b[lb[0]:lb[1]]):
+                            text = b[lb[0]:lb[1]]
+                    out.append(Finding(rule, c.index, sid, d, text))
+            else:
+                end = _system_end(b, structure)
+                if 0 <= d < end:
+                    la, lb = _line_at(a, d), _line_at(b, d)
+                    old, new = a[la[0]:la[1]], b[lb[0]:lb[1]]
+                    if mask_volatile(old) == mask_volatile(new):
+                        out.append(Finding("volatile_system", c.index, sid, lb[0], new))
             ta, tb = _tools(a), _tools(b)
             if ta != tb and len(ta) == len(tb) and [_canonical(x) for x in ta] == [_canonical(x) for x in tb]:
                 k = next(i for i, (x, y) in enumerate(zip(ta, tb)) if x != y)
@@ -124,21 +181,27 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
     firsts = [cs[0] for cs in sessions.values()]
     for prev, c in zip(firsts, firsts[1:]):
         a, b = texts[prev.index], texts[c.index]
-        d, end = _first_diff(a, b), _system_end(b)
+        d, end = _first_diff(a, b), _system_end(b, structure)
         if 0 <= d < end:
             la, lb = _line_at(a, d), _line_at(b, d)
             old, new = a[la[0]:la[1]], b[lb[0]:lb[1]]
-            if _VOLATILE.sub("#", old) != _VOLATILE.sub("#", new) and a[la[1]:_system_end(a)] == b[lb[1]:end]:
+            if mask_volatile(old) != mask_volatile(new) and a[la[1]:_system_end(a, structure)] == b[lb[1]:end]:
                 out.append(Finding("per_user_early", c.index, c.session, lb[0], new, other=prev.session))
     # template rewrites of reasoning: the one explainer's divergence per call (computed once, no replay)
     from strata_lab.caches.replay import explain_calls
 
     views = explain_calls(calls, tok)
+    think = (structure.think if structure is not None else None) or ("<think>", "</think>")
     for i, c in enumerate(calls):
         e = views[i][2]
         held_ctx = e.div.text_context_held if e.div is not None else ""
-        if e.divergence == "template_rewrite" and "<think>" in held_ctx:
-            out.append(Finding("reasoning_stripped", c.index, c.session, e.lcp_ids, held_ctx[:80]))
+        has, change = _history_change(c)
+        if e.divergence != "template_rewrite" or (isinstance(change, dict) and
+                                                  change.get("habit") == "reasoning_dropped"):
+            continue   # (the client's dropped reasoning is reported above, from its messages)
+        if (has and change is None and any(m in held_ctx for m in think)) or (not has and think[0] in held_ctx):
+            out.append(Finding("reasoning_stripped", c.index, c.session, e.lcp_ids,
+                               "the template drops the reply's reasoning: " + held_ctx[:80]))
     # Anthropic look-back
     anth = parse_engine("anthropic")
     for sid, cs in sessions.items():
@@ -176,7 +239,7 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
                                        {spec: prev.prompt_len for spec, e in hosted
                                         if prev.prompt_len < e.min_tokens}))
     if price and out:
-        rep = replay_engines(calls, engines, tokenizer=tok)
+        rep = replay_engines(calls, engines, tokenizer=tok, progress=progress)
         # what the finding costs a call: the report's `reread` (Contract 3), the tokens the session held that
         # the engine read again
         cols = rep.cols
@@ -242,7 +305,7 @@ def _moves(calls, findings, tok) -> dict:
     moves: dict = {}
     for f in findings:
         if f.rule == "volatile_system":
-            moves.setdefault(f.session, set()).add(("norm", _VOLATILE.sub("#", f.text)))
+            moves.setdefault(f.session, set()).add(("norm", mask_volatile(f.text)))
         elif f.rule == "per_user_early":
             moves.setdefault(f.session, set()).add(("exact", f.text))
             if f.other is not None and f.index in by_index and f.other in firsts:
@@ -289,7 +352,7 @@ def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
         wanted = moves.get(c.session, set())
         for a, b in reversed(_system_lines(new)):   # bottom first: earlier offsets stay valid
             line = new[a:b]
-            if ("exact", line) in wanted or ("norm", _VOLATILE.sub("#", line)) in wanted:
+            if ("exact", line) in wanted or ("norm", mask_volatile(line)) in wanted:
                 new = _move_line_to_end(new, a, b)
         if c.session in canon:
             ts = _tools(new)
@@ -323,23 +386,26 @@ def _session_read(calls, specs) -> dict:
     return {(label[k[0]], k[1]): int(v) for k, v in g.items()}
 
 
-def check_fixes(dump, findings, tokenizer="qwen3", engines=("vllm", "sglang", "llama.cpp", "anthropic")):
-    """Fix the fixable findings one group at a time (a rule and the sessions it names), re-checking each
-    on every engine in `engines` plus ours ("strata"): a group is kept only where no session reads more
-    ids on any of them. Returns (fixed calls, decisions), one decision per group: {rule, sessions, kept,
-    why}.
+def check_fixes(dump, findings, tokenizer="qwen3", engines=("vllm", "sglang", "llama.cpp", "anthropic"), *,
+                progress: bool = False):
+    """Fix the fixable findings one group at a time (a rule and the sessions it names), judged on the engines
+    asked for (`engines`): a group is kept only where no session reads more ids on any of them. Ours
+    ("strata") is replayed too when not asked for, and what a fix costs there is shown in `why`, never a
+    reason to drop it. Returns (fixed calls, decisions), one decision per group: {rule, sessions, kept, why,
+    per_engine: {spec: ids read before - after}}.
 
     Args:
         dump: a dump path, paths, `Dump`, or a list of `Call`.
         findings: the findings (`lint_calls`); those of rules without a fix are ignored.
         tokenizer: a Tokenizer or a name.
         engines: engine specs, as given on the command line.
+        progress: a progress bar on stderr, one step per group checked.
     """
     from strata_lab.caches.presets import parse_engine
 
     tok = _tokenizer(tokenizer)
-    specs = list(dict.fromkeys(list(engines) + ([] if any(parse_engine(e).engine == "strata" for e in engines)
-                                                else ["strata"])))
+    asked = list(dict.fromkeys(engines))
+    specs = asked + ([] if any(parse_engine(e).engine == "strata" for e in asked) else ["strata"])
     current = calls_from_dump(dump)
     groups: dict = {}
     for f in findings:
@@ -347,23 +413,30 @@ def check_fixes(dump, findings, tokenizer="qwen3", engines=("vllm", "sglang", "l
             groups.setdefault((f.rule, f.session, f.other), []).append(f)
     decisions = []
     before = _session_read(current, specs) if groups else {}
-    for (rule, session, other), fs in groups.items():
+    from strata_lab.progress import progress_bar
+
+    for (rule, session, other), fs in progress_bar(list(groups.items()), enabled=progress, desc="lint: check fixes",
+                                                   unit="fix"):
         sessions = sorted({session} | ({other} if other is not None else set()))
         candidate = fix_calls(current, fs, tok)
         if all(a.prompt is b.prompt and a.breakpoints == b.breakpoints for a, b in zip(candidate, current)):
             decisions.append({"rule": rule, "sessions": sessions, "kept": False, "why": "changes nothing"})
             continue
         after = _session_read(candidate, specs)
-        worse = [(k, before[k], v) for k, v in after.items() if k in before and v > before[k]]
+        per = {spec: sum(before[k] - v for k, v in after.items() if k in before and k[0] == spec) for spec in specs}
+        shown = "; ".join(f"{spec} {per[spec]:+d} ids" + ("" if spec in asked else " (not asked for)")
+                          for spec in specs)
+        worse = [(k, before[k], v) for k, v in after.items() if k in before and v > before[k] and k[0] in asked]
         if worse:
             (spec, sid), b, a = max(worse, key=lambda w: w[2] - w[1])
-            decisions.append({"rule": rule, "sessions": sessions, "kept": False,
+            decisions.append({"rule": rule, "sessions": sessions, "kept": False, "per_engine": per,
                               "why": f"session {sid} would read more on {spec} ({b} -> {a} ids)"
-                                     + (f" and {len(worse) - 1} more" if len(worse) > 1 else "")})
+                                     + (f" and {len(worse) - 1} more" if len(worse) > 1 else "")
+                                     + f"; saved per engine: {shown}"})
             continue
-        gain = sum(before[k] - v for k, v in after.items() if k in before)
-        decisions.append({"rule": rule, "sessions": sessions, "kept": True,
-                          "why": f"{gain} fewer ids read over {len(specs)} engines; no session reads more"})
+        decisions.append({"rule": rule, "sessions": sessions, "kept": True, "per_engine": per,
+                          "why": f"ids saved per engine: {shown}; no session reads more on "
+                                 f"{', '.join(asked)}"})
         current, before = candidate, after
     return current, decisions
 

@@ -33,7 +33,7 @@ from strata_lab.caches.fleet import Router
 from strata_lab.caches.presets import parse_engine
 from strata_lab.caches.report import (_DTYPES, EnginesReport, ReplayReport,  # noqa: F401 (re-exported)
                                       reported_agrees, reported_base)
-from strata_lab.replayer.explain import SessionHistory, attribute, explain
+from strata_lab.replayer.explain import SessionHistory, attribute, explain, name_habit
 
 __all__ = ["replay", "replay_engines", "ReplayReport", "EnginesReport", "explain_calls", "default_engine",
            "checkpoint_spec"]
@@ -72,6 +72,8 @@ def explain_calls(calls: list[Call], tokenizer=None, order: list[int] | None = N
         prev = last.get(c.session)
         n = lcp_call(c.prompt, prev) if prev is not None else 0
         e = explain(h, c.prompt, tokenizer if named else None, context_chars=context_chars, lcp_ids=n)
+        if named:
+            name_habit(e, c.record)   # an imported log's messages name the client's habit (any template)
         gen, drained = _reply(c)
         h.finish(gen, drained, held=c.sequence())
         hint = Hint(None, 0, 0) if prev is None else Hint(prev, n, min(n, max(c.prompt_len - 1, 0)))

@@ -113,9 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "'nothing to fix'). Without --fix, exit 1 when there are findings.")
     p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
     p.add_argument("--engine", action="append", default=[],
-                   help="engine spec to price findings and check fixes on (repeatable; overrides apply, e.g. "
-                        "vllm:block_size=64; default: vllm, sglang, llama.cpp, anthropic)")
+                   help="engine spec to price findings and judge fixes on (repeatable; overrides apply, e.g. "
+                        "vllm:block_size=64; default: vllm, sglang, llama.cpp, anthropic). A fix is kept when no "
+                        "session reads more on the engines asked for; ours (strata) is replayed beside them and "
+                        "what a fix gains or costs there is shown, not judged")
     p.add_argument("--fix", metavar="OUT", help="write the fixed trace here and replay before/after")
+    p.add_argument("--template", help="the chat template the dump's prompts were rendered with (preset, .jinja, "
+                                      "tokenizer_config.json or folder): where its system message lies (default: "
+                                      "ChatML, as qwen3; dumps imported from logs say what the client changed)")
     p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json "
                                                        "(decodes prompts to find and move text)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or status lines")

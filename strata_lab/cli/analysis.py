@@ -311,7 +311,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     engines = args.engine or ["vllm", "sglang", "llama.cpp", "anthropic"]
     tok = _load_tokenizer(args.tokenizer)
     status(f"linting {len(dump.records())} calls, pricing findings on {', '.join(engines)} ...", args)
-    findings = lint_calls(dump, tok, engines=engines)
+    findings = lint_calls(dump, tok, engines=engines, template=getattr(args, "template", None))
     for f in findings:
         print(f)
     print(f"{len(findings)} finding(s)")

@@ -4,7 +4,9 @@ Two questions, answered apart (docs/CONTRACTS.md, Contract 3):
 
 1. **Divergence** (engine-independent, `explain`): where the prompt parted from what its session held (the
    previous call's prompt + reply + drained ids) and why: `retokenized_reply`, `retokenized_prompt`,
-   `drained_dropped`, `template_rewrite`, `history_edit` (`diverged` when no tokenizer can name it), and
+   `drained_dropped`, `template_rewrite`, `history_edit` (`diverged` when no tokenizer can name it); on an
+   imported log, the client habit its messages show (`name_habit`: `volatile_system`,
+   `arguments_reserialised`, `tool_output_truncated`, a dropped reasoning as `template_rewrite`), and
    how many held ids the prompt repeats *after* that point (`tail`: a history edit thousands of tokens
    before the end re-reads everything after it). `new_session`: the session held nothing.
 2. **Engine shortfall** (`attribute`): why an engine served less than the ids allowed up to the divergence
@@ -36,12 +38,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CAUSES", "DIVERGENCE_CAUSES", "ENGINE_CAUSES", "SessionHistory", "Explanation", "explain", "attribute",
-           "realigned_tail"]
+__all__ = ["CAUSES", "DIVERGENCE_CAUSES", "ENGINE_CAUSES", "HABIT_CAUSES", "SessionHistory", "Explanation", "explain",
+           "attribute", "name_habit", "realigned_tail"]
 
 # Why the prompt parted from what its session held (engine-independent).
 DIVERGENCE_CAUSES = ("retokenized_reply", "retokenized_prompt", "drained_dropped", "template_rewrite",
-                     "history_edit", "diverged")
+                     "volatile_system", "arguments_reserialised", "tool_output_truncated", "history_edit",
+                     "diverged")
+# A client habit found on a call's messages (import's `history_change`, strata_lab/traces/habits.py) -> the
+# divergence it causes; a call whose messages resend what the session held, yet whose ids part, was rewritten
+# by the template (`template_rewrite`).
+HABIT_CAUSES = {"volatile_system": "volatile_system", "reasoning_dropped": "template_rewrite",
+                "arguments_reserialised": "arguments_reserialised", "tool_output_truncated": "tool_output_truncated",
+                "history_edit": "history_edit"}
 # Why an engine served less than the ids allowed (one name each; `no_state_checkpoint` also names our hybrid
 # engine restarting from an earlier state snapshot).
 ENGINE_CAUSES = ("block_rounding", "evicted", "expired", "below_minimum", "slot_stolen", "no_state_checkpoint",
@@ -173,6 +182,16 @@ def realigned_tail(held, prompt, h0: int, p0: int) -> int:
             k += 1
             continue
         m = _GRAM + _lcp(H[i + _GRAM:], P[q + _GRAM:])
+        if q - j > m and k + 1 < len(cand):
+            # a run matched past more prompt ids than it holds (a turn marker the prompt writes again near its
+            # end) must not swallow what the next held ids find before it: skip it when they match earlier
+            k2 = bisect.bisect_left(cand, i + m)
+            if k2 < len(cand):
+                g2 = gh[cand[k2]]
+                at2 = np.flatnonzero(gp[j:q] == g2)
+                if len(at2) and np.array_equal(H[cand[k2]:cand[k2] + _GRAM], P[j + int(at2[0]):j + int(at2[0]) + _GRAM]):
+                    k += 1
+                    continue
         matched += m
         j = q + m
         k = bisect.bisect_left(cand, i + m)
@@ -205,6 +224,24 @@ def explain(history: SessionHistory, prompt, tok=None, *, context_chars: int = 4
         e = Explanation(nh, n, d.lcp_text, cause, tail=realigned_tail(held, plist, d.lcp_text, n), div=d)
     history.start(prompt, n)
     return e
+
+
+def name_habit(e: Explanation, record) -> None:
+    """Name `e`'s divergence by what the call's messages say (a dump line of an imported log carries
+    `history_change`): the client's habit, or `template_rewrite` when the messages resend what the session
+    held and the ids still part. The template's markers play no part, so the name is the same under any
+    template. Retokenizations and dropped drained ids keep their names (the ids say those)."""
+    if not e.diverged or record is None or e.divergence in ("retokenized_reply", "retokenized_prompt",
+                                                            "drained_dropped"):
+        return
+    try:
+        change = record["history_change"]
+    except KeyError:
+        return
+    if change is None:
+        e.divergence = "template_rewrite"
+    elif isinstance(change, dict) and change.get("habit") in HABIT_CAUSES:
+        e.divergence = HABIT_CAUSES[change["habit"]]
 
 
 def attribute(e: Explanation, *, reused: int, engine_cause: str | None, exact: int, prompt_len: int | None = None,

@@ -21,6 +21,8 @@ from array import array
 from collections import OrderedDict
 from typing import Any, Iterable, Sequence
 
+from strata_lab.text.structure import mask_volatile
+
 __all__ = ["FIELDS", "FIDELITIES", "new_call", "text_parts", "image_placeholder", "tool_call", "SessionChain",
            "CHAINING_RULE", "field_path", "parse_field_path", "native_fn"]
 
@@ -42,7 +44,9 @@ CHAINING_RULE = (
     "by one rule, longest prefix over recent calls (not equality): a call joins the session of the recent call "
     "with which it shares the longest prefix that covers that session's start (the call need not extend it); "
     "with none, it starts a new session. Message-level logs compare whole messages (about the last million) "
-    "and the start is the system messages and the first user turn. Id-level logs (vLLM, SGLang) compare token "
+    "and the start is the system messages and the first user turn; a system message is compared with its "
+    "volatile parts masked (timestamps, dates, clock times, uuids and request ids, numbers), so a session whose "
+    "system prompt carries the time stays one session. Id-level logs (vLLM, SGLang) compare token "
     f"ids (the last {ID_RECENT_SESSIONS} sessions, prefix lengths to within {ID_BLOCK} ids) and the start is the "
     f"session's first prompt except at most its last {ID_SLACK} ids (the generation prompt, which later calls "
     f"may render differently; {TEXT_SLACK} characters for vLLM prompts logged as text). So an edited history "
@@ -179,6 +183,25 @@ def field_path(rec: Any, path: str) -> Any:
     return rec if rec is None or isinstance(rec, (str, int, float)) and not isinstance(rec, bool) else str(rec)
 
 
+def _stable_system(messages: Sequence[dict]) -> Sequence[dict]:
+    """`messages` with the volatile parts of its leading system messages masked (`mask_volatile`: a
+    timestamp, a date, a request id), so that a session whose system prompt carries the time still chains; a
+    new list only where a system message changes (the caller's messages are never changed)."""
+    out = None
+    for i, m in enumerate(messages):
+        if m.__class__ is not dict or m.get("role") not in ("system", "developer"):
+            break
+        content = m.get("content")
+        if content.__class__ is not str:
+            continue
+        masked = mask_volatile(content)
+        if masked != content:
+            if out is None:
+                out = list(messages)
+            out[i] = {**m, "content": masked}
+    return messages if out is None else out
+
+
 class SessionChain:
     """Derives session keys for logs that carry none (`CHAINING_RULE`). Messages: every prefix of every call's
     prompt (and prompt + reply) is registered to its session, most recent first; a later call joins the
@@ -219,6 +242,7 @@ class SessionChain:
         """`known`: the digests of the leading messages (`digests` after an earlier call whose messages these
         are), so that a call hashes only the messages it adds. `digests` holds this call's after. The same
         steps run in C where the compiled extension is (strata_lab._replay.chain_messages: the same digests)."""
+        messages = _stable_system(messages)
         native = native_fn("chain_messages")
         if native is not None and messages.__class__ is list:
             session, self.digests = native(self._seen, messages, known if known.__class__ is list else list(known),

@@ -184,6 +184,15 @@ def _reply_end(tokenizer, template, reply: dict, ids: list[int], notes: list) ->
         head = tokenizer.decode(ids[:3]).lstrip()
         if close is not None and head.startswith("</think>"):
             ids = tokenizer.encode(reasoning) + ids
+        elif close is not None:
+            # the template never writes this turn's reasoning (DeepSeek after a tool output, Llama, Mistral):
+            # the model wrote it before the reply, between the think markers its tokenizer has
+            from strata_lab.text.structure import TemplateStructure
+
+            think = TemplateStructure.of(template).think or ("<think>", "</think>")
+            ids = tokenizer.encode(f"{think[0]}\n{reasoning.strip()}\n{think[1]}\n\n") + ids
+            notes.append("reply: reasoning the template does not write put back before the reply, between "
+                         f"{think[0]} and {think[1]}")
         else:
             notes.append("reply: the template drops reasoning_content and has no think tags; reply without it")
     eos_id = tokenizer.added_tokens.get(eos) if eos else None

@@ -1,0 +1,160 @@
+"""What a chat template does with a conversation, found by rendering probe conversations with the template
+itself and comparing the texts (never by looking for one family's strings): where the system message lands,
+the generation prompt, the reasoning markers and whether earlier replies keep their reasoning.
+
+Lint rules and miss causes that must hold for any template (ChatML, DeepSeek, Llama, Mistral, ...) read a
+template through this, and `mask_volatile` is the one definition of the volatile part of a text (a
+timestamp, a date, a request id) that lint and session chaining share.
+
+>>> from strata_lab import ChatTemplate
+>>> s = TemplateStructure.of(ChatTemplate.from_name("qwen3"))
+>>> s.system_open, s.generation_prompts[-1], s.think, s.strips_history_reasoning
+('<|im_start|>system\\n', '<|im_start|>assistant\\n', ('<think>', '</think>'), True)
+>>> text = "<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nhi<|im_end|>\\n"
+>>> a, b = s.system_span(text); text[a:b]
+'Be brief.'
+>>> mask_volatile("Now: 2026-05-01T10:00:07Z (request 7f3a9c2e-1b4d-4e5f-9a8b-0c1d2e3f4a5b), Friday 1 May")
+'Now: # (request #), # # #'
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["TemplateStructure", "mask_volatile", "VOLATILE"]
+
+# The parts of a text that change from call to call while the text means the same: ISO timestamps and dates,
+# clock times, uuids and request / trace ids (a run of letters and digits holding a digit), numbers, and the
+# names of weekdays and months that a date spelled out carries.
+VOLATILE = re.compile(
+    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
+    r"|\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?"
+    r"|[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
+    r"|\b(?=[A-Za-z_-]*\d)[0-9A-Za-z][0-9A-Za-z_-]{5,}\b"
+    r"|\d+"
+    r"|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)(?:day|sday|nesday|rsday|urday)?\b"
+    r"|\b(?:January|February|March|April|May|June|July|August|September|October|November|December"
+    r"|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)\b")
+
+
+def mask_volatile(text: str) -> str:
+    """`text` with each volatile part (`VOLATILE`) replaced by ``#``: two texts that differ only in a
+    timestamp, a date or a request id mask to the same string.
+
+    >>> mask_volatile("Current time: 2026-12-01T10:01:17Z") == mask_volatile("Current time: 2026-12-01T10:02:17Z")
+    True
+    >>> mask_volatile("You are Alice") == mask_volatile("You are Bob")
+    False
+    """
+    return VOLATILE.sub("#", text)
+
+
+_SYS = ("STRATA_PROBE_SYSTEM_A", "STRATA_PROBE_SYSTEM_B")
+_USER = ("STRATA_PROBE_USER_ONE", "STRATA_PROBE_USER_TWO")
+_REPLY, _REASONING, _TOOL = "STRATA_PROBE_REPLY", "STRATA_PROBE_REASONING", "STRATA_PROBE_TOOL_OUTPUT"
+_TAG = re.compile(r"(<[^<>\s]{1,24}>|<｜[^｜]{1,24}｜>|\[[A-Z_/]{2,24}\])")
+_CACHE: dict = {}
+
+
+def _tool_call():
+    return {"id": "call00001", "type": "function", "function": {"name": "probe", "arguments": {"k": "v"}}}
+
+
+@dataclass(frozen=True)
+class TemplateStructure:
+    """A template's structure, from probe renders (`of`).
+
+    system_open: the text before the system message's content when a prompt starts with it (None: the
+        template puts the system message elsewhere, e.g. into the last user turn).
+    system_close: the text between the system content and the first user message's content.
+    generation_prompts: what `add_generation_prompt` adds after a user turn (thinking off, then on) and after
+        a tool output, distinct and non-empty.
+    think: (open, close) reasoning markers the template writes or opens the reply with; None when it has none.
+    renders_reasoning: the template writes a final reply's reasoning.
+    strips_history_reasoning: an earlier reply's reasoning is gone from the next prompt (after a new user turn).
+    """
+
+    name: str
+    system_open: str | None
+    system_close: str
+    generation_prompts: tuple
+    think: tuple | None
+    renders_reasoning: bool
+    strips_history_reasoning: bool
+
+    @classmethod
+    def of(cls, template) -> "TemplateStructure":
+        """The structure of a `ChatTemplate` (computed once per template source)."""
+        key = (template.source, tuple(sorted(template.special_tokens.items())))
+        got = _CACHE.get(key)
+        if got is None:
+            got = _CACHE[key] = cls._probe(template)
+        return got
+
+    @classmethod
+    def _probe(cls, t) -> "TemplateStructure":
+        def render(msgs, gen=False, **kw):
+            try:
+                return t.render(msgs, add_generation_prompt=gen, **kw)
+            except Exception:   # a template that refuses a probe shape (roles, ids) tells nothing about it
+                return None
+
+        sys_a = [{"role": "system", "content": _SYS[0]}, {"role": "user", "content": _USER[0]}]
+        text = render(sys_a) or ""
+        i, j = text.find(_SYS[0]), text.find(_USER[0])
+        system_open, system_close = None, ""
+        if 0 <= i < j:
+            system_close = text[i + len(_SYS[0]):j]
+            longer = render(sys_a + [{"role": "assistant", "content": _REPLY}, {"role": "user", "content": _USER[1]}])
+            # the system message opens every prompt (not only the one whose last user turn carries it)
+            if longer is not None and longer.find(_SYS[0]) == i and text[:i] == longer[:i]:
+                system_open = text[:i]
+        user = [{"role": "user", "content": _USER[0]}]
+        gens = []
+        base = render(user)
+        for kw in ({"enable_thinking": False}, {"enable_thinking": True}, {}):
+            g = render(user, True, **kw)
+            if base is not None and g is not None and g.startswith(base) and len(g) > len(base):
+                gens.append(g[len(base):])
+        tool_turn = user + [{"role": "assistant", "content": "", "tool_calls": [_tool_call()]},
+                            {"role": "tool", "tool_call_id": "call00001", "content": _TOOL}]
+        a, b = render(tool_turn), render(tool_turn, True)
+        if a is not None and b is not None and b.startswith(a) and len(b) > len(a):
+            gens.append(b[len(a):])
+        gens = tuple(dict.fromkeys(gens))
+        reply = {"role": "assistant", "content": _REPLY, "reasoning_content": _REASONING}
+        last = render(user + [reply]) or ""
+        renders = _REASONING in last
+        think = None
+        if renders:
+            k = last.find(_REASONING)
+            before = _TAG.findall(last[:k])
+            after = _TAG.findall(last[k + len(_REASONING):last.find(_REPLY, k)])
+            if before and after:
+                think = (before[-1], after[0])
+        if think is None:   # a template that opens the reply with the marker (thinking on) and closes it (off)
+            tags_on = [_TAG.findall(g) for g in gens]
+            ends = [x[-1] for x in tags_on if x]
+            opens = [e for e in ends if not e.startswith(("</", "<｜/"))]
+            closes = [e for e in ends if e.startswith("</")]
+            if opens and closes:
+                think = (opens[0], closes[0])
+        hist = render(user + [reply, {"role": "user", "content": _USER[1]}], True) or ""
+        return cls(name=t.name, system_open=system_open, system_close=system_close, generation_prompts=gens,
+                   think=think, renders_reasoning=renders, strips_history_reasoning=_REASONING not in hist)
+
+    def system_span(self, text: str) -> tuple[int, int] | None:
+        """(start, end) of the system message in a prompt's text (its content, and what the template writes
+        into the same turn: tools), or None when the prompt does not open with one."""
+        if self.system_open is None or not self.system_close or not text.startswith(self.system_open):
+            return None
+        a = len(self.system_open)
+        b = text.find(self.system_close, a)
+        return (a, b) if b >= 0 else None
+
+    def generation_prompt_at_end(self, text: str) -> str:
+        """The generation prompt a prompt's text ends with ("" when none of the template's does)."""
+        for g in sorted(self.generation_prompts, key=len, reverse=True):
+            if text.endswith(g):
+                return g
+        return ""

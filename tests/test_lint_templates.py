@@ -1,0 +1,209 @@
+"""Lint and the replay's causes do not assume ChatML: one agent log with a client habit per session (a timestamp in
+the system prompt, reasoning dropped, tool arguments re-serialised, old tool outputs truncated, none), imported
+with four real chat templates (Qwen3, DeepSeek-V3.1, Llama 3.1, Devstral), with and without session ids, gives
+the same findings and causes, and each habit's re-read agrees with an independent render (transformers'
+rendering of the same template, encoded with the same tokenizer).
+
+Templates: real files stored unmodified under tests/fixtures/templates (see its README): DeepSeek-V3.1 as
+DeepSeek ships it (its tool-call arguments spliced in as strings), the others as llama.cpp vendors them
+(models/templates, from the llama-cpp-python 0.3.36 sdist). Ids: the qwen3 tokenizer for every template.
+"""
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from strata_lab import ChatTemplate, load_trace
+from strata_lab.caches.lint import lint_calls
+from strata_lab.caches.replay import replay_engines
+from strata_lab.text.structure import TemplateStructure, mask_volatile
+
+T = Path(__file__).parent / "fixtures" / "templates"
+TEMPLATES = {
+    "qwen3": (T / "llama.cpp" / "Qwen-Qwen3-0.6B.jinja", {"eos_token": "<|im_end|>"}),
+    "deepseek-v3.1": (T / "deepseek-ai-DeepSeek-V3.1.jinja",
+                      {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}),
+    "llama-3.1": (T / "llama.cpp" / "meta-llama-Llama-3.1-8B-Instruct.jinja",
+                  {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
+    "devstral": (T / "llama.cpp" / "unsloth-mistral-Devstral-Small-2507.jinja", {"bos_token": "<s>", "eos_token": "</s>"}),
+}
+# one session per habit, in this order (session s of the log has HABITS[s])
+HABITS = ("timestamp", "reasoning_dropped", "arguments_reserialised", "tool_output_truncated", "none")
+RULE = {"timestamp": "volatile_system", "reasoning_dropped": "reasoning_stripped",
+        "arguments_reserialised": "arguments_reserialised", "tool_output_truncated": "tool_output_truncated"}
+CAUSE = {"timestamp": "volatile_system", "reasoning_dropped": "template_rewrite",
+         "arguments_reserialised": "arguments_reserialised", "tool_output_truncated": "tool_output_truncated"}
+CLIENT_RULES = {"volatile_system", "arguments_reserialised", "tool_output_truncated", "history_edit"}
+WORDS = ("parse", "config", "retry", "buffer", "token", "cache", "socket", "queue", "yield", "render", "index",
+         "commit", "branch", "lock", "timeout", "header", "stream", "flush", "merge", "schema", "batch", "limit")
+TOOLS = [{"type": "function", "function": {
+    "name": "read_file", "description": "Read part of a file of the repository",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"},
+                                                   "reason": {"type": "string"}},
+                   "required": ["path"]}}}]
+
+
+def template(name):
+    path, special = TEMPLATES[name]
+    return ChatTemplate(path.read_text(encoding="utf-8"), name=path.stem, special_tokens=special)
+
+
+def session_records(s, habit, calls=4):
+    """An agent session: each call reads one more file; the client keeps the history its own way (`habit`)."""
+    question = f"Case {s}: test_{habit} started failing after yesterday's merge; find the cause and fix it."
+    kept, out = [], []
+    for k in range(calls):
+        clock = f"2026-05-01T10:{s:02d}:{k:02d}Z" if habit == "timestamp" else "2026-05-01"
+        system = f"You are a coding agent in a git repository.\nCurrent time: {clock}\nCite the files you read."
+        thought = f"The traceback of step {k} points into module_{k}.py, so I read that next."
+        args = json.dumps({"path": f"src/module_{k}.py", "limit": 200,
+                           "reason": f"the failing assertion in step {k} calls a helper defined in this module"})
+        cid = f"c{s:02d}x{k:05d}"
+        reply = {"role": "assistant", "content": None, "reasoning_content": thought,
+                 "tool_calls": [{"id": cid, "type": "function", "function": {"name": "read_file", "arguments": args}}]}
+        out.append({"request": {"model": "agent-model", "tools": TOOLS, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": question}] + kept},
+            "response": {"id": f"chatcmpl-{s}-{k}", "choices": [{"index": 0, "message": reply,
+                                                                  "finish_reason": "tool_calls"}]},
+            "session_id": f"case-{s}", "created": 1777600000 + 10 * k + s})
+        sent = {"role": "assistant", "content": None, "tool_calls": [{"id": cid, "type": "function", "function": {
+            "name": "read_file", "arguments": json.dumps(json.loads(args), sort_keys=True)
+            if habit == "arguments_reserialised" else args}}]}
+        if habit != "reasoning_dropped":
+            sent["reasoning_content"] = thought
+        if habit == "tool_output_truncated":   # every older tool output is cut before it is sent again
+            kept = [{**m, "content": m["content"][:240] + "\n[output truncated]"}
+                    if m["role"] == "tool" and not m["content"].endswith("]") else m for m in kept]
+        rng = random.Random(1000 * s + k)   # a file's lines: no run of them recurs in another file
+        body = "\n".join(f"{i:3d}  " + " ".join(rng.choice(WORDS) for _ in range(9)) for i in range(30))
+        kept = kept + [sent, {"role": "tool", "tool_call_id": cid, "content": body}]
+    return out
+
+
+def write_log(path, session_ids):
+    recs = sorted((r for s, h in enumerate(HABITS) for r in session_records(s, h)), key=lambda r: r["created"])
+    with open(path, "w", encoding="utf-8") as f:
+        for r in recs:
+            if not session_ids:
+                r = {k: v for k, v in r.items() if k != "session_id"}
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """(template, session ids) -> (dump, request id -> habit, request id -> session)"""
+    d = tmp_path_factory.mktemp("habits")
+    out = {}
+    for ids in (True, False):
+        log = write_log(d / f"log-{ids}.jsonl", ids)
+        for name in TEMPLATES:
+            dump = load_trace(log).to_dump("qwen3", template(name), d / f"{name}-{ids}.jsonl")
+            recs = dump.records()
+            habit = {r["request_id"]: HABITS[int(r["request_id"].split("-")[1])] for r in recs}
+            out[name, ids] = (dump, habit, {r["request_id"]: r["session"] for r in recs})
+    return out
+
+
+def test_probes_find_each_templates_structure():
+    s = {name: TemplateStructure.of(template(name)) for name in TEMPLATES}
+    assert s["qwen3"].system_open == "<|im_start|>system\n" and s["qwen3"].think == ("<think>", "</think>")
+    assert s["deepseek-v3.1"].system_open == "<｜begin▁of▁sentence｜>" and s["deepseek-v3.1"].system_close == "<｜User｜>"
+    assert s["deepseek-v3.1"].think == ("<think>", "</think>") and not s["deepseek-v3.1"].renders_reasoning
+    assert s["llama-3.1"].system_open.endswith("Today Date: 26 Jul 2024\n\n") and s["llama-3.1"].think is None
+    assert s["devstral"].system_open == "<s>[SYSTEM_PROMPT]" and s["devstral"].generation_prompts == ()
+    for st in s.values():
+        text = st.system_open + "Be brief." + st.system_close + "hi"
+        assert text[slice(*st.system_span(text))] == "Be brief."
+    assert all(st.strips_history_reasoning for st in s.values())
+
+
+def test_mask_volatile():
+    same = [("now 2026-05-01T10:00:07Z", "now 2026-05-02T11:30:59Z"), ("req 7f3a9c2e-1b4d-4e5f-9a8b-0c1d2e3f4a5b",
+            "req 00000000-1111-2222-3333-444444444444"), ("Friday, 1 May 2026", "Saturday, 2 May 2026"),
+            ("request id req_8f2k3j9x", "request id req_1a2b3c4d")]
+    for a, b in same:
+        assert mask_volatile(a) == mask_volatile(b), (a, b)
+    assert mask_volatile("the user is Alice") != mask_volatile("the user is Bob")
+
+
+@pytest.mark.parametrize("ids", [True, False], ids=["session-ids", "chained"])
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_every_habit_is_found_and_named_under_every_template(imported, qwen3, name, ids):
+    dump, habit, session = imported[name, ids]
+    # chaining: without session ids the calls fall into the same five sessions (the timestamp does not split one)
+    groups = {}
+    for rid, s in session.items():
+        groups.setdefault(s, set()).add(habit[rid])
+    assert sorted(map(sorted, groups.values())) == sorted([h] for h in HABITS)
+    of = {s: next(iter(hs)) for s, hs in groups.items()}
+    found = {}
+    for f in lint_calls(dump, qwen3, engines=["sglang"], price=False):
+        found.setdefault(of[f.session], set()).add(f.rule)
+    causes = {}
+    rep = replay_engines(dump, ["sglang"], tokenizer=qwen3).frame()
+    for s, c in zip(rep["session"], rep["divergence"].astype(str)):
+        causes.setdefault(of[s], set()).add(c)
+    for h in HABITS[:-1]:
+        assert RULE[h] in found.get(h, ()), (h, found)
+        assert CAUSE[h] in causes[h], (h, causes)
+    # no client habit in the session without one; the template's own strip of reasoning only where it has one
+    keeps = name == "qwen3"   # Qwen3 writes reasoning of replies after the last user turn; the others drop it
+    assert not found.get("none", set()) & CLIENT_RULES
+    assert ("reasoning_stripped" in found.get("none", set())) == (not keeps)
+    assert (causes["none"] - {"none", "new_session"}) == (set() if keeps else {"template_rewrite"})
+
+
+def _independent_prompt(hf, tmpl, request):
+    """The prompt as transformers renders it with the same template (arguments as the serving stack hands them:
+    parsed where the template serialises them, the client's string where it splices one)."""
+    msgs = [dict(m) for m in request["messages"]]
+    for m in msgs:
+        if m.get("content") is None:
+            m["content"] = ""
+    parsed = [dict(m, tool_calls=[{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                                  for c in m["tool_calls"]]) if m.get("tool_calls") else m for m in msgs]
+    for attempt in (parsed, msgs):
+        try:
+            return hf.apply_chat_template(attempt, tools=request["tools"], chat_template=tmpl.source,
+                                          add_generation_prompt=True, tokenize=False, **tmpl.special_tokens)
+        except TypeError:
+            continue
+    raise AssertionError("the template rendered neither form")
+
+
+def _repeated(held, prompt, lcp):
+    """Held ids after `lcp` that the prompt repeats in order: difflib's matching blocks of 8 ids or more (a
+    shorter match, a quote or a newline id, is no stretch of held text read again)."""
+    from difflib import SequenceMatcher
+
+    m = SequenceMatcher(None, held[lcp:], prompt[lcp:], autojunk=False)
+    return sum(b.size for b in m.get_matching_blocks() if b.size >= 8)
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_each_habits_reread_agrees_with_an_independent_render(imported, qwen3, tmp_path, name):
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=qwen3.hf)
+    tmpl = template(name)
+    dump, habit, _ = imported[name, True]
+    rep = replay_engines(dump, ["sglang"], tokenizer=qwen3).frame()
+    ours = rep.groupby(rep["request_id"].astype(str))["divergence_reread"].sum().to_dict()
+    recs = {r["request_id"]: r for r in dump.records()}
+    log = [r for s, h in enumerate(HABITS) for r in session_records(s, h)]
+    theirs, prev = {}, {}
+    for r in log:
+        rid = r["response"]["id"]
+        prompt = qwen3.encode(_independent_prompt(hf, tmpl, r["request"]))
+        p = prev.get(r["session_id"])
+        if p is not None:
+            held = p[0] + p[1]
+            lcp = next((i for i, (x, y) in enumerate(zip(held, prompt)) if x != y), min(len(held), len(prompt)))
+            theirs[rid] = _repeated(held, prompt, lcp) if lcp < min(len(held), len(prompt)) else 0
+        prev[r["session_id"]] = (prompt, recs[rid]["gen_ids"])   # the reply: the model's, as import rebuilt it
+    for h in HABITS[:-1]:
+        a = sum(ours.get(rid, 0) for rid in theirs if habit[rid] == h)
+        b = sum(theirs[rid] for rid in theirs if habit[rid] == h)
+        assert b > 0 and abs(a - b) <= 0.05 * b, (h, a, b)
