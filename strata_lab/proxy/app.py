@@ -23,6 +23,13 @@ from urllib.parse import urlsplit
 
 from strata_lab.proxy.engines import PROFILES, ROUTES, Capture, plan_request, strip
 
+try:
+    import orjson as _orjson
+
+    _loads = _orjson.loads
+except ImportError:  # pragma: no cover - orjson is a core dependency
+    _loads = json.loads
+
 __all__ = ["ProxyConfig", "Upstream", "create_app", "probe_upstream", "HOP_BY_HOP"]
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -346,7 +353,7 @@ def create_app(config: ProxyConfig, upstream: Upstream, writer, *, client=None):
         send_raw = raw
         if kind is not None:
             try:
-                body = json.loads(raw) if raw else None
+                body = _loads(raw) if raw else None
             except ValueError:
                 body = None
             fwd, plan = plan_request(profile, path, body)
@@ -414,7 +421,7 @@ def create_app(config: ProxyConfig, upstream: Upstream, writer, *, client=None):
         obj = None
         if resp.headers.get("content-type", "").startswith("application/json") or data[:1] in (b"{", b"["):
             try:
-                obj = json.loads(data)
+                obj = _loads(data)
             except ValueError:
                 obj = None
         if isinstance(obj, list) and plan.kind == "llama":   # a batch of prompts: the first one is recorded
@@ -493,14 +500,14 @@ def create_app(config: ProxyConfig, upstream: Upstream, writer, *, client=None):
             if payload.strip() == b"[DONE]":
                 return ev
             try:
-                obj = json.loads(payload)
+                obj = _loads(payload)
             except ValueError:
                 return ev
             self.cap.feed(obj)
             if self.plan.drop_usage_chunk and isinstance(obj, dict) and obj.get("choices") == [] and \
                     isinstance(obj.get("usage"), dict):
                 return None
-            return strip(ev, self.plan) if self.plan.keys else ev
+            return strip(ev, self.plan) if self.plan.keys and b'token' in ev else ev
 
         async def __call__(self, scope, receive, send):
             cancelled = True
