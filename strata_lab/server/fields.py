@@ -50,7 +50,8 @@ FIELDS: tuple[Field, ...] = (
     Field("input", "R", "text, or message / function_call / function_call_output / reasoning items", 5),
     Field("instructions", "R", "a system message for this response only (not carried by previous_response_id)",
           5),
-    Field("previous_response_id", "R", "continue a held response's conversation (the last 256, in memory)", 5),
+    Field("previous_response_id", "R",
+          "continue a held response's conversation (the same API key's, bounded and expiring: docs/SECURITY.md)", 5),
     Field("assistant_prefix", "CM", "text the reply starts with (prompt tokens, never echoed)", 5),
     Field("continue_final_message", "C", "continue the final assistant message instead of opening a turn", "x"),
     Field("add_generation_prompt", "C", "accepted when it agrees with continue_final_message (true without, "
@@ -71,7 +72,7 @@ FIELDS: tuple[Field, ...] = (
     Field("stop_sequences", "M", "stop sequences; stop_reason stop_sequence", 5),
     # --- sampling (engine sampler: strata_lab/engine.py Sampling)
     Field("temperature", _SAMPLER, "0 greedy; C/O/L/R 0..2, M 0..1", "x"),
-    Field("top_p", _SAMPLER, "nucleus filter (0, 1]", "x"),
+    Field("top_p", _SAMPLER, "nucleus filter (0, 1]; below 1e-6 keeps the top token (sampler values table)", "x"),
     Field("top_k", _SAMPLER, "keep the k most likely ids (0 off)", "x"),
     Field("min_p", _SAMPLER, "keep ids with p >= min_p * p_max", "x"),
     Field("seed", _SAMPLER, "the sampler seed; none: the server's `--seed`, else a fresh one per request, "
