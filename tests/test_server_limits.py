@@ -496,6 +496,11 @@ def test_text_file_is_not_a_chat_template(tmp_path):
     ("{{ messages }}{{ 'a' * 10**8 }}", "over the limit"),
     ("{{ messages }}{{ 'a'|center(1000000000) }}", "over the limit"),
     ("{{ messages }}{{ '{:>1000000000}'.format(1) }}", "over the limit"),
+    # joins and replacements are sized before the string is built (a 60-byte template built 1 GB to be refused)
+    ("{{ messages }}{{ (range(100000)|list)|join('y'*10000) }}", "join filter's result would be"),
+    ("{{ messages }}{{ ('y'*10000).join(range(100000)|map('string')|list) }}", "str.join..'s result would be"),
+    ("{{ messages }}{{ ('x'*100000)|replace('x', 'y'*1000) }}", "replace filter's result would be"),
+    ("{{ messages }}{{ ('x'*100000).replace('x', 'y'*1000) }}", "str.replace..'s result would be"),
     ("{{ messages }}{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "longer than"),
 ])
 def test_template_render_limits(source, message):

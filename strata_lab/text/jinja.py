@@ -205,6 +205,10 @@ def _environment():
             owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)  # the sandbox wraps str.format
             if name == "format" and isinstance(owner, str):
                 _check_size(_widest(owner), "a formatted value")
+            if name == "join" and isinstance(owner, str) and args and isinstance(args[0], (list, tuple)):
+                _check_size(_joined_size(args[0], owner), "str.join()'s result")
+            if name == "replace" and isinstance(owner, str) and len(args) >= 2:
+                _check_size(_replaced_size(owner, *args[:3]), "str.replace()'s result")
             # a width passed as an argument: padding methods, and a format string with a nested {width} field
             if name in _WIDTH_METHODS or (name == "format" and isinstance(owner, str) and re.search(r"{[^{}]*{", owner)):
                 for value in list(args) + list(kwargs.values()):
@@ -228,6 +232,8 @@ def _environment():
     env.globals["lipsum"] = bounded_lipsum
     for fname in ("center", "indent", "format"):
         env.filters[fname] = _bounded_filter(env.filters[fname], fname)
+    env.filters["join"] = _bounded_join(env.filters["join"])
+    env.filters["replace"] = _bounded_replace(env.filters["replace"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -242,6 +248,53 @@ _WIDTH_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
 def _widest(fmt: str) -> int:
     """The largest number written in a format string (a width or precision such as `{:>1000000000}`)."""
     return max((int(m) for m in re.findall(r"\d+", fmt)), default=0)
+
+
+def _joined_size(items, sep) -> int:
+    """The length of `sep.join(items)` (strings counted as they are, other values by their str()), found before
+    the string is built: a 60-byte template must not build a gigabyte to be refused."""
+    sep_len = len(sep) if isinstance(sep, str) else 0
+    total = sep_len * max(len(items) - 1, 0)
+    for item in items:
+        total += len(item) if isinstance(item, str) else len(str(item)) if isinstance(item, (int, float)) else 0
+    return total
+
+
+def _replaced_size(s: str, old, new, count=-1) -> int:
+    """The length of `s.replace(old, new, count)`, from the number of matches (counting is cheap)."""
+    if not (isinstance(old, str) and isinstance(new, str)):
+        return len(s)
+    hits = s.count(old) if old else len(s) + 1
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        hits = min(hits, count)
+    return len(s) + hits * (len(new) - len(old))
+
+
+def _bounded_join(fn):
+    from jinja2 import pass_eval_context
+
+    @pass_eval_context
+    def join(eval_ctx, value, d="", attribute=None):
+        if attribute is None and not isinstance(value, str):
+            value = list(value) if not isinstance(value, (list, tuple)) else value
+            _check_size(_joined_size(value, d), "the join filter's result")
+        out = fn(eval_ctx, value, d, attribute)
+        _check_size(len(out), "the join filter's result")
+        return out
+
+    return join
+
+
+def _bounded_replace(fn):
+    from jinja2 import pass_eval_context
+
+    @pass_eval_context
+    def replace(eval_ctx, s, old, new, count=None):
+        if isinstance(s, str):
+            _check_size(_replaced_size(s, old, new, -1 if count is None else count), "the replace filter's result")
+        return fn(eval_ctx, s, old, new, count)
+
+    return replace
 
 
 def _bounded_filter(fn, name: str):
