@@ -505,7 +505,7 @@ class Engine:
     @classmethod
     def load(cls, path: str | os.PathLike, *, threads: Optional[int] = None,
              max_context: Optional[int] = None, mmap: bool = True, check_weights: bool = False,
-             weights: Optional[str] = None, kv_cache: str = "auto") -> "Engine":
+             weights: Optional[str] = None, kv_cache: str = "auto", device: str = "cpu") -> "Engine":
         """Load a Hugging Face model folder (config.json + safetensors, f32/f16/bf16).
 
         ``threads``: OpenMP threads (None: all cores; at most 4 per core). ``max_context``: tokens a session
@@ -541,6 +541,12 @@ class Engine:
         within the bound `tests/test_engine_attention.py` holds against the f32 cache. Needs head_dim a
         multiple of 32 (else ModelFolderError).
 
+        ``device``: ``"cpu"`` (default) or ``"cuda"``: a dense Qwen3 model's forward on the first CUDA GPU, in
+        bf16 with a bf16 KV cache on the device (``info["device"]``); sessions, reuse and sampling as on the
+        CPU, each step's logits copied to the host (docs/ENGINE.md "GPU"). Hybrid models, ``weights="int8"``
+        and a ``kv_cache`` other than ``"auto"`` are CPU-only (ValueError); a build without the CUDA backend
+        or a machine without a usable GPU raises one RuntimeError saying which.
+
         >>> import tempfile
         >>> from strata_lab.tiny import make_tiny
         >>> Engine.load(make_tiny(tempfile.mkdtemp()), threads=1, mmap=False, check_weights=True).vocab_size
@@ -564,9 +570,11 @@ class Engine:
             raise ValueError(f"weights must be None, 'stored' or 'int8', got {weights!r}")
         if not isinstance(kv_cache, str) or kv_cache not in KV_CACHES:
             raise ValueError(f"kv_cache must be 'auto', 'f32', 'f16' or 'q8', got {kv_cache!r}")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         path = os.fspath(path)
         return cls(_ext().Engine(path, threads or 0, max_context or 0, mmap, check_weights, weights or "stored",
-                                 kv_cache), path)
+                                 kv_cache, device), path)
 
     @property
     def vocab_size(self) -> int:

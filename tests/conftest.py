@@ -33,8 +33,32 @@ def tiny_engine(tiny_dir):
     return Engine.load(tiny_dir, threads=2, max_context=256)
 
 
+def cuda_gpu_present() -> bool:
+    """Whether a CUDA GPU is usable here: the driver library loads, initialises and counts a device (no
+    framework imported; the engine's own backend says more at Engine.load(device="cuda"))."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+
+
+@pytest.fixture(scope="session")
+def cuda_gpu() -> bool:
+    return cuda_gpu_present()
+
+
 def pytest_collection_modifyitems(config, items):
-    """`live` tests start real engines: they run only when `-m` names them (`pytest -m live`)."""
+    """`gpu` tests are skipped without a CUDA GPU. `live` tests start real engines: they run only when `-m`
+    names them (`pytest -m live`)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_items and not cuda_gpu_present():
+        skip_gpu = pytest.mark.skip(reason="no CUDA GPU")
+        for item in gpu_items:
+            item.add_marker(skip_gpu)
     if "live" in (config.getoption("markexpr", "") or ""):
         return
     skip = pytest.mark.skip(reason="live engine check: run with pytest -m live")

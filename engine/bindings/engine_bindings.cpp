@@ -421,7 +421,7 @@ void register_checkpoint(py::module_& m) {
 void register_engine(py::module_& m) {
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine")
       .def(py::init([](const std::string& path, int threads, int64_t max_context, bool mmap, bool check_finite,
-                       const std::string& weights, const std::string& kv_cache) {
+                       const std::string& weights, const std::string& kv_cache, const std::string& device) {
              LoadOptions o;
              o.threads = threads;
              o.max_context = max_context;
@@ -434,12 +434,15 @@ void register_engine(py::module_& m) {
              else if (kv_cache == "q8") o.kv_cache = KVCache::Q8;
              else if (kv_cache != "auto")
                throw std::invalid_argument("kv_cache must be 'auto', 'f32', 'f16' or 'q8', got '" + kv_cache + "'");
+             if (device == "cuda") o.device = Device::Cuda;
+             else if (device != "cpu") throw std::invalid_argument("device must be 'cpu' or 'cuda', got '" + device + "'");
              py::gil_scoped_release release;
              ReleaseTeam team;
              return std::make_shared<Engine>(path, o);
            }),
            py::arg("path"), py::arg("threads") = 0, py::arg("max_context") = 0, py::arg("mmap") = true,
-           py::arg("check_finite") = false, py::arg("weights") = "stored", py::arg("kv_cache") = "auto")
+           py::arg("check_finite") = false, py::arg("weights") = "stored", py::arg("kv_cache") = "auto",
+           py::arg("device") = "cpu")
       .def("info", [](const Engine& e) {
         const ModelInfo& i = e.info();
         py::dict d;
@@ -453,6 +456,7 @@ void register_engine(py::module_& m) {
         d["kv_cache"] = i.kv_cache;
         d["stream_bytes"] = i.stream_bytes;
         d["weights_memory"] = i.weights_memory;
+        d["device"] = i.device;
         return d;
       })
       .def("forward", [](Engine& e, const std::vector<int64_t>& ids) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "qwen3.h"
+#include "qwen3_cuda.h"
 #include "step_scheduler.h"
 #include "strata/kernels.h"
 #include "qwen3_next.h"
@@ -156,9 +157,18 @@ void check_kv_cache(const ModelInfo& info, int64_t head_dim) {
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts) {
   if (opts.threads < 0) throw std::invalid_argument("threads must be >= 0, got " + std::to_string(opts.threads));
   if (opts.max_context < 0) throw std::invalid_argument("max_context must be >= 0, got " + std::to_string(opts.max_context));
+  const bool cuda = opts.device == Device::Cuda;
+  if (cuda && opts.weights == WeightFormat::Int8)
+    throw std::invalid_argument("weights='int8' runs on the CPU only (device='cuda' computes with bf16 weights)");
+  if (cuda && opts.kv_cache != KVCache::Auto)
+    throw std::invalid_argument("kv_cache: device='cuda' keeps a bf16 KV cache; pass kv_cache='auto'");
   auto ckpt = std::make_unique<ModelFolder>(dir, opts.use_mmap);
   if (opts.check_finite) ckpt->check_finite();
   const std::string type = ckpt->model_type();
+  if (cuda && type == "qwen3") return load_qwen3_cuda(std::move(ckpt), opts);
+  if (cuda && type == "qwen3_next")
+    throw std::invalid_argument("device='cuda': model_type 'qwen3_next' has Gated DeltaNet (hybrid) layers, and "
+                                "hybrid layers run on the CPU only; load it with device='cpu'");
   // One line per architecture.
   if (type == "qwen3") return std::make_unique<Qwen3Model>(std::move(ckpt), opts);
   if (type == "qwen3_next") return std::make_unique<Qwen3NextModel>(std::move(ckpt), opts);

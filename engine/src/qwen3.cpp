@@ -11,33 +11,32 @@ namespace strata {
 
 namespace k = kernels;
 
-Qwen3Model::Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opts)
-    : ckpt_(std::move(ckpt)), store_(opts.weights, copy_weights(*ckpt_, opts)) {
-  ModelFolder& c = *ckpt_;
-  const int64_t V = c.cfg_int("vocab_size");
-  D_ = c.cfg_int("hidden_size");
-  const int64_t L = c.cfg_int("num_hidden_layers");
-  H_ = c.cfg_int("num_attention_heads");
-  Hkv_ = c.cfg_int("num_key_value_heads", H_);
-  hd_ = c.cfg_int("head_dim", 128);
-  I_ = c.cfg_int("intermediate_size");
-  eps_ = float(c.cfg_float("rms_norm_eps", 1e-6));
+Qwen3Config Qwen3Config::read(ModelFolder& c) {
+  Qwen3Config q;
+  q.vocab = c.cfg_int("vocab_size");
+  q.hidden = c.cfg_int("hidden_size");
+  q.layers = c.cfg_int("num_hidden_layers");
+  q.heads = c.cfg_int("num_attention_heads");
+  q.kv_heads = c.cfg_int("num_key_value_heads", q.heads);
+  q.head_dim = c.cfg_int("head_dim", 128);
+  q.inter = c.cfg_int("intermediate_size");
+  q.eps = float(c.cfg_float("rms_norm_eps", 1e-6));
   auto positive = [&](const char* name, int64_t v) {
     if (v <= 0) throw ModelFolderError("config.json: field '" + std::string(name) + "' must be positive, got " + std::to_string(v));
   };
-  positive("vocab_size", V); positive("hidden_size", D_); positive("num_hidden_layers", L);
-  positive("num_attention_heads", H_); positive("num_key_value_heads", Hkv_); positive("head_dim", hd_);
-  positive("intermediate_size", I_);
-  if (H_ % Hkv_ != 0) throw ModelFolderError("config.json: num_attention_heads must be a multiple of num_key_value_heads");
-  if (hd_ % 2 != 0 || hd_ > 1024) throw ModelFolderError("config.json: head_dim must be even and <= 1024");
+  positive("vocab_size", q.vocab); positive("hidden_size", q.hidden); positive("num_hidden_layers", q.layers);
+  positive("num_attention_heads", q.heads); positive("num_key_value_heads", q.kv_heads); positive("head_dim", q.head_dim);
+  positive("intermediate_size", q.inter);
+  if (q.heads % q.kv_heads != 0) throw ModelFolderError("config.json: num_attention_heads must be a multiple of num_key_value_heads");
+  if (q.head_dim % 2 != 0 || q.head_dim > 1024) throw ModelFolderError("config.json: head_dim must be even and <= 1024");
   if (c.cfg_bool("attention_bias", false)) throw ModelFolderError("config.json: attention_bias=true is not supported");
   std::string act = c.cfg_str("hidden_act", "silu");
   if (act != "silu") throw ModelFolderError("config.json: hidden_act '" + act + "' is not supported (silu only)");
-  double theta = 10000.0;
+  q.rope_theta = 10000.0;
   if (const Json* rp = c.config().find("rope_parameters"); rp && rp->is_object()) {
-    if (const Json* t = rp->find("rope_theta"); t && t->is_number()) theta = t->number;
+    if (const Json* t = rp->find("rope_theta"); t && t->is_number()) q.rope_theta = t->number;
   } else {
-    theta = c.cfg_float("rope_theta", 10000.0);
+    q.rope_theta = c.cfg_float("rope_theta", 10000.0);
   }
   if (const Json* rs = c.config().find("rope_scaling"); rs && rs->is_object()) {
     const Json* ty = rs->find("rope_type");
@@ -45,6 +44,21 @@ Qwen3Model::Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opt
     if (ty && ty->is_string() && ty->string != "default")
       throw ModelFolderError("config.json: rope_scaling type '" + ty->string + "' is not supported");
   }
+  return q;
+}
+
+Qwen3Model::Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opts)
+    : ckpt_(std::move(ckpt)), store_(opts.weights, copy_weights(*ckpt_, opts)) {
+  ModelFolder& c = *ckpt_;
+  const Qwen3Config cfg = Qwen3Config::read(c);
+  const int64_t V = cfg.vocab, L = cfg.layers;
+  D_ = cfg.hidden;
+  H_ = cfg.heads;
+  Hkv_ = cfg.kv_heads;
+  hd_ = cfg.head_dim;
+  I_ = cfg.inter;
+  eps_ = cfg.eps;
+  const double theta = cfg.rope_theta;
   inv_freq_ = k::rope_inv_freq(theta, int(hd_));
 
   DecoderIO io = load_decoder_io(c, "qwen3", V, D_, L, opts, info_);

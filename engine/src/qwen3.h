@@ -8,6 +8,14 @@
 
 namespace strata {
 
+// config.json of a Qwen3 dense model, checked (ModelFolderError naming the field); read by both backends.
+struct Qwen3Config {
+  int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, inter = 0;
+  float eps = 1e-6f;
+  double rope_theta = 10000.0;
+  static Qwen3Config read(ModelFolder& c);
+};
+
 class Qwen3Model final : public Model {
  public:
   Qwen3Model(std::unique_ptr<ModelFolder> ckpt, const LoadOptions& opts);

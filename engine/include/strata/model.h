@@ -25,6 +25,7 @@ struct ModelInfo {
   // where the matrices live: "mapped" (the file mapping), "hugepages" (copied out of it, copy_weights()),
   // "read" (use_mmap=false: a huge-page buffer read at load) or "int8" (quantised at load, huge pages)
   std::string weights_memory = "mapped";
+  std::string device = "cpu";  // where the forward runs: "cpu" or "cuda" (docs/ENGINE.md "GPU")
 };
 
 enum class WeightFormat { Stored, Int8 };
@@ -32,6 +33,9 @@ enum class WeightFormat { Stored, Int8 };
 // weights, f32 for f32 weights (parity with transformers f32); F32 / F16 / Q8 whatever the weights (Q8: int8
 // values in blocks of 32 along head_dim with an f16 scale each, llama.cpp's q8_0: AttentionKV's KVFormat::Q8).
 enum class KVCache { Auto, F32, F16, Q8 };
+// Where the forward runs. Cuda: dense Qwen3 only, bf16 weights and KV cache on the first GPU, through the CUDA
+// backend library loaded at the first such load (engine/src/qwen3_cuda.h); logits come back to the host.
+enum class Device { Cpu, Cuda };
 
 struct LoadOptions {
   int threads = 0;            // 0: all cores (OpenMP default)
@@ -40,6 +44,7 @@ struct LoadOptions {
   bool check_finite = false;  // refuse weights holding NaN or infinity (costs one pass over them)
   WeightFormat weights = WeightFormat::Stored;  // Int8: projection matrices and lm_head quantised at load
   KVCache kv_cache = KVCache::Auto;
+  Device device = Device::Cpu;
 };
 
 // Matrices as a model computes with them: the model folder's view unchanged, or (LoadOptions::weights ==
