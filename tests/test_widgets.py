@@ -152,6 +152,31 @@ def test_prefix_experiment_on_the_tiny_engine(tmp_path):
         PrefixExperiment(engine, top_k=0)
 
 
+def test_prefix_experiment_shows_bad_input_in_the_widget():
+    """Messages that are not JSON are said in the widget's status area (a button callback that raised would
+    reach only JupyterLab's log console); the engine is never called."""
+    pytest.importorskip("ipywidgets")
+    from strata_lab.notebook.widgets import PrefixExperiment
+
+    class NoEngine:
+        def forward(self, ids):
+            raise AssertionError("bad input must not reach the engine")
+
+    w = PrefixExperiment(NoEngine(), [{"role": "user", "content": "Merhaba"}])
+    assert w.status.value == "" and w.error is None
+    w.explorer.messages.value = '[{"role": "user", '           # shown as one types
+    assert "messages: not valid JSON" in w.status.value and w.error.startswith("messages: not valid JSON")
+    w.status.value = ""
+    assert w.run() == {} and "messages: not valid JSON" in w.status.value   # and when run is pressed
+    assert w.left.value == w.right.value == ""
+    w.button.click()                                                       # the button does not raise
+    assert "messages: not valid JSON" in w.status.value
+    w.explorer.messages.value = '{"role": "user"}'
+    assert "messages: must be a JSON list" in w.status.value
+    w.explorer.messages.value = '[{"role": "user", "content": "Merhaba"}]'
+    assert w.status.value == "" and w.error is None
+
+
 def test_divergence_viewer_pages_through_a_store(dump_path, tmp_path):
     """On a store the viewer holds one page of one replica's calls, replayed as pages turn."""
     import glob

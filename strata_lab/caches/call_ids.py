@@ -194,8 +194,8 @@ def calls_from_records(records: Iterable[dict]) -> Iterator[Call]:
                    record=rec)
 
 
-def calls_from_dump(dump) -> list[Call]:
-    """All calls of a dump (a `Dump`, a path, or paths), in file order.
+def calls_from_dump(dump, *, progress: bool = False) -> list[Call]:
+    """All calls of a dump (a `Dump`, a path, or paths), in file order; `progress`: a bar over the calls read.
 
     >>> import os, tempfile
     >>> from strata_lab.dump.writer import Recorder
@@ -210,13 +210,14 @@ def calls_from_dump(dump) -> list[Call]:
     from strata_lab.traces.hashtrace import HashTrace, is_hash_trace, load_hash_trace
 
     if isinstance(dump, HashTrace):
-        return calls_from_hash_trace(dump)
+        return calls_from_hash_trace(dump, progress=progress)
     if isinstance(dump, (str, os.PathLike)) and is_hash_trace(dump):  # a Mooncake / Bailian trace
-        return calls_from_hash_trace(load_hash_trace(dump))
+        return calls_from_hash_trace(load_hash_trace(dump, progress=progress), progress=progress)
     from strata_lab.dump import Dump, load_dump
+    from strata_lab.progress import progress_bar
 
     d = dump if isinstance(dump, Dump) else load_dump(dump)
-    return list(calls_from_records(d))
+    return list(progress_bar(calls_from_records(d), enabled=progress, desc="read calls", unit="call"))
 
 
 class HashBlocks:
@@ -233,11 +234,9 @@ class HashBlocks:
 def calls_from_hash_trace(trace, *, progress: bool = False) -> list[Call]:
     """`Call`s of a `strata_lab.traces.hashtrace.HashTrace`: synthetic ids as int32 arrays, arrival times,
     sessions, and the blocks (`Call.blocks`) that let block pools key whole blocks."""
-    it = trace.synth()
-    if progress:
-        from tqdm.auto import tqdm
+    from strata_lab.progress import progress_bar
 
-        it = tqdm(it, total=len(trace), desc="hash trace", unit="call")
+    it = progress_bar(trace.synth(), enabled=progress, total=len(trace), desc="hash trace", unit="call")
     out, seqs, covered = [], [], []
     ctx = HashBlocks(seqs, trace.block, np.zeros(0, np.int64), np.zeros(0, np.int64))
     for i, (prompt, output, seq, cov) in enumerate(it):

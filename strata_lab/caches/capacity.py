@@ -49,7 +49,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["sweep", "plot_sweep", "BlockStream", "block_stream", "simulate", "BLOCK_POLICIES", "CAPACITIES"]
+__all__ = ["sweep", "plot_sweep", "policy_notes", "BlockStream", "block_stream", "simulate", "BLOCK_POLICIES",
+           "CAPACITIES"]
 
 BLOCK_POLICIES = ("lru", "lfu", "fifo", "atc25")
 # engine policy names -> engine spec (the capacity field comes from sweeps.BUDGET_FIELD)
@@ -77,15 +78,16 @@ class BlockStream:
         return int(self.prompt.sum())
 
 
-def block_stream(trace, *, block: int = 16) -> BlockStream:
+def block_stream(trace, *, block: int = 16, progress: bool = False) -> BlockStream:
     """The stream of a hash trace (`HashTrace` or its path: its own blocks) or of any dump / list of `Call`s
-    (chained keys of `block`-token blocks, full blocks only)."""
+    (chained keys of `block`-token blocks, full blocks only); `progress`: bars while it is read and keyed."""
     import os
 
+    from strata_lab.progress import progress_bar
     from strata_lab.traces.hashtrace import HashTrace, is_hash_trace, load_hash_trace
 
     if isinstance(trace, (str, os.PathLike)) and is_hash_trace(trace):
-        trace = load_hash_trace(trace)
+        trace = load_hash_trace(trace, progress=progress)
     if isinstance(trace, HashTrace):
         T = trace.block
         recs = trace.records
@@ -99,11 +101,11 @@ def block_stream(trace, *, block: int = 16) -> BlockStream:
     from strata_lab.caches.replay import _order
     from strata_lab.caches.vllm import chain_hashes
 
-    calls = calls_from_dump(trace)
+    calls = calls_from_dump(trace, progress=progress)
     order = _order(calls)
     seen: set = set()
     keys, prompt, ts, sess, cats = [], [], [], [], []
-    for n, i in enumerate(order):
+    for n, i in enumerate(progress_bar(order, enabled=progress, desc="block keys", unit="call")):
         c = calls[i]
         keys.append(chain_hashes(c.prompt, 0, 0, block, c.cache_salt).tolist())
         prompt.append(c.prompt_len)
@@ -328,6 +330,21 @@ def _point(data, policy, capacity, tier2, replicas, routing, layout):
     return out
 
 
+def policy_notes(policies, stream: BlockStream | None) -> dict:
+    """{policy: note} for the policies that are another one on this trace because their inputs are missing:
+    `atc25` keys on request categories (type x first turn or later), so on a trace with one category only
+    (Mooncake: no types, no chat chains) it evicts exactly as `lru`.
+
+    >>> s = BlockStream([[1]], np.ones(1, np.int64), np.ones(1, np.int64), np.zeros(1), ["a"], ["request/first"], 16)
+    >>> policy_notes(["lru", "atc25"], s)
+    {'atc25': 'atc25: the trace has no request categories; it is lru here'}
+    """
+    notes = {}
+    if "atc25" in policies and stream is not None and len(set(stream.category)) <= 1:
+        notes["atc25"] = "atc25: the trace has no request categories; it is lru here"
+    return notes
+
+
 def sweep(trace, capacities=None, policies=("lru", "lfu", "atc25", "vllm", "sglang"), *, tier2=None,
           replicas: int = 1, routing: str = "session", block: int = 16, dask=None, progress: bool = False):
     """Token-weighted hit rate against capacity: one row per (policy, capacity, layout).
@@ -340,7 +357,8 @@ def sweep(trace, capacities=None, policies=("lru", "lfu", "atc25", "vllm", "sgla
     per-replica caches of capacity / K (`layout` "per-replica", routed by `routing`).
     `block`: block tokens for the block policies on id-level dumps (a hash trace uses its own).
     `dask`: "local[:N]", a scheduler address or a `distributed.Client`: the points run as Dask tasks.
-    `progress`: a progress bar over the points.
+    `progress`: progress bars on stderr (reading the trace, keying its blocks, one step per point).
+    Column `note`: why a policy is another one on this trace (`policy_notes`), else "".
     """
     import pandas as pd
 
@@ -369,19 +387,21 @@ def sweep(trace, capacities=None, policies=("lru", "lfu", "atc25", "vllm", "sgla
         from strata_lab.caches.presets import parse_engine
 
         parse_engine(ENGINE_POLICIES.get(p, p))
+    import os
+
+    from strata_lab.progress import progress_bar
+    from strata_lab.traces.hashtrace import HashTrace, is_hash_trace, load_hash_trace
+
+    if isinstance(trace, (str, os.PathLike)) and is_hash_trace(trace):   # read once, for the stream and the calls
+        trace = load_hash_trace(trace, progress=progress)
     data = {}
     if len(engines) < len(policies):
-        data["stream"] = ("stream", block_stream(trace, block=block))
+        data["stream"] = ("stream", block_stream(trace, block=block, progress=progress))
     if engines:
         from strata_lab.caches.call_ids import calls_from_dump
-        from strata_lab.traces.hashtrace import HashTrace
 
-        if isinstance(trace, HashTrace):
-            from strata_lab.caches.call_ids import calls_from_hash_trace
-
-            data["calls"] = ("calls", calls_from_hash_trace(trace))
-        else:
-            data["calls"] = ("calls", calls_from_dump(trace))
+        data["calls"] = ("calls", calls_from_dump(trace, progress=progress))
+    notes = policy_notes(policies, data["stream"][1] if "stream" in data else None)
     layouts = [("shared", 1)] + ([("per-replica", replicas)] if replicas > 1 else [])
     points = [(p, c, name, k) for p in policies for c in caps for name, k in layouts]
 
@@ -405,15 +425,16 @@ def sweep(trace, capacities=None, policies=("lru", "lfu", "atc25", "vllm", "sgla
             if owned:
                 client.close()
     else:
-        it = points
-        if progress:
-            from tqdm.auto import tqdm
-
-            it = tqdm(points, desc="sweep", unit="point")
-        rows = [_point(*args(*pt)) for pt in it]
+        bar = progress_bar(points, enabled=progress, desc="sweep", unit="point")
+        rows = []
+        for pt in bar:
+            if progress:   # which point runs now: one can take minutes on a production trace
+                bar.set_postfix_str(f"{pt[0]} at " + ("unbounded" if pt[1] is None else f"{pt[1]:.3g} tokens"))
+            rows.append(_point(*args(*pt)))
     cols = ["policy", "capacity", "layout", "replicas", "tier2", "hit_rate", "tier2_hit_rate", "reused",
             "prompt_tokens", "evictions"]
     df = pd.DataFrame(rows)[cols]
+    df["note"] = [notes.get(p, "") for p in df["policy"]]
     df["capacity"] = df["capacity"].astype("Int64")
     df["tier2"] = df["tier2"].astype("Int64")
     return df
@@ -439,6 +460,9 @@ def plot_sweep(frame, path=None, *, ax=None, title: str | None = None):
 
         label = pol + ("" if frame["layout"].nunique() == 1 else f" ({layout})") + \
             ("" if pd.isna(t2) else f" + tier 2 of {int(t2):,}")
+        note = str(g["note"].iloc[0]) if "note" in g and pd.notna(g["note"].iloc[0]) else ""
+        if note:   # a policy that is another one on this trace says so where its line is read
+            label += f" ({note.split(': ', 1)[-1]})"
         ax.plot(g["capacity"].astype(float), 100 * g["hit_rate"], marker="o", ms=3, label=label)
     unb = frame[frame["capacity"].isna()]
     if len(unb):

@@ -109,11 +109,9 @@ def export_trace(dump, out, *, format: str = "mooncake", block: int | None = Non
 
     chats: dict = {}     # session -> (last chat id, turns)
     hashed = []          # per call in order: (prompt digests, output digests)
-    it = order
-    if progress:
-        from tqdm.auto import tqdm
+    from strata_lab.progress import progress_bar
 
-        it = tqdm(order, desc=f"export {format}", unit="call")
+    it = progress_bar(order, enabled=progress, desc=f"export {format}", unit="call")
     for n, i in enumerate(it):
         c = calls[i]
         seq = c.sequence()

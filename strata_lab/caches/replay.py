@@ -31,6 +31,7 @@ from strata_lab.caches.base import Hint
 from strata_lab.caches.call_ids import Call, as_ids, calls_from_dump, lcp_call
 from strata_lab.caches.fleet import Router
 from strata_lab.caches.presets import parse_engine
+from strata_lab.progress import progress_bar
 from strata_lab.caches.report import (_DTYPES, EnginesReport, ReplayReport,  # noqa: F401 (re-exported)
                                       reported_agrees, reported_base)
 from strata_lab.replayer.explain import SessionHistory, attribute, explain, name_habit
@@ -63,6 +64,10 @@ def explain_calls(calls: list[Call], tokenizer=None, order: list[int] | None = N
     last: dict[str, Call] = {}
     turns: Counter = Counter()
     named = tokenizer is not None and not (calls and calls[0].blocks is not None)   # hash traces have no text
+    if named:   # nor has a dump of one: its placeholder ids pass the vocabulary
+        rows = getattr(tokenizer, "embedding_rows", None)
+        named = rows is None or not any((c.record or {}).get("synthetic_ids") is True and len(c.prompt) and
+                                        int(c.prompt.max()) >= rows for c in calls)
     out = {}
     for i in order:
         c = calls[i]
@@ -255,11 +260,7 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         models = [preset.build() for _ in range(preset.replicas)]
         router = Router(preset)
         where: dict[str, int] = {}
-        it = order
-        if progress:
-            from tqdm.auto import tqdm
-
-            it = tqdm(order, desc=f"replay {preset.spec()}", unit="call")
+        it = progress_bar(order, enabled=progress, desc=f"replay {preset.spec()}", unit="call")
         spec = preset.spec()
         flight: list = []   # (end, seq, replica, call, plan): calls in flight (concurrency)
         for i in it:

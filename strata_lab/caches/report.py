@@ -1,6 +1,9 @@
 """The one replay report (`ReplayReport`): per-call rows keyed by (engine, call) in an Arrow table, per-engine
 totals, the headline, the worst divergences, text and deterministic JSON. Every column is defined once, in
 docs/CONTRACTS.md (Contract 3; the reported columns: Contract 4). `strata_lab.caches.replay` builds it.
+
+Why one module: the rows, the totals and every view of them (the terminal's summary and worst calls, the
+JSON) read the one column definition; apart, each view would restate it.
 """
 from __future__ import annotations
 
@@ -348,13 +351,37 @@ class ReplayReport:
                                                   f"{cp} (modelled; set with strata:checkpoints=...)"))
         return out
 
-    def format(self, *, worst: int = 5) -> str:
-        """The text the CLI prints: per-call table, per-engine totals and causes, headline, worst divergences."""
+    def calls_table(self, rows: int | None = 10) -> str:
+        """The per-call rows as text: one table per engine (every engine is shown, however many calls), each
+        holding its `rows` calls that re-read the most (ties: the earlier call), or all its calls in call order
+        when it has no more than `rows`; `rows=None`: every row of every engine, in report order."""
         df = self.frame()
         show = ["engine", "index", "session", "turn", "prompt_len", "reused", "read", "reread", "unit", "cause",
                 "reported", "reported_diff"]
+        if rows is None:
+            return df[show].to_string(index=False)
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise ValueError(f"rows must be an int >= 0 (calls shown per engine), got {rows!r}")
+        parts = []
+        for spec in self.specs:
+            g = df[df["spec"] == spec]
+            if len(g) <= rows:
+                title, pick = f"{spec}: every call ({len(g)})", g
+            else:
+                pick = g.sort_values(["reread", "index"], ascending=[False, True], kind="stable").head(rows)
+                title = (f"{spec}: the {rows} of {len(g)} calls that re-read the most (--rows N for more, "
+                         "--all-rows for every call)")
+            parts += [title, pick[show].to_string(index=False) if len(pick) else "(no call shown)", ""]
+        return "\n".join(parts[:-1])
+
+    def format(self, *, worst: int = 5, rows: int | None = 10) -> str:
+        """The text the CLI prints: a summary per engine, each engine's `rows` calls that re-read the most
+        (`calls_table`; None: every row), per-engine totals and causes, headline, worst divergences."""
+        df = self.frame()
         head = f"replay: policy {self.policy}, engines {', '.join(self.specs)}, {df['index'].nunique()} calls"
-        parts = [head, "", df[show].to_string(index=False, max_rows=60), "", *self.lines(), ""]
+        summ = self.summary()[["spec", "calls", "prompt_tokens", "reused", "read", "reread", "hit_rate"]]
+        summ = summ.assign(hit_rate=[f"{x:.1%}" if x == x else "n/a" for x in summ["hit_rate"]])
+        parts = [head, "", summ.to_string(index=False), "", self.calls_table(rows), "", *self.lines(), ""]
         parts += [self.headline(p.spec()) for p in self.presets]
         if self.note:
             parts.append("note: " + self.note)

@@ -36,11 +36,10 @@ def sweep_budget(dump, engines=("vllm", "sglang"), budgets=(), *, field: str | N
     if not budgets:
         raise ValueError("budgets must list at least one cache size")
     rows = []
-    it = [(e, b) for e in engines for b in budgets]
-    if progress:
-        from tqdm.auto import tqdm
+    from strata_lab.progress import progress_bar
 
-        it = tqdm(it, desc="budget sweep", unit="replay")
+    it = progress_bar([(e, b) for e in engines for b in budgets], enabled=progress, desc="budget sweep",
+                      unit="replay")
     for e, b in it:
         p = parse_engine(e)
         f = field or BUDGET_FIELD.get(p.engine)

@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the strata engine does when the whole prompt is held (default held_logits)")
     p.add_argument("--tokenizer", default="qwen3", help="qwen3, qwen3.5, or a HF model folder / tokenizer.json")
     p.add_argument("--worst", type=int, default=5, help="how many worst divergences to show")
+    p.add_argument("--rows", type=int, default=10, metavar="N",
+                   help="per engine, show its N calls that re-read the most (default 10; an engine with no more "
+                        "calls shows them all); --json and --csv hold every call")
+    p.add_argument("--all-rows", action="store_true", help="show every call of every engine")
+    p.add_argument("--csv", metavar="PATH", help="write every (engine, call) row to this CSV file")
     p.add_argument("--png", help="write the plots to this PNG file")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dask", metavar="ADDRESS|local[:N]",

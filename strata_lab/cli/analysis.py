@@ -21,19 +21,27 @@ def _replay_input(args: argparse.Namespace, tmp: str):
     from strata_lab.traces.opener import open_source
 
     paths = args.dump if len(args.dump) > 1 else args.dump[0]
+    # no --tokenizer (export): ids are taken as they are (hashing them needs none); logs render with qwen3
+    tokenizer = args.tokenizer
     if isinstance(paths, str) and is_store(paths):  # a Parquet store (strata-lab convert): ids and models
         from strata_lab.dump import Store      # checked against --tokenizer before any work
 
-        return Store(paths, tokenizer=_load_tokenizer(args.tokenizer))
-    _load_tokenizer(args.tokenizer)  # a bad --tokenizer fails before any work
+        return Store(paths, tokenizer=None if tokenizer is None else _load_tokenizer(tokenizer))
+    if tokenizer is not None:
+        _load_tokenizer(tokenizer)  # a bad --tokenizer fails before any work
     src = open_source(paths, format=args.format, progress=not args.quiet,
                       session_key=getattr(args, "session_key", None),
                       messages_path=getattr(args, "messages_path", None))
     if src.kind == "dump":
-        return _checked(paths, args.tokenizer)
+        if tokenizer is None:
+            from strata_lab.dump import load_dump
+
+            return load_dump(paths)
+        return _checked(paths, tokenizer)
     trace = src.source
     _describe(trace)
-    dump = trace.to_dump(args.tokenizer, args.template, os.path.join(tmp, "imported.jsonl"))
+    dump = trace.to_dump(tokenizer or "qwen3", args.template, os.path.join(tmp, "imported.jsonl"),
+                         progress=not args.quiet)
     empty = [f"{p}: no calls: {st['why_none']}" for p, st in trace.stats.items() if not st["calls"]]
     if empty and len(empty) == len(trace.stats):
         raise ValueError("; ".join(empty))
@@ -95,6 +103,8 @@ def _checked(paths, tokenizer: str, *, vocab_limit: bool = True, first: int = 25
     for rec in islice(iter(dump), first):
         where = rec.get("source") or f"{dump.paths[0]} call {rec.get('request_id') or rec.get('call')}"
         tok.check_model(rec.get("model"), what=f"the dump ({where})")
+        if rec.get("synthetic_ids") is True:   # placeholder ids (a hash trace's blocks): no vocabulary's
+            continue
         for name in ("prompt_ids", "gen_ids", "drained_ids"):
             if rec[name] and max(rec[name]) >= rows:
                 raise ValueError(f"{name}: the dump ({where}) has id {max(rec[name])}, past the {rows} ids of "
@@ -129,7 +139,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
                 trace.write(out)
             records = None
         else:
-            records = trace.to_dump(args.tokenizer, args.template, out).records()
+            records = trace.to_dump(args.tokenizer, args.template, out, progress=not args.quiet).records()
         total = sum(st["calls"] for st in trace.stats.values())
         if (total == 0 or records == []) and os.path.exists(out):
             os.remove(out)  # no empty dump left behind (nor an earlier file replaced by one)
@@ -176,6 +186,8 @@ def _print_checks(trace, show: int = 20) -> None:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from strata_lab.traces.hashtrace import is_hash_trace, load_hash_trace
 
+    if args.rows < 0:
+        raise ValueError(f"--rows must be >= 0 (calls shown per engine), got {args.rows}")
     if args.engine and len(args.dump) == 1 and args.format in (None, "mooncake", "bailian") and \
             is_hash_trace(args.dump[0]):   # a production hash trace: its own fast path, no tokenizer needed
         return _replay_engines(load_hash_trace(args.dump[0], args.format, progress=not args.quiet), args)
@@ -224,10 +236,10 @@ def _replay_engines(dump, args: argparse.Namespace) -> int:
     from strata_lab.caches.call_ids import calls_from_dump
     from strata_lab.caches.replay import replay_engines
 
-    calls = calls_from_dump(dump)
+    calls = calls_from_dump(dump, progress=not args.quiet)
     engines = _engines(calls, args)
     tok = getattr(args, "tokenizer", None)
-    report = replay_engines(calls, engines, tokenizer=tok, progress=not args.quiet and not args.json)
+    report = replay_engines(calls, engines, tokenizer=tok, progress=not args.quiet)   # bars on stderr
     return _emit(report, args, calls, engines)
 
 
@@ -242,7 +254,12 @@ def _emit(report, args: argparse.Namespace, calls=None, engines=None) -> int:
             with output(args.json) as path, open(path, "w", encoding="utf-8") as f:
                 f.write(text)
     else:
-        print(report.format(worst=getattr(args, "worst", 5)))
+        print(report.format(worst=getattr(args, "worst", 5), rows=None if args.all_rows else args.rows))
+    if getattr(args, "csv", None):   # every (engine, call) row, whatever the terminal shows
+        from strata_lab.cli.outputs import output
+
+        with output(args.csv) as path:
+            report.frame().to_csv(path, index=False)
     policies = [p for p in getattr(args, "policy", None) or [] if p != "recorded"]
     table = None
     if policies and calls is not None:
@@ -251,7 +268,8 @@ def _emit(report, args: argparse.Namespace, calls=None, engines=None) -> int:
         rows = []
         for pol in ["recorded"] + policies:
             rep = report if pol == "recorded" else replay_engines(calls, engines, tokenizer=args.tokenizer,
-                                                                  cost_model=report.cost_model, policy=pol)
+                                                                  cost_model=report.cost_model, policy=pol,
+                                                                  progress=not args.quiet)
             rows += rep.summary()[["policy", "spec", "calls", "prompt_tokens", "reused", "read", "reread",
                                    "hit_rate", "reread_s"]].to_dict("records")
         import pandas as pd
@@ -263,6 +281,8 @@ def _emit(report, args: argparse.Namespace, calls=None, engines=None) -> int:
     say = (lambda text: print(text, file=sys.stderr)) if args.json == "-" else print   # stdout holds the JSON
     if args.json and args.json != "-":
         say(f"wrote {args.json}")
+    if getattr(args, "csv", None):
+        say(f"wrote {args.csv}")
     if getattr(args, "png", None):
         from strata_lab.cli.outputs import output
 
@@ -304,6 +324,10 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     from strata_lab.cli.commands import status
 
     dump = _checked(args.dump if len(args.dump) > 1 else args.dump[0], args.tokenizer, vocab_limit=False)
+    rows = _load_tokenizer(args.tokenizer).embedding_rows
+    if any(rec.get("synthetic_ids") is True and max(rec["prompt_ids"]) >= rows for rec in dump):
+        raise ValueError("the dump's ids are a hash trace's placeholders (synthetic_ids), not a tokenizer's: lint "
+                         "reads the prompts' text, which such a trace does not have")
     if next(iter(dump), None) is None:
         raise ValueError(f"no engine calls in {', '.join(dump.paths)}: lint reads strata-dump/1 files (every line "
                          "was skipped; see the warnings above). For another tool's log, import it first: "
@@ -311,7 +335,8 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     engines = args.engine or ["vllm", "sglang", "llama.cpp", "anthropic"]
     tok = _load_tokenizer(args.tokenizer)
     status(f"linting {len(dump.records())} calls, pricing findings on {', '.join(engines)} ...", args)
-    findings = lint_calls(dump, tok, engines=engines, template=getattr(args, "template", None))
+    findings = lint_calls(dump, tok, engines=engines, template=getattr(args, "template", None),
+                          progress=not args.quiet)
     for f in findings:
         print(f)
     print(f"{len(findings)} finding(s)")

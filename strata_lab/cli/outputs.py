@@ -22,7 +22,7 @@ __all__ = ["OUTPUTS", "check_outputs", "input_paths", "output"]
 # command -> (input argument dests, ((output dest, option, is a directory or may be one), ...))
 OUTPUTS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str, bool], ...]]] = {
     "import": (("log",), (("out", "--out", False),)),
-    "replay": (("dump",), (("json", "--json", False), ("png", "--png", False))),
+    "replay": (("dump",), (("json", "--json", False), ("csv", "--csv", False), ("png", "--png", False))),
     "convert": (("dump", "tokenizer"), (("out", "--out", True),)),
     "lint": (("dump", "tokenizer"), (("fix", "--fix", False),)),
     "sweep": (("trace",), (("csv", "--csv", False), ("png", "--png", False))),

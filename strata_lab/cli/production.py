@@ -32,10 +32,10 @@ def _bounded(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name} must be in {low}..{high}, got {v}")
 
 
-def _trace_input(paths: list[str]):
+def _trace_input(paths: list[str], progress: bool = False):
     from strata_lab.traces.opener import open_hash_trace
 
-    hashed = open_hash_trace(paths)  # a production hash trace: its columns, no tokenizer
+    hashed = open_hash_trace(paths, progress=progress)  # a production hash trace: its columns, no tokenizer
     if hashed is not None:
         return hashed
     return paths if len(paths) > 1 else paths[0]
@@ -47,13 +47,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     _bounded(args)
     caps = [_capacity(c) for c in args.capacity] if args.capacity else None
     tier2 = _capacity(args.tier2, "--tier2") if args.tier2 else None
-    df = sweep(_trace_input(args.trace), capacities=caps, policies=args.policy or ("lru", "lfu", "atc25", "vllm"),
+    df = sweep(_trace_input(args.trace, not args.quiet), capacities=caps, policies=args.policy or ("lru", "lfu", "atc25", "vllm"),
                tier2=tier2, replicas=args.replicas, routing=args.routing, block=args.block, dask=args.dask,
                progress=not args.quiet)
-    show = df.copy()
+    show = df.drop(columns="note")
     show["hit_rate"] = (100 * show["hit_rate"]).round(2)
     show["tier2_hit_rate"] = (100 * show["tier2_hit_rate"]).round(2)
     print(show.to_string(index=False))
+    for note in dict.fromkeys(n for n in df["note"] if n):   # a policy that is another one here (the CSV has it too)
+        print(f"note: {note}")
     from strata_lab.cli.outputs import output
 
     if args.csv:
@@ -79,7 +81,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from strata_lab.traces.opener import open_hash_trace
 
     with tempfile.TemporaryDirectory(prefix="strata-export-") as tmp:
-        src = open_hash_trace(args.dump)  # a hash trace re-exported from its columns
+        src = open_hash_trace(args.dump, progress=not args.quiet)  # a hash trace re-exported from its columns
         if src is None:   # dumps and stores as they are; any other log imported (rendered with --tokenizer) first
             src = _replay_input(args, tmp)
         from strata_lab.cli.outputs import output
@@ -116,8 +118,9 @@ def add_parsers(sub) -> None:
                                           "import` reads")
     p.add_argument("--format", dest="to", required=True, choices=["mooncake", "bailian"], help="trace format to write")
     p.add_argument("--log-format", dest="format", help="format of the input log (default: detected)")
-    p.add_argument("--tokenizer", default="qwen3", help="renders message-level logs: qwen3, qwen3.5, or a HF model "
-                                                         "folder / tokenizer.json")
+    p.add_argument("--tokenizer", help="renders message-level logs: qwen3 (the default), qwen3.5, or a HF model "
+                                       "folder / tokenizer.json; dumps and stores are hashed as their ids are, "
+                                       "checked against it only when it is given")
     p.add_argument("--template", help="chat template for message-level logs (default: the tokenizer's folder, "
                                       "else qwen3)")
     p.add_argument("--out", required=True, help="the JSONL trace to write")

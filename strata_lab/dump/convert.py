@@ -47,9 +47,9 @@ def convert_jsonl(paths, out: str | os.PathLike, *, row_group_rows: int = 8192, 
     total = sum(os.path.getsize(p) for p in paths)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from strata_lab.progress import progress_bar
 
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc="convert")
+        bar = progress_bar(total=total, unit="B", unit_scale=True, desc="convert")
     lines = skipped = 0
     with StoreWriter(out, row_group_rows=row_group_rows) as w:
         for p in paths:

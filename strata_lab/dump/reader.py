@@ -127,8 +127,10 @@ def check_record(rec, vocab_size: int | None = None) -> dict:
 
     for name in ("prompt_ids", "gen_ids", "drained_ids"):
         check_length(len(rec[name]), "call_tokens", f"{name}: a list of")
+    # placeholder ids (`synthetic_ids`: a hash trace's blocks, a lengths-only call) belong to no vocabulary
+    vocab = None if rec.get("synthetic_ids") is True else vocab_size
     for name in _ID_LISTS:
-        _check_ids(rec, name, vocab_size)
+        _check_ids(rec, name, vocab)
     reused = rec.get("reused")
     n = len(rec["prompt_ids"])
     if reused is not None and (type(reused) is not int or not 0 <= reused <= n):

@@ -287,9 +287,9 @@ def write_fleet(path: str | os.PathLike, cfg: FleetConfig = FleetConfig(), *, to
     """Write a generated fleet as a JSONL dump; returns the number of calls."""
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from strata_lab.progress import progress_bar
 
-        bar = tqdm(desc="fleet", unit="call")
+        bar = progress_bar(desc="fleet", unit="call")
     from strata_lab.dump.writer import write_records
 
     def counted():

@@ -200,10 +200,21 @@ class PrefixExperiment(_Widget):
         # the two sides share the row; min_width 0 lets a long continuation wrap instead of widening it
         half = dict(flex="1 1 0", min_width="0")
         self.left, self.right = W.HTML(layout=W.Layout(**half)), W.HTML(layout=W.Layout(**half))
+        # bad input is said here, in the widget: an exception in a button's callback reaches only the log console
+        self.status = W.HTML()
         self.widget = W.VBox([self.explorer.messages, self.explorer.prefix,
                               W.HBox([self.explorer.thinking, self.explorer.thinking_note]),
-                              W.HBox([self.max_new_tokens, self.button]), W.HBox([self.left, self.right])])
+                              W.HBox([self.max_new_tokens, self.button]), self.status, W.HBox([self.left, self.right])])
         self.results: dict = {}
+        self.error: str | None = None
+        # the explorer re-renders on every edit (its observers run first): its error shows here as one types
+        for child in (self.explorer.messages, self.explorer.prefix, self.explorer.thinking):
+            child.observe(lambda _change: self._show_error(self.explorer.error), names="value")
+        self._show_error(self.explorer.error)
+
+    def _show_error(self, error: str | None) -> None:
+        self.error = error
+        self.status.value = "" if error is None else _ERR.format(html.escape(error))
 
     def _side(self, prefix: str) -> dict:
         import numpy as np
@@ -229,10 +240,20 @@ class PrefixExperiment(_Widget):
                 "top": [(int(i), self.tok.decode([int(i)]), float(probs[i])) for i in top]}
 
     def run(self) -> dict:
-        """Run both sides with the current inputs; returns and shows `results`."""
+        """Run both sides with the current inputs; returns and shows `results`. Bad input (messages that are not
+        JSON, a conversation the template refuses) is shown in the widget (`status`; `error` holds the text)
+        and returns {}."""
+        from strata_lab.text.jinja import RenderLimitError
+
         self.results = {}
-        self.results["without"] = self._side("")
-        self.results["with"] = self._side(self.explorer.prefix.value)
+        try:
+            without, with_ = self._side(""), self._side(self.explorer.prefix.value)
+        except (ValueError, RenderLimitError) as exc:
+            self._show_error(str(exc))
+            self.left.value = self.right.value = ""
+            return self.results
+        self._show_error(None)
+        self.results["without"], self.results["with"] = without, with_
         self.left.value = self._html("without prefix", self.results["without"])
         self.right.value = self._html(f"with prefix {self.explorer.prefix.value!r}", self.results["with"])
         return self.results

@@ -203,9 +203,10 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         cost_model, poor_fit = usable_fit(fit_cost_store(store) if delta else fit_cost(records))
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from strata_lab.progress import progress_bar
 
-        bar = tqdm(total=store.num_rows if delta else len(records), desc=f"replay {opts.policy.name}", unit="call")
+        bar = progress_bar(total=store.num_rows if delta else len(records), desc=f"replay {opts.policy.name}",
+                           unit="call")
     try:
         if delta:  # the store's delta encoding: per-call work ~ the new ids
             from strata_lab.replayer.native import replay_domain

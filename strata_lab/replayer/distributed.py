@@ -98,9 +98,9 @@ def replay_on_cluster(store, opts, tokenizer, cost_model, *, cluster, progress: 
                    for name, parts in domains.items()]
         bar = None
         if progress:
-            from tqdm.auto import tqdm
+            from strata_lab.progress import progress_bar
 
-            bar = tqdm(total=len(futures), desc=f"replay {opts.policy.name} on dask", unit="domain")
+            bar = progress_bar(total=len(futures), desc=f"replay {opts.policy.name} on dask", unit="domain")
         results = []
         for fut in as_completed(futures):
             try:

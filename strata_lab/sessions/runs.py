@@ -35,7 +35,6 @@ import math
 import os
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -294,9 +293,9 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
     rec_out = Recorder(out) if out is not None else None
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from strata_lab.progress import progress_bar
 
-        bar = tqdm(total=len(records), desc=f"engine run ({name})", unit="call", file=sys.stderr)
+        bar = progress_bar(total=len(records), desc=f"engine run ({name})", unit="call")
     try:
         for (rec, prompt), pred in zip(pairs, predicted.rows):
             gen, drained = list(rec["gen_ids"]), list(rec["drained_ids"])

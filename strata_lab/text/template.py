@@ -191,6 +191,20 @@ class ChatTemplate:
             tmpl = tmpl._with_special(_folder_special_tokens(path.parent))
         return tmpl
 
+    def with_special_tokens_from(self, folder: str | os.PathLike) -> "ChatTemplate":
+        """Fill in the special-token strings (bos_token, eos_token, ...) this template lacks from a model
+        folder's ``tokenizer_config.json`` (else ``special_tokens_map.json``): a bare ``.jinja`` given beside
+        ``--tokenizer FOLDER`` renders ``{{ bos_token }}`` as that model's. What the template has wins.
+
+        >>> import json, tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+        >>> t = ChatTemplate("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
+        >>> t.with_special_tokens_from(d).render([{"role": "user", "content": "hi"}])
+        '<s>hi'
+        """
+        return self._with_special(_folder_special_tokens(Path(folder)))
+
     def _with_special(self, defaults: Mapping[str, str]) -> "ChatTemplate":
         # fill in special-token strings found beside the template (its own config wins)
         self.special_tokens = {**defaults, **self.special_tokens}

@@ -194,9 +194,9 @@ class Source:
     def _bar(self):
         if not self.progress:
             return None
-        from tqdm.auto import tqdm
+        from strata_lab.progress import progress_bar
 
-        return tqdm(total=self.size, unit="B", unit_scale=True, desc=os.path.basename(self.path), leave=False)
+        return progress_bar(total=self.size, unit="B", unit_scale=True, desc=os.path.basename(self.path), leave=False)
 
     def lines(self) -> Iterator[tuple[int, bytes]]:
         """(line number, raw line) for every non-blank line, streamed with a 1 MiB buffer."""

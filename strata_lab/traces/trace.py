@@ -191,11 +191,9 @@ class Trace:
         fast_tok = FastTokenizer(seg) if seg is not None else tok
         renderer = FastRenderer.of(tmpl) if fast else None
         self.render_skipped = []  # (source, why) of the calls the last render could not render
-        it: Iterable[dict] = self
-        if progress:
-            from tqdm.auto import tqdm
+        from strata_lab.progress import progress_bar
 
-            it = tqdm(self, desc="render", unit="call")
+        it: Iterable[dict] = progress_bar(self, enabled=progress, desc="render", unit="call")
         checked: set = set()
         for call in it:
             if call["fidelity"] == "ids" and call["model"] not in checked:  # the log's ids, read with `tok`
@@ -285,7 +283,7 @@ class Trace:
                 last[call["session"]] = call
             if call["notes"]:
                 rec["trace_notes"] = list(call["notes"])  # what the log lacks or how it was read, per call
-            if r.synthetic:
+            if r.synthetic or (call["extra"] or {}).get("synthetic_ids"):  # placeholder ids: no tokenizer's
                 rec["synthetic_ids"] = True
             if checkpoint_policy is not None:
                 rec["checkpoint_policy"] = dict(checkpoint_policy)
@@ -355,7 +353,13 @@ def resolve(tokenizer, template):
             else tokenizer
     if isinstance(template, str) and template in TEMPLATE_PRESETS:
         return tok, ChatTemplate.from_name(template)
-    return tok, ChatTemplate.from_file(template)
+    tmpl = ChatTemplate.from_file(template)
+    if isinstance(tokenizer, (str, os.PathLike)):   # a bare .jinja takes bos_token / eos_token from the model folder
+        folder = tokenizer if os.path.isdir(tokenizer) else os.path.dirname(os.fspath(tokenizer)) \
+            if os.path.basename(os.fspath(tokenizer)) == "tokenizer.json" else None
+        if folder:
+            tmpl = tmpl.with_special_tokens_from(folder)
+    return tok, tmpl
 
 
 def load_trace(path_or_paths_or_glob, format: str | None = None, *, progress: bool = False,
