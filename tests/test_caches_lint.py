@@ -183,13 +183,19 @@ def test_check_fixes_keeps_a_fix_only_where_no_session_gets_worse(qwen3, tmp_pat
     from strata_lab.caches.lint import _session_read, check_fixes
 
     path = _two_sessions(tmp_path / "two.jsonl", qwen3)
-    found = lint_calls(path, qwen3, engines=["vllm:block_size=64", "sglang"])
-    specs = ["vllm:block_size=64", "sglang", "strata"]
-    fixed, decisions = check_fixes(path, found, qwen3, engines=["vllm:block_size=64", "sglang"])
-    assert any(d["rule"] == "volatile_system" and d["kept"] for d in decisions)
-    before, after = _session_read(path, specs), _session_read(fixed, specs)
-    assert all(after[k] <= v for k, v in before.items())            # nobody worse, on any engine, ours too
+    asked = ["vllm:block_size=64", "sglang"]
+    found = lint_calls(path, qwen3, engines=asked)
+    fixed, decisions = check_fixes(path, found, qwen3, engines=asked, shown=())   # judged and shown: those asked
+    kept = [d for d in decisions if d["rule"] == "volatile_system" and d["kept"]]
+    assert kept and set(kept[0]["per_engine"]) == set(asked) and all(e["asked"] for e in kept[0]["per_engine"].values())
+    before, after = _session_read(path, asked), _session_read(fixed, asked)
+    assert all(after[k] <= v for k, v in before.items())            # nobody worse on the engines asked for
     assert sum(after.values()) < sum(before.values())
+    # engines not asked for are replayed beside them, marked, and never decide
+    _, shown = check_fixes(path, found, qwen3, engines=["sglang"], shown=("llama.cpp",))
+    per = next(d for d in shown if d["kept"])["per_engine"]
+    assert per["sglang"]["asked"] and not per["llama.cpp"]["asked"]
+    assert per["sglang"]["read_after"] < per["sglang"]["read_before"]
 
 
 def test_check_fixes_drops_a_fix_that_makes_a_session_worse(qwen3, tmp_path):

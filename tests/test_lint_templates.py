@@ -207,3 +207,35 @@ def test_each_habits_reread_agrees_with_an_independent_render(imported, qwen3, t
         a = sum(ours.get(rid, 0) for rid in theirs if habit[rid] == h)
         b = sum(theirs[rid] for rid in theirs if habit[rid] == h)
         assert b > 0 and abs(a - b) <= 0.05 * b, (h, a, b)
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_the_volatile_fix_moves_the_line_under_every_template(imported, qwen3, name):
+    """The fix finds the system message's lines and the last user message by the template's structure: the
+    timestamp leaves the system message (which is then the same on every call) for the end of the last user
+    message, and the fix is kept on the engine asked for."""
+    from strata_lab.caches.lint import check_fixes, fix_calls
+
+    dump, habit, _ = imported[name, True]
+    tmpl = template(name)
+    st = TemplateStructure.of(tmpl)
+    found = [f for f in lint_calls(dump, qwen3, engines=["sglang"], price=False) if f.rule == "volatile_system"]
+    assert found
+    fixed = fix_calls(dump, found, qwen3, template=tmpl)
+    stamped = [c for c in fixed if habit[c.request_id] == "timestamp"]
+    texts = [qwen3.decode(c.prompt.tolist()) for c in stamped]
+    systems = {t[slice(*st.system_span(t))] for t in texts}
+    assert len(systems) == 1 and "Current time" not in next(iter(systems))
+    for t in texts:
+        a, b = st.last_user_span(t)
+        assert t[a:b].endswith("\nCurrent time: " + t[b - 20:b]) and t.count("Current time") == 1
+    from strata_lab.caches.call_ids import calls_from_dump
+
+    calls = calls_from_dump(dump)
+    assert all(c.prompt.tolist() == c0.prompt.tolist() for c, c0 in zip(fixed, calls) if habit[c.request_id] != "timestamp")
+    # judged on the session alone (the other sessions share its first system line and would lose a few ids)
+    alone = [c for c in calls if habit[c.request_id] == "timestamp"]
+    _, decisions = check_fixes(alone, found, qwen3, engines=["sglang"], template=tmpl, shown=())
+    assert [(d["rule"], d["kept"]) for d in decisions] == [("volatile_system", True)]
+    per = decisions[0]["per_engine"]["sglang"]
+    assert per["reread_after"] < per["reread_before"]

@@ -5,7 +5,7 @@ Rules (each `Finding` names the call, the position and the text):
 
 | rule | fires when | fix |
 |---|---|---|
-| `volatile_system` | consecutive calls of a session send a system message that differs only in its volatile parts (`mask_volatile`: a timestamp, a date, a request id) | move the line to the end of the last user message (ChatML prompts) |
+| `volatile_system` | consecutive calls of a session send a system message that differs only in its volatile parts (`mask_volatile`: a timestamp, a date, a request id) | move the line to the end of the last user message |
 | `per_user_early` | the first prompts of two sessions part inside the system message on a line with other words (a user's name, plan, locale) and agree again after it | move the line to the end of the last user message |
 | `tool_schema_order` | a `<tools>` definition whose text changes while its JSON does not (key order, whitespace) | rewrite every tool as canonical JSON (sorted keys) |
 | `reasoning_stripped` | the reply's reasoning is gone from the next prompt: the client sent it back without it, or the template drops it (the explainer's `template_rewrite`) | none here: send reasoning back, keep it in the template |
@@ -19,7 +19,9 @@ Rules (each `Finding` names the call, the position and the text):
 Rules are template-agnostic: on an imported log, the client's habits come from its messages (each dump line's
 `history_change`, `strata_lab/traces/habits.py`), and a call whose messages resend what its session held yet
 whose ids part was rewritten by the template; on a dump of ids, the system message is located by the
-template's own structure (`TemplateStructure`, found by rendering probe conversations; default qwen3's).
+template's own structure (`TemplateStructure`, found by rendering probe conversations; default qwen3's). The
+fixes find the system message's lines and the last user message the same way, so they move text under any
+template (`--template` names the one the prompts were rendered with).
 
 `tokens` of a finding is what it costs the call, per engine: the ids the session held (up to the prompt's
 length) that the engine does not reuse, for divergences; the ids past the last whole block for
@@ -35,7 +37,8 @@ import numpy as np
 from strata_lab.caches.call_ids import Call, as_ids, calls_from_dump
 from strata_lab.text.structure import TemplateStructure, mask_volatile
 
-__all__ = ["Finding", "lint_calls", "fix_calls", "check_fixes", "before_after", "before_after_sessions", "RULES"]
+__all__ = ["Finding", "lint_calls", "fix_calls", "check_fixes", "fix_table", "dump_engines", "before_after",
+           "before_after_sessions", "replayed_engines", "RULES", "REFERENCE_ENGINES"]
 
 RULES = ("volatile_system", "per_user_early", "tool_schema_order", "reasoning_stripped", "arguments_reserialised",
          "tool_output_truncated", "history_edit", "breakpoint_lookback", "prefix_mid_block", "below_minimum")
@@ -44,7 +47,6 @@ FIXABLE = ("volatile_system", "per_user_early", "tool_schema_order", "breakpoint
 _HABIT_RULE = {"volatile_system": "volatile_system", "reasoning_dropped": "reasoning_stripped",
                "arguments_reserialised": "arguments_reserialised", "tool_output_truncated": "tool_output_truncated",
                "history_edit": "history_edit"}
-_END, _START = "<|im_end|>", "<|im_start|>"
 
 
 @dataclass
@@ -77,20 +79,20 @@ def _first_diff(a: str, b: str) -> int:
     return i
 
 
-def _system_end(text: str, structure: TemplateStructure | None = None) -> int:
-    """Where the system message ends in a prompt's text (-1: it opens with none); ChatML's without a structure."""
-    if structure is not None:
-        span = structure.system_span(text)
-        return span[1] if span is not None else -1
-    return text.find(_END) if text.startswith(_START + "system") else -1
+def _system_end(text: str, structure: TemplateStructure) -> int:
+    """Where the system message ends in a prompt's text (-1: it opens with none)."""
+    span = structure.system_span(text)
+    return span[1] if span is not None else -1
 
 
-def _structure(template):
-    """The `TemplateStructure` of a template given as a ChatTemplate, a preset name or a file (None: ChatML)."""
-    if template is None:
-        return None
+def _structure(template) -> TemplateStructure:
+    """The `TemplateStructure` of a template given as a ChatTemplate, a preset name or a file (None: qwen3's)."""
+    if isinstance(template, TemplateStructure):
+        return template
     from strata_lab.text.template import TEMPLATE_PRESETS, ChatTemplate
 
+    if template is None:
+        template = "qwen3"
     if not isinstance(template, ChatTemplate):
         template = ChatTemplate.from_name(template) if template in TEMPLATE_PRESETS else ChatTemplate.from_file(template)
     return TemplateStructure.of(template)
@@ -134,8 +136,8 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
         dump: a dump path, paths, `Dump`, or a list of `Call`.
         tokenizer: a Tokenizer or a name ("qwen3"), to decode prompts.
         template: the chat template the prompts were rendered with (a ChatTemplate, preset name or file):
-            where its system message lies (default: ChatML's, as qwen3 renders it). Imported logs need none:
-            their lines say what the client changed.
+            where its system message lies (default: qwen3's). Imported logs need none to find the client's
+            habits: their lines say what the client changed.
         engines: the engine specs findings are priced on, as given ("vllm:block_size=64"): the block rules
             use their block sizes, the minimum rule their minimums, and `Finding.tokens` is keyed by them.
         price: replay the engines to price divergence findings (False: only the rules' own counts).
@@ -191,7 +193,7 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
     from strata_lab.caches.replay import explain_calls
 
     views = explain_calls(calls, tok)
-    think = (structure.think if structure is not None else None) or ("<think>", "</think>")
+    think = structure.think or ("<think>", "</think>")
     for i, c in enumerate(calls):
         e = views[i][2]
         held_ctx = e.div.text_context_held if e.div is not None else ""
@@ -264,35 +266,42 @@ def _tokenizer(tok):
     return tok
 
 
-def _move_line_to_end(text: str, start: int, end: int) -> str:
-    """Take text[start:end] (a line of the system message) out, with its newline, and append it to the end
-    of the last user message (before that message's <|im_end|>)."""
+def _move_line_to_end(text: str, start: int, end: int, structure: TemplateStructure) -> str:
+    """Take text[start:end] (a line of the system message) out, with one newline beside it, and append it to
+    the end of the last user message's content (where the template's structure puts it); the text unchanged
+    when the prompt has no user message after the system message."""
     line = text[start:end]
-    cut = text[:start] + text[end + 1:] if text[end:end + 1] == "\n" else text[:start] + text[end:]
-    u = cut.rfind(_START + "user\n")
-    if u < 0:
+    if text[end:end + 1] == "\n":
+        cut = text[:start] + text[end + 1:]
+    elif start > 0 and text[start - 1] == "\n":   # the system message's last line: its newline is before it
+        cut = text[:start - 1] + text[end:]
+    else:
         return text
-    e = cut.find(_END, u)
-    return cut[:e] + "\n" + line + cut[e:]
+    span = structure.last_user_span(cut)
+    sys_span = structure.system_span(cut)
+    if span is None or (sys_span is not None and span[0] < sys_span[1]):
+        return text
+    return cut[:span[1]] + "\n" + line + cut[span[1]:]
 
 
 def _line_no(text: str, pos: int) -> int:
     return text[:pos].count("\n")
 
 
-def _system_lines(text: str) -> list[tuple[int, int]]:
-    """(start, end) of each content line of the system message (its header line excluded)."""
-    end = _system_end(text)
-    if end <= 0:
+def _system_lines(text: str, structure: TemplateStructure) -> list[tuple[int, int]]:
+    """(start, end) of each line of the system message's content that can move: every line when it has more
+    than one (a line alone is the whole message)."""
+    span = structure.system_span(text)
+    if span is None:
         return []
-    out, a = [], text.find("\n") + 1
-    while 0 < a < end:
-        b = text.find("\n", a)
-        if b < 0 or b >= end:
-            break   # the last line runs into <|im_end|>: moving it would change the message's end
+    a, end = span
+    out = []
+    while a < end:
+        b = text.find("\n", a, end)
+        b = end if b < 0 else b
         out.append((a, b))
         a = b + 1
-    return out
+    return [(x, y) for x, y in out if y > x] if len(out) > 1 else []
 
 
 def _moves(calls, findings, tok) -> dict:
@@ -316,14 +325,14 @@ def _moves(calls, findings, tok) -> dict:
     return moves
 
 
-def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
+def fix_calls(dump, findings=None, tokenizer="qwen3", *, template=None) -> list[Call]:
     """The trace with the given fixable findings fixed (content moved or re-serialised, never removed),
     touching only what each finding names.
 
     Prompts are decoded, rewritten and encoded again; outputs stay as recorded. In the sessions a
     `volatile_system` / `per_user_early` finding names (and, for the latter, the session it was compared
-    with), the system-message line it names (a volatile line by its shape: the same text up to digits /
-    hex) moves to the end of the last user message of each prompt; in the sessions a `tool_schema_order`
+    with), the system-message line it names (a volatile line by its shape: `mask_volatile`) moves to the end
+    of the last user message of each prompt, both found by the template's structure; in the sessions a `tool_schema_order`
     finding names, tools become canonical JSON; a breakpoint is added where the look-back ends in the
     sessions a `breakpoint_lookback` finding names. Calls of other sessions stay as they are.
 
@@ -331,12 +340,14 @@ def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
         dump: a dump path, paths, `Dump`, or a list of `Call`.
         findings: the findings to fix (default: every finding `lint_calls` reports).
         tokenizer: a Tokenizer or a name.
+        template: the chat template the prompts were rendered with (as `lint_calls`; default qwen3's).
     """
     from strata_lab.caches.presets import parse_engine
 
     calls = calls_from_dump(dump)
     tok = _tokenizer(tokenizer)
-    findings = lint_calls(dump, tok, price=False) if findings is None else findings
+    structure = _structure(template)
+    findings = lint_calls(dump, tok, price=False, template=structure) if findings is None else findings
     moves = _moves(calls, findings, tok)
     canon = {f.session for f in findings if f.rule == "tool_schema_order"}
     lookback_sessions = {f.session for f in findings if f.rule == "breakpoint_lookback"}
@@ -350,10 +361,10 @@ def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
         text = tok.decode(c.prompt.tolist())
         new = text
         wanted = moves.get(c.session, set())
-        for a, b in reversed(_system_lines(new)):   # bottom first: earlier offsets stay valid
+        for a, b in reversed(_system_lines(new, structure)):   # bottom first: earlier offsets stay valid
             line = new[a:b]
             if ("exact", line) in wanted or ("norm", mask_volatile(line)) in wanted:
-                new = _move_line_to_end(new, a, b)
+                new = _move_line_to_end(new, a, b, structure)
         if c.session in canon:
             ts = _tools(new)
             if ts:
@@ -375,70 +386,122 @@ def fix_calls(dump, findings=None, tokenizer="qwen3") -> list[Call]:
     return out
 
 
-def _session_read(calls, specs) -> dict:
-    """(spec as given, session) -> prompt ids read (not reused), replayed under each spec."""
-    from strata_lab.caches.presets import parse_engine
+# engines replayed beside the ones asked for, so a fix's gain or cost on them is seen (never judged)
+REFERENCE_ENGINES = ("vllm", "sglang", "llama.cpp", "anthropic", "strata")
+
+
+def dump_engines(dump) -> list[str]:
+    """The engines a trace names, to judge fixes on by default: those its reported cache figures come from
+    (`cache_engine`, our dumps' `reused`: strata) when they are engines we model, else the replay's default
+    (`replay.default_engine`: our engine)."""
+    from strata_lab.caches.presets import ENGINES
+    from strata_lab.caches.replay import default_engine
+
+    calls = calls_from_dump(dump)
+    named = sorted({c.reported_by for c in calls if c.reported_by in ENGINES})
+    return named or [default_engine(calls)]
+
+
+def _session_read(calls, specs, column: str = "read") -> dict:
+    """(spec as given, session) -> prompt ids read (not reused; `column="reread"`: ids the session held and
+    read again), replayed under each spec."""
     from strata_lab.caches.replay import replay_engines
 
-    df = replay_engines(calls, list(specs)).frame()
-    label = {parse_engine(s).spec(): s for s in specs}
-    g = df.groupby([df["spec"].astype(str), df["session"].astype(str)])["read"].sum()
-    return {(label[k[0]], k[1]): int(v) for k, v in g.items()}
+    specs = list(specs)
+    df = replay_engines(calls, specs).frame()
+    # the report's specs, in the order given (a strata spec shows what the dump settled: `caches.strata.for_calls`)
+    label = dict(zip(dict.fromkeys(df["spec"].astype(str)), specs))
+    g = df.groupby([df["spec"].astype(str), df["session"].astype(str)])[["read", "reread"]].sum()
+    return {(label[k[0]], k[1]): int(v[column]) for k, v in g.iterrows()} if column else \
+        {(label[k[0]], k[1]): (int(v["read"]), int(v["reread"])) for k, v in g.iterrows()}
 
 
-def check_fixes(dump, findings, tokenizer="qwen3", engines=("vllm", "sglang", "llama.cpp", "anthropic"), *,
+def replayed_engines(asked, shown):
+    """The specs replayed: those asked for, then each engine of `shown` none of them is."""
+    from strata_lab.caches.presets import parse_engine
+
+    have = {parse_engine(e).engine for e in asked}
+    return list(dict.fromkeys(list(asked) + [e for e in shown if parse_engine(e).engine not in have]))
+
+
+def check_fixes(dump, findings, tokenizer="qwen3", engines=None, *, template=None, shown=REFERENCE_ENGINES,
                 progress: bool = False):
-    """Fix the fixable findings one group at a time (a rule and the sessions it names), judged on the engines
-    asked for (`engines`): a group is kept only where no session reads more ids on any of them. Ours
-    ("strata") is replayed too when not asked for, and what a fix costs there is shown in `why`, never a
-    reason to drop it. Returns (fixed calls, decisions), one decision per group: {rule, sessions, kept, why,
-    per_engine: {spec: ids read before - after}}.
+    """Fix the fixable findings one group at a time (a rule and the sessions it names; a volatile line, in
+    every session that has it), judged on the engines
+    asked for (`engines`; default: those the trace names, `dump_engines`): a group is kept only where no
+    session reads more ids on any of them. The engines of `shown` that none asked for are replayed too and what
+    a fix gains or costs there is shown, marked, never a reason to keep or drop it. Returns (fixed calls,
+    decisions), one decision per group: {rule, sessions, kept, why, per_engine}, where per_engine maps each
+    spec replayed to {asked, read_before, read_after, reread_before, reread_after} (ids summed over the trace).
 
     Args:
         dump: a dump path, paths, `Dump`, or a list of `Call`.
         findings: the findings (`lint_calls`); those of rules without a fix are ignored.
         tokenizer: a Tokenizer or a name.
-        engines: engine specs, as given on the command line.
+        engines: engine specs to judge on, as given on the command line (None: `dump_engines`).
+        template: the chat template the prompts were rendered with (as `lint_calls`; default qwen3's).
+        shown: engines replayed beside them and shown, not judged (default `REFERENCE_ENGINES`; () for none).
         progress: a progress bar on stderr, one step per group checked.
     """
-    from strata_lab.caches.presets import parse_engine
-
     tok = _tokenizer(tokenizer)
-    asked = list(dict.fromkeys(engines))
-    specs = asked + ([] if any(parse_engine(e).engine == "strata" for e in asked) else ["strata"])
     current = calls_from_dump(dump)
+    asked = list(dict.fromkeys(engines)) if engines else dump_engines(current)
+    specs = replayed_engines(asked, shown)
+    structure = _structure(template)
     groups: dict = {}
-    for f in findings:
+    for f in findings:   # a volatile line is one fix wherever it is (the client writes it into every session)
         if f.rule in FIXABLE:
-            groups.setdefault((f.rule, f.session, f.other), []).append(f)
+            key = (f.rule, mask_volatile(f.text), None) if f.rule == "volatile_system" else (f.rule, f.session, f.other)
+            groups.setdefault(key, []).append(f)
     decisions = []
-    before = _session_read(current, specs) if groups else {}
+    before = _session_read(current, specs, None) if groups else {}
     from strata_lab.progress import progress_bar
 
-    for (rule, session, other), fs in progress_bar(list(groups.items()), enabled=progress, desc="lint: check fixes",
-                                                   unit="fix"):
-        sessions = sorted({session} | ({other} if other is not None else set()))
-        candidate = fix_calls(current, fs, tok)
+    def totals(read):
+        return {spec: [sum(v[i] for k, v in read.items() if k[0] == spec) for i in (0, 1)] for spec in specs}
+
+    for (rule, _, _), fs in progress_bar(list(groups.items()), enabled=progress, desc="lint: check fixes",
+                                         unit="fix"):
+        sessions = sorted({f.session for f in fs} | {f.other for f in fs if f.other is not None})
+        candidate = fix_calls(current, fs, tok, template=structure)
         if all(a.prompt is b.prompt and a.breakpoints == b.breakpoints for a, b in zip(candidate, current)):
             decisions.append({"rule": rule, "sessions": sessions, "kept": False, "why": "changes nothing"})
             continue
-        after = _session_read(candidate, specs)
-        per = {spec: sum(before[k] - v for k, v in after.items() if k in before and k[0] == spec) for spec in specs}
-        shown = "; ".join(f"{spec} {per[spec]:+d} ids" + ("" if spec in asked else " (not asked for)")
-                          for spec in specs)
-        worse = [(k, before[k], v) for k, v in after.items() if k in before and v > before[k] and k[0] in asked]
+        after = _session_read(candidate, specs, None)
+        tb, ta = totals(before), totals(after)
+        per = {spec: {"asked": spec in asked, "read_before": tb[spec][0], "read_after": ta[spec][0],
+                      "reread_before": tb[spec][1], "reread_after": ta[spec][1]} for spec in specs}
+        shown_text = "; ".join(f"{spec} {tb[spec][0] - ta[spec][0]:+d} ids" + ("" if spec in asked else
+                                                                                " (not asked for)")
+                               for spec in specs)
+        worse = [(k, before[k][0], v[0]) for k, v in after.items() if k in before and v[0] > before[k][0]
+                 and k[0] in asked]
         if worse:
             (spec, sid), b, a = max(worse, key=lambda w: w[2] - w[1])
             decisions.append({"rule": rule, "sessions": sessions, "kept": False, "per_engine": per,
                               "why": f"session {sid} would read more on {spec} ({b} -> {a} ids)"
                                      + (f" and {len(worse) - 1} more" if len(worse) > 1 else "")
-                                     + f"; saved per engine: {shown}"})
+                                     + f"; saved per engine: {shown_text}"})
             continue
         decisions.append({"rule": rule, "sessions": sessions, "kept": True, "per_engine": per,
-                          "why": f"ids saved per engine: {shown}; no session reads more on "
+                          "why": f"ids saved per engine: {shown_text}; no session reads more on "
                                  f"{', '.join(asked)}"})
         current, before = candidate, after
     return current, decisions
+
+
+def fix_table(decision) -> str:
+    """A decision's per-engine table (`check_fixes`): ids read and re-read before and after the fix, and
+    whether the engine judged it ("asked") or is only shown."""
+    import pandas as pd
+
+    rows = [{"engine": spec, "judged": "yes" if d["asked"] else "no (not asked for)",
+             "reread_before": d["reread_before"], "reread_after": d["reread_after"],
+             "reread_change": d["reread_after"] - d["reread_before"],
+             "read_before": d["read_before"], "read_after": d["read_after"],
+             "read_change": d["read_after"] - d["read_before"]}
+            for spec, d in (decision.get("per_engine") or {}).items()]
+    return pd.DataFrame(rows).to_string(index=False) if rows else ""
 
 
 def before_after_sessions(dump, fixed, engines=("vllm", "sglang", "llama.cpp", "anthropic")):
@@ -450,13 +513,15 @@ def before_after_sessions(dump, fixed, engines=("vllm", "sglang", "llama.cpp", "
                           "change": (a.get(k, v) - v)} for k, v in sorted(b.items())])
 
 
-def before_after(dump, fixed, engines=("vllm", "sglang", "llama.cpp", "anthropic")):
+def before_after(dump, fixed, engines=("vllm", "sglang", "llama.cpp", "anthropic"), asked=None):
     """One row per engine: reused, re-read and hit rate before and after the fix (a pandas DataFrame).
 
     Args:
         dump: the trace before (a path, `Dump` or `Call`s).
         fixed: the trace after (`Call`s, e.g. from `check_fixes`).
         engines: engine specs.
+        asked: the specs the fix was judged on: a `judged` column marks the others "no (not asked for)"
+            (None: no such column).
     """
     import pandas as pd
 
@@ -464,6 +529,10 @@ def before_after(dump, fixed, engines=("vllm", "sglang", "llama.cpp", "anthropic
 
     b = replay_engines(dump, engines).summary()
     a = replay_engines(fixed, engines).summary()
-    return pd.DataFrame({"engine": b["spec"], "reused_before": b["reused"], "reused_after": a["reused"],
-                         "reread_before": b["reread"], "reread_after": a["reread"],
-                         "hit_rate_before": b["hit_rate"], "hit_rate_after": a["hit_rate"]})
+    df = pd.DataFrame({"engine": b["spec"], "reused_before": b["reused"], "reused_after": a["reused"],
+                       "reread_before": b["reread"], "reread_after": a["reread"],
+                       "hit_rate_before": b["hit_rate"], "hit_rate_after": a["hit_rate"]})
+    if asked is not None:
+        engines = [engines] if isinstance(engines, str) else list(engines)   # the summary's rows, in this order
+        df.insert(1, "judged", ["yes" if e in asked else "no (not asked for)" for e in engines])
+    return df

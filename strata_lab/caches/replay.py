@@ -227,6 +227,9 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         cp = checkpoint_spec(pol.checkpoint_policy)
         presets = [p.with_(checkpoints=cp) if p.engine == "strata" else p for p in presets]
     calls = calls_from_dump(dump)
+    from strata_lab.caches.strata import for_calls
+
+    presets = [for_calls(p, calls) if p.engine == "strata" else p for p in presets]   # what the spec leaves unsaid
     if isinstance(tokenizer, str):
         from strata_lab.text.tokenizer import load_tokenizer
 
@@ -324,8 +327,9 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
 def default_engine(calls: list[Call]) -> str:
     """The engine a trace names: the one engine every reported figure comes from when it is one we model
     (our dumps: `strata`, with the checkpoints each line recorded; a vLLM log that says so: `vllm`); a trace
-    that names none replays under our engine with its default checkpoint policy (`strata:checkpoints=turn`:
-    a log of another server recorded no state snapshots of ours)."""
+    that names none replays under our engine, `strata`, as `--engine strata` does: the replay takes the kind
+    the dump's `model` names and, for a log of another server (no state snapshots of ours), the turn-start
+    checkpoints (`caches.strata.for_calls`)."""
     from strata_lab.caches.presets import ENGINES
 
     by = {c.reported_by for c in calls if c.reported_by is not None}
@@ -333,7 +337,7 @@ def default_engine(calls: list[Call]) -> str:
         name = next(iter(by))
         if name in ENGINES:
             return name
-    return "strata:checkpoints=turn"
+    return "strata"
 
 
 _DEPRECATED = {"model": "kind", "checkpoint_policy": "checkpoints", "full_hit": "full_hit"}

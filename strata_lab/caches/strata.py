@@ -4,6 +4,11 @@ reuse equals what our engine reported on every call of every recorded dump.
 `checkpoints="recorded"` (default) applies the checkpoints each dump line reports; any checkpoint spec of
 `strata-lab replay --checkpoints` (turn, every:N, header, budget:MIB) models a policy instead.
 
+What a spec leaves unsaid comes from the dump (`for_calls`, applied by every replay): `kind` is the model kind
+its `model` field names (a log of another server naming no hybrid model: attention), and "recorded"
+checkpoints on a dump with no line of our engine's (an imported log, a proxy capture) are the turn-start
+policy, so `replay` with no engine and `--engine strata` give one answer.
+
 >>> from strata_lab.caches.call_ids import Call, as_ids
 >>> from strata_lab.caches.base import Hint
 >>> from strata_lab.caches.presets import parse_engine
@@ -20,7 +25,7 @@ from strata_lab.caches.base import CacheModel, Hint, CachePlan
 from strata_lab.caches.call_ids import Call
 from strata_lab.caches.presets import EnginePreset
 
-__all__ = ["Preset", "Model"]
+__all__ = ["Preset", "Model", "for_calls"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,40 @@ class Preset(EnginePreset):
                 parse_checkpoint_policy(self.checkpoints)
             except ValueError as exc:
                 raise ValueError(f"strata: checkpoints: {exc}") from None
+
+
+def _served_elsewhere(rec: dict) -> bool:
+    """A line another server served (imported from a log, or captured by the proxy): it has `fidelity` /
+    `trace_format`, which our recorder never writes, and its `checkpoints` are none of ours."""
+    return "trace_format" in rec or "fidelity" in rec
+
+
+def for_calls(preset: Preset, calls) -> Preset:
+    """`preset` with what its spec did not say taken from the calls' dump lines: `kind` from their `model`
+    field (lines served elsewhere naming no hybrid model: attention; lines naming nothing: the preset's),
+    and `checkpoints="recorded"` as "turn" when the lines were served elsewhere and none is our engine's
+    recording (their empty `checkpoints` are not snapshots anyone kept). Fields the spec sets (`strata:kind=hybrid`) stay as given.
+
+    >>> from strata_lab.caches.call_ids import Call, as_ids
+    >>> from strata_lab.caches.presets import parse_engine
+    >>> log = [Call(0, "s", as_ids([1]), record={"model": "gpt-4o", "trace_format": "openai", "checkpoints": []})]
+    >>> for_calls(parse_engine("strata"), log).spec(), for_calls(parse_engine("strata:kind=hybrid"), log).spec()
+    ('strata@1:checkpoints=turn,kind=attention', 'strata@1:checkpoints=turn,kind=hybrid')
+    """
+    from strata_lab.replayer.state import model_kind_of
+
+    told = {k for k, _ in preset.overrides}
+    recs = [c.record for c in calls if c.record is not None]
+    change = {}
+    if "kind" not in told:
+        kinds = {model_kind_of(r.get("model")) or ("attention" if _served_elsewhere(r) else None) for r in recs}
+        kinds.discard(None)
+        if len(kinds) == 1 and preset.kind not in kinds:
+            change["kind"] = next(iter(kinds))
+    if "checkpoints" not in told and preset.checkpoints == "recorded" and any(map(_served_elsewhere, recs)) and \
+            not any("checkpoints" in r and not _served_elsewhere(r) for r in recs):
+        change["checkpoints"] = "turn"
+    return preset.with_(**change) if change else preset
 
 
 class Model(CacheModel):

@@ -112,16 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Find what breaks the prompt prefix across a dump's calls (a timestamp or a "
                                    "user's name in the system message, tool schemas re-serialised, reasoning the "
                                    "template strips, Anthropic breakpoints past the look-back, ...), each finding "
-                                   "priced in ids per engine. --fix moves only what a finding names, re-checks "
-                                   "each fix on every engine (and ours), keeps a fix only where no session gets "
-                                   "worse, and prints before/after per engine and per session (or says "
-                                   "'nothing to fix'). Without --fix, exit 1 when there are findings.")
+                                   "priced in ids per engine. --fix moves only what a finding names (found by the "
+                                   "template's structure, any template), re-checks each fix on the engines asked "
+                                   "for, keeps a fix only where no session gets worse there, and prints what each "
+                                   "fix gains or costs per engine (others shown, marked) and before/after per "
+                                   "engine and per session (or says 'nothing to fix'). Without --fix, exit 1 when "
+                                   "there are findings.")
     p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
     p.add_argument("--engine", action="append", default=[],
                    help="engine spec to price findings and judge fixes on (repeatable; overrides apply, e.g. "
-                        "vllm:block_size=64; default: vllm, sglang, llama.cpp, anthropic). A fix is kept when no "
-                        "session reads more on the engines asked for; ours (strata) is replayed beside them and "
-                        "what a fix gains or costs there is shown, not judged")
+                        "vllm:block_size=64; default: the engines the dump names: the one its cached-token figures "
+                        "come from, else ours, strata). A fix is kept when no session reads more on the engines "
+                        "asked for; vllm, sglang, llama.cpp, anthropic and strata are replayed beside them and what "
+                        "a fix gains or costs there is shown, marked 'not asked for', never judged")
     p.add_argument("--fix", metavar="OUT", help="write the fixed trace here and replay before/after")
     p.add_argument("--template", help="the chat template the dump's prompts were rendered with (preset, .jinja, "
                                       "tokenizer_config.json or folder): where its system message lies (default: "

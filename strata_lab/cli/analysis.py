@@ -227,8 +227,8 @@ def _engines(calls, args: argparse.Namespace) -> list:
                          f"{', '.join(p.spec() for p in engines)}")
     out = []
     for p in engines:
-        change = {k: v for k, v in over.items() if getattr(p, k) != v} if p.engine == "strata" else {}
-        out.append(p.with_(**change) if change else p)
+        # set even when equal to the preset's value: a setting given is never replaced by the dump's (for_calls)
+        out.append(p.with_(**over) if over and p.engine == "strata" else p)
     return out
 
 
@@ -320,7 +320,8 @@ def _replay_dask(dump, args: argparse.Namespace) -> int:
 
 def _cmd_lint(args: argparse.Namespace) -> int:
     from strata_lab.caches.call_ids import write_calls
-    from strata_lab.caches.lint import FIXABLE, before_after, before_after_sessions, check_fixes, lint_calls
+    from strata_lab.caches.lint import (FIXABLE, REFERENCE_ENGINES, before_after, before_after_sessions, check_fixes,
+                                        dump_engines, fix_table, lint_calls, replayed_engines)
     from strata_lab.cli.commands import status
 
     dump = _checked(args.dump if len(args.dump) > 1 else args.dump[0], args.tokenizer, vocab_limit=False)
@@ -332,7 +333,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         raise ValueError(f"no engine calls in {', '.join(dump.paths)}: lint reads strata-dump/1 files (every line "
                          "was skipped; see the warnings above). For another tool's log, import it first: "
                          "strata-lab import LOG --out dump.jsonl")
-    engines = args.engine or ["vllm", "sglang", "llama.cpp", "anthropic"]
+    engines = args.engine or dump_engines(dump)   # default: the engines the dump names
     tok = _load_tokenizer(args.tokenizer)
     status(f"linting {len(dump.records())} calls, pricing findings on {', '.join(engines)} ...", args)
     findings = lint_calls(dump, tok, engines=engines, template=getattr(args, "template", None),
@@ -346,11 +347,16 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     if not fixable:
         print(f"nothing to fix: no finding is of a rule with a fix ({', '.join(FIXABLE)}); {args.fix} not written")
         return 0
-    status(f"checking each fix on {', '.join(engines)} and strata ...", args)
-    fixed, decisions = check_fixes(dump, fixable, tok, engines)
+    shown = replayed_engines(engines, REFERENCE_ENGINES)
+    status(f"checking each fix on {', '.join(engines)} (and showing {', '.join(shown[len(engines):])}) ...", args)
+    fixed, decisions = check_fixes(dump, fixable, tok, engines, template=getattr(args, "template", None),
+                                   progress=not args.quiet)
     print()
     for d in decisions:
         print(f"{'kept' if d['kept'] else 'dropped'}: {d['rule']} in session(s) {', '.join(d['sessions'])}: {d['why']}")
+        table = fix_table(d)
+        if table:   # what the fix gains (or costs) on each engine; only those asked for decide
+            print("\n".join("  " + line for line in table.splitlines()))
     if not any(d["kept"] for d in decisions):
         print(f"nothing to fix: no fix helps without making a session worse; {args.fix} not written")
         return 0
@@ -360,8 +366,8 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         write_calls(fixed, out)
     print(f"wrote {args.fix}\n")
     fmt = lambda x: f"{x:.3g}"  # noqa: E731
-    print("per engine:")
-    print(before_after(dump, fixed, engines).to_string(index=False, float_format=fmt))
+    print("per engine (judged: the engines asked for decide; the others are shown):")
+    print(before_after(dump, fixed, shown, asked=engines).to_string(index=False, float_format=fmt))
     print("\nper session (ids read):")
     print(before_after_sessions(dump, fixed, engines).to_string(index=False))
     return 0

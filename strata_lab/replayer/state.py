@@ -45,10 +45,26 @@ __all__ = [
     "CheckpointPolicy", "SessionState", "CallPrediction", "lcp_len", "predict_reuse", "reuse_target",
     "parse_checkpoint_policy", "snapshot_positions", "prompt_positions", "snapshot_capacity", "describe_policy",
     "default_snapshot_bytes", "DEFAULT_SNAPSHOT_BYTES", "ATTENTION_SNAPSHOT_BYTES", "MODELS", "FULL_HIT_RULES",
-    "IM_START_ID", "before_last_pos",
+    "IM_START_ID", "before_last_pos", "model_kind_of",
 ]
 
 MODELS = ("hybrid", "attention")
+
+
+def model_kind_of(name) -> str | None:
+    """The model kind a dump's `model` field names ('hybrid' / 'attention'), or None when the name says
+    neither (a hosted model such as gpt-4o: the caller decides).
+
+    >>> model_kind_of("embedded-hybrid-vocab151669-seed0"), model_kind_of("Qwen3-8B"), model_kind_of("gpt-4o")
+    ('hybrid', 'attention', None)
+    """
+    n = str(name or "").lower()
+    if "hybrid" in n or "qwen3_next" in n or "qwen3-next" in n:
+        return "hybrid"
+    if "attention" in n or n.startswith("qwen3"):
+        return "attention"
+    return None
+
 # What the engine does when the whole prompt is already held (reuse would equal len(prompt)).
 # "held_logits" is the C++ engine's rule: saved logits when prompt == held, or at a checkpoint at exactly
 # len(prompt); "last_held_only": only when prompt == held (the engine before snapshots kept logits).

@@ -82,13 +82,10 @@ def _model_for(records, model) -> Path:
 
 def _name_kind(name: str) -> str | None:
     """The model kind a dump's `model` field names ('hybrid' / 'attention'), or None when it names no model
-    of strata's engine (an imported log's hosted model, say)."""
-    n = name.lower()
-    if "hybrid" in n or "qwen3_next" in n or "qwen3-next" in n:
-        return "hybrid"
-    if "attention" in n or n.startswith("qwen3"):
-        return "attention"
-    return None
+    of strata's engine (an imported log's hosted model, say): `replayer.state.model_kind_of`."""
+    from strata_lab.replayer.state import model_kind_of
+
+    return model_kind_of(name)
 
 
 def _dump_models(records) -> list[str]:
@@ -128,6 +125,9 @@ class Reproduction:
     policy (`predicted_reused`) and, where the dump records them, the recorded values (`recorded_reused`,
     None where the dump has no `reused`, e.g. an imported log).
 
+    `imported` says what the dump is when another server served every line (an imported log, a proxy
+    capture): there is no recorded run to compare with, and `recorded_read` is None.
+
     `model` names the model the engine ran, `checkpoints` the checkpoint policy the engine ran with.
     """
 
@@ -137,6 +137,7 @@ class Reproduction:
     model: str = ""
     checkpoints: str = ""
     notes: list[str] = field(default_factory=list)
+    imported: str = ""             # what the dump is when no engine run of ours recorded it ("an openai log")
 
     @property
     def matches_prediction(self) -> bool:
@@ -180,9 +181,11 @@ class Reproduction:
             same = sum(r["reused"] == r["recorded_reused"] for r in self.rows if r["recorded_reused"] is not None)
             head += f"; {same}/{k} calls reproduce the recorded reused exactly"
         elif self.policy == "recorded":
-            head += "; the dump records no reused to compare (an imported log?)"
+            head += f"; the dump records no reused to compare ({self.imported or 'an imported log?'})"
         if self.policy != "recorded":
-            head += f"; {t['recorded_read'] - t['read']} fewer tokens read than recorded"
+            head += (f"; no recorded engine run to compare reads with ({self.imported}: its lines carry no "
+                     "reused of ours)" if self.imported else
+                     f"; {t['recorded_read'] - t['read']} fewer tokens read than recorded")
         ratio = self.prefill_ratio
         if ratio == ratio:
             head += f"; prefill time x{ratio:.2f} of recorded"
@@ -245,6 +248,13 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
     name = pol.name
     records = load_dump(dump).records()
     named = _dump_models(records)
+    # lines another server served (an imported log: `trace_format`; a proxy capture: `fidelity`) record no run of
+    # ours: with none of ours, there is no recorded read to compare with
+    elsewhere = [r for r in records if "trace_format" in r or "fidelity" in r]
+    imported = ""
+    if records and len(elsewhere) == len(records):
+        fmts = sorted({str(r["trace_format"]) for r in elsewhere if "trace_format" in r})
+        imported = f"an imported {'/'.join(fmts)} log" if fmts else "a capture of another engine"
     # an imported log's `model` is the hosted model it was served by, not one of our engine's
     named_kinds = {k for k in map(_name_kind, _dump_models([r for r in records if "trace_format" not in r]))
                    if k is not None}
@@ -309,7 +319,7 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
                          "predicted_reused": int(pred["reused"]),
                          "recorded_reused": recorded_reused if as_recorded else None,
                          "read": len(prompt) - got["reused"],
-                         "recorded_read": len(rec["prompt_ids"]) - (recorded_reused or 0),
+                         "recorded_read": None if imported else len(rec["prompt_ids"]) - (recorded_reused or 0),
                          "prefill_ms": got["prefill_ms"],
                          "recorded_prefill_ms": float(t) if isinstance(t, (int, float)) else math.nan})
             if rec_out is not None:
@@ -326,7 +336,7 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
         if rec_out is not None:
             rec_out.close()
     return Reproduction(rows, policy=name, path=str(out) if out is not None else None, model=runner.name,
-                        checkpoints=checkpoints, notes=notes)
+                        checkpoints=checkpoints, notes=notes, imported=imported)
 
 
 def reproduce(dump, *, model=None, out=None, threads: int = 1, tokenizer="qwen3", policy: str = "recorded",

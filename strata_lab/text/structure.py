@@ -66,12 +66,20 @@ class TemplateStructure:
 
     system_open: the text before the system message's content when a prompt starts with it (None: the
         template puts the system message elsewhere, e.g. into the last user turn).
+    system_opens: every such text the probes saw (without tools, then with tools: some templates write
+        into the system turn's header when tools are given); `system_span` tries each.
+    system_closes: `system_close`, and the system turn's own close when tools come between it and the first
+        user message (`system_span` ends at the first of them found).
     system_close: the text between the system content and the first user message's content.
     generation_prompts: what `add_generation_prompt` adds after a user turn (thinking off, then on) and after
         a tool output, distinct and non-empty.
     think: (open, close) reasoning markers the template writes or opens the reply with; None when it has none.
     renders_reasoning: the template writes a final reply's reasoning.
     strips_history_reasoning: an earlier reply's reasoning is gone from the next prompt (after a new user turn).
+    user_open: the text every user message's content follows (the end of the turn before it and the user
+        header; None when the probes do not agree on one).
+    user_ends: the texts that can follow a user message's content (the next turn's opening, the generation
+        prompts), each with what closes the user turn.
     """
 
     name: str
@@ -81,6 +89,10 @@ class TemplateStructure:
     think: tuple | None
     renders_reasoning: bool
     strips_history_reasoning: bool
+    user_open: str | None = None
+    user_ends: tuple = ()
+    system_opens: tuple = ()
+    system_closes: tuple = ()
 
     @classmethod
     def of(cls, template) -> "TemplateStructure":
@@ -109,6 +121,19 @@ class TemplateStructure:
             # the system message opens every prompt (not only the one whose last user turn carries it)
             if longer is not None and longer.find(_SYS[0]) == i and text[:i] == longer[:i]:
                 system_open = text[:i]
+        sys_opens = [system_open]
+        tooled = render(sys_a, tools=[{"type": "function", "function": {"name": "probe", "description": "probe",
+                                                                         "parameters": {"type": "object"}}}])
+        sys_closes = [system_close]
+        if system_open is not None and tooled is not None and 0 <= tooled.find(_SYS[0]) < tooled.find(_USER[0]):
+            ti = tooled.find(_SYS[0])
+            sys_opens.append(tooled[:ti])
+            after = tooled[ti + len(_SYS[0]):]
+            k = 0
+            while k < min(len(after), len(system_close)) and after[k] == system_close[k]:
+                k += 1
+            if 0 < k < len(system_close):   # the tools sit between the system turn's close and the user's
+                sys_closes.append(system_close[:k])
         user = [{"role": "user", "content": _USER[0]}]
         gens = []
         base = render(user)
@@ -140,17 +165,61 @@ class TemplateStructure:
             if opens and closes:
                 think = (opens[0], closes[0])
         hist = render(user + [reply, {"role": "user", "content": _USER[1]}], True) or ""
+        user_open, user_ends = cls._user_turn(render, sys_a, gens)
         return cls(name=t.name, system_open=system_open, system_close=system_close, generation_prompts=gens,
-                   think=think, renders_reasoning=renders, strips_history_reasoning=_REASONING not in hist)
+                   think=think, renders_reasoning=renders, strips_history_reasoning=_REASONING not in hist,
+                   user_open=user_open, user_ends=user_ends,
+                   system_opens=tuple(dict.fromkeys(o for o in sys_opens if o is not None)),
+                   system_closes=tuple(dict.fromkeys(c for c in sys_closes if c)))
+
+    @staticmethod
+    def _user_turn(render, sys_a, gens) -> tuple:
+        """(user_open, user_ends) from a conversation of two user turns around a reply."""
+        two = render(sys_a + [{"role": "assistant", "content": _REPLY}, {"role": "user", "content": _USER[1]}])
+        if two is None:
+            return None, ()
+        u1, r, u2 = two.find(_USER[0]), two.find(_REPLY), two.find(_USER[1])
+        if not 0 <= u1 < r < u2:
+            return None, ()
+        before1, before2 = two[:u1], two[r + len(_REPLY):u2]
+        k = 0
+        while k < min(len(before1), len(before2)) and before1[-1 - k] == before2[-1 - k]:
+            k += 1
+        close = two[u2 + len(_USER[1]):]   # what ends the last user turn (no generation prompt)
+        ends = [two[u1 + len(_USER[0]):r]] + [close + g for g in gens] + [close]
+        return (before1[len(before1) - k:] or None), tuple(dict.fromkeys(e for e in ends if e))
 
     def system_span(self, text: str) -> tuple[int, int] | None:
         """(start, end) of the system message in a prompt's text (its content, and what the template writes
         into the same turn: tools), or None when the prompt does not open with one."""
-        if self.system_open is None or not self.system_close or not text.startswith(self.system_open):
+        if self.system_open is None or not self.system_close:
             return None
-        a = len(self.system_open)
-        b = text.find(self.system_close, a)
-        return (a, b) if b >= 0 else None
+        opening = next((o for o in sorted(self.system_opens or (self.system_open,), key=len, reverse=True)
+                        if text.startswith(o)), None)
+        if opening is None:
+            return None
+        a = len(opening)
+        ends = [b for b in (text.find(c, a) for c in self.system_closes or (self.system_close,)) if b >= 0]
+        return (a, min(ends)) if ends else None
+
+    def last_user_span(self, text: str) -> tuple[int, int] | None:
+        """(start, end) of the content of the last user message in a prompt's text (what the template writes
+        for the user role: with some templates a tool output too), or None when none is found.
+
+        >>> from strata_lab import ChatTemplate
+        >>> s = TemplateStructure.of(ChatTemplate.from_name("qwen3"))
+        >>> text = "<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\nyes<|im_end|>\\n<|im_start|>user\\nmore<|im_end|>\\n"
+        >>> a, b = s.last_user_span(text); text[a:b]
+        'more'
+        """
+        if not self.user_open:
+            return None
+        a = text.rfind(self.user_open)
+        if a < 0:
+            return None
+        a += len(self.user_open)
+        ends = [b for b in (text.find(e, a) for e in self.user_ends) if b >= 0]
+        return (a, min(ends)) if ends else None
 
     def generation_prompt_at_end(self, text: str) -> str:
         """The generation prompt a prompt's text ends with ("" when none of the template's does)."""

@@ -10,10 +10,10 @@ where its session's previous call held something else.
 | `reasoning_dropped` | the previous reply sent back without the reasoning the model wrote |
 | `arguments_reserialised` | a reply's tool-call arguments, the same JSON written as other text (key order, spacing) |
 | `tool_output_truncated` | an earlier tool output sent back shorter (cut, or cut with a marker) |
-| `history_edit` | any other change of a message the session held (an edited user turn, a dropped message) |
+| `history_edit` | any other change of a message the session held (an edited user turn, a dropped message), or of the tool definitions (other tools, or the same JSON with its keys in another order) |
 
 Import writes the result into each rendered call's dump line (`history_change`: the habit, the message index
-and a short text; None when the call resends exactly what its session held), and lint and the replay's causes
+(None for the tool definitions) and a short text; None when the call resends exactly what its session held), and lint and the replay's causes
 read it from there: the habit, not the template's markers, names the change.
 
 >>> prev = {"system": None, "messages": [{"role": "user", "content": "hi"}], "response_text": "hello",
@@ -116,21 +116,37 @@ def _compare(a: dict, b: dict) -> tuple[str, str] | None:
     return "history_edit", f"{role}: {_changed_line(ta, tb)[:80]!r}"
 
 
+def _tools_change(a, b) -> str | None:
+    """None when the tool definitions `b` are `a` as sent (the same JSON text); else what differs."""
+    a, b = a or None, b or None   # no tools, however a log writes it
+    if json.dumps(a, ensure_ascii=False) == json.dumps(b, ensure_ascii=False):
+        return None
+    if a == b:
+        return "tool definitions: the same JSON with its keys in another order"
+    return "tool definitions changed"
+
+
 def history_change(prev: dict | None, call: dict) -> dict | None:
-    """The first change `call` makes to what its session's previous call `prev` held (`held_messages`):
-    {"habit", "message" (its index in the call's messages, system first), "text"}; None when the call
+    """The first change `call` makes to what its session's previous call `prev` held (`held_messages`, and
+    the tool definitions): {"habit", "message" (its index in the call's messages, system first; None: the tool
+    definitions), "text"}; None when the call
     resends all of it unchanged (or `prev` is None). A change the template makes (it drops reasoning it never
     renders, re-serialises arguments itself) is not one: the messages agree."""
     if prev is None:
         return None
     held, now = held_messages(prev), held_messages({**call, "response_text": None, "response_tool_calls": None,
                                                     "response_reasoning": None})
+    tools = _tools_change(prev.get("tools"), call.get("tools"))
     for i, (a, b) in enumerate(zip(held, now)):
         if not isinstance(a, dict) or not isinstance(b, dict):
             continue
+        if tools is not None and not (i == 0 and a.get("role") in ("system", "developer")):
+            break   # templates write the tool definitions after the system message, before the rest
         got = _compare(a, b)
         if got is not None:
             return {"habit": got[0], "message": i, "text": got[1]}
+    if tools is not None:
+        return {"habit": "history_edit", "message": None, "text": tools}
     if len(now) < len(held):
         return {"habit": "history_edit", "message": len(now), "text": f"{len(held) - len(now)} held messages "
                                                                      "not sent"}

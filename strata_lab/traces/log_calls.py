@@ -51,7 +51,10 @@ CHAINING_RULE = (
     f"session's first prompt except at most its last {ID_SLACK} ids (the generation prompt, which later calls "
     f"may render differently; {TEXT_SLACK} characters for vLLM prompts logged as text). So an edited history "
     "or a re-rendered reply stays in its session, and conversations that share only a system prompt do not "
-    "merge.")
+    "merge. Id-level logs (and vLLM prompts logged as text) are compared unmasked: which ids spell a timestamp "
+    "depends on the served model's vocabulary, which the log does not name, and a text prompt does not say "
+    "where its system message ends. There a system prompt whose time changes on every call starts a new "
+    "session on every call; give such a log a session field (--session-key) or log its messages.")
 # every call has these keys (None when the log does not say)
 FIELDS = ("ts", "session", "call", "model", "fidelity", "source", "format", "request_id",
           "system", "messages", "tools", "prompt_text", "prompt_ids", "prompt_len",

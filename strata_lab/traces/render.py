@@ -105,14 +105,19 @@ def _reply(call: dict, parse_arguments: bool = True) -> dict | None:
 
 
 STRING_ARGUMENTS = "arguments rendered as JSON strings: the template splices strings"
+# the other way, noted as well, so each call says how its tool-call arguments were rendered
+MAPPING_ARGUMENTS = "arguments rendered as parsed mappings: the template serialises them"
 
 
 def _splices_strings(exc: Exception, call: dict) -> bool:
     """Whether a template's failure is one of a template that splices tool-call arguments in as a string (a
     TypeError from ``str + dict``) on a call whose messages or reply hold tool calls (whose arguments
     `vllm_messages` parsed to objects)."""
-    if not isinstance(exc.__cause__, TypeError):
-        return False
+    return isinstance(exc.__cause__, TypeError) and _has_tool_calls(call)
+
+
+def _has_tool_calls(call: dict) -> bool:
+    """Whether a call's messages or reply hold tool calls (whose arguments the template renders)."""
     msgs = list(call["messages"] or ())
     return any(m.get("tool_calls") for m in msgs if isinstance(m, dict)) or bool(call["response_tool_calls"])
 
@@ -370,6 +375,8 @@ def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None
                                                    if call["response_text"] else [])
     else:
         raise ValueError("fidelity: a lengths-only call has no text to render; use LengthsSynth")
+    if call["fidelity"] == "messages" and STRING_ARGUMENTS not in notes and _has_tool_calls(call):
+        notes.append(MAPPING_ARGUMENTS)   # both renderers hand the template parsed arguments (vLLM's way)
     reported = call["prompt_tokens"]
     exact = None if reported is None else len(prompt) == reported
     done = call["completion_tokens"] if gen else None  # no reply logged: nothing to check
