@@ -1,19 +1,29 @@
 """The recording proxy's ASGI app: every request goes to `--upstream` as it came; the calls of the LLM routes
 (engines.ROUTES) are recorded, one strata-dump/1 line each, with the engine's own ids where it can return them.
 
-Per call: the body is read (at most `max_body` bytes), the engine's id options are added (engines.plan_request),
-the request is sent on with the client's headers (hop-by-hop ones aside; `accept-encoding: identity` on the
-recorded routes, so the proxy can read the answer), and the answer comes back with the upstream's status and
-headers. A streamed answer goes on event by event as each arrives (an SSE event is held only until its blank
-line); a whole one is read, then sent. The keys the added options brought are taken out of each JSON document
-again, byte for byte (engines.strip). Upstream errors pass through untouched and are recorded as errors; a
-client that leaves mid-stream closes the upstream request and the line records what was seen (finish
-`cancelled`). Nothing about the request's headers is written: API keys pass through and are never recorded.
+Per call: the body is read (at most `max_body` bytes), the engine's id options are added (engines.plan_request;
+put into the client's bytes before the closing brace, the rest untouched), the request is sent on with the
+client's headers (hop-by-hop ones aside; `accept-encoding: identity` on the recorded routes, so the proxy can
+read the answer), and the answer comes back with the upstream's status and headers. A streamed answer goes on
+as it arrives: each upstream read at once where nothing is edited, else the whole SSE events of each read in one
+piece (an event is held only until its blank line), and is parsed for the line after it went on. A whole
+answer is read, then sent; its line is written after. The keys the added options brought are taken out again,
+byte for byte (engines.strip). Upstream errors pass through untouched and are recorded as errors; a client that
+leaves mid-stream closes the upstream request and the line records what was seen (finish `cancelled`). Nothing
+about the request's headers is written: API keys pass through and are never recorded.
+
+The app is a plain ASGI callable and its client (proxy.client) a small HTTP/1.1 one: on loopback the proxy's
+cost per call is mostly the Python it runs, so neither a web framework nor a general-purpose HTTP client is on
+the hot path (benchmarks/proxy.py).
+
+Why one module: the request plan, the forwarding and the recording of one call share its state (the
+body, the added id options, the stream being seen); apart, that state would travel through every call.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 import uuid
@@ -26,9 +36,12 @@ from strata_lab.proxy.engines import PROFILES, ROUTES, Capture, plan_request, st
 try:
     import orjson as _orjson
 
-    _loads = _orjson.loads
+    _loads, _dumps = _orjson.loads, _orjson.dumps
 except ImportError:  # pragma: no cover - orjson is a core dependency
     _loads = json.loads
+
+    def _dumps(obj) -> bytes:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 __all__ = ["ProxyConfig", "Upstream", "create_app", "probe_upstream", "HOP_BY_HOP"]
 
@@ -267,57 +280,108 @@ class Recorder:
         self.lines += 1
 
 
+def _json_error(status: int, message: str, code: str) -> tuple[int, list, bytes]:
+    body = json.dumps({"error": {"message": message, "type": code, "code": status}}).encode()
+    return status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
+
+
+def _forward_body(raw: bytes, body: Any, fwd: Any) -> bytes:
+    """The bytes to send on: the client's own, with the keys the plan added put before the closing brace (the
+    rest untouched); re-serialised only where an added key was already there with another value."""
+    if fwd is body:
+        return raw
+    added = [k for k in fwd if k not in body]
+    if len(added) == len(fwd) - len(body) and all(fwd[k] is body[k] for k in body):
+        end = len(raw.rstrip())
+        if end and raw[end - 1:end] == b"}":
+            extra = b",".join(_dumps(k) + b":" + _dumps(fwd[k]) for k in added)
+            return raw[:end - 1] + (b"," if body else b"") + extra + raw[end - 1:]
+    return _dumps(fwd)
+
+
+def _events(ready: bytes) -> list[bytes]:
+    """The SSE events in `ready` (whole events only), each with its blank line."""
+    if b"\r" not in ready:
+        parts = ready.split(b"\n\n")
+        out = [p + b"\n\n" for p in parts[:-1]]
+        if parts[-1]:
+            out.append(parts[-1])
+        return out
+    out = []
+    while ready:
+        cut = _event_end(ready)
+        if cut < 0:
+            out.append(ready)
+            break
+        out.append(ready[:cut])
+        ready = ready[cut:]
+    return out
+
+
+def _event_obj(ev: bytes) -> Any:
+    """One SSE event's data, parsed (None: no data, [DONE], not JSON)."""
+    if ev.startswith(b"data:") and b"\ndata:" not in ev and b"\rdata:" not in ev:
+        payload = ev[5:]
+    else:
+        lines = [ln[5:] for ln in ev.splitlines() if ln.startswith(b"data:")]
+        if not lines:
+            return None
+        payload = b"\n".join(ln[1:] if ln[:1] == b" " else ln for ln in lines)
+    payload = payload.strip()
+    if not payload or payload == b"[DONE]":
+        return None
+    try:
+        return _loads(payload)
+    except ValueError:
+        return None
+
+
+_EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+
+
 def create_app(config: ProxyConfig, upstream: Upstream, writer, *, client=None):
-    """The ASGI app. `writer`: a strata_lab.dump.writer Recorder (or StoreRecorder); `client`: an
-    httpx.AsyncClient (default: one made here, closed at shutdown)."""
-    import contextlib
+    """The ASGI app (a plain ASGI callable: the proxy's hot path has no framework in it). `writer`: a
+    strata_lab.dump.writer Recorder (or StoreRecorder); `client`: an UpstreamClient (default: one made here for
+    `config.upstream`, closed at shutdown)."""
+    from strata_lab.proxy.client import UpstreamClient, UpstreamError
 
-    import anyio
-    import httpx
-    from starlette.applications import Starlette
-    from starlette.requests import ClientDisconnect
-    from starlette.responses import JSONResponse, Response
-    from starlette.routing import Route
-
-    base = config.upstream.rstrip("/")
     own_client = client is None
     if client is None:
-        client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=10.0),
-                                   limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
+        client = UpstreamClient(config.upstream, timeout=config.timeout, connect_timeout=10.0)
     profile = PROFILES[upstream.engine]
     rec = Recorder(config, upstream, writer)
 
-    def error(status: int, message: str, code: str) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": code, "code": status}}, status_code=status)
+    async def respond(send, status: int, headers: list, body: bytes) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def read_body(request) -> bytes | None:
-        chunks, n = [], 0
-        async for chunk in request.stream():
-            n += len(chunk)
-            if n > config.max_body:
-                return None
-            chunks.append(chunk)
-        return b"".join(chunks)
+    def out_headers(resp, *, length: bool) -> list:
+        drop = _HOP_KEEP_LENGTH if length else HOP_BY_HOP_B
+        return [(k, v) for k, v in resp.headers if k.lower() not in drop]
 
-    def out_headers(h: httpx.Headers, *, decoded: bool) -> list[tuple[bytes, bytes]]:
-        drop = HOP_BY_HOP | ({"content-encoding"} if decoded else frozenset())
-        return [(k, v) for k, v in h.raw if k.decode("latin-1").lower() not in drop]
-
-    async def tokenize(text: str, headers: dict, *, special: bool) -> list | None:
-        """The upstream's own ids for a text (llama.cpp /tokenize)."""
+    async def post_json(path: bytes, obj: dict, auth: list):
+        """A JSON POST of the proxy's own to the upstream (llama.cpp's /tokenize, /apply-template)."""
         try:
-            r = await client.post(base + "/tokenize", json={"content": text, "add_special": special,
-                                                            "parse_special": True}, headers=headers)
-            ids = r.json().get("tokens") if r.status_code == 200 else None
-        except Exception:  # noqa: BLE001
+            resp = await client.request("POST", path, [(b"content-type", b"application/json")] + auth,
+                                        _dumps(obj))
+            try:
+                pieces, over = await resp.read(config.max_answer)
+            finally:
+                await resp.aclose()
+            return _loads(b"".join(pieces)) if resp.status == 200 and not over else None
+        except (UpstreamError, ValueError):
             return None
+
+    async def tokenize(text: str, auth: list, *, special: bool) -> list | None:
+        """The upstream's own ids for a text (llama.cpp /tokenize)."""
+        out = await post_json(b"/tokenize", {"content": text, "add_special": special, "parse_special": True}, auth)
+        ids = out.get("tokens") if isinstance(out, dict) else None
         return ids if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
 
-    async def engine_ids(plan, body: dict, cap: Capture, headers: dict):
+    async def engine_ids(plan, body: dict, cap: Capture, auth: list):
         """llama.cpp: prompt ids the proxy asks the upstream for (its template and tokenizer); (prompt, gen, notes)."""
         if not profile.tokenize or cap.error is not None:
             return None, None, ()
-        auth = {k: v for k, v in headers.items() if k.lower() in ("authorization", "x-api-key")}
         if plan.kind == "llama":
             p = body.get("prompt")
             if isinstance(p, list) and all(isinstance(i, int) for i in p):
@@ -326,12 +390,9 @@ def create_app(config: ProxyConfig, upstream: Upstream, writer, *, client=None):
                 return await tokenize(p, auth, special=True), None, ("prompt ids: the upstream's /tokenize",)
             return None, None, ()
         if plan.kind == "chat":
-            try:
-                r = await client.post(base + "/apply-template", json={k: body[k] for k in
-                                      ("messages", "tools", "chat_template_kwargs") if k in body}, headers=auth)
-                text = r.json().get("prompt") if r.status_code == 200 else None
-            except Exception:  # noqa: BLE001
-                text = None
+            out = await post_json(b"/apply-template", {k: body[k] for k in ("messages", "tools", "chat_template_kwargs")
+                                                       if k in body}, auth)
+            text = out.get("prompt") if isinstance(out, dict) else None
             if not isinstance(text, str):
                 return None, None, ("/apply-template failed: no prompt ids",)
             prompt = await tokenize(text, auth, special=True)
@@ -340,86 +401,130 @@ def create_app(config: ProxyConfig, upstream: Upstream, writer, *, client=None):
                                  "tokenized",)
         return None, None, ()
 
-    async def handle(request):
+    async def app(scope, receive, send):
+        kind = scope["type"]
+        if kind == "http":
+            return await handle(scope, receive, send)
+        if kind == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    if own_client:
+                        await client.aclose()
+                    writer.close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if kind == "websocket":   # not an LLM route: refused plainly
+            await receive()
+            await send({"type": "websocket.close", "code": 1003})
+
+    async def handle(scope, receive, send):
         t0 = time.time()
-        raw = await read_body(request)
-        if raw is None:
-            return error(413, f"the request body is over the proxy's limit of {config.max_body} bytes",
-                         "request_too_large")
-        path = request.url.path
-        kind = ROUTES.get(path) if request.method == "POST" else None
+        chunks, n = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return                           # the client left before its request was whole
+            chunk = msg.get("body", b"")
+            if chunk:
+                n += len(chunk)
+                if n > config.max_body:
+                    return await respond(send, *_json_error(
+                        413, f"the request body is over the proxy's limit of {config.max_body} bytes",
+                        "request_too_large"))
+                chunks.append(chunk)
+            if not msg.get("more_body"):
+                break
+        raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        path, method = scope["path"], scope["method"]
+        route = ROUTES.get(path) if method == "POST" else None
         body: Any = None
         plan = None
         send_raw = raw
-        if kind is not None:
+        if route is not None:
             try:
                 body = _loads(raw) if raw else None
             except ValueError:
                 body = None
             fwd, plan = plan_request(profile, path, body)
-            if fwd is not body:
-                send_raw = json.dumps(fwd, ensure_ascii=False, separators=(",", ":")).encode()
             if not isinstance(body, dict):
                 plan = None  # not a JSON object: passed on as it is, nothing to record
-        headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in HOP_BY_HOP]
-        if plan is not None:
-            headers = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"] + \
-                [(b"accept-encoding", b"identity")]
-        url = base + path + (("?" + request.url.query) if request.url.query else "")
-        req = client.build_request(request.method, url, headers=headers, content=send_raw)
+            else:
+                send_raw = _forward_body(raw, body, fwd)
+        req_headers = scope["headers"]
+        if plan is None:
+            headers = [(k, v) for k, v in req_headers if k not in HOP_BY_HOP_B]
+        else:
+            headers = [(k, v) for k, v in req_headers if k not in HOP_BY_HOP_B and k != b"accept-encoding"]
+            headers.append((b"accept-encoding", b"identity"))
+        target = scope.get("raw_path") or path.encode()
+        if scope.get("query_string"):
+            target = target + b"?" + scope["query_string"]
         try:
-            resp = await client.send(req, stream=True)
-        except httpx.HTTPError as exc:
+            resp = await client.request(method, target, headers, send_raw)
+        except UpstreamError as exc:
             if plan is not None:
                 cap = Capture(plan.kind)
-                cap.error = f"upstream unreachable: {type(exc).__name__}"
-                rec.write(plan=plan, cap=cap, body=body, headers=request.headers, status=502, t0=t0, t_first=None,
-                          t_end=time.time(), cancelled=False)
-            return error(502, f"the upstream did not answer ({type(exc).__name__})", "bad_gateway")
+                cap.error = f"upstream unreachable: {exc.kind}"
+                rec.write(plan=plan, cap=cap, body=body, headers=_hdict(req_headers), status=502, t0=t0,
+                          t_first=None, t_end=time.time(), cancelled=False)
+            return await respond(send, *_json_error(502, f"the upstream did not answer ({exc.kind})", "bad_gateway"))
         if plan is None:
-            return _Raw(resp, out_headers(resp.headers, decoded=False))
-        ctype = resp.headers.get("content-type", "")
-        if "text/event-stream" in ctype:
-            return _Stream(resp, out_headers(resp.headers, decoded=True), plan, body, request.headers, t0)
-        return await whole(resp, plan, body, request.headers, t0)
+            return await passthrough(resp, send, out_headers(resp, length=method != "HEAD"))
+        encoding = resp.header(b"content-encoding")
+        if encoding and encoding != "identity":   # asked for identity, got a compressed answer: not read
+            cap = Capture(plan.kind)
+            cap.error = f"answer compressed ({encoding}): not read"
+            rec.write(plan=plan, cap=cap, body=body, headers=_hdict(req_headers), status=resp.status, t0=t0,
+                      t_first=None, t_end=time.time(), cancelled=False)
+            return await passthrough(resp, send, out_headers(resp, length=True))
+        if "text/event-stream" in resp.header(b"content-type"):
+            return await stream(resp, send, receive, plan, body, req_headers, t0)
+        return await whole(resp, send, plan, body, req_headers, t0)
 
-    async def whole(resp, plan, body, req_headers, t0):
-        cap = Capture(plan.kind)
-        chunks, n, t_first, over = [], 0, None, False
+    async def passthrough(resp, send, headers, first=()):
+        """An answer passed on as it comes (an unrecorded route; compressed bytes stay compressed)."""
         try:
-            async for chunk in resp.aiter_bytes():
-                if t_first is None:
-                    t_first = time.time()
-                n += len(chunk)
-                chunks.append(chunk)
-                if n > config.max_answer:
-                    over = True
-                    break
-        except httpx.HTTPError as exc:
+            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+            for data in first:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            async for data in resp.chunks():
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass
+        finally:
             await resp.aclose()
-            cap.error = f"upstream answer cut: {type(exc).__name__}"
-            rec.write(plan=plan, cap=cap, body=body, headers=req_headers, status=502, t0=t0, t_first=t_first,
+
+    async def whole(resp, send, plan, body, req_headers, t0):
+        cap = Capture(plan.kind)
+        hdict = _hdict(req_headers)
+        t_first = None
+        try:
+            pieces, over = await resp.read(config.max_answer)
+            t_first = time.time()   # the head and body of a whole answer: first byte ~ last for the proxy
+        except UpstreamError as exc:
+            await resp.aclose()
+            cap.error = f"upstream answer cut: {exc.kind}"
+            rec.write(plan=plan, cap=cap, body=body, headers=hdict, status=502, t0=t0, t_first=t_first,
                       t_end=time.time(), cancelled=False)
-            return error(502, "the upstream's answer was cut short", "bad_gateway")
+            return await respond(send, *_json_error(502, "the upstream's answer was cut short", "bad_gateway"))
+        except BaseException:
+            await resp.aclose()
+            raise
         if over:  # too large to hold: pass the rest on as it comes, unrecorded beyond a note
             cap.error = f"answer over {config.max_answer} bytes: not read"
-            rec.write(plan=plan, cap=cap, body=body, headers=req_headers, status=resp.status_code, t0=t0,
+            rec.write(plan=plan, cap=cap, body=body, headers=hdict, status=resp.status, t0=t0,
                       t_first=t_first, t_end=time.time(), cancelled=False)
-
-            async def rest():
-                try:
-                    for c in chunks:
-                        yield c
-                    async for c in resp.aiter_bytes():
-                        yield c
-                finally:
-                    await resp.aclose()
-            return _Gen(rest(), resp.status_code, out_headers(resp.headers, decoded=True))
+            return await passthrough(resp, send, out_headers(resp, length=False), pieces)
         await resp.aclose()
-        data = b"".join(chunks)
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         t_end = time.time()
+        status = resp.status
         obj = None
-        if resp.headers.get("content-type", "").startswith("application/json") or data[:1] in (b"{", b"["):
+        if resp.header(b"content-type").startswith("application/json") or data[:1] in (b"{", b"["):
             try:
                 obj = _loads(data)
             except ValueError:
@@ -428,168 +533,133 @@ def create_app(config: ProxyConfig, upstream: Upstream, writer, *, client=None):
             cap.feed(obj[0] if obj else None)
         else:
             cap.feed(obj)
-        if obj is None and resp.status_code < 400:
+        if obj is None and status < 400:
             cap.error = "the upstream's answer is not JSON"
-        elif resp.status_code >= 400 and cap.error is None:
-            cap.error = f"HTTP {resp.status_code}: {data[:300].decode('utf-8', 'replace')}"
-        if resp.status_code < 400 and obj is not None:
+        elif status >= 400 and cap.error is None:
+            cap.error = f"HTTP {status}: {data[:300].decode('utf-8', 'replace')}"
+        if status < 400 and obj is not None:
             data = strip(data, plan)
+        headers = out_headers(resp, length=False)
+        headers.append((b"content-length", str(len(data)).encode()))
+        await respond(send, status, headers, data)     # the client has its answer; then the line
         notes = []
         prompt_ids = gen_ids = None
-        if resp.status_code < 400 and cap.prompt_ids is None:
-            prompt_ids, gen_ids, notes = await engine_ids(plan, body, cap, dict(req_headers))
-        rec.write(plan=plan, cap=cap, body=body, headers=req_headers, status=resp.status_code, t0=t0,
-                  t_first=t_first, t_end=t_end, cancelled=False, prompt_ids=prompt_ids, gen_ids=gen_ids,
-                  notes=notes)
-        return _Bytes(data, resp.status_code, out_headers(resp.headers, decoded=True))
+        if status < 400 and cap.prompt_ids is None:
+            prompt_ids, gen_ids, notes = await engine_ids(plan, body, cap, _auth(req_headers))
+        rec.write(plan=plan, cap=cap, body=body, headers=hdict, status=status, t0=t0, t_first=t_first,
+                  t_end=t_end, cancelled=False, prompt_ids=prompt_ids, gen_ids=gen_ids, notes=notes)
 
-    class _Raw:
-        """An unrecorded answer, passed on as it comes (compressed bytes stay compressed)."""
+    async def stream(resp, send, receive, plan, body, req_headers, t0):
+        """A streamed answer. Without edits each upstream read goes on as it came, before it is parsed; with
+        edits (the added ids taken out, the added usage chunk dropped) the whole events of each read go on at
+        once, edited in one pass. A client that leaves closes the upstream request; the line is written when
+        the stream ends, however it ends."""
+        cap = Capture(plan.kind)
+        status = resp.status
+        edit = bool(plan.keys) or plan.drop_usage_chunk
+        state = {"gone": False, "first": None, "done": False}
 
-        def __init__(self, resp, headers):
-            self.resp, self.headers = resp, headers
+        async def watch():
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    if not state["done"]:
+                        state["gone"] = True
+                        resp.abort("client gone")
+                    return
 
-        async def __call__(self, scope, receive, send):
-            try:
-                await send({"type": "http.response.start", "status": self.resp.status_code,
-                            "headers": self.headers})
-                async for chunk in self.resp.aiter_raw():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            except (OSError, httpx.HTTPError):
-                pass
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await self.resp.aclose()
+        watcher = asyncio.ensure_future(watch())
+        cancelled = True
 
-    class _Bytes:
-        def __init__(self, data, status, headers):
-            self.data, self.status = data, status
-            self.headers = headers + [(b"content-length", str(len(data)).encode())]
+        async def ship(ready: bytes) -> None:
+            """Whole events: edited and sent (edit), then fed to the capture."""
+            events = None
+            if plan.drop_usage_chunk and b'"usage"' in ready and _EMPTY_CHOICES.search(ready):
+                kept = []
+                for ev in _events(ready):
+                    obj = _event_obj(ev)
+                    cap.feed(obj)
+                    if not (isinstance(obj, dict) and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)):
+                        kept.append(ev)
+                ready = b"".join(kept)
+            else:
+                events = ready
+            if edit:
+                if plan.keys:
+                    ready = strip(ready, plan)
+                if ready:
+                    await send({"type": "http.response.body", "body": ready, "more_body": True})
+            if events is not None:
+                for ev in _events(events):
+                    cap.feed(_event_obj(ev))
 
-        async def __call__(self, scope, receive, send):
-            await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
-            await send({"type": "http.response.body", "body": self.data, "more_body": False})
-
-    class _Gen:
-        def __init__(self, gen, status, headers):
-            self.gen, self.status, self.headers = gen, status, headers
-
-        async def __call__(self, scope, receive, send):
-            await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
-            async for chunk in self.gen:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": out_headers(resp, length=False)})
+            buf = b""
+            async for data in resp.chunks():
+                if state["first"] is None:
+                    state["first"] = time.time()
+                if not edit:   # the bytes go on as they came, before anything is read from them
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+                buf = buf + data if buf else data
+                cut = _last_event_end(buf)
+                if cut < 0:
+                    if len(buf) > MAX_EVENT:  # a runaway event: passed on unread
+                        if edit:
+                            await send({"type": "http.response.body", "body": buf, "more_body": True})
+                        buf = b""
+                    continue
+                ready, buf = (buf, b"") if cut == len(buf) else (buf[:cut], buf[cut:])
+                await ship(ready)
+            if buf:
+                await ship(buf)
+            state["done"] = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    class _Stream:
-        """A streamed answer: each SSE event goes on once complete (ids stripped), a client that leaves closes
-        the upstream request; the call's line is written when the stream ends, however it ends."""
-
-        def __init__(self, resp, headers, plan, body, req_headers, t0):
-            self.resp, self.headers, self.plan, self.body = resp, headers, plan, body
-            self.req_headers, self.t0 = req_headers, t0
-            self.cap = Capture(plan.kind)
-            self.t_first = None
-
-        def event(self, ev: bytes) -> bytes | None:
-            """One SSE event (its bytes, blank line included): read, stripped; None: dropped."""
-            data_lines = [ln[5:].lstrip(b" ") for ln in ev.splitlines() if ln.startswith(b"data:")]
-            if not data_lines:
-                return ev
-            payload = b"\n".join(data_lines)
-            if payload.strip() == b"[DONE]":
-                return ev
-            try:
-                obj = _loads(payload)
-            except ValueError:
-                return ev
-            self.cap.feed(obj)
-            if self.plan.drop_usage_chunk and isinstance(obj, dict) and obj.get("choices") == [] and \
-                    isinstance(obj.get("usage"), dict):
-                return None
-            return strip(ev, self.plan) if self.plan.keys and b'token' in ev else ev
-
-        async def __call__(self, scope, receive, send):
-            cancelled = True
-            status = self.resp.status_code
-            gone = anyio.Event()
-
-            async def watch():
-                while True:
-                    msg = await receive()
-                    if msg["type"] == "http.disconnect":
-                        gone.set()
-                        tg.cancel_scope.cancel()
-                        return
-
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(watch)
-                    await send({"type": "http.response.start", "status": status, "headers": self.headers})
-                    buf = b""
-                    async for chunk in self.resp.aiter_bytes():
-                        if self.t_first is None:
-                            self.t_first = time.time()
-                        buf += chunk
-                        out = []
-                        while True:
-                            cut = _event_end(buf)
-                            if cut < 0:
-                                break
-                            ev, buf = buf[:cut], buf[cut:]
-                            kept = self.event(ev)
-                            if kept is not None:
-                                out.append(kept)
-                        if len(buf) > MAX_EVENT:  # a runaway event: passed on unread
-                            out.append(buf)
-                            buf = b""
-                        if out:
-                            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-                    if buf:
-                        kept = self.event(buf)
-                        if kept:
-                            await send({"type": "http.response.body", "body": kept, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                    cancelled = False
-                    tg.cancel_scope.cancel()
-            except (OSError, httpx.HTTPError) as exc:
-                if not gone.is_set():
-                    self.cap.error = self.cap.error or f"stream cut: {type(exc).__name__}"
-            finally:
-                cancelled = cancelled and (gone.is_set() or self.cap.error is None)
-                with anyio.CancelScope(shield=True):
-                    await self.resp.aclose()
-                    t_end = time.time()
-                    prompt_ids = gen_ids = None
-                    notes = ()
-                    if not cancelled and status < 400 and self.cap.prompt_ids is None:
-                        prompt_ids, gen_ids, notes = await engine_ids(self.plan, self.body, self.cap,
-                                                                      dict(self.req_headers))
-                    if status >= 400 and self.cap.error is None:
-                        self.cap.error = f"HTTP {status}"
-                    rec.write(plan=self.plan, cap=self.cap, body=self.body, headers=self.req_headers,
-                              status=status, t0=self.t0, t_first=self.t_first, t_end=t_end, cancelled=cancelled,
-                              prompt_ids=prompt_ids, gen_ids=gen_ids, notes=notes)
-
-    async def app_route(request):
-        try:
-            return await handle(request)
-        except ClientDisconnect:
-            return Response(status_code=499)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        try:
-            yield
+            cancelled = False
+        except (UpstreamError, OSError) as exc:
+            if not state["gone"]:
+                cap.error = cap.error or f"stream cut: {getattr(exc, 'kind', type(exc).__name__)}"
         finally:
-            if own_client:
-                await client.aclose()
-            writer.close()
+            watcher.cancel()
+            await resp.aclose()
+            cancelled = cancelled and (state["gone"] or cap.error is None)
+            t_end = time.time()
+            prompt_ids = gen_ids = None
+            notes = ()
+            if not cancelled and status < 400 and cap.prompt_ids is None:
+                prompt_ids, gen_ids, notes = await engine_ids(plan, body, cap, _auth(req_headers))
+            if status >= 400 and cap.error is None:
+                cap.error = f"HTTP {status}"
+            rec.write(plan=plan, cap=cap, body=body, headers=_hdict(req_headers), status=status, t0=t0,
+                      t_first=state["first"], t_end=t_end, cancelled=cancelled, prompt_ids=prompt_ids,
+                      gen_ids=gen_ids, notes=notes)
 
-    methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
-    app = Starlette(routes=[Route("/{path:path}", app_route, methods=methods)], lifespan=lifespan)
-    app.state.recorder = rec
+    app.recorder = rec
+    app.client = client
     return app
+
+
+HOP_BY_HOP_B = frozenset(k.encode() for k in HOP_BY_HOP)
+_HOP_KEEP_LENGTH = HOP_BY_HOP_B - {b"content-length"}
+
+
+def _hdict(raw_headers) -> dict:
+    """The request's headers by lower-case name (for the session header; never written)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in raw_headers}
+
+
+def _auth(raw_headers) -> list:
+    return [(k, v) for k, v in raw_headers if k in (b"authorization", b"x-api-key")]
+
+
+def _last_event_end(buf: bytes) -> int:
+    """The end (exclusive) of the last whole SSE event in `buf` (its blank line included), else -1."""
+    i = buf.rfind(b"\n\n")
+    cut = i + 2 if i >= 0 else -1
+    if b"\r" in buf:
+        j, k = buf.rfind(b"\r\n\r\n"), buf.rfind(b"\r\r")
+        cut = max(cut, j + 4 if j >= 0 else -1, k + 2 if k >= 0 else -1)
+    return cut
 
 
 def _event_end(buf: bytes) -> int:

@@ -54,7 +54,10 @@ def serve(config, *, ready=None) -> None:
     ident = ", ".join(f"{k} {v}" for k, v in upstream.identity().items() if k != "flags")
     print(f"strata-lab proxy: http://{config.host}:{config.port} -> {config.upstream} ({ident}); "
           f"recording to {path}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+    # uvicorn picks httptools and uvloop where installed (the server extra); the upstream's own date and server
+    # headers pass through, so uvicorn adds none of its own
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", server_header=False,
+                date_header=False)
 
 
 def _cmd_proxy(args: argparse.Namespace) -> int:

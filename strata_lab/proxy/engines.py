@@ -119,34 +119,47 @@ def _brought_by(key: str, asked: set) -> bool:
         (key == "token_ids" and "return_token_ids" in asked)
 
 
-def _key_pattern(keys: tuple) -> re.Pattern:
-    names = "|".join(re.escape(k) for k in keys)
-    # a key of an object: preceded by "{", "," or white space (inside a JSON string a quote has a backslash)
-    return re.compile(rb'(?<=[{,\s])(\s*)"(' + names.encode() + rb')"\s*:\s*\[[-0-9,\s]*\]')
+_KEYS: dict = {}      # plan.keys -> (the keys with a list of ints for value, a pattern; each key quoted, in bytes)
+_SEP = frozenset(b"{,\t\n\r ")
+_SEP_DROP = frozenset(b"{\t\n\r ")
 
 
-_DROP = {}
+def _key_pattern(keys: tuple) -> tuple:
+    found = _KEYS.get(keys)
+    if found is None:
+        names = "|".join(re.escape(k) for k in keys)
+        # it starts with a literal quote, so the regex engine skips to candidates fast; the byte before the
+        # key must be "{", "," or white space (checked in `strip`): inside a JSON string a quote has a backslash
+        found = _KEYS[keys] = (re.compile(rb'(,\s*)?"(' + names.encode() + rb')"\s*:\s*\[[-0-9,\s]*\](\s*,)?'),
+                               tuple(f'{k}"'.encode() for k in keys))
+    return found
 
 
 def strip(raw: bytes, plan: Plan) -> bytes:
-    """`raw` (one JSON document) with the keys the plan added set back to what the engine sends without them:
-    null, [] or nothing. Every other byte stays as it was."""
-    if not plan.keys or b'"' not in raw:
+    """`raw` (one JSON document, or several SSE events) with the keys the plan added set back to what the
+    engine sends without them: null, [] or nothing. Every other byte stays as it was."""
+    if not plan.keys:
         return raw
-    pat = _key_pattern(plan.keys)
-    if plan.absent == "null":
-        return pat.sub(lambda m: m.group(1) + b'"' + m.group(2) + b'":null', raw)
-    if plan.absent == "empty":
-        return pat.sub(lambda m: m.group(1) + b'"' + m.group(2) + b'":[]', raw)
-    drop = _DROP.get(plan.keys)
-    if drop is None:
-        names = "|".join(re.escape(k) for k in plan.keys).encode()
-        one = rb'"(?:' + names + rb')"\s*:\s*\[[-0-9,\s]*\]'
-        # a key after a comma goes with that comma; a first key with the comma after it
-        drop = _DROP[plan.keys] = re.compile(rb',\s*' + one + rb'|(?<=[{\s])' + one + rb'\s*,?')
-    for _ in range(len(plan.keys) + 1):   # adjacent keys: each pass removes what the last one uncovered
-        raw, n = drop.subn(b"", raw)
-        if not n:
+    pat, needles = _key_pattern(plan.keys)
+    if not any(k in raw for k in needles):
+        return raw
+    absent = plan.absent
+    before = _SEP_DROP if absent == "drop" else _SEP
+
+    def edit(m: re.Match) -> bytes:
+        lead, key, tail = m.group(1), m.group(2), m.group(3) or b""
+        at = m.start(2) - 1                                  # the key's opening quote
+        if lead is None and (at == 0 or raw[at - 1] not in before):
+            return m.group(0)                                # not a key of an object: left as it is
+        if absent == "drop":
+            # a key after a comma goes with that comma; a first key with the comma after it
+            return tail if lead is not None else b""
+        value = b"null" if absent == "null" else b"[]"
+        return (lead or b"") + raw[at:m.start(2) + len(key) + 1] + b":" + value + tail
+
+    for _ in range(len(plan.keys) + 1 if absent == "drop" else 1):  # adjacent dropped keys: one pass each
+        raw, n = pat.subn(edit, raw)
+        if not n or absent != "drop":
             break
     return raw
 
@@ -209,7 +222,9 @@ class Capture:
         if prompt and self.prompt_ids is None:
             self.prompt_ids = list(ids)
         if gen:
-            self.gen_ids = (self.gen_ids or []) + list(ids)
+            if self.gen_ids is None:
+                self.gen_ids = []
+            self.gen_ids.extend(ids)
 
     def _choice(self, ch: dict) -> None:
         self._ids(ch.get("prompt_token_ids"), prompt=True)
