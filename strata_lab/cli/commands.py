@@ -226,11 +226,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                        grammar_max_items=None if args.grammar_max_items == 0 else args.grammar_max_items,
                        cpu_workers=args.cpu_workers, cpu_queue=args.cpu_queue, cpu_timeout=args.cpu_timeout,
                        shared_cache=args.shared_cache, response_store=args.response_store,
-                       response_store_bytes=int(args.response_store_mib * 1024 * 1024),
+                       response_store_bytes=_mib_bytes(args.response_store_mib, "--response-store-mib"),
                        response_ttl=args.response_ttl,
                        max_client_requests=args.max_client_requests,
                        seed=None if args.seed in (None, -1) else args.seed))
     return 0
+
+
+def _mib_bytes(mib: float, option: str) -> int:
+    """MiB given on the command line as bytes; a value that is not a finite number >= 0 is the option's error."""
+    import math
+
+    if not math.isfinite(mib) or mib < 0 or mib > 1 << 20:
+        raise ValueError(f"{option}: must be a number of MiB in 0..{1 << 20}, got {mib}")
+    return int(mib * 1024 * 1024)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -25,8 +25,8 @@ import asyncio
 import json
 import re
 import sys
+import random as _random
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -183,6 +183,11 @@ def _conversation(kind: str, body: dict) -> list | None:
     return None
 
 
+def _request_id() -> str:
+    """A random 128-bit id in hex (uuid4's form; from `random`, not os.urandom, which costs a system call)."""
+    return f"{_random.getrandbits(128):032x}"
+
+
 _FINISH = {"stop": "stop", "end_turn": "stop", "stop_sequence": "stop", "tool_calls": "stop", "tool_use": "stop",
            "eos": "stop", "word": "stop", "length": "length", "max_tokens": "length", "limit": "length",
            "error": "error", "cancelled": "cancelled", "abort": "cancelled"}
@@ -232,7 +237,7 @@ class Recorder:
             else:
                 session = "proxy-0"
         rec: dict[str, Any] = {"schema": "strata-dump/1", "ts": t0, "done_ts": max(t_end, t0),
-                               "request_id": uuid.uuid4().hex, "session": session, "call": 0,
+                               "request_id": _request_id(), "session": session, "call": 0,
                                "prompt_ids": list(prompt or []), "gen_ids": list(gen or []), "drained_ids": [],
                                "finish": finish}
         tm = cap.timings

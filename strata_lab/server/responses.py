@@ -14,6 +14,9 @@ response is held for the API key that made it only, for a time, and within a cou
 >>> req, conv = parse_responses({"input": "hi", "instructions": "be brief", "max_output_tokens": 5})
 >>> [m["role"] for m in req.messages], req.max_tokens, conv
 (['system', 'user'], 5, [{'role': 'user', 'content': 'hi'}])
+
+Why one module: the Responses body's checks, the per-key store and `ResponsesBuilder` are one API's
+shape; the store's ownership rules are read beside the routes that use them.
 """
 from __future__ import annotations
 

@@ -35,6 +35,9 @@ hashing every token (same numbers, see `strata_lab.caches.vllm`).
 ('mooncake', 2, [[0, 1, 2, 3, 4], [0, 1, 2, 3, 12, 13]])
 >>> [o.tolist() for _, o, _, _ in t.synth()], t.ts.tolist()
 ([[8, 9], [16]], [0.0, 1.0])
+
+Why one module: both trace layouts, their limits and the synthetic ids share one column reader; the
+ids' definition sits beside the reader that feeds it.
 """
 from __future__ import annotations
 
