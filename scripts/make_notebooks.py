@@ -1,4 +1,5 @@
-"""Write notebooks/*.ipynb from the cell sources below (outputs empty). Run after editing a notebook here:
+"""Write notebooks/*.ipynb from the cell sources below (outputs empty): this file is the notebooks' source, and
+tests/test_notebooks.py checks that the committed notebooks are what it writes. Edit a notebook here, then run:
 
     python scripts/make_notebooks.py
 
@@ -14,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 SETUP = '''\
 import pathlib, tempfile
 from strata_lab.dump.examples import example_dumps
-DUMPS = example_dumps()   # the project's recorded sessions: ../dumps, the checkout's, or $STRATA_DUMPS
+DUMPS = example_dumps()   # the recorded sessions shipped with strata_lab (or $STRATA_DUMPS)
 TMP = pathlib.Path(tempfile.mkdtemp(prefix="strata-nb-"))  # everything this notebook writes goes here'''
 
 
@@ -43,12 +44,12 @@ dump = load_dump(DUMPS / "agent.jsonl")
 dump'''),
     md("Replay under the recorded behaviour. The engine's own `reused` must match the state model's prediction."),
     code('''
-report = replay(dump, tokenizer=tok, checkpoint_policy="recorded")
+report = replay(dump, tokenizer=tok)   # the engine the dump names: ours, strata, with its recorded checkpoints
 print(report.format(worst=3))
-assert report["mismatches"] == 0'''),
+assert report["calls_differ"] == 0   # the replay reuses exactly what the engine reported'''),
     code('''
 frame = report.to_frame()
-frame[["session", "index", "prompt_len", "held_before", "lcp_ids", "lcp_text", "reused", "read", "reread",
+frame[["session", "index", "turn", "prompt_len", "held_before", "lcp_ids", "lcp_text", "reused", "read", "reread",
        "cause"]]'''),
     md("""
 ## Explaining the misses
@@ -59,8 +60,7 @@ model cannot roll its recurrent state back, so it restarts from its last checkpo
     code('''
 for r in report.worst(3):
     print(f"call {r['index']}: {r['cause']}, reused {r['reused']} of {r['held_before']} held, reread {r['reread']}")
-    print("   ", r["id_context_held"]); print("   ", r["id_context_prompt"])
-    print("    held ids", list(r["held_ids_at"]), "prompt ids", list(r["prompt_ids_at"]))'''),
+    print("   ", r["id_context_held"]); print("   ", r["id_context_prompt"])'''),
     md("Step through the calls that missed: held and prompt aligned, the first id and text divergence marked."),
     code('''
 from strata_lab.notebook.widgets import DivergenceViewer
@@ -87,7 +87,7 @@ print("wrote", TMP / "agent.png")'''),
        "ones in the wrap-up call's prompt (pr-1536), so `keep-drained` only matters for ids it had to drop; the "
        "misses left come from the template stripping the reasoning on the next turn."),
     code('''
-thinking = replay(DUMPS / "thinking.jsonl", tokenizer=tok, checkpoint_policy="recorded")
+thinking = replay(DUMPS / "thinking.jsonl", tokenizer=tok)
 print(thinking.format(worst=2))
 compare_policies(DUMPS / "thinking.jsonl", ["recorded", "keep-drained"], tokenizer=tok)'''),
     code('''
@@ -306,9 +306,9 @@ claude.render_check(tok)[["session", "call", "rendered_len", "prompt_tokens", "r
 what our engine would reuse and re-read, and the cause of each miss, beside what the hosted cache reported."""),
     code('''
 dump = claude.to_dump(tok, out=TMP / "claude.jsonl")
-report = replay(dump, model="hybrid", tokenizer=tok)
+report = replay(dump, engine="strata:checkpoints=turn", tokenizer=tok)   # our engine, a snapshot per prompt end
 print(report.format(worst=2))
-ours = report.to_frame()[["session", "index", "prompt_len", "reused", "read", "cause"]]
+ours = report.frame().sort_values("index")[["session", "index", "turn", "prompt_len", "reused", "read", "cause"]]
 ours["hosted_cache_read"] = calls["cache_read_tokens"].values
 ours'''),
     code('''
@@ -333,7 +333,7 @@ count equals the replay's prediction on every call."""),
 from strata_lab.sessions import reproduce
 engine = reproduce(dump, model="hybrid")
 engine_reused = [r["reused"] for r in engine.rows]
-predicted = [r["reused"] for r in report.rows]
+predicted = ours["reused"].tolist()
 print("engine", engine_reused, "replay", predicted)
 assert engine_reused == predicted'''),
 ]
@@ -526,16 +526,22 @@ fig = sl.plot_sweep(own, title="your traffic: hit rate vs capacity")"""),
 ]
 
 
+def notebook(name: str):
+    """The notebook `name` as this script writes it: no outputs, stable cell ids (tests/test_notebooks.py holds the
+    committed files equal to it)."""
+    nb = nbformat.v4.new_notebook(cells=NOTEBOOKS[name], metadata={
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"}})
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"{name[:2]}-{i:02d}"  # stable ids: regenerating gives the same file
+    nbformat.validate(nb)
+    return nb
+
+
 def main() -> None:
     ROOT.mkdir(exist_ok=True)
-    for name, cells in NOTEBOOKS.items():
-        nb = nbformat.v4.new_notebook(cells=cells, metadata={
-            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-            "language_info": {"name": "python"}})
-        for i, cell in enumerate(nb.cells):
-            cell["id"] = f"{name[:2]}-{i:02d}"  # stable ids: regenerating gives the same file
-        nbformat.validate(nb)
-        nbformat.write(nb, ROOT / f"{name}.ipynb")
+    for name in NOTEBOOKS:
+        nbformat.write(notebook(name), ROOT / f"{name}.ipynb")
         print("wrote", ROOT / f"{name}.ipynb")
 
 

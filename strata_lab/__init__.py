@@ -27,6 +27,7 @@ _EXPORTS = {
     "Recorder": "strata_lab.dump.writer",
     "record_to": "strata_lab.dump.writer",
     "load_dump": "strata_lab.dump.reader",
+    "example_dumps": "strata_lab.dump.examples",
     "Dump": "strata_lab.dump.reader",
     "replay": "strata_lab.caches.replay",   # ours, or engine="vllm" etc.: caches/replay.py
     "Store": "strata_lab.dump",
@@ -62,6 +63,7 @@ def __dir__():
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from strata_lab.dump.reader import Dump, load_dump
+    from strata_lab.dump.examples import example_dumps
     from strata_lab.dump.writer import Recorder, record_to
     from strata_lab.engine import CheckpointPolicy, Engine, Sampling, Session, Stream
     from strata_lab.caches.replay import replay

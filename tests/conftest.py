@@ -65,3 +65,78 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("live") is not None:
             item.add_marker(skip)
+
+
+# ---- test tiers (docs/ARCHITECTURE.md, "Tests") -----------------------------------------------------------------
+# Every test file has one tier, by its name. `pytest -m unit` is the quick loop (under 2 minutes on 2 cores).
+# unit: seconds a file, in-process, no model run, no server; engine: heavier in-process work (our engine, the
+# native replay core on stores and traces, reference tokenizers and templates from transformers, hypothesis
+# sweeps, plots); server: starts processes that serve or a CLI per case (server, proxy, README blocks);
+# notebook: runs the notebooks or their widgets, the browser test included. A test may carry its own tier marker
+# (a cheap check in a slow file). A file missing here runs as unit, with a warning: add it.
+TIERS = ("unit", "engine", "server", "notebook")
+_TIER_FILES = {
+    "unit": """benchmarks caches_engines caches_lint caches_replay divergence_walk docs dump_validation encoder
+        glossary imported_defaults install layers outputs_safety record replay reported_agreement reported_usage
+        traces traces_agents_ide traces_agents_misc traces_agents_oh traces_agents_swe traces_chaining traces_real
+        validate_cli writer_safety""",
+    "engine": """batched_decode bench_bandwidth call_records cli_help cli_progress cuda engine_attention
+        engine_decode_loops engine_int8 engine_load engine_load_hardening engine_logprobs engine_next
+        engine_prefill_gemm engine_record engine_sampling engine_session fast_render fidelity gguf_export hash_traces
+        kv_hugepages kv_q8 lint_templates model_folders native_import native_reader plots rates_property render_vllm
+        replay_native replay_one sessions store store_hostile strategies template templates_real tokenizer
+        tokenizer_cache tokenizer_families trace_reproduce""",
+    "server": """cli_errors cli_hostile docs_run proxy proxy_live server_agent server_batching server_dump_safety
+        server_extra_fields server_features server_fields server_fuzz_hostile server_grammar server_http
+        server_isolation server_limits server_load server_parity server_responses server_robust server_sampling
+        server_security server_unit""",
+    "notebook": "notebooks widgets widgets_browser",
+}
+TIER_OF_FILE = {f"test_{name}.py": tier for tier, names in _TIER_FILES.items() for name in names.split()}
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_tiers(config, items):
+    """Marks each test with its file's tier before `-m` selects (a test's own tier marker wins)."""
+    import warnings
+
+    unknown = set()
+    for item in items:
+        if any(item.get_closest_marker(tier) is not None for tier in TIERS):
+            continue
+        tier = TIER_OF_FILE.get(item.path.name)
+        if tier is None:
+            unknown.add(item.path.name)
+        item.add_marker(tier or "unit")
+    for name in sorted(unknown):
+        warnings.warn(pytest.PytestWarning(f"{name} has no tier in tests/conftest.py (TIER_OF_FILE): it runs as "
+                                           f"unit; add it to unit, engine, server or notebook"))
+
+
+def pytest_ignore_collect(collection_path, config):
+    """With `-m`, a file none of whose tests can match is not imported (`pytest -m unit` skips importing the
+    heavy files). A file's tests carry its tier or a tier marker written in it, and any other markers: the file
+    is skipped only when the expression is false for every such combination."""
+    expr_text = config.getoption("markexpr", "") or ""
+    tier = TIER_OF_FILE.get(collection_path.name)
+    if not expr_text or tier is None:
+        return None
+    try:
+        import itertools
+        import re
+
+        from _pytest.mark.expression import Expression
+
+        expr = Expression.compile(expr_text)
+        names = set(re.findall(r"[\w.+-]+", expr_text)) - {"and", "or", "not"} - set(TIERS)
+        if len(names) > 10:
+            return None
+        source = collection_path.read_text(encoding="utf-8")
+        tiers = {tier} | set(re.findall(r"mark\.(" + "|".join(TIERS) + r")\b", source))
+        for own, values in itertools.product(tiers, itertools.product((False, True), repeat=len(names))):
+            marks = {own} | {n for n, v in zip(sorted(names), values) if v}
+            if expr.evaluate(lambda name, /, **kwargs: name in marks):
+                return None
+        return True
+    except Exception:  # an expression this cannot read: collect as usual, `-m` still selects
+        return None

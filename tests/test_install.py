@@ -3,6 +3,10 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
+
+import pytest
 
 
 def test_extension_imports_and_self_tests():
@@ -78,3 +82,33 @@ def test_public_names_are_not_shadowed_by_submodules():
     for name in strata_lab._EXPORTS:
         value = getattr(strata_lab, name)
         assert not isinstance(value, types.ModuleType), f"strata_lab.{name} is a module"
+
+
+def test_wheel_ships_the_example_dumps_and_finds_them_anywhere(tmp_path):
+    # The real backend builds the wheel without CMake (wheel.cmake=false: the Python files and the package
+    # data, seconds); the dumps need no engine. Installed by unpacking, imported from a directory with no
+    # checkout around it, `example_dumps()` and its doctest find the shipped copy.
+    pytest.importorskip("scikit_build_core")
+    root = Path(__file__).resolve().parents[1]
+    build = subprocess.run([sys.executable, "-c", "import sys; from scikit_build_core.build import build_wheel; "
+                            "print(build_wheel(sys.argv[1], {'wheel.cmake': 'false'}))", str(tmp_path / "dist")],
+                           cwd=root, capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout + build.stderr
+    with zipfile.ZipFile(tmp_path / "dist" / build.stdout.split()[-1]) as wheel:
+        names = set(wheel.namelist())
+        wheel.extractall(tmp_path / "site")
+    examples = [p for p in (root / "dumps").glob("*.jsonl")] + list((root / "dumps" / "logs").iterdir())
+    assert len(examples) >= 6
+    missing = [p.name for p in examples if "strata_lab/dumps/" + p.relative_to(root / "dumps").as_posix() not in names]
+    assert not missing, f"not in the wheel: {missing}"
+    site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = ("import doctest, sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in type(f).__module__]; "
+            "sys.path.insert(0, sys.argv[1]); import strata_lab, strata_lab.dump.examples as ex; "
+            "print(strata_lab.__file__, strata_lab.example_dumps(), doctest.testmod(ex).failed)")
+    env = {k: v for k, v in os.environ.items() if k not in ("STRATA_DUMPS", "PYTHONPATH")}
+    out = subprocess.run([sys.executable, "-c", code, str(site)], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    package, found, failed = out.stdout.split()
+    assert Path(package).parent == site / "strata_lab"
+    assert Path(found) == site / "strata_lab" / "dumps" and failed == "0"
