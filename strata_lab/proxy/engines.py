@@ -120,7 +120,7 @@ def _brought_by(key: str, asked: set) -> bool:
 
 
 _KEYS: dict = {}      # plan.keys -> (the keys with a list of ints for value, a pattern; each key quoted, in bytes)
-_SEP = frozenset(b"{,\t\n\r ")
+_SEP = frozenset(b"{,\t\n\r ")          # what may come before a key of an object
 _SEP_DROP = frozenset(b"{\t\n\r ")
 
 
@@ -131,7 +131,8 @@ def _key_pattern(keys: tuple) -> tuple:
         # it starts with a literal quote, so the regex engine skips to candidates fast; the byte before the
         # key must be "{", "," or white space (checked in `strip`): inside a JSON string a quote has a backslash
         found = _KEYS[keys] = (re.compile(rb'(,\s*)?"(' + names.encode() + rb')"\s*:\s*\[[-0-9,\s]*\](\s*,)?'),
-                               tuple(f'{k}"'.encode() for k in keys))
+                               tuple(f'{k}"'.encode() for k in keys),
+                               re.compile(rb'"(' + names.encode() + rb')"\s*:\s*\[[-0-9,\s]*\]'))
     return found
 
 
@@ -140,28 +141,37 @@ def strip(raw: bytes, plan: Plan) -> bytes:
     engine sends without them: null, [] or nothing. Every other byte stays as it was."""
     if not plan.keys:
         return raw
-    pat, needles = _key_pattern(plan.keys)
+    pat, needles, keep_key = _key_pattern(plan.keys)
     if not any(k in raw for k in needles):
         return raw
-    absent = plan.absent
-    before = _SEP_DROP if absent == "drop" else _SEP
+    if plan.absent != "drop":       # the key stays, its value becomes null / []: the pieces joined once
+        value = b'":null' if plan.absent == "null" else b'":[]'
+        out, pos = [], 0
+        for m in keep_key.finditer(raw):
+            at = m.start()
+            if at > 0 and raw[at - 1] in _SEP:
+                out += (raw[pos:at], b'"', m.group(1), value)
+                pos = m.end()
+        if not out:
+            return raw
+        out.append(raw[pos:])
+        return b"".join(out)
 
     def edit(m: re.Match) -> bytes:
-        lead, key, tail = m.group(1), m.group(2), m.group(3) or b""
-        at = m.start(2) - 1                                  # the key's opening quote
-        if lead is None and (at == 0 or raw[at - 1] not in before):
-            return m.group(0)                                # not a key of an object: left as it is
-        if absent == "drop":
-            # a key after a comma goes with that comma; a first key with the comma after it
-            return tail if lead is not None else b""
-        value = b"null" if absent == "null" else b"[]"
-        return (lead or b"") + raw[at:m.start(2) + len(key) + 1] + b":" + value + tail
+        lead, tail = m.group(1), m.group(3) or b""
+        if lead is not None:          # a key after a comma goes with that comma
+            return tail
+        at = m.start(2) - 1           # a first key (after "{" or white space) goes with the comma after it
+        return b"" if at > 0 and raw[at - 1] in _SEP_DROP else m.group(0)
 
-    for _ in range(len(plan.keys) + 1 if absent == "drop" else 1):  # adjacent dropped keys: one pass each
+    for _ in range(len(plan.keys) + 1):   # adjacent dropped keys: one pass each
         raw, n = pat.subn(edit, raw)
-        if not n or absent != "drop":
+        if not n:
             break
     return raw
+
+
+_INT = {int}
 
 
 def _int(v) -> int | None:
@@ -186,38 +196,48 @@ class Capture:
         self.choices = 1
 
     def feed(self, obj: Any) -> None:
-        if not isinstance(obj, dict):
+        # called once per streamed chunk: each key is looked up once, types tested exactly (JSON gives no
+        # subclasses), the dialect branches entered only where their keys are there
+        if type(obj) is not dict:
             return
-        if "error" in obj and isinstance(obj.get("error"), (dict, str)) and "choices" not in obj:
-            err = obj["error"]
+        get = obj.get
+        err = get("error")
+        if err is not None and isinstance(err, (dict, str)) and "choices" not in obj:
             self.error = str(err.get("message") if isinstance(err, dict) else err)[:500]
             self.finish = "error"
-        if isinstance(obj.get("model"), str):
-            self.model = obj["model"]
-        if isinstance(obj.get("id"), str) and self.upstream_id is None:
-            self.upstream_id = obj["id"]
-        self._ids(obj.get("prompt_token_ids"), prompt=True)
-        if isinstance(obj.get("usage"), dict):
-            self._usage(obj["usage"])
-        if isinstance(obj.get("timings"), dict):
-            self.timings.update(obj["timings"])
-        kind = obj.get("type")
-        if self.kind == "messages" or (isinstance(kind, str) and kind.startswith(("message", "content_block"))):
+        v = get("model")
+        if type(v) is str:
+            self.model = v
+        if self.upstream_id is None and type(v := get("id")) is str:
+            self.upstream_id = v
+        v = get("prompt_token_ids")
+        if v is not None:
+            self._ids(v, prompt=True)
+        v = get("usage")
+        if type(v) is dict:
+            self._usage(v)
+        v = get("timings")
+        if type(v) is dict:
+            self.timings.update(v)
+        kind = get("type")
+        if self.kind == "messages" or (type(kind) is str and kind.startswith(("message", "content_block"))):
             self._anthropic(obj)
-        if self.kind == "responses" or (isinstance(kind, str) and kind.startswith("response.")):
+        if self.kind == "responses" or (type(kind) is str and kind.startswith("response.")):
             self._responses(obj)
-        choices = obj.get("choices")
-        if isinstance(choices, list):
-            self.choices = max(self.choices, len(choices))
+        choices = get("choices")
+        if type(choices) is list:
+            if len(choices) > self.choices:
+                self.choices = len(choices)
             for ch in choices:
-                if isinstance(ch, dict) and ch.get("index", 0) == 0:
+                if type(ch) is dict and ch.get("index", 0) == 0:
                     self._choice(ch)
         if self.kind == "llama":
             self._llama(obj)
 
     def _ids(self, ids, *, prompt: bool = False, gen: bool = False) -> None:
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                                                for i in ids):
+        # ints only (not bools), none negative; the type test runs in C (a per-id Python test cost the proxy
+        # more than the rest of a call's recording)
+        if type(ids) is not list or ids and (not set(map(type, ids)) <= _INT or min(ids) < 0):
             return
         if prompt and self.prompt_ids is None:
             self.prompt_ids = list(ids)
@@ -227,17 +247,22 @@ class Capture:
             self.gen_ids.extend(ids)
 
     def _choice(self, ch: dict) -> None:
-        self._ids(ch.get("prompt_token_ids"), prompt=True)
-        self._ids(ch.get("token_ids"), gen=True)
-        for part in (ch.get("message"), ch.get("delta")):
-            if isinstance(part, dict):
+        get = ch.get
+        v = get("prompt_token_ids")
+        if v is not None:
+            self._ids(v, prompt=True)
+        v = get("token_ids")
+        if v is not None:
+            self._ids(v, gen=True)
+        for part in (get("message"), get("delta")):
+            if type(part) is dict:
                 for k in ("reasoning_content", "content"):
-                    if isinstance(part.get(k), str):
-                        self.text.append(part[k])
-        if isinstance(ch.get("text"), str):
-            self.text.append(ch["text"])
-        if isinstance(ch.get("finish_reason"), str):
-            self.finish = ch["finish_reason"]
+                    if type(v := part.get(k)) is str:
+                        self.text.append(v)
+        if type(v := get("text")) is str:
+            self.text.append(v)
+        if type(v := get("finish_reason")) is str:
+            self.finish = v
 
     def _llama(self, obj: dict) -> None:
         if isinstance(obj.get("content"), str):
