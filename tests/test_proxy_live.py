@@ -28,14 +28,15 @@ def _agent(base_url: str, turns: int = 4, sessions: int = 2) -> None:
                      {"role": "user", "content": f"Output of step {t}: ok. Next."}]
 
 
-def _check(proxy, tmp_path, engine: str) -> None:
+def _check(proxy, tmp_path, engine: str, spec: str | None = None) -> None:
+    """`spec`: the engine as replayed (its flags: the dump names the engine, not its block size)."""
     lines = proxy.lines()
     assert lines and all(rec["fidelity"] == "ids" and rec["prompt_ids"] for rec in lines)
     assert all(rec["cache_engine"] == engine for rec in lines)
     assert "SECRET" not in proxy.dump.read_text()
     from strata_lab.caches.replay import replay
 
-    report = replay(str(proxy.dump), tokenizer="qwen3")
+    report = replay(str(proxy.dump), spec, tokenizer="qwen3")
     frame = report.to_frame()
     rep = frame[frame["reported"].notna()]
     assert len(rep) == len(lines)
@@ -62,7 +63,7 @@ def test_live_vllm_through_proxy(tmp_path):
             assert direct["choices"][0]["prompt_token_ids"] == last["prompt_ids"]
         finally:
             proxy.stop()
-    _check(proxy, tmp_path, "vllm")
+    _check(proxy, tmp_path, "vllm", f"vllm:args={args}")
 
 
 @pytest.mark.live
