@@ -510,12 +510,14 @@ fleet[["capacity", "layout", "hit_rate"]].pivot(index="capacity", columns="layou
 
 `strata-lab export DUMP --format mooncake|bailian --out FILE` (here `sl.export_trace`) writes a dump or a
 store as an anonymous hash trace: salted block hashes remapped to integers, lengths, relative timestamps,
-chat/parent ids; no text and no ids. Re-imported and replayed under vLLM with the export's block size, it
-gives exactly the original's hits. Set `DUMP` to your own dump or store."""),
+chat/parent ids; no text and no ids. By default a block shared by fewer than 3 sessions keeps its reuse
+only inside its own session (`min_sessions`, so planted guesses cannot be matched); with `min_sessions=1`, as
+here, the export re-imported and replayed under vLLM with its block size gives exactly the original's hits.
+Set `DUMP` to your own dump or store."""),
     code("""
 DUMP = DUMPS / "agent.jsonl"                         # your dump or store here
 mine = TMP / "mine.jsonl"
-sl.export_trace(DUMP, mine, format="bailian", block=16)
+sl.export_trace(DUMP, mine, format="bailian", block=16, min_sessions=1)   # every block's reuse kept
 print(open(mine).readline()[:200], "...")
 orig = sl.replay_engines(DUMP, ["vllm:block_size=16"]).frame()["reused"].tolist()
 again = sl.replay_engines(sl.load_hash_trace(mine), ["vllm:block_size=16"]).frame()["reused"].tolist()

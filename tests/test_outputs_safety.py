@@ -208,11 +208,21 @@ def test_min_sessions_keeps_only_blocks_shared_by_k_sessions(tmp_path):
     rows = [json.loads(line) for line in open(out)]
     firsts = {tuple(r["hash_ids"][:2]) for r in rows}
     assert len(firsts) == 1                                  # the common prefix keeps its reuse
-    private = [h for r in rows for h in r["hash_ids"][2:]]
-    assert len(private) == len(set(private))                 # a session's own blocks never repeat
+    assert rows[1]["hash_ids"][2] == rows[0]["hash_ids"][2]  # a session's own reuse is kept...
+    by_session: dict = {}
+    for r, rec in zip(rows, recs):
+        by_session.setdefault(rec["session"], set()).update(r["hash_ids"][2:])
+    a, b, c = by_session.values()
+    assert not (a & b or a & c or b & c)                     # ...and its private blocks match no other session
+    # a guess planted in another session: the victim's private block, held by 2 sessions, k = 3 hides it
+    recs.append({"session": "attacker", "call": 0, "ts": 99.0, "prompt_ids": shared + [1000] * 16, "reused": 0})
+    write_records(recs, d)
+    export_trace(d, out, format="bailian", block=16, salt="x", min_sessions=3)
+    rows = [json.loads(line) for line in open(out)]
+    assert not set(rows[-1]["hash_ids"][2:]) & set(rows[0]["hash_ids"][2:])
     export_trace(d, out, format="bailian", block=16, salt="x", min_sessions=1)
     rows = [json.loads(line) for line in open(out)]
-    assert rows[1]["hash_ids"][2] == rows[0]["hash_ids"][2]  # k = 1: a session's own reuse is kept
+    assert rows[-1]["hash_ids"][2] == rows[0]["hash_ids"][2]  # k = 1: every block's reuse, across sessions too
     with pytest.raises(ValueError, match="min_sessions"):
         export_trace(d, out, format="bailian", min_sessions=0)
 

@@ -10,10 +10,11 @@ Bailian, chat / parent-chat ids numbering the calls of each session (the session
 the turn.
 
 `min_sessions` (k): a block keeps its shared hash integer only when at least k distinct sessions hold it
-(their prompts share the prefix up to it); a rarer block gets a new integer at each occurrence, so content
-private to fewer than k sessions shows no reuse at all (not even within its own session) and an attacker
-who planted or guessed content cannot confirm it in someone else's session unless k - 1 other sessions hold
-it too. Prefixes common to k sessions (system prompts, shared documents, tool schemas) keep their reuse.
+(their prompts share the prefix up to it); a rarer block gets an integer of its own in each session that
+holds it, so content private to fewer than k sessions keeps its reuse within its session (a conversation
+re-reading its own history) but shows none across sessions, and an attacker who planted or guessed content
+cannot confirm it in someone else's session unless k - 1 other sessions hold it too. Prefixes common to k
+sessions (system prompts, shared documents, tool schemas) keep their reuse across sessions.
 A block size other than the format's is written on every line (`block_tokens`), so the trace replays with it.
 
 `output_hash_ids` (an extension both formats' readers here accept and other readers ignore) holds the
@@ -32,10 +33,11 @@ reused tokens per call.
 >>> a, b = [json.loads(line) for line in open(out)]
 >>> b["input_length"], b["turn"], b["hash_ids"][:2] == a["hash_ids"][:2], b["output_hash_ids"] == b["hash_ids"][2:]
 (43, 2, True, True)
->>> _ = export_trace(calls, out, format="bailian", block=16, salt="x")   # one session: k = 2 shares nothing
->>> a, b = [json.loads(line) for line in open(out)]
->>> set(a["hash_ids"]) & set(b["hash_ids"])
-set()
+>>> other = [Call(2, "t", as_ids(range(40)), as_ids([5]), ts=7.0)]   # another session, the same 40 ids
+>>> _ = export_trace(calls + other, out, format="bailian", block=16, salt="x", min_sessions=3)
+>>> a, b, t = [json.loads(line) for line in open(out)]   # held by 2 sessions < k = 3: reuse inside "s" only
+>>> b["hash_ids"][:2] == a["hash_ids"][:2], set(t["hash_ids"]) & set(a["hash_ids"])
+(True, set())
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ __all__ = ["export_trace", "FORMATS"]
 FORMATS = ("mooncake", "bailian")
 
 
-MIN_SESSIONS = 2   # distinct sessions a block must be in to keep its shared hash integer (the default)
+MIN_SESSIONS = 3   # distinct sessions a block must be in to keep its shared hash integer (the default: a guess
+# planted in one session, or in two, cannot be matched against a victim's)
 _ID_BITS = 52      # hash integers below 2**52: exact in any JSON reader (a double holds them)
 
 
@@ -56,8 +59,8 @@ def export_trace(dump, out, *, format: str = "mooncake", block: int | None = Non
     """Write `dump` (a path, paths, `Dump`, store, or `Call`s) as a `format` hash trace to `out`; returns
     the number of requests written. `block`: tokens per hash block (default: the format's, 512 / 16).
     `salt`: the hash key (1-64 bytes of text; default random, so two exports share no hash values).
-    `min_sessions`: distinct sessions a block must be in to keep its shared hash (rarer blocks get a new
-    integer at each occurrence; 1 keeps every block's reuse). `progress`: a progress bar."""
+    `min_sessions`: distinct sessions a block must be in to keep its shared hash (rarer blocks get an
+    integer of their own per session, their reuse kept within it; 1 keeps every block's reuse). `progress`: a progress bar."""
     from strata_lab.caches.call_ids import calls_from_dump
     from strata_lab.caches.replay import _order
     from strata_lab.traces.hashtrace import BLOCK, write_hash_trace
@@ -96,12 +99,16 @@ def export_trace(dump, out, *, format: str = "mooncake", block: int | None = Non
         raise RuntimeError("export: no free hash integer")  # pragma: no cover - 2**52 values
 
     holders: dict = {}    # digest -> distinct sessions holding it (up to min_sessions)
-    occurrences = [0]
+    private: dict = {}    # (digest, session) -> the integer of a block held by fewer than min_sessions sessions
 
-    def num(digest: bytes) -> int:
-        if len(holders[digest]) < min_sessions:   # rare: a new integer for this occurrence
-            occurrences[0] += 1
-            return draw(b"once" + digest + occurrences[0].to_bytes(8, "little"))
+    def num(digest: bytes, session) -> int:
+        if len(holders[digest]) < min_sessions:   # rare: an integer of its own in this session
+            k = (digest, session)
+            v = private.get(k)
+            if v is None:
+                sid = hashlib.blake2b(str(session).encode(), key=key, digest_size=16).digest()
+                v = private[k] = draw(b"session" + sid + digest)
+            return v
         v = remap.get(digest)
         if v is None:
             v = remap[digest] = draw(b"block" + digest)
@@ -140,8 +147,8 @@ def export_trace(dump, out, *, format: str = "mooncake", block: int | None = Non
         c = calls[i]
         P, O = c.prompt_len, len(c.output)
         ts = c.ts - t0 if timed else float(n)
-        row = {"input_length": P, "output_length": O, "hash_ids": [num(h) for h in prompt_h],
-               "output_hash_ids": [num(h) for h in out_h]}
+        row = {"input_length": P, "output_length": O, "hash_ids": [num(h, c.session) for h in prompt_h],
+               "output_hash_ids": [num(h, c.session) for h in out_h]}
         if N != BLOCK[format]:
             row["block_tokens"] = N
         if format == "mooncake":

@@ -127,9 +127,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--block", type=int, help="tokens per hash block (default: 512 mooncake, 16 bailian)")
     p.add_argument("--salt", help="hash key (default: a fresh random one per export, so block hashes cannot be "
                                   "matched across exports; give one to make exports reproducible and comparable)")
-    p.add_argument("--min-sessions", type=int, default=2, metavar="K",
+    p.add_argument("--min-sessions", type=int, default=3, metavar="K",
                    help="a block keeps its shared hash only when at least K distinct sessions hold it; rarer "
-                        "blocks get a new hash at each occurrence (default 2; 1 keeps all reuse; see "
+                        "blocks get a hash of their own per session, reuse kept within it (default 3; 1 keeps "
+                        "all reuse; see "
                         "docs/FORMATS.md for what an export protects)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_export)
