@@ -2,17 +2,25 @@
 
 A tiny fake upstream (vLLM-shaped: it answers `return_token_ids` with `prompt_token_ids` / `token_ids`, and
 streams `--stream-tokens` chunks a call) runs in its own process; the proxy (`strata-lab proxy --engine vllm`)
-in another, recording to a dump in a temporary folder. The client sends the same requests direct and through
-the proxy, interleaved in rounds, and reports:
-- added latency per request: p50 (and p90) of proxy minus direct, non-streamed chat calls (target <= 2 ms);
-- streamed chunks per second, proxy / direct (target >= 0.95x);
+in another, recording to a dump in a temporary folder; with `--compare-with REV`, a second proxy runs the
+`strata_lab/proxy` modules of that git revision (the rest of the package as installed), so two rounds of the
+proxy are measured under the same load. The client (the standard library's http.client, one keep-alive
+connection per path) sends the same requests direct and through each proxy, interleaved, in `--rounds` rounds,
+and reports:
+- added latency per request: p50 (and p90) of proxy minus direct, non-streamed chat calls; each round's
+  difference of medians, then the median over the rounds (target <= 2 ms);
+- streamed chunks per second over a long stream, proxy / direct, the median of the rounds (target >= 0.95x);
+- the CPU time each proxy process spends per call and per streamed chunk (/proc/PID/schedstat): what the
+  proxy costs independent of how loaded the machine is;
 - the proxy's RSS before and after `--requests` calls (the memory must stay flat).
 
-    python benchmarks/proxy.py [--requests 10000] [--latency-calls 2000] [--stream-tokens 2000] [--out FILE]
+    python benchmarks/proxy.py [--rounds 5] [--latency-calls 400] [--streams 4] [--stream-tokens 512]
+                               [--requests 10000] [--compare-with REV] [--out FILE]
 """
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import socket
@@ -83,22 +91,40 @@ if __name__ == "__main__":
 '''
 
 
+# runs a proxy whose strata_lab/proxy modules are the files in argv[1] (another revision's), the rest as installed
+OLD_PROXY = r"""
+import importlib.util, sys
+d = sys.argv[1]
+for name in ("__init__", "engines", "app", "cli"):
+    full = "strata_lab.proxy" if name == "__init__" else "strata_lab.proxy." + name
+    spec = importlib.util.spec_from_file_location(full, f"{d}/{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[full] = mod
+    spec.loader.exec_module(mod)
+from strata_lab.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def wait(url: str) -> None:
-    import httpx
-
-    for _ in range(300):
+def wait(port: int, proc: subprocess.Popen) -> None:
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the process on port {port} exited (rc {proc.returncode})")
         try:
-            httpx.get(url + "/v1/models", timeout=1)
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/v1/models")
+            c.getresponse().read()
+            c.close()
             return
-        except httpx.HTTPError:
+        except OSError:
             time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
+    raise RuntimeError(f"port {port} did not come up")
 
 
 def rss_kib(pid: int) -> int:
@@ -108,94 +134,210 @@ def rss_kib(pid: int) -> int:
     return -1
 
 
+def cpu_ns(pid: int) -> int:
+    """CPU time the process (all its threads) has run, in ns."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+class Path_:
+    """One way to the upstream: direct or through a proxy; one keep-alive connection."""
+
+    def __init__(self, name: str, port: int, pid: int | None):
+        self.name, self.port, self.pid = name, port, pid
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.lat: list[list[float]] = []
+        self.rate: list[list[float]] = []
+        self.cpu_call: list[float] = []
+        self.cpu_chunk: list[float] = []
+
+    def call(self, body: bytes) -> float:
+        t = time.perf_counter()
+        self.conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+        r = self.conn.getresponse()
+        data = r.read()
+        took = time.perf_counter() - t
+        assert r.status == 200 and b'"content":"ok"' in data and b'"token_ids":[' not in data, data[:200]
+        return took
+
+    def stream(self, body: bytes, tokens: int) -> float:
+        t = time.perf_counter()
+        self.conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+        r = self.conn.getresponse()
+        n = 0
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            if line.startswith(b"data: {") and b'"content": "x"' in line:
+                n += 1
+                assert b'"token_ids": [' not in line
+        took = time.perf_counter() - t
+        assert n == tokens, (self.name, n)
+        return n / took
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=10000, help="calls for the memory check")
-    ap.add_argument("--latency-calls", type=int, default=2000, help="non-streamed calls each way for latency")
-    ap.add_argument("--stream-tokens", type=int, default=2000, help="chunks per streamed call")
-    ap.add_argument("--streams", type=int, default=10, help="streamed calls each way")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of latency calls and streams (medians over them)")
+    ap.add_argument("--latency-calls", type=int, default=400, help="non-streamed calls each way per round")
+    ap.add_argument("--streams", type=int, default=4, help="streamed calls each way per round")
+    ap.add_argument("--stream-tokens", type=int, default=512, help="chunks per streamed call")
+    ap.add_argument("--requests", type=int, default=10000, help="calls through the proxy for the memory check")
+    ap.add_argument("--compare-with", metavar="REV", help="also run the proxy of this git revision (e.g. the "
+                                                          "commit of an earlier round)")
     ap.add_argument("--out", help="also write the report here (markdown)")
     args = ap.parse_args()
-    import httpx
+    for name in ("rounds", "latency_calls", "streams", "stream_tokens"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    if args.requests < 0:
+        raise ValueError("--requests must be >= 0")
 
     tmp = Path(tempfile.mkdtemp(prefix="strata-proxy-bench-"))
     (tmp / "upstream.py").write_text(UPSTREAM)
-    up_port, px_port = free_port(), free_port()
-    up = subprocess.Popen([sys.executable, str(tmp / "upstream.py"), str(up_port), str(args.stream_tokens)])
-    px = None
+    procs: list[subprocess.Popen] = []
     try:
-        wait(f"http://127.0.0.1:{up_port}")
-        px = subprocess.Popen([sys.executable, "-m", "strata_lab", "proxy", "--upstream", f"http://127.0.0.1:{up_port}",
-                               "--port", str(px_port), "--dump", str(tmp / "calls.jsonl"), "--engine", "vllm"],
-                              stderr=subprocess.DEVNULL)
-        wait(f"http://127.0.0.1:{px_port}")
-        direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
-        body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-        client = httpx.Client(timeout=60)
-        for url in (direct, proxied):      # warm both paths
+        up_port = free_port()
+        up = subprocess.Popen([sys.executable, str(tmp / "upstream.py"), str(up_port), str(args.stream_tokens)])
+        procs.append(up)
+        wait(up_port, up)
+        upstream = f"http://127.0.0.1:{up_port}"
+        paths = [Path_("direct", up_port, None)]
+
+        def start_proxy(name: str, cmd: list[str], dump: Path) -> None:
+            port = free_port()
+            p = subprocess.Popen(cmd + ["proxy", "--upstream", upstream, "--port", str(port), "--dump", str(dump),
+                                        "--engine", "vllm"], stderr=subprocess.DEVNULL)
+            procs.append(p)
+            wait(port, p)
+            paths.append(Path_(name, port, p.pid))
+
+        start_proxy("proxy", [sys.executable, "-m", "strata_lab"], tmp / "calls.jsonl")
+        if args.compare_with:
+            root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                                  check=True, cwd=Path(__file__).parent).stdout.strip()
+            old = tmp / "old"
+            old.mkdir()
+            for name in ("__init__", "engines", "app", "cli"):
+                src = subprocess.run(["git", "show", f"{args.compare_with}:strata_lab/proxy/{name}.py"], cwd=root,
+                                     capture_output=True, check=True).stdout
+                (old / f"{name}.py").write_bytes(src)
+            (tmp / "old_proxy.py").write_text(OLD_PROXY)
+            start_proxy(f"proxy@{args.compare_with}", [sys.executable, str(tmp / "old_proxy.py"), str(old)],
+                        tmp / "calls_old.jsonl")
+
+        body = json.dumps({"model": "fake", "messages": [{"role": "user", "content": "hi"}],
+                           "max_tokens": 2}).encode()
+        sbody = json.dumps({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                            "stream": True}).encode()
+        for p in paths:                         # warm every path
             for _ in range(50):
-                client.post(url + "/v1/chat/completions", json=body)
+                p.call(body)
+            p.stream(sbody, args.stream_tokens)
 
-        lat = {direct: [], proxied: []}
-        for i in range(args.latency_calls):        # interleaved: the same load on both
-            for url in ((direct, proxied) if i % 2 == 0 else (proxied, direct)):
-                t = time.perf_counter()
-                r = client.post(url + "/v1/chat/completions", json=body)
-                lat[url].append(time.perf_counter() - t)
-                assert r.status_code == 200
-        p50d, p50p = statistics.median(lat[direct]) * 1e3, statistics.median(lat[proxied]) * 1e3
-        q = lambda xs, f: sorted(xs)[int(f * (len(xs) - 1))] * 1e3  # noqa: E731
-        p90d, p90p = q(lat[direct], 0.9), q(lat[proxied], 0.9)
+        up_call, up_chunk, me_call, me_chunk = [], [], [], []    # the upstream's and the client's CPU
+        for rnd in range(args.rounds):
+            lat = {p.name: [] for p in paths}
+            cpu0 = {p.name: cpu_ns(p.pid) for p in paths if p.pid}
+            u0, m0 = cpu_ns(up.pid), time.process_time()
+            for i in range(args.latency_calls):       # interleaved, the order turning: the same load on all
+                k = i % len(paths)
+                for p in paths[k:] + paths[:k]:
+                    lat[p.name].append(p.call(body))
+            for p in paths:
+                p.lat.append(lat[p.name])
+                if p.pid:
+                    p.cpu_call.append((cpu_ns(p.pid) - cpu0[p.name]) / args.latency_calls / 1e3)
+            calls = args.latency_calls * len(paths)
+            up_call.append((cpu_ns(up.pid) - u0) / calls / 1e3)
+            me_call.append((time.process_time() - m0) / calls * 1e6)
+            rate = {p.name: [] for p in paths}
+            cpu0 = {p.name: cpu_ns(p.pid) for p in paths if p.pid}
+            u0, m0 = cpu_ns(up.pid), time.process_time()
+            for i in range(args.streams):
+                k = i % len(paths)
+                for p in paths[k:] + paths[:k]:
+                    rate[p.name].append(p.stream(sbody, args.stream_tokens))
+            for p in paths:
+                p.rate.append(rate[p.name])
+                if p.pid:
+                    p.cpu_chunk.append((cpu_ns(p.pid) - cpu0[p.name]) / (args.streams * args.stream_tokens) / 1e3)
+            chunks = args.streams * args.stream_tokens * len(paths)
+            up_chunk.append((cpu_ns(up.pid) - u0) / chunks / 1e3)
+            me_chunk.append((time.process_time() - m0) / chunks * 1e6)
+            print(f"round {rnd + 1}/{args.rounds}: " + ", ".join(
+                f"{p.name} p50 {statistics.median(p.lat[-1]) * 1e3:.3f} ms, {statistics.median(p.rate[-1]):,.0f} "
+                f"chunks/s" for p in paths), file=sys.stderr, flush=True)
 
-        rate = {direct: [], proxied: []}
-        sbody = {**body, "stream": True}
-        for i in range(args.streams):
-            for url in ((direct, proxied) if i % 2 == 0 else (proxied, direct)):
-                t = time.perf_counter()
-                n = 0
-                with client.stream("POST", url + "/v1/chat/completions", json=sbody) as r:
-                    for line in r.iter_lines():
-                        if line.startswith("data: {") and '"content":"x"' in line.replace(" ", ""):
-                            n += 1
-                rate[url].append(n / (time.perf_counter() - t))
-                assert n == args.stream_tokens, n
-        sd, sp = statistics.median(rate[direct]), statistics.median(rate[proxied])
+        direct = paths[0]
+        med = statistics.median
 
-        before = rss_kib(px.pid)
-        t = time.perf_counter()
-        for i in range(args.requests):
-            client.post(proxied + "/v1/chat/completions", json=body)
-        took = time.perf_counter() - t
-        after = rss_kib(px.pid)
-        lines = sum(1 for _ in open(tmp / "calls.jsonl"))
-        first = json.loads(open(tmp / "calls.jsonl").readline())
-        report = "\n".join([
-            "| measure | direct | through the proxy | proxy vs direct | target |",
-            "|---|---|---|---|---|",
-            f"| p50 latency, non-streamed chat call | {p50d:.3f} ms | {p50p:.3f} ms | +{p50p - p50d:.3f} ms | <= +2 ms |",
-            f"| p90 latency | {p90d:.3f} ms | {p90p:.3f} ms | +{p90p - p90d:.3f} ms | |",
-            f"| streamed chunks/s ({args.stream_tokens} a call, median of {args.streams}) | {sd:,.0f} | {sp:,.0f} | "
-            f"{sp / sd:.3f}x | >= 0.95x |",
-            f"| proxy RSS before / after {args.requests:,} calls | | {before:,} / {after:,} KiB | "
-            f"{after - before:+,} KiB | flat |",
-            "",
-            f"{args.latency_calls:,} calls each way for latency, interleaved; {args.requests:,} calls in "
-            f"{took:.1f} s for the memory check ({args.requests / took:,.0f} calls/s through the proxy, one client); "
-            f"{lines:,} dump lines written; each with {len(first['prompt_ids'])} prompt ids and "
-            f"{len(first['gen_ids'])} reply ids, reported_cached_tokens {first.get('reported_cached_tokens')}.",
-        ])
+        def q(xs, f):
+            return sorted(xs)[int(f * (len(xs) - 1))] * 1e3
+
+        rows = ["| measure | " + " | ".join(p.name for p in paths) + " | target |",
+                "|---|" + "---|" * len(paths) + "---|"]
+        rows.append("| p50 latency, non-streamed chat call (median of the rounds' p50) | " + " | ".join(
+            f"{med([med(r) for r in p.lat]) * 1e3:.3f} ms" for p in paths) + " | |")
+        rows.append("| added p50 latency (median of the rounds' differences) | | " + " | ".join(
+            f"+{med([(med(r) - med(d)) * 1e3 for r, d in zip(p.lat, direct.lat)]):.3f} ms" for p in paths[1:])
+            + " | <= +2 ms |")
+        rows.append("| p90 latency, all rounds | " + " | ".join(
+            f"{q([x for r in p.lat for x in r], 0.9):.3f} ms" for p in paths) + " | |")
+        rows.append(f"| streamed chunks/s ({args.stream_tokens} a call; median of the rounds' medians) | " +
+                    " | ".join(f"{med([med(r) for r in p.rate]):,.0f}" for p in paths) + " | |")
+        rows.append("| streamed chunks/s, proxy / direct (median of the rounds' ratios) | | " + " | ".join(
+            f"{med([med(r) / med(d) for r, d in zip(p.rate, direct.rate)]):.3f}x" for p in paths[1:])
+            + " | >= 0.95x |")
+        rows.append("| proxy CPU per non-streamed call (median of the rounds) | | " + " | ".join(
+            f"{med(p.cpu_call):,.0f} µs" for p in paths[1:]) + " | |")
+        rows.append("| proxy CPU per streamed chunk (median of the rounds) | | " + " | ".join(
+            f"{med(p.cpu_chunk):,.1f} µs" for p in paths[1:]) + " | |")
+        uc, cc = med(up_chunk), med(me_chunk)
+        rows.append(f"| upstream + client CPU per call / per chunk (the direct path's own work) | {med(up_call):,.0f} + "
+                    f"{med(me_call):,.0f} µs / {uc:,.1f} + {cc:,.1f} µs |" + " |" * (len(paths) - 1) + " |")
+        rows.append("| chunks/s ratio if every process waits for CPU: (U + C) / (U + C + P) per chunk | | " +
+                    " | ".join(f"{(uc + cc) / (uc + cc + med(p.cpu_chunk)):.3f}x" for p in paths[1:]) + " | |")
+        notes = [f"{args.rounds} rounds of {args.latency_calls:,} calls and {args.streams} streams each way, "
+                 f"interleaved; load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs."]
+        if args.requests:
+            proxy = paths[1]
+            before = rss_kib(proxy.pid)
+            t = time.perf_counter()
+            for _ in range(args.requests):
+                proxy.call(body)
+            took = time.perf_counter() - t
+            after = rss_kib(proxy.pid)
+            rows.append(f"| proxy RSS before / after {args.requests:,} calls | | {before:,} / {after:,} KiB "
+                        f"({after - before:+,} KiB)" + " |" * (len(paths) - 1) + " flat |")
+            notes.append(f"{args.requests:,} calls in {took:.1f} s for the memory check "
+                         f"({args.requests / took:,.0f} calls/s through the proxy, one client).")
+        for p in paths:
+            p.conn.close()
+        time.sleep(0.5)
+        lines = (tmp / "calls.jsonl").read_text().splitlines()
+        first = json.loads(lines[0])
+        notes.append(f"{len(lines):,} dump lines written by the proxy; each non-streamed one with "
+                     f"{len(first['prompt_ids'])} prompt ids and {len(first['gen_ids'])} reply ids, "
+                     f"reported_cached_tokens {first.get('reported_cached_tokens')}.")
+        report = "\n".join(rows + [""] + notes)
         print(report)
         if args.out:
             Path(args.out).write_text(report + "\n")
         return 0
     finally:
-        for p in (px, up):
-            if p is not None:
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 if __name__ == "__main__":
