@@ -66,8 +66,11 @@ def test_agent_sessions_render_the_replies(qwen3, data):
     for turn in session:
         assert turn.prompt.endswith("<|im_start|>assistant\n")
         assert turn.reply_ids[-1] == qwen3.im_end_id
+    # the history only grows; the prompts are the qwen3 template's renders of it, which is not append-only
+    # (a reply after a tool output keeps its <think> block until the next user turn drops it)
+    assert session[-1].prompt.startswith(session[0].prompt)
     for a, b in zip(session, session[1:]):
-        assert b.prompt.startswith(a.prompt)
+        assert b.messages[:len(a.messages)] == a.messages
 
 
 def test_agent_sessions_reach_reply_divergence(qwen3):

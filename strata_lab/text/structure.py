@@ -53,6 +53,7 @@ _SYS = ("STRATA_PROBE_SYSTEM_A", "STRATA_PROBE_SYSTEM_B")
 _USER = ("STRATA_PROBE_USER_ONE", "STRATA_PROBE_USER_TWO")
 _REPLY, _REASONING, _TOOL = "STRATA_PROBE_REPLY", "STRATA_PROBE_REASONING", "STRATA_PROBE_TOOL_OUTPUT"
 _TAG = re.compile(r"(<[^<>\s]{1,24}>|<｜[^｜]{1,24}｜>|\[[A-Z_/]{2,24}\])")
+_TURN_END = re.compile(r"[ \t\n]*" + _TAG.pattern)   # a marker right after a reply (whitespace before it)
 _CACHE: dict = {}
 
 
@@ -80,6 +81,9 @@ class TemplateStructure:
         header; None when the probes do not agree on one).
     user_ends: the texts that can follow a user message's content (the next turn's opening, the generation
         prompts), each with what closes the user turn.
+    turn_end: the marker the template writes right after a reply's content to end the turn (``<|im_end|>``,
+        ``<|eot_id|>``, ``<｜end▁of▁sentence｜>``, ``</s>`` where `eos_token` is set), what the model generates
+        last; None when a reply's turn ends with no marker.
     """
 
     name: str
@@ -93,6 +97,7 @@ class TemplateStructure:
     user_ends: tuple = ()
     system_opens: tuple = ()
     system_closes: tuple = ()
+    turn_end: str | None = None
 
     @classmethod
     def of(cls, template) -> "TemplateStructure":
@@ -165,12 +170,15 @@ class TemplateStructure:
             if opens and closes:
                 think = (opens[0], closes[0])
         hist = render(user + [reply, {"role": "user", "content": _USER[1]}], True) or ""
+        ended = render(user + [{"role": "assistant", "content": _REPLY}]) or ""
+        end = _TURN_END.match(ended, ended.rfind(_REPLY) + len(_REPLY)) if _REPLY in ended else None
         user_open, user_ends = cls._user_turn(render, sys_a, gens)
         return cls(name=t.name, system_open=system_open, system_close=system_close, generation_prompts=gens,
                    think=think, renders_reasoning=renders, strips_history_reasoning=_REASONING not in hist,
                    user_open=user_open, user_ends=user_ends,
                    system_opens=tuple(dict.fromkeys(o for o in sys_opens if o is not None)),
-                   system_closes=tuple(dict.fromkeys(c for c in sys_closes if c)))
+                   system_closes=tuple(dict.fromkeys(c for c in sys_closes if c)),
+                   turn_end=end.group(1) if end else None)
 
     @staticmethod
     def _user_turn(render, sys_a, gens) -> tuple:
