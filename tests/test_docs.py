@@ -23,7 +23,9 @@ NOT_RUN = {"strata_lab.__main__"}
 def _modules():
     names = []
     for info in pkgutil.walk_packages([str(PKG_DIR)], prefix="strata_lab."):
-        if info.name.rsplit(".", 1)[-1] == "_engine" or info.name in NOT_RUN:
+        # _engine: the compiled extension; libstrata_cuda: the CUDA backend's shared library (dlopened, not a
+        # Python module, though its .so suffix makes pkgutil list it)
+        if info.name.rsplit(".", 1)[-1] in ("_engine", "libstrata_cuda") or info.name in NOT_RUN:
             continue
         names.append(info.name)
     return sorted(names)

@@ -118,7 +118,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     from strata_lab.cli.outputs import output
 
     if getattr(args, "inspect", False):  # look, import nothing
-        from strata_lab.traces.generic import inspect_file
+        from strata_lab.traces.inspection import inspect_file
 
         if args.out is not None:
             raise ValueError("--inspect: imports nothing, so --out has no use with it")

@@ -33,6 +33,7 @@ from typing import Iterator
 from strata_lab.traces.log_calls import SessionChain, image_placeholder, new_call, text_parts, tool_call
 from strata_lab.traces.claude_code import parse_ts
 from strata_lab.traces.openai import convert_messages as openai_messages, reply_message
+from strata_lab.traces.otel_conventions import span_id, span_ts, text_parts_text
 from strata_lab.traces.source import Source
 
 NAME = "otel"
@@ -61,14 +62,6 @@ def trace_id(span: dict):
         if isinstance(ctx, dict) and (ctx.get("traceId") or ctx.get("trace_id")):
             return ctx.get("traceId") or ctx.get("trace_id")
     return span.get("traceId") or span.get("trace_id")
-
-
-def _span_id(span: dict):
-    for key in ("spanContext", "_spanContext", "context"):
-        ctx = span.get(key)
-        if isinstance(ctx, dict) and (ctx.get("spanId") or ctx.get("span_id")):
-            return ctx.get("spanId") or ctx.get("span_id")
-    return span.get("spanId") or span.get("span_id") or span.get("id")
 
 
 def _value(v):
@@ -202,7 +195,7 @@ def from_span(span: dict) -> dict | None:
                     system=system if isinstance(system, str) and system else None,
                     tools=tools if isinstance(tools, list) else None,
                     model=attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model"),
-                    request_id=attrs.get("gen_ai.response.id") or _span_id(span),
+                    request_id=attrs.get("gen_ai.response.id") or span_id(span),
                     response_text=content if isinstance(content, str) else text_parts_text(content),
                     response_reasoning=reply.get("reasoning_content"),
                     response_tool_calls=reply.get("tool_calls"),
@@ -226,27 +219,6 @@ def from_span(span: dict) -> dict | None:
         call.update(fidelity="lengths", messages=None, prompt_len=call["prompt_tokens"], system=None)
         notes.append("no message content captured: lengths and usage only")
     return call
-
-
-def span_ts(span: dict) -> float | None:
-    """Start time in seconds: OTLP nanoseconds, Python's ISO string, the JS exporter's microseconds
-    (``timestamp``) or the JS span object's ``startTime`` ([seconds, nanoseconds])."""
-    start = span.get("startTimeUnixNano") or span.get("start_time")
-    if start is not None:
-        return int(start) / 1e9 if isinstance(start, (int, str)) and str(start).isdigit() else parse_ts(start)
-    hr = span.get("startTime")
-    if isinstance(hr, list) and len(hr) == 2 and all(isinstance(x, (int, float)) for x in hr):
-        return hr[0] + hr[1] / 1e9
-    micros = span.get("timestamp")
-    if isinstance(micros, (int, float)) and not isinstance(micros, bool):
-        return micros / 1e6
-    return parse_ts(micros)
-
-
-def text_parts_text(content) -> str | None:
-    if content is None:
-        return None
-    return "".join(p.get("text", "") for p in text_parts(content, []) or ())
 
 
 def _records(src: Source) -> Iterator[tuple[int, dict]]:

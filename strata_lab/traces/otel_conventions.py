@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 
-from strata_lab.traces.log_calls import image_placeholder, new_call, tool_call
+from strata_lab.traces.claude_code import parse_ts
+from strata_lab.traces.log_calls import image_placeholder, new_call, text_parts, tool_call
 from strata_lab.traces.openai import convert_messages as openai_messages
 
 __all__ = ["from_ai_sdk", "from_openinference", "ai_sdk_messages", "openinference_messages"]
@@ -123,7 +124,6 @@ def _ai_prompt(value, notes: list) -> list[dict]:
 
 def from_ai_sdk(span: dict, attrs: dict) -> dict:
     """One call from an AI SDK model-call span (``ai.generateText.doGenerate`` and its kin)."""
-    from strata_lab.traces.otel import _span_id
 
     notes: list = []
     if "ai.prompt.messages" in attrs:
@@ -163,7 +163,7 @@ def from_ai_sdk(span: dict, attrs: dict) -> dict:
     call = new_call(format="otel", fidelity="messages", notes=notes, messages=messages,
                     model=attrs.get("ai.response.model") or attrs.get("gen_ai.response.model")
                     or attrs.get("ai.model.id") or attrs.get("gen_ai.request.model"),
-                    request_id=attrs.get("ai.response.id") or attrs.get("gen_ai.response.id") or _span_id(span),
+                    request_id=attrs.get("ai.response.id") or attrs.get("gen_ai.response.id") or span_id(span),
                     response_text=text if isinstance(text, str) else None,
                     response_reasoning=attrs.get("ai.response.reasoning") if isinstance(
                         attrs.get("ai.response.reasoning"), str) else None,
@@ -225,7 +225,6 @@ def openinference_messages(items: list[dict], notes: list) -> list[dict]:
 
 def from_openinference(span: dict, attrs: dict) -> dict:
     """One call from an OpenInference LLM span."""
-    from strata_lab.traces.otel import _span_id, text_parts_text
 
     notes: list = []
     messages = openinference_messages(_items(attrs, "llm.input_messages"), notes)
@@ -246,7 +245,7 @@ def from_openinference(span: dict, attrs: dict) -> dict:
     call = new_call(format="otel", fidelity="messages", notes=notes, messages=messages, tools=tools or None,
                     model=attrs.get("llm.response.model_name") or attrs.get("llm.model_name")
                     or attrs.get("llm.request.model_name"),
-                    request_id=_span_id(span),
+                    request_id=span_id(span),
                     response_text=content if isinstance(content, str) else text_parts_text(content),
                     response_reasoning=reply.get("reasoning_content"),
                     response_tool_calls=reply.get("tool_calls"), prompt_tokens=prompt,
@@ -259,7 +258,6 @@ def from_openinference(span: dict, attrs: dict) -> dict:
 
 
 def _finish(call: dict, span: dict, where: str) -> dict:
-    from strata_lab.traces.otel import span_ts
 
     call["ts"] = span_ts(span)
     if not call["messages"]:
@@ -268,3 +266,32 @@ def _finish(call: dict, span: dict, where: str) -> dict:
         call.update(fidelity="lengths", messages=None, prompt_len=call["prompt_tokens"])
         call["notes"].append("no message content captured: lengths and usage only")
     return call
+
+
+def span_id(span: dict):
+    for key in ("spanContext", "_spanContext", "context"):
+        ctx = span.get(key)
+        if isinstance(ctx, dict) and (ctx.get("spanId") or ctx.get("span_id")):
+            return ctx.get("spanId") or ctx.get("span_id")
+    return span.get("spanId") or span.get("span_id") or span.get("id")
+
+
+def span_ts(span: dict) -> float | None:
+    """Start time in seconds: OTLP nanoseconds, Python's ISO string, the JS exporter's microseconds
+    (``timestamp``) or the JS span object's ``startTime`` ([seconds, nanoseconds])."""
+    start = span.get("startTimeUnixNano") or span.get("start_time")
+    if start is not None:
+        return int(start) / 1e9 if isinstance(start, (int, str)) and str(start).isdigit() else parse_ts(start)
+    hr = span.get("startTime")
+    if isinstance(hr, list) and len(hr) == 2 and all(isinstance(x, (int, float)) for x in hr):
+        return hr[0] + hr[1] / 1e9
+    micros = span.get("timestamp")
+    if isinstance(micros, (int, float)) and not isinstance(micros, bool):
+        return micros / 1e6
+    return parse_ts(micros)
+
+
+def text_parts_text(content) -> str | None:
+    if content is None:
+        return None
+    return "".join(p.get("text", "") for p in text_parts(content, []) or ())

@@ -92,8 +92,20 @@ class Source:
         self.batch: dict | None = None  # OpenAI Batch output responses by custom_id (joined to input lines)
         self.companions: list[str] = []  # files read with this one (a Cline task folder's ui_messages.json)
         self.reader: str | None = None  # the reader's name (`Trace` sets it), for messages that name it
+        # format detection (`Trace` sets registry.detect_format): a file forced onto the wrong reader is told
+        # which reader reads it; the readers sit below the registry, so they are handed it, never import it
+        self.detect = None
         self.messages_path: str | None = None  # --messages-path: where the generic reader finds message lists
         self._doc_checked = False  # whether a line that is not JSON made us look for one multi-line document
+
+    def detected_as(self) -> tuple[str | None, str | None]:
+        """(format, why) that detection gives this file, or (None, None) where it gives none or none was set."""
+        if self.detect is None:
+            return None, None
+        try:
+            return self.detect(self)
+        except ValueError:
+            return None, None
 
     def session_of(self, rec) -> str | None:
         """The `--session-key` field of a record (None: no key given, or the record lacks it)."""
@@ -253,12 +265,7 @@ class Source:
             if len(head) == self.size or first not in (b"{", b"[", b"[{"):
                 return
         kind = "an array" if body.startswith(b"[") else "one object"
-        from strata_lab.traces.registry import detect_format
-
-        try:
-            name, why = detect_format(self)
-        except ValueError:
-            name, why = None, None
+        name, why = self.detected_as()
         reader = f"the {self.reader} reader" if self.reader else "this reader"
         if name is not None and name != self.reader:
             advice = f"the {name} reader reads it ({why}): leave out --format, or pass --format {name}"

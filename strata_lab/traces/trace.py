@@ -92,6 +92,7 @@ class Trace:
     def _source(self, path: str) -> Source:
         src = Source(path, progress=self.progress, session_key=self.session_key)
         src.messages_path = self.messages_path
+        src.detect = detect_format
         return src
 
     def __iter__(self) -> Iterator[dict]:

@@ -44,11 +44,8 @@ def detect_head(head: bytes) -> bool:
 def not_this_reader(src: Source, what: str) -> str:
     """Why a file forced onto a reader gives no call when it is not that reader's kind of file at all: what it
     is not, and which reader detection picks for it (or what is in it)."""
-    from strata_lab.traces.registry import detect_format
-
-    try:
-        name, why = detect_format(src)
-    except ValueError:
+    name, why = src.detected_as()
+    if name is None:
         return (f"not {what}, and no other reader detects it: `strata-lab import --inspect {src.path}` shows what "
                 "is in it")
     return f"not {what}; the {name} reader reads it ({why}): leave out --format, or pass --format {name}"
