@@ -30,7 +30,12 @@ def test_import_is_quick_and_quiet():
     assert out.stderr == ""
     dt, heavy = out.stdout.split(" ", 1)
     assert heavy.strip() == "[]", f"import strata_lab pulled in {heavy}"
-    assert float(dt) < 0.5
+    # quick against a baseline measured now, on the same machine: importing numpy alone (which strata_lab's
+    # import leaves out); no wall-clock limit, so a busy machine slows both alike
+    spawn["args"] = [sys.executable, "-c", "import time; t = time.perf_counter(); import numpy; "
+                     "print(time.perf_counter() - t)"]
+    base = float(subprocess.run(**spawn, capture_output=True, text=True, check=True).stdout)
+    assert float(dt) < 2 * base + 0.05, f"import strata_lab took {float(dt):.3f} s, numpy alone {base:.3f} s"
 
 
 def _cli(*args, input=None):
