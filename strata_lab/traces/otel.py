@@ -33,7 +33,7 @@ from typing import Iterator
 from strata_lab.traces.log_calls import SessionChain, image_placeholder, new_call, text_parts, tool_call
 from strata_lab.traces.claude_code import parse_ts
 from strata_lab.traces.openai import convert_messages as openai_messages, reply_message
-from strata_lab.traces.otel_conventions import span_id, span_ts, text_parts_text
+from strata_lab.traces.otel_conventions import _json, span_id, span_ts, text_parts_text
 from strata_lab.traces.source import Source
 
 NAME = "otel"
@@ -90,17 +90,6 @@ def _spans(rec: dict) -> Iterator[dict]:
                 yield from ss.get("spans") or ()
     else:
         yield rec
-
-
-def _json(value):
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return None
-        except RecursionError:  # a value nested past the parser's stack: the span is skipped, named
-            raise ValueError("a JSON attribute is nested too deeply") from None
-    return value
 
 
 def _from_parts(messages: list, notes: list) -> list[dict]:

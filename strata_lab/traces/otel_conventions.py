@@ -23,11 +23,14 @@ _FILE_PARTS = ("image", "file", "image_url", "audio", "video")
 
 
 def _json(value):
+    """A JSON-text attribute parsed (None where it is not JSON); other values as they are."""
     if isinstance(value, str):
         try:
             return json.loads(value)
         except json.JSONDecodeError:
             return None
+        except RecursionError:  # a value nested past the parser's stack: the span is skipped, named
+            raise ValueError("a JSON attribute is nested too deeply") from None
     return value
 
 
