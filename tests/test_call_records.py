@@ -137,20 +137,18 @@ def test_an_unread_call_whose_recorder_closed_does_not_fail_the_next_call(tiny_e
     assert stream.result.gen_ids and list(load_dump(tmp_path / "closed.jsonl")) == []
 
 
-def test_the_two_calls_modules_have_distinct_names_and_deprecated_aliases():
+def test_the_two_calls_modules_have_distinct_names():
     import importlib
 
     from strata_lab.caches import call_ids
     from strata_lab.traces import log_calls
 
-    # caches.calls is public (docs, notebooks): a deprecated alias for one release; traces.calls was internal
-    mod = importlib.import_module("strata_lab.caches.calls")
-    with pytest.warns(DeprecationWarning, match="renamed"):
-        mod = importlib.reload(mod)
-    assert mod.Call is call_ids.Call and mod.calls_from_dump is call_ids.calls_from_dump
-    assert log_calls.new_call and log_calls.FIELDS
-    with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("strata_lab.traces.calls")
+    # caches.call_ids (token-id calls for the cache models) and traces.log_calls (a log's call fields); the old
+    # shared name `calls` is neither's any more
+    assert call_ids.Call and call_ids.calls_from_dump and log_calls.new_call and log_calls.FIELDS
+    for old in ("strata_lab.caches.calls", "strata_lab.traces.calls"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
 
 
 def test_open_hash_trace_finds_a_production_trace_and_nothing_else(tmp_path):

@@ -44,8 +44,6 @@ RULES = [
 # (file, text on the line) that may match: vocabulary and quotes, not our own words
 ALLOWED = {
     ("strata_lab/fleet/generator.py", "session engine model"),          # a bag of words for generated text
-    ("strata_lab/server/generation.py", "PromptPlan"),                  # the deprecated alias
-    ("strata_lab/server/prompt.py", "make_plan"),                       # the deprecated alias
     ("docs/CONTRACTS.md", 'never "engine model"'),                    # the glossary itself
 }
 
@@ -118,8 +116,6 @@ def test_the_server_calls_a_rendered_prompt_rendered():
     found = []
     for path in sorted((REPO / "strata_lab" / "server").glob("*.py")):
         for i, line in enumerate(path.read_text().splitlines(), 1):
-            if "came to mean one thing" in line:
-                continue  # the deprecated alias says why it was renamed
             for m in re.finditer(r"\bplans?\b", line):
                 if not line[m.end():].startswith("("):   # Session.plan(...) is the reuse plan
                     found.append(f"{path.relative_to(REPO)}:{i}: {line.strip()}")
@@ -135,11 +131,3 @@ def test_every_allowance_is_used():
             unused.append((rel, snippet))
     assert not unused, unused
 
-
-def test_deprecated_names_still_work_and_warn():
-    from strata_lab.server import generation, prompt
-
-    with pytest.warns(DeprecationWarning, match="RenderedPrompt"):
-        assert generation.PromptPlan is generation.RenderedPrompt
-    with pytest.warns(DeprecationWarning, match="render_prompt"):
-        assert prompt.make_plan is prompt.render_prompt

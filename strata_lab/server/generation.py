@@ -46,16 +46,6 @@ from strata_lab.server.request import ChatRequest
 
 __all__ = ["ChatRunner", "RenderedPrompt", "Summary", "WRAP_UP", "plain_drained", "EngineCall", "CallOutcome", "choice_seed"]
 
-def __getattr__(name):
-    # `PromptPlan` was RenderedPrompt's name until "plan" came to mean one thing (docs/CONTRACTS.md, Words)
-    if name == "PromptPlan":
-        import warnings
-        warnings.warn("strata_lab.server.generation.PromptPlan is deprecated; use RenderedPrompt",
-                      DeprecationWarning, stacklevel=2)
-        return RenderedPrompt
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # Qwen's own wording for closing a reasoning cut short by a budget.
 WRAP_UP = ("\n\nConsidering the limited time by the user, I have to give the solution based on the "
            "thinking directly now.\n</think>\n\n")

@@ -19,16 +19,6 @@ __all__ = ["render_prompt", "ASSISTANT_HEADER"]
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
 
 
-def __getattr__(name):
-    # `make_plan` was this function's name until "plan" came to mean one thing (docs/CONTRACTS.md, Words)
-    if name == "make_plan":
-        import warnings
-        warnings.warn("strata_lab.server.prompt.make_plan is deprecated; use render_prompt", DeprecationWarning,
-                      stacklevel=2)
-        return render_prompt
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def render_prompt(template, req: ChatRequest) -> RenderedPrompt:
     """Render `req` with `template`; a template complaint becomes a 400 naming the field.
 
