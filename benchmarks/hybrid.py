@@ -55,7 +55,8 @@ def _decode_ms(session, steps: int) -> float:
 
 def main(argv=None) -> None:
     from strata_lab.tiny import NEXT_PRESETS, make_tiny
-    from strata_lab.engine import CheckpointPolicy, Engine
+    from strata_lab.engine import Engine
+    from strata_lab.rules import CheckpointPolicy
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 3072])
@@ -159,7 +160,8 @@ def gdn_ab(args) -> None:
     """Section 3b: GDN chunked prefill, matrix form vs row form, same weights, same process, interleaved."""
     from strata_lab import _native
     from strata_lab.tiny import NEXT_PRESETS, make_tiny
-    from strata_lab.engine import CheckpointPolicy, Engine
+    from strata_lab.engine import Engine
+    from strata_lab.rules import CheckpointPolicy
 
     _engine = _native.engine()
     tmp = tempfile.TemporaryDirectory()
@@ -216,7 +218,8 @@ def peers(args) -> None:
     """Section 4: strata vs transformers' Qwen3-Next (CPU torch fallback) and llama.cpp (a qwen3next GGUF
     of the same weights) on the bench preset, each peer in its own interpreter (benchmarks/peers.py)."""
     from strata_lab.tiny import make_tiny
-    from strata_lab.engine import CheckpointPolicy, Engine
+    from strata_lab.engine import Engine
+    from strata_lab.rules import CheckpointPolicy
 
     tmp = tempfile.TemporaryDirectory()
     path = make_tiny(f"{tmp.name}/bench", "qwen3_next", "bench", dtype="bfloat16")

@@ -19,7 +19,7 @@ _EXPORTS = {
     "Session": "strata_lab.engine",
     "Stream": "strata_lab.engine",
     "Sampling": "strata_lab.engine",
-    "CheckpointPolicy": "strata_lab.engine",
+    "CheckpointPolicy": "strata_lab.rules",
     "TokenLogprob": "strata_lab.engine",
     "TokenGrammar": "strata_lab.grammar",
     "make_tiny": "strata_lab.tiny",
@@ -65,7 +65,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from strata_lab.dump.reader import Dump, load_dump
     from strata_lab.dump.examples import example_dumps
     from strata_lab.dump.writer import Recorder, record_to
-    from strata_lab.engine import CheckpointPolicy, Engine, Sampling, Session, Stream
+    from strata_lab.engine import Engine, Sampling, Session, Stream
+    from strata_lab.rules import CheckpointPolicy
     from strata_lab.caches.replay import replay
     from strata_lab.caches.capacity import plot_sweep, sweep
     from strata_lab.caches.export import export_trace

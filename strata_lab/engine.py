@@ -1,4 +1,5 @@
-"""Python face of the C++ engine: Engine, Session, Stream, Sampling, CheckpointPolicy.
+"""Python face of the C++ engine: Engine, Session, Stream, Sampling (its checkpoint policy is
+`strata_lab.rules.CheckpointPolicy`).
 
 A Session follows Contract 1 (docs/CONTRACTS.md). Its reuse rule, which the replay models exactly:
 
@@ -44,7 +45,9 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Engine", "Session", "Stream", "Sampling", "CheckpointPolicy", "GenerateResult", "ModelFolderError",
+from strata_lab.rules import CheckpointPolicy
+
+__all__ = ["Engine", "Session", "Stream", "Sampling", "GenerateResult", "ModelFolderError",
            "TokenLogprob"]
 
 
@@ -129,59 +132,6 @@ class Sampling:
         p.logit_bias = list(self.logit_bias)
         p.repetition_penalty, p.penalty_last_n = float(self.repetition_penalty), int(self.penalty_last_n)
         p.frequency_penalty, p.presence_penalty = float(self.frequency_penalty), float(self.presence_penalty)
-        return p
-
-
-@dataclass(frozen=True)
-class CheckpointPolicy:
-    """Where a session saves state snapshots (checkpoints). Every snapshot keeps the logits after its last
-    id (4 x vocab_size bytes), which serve a prompt ending exactly there. Qwen3's snapshots hold nothing
-    else (its KV cache can be cut anywhere); hybrid models also save the recurrent state and restore it
-    when the prompt leaves the held ids. ``budget_mib`` counts the logits too.
-
-    ``before_last`` (a token id, None: off) also snapshots, after each prompt read, the position just
-    before the LAST occurrence of that id in the prompt: with ``<|im_start|>`` (151644) the generation
-    prompt's header, where the next prompt parts from the held ids when the template rewrites the reply
-    (Qwen3 strips its empty ``<think>`` block once a new user turn arrives). The read splits there, so
-    the snapshot is exact; it is taken only when that position is read by this call.
-
-    >>> CheckpointPolicy(every=256, budget_mib=512).every
-    256
-    >>> CheckpointPolicy(before_last=151644).before_last
-    151644
-    """
-
-    at_prompt_end: bool = True          # one snapshot at the end of each prompt (the turn start)
-    every: int = 0                      # also every N tokens (0: off)
-    positions: tuple[int, ...] = ()     # also at these positions
-    budget_mib: float = 0.0             # evict least recently used snapshots beyond this (0: no limit)
-    before_last: Optional[int] = None   # also just before the last occurrence of this id in each prompt
-
-    def __post_init__(self):
-        if int(self.every) < 0:
-            raise ValueError(f"every must be >= 0, got {self.every}")
-        if any(int(p) <= 0 for p in self.positions):
-            raise ValueError(f"positions must be > 0, got {list(self.positions)}")
-        if not self.budget_mib >= 0:
-            raise ValueError(f"budget_mib must be >= 0, got {self.budget_mib}")
-        b = self.before_last
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < 2**31):
-            raise ValueError(f"before_last must be a token id (int >= 0) or None, got {b!r}")
-
-    def _native(self, ext=None):
-        """This policy as an extension's CheckpointPolicy (`ext`: the engine's by default). The fields are
-        declared once, in engine/include/strata/checkpoint_policy.h; they are copied by the names the binding
-        lists (`_fields`), each converted to the type of the binding's default (None: -1, off)."""
-        p = (_ext() if ext is None else ext).CheckpointPolicy()
-        for name in type(p)._fields:
-            v, default = getattr(self, name), getattr(p, name)
-            if v is None:
-                v = -1
-            elif isinstance(default, list):
-                v = [int(x) for x in v]
-            else:
-                v = type(default)(v)
-            setattr(p, name, v)
         return p
 
 
@@ -620,7 +570,7 @@ class Engine:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         if checkpoints is not None and not isinstance(checkpoints, CheckpointPolicy):
             raise TypeError("checkpoints must be a CheckpointPolicy")
-        native = self._e.session(name, checkpoints._native() if checkpoints else None)
+        native = self._e.session(name, checkpoints._native(_ext()) if checkpoints else None)
         if name not in self._sessions:
             self._sessions[name] = Session(self, native)
         return self._sessions[name]

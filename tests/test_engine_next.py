@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("strata_lab._engine")
 from strata_lab.tiny import NEXT_PRESETS, make_tiny  # noqa: E402
-from strata_lab.engine import CheckpointPolicy, Engine  # noqa: E402
+from strata_lab.engine import Engine  # noqa: E402
+from strata_lab.rules import CheckpointPolicy  # noqa: E402
 from strata_lab.replayer.state import SessionState  # noqa: E402
 
 TOL = 1e-4

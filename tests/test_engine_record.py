@@ -87,7 +87,8 @@ def test_env_var_turns_recording_on(tiny_dir, tmp_path):
 def test_lines_carry_the_checkpoint_policy_and_reproduce_uses_it(tmp_path):
     # a hybrid session with an every-3 policy: reproducing the dump needs that policy to be exact
     from strata_lab import embedded_model
-    from strata_lab.engine import CheckpointPolicy, Engine
+    from strata_lab.engine import Engine
+    from strata_lab.rules import CheckpointPolicy
     from strata_lab.sessions.runs import reproduce
 
     engine = Engine.load(embedded_model("hybrid"), threads=1)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("strata_lab._engine")
-from strata_lab.engine import CheckpointPolicy, Sampling  # noqa: E402
+from strata_lab.engine import Sampling  # noqa: E402
+from strata_lab.rules import CheckpointPolicy  # noqa: E402
 
 PROMPT = [9707, 1879, 13, 220, 14990, 135992, 42, 7, 3, 1000, 2000, 3000]
 HOT = Sampling(temperature=1.0, top_p=0.95, seed=11)

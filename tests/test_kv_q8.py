@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 _engine = pytest.importorskip("strata_lab._engine")
-from strata_lab.engine import CheckpointPolicy, Engine  # noqa: E402
+from strata_lab.engine import Engine  # noqa: E402
+from strata_lab.rules import CheckpointPolicy  # noqa: E402
 from strata_lab.tiny import make_tiny  # noqa: E402
 
 from test_engine_attention import TOL, inputs, level, levels, reference  # noqa: E402,F401  (level: the fixture)

@@ -34,3 +34,14 @@ def test_layers_contract_names_every_stage():
     packages = {f"strata_lab.{p.name}" for p in (REPO / "strata_lab").iterdir()
                 if (p / "__init__.py").is_file()}
     assert packages <= layered, f"subpackages missing from the layers contract: {sorted(packages - layered)}"
+
+
+def test_rules_import_nothing_of_strata_lab():
+    # strata_lab/rules.py is the bottom floor: every stage reads its rules, so it may not lean on any
+    import ast
+
+    tree = ast.parse((REPO / "strata_lab" / "rules.py").read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level]
+    assert not [n for n in names if n.split(".")[0] == "strata_lab"], names
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level], "relative import"

@@ -70,7 +70,7 @@ needs_replay = pytest.mark.skipif(not _native.replay_available(), reason="needs 
 
 @needs_replay
 def test_enums_cross_by_name():
-    from strata_lab.replayer.divergence import CAUSES
+    from strata_lab.rules import CAUSES
     from strata_lab.replayer.state import FULL_HIT_RULES
 
     ext = _native.replay()
@@ -83,7 +83,7 @@ def test_enums_cross_by_name():
 def test_checkpoint_policy_fields_are_the_bindings(which):
     """strata_lab.CheckpointPolicy has exactly the C++ struct's fields (named by the binding, in order), with
     the same defaults (None and () are the struct's -1 and []), and `_native` copies every one."""
-    from strata_lab.engine import CheckpointPolicy
+    from strata_lab.rules import CheckpointPolicy
 
     if which == "engine":
         pytest.importorskip("strata_lab._engine")

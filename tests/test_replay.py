@@ -6,10 +6,9 @@ from hypothesis import given, settings, strategies as st
 
 from strata_lab.dump.reader import load_dump
 from strata_lab.replayer import compare_policies, parse_policy, replay
-from strata_lab.engine import CheckpointPolicy
-from strata_lab.replayer.state import (DEFAULT_SNAPSHOT_BYTES, SessionState, parse_checkpoint_policy,
-                                       predict_reuse, snapshot_capacity)
-from strata_lab.replayer.divergence import CAUSES, find_divergence
+from strata_lab.replayer.state import DEFAULT_SNAPSHOT_BYTES, SessionState, predict_reuse, snapshot_capacity
+from strata_lab.replayer.divergence import find_divergence
+from strata_lab.rules import CAUSES, CheckpointPolicy, parse_checkpoint_policy
 
 from replay_cases import CASES, case, write
 

@@ -18,7 +18,8 @@ from strata_lab.replayer import fast, native
 from strata_lab.replayer.core import resolve_options
 from strata_lab.replayer.costs import CostModel
 from strata_lab.replayer.divergence import classify, find_divergence
-from strata_lab.replayer.state import FULL_HIT_RULES, SessionState, parse_checkpoint_policy
+from strata_lab.replayer.state import FULL_HIT_RULES, SessionState
+from strata_lab.rules import parse_checkpoint_policy
 from strata_lab.text.ids import lcp_len
 
 pytestmark = pytest.mark.skipif(not native.native_available(), reason="needs the compiled engine")

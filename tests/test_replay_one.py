@@ -151,8 +151,7 @@ def test_agent_dump_has_one_reread_number_and_no_zero_beside_a_retokenization(qw
 
 
 def test_one_cause_vocabulary():
-    from strata_lab.caches.base import ENGINE_CAUSES
-    from strata_lab.replayer.explain import CAUSES
+    from strata_lab.rules import CAUSES, ENGINE_CAUSES
 
     rep = sl.replay_engines(DUMPS[0], ENGINES, tokenizer="qwen3")
     assert set(rep.frame()["cause"].astype(str)) <= set(CAUSES)
@@ -256,9 +255,9 @@ def test_plain_replay_shows_the_reported_column(capsys, tmp_path):
 
 def test_the_replay_cores_causes_are_the_one_vocabulary():
     """The C++ replay core exports its causes by name (`_replay.Cause`): every one is a cause of the one
-    vocabulary (`explain.CAUSES`), and the one the renamed `checkpoint` became is spelled the same on both sides."""
+    vocabulary (`strata_lab.rules.CAUSES`), and the one the renamed `checkpoint` became is spelled the same on both sides."""
     from strata_lab import _native
-    from strata_lab.replayer.explain import CAUSES
+    from strata_lab.rules import CAUSES
 
     if not _native.replay_available():
         pytest.skip("the replay core is not built")

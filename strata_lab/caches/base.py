@@ -29,11 +29,7 @@ from dataclasses import dataclass
 
 from strata_lab.caches.call_ids import Call
 
-__all__ = ["CacheModel", "CachePlan", "Hint", "ENGINE_CAUSES"]
-
-# Causes a cache model can give for reusing less than `hint.exact`: one vocabulary with the divergence causes,
-# defined once in the explainer (strata_lab.replayer.explain.CAUSES).
-from strata_lab.replayer.explain import ENGINE_CAUSES  # noqa: E402
+__all__ = ["CacheModel", "CachePlan", "Hint"]
 
 
 @dataclass(slots=True)
@@ -56,7 +52,7 @@ class CachePlan:
     reused: int                  # prompt ids served from the cache
     unit: str = ""               # the cached unit that served them ("blocks 0-77", "slot 2", "node 5", ...)
     source: int | None = None    # index of the call that wrote that unit
-    cause: str | None = None     # why fewer than hint.exact were served (one of ENGINE_CAUSES)
+    cause: str | None = None     # why fewer than hint.exact were served (one of strata_lab.rules.ENGINE_CAUSES)
     written: int = 0             # prompt ids written to the cache by this call (hosted: cache creation)
     state: object = None         # model-private data carried from plan to admit
 

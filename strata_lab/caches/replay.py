@@ -35,9 +35,9 @@ from strata_lab.progress import progress_bar
 from strata_lab.caches.report import (_DTYPES, EnginesReport, ReplayReport,  # noqa: F401 (re-exported)
                                       reported_agrees, reported_base)
 from strata_lab.replayer.explain import SessionHistory, attribute, explain, name_habit
+from strata_lab.rules import checkpoint_spec
 
-__all__ = ["replay", "replay_engines", "ReplayReport", "EnginesReport", "explain_calls", "default_engine",
-           "checkpoint_spec"]
+__all__ = ["replay", "replay_engines", "ReplayReport", "EnginesReport", "explain_calls", "default_engine"]
 
 
 
@@ -149,38 +149,6 @@ def _apply_policy(calls: list[Call], policy, tok) -> list[Call]:
         out.append(dataclasses.replace(c, prompt=as_ids(prompt), record=new, reported=None, reported_by=None,
                                        reported_write=None, reported_prompt=None, memo=None))
     return out
-
-
-def checkpoint_spec(cp) -> str:
-    """A checkpoint policy (a `strata_lab.CheckpointPolicy`, a spec, or "recorded") as the spec the strata
-    engine takes (`strata:checkpoints=...`).
-
-    >>> from strata_lab import CheckpointPolicy
-    >>> checkpoint_spec(CheckpointPolicy(every=64)), checkpoint_spec(CheckpointPolicy(before_last=151644))
-    ('every:64', 'header')
-    """
-    from strata_lab.engine import CheckpointPolicy
-    from strata_lab.replayer.state import parse_checkpoint_policy
-
-    if isinstance(cp, str):
-        return cp
-    if not isinstance(cp, CheckpointPolicy):
-        raise TypeError(f"checkpoint_policy must be a strata_lab.CheckpointPolicy, a spec string or None, "
-                        f"got {type(cp).__name__}")
-    if cp.budget_mib:
-        base = f"budget:{cp.budget_mib:g}" + (f":{cp.every}" if cp.every else "")
-    elif cp.positions:
-        base = "at:" + ",".join(map(str, cp.positions))
-    elif cp.every:
-        base = f"every:{cp.every}"
-    else:
-        base = "turn" if cp.at_prompt_end else "none"
-    if cp.before_last is not None:
-        tail = "header" if cp.before_last == 151644 else f"before-last:{cp.before_last}"
-        base = tail if base == "turn" else f"{base},{tail}"
-    if parse_checkpoint_policy(base) != cp:
-        raise ValueError(f"checkpoint policy {cp!r} has no spec the strata engine takes; use a spec string")
-    return base
 
 
 def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, tokenizer=None, cost_model=None,

@@ -123,7 +123,7 @@ class ReplayReport:
         Dask) as the one report, engine strata. Its rows' `reread` and `cause` are the one definition
         (`replayer.step.attribute_row` calls `explain.attribute`), so they equal the driver's."""
         from strata_lab.caches.presets import parse_engine
-        from strata_lab.replayer.explain import DIVERGENCE_CAUSES
+        from strata_lab.rules import DIVERGENCE_CAUSES
 
         # the checkpoints replayed: as given, else the state report's words ("turn+every:64") as the engine's spec
         words = checkpoints or state.checkpoints or "turn"

@@ -37,7 +37,8 @@ class Preset(EnginePreset):
 
     def __post_init__(self):
         super().__post_init__()
-        from strata_lab.replayer.state import FULL_HIT_RULES, MODELS, parse_checkpoint_policy
+        from strata_lab.replayer.state import FULL_HIT_RULES, MODELS
+        from strata_lab.rules import parse_checkpoint_policy
 
         if self.kind not in MODELS:
             raise ValueError(f"strata: kind must be one of {MODELS}, got {self.kind!r}")
@@ -89,8 +90,8 @@ class Model(CacheModel):
 
     def __init__(self, preset: Preset):
         super().__init__(preset)
-        from strata_lab.engine import CheckpointPolicy
-        from strata_lab.replayer.state import default_snapshot_bytes, parse_checkpoint_policy
+        from strata_lab.replayer.state import default_snapshot_bytes
+        from strata_lab.rules import CheckpointPolicy, parse_checkpoint_policy
 
         self.snapshot_bytes = default_snapshot_bytes(preset.kind)
         self.recorded = preset.checkpoints == "recorded"

@@ -299,7 +299,8 @@ class DivergenceViewer(_Widget):
         else:   # the one driver: our engine, strata, as `strata_lab.replay` replays it (Contract 3)
             from strata_lab.caches.call_ids import calls_from_dump
             from strata_lab.caches.presets import parse_engine
-            from strata_lab.caches.replay import checkpoint_spec, replay_engines
+            from strata_lab.caches.replay import replay_engines
+            from strata_lab.rules import checkpoint_spec
 
             records = self.dump.records()
             # checkpoint_policy None: a snapshot at each prompt's end, as the store pager models it
@@ -455,7 +456,7 @@ class ReuseDashboard(_Widget):
         self.calls = calls_from_dump(self.dump)
         over = {"kind": model}
         if checkpoint_policy is not None:
-            from strata_lab.caches.replay import checkpoint_spec
+            from strata_lab.rules import checkpoint_spec
 
             over["checkpoints"] = checkpoint_spec(checkpoint_policy)
         self.engine = parse_engine("strata").with_(**over)

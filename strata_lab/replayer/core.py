@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from strata_lab.dump import Dump, Store, load_dump
-from strata_lab.engine import CheckpointPolicy
+from strata_lab.rules import CheckpointPolicy, parse_checkpoint_policy
 from strata_lab.replayer.costs import CostModel, usable_fit
 from strata_lab.replayer.fast import fit_cost_store
 from strata_lab.replayer.policies import Policy, PromptRewriter, parse_policy
 from strata_lab.replayer.report import Report
 from strata_lab.replayer.rowtable import RowTable
-from strata_lab.replayer.state import FULL_HIT_RULES, MODELS, SessionState, default_snapshot_bytes, parse_checkpoint_policy
+from strata_lab.replayer.state import FULL_HIT_RULES, MODELS, SessionState, default_snapshot_bytes
 from strata_lab.replayer.step import recorded_prefill_ms, step
 
 __all__ = ["replay", "compare_policies", "fit_cost", "ReplayOptions", "resolve_options"]

@@ -10,10 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
-__all__ = ["Divergence", "find_divergence", "add_contexts", "set_id_contexts", "set_text_contexts", "context_pair", "classify", "CAUSES"]
+__all__ = ["Divergence", "find_divergence", "add_contexts", "set_id_contexts", "set_text_contexts", "context_pair", "classify"]
 
-CAUSES = ("none", "new_session", "retokenized_reply", "retokenized_prompt", "drained_dropped",
-          "template_rewrite", "history_edit", "no_state_checkpoint")   # the C++ core exports its causes by name (_replay.Cause); each is one of these
 _CTX_TOKENS = 24
 
 

@@ -38,25 +38,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CAUSES", "DIVERGENCE_CAUSES", "ENGINE_CAUSES", "HABIT_CAUSES", "SessionHistory", "Explanation", "explain",
+from strata_lab.rules import DIVERGENCE_CAUSES, HABIT_CAUSES   # the cause vocabulary: strata_lab.rules.CAUSES
+
+__all__ = ["SessionHistory", "Explanation", "explain",
            "attribute", "name_habit", "realigned_tail"]
 
-# Why the prompt parted from what its session held (engine-independent).
-DIVERGENCE_CAUSES = ("retokenized_reply", "retokenized_prompt", "drained_dropped", "template_rewrite",
-                     "volatile_system", "arguments_reserialised", "tool_output_truncated", "history_edit",
-                     "diverged")
-# A client habit found on a call's messages (import's `history_change`, strata_lab/traces/habits.py) -> the
-# divergence it causes; a call whose messages resend what the session held, yet whose ids part, was rewritten
-# by the template (`template_rewrite`).
-HABIT_CAUSES = {"volatile_system": "volatile_system", "reasoning_dropped": "template_rewrite",
-                "arguments_reserialised": "arguments_reserialised", "tool_output_truncated": "tool_output_truncated",
-                "history_edit": "history_edit"}
-# Why an engine served less than the ids allowed (one name each; `no_state_checkpoint` also names our hybrid
-# engine restarting from an earlier state snapshot).
-ENGINE_CAUSES = ("block_rounding", "evicted", "expired", "below_minimum", "slot_stolen", "no_state_checkpoint",
-                 "lookback", "not_cached", "last_output_token", "routing", "refused")
-# The one cause vocabulary of a replay row.
-CAUSES = ("none", "new_session") + DIVERGENCE_CAUSES + ENGINE_CAUSES
 # Engine causes that a divergence makes by itself (the block the prompt parts in; a hybrid's fallback to its
 # last snapshot because the prompt parted): when the prompt diverged, their tokens are the divergence's.
 _MADE_BY_DIVERGENCE = frozenset({"block_rounding", "no_state_checkpoint", "not_cached", None})

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strata_lab.engine import CheckpointPolicy
+from strata_lab.rules import CheckpointPolicy, parse_checkpoint_policy
 from strata_lab.text.stream import ends_mid_character, plain_drained
 from strata_lab.replayer.divergence import find_divergence
-from strata_lab.replayer.state import SessionState, lcp_len, parse_checkpoint_policy
+from strata_lab.replayer.state import SessionState, lcp_len
 
 __all__ = ["Policy", "parse_policy", "policy_changes_prompts", "PromptRewriter", "keep_drained_prompt"]
 

@@ -36,16 +36,16 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
-# The one snapshot-policy type is the engine's; snapshots.py reads its fields for the state model.
+# The one snapshot-policy type is strata_lab.rules'; snapshots.py reads its fields for the state model.
+from strata_lab.rules import CheckpointPolicy
 from strata_lab.text.ids import lcp_len
-from strata_lab.replayer.snapshots import (IM_START_ID, CheckpointPolicy, before_last_pos, describe_policy, parse_checkpoint_policy,
-                        prompt_positions, snapshot_capacity, snapshot_positions)
+from strata_lab.replayer.snapshots import before_last_pos, prompt_positions, snapshot_capacity, snapshot_positions
 
 __all__ = [
-    "CheckpointPolicy", "SessionState", "CallPrediction", "lcp_len", "predict_reuse", "reuse_target",
-    "parse_checkpoint_policy", "snapshot_positions", "prompt_positions", "snapshot_capacity", "describe_policy",
+    "SessionState", "CallPrediction", "lcp_len", "predict_reuse", "reuse_target",
+    "snapshot_positions", "prompt_positions", "snapshot_capacity",
     "default_snapshot_bytes", "DEFAULT_SNAPSHOT_BYTES", "ATTENTION_SNAPSHOT_BYTES", "MODELS", "FULL_HIT_RULES",
-    "IM_START_ID", "before_last_pos", "model_kind_of",
+    "before_last_pos", "model_kind_of",
 ]
 
 MODELS = ("hybrid", "attention")

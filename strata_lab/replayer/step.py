@@ -21,7 +21,8 @@ from typing import ClassVar
 
 from strata_lab.replayer.costs import CostModel
 from strata_lab.replayer.divergence import classify, find_divergence
-from strata_lab.replayer.explain import DIVERGENCE_CAUSES, Explanation, attribute, realigned_tail
+from strata_lab.replayer.explain import Explanation, attribute, realigned_tail
+from strata_lab.rules import DIVERGENCE_CAUSES
 from strata_lab.replayer.state import SessionState, lcp_len, shortfall_cause
 
 __all__ = ["CallRow", "step", "attribute_row"]

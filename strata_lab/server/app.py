@@ -59,7 +59,8 @@ def load_state(config: ServerConfig) -> ServerState:
     from pathlib import Path
 
     from strata_lab.text.encoder import PromptEncoder
-    from strata_lab.engine import CheckpointPolicy, Engine
+    from strata_lab.engine import Engine
+    from strata_lab.rules import CheckpointPolicy
     from strata_lab.dump.writer import Recorder
     from strata_lab.text.tokenizer import load_tokenizer
 

@@ -60,7 +60,7 @@ class _EngineRunner:
     def call(self, session: str, prompt_ids, force_ids) -> dict:
         s = self._sessions.get(session)
         if s is None:
-            from strata_lab.engine import CheckpointPolicy
+            from strata_lab.rules import CheckpointPolicy
 
             s = self._sessions[session] = self._engine.session(
                 f"repro-{session}", checkpoints=self.policies.get(session, CheckpointPolicy()))
@@ -96,8 +96,8 @@ def _recorded_policies(records) -> dict:
     """session -> the CheckpointPolicy its calls were recorded with: the `checkpoint_policy` field the
     engine writes into each line, or for older dumps a guess (header checkpoints when a recorded
     checkpoint sits just before the last <|im_start|> of some prompt, as `strata-lab serve` keeps them)."""
-    from strata_lab.engine import CheckpointPolicy
-    from strata_lab.replayer.state import IM_START_ID, before_last_pos
+    from strata_lab.replayer.state import before_last_pos
+    from strata_lab.rules import IM_START_ID, CheckpointPolicy
 
     policies: dict = {}
     for r in records:
@@ -217,25 +217,6 @@ def _policy_prompts(records, policy, tok) -> Iterator[tuple[dict, list[int]]]:
         yield rec, prompt
 
 
-def _describe_checkpoints(cp) -> str:
-    from strata_lab.engine import CheckpointPolicy
-
-    if cp == CheckpointPolicy():
-        return "turn (a snapshot at each prompt's end)"
-    parts = []
-    if cp.at_prompt_end:
-        parts.append("turn")
-    if cp.every:
-        parts.append(f"every {cp.every}")
-    if cp.positions:
-        parts.append(f"at {','.join(map(str, cp.positions))}")
-    if cp.budget_mib:
-        parts.append(f"budget {cp.budget_mib:g} MiB")
-    if cp.before_last is not None:
-        parts.append("header" if cp.before_last == 151644 else f"before-last {cp.before_last}")
-    return " + ".join(parts) or "none"
-
-
 def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_mismatch: bool = False,
          progress: bool = False) -> Reproduction:
     from strata_lab.dump.reader import load_dump
@@ -280,11 +261,17 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
         engine_cps = {str(r["session"]): pol.checkpoint_policy for r in records}
     else:
         engine_cps = recorded_cps
-    from strata_lab.engine import CheckpointPolicy
+    from strata_lab.rules import CheckpointPolicy, checkpoint_spec
 
     distinct = {engine_cps.get(str(r["session"]), CheckpointPolicy()) for r in records}
     predict_cp = next(iter(distinct)) if len(distinct) == 1 else "recorded"
-    checkpoints = (_describe_checkpoints(predict_cp) if predict_cp != "recorded" else "as recorded per session")
+    if predict_cp == "recorded":
+        checkpoints = "as recorded per session"
+    else:
+        try:
+            checkpoints = checkpoint_spec(predict_cp)
+        except ValueError:   # a policy no spec names (every N and positions together): its fields
+            checkpoints = repr(predict_cp)
     if pol.checkpoint_policy is None:
         checkpoints += ", as the dump recorded" if recorded_cps else ", the engine default (the dump names none)"
     runner = _EngineRunner(path, threads=threads, policies=engine_cps)
