@@ -104,6 +104,8 @@ def health_while(url: str, fn, samples: int = 10) -> tuple[object, float, float,
 def assert_no_stall(worst: float, baseline: float, took: float) -> None:
     """/health did not wait for the request's work: its slowest answer during the request is neither a large
     share of the request's own time nor far above its baseline. A stall (the event loop held by the work)
-    makes /health wait about as long as the work, so it fails both; no wall-clock limit is assumed."""
-    assert worst < max(took / 2, 10 * baseline), (
+    makes /health wait about as long as the work (the first /health after the work began waits for nearly all
+    of it), so it fails both; no wall-clock limit is assumed. On a machine busy with other processes one
+    /health answer can be late by a scheduling slice without any stall: the share is three quarters."""
+    assert worst < max(0.75 * took, 10 * baseline), (
         f"/health took {worst:.3f} s during a {took:.3f} s request (baseline {baseline:.3f} s)")

@@ -202,6 +202,16 @@ def _gone(pid: int, within: float = 60.0) -> bool:
     return False
 
 
+def _until(done, within: float = 60.0) -> bool:
+    """Whether done() became true, polled for at most `within` seconds (a bound, not a speed limit)."""
+    end = time.perf_counter() + within
+    while not done():
+        if time.perf_counter() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _raise_413():
     from strata_lab.server.errors import RequestError
 
@@ -235,7 +245,10 @@ def test_cpu_pool_stops_a_job_over_its_budget():
             await slow
         assert err.value.status == 503 and err.value.code == "cpu_timeout" and "stopped" in err.value.message
         assert _gone(pid), "the worker still runs after its budget"
-        assert pool.stopped == 1 and pool.running == 0 and not pool.pids  # its slot is free at once
+        assert pool.stopped == 1 and pool.running == 0  # its slot is free at once
+        # its pool thread reaped it (the /proc entry went at the reap) and forgets its pid just after: on a
+        # loaded machine that thread may not have run yet
+        assert _until(lambda: not pool.pids), pool.pids
         assert await pool.run(sum, [1, 2], heavy=True) == 3
         assert pool.running == 0 and not pool.pids
 
@@ -344,9 +357,14 @@ def test_a_count_over_its_budget_is_stopped_and_its_worker_is_gone(tmp_path):
         props = httpx.get(srv.url + "/props").json()["cpu"]
         assert props["stopped"] >= 1 and props["running"] == 0, props
         # the only worker slot is free (with --cpu-queue 0 a held one would be a 503 server_busy): a large
-        # (worker) request and a small one are served
-        r = post(srv, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi " * 30_000}]})
-        assert r.status_code == 200 and r.json()["input_tokens"] >= 30_000, r.text[:300]
+        # (worker) request is admitted, and a small one is served. The large one is counted in a fresh worker
+        # within the same 1 s budget; on a machine busy with other work that budget may run out, which is
+        # still an admitted request (cpu_timeout), never server_busy
+        r = post(srv, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi " * 22_000}]})
+        if r.status_code == 200:
+            assert r.json()["input_tokens"] >= 22_000, r.text[:300]
+        else:
+            assert r.status_code == 503 and r.json()["error"]["code"] == "cpu_timeout", r.text[:300]
         r = post(srv, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 200
     finally:
@@ -431,20 +449,22 @@ def test_per_client_concurrency_limit(server):
 def test_queued_request_whose_client_left_never_runs(server):
     props = httpx.get(server.url + "/props").json()
     dropped0, lines0 = props["queue"]["dropped"], len(server.lines())
-    long = threading.Thread(target=lambda: post(server, "/v1/chat/completions", {  # 8 x 400 tokens: seconds
-        "messages": USER, "max_tokens": 400, "n": 8, "temperature": 1.0, "seed": 1}))
-    long.start()
-    time.sleep(0.3)
-    with pytest.raises(httpx.TimeoutException):  # queued behind the long one; the client gives up
-        httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "bye"}],
-                                                              "max_tokens": 1}, timeout=0.3)
-    long.join()
-    time.sleep(0.5)
+    # a long streamed request holds the engine until this test lets it go (ignore_eos: no early end)
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=120, json={
+            "messages": USER, "max_tokens": 400, "ignore_eos": True, "stream": True}) as long:
+        lines = long.iter_lines()
+        next(line for line in lines if line.startswith("data:"))  # it runs
+        with pytest.raises(httpx.TimeoutException):  # queued behind the long one; the client gives up
+            httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "bye"}],
+                                                                  "max_tokens": 1}, timeout=0.3)
+    # the long one is cancelled (its client left); the queued one is dropped unrun when its turn comes
+    assert _until(lambda: httpx.get(server.url + "/props").json()["queue"]["dropped"] == dropped0 + 1), \
+        httpx.get(server.url + "/props").json()["queue"]
     props = httpx.get(server.url + "/props").json()
-    assert props["queue"]["dropped"] == dropped0 + 1, props["queue"]
     assert props["queue"]["done"] >= 1
+    assert _until(lambda: len(server.lines()) > lines0)
     new = server.lines()[lines0:]
-    assert new and len({line["request_id"] for line in new}) == 1, new  # only the long request's engine calls
+    assert len({line["request_id"] for line in new}) == 1, new  # only the long request's engine calls
 
 
 # --- /props: the template's name and hash, its text only when asked -----------------------------------------
@@ -497,8 +517,9 @@ def test_text_file_is_not_a_chat_template(tmp_path):
     ("{{ messages }}{{ 'a'|center(1000000000) }}", "over the limit"),
     ("{{ messages }}{{ '{:>1000000000}'.format(1) }}", "over the limit"),
     # joins and replacements are sized before the string is built (a 60-byte template built 1 GB to be refused)
-    ("{{ messages }}{{ (range(100000)|list)|join('y'*10000) }}", "join filter's result would be"),
-    ("{{ messages }}{{ ('y'*10000).join(range(100000)|map('string')|list) }}", "str.join..'s result would be"),
+    # (1 GB from 1,000 parts: building the parts stays far inside the render's time budget on a busy machine)
+    ("{{ messages }}{{ (range(1000)|list)|join('y'*1000000) }}", "join filter's result would be"),
+    ("{{ messages }}{{ ('y'*1000000).join(range(1000)|map('string')|list) }}", "str.join..'s result would be"),
     ("{{ messages }}{{ ('x'*100000)|replace('x', 'y'*1000) }}", "replace filter's result would be"),
     ("{{ messages }}{{ ('x'*100000).replace('x', 'y'*1000) }}", "str.replace..'s result would be"),
     ("{{ messages }}{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "longer than"),
