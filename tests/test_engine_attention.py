@@ -314,9 +314,10 @@ def test_decode_prefetch_of_unaligned_rows_keeps_the_bits(case):
     assert np.array_equal(_engine._attention(q, k16, v16, H, Hkv, threads=1), aligned)
 
 
-@pytest.mark.parametrize("name", ["linear_prefetch", "attn_pf_lines", "attn_first_tile", "release_teams"])
+@pytest.mark.parametrize("name", ["linear_prefetch", "attn_pf_lines", "attn_first_tile", "release_teams", "decode_seq",
+                                  "decode_pool", "bf16_eo", "decode_rows8", "decode_runs"])
 def test_deleted_kernel_switches_are_a_clear_error(name):
-    """The switches whose A/B was decided are gone with their losing code (benchmarks/results/kernel_switches.md):
+    """The switches whose A/B was decided are gone with their losing code (benchmarks/results/history.md):
     setting or reading one names the switches that remain."""
     for call in (lambda: _engine._set_kernel_option(name, True), lambda: _engine._kernel_option(name)):
         with pytest.raises(ValueError, match=r"unknown kernel option '\w+' \(int8_dot"):

@@ -1,11 +1,8 @@
-"""Engine tier: the decode matvec loop's variants (kernel options decode_rows8: 8 rows per micro-kernel call;
-decode_runs: each thread a contiguous run of chunks, stealing from the far end of others'; decode_pool: pool.h's
-barrier-free helpers instead of OpenMP loops; decode_seq: AVX512BF16 bf16 rows one after another in memory
-order instead of 4/8 interleaved rows) change which thread computes which rows, how many rows one call takes
-and in which order their bytes are read, never a row's arithmetic: every combination, at any thread count, gives the bits of the full
-forward (prefill kernels) and covers every row exactly once."""
-import itertools
-
+"""Engine tier: the decode matvec loop (each thread a contiguous run of 64-row chunks, stealing from the far end
+of others'; AVX2 rows 4 to a micro-kernel call; AVX512BF16 bf16 rows one after another in memory order)
+decides which thread computes which rows, how many rows one call takes and in which order their bytes are
+read, never a row's arithmetic: at every kernel level this CPU has and at any thread count, decode gives the
+bits of the full forward (prefill kernels) and covers every row exactly once."""
 import numpy as np
 import pytest
 
@@ -13,42 +10,40 @@ _engine = pytest.importorskip("strata_lab._engine")
 from strata_lab.engine import Engine  # noqa: E402
 from strata_lab.tiny import make_tiny  # noqa: E402
 
-OPTIONS = ("decode_rows8", "decode_runs", "decode_pool", "decode_seq")
-COMBOS = list(itertools.product([True, False], repeat=len(OPTIONS)))
+LEVELS = ["scalar", "avx2", "avx512", "avx512bf16"]
 IDS = [9707, 1879, 0, 151643, 13, 220, 14990, 135992, 128, 253, 42, 7]
 
 
+def _levels():
+    best = _engine.kernel_level()
+    return LEVELS[: LEVELS.index(best) + 1]
+
+
 @pytest.fixture
-def restore_options():
-    saved = {o: _engine._kernel_option(o) for o in OPTIONS}
+def restore_level():
+    saved = _engine.kernel_level()
     yield
-    for o, v in saved.items():
-        _engine._set_kernel_option(o, v)
-
-
-def _set(combo):
-    for o, v in zip(OPTIONS, combo):
-        _engine._set_kernel_option(o, v)
+    _engine.set_kernel_level(saved)
 
 
 @pytest.mark.parametrize("rows", [8, 37, 64 * 5 + 3, 64 * 16 + 40])
-def test_int8_decode_rows_bit_identical_under_every_loop(rows, restore_options):
-    """n=1 (decode) rows equal the same token's row of an n=5 call (prefill tiles), for every option combination
-    and 1-3 threads; row counts with a partial last quad, a partial last chunk and many chunks (stealing)."""
+def test_int8_decode_rows_bit_identical_under_every_loop(rows, restore_level):
+    """n=1 (decode) rows equal the same token's row of an n=5 call (prefill tiles), at every kernel level and
+    1-3 threads; row counts with a partial last quad, a partial last chunk and many chunks (stealing)."""
     rng = np.random.default_rng(rows)
     K = 96
     w = rng.integers(-127, 128, (rows, K), dtype=np.int8)
     scale = (rng.random(rows) * 0.01 + 1e-3).astype(np.float32)
     x = rng.standard_normal((5, K)).astype(np.float32)
-    full = _engine._int8_matmul(w, scale, x, threads=2)
     exact = x.astype(np.float64) @ (w.astype(np.float64) * scale[:, None]).T
-    assert np.abs(full - exact).max() <= 0.02 * np.abs(exact).max()  # int8 activations: close, not exact
-    for combo in COMBOS:
-        _set(combo)
+    for level in _levels():
+        _engine.set_kernel_level(level)
+        full = _engine._int8_matmul(w, scale, x, threads=2)
+        assert np.abs(full - exact).max() <= 0.02 * np.abs(exact).max()  # int8 activations: close, not exact
         for threads in (1, 2, 3):
             for t in (0, 3):
                 one = _engine._int8_matmul(w, scale, x[t:t + 1], threads=threads)
-                np.testing.assert_array_equal(one, full[t:t + 1], err_msg=f"{combo} threads={threads}")
+                np.testing.assert_array_equal(one, full[t:t + 1], err_msg=f"{level} threads={threads}")
 
 
 def _bf16_bits(a):
@@ -58,41 +53,41 @@ def _bf16_bits(a):
 
 
 @pytest.mark.parametrize("K", [96, 100, 1024])
-def test_bf16_decode_rows_bit_identical_under_every_loop(K, restore_options):
+def test_bf16_decode_rows_bit_identical_under_every_loop(K, restore_level):
     """bf16 weights, several outputs in one matmul_multi (q/k/v-like; row counts with a partial last quad and
     a partial last chunk; K with and without a tail past the last 32): the rows of a decode call of 1-6 tokens
-    equal those tokens' rows of a 9-token call (prefill tiles), for every option combination and 1-3 threads."""
+    equal those tokens' rows of a 9-token call (prefill tiles), at every kernel level and 1-3 threads."""
     rng = np.random.default_rng(K)
     ws = [_bf16_bits(rng.standard_normal((rows, K)) * 0.05) for rows in (37, 64 * 5 + 3, 8)]
     x = rng.standard_normal((9, K)).astype(np.float32)
-    full = _engine._bf16_matmul(ws, x, threads=2)
     wf = [(w.astype(np.uint32) << 16).view(np.float32).astype(np.float64) for w in ws]
-    for got, w in zip(full, wf):
-        exact = x.astype(np.float64) @ w.T
-        assert np.abs(got - exact).max() <= 0.02 * np.abs(exact).max()  # x rounded to bf16 at AVX512BF16
-    for combo in COMBOS:
-        _set(combo)
+    for level in _levels():
+        _engine.set_kernel_level(level)
+        full = _engine._bf16_matmul(ws, x, threads=2)
+        for got, w in zip(full, wf):
+            exact = x.astype(np.float64) @ w.T
+            assert np.abs(got - exact).max() <= 0.02 * np.abs(exact).max()  # x rounded to bf16 at AVX512BF16
         for threads in (1, 2, 3):
             for t0, n in ((0, 1), (3, 1), (2, 4), (3, 6)):
                 part = _engine._bf16_matmul(ws, x[t0:t0 + n], threads=threads)
                 for i, (p, f) in enumerate(zip(part, full)):
-                    np.testing.assert_array_equal(p, f[t0:t0 + n], err_msg=f"{combo} threads={threads} out {i} n={n}")
+                    np.testing.assert_array_equal(p, f[t0:t0 + n], err_msg=f"{level} threads={threads} out {i} n={n}")
 
 
 @pytest.mark.parametrize("weights", [None, "int8"])
-def test_decode_logits_equal_full_forward_under_every_loop(tmp_path_factory, weights, restore_options):
+def test_decode_logits_equal_full_forward_under_every_loop(tmp_path_factory, weights, restore_level):
     """bf16 rows (the even/odd kernel; the lm_head's 151,936 rows make many chunks) and int8 rows: a session's
-    decode logits equal the full forward's bits under every combination, at 1-3 threads."""
+    decode logits equal the full forward's bits at every kernel level and 1-3 threads."""
     path = make_tiny(tmp_path_factory.mktemp("dl") / "ck", dtype="bfloat16", seed=5)
-    ref = None
-    for combo in COMBOS:
-        _set(combo)
+    for level in _levels():
+        _engine.set_kernel_level(level)
+        ref = None
         for threads in (1, 2, 3):
             eng = Engine.load(path, threads=threads, weights=weights)
             s = eng.session("d")
             s.generate(IDS, max_new_tokens=4)
             full = eng.forward(s.held_ids)
-            np.testing.assert_array_equal(s.last_logits(), full[-1], err_msg=f"{combo} threads={threads}")
+            np.testing.assert_array_equal(s.last_logits(), full[-1], err_msg=f"{level} threads={threads}")
             ref = full if ref is None else ref
             np.testing.assert_array_equal(full, ref)  # the forward itself does not depend on the loop
 

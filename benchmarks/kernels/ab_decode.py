@@ -1,11 +1,10 @@
 """A/B of decode-step implementations in one process, interleaved round by round, so a shared machine's
-load changes hit every variant alike: the barrier-free pool vs OpenMP loops, (AVX2) the even/odd bf16
-kernel vs widening loads, 8 vs 4 rows per one-token call, runs of chunks per thread vs OpenMP's dynamic
-schedule, (int8 weights) integer dots against int8-quantised activations vs weights widened to f32, and
-decode attention streaming the cache vs one task per kv head; also each variant's fraction of a read loop
-over the streamed bytes. The switches whose A/B was decided (linear prefetch, releasing OpenMP teams, the
-line-cursor and first-tile attention prefetch) are gone with their losing code;
-benchmarks/results/kernel_switches.md keeps their numbers.
+load changes hit every variant alike: (int8 weights) integer dots against int8-quantised activations vs
+weights widened to f32, and decode attention streaming the cache vs one task per kv head; also each
+variant's fraction of a read loop over the streamed bytes. The switches whose A/B was decided (linear
+prefetch, releasing OpenMP teams, the line-cursor and first-tile attention prefetch, the decode loop's
+pool, even/odd, 8-row, run and memory-order switches) are gone with their losing code;
+benchmarks/results/history.md ("Kernel switches") keeps their numbers.
 
     PYTHONPATH=$PWD python benchmarks/kernels/ab_decode.py [--rounds 6] [--steps 4] [--threads 2] [--weights int8]
         [--variants "int8 widening"]  (the default and the variants whose names contain one of these)
@@ -18,18 +17,12 @@ import time
 
 import numpy as np
 
-DEFAULT = "default: OpenMP, even/odd, 8 rows, runs"
-_BASE = {"decode_pool": False, "bf16_eo": True, "int8_dot": True, "decode_rows8": True, "decode_runs": True,
-         "attn_decode": True, "decode_seq": True}
+DEFAULT = "default"
+_BASE = {"int8_dot": True, "attn_decode": True}
 VARIANTS = {
     DEFAULT: _BASE,
-    "pool instead of OpenMP": {**_BASE, "decode_pool": True},
-    "widening loads instead of even/odd": {**_BASE, "bf16_eo": False},
-    "4 rows per decode call (before decode_rows8)": {**_BASE, "decode_rows8": False},
-    "dynamic chunks in turn (before decode_runs)": {**_BASE, "decode_runs": False},
     "int8 widening to f32 (before int8_dot)": {**_BASE, "int8_dot": False},
     "decode attention one task per kv head (before attn_decode)": {**_BASE, "attn_decode": False},
-    "AVX512BF16 interleaved rows, linear prefetch (before decode_seq)": {**_BASE, "decode_seq": False},
 }
 
 

@@ -4,7 +4,7 @@ a quiet 0.5 s window, one read pass over the bytes a step reads, 8 decode steps 
 so each variant's fraction is measured against read passes taken under the same load as its own steps.
 
     PYTHONPATH=$PWD python benchmarks/kernels/ab_decode_bandwidth.py [--contexts 256 1024] [--rounds 8]
-        [--variants decode_seq=0 ...]   (each variant: comma-separated switch=0/1 over the defaults)
+        [--variants attn_decode=0 ...]   (each variant: comma-separated switch=0/1 over the defaults)
         [--variants env:STRATA_KV_HUGEPAGES=0]   (env:VAR=VALUE: set while the variant's session is filled
                                                   and while it decodes; e.g. the KV cache's pages)
 
@@ -100,7 +100,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quiet-cores", type=float, default=0.25)
     ap.add_argument("--quiet-wait", type=float, default=20.0)
-    ap.add_argument("--variants", nargs="+", default=["decode_seq=0"],
+    ap.add_argument("--variants", nargs="+", default=["attn_decode=0"],
                     help="besides the defaults: switch=0/1[,switch=0/1...] over the defaults")
     args = ap.parse_args(argv)
     ext = _ext()

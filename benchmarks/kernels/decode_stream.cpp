@@ -17,10 +17,10 @@
 //   mv_packed_nopf      mv_one's sums over weights packed per 8-row block in k-steps of 32 (one linear
 //                       stream), no software prefetch
 //   mv_seq              rows one after another, one accumulator each, no software prefetch (the engine's
-//                       decode_seq); mv_seq_pf{1,4}K: with a prefetch that far ahead
+//                       AVX512BF16 bf16 decode); mv_seq_pf{1,4}K: with a prefetch that far ahead
 //   mv_seq2             two rows at a time (two streams)
 //   *_1t                the variant on one thread
-// (decode_stream.log's run A measured an earlier set: prefetch 16/32 KiB ahead, T0 and NTA hints, packed
+// (the run kept in git, benchmarks/results/decode_bandwidth/decode_stream.log at f052806, measured an earlier set: prefetch 16/32 KiB ahead, T0 and NTA hints, packed
 // with prefetch.)
 #include <immintrin.h>
 #include <omp.h>

@@ -163,7 +163,7 @@ void register_checkpoint(py::module_& m) {
   }, py::arg("bytes"), py::arg("threads") = 0, py::arg("reps") = 3,
      "Best GB/s of `reps` read passes over a buffer of `bytes` with `threads` OpenMP threads (0: all cores); the buffer on huge pages as the weights are, one untimed pass first.");
   m.def("_set_kernel_option", [](const std::string& name, bool on) { kernels::set_option(name, on); },
-        py::arg("name"), py::arg("on"), "Kernel switch (the table in engine/include/strata/kernels.h): 'int8_dot', 'attn_tiled', 'attn_decode', 'gdn_matrix', 'moe_parallel', 'bf16_eo', 'decode_rows8', 'decode_runs', 'decode_seq' (default on), 'kv_f16' or 'decode_pool' (default off); unknown names raise ValueError.");
+        py::arg("name"), py::arg("on"), "Kernel switch (the table in engine/include/strata/kernels.h): 'int8_dot', 'attn_tiled', 'attn_decode', 'gdn_matrix', 'moe_parallel' (default on) or 'kv_f16' (default off); unknown names raise ValueError.");
   m.def("_kernel_option", [](const std::string& name) { return kernels::option(name); }, py::arg("name"),
         "Current value of a _set_kernel_option switch (the table in engine/include/strata/kernels.h).");
   m.def("_gdn_delta", [](py::array_t<float, py::array::c_style | py::array::forcecast> q,

@@ -171,7 +171,7 @@ constexpr int ATT_DEC_DIST = 1;  // tiles ahead (1, 2, 3: within noise at 16K)
 // P V: about 2 : 1 : 2). A software prefetch waits for a free miss buffer, so a burst of them stalls the core,
 // and a phase without them (the softmax, q8's P weights) lets the memory pipe run dry. With the steps in the
 // scores and one per P V column block (16 : 0 : 4) the q8 kernel read 28 layers of a 16K cache x1.2-1.4 slower
-// (benchmarks/results/long_context/q8/s9). The f32 / f16 rows take ATT_KT / 4 score steps (one per micro-tile).
+// (benchmarks/results/history.md, "The q8 KV cache"). The f32 / f16 rows take ATT_KT / 4 score steps (one per micro-tile).
 constexpr int ATT_PF_QK = 16, ATT_PF_SM = 8, ATT_PF_PV = 16;
 static inline int att_share(int total, int64_t k, int64_t parts) {  // part k's steps of total over parts
   return int(total * (k + 1) / parts - total * k / parts);
@@ -951,7 +951,7 @@ STRATA_AVX2 static void attend_block_avx2(const float* q, int H, int Hkv, int hd
 static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int hd, const float* k, const float* v,
                                   int64_t pos0, float* out, const uint16_t* k16, const uint16_t* v16,
                                   const Q8Cache* q8) {
-  const int T = std::max(1, std::min(Hkv, pool::current_threads()));
+  const int T = std::max(1, std::min(Hkv, decode_threads()));
   const int64_t grain = (Hkv + T - 1) / T;
   decode_for(Hkv, grain, [&](int64_t g0, int64_t g1) {
     thread_local std::vector<AttScratch> ws;
@@ -966,7 +966,7 @@ static void attention_decode_avx2(const float* q, int64_t n, int H, int Hkv, int
       // thread's kv heads are one contiguous stretch of the cache, read head by head (tile order within each head:
       // the same per-row arithmetic as the tile-outer order of the f32 / f16 caches). While it works on a page it
       // asks for the next one (the head's next page, or the next head's first) in address order, spread over the
-      // tile's score, softmax and P V steps (ATT_PF_QK ...). (benchmarks/results/long_context/q8/s7, s8 and s9.)
+      // tile's score, softmax and P V steps (ATT_PF_QK ...). (benchmarks/results/history.md, "The q8 KV cache".)
       static_assert(ATT_KT == kQ8Page, "a key tile is a q8 page");
       const int64_t rb = q8_run_bytes(hd), steps = ATT_PF_QK + ATT_PF_SM + ATT_PF_PV;
       pf.lines_step = int((rb / 64 + steps - 1) / steps);
@@ -1096,7 +1096,7 @@ void attention(const float* q, int64_t n, int H, int Hkv, int hd, const float* k
     const float inv = 1.0f / sum;
     for (int64_t j = 0; j <= p; ++j) axpy(scores[j] * inv, v + j * kv_stride + int64_t(g) * hd, o, hd);
   };
-  if (n <= 6) {  // decode: decode_for (OpenMP or the pool), one chunk per head
+  if (n <= 6) {  // decode: decode_for, one chunk per head
     decode_for(n * H, 1, [&](int64_t b, int64_t e) {
       thread_local std::vector<float> scores;
       if (scores.size() < size_t(pos0 + n)) scores.resize(size_t(pos0 + n));

@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
-#include "pool.h"
 
 #include <string>
 #include <vector>
@@ -28,16 +27,11 @@ namespace strata {
 namespace kernels {
 
 // The switches (kernels_options.cpp; kernels.h documents them).
-extern bool g_decode_pool;
-extern bool g_bf16_eo;
 extern bool g_gdn_matrix;
 extern bool g_attn_tiled;
 extern bool g_int8_dot;
 extern bool g_attn_decode;
 extern bool g_kv_f16;
-extern bool g_decode_rows8;
-extern bool g_decode_runs;
-extern bool g_decode_seq;
 extern bool g_moe_parallel;
 constexpr int64_t kPrefetchAhead = 8192;
 // matmul: up to this many tokens take the decode path (rows streamed once for all of them: a batched decode
@@ -55,9 +49,18 @@ STRATA_AVX2 inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-// A decode-step loop over [0, n) in chunks of grain: OpenMP (decode_runs: each thread one contiguous run of
-// chunks, its rows streaming from memory as one run, stealing from the far end of another's; off: the
-// dynamic schedule, chunks in turn), or pool.h's barrier-free helpers (decode_pool).
+// Threads a decode-step loop may use: the calling thread's OpenMP thread count (1 without OpenMP).
+inline int decode_threads() {
+#ifdef STRATA_HAVE_OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// A decode-step loop over [0, n) in chunks of grain: each OpenMP thread takes one contiguous run of chunks,
+// its rows streaming from memory as one range (the hardware prefetchers follow one stream per thread), then
+// steals from the far end of another's run. Which thread ran a chunk changes no result.
 template <class F>
 inline void decode_for(int64_t n, int64_t grain, F&& f) {
 #ifdef STRATA_HAVE_OPENMP
@@ -66,10 +69,6 @@ inline void decode_for(int64_t n, int64_t grain, F&& f) {
     return;
   }
 #endif
-  if (g_decode_pool) {
-    pool::parallel_for(pool::current_threads(), n, grain, f);
-    return;
-  }
   const int64_t chunks = (n + grain - 1) / grain;
   if (chunks <= 1) {  // one chunk (a MoE router, a small matrix): no parallel region to wake threads for
     if (n > 0) f(0, n);
@@ -77,7 +76,7 @@ inline void decode_for(int64_t n, int64_t grain, F&& f) {
   }
 #ifdef STRATA_HAVE_OPENMP
   const int T = int(std::min<int64_t>(omp_get_max_threads(), chunks));
-  if (g_decode_runs && T > 1) {
+  if (T > 1) {
     // Run t is chunks [lo_t, hi_t): its owner takes from the front, other threads (once their own run is
     // done) from the back; both ends of a run live in one 64-bit word (front << 32 | back), claimed by CAS.
     struct alignas(64) Run {
@@ -109,8 +108,7 @@ inline void decode_for(int64_t n, int64_t grain, F&& f) {
     return;
   }
 #endif
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t c = 0; c < chunks; ++c) f(c * grain, std::min(n, (c + 1) * grain));
+  for (int64_t c = 0; c < chunks; ++c) f(c * grain, std::min(n, (c + 1) * grain));  // one thread
 }
 
 }  // namespace kernels

@@ -462,23 +462,14 @@ STRATA_AVX512 static void micro_avx512(const void* w, int64_t ldw, const float* 
 // FMA. Decode and prefill share this kernel (one accumulator per token x row, the same k order), so a
 // token's logits stay bit-identical however many tokens were computed with it.
 
-// PF (decode: rows contiguous, ldw == K, streamed from memory): each k step prefetches its share of the
-// next NR-row block in memory order into L2 (kPrefetchAhead bytes further on), as micro_avx2 does: an
-// NR-row block is one contiguous range read as NR short interleaved row streams (2 KiB each at K = 1024),
-// which the hardware prefetcher follows poorly (one core: 0.38 -> 0.8 of a read loop). Same sums.
-template <int NT, int NR, bool PF = false>
+template <int NT, int NR>
 STRATA_AVX512BF16 static void micro_bf16dp(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t ldx,
                                            int64_t K, float* y, int64_t ldy) {
   __m512 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_setzero_ps();
-  [[maybe_unused]] const char* pf = reinterpret_cast<const char*>(w + NR * ldw) + kPrefetchAhead;
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
-    if constexpr (PF) {
-      for (int l = 0; l < NR * 64; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
-      pf += NR * 64;
-    }
     __m512bh xv[NT];
     for (int t = 0; t < NT; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x + t * ldx + k);
     for (int r = 0; r < NR; ++r) {
@@ -522,14 +513,6 @@ static MicroBh micro_bh(int nt, int nr) {
   return t[nt - 1][nr - 1];
 }
 #undef STRATA_ROW4
-#define STRATA_ROW4(T) micro_bf16dp<T, 1, true>, micro_bf16dp<T, 2, true>, micro_bf16dp<T, 3, true>, \
-                       micro_bf16dp<T, 4, true>
-static MicroBh micro_bh_pf(int nt, int nr) {  // decode: the same sums as micro_bh, with linear prefetch
-  static const MicroBh t[6][4] = {{STRATA_ROW4(1)}, {STRATA_ROW4(2)}, {STRATA_ROW4(3)},
-                                  {STRATA_ROW4(4)}, {STRATA_ROW4(5)}, {STRATA_ROW4(6)}};
-  return t[nt - 1][nr - 1];
-}
-#undef STRATA_ROW4
 
 // The row blocks of several outputs numbered one after another, for one parallel loop over all of them (a
 // matmul_multi's q/k/v or gate/up): block b is output out(b)'s block b - first[out(b)], of `per` rows each.
@@ -549,13 +532,14 @@ struct OutBlocks {
 
 constexpr int kBf16dpTile = 6;  // tokens per micro-kernel call (registers: NT * 4 accumulators)
 
-// Decode rows in memory order (option decode_seq): rows [0, R) of w (ldw == K) one after another, each row's
+// Decode rows in memory order: rows [0, R) of w (ldw == K) one after another, each row's
 // NT sums exactly micro_bf16dp's (one accumulator per token x row, k in order, the masked tail last, the
 // same reduction), so the bits are those of micro_bf16dp<NT, NR> for any NR. A thread's rows are then one
 // linear stream that the hardware prefetchers follow with no software prefetch: on the 2-core Zen 4 VM one
 // core streamed 27-28 GB/s this way against 21-24 for 8 interleaved rows with linear prefetch (a read loop
-// 28-32; benchmarks/kernels/decode_stream.cpp). Software prefetches hold L1 miss buffers; the L2 stream
-// prefetcher does not. The chains of consecutive rows overlap out of order.
+// 28-32; benchmarks/kernels/decode_stream.cpp), and the engine's bf16 decode went from 0.65-0.68 to 0.79-0.92
+// of the read loop (benchmarks/results/history.md, "Kernel switches"). Software prefetches hold L1 miss
+// buffers; the L2 stream prefetcher does not. The chains of consecutive rows overlap out of order.
 template <int NT>
 STRATA_AVX512BF16 static void seq_bf16dp(const uint16_t* w, int64_t K, const uint16_t* x, int64_t ldx, int64_t R,
                                          float* y, int64_t ldy) {
@@ -587,9 +571,8 @@ static SeqBh seq_bh(int nt) {
 
 // Decode (n <= kBf16dpTile tokens) of bf16 weights at AVX512BF16: x rounded to bf16 once for every output,
 // then the rows of all `count` outputs stream from memory once in one decode_for (one parallel loop for
-// q/k/v, one for gate/up), 4 at a time with linear prefetch; one token's rows go 8 to a call where two
-// whole 4-row blocks of one matrix follow each other (option decode_rows8). A row's sums are
-// micro_bf16dp's one accumulator per token x row in k order: the bits of prefill's, for any n.
+// q/k/v, one for gate/up), each chunk's rows of one output in one seq_bf16dp call, in memory order. A row's
+// sums are micro_bf16dp's one accumulator per token x row in k order: the bits of prefill's, for any n.
 static void decode_bf16dp(const MatOut* outs, int count, const float* x, int64_t n) {
   const int64_t K = outs[0].w->cols, ldx = (K + 31) / 32 * 32;
   thread_local std::vector<uint16_t> tl_xb;  // reused; the decode lambda reads it from other threads
@@ -600,41 +583,16 @@ static void decode_bf16dp(const MatOut* outs, int count, const float* x, int64_t
     std::fill(xb.begin() + t * ldx + K, xb.begin() + (t + 1) * ldx, uint16_t(0));
   }
   const OutBlocks blk(outs, count, 4);
-  const bool rows8 = g_decode_rows8 && n == 1;
   const uint16_t* xbp = xb.data();
-  if (g_decode_seq) {  // each chunk's rows of one output in one call, in memory order
-    const SeqBh f = seq_bh(int(n));
-    decode_for(blk.total, 16, [&](int64_t q0, int64_t q1) {
-      for (int m = 0; q0 < q1;) {
-        m = blk.out(q0, m);
-        const int64_t qe = std::min(q1, blk.first[m + 1]);
-        const Mat& w = *outs[m].w;
-        const int64_t r0 = (q0 - blk.first[m]) * 4, r1 = std::min(w.rows, (qe - blk.first[m]) * 4);
-        f(static_cast<const uint16_t*>(w.data) + r0 * K, K, xbp, ldx, r1 - r0, outs[m].y + r0, w.rows);
-        q0 = qe;
-      }
-    });
-    return;
-  }
+  const SeqBh f = seq_bh(int(n));
   decode_for(blk.total, 16, [&](int64_t q0, int64_t q1) {
-    float tile[kBf16dpTile * 8];
-    int m = 0;
-    for (int64_t qd = q0; qd < q1; ++qd) {
-      m = blk.out(qd, m);
+    for (int m = 0; q0 < q1;) {
+      m = blk.out(q0, m);
+      const int64_t qe = std::min(q1, blk.first[m + 1]);
       const Mat& w = *outs[m].w;
-      const int64_t r0 = (qd - blk.first[m]) * 4, rows = w.rows;
-      const uint16_t* rowp = static_cast<const uint16_t*>(w.data) + r0 * K;
-      float* y = outs[m].y;
-      if (rows8 && qd + 1 < q1 && r0 + 8 <= rows) {  // two whole quads of one matrix, one token
-        micro_bf16dp<1, 8, true>(rowp, K, xbp, ldx, K, tile, 8);
-        for (int r = 0; r < 8; ++r) y[r0 + r] = tile[r];
-        ++qd;
-        continue;
-      }
-      const int nr = int(std::min<int64_t>(4, rows - r0));
-      micro_bh_pf(int(n), nr)(rowp, K, xbp, ldx, K, tile, 4);
-      for (int64_t t = 0; t < n; ++t)
-        for (int r = 0; r < nr; ++r) y[t * rows + r0 + r] = tile[t * 4 + r];
+      const int64_t r0 = (q0 - blk.first[m]) * 4, r1 = std::min(w.rows, (qe - blk.first[m]) * 4);
+      f(static_cast<const uint16_t*>(w.data) + r0 * K, K, xbp, ldx, r1 - r0, outs[m].y + r0, w.rows);
+      q0 = qe;
     }
   });
 }
@@ -805,7 +763,7 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 }
 
 // ---------------------------------------------------------------- matmul
-static bool use_eo(Level lv, const Mat& w) { return g_bf16_eo && lv == Level::AVX2 && w.dtype == DType::BF16 && w.cols % 16 == 0; }
+static bool use_eo(Level lv, const Mat& w) { return lv == Level::AVX2 && w.dtype == DType::BF16 && w.cols % 16 == 0; }
 
 // y[t, r] = tile[t, r] (times the row's scale for int8 weights), t < nt, r < nr.
 static inline void store_tile(const float* tile, int nt, int nr, const float* scale, float* y, int64_t ldy) {
@@ -1086,11 +1044,9 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
   }
   // Decode (memory-bound; up to kDecodeBatch tokens: a batched decode step of several sessions): the rows
   // of every output stream from memory once, 4 at a time, converted in registers, each quad meeting the
-  // tokens in tiles of TN while it is in L1 (a token's sums are its own: the same bits for any n); one loop for all outputs, chunks of 64 rows dealt out by decode_for (OpenMP, or with
-  // decode_pool pool.h's helpers: no join barrier, so a helper preempted on a shared machine holds no one up).
+  // tokens in tiles of TN while it is in L1 (a token's sums are its own: the same bits for any n); one loop for all outputs, chunks of 64 rows dealt out by decode_for.
   const OutBlocks blk(outs, count, 4);
   const float* xpp = xp.data();
-  const bool rows8 = g_decode_rows8 && n == 1 && lv == Level::AVX2;
   // token tiles as even as TN allows (n = 4 at AVX2: 2 + 2, not 3 + 1: a 1-token tile has too few FMA chains
   // to hide their latency); a token's sums do not depend on its tile
   const int64_t tiles = (n + TN - 1) / TN;
@@ -1103,14 +1059,7 @@ void matmul_multi(const MatOut* outs, int count, const float* x, int64_t n) {
       const int64_t r0 = (qd - blk.first[m]) * 4;
       const int nr = int(std::min<int64_t>(4, w.rows - r0));
       const uint8_t* rowp = static_cast<const uint8_t*>(w.data) + size_t(r0 * K) * dtype_size(w.dtype);
-      if (rows8 && qd + 1 < q1 && r0 + 8 <= w.rows && use_eo(lv, w)) {
-        // two whole quads of one bf16 matrix: 8 rows per call, tile[0..7] (one token). int8 rows stay 4 per
-        // call: their kernel has 6 integer ops per load and 8 rows measured x0.98 (benchmarks/kernels/ab_decode.py)
-        micro_bf16eo<1, 8>(rowp, K, xpp, K, K, tile, 8);
-        store_tile(tile, 1, 8, nullptr, outs[m].y + r0, w.rows);  // one token: tile[r] for r < 8
-        ++qd;
-        continue;
-      }
+      // (8 rows per one-token call, the deleted decode_rows8, measured x0.78-0.95 of 4: history.md)
       for (int64_t t0 = 0, i = 0; t0 < n; t0 += tile_n(i++)) {
         const int nt = int(tile_n(i));
         if (use_q8(w)) run_q8(lv, true, nt, nr, reinterpret_cast<const int8_t*>(rowp), qa, t0, K, tile, 4);

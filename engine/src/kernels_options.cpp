@@ -37,11 +37,6 @@ bool g_gdn_matrix = [] {
   const char* e = std::getenv("STRATA_GDN_SCALAR");
   return !(e && *e && std::string(e) != "0");
 }();
-bool g_decode_pool = false;
-bool g_bf16_eo = true;
-bool g_decode_rows8 = true;
-bool g_decode_runs = true;
-bool g_decode_seq = true;
 bool g_attn_tiled = true;
 bool g_int8_dot = true;
 bool g_attn_decode = true;
@@ -55,10 +50,7 @@ struct Switch {
 };
 const Switch kTable[] = {{"int8_dot", &g_int8_dot},         {"attn_tiled", &g_attn_tiled},
                          {"attn_decode", &g_attn_decode},   {"gdn_matrix", &g_gdn_matrix},
-                         {"moe_parallel", &g_moe_parallel}, {"kv_f16", &g_kv_f16},
-                         {"decode_pool", &g_decode_pool},   {"bf16_eo", &g_bf16_eo},
-                         {"decode_rows8", &g_decode_rows8}, {"decode_runs", &g_decode_runs},
-                         {"decode_seq", &g_decode_seq}};
+                         {"moe_parallel", &g_moe_parallel}, {"kv_f16", &g_kv_f16}};
 bool* find_switch(const std::string& name) {
   for (const Switch& s : kTable)
     if (name == s.name) return s.flag;

@@ -33,18 +33,12 @@ const char* level_name(Level l);
 // |              |         | thread                                      | (better with more threads than experts)       |
 // | kv_f16       | off     | kv_cache "auto" engines loaded from then on | "auto" decides from the weights (a policy     |
 // |              |         | hold f16 whatever the weights               | override, not an A/B)                         |
-// | decode_pool  | off     | decode loops on pool.h's barrier-free       | OpenMP loops. Undecided: pool 1.27x slower on |
-// |              |         | helpers                                     | a quiet box, 2.5x faster at load average 8    |
-// | bf16_eo      | on      | AVX2 bf16 rows in even/odd order            | widening loads. Undecided: no recorded A/B    |
-// |              |         |                                             | before; x1.21 faster at load 8 (noisy)        |
-// | decode_rows8 | on      | one-token decode, 8 rows per kernel call    | 4 rows. Undecided: x1.29 faster at load 8     |
-// | decode_runs  | on      | decode chunks in contiguous runs per thread | OpenMP dynamic schedule. Undecided: x1.06     |
-// | decode_seq   | on      | AVX512BF16 bf16 decode: rows one after      | 4/8 interleaved rows, linear prefetch (same   |
-// |              |         | another in memory order, no sw prefetch     | bits). Undecided: one quiet A/B round pair    |
 //
-// The undecided five keep bit-identical results both ways (tests/test_engine_decode_loops.py); their
-// numbers are in benchmarks/results/kernel_switches.md. Deleted with their losing paths (numbers there
-// too): linear_prefetch, attn_pf_lines, attn_first_tile, release_teams.
+// Deleted with their losing paths, the kept side in parentheses (numbers: benchmarks/results/history.md,
+// "Kernel switches"):
+// linear_prefetch, attn_pf_lines, attn_first_tile, release_teams; decode_seq (AVX512BF16 bf16 decode reads
+// rows in memory order), decode_pool (OpenMP), bf16_eo (AVX2 even/odd bf16), decode_rows8 (4 rows per
+// one-token call at AVX2), decode_runs (a contiguous run of chunks per thread).
 void set_option(const std::string& name, bool on);
 bool option(const std::string& name);
 
