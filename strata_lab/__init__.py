@@ -1,10 +1,13 @@
 """strata_lab: understand and fix prompt re-reading in LLM serving.
 
-Importing the package is quick and has no side effects: every public name is loaded on first use.
+Importing the package is quick and has no side effects: every public name is loaded on first use. The one
+exception is asked for: with `STRATA_PROMPT_DUMP` set, the import turns on recording every engine call of the
+process to that file (`strata_lab.recording.start_env_recording`; the file opens on the first call).
 """
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
@@ -25,7 +28,7 @@ _EXPORTS = {
     "make_tiny": "strata_lab.tiny",
     "embedded_model": "strata_lab.tiny",
     "Recorder": "strata_lab.dump.writer",
-    "record_to": "strata_lab.dump.writer",
+    "record_to": "strata_lab.recording",
     "load_dump": "strata_lab.dump.reader",
     "example_dumps": "strata_lab.dump.examples",
     "Dump": "strata_lab.dump.reader",
@@ -64,7 +67,8 @@ def __dir__():
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from strata_lab.dump.reader import Dump, load_dump
     from strata_lab.dump.examples import example_dumps
-    from strata_lab.dump.writer import Recorder, record_to
+    from strata_lab.dump.writer import Recorder
+    from strata_lab.recording import record_to
     from strata_lab.engine import Engine, Sampling, Session, Stream
     from strata_lab.rules import CheckpointPolicy
     from strata_lab.caches.replay import replay
@@ -84,3 +88,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from strata_lab.traces.trace import Trace, load_trace
     from strata_lab.traces.opener import open_calls
     from strata_lab.dump.record import CallRecord
+
+
+if os.environ.get("STRATA_PROMPT_DUMP"):  # recording is an observer attached above the engine
+    importlib.import_module("strata_lab.recording").start_env_recording()

@@ -27,8 +27,10 @@ A Session follows Contract 1 (docs/CONTRACTS.md). Its reuse rule, which the repl
 5
 
 Observers: when a call ends, the engine hands one typed record (`strata_lab.dump.record.CallRecord`: the
-store's columns) to each of its observers (``engine.add_observer(fn)``) and to the call's recorder, once;
-the `Recorder` is one such observer (it writes the record as a strata-dump/1 line).
+store's columns) to each of its observers (``engine.add_observer(fn)``), then to the process's observers
+(``add_process_observer(fn)``: every engine's calls), once. That is all the engine does with a call's record:
+recording (a `Recorder` is one such observer; ``record_to``, ``STRATA_PROMPT_DUMP``) is attached above it, in
+`strata_lab.recording`.
 
 Why one module: Engine, Session and Stream share the native handles' lifetimes (a Stream keeps its
 Session and Engine alive, the observers hear of a call when its stream ends); split apart, those rules would
@@ -37,6 +39,7 @@ hide.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 import weakref
@@ -48,7 +51,39 @@ import numpy as np
 from strata_lab.rules import CheckpointPolicy
 
 __all__ = ["Engine", "Session", "Stream", "Sampling", "GenerateResult", "ModelFolderError",
-           "TokenLogprob"]
+           "TokenLogprob", "add_process_observer", "remove_process_observer", "process_observers"]
+
+# observers of every engine's calls in this process (strata_lab.recording keeps its recorder here)
+_process_observers: list = []
+_process_lock = threading.Lock()
+
+
+def _check_observer(observer) -> None:
+    if not callable(observer):
+        raise TypeError(f"an observer must be callable with a CallRecord, got {type(observer).__name__}")
+
+
+def add_process_observer(observer):
+    """Call ``observer(record)`` with the `CallRecord` of every call, of every engine of this process, that
+    starts from now on (after the engine's own observers). Returns ``observer``."""
+    _check_observer(observer)
+    with _process_lock:
+        if observer not in _process_observers:
+            _process_observers.append(observer)
+    return observer
+
+
+def remove_process_observer(observer) -> None:
+    """Stop handing calls that start from now on to ``observer`` (a ValueError when it was not added)."""
+    with _process_lock:
+        try:
+            _process_observers.remove(observer)
+        except ValueError:
+            raise ValueError(f"{observer!r} is not a process observer") from None
+
+
+def process_observers() -> tuple:
+    return tuple(_process_observers)
 
 
 # Engine.load's kv_cache values (the CLI's and the server's --kv-cache): what the attention KV caches hold.
@@ -186,15 +221,14 @@ class Stream:
 
     ``stop()`` asks the loop to stop; ids produced after the request are drained: not yielded, reported
     in ``result.drained_ids`` and kept in the session. ``result`` waits for the end of the call. The
-    call's `CallRecord` goes to the engine's observers and the call's recorder (see ``Session.generate``)
-    exactly once, when the stream sees the call end: its iteration ends, its result is first awaited, or
+    call's `CallRecord` goes to the observers the call started with (see ``Session.generate``) exactly once, when the stream sees the call end: its iteration ends, its result is first awaited, or
     the next call on the same session starts while the stream is still held. Reading ``result`` again
     emits nothing; a stream dropped unread emits nothing (its call is not known to have ended).
     """
 
     _STOP_REASONS = ("cancelled", "budget", "stop")
 
-    def __init__(self, job, *, session: str = "", prompt_ids: Sequence[int] = (), recorder=None,
+    def __init__(self, job, *, session: str = "", prompt_ids: Sequence[int] = (),
                  record_meta: Optional[dict] = None, logprobs: bool = False, token_mask=None,
                  observers: Sequence = ()):
         self._job = job
@@ -205,8 +239,7 @@ class Stream:
         self._stop_reason: Optional[str] = None
         self._session = session
         self._prompt_ids = prompt_ids
-        # who hears of the call when it ends: the engine's observers, then the call's recorder
-        self._observers = tuple(observers) + ((recorder,) if recorder is not None else ())
+        self._observers = tuple(observers)  # who hears of the call when it ends
         self._emitted = False
         self._record_meta = dict(record_meta or {})
         self._record_meta.setdefault("ts", time.time())  # the call's start
@@ -341,7 +374,7 @@ class Session:
 
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Sampling = Sampling(),
                  stop_ids: Sequence[int] = (), force_ids: Optional[Sequence[int]] = None,
-                 stop_latency: int = 0, record=None, record_meta: Optional[dict] = None,
+                 stop_latency: int = 0, record_meta: Optional[dict] = None,
                  logprobs: Optional[int] = None, token_mask=None) -> Stream:
         """Start one call: reuse per Contract 1, read the rest of the prompt, then decode.
 
@@ -355,11 +388,10 @@ class Session:
         the decode thread before each sampled step, ``token_mask(n_produced, last_id, bits) -> bool``, and
         its ``mask_words`` uint32 bitmask restricts the ids sampled; the session's own logits stay as they are.
 
-        Recording (strata-dump/1, one line per call): ``record=None`` uses the active recorder
-        (``STRATA_PROMPT_DUMP`` or ``strata_lab.record_to``), a ``Recorder`` uses that one, ``False``
-        records nothing. ``record_meta`` adds fields to the line (request_id, call, encoder, model, ts).
-        The recorder is one observer of the call; the engine's own observers (``Engine.add_observer``)
-        get the same `CallRecord` whatever ``record`` says.
+        When the call ends, its `CallRecord` goes to the observers there were when it started: the engine's
+        (``Engine.add_observer``), then the process's (``add_process_observer``; a recorder of
+        `strata_lab.recording` among them). ``record_meta`` adds fields to that record (request_id, call,
+        encoder, model, ts).
 
         >>> import tempfile
         >>> from strata_lab.tiny import make_tiny
@@ -391,14 +423,8 @@ class Session:
                 raise TypeError("token_mask must be callable with a mask_words attribute")
             opts.set_token_mask(token_mask)
         prompt = _as_ids(prompt_ids, "prompt_ids", V)
-        if record is None:
-            from strata_lab.dump.writer import active
-
-            record = active()
-        if record is not None and record is not False and not hasattr(record, "write_call"):
-            raise TypeError(f"record must be None, False or a Recorder, got {type(record).__name__}")
-        observers = self._engine.observers
-        if record or observers:
+        observers = self._engine.observers + process_observers()
+        if observers:
             # the policy that produced the line's checkpoints, so a reproduction can use the same one
             record_meta = {"checkpoint_policy": self.checkpoint_policy(), **(record_meta or {})}
         last = self._last() if self._last is not None else None
@@ -411,8 +437,7 @@ class Session:
                 warnings.warn(f"session {self.name}: the record of its previous call (never read) could not be "
                               f"delivered to an observer: {type(exc).__name__}: {exc}", stacklevel=2)
         job = _ext().StreamJob(self._s, prompt, opts, V)
-        stream = Stream(job, session=self.name, prompt_ids=prompt, recorder=record or None,
-                        record_meta=record_meta, logprobs=logprobs is not None, token_mask=token_mask,
+        stream = Stream(job, session=self.name, prompt_ids=prompt, record_meta=record_meta, logprobs=logprobs is not None, token_mask=token_mask,
                         observers=observers)
         self._last = weakref.ref(stream)
         return stream
@@ -435,8 +460,7 @@ class Engine:
     def add_observer(self, observer):
         """Call ``observer(record)`` with a `strata_lab.dump.record.CallRecord` when each call of this
         engine ends (once per call; a `Recorder` is such an observer). Returns ``observer``."""
-        if not callable(observer):
-            raise TypeError(f"an observer must be callable with a CallRecord, got {type(observer).__name__}")
+        _check_observer(observer)
         if observer not in self._observers:
             self._observers.append(observer)
         return observer

@@ -54,6 +54,17 @@ class CheckpointPolicy:
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < 2**31):
             raise ValueError(f"before_last must be a token id (int >= 0) or None, got {b!r}")
 
+    def __str__(self) -> str:
+        """The policy's spec (`checkpoint_spec`), or its fields when no spec names it.
+
+        >>> str(CheckpointPolicy(every=64)), str(CheckpointPolicy(every=4, positions=(6,)))
+        ('every:64', 'CheckpointPolicy(at_prompt_end=True, every=4, positions=(6,), budget_mib=0.0, before_last=None)')
+        """
+        try:
+            return checkpoint_spec(self)
+        except ValueError:
+            return repr(self)
+
     def _native(self, ext):
         """This policy as the compiled extension `ext`'s CheckpointPolicy (the engine's or the replay
         core's). The fields are declared once, in engine/include/strata/checkpoint_policy.h; they are copied

@@ -71,7 +71,7 @@ def test_two_observers_get_the_same_record_and_result_reads_write_nothing(tiny_e
     try:
         s = tiny_engine.session("observed")
         s.reset()
-        stream = s.generate(PROMPT, max_new_tokens=3, record=False, record_meta={"request_id": "q1"})
+        stream = s.generate(PROMPT, max_new_tokens=3, record_meta={"request_id": "q1"})
         ids = list(stream)  # the call ends here: one record, now
         assert len(got_a) == 1 and rec.lines == 1
         r1, r2 = stream.result, stream.result  # reading the result (twice) emits nothing more
@@ -110,7 +110,7 @@ def test_the_recorder_as_an_observer_writes_what_record_to_writes(tiny_engine, t
         tiny_engine.add_observer(rec)
         try:
             s.reset()
-            s.generate(PROMPT, max_new_tokens=2, record=False, record_meta={"request_id": "x", "ts": 5.0}).result
+            s.generate(PROMPT, max_new_tokens=2, record_meta={"request_id": "x", "ts": 5.0}).result
         finally:
             tiny_engine.remove_observer(rec)
     with sl.record_to(b):
@@ -132,7 +132,7 @@ def test_an_unread_call_whose_recorder_closed_does_not_fail_the_next_call(tiny_e
     while not stream.done and time.monotonic() < deadline:
         time.sleep(0.01)
     with pytest.warns(UserWarning, match="could not be delivered"):
-        r = s.generate(s.held_ids, max_new_tokens=0, record=False).result
+        r = s.generate(s.held_ids, max_new_tokens=0).result
     assert r.prompt_len == len(PROMPT) + 1
     assert stream.result.gen_ids and list(load_dump(tmp_path / "closed.jsonl")) == []
 

@@ -1,4 +1,5 @@
-"""Engine tier: the engine facade writes one strata-dump/1 line per call when a recorder is active."""
+"""Engine tier: a recorder observing the engine (attached to it, or by `record_to` / $STRATA_PROMPT_DUMP to every
+engine of the process) writes one strata-dump/1 line per call."""
 import os
 import subprocess
 import sys
@@ -43,16 +44,18 @@ def test_stop_reason_budget_is_the_recorded_finish(tiny_engine, tmp_path):
     path = tmp_path / "budget.jsonl"
     s = tiny_engine.session("budget")
     s.reset()
-    rec = Recorder(path)
-    stream = s.generate(PROMPT, max_new_tokens=40, sampling=Sampling(temperature=1.0, seed=1), stop_latency=2,
-                        record=rec)
-    got = []
-    for i in stream:
-        got.append(i)
-        if len(got) == 3:
-            stream.stop(reason="budget")
-    r = stream.result
-    rec.close()
+    rec = tiny_engine.add_observer(Recorder(path))
+    try:
+        stream = s.generate(PROMPT, max_new_tokens=40, sampling=Sampling(temperature=1.0, seed=1), stop_latency=2)
+        got = []
+        for i in stream:
+            got.append(i)
+            if len(got) == 3:
+                stream.stop(reason="budget")
+        r = stream.result
+    finally:
+        tiny_engine.remove_observer(rec)
+        rec.close()
     (line,) = list(load_dump(path))
     assert r.finish == line["finish"] == "budget"
     assert line["drained_ids"] == r.drained_ids and len(r.drained_ids) >= 1
@@ -61,14 +64,21 @@ def test_stop_reason_budget_is_the_recorded_finish(tiny_engine, tmp_path):
         stream.stop(reason="tired")
 
 
-def test_record_false_and_bad_recorder(tiny_engine, tmp_path):
+def test_generate_takes_no_recorder_and_the_innermost_record_to_records(tiny_engine, tmp_path):
+    from strata_lab.engine import process_observers
+
     s = tiny_engine.session("off")
-    path = tmp_path / "off.jsonl"
-    with record_to(path):
-        s.generate(PROMPT, max_new_tokens=1, record=False).result
-    assert list(load_dump(path)) == []
-    with pytest.raises(TypeError, match="record"):
-        s.generate(PROMPT, max_new_tokens=1, record="yes")
+    with pytest.raises(TypeError, match="record"):  # recording is an observer, not a call's parameter
+        s.generate(PROMPT, max_new_tokens=1, record=False)
+    outer, inner = tmp_path / "outer.jsonl", tmp_path / "inner.jsonl"
+    with record_to(outer) as a:
+        with record_to(inner) as b:
+            assert b in process_observers() and a not in process_observers()
+            s.generate(PROMPT, max_new_tokens=1).result
+        s.generate(PROMPT, max_new_tokens=2).result
+    assert a not in process_observers() and b not in process_observers()
+    assert [len(r["gen_ids"]) for r in load_dump(inner)] == [1]
+    assert [len(r["gen_ids"]) for r in load_dump(outer)] == [2]
 
 
 def test_env_var_turns_recording_on(tiny_dir, tmp_path):

@@ -9,7 +9,8 @@ import pytest
 from strata_lab.dump import writer as record
 from strata_lab.cli import main
 from strata_lab.dump.reader import DumpWarning, load_dump
-from strata_lab.dump.writer import ENV_VAR, Recorder, active, record_to
+from strata_lab.dump.writer import ENV_VAR, Recorder
+from strata_lab.recording import active, record_to, start_env_recording, stop_env_recording
 
 from replay_cases import case, write
 
@@ -75,17 +76,27 @@ def test_env_var_and_context_manager(tmp_path, monkeypatch):
     assert Recorder.from_env({ENV_VAR: ""}) is None
     env_path = tmp_path / "env.jsonl"
     monkeypatch.setenv(ENV_VAR, str(env_path))
-    rec = active()
-    assert rec is not None and rec is active() and rec.path == str(env_path)
-    inner = tmp_path / "inner.jsonl"
-    with pytest.raises(RuntimeError):
-        with record_to(inner) as r2:
-            assert active() is r2
-            raise RuntimeError("boom")
-    assert r2.closed and active() is rec  # removed in finally; the environment recorder is back
-    monkeypatch.delenv(ENV_VAR)
-    assert active() is None
-    rec.close()
+    assert active() is None  # env recording is turned on by strata_lab's import (variable set) or by asking
+    from strata_lab.engine import process_observers
+
+    start_env_recording()
+    try:
+        rec = active()
+        assert rec is not None and rec is active() and rec.path == str(env_path)
+        (env_observer,) = [o for o in process_observers() if type(o).__name__ == "_EnvRecorder"]
+        inner = tmp_path / "inner.jsonl"
+        with pytest.raises(RuntimeError):
+            with record_to(inner) as r2:
+                # one process observer records: the innermost block's recorder
+                assert active() is r2 and r2 in process_observers() and env_observer not in process_observers()
+                raise RuntimeError("boom")
+        # removed in finally; the environment recorder is back
+        assert r2.closed and active() is rec and r2 not in process_observers() and env_observer in process_observers()
+        monkeypatch.delenv(ENV_VAR)
+        assert active() is None
+    finally:
+        stop_env_recording()
+    assert rec.closed and env_observer not in process_observers()
 
 
 def test_torn_and_garbage_lines_are_skipped_with_file_and_line(tmp_path):

@@ -142,3 +142,37 @@ def test_dump_write_failures_keep_serving_and_are_counted(tmp_path):
         proc.wait(timeout=10)
         log.close()
     assert "lost 1 line(s)" in (tmp_path / "log").read_text()
+
+
+# --- one route: the server's recorder observes its engine -----------------------------------------------------
+@pytest.mark.parametrize("with_dump", [False, True])
+def test_server_records_each_call_once_through_its_own_recorder(tmp_path, with_dump):
+    """$STRATA_PROMPT_DUMP turns on process-wide recording when strata_lab is imported; a server records through
+    its own recorder (--dump, else that variable) and turns the process-wide one off: one line per call, in
+    one file."""
+    from strata_lab._spawn import child_process_args
+    from _strata_server import ServerProcess
+
+    env_dump, flag_dump = tmp_path / "env.jsonl", tmp_path / "flag.jsonl"
+    port = free_port()
+    args = ["serve", "--port", port, "--model", str(tiny_model()), "--ctx", "256"]
+    spawn = child_process_args(args + (["--dump", flag_dump] if with_dump else []),
+                               env={**os.environ, "STRATA_PROMPT_DUMP": str(env_dump)})
+    log = open(tmp_path / "log", "wb")
+    proc = subprocess.Popen(**spawn, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        waiter = ServerProcess.__new__(ServerProcess)
+        waiter.proc, waiter.url, waiter.log = proc, url, tmp_path / "log"
+        waiter.wait()
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
+        for _ in range(2):
+            assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+    written, untouched = (flag_dump, env_dump) if with_dump else (env_dump, flag_dump)
+    lines = [json.loads(x) for x in written.read_text().splitlines() if x.strip()]
+    assert len(lines) == 2 and len({r["request_id"] for r in lines}) == 2, lines
+    assert not untouched.exists() or untouched.read_text() == ""

@@ -173,7 +173,8 @@ def test_fleet_generator_renders_real_sessions_with_realistic_causes(qwen3, tmp_
 
 
 def test_recorder_writes_a_store_directly(tmp_path):
-    from strata_lab.dump.writer import Recorder, active, record_to
+    from strata_lab.dump.writer import Recorder
+    from strata_lab.recording import active, record_to
     from strata_lab.dump.writer import StoreRecorder
 
     calls = [dict(session="s", prompt_ids=list(range(1, 5 + k)), reused=k, gen_ids=[7, 8], ts=1.7e9 + k,

@@ -13,7 +13,7 @@ from strata_lab.dump.reader import Dump, DumpWarning, load_dump, parse_line
 from strata_lab.dump.record import CallRecord
 from strata_lab.dump.store import Store, is_store
 from strata_lab.dump.store_writer import StoreWarning, StoreWriter
-from strata_lab.dump.writer import Recorder, StoreRecorder, record_to
+from strata_lab.dump.writer import Recorder, StoreRecorder
 
-__all__ = ["Dump", "DumpWarning", "load_dump", "parse_line", "Recorder", "StoreRecorder", "record_to", "Store",
+__all__ = ["Dump", "DumpWarning", "load_dump", "parse_line", "Recorder", "StoreRecorder", "Store",
            "is_store", "StoreWriter", "StoreWarning", "convert_jsonl", "CallRecord"]

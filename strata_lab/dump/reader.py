@@ -21,9 +21,12 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from strata_lab.dump.writer import FINISH_REASONS  # one list of finish reasons: the writer's
+
+if TYPE_CHECKING:  # for the annotation only: load_dump imports the store module when it opens one
+    from strata_lab.dump.store import Store
 
 __all__ = ["Dump", "load_dump", "DumpWarning", "parse_line", "check_record"]
 
@@ -333,7 +336,7 @@ class Dump:
         return f"Dump({self.paths!r})"
 
 
-def load_dump(path_or_paths, *, vocab_size: int | None = None) -> Dump:
+def load_dump(path_or_paths, *, vocab_size: int | None = None) -> Dump | Store:
     """Open one dump file, several, a directory of `*.jsonl` files (sorted by name), or a Parquet store
     (a directory with ``day=*/replica=*`` partitions; returns a `strata_lab.dump.Store`).
 

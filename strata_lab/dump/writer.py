@@ -1,8 +1,8 @@
 """The recorder: one "strata-dump/1" JSON line per engine call (Contract 2; docs/DUMP_FORMAT.md).
 
-Off by default. It is on when `STRATA_PROMPT_DUMP=<file>` is set, or inside `record_to(path)`.
-Callers (the engine facade, the server) ask `active()` once per call; with no recorder that is one
-dict lookup and an environment read, nothing else.
+A recorder is an observer of engine calls (`recorder(call_record)` writes its line): attached to an engine
+(`engine.add_observer(recorder)`), or to every engine of the process by `strata_lab.recording` (`record_to`,
+`STRATA_PROMPT_DUMP`). Nothing records unless one is attached.
 
 Each line is written with a single `os.write` on a descriptor opened with O_APPEND, under a lock, so
 concurrent writers in one process never interleave and a crash leaves at most one torn last line
@@ -12,40 +12,33 @@ existing file is opened without following a symbolic link, must be a regular fil
 It is also the one writer of whole dumps: `write_records` / `write_lines` (a new file, or appended) write
 every dump the library makes (imported traces, `lint --fix`, `Store.to_jsonl`, exports) with these rules,
 whole lines gathered into one `os.writev` per 64 lines. The file rules themselves are `strata_lab.dump.files`.
-As an engine observer (`Engine.add_observer(recorder)`) a recorder writes each ended call's `CallRecord`.
 
 >>> import os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "calls.jsonl")
->>> with record_to(path) as rec:
-...     active().write_call(session="s0", prompt_ids=[1, 2, 3], reused=0, gen_ids=[4], finish="stop")
->>> active() is None
-True
+>>> with Recorder(path) as rec:
+...     rec.write_call(session="s0", prompt_ids=[1, 2, 3], reused=0, gen_ids=[4], finish="stop")
 >>> oct(os.stat(path).st_mode & 0o777)
 '0o600'
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import sys
 import threading
 import time
 import uuid
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from strata_lab.dump.files import _open_dump, open_private, private_dir, write_private_file
 
-__all__ = ["Recorder", "StoreRecorder", "record_to", "active", "open_recorder", "SCHEMA", "ENV_VAR", "FINISH_REASONS",
+__all__ = ["Recorder", "StoreRecorder", "open_recorder", "SCHEMA", "ENV_VAR", "FINISH_REASONS",
            "write_records", "write_lines", "open_private", "private_dir", "write_private_file"]
 
 SCHEMA = "strata-dump/1"
 ENV_VAR = "STRATA_PROMPT_DUMP"
 FINISH_REASONS = ("stop", "length", "budget", "cancelled", "error")
 
-_installed: list["Recorder"] = []            # record_to() stack; the innermost wins
-_env_recorder: "Recorder | None" = None      # opened on first use of STRATA_PROMPT_DUMP
-_env_lock = threading.Lock()
 
 
 def _dumps(obj) -> bytes:
@@ -259,49 +252,12 @@ def _as_dict(record) -> dict:
 
 
 
-def active() -> Recorder | None:
-    """The recorder engine calls should write to now, or None (recording off).
-
-    `record_to` wins over the environment; `STRATA_PROMPT_DUMP` is opened once, on first use.
-    """
-    if _installed:
-        return _installed[-1]
-    path = os.environ.get(ENV_VAR)
-    if not path:
-        return None
-    global _env_recorder
-    with _env_lock:
-        if _env_recorder is None or _env_recorder.path != path or _env_recorder.closed:
-            if _env_recorder is not None:
-                _env_recorder.close()
-            _env_recorder = open_recorder(path)
-        return _env_recorder
-
-
-@contextlib.contextmanager
-def record_to(path: str | os.PathLike) -> Iterator[Recorder]:
-    """Record every engine call of this process to `path` while the block runs (a directory: a Parquet
-    store, see `StoreRecorder`).
-
-    The recorder is removed and closed in `finally`, also when the block raises.
-    """
-    rec = open_recorder(path)
-    _installed.append(rec)
-    try:
-        yield rec
-    finally:
-        try:
-            _installed.remove(rec)
-        finally:
-            rec.close()
-
-
 class StoreRecorder(Recorder):
     """`Recorder` (same `write_call` validation) whose lines go to a Parquet store's row groups.
 
     A recorder that writes a Parquet store directly (the JSONL `Recorder`'s API, row groups on disk).
 
-    `record_to("calls/")` or `STRATA_PROMPT_DUMP=calls/` (a path ending in "/" or an existing directory)
+    `strata_lab.record_to("calls/")` or `STRATA_PROMPT_DUMP=calls/` (a path ending in "/" or an existing directory)
     records this way. Calls are buffered per partition and written `row_group_rows` at a time, each row
     group as a whole file: a killed process loses at most the row groups it held open, and the next reader
     or writer says so (`StoreWarning`).

@@ -221,18 +221,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
     if opts.policy.changes_prompts or opts.policy.checkpoint_policy is not None:
         recorded_s = None  # the recorded timings belong to the recorded prompts and snapshots
     return Report(rows, policy=opts.policy, model=opts.model, cost_model=cost_model, snapshot_bytes=snap_bytes,
-                  recorded_prefill_s=recorded_s, poor_fit=poor_fit, checkpoints=_checkpoints_words(opts.checkpoints))
-
-
-def _checkpoints_words(cp) -> str:
-    """The checkpoint policy replayed, as the CLI spells it."""
-    if cp == "recorded":
-        return "recorded"
-    parts = (["turn"] if cp.at_prompt_end else []) + ([f"every:{cp.every}"] if cp.every else []) + \
-        ([f"at:{','.join(map(str, cp.positions))}"] if cp.positions else []) + \
-        ([f"budget:{cp.budget_mib:g}"] if cp.budget_mib else []) + \
-        (["header" if cp.before_last == 151644 else f"before-last:{cp.before_last}"] if cp.before_last is not None else [])
-    return "+".join(parts) or "none"
+                  recorded_prefill_s=recorded_s, poor_fit=poor_fit, checkpoints=str(opts.checkpoints))
 
 
 def compare_policies(dump, policies: Iterable[Policy | str] = ("recorded", "keep-drained", "every:256"),

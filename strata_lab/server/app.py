@@ -62,11 +62,14 @@ def load_state(config: ServerConfig) -> ServerState:
     from strata_lab.engine import Engine
     from strata_lab.rules import CheckpointPolicy
     from strata_lab.dump.writer import Recorder
+    from strata_lab.recording import stop_env_recording
     from strata_lab.text.tokenizer import load_tokenizer
 
     from strata_lab.tiny import embedded_model
 
-    # the dump first: a bad one fails in a moment, not after the model has loaded
+    # the dump first: a bad one fails in a moment, not after the model has loaded. The server records through
+    # its own recorder (--dump, else $STRATA_PROMPT_DUMP), observing its engine; the process-wide one is off.
+    stop_env_recording()
     recorder = Recorder(config.dump, on_error="count") if config.dump else Recorder.from_env(on_error="count")
     if recorder is not None:
         recorder.check_writable()  # fail fast at start-up, not after the first generation

@@ -235,9 +235,9 @@ class ChatRunner:
         self.engine_calls = 0
         self.max_tokens_default = max_tokens_default  # the cap of a request that names none (None: the context)
         self.default_seed = default_seed  # the seed of a request that names none (None: a fresh one each)
-        # the recorder observes the engine: it gets each call's record when the call ends
-        self._observed = recorder is not None and engine is not None and hasattr(engine, "add_observer")
-        if self._observed:
+        if recorder is not None:  # the recorder observes the engine: it gets each call's record when the call ends
+            if engine is None:
+                raise ValueError("a recorder observes the engine: pass engine= with recorder=")
             engine.add_observer(recorder)
         # requests run on several worker lanes (one per slot): a slot serves one request at a time
         self._slots_cv = threading.Condition()
@@ -469,7 +469,6 @@ class ChatRunner:
         stream = slot.session.generate(call.prompt_ids, max_new_tokens=call.max_new, sampling=call.sampling,
                                        stop_ids=self.stop_ids + tuple(call.extra_stop),
                                        stop_latency=self.stop_latency,
-                                       record=False if self._observed else (self.recorder or False),
                                        record_meta=call.record_meta,
                                        # the chosen id's logprob always (the non-finite guard below)
                                        logprobs=call.logprobs if call.logprobs is not None else 0,

@@ -261,17 +261,11 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
         engine_cps = {str(r["session"]): pol.checkpoint_policy for r in records}
     else:
         engine_cps = recorded_cps
-    from strata_lab.rules import CheckpointPolicy, checkpoint_spec
+    from strata_lab.rules import CheckpointPolicy
 
     distinct = {engine_cps.get(str(r["session"]), CheckpointPolicy()) for r in records}
     predict_cp = next(iter(distinct)) if len(distinct) == 1 else "recorded"
-    if predict_cp == "recorded":
-        checkpoints = "as recorded per session"
-    else:
-        try:
-            checkpoints = checkpoint_spec(predict_cp)
-        except ValueError:   # a policy no spec names (every N and positions together): its fields
-            checkpoints = repr(predict_cp)
+    checkpoints = "as recorded per session" if predict_cp == "recorded" else str(predict_cp)
     if pol.checkpoint_policy is None:
         checkpoints += ", as the dump recorded" if recorded_cps else ", the engine default (the dump names none)"
     runner = _EngineRunner(path, threads=threads, policies=engine_cps)
