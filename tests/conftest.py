@@ -9,6 +9,13 @@ os.environ.setdefault("STRATA_CACHE_DIR", os.path.join(os.path.dirname(__file__)
 # would be the engine's too with spinning waits (strata_lab.engine warns). Sleeping waits from the start.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
+# Property tests judge results, never speed: no per-example deadline (Hypothesis' default 200 ms fails a
+# correct example on a machine busy with other work). A test's own settings() still override the rest.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("strata", deadline=None)
+_hypothesis_settings.load_profile("strata")
+
 
 @pytest.fixture(scope="session")
 def qwen3():
