@@ -1,6 +1,6 @@
 """Engine tier: the f32 / f16 / q8 KV cache arrays of 2 MiB and more sit on their own 2 MiB-aligned mappings, advised
 as transparent huge pages before they are touched (issue 32: decode attention at 1,024 tokens streamed its
-4 KiB-paged cache ~1.2x slower; benchmarks/results/decode_bandwidth/kv_hugepages.md). STRATA_KV_HUGEPAGES=0,
+4 KiB-paged cache ~1.2x slower; benchmarks/results/kv_hugepages.md). STRATA_KV_HUGEPAGES=0,
 read at each allocation, keeps plain pages (the A/B). Checked: the same bits with and without, through the
 cache's growth from malloc'ed to mapped arrays, a cut back and a regrowth; and, where THP runs in "madvise"
 mode, that the cache really lands on huge pages only when advised."""

@@ -4,7 +4,7 @@ an f32 and an f16 cache (the f16 arrays passed as they are: the kernel, not the 
 
 --option attn_decode: the streaming decode path (each thread walks the key tiles once for a contiguous run
 of kv heads) against one task per kv head. (The attn_pf_lines A/B, line-cursor prefetch against whole rows
-per score step, was decided and its switch deleted: benchmarks/results/kernel_switches.md.)
+per score step, was decided and its switch deleted: benchmarks/results/history.md.)
 
 Rounds alternate the order of the variants, on a shared machine, so only ratios of medians mean anything:
 per call, the median wall time and the median process CPU time (both threads' time on a core; insensitive

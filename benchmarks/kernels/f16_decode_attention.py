@@ -15,8 +15,8 @@ mean anything.
     PYTHONPATH=$PWD python benchmarks/kernels/f16_decode_attention.py [--option attn_decode]
         [--contexts 256 1024 4096] [--threads 2] [--rounds 6] [--steps 6] [--layers 28] [--out FILE.md]
 
-(benchmarks/results/decode_bandwidth/attn_split_kernel_ab.md: its run with --option attn_split, a split of
-the keys over threads tried and deleted; the README there says why.)
+(A split of the keys over threads, --option attn_split, was tried with it and deleted: 0.65-0.72x;
+benchmarks/results/history.md, "Runs kept in git".)
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// What a software prefetch costs a linear stream (issue 32, s10: benchmarks/results/long_context/q8/s10/):
+// What a software prefetch costs a linear stream (issue 32, s10: benchmarks/results/history.md):
 // 2 threads each read one contiguous half of a huge-page arena (256-bit loads, byte sums), once as a plain
 // read loop and once per variant below that asks for the line LEAD bytes ahead with a prefetch hint; the
 // "+wN" variants do 2N vpmaddwd per 64-byte line on the loaded data, two dependent chains of N (arithmetic

@@ -1,6 +1,6 @@
 // Build and run: g++ -O2 -pthread -o q8_read_pattern benchmarks/kernels/q8_read_pattern.cpp &&
 //   ./q8_read_pattern [rounds] [prefetch] [modes ...]   (s8: ./q8_read_pattern 4 1 2 5 6)
-// (issue 32, s6-s8: benchmarks/results/long_context/q8/s6/, s7/ and s8/README.md; prints GB/s of each pattern, rounds
+// (issue 32, s6-s8: benchmarks/results/history.md, "The q8 KV cache"; prints GB/s of each pattern, rounds
 // alternating; modes 0-6 as below, all of them by default)
 // Read pattern A/B for the q8 decode cache (per layer: K and V [16384 rows x 1024 B], scales [16384 x 128 B] each),
 // 2 threads: A = head split (thread t reads bytes [512t, 512t+512) of every row, scales [64t, 64t+64)),

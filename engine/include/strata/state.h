@@ -14,7 +14,7 @@ namespace strata {
 // as transparent huge pages (THP "madvise" mode) before anything touches it, as the weights are (model.cpp):
 // decode attention streams every layer's cache with software prefetch, and on 4 KiB pages each thread's rows
 // (a 1 KiB piece of each 2 KiB row at the 0.6B shape, 2 threads) meet a new page every two rows (the kernel at
-// 1,024 keys, one thread: 1.03-1.27x on huge pages; benchmarks/results/decode_bandwidth/kv_hugepages.md).
+// 1,024 keys, one thread: 1.03-1.27x on huge pages; benchmarks/results/kv_hugepages.md).
 // Every array starts on a cache line (malloc aligns to 16 bytes only: 17 lines per 1 KiB span, not 16).
 // STRATA_KV_HUGEPAGES=0 (read at each allocation): plain pages (A/B). The same values either way.
 void* kv_alloc(size_t bytes);
