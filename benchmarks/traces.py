@@ -5,11 +5,11 @@
    logs vs `json.loads` of the same lines (the floor: any reader must at least parse every line; the vocabulary
    and, for the fast path, its native BPE tables, strata/byte_bpe.h, are built before the clock). Target: render
    + encode >= 0.5x json.loads. Two render rows: `+render` (the fast path: a line parsed after the prefix it
-   shares with its session's previous line, messages converted and chained only where they are new, the qwen3
-   template in Python taking the previous call's text for the turns that render the same, pieces encoded with
-   the tokenizer's own BPE model, incrementally per session) and `+plain` (`render(fast=False)`: the Jinja
-   template and `tokenizer.encode`, what the fast path is checked against; the same ids, checked here too by a
-   digest of every call's ids: a difference stops the run). The OpenAI log's sessions have --turns calls each
+   shares with its session's previous line, messages converted and chained only where they are new, the
+   template rendered by `ChatTemplate` (Jinja, as for every template), what a prompt adds to its session's
+   previous one encoded with the tokenizer's own BPE model) and `+plain` (`render(fast=False)`: the same
+   render and `tokenizer.encode` of every whole prompt, what the fast path is checked against; the same ids,
+   checked here too by a digest of every call's ids: a difference stops the run). The OpenAI log's sessions have --turns calls each
    (each call resends the history, so the JSON grows with the square of the session length and the new text to
    encode linearly: the ratio follows the session length, not the file's size; a comma list measures several
    shapes in one run).

@@ -45,11 +45,6 @@ class Cause:
     def __int__(self) -> int: ...
     def __index__(self) -> int: ...
 
-class _IdsState:
-    """A session's last encoded text and its ids (strata_lab.traces.fast_encode.IncrementalEncoder)."""
-    text: str
-    ids: list[int]
-
 class _ByteBpe:
     """Byte-level BPE of ASCII text for the Qwen / Llama-3 / GPT-2 split regexes, with the added-token scan
     (strata/byte_bpe.h; strata_lab.traces.fast_encode uses it)."""
@@ -61,22 +56,6 @@ class _ByteBpe:
     def encode(self, text: str) -> Optional[list[int]]: ...
     def encode_into(self, text: str, pos: int, ids: list[int], ends: list[int], counts: list[int],
                     other: Callable[[str], list[int]]) -> None: ...
-    def encode_session(self, text: str, prev: Optional[_IdsState],
-                       other: Callable[[str], list[int]]) -> tuple[list[int], _IdsState, int]: ...
-    def encode_tail(self, prev: Optional[_IdsState], text: str, n: int,
-                    other: Callable[[str], list[int]]) -> tuple[list[int], Optional[_IdsState]]: ...
-    def encode_turn(self, prompt: str, full: str, prev: Optional[_IdsState],
-                    other: Callable[[str], list[int]]) -> tuple[list[int], list[int], _IdsState, int]: ...
-
-class _Qwen3Render:
-    """The qwen3 chat template for a log's calls, in C++ (engine/bindings/qwen3_render.cpp;
-    strata_lab.traces.fast_render.FastRenderer renders with it first)."""
-    def __init__(self, args: dict, heads: dict, arguments: Callable[[Any, list], Optional[tuple[str, bool]]],
-                 call_head: Callable[[str], str], tools_head: Callable[[list, Optional[str]], Optional[str]],
-                 max_chars: int, not_json: str) -> None: ...
-    sessions: int  # sessions whose last call is remembered
-    def render(self, messages: list, tools: Optional[list], enable_thinking: Optional[bool], reply: Optional[dict],
-               notes: list, key: Optional[str] = None) -> Optional[tuple[str, Optional[str]]]: ...
 
 class _ReplayVocab:
     """A tokenizer's bytes per id, for the replay core's byte walk (strata_lab.replayer.native)."""
@@ -114,16 +93,6 @@ class _ReplayCore:
 def json_array_end(data: bytes, pos: int) -> Optional[tuple[int, int]]:
     """(end of the last element, elements) of the JSON array whose elements continue at data[pos:] up to its
     ']', or None; for text a JSON parser read already (brackets and quotes followed, not checked)."""
-    ...
-
-def qwen3_turn(renderer: _Qwen3Render, bpe: _ByteBpe, messages: list, tools: Optional[list],
-               enable_thinking: Optional[bool], reply: Optional[dict], notes: list, prev: Optional[_IdsState],
-               other: Callable[[str], list[int]], eos: int,
-               key: Optional[str] = None) -> Optional[tuple[list[int], list[int], _IdsState, int]]:
-    """A call's turn in one step: rendered by `renderer`, encoded by `bpe` after the session's state: (prompt
-    ids, reply ids through the last `eos` id, the state, ids reused), or None (not taken here). With a str `key`
-    the state stays with the renderer's record of the session (None is returned in its place; `prev` is used
-    when the record holds none); without one, `prev` is the state."""
     ...
 
 def chain_messages(seen: dict, messages: list, known: list, reply: Optional[dict], new_session: Callable[[], str],

@@ -1,7 +1,8 @@
-"""The fast import path gives what the plain one gives: the Python qwen3 renderer the Jinja template's text (and
-its refusals), the piece encoder `tokenizer.encode`'s ids, the incremental encoder the same ids as encoding
-each prompt whole, and `Trace.render` the same `Rendered` with and without them, on generated agent sessions
-(tool calls, reasoning, edits, content null, tool results, odd inputs)."""
+"""The fast import path gives what the plain one gives: the piece encoder `tokenizer.encode`'s ids, the
+prefix-reusing encoder the same ids as encoding each prompt whole, and `Trace.render` the same `Rendered` with
+and without them, on generated agent sessions (tool calls, reasoning, edits, content null, tool results, odd
+inputs), with the qwen3 template and with real non-Qwen ones (DeepSeek V3.1, Llama 3.1). Every template is
+rendered by `ChatTemplate` (Jinja) on both paths."""
 import functools
 import json
 from pathlib import Path
@@ -11,9 +12,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from strata_lab import ChatTemplate, load_tokenizer, load_trace
 from strata_lab.text.messages import TemplateInputError
-from strata_lab.traces.fast_encode import IncrementalEncoder, SegmentEncoder
-from strata_lab.traces.fast_render import FastRenderer
-from strata_lab.traces.render import vllm_messages
+from strata_lab.traces.fast_encode import FastTokenizer, SegmentEncoder
+from strata_lab.traces.render import PrefixEncoder, vllm_messages
 
 pytestmark = pytest.mark.filterwarnings("ignore::strata_lab.traces.source.TraceWarning")
 TMPL = ChatTemplate.from_name("qwen3")
@@ -24,138 +24,10 @@ PIECES = ["the", " cache", "Hello", "\n", "\n\n", " ", "  ", "\t", "\r\n", "'s",
           "é", "中文", "🙂", "ſ", "\u00a0", "\x0b", "\x1c", "<think>", "</think>", "<|im_start|>", "<|im_end|>",
           "<tool_response>", "</tool_response>", "<tool_call>", "{\"a\": 1}", "\u0301", "K"]
 text = st.lists(st.sampled_from(PIECES), max_size=12).map("".join)
-args = st.one_of(st.none(), st.just(""), st.just("{}"), st.just('{"path": "a.py", "n": [1, 2]}'),
-                 st.just('{"q": "ü \\u00e9"}'), st.just("not json"), st.just("[1, 2]"), st.just('"s"'),
-                 st.just({"x": 1}), st.just({"x": 1.0}), st.just({"x": True}), st.just(3))
-tool_call = st.builds(lambda i, name, a, typ: {k: v for k, v in (("id", i), ("type", typ), ("function", {
-    "name": name, "arguments": a})) if v != "-"},
-    st.sampled_from(["c1", "c2", None, "-", 7]), st.sampled_from(["read", "write_file", ""]), args,
-    st.sampled_from(["function", None, "-", "other"]))
-
-
-@st.composite
-def message(draw):
-    role = draw(st.sampled_from(["system", "user", "user", "assistant", "assistant", "tool", "tool", "developer"]))
-    m = {"role": role}
-    kind = draw(st.sampled_from(["str", "str", "none", "parts", "absent", "badparts"]))
-    if kind == "str":
-        m["content"] = draw(text)
-    elif kind == "none":
-        m["content"] = None
-    elif kind == "parts":
-        m["content"] = [{"type": "text", "text": draw(text)} for _ in range(draw(st.integers(0, 2)))]
-    elif kind == "badparts":
-        m["content"] = [{"type": "image_url", "image_url": "x"}]
-    if role == "assistant":
-        if draw(st.booleans()):
-            m["tool_calls"] = draw(st.lists(tool_call, max_size=2))
-        if draw(st.integers(0, 3)) == 0:
-            m["reasoning_content"] = draw(st.one_of(text, st.none()))
-    if role == "tool" and draw(st.integers(0, 5)):
-        m["tool_call_id"] = draw(st.sampled_from(["c1", "c2", "zz", ""]))
-    if draw(st.integers(0, 9)) == 0:
-        m["name"] = draw(st.sampled_from(["bob", 3]))
-    return m
-
-
-def session_messages():
-    return st.lists(message(), min_size=0, max_size=7)
-
-
-tools = st.one_of(st.none(), st.just([]), st.just([{"type": "function", "function": {
-    "name": "read", "description": "Read a file", "parameters": {"type": "object", "properties": {
-        "path": {"type": "string"}}}}}]), st.just([{"type": "function", "function": {"name": ""}}]))
-kwargs = st.sampled_from([{}, {"enable_thinking": True}, {"enable_thinking": False}, {"enable_thinking": None},
-                          {"enable_thinking": 0}, {"other": 1}])
-replies = st.one_of(st.none(), st.builds(
-    lambda c, r, calls: {k: v for k, v in (("role", "assistant"), ("content", c), ("reasoning_content", r),
-                                           ("tool_calls", calls)) if v is not None},
-    st.one_of(text, st.just("")), st.one_of(st.none(), text), st.one_of(st.none(), st.lists(tool_call, max_size=2))))
-
-
-def _renderer(native: bool) -> FastRenderer:
-    """The renderer with its C++ renderer of the common shapes first (as imports run), or the Python one alone."""
-    fast = FastRenderer.of(TMPL)
-    if not native:
-        fast.native = None
-    else:
-        assert fast.native is not None, "the compiled extension is built in every install"
-    return fast
-
-
-both = pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
-
-
-def _slow(msgs, tools, kw, reply):
-    notes = []
-    vm = vllm_messages(msgs, notes)
-    try:
-        prompt = TMPL.render(vm, tools=tools, add_generation_prompt=True, **kw)
-    except (ValueError, TypeError):
-        return None, None, notes
-    full = None
-    if reply is not None:
-        try:
-            full = TMPL.render(vm + [vllm_messages([reply])[0]], tools=tools, add_generation_prompt=False, **kw)
-        except (ValueError, TypeError):
-            full = "refused"
-    return prompt, full, notes
-
-
-@both
-@SETTINGS
-@given(session_messages(), tools, kwargs, replies, st.integers(0, 8), session_messages())
-def test_fast_renderer_matches_the_jinja_template(native, msgs, tools, kw, reply, keep, other):
-    fast = _renderer(native)
-    # the session's previous call: part of this one's history, then other messages (an edit)
-    fast.render(msgs[:keep] + other, tools, dict(kw), [], None, key="s")
-    notes: list = []
-    got = fast.render(msgs, tools, dict(kw), notes, reply, key="s")
-    prompt, full, slow_notes = _slow(msgs, tools, kw, reply)
-    if got is None:
-        return  # the caller renders with the template: nothing to compare
-    assert prompt is not None, "the fast renderer rendered what the template refuses"
-    assert got[0] == prompt and notes == slow_notes
-    if reply is not None:
-        assert full != "refused" and got[1] == full
-
-
-@both
-def test_fast_renderer_takes_the_common_shapes(native):
-    """What real logs hold renders on the fast path (not only by falling back)."""
-    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"p": 1}'}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "r"},
-            {"role": "assistant", "content": "a", "reasoning_content": "why"},
-            {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]}]
-    fast = _renderer(native)
-    defs = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
-    for kw, tools in (({}, None), ({"enable_thinking": False}, None), ({}, defs)):
-        got = fast.render(msgs, tools, kw, [], {"role": "assistant", "content": "ok"})
-        assert got is not None and got[0] == _slow(msgs, tools, kw, None)[0]
-        if native:  # taken by the C++ renderer itself, not left to the Python one
-            assert fast.native.render(msgs, tools, kw.get("enable_thinking"), None, []) is not None
-    assert FastRenderer.of(ChatTemplate(TMPL.source + " ", name="other")) is None
-
-
-@both
-def test_equal_but_differently_typed_arguments_are_not_reused(native):
-    """1 == 1.0 == True, but tojson writes them apart: a message is taken from the session's previous call only
-    when it has no object arguments."""
-    fast = _renderer(native)
-    for value in (1, 1.0, True):
-        msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": value}}}]}]
-        got = fast.render(msgs, None, {}, [], None, key="s")
-        assert got[0] == TMPL.render(vllm_messages(msgs)) and json.dumps(value) in got[0]
-
-
 def test_a_refused_message_is_refused_the_same_way(tmp_path):
     """A message the template's checks refuse is refused (and the call skipped) with the template's error."""
     bad = [{"role": "assistant", "content": "a", "tool_calls": [{"id": "c1", "type": "function", "function": {
         "name": "f", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "nope", "content": "r"}]
-    assert FastRenderer.of(TMPL).render(bad, None, {}, [], None) is None
     with pytest.raises(TemplateInputError, match="does not match a tool call"):
         TMPL.render(vllm_messages(bad))
     path = tmp_path / "log.jsonl"
@@ -220,30 +92,23 @@ def test_long_stretches_are_remembered_exactly(family, data):
 def _python_only():
     """A SegmentEncoder that does everything in Python (as without the compiled extension)."""
     seg = SegmentEncoder._of(TOK, TOK.hf)
-    seg._native = seg._into = seg._sessions = None
+    seg._native = seg._into = None
     return seg
 
 
 @SETTINGS
 @given(st.lists(st.tuples(st.integers(0, 3), SEG_TEXT, SEG_TEXT), min_size=1, max_size=6), st.booleans())
-def test_incremental_encoder_matches_whole_encodes(steps, native):
+def test_prefix_encoder_matches_whole_encodes(steps, native):
     """A session's prompts grow, get edited (cut back and continued) and replies are appended: every prompt's
-    ids and every reply's ids are those of encoding it whole (in C++ and in Python)."""
-    enc = IncrementalEncoder(SegmentEncoder.of(TOK) if native else _python_only())
+    ids are those of encoding it whole, with the piece encoder (in C++ and in Python) below it."""
+    enc = PrefixEncoder(FastTokenizer(SegmentEncoder.of(TOK) if native else _python_only()))
     text = "<|im_start|>system\nYou are terse.<|im_end|>\n"
     for cut, more, reply in steps:
         if cut and text:
             text = text[: len(text) * cut // 4]  # an edit: back to a point, then on
         text += more + "<|im_start|>assistant\n"
-        full = text + reply + "<|im_end|>\n"
-        if cut == 1:  # the prompt and the reply in one call
-            assert enc.encode_turn("s", text, full) == (TOK.encode(text), TOK.encode(full[len(text):]))
-        else:
-            assert enc.encode(text, "s") == TOK.encode(text)
-            assert enc.encode_tail("s", full, len(text)) == TOK.encode(full[len(text):])
-        if cut == 3:  # the same reply recorded twice
-            assert enc.encode_tail("s", full, len(text)) == TOK.encode(full[len(text):])
-        text = full if cut % 2 else text + reply
+        assert enc.encode(text, "s") == TOK.encode(text)
+        text = text + reply + "<|im_end|>\n" if cut % 2 else text + reply
 
 
 def _agent_log(path, seed):
@@ -275,13 +140,38 @@ def _agent_log(path, seed):
     path.write_text("\n".join(lines) + "\n")
 
 
+TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
+# real templates as their models ship them (tests/fixtures/templates/README.md): one non-Qwen template of each
+# shape (DeepSeek V3.1 splices tool-call arguments in as strings; Llama 3.1 puts tools in the first user turn)
+REAL = {"qwen3": None, "deepseek-v3.1": TEMPLATES / "deepseek-ai-DeepSeek-V3.1.jinja",
+        "llama-3.1": TEMPLATES / "llama.cpp" / "meta-llama-Llama-3.1-8B-Instruct.jinja"}
+
+
+@functools.lru_cache(maxsize=None)
+def _template(name: str) -> ChatTemplate:
+    if REAL[name] is None:
+        return TMPL
+    return ChatTemplate(REAL[name].read_text(encoding="utf-8"), name=name,
+                        special_tokens={"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"})
+
+
+@pytest.mark.parametrize("template", sorted(REAL))
 @pytest.mark.parametrize("seed", range(4))
-def test_trace_render_fast_path_equals_the_plain_one(tmp_path, seed):
+def test_trace_render_fast_path_equals_the_plain_one(tmp_path, seed, template):
+    """The calls of agent sessions (tool calls, reasoning, edits, thinking switched off): the same `Rendered`
+    on the fast path as with every prompt encoded whole, and the same text as the template renders each
+    call alone, for qwen3 and real non-Qwen templates."""
     path = tmp_path / "log.jsonl"
     _agent_log(path, seed)
-    fast = [(c["source"], r) for c, r in load_trace(path).render(TOK)]
-    plain = [(c["source"], r) for c, r in load_trace(path).render(TOK, fast=False)]
-    assert len(fast) == len(plain) == 18 and fast == plain
+    tmpl = _template(template)
+    fast = [(c, r) for c, r in load_trace(path).render(TOK, tmpl)]
+    plain = [(c["source"], r) for c, r in load_trace(path).render(TOK, tmpl, fast=False)]
+    assert len(fast) == len(plain) == 18 and [(c["source"], r) for c, r in fast] == plain
+    for call, r in fast:  # the prompt is the template's rendering of the call, whatever came before it
+        msgs = vllm_messages(([{"role": "system", "content": call["system"]}] if call["system"] else [])
+                             + call["messages"], parse_arguments=template != "deepseek-v3.1")
+        kw = (call["extra"] or {}).get("chat_template_kwargs") or {}
+        assert r.prompt_ids == TOK.encode(tmpl.render(msgs, tools=call["tools"], **kw))
 
 
 FIX = Path(__file__).parent / "fixtures" / "traces"
@@ -296,8 +186,8 @@ def test_every_fixture_renders_the_same_on_both_paths(name):
     assert a == b and fast.render_skipped == plain.render_skipped
 
 
-# --- a call costs what it adds: word-split encoding, a session's calls rendered incrementally, lines parsed
-# after their shared prefix, messages converted and chained incrementally
+# --- a call costs what it adds: word-split encoding, lines parsed after their shared prefix, messages
+# converted and chained incrementally
 
 WORD = st.lists(st.sampled_from(["the", "Cache", "x", "it's", "a1", "b.", "(c)", "d\n\ne", "f\tg", "12", "é", "'LL",
                                  "h,", "I!", "j\n", "<|im_end|>k", "", "  ", "\r\n"]), min_size=1, max_size=4).map("".join)
@@ -313,60 +203,6 @@ def test_text_split_at_its_spaces_encodes_as_the_tokenizer_does(family, data):
     t = data.draw(WORDS)
     for text in (t, " " + t, t + " ", "x " + t):
         assert seg.encode(text) == family.hf.encode(text, add_special_tokens=False).ids, text
-
-
-SHORT = st.sampled_from(["", "a", "b c", "<think>t</think>x", "\n\nq", "<tool_response>r</tool_response>", "é"])
-
-
-@st.composite
-def agent_message(draw):
-    """Messages an agent sends (mostly ones the template takes): queries, tool-call turns with reasoning,
-    tool results (also several in a row), a user turn that is a wrapped tool response; sometimes an odd one."""
-    kind = draw(st.sampled_from(["user", "user", "assistant", "assistant", "tool", "tool", "system", "odd"]))
-    if kind == "odd":
-        return draw(message())
-    m = {"role": kind, "content": draw(SHORT)}
-    if kind == "assistant":
-        if draw(st.booleans()):
-            m["tool_calls"] = [{"id": draw(st.sampled_from(["c1", "c2"])), "type": "function",
-                                "function": {"name": "read", "arguments": draw(st.sampled_from(['{"p": 1}', "{}"]))}}]
-            m["content"] = draw(st.sampled_from([None, "", "x"]))
-        if draw(st.booleans()):
-            m["reasoning_content"] = draw(SHORT)
-    if kind == "tool":
-        m["tool_call_id"] = draw(st.sampled_from(["c1", "c2"]))
-    return m
-
-
-@both
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(st.tuples(st.integers(0, 5), st.lists(agent_message(), max_size=4), st.integers(0, 3), kwargs,
-                          replies), min_size=1, max_size=8), agent_message())
-def test_a_session_s_calls_render_as_the_template_renders_each(native, steps, first):
-    """One session's calls, each its previous call's messages (and reply) plus new ones, sometimes cut back
-    (an edit), with the same or other tool definitions: every call renders as the Jinja template renders it
-    alone (the parts taken from the previous call included), or is refused the same way."""
-    fast = _renderer(native)
-    msgs = [first]
-    tool_sets = [None, [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}],
-                 [{"type": "function", "function": {"parameters": {"type": "object"}, "name": "read"}}],
-                 [{"type": "function", "function": {"name": "read", "parameters": {"minimum": 1.0}}}]]
-    for cut, more, tset, kw, reply in steps:
-        if cut == 1 and len(msgs) > 1:
-            msgs = msgs[: len(msgs) // 2]
-        msgs = msgs + more
-        if not msgs:
-            continue
-        notes: list = []
-        got = fast.render(msgs, tool_sets[tset], dict(kw), notes, reply, key="s")
-        prompt, full, slow_notes = _slow(msgs, tool_sets[tset], kw, reply)
-        if got is not None:
-            assert prompt is not None and got[0] == prompt and notes == slow_notes
-            if reply is not None:
-                assert got[1] == full
-
-        if reply is not None and cut % 2 == 0:
-            msgs = msgs + [reply]
 
 
 def _agent_lines(rng, sessions=3, turns=5, odd=True):
@@ -515,17 +351,22 @@ def test_calls_converted_and_chained_incrementally_are_those_read_whole(tmp_path
         assert (g["session"], g["notes"], g["tools"]) == (w["session"], w["notes"], w["tools"])
 
 
+@pytest.mark.parametrize("template", sorted(REAL))
 @pytest.mark.parametrize("seed", range(3))
-def test_agent_logs_render_the_same_on_both_paths(tmp_path, seed):
+def test_agent_logs_render_the_same_on_both_paths(tmp_path, seed, template):
     """The whole fast path (lines, conversion, chaining, render, encode) on agent logs with edits and odd
     shapes: the same Rendered, call by call, as the Jinja template and `tokenizer.encode`."""
     import random
 
     path = tmp_path / "agent.jsonl"
     path.write_text("\n".join(_agent_lines(random.Random(seed), sessions=2, turns=8)) + "\n")
-    fast = [(c["source"], r) for c, r in load_trace(path, format="openai").render(TOK)]
-    plain = [(c["source"], r) for c, r in load_trace(path, format="openai").render(TOK, fast=False)]
-    assert len(fast) > 5 and fast == plain
+    tmpl = _template(template)
+    a, b = load_trace(path, format="openai"), load_trace(path, format="openai")
+    fast = [(c["source"], r) for c, r in a.render(TOK, tmpl)]
+    plain = [(c["source"], r) for c, r in b.render(TOK, tmpl, fast=False)]
+    # (the non-Qwen templates refuse more of the odd shapes: a tool result without its call, ...)
+    assert len(fast) > (5 if template == "qwen3" else 0) and fast == plain
+    assert a.render_skipped == b.render_skipped
 
 
 # --- the native byte-level BPE (strata/byte_bpe.h): ASCII stretches encoded in C++, exactly
@@ -636,28 +477,3 @@ def test_a_tokenizer_whose_file_changed_is_read_from_its_model(tmp_path):
     (tmp_path / "l" / "tokenizer.json").write_text("{}")
     got = json.loads(tok.model_json())
     assert got["type"] == "BPE" and len(got["vocab"]) == tok.hf.get_vocab_size(with_added_tokens=False)
-
-
-def test_the_c_renderer_takes_a_session_s_shared_messages_from_its_last_call():
-    """With a session key, the C++ renderer takes the text of the leading messages a call shares (the same
-    objects) with the session's last call: the same text as rendering the call whole, also where what follows
-    changes the width of the text (ASCII, then wider characters), the last user query or a tool result's end."""
-    native = _renderer(True).native
-    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "not json"}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "r"}]
-    steps = [msgs, msgs + [{"role": "tool", "tool_call_id": "c1", "content": "中文 🙂"}],
-             msgs + [{"role": "assistant", "content": "é", "reasoning_content": "why"},
-                     {"role": "user", "content": [{"type": "text", "text": "parts"}]}],
-             msgs[:2] + [{"role": "user", "content": "edit"}]]
-    steps.append(steps[2] + [{"role": "assistant", "content": "ok"}])
-    for kw in (None, False):
-        for i, m in enumerate(steps):
-            notes, whole_notes = [], []
-            got = native.render(m, None, kw, {"role": "assistant", "content": "r"}, notes, f"s{kw}")
-            whole = native.render(m, None, kw, {"role": "assistant", "content": "r"}, whole_notes, None)
-            assert got == whole and notes == whole_notes, i
-            slow = _slow(m, None, {} if kw is None else {"enable_thinking": kw}, {"role": "assistant", "content": "r"})
-            assert got[0] == slow[0] and got[1] == slow[1] and notes == slow[2], i
-    assert native.sessions == 2

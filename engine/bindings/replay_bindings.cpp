@@ -22,12 +22,7 @@
 namespace py = pybind11;
 using namespace strata;
 
-void bind_qwen3_render(py::module_& m);  // qwen3_render.cpp
 void bind_log_chain(py::module_& m);     // log_chain.cpp
-py::object qwen3_render_call(py::handle renderer, py::handle messages, py::handle tools, py::handle enable_thinking,
-                             py::handle reply, py::handle notes, py::handle key);
-std::shared_ptr<void> qwen3_encoded(py::handle renderer, py::handle key);
-void qwen3_set_encoded(py::handle renderer, py::handle key, std::shared_ptr<void> state);
 
 namespace {
 
@@ -80,14 +75,6 @@ py::tuple miss_tuple(const ReplayMiss& m) {
 
 const char* kind_name(int32_t k) { return k == 0 ? "prompt" : k == 1 ? "gen" : "drained"; }
 
-
-// A session's last encoded text (strata_lab.traces.fast_encode.IncrementalEncoder): the text, its ids, the
-// ends of its added-token matches and the ids up to and including each.
-struct IdsState {
-  py::object text;
-  std::vector<int32_t> ids;
-  std::vector<size_t> ends, counts;
-};
 
 // The encoder fast_encode.py holds: the BPE (strata/byte_bpe.h), the added tokens it cuts the text at
 // (leftmost, then longest: the tokenizer's scan), and one int object per id (a list of ids costs increfs).
@@ -233,209 +220,6 @@ struct BpeEncoder {
     if (rc != 0) throw py::error_already_set();
   }
 
-  // --- a session's texts (IncrementalEncoder): what the previous text shares is taken from it ---------------
-  template <typename F>
-  static auto with_units(PyObject* t, F&& f) {
-    const void* d = PyUnicode_DATA(t);
-    switch (PyUnicode_KIND(t)) {
-      case PyUnicode_1BYTE_KIND: return f(static_cast<const Py_UCS1*>(d));
-      case PyUnicode_2BYTE_KIND: return f(static_cast<const Py_UCS2*>(d));
-      default: return f(static_cast<const Py_UCS4*>(d));
-    }
-  }
-  static size_t common_prefix(PyObject* a, PyObject* b) {
-    const size_t n = static_cast<size_t>(std::min(PyUnicode_GET_LENGTH(a), PyUnicode_GET_LENGTH(b)));
-    const int ka = PyUnicode_KIND(a);
-    if (ka == PyUnicode_KIND(b)) {
-      const auto* pa = static_cast<const unsigned char*>(PyUnicode_DATA(a));
-      const auto* pb = static_cast<const unsigned char*>(PyUnicode_DATA(b));
-      const size_t bytes = n * static_cast<size_t>(ka);
-      size_t i = 0;
-      while (i + 4096 <= bytes && std::memcmp(pa + i, pb + i, 4096) == 0) i += 4096;
-      while (i + 64 <= bytes && std::memcmp(pa + i, pb + i, 64) == 0) i += 64;  // then a word at a time
-      while (i + 8 <= bytes) {
-        uint64_t x, y;
-        std::memcpy(&x, pa + i, 8);
-        std::memcpy(&y, pb + i, 8);
-        if (x != y) break;
-        i += 8;
-      }
-      while (i < bytes && pa[i] == pb[i]) ++i;
-      return i / static_cast<size_t>(ka);
-    }
-    const void* da = PyUnicode_DATA(a);
-    const void* db = PyUnicode_DATA(b);
-    const int kb = PyUnicode_KIND(b);
-    size_t i = 0;
-    while (i < n && PyUnicode_READ(ka, da, i) == PyUnicode_READ(kb, db, i)) ++i;
-    return i;
-  }
-  size_t max_added() const { return tokens.empty() ? 0 : tokens[0].first.size(); }
-  // The next added-token match at or after i: (start, token index), or (n, -1).
-  template <typename C>
-  std::pair<size_t, int32_t> next_match(const C* s, size_t i, size_t n) const {
-    for (; (i = next_start(s, i, n)) < n; ++i) {
-      const int32_t k = match_at(s, i, n);
-      if (k >= 0) return {i, k};
-    }
-    return {n, -1};
-  }
-  py::list ids_list(const int32_t* ids, size_t n) {
-    PyObject* list = PyList_New(static_cast<Py_ssize_t>(n));
-    if (list == nullptr) throw py::error_already_set();
-    auto ref = py::reinterpret_steal<py::list>(list);
-    PyObject** items = reinterpret_cast<PyListObject*>(list)->ob_item;
-    for (size_t i = 0; i < n; ++i) {  // the ints made already: one load and an incref each
-      const auto id = static_cast<uint32_t>(ids[i]);
-      PyObject* o = id < ints.size() ? ints[id] : nullptr;
-      if (o != nullptr) {
-        Py_INCREF(o);
-        items[i] = o;
-      } else {
-        items[i] = integer(ids[i]);
-      }
-    }
-    return ref;
-  }
-  void scan_into(PyObject* t, size_t pos, py::handle other) {
-    buf.clear();
-    cut_ends.clear();
-    cut_counts.clear();
-    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
-    with_units(t, [&](auto* s) { run(t, s, pos, n, other); });
-  }
-  static void check_str(py::handle text, const char* what) {
-    if (!PyUnicode_Check(text.ptr())) throw py::type_error(std::string("_ByteBpe.") + what + ": expected a str");
-  }
-  // (ids of text, its state, ids taken from prev)
-  py::tuple encode_session(py::handle text, std::shared_ptr<IdsState> prev, py::handle other) {
-    check_str(text, "encode_session");
-    size_t reused = 0;
-    auto st = session_state(text, prev, other, reused);
-    py::list ids = ids_list(st->ids.data(), st->ids.size());
-    return py::make_tuple(ids, st, reused);
-  }
-  // The state of `text` (a str) after `prev`'s; `reused`: the ids taken from prev.
-  std::shared_ptr<IdsState> session_state(py::handle text, const std::shared_ptr<IdsState>& prev, py::handle other,
-                                          size_t& reused) {
-    PyObject* t = text.ptr();
-    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
-    auto st = std::make_shared<IdsState>();
-    st->text = py::reinterpret_borrow<py::object>(text);
-    size_t pos = 0;
-    reused = 0;
-    if (prev) {  // room for the previous text's ids and what a turn adds: one allocation each, not a doubling run
-      st->ids.reserve(std::max(prev->ids.size(), n / 4) + 256);
-      st->ends.reserve(prev->ends.size() + 64);
-      st->counts.reserve(prev->counts.size() + 64);
-      const size_t d = common_prefix(t, prev->text.ptr());
-      const auto& pe = prev->ends;
-      const auto& pc = prev->counts;
-      size_t j = d >= max_added() ? static_cast<size_t>(std::upper_bound(pe.begin(), pe.end(), d - max_added()) - pe.begin()) : 0;
-      if (j) {
-        pos = pe[j - 1];
-        st->ids.assign(prev->ids.begin(), prev->ids.begin() + static_cast<std::ptrdiff_t>(pc[j - 1]));
-        st->ends.assign(pe.begin(), pe.begin() + static_cast<std::ptrdiff_t>(j));
-        st->counts.assign(pc.begin(), pc.begin() + static_cast<std::ptrdiff_t>(j));
-      }
-      // the matches of the previous text at the same places before the first difference: its ids
-      with_units(t, [&](auto* s) {
-        while (j < pe.size()) {
-          auto [m, k] = next_match(s, pos, n);
-          if (k < 0) break;
-          const size_t e = m + tokens[static_cast<size_t>(k)].first.size();
-          if (e > d || pe[j] != e) break;
-          st->ids.insert(st->ids.end(), prev->ids.begin() + static_cast<std::ptrdiff_t>(j ? pc[j - 1] : 0),
-                         prev->ids.begin() + static_cast<std::ptrdiff_t>(pc[j]));
-          ++j;
-          pos = e;
-          st->ends.push_back(e);
-          st->counts.push_back(st->ids.size());
-        }
-        return 0;
-      });
-      reused = st->ids.size();
-    }
-    scan_into(t, pos, other);
-    const size_t base = st->ids.size();
-    st->ids.insert(st->ids.end(), buf.begin(), buf.end());
-    st->ends.insert(st->ends.end(), cut_ends.begin(), cut_ends.end());
-    for (size_t c : cut_counts) st->counts.push_back(base + c);
-    return st;
-  }
-  // (ids of text[n:], text's state or None): see IncrementalEncoder.encode_tail
-  py::tuple encode_tail(std::shared_ptr<IdsState> prev, py::handle text, Py_ssize_t n_, py::handle other) {
-    check_str(text, "encode_tail");
-    PyObject* t = text.ptr();
-    const size_t len = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
-    if (n_ < 0 || static_cast<size_t>(n_) > len) throw py::value_error("_ByteBpe.encode_tail: n out of range");
-    auto st = tail_state(prev, text, static_cast<size_t>(n_), other, false);
-    py::list tail = ids_list(buf.data(), buf.size());
-    if (!st) return py::make_tuple(tail, py::none());
-    return py::make_tuple(tail, st);
-  }
-  // (ids of prompt, ids of full[len(prompt):], the state of full, or of prompt when full does not join it, ids
-  // taken from prev): encode_session(prompt) then encode_tail(its state, full, len(prompt)), in one call.
-  py::tuple encode_turn(py::handle prompt, py::handle full, std::shared_ptr<IdsState> prev, py::handle other) {
-    check_str(prompt, "encode_turn");
-    check_str(full, "encode_turn");
-    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(prompt.ptr()));
-    if (static_cast<size_t>(PyUnicode_GET_LENGTH(full.ptr())) < n)
-      throw py::value_error("_ByteBpe.encode_turn: full is shorter than prompt");
-    size_t reused = 0;
-    auto st = session_state(prompt, prev, other, reused);
-    py::list ids = ids_list(st->ids.data(), st->ids.size());
-    auto joined = tail_state(st, full, n, other, true);  // (takes st's vectors when it joins)
-    py::list tail = ids_list(buf.data(), buf.size());
-    if (joined) return py::make_tuple(ids, tail, joined, reused);
-    return py::make_tuple(ids, tail, st, reused);
-  }
-  // Encodes text[n:] into buf (cut_ends: positions in text; cut_counts: ids in buf); returns the state of text when prev
-  // is the state of text[:n] and an added token of text's own scan starts at n, else null. `own`: prev is this
-  // call's alone (its vectors are moved, not copied, into the state returned).
-  std::shared_ptr<IdsState> tail_state(const std::shared_ptr<IdsState>& prev, py::handle text, size_t n,
-                                       py::handle other, bool own) {
-    PyObject* t = text.ptr();
-    const size_t len = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
-    scan_into(t, n, other);
-    if (!prev || static_cast<size_t>(PyUnicode_GET_LENGTH(prev->text.ptr())) != n ||
-        common_prefix(t, prev->text.ptr()) != n)
-      return nullptr;
-    const auto& pe = prev->ends;
-    size_t j = n >= max_added() ? static_cast<size_t>(std::upper_bound(pe.begin(), pe.end(), n - max_added()) - pe.begin()) : 0;
-    // an added token of text's own scan starts at n, and its scan up to there is the prompt's
-    const bool joins = with_units(t, [&](auto* s) {
-      size_t k = j, i = j ? pe[j - 1] : 0;
-      while (true) {
-        auto [m, tok] = next_match(s, i, len);
-        if (tok < 0) return false;
-        const size_t e = m + tokens[static_cast<size_t>(tok)].first.size();
-        if (m >= n) return m == n && k == pe.size();
-        if (e > n || k >= pe.size() || pe[k] != e) return false;
-        ++k;
-        i = e;
-      }
-    });
-    if (!joins) return nullptr;
-    auto st = std::make_shared<IdsState>();
-    st->text = py::reinterpret_borrow<py::object>(text);
-    if (own) {
-      st->ids = std::move(prev->ids);
-      st->ends = std::move(prev->ends);
-      st->counts = std::move(prev->counts);
-      st->ids.reserve(st->ids.size() + buf.size());
-    } else {
-      st->ids.reserve(prev->ids.size() + buf.size());
-      st->ids = prev->ids;
-      st->ends = prev->ends;
-      st->counts = prev->counts;
-    }
-    const size_t base = st->ids.size();
-    st->ids.insert(st->ids.end(), buf.begin(), buf.end());
-    st->ends.insert(st->ends.end(), cut_ends.begin(), cut_ends.end());
-    for (size_t c : cut_counts) st->counts.push_back(base + c);
-    return st;
-  }
   void encode_into(py::handle text, Py_ssize_t pos, py::list ids, py::list ends, py::list counts, py::handle other) {
     PyObject* t = text.ptr();
     if (!PyUnicode_Check(t)) throw py::type_error("_ByteBpe.encode_into: expected a str");
@@ -537,7 +321,6 @@ py::object json_array_end(py::bytes data, Py_ssize_t pos) {
 PYBIND11_MODULE(_replay, m) {
   m.doc() = "strata_lab's store replay core (no OpenMP; import it through strata_lab._native)";
   strata_bindings::bind_checkpoint_policy(m);
-  bind_qwen3_render(m);
   bind_log_chain(m);
   py::enum_<FullHit> full_hit(m, "FullHit", "What the engine does when the whole prompt is held "
                                             "(strata/reuse_rule.h; strata_lab.replayer.state.FULL_HIT_RULES).");
@@ -552,9 +335,6 @@ PYBIND11_MODULE(_replay, m) {
   m.def("json_array_end", &json_array_end, py::arg("data"), py::arg("pos"),
         "(end of the last element, elements) of the JSON array whose elements continue at data[pos:] up to its "
         "']', or None; for text a JSON parser read already (brackets and quotes followed, not checked).");
-  py::class_<IdsState, std::shared_ptr<IdsState>>(m, "_IdsState", "A session's last encoded text and its ids.")
-      .def_property_readonly("text", [](const IdsState& s) { return s.text; })
-      .def_property_readonly("ids", [](const IdsState& s) { return s.ids; });
   py::class_<BpeEncoder>(m, "_ByteBpe",
                          "Byte-level BPE of ASCII text for the Qwen / Llama-3 / GPT-2 split regexes "
                          "(strata/byte_bpe.h), with the added-token scan (strata_lab.traces.fast_encode uses it).")
@@ -584,76 +364,10 @@ PYBIND11_MODULE(_replay, m) {
            "appends the ids to `ids`, and for each added token its end (a position in `text`) to `ends` and "
            "len(ids) after it to `counts`. A stretch between added tokens that `encode` does not take is "
            "encoded by other(stretch) (a list of ids).")
-      .def("encode_session", &BpeEncoder::encode_session, py::arg("text"), py::arg("prev"), py::arg("other"),
-           "(ids of `text`, its state, ids taken from `prev`): `prev` (a session's last state, or None) gives "
-           "its ids up to its added tokens that `text` has at the same places before the first difference.")
-      .def("encode_turn", &BpeEncoder::encode_turn, py::arg("prompt"), py::arg("full"), py::arg("prev"),
-           py::arg("other"),
-           "(ids of `prompt`, ids of full[len(prompt):], the state of `full` (of `prompt` when it does not join), "
-           "ids taken from `prev`): encode_session then encode_tail in one call.")
-      .def("encode_tail", &BpeEncoder::encode_tail, py::arg("prev"), py::arg("text"), py::arg("n"),
-           py::arg("other"),
-           "(ids of text[n:], the state of `text` or None): the state when `prev` is the state of text[:n] and "
-           "an added token of text's own scan starts at n.")
       .def_property_readonly("vocab_size", [](const BpeEncoder& e) { return e.bpe.vocab_size(); })
       .def_property_readonly("ascii_tokens", [](const BpeEncoder& e) { return e.bpe.ascii_tokens(); })
       .def_property_readonly("merges", [](const BpeEncoder& e) { return e.bpe.merges(); })
       .def_property_readonly("cached", [](const BpeEncoder& e) { return e.bpe.cached(); });
-
-  m.def(
-      "qwen3_turn",
-      [](py::handle renderer, BpeEncoder& bpe, py::handle messages, py::handle tools, py::handle enable_thinking,
-         py::handle reply, py::handle notes, std::shared_ptr<IdsState> prev, py::handle other, int64_t eos,
-         py::handle key) -> py::object {
-        py::object got = qwen3_render_call(renderer, messages, tools, enable_thinking, reply, notes, key);
-        if (got.is_none()) return got;
-        PyObject* prompt = PyTuple_GET_ITEM(got.ptr(), 0);
-        PyObject* full = PyTuple_GET_ITEM(got.ptr(), 1);
-        // with a session key, the session's encoder state is kept with the renderer's record of it (no state
-        // object crosses to Python); `prev` is used where there is none
-        const bool kept = PyUnicode_CheckExact(key.ptr());
-        if (kept) {  // (the state kept here is the session's latest; `prev`, from Python, may be older)
-          auto mine = std::static_pointer_cast<IdsState>(qwen3_encoded(renderer, key));
-          if (mine) prev = std::move(mine);
-        }
-        if (full == Py_None) {
-          size_t reused = 0;
-          auto st = bpe.session_state(prompt, prev, other, reused);
-          py::list ids = bpe.ids_list(st->ids.data(), st->ids.size());
-          if (kept) {
-            qwen3_set_encoded(renderer, key, st);
-            return py::make_tuple(ids, py::list(), py::none(), reused);
-          }
-          return py::make_tuple(ids, py::list(), st, reused);
-        }
-        const Py_ssize_t n = PyUnicode_GET_LENGTH(prompt);
-        const Py_ssize_t starts = PyUnicode_Tailmatch(full, prompt, 0, n, -1);
-        if (starts < 0) throw py::error_already_set();
-        if (starts == 0) return py::none();  // the reply's turn does not extend the prompt: compared by tokens
-        size_t reused = 0;
-        auto st = bpe.session_state(prompt, prev, other, reused);
-        py::list ids = bpe.ids_list(st->ids.data(), st->ids.size());
-        auto joined = bpe.tail_state(st, full, static_cast<size_t>(n), other, true);  // (takes st's vectors)
-        py::list tail_ids = bpe.ids_list(bpe.buf.data(), bpe.buf.size());
-        std::shared_ptr<IdsState> state = joined ? joined : st;
-        py::tuple r = kept ? py::tuple(py::make_tuple(ids, tail_ids, py::none(), reused))
-                           : py::tuple(py::make_tuple(ids, tail_ids, state, reused));
-        if (kept) qwen3_set_encoded(renderer, key, state);
-        PyObject* tail = PyTuple_GET_ITEM(r.ptr(), 1);
-        for (Py_ssize_t i = PyList_GET_SIZE(tail) - 1; eos >= 0 && i >= 0; --i) {  // cut after the last eos
-          if (PyLong_AsLongLong(PyList_GET_ITEM(tail, i)) == eos) {
-            if (PyList_SetSlice(tail, i + 1, PyList_GET_SIZE(tail), nullptr) < 0) throw py::error_already_set();
-            break;
-          }
-        }
-        return std::move(r);
-      },
-      py::arg("renderer"), py::arg("bpe"), py::arg("messages"), py::arg("tools"), py::arg("enable_thinking"),
-      py::arg("reply"), py::arg("notes"), py::arg("prev"), py::arg("other"), py::arg("eos"), py::arg("key") = py::none(),
-      "A call's turn in one step: `renderer` (_Qwen3Render) renders the prompt and the reply's turn, `bpe` "
-      "encodes them after the session's state `prev` (encode_turn; encode_session without a reply): (prompt "
-      "ids, reply ids through the last `eos` id, the state, ids reused), or None: not one the C++ renderer "
-      "takes, or a reply turn that does not extend the prompt.");
 
   py::class_<ReplayVocab, std::shared_ptr<ReplayVocab>>(m, "_ReplayVocab",
                                                         "A tokenizer's bytes per id, for the replay core's byte walk.")

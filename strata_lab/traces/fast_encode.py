@@ -20,34 +20,23 @@ no added token, so it is encoded as it is inside the text).
 In C++ (`strata_lab._replay._ByteBpe`, engine/src/byte_bpe.cpp, built once per tokenizer from the vocabulary
 and merges of its tokenizer.json and checked against its `encode` on a probe text before use): for the Qwen,
 Llama-3 and GPT-2 regexes, the same steps on ASCII stretches (the regex followed alternative by alternative,
-each pre-token's ids cached, the BPE merge loop for new ones, long stretches remembered), the added-token scan
-of a text, and the session bookkeeping of `IncrementalEncoder` below; a stretch it does not take (a character
-outside printable ASCII, tab, newline and carriage return, or a pre-token over 512 bytes) is encoded by
-`piece_ids` as described above. Without the compiled extension everything runs in Python, with the same ids.
+each pre-token's ids cached, the BPE merge loop for new ones, long stretches remembered) and the added-token scan
+of a text; a stretch it does not take (a character outside printable ASCII, tab, newline and carriage return,
+or a pre-token over 512 bytes) is encoded by `piece_ids` as described above. Without the compiled extension
+everything runs in Python, with the same ids.
 
-Why one module: the piece encoder, the incremental encoder and their use of the native encoder rest on one
-exactness argument (the text cut at its added tokens, each stretch encoded on its own) and share its state
-(the caches of one tokenizer); apart, each would restate it.
-
-`IncrementalEncoder.encode(text, key)` equals the same ids and reuses those of the previous text encoded under
-`key` (a session) for every piece before the first difference, encoding only the rest; `extend(key, text,
-more_ids)` records that `text` (the prompt + the rendered reply) has the previous ids + `more_ids`, when an
-added token starts where the reply starts (then the two encode independently), so the next prompt of the
-session re-encodes neither. Both are checked against `tokenizer.encode` by hypothesis in tests/test_fast_render.py.
+This is a tokenizer, not a prefix-reusing encoder: `traces.render.PrefixEncoder` reuses a session's previous ids
+and hands the rest to `FastTokenizer.encode`. Checked against `tokenizer.encode` by hypothesis in
+tests/test_fast_render.py.
 """
 from __future__ import annotations
 
 import json
 import re
-from bisect import bisect_right
-from collections import OrderedDict
-from functools import lru_cache
 from itertools import chain
 from types import MappingProxyType
 
-from strata_lab.traces.render import _common_prefix
-
-__all__ = ["SegmentEncoder", "IncrementalEncoder"]
+__all__ = ["SegmentEncoder", "FastTokenizer"]
 
 _UNSAFE = re.compile(r"[^\t\n\r\x20-\x7e]")  # outside: the tokenizer encodes the piece itself
 _GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -129,10 +118,6 @@ class SegmentEncoder:
         # for added tokens with its stretches encoded (those it does not take by piece_ids); None: not built
         self._native = native.encode if native is not None else None
         self._into = native.encode_into if native is not None and native.scans else None
-        # a session's texts in C++ (IncrementalEncoder): (encode_session, encode_tail), or None
-        self._sessions = (native.encode_session, native.encode_tail, native.encode_turn) \
-            if self._into is not None else None
-        self._bpe = native.bpe if self._into is not None else None  # (for strata_lab._replay.qwen3_turn)
         self._lines = lines  # the split regex is one of _LINE_PATTERNS
         self._hf = tokenizer.hf
         self._model = tokenizer.hf.model
@@ -305,13 +290,6 @@ class SegmentEncoder:
         return ids, ends, counts
 
 
-@lru_cache(maxsize=1)
-def _qwen3_turn():
-    from strata_lab._native import replay
-
-    return replay().qwen3_turn
-
-
 def _native_encoder(tokenizer, hf, pattern: str, added: dict[str, int]):
     """`strata_lab._replay._ByteBpe` for the tokenizer's model, or None: a split regex it does not follow, no
     compiled extension, a model it cannot read, or one whose ids differ from the tokenizer's. Its `scans`:
@@ -337,13 +315,10 @@ def _native_encoder(tokenizer, hf, pattern: str, added: dict[str, int]):
 
 
 class _Native:
-    __slots__ = ("bpe", "encode", "encode_into", "encode_session", "encode_tail", "encode_turn", "scans")
+    __slots__ = ("encode", "encode_into", "scans")
 
     def __init__(self, bpe, scans: bool):
-        self.bpe = bpe
         self.encode, self.encode_into, self.scans = bpe.encode, bpe.encode_into, scans
-        self.encode_session, self.encode_tail, self.encode_turn = bpe.encode_session, bpe.encode_tail, \
-            bpe.encode_turn
 
 
 class FastTokenizer:
@@ -352,152 +327,8 @@ class FastTokenizer:
     def __init__(self, seg: SegmentEncoder):
         self.seg = seg
         self.encode = seg.encode
+        self.encode_cuts = seg.encode_cuts  # (for traces.render.PrefixEncoder)
         self.added_tokens = MappingProxyType(dict(seg._added))  # (read per call: not a new copy each time)
 
     def __getattr__(self, name):
         return getattr(self.seg.tokenizer, name)
-
-
-def _take(ids, a: int, b: int) -> list[int]:
-    """ids[a:b] of a list, or of a (prompt ids, reply ids) pair as if joined."""
-    if ids.__class__ is list:
-        return ids[a:b]
-    head, tail = ids
-    n = len(head)
-    if b <= n:
-        return head[a:b]
-    if a >= n:
-        return tail[a - n: b - n]
-    return (head[a:] if a else head) + tail[: b - n]  # one copy
-
-
-class IncrementalEncoder:
-    """`encode(text, key)` == `tokenizer.encode(text)`, reusing the ids of the previous text of `key` up to the
-    first added token whose match (or the piece before it) differs. At most `max_keys` keys are remembered."""
-
-    def __init__(self, seg: SegmentEncoder, max_keys: int = 1024):
-        self.seg = seg
-        self.max_keys = max_keys
-        self.reused = 0
-        # key -> (text, ids, ends of the added-token matches, ids up to and including each)
-        self._last: OrderedDict = OrderedDict()
-
-    def encode(self, text: str, key=None) -> list[int]:
-        seg = self.seg
-        if seg._sessions is not None:  # the same steps in C++ (its state: strata_lab._replay._IdsState)
-            prev = self._last.pop(key, None) if key is not None else None
-            ids, state, self.reused = seg._sessions[0](text, prev, seg.piece_ids)
-            if key is not None:
-                self._remember(key, state)
-            return ids
-        added = seg._added
-        prev = self._last.pop(key, None) if key is not None else None
-        ids: list[int] = []
-        ends: list[int] = []
-        counts: list[int] = []
-        start, j, d, pends, pcounts, pids = 0, 0, -1, (), (), ()
-        if prev is not None:
-            ptext, pids, pends, pcounts = prev
-            d = _common_prefix(text, ptext)
-            # matches ending this far before the first difference are the same in both texts: resume after them
-            j = bisect_right(pends, d - seg.max_added)
-            if j:
-                start = pends[j - 1]
-                ids = _take(pids, 0, pcounts[j - 1])
-                ends, counts = pends[:j], pcounts[:j]
-        reused = len(ids)
-        pos = start
-        for m in seg.scan(text, start):
-            s, e = m.span()
-            if j < len(pends) and e <= d and pends[j] == e:
-                # the same match after the same piece: the previous text's ids for both
-                ids += _take(pids, pcounts[j - 1] if j else 0, pcounts[j])
-                j += 1
-                reused = len(ids)
-            else:
-                j = len(pends)  # the texts part here: encode from now on
-                if s > pos:
-                    ids += seg.piece_ids(text[pos:s])
-                ids.append(added[m.group()])
-            pos = e
-            ends.append(e)
-            counts.append(len(ids))
-        if pos < len(text):
-            ids += seg.piece_ids(text[pos:])
-        self.reused = reused
-        if key is not None:
-            self._remember(key, (text, ids, ends, counts))
-        return ids
-
-    def encode_turn(self, key, prompt: str, full: str) -> tuple[list[int], list[int]]:
-        """(`encode(prompt, key)`, `encode_tail(key, full, len(prompt))`): a call's prompt and its reply after
-        it (`full` starts with `prompt`), in one native call where there is one."""
-        seg = self.seg
-        if seg._sessions is not None:
-            prev = self._last.pop(key, None) if key is not None else None
-            ids, tail, state, self.reused = seg._sessions[2](prompt, full, prev, seg.piece_ids)
-            if key is not None:
-                self._remember(key, state)
-            return ids, tail
-        return self.encode(prompt, key), self.encode_tail(key, full, len(prompt))
-
-    def render_turn(self, renderer, messages, tools, thinking, reply, notes: list, key, eos: int):
-        """A call rendered by `renderer` (the C++ qwen3 renderer, `FastRenderer.native`) and encoded as
-        `encode_turn(key, prompt, full)` in one native step (strata_lab._replay.qwen3_turn): (prompt ids, the
-        reply's ids through its last `eos` id, [] without a reply), or None: not a call that step takes (the
-        caller renders it the general way)."""
-        bpe = self.seg._bpe
-        if bpe is None or renderer is None:
-            return None
-        prev = self._last.get(key) if key is not None else None
-        got = _qwen3_turn()(renderer, bpe, messages, tools, thinking, reply, notes, prev, self.seg.piece_ids, eos,
-                            key)
-        if got is None:
-            return None
-        ids, tail, state, self.reused = got
-        if state is not None and key is not None:  # (with a str key the state stays with the renderer's record)
-            self._last.pop(key, None)
-            self._remember(key, state)
-        return ids, tail
-
-    def encode_tail(self, key, text: str, n: int) -> list[int]:
-        """`tokenizer.encode(text[n:])` (a reply after its prompt `text[:n]`, the key's last text). When an
-        added token of `text`'s own scan starts at `n` (no match crosses it), `text` encodes as the prompt's ids
-        + these, and is recorded as the key's last text: the next prompt reuses the reply's ids too."""
-        seg = self.seg
-        if seg._sessions is not None:
-            tail, state = seg._sessions[1](self._last.get(key) if key is not None else None, text, n, seg.piece_ids)
-            if state is not None:
-                self._remember(key, state)
-            return tail
-        tail, tends, tcounts = seg.encode_cuts(text[n:])
-        tends = [n + e for e in tends]
-        prev = self._last.get(key) if key is not None else None
-        if prev is None or len(prev[0]) != n or not text.startswith(prev[0]):
-            return tail
-        ptext, pids, pends, pcounts = prev
-        if pids.__class__ is tuple:  # recorded by an encode_tail already
-            pids = pids[0] + pids[1]
-        j = bisect_right(pends, n - seg.max_added)
-        k = j
-        for m in seg.scan(text, pends[j - 1] if j else 0):
-            s, e = m.span()
-            if s >= n:
-                if s != n or k != len(pends):
-                    return tail
-                break
-            if e > n or k >= len(pends) or pends[k] != e:
-                return tail  # the longer text's scan differs before n
-            k += 1
-        else:
-            return tail
-        base = len(pids)
-        # the prompt's ids and the reply's, joined only as far as the next prompt takes them (one copy, not two)
-        self._remember(key, (text, (pids, tail), list(pends) + tends,
-                             list(pcounts) + [base + c for c in tcounts]))
-        return tail
-
-    def _remember(self, key, state) -> None:
-        self._last[key] = state
-        if len(self._last) > self.max_keys:
-            self._last.popitem(last=False)

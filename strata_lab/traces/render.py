@@ -136,7 +136,7 @@ def _render_messages(call: dict, tokenizer, template, encoder, kw: dict, notes: 
 
 
 def _raw_reply(call: dict) -> dict | None:
-    """The reply as the log gives it (the fast renderer does what `vllm_messages` does itself)."""
+    """The reply as the log gives it (before `vllm_messages`)."""
     if call["response_text"] is None and not call["response_tool_calls"] and not call["response_reasoning"]:
         return None
     m = {"role": "assistant", "content": call["response_text"] or ""}
@@ -212,7 +212,8 @@ def _reply_end(tokenizer, template, reply: dict, ids: list[int], notes: list) ->
 
 class PrefixEncoder:
     """`encode(text, key)` equals `tokenizer.encode(text)` and reuses the ids of the previous text encoded
-    under `key` (a session) up to the last added token both texts share, encoding only the rest.
+    under `key` (a session) up to the last added token both texts share (ending at least the longest added
+    token's length before their first difference, so that both texts' scans find it), encoding only the rest.
 
     Exact because the tokenizer splits a text at its added tokens and tokenizes each piece on its own; only
     added tokens without lstrip / rstrip / single_word that match the raw text serve as cut points, and a
@@ -225,7 +226,7 @@ class PrefixEncoder:
     >>> a = "<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n"
     >>> b = a + "Hello<|im_end|>\\n<|im_start|>user\\nMore<|im_end|>\\n"
     >>> enc.encode(a, "s") == tok.encode(a), enc.encode(b, "s") == tok.encode(b), enc.reused
-    (True, True, 7)
+    (True, True, 5)
     """
 
     def __init__(self, tokenizer, max_keys: int = 1024):
@@ -238,8 +239,12 @@ class PrefixEncoder:
         first_only = pre is not None and b'"prepend_scheme":"first"' in pre.__getstate__()
         self._cuts = cuts if not first_only else {}
         self._cut_ids = frozenset(self._cuts.values())
+        self._max_cut = max(map(len, self._cuts), default=0)
         self._pattern = re.compile("|".join(map(re.escape, sorted(cuts, key=len, reverse=True)))) if cuts else None
         self._last: OrderedDict = OrderedDict()  # key -> (text, ids, cut char ends, ids before each cut)
+        # (ids, ends of the added-token matches, ids up to and including each) in one step, where the tokenizer
+        # has it (traces.fast_encode.FastTokenizer: the same scan, whose cut points are these)
+        self._encode_cuts = getattr(tokenizer, "encode_cuts", None) if self._cuts else None
 
     def encode(self, text: str, key=None) -> list[int]:
         if not self._cuts or key is None:
@@ -249,13 +254,22 @@ class PrefixEncoder:
         prev = self._last.pop(key, None)
         if prev is not None:
             ptext, pids, pends, pcounts = prev
-            j = bisect_right(pends, _common_prefix(text, ptext))
+            # matches ending this far before the first difference are the same in both texts' scans (a longer
+            # added token starting there would still end before it)
+            j = bisect_right(pends, _common_prefix(text, ptext) - self._max_cut)
             if j:
                 start, head = pends[j - 1], pids[:pcounts[j - 1]]
                 ends, counts = pends[:j], pcounts[:j]
+        self.reused = len(head)
+        if self._encode_cuts is not None:  # the tokenizer's own scan gives the cut points (FastTokenizer)
+            tail, tends, tcounts = self._encode_cuts(text[start:])
+            ends.extend([start + e for e in tends])
+            counts.extend([len(head) + c for c in tcounts])
+            ids = head + tail if head else tail
+            self._remember(key, (text, ids, ends, counts))
+            return ids
         tail = self.tokenizer.encode(text[start:])
         ids = head + tail if head else tail
-        self.reused = len(head)
         # the cut points of the new part: the k-th raw match of an added token is the k-th such id
         pos, cuts, cut_ids = 0, self._cuts, self._cut_ids
         for m in self._pattern.finditer(text, start):
@@ -270,10 +284,13 @@ class PrefixEncoder:
             pos += 1
             ends.append(m.end())
             counts.append(len(head) + pos)
-        self._last[key] = (text, ids, ends, counts)
+        self._remember(key, (text, ids, ends, counts))
+        return ids
+
+    def _remember(self, key, state) -> None:
+        self._last[key] = state
         if len(self._last) > self.max_keys:
             self._last.popitem(last=False)
-        return ids
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -290,64 +307,13 @@ def _common_prefix(a: str, b: str) -> int:
     return lo
 
 
-def _render_fast(call: dict, tokenizer, template, fast, encoder, kw: dict, notes: list):
-    """(prompt ids, generated ids) by the fast renderer, or None (then the template renders the call)."""
-    msgs = call["messages"] or ()
-    if call["system"] and not (msgs and msgs[0].get("role") == "system"):
-        msgs = [{"role": "system", "content": call["system"]}, *msgs]
-    reply = None if call["response_ids"] else _raw_reply(call)
-    turn = getattr(encoder, "render_turn", None)
-    if turn is not None and (not kw or (len(kw) == 1 and kw.get("enable_thinking", 0).__class__ is bool)):
-        # rendered (the common shapes) and encoded in one native step
-        eos_id = fast.eos_ids.get(tokenizer)
-        if eos_id is None:
-            eos = template.special_tokens.get("eos_token")
-            eos_id = fast.eos_ids[tokenizer] = tokenizer.added_tokens.get(eos, -1) if eos else -1
-        got = turn(fast.native, msgs, call["tools"], kw.get("enable_thinking") if kw else None, reply, notes,
-                   call["session"], eos_id)
-        if got is not None:
-            if call["response_ids"]:
-                return got[0], list(call["response_ids"])
-            if reply is not None and reply.get("reasoning_content"):  # put back where the template drops it
-                return got[0], _reply_end(tokenizer, template, reply, got[1], notes)
-            return got
-    got = fast.render(msgs, call["tools"], kw, notes, reply, key=call["session"])
-    if got is None or (reply is not None and not got[1].startswith(got[0])):
-        return None  # not append-only here: reply_ids compares the turn token by token
-    text, full = got
-    key = call["session"]
-    turn = getattr(encoder, "encode_turn", None) if reply is not None else None
-    if turn is not None:  # the prompt and the reply in one call (fast_encode.IncrementalEncoder)
-        prompt, ids = turn(key, text, full)
-        return prompt, _reply_end(tokenizer, template, reply, ids, notes)
-    prompt = encoder.encode(text, key) if encoder is not None else tokenizer.encode(text)
-    if call["response_ids"]:
-        return prompt, list(call["response_ids"])
-    if reply is None:
-        return prompt, []
-    n = len(text)
-    ids = encoder.encode_tail(key, full, n) if hasattr(encoder, "encode_tail") else tokenizer.encode(full[n:])
-    return prompt, _reply_end(tokenizer, template, reply, ids, notes)
-
-
 def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None = None,
-                encoder=None, fast=None) -> Rendered:
+                encoder=None) -> Rendered:
     """Prompt and generated ids of one call (ids-level calls pass through; lengths-level calls raise).
-    `encoder`: a `PrefixEncoder` or `fast_encode.IncrementalEncoder` (the same ids, faster); `fast`: a
-    `fast_render.FastRenderer` for the template (the same text, faster)."""
+    `template` (a `ChatTemplate`) renders message-level calls, every template the same way; `encoder`: a
+    `PrefixEncoder` (the same ids as `tokenizer.encode`, reusing the session's previous ones)."""
     notes: list = []
-    got = None
-    if call["fidelity"] == "messages" and fast is not None:
-        extra = call.get("extra")
-        kw = dict(extra.get("chat_template_kwargs") or {}) if extra else {}
-        if enable_thinking is not None:
-            kw["enable_thinking"] = enable_thinking
-        got = _render_fast(call, tokenizer, template, fast, encoder, kw, notes)
-        if got is None:
-            notes.clear()
-    if got is not None:
-        prompt, gen = got
-    elif call["fidelity"] == "ids":
+    if call["fidelity"] == "ids":
         prompt = list(call["prompt_ids"])
         gen = list(call["response_ids"] or ())
         if not gen and call["response_text"]:
@@ -376,7 +342,7 @@ def render_call(call: dict, tokenizer, template, *, enable_thinking: bool | None
     else:
         raise ValueError("fidelity: a lengths-only call has no text to render; use LengthsSynth")
     if call["fidelity"] == "messages" and STRING_ARGUMENTS not in notes and _has_tool_calls(call):
-        notes.append(MAPPING_ARGUMENTS)   # both renderers hand the template parsed arguments (vLLM's way)
+        notes.append(MAPPING_ARGUMENTS)   # the template was handed parsed arguments (vLLM's way)
     reported = call["prompt_tokens"]
     exact = None if reported is None else len(prompt) == reported
     done = call["completion_tokens"] if gen else None  # no reply logged: nothing to check

@@ -16,8 +16,7 @@ from typing import Iterable, Iterator
 
 from strata_lab.traces.log_calls import FIELDS, parse_field_path
 from strata_lab.traces.registry import READERS, TEXT_FORMATS, detect_format
-from strata_lab.traces.fast_encode import FastTokenizer, IncrementalEncoder, SegmentEncoder
-from strata_lab.traces.fast_render import FastRenderer
+from strata_lab.traces.fast_encode import FastTokenizer, SegmentEncoder
 from strata_lab.traces.render import LengthsSynth, PrefixEncoder, render_call
 from strata_lab.traces.source import Source, warn
 
@@ -181,16 +180,15 @@ class Trace:
                progress: bool = False, fast: bool = True) -> Iterator[tuple[dict, object]]:
         """(call, Rendered) for every call; calls the template cannot render are skipped with a TraceWarning.
         A call that carries token ids and names a model of another family than `tokenizer` is a ValueError.
-        `fast=False` renders every call with the Jinja template and encodes with `tokenizer.encode` (the same
-        results, slower: what the fast path is checked against)."""
+        Every template renders the same way (`ChatTemplate.render`, Jinja). `fast=False` encodes every prompt
+        whole with `tokenizer.encode` (the same ids, slower: what the fast path is checked against); the fast
+        path encodes only what a session's next prompt adds after the part it shares with the previous one
+        (`PrefixEncoder`), byte-level BPE tokenizers (Qwen, Llama-3, GPT-2) by pieces with their own model."""
         tok, tmpl = resolve(tokenizer, template)
         synth = None  # built at the first lengths-only call (a pool of the vocabulary's ids)
-        # a session's next prompt encodes only what follows the shared part; byte-level BPE tokenizers (Qwen,
-        # Llama-3) encode it by pieces with their own model (the same ids); our qwen3 template renders in Python
         seg = SegmentEncoder.of(tok) if fast else None
-        encoder = IncrementalEncoder(seg) if seg is not None else PrefixEncoder(tok)
         fast_tok = FastTokenizer(seg) if seg is not None else tok
-        renderer = FastRenderer.of(tmpl) if fast else None
+        encoder = PrefixEncoder(fast_tok) if fast else None
         self.render_skipped = []  # (source, why) of the calls the last render could not render
         from strata_lab.progress import progress_bar
 
@@ -204,7 +202,7 @@ class Trace:
                 if call["fidelity"] == "lengths" and synth is None:
                     synth = LengthsSynth(tok)
                 r = synth.render(call) if call["fidelity"] == "lengths" else \
-                    render_call(call, fast_tok, tmpl, enable_thinking=enable_thinking, encoder=encoder, fast=renderer)
+                    render_call(call, fast_tok, tmpl, enable_thinking=enable_thinking, encoder=encoder)
             except ValueError as exc:
                 warn(f"{call['source']}: skipped: not rendered: {exc}")
                 self.render_skipped.append((call["source"], str(exc)))
