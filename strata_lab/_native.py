@@ -23,7 +23,7 @@ _NO_EXTENSION = (
     "strata_lab's compiled {what} (strata_lab.{name}) is not in {where}: this is a source checkout without a "
     "build ({exc}). Either install the package (`pip install .`) and run from another directory, so that "
     "Python imports the installed copy rather than this folder, or build the extensions in place "
-    "(`./scripts/dev_build.sh`) and run with PYTHONPATH=$PWD. See README.md, 'Developer install'.")
+    "(`./scripts/dev_build.sh`) and run with PYTHONPATH=$PWD. See docs/guide/develop.md.")
 
 
 def libgomp_mapped() -> bool:

@@ -1,4 +1,5 @@
-"""Docs that run verbatim: every shell and Python block of README.md and docs/*.md runs as written, from a
+"""Docs that run verbatim: every shell and Python block of README.md and docs/ (docs/*.md, the user guide in
+docs/guide/) runs as written, from a
 scratch directory holding a copy of the repository's `dumps/` (the README's blocks run "from the repository
 root"), with `strata-lab` meaning this checkout's CLI. An example that fails as written fails here.
 
@@ -35,9 +36,10 @@ import pytest
 import strata_lab
 
 REPO = Path(__file__).resolve().parent.parent
-DOCS = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
-SETUP = {'pip install ".[server]" && strata-lab demo', 'pip install ".[test]" && pytest'}
-MAX_SKIPS = 5   # placeholders, a Dask scheduler, the dev build, the dev install, an installed vLLM
+DOCS = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md")) + sorted((REPO / "docs" / "guide").glob("*.md"))
+INSTALL_AND_DEMO, INSTALL_AND_TEST = 'pip install ".[server]" && strata-lab demo', 'pip install ".[test]" && pytest'
+SETUP = {INSTALL_AND_DEMO, INSTALL_AND_TEST}   # INSTALL_AND_TEST is .ci/run's command: CI runs what the README says
+MAX_SKIPS = 5   # the README's and the server page's placeholders, a Dask scheduler, the dev installs, an installed vLLM
 SHELL = {"bash", "sh", "shell", "console"}
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
 _MARK = re.compile(r"<!--\s*docs-test:\s*(skip|server)\b:?\s*(.*?)\s*-->")
@@ -70,6 +72,9 @@ def test_the_blocks_are_found_and_skips_stay_few():
     assert len(skipped) <= MAX_SKIPS, [b[0] for b in skipped]
     assert all(b[4] for b in skipped), "every skip says why"
     assert len([b for b in NOT_RUN if b[2].strip() in SETUP]) == 2
+    readme = [b for b in BLOCKS if b[0].startswith("README.md:")]
+    assert [b[2].strip() for b in readme[:2]] == [INSTALL_AND_DEMO, INSTALL_AND_TEST], "the README opens with them"
+    assert INSTALL_AND_TEST in (REPO / ".ci" / "run").read_text().splitlines(), "CI runs the README's test command"
 
 
 def _cli_lines(code: str):

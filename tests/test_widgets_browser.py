@@ -10,7 +10,7 @@ tags, no errors in the browser console.
 
 All checks of a notebook run; the failures are reported together, with page screenshots in a temp folder.
 `STRATA_WIDGET_SHOTS=docs/widgets pytest tests/test_widgets_browser.py` also writes one PNG per widget and
-theme (the README's pictures).
+theme (the pictures of docs/guide/notebooks.md).
 """
 from __future__ import annotations
 
