@@ -9,7 +9,6 @@
 import glob
 import json
 import os
-import warnings
 
 import pytest
 from hypothesis import example, given, settings, strategies as st
@@ -50,12 +49,11 @@ def test_replay_returns_one_type_whatever_the_arguments(qwen3):
             sl.replay(path, engine="strata", checkpoints="turn", tokenizer=qwen3),
             sl.replay(path, policy="reply-ids", tokenizer=qwen3),
             sl.replay_engines(path, ["llama.cpp"], tokenizer=qwen3)]
-    with pytest.warns(DeprecationWarning, match="strata:kind=attention,checkpoints=turn"):
-        reps.append(sl.replay(path, model="attention", checkpoint_policy="turn", tokenizer=qwen3))
+    reps.append(sl.replay(path, engine="strata:kind=attention,checkpoints=turn", tokenizer=qwen3))
     assert {type(r) for r in reps} == {ReplayReport}
-    # the deprecated keywords are the engine spec they name
-    spec = sl.replay(path, engine="strata:kind=attention,checkpoints=turn", tokenizer=qwen3)
-    assert reps[-1].frame().equals(spec.frame())
+    # the keyword the engine spec replaced is an error naming the setting to use
+    with pytest.raises(ValueError, match="did you mean 'checkpoints'"):
+        sl.replay(path, checkpoint_policy="turn", tokenizer=qwen3)
 
 
 def test_json_is_written_for_every_replay(tmp_path, capsys):
@@ -134,11 +132,9 @@ def test_history_edit_is_named_and_priced_under_every_engine(qwen3, tmp_path):
 
 def test_agent_dump_has_one_reread_number_and_no_zero_beside_a_retokenization(qwen3):
     path = os.path.join(ROOT, "dumps", "agent.jsonl")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        old_form = sl.replay(path, model="hybrid", checkpoint_policy="recorded", tokenizer=qwen3)
+    spelled_out = sl.replay(path, engine="strata:kind=hybrid,checkpoints=recorded", tokenizer=qwen3)
     numbers = {sl.replay(path, tokenizer=qwen3)["reread"], sl.replay(path, engine="strata", tokenizer=qwen3)["reread"],
-               sl.replay(path, engine="strata", checkpoints="recorded", tokenizer=qwen3)["reread"], old_form["reread"]}
+               sl.replay(path, engine="strata", checkpoints="recorded", tokenizer=qwen3)["reread"], spelled_out["reread"]}
     assert len(numbers) == 1 and numbers.pop() > 0
     rep = sl.replay_engines(path, ENGINES, tokenizer=qwen3)
     df = rep.frame()

@@ -14,7 +14,7 @@ _EXPORTS = {
     "Call": "strata_lab.caches.call_ids", "calls_from_dump": "strata_lab.caches.call_ids",
     "parse_engine": "strata_lab.caches.presets", "preset": "strata_lab.caches.presets",
     "EnginePreset": "strata_lab.caches.presets", "ModelShape": "strata_lab.caches.presets",
-    "replay_engines": "strata_lab.caches.replay", "EnginesReport": "strata_lab.caches.replay",
+    "replay_engines": "strata_lab.caches.replay",
     "ReplayReport": "strata_lab.caches.replay", "replay": "strata_lab.caches.replay",
     "lint_calls": "strata_lab.caches.lint", "fix_calls": "strata_lab.caches.lint",
     "sweep_budget": "strata_lab.caches.sweeps", "compare_engines": "strata_lab.caches.sweeps",

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-import warnings
 from collections import Counter
 
 from strata_lab.caches.base import Hint
@@ -32,12 +31,12 @@ from strata_lab.caches.call_ids import Call, as_ids, calls_from_dump, lcp_call
 from strata_lab.caches.fleet import Router
 from strata_lab.caches.presets import parse_engine
 from strata_lab.progress import progress_bar
-from strata_lab.caches.report import (_DTYPES, EnginesReport, ReplayReport,  # noqa: F401 (re-exported)
+from strata_lab.caches.report import (_DTYPES, ReplayReport,  # noqa: F401 (re-exported)
                                       reported_agrees, reported_base)
 from strata_lab.replayer.explain import SessionHistory, attribute, explain, name_habit
 from strata_lab.rules import checkpoint_spec
 
-__all__ = ["replay", "replay_engines", "ReplayReport", "EnginesReport", "explain_calls", "default_engine"]
+__all__ = ["replay", "replay_engines", "ReplayReport", "explain_calls", "default_engine"]
 
 
 
@@ -308,12 +307,8 @@ def default_engine(calls: list[Call]) -> str:
     return "strata"
 
 
-_DEPRECATED = {"model": "kind", "checkpoint_policy": "checkpoints", "full_hit": "full_hit"}
-
-
 def replay(dump, engine=None, *, tokenizer="qwen3", policy="recorded", cost_model=None, progress: bool = False,
-           context_chars: int = 40, model: str | None = None, checkpoint_policy=None, full_hit: str | None = None,
-           **kwargs) -> "ReplayReport":
+           context_chars: int = 40, **kwargs) -> "ReplayReport":
     """`strata_lab.replay`: replay a dump (path, paths, `Dump`, store, trace or `Call`s) under an engine's cache;
     always a `ReplayReport`.
 
@@ -327,37 +322,14 @@ def replay(dump, engine=None, *, tokenizer="qwen3", policy="recorded", cost_mode
         cost_model: prices reads in seconds (default: fitted on the dump's prefill_ms).
         progress: show a progress bar.
         context_chars: characters of text shown around each divergence.
-        model: deprecated (one release): the strata engine's kind, "hybrid" or "attention"
-            (engine="strata:kind=attention").
-        checkpoint_policy: deprecated (one release): the strata engine's checkpoints, a CheckpointPolicy or a
-            spec ("recorded", "turn", "every:256", "header"; engine="strata:checkpoints=turn").
-        full_hit: deprecated (one release): the strata engine's full-hit rule (engine="strata:full_hit=...").
         **kwargs: overrides of the engine's preset (block_size=32, checkpoints="turn", ...); `prices`,
             `concurrency`, `tokens_per_s` as `replay_engines`.
     """
-    old = {k: v for k, v in (("model", model), ("checkpoint_policy", checkpoint_policy), ("full_hit", full_hit))
-           if v is not None}
     own = {k: kwargs.pop(k) for k in ("prices", "concurrency", "tokens_per_s") if k in kwargs}
     for k in ("cluster", "bytes_per_snapshot"):
         if k in kwargs:
             raise TypeError(f"replay: {k}= is the state model's (strata_lab.replayer.replay); the one replay "
                             "driver does not take it")
-    if old:
-        if engine is not None and parse_engine(engine if isinstance(engine, str) else engine[0]).engine != "strata":
-            raise ValueError(f"{', '.join(sorted(old))}: strata engine settings; engine is {engine!r}")
-        over = {}
-        for k, v in old.items():
-            if v is None:
-                continue
-            if k == "checkpoint_policy":
-                v = checkpoint_spec(v)
-            over[_DEPRECATED[k]] = v
-        if "checkpoint_policy" not in old:   # the old keywords' default: a snapshot at each prompt's end
-            over["checkpoints"] = "turn"
-        spec = "strata" + (":" + ",".join(f"{k}={v}" for k, v in over.items()) if over else "")
-        warnings.warn(f"replay({', '.join(f'{k}=' for k in old)}) is deprecated: use engine=\"{spec}\" "
-                      "(or engine=\"strata\" and overrides)", DeprecationWarning, stacklevel=2)
-        engine = [parse_engine(engine or "strata").with_(**over)]
     if engine is None:
         calls = calls_from_dump(dump)
         dump, engine = calls, [default_engine(calls)]

@@ -14,7 +14,7 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["ReplayReport", "EnginesReport", "COLUMNS", "AGREE_POINTS", "reported_base", "reported_agrees",
+__all__ = ["ReplayReport", "COLUMNS", "AGREE_POINTS", "reported_base", "reported_agrees",
            "agreement"]
 
 # a call's reported and simulated cached tokens agree when they are within this many points of its prompt
@@ -180,6 +180,14 @@ class ReplayReport:
         return pd.DataFrame({k: pd.Series(self.cols[k], dtype=_DTYPES[k]) for k in COLUMNS})
 
     to_frame = frame
+
+    def to_dask_frame(self, npartitions: int = 1):
+        """The same rows as a dask.dataframe (for pipelines that continue on a cluster)."""
+        import dask.dataframe as dd
+
+        if not isinstance(npartitions, int) or isinstance(npartitions, bool) or npartitions < 1:
+            raise ValueError(f"npartitions must be a positive int, got {npartitions!r}")
+        return dd.from_pandas(self.frame(), npartitions=npartitions)
 
     @property
     def specs(self) -> list[str]:
@@ -427,6 +435,3 @@ class ReplayReport:
 
     def __repr__(self):
         return f"ReplayReport({self.specs}, calls={self.table.num_rows})"
-
-
-EnginesReport = ReplayReport   # the name before the one report (kept for one release)
