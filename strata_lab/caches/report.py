@@ -181,14 +181,6 @@ class ReplayReport:
 
     to_frame = frame
 
-    def to_dask_frame(self, npartitions: int = 1):
-        """The same rows as a dask.dataframe (for pipelines that continue on a cluster)."""
-        import dask.dataframe as dd
-
-        if not isinstance(npartitions, int) or isinstance(npartitions, bool) or npartitions < 1:
-            raise ValueError(f"npartitions must be a positive int, got {npartitions!r}")
-        return dd.from_pandas(self.frame(), npartitions=npartitions)
-
     @property
     def specs(self) -> list[str]:
         return [p.spec() for p in self.presets]
