@@ -7,8 +7,9 @@ in-process vs Dask, and peak memory. Every ratio is against a peer measured in t
 Workloads: "random" (the synthetic agent-like dump this benchmark always used: sessions whose prompts grow
 turn by turn with random ids) and "fleet" (strata_lab.fleet: agent sessions rendered with the real template
 and tokenizer, tiled --tile times with renamed sessions so the trace is large without generating it all).
-"old replay" is `replay(dump.jsonl)` (the record path of this checkout); "new" is `replay(store)` (the C++ replay
-core, strata_lab/replayer/native.py), also timed per domain against its Python reference (fast.DomainSteps).
+"old replay" is `replay(dump.jsonl)` (the call-by-call path of this checkout); "new" is `replay(store)` (the C++
+replay core, strata_lab/replayer/native.py; the same report, every row equal), also timed per domain against the
+Python stepping of the same rules (fast.DomainSteps).
 "plain store read" reads every row as Python values (what a Python consumer of the store does at least); the
 stricter "Arrow batches only" reads the same columns in seq order without a Python value per row. "baseline" is the replay of the code
 when the fleet-scale issue was filed (git rev --baseline-rev, checked out and built once under
@@ -146,14 +147,13 @@ def _warm_worker() -> None:
     import pyarrow.compute  # noqa: F401
     import pyarrow.parquet  # noqa: F401
 
-    import strata_lab.replayer.fast  # noqa: F401
-    import strata_lab.replayer.report  # noqa: F401
+    import strata_lab.caches.report  # noqa: F401
+    import strata_lab.replayer.native  # noqa: F401
 
 
 def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
-    from strata_lab.dump import load_dump
-    from strata_lab.replayer import replay
-    from strata_lab.dump import Store, convert_jsonl
+    from strata_lab import replay
+    from strata_lab.dump import Store, convert_jsonl, load_dump
     from strata_lab.replayer import fast, native
     from strata_lab.replayer.core import resolve_options
     from strata_lab.replayer.fast import domain_rows, fit_cost_store
@@ -200,7 +200,14 @@ def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
     assert new_frame.equals(old.to_frame()), "store replay differs from the JSONL replay"
     ids = old["prompt_tokens"]
     del old
+    from strata_lab.caches.call_ids import calls_from_dump
+
+    t0 = time.perf_counter()
+    replay(calls_from_dump(st), tokenizer=tok)   # the store call by call: what replay(store) did before issue 51
+    t_calls = time.perf_counter() - t0
     print(f"replay    : old (JSONL records) {calls / t_old:8.0f} calls/s {ids / t_old / 1e6:7.2f} M ids/s")
+    print(f"            store call by call  {calls / t_calls:8.0f} calls/s | {t_read / t_calls:.2f}x the plain store "
+          "read (replay(store) before issue 51)")
     print(f"            new (store, delta)  {calls / t_new:8.0f} calls/s {ids / t_new / 1e6:7.2f} M ids/s | "
           f"{t_old / t_new:.1f}x the old path; {t_read / t_new:.2f}x the plain store read (target >= 0.5x); "
           f"{t_arrow / t_new:.2f}x reading its Arrow batches only")

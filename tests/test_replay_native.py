@@ -1,6 +1,6 @@
 """The replay's C++ core (`_ReplayCore` in strata_lab._replay) against the Python code it mirrors: the state model
-(SessionState), the divergence walk and classify, and the whole store replay (fast.DomainSteps), on
-generated sessions that extend, retry, edit, drop drained ids and re-encode replies."""
+(SessionState), the divergence walk and classify, and the whole store replay (against the one driver's
+call-by-call replay of the same lines, every column), on generated sessions that extend, retry, edit, drop drained ids and re-encode replies."""
 from __future__ import annotations
 
 import os
@@ -14,9 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from strata_lab import _native
 from strata_lab.dump import Store, convert_jsonl
-from strata_lab.replayer import fast, native
+from strata_lab.replayer import native
 from strata_lab.replayer.core import resolve_options
-from strata_lab.replayer.costs import CostModel
 from strata_lab.replayer.divergence import classify, find_divergence
 from strata_lab.replayer.state import FULL_HIT_RULES, SessionState
 from strata_lab.rules import parse_checkpoint_policy
@@ -73,7 +72,7 @@ def test_core_steps_like_the_state_model(model, spec, full_hit, calls):
         gen, drained = [11] * ngen, [12] * ndrained
         ref.finish(gen, drained)
         out = core.advance(0, len(prompt), lcp, prompt[lcp:], gen, drained, None, 0, n)
-        assert out == (len(held), lcp, pred.reused, pred.target, len(ref.checkpoints), n)
+        assert out == (len(held), lcp, pred.reused, pred.target, len(ref.checkpoints), n, pred.restored_checkpoint)
         assert core.held(0).tolist() == ref.held
         assert core.checkpoints(0) == list(ref.checkpoints)  # the LRU order too
         assert core.segments(0) == ref.segments
@@ -154,16 +153,26 @@ def _agent_dump(path, tok, rng, *, sessions=4, calls=14, replicas=2, odd=True):
         f.write(b"\n".join(lines) + b"\n")
 
 
-def _same_domain_replay(store, tok, **kw):
-    opts = resolve_options(**kw)
-    cm = fast.fit_cost_store(store)
-    # each cache domain, and the whole store merged by seq (its replicas' rows interleave)
-    for parts in [*store.domains().values(), store.partitions]:
-        a = fast.replay_domain(parts, opts, tok, cm)
-        b = native.replay_domain(parts, opts, tok, cm)
-        assert list(a[0]) == list(b[0])
-        assert a[1].table().equals(b[1].table()) or a[1].table().to_pylist() == b[1].table().to_pylist()
-        assert a[2:] == b[2:]
+def _same_domain_replay(store, jsonl, tok, model="hybrid", checkpoint_policy=None):
+    """The store on the C++ core gives the rows the one driver gives the JSONL lines call by call (every column),
+    for the whole store and for each of its cache domains alone."""
+    import strata_lab as sl
+    from strata_lab.caches.report import ReplayReport
+
+    one = sl.replay(jsonl, f"strata:kind={model},checkpoints={checkpoint_policy or 'turn'}", tokenizer=tok)
+    opts = resolve_options(model=model, checkpoint_policy=checkpoint_policy)
+    spec = one.specs[0]
+    want = one.frame().sort_values("index", kind="stable").reset_index(drop=True)
+    table = native.replay_store(store, opts, tok, one.cost_model, spec=spec)
+    got = ReplayReport.from_table(table, one.presets, {}, one.cost_model).frame()
+    for col in want.columns:
+        assert got[col].equals(want[col]), (col, got[col].tolist(), want[col].tolist())
+    rows = 0
+    for parts in store.domains().values():   # a domain alone: its sessions' rows as in the whole store
+        _seqs, batches, _snap, _ms = native.replay_domain(parts, opts, tok, one.cost_model, spec=spec)
+        rows += sum(b.num_rows for b in batches)
+    assert rows == len(want)
+    return got
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -173,7 +182,8 @@ def test_store_replay_on_the_core_equals_the_python_reference(qwen3, seed, model
     with tempfile.TemporaryDirectory() as d:
         _agent_dump(os.path.join(d, "a.jsonl"), qwen3, random.Random(seed))
         convert_jsonl(os.path.join(d, "a.jsonl"), os.path.join(d, "s"), row_group_rows=16)
-        _same_domain_replay(Store(os.path.join(d, "s")), qwen3, model=model, checkpoint_policy=checkpoints)
+        _same_domain_replay(Store(os.path.join(d, "s")), os.path.join(d, "a.jsonl"), qwen3, model=model,
+                            checkpoint_policy=checkpoints)
 
 
 class _NoBytesTable:
@@ -194,10 +204,9 @@ def test_generated_fleet_replays_the_same_on_the_core(qwen3, tmp_path):
     write_fleet(tmp_path / "f.jsonl", FleetConfig(sessions=10, replicas=2, seed=5), tokenizer=qwen3)
     convert_jsonl(tmp_path / "f.jsonl", tmp_path / "s")
     store = Store(tmp_path / "s")
-    _same_domain_replay(store, qwen3)
-    _same_domain_replay(store, _NoBytesTable(qwen3))  # a tokenizer without vocab_bytes: the Python walk
-    rows = native.replay_domain(next(iter(store.domains().values())), resolve_options(), qwen3, None)[1]
-    causes = set(rows.column("cause"))
+    got = _same_domain_replay(store, tmp_path / "f.jsonl", qwen3)
+    _same_domain_replay(store, tmp_path / "f.jsonl", _NoBytesTable(qwen3))  # no vocab_bytes: the Python walk
+    causes = set(got["cause"].astype(str))
     assert {"retokenized_reply", "template_rewrite"} <= causes or {"history_edit"} <= causes, causes
 
 
@@ -209,7 +218,7 @@ def test_core_refuses_bad_batches_naming_the_field():
     vals = np.zeros(0, dtype=np.int32)
     ins = [i64, np.zeros(n, np.uint8), np.zeros(n, np.uint8), i64, i64, i64 - 1, i64, i64, offs, vals, offs, vals,
            offs, vals, offs, vals, np.zeros(n), np.zeros(0, np.int64)]
-    outs = tuple([np.zeros(n, np.int64) for _ in range(11)] + [np.zeros(n, np.int8)])
+    outs = tuple([np.zeros(n, np.int64) for _ in range(12)] + [np.zeros(n, np.int8)])
     assert core.run(0, tuple(ins), outs) == n  # empty prompts: valid
     bad = list(ins)
     bad[6] = i64.astype(np.int32)
@@ -231,27 +240,6 @@ def test_core_refuses_bad_batches_naming_the_field():
         core.held(99)
     with pytest.raises(ValueError, match="offsets"):
         _native.replay()._ReplayVocab(b"abc", np.array([0, 2], np.int64), -1, -1)
-
-
-def test_rowtable_takes_batches_and_rows_in_order(qwen3, tmp_path):
-    from strata_lab.replayer.rowtable import RowTable
-
-    _agent_dump(tmp_path / "a.jsonl", qwen3, random.Random(1), sessions=2, calls=6, replicas=1, odd=False)
-    convert_jsonl(tmp_path / "a.jsonl", tmp_path / "s")
-    parts = next(iter(Store(tmp_path / "s").domains().values()))
-    cm = CostModel(0.01, 1e-6)  # no NaN seconds: rows compare equal field by field
-    rows = list(native.replay_domain(parts, resolve_options(), qwen3, cm)[1])
-    t = RowTable(chunk=5)
-    ref = native.replay_domain(parts, resolve_options(), qwen3, cm)[1].batches()
-    t.append(rows[0])
-    t.append_batch(ref[0].slice(1, 4))
-    t.append(rows[5])
-    t.append_batch(ref[0].slice(6))
-    for b in ref[1:]:
-        t.append_batch(b)
-    assert len(t) == len(rows) and list(t) == rows and t[3] == rows[3] and t[-1] == rows[-1]
-    with pytest.raises(ValueError, match="columns"):
-        t.append_batch(ref[0].select(["session"]))
 
 
 def test_read_ahead_keeps_order_raises_in_order_and_stops_when_closed():

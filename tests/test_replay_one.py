@@ -173,51 +173,49 @@ def test_prompt_policies_transform_the_call_stream_for_every_engine(qwen3):
         sl.replay(path, "vllm", policy="header", tokenizer=qwen3)
 
 
-def test_the_state_models_store_replay_feeds_the_same_report(qwen3, tmp_path):
+def _paths(path, tmp_path, qwen3, *, dask: bool) -> dict:
+    """The one driver's replays of the same calls: the JSONL lines (call by call), the store on the C++ replay
+    core, and (dask) the store on Dask."""
     from strata_lab.dump import convert_jsonl
-    from strata_lab.replayer import replay as state_replay
-
-    path = os.path.join(ROOT, "dumps", "webui.jsonl")
-    convert_jsonl([path], tmp_path / "s", progress=False)
-    state = state_replay(sl.load_dump(tmp_path / "s"), checkpoint_policy="recorded", tokenizer=qwen3)
-    rep = ReplayReport.from_state_report(state)
-    one = sl.replay(tmp_path / "s", tokenizer=qwen3)   # the store through the one driver
-    a, b = rep.frame(), one.frame()
-    assert type(rep) is type(one) and list(a.columns) == list(b.columns)
-    for col in ("index", "turn", "session", "prompt_len", "held_before", "lcp_ids", "lcp_text", "reused", "read",
-                "reported", "divergence"):
-        assert a[col].tolist() == b[col].tolist(), col
-    for col in ("reread", "cause", "divergence_reread"):   # one definition of re-read (the realigned tail too)
-        assert a[col].tolist() == b[col].tolist(), col
-    assert rep.note is None
-
-
-def _state_paths(path, tmp_path, qwen3, *, dask: bool):
-    """The state model's replays of a dump as the one report: the JSONL lines, the store natively, on Dask."""
-    from strata_lab.dump import convert_jsonl
-    from strata_lab.replayer import replay as state_replay
 
     store = tmp_path / "store"
     convert_jsonl([path], store, progress=False)
-    out = {"jsonl": state_replay(path, checkpoint_policy="recorded", tokenizer=qwen3),
-           "store": state_replay(sl.load_dump(store), checkpoint_policy="recorded", tokenizer=qwen3)}
+    out = {"jsonl": sl.replay(path, tokenizer=qwen3), "store": sl.replay(store, tokenizer=qwen3)}
     if dask:
-        out["dask"] = state_replay(sl.load_dump(store), checkpoint_policy="recorded", tokenizer=qwen3,
-                                   cluster="local:1")
-    return {k: ReplayReport.from_state_report(v) for k, v in out.items()}
+        out["dask"] = sl.replay(store, tokenizer=qwen3, cluster="local:1")
+    return out
 
 
-@pytest.mark.parametrize("path", DUMPS, ids=[os.path.basename(p) for p in DUMPS])
-def test_state_model_paths_reread_what_the_one_driver_rereads(qwen3, path, tmp_path):
-    """Every path of our engine's replay gives the driver's per-call re-read and cause (issue 27)."""
-    one = sl.replay(path, tokenizer=qwen3).frame()   # the driver's default: strata, recorded checkpoints
-    assert one["divergence_reread"].sum() > 0        # the dump has divergences to count
-    for name, rep in _state_paths(path, tmp_path, qwen3, dask=path.endswith("agent.jsonl")).items():
+def _fleet_dump(qwen3, path) -> str:
+    """A small generated fleet (agent sessions on the real template, two replicas): misses of every kind."""
+    import orjson
+
+    from strata_lab.fleet import FleetConfig, generate_fleet
+
+    with open(path, "wb") as f:
+        for r in generate_fleet(FleetConfig(sessions=6, replicas=2, seed=0), tokenizer=qwen3):
+            f.write(orjson.dumps(r) + b"\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("path", DUMPS + ["fleet"], ids=[os.path.basename(p) for p in DUMPS] + ["fleet"])
+def test_jsonl_store_and_dask_give_the_same_rows(qwen3, path, tmp_path):
+    """One report type on every path (issue 51): the same calls replayed from JSONL (call by call), from a store
+    on the C++ core and on Dask give equal reports, every column of every row."""
+    if path == "fleet":
+        path = _fleet_dump(qwen3, tmp_path / "fleet.jsonl")
+    reps = _paths(path, tmp_path, qwen3, dask=path.endswith(("agent.jsonl", "fleet.jsonl")))
+    one = reps.pop("jsonl")
+    df = one.frame()
+    assert len(df) and df["divergence_reread"].sum() > 0    # the dump has divergences to count
+    for name, rep in reps.items():
+        assert type(rep) is ReplayReport and rep.specs == one.specs, name
         got = rep.frame()
-        assert got["index"].tolist() == one["index"].tolist(), name
-        for col in ("reused", "reread", "cause", "divergence", "divergence_reread", "engine_reread"):
-            assert got[col].astype(str).tolist() == one[col].astype(str).tolist(), (name, col)
-        assert rep.note is None and "note:" not in rep.format(), name
+        assert list(got.columns) == list(df.columns), name
+        for col in df.columns:
+            assert got[col].equals(df[col]), (name, col, got[col].tolist(), df[col].tolist())
+        assert rep.summary().equals(one.summary()), name
+        assert rep.to_json() == one.to_json(), name
 
 
 def test_history_edit_through_the_store_rereads_everything_after_it(qwen3, tmp_path):
@@ -226,7 +224,7 @@ def test_history_edit_through_the_store_rereads_everything_after_it(qwen3, tmp_p
     one = sl.replay(path, tokenizer=qwen3).frame()
     edit = one[one["index"] == k].iloc[0]
     assert edit["cause"] == "history_edit" and edit["reread"] > 0.9 * edit["held_before"] > 2500
-    for name, rep in _state_paths(path, tmp_path, qwen3, dask=False).items():
+    for name, rep in _paths(path, tmp_path, qwen3, dask=False).items():
         got = rep.frame()
         row = got[got["index"] == k].iloc[0]
         assert (row["cause"], row["reread"]) == ("history_edit", edit["reread"]), name

@@ -9,8 +9,8 @@ import warnings
 import pandas as pd
 import pytest
 
+from strata_lab import replay
 from strata_lab.dump import load_dump
-from strata_lab.replayer import replay
 from strata_lab.dump import Store, StoreWarning, StoreWriter, convert_jsonl
 
 _SHIPPED = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "dumps", "*.jsonl")))
@@ -98,8 +98,9 @@ def test_store_replay_equals_jsonl_replay(qwen3, tmp_path, policy, model):
     for path in _SHIPPED + [_random_dump(tmp_path / "g.jsonl")]:
         store = tmp_path / ("s-" + os.path.basename(path))
         convert_jsonl(path, store)
-        _same_report(replay(path, tokenizer=qwen3, model=model, policy=policy),
-                     replay(store, tokenizer=qwen3, model=model, policy=policy))
+        engine = f"strata:kind={model},checkpoints=turn"
+        _same_report(replay(path, engine, tokenizer=qwen3, policy=policy),
+                     replay(store, engine, tokenizer=qwen3, policy=policy))
 
 
 def test_writer_killed_loses_only_the_open_row_group_and_says_so(tmp_path):
@@ -161,13 +162,13 @@ def test_fleet_generator_renders_real_sessions_with_realistic_causes(qwen3, tmp_
     assert text.startswith("<|im_start|>system\nYou are a") and "<tools>" in text
     path = tmp_path / "f.jsonl"
     assert write_fleet(path, cfg, tokenizer=qwen3) == len(recs)
-    rep = replay(path, tokenizer=qwen3, checkpoint_policy="recorded")
-    assert rep["mismatches"] == 0  # the recorded reuse is the state model's
+    rep = replay(path, tokenizer=qwen3)
+    assert rep["calls_differ"] == 0  # the recorded reuse is the state model's
     for cause in ("retokenized_reply", "template_rewrite", "drained_dropped", "history_edit"):
         assert rep["causes"].get(cause, 0) > 0, rep["causes"]
     info = convert_jsonl(path, tmp_path / "s")
     assert info["bytes_in"] > 10 * info["bytes_out"]  # agent-like traces: >= 10x smaller as Parquet
-    _same_report(rep, replay(tmp_path / "s", tokenizer=qwen3, checkpoint_policy="recorded"))
+    _same_report(rep, replay(tmp_path / "s", tokenizer=qwen3))
     with pytest.raises(ValueError, match="p_edit"):
         FleetConfig(p_edit=2.0)
 

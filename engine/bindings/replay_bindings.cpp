@@ -399,7 +399,7 @@ PYBIND11_MODULE(_replay, m) {
       .def("run",
            [](ReplayCore& c, int64_t start, py::tuple ins, py::tuple outs) {
              if (ins.size() != 18) throw py::value_error("run: ins must hold 18 arrays");
-             if (outs.size() != 12) throw py::value_error("run: outs must hold 12 arrays");
+             if (outs.size() != 13) throw py::value_error("run: outs must hold 13 arrays");
              ReplayBatch b;
              const py::ssize_t n = py::cast<py::array>(ins[0]).shape(0);
              b.n = n;
@@ -454,7 +454,8 @@ PYBIND11_MODULE(_replay, m) {
              o.gen_len = out_ptr<int64_t>(outs, 8, "gen_len", n);
              o.drained_len = out_ptr<int64_t>(outs, 9, "drained_len", n);
              o.lcp_text = out_ptr<int64_t>(outs, 10, "lcp_text", n);
-             o.cause = out_ptr<int8_t>(outs, 11, "cause", n);
+             o.restored = out_ptr<int64_t>(outs, 11, "restored", n);
+             o.cause = out_ptr<int8_t>(outs, 12, "cause", n);
              py::gil_scoped_release release;
              return c.run(b, start, o);
            },
@@ -506,12 +507,13 @@ PYBIND11_MODULE(_replay, m) {
              const ReplayStep r = c.advance(code, prompt_len, lcp, t.data(), int64_t(t.size()), g.data(),
                                             int64_t(g.size()), d.data(), int64_t(d.size()), k.data(),
                                             int64_t(k.size()), part, row);
-             return py::make_tuple(r.held_before, r.lcp, r.reused, r.target, r.snapshots, r.index);
+             return py::make_tuple(r.held_before, r.lcp, r.reused, r.target, r.snapshots, r.index,
+                                   r.restored < 0 ? py::object(py::none()) : py::int_(r.restored));
            },
            py::arg("code"), py::arg("prompt_len"), py::arg("lcp"), py::arg("tail"), py::arg("gen"),
            py::arg("drained"), py::arg("checkpoints"), py::arg("part"), py::arg("row"),
            "Make one call (prompt = held[:lcp] + tail, then the reply joins held); return (held_before, lcp, "
-           "reused, target, snapshots, index).")
+           "reused, target, snapshots, index, restored snapshot or None).")
       .def("held_slice", [](const ReplayCore& c, int64_t code, int64_t start, int64_t stop) {
              const auto& h = c.session(code).held;
              const int64_t n = int64_t(h.size());

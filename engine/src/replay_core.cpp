@@ -95,10 +95,12 @@ ReplayPlan ReplayCore::plan(int64_t code, int64_t plen, int64_t lcp) const {
   return p;
 }
 
-void ReplayCore::cut(ReplaySession& s, int64_t n) {
+void ReplayCore::cut(ReplaySession& s, int64_t n, int64_t origins) {
+  if (n < int64_t(s.held.size()))
+    s.ckpts.erase(std::remove_if(s.ckpts.begin(), s.ckpts.end(), [n](const auto& c) { return c.first > n; }),
+                  s.ckpts.end());
+  n = origins;  // the held ids before it keep their origin (explain.SessionHistory: one divergence for every engine)
   if (n >= int64_t(s.held.size())) return;
-  s.ckpts.erase(std::remove_if(s.ckpts.begin(), s.ckpts.end(), [n](const auto& c) { return c.first > n; }),
-                s.ckpts.end());
   while (!s.segments.empty() && s.segments.back().start >= n) s.segments.pop_back();
   if (!s.segments.empty() && s.segments.back().end > n) s.segments.back().end = n;
 }
@@ -162,10 +164,10 @@ ReplayStep ReplayCore::advance(int64_t code, int64_t plen, int64_t lcp, const in
   const ReplayPlan p = plan(code, plen, lcp);
   // apply: restore (an LRU use), cut, read the prompt from the reuse point
   if (p.restored >= 0) touch(s, p.restored);
-  cut(s, p.reused);
+  cut(s, p.reused, lcp);
   s.held.resize(size_t(lcp));
   s.held.insert(s.held.end(), tail, tail + ntail);
-  add_segment(s, p.reused, plen, 0, s.calls);
+  add_segment(s, lcp, plen, 0, s.calls);
   snapshot_span(s, p.reused, plen, true);
   s.calls += 1;
   // finish: the reply joins held
@@ -194,6 +196,7 @@ ReplayStep ReplayCore::advance(int64_t code, int64_t plen, int64_t lcp, const in
   r.target = p.target;
   r.snapshots = int64_t(s.ckpts.size());
   r.index = s.calls - 1;
+  r.restored = p.restored;
   return r;
 }
 
@@ -253,6 +256,7 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
     out.gen_len[i] = ngen;
     out.drained_len[i] = ndr;
     out.lcp_text[i] = lcp_text;
+    out.restored[i] = st.restored;
     if (miss) {
       out.cause[i] = int8_t(m.cause);
       misses_.push_back(std::move(m));

@@ -150,10 +150,81 @@ def _apply_policy(calls: list[Call], policy, tok) -> list[Call]:
     return out
 
 
+def _as_store(dump):
+    """The Parquet store `dump` is (a `Store` or a store directory), else None."""
+    import os
+
+    from strata_lab.dump import Store
+
+    if isinstance(dump, Store):
+        return dump
+    if isinstance(dump, (str, os.PathLike)) and os.path.isdir(dump) and \
+            any(n.startswith("day=") for n in os.listdir(dump)):
+        return Store(dump)
+    return None
+
+
+# fields of a line that our engine's recorder never writes: figures reported by another server, a log's format
+_NOT_OURS = ("reported_", "cached_tokens", "cache_engine", "trace_format", "fidelity", "synthetic_ids")
+
+
+def _store_models(store) -> list | None:
+    """The `model` names of a store of our engine's own lines (what `strata.for_calls` reads), or None when a
+    line was served elsewhere or carries another server's reported figures: those replay call by call."""
+    import pyarrow.compute as pc
+
+    from strata_lab.dump.store_check import open_segment
+
+    models: set = set()
+    for f in store.paths:
+        t = open_segment(f).read(columns=["model", "extra", "raw", "keys", "reported_cached_tokens",
+                                           "reported_cache_write_tokens"])
+        if t["reported_cached_tokens"].null_count != t.num_rows or \
+                t["reported_cache_write_tokens"].null_count != t.num_rows:
+            return None
+        for name in ("extra", "raw", "keys"):
+            for v in pc.unique(t[name]).to_pylist():
+                if v is not None and any(k in v for k in _NOT_OURS):
+                    return None
+        models.update(pc.unique(t["model"]).to_pylist())
+    return sorted(models, key=str)
+
+
+def _core_replay(store, preset, pol, tokenizer, cost_model, *, progress: bool, context_chars: int, cluster,
+                 models: list) -> "ReplayReport":
+    """Our engine (`strata`) over a store of our own lines on the C++ replay core (`strata_lab.replayer.native`),
+    in-process or on Dask: the same rows as the call-by-call replay of the same lines."""
+    from strata_lab.caches.call_ids import as_ids
+    from strata_lab.caches.strata import for_calls
+    from strata_lab.replayer.core import resolve_options
+    from strata_lab.replayer.costs import usable_fit
+    from strata_lab.replayer.fast import fit_cost_store
+    from strata_lab.replayer.native import replay_store
+
+    preset = for_calls(preset, [Call(0, "", as_ids([]), record={"model": m, "checkpoints": []}) for m in models])
+    for m in models:
+        tokenizer.check_model(m)
+    opts = resolve_options(model=preset.kind, checkpoint_policy=preset.checkpoints, full_hit=preset.full_hit,
+                           context_chars=context_chars)
+    poor_fit = None
+    if cost_model is None:   # as the call-by-call replay: a fit too poor to price seconds prices tokens only
+        cost_model, poor_fit = usable_fit(fit_cost_store(store))
+    if cluster is not None:
+        from strata_lab.replayer.distributed import replay_on_cluster
+
+        table = replay_on_cluster(store, opts, tokenizer, cost_model, cluster=cluster, progress=progress,
+                                  spec=preset.spec())
+    else:
+        table = replay_store(store, opts, tokenizer, cost_model, spec=preset.spec(), progress=progress)
+    return ReplayReport.from_table(table, [preset], {preset.spec(): 0}, cost_model, policy=pol.name,
+                                   poor_fit=poor_fit)
+
+
 def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, tokenizer=None, cost_model=None,
                    prices: dict | None = None, progress: bool = False, concurrency: bool = False,
-                   tokens_per_s=None, policy="recorded", context_chars: int = 40) -> "ReplayReport":
-    """Replay `dump` (a path, paths, `Dump`, a Mooncake/Bailian trace, or a list of `Call`) under each engine.
+                   tokens_per_s=None, policy="recorded", context_chars: int = 40, cluster=None) -> "ReplayReport":
+    """Replay `dump` (a path, paths, `Dump`, a Parquet store, a Mooncake/Bailian trace, or a list of `Call`)
+    under each engine.
 
     `engines`: specs ("vllm", "vllm@0.33:block_size=32", "llama.cpp:slots=4", "strata:checkpoints=turn") or
     presets.
@@ -172,6 +243,11 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     call stream, so they apply to every engine.
     `progress`: a progress bar per engine.
     `context_chars`: characters of text kept around each divergence (the report's context columns).
+    `cluster`: replay a store on Dask (a `distributed.Client`, a scheduler address, or "local[:N]"), one task
+    per cache domain (replica); our engine (`strata`) on a store of our own lines only.
+
+    Our engine alone on a store of our own lines (and a tokenizer to name the causes) replays on the C++ replay
+    core (`strata_lab.replayer.native`), in-process or on Dask: the same rows as the call-by-call replay.
     """
     from strata_lab.replayer.policies import Policy, parse_policy
 
@@ -193,14 +269,29 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
                              "(engine strata)")
         cp = checkpoint_spec(pol.checkpoint_policy)
         presets = [p.with_(checkpoints=cp) if p.engine == "strata" else p for p in presets]
-    calls = calls_from_dump(dump)
-    from strata_lab.caches.strata import for_calls
-
-    presets = [for_calls(p, calls) if p.engine == "strata" else p for p in presets]   # what the spec leaves unsaid
     if isinstance(tokenizer, str):
         from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
+    store = _as_store(dump)
+    models = _store_models(store) if store is not None else None
+    core = (models is not None and tokenizer is not None and len(presets) == 1 and presets[0].engine == "strata"
+            and presets[0].replicas == 1 and not concurrency and tokens_per_s is None and not pol.changes_prompts)
+    if core:
+        from strata_lab.replayer.native import native_available
+
+        core = native_available()
+    if cluster is not None and not core:
+        raise ValueError("cluster: Dask replays our engine alone (engine strata, one replica) on a store of our "
+                         "own lines (strata-lab convert dump.jsonl --out DIR), with a tokenizer and no prompt "
+                         "policy or concurrency")
+    if core:
+        return _core_replay(store, presets[0], pol, tokenizer, cost_model, progress=progress,
+                            context_chars=context_chars, cluster=cluster, models=models)
+    calls = calls_from_dump(store if store is not None else dump)
+    from strata_lab.caches.strata import for_calls
+
+    presets = [for_calls(p, calls) if p.engine == "strata" else p for p in presets]   # what the spec leaves unsaid
     if tokenizer is not None:  # the causes decode the ids: they must be this vocabulary's (ids rendered here from
         # a log's messages are the rendering tokenizer's whatever model the log names)
         for model in {c.record.get("model") for c in calls if c.record is not None
@@ -323,16 +414,19 @@ def replay(dump, engine=None, *, tokenizer="qwen3", policy="recorded", cost_mode
         progress: show a progress bar.
         context_chars: characters of text shown around each divergence.
         **kwargs: overrides of the engine's preset (block_size=32, checkpoints="turn", ...); `prices`,
-            `concurrency`, `tokens_per_s` as `replay_engines`.
+            `concurrency`, `tokens_per_s`, `cluster` as `replay_engines`.
     """
-    own = {k: kwargs.pop(k) for k in ("prices", "concurrency", "tokens_per_s") if k in kwargs}
-    for k in ("cluster", "bytes_per_snapshot"):
-        if k in kwargs:
-            raise TypeError(f"replay: {k}= is the state model's (strata_lab.replayer.replay); the one replay "
-                            "driver does not take it")
+    own = {k: kwargs.pop(k) for k in ("prices", "concurrency", "tokens_per_s", "cluster") if k in kwargs}
+    if "bytes_per_snapshot" in kwargs:
+        raise TypeError("replay: bytes_per_snapshot= is not a setting of the replay (the strata engine sizes "
+                        "snapshots by its kind)")
     if engine is None:
-        calls = calls_from_dump(dump)
-        dump, engine = calls, [default_engine(calls)]
+        store = _as_store(dump)
+        if store is not None and _store_models(store) is not None:   # our engine's own lines: engine strata
+            dump, engine = store, ["strata"]
+        else:
+            calls = calls_from_dump(dump)
+            dump, engine = calls, [default_engine(calls)]
     engines = [engine] if isinstance(engine, str) or not isinstance(engine, (list, tuple)) else list(engine)
     if kwargs:
         if len(engines) != 1:

@@ -118,46 +118,13 @@ class ReplayReport:
         self.note = None   # a caveat the text report prints (how these rows were made)
 
     @classmethod
-    def from_state_report(cls, state, checkpoints: str | None = None) -> "ReplayReport":
-        """The state model's replay (`strata_lab.replayer.replay`: the store's delta encoding, native core or
-        Dask) as the one report, engine strata. Its rows' `reread` and `cause` are the one definition
-        (`replayer.step.attribute_row` calls `explain.attribute`), so they equal the driver's."""
-        from strata_lab.caches.presets import parse_engine
-        from strata_lab.rules import DIVERGENCE_CAUSES
-
-        # the checkpoints replayed: as given, else the state report's words ("turn+every:64") as the engine's spec
-        words = checkpoints or state.checkpoints or "turn"
-        spec = "header" if words == "turn+header" else \
-            words.replace("turn+", "").replace("+header", ",header").replace("+before-last", ",before-last")
-        base = parse_engine("strata")
-        over = {k: v for k, v in (("kind", state.model), ("checkpoints", spec)) if getattr(base, k) != v}
-        preset = base.with_(**over) if over else base
-        cols: dict[str, list] = {k: [] for k in _DTYPES}
-        for i, r in enumerate(state.rows):
-            cause = "no_state_checkpoint" if r.cause == "checkpoint" else r.cause
-            div = cause if cause in DIVERGENCE_CAUSES else ("new_session" if r.held_before == 0 else "none")
-            div_rr = r.reread if div in DIVERGENCE_CAUSES else 0
-            reported = r.recorded_reused
-            diff = r.reused - reported if reported is not None else None
-            vals = {"engine": "strata", "spec": preset.spec(), "replica": 0, "index": i, "turn": r.turn,
-                    "session": r.session, "request_id": r.request_id,
-                    "ts": r.ts if r.ts is not None else math.nan, "prompt_len": r.prompt_len,
-                    "held_before": r.held_before, "lcp_ids": r.lcp_ids, "lcp_text": r.lcp_text,
-                    "exact": min(r.lcp_ids, max(r.prompt_len - 1, 0)), "reused": r.reused, "read": r.read,
-                    "reread": r.reread, "cause": cause, "divergence": div, "divergence_reread": div_rr,
-                    "engine_reread": r.reread - div_rr, "unit": "", "source": None, "written": 0,
-                    "prefill_s": r.prefill_s, "reread_s": r.reread_s, "dollars": math.nan, "reported": reported,
-                    "reported_by": "strata" if reported is not None else None, "reported_diff": diff,
-                    "reported_diff_pct": 100.0 * diff / r.prompt_len if diff is not None and r.prompt_len else math.nan,
-                    "reported_write": None, "reported_prompt": None,
-                    "reported_agrees": reported_agrees(r.reused, reported, r.prompt_len),
-                    "id_context_held": r.id_context_held,
-                    "id_context_prompt": r.id_context_prompt, "text_context_held": r.text_context_held,
-                    "text_context_prompt": r.text_context_prompt}
-            for k in COLUMNS:
-                cols[k].append(vals[k])
-        rep = cls(cols, [preset], {preset.spec(): 0}, state.cost_model, policy=state.policy.name,
-                  poor_fit=getattr(state, "poor_fit", None))
+    def from_table(cls, table, presets: list, evictions: dict, cost_model, policy: str = "recorded",
+                   poor_fit=None) -> "ReplayReport":
+        """A report of rows already in columns (an Arrow table holding `COLUMNS`; None: no row), as the C++
+        replay core writes them (`strata_lab.replayer.native`)."""
+        rep = cls({k: [] for k in _DTYPES}, presets, evictions, cost_model, policy=policy, poor_fit=poor_fit)
+        if table is not None:
+            rep.table = table.select(list(COLUMNS)).cast(rep.table.schema)
         return rep
 
     # --- rows ------------------------------------------------------------------------------------------
@@ -180,6 +147,14 @@ class ReplayReport:
         return pd.DataFrame({k: pd.Series(self.cols[k], dtype=_DTYPES[k]) for k in COLUMNS})
 
     to_frame = frame
+
+    def to_dask_frame(self, npartitions: int = 1):
+        """The same rows as a dask.dataframe (for pipelines that continue on a cluster)."""
+        import dask.dataframe as dd
+
+        if not isinstance(npartitions, int) or isinstance(npartitions, bool) or npartitions < 1:
+            raise ValueError(f"npartitions must be a positive int, got {npartitions!r}")
+        return dd.from_pandas(self.frame(), npartitions=npartitions)
 
     @property
     def specs(self) -> list[str]:

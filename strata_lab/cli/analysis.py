@@ -303,19 +303,18 @@ def _emit(report, args: argparse.Namespace, calls=None, engines=None) -> int:
 def _replay_dask(dump, args: argparse.Namespace) -> int:
     """--dask: a store replayed on a Dask cluster by the state model (one task per replica), into the same
     report as every other replay (engine strata)."""
-    from strata_lab.caches.replay import ReplayReport
+    from strata_lab.caches.replay import replay
     from strata_lab.cli.commands import status
-    from strata_lab.replayer import replay
 
     if args.engine and any(e.split(":")[0].split("@")[0] != "strata" for e in args.engine):
-        raise ValueError("--dask replays our engine's state model (engine strata) only")
+        raise ValueError("--dask replays our engine (engine strata) only")
     status(f"replaying on Dask ({args.dask}): starting or connecting to the cluster, one task per replica "
            "...", args)
-    checkpoints = args.checkpoints or "recorded"   # as the plain replay of our dumps
-    state = replay(dump, model=args.model or "hybrid", checkpoint_policy=checkpoints, tokenizer=args.tokenizer,
-                   full_hit=args.full_hit or "held_logits", policy="recorded", progress=not args.quiet,
-                   cluster=args.dask)
-    return _emit(ReplayReport.from_state_report(state, checkpoints=checkpoints), args)
+    over = {k: v for k, v in (("kind", args.model), ("checkpoints", args.checkpoints), ("full_hit", args.full_hit))
+            if v}
+    engine = args.engine[0] if args.engine else "strata"
+    return _emit(replay(dump, engine, tokenizer=args.tokenizer, progress=not args.quiet, cluster=args.dask, **over),
+                 args)
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:

@@ -160,9 +160,7 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
            bytes_per_snapshot: int | None = None, cluster=None) -> Report:
     """Replay a dump (path, paths, Dump, or a Parquet store) under `policy`; return a Report, one row per call.
 
-    A store replays from its delta encoding (work per call ~ its new ids). `cluster` (a dask.distributed
-    Client, a scheduler address, or "local[:N]" for a LocalCluster of N workers) replays a store on Dask,
-    one task per cache domain (replica), and returns the same Report; the default stays in-process.
+    A store's fast path (its delta encoding on the C++ core, in-process or on Dask) is `strata_lab.replay`.
 
     `checkpoint_policy` (a strata_lab.CheckpointPolicy or a spec such as "every:256"; default: a snapshot
     at each prompt's end) applies unless the policy names its own; "recorded" uses the snapshots each dump
@@ -181,40 +179,27 @@ def replay(dump, *, model: str = "hybrid", checkpoint_policy: CheckpointPolicy |
         progress: show a progress bar.
         context_chars: characters of text kept around each divergence.
         bytes_per_snapshot: as above.
-        cluster: as above.
+        cluster: not taken here (`strata_lab.replay(store, cluster=...)`).
     """
     opts = resolve_options(model=model, checkpoint_policy=checkpoint_policy, policy=policy, full_hit=full_hit,
                            bytes_per_snapshot=bytes_per_snapshot, context_chars=context_chars)
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise TypeError(f"cost_model must be a CostModel or None, got {type(cost_model).__name__}")
-    dump = dump if isinstance(dump, (Dump, Store)) else load_dump(dump)
-    store = dump if isinstance(dump, Store) else None
     if cluster is not None:
-        if store is None:
-            raise ValueError("cluster: distributed replay reads a store (strata-lab convert dump.jsonl --out DIR)")
-        from strata_lab.replayer.distributed import replay_on_cluster
-
-        return replay_on_cluster(store, opts, tokenizer, cost_model, cluster=cluster, progress=progress)
+        raise TypeError("cluster: a store replays on Dask through strata_lab.replay(store, cluster=...)")
+    dump = dump if isinstance(dump, (Dump, Store)) else load_dump(dump)
     tok = load_tokenizer_arg(tokenizer)
-    delta = store is not None and not opts.policy.changes_prompts
-    records = None if delta else dump.records()
+    records = dump.records()
     poor_fit = None
     if cost_model is None:   # a fit too poor to price seconds is set aside: tokens only, and the report says so
-        cost_model, poor_fit = usable_fit(fit_cost_store(store) if delta else fit_cost(records))
+        cost_model, poor_fit = usable_fit(fit_cost(records))
     bar = None
     if progress:
         from strata_lab.progress import progress_bar
 
-        bar = progress_bar(total=store.num_rows if delta else len(records), desc=f"replay {opts.policy.name}",
-                           unit="call")
+        bar = progress_bar(total=len(records), desc=f"replay {opts.policy.name}", unit="call")
     try:
-        if delta:  # the store's delta encoding: per-call work ~ the new ids
-            from strata_lab.replayer.native import replay_domain
-
-            _seqs, rows, snap_bytes, recorded_ms = replay_domain(store.partitions, opts, tok, cost_model, bar)
-            recorded_s = recorded_ms / 1000.0 if recorded_ms is not None else None
-        else:
-            rows, snap_bytes, recorded_s = replay_records(records, opts, tok, cost_model, bar)
+        rows, snap_bytes, recorded_s = replay_records(records, opts, tok, cost_model, bar)
     finally:
         if bar is not None:
             bar.close()

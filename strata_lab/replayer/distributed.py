@@ -2,16 +2,13 @@
 
 A replica's sessions share its cache, so its calls are replayed in order by one task; replicas are
 independent and run in parallel. The tasks return their rows with each call's position in the store, and
-the client merges them into the same Report an in-process replay returns. `cluster` is a
+the client merges them in store order: the same rows an in-process replay gives. `cluster` is a
 `distributed.Client`, a scheduler address ("tcp://host:8786"), or "local[:N]" (a LocalCluster with N
 worker processes, started and closed here).
 """
 from __future__ import annotations
 
 import functools
-
-from strata_lab.replayer.report import Report
-from strata_lab.replayer.rowtable import RowTable
 
 __all__ = ["replay_on_cluster", "connect"]
 
@@ -23,12 +20,12 @@ def _worker_tokenizer(name: str):
     return load_tokenizer(name)
 
 
-def _domain_task(partitions, opts, tokenizer, cost_model):
+def _domain_task(partitions, opts, tokenizer, cost_model, spec):
     from strata_lab.replayer.native import replay_domain
 
     tok = _worker_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
-    seqs, rows, snap, ms = replay_domain(partitions, opts, tok, cost_model)
-    return seqs, rows.batches(), snap, ms   # Arrow batches travel compactly
+    seqs, batches, snap, ms = replay_domain(partitions, opts, tok, cost_model, spec=spec)
+    return seqs, batches, snap, ms   # Arrow batches travel compactly
 
 
 MAX_LOCAL_WORKERS = 256
@@ -58,49 +55,39 @@ def connect(cluster):
     return Client(cluster), True
 
 
-def sum_in_order(xs) -> float:
-    total = 0.0
-    for x in xs:
-        total += x
-    return total
-
-
-def _merge_in_store_order(results) -> RowTable:
-    """The domains' rows as one RowTable in store (seq) order, merged column-wise in Arrow."""
+def _merge_in_store_order(results):
+    """The domains' rows as one table in store (seq) order, numbered in it."""
+    import numpy as np
     import pyarrow as pa
+
+    from strata_lab.replayer.native import numbered
 
     batches = [b for res in results for b in res[1]]
     seqs = [s for res in results for s in res[0]]
     if not batches:
-        return RowTable()
+        return None
     table = pa.Table.from_batches(batches)
-    order = pa.array(seqs, type=pa.int64()).to_numpy().argsort(kind="stable")
-    return RowTable.from_batches(table.take(pa.array(order)).combine_chunks().to_batches(max_chunksize=8192))
+    order = np.asarray(seqs, dtype=np.int64).argsort(kind="stable")
+    return numbered(table.take(pa.array(order)).combine_chunks().to_batches())
 
 
-def replay_on_cluster(store, opts, tokenizer, cost_model, *, cluster, progress: bool = False) -> Report:
-    """The distributed replay behind `replay(store, cluster=...)`."""
+def replay_on_cluster(store, opts, tokenizer, cost_model, *, cluster, progress: bool = False, spec: str = "strata"):
+    """The distributed replay behind `replay(store, cluster=...)`: the report's rows (an Arrow table)."""
     from distributed import as_completed
-
-    from strata_lab.replayer.fast import fit_cost_store
 
     if opts.policy.changes_prompts:
         raise ValueError("cluster: prompt-rewriting policies (reply-ids, keep-drained) replay in-process only")
-    poor_fit = None
-    if cost_model is None:
-        from strata_lab.replayer.costs import usable_fit
-
-        cost_model, poor_fit = usable_fit(fit_cost_store(store))
     client, owned = connect(cluster)
     try:
         domains = store.domains()
-        futures = [client.submit(_domain_task, parts, opts, tokenizer, cost_model, key=f"replay-{name}", pure=False)
+        futures = [client.submit(_domain_task, parts, opts, tokenizer, cost_model, spec, key=f"replay-{name}",
+                                 pure=False)
                    for name, parts in domains.items()]
         bar = None
         if progress:
             from strata_lab.progress import progress_bar
 
-            bar = progress_bar(total=len(futures), desc=f"replay {opts.policy.name} on dask", unit="domain")
+            bar = progress_bar(total=len(futures), desc=f"replay {spec} on dask", unit="domain")
         results = []
         for fut in as_completed(futures):
             try:
@@ -121,11 +108,4 @@ def replay_on_cluster(store, opts, tokenizer, cost_model, *, cluster, progress: 
             client.close()
             if cluster_obj is not None:
                 cluster_obj.close()
-    rows = _merge_in_store_order(results)
-    snap = sum(res[2] for res in results)
-    ms = [t for t in rows.column("prefill_ms") if t == t]  # in store order, as in-process sums
-    recorded_s = sum_in_order(ms) / 1000.0 if any(res[3] is not None for res in results) else None
-    if opts.policy.checkpoint_policy is not None:
-        recorded_s = None
-    return Report(rows, policy=opts.policy, model=opts.model, cost_model=cost_model, snapshot_bytes=snap,
-                  recorded_prefill_s=recorded_s, poor_fit=poor_fit)
+    return _merge_in_store_order(results)

@@ -34,13 +34,12 @@ from strata_lab import _native
 from strata_lab.replayer.divergence import (Divergence, _assistant_id, classify, find_divergence,
                                             set_id_contexts, set_text_contexts)
 from strata_lab.replayer.fast import _ROW_COLUMNS, DeltaPrompt, _all_keys, _record, session_ends
-from strata_lab.replayer.rowtable import RowTable
 from strata_lab.replayer.step import COLUMNS, attribute_row, recorded_prefill_ms
 
-__all__ = ["replay_domain", "domain_batches", "native_available"]
+__all__ = ["replay_store", "replay_domain", "domain_batches", "native_available"]
 
 _INT_OUTS = ("prompt_len", "held_before", "lcp", "reused", "target", "reread", "snapshots", "index", "gen_len",
-             "drained_len", "lcp_text")
+             "drained_len", "lcp_text", "restored")
 _LIST_COLUMNS = ("suffix_ids", "gen_ids", "drained_ids", "checkpoints")
 _SCALARS = [c for c in _ROW_COLUMNS if c not in _LIST_COLUMNS] + ["_part", "_row"]
 _NO_PERM = np.zeros(0, dtype=np.int64)
@@ -226,8 +225,9 @@ def _native_vocab(tok):
 class _Domain:
     """The replay of one cache domain on the C++ core (see the module docstring)."""
 
-    def __init__(self, partitions: list[str], opts, tok, cost_model):
+    def __init__(self, partitions: list[str], opts, tok, cost_model, spec: str = "strata"):
         ext = _native.replay()
+        self.spec = spec   # the engine spec the report's rows name
         if opts.policy.changes_prompts:
             raise ValueError("the delta replay serves prompt-keeping policies; rewrite policies replay records")
         self.partitions, self.opts, self.tok, self.cost_model = partitions, opts, tok, cost_model
@@ -317,6 +317,11 @@ class _Domain:
         outs = {k: np.zeros(n, dtype=np.int64) for k in _INT_OUTS}
         outs["cause"] = np.zeros(n, dtype=np.int8)
         out_tuple = tuple(outs[k] for k in (*_INT_OUTS, "cause"))
+        # the divergence (its cause code; -1: none / new_session by held) and the re-read's split, where Python
+        # attributed a row (the core's own rows: no divergence, all of the re-read the engine's)
+        outs["divergence"] = np.full(n, -1, dtype=np.int64)
+        outs["divergence_reread"] = np.zeros(n, dtype=np.int64)
+        outs["engine_reread"] = np.full(n, -1, dtype=np.int64)
         over: dict[int, dict] = {}  # row -> values of the rows Python stepped
         core = self.core
         # the core runs without the vocabulary, so it stops at every miss: a miss's re-read counts the held ids
@@ -342,11 +347,19 @@ class _Domain:
         for i in np.flatnonzero(rare).tolist():
             if i in over:   # stepped in Python: attributed there
                 continue
-            cause, reread = attribute_row(model, (), range(int(plen[i])), held_before=int(held[i]), lcp=int(lcp[i]),
-                                          lcp_text=int(outs["lcp_text"][i]),
-                                          cause=self.cause_names[int(outs["cause"][i])], reused=int(reused[i]))
-            outs["reread"][i] = reread
-            outs["cause"][i] = self._cause_code(cause)
+            self._put_attribution(outs, i, attribute_row(
+                model, (), range(int(plen[i])), held_before=int(held[i]), lcp=int(lcp[i]),
+                lcp_text=int(outs["lcp_text"][i]), cause=self.cause_names[int(outs["cause"][i])],
+                reused=int(reused[i])))
+
+    def _put_attribution(self, outs, i: int, a) -> None:
+        """Row i's (cause, reread, divergence, divergence_reread, engine_reread) into the outputs."""
+        cause, reread, div, div_rr, eng_rr = a
+        outs["cause"][i] = self._cause_code(cause)
+        outs["reread"][i] = reread
+        outs["divergence"][i] = self._cause_code(div) if div not in ("none", "new_session") else -1
+        outs["divergence_reread"][i] = div_rr
+        outs["engine_reread"][i] = eng_rr
 
     # --- a call Python steps ------------------------------------------------------------------------
     def _slow(self, b, i: int, outs) -> dict:
@@ -377,7 +390,7 @@ class _Domain:
             prompt = DeltaPrompt(held, shared, suffix)
             plen = prev[2]
             lcp = shared if shared < plen else plen + core.lcp_with(code, plen, suffix)
-        target, reused, _restored = core.plan(code, len(prompt), lcp)
+        target, reused, restored = core.plan(code, len(prompt), lcp)
         tail = prompt[lcp:]  # a list (DeltaPrompt slices are lists)
         if lcp >= held_before:  # extends held (or the session held nothing): no divergence to explain
             div = None
@@ -403,107 +416,116 @@ class _Domain:
             ckpts = [c for c in ckpts if 0 < c <= h_after]
         lcp_text = div.lcp_text if div is not None else held_before
         # the one definition of re-read, on the held ids before the call (advance replaces them)
-        cause, reread = attribute_row(opts.model, held, prompt, held_before=held_before, lcp=lcp, lcp_text=lcp_text,
-                                      cause=cause, reused=reused)
-        _hb, _l, reused, target, snaps, index = core.advance(code, len(prompt), lcp, tail, gen, drained, ckpts, part,
-                                                            n_row)   # the same plan as above
+        self._put_attribution(outs, i, attribute_row(opts.model, held, prompt, held_before=held_before, lcp=lcp,
+                                                     lcp_text=lcp_text, cause=cause, reused=reused))
+        _hb, _l, reused, target, snaps, index, restored = core.advance(code, len(prompt), lcp, tail, gen, drained,
+                                                                      ckpts, part, n_row)   # the same plan as above
         plen = len(prompt)
         for name, v in (("prompt_len", plen), ("held_before", held_before), ("lcp", lcp), ("reused", reused),
-                        ("target", target), ("reread", reread), ("snapshots", snaps),
-                        ("index", index), ("gen_len", len(gen)), ("drained_len", len(drained)),
-                        ("lcp_text", lcp_text), ("cause", self._cause_code(cause))):
+                        ("target", target), ("snapshots", snaps), ("index", index), ("gen_len", len(gen)),
+                        ("drained_len", len(drained)), ("lcp_text", lcp_text),
+                        ("restored", -1 if restored is None else restored)):
             outs[name][i] = v
         t = recorded_prefill_ms(rec)
         if t is not None:
             core.add_recorded_ms(t)
         rr = rec.get("reused")
-        o = {"session": sid, "request_id": rec.get("request_id"), "call": rec.get("call", 0), "ts": rec.get("ts"),
-             "recorded_reused": rr if isinstance(rr, int) and not isinstance(rr, bool) else None,
-             "prefill_ms": t if t is not None else math.nan}
-        if div is not None:
+        ts = rec.get("ts")
+        o = {"session": sid, "request_id": rec.get("request_id"),
+             "ts": float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts)
+             else math.nan,
+             "reported": rr if isinstance(rr, int) and not isinstance(rr, bool) else None}
+        if div is not None and lcp < plen:   # a prompt that stops inside held parts from nothing: no context
             o.update(id_context_held=div.id_context_held, id_context_prompt=div.id_context_prompt,
-                     text_context_held=div.text_context_held, text_context_prompt=div.text_context_prompt,
-                     held_ids_at=list(div.held_ids_at), prompt_ids_at=list(div.prompt_ids_at))
+                     text_context_held=div.text_context_held, text_context_prompt=div.text_context_prompt)
         if self.ends.get(row[1]) == seq_i:  # the session's last call: free its held ids
             core.close(code)
         return o
 
     # --- the report's rows for one batch, column-wise ------------------------------------------------
     def _rows(self, b, outs, over: dict):
+        """The batch's rows as the replay report's columns (docs/CONTRACTS.md, Contract 3; engine strata):
+        `index` is left 0 here (the driver numbers the rows in store order)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from strata_lab.replayer.rowtable import _arrow_types
-
         n = b.num_rows
-        types = _arrow_types()
         col = b.column
+        own = {i: o for i, o in over.items() if "session" in o}   # rows stepped in Python: their own values
+        ctx_rows = sorted(i for i, o in over.items() if "id_context_held" in o)   # rows with divergence contexts
 
-        # rows with their own values (stepped in Python) and rows with divergence contexts (every miss)
-        own = {i: o for i, o in over.items() if "session" in o}
-        ctx_rows = sorted(i for i, o in over.items() if "id_context_held" in o)
+        def patched(name, base, typ):
+            if not own:
+                return base
+            vals = base.to_pylist() if isinstance(base, (pa.Array, pa.ChunkedArray)) else list(base)
+            for i, o in own.items():
+                vals[i] = o[name]
+            return pa.array(vals, type=typ)
+
+        empty = pa.array([""] * n, type=pa.string())
         mask = None
         if ctx_rows:
             m = np.zeros(n, dtype=bool)
             m[ctx_rows] = True
             mask = pa.array(m)
 
-        def patched(name, base):  # a column with the Python-stepped rows' own values
-            if not own:
-                return base
-            vals = base.to_pylist() if isinstance(base, (pa.Array, pa.ChunkedArray)) else list(base)
-            for i, o in own.items():
-                vals[i] = o[name]
-            return pa.array(vals, type=types[name])
-
-        def contexts(name, empty):  # "" / () except on the misses
+        def contexts(name):   # "" except on the misses
             if mask is None:
                 return empty
-            vals = [over[i][name] for i in ctx_rows]
-            if name in ("held_ids_at", "prompt_ids_at"):
-                out = [[]] * n
-                for i, v in zip(ctx_rows, vals):
-                    out[i] = v
-                return pa.array(out, type=types[name])
-            return pc.replace_with_mask(empty, mask, pa.array(vals, type=pa.string()))
+            return pc.replace_with_mask(empty, mask, pa.array([over[i][name] for i in ctx_rows], type=pa.string()))
 
-        reused = outs["reused"]
-        plen = outs["prompt_len"]
+        reused, plen, held = outs["reused"], outs["prompt_len"], outs["held_before"]
         read = plen - reused
         reread = outs["reread"]
-        lcp_text = outs["lcp_text"]
-        cause = np.asarray(self.cause_names, dtype=object)[outs["cause"]]  # codes -> names (`_cause_code`)
-        prefill_ms = pc.fill_null(col("prefill_ms"), math.nan)
+        lcp = outs["lcp"]
+        names = np.asarray(self.cause_names, dtype=object)
+        cause = names[outs["cause"]]   # codes -> names (`_cause_code`)
+        div = np.where(outs["divergence"] >= 0, names[np.maximum(outs["divergence"], 0)],
+                       np.where(held == 0, "new_session", "none"))
+        eng_rr = np.where(outs["engine_reread"] >= 0, outs["engine_reread"], reread)
         cm = self.cost_model
         if cm is not None:
             prefill_s, reread_s = cm.seconds(read, reused), cm.seconds(reread, reused)
         else:
             prefill_s = reread_s = np.full(n, math.nan)
-        gap = np.maximum(outs["target"] - reused, 0)
-        mib = outs["snapshots"] * self.bytes_per_snapshot / 2**20
-        empty = pa.array([""] * n, type=pa.string())
-        no_ids = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], type=pa.int64()))
+        restored = outs["restored"]
+        unit = np.where(restored >= 0, np.char.add("checkpoint ", restored.astype(str)),
+                        np.where(reused > 0, "session state", ""))
+        reported = patched("reported", col("reused"), pa.int64())
+        rep = pc.cast(reported, pa.int64()).to_numpy(zero_copy_only=False)   # float, NaN where none
+        has = ~np.isnan(rep)
+        rep_i = np.where(has, rep, 0).astype(np.int64)
+        diff = reused - rep_i
+        base = np.maximum(plen, rep_i)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pct = np.where(has & (base > 0), 100.0 * diff / np.where(base > 0, base, 1), math.nan)
+        agrees = np.where(base > 0, np.abs(diff) <= 5.0 / 100.0 * base, diff == 0)
+        none_i = pa.nulls(n, pa.int64())
+        ts = pc.fill_null(col("ts"), math.nan)
         data = {
-            "session": col("session"), "turn": outs["index"], "request_id": col("request_id"), "call": col("call"),
-            "ts": col("ts"), "prompt_len": plen, "held_before": outs["held_before"], "lcp_ids": outs["lcp"],
-            "lcp_text": lcp_text, "reused": reused, "recorded_reused": col("reused"), "read": read, "reread": reread,
-            "cause": pa.array(cause, type=pa.string()), "checkpoint_gap": gap, "snapshots": outs["snapshots"],
-            "snapshot_mib": mib, "gen_len": outs["gen_len"], "drained_len": outs["drained_len"],
-            "prefill_ms": prefill_ms, "prefill_s": prefill_s, "reread_s": reread_s,
-            "id_context_held": empty, "id_context_prompt": empty, "text_context_held": empty,
-            "text_context_prompt": empty, "held_ids_at": no_ids, "prompt_ids_at": no_ids,
+            "engine": pa.array(np.full(n, "strata", dtype=object), pa.string()),
+            "spec": pa.array(np.full(n, self.spec, dtype=object), pa.string()),
+            "replica": np.zeros(n, np.int64), "index": np.zeros(n, np.int64), "turn": outs["index"],
+            "session": patched("session", col("session"), pa.string()),
+            "request_id": patched("request_id", col("request_id"), pa.string()),
+            "ts": patched("ts", ts, pa.float64()), "prompt_len": plen, "held_before": held, "lcp_ids": lcp,
+            "lcp_text": outs["lcp_text"], "exact": np.minimum(lcp, np.maximum(plen - 1, 0)), "reused": reused,
+            "read": read, "reread": reread, "cause": pa.array(cause, pa.string()),
+            "divergence": pa.array(div.astype(object), pa.string()),
+            "divergence_reread": outs["divergence_reread"], "engine_reread": eng_rr,
+            "unit": pa.array(unit.astype(object), pa.string()), "source": none_i, "written": np.zeros(n, np.int64),
+            "prefill_s": prefill_s, "reread_s": reread_s, "dollars": np.full(n, math.nan), "reported": reported,
+            "reported_by": pa.array(np.where(has, "strata", None), pa.string()),
+            "reported_diff": pa.array(diff, pa.int64(), mask=~has), "reported_diff_pct": pct,
+            "reported_write": none_i, "reported_prompt": none_i,
+            "reported_agrees": pa.array(agrees, pa.bool_(), mask=~has),
+            "id_context_held": contexts("id_context_held"), "id_context_prompt": contexts("id_context_prompt"),
+            "text_context_held": contexts("text_context_held"),
+            "text_context_prompt": contexts("text_context_prompt"),
         }
-        arrays = []
-        for name in COLUMNS:
-            v = data[name]
-            if name in ("session", "request_id", "call", "ts", "recorded_reused", "prefill_ms"):
-                v = patched(name, v)
-            elif name in ("id_context_held", "id_context_prompt", "text_context_held", "text_context_prompt",
-                          "held_ids_at", "prompt_ids_at"):
-                v = contexts(name, v)
-            arrays.append(v if isinstance(v, pa.Array) else pa.array(v, type=types[name]))
-        arrays = [a.cast(types[name]) if a.type != types[name] else a for name, a in zip(COLUMNS, arrays)]
-        return pa.RecordBatch.from_arrays(arrays, names=COLUMNS)
+        arrays = [v if isinstance(v, (pa.Array, pa.ChunkedArray)) else pa.array(v) for v in data.values()]
+        arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
+        return pa.RecordBatch.from_arrays(arrays, names=list(data))
 
 
 def _miss_divergence(m: tuple, lcp: int, width: int) -> Divergence:
@@ -573,24 +595,45 @@ class _LazyHeld(Sequence):
         return self.core.held_slice(self.code, i, i + 1)[0]
 
 
-def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None):
-    """Replay one cache domain on the C++ core; the same return as `fast.replay_domain`:
-    (seqs, rows (a RowTable), peak snapshot bytes summed over sessions, recorded prefill ms or None).
-    Without a compiled engine (a source checkout not built yet) the Python reference runs instead."""
-    if not native_available():
-        from strata_lab.replayer import fast
-
-        return fast.replay_domain(partitions, opts, tok, cost_model, progress)
-    dom = _Domain(partitions, opts, tok, cost_model)
+def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None, spec: str = "strata"):
+    """Replay one cache domain on the C++ core: (seqs, the report's rows as record batches in seq order, peak
+    snapshot bytes summed over sessions, recorded prefill ms or None)."""
+    dom = _Domain(partitions, opts, tok, cost_model, spec)
     seqs = array("q")
-    rows = RowTable()
+    batches = []
     gc_was_on = gc.isenabled()
-    gc.disable()  # see fast.replay_domain: nothing here makes cycles
+    gc.disable()  # the loop makes many small objects and no cycles: the cyclic GC would only rescan them
     try:
         for s, batch in dom.batches(progress):
             seqs.extend(s.tolist())
-            rows.append_batch(batch)
+            batches.append(batch)
     finally:
         if gc_was_on:
             gc.enable()
-    return seqs, rows, dom.core.peak_bytes, dom.core.recorded_ms
+    return seqs, batches, dom.core.peak_bytes, dom.core.recorded_ms
+
+
+def numbered(batches):
+    """The rows as one table, `index` numbering them in the order given (store order); None: no row."""
+    import pyarrow as pa
+
+    if not batches:
+        return None
+    t = pa.Table.from_batches(batches)
+    return t.set_column(t.schema.get_field_index("index"), "index", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+
+
+def replay_store(store, opts, tok, cost_model, *, spec: str, progress: bool = False):
+    """Our engine's replay of a store on the C++ core, in-process (on Dask: `distributed.replay_on_cluster`):
+    its rows as the replay report's columns (an Arrow table, in store order; None: no row)."""
+    bar = None
+    if progress:
+        from strata_lab.progress import progress_bar
+
+        bar = progress_bar(total=store.num_rows, desc=f"replay {spec}", unit="call")
+    try:
+        _seqs, batches, _snap, _ms = replay_domain(store.partitions, opts, tok, cost_model, bar, spec)
+    finally:
+        if bar is not None:
+            bar.close()
+    return numbered(batches)

@@ -220,11 +220,12 @@ class SessionState:
         prompt from there (prefill). Work is proportional to the ids that change, not the prompt."""
         if pred.restored_checkpoint is not None:
             self.checkpoints.move_to_end(pred.restored_checkpoint)  # a restore counts as a use for LRU
-        self._cut(pred.reused)
-        # held[:lcp] already equals prompt[:lcp]: the ids re-read from `reused` are the same ones
+        self._cut(pred.reused, pred.lcp)
+        # held[:lcp] already equals prompt[:lcp]: the ids re-read from `reused` are the same ones, and keep their
+        # origin (as `explain.SessionHistory` has them: a divergence is the same for every engine)
         del self.held[pred.lcp:]
         self.held.extend(prompt[pred.lcp:])
-        self._add_segment(pred.reused, len(self.held), "prompt")
+        self._add_segment(pred.lcp, len(self.held), "prompt")
         self._snapshot(pred.reused, len(self.held), prompt_end=True, prompt=prompt)
         self.calls += 1
 
@@ -254,11 +255,14 @@ class SessionState:
         return len(self.checkpoints) * self.bytes_per_snapshot
 
     # -- internals ----------------------------------------------------------------------------------
-    def _cut(self, n: int) -> None:
-        """Drop the snapshots and segment origins past position n (the ids are cut by the caller)."""
+    def _cut(self, n: int, origins: int | None = None) -> None:
+        """Drop the snapshots past position n and the segment origins past `origins` (default n; the ids are
+        cut by the caller)."""
         if n < len(self.held):
             for c in [c for c in self.checkpoints if c > n]:
                 del self.checkpoints[c]
+        n = n if origins is None else origins
+        if n < len(self.held):
             while self.segments and self.segments[-1][0] >= n:
                 self.segments.pop()
             if self.segments and self.segments[-1][1] > n:

@@ -119,8 +119,8 @@ def step(state: SessionState, prompt, rec, *, tok, first: bool, recorded_checkpo
     cause = classify(held=held, prompt=prompt, segments=state.segments, div=div, reused=pred.reused,
                      target=target, tok=tok, first_call=first, lcp_ids=lcp)
     lcp_text = div.lcp_text if div is not None else held_before
-    cause, reread = attribute_row(state.model, held, prompt, held_before=held_before, lcp=lcp, lcp_text=lcp_text,
-                                  cause=cause, reused=pred.reused)
+    cause, reread, *_split = attribute_row(state.model, held, prompt, held_before=held_before, lcp=lcp,
+                                           lcp_text=lcp_text, cause=cause, reused=pred.reused)
     state.apply(prompt, pred)
     gen, drained = rec["gen_ids"], rec["drained_ids"]
     state.finish(gen, drained)
@@ -145,8 +145,8 @@ def step(state: SessionState, prompt, rec, *, tok, first: bool, recorded_checkpo
 
 
 def attribute_row(model: str, held, prompt, *, held_before: int, lcp: int, lcp_text: int, cause: str,
-                  reused: int) -> tuple[str, int]:
-    """(cause, reread) of one state-model call by the one definition (`explain.attribute`, Contract 3): the
+                  reused: int) -> tuple[str, int, str, int, int]:
+    """(cause, reread, divergence, divergence_reread, engine_reread) of one state-model call by the one definition (`explain.attribute`, Contract 3): the
     engine's shortfall plus the divergence's re-read ids, the held ids past the text divergence that the
     prompt repeats (`explain.realigned_tail`) included. `cause`: `classify`'s; `held`, `prompt`: the ids
     before the call (sliced only on a divergence). Every path of the state model's replay (records, the
@@ -154,7 +154,7 @@ def attribute_row(model: str, held, prompt, *, held_before: int, lcp: int, lcp_t
 
     >>> held, prompt = list(range(1, 21)), [1, 2, 99] + list(range(4, 21))   # an edit at position 2
     >>> attribute_row("hybrid", held, prompt, held_before=20, lcp=2, lcp_text=2, cause="history_edit", reused=0)
-    ('history_edit', 19)
+    ('history_edit', 19, 'history_edit', 19, 0)
     """
     plen = len(prompt)
     exact = min(lcp, max(plen - 1, 0))
@@ -162,9 +162,9 @@ def attribute_row(model: str, held, prompt, *, held_before: int, lcp: int, lcp_t
         e = Explanation(held_before, lcp, lcp_text, cause, tail=realigned_tail(held, prompt, lcp_text, lcp))
     else:
         e = Explanation(held_before, lcp, lcp_text, "new_session" if not held_before else "none")
-    cause, reread, _div, _eng = attribute(e, reused=reused, engine_cause=shortfall_cause(model, reused, exact),
-                                          exact=exact, prompt_len=plen)
-    return cause, reread
+    cause, reread, div_rr, eng_rr = attribute(e, reused=reused, engine_cause=shortfall_cause(model, reused, exact),
+                                              exact=exact, prompt_len=plen)
+    return cause, reread, e.divergence, div_rr, eng_rr
 
 
 def _div_context(div) -> dict:

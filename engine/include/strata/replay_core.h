@@ -52,6 +52,7 @@ struct ReplayPlan {
 // One call's results (what `run` writes per row and `advance` returns).
 struct ReplayStep {
   int64_t held_before = 0, lcp = 0, reused = 0, target = 0, snapshots = 0, index = 0;
+  int64_t restored = -1;  // the snapshot restored (-1: none; the state was already there, or nothing reused)
 };
 
 // A batch of store rows as flat arrays (Arrow list columns as offsets + values). Pointers stay owned by
@@ -81,6 +82,7 @@ struct ReplayOut {
   int64_t* prompt_len; int64_t* held_before; int64_t* lcp; int64_t* reused; int64_t* target;
   int64_t* reread; int64_t* snapshots; int64_t* index; int64_t* gen_len; int64_t* drained_len;
   int64_t* lcp_text;
+  int64_t* restored;  // ReplayStep::restored
   int8_t* cause;  // a ReplayCause (Python reads it by name: _replay.Cause)
 };
 
@@ -173,7 +175,7 @@ class ReplayCore {
 
  private:
   ReplaySession& get(int64_t code);
-  void cut(ReplaySession& s, int64_t n);
+  void cut(ReplaySession& s, int64_t n, int64_t origins);  // snapshots past n, segment origins past `origins`
   void touch(ReplaySession& s, int64_t pos);
   void snapshot_span(ReplaySession& s, int64_t start, int64_t end, bool prompt_end);
   void note_peak(int64_t code, const ReplaySession& s);
