@@ -9,6 +9,10 @@ what the log reported (Contract 4); per engine a summary (docs/CONTRACTS.md, Con
 Calls from every session share one cache per replica, in arrival (`ts`) order (file order when a call has
 no `ts`). Each engine gets fresh models; each call's divergence is computed once for all of them.
 
+Why one module: every source (JSONL, a store, Dask) and every engine meet in one driver, and choosing the
+C++ core's path for our own engine is part of that driver's choice of route; split, the route and its
+fallback would be two readings of the same conditions.
+
 >>> import os, tempfile
 >>> from strata_lab.dump.writer import Recorder
 >>> path = os.path.join(tempfile.mkdtemp(), "d.jsonl")
