@@ -7,10 +7,15 @@ import pytest
 
 from strata_lab.sessions.agents import ScriptConfig, run_script
 from strata_lab.dump.writer import Recorder
-from strata_lab.replayer import replay
+from strata_lab.caches.replay import replay
 
 pytest.importorskip("strata_lab._engine")
 from strata_lab.sessions.runs import Reproduction, reproduce, rewrite  # noqa: E402
+
+
+def _reused(report) -> list[int]:
+    """A replay's reused per call, in dump order (the report is in arrival order)."""
+    return [r["reused"] for r in sorted(report.rows, key=lambda r: r["index"])]
 
 
 @pytest.fixture(scope="module")
@@ -48,29 +53,29 @@ def test_engine_run_reproduces_and_replay_agrees(synthetic, tmp_path, qwen3, kin
     assert again.prefill_ratio > 0
     frame = again.to_frame()
     assert list(frame["read"]) == list(frame["recorded_read"])
-    rep = replay(engine_dump, tokenizer=qwen3, model=kind, checkpoint_policy="recorded")
-    assert rep["mismatches"] == 0 and rep["compared"] == 3
+    rep = replay(engine_dump, "strata", tokenizer=qwen3, kind=kind, checkpoints="recorded")
+    assert rep["calls_differ"] == 0 and rep["reported_calls"] == 3
     assert rep["causes"].get("retokenized_reply") == 1
 
 
 def test_rewrite_under_fixes_reads_less(synthetic, tmp_path, qwen3):
     base = tmp_path / "base.jsonl"
     reproduce(synthetic, model="hybrid", out=base)
-    before = replay(base, tokenizer=qwen3, checkpoint_policy="recorded")
+    before = replay(base, "strata", tokenizer=qwen3, checkpoints="recorded")
     for policy, causes_gone in [("reply-ids", "retokenized_reply"), ("fixes", "drained_dropped")]:
         out = tmp_path / f"{policy}.jsonl"
         r = rewrite(base, out, policy=policy)
         assert r.policy == policy and sum(r.totals()[k] for k in ("read",)) < r.totals()["recorded_read"]
-        after = replay(out, tokenizer=qwen3, checkpoint_policy="recorded")
-        assert after["mismatches"] == 0
+        after = replay(out, "strata", tokenizer=qwen3, checkpoints="recorded")
+        assert after["calls_differ"] == 0
         assert after["reread"] < before["reread"] and causes_gone not in after["causes"]
     with pytest.raises(ValueError, match="policy"):
         rewrite(base, tmp_path / "x.jsonl", policy="recorded")
     # checkpoint policies run on the engine too, and the engine does what the replay predicts
     for policy in ("every:16", "header", "fixes+header"):
         r = rewrite(base, tmp_path / f"{policy}.jsonl", policy=policy, tokenizer=qwen3)
-        pred = replay(base, tokenizer=qwen3, policy=policy, model="hybrid")
-        assert r.matches_prediction and [x["reused"] for x in r.rows] == [x["reused"] for x in pred.rows], policy
+        pred = replay(base, "strata", tokenizer=qwen3, policy=policy, kind="hybrid")
+        assert r.matches_prediction and [x["reused"] for x in r.rows] == _reused(pred), policy
 
 
 _SHIPPED = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "dumps", "*.jsonl")))
@@ -81,11 +86,11 @@ def test_counterfactual_prompts_match_the_engine_on_shipped_dumps(path, tmp_path
     # the replay's counterfactual (wrap-up calls built from ids, one remember_reply per request) predicts
     # what the engine reuses when it is sent those prompts, on every call; and reply-id reuse never re-reads
     # more than the recording (thinking.jsonl used to: 240 -> 254, from re-encoding the wrap-up prompts)
-    base = replay(path, tokenizer=qwen3)
+    base = replay(path, "strata", tokenizer=qwen3, kind="hybrid", checkpoints="turn")
     for policy in ("reply-ids", "fixes"):
         r = rewrite(path, tmp_path / f"{policy}.jsonl", policy=policy, tokenizer=qwen3)
-        pred = replay(path, tokenizer=qwen3, policy=policy)
-        assert [row["reused"] for row in r.rows] == [row["reused"] for row in pred.rows], policy
+        pred = replay(path, "strata", tokenizer=qwen3, policy=policy, kind="hybrid", checkpoints="turn")
+        assert [row["reused"] for row in r.rows] == _reused(pred), policy
         assert pred["reread"] <= base["reread"], policy
 
 
@@ -94,8 +99,8 @@ def test_header_checkpoints_measured_on_the_engine(tmp_path, qwen3):
     engine's reuse equals the prediction, and it reads less than the recording."""
     path = os.path.join(os.path.dirname(__file__), "..", "dumps", "agent.jsonl")
     r = rewrite(path, tmp_path / "header.jsonl", policy="header", tokenizer=qwen3)
-    pred = replay(path, tokenizer=qwen3, policy="header")
-    assert [x["reused"] for x in r.rows] == [x["reused"] for x in pred.rows]
+    pred = replay(path, "strata", tokenizer=qwen3, policy="header", kind="hybrid")
+    assert [x["reused"] for x in r.rows] == _reused(pred)
     assert r.totals()["read"] < r.totals()["recorded_read"]
     assert "header" in r.summary() and r.model in r.summary()
 
@@ -147,8 +152,8 @@ def test_record_webui_session_against_the_server(tmp_path, qwen3):
     recs = load_dump(out).records()
     # the n_predict: 0 warm-ups only read their prompt
     assert [len(r["gen_ids"]) == 0 for r in recs] == [True, True, False, True, True, False]
-    rep = replay(out, tokenizer=qwen3, checkpoint_policy="recorded")
-    assert rep["mismatches"] == 0 and rep["compared"] == 6
+    rep = replay(out, "strata", tokenizer=qwen3, checkpoints="recorded")
+    assert rep["calls_differ"] == 0 and rep["reported_calls"] == 6
     assert reproduce(out).exact
     with pytest.raises(ValueError, match="out"):
         record("webui", out)  # never appends to an existing recording

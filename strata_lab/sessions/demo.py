@@ -44,8 +44,8 @@ def run_demo(png="strata-demo.png", *, out_dir=None, model="hybrid", turns: int 
     (a new temp dir by default), the plot to `png`."""
     import pandas as pd
 
+    from strata_lab.caches.replay import replay
     from strata_lab.dump.reader import load_dump
-    from strata_lab.replayer import replay
     from strata_lab.sessions.runs import model_kind, record
 
     say = (lambda *a: None) if quiet else print
@@ -64,13 +64,16 @@ def run_demo(png="strata-demo.png", *, out_dir=None, model="hybrid", turns: int 
         wall = time.perf_counter() - t0
         records = load_dump(path).records()
         kind = model_kind(records)
-        report = replay(path, model=kind, checkpoint_policy="recorded")
-        if report["mismatches"]:
-            raise RuntimeError(f"{path}: the replay disagrees with the engine on {report['mismatches']} calls")
-        frames[name] = report.to_frame()
+        report = replay(path, "strata", kind=kind, checkpoints="recorded")
+        if report["calls_differ"]:
+            raise RuntimeError(f"{path}: the replay disagrees with the engine on {report['calls_differ']} calls")
+        frames[name] = report.frame()
+        # the prefill seconds the engine spent, as recorded (the report's prefill_s is the cost model's)
+        prefill_ms = [r["timings"].get("prefill_ms") for r in records]
         rows.append({"run": name, "requests": rec.requests, "calls": report["calls"],
                      "prompt_tokens": report["prompt_tokens"], "reused": report["reused"], "read": report["read"],
-                     "reread": report["reread"], "prefill_s": report["prefill_s"], "wall_s": wall,
+                     "reread": report["reread"],
+                     "prefill_s": sum(t for t in prefill_ms if isinstance(t, (int, float))) / 1000.0, "wall_s": wall,
                      "misses": ", ".join(f"{c} {n}" for c, n in sorted(report["causes"].items())
                                          if c not in ("none", "new_session")),
                      "dump": str(path)})
@@ -81,7 +84,8 @@ def run_demo(png="strata-demo.png", *, out_dir=None, model="hybrid", turns: int 
     off, on = rows
     say(f"\nreply-id reuse: {off['reread']} -> {on['reread']} tokens re-read, {off['read']} -> {on['read']} read "
         f"({kind} model, replay agrees with the engine on every call)")
-    turn_only = replay(on["dump"], model=kind, policy="turn")  # the server without its header checkpoint
+    # the server without its header checkpoint
+    turn_only = replay(on["dump"], "strata", kind=kind, checkpoints="turn")
     say(f"header checkpoint (before the generation prompt's <|im_start|>): {turn_only['reread']} -> {on['reread']} "
         f"tokens re-read, {turn_only['read']} -> {on['read']} read (reuse on; turn start only -> recorded)")
     say(f"dumps in {out_dir}; plot written to {png}")

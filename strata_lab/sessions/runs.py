@@ -221,7 +221,9 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
          progress: bool = False) -> Reproduction:
     from strata_lab.dump.reader import load_dump
     from strata_lab.dump.writer import Recorder
-    from strata_lab.replayer import parse_policy, replay
+    from strata_lab.caches.replay import replay
+    from strata_lab.replayer import parse_policy
+    from strata_lab.rules import checkpoint_spec
 
     pol = parse_policy(policy) if isinstance(policy, str) else policy
     if pol.checkpoint_policy == "recorded":
@@ -274,9 +276,11 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
                      f"(choose another with --model)")
     prompt_policy = replace(pol, checkpoint_policy=None, name="recorded") if not pol.changes_prompts else \
         replace(pol, checkpoint_policy=None)
-    predicted = replay(dump, model=kind, checkpoint_policy=predict_cp, policy=prompt_policy, tokenizer=tokenizer)
-    if len(predicted.rows) != len(records):
-        raise RuntimeError(f"the replay has {len(predicted.rows)} rows for {len(records)} calls")
+    predicted = replay(dump, "strata", kind=kind, policy=prompt_policy, tokenizer=tokenizer,
+                       checkpoints=predict_cp if predict_cp == "recorded" else checkpoint_spec(predict_cp))
+    predicted_rows = sorted(predicted.rows, key=lambda r: r["index"])   # the report is in arrival order
+    if len(predicted_rows) != len(records):
+        raise RuntimeError(f"the replay has {len(predicted_rows)} rows for {len(records)} calls")
     pairs = ((r, list(r["prompt_ids"])) for r in records) if not pol.changes_prompts else \
         _policy_prompts(records, prompt_policy, tokenizer)
     as_recorded = not pol.changes_prompts and pol.checkpoint_policy is None
@@ -288,7 +292,7 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
 
         bar = progress_bar(total=len(records), desc=f"engine run ({name})", unit="call")
     try:
-        for (rec, prompt), pred in zip(pairs, predicted.rows):
+        for (rec, prompt), pred in zip(pairs, predicted_rows):
             gen, drained = list(rec["gen_ids"]), list(rec["drained_ids"])
             got = runner.call(str(rec["session"]), prompt, gen + drained)
             t = rec["timings"].get("prefill_ms")
