@@ -90,6 +90,11 @@ class _ReplayCore:
     def take_misses(self) -> list[tuple]: ...
     def add_recorded_ms(self, ms: float) -> None: ...
 
+def realigned_tail(held: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many ids of `held` `prompt` repeats in order (runs of at least 8 ids): the core's
+    strata_lab.replayer.explain.realigned_tail(held, prompt, 0, 0)."""
+    ...
+
 def json_array_end(data: bytes, pos: int) -> Optional[tuple[int, int]]:
     """(end of the last element, elements) of the JSON array whose elements continue at data[pos:] up to its
     ']', or None; for text a JSON parser read already (brackets and quotes followed, not checked)."""

@@ -113,6 +113,26 @@ def test_explain_matches_find_divergence_and_classify(qwen3, words, reply, drain
     assert m[5] == cause  # the core names its cause
 
 
+@HYPO
+@given(blocks=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=12), min_size=1, max_size=8),
+       held_at=st.lists(st.integers(0, 7), max_size=14), prompt_at=st.lists(st.integers(0, 7), max_size=14),
+       noise=st.lists(st.integers(0, 5), max_size=10))
+def test_realigned_tail_matches_explain(blocks, held_at, prompt_at, noise):
+    """The core's realigned tail is explain.realigned_tail's: blocks of a few ids recur in both sides in other
+    orders, so grams repeat (a gram found again later, the look-ahead past a run that skipped prompt ids)."""
+    from strata_lab.replayer.explain import realigned_tail
+
+    def seq(order):
+        out = []
+        for k in order:
+            out += blocks[k % len(blocks)] + [100 + k]
+        return out
+
+    held = seq(held_at) + noise
+    prompt = noise + seq(prompt_at)
+    assert _native.replay().realigned_tail(held, prompt) == realigned_tail(held, prompt, 0, 0)
+
+
 # --- the whole store replay -------------------------------------------------------------------------
 def _agent_dump(path, tok, rng, *, sessions=4, calls=14, replicas=2, odd=True):
     """Sessions over two days and several replicas: turns that extend, re-encode the reply, edit history,
@@ -218,7 +238,8 @@ def test_core_refuses_bad_batches_naming_the_field():
     vals = np.zeros(0, dtype=np.int32)
     ins = [i64, np.zeros(n, np.uint8), np.zeros(n, np.uint8), i64, i64, i64 - 1, i64, i64, offs, vals, offs, vals,
            offs, vals, offs, vals, np.zeros(n), np.zeros(0, np.int64)]
-    outs = tuple([np.zeros(n, np.int64) for _ in range(12)] + [np.zeros(n, np.int8)])
+    outs = tuple([np.zeros(n, np.int64) for _ in range(12)] + [np.zeros(n, np.int8)] +
+                 [np.zeros(n, np.int64) for _ in range(3)])
     assert core.run(0, tuple(ins), outs) == n  # empty prompts: valid
     bad = list(ins)
     bad[6] = i64.astype(np.int32)
@@ -229,7 +250,7 @@ def test_core_refuses_bad_batches_naming_the_field():
     with pytest.raises(ValueError, match="suffix offsets"):
         core.run(0, tuple(bad), outs)
     with pytest.raises(ValueError, match="cause"):
-        core.run(0, tuple(ins), outs[:-1] + (np.zeros(n, np.int64),))
+        core.run(0, tuple(ins), outs[:12] + (np.zeros(n, np.int64),) + outs[13:])
     bad = list(ins)
     bad[17] = np.array([0, 1, 3])  # a perm must stay inside the batch
     with pytest.raises(ValueError, match="perm"):

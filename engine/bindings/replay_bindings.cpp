@@ -332,6 +332,12 @@ PYBIND11_MODULE(_replay, m) {
 #define STRATA_REPLAY_CAUSE(name) cause.value(#name, ReplayCause::name);
   STRATA_REPLAY_CAUSES(STRATA_REPLAY_CAUSE)
 #undef STRATA_REPLAY_CAUSE
+  m.def("realigned_tail", [](py::handle held, py::handle prompt) {
+          const auto h = ids_of(held), p = ids_of(prompt);
+          return realigned_tail(h.data(), int64_t(h.size()), p.data(), int64_t(p.size()));
+        }, py::arg("held"), py::arg("prompt"),
+        "How many ids of `held` `prompt` repeats in order (runs of at least 8 ids): the core's "
+        "strata_lab.replayer.explain.realigned_tail(held, prompt, 0, 0).");
   m.def("json_array_end", &json_array_end, py::arg("data"), py::arg("pos"),
         "(end of the last element, elements) of the JSON array whose elements continue at data[pos:] up to its "
         "']', or None; for text a JSON parser read already (brackets and quotes followed, not checked).");
@@ -399,7 +405,7 @@ PYBIND11_MODULE(_replay, m) {
       .def("run",
            [](ReplayCore& c, int64_t start, py::tuple ins, py::tuple outs) {
              if (ins.size() != 18) throw py::value_error("run: ins must hold 18 arrays");
-             if (outs.size() != 13) throw py::value_error("run: outs must hold 13 arrays");
+             if (outs.size() != 16) throw py::value_error("run: outs must hold 16 arrays");
              ReplayBatch b;
              const py::ssize_t n = py::cast<py::array>(ins[0]).shape(0);
              b.n = n;
@@ -456,11 +462,15 @@ PYBIND11_MODULE(_replay, m) {
              o.lcp_text = out_ptr<int64_t>(outs, 10, "lcp_text", n);
              o.restored = out_ptr<int64_t>(outs, 11, "restored", n);
              o.cause = out_ptr<int8_t>(outs, 12, "cause", n);
+             o.divergence = out_ptr<int64_t>(outs, 13, "divergence", n);
+             o.divergence_reread = out_ptr<int64_t>(outs, 14, "divergence_reread", n);
+             o.engine_reread = out_ptr<int64_t>(outs, 15, "engine_reread", n);
              py::gil_scoped_release release;
              return c.run(b, start, o);
            },
            py::arg("start"), py::arg("ins"), py::arg("outs"),
-           "Step rows [start, n) of a batch until one needs Python; return its index (n: done).")
+           "Step rows [start, n) of a batch until one needs Python; return its index (n: done). outs: the 12 "
+           "int64 columns, cause (int8), divergence (cause code or -1), divergence_reread, engine_reread.")
       .def("has", &ReplayCore::has, py::arg("code"))
       .def("open", &ReplayCore::open, py::arg("code"))
       .def("close", &ReplayCore::close, py::arg("code"))

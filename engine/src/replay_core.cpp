@@ -242,28 +242,30 @@ int64_t ReplayCore::run(const ReplayBatch& b, int64_t start, const ReplayOut& ou
     const ReplayStep st = advance(code, plen, lcp, suffix + tail_from, ns - tail_from, go ? b.gen + go[r] : nullptr,
                                   ngen, dof ? b.drained + dof[r] : nullptr, ndr, co ? b.ckpt + co[r] : nullptr, nck,
                                   b.part[i], b.row[i]);
-    // a hit: the prompt extends held (lcp_text = held_before), or the session held nothing
+    // a hit: the prompt extends held (lcp_text = held_before), or the session held nothing (classify)
     const int64_t lcp_text = miss ? m.lcp_text : held_before;
-    const int64_t useful = std::min(std::min(lcp_text, held_before), lcp_text >= plen ? st.target : lcp_text);
+    const ReplayCause cause = miss ? m.cause
+                                   : held_before == 0 ? ReplayCause::new_session
+                                   : st.reused >= st.target ? ReplayCause::none : ReplayCause::no_state_checkpoint;
+    const ReplayAttribution a = attribute_call(rules_.hybrid, held_before, lcp, lcp_text, plen, st.reused, cause,
+                                               miss ? m.tail : 0);
     out.prompt_len[i] = plen;
     out.held_before[i] = held_before;
     out.lcp[i] = lcp;
     out.reused[i] = st.reused;
     out.target[i] = st.target;
-    out.reread[i] = std::max<int64_t>(useful - st.reused, 0);
+    out.reread[i] = a.reread;
+    out.cause[i] = int8_t(a.cause);
+    out.divergence[i] = is_divergence(a.divergence) ? int64_t(a.divergence) : -1;
+    out.divergence_reread[i] = a.divergence_reread;
+    out.engine_reread[i] = a.engine_reread;
     out.snapshots[i] = st.snapshots;
     out.index[i] = st.index;
     out.gen_len[i] = ngen;
     out.drained_len[i] = ndr;
     out.lcp_text[i] = lcp_text;
     out.restored[i] = st.restored;
-    if (miss) {
-      out.cause[i] = int8_t(m.cause);
-      misses_.push_back(std::move(m));
-    } else {
-      out.cause[i] = int8_t(held_before == 0 ? ReplayCause::new_session
-                                            : (st.reused >= st.target ? ReplayCause::none : ReplayCause::no_state_checkpoint));
-    }
+    if (miss) misses_.push_back(std::move(m));
     const double t = b.prefill_ms[i];
     if (!std::isnan(t)) add_recorded_ms(t);
     if (b.last[i]) close(code);
@@ -385,7 +387,94 @@ ReplayMiss ReplayCore::explain(int64_t code, int64_t lcp, const int32_t* ptail, 
   } else {
     m.cause = ReplayCause::history_edit;
   }
+  // the re-read past the text divergence (step.attribute_row): held ids past lcp_text the prompt repeats
+  if (is_divergence(m.cause)) m.tail = realigned_tail(held.data() + m.lcp_text, nh - m.lcp_text, ptail, nptail);
   return m;
+}
+
+int64_t realigned_tail(const int32_t* h, int64_t nh, const int32_t* p, int64_t np) {
+  constexpr int64_t G = 8;  // explain._GRAM
+  if (nh < G || np < G) return 0;
+  // every G consecutive ids hashed as explain._grams does (uint64, wrapping)
+  auto grams = [](const int32_t* a, int64_t n) {
+    std::vector<uint64_t> g(size_t(n - G + 1), 0);
+    for (int64_t k = 0; k < G; ++k)
+      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] * 1099511628211ULL + uint64_t(int64_t(a[int64_t(i) + k]));
+    return g;
+  };
+  const std::vector<uint64_t> gp = grams(p, np), gh = grams(h, nh);
+  std::vector<std::pair<uint64_t, int64_t>> by;  // (gram, prompt position), sorted
+  by.reserve(gp.size());
+  for (size_t q = 0; q < gp.size(); ++q) by.emplace_back(gp[q], int64_t(q));
+  std::sort(by.begin(), by.end());
+  // the first prompt position >= j holding gram g, or -1
+  auto first_from = [&](uint64_t g, int64_t j) -> int64_t {
+    auto it = std::lower_bound(by.begin(), by.end(), std::make_pair(g, j));
+    return it != by.end() && it->first == g ? it->second : -1;
+  };
+  std::vector<int64_t> cand;  // held positions whose gram the prompt has
+  for (size_t i = 0; i < gh.size(); ++i) {
+    auto it = std::lower_bound(by.begin(), by.end(), std::make_pair(gh[i], int64_t(0)));
+    if (it != by.end() && it->first == gh[i]) cand.push_back(int64_t(i));
+  }
+  auto next_cand = [&](int64_t pos) { return size_t(std::lower_bound(cand.begin(), cand.end(), pos) - cand.begin()); };
+  int64_t j = 0, matched = 0;
+  size_t k = 0;
+  while (k < cand.size()) {
+    const int64_t i = cand[k];
+    const int64_t q = first_from(gh[size_t(i)], j);
+    if (q < 0 || !std::equal(h + i, h + i + G, p + q)) {  // the gram is not past j (or only its hash is)
+      ++k;
+      continue;
+    }
+    const int64_t m = G + common_prefix(h + i + G, nh - i - G, p + q + G, np - q - G);
+    if (q - j > m && k + 1 < cand.size()) {
+      // a run matched past more prompt ids than it holds must not swallow what the next held ids find before it
+      const size_t k2 = next_cand(i + m);
+      if (k2 < cand.size()) {
+        const int64_t i2 = cand[k2], q2 = first_from(gh[size_t(i2)], j);
+        if (q2 >= 0 && q2 < q && std::equal(h + i2, h + i2 + G, p + q2)) {
+          ++k;
+          continue;
+        }
+      }
+    }
+    matched += m;
+    j = q + m;
+    k = next_cand(i + m);
+  }
+  return matched;
+}
+
+ReplayAttribution attribute_call(bool hybrid, int64_t held, int64_t lcp, int64_t lcp_text, int64_t plen,
+                                 int64_t reused, ReplayCause cause, int64_t tail) {
+  ReplayAttribution a;
+  const bool diverged = is_divergence(cause);
+  a.divergence = diverged ? cause : held == 0 ? ReplayCause::new_session : ReplayCause::none;
+  if (held == 0) {
+    a.cause = reused ? ReplayCause::none : ReplayCause::new_session;
+    return a;
+  }
+  const int64_t exact = std::min(lcp, std::max<int64_t>(plen - 1, 0));
+  const int64_t short_ = std::max<int64_t>(std::min(exact, lcp) - reused, 0);
+  // the engine's own reason (state.shortfall_cause): a hybrid restarts from an earlier snapshot
+  ReplayCause ecause = ReplayCause::none;
+  if (short_) {
+    ecause = hybrid && reused < exact ? ReplayCause::no_state_checkpoint : ReplayCause::not_cached;
+    if (ecause == ReplayCause::not_cached && reused == held - 1 && held - 1 == exact - 1)
+      ecause = ReplayCause::last_output_token;
+  }
+  int64_t div_rr = diverged ? (lcp_text - lcp) + tail : 0, eng_rr = short_;
+  if (diverged) {  // our engine's shortfall (a snapshot fallback, or none) is one the divergence makes
+    div_rr += short_;
+    eng_rr = 0;
+  }
+  const int64_t total = std::min(div_rr + eng_rr, std::max<int64_t>(plen - reused, 0));
+  a.cause = diverged && div_rr >= eng_rr ? cause : eng_rr ? ecause : ReplayCause::none;
+  a.reread = total;
+  a.divergence_reread = std::min(div_rr, total);
+  a.engine_reread = std::min(eng_rr, total - a.divergence_reread);
+  return a;
 }
 
 }  // namespace strata

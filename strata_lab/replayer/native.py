@@ -2,13 +2,15 @@
 
 `replay_domain` reads a cache domain's rows as Arrow batches (partitions merged in seq order a batch at a
 time) and hands each batch's flat buffers to `_ReplayCore` (the `strata_lab._replay` extension, no OpenMP), which keeps every session's
-held ids, snapshots and segments and applies the state model's rules (state.py) to the calls it can
-decide alone: a prompt that extends what the session holds. It stops at the calls that need Python:
+held ids, snapshots and segments, applies the state model's rules (state.py) and attributes every call
+(`step.attribute_row`'s rule). A miss (the prompt leaves held) is explained in C++ with the tokenizer's bytes,
+lent to the core at the domain's first stop: the divergence walk, the cause (`classify`) and the realigned
+tail (`explain.realigned_tail`); Python only formats its context strings, a batch at a time. The core stops
+at the calls that need Python:
 
-- a miss (the prompt leaves held): the divergence walk and the cause need the tokenizer's bytes, and its
-  re-read the held ids of that moment (the ones past the divergence the prompt repeats, `step.attribute_row`);
 - a line the columns do not describe alone (a raw line, extra fields, absent keys, a whole prompt);
-- a parent that does not check out (the same error `fast.DomainSteps` raises).
+- a parent that does not check out (the same error `fast.DomainSteps` raises);
+- a miss, before the vocabulary is lent (or when the tokenizer cannot list its bytes: the Python walk).
 
 Python steps that call on the same C++ state (`lcp_with`, `plan`, `advance`) with the same functions
 `step` uses (`find_divergence`, `classify`, `attribute_row`), writes its row, and resumes the batch. The report's rows are
@@ -244,10 +246,11 @@ class _Domain:
         self.codes: dict[str, int] = {}   # session -> the core's code
         self.ends = session_ends(partitions)
         self._has_vocab: bool | None = None
+        self._py: _PyRows | None = None   # the batch's rows as Python values, made at its first call Python steps
 
     def _vocab(self) -> bool:
-        """Whether the core can walk a miss with the tokenizer's bytes (built on the first miss: a replay
-        without one never pays it; lent to the core for each walk, `_slow`)."""
+        """Whether the core can walk a miss with the tokenizer's bytes (built at the first call the core stops
+        at: a replay the core steps alone never pays it; the core keeps it from then on, `_batch`)."""
         if self._has_vocab is None:
             self._vocab_obj = _native_vocab(self.tok)
             self._has_vocab = self._vocab_obj is not None
@@ -316,41 +319,39 @@ class _Domain:
                _NO_PERM if perm is None else perm.astype(np.int64, copy=False))
         outs = {k: np.zeros(n, dtype=np.int64) for k in _INT_OUTS}
         outs["cause"] = np.zeros(n, dtype=np.int8)
-        out_tuple = tuple(outs[k] for k in (*_INT_OUTS, "cause"))
-        # the divergence (its cause code; -1: none / new_session by held) and the re-read's split, where Python
-        # attributed a row (the core's own rows: no divergence, all of the re-read the engine's)
+        # the divergence (its cause code; -1: none / new_session by held) and the re-read's split
         outs["divergence"] = np.full(n, -1, dtype=np.int64)
         outs["divergence_reread"] = np.zeros(n, dtype=np.int64)
-        outs["engine_reread"] = np.full(n, -1, dtype=np.int64)
-        over: dict[int, dict] = {}  # row -> values of the rows Python stepped
+        outs["engine_reread"] = np.zeros(n, dtype=np.int64)
+        out_tuple = tuple(outs[k] for k in (*_INT_OUTS, "cause", "divergence", "divergence_reread", "engine_reread"))
+        over: dict[int, dict] = {}  # row -> values of the rows Python stepped, or a miss's context strings
         core = self.core
-        # the core runs without the vocabulary, so it stops at every miss: a miss's re-read counts the held ids
-        # past the divergence that the prompt repeats (`step.attribute_row`), read from the held ids of that
-        # moment; `_slow` lends the core the vocabulary for the walk alone
+        # the core attributes every row it steps (`step.attribute_row`) and explains its misses itself (the walk,
+        # the cause, the realigned tail) once it holds the vocabulary, lent at the domain's first stop
         i = core.run(0, ins, out_tuple)
-        if i < n:
-            self._py = _PyRows(b, lb, dict(zip(_LIST_COLUMNS, lists)), perm)
         while i < n:
+            if not core.has_vocab and self._vocab():
+                core.set_vocab(self._vocab_obj)
+                i = core.run(i, ins, out_tuple)
+                continue
+            if self._py is None:
+                self._py = _PyRows(b, lb, dict(zip(_LIST_COLUMNS, lists)), perm)
             over[i] = self._slow(b, i, outs)
             i = core.run(i + 1, ins, out_tuple)
-        self._attribute_hits(outs, over)
+        self._py = None
+        self._miss_contexts(outs, over)
         return seq, self._rows(b, outs, over)
 
-    def _attribute_hits(self, outs, over: dict) -> None:
-        """The core's rows (a prompt that extends held, or a new session) whose re-read or cause the one
-        definition (`step.attribute_row`) may give otherwise than the core's own rule: a shortfall below what a
-        token-exact cache reuses, or a prompt as long as held. Rare rows; the others keep the core's values."""
-        plen, held, lcp, reused = outs["prompt_len"], outs["held_before"], outs["lcp"], outs["reused"]
-        exact = np.minimum(lcp, np.maximum(plen - 1, 0))
-        rare = (held > 0) & ((reused < exact) | (held >= plen) | (outs["reread"] > 0))
-        model = self.opts.model
-        for i in np.flatnonzero(rare).tolist():
-            if i in over:   # stepped in Python: attributed there
-                continue
-            self._put_attribution(outs, i, attribute_row(
-                model, (), range(int(plen[i])), held_before=int(held[i]), lcp=int(lcp[i]),
-                lcp_text=int(outs["lcp_text"][i]), cause=self.cause_names[int(outs["cause"][i])],
-                reused=int(reused[i])))
+    def _miss_contexts(self, outs, over: dict) -> None:
+        """The context strings of the misses the core explained in this batch (a prompt that stops inside held
+        parts from nothing: none)."""
+        lcp, plen, width = outs["lcp"], outs["prompt_len"], self.opts.context_chars
+        for m in self.core.take_misses():
+            i = m[0]
+            if lcp[i] < plen[i]:
+                d = _miss_divergence(m, int(lcp[i]), width)
+                over[i] = dict(id_context_held=d.id_context_held, id_context_prompt=d.id_context_prompt,
+                               text_context_held=d.text_context_held, text_context_prompt=d.text_context_prompt)
 
     def _put_attribution(self, outs, i: int, a) -> None:
         """Row i's (cause, reread, divergence, divergence_reread, engine_reread) into the outputs."""
@@ -396,12 +397,8 @@ class _Domain:
             div = None
             cause = classify(held=held, prompt=prompt, segments=(), div=None, reused=reused, target=target, tok=tok,
                              first_call=first, lcp_ids=lcp)
-        elif self._vocab():  # the walk and the cause in C++, the context strings here
-            core.set_vocab(self._vocab_obj)
-            try:
-                m = core.explain(code, lcp, tail, reused, target)
-            finally:
-                core.set_vocab(None)   # `run` stops at the next miss (see `_batch`)
+        elif self._vocab():  # the walk and the cause in C++ (the core holds the vocabulary), the context strings here
+            m = core.explain(code, lcp, tail, reused, target)
             div = _miss_divergence(m, lcp, opts.context_chars)
             cause = m[5]  # the core gives the cause by name
         else:  # a tokenizer without vocab_bytes: the Python walk
@@ -482,7 +479,7 @@ class _Domain:
         cause = names[outs["cause"]]   # codes -> names (`_cause_code`)
         div = np.where(outs["divergence"] >= 0, names[np.maximum(outs["divergence"], 0)],
                        np.where(held == 0, "new_session", "none"))
-        eng_rr = np.where(outs["engine_reread"] >= 0, outs["engine_reread"], reread)
+        eng_rr = outs["engine_reread"]
         cm = self.cost_model
         if cm is not None:
             prefill_s, reread_s = cm.seconds(read, reused), cm.seconds(reread, reused)

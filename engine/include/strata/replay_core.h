@@ -4,9 +4,11 @@
 // strata/reuse_rule.h, the rule the engine's Session uses too; cut, prompt/gen/drained segments, snapshot
 // policy with LRU budget) to sessions keyed by an integer code,
 // fed by a store's delta encoding (parent_call, shared_len, suffix_ids). `run` steps the calls of a batch
-// until one needs Python: a miss (the prompt leaves what the session holds: the divergence is explained
-// with the tokenizer), a line the columns do not describe alone, or a parent that does not check out.
-// Python handles that call with `lcp_with` / `plan` / `advance` on the same state, then resumes `run`.
+// and writes each row's attribution (`attribute_call`); a miss (the prompt leaves what the session holds) is
+// explained here with the tokenizer's bytes (`set_vocab`; the walk, the cause, the realigned tail). It stops
+// at the calls that need Python: a miss before the vocabulary is set, a line the columns do not describe
+// alone, or a parent that does not check out. Python handles that call with `lcp_with` / `plan` / `advance`
+// on the same state, then resumes `run`.
 #pragma once
 
 #include <cstdint>
@@ -83,21 +85,31 @@ struct ReplayOut {
   int64_t* reread; int64_t* snapshots; int64_t* index; int64_t* gen_len; int64_t* drained_len;
   int64_t* lcp_text;
   int64_t* restored;  // ReplayStep::restored
-  int8_t* cause;  // a ReplayCause (Python reads it by name: _replay.Cause)
+  int8_t* cause;  // a ReplayCause (Python reads it by name: _replay.Cause): the row's, by `attribute_call`
+  int64_t* divergence;         // the divergence's ReplayCause when the prompt diverged, else -1 (none / new_session)
+  int64_t* divergence_reread;  // the re-read's split (`attribute_call`)
+  int64_t* engine_reread;
 };
 
-// Why a prompt left what a session held (strata_lab/replayer/divergence.py `find_divergence` + `classify`):
-// the byte walk's end and the cause. Exported to Python by name (`_replay.Cause`, `cause_name`): the names
-// are divergence.CAUSES' (tests/test_native_import.py checks it); the codes never leave C++ unnamed.
+// Why a prompt left what a session held (strata_lab/replayer/divergence.py `find_divergence` + `classify`),
+// and the engine causes a row of our engine may name (explain.attribute: `not_cached`, `last_output_token`).
+// Exported to Python by name (`_replay.Cause`, `cause_name`): the names are strata_lab.rules.CAUSES'
+// (tests/test_native_import.py checks it); the codes never leave C++ unnamed.
 #define STRATA_REPLAY_CAUSES(X)                                                                              \
   X(none) X(new_session) X(retokenized_reply) X(retokenized_prompt) X(drained_dropped) X(template_rewrite)  \
-  X(history_edit) X(no_state_checkpoint)
+  X(history_edit) X(no_state_checkpoint) X(not_cached) X(last_output_token)
 
 enum class ReplayCause : int8_t {
 #define STRATA_REPLAY_CAUSE(name) name,
   STRATA_REPLAY_CAUSES(STRATA_REPLAY_CAUSE)
 #undef STRATA_REPLAY_CAUSE
 };
+
+// A divergence cause (strata_lab.rules.DIVERGENCE_CAUSES): the prompt's text parted from held.
+inline bool is_divergence(ReplayCause c) {
+  return c == ReplayCause::retokenized_reply || c == ReplayCause::retokenized_prompt ||
+         c == ReplayCause::drained_dropped || c == ReplayCause::template_rewrite || c == ReplayCause::history_edit;
+}
 
 inline const char* cause_name(ReplayCause c) {
   switch (c) {
@@ -122,8 +134,24 @@ struct ReplayMiss {
   bool has_text = false;  // the held text parts (lcp_text < held): the text windows below are set
   std::string text_before, text_held_after, text_prompt_after;
   std::vector<int32_t> held_at, prompt_at;  // a few ids at the id divergence
+  int64_t tail = 0;  // a divergence's realigned tail: held ids past lcp_text the prompt repeats past lcp
   int64_t row = -1;                         // the batch row (`run`'s misses)
 };
+
+// How many ids of h[0:nh] the prompt p[0:np] repeats in order (runs of at least 8 ids, matched greedily left
+// to right): strata_lab/replayer/explain.py `realigned_tail`, the same matches (the same 8-id hashes too).
+int64_t realigned_tail(const int32_t* h, int64_t nh, const int32_t* p, int64_t np);
+
+// One call's (cause, reread, divergence, divergence_reread, engine_reread): strata_lab/replayer/step.py
+// `attribute_row` (explain.attribute, with state.shortfall_cause) for our engine. `cause`: the classified one
+// (classify's), `tail`: the realigned tail when it is a divergence.
+struct ReplayAttribution {
+  ReplayCause cause = ReplayCause::none;
+  ReplayCause divergence = ReplayCause::none;  // none / new_session, or the divergence cause
+  int64_t reread = 0, divergence_reread = 0, engine_reread = 0;
+};
+ReplayAttribution attribute_call(bool hybrid, int64_t held_before, int64_t lcp, int64_t lcp_text, int64_t plen,
+                                 int64_t reused, ReplayCause cause, int64_t tail);
 
 // A tokenizer's bytes per id (id i is blob[off[i]:off[i+1]]) and the ids classify reads; built once per
 // tokenizer and shared by every core.
