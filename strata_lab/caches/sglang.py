@@ -7,6 +7,7 @@
 - At request end `(prompt + output)[:kv_committed_len]` is inserted (the last output id has no KV).
 - Capacity in tokens: only evictable leaves go (no running request holds them, no child), lowest score
   first (`lru` default, `lfu`, `fifo`, `mru`, `filo`); a parent re-enters the heap when it becomes a leaf.
+  `lfu` counts a hit on each node of the path a request inserts (prompt and output), not at the lookup.
 - Hybrid models (`MambaRadixCache`): a node may also hold the recurrent state at its end; a hit is the
   deepest node on the matched path that still holds one. States have their own budget (`mamba_slots`),
   LRU, and an evicted state leaves its KV (a tombstone).
@@ -180,7 +181,6 @@ class Model(CacheModel):
         n = node
         while n.parent is not None:
             n.time = self.clock
-            n.hits += 1
             path.append(n)
             n = n.parent
         path.reverse()
@@ -249,21 +249,17 @@ class Model(CacheModel):
         for x in plan.state[0]:
             x.lock += 1
 
-    def finish(self, call: Call, plan: CachePlan) -> None:
-        """The request ends: `(prompt + output)[:kv_committed_len]` is inserted, then its path unlocked."""
-        path, kv = plan.state
-        n = call.prompt_len + max(len(call.output) - 1, 0)   # kv_committed_len
-        n -= n % self.P
-        tail = call.tail(kv)[:n - kv]   # the ids past the match: tail[i] is position kv + i
-        node = path[-1] if path else self._root(call.cache_salt)
-        node, rel = self._walk(node, tail, 0, len(tail))
-        if rel < len(tail):
-            need = len(tail) - rel
+    def _extend(self, call: Call, node: _Node, tail: np.ndarray, rel: int, stop: int, kv: int):
+        """Insert `tail[rel:stop]` below `node` (evicting to make room): walk what is cached, a new leaf for
+        the rest; return (the deepest node, how far the tail is in)."""
+        node, rel = self._walk(node, tail, rel, stop)
+        if rel < stop:
+            need = stop - rel
             if self.cap is not None and self.tokens + need > self.cap:
                 self._evict_tokens(self.tokens + need - self.cap)
-                node, rel = self._walk(node, tail, rel, len(tail))  # a split may have moved the cut
-            if rel < len(tail):
-                room = len(tail) - rel if self.cap is None else max(min(len(tail) - rel, self.cap - self.tokens), 0)
+                node, rel = self._walk(node, tail, rel, stop)  # a split may have moved the cut
+            if rel < stop:
+                room = stop - rel if self.cap is None else max(min(stop - rel, self.cap - self.tokens), 0)
                 room -= room % self.P
                 if room:
                     leaf = _Node(tail[rel:rel + room], node, kv + rel + room, self.clock, call.index,
@@ -272,6 +268,25 @@ class Model(CacheModel):
                     self.tokens += room
                     self._push(leaf)
                     node, rel = leaf, rel + room
+        return node, rel
+
+    def finish(self, call: Call, plan: CachePlan) -> None:
+        """The request ends: `(prompt + output)[:kv_committed_len]` is inserted, then its path unlocked.
+
+        As SGLang does it: the prompt goes in first (the checkpoint after the prefill, held by the request
+        while it decodes), then the output, so a node always ends at the prompt's last whole page and
+        eviction can drop a reply without its prompt."""
+        path, kv = plan.state
+        n = call.prompt_len + max(len(call.output) - 1, 0)   # kv_committed_len
+        n -= n % self.P
+        tail = call.tail(kv)[:n - kv]   # the ids past the match: tail[i] is position kv + i
+        node = path[-1] if path else self._root(call.cache_salt)
+        cut = min(max(call.prompt_len - call.prompt_len % self.P - kv, 0), len(tail))
+        node, rel = self._extend(call, node, tail, 0, cut, kv)
+        if rel == cut < len(tail):
+            node.lock += 1
+            held, (node, rel) = node, self._extend(call, node, tail, rel, len(tail), kv)
+            held.lock -= 1
         pos = kv + rel
         for x in path:
             x.lock -= 1
@@ -289,10 +304,12 @@ class Model(CacheModel):
                 while cap and len(self.states) > cap:
                     _, old = self.states.popitem(last=False)
                     old.state = False   # tombstone: the KV stays
-        # the session's path, root to the deepest node it now reaches
+        # the session's path, root to the deepest node it now reaches; SGLang counts a hit on every node of
+        # the path its inserts walk (`_inc_hit_count`: once per request), none at the lookup
         nodes = []
         x = node
         while x.parent is not None:
+            x.hits += 1
             nodes.append(x)
             x = x.parent
         nodes.reverse()
