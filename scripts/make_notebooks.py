@@ -72,9 +72,9 @@ viewer'''),
        "(the stripped `<think>` block) that the turn-start checkpoint cannot; `every:64` checkpoints inside "
        "replies too, at the cost of snapshot memory."),
     code('''
-from strata_lab.replayer import compare_policies
+from strata_lab.caches import compare_policies   # each policy through replay(), our engine, a snapshot per prompt end
 table = compare_policies(dump, ["recorded", "reply-ids", "keep-drained", "fixes", "header", "fixes+header",
-                                "every:64"], tokenizer=tok)
+                                "every:64"], tokenizer=tok, checkpoints="turn")
 table'''),
     code('''
 best = table.set_index("policy")
@@ -89,7 +89,7 @@ print("wrote", TMP / "agent.png")'''),
     code('''
 thinking = replay(DUMPS / "thinking.jsonl", tokenizer=tok)
 print(thinking.format(worst=2))
-compare_policies(DUMPS / "thinking.jsonl", ["recorded", "keep-drained"], tokenizer=tok)'''),
+compare_policies(DUMPS / "thinking.jsonl", ["recorded", "keep-drained"], tokenizer=tok, checkpoints="turn")'''),
     code('''
 from strata_lab.notebook.widgets import ReuseDashboard
 ReuseDashboard(DUMPS / "thinking.jsonl", policies=("recorded", "keep-drained", "fixes"), tokenizer=tok)'''),
@@ -186,16 +186,15 @@ against the project's OpenAI-compatible server on the embedded tiny hybrid model
 call. Then it reproduces the dump through the engine (same prompts, the same generated ids forced) and
 rewrites the session under a policy."""),
     code(SETUP + '''
-from strata_lab import sessions
-from strata_lab.replayer import replay
+from strata_lab import replay, sessions
 off = sessions.record("agent", TMP / "off.jsonl", reply_id_reuse=False, turns=4, max_tokens=24, seed=1)
 on = sessions.record("agent", TMP / "on.jsonl", reply_id_reuse=True, turns=4, max_tokens=24, seed=1)
 print(off, on, sep="\\n")'''),
     code('''
 for name, path in [("reply-id reuse off", off.path), ("reply-id reuse on", on.path)]:
-    r = replay(path, checkpoint_policy="recorded")
+    r = replay(path, "strata", checkpoints="recorded")   # our engine with the snapshots it recorded
     print(f"{name:20} reused {r['reused']:5}  read {r['read']:5}  reread {r['reread']:5}  "
-          f"prefill {r['prefill_s']:.3f} s  causes {r['causes']}")'''),
+          f"prefill {r['prefill_s']:.3f} s (modelled)  causes {r['causes']}")'''),
     md("Reproduce the recorded session through a fresh engine: reuse and read counts must match exactly."),
     code('''
 repro = sessions.reproduce(off.path)
@@ -206,8 +205,8 @@ repro.to_frame()'''),
     code('''
 rewritten = sessions.rewrite(off.path, TMP / "rewritten.jsonl", policy="reply-ids")
 print(rewritten.summary())
-print("reread before", replay(off.path, checkpoint_policy="recorded")["reread"],
-      "after", replay(TMP / "rewritten.jsonl", checkpoint_policy="recorded")["reread"])'''),
+print("reread before", replay(off.path, "strata", checkpoints="recorded")["reread"],
+      "after", replay(TMP / "rewritten.jsonl", "strata", checkpoints="recorded")["reread"])'''),
 ]
 
 NOTEBOOKS["04_templates_and_prefill"] = [
@@ -322,8 +321,8 @@ ax.set_ylabel("tokens"); legend_outside(ax); ax.set_title("Claude Code session u
 house_style(fig);'''),
     md("Counterfactual checkpoint policies on the same calls:"),
     code('''
-from strata_lab.replayer import compare_policies
-compare_policies(dump, ["recorded", "header", "every:16"], tokenizer=tok, model="hybrid")'''),
+from strata_lab.caches import compare_policies
+compare_policies(dump, ["recorded", "header", "every:16"], tokenizer=tok, kind="hybrid")'''),
     md("""
 ## Reproduce through the engine
 

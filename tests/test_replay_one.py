@@ -155,7 +155,8 @@ def test_one_cause_vocabulary():
 
 
 def test_prompt_policies_transform_the_call_stream_for_every_engine(qwen3):
-    from strata_lab.replayer import replay as state_replay
+    from strata_lab.dump import load_dump
+    from strata_lab.replayer import PromptRewriter, SessionState, parse_policy
 
     path = os.path.join(ROOT, "dumps", "agent.jsonl")
     rep = sl.replay(path, ["vllm", "sglang", "strata:checkpoints=turn"], policy="reply-ids", tokenizer=qwen3)
@@ -164,11 +165,16 @@ def test_prompt_policies_transform_the_call_stream_for_every_engine(qwen3):
     # one rewritten stream: every engine sees the same prompts, and they are not the recorded ones
     assert s["prompt_tokens"].nunique() == 1 and s.loc["vllm", "prompt_tokens"] != base["prompt_tokens"]
     assert s["reported_calls"].eq(0).all()            # the log's figures belong to the recorded prompts
-    # our engine under the transformed stream reuses what the state model's own counterfactual predicts
-    old = state_replay(path, policy="reply-ids", checkpoint_policy="turn", tokenizer=qwen3)
+    # our engine under the transformed stream reuses what the state model predicts for the rewritten prompts
+    rw, states, want = PromptRewriter(parse_policy("reply-ids"), qwen3), {}, []
+    for rec in load_dump(path).records():
+        st = states.setdefault(str(rec["session"]), SessionState(model="hybrid"))
+        prompt = rw.prompt(rec, st)
+        want.append((st.call(prompt).reused, len(prompt)))
+        st.finish(rec["gen_ids"], rec["drained_ids"])
+        rw.finish(rec, prompt)
     ours = rep.frame()[rep.frame()["engine"] == "strata"].sort_values("index")
-    assert ours["reused"].tolist() == [r["reused"] for r in old.rows]
-    assert ours["prompt_len"].tolist() == [r["prompt_len"] for r in old.rows]
+    assert list(zip(ours["reused"].tolist(), ours["prompt_len"].tolist())) == want
     with pytest.raises(ValueError, match="checkpoint policy applies to the strata engine"):
         sl.replay(path, "vllm", policy="header", tokenizer=qwen3)
 

@@ -23,7 +23,7 @@ def _ask(url, i, out):
 
 
 def test_concurrent_slots_share_decode_steps_and_reply_as_alone(tmp_path):
-    from strata_lab.replayer import replay
+    from strata_lab.caches.replay import replay
 
     alone = ServerProcess(tmp_path, "--model", str(tiny_model()), "--ctx", str(CTX), "--slots", "4",
                           name="alone").wait()
@@ -55,7 +55,7 @@ def test_concurrent_slots_share_decode_steps_and_reply_as_alone(tmp_path):
         assert all(s["batch"] == 0 and not s["is_processing"] for s in slots)  # idle now
         lines = srv.lines()
         assert sorted(ln["session"] for ln in lines) == [f"default-{i}" for i in range(4)]  # one line per call
-        report = replay(srv.dump, checkpoint_policy="recorded")
-        assert report["mismatches"] == 0
+        report = replay(srv.dump, "strata", checkpoints="recorded")
+        assert report["calls_differ"] == 0
     finally:
         srv.stop()

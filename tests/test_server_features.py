@@ -156,7 +156,7 @@ def _turns(srv, key_a="A", key_b="B"):
 
 @pytest.mark.parametrize("slots", [2, 1])
 def test_interleaved_conversations_keep_their_slots(tmp_path, slots):
-    from strata_lab.replayer import replay
+    from strata_lab.caches.replay import replay
 
     srv = ServerProcess(tmp_path, "--model", str(tiny_model()), "--ctx", str(CTX), "--slots", str(slots)).wait()
     try:
@@ -175,8 +175,8 @@ def test_interleaved_conversations_keep_their_slots(tmp_path, slots):
             assert sessions[0] == sessions[2] != sessions[1] == sessions[3]
         slot_view = httpx.get(srv.url + "/slots").json()
         assert len(slot_view) == slots and sum(s["requests"] for s in slot_view) == 4
-        report = replay(srv.dump, checkpoint_policy="recorded")
-        assert report["mismatches"] == 0  # the replay's state model follows every slot exactly
+        report = replay(srv.dump, "strata", checkpoints="recorded")
+        assert report["calls_differ"] == 0  # the replay's state model follows every slot exactly
     finally:
         srv.stop()
 

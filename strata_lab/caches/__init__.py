@@ -18,6 +18,7 @@ _EXPORTS = {
     "ReplayReport": "strata_lab.caches.replay", "replay": "strata_lab.caches.replay",
     "lint_calls": "strata_lab.caches.lint", "fix_calls": "strata_lab.caches.lint",
     "sweep_budget": "strata_lab.caches.sweeps", "compare_engines": "strata_lab.caches.sweeps",
+    "compare_policies": "strata_lab.caches.sweeps",
 }
 __all__ = sorted(_EXPORTS)
 

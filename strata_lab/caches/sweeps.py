@@ -17,7 +17,7 @@ from __future__ import annotations
 from strata_lab.caches.presets import parse_engine
 from strata_lab.caches.replay import replay_engines
 
-__all__ = ["sweep_budget", "compare_engines", "plot_budget_sweep", "plot_engines", "BUDGET_FIELD"]
+__all__ = ["sweep_budget", "compare_engines", "compare_policies", "plot_budget_sweep", "plot_engines", "BUDGET_FIELD"]
 
 # the field that sizes each engine's cache in tokens (llama.cpp: slots; hosted APIs: time to live)
 BUDGET_FIELD = {"vllm": "kv_tokens", "sglang": "max_total_tokens", "trtllm": "kv_tokens", "llama.cpp": "slots",
@@ -55,6 +55,52 @@ def sweep_budget(dump, engines=("vllm", "sglang"), budgets=(), *, field: str | N
 def compare_engines(dump, engines=("strata", "vllm", "sglang", "llama.cpp", "trtllm", "openai", "anthropic"), **kw):
     """Engine against engine on the same trace: `replay_engines(...).summary()`."""
     return replay_engines(dump, engines, **kw).summary()
+
+
+def compare_policies(dump, policies=("recorded", "keep-drained", "every:256"), engine="strata", *,
+                     tokenizer="qwen3", cost_model=None, **overrides):
+    """The same dump replayed (`strata_lab.replay`) under each policy on one engine; one row per policy (a
+    pandas DataFrame): the engine's spec, calls, prompt tokens, reused, read, reread, hit rate, prefill and
+    reread seconds (the report's totals, Contract 3).
+
+    Args:
+        dump: a dump path, paths, `Dump`, a Parquet store, or a list of `Call`.
+        policies: the policies replayed ("recorded", "reply-ids", "keep-drained", "fixes", "every:256", "header").
+        engine: the engine spec (default our engine, `strata`); a policy's checkpoint part sets a strata
+            engine's checkpoints.
+        tokenizer: a Tokenizer or a name; names each miss's cause and rebuilds the prompts a policy changes.
+        cost_model: prices reads in seconds; None fits one, once, on the recorded calls, shared by every policy.
+        **overrides: the engine preset's settings (`kind="attention"`, `checkpoints="turn"`).
+    """
+    import pandas as pd
+
+    from strata_lab.caches.call_ids import calls_from_dump
+    from strata_lab.caches.replay import _as_store, _fit_cost, replay
+    from strata_lab.replayer.costs import usable_fit
+
+    policies = list(policies)
+    if not policies:
+        raise ValueError("policies must name at least one policy")
+    if isinstance(tokenizer, str):
+        from strata_lab.text.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer)
+    store = _as_store(dump)
+    source = store if store is not None else calls_from_dump(dump)
+    if cost_model is None:
+        if store is not None:
+            from strata_lab.replayer.fast import fit_cost_store
+
+            cost_model = usable_fit(fit_cost_store(store))[0]
+        else:
+            cost_model = usable_fit(_fit_cost(source))[0]
+    rows = []
+    for p in policies:
+        t = replay(source, engine, policy=p, tokenizer=tokenizer, cost_model=cost_model, **overrides).totals()
+        rows.append({"policy": t["policy"], "spec": t["spec"], "calls": t["calls"], "prompt_tokens": t["prompt_tokens"],
+                     "reused": t["reused"], "read": t["read"], "reread": t["reread"], "hit_rate": t["hit_rate"],
+                     "prefill_s": t["prefill_s"], "reread_s": t["reread_s"]})
+    return pd.DataFrame(rows)
 
 
 def plot_budget_sweep(frame, path=None, *, ax=None):

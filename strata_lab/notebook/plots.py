@@ -1,4 +1,4 @@
-"""Matplotlib views of a replay frame (`Report.to_frame()`) and a policy table (`compare_policies`).
+"""Matplotlib views of a replay frame (`ReplayReport.frame()`) and a policy table (`caches.sweeps.compare_policies`).
 
 matplotlib is imported when a function runs, never at import time. Each function takes an optional
 `ax` and returns it. Figures follow the house style (`strata_lab.caches.plotstyle`: both JupyterLab themes,

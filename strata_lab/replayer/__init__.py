@@ -1,25 +1,24 @@
-"""The replay stage: step recorded sessions through the session state model, explain every miss, try fixes.
+"""The replay stage: the session state model, the explanation of every miss, counterfactual policies.
 
 Modules: `state` (which ids a session reuses, where it keeps snapshots), `divergence` (where and why a
 prompt leaves what the session held), `explain` (the one explainer every engine's replay uses: the divergence
 once per call, then each engine's shortfall; the cause vocabulary is `strata_lab.rules.CAUSES`), `costs` (a prefill cost model),
-`policies` (counterfactual prompts), `step` (one call -> one typed row), `report` (totals, frames, text),
-`core` (`replay`: our engine's state model over dumps and stores, natively and on Dask; the public
-`strata_lab.replay` is the one driver in `strata_lab.caches.replay`, where this model is the engine `strata`,
-and `ReplayReport.from_state_report` turns this replay's rows into that report).
+`policies` (counterfactual prompts), `core` (the validated replay settings), `native` (the C++ replay core
+over a store of our engine's lines, in-process or on Dask through `distributed`), `step` (one call stepped in
+Python: the store pager in `pages`). The replay, on every path, is `strata_lab.replay`
+(`strata_lab.caches.replay`, where this model is the engine `strata`); its one report is `ReplayReport`.
 The replay never imports the HTTP server: the text rules it shares with it live in `strata_lab.text.stream`.
 """
 from __future__ import annotations
 
-from strata_lab.replayer.core import ReplayOptions, compare_policies, fit_cost, replay, resolve_options
+from strata_lab.replayer.core import ReplayOptions, resolve_options
 from strata_lab.replayer.costs import CostModel
 from strata_lab.replayer.divergence import Divergence, classify, find_divergence
 from strata_lab.replayer.policies import Policy, PromptRewriter, keep_drained_prompt, parse_policy, policy_changes_prompts
-from strata_lab.replayer.report import Report
 from strata_lab.replayer.state import SessionState, predict_reuse
 from strata_lab.replayer.step import CallRow, step
 
-__all__ = ["replay", "compare_policies", "fit_cost", "ReplayOptions", "resolve_options", "CostModel",
+__all__ = ["ReplayOptions", "resolve_options", "CostModel",
            "Divergence", "classify", "find_divergence", "Policy", "PromptRewriter", "keep_drained_prompt",
-           "parse_policy", "policy_changes_prompts", "Report", "SessionState",
+           "parse_policy", "policy_changes_prompts", "SessionState",
            "predict_reuse", "CallRow", "step"]

@@ -21,7 +21,6 @@ from typing import Iterator
 import orjson
 
 from strata_lab.dump.store_codec import with_defaults
-from strata_lab.replayer.rowtable import RowTable
 from strata_lab.replayer.state import lcp_len
 from strata_lab.replayer.step import recorded_prefill_ms, step
 
@@ -211,11 +210,12 @@ class DomainSteps:
 def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None):
     """Replay one cache domain (its partitions merged in seq order).
 
-    Returns (seqs, rows (a RowTable), peak snapshot bytes summed over sessions, recorded prefill ms or None).
+    Returns (seqs, rows (a list of `step.CallRow`), peak snapshot bytes summed over sessions, recorded prefill ms
+    or None). The Python reference the C++ core (`native.replay_domain`) is timed against (benchmarks/replay.py).
     """
     steps = DomainSteps(partitions, opts, tok, cost_model)
     seqs = array("q")  # 8 bytes a call
-    rows = RowTable()  # column-wise: memory ~ a few hundred bytes a call
+    rows = []
     # the loop allocates many small objects and frees few: the cyclic GC would rescan the growing rows
     # and states again and again (measured: ~30% of the time). Nothing here makes cycles.
     gc_was_on = gc.isenabled()

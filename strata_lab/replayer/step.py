@@ -1,8 +1,9 @@
 """One replayed engine call: the state model's step and the typed row it returns.
 
 `step(state, prompt, rec, ...)` predicts a call's reuse, explains a miss (divergence, cause), advances the
-session's state by the call's reply, and returns a `CallRow`. `CallRow` owns the report's columns and
-their pandas dtypes (docs/DUMP_FORMAT.md, "replay report").
+session's state by the call's reply, and returns a `CallRow`: what the notebook's store pager
+(`strata_lab.replayer.pages`) shows per call and the Python reference of the C++ core steps (`fast`). The
+replay's report, on every path, is `ReplayReport` (`strata_lab.replay`; its columns: docs/CONTRACTS.md).
 
 >>> from strata_lab.text.tokenizer import load_tokenizer
 >>> tok = load_tokenizer("qwen3")
