@@ -33,7 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from strata_lab import _native
-from strata_lab.replayer.divergence import (Divergence, _assistant_id, classify, find_divergence,
+from strata_lab.replayer.divergence import (Divergence, _assistant_id, classify, context_pair, find_divergence,
                                             set_id_contexts, set_text_contexts)
 from strata_lab.replayer.fast import _ROW_COLUMNS, DeltaPrompt, _all_keys, _record, session_ends
 from strata_lab.replayer.step import COLUMNS, attribute_row, recorded_prefill_ms
@@ -348,10 +348,10 @@ class _Domain:
         lcp, plen, width = outs["lcp"], outs["prompt_len"], self.opts.context_chars
         for m in self.core.take_misses():
             i = m[0]
-            if lcp[i] < plen[i]:
-                d = _miss_divergence(m, int(lcp[i]), width)
-                over[i] = dict(id_context_held=d.id_context_held, id_context_prompt=d.id_context_prompt,
-                               text_context_held=d.text_context_held, text_context_prompt=d.text_context_prompt)
+            if lcp[i] < plen[i]:   # the windows as `_miss_divergence` shows them
+                ih, ip = context_pair(m[6], m[7], m[8], width)
+                th, tp = ("", "") if m[11] is None else context_pair(*m[11], width)
+                over[i] = dict(id_context_held=ih, id_context_prompt=ip, text_context_held=th, text_context_prompt=tp)
 
     def _put_attribution(self, outs, i: int, a) -> None:
         """Row i's (cause, reread, divergence, divergence_reread, engine_reread) into the outputs."""
@@ -460,16 +460,14 @@ class _Domain:
             return pa.array(vals, type=typ)
 
         empty = pa.array([""] * n, type=pa.string())
-        mask = None
-        if ctx_rows:
-            m = np.zeros(n, dtype=bool)
-            m[ctx_rows] = True
-            mask = pa.array(m)
 
         def contexts(name):   # "" except on the misses
-            if mask is None:
+            if not ctx_rows:
                 return empty
-            return pc.replace_with_mask(empty, mask, pa.array([over[i][name] for i in ctx_rows], type=pa.string()))
+            vals = [""] * n
+            for i in ctx_rows:
+                vals[i] = over[i][name]
+            return pa.array(vals, type=pa.string())
 
         reused, plen, held = outs["reused"], outs["prompt_len"], outs["held_before"]
         read = plen - reused
