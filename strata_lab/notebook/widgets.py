@@ -474,20 +474,14 @@ class ReuseDashboard(_Widget):
 
     def refresh(self):
         """Replay under the selected policies; update the summary, the table and the plot. Returns the table."""
-        import pandas as pd
-
         from strata_lab.caches.replay import replay_engines
+        from strata_lab.caches.sweeps import compare_policies
         from strata_lab.notebook.plots import plot_report
 
         self.report = replay_engines(self.calls, [self.engine], tokenizer=self.tok)
         chosen = list(self.policies.value) or ["recorded"]
-        rows = []
-        for pol in chosen:
-            rep = self.report if pol == "recorded" else replay_engines(
-                self.calls, [self.engine], tokenizer=self.tok, cost_model=self.report.cost_model, policy=pol)
-            rows.append(rep.summary().iloc[0][["policy", "calls", "prompt_tokens", "reused", "read", "reread",
-                                               "hit_rate", "prefill_s", "reread_s"]].to_dict())
-        self.comparison = pd.DataFrame(rows)
+        self.comparison = compare_policies(self.calls, chosen, self.engine, tokenizer=self.tok,
+                                           cost_model=self.report.cost_model)
         t = self.report.totals()
         self.summary.value = (f'<div style="font-family:sans-serif">{t["calls"]} calls, {t["prompt_tokens"]} '
                               f'prompt tokens: {t["reused"]} reused, {t["read"]} read, {t["reread"]} reread. '
