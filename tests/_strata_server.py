@@ -23,29 +23,64 @@ def tiny_model(kind: str = "hybrid") -> Path:
     return embedded_model(kind)
 
 
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on `port` (Linux's /proc; True where it cannot tell)."""
+    try:
+        inodes = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                for row in f.read().splitlines()[1:]:
+                    fields = row.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                        inodes.add(f"socket:[{fields[9]}]")
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return True
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:  # closed meanwhile
+            continue
+    return False
+
+
 class ServerProcess:
     """`python -m strata_lab serve ...` with its own dump file and stderr log."""
 
     def __init__(self, tmp: Path, *args: str, env: dict | None = None, name: str = "server"):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.dump = tmp / f"{name}.jsonl"
         self.log = tmp / f"{name}.log"
+        self._args, self._env, self._log = args, {**os.environ, **(env or {})}, None
+        self._start()
+
+    def _start(self) -> None:
         from strata_lab._spawn import child_process_args
 
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
         # the child imports the same strata_lab as the tests (installed, or a checkout on PYTHONPATH)
-        spawn = child_process_args(["serve", "--port", self.port, "--dump", self.dump, *args],
-                                   env={**os.environ, **(env or {})})
+        spawn = child_process_args(["serve", "--port", self.port, "--dump", self.dump, *self._args], env=self._env)
+        if self._log is not None:
+            self._log.close()
         self._log = open(self.log, "wb")
         self.proc = subprocess.Popen(**spawn, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait(self, timeout: float = 60) -> "ServerProcess":
+        """Until /health answers from this process. The free port may be taken by another process (another
+        test worker's server) before the child binds it: the child then exits, and starts again on a new port."""
         deadline = time.time() + timeout
+        restarts = 3
         while time.time() < deadline:
             if self.proc.poll() is not None:
+                if restarts and "address already in use" in self.log_text().lower():
+                    restarts -= 1
+                    self._start()
+                    continue
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()}")
             try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                if (httpx.get(self.url + "/health", timeout=1).status_code == 200
+                        and listens_on(self.proc.pid, self.port)):
                     return self
             except httpx.HTTPError:
                 pass

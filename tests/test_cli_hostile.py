@@ -2,8 +2,9 @@
 traceback, a hang or a runaway allocation.
 
 One child process per subcommand calls `strata_lab.cli.main` in process for each (option, value) pair; the
-calls that would start a server or record a session stop where that work would begin (validation is what is
-tested here; the server tier tests the rest).
+calls that would start a server or record a session stop where that work would begin, and a plot is an empty
+file in its place (validation and the output files are what is tested here; the server tier and
+tests/test_plots.py test the rest).
 """
 from __future__ import annotations
 
@@ -45,6 +46,18 @@ strata_lab.server.serve = reached
 strata_lab.sessions.record = reached
 strata_lab.sessions.demo.run_demo = reached
 cases = json.loads(sys.stdin.read())
+
+
+def drawn(frame, path=None, **kwargs):  # the file the plot would be, without drawing it (the plot tests draw)
+    if path is not None:
+        with open(path, "wb") as f:
+            f.write(b"\x89PNG\r\n")
+
+
+if any("--png" in argv for argv in cases):
+    import strata_lab.caches.capacity, strata_lab.caches.sweeps, strata_lab.notebook.plots
+    strata_lab.caches.capacity.plot_sweep = strata_lab.caches.sweeps.plot_engines = drawn
+    strata_lab.notebook.plots.plot_report = drawn
 bad = []
 
 

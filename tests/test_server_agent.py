@@ -18,7 +18,9 @@ def servers(tmp_path_factory):
     model = str(tiny_model())
     procs = {"on": ServerProcess(tmp, "--model", model, "--ctx", "2048", name="on"),
              "off": ServerProcess(tmp, "--model", model, "--ctx", "2048", "--no-reply-reuse", name="off"),
-             "key": ServerProcess(tmp, "--model", model, "--ctx", "512", "--api-key", "s3cret", name="key")}
+             # a request that names no output cap gets 8 tokens, not the context: the fuzz sends many
+             "key": ServerProcess(tmp, "--model", model, "--ctx", "512", "--api-key", "s3cret",
+                                  "--max-tokens-default", "8", name="key")}
     for p in procs.values():
         p.wait()
     yield procs
@@ -90,6 +92,10 @@ def test_api_key(servers):
     assert m.type == "message"
 
 
+# every field that caps a request's output; other values, and invalid ones (a string, -5), reach the server as drawn
+OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
+
+
 def test_openapi_fuzz_has_no_server_errors(servers):
     import schemathesis
     from hypothesis import HealthCheck, given, settings
@@ -108,8 +114,11 @@ def test_openapi_fuzz_has_no_server_errors(servers):
             nonlocal count
             count += 1
             case.headers = {**(case.headers or {}), "x-api-key": "s3cret"}
-            if isinstance(case.body, dict) and "max_tokens" in case.body:
-                case.body["max_tokens"] = case.body["max_tokens"] % 8 if isinstance(case.body["max_tokens"], int) else 1
+            if isinstance(case.body, dict):  # a valid output cap stays short (-1: "up to the context")
+                for cap in OUTPUT_CAPS:
+                    value = case.body.get(cap)
+                    if isinstance(value, int) and not isinstance(value, bool) and (value >= 8 or value == -1):
+                        case.body[cap] = value % 8
             response = case.call(base_url=srv.url, timeout=30)
             if response.status_code >= 500:
                 failures.append((case.method, case.path, case.body, response.status_code, response.text[:300]))
