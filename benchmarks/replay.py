@@ -8,8 +8,8 @@ Workloads: "random" (the synthetic agent-like dump this benchmark always used: s
 turn by turn with random ids) and "fleet" (strata_lab.fleet: agent sessions rendered with the real template
 and tokenizer, tiled --tile times with renamed sessions so the trace is large without generating it all).
 "old replay" is `replay(dump.jsonl)` (the call-by-call path of this checkout); "new" is `replay(store)` (the C++
-replay core, strata_lab/replayer/native.py; the same report, every row equal), also timed per domain against the
-Python stepping of the same rules (fast.DomainSteps).
+replay core, strata_lab/replayer/native.py; the same report, every row equal), also timed per domain on the core
+alone (the call-by-call replay of the same store is the Python reference).
 "plain store read" reads every row as Python values (what a Python consumer of the store does at least); the
 stricter "Arrow batches only" reads the same columns in seq order without a Python value per row. "baseline" is the replay of the code
 when the fleet-scale issue was filed (git rev --baseline-rev, checked out and built once under
@@ -154,7 +154,7 @@ def _warm_worker() -> None:
 def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
     from strata_lab import replay
     from strata_lab.dump import Store, convert_jsonl, load_dump
-    from strata_lab.replayer import fast, native
+    from strata_lab.replayer import native
     from strata_lab.replayer.core import resolve_options
     from strata_lab.replayer.fast import domain_rows, fit_cost_store
     from strata_lab.replayer.native import domain_batches
@@ -217,9 +217,9 @@ def bench_workload(name, path, calls, tok, tmp, args, baseline=None) -> None:
     def per_domain(fn):
         return lambda: [fn(parts, opts, tok, cm) for parts in st.domains().values()]
 
-    t_core, t_py = best_of(per_domain(native.replay_domain)), best_of(per_domain(fast.replay_domain), n=2)
-    print(f"            C++ replay core {calls / t_core:8.0f} calls/s | Python reference (fast.DomainSteps) "
-          f"{calls / t_py:8.0f} calls/s | {t_py / t_core:.1f}x")
+    t_core = best_of(per_domain(native.replay_domain))
+    print(f"            C++ replay core {calls / t_core:8.0f} calls/s | Python reference (store call by call) "
+          f"{calls / t_calls:8.0f} calls/s | {t_calls / t_core:.1f}x")
     if baseline is not None:
         b_calls, b_ids, b_dt = min((baseline_rate(baseline, path) for _ in range(2)), key=lambda t: t[2])
         assert b_calls == calls

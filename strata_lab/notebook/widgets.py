@@ -289,24 +289,25 @@ class DivergenceViewer(_Widget):
         self.dump = load_dump(dump)
         self.only_misses = only_misses
         self.pager = None
+        from strata_lab.caches.presets import parse_engine
+        from strata_lab.rules import checkpoint_spec
+
+        # the one driver's engine: ours, strata; checkpoint_policy None: a snapshot at each prompt's end
+        over = {"kind": model, "full_hit": full_hit,
+                "checkpoints": checkpoint_spec(checkpoint_policy) if checkpoint_policy is not None else "turn"}
+        engine = parse_engine("strata").with_(**over)
         if isinstance(self.dump, Store):  # a store: page through it, never load it whole
             from strata_lab.replayer.pages import StorePager
 
             self.report = None
             self.pager = StorePager(self.dump, page_size=page_size, tokenizer=self.tok, model=model,
-                                    checkpoint_policy=checkpoint_policy, full_hit=full_hit)
+                                    checkpoint_policy=checkpoint_policy, full_hit=full_hit, spec=engine.spec())
             self.calls = self.pager.calls
         else:   # the one driver: our engine, strata, as `strata_lab.replay` replays it (Contract 3)
             from strata_lab.caches.call_ids import calls_from_dump
-            from strata_lab.caches.presets import parse_engine
             from strata_lab.caches.replay import replay_engines
-            from strata_lab.rules import checkpoint_spec
 
             records = self.dump.records()
-            # checkpoint_policy None: a snapshot at each prompt's end, as the store pager models it
-            over = {"kind": model, "full_hit": full_hit,
-                    "checkpoints": checkpoint_spec(checkpoint_policy) if checkpoint_policy is not None else "turn"}
-            engine = parse_engine("strata").with_(**over)
             self.report = replay_engines(calls_from_dump(self.dump), [engine], tokenizer=self.tok)
             by_index = sorted(self.report.rows, key=lambda r: r["index"])
             rows = [dict(r, recorded_reused=r["reported"], call=rec.get("call", 0), gen_len=len(rec["gen_ids"]),

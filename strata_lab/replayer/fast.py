@@ -4,27 +4,24 @@ A store row holds a prompt as (parent_call, shared_len, suffix_ids) against the 
 After that call the session held exactly `previous prompt + gen + drained`, so the prompt's common
 prefix with what the session holds is known without reading the prompt: `shared_len` when the prompt
 leaves the previous prompt, else the previous prompt's length plus the common prefix of the suffix and
-the previous reply. `DeltaPrompt` lets the ordinary `step` (the same code `replay` runs on a JSONL dump,
-hence the same results) see the prompt without building it: the ids before `shared_len` are the
-session's own held ids.
+the previous reply. `DeltaPrompt` lets the Python side of the C++ replay core (`native`) see the prompt
+without building it: the ids before `shared_len` are the session's own held ids. Here: the store's rows
+merged in seq order (`domain_rows`), each as a record (`_record`), and the cost model's samples.
 """
 from __future__ import annotations
 
 from strata_lab.replayer.costs import CostModel
 
-import gc
 import heapq
-from array import array
 from collections.abc import Sequence
 from typing import Iterator
 
 import orjson
 
 from strata_lab.dump.store_codec import with_defaults
-from strata_lab.replayer.state import lcp_len
-from strata_lab.replayer.step import recorded_prefill_ms, step
+from strata_lab.replayer.step import recorded_prefill_ms
 
-__all__ = ["DeltaPrompt", "DomainSteps", "replay_domain", "domain_rows", "session_ends", "cost_samples"]
+__all__ = ["DeltaPrompt", "domain_rows", "session_ends", "cost_samples", "fit_cost_store"]
 
 _ROW_COLUMNS = ["seq", "session", "request_id", "ts", "call", "parent_call", "shared_len", "suffix_ids",
                 "prompt_len", "reused", "gen_ids", "drained_ids", "checkpoints", "prefill_ms", "decode_ms",
@@ -140,96 +137,6 @@ def _record(row: tuple) -> dict:
     if extra:
         rec.update(orjson.loads(extra))  # fields without a column (a replica), or values of another type
     return with_defaults(rec)
-
-
-class DomainSteps:
-    """The replay of one cache domain as a stream: iterating yields (seq, CallRow) in store order.
-
-    With `show` set (a function), each call's (held ids before, prompt ids, held segments) are copied and
-    handed to it first: what a viewer draws; off by default (no copies: work stays ~ the new ids).
-    `peak_bytes` (summed over sessions) and `recorded_ms` are complete once the stream ends.
-    """
-
-    def __init__(self, partitions: list[str], opts, tok, cost_model, *, show=None):
-        if opts.policy.changes_prompts:
-            raise ValueError("the delta replay serves prompt-keeping policies; rewrite policies replay records")
-        self.partitions, self.opts, self.tok, self.cost_model, self.show = partitions, opts, tok, cost_model, show
-        self.peak: dict = {}
-        self.recorded_ms = None
-
-    @property
-    def peak_bytes(self) -> int:
-        return sum(self.peak.values())
-
-    def __iter__(self):
-        opts, tok, cost_model, peak = self.opts, self.tok, self.cost_model, self.peak
-        states: dict = {}
-        last: dict = {}       # session -> (partition, row, prompt_len) of its previous call
-        recorded_ckpts = opts.recorded_checkpoints
-        ends = session_ends(self.partitions)
-        for k, n, row in domain_rows(self.partitions):
-            rec = _record(row)
-            sid = str(rec["session"])
-            st = states.get(sid)
-            first = st is None
-            if first:
-                st = states[sid] = opts.new_state()
-                peak[sid] = 0
-            held = st.held
-            parent, shared, suffix, plen_col = row[_PARENT], row[_SHARED], row[_SUFFIX], row[_PROMPT_LEN]
-            if plen_col is None or plen_col < 0:
-                prompt = rec["prompt_ids"]  # not delta-encoded (kept whole in the line)
-                lcp = lcp_len(prompt, held)
-            elif parent < 0:
-                prompt = suffix
-                lcp = lcp_len(prompt, held)
-            else:
-                prev = last.get(sid)
-                if prev is None or prev[0] != k or prev[1] != parent:
-                    raise ValueError(f"store row seq {row[_SEQ]}: parent_call {parent} is not session {sid!r}'s "
-                                     "previous call in its partition")
-                prompt = DeltaPrompt(held, shared, suffix)
-                plen = prev[2]
-                lcp = shared if shared < plen else plen + lcp_len(suffix, held[plen:])
-            if self.show is not None:
-                self.show(list(held), list(prompt), list(st.segments))
-            r = step(st, prompt, rec, tok=tok, first=first, recorded_checkpoints=recorded_ckpts,
-                     cost_model=cost_model, context_chars=opts.context_chars, lcp=lcp)
-            last[sid] = (k, n, r.prompt_len)
-            b = st.snapshot_bytes()
-            if b > peak[sid]:
-                peak[sid] = b
-            t = r.prefill_ms  # the recorded prefill_ms (NaN: none)
-            if t == t:
-                self.recorded_ms = (self.recorded_ms or 0.0) + t
-            if ends.get(row[_SESSION]) == row[_SEQ]:  # the session's last call: free its held ids
-                del states[sid], last[sid]
-            yield row[_SEQ], r
-
-
-def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None):
-    """Replay one cache domain (its partitions merged in seq order).
-
-    Returns (seqs, rows (a list of `step.CallRow`), peak snapshot bytes summed over sessions, recorded prefill ms
-    or None). The Python reference the C++ core (`native.replay_domain`) is timed against (benchmarks/replay.py).
-    """
-    steps = DomainSteps(partitions, opts, tok, cost_model)
-    seqs = array("q")  # 8 bytes a call
-    rows = []
-    # the loop allocates many small objects and frees few: the cyclic GC would rescan the growing rows
-    # and states again and again (measured: ~30% of the time). Nothing here makes cycles.
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
-        for seq, r in steps:
-            seqs.append(seq)
-            rows.append(r)
-            if progress is not None:
-                progress.update(1)
-    finally:
-        if gc_was_on:
-            gc.enable()
-    return seqs, rows, steps.peak_bytes, steps.recorded_ms
 
 
 def session_ends(partitions: list[str]) -> dict[str, int]:
