@@ -1,7 +1,7 @@
 """Typed face of the compiled extension strata_lab._replay: the store replay's core, linked without OpenMP
 (engine/bindings/replay_bindings.cpp). Only strata_lab._native imports it; strata_lab.replayer.native drives it.
 It also holds the ASCII byte-level BPE encoder of strata_lab.traces.fast_encode (_ByteBpe, strata/byte_bpe.h)."""
-from typing import Any, Callable, ClassVar, Optional, Sequence
+from typing import Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 
@@ -39,6 +39,8 @@ class Cause:
     template_rewrite: ClassVar[Cause]
     history_edit: ClassVar[Cause]
     no_state_checkpoint: ClassVar[Cause]
+    not_cached: ClassVar[Cause]
+    last_output_token: ClassVar[Cause]
     __members__: ClassVar[dict[str, Cause]]
     name: str
     value: int
@@ -98,21 +100,4 @@ def realigned_tail(held: Sequence[int], prompt: Sequence[int]) -> int:
 def json_array_end(data: bytes, pos: int) -> Optional[tuple[int, int]]:
     """(end of the last element, elements) of the JSON array whose elements continue at data[pos:] up to its
     ']', or None; for text a JSON parser read already (brackets and quotes followed, not checked)."""
-    ...
-
-def chain_messages(seen: dict, messages: list, known: list, reply: Optional[dict], new_session: Callable[[], str],
-                   max_entries: int, python_key: Callable[[dict], int]) -> tuple[str, list[int]]:
-    """(session, prefix digests): strata_lab.traces.log_calls.SessionChain.session_of_messages on its dict
-    `seen`, the same digests; `python_key(message)` keys the messages the common shapes do not cover."""
-    ...
-
-def convert_messages(messages: list, start: int, notes: list,
-                     python_one: Callable[[Any, list], tuple[dict, bool]]) -> tuple[list[dict], int]:
-    """(messages[start:] converted, how many leading ones are plain): strata_lab.traces.openai._convert for the
-    common shapes; python_one(message, notes) -> (converted, plain) for the others."""
-    ...
-
-def apply_response(call: dict, response: dict) -> bool:
-    """strata_lab.traces.openai.apply_response for the common shape of a chat.completion (True), or False
-    (nothing written): the Python function reads it."""
     ...

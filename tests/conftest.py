@@ -90,7 +90,7 @@ _TIER_FILES = {
     "engine": """batched_decode bench_bandwidth call_records cli_help cli_progress cuda engine_attention
         engine_decode_loops engine_int8 engine_load engine_load_hardening engine_logprobs engine_next
         engine_prefill_gemm engine_record engine_sampling engine_session fast_render fidelity gguf_export hash_traces
-        kv_hugepages kv_q8 lint_templates model_folders native_import native_reader plots rates_property render_vllm
+        kv_hugepages kv_q8 lint_templates model_folders native_import openai_convert plots rates_property render_vllm
         replay_native replay_one sessions store store_hostile strategies strategies_templates template templates_real tokenizer
         tokenizer_cache tokenizer_families trace_reproduce""",
     "server": """cli_errors cli_hostile docs_run proxy proxy_live server_agent server_batching server_dump_safety

@@ -60,8 +60,6 @@ def test_help_and_docs_state_one_rule():
 
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-from strata_lab.traces import log_calls  # noqa: E402
-
 _TEXT = st.sampled_from(["", "hi", "sys", "é", "a b", "<think>x</think>"])
 _ARGS = st.one_of(st.none(), st.just(""), st.just('{"a": 1}'), st.just({"a": 1}), st.just({"a": 1.0}), st.just(3))
 _CALL = st.one_of(
@@ -82,26 +80,22 @@ _MESSAGE = st.builds(
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.tuples(st.integers(0, 4), st.lists(_MESSAGE, max_size=3), st.one_of(st.none(), _MESSAGE),
                           st.booleans()), min_size=1, max_size=10), st.integers(4, 64))
-def test_native_chaining_is_the_python_chaining(steps, max_entries):
-    """strata_lab._replay.chain_messages gives the sessions and digests of SessionChain's Python steps, on
-    histories that grow, get cut back and restart, with every message shape the key reads (content parts,
+def test_known_digests_chain_as_hashing_every_message(steps, max_entries):
+    """A call given the digests of its leading messages (`known`, what the OpenAI reader passes for the messages
+    an earlier line held) gets the session, digests and registered prefixes of one that hashes every message,
+    on histories that grow, get cut back and restart, with every message shape the key reads (content parts,
     tool calls without a name or a function, object arguments, ...), and with the oldest digests evicted."""
-    native = log_calls.native_fn("chain_messages")
-    assert native is not None, "the compiled extension is built in every install"
     a, b = SessionChain("s", max_entries=max_entries), SessionChain("s", max_entries=max_entries)
     history: list = []
     for cut, more, reply, use_known in steps:
-        history = (history[: len(history) * cut // 4] if cut < 4 else history) + more
+        kept = history[: len(history) * cut // 4] if cut < 4 else history
+        history = kept + more
         if not history:
             continue
-        known = b.digests[: len(history) // 2] if use_known and len(b.digests) >= len(history) // 2 else []
-        got_a = native(a._seen, list(history), list(known), reply, a._new, a._max, log_calls._message_key)
-        log_calls._NATIVE["chain_messages"] = None  # the Python steps
-        try:
-            got_b = b.session_of_messages(list(history), reply, known=list(known))
-        finally:
-            del log_calls._NATIVE["chain_messages"]
-        assert got_a == (got_b, b.digests)
+        known = b.digests[: min(len(kept), len(b.digests))] if use_known else []  # the digests of kept messages
+        got_a = a.session_of_messages(list(history), reply, known=list(known))
+        got_b = b.session_of_messages(list(history), reply)
+        assert (got_a, a.digests) == (got_b, b.digests)
         assert list(a._seen.items()) == list(b._seen.items())
         if reply is not None and cut % 2:
             history = history + [reply]

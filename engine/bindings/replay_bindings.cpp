@@ -22,8 +22,6 @@
 namespace py = pybind11;
 using namespace strata;
 
-void bind_log_chain(py::module_& m);     // log_chain.cpp
-
 namespace {
 
 template <typename T>
@@ -321,7 +319,6 @@ py::object json_array_end(py::bytes data, Py_ssize_t pos) {
 PYBIND11_MODULE(_replay, m) {
   m.doc() = "strata_lab's store replay core (no OpenMP; import it through strata_lab._native)";
   strata_bindings::bind_checkpoint_policy(m);
-  bind_log_chain(m);
   py::enum_<FullHit> full_hit(m, "FullHit", "What the engine does when the whole prompt is held "
                                             "(strata/reuse_rule.h; strata_lab.replayer.state.FULL_HIT_RULES).");
 #define STRATA_FULL_HIT(name) full_hit.value(#name, FullHit::name);

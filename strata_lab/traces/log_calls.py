@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 from strata_lab.text.structure import mask_volatile
 
 __all__ = ["FIELDS", "FIDELITIES", "new_call", "text_parts", "image_placeholder", "tool_call", "SessionChain",
-           "CHAINING_RULE", "field_path", "parse_field_path", "native_fn"]
+           "CHAINING_RULE", "field_path", "parse_field_path"]
 
 # ids: the log has the prompt token ids; messages: the chat messages (rendered with a template); text: the
 # rendered prompt text (encoded with the tokenizer); lengths: only token counts (placeholder ids keep the reuse)
@@ -135,26 +135,6 @@ def _message_key(m: dict) -> int:
     return hash((m.get("role"), content, calls or ()))
 
 
-_NATIVE: dict = {}
-
-
-def native_fn(name: str):
-    """`strata_lab._replay.<name>` (a step of log reading in C), or None without the compiled extension
-    (remembered in `_NATIVE`; the tests set a name to None there to run the Python steps)."""
-    try:
-        return _NATIVE[name]
-    except KeyError:
-        pass
-    from strata_lab._native import replay
-
-    try:
-        got = getattr(replay(), name)
-    except (ImportError, AttributeError):
-        got = None
-    _NATIVE[name] = got
-    return got
-
-
 def parse_field_path(path: str | None) -> str | None:
     """A `--session-key` value: dotted field names; a clear error for an empty one."""
     if path is None:
@@ -243,14 +223,8 @@ class SessionChain:
     def session_of_messages(self, messages: Sequence[dict], reply: dict | None = None, *,
                             known: Sequence[int] = ()) -> str:
         """`known`: the digests of the leading messages (`digests` after an earlier call whose messages these
-        are), so that a call hashes only the messages it adds. `digests` holds this call's after. The same
-        steps run in C where the compiled extension is (strata_lab._replay.chain_messages: the same digests)."""
+        are), so that a call hashes only the messages it adds. `digests` holds this call's after."""
         messages = _stable_system(messages)
-        native = native_fn("chain_messages")
-        if native is not None and messages.__class__ is list:
-            session, self.digests = native(self._seen, messages, known if known.__class__ is list else list(known),
-                                           reply, self._new, self._max, _message_key)
-            return session
         digests = list(known)
         h = digests[-1] if digests else 0
         for m in messages[len(digests):] if digests else messages:

@@ -23,7 +23,7 @@ import re
 from collections import OrderedDict, deque
 from typing import Iterator
 
-from strata_lab.traces.log_calls import _EMPTY_CALL, SessionChain, native_fn, text_parts, tool_call
+from strata_lab.traces.log_calls import _EMPTY_CALL, SessionChain, text_parts, tool_call
 from strata_lab.traces.dialect import http_error, looks_anthropic
 from strata_lab.traces.source import Source, _DecodeError, loads
 
@@ -47,30 +47,11 @@ def convert_messages(messages: list, notes: list) -> list[dict]:
 def _convert(messages: list, notes: list, start: int = 0) -> tuple[list[dict], int]:
     """(the converted messages[start:], how many leading ones are plain: written without a note, from a message
     without numbers or booleans, so that an equal message converts the same: 1 == 1.0 == True, but str() and
-    tojson write them apart). The common shapes convert in C where the compiled extension is
-    (strata_lab._replay.convert_messages: the same dicts), the rest by `_message`."""
-    native = native_fn("convert_messages")
-    if native is not None and messages.__class__ is list:
-        return native(messages, start, notes, _convert_one)
-    return _convert_py(messages[start:] if start else messages, notes)
-
-
-def _convert_one(m, notes: list) -> tuple[dict, bool]:
-    """One message `_convert` does not take in C: (converted, plain)."""
-    if not isinstance(m, dict):
-        raise ValueError(f"message must be an object, got {type(m).__name__}")
-    mine: list = []
-    msg = _message(m, mine)
-    for n in mine:
-        if n not in notes:
-            notes.append(n)
-    return msg, not mine and _no_numbers(m)
-
-
-def _convert_py(messages: list, notes: list) -> tuple[list[dict], int]:
+    tojson write them apart). The common shapes are written here directly (as `_message` writes them), the rest
+    by `_message`."""
     out = []
     plain = 0
-    for m in messages:
+    for m in messages[start:] if start else messages:
         if not isinstance(m, dict):
             raise ValueError(f"message must be an object, got {type(m).__name__}")
         role = m.get("role")
@@ -229,18 +210,9 @@ class _Seen:
 
 
 def apply_response(call: dict, response: dict | None) -> None:
-    """Fill a call's reply and reported usage from a chat.completion (or a streamed one, assembled). The
-    common shape is read in C where the compiled extension is (strata_lab._replay.apply_response: the same
-    fields)."""
+    """Fill a call's reply and reported usage from a chat.completion (or a streamed one, assembled)."""
     if not isinstance(response, dict):
         return
-    native = native_fn("apply_response")
-    if native is not None and native(call, response):
-        return
-    _apply_response_py(call, response)
-
-
-def _apply_response_py(call: dict, response: dict) -> None:
     choices = response.get("choices") or []
     choice = choices[0] if choices and isinstance(choices[0], dict) else {}
     message = choice.get("message") or {}
