@@ -36,7 +36,7 @@ from strata_lab import _native
 from strata_lab.replayer.divergence import (Divergence, _assistant_id, classify, context_pair, find_divergence,
                                             set_id_contexts, set_text_contexts)
 from strata_lab.replayer.fast import _ROW_COLUMNS, DeltaPrompt, _all_keys, _record, session_ends
-from strata_lab.replayer.step import COLUMNS, attribute_row, recorded_prefill_ms
+from strata_lab.replayer.step import attribute_row, recorded_prefill_ms
 
 __all__ = ["replay_store", "replay_domain", "domain_batches", "native_available"]
 

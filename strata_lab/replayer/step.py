@@ -11,10 +11,6 @@ from strata_lab.replayer.state import shortfall_cause
 __all__ = ["attribute_row", "recorded_prefill_ms"]
 
 
-# `native` still imports this name (unused there: the core writes ReplayReport's columns); it goes with that import
-COLUMNS: list[str] = []
-
-
 def recorded_prefill_ms(rec) -> float | None:
     t = rec["timings"].get("prefill_ms") if isinstance(rec.get("timings"), dict) else None
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
