@@ -207,13 +207,18 @@ def test_llamacpp_args_are_parsed_as_llama_server_parses_them():
 
 
 def test_llamacpp_refuses_prompts_of_the_slot_context_and_keeps_the_slot():
-    d = Driver("llama.cpp:args=-np 1 -c 8 --cache-ram 0")
-    assert d("a", range(7)).reused == 0
-    p = d("a", range(8))                                     # 8 >= n_ctx_slot 8: HTTP 400
+    d = Driver("llama.cpp:args=-np 1 -c 200 --cache-ram 0")  # -c 200 is rounded up to 256 cells
+    assert d("a", range(255)).reused == 0
+    p = d("a", range(256))                                   # 256 >= n_ctx_slot 256: HTTP 400
     assert (p.reused, p.cause) == (0, "refused")
-    assert d("a", list(range(6)) + [9]).reused == 6          # the slot still holds call 0
-    d = Driver("llama.cpp:args=-np 2 -c 16 --cache-ram 0")   # 16 / 2 slots
-    assert d("a", range(8)).cause == "refused"
+    assert d("a", list(range(6)) + [999]).reused == 6        # the slot still holds call 0
+    d = Driver("llama.cpp:args=-np 2 -c 16 --cache-ram 0")   # 256 cells / 2 = 128, rounded up: 256 a slot
+    assert d("a", range(255)).cause is None
+    assert d("b", range(1000, 1256)).cause == "refused"
+    d = Driver("llama.cpp:args=-np 3 -c 1024 --cache-ram 0")  # 1024 / 3 = 341 -> 512 a slot, 1536 in all
+    assert (d.model.preset.n_ctx_slot, d.model.ram_tokens) == (512, 1536)
+    with pytest.raises(ValueError, match="leaves each slot no context"):
+        parse_engine("llama.cpp:args=-np 300 -c 8")
 
 
 def test_llamacpp_prompt_cache_consulted_only_on_lru_or_low_keep():
@@ -251,6 +256,37 @@ def test_llamacpp_idle_slots_saved_and_cleared_under_a_unified_cache():
     d("B", range(50, 61))
     p = d("A", list(range(1, 11)) + [7])
     assert (p.reused, p.unit) == (10, "slot 3")
+
+
+def test_llamacpp_saved_prompt_bytes_are_the_sequence_state_size():
+    # llama_kv_cache::state_write for one sequence of n cells, 2 slots (2 streams), 2 layers of 2 x 32 f16 K and
+    # V: 4 + 2 x 4 + 8 + 2 x 24 + n x (12 + 512) = 68 + 524 n bytes. --cache-ram 1 (1,048,576 bytes) takes
+    # n = 2000 (1,048,068) and skips n = 2001 (1,048,592) as over the limit; K and V alone (512 n) would fit.
+    for n, saved in ((2000, 1), (2001, 0)):
+        d = Driver("llama.cpp:model=tiny-qwen3,args=-np 2 -c 8192 --cache-ram 1")
+        d("A", range(1, n + 1))                              # slot 1
+        d("B", range(5001, 5011))                            # slot 0; idle slot 1 saved to the prompt cache
+        assert len(d.model.ram) == saved
+        assert d.model._entry_bytes(n, 0) == 68 + 524 * n
+
+
+def test_llamacpp_full_unified_kv_clears_idle_slots_in_slot_order():
+    # -kvu: 768 cells for 3 slots. D needs 401 cells beside A, B, C (201 each): the server clears the first
+    # idle slot holding tokens (slot 0: C), not the least recently used one (slot 1: B), and saves nothing
+    d = Driver("llama.cpp:args=-np 3 -kvu -c 768 --no-cache-idle-slots --cache-ram 0")
+    A, B, C = range(1, 201), range(1001, 1201), range(2001, 2201)
+    for s, ids in (("A", A), ("B", B), ("C", C)):            # slots 2, 1, 0
+        d(s, ids, output=[7, 7])
+    assert [len(s.tokens) for s in d.model.slots] == [201, 201, 201]
+    d("D", range(3001, 3401), output=[7, 7])                 # slot 2 (LRU): 201 + 201 + 401 > 768
+    assert [len(s.tokens) for s in d.model.slots] == [0, 201, 401]
+    assert d("B", list(B) + [5], output=[7, 7]).reused == 200
+    assert d("C", list(C) + [5], output=[7, 7]).reused == 0
+    d = Driver("llama.cpp:args=-np 3 -c 768 --no-cache-idle-slots --cache-ram 0")   # 256 cells a slot: no pool
+    for s, ids in (("A", A), ("B", B), ("C", C)):
+        d(s, ids, output=[7, 7])
+    d("D", range(3001, 3201), output=[7, 7])
+    assert [len(s.tokens) for s in d.model.slots] == [201, 201, 201]
 
 
 def _calls(prompts):

@@ -12,9 +12,15 @@ copy vendored by llama-cpp-python 0.3.36) do it.
   that beats the slot on both `f_keep` (LCP / its length) and `f_sim` (LCP / prompt length), walking oldest
   first and skipping those keeping under 25 % of themselves, is loaded into the slot (`server_prompt_cache::
   load`). `--cache-idle-slots` (default on, needs the prompt cache) saves every other idle slot each task and,
-  with a unified KV cache, clears it.
-- A prompt of `n_ctx` per slot or more is refused (HTTP 400; `ctx_size` / slots, or all of it when unified;
-  0: no limit): nothing reused, the slot's tokens stay.
+  with a unified KV cache, clears it. A saved prompt costs what `llama_state_seq_get_size` says: its K and V
+  rows, 12 bytes of cell metadata per token and a small header (`_entry_bytes`); the byte limit therefore
+  needs the served model's shape (`model=`; `tiny-qwen3` is the GGUF the validation harness serves).
+- Context: `-c` is rounded up to a multiple of 256 cells, and without a unified KV cache each slot's share
+  is rounded up to 256 again (`n_ctx`, `n_ctx_slot`). A prompt of `n_ctx_slot` or more is refused (HTTP
+  400; 0: no limit): nothing reused, the slot's tokens stay. A unified cache is one pool of `n_ctx` cells:
+  when a call needs more cells than the idle slots leave free, the server clears idle slots one at a time
+  in slot order, not LRU, until it fits (`try_clear_idle_slots`; only seen with `--no-cache-idle-slots`,
+  which leaves the idle slots' tokens in the pool).
 - Reuse is token-exact: `n_past = LCP(slot tokens, prompt)`; `cache_reuse` N > 0 also moves matching chunks of
   at least N tokens found later in the cache (KV shift; attention-only models). If `n_past == len(prompt)` one
   token is taken back (`n_past--`: the last token is always evaluated).
@@ -86,6 +92,17 @@ The rules above, from the source:
         if (slot.is_processing()) { continue; } ...
     void release() { ... t_last_used = ggml_time_us(); state = SLOT_STATE_IDLE; ...
 
+    cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256);          // llama_context (src/llama-context.cpp)
+    if (cparams.kv_unified) { cparams.n_ctx_seq = cparams.n_ctx; } else {
+        cparams.n_ctx_seq = GGML_PAD(cparams.n_ctx / cparams.n_seq_max, 256); ...
+        cparams.n_ctx = cparams.n_ctx_seq * cparams.n_seq_max; }
+
+    // update_slots, llama_decode found no room: "retry with half the batch size to try to find a free slot"
+    if (!try_clear_idle_slots()) { n_batch /= 2; }
+    bool try_clear_idle_slots() { if (!params_base.kv_unified) { return res; }
+        for (auto & slot : slots) { if (slot.is_processing()) { continue; }
+            if (slot.prompt.n_tokens() > 0) { slot.prompt_clear(); res = true; break; } } ...
+
     if (params_base.cache_idle_slots) {                     // process_single_task, after launching
         for (auto & slot : slots) { if (!slot.is_processing()) {
             if (slot.prompt_save(*prompt_cache)) { prompt_cache->update(); }
@@ -120,6 +137,11 @@ from strata_lab.caches.presets import EnginePreset, _positive_int
 __all__ = ["Preset", "Model"]
 
 
+def _pad256(n: int) -> int:
+    """`GGML_PAD(n, 256)`: n rounded up to a multiple of 256."""
+    return -(-n // 256) * 256
+
+
 @dataclass(frozen=True)
 class Preset(EnginePreset):
     engine = "llama.cpp"
@@ -145,13 +167,29 @@ class Preset(EnginePreset):
             raise ValueError(f"llama.cpp: slot_prompt_similarity must be in [0, 1], got {self.slot_prompt_similarity!r}")
         if isinstance(self.cache_ram_mib, bool) or not isinstance(self.cache_ram_mib, int) or self.cache_ram_mib < -1:
             raise ValueError(f"llama.cpp: cache_ram_mib must be an int >= -1, got {self.cache_ram_mib!r}")
+        if self.ctx_size and not self.kv_unified and _pad256(self.ctx_size) // self.slots == 0:
+            raise ValueError(f"llama.cpp: -c {self.ctx_size} over {self.slots} slots leaves each slot no context "
+                             "(llama_context refuses n_ctx_seq == 0)")
+
+    @property
+    def n_ctx(self) -> int:
+        """KV cells in all (0: the model's own context, no limit here). `-c` is rounded up to a multiple of 256;
+        split over the slots, each slot's share is rounded up to 256 again and the total follows it
+        (`llama_context` constructor, src/llama-context.cpp at 0c1e570: `GGML_PAD(cparams.n_ctx, 256)`,
+        `n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256)`, `n_ctx = n_ctx_seq * n_seq_max`).
+
+        >>> Preset(ctx_size=600).n_ctx, Preset(ctx_size=16, slots=2).n_ctx, Preset(ctx_size=8192, slots=4).n_ctx
+        (768, 512, 8192)
+        """
+        if not self.ctx_size:
+            return 0
+        n = _pad256(self.ctx_size)
+        return n if self.kv_unified else _pad256(n // self.slots) * self.slots
 
     @property
     def n_ctx_slot(self) -> int:
-        """Tokens one slot may hold (0: no limit): -c split over the slots unless the KV cache is unified."""
-        if not self.ctx_size:
-            return 0
-        return self.ctx_size if self.kv_unified else self.ctx_size // self.slots
+        """Tokens one slot may hold (0: no limit): all of `n_ctx` when the KV cache is unified, else its share."""
+        return self.n_ctx if self.kv_unified else self.n_ctx // self.slots
 
 
 # `llama-server` flags (common/arg.cpp at 0c1e570) -> preset fields; flags that change nothing in the prompt
@@ -250,8 +288,9 @@ class Model(CacheModel):
         self.last_ts = float("-inf")
         self.ram: list = []          # the host prompt cache, oldest first: [tokens, ckpts, owner, session]
         self.last_slot: dict = {}    # session -> slot id of its last call
-        # the prompt cache's token cap: n_ctx (the whole context; unlimited when the model's own)
-        self.ram_tokens = preset.ctx_size or 0
+        # the prompt cache's token cap: n_ctx (`server_prompt_cache(cache_ram_mib, n_ctx)` with n_ctx =
+        # llama_n_ctx, the padded whole context; unlimited here when -c 0 leaves it to the model)
+        self.ram_tokens = preset.n_ctx
 
     # -- slot choice -------------------------------------------------------------------------------
     def _idle(self, now):
@@ -282,8 +321,18 @@ class Model(CacheModel):
         return lru, lcp(lru.tokens, prompt), True
 
     def _entry_bytes(self, n_tokens: int, n_ckpts: int) -> int:
-        sh = self.preset.shape
-        return n_tokens * sh.kv_bytes_per_token + (1 + n_ckpts) * sh.state_bytes
+        """What `prompt_save` stores: `llama_state_seq_get_size_ext` of the slot's sequence (+ checkpoints).
+
+        The KV part is `llama_kv_cache::state_write` (src/llama-kv-cache.cpp at 0c1e570) for one sequence: the
+        stream count and a cell count per stream (4 bytes each; one stream when unified, else one per slot);
+        per cell its position, its sequence count and its one sequence id (`state_write_meta`: 12 bytes); the
+        V-transposed flag and the layer count (8 bytes); per attention layer a type and a row size for K and
+        for V (12 bytes each); then the K and V rows themselves. Recurrent state (hybrid models): one state
+        per saved prompt and per checkpoint."""
+        sh, pre = self.preset.shape, self.preset
+        n_stream = 1 if pre.kv_unified else pre.slots
+        kv = 4 + 4 * n_stream + 8 + 24 * sh.attention_layers + n_tokens * (12 + sh.kv_bytes_per_token)
+        return kv + (1 + n_ckpts) * sh.state_bytes
 
     def _ram_limit(self) -> int:
         return self.preset.cache_ram_mib * 2**20 if self.preset.cache_ram_mib > 0 else 0
@@ -318,9 +367,10 @@ class Model(CacheModel):
                 self.ram.pop(0)
                 self.evictions += 1
         if self.ram_tokens:
+            # the byte limit raises the token cap by the average entry's bytes per token, in C++ float
             n_tok = sum(len(e[0]) for e in self.ram)
-            per_tok = max(1.0, self._ram_size() / max(1, n_tok))
-            cap = max(self.ram_tokens, int(limit / per_tok)) if limit else self.ram_tokens
+            per_tok = max(np.float32(1.0), np.float32(self._ram_size()) / np.float32(max(1, n_tok)))
+            cap = max(self.ram_tokens, int(np.float32(limit) / per_tok)) if limit else self.ram_tokens
             while self.ram and sum(len(e[0]) for e in self.ram) > cap:
                 self.ram.pop(0)
                 self.evictions += 1
@@ -364,7 +414,9 @@ class Model(CacheModel):
         if now is not None and not self._idle(now):   # every slot busy: the task waits for the first free one
             now = min(s.busy_until for s in self.slots)
         slot, n_past, by_lru = self._choose(prompt, now)
-        f_keep = n_past / len(slot.tokens) if len(slot.tokens) else 1.0
+        # f_keep as the server computes it, in float: (f_sim_best * prompt length) / slot length
+        f32 = np.float32
+        f_keep = (f32(n_past) / f32(P) * f32(P)) / f32(len(slot.tokens)) if len(slot.tokens) and P else 1.0
         unit_from = "slot"
         cache_on = pre.cache_ram_mib != 0
         if cache_on and (by_lru or f_keep < 0.5):
@@ -442,6 +494,26 @@ class Model(CacheModel):
         kept.append((c, task))
         return kept
 
+    def _make_room(self, slot: _Slot, now) -> None:
+        """A unified KV cache is one pool of `n_ctx` cells for every slot. When a batch finds too few free cells
+        (`llama_decode` returns 1) the server clears the first idle slot holding tokens, in slot order, and
+        tries again (`try_clear_idle_slots` in server-context.cpp at 0c1e570: one slot per failed batch; not
+        saved to the host prompt cache). The slot ends a call holding its prompt and every generated id but the
+        last, and cells are only added on the way, so the slots cleared are the fewest in slot order that leave
+        room for that. Without a unified cache each slot has its own `n_ctx_slot` cells and never overflows
+        (a longer prompt is refused); with `--cache-idle-slots` the idle slots were cleared already."""
+        pre = self.preset
+        if not (pre.kv_unified and pre.n_ctx):
+            return
+        used = sum(len(s.tokens) for s in self.slots)
+        for s in self._idle(now):
+            if used <= pre.n_ctx:
+                return
+            if s is not slot and len(s.tokens):
+                used -= len(s.tokens)
+                s.tokens, s.ckpts = np.zeros(0, np.int32), []
+                self.evictions += 1
+
     def _release_time(self, call: Call):
         """`t_last_used = ggml_time_us()` in `release()`: when the call ended (timed calls), else its turn."""
         return call.done_ts if call.ts is not None and call.done_ts is not None else self.clock
@@ -493,6 +565,7 @@ class Model(CacheModel):
         slot.ckpts = kept
         out = call.output
         slot.tokens = np.concatenate([call.prompt, out[:-1]]) if len(out) > 1 else call.prompt
+        self._make_room(slot, call.ts if call.ts is not None and call.done_ts is not None else None)
         slot.used = self._release_time(call)
         slot.busy_until = call.done_ts if call.ts is not None else None
         slot.session = call.session

@@ -80,7 +80,8 @@ def _run(a: argparse.Namespace, workload) -> int:
 
         rows, version = run_llama(workload if a.clients == 1 else a.workload, tiny_gguf(a.model), a.args,
                                   clients=a.clients, log=a.log)
-        engine, spec = "llama.cpp", f"llama.cpp:args={a.args}"
+        # the replay sizes saved prompts (--cache-ram) with the served GGUF's own KV shape
+        engine, spec = "llama.cpp", f"llama.cpp:model=tiny-qwen3,args={a.args}"
         if a.model != "qwen3":
             spec = f"llama.cpp:model=qwen3-next-80b-a3b,args={a.args}"
     comp = compare(rows, spec, engine)
