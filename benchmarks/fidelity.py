@@ -31,6 +31,10 @@ LIVE_LLAMA = [("-np 1 -c 4096 --cache-ram 0", AGENT.format(seed=1), 1), ("-np 1 
               ("-np 2 -c 8192 --cache-reuse 16", AGENT.format(seed=2) + ",p_edit=0.5", 1),
               ("-np 1 -c 1024 -sps 0", AGENT.format(seed=1), 1), ("-np 1 -c 600", AGENT.format(seed=1), 1),
               ("-np 2 -kvu -c 8192 --no-cache-idle-slots", AGENT.format(seed=1), 1),
+              ("-np 2 -c 4096 --cache-ram 1", AGENT.format(seed=2) + ",p_retry=0.4,p_drop=0.3", 1),
+              ("-np 2 -c 4096 --cache-ram 1 -sps 0", AGENT.format(seed=1), 1),
+              ("-np 2 -kvu -c 512 --no-cache-idle-slots -sps 0", AGENT.format(seed=1), 1),
+              ("-np 3 -kvu -c 768 --no-cache-idle-slots -sps 0", AGENT.format(seed=2) + ",p_retry=0.4,p_drop=0.3", 1),
               ("", AGENT.format(seed=1), 1), ("", "dump:dumps/agent.jsonl", 1),
               ("-np 4 -c 16384", "fleet:sessions=6,turns=2.0,seed=3,system_words=100,tool_words=60", 1),
               ("-np 4 -c 16384", AGENT.format(seed=1), 4)]

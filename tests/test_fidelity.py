@@ -289,6 +289,35 @@ def test_llamacpp_full_unified_kv_clears_idle_slots_in_slot_order():
     assert [len(s.tokens) for s in d.model.slots] == [201, 201, 201]
 
 
+def test_llamacpp_restore_short_of_free_cells_fails_and_clears_the_slot():
+    # -kvu -c 512, -sps 0 (LRU only). A is saved when C takes its slot; A's return picks slot 0 (LRU), saves B
+    # and finds A cached, but C holds 250 of the 512 cells: 300 do not fit, so the restore fails, A stays
+    # cached, slot 0 is cleared and A is read anew (then C's slot is cleared to make room). With 1,024 cells
+    # the restore succeeds.
+    for ctx, reused in ((512, 0), (1024, 300)):
+        d = Driver(f"llama.cpp:args=-np 2 -kvu -c {ctx} --no-cache-idle-slots -sps 0")
+        A = list(range(1, 301))
+        d("A", A)                                            # slot 1
+        d("B", range(1001, 1151))                            # slot 0
+        d("C", range(2001, 2251))                            # slot 1: A saved
+        p = d("A", A + [9])                                  # slot 0: B saved, A restored (or not)
+        assert p.reused == reused
+        assert len(d.model.ram) == (2 if reused == 0 else 1)
+        assert [len(s.tokens) for s in d.model.slots] == ([301, 0] if reused == 0 else [301, 250])
+
+
+def test_llamacpp_bounded_recordings_evict_as_often_as_the_server_logged():
+    """The recordings of issue 50's settings: llama-server's log counts 5 prompt-cache evictions ("making room",
+    "cache size limit reached") under `--cache-ram 1` (1 MiB: about 2,000 ids of the tiny GGUF), and 17 idle
+    slots purged ("purging slot") in the 30 calls of `-kvu -c 512 --no-cache-idle-slots`; the model evicts as
+    many (with `qwen3-8b`'s bytes per token it cached nothing under 1 MiB and matched 21 of the 41 calls)."""
+    for name, n in (("llamacpp_0c1e570_np2_cache_ram1_sps0", 5), ("llamacpp_0c1e570_np2_kvu_c512_sps0", 17)):
+        path = DATA / f"{name}.jsonl"
+        spec = json.loads(path.read_text().splitlines()[0])["predicted_spec"]
+        assert "model=tiny-qwen3" in spec
+        assert replay_engines(path, [spec]).evictions[parse_engine(spec).spec()] == n
+
+
 def _calls(prompts):
     from strata_lab.caches.call_ids import Call, as_ids
 

@@ -20,7 +20,8 @@ copy vendored by llama-cpp-python 0.3.36) do it.
   400; 0: no limit): nothing reused, the slot's tokens stay. A unified cache is one pool of `n_ctx` cells:
   when a call needs more cells than the idle slots leave free, the server clears idle slots one at a time
   in slot order, not LRU, until it fits (`try_clear_idle_slots`; only seen with `--no-cache-idle-slots`,
-  which leaves the idle slots' tokens in the pool).
+  which leaves the idle slots' tokens in the pool). Restoring a cached prompt needs a free cell per id too;
+  short of them the restore fails, the entry stays cached and the slot is cleared.
 - Reuse is token-exact: `n_past = LCP(slot tokens, prompt)`; `cache_reuse` N > 0 also moves matching chunks of
   at least N tokens found later in the cache (KV shift; attention-only models). If `n_past == len(prompt)` one
   token is taken back (`n_past--`: the last token is always evaluated).
@@ -96,6 +97,9 @@ The rules above, from the source:
     if (cparams.kv_unified) { cparams.n_ctx_seq = cparams.n_ctx; } else {
         cparams.n_ctx_seq = GGML_PAD(cparams.n_ctx / cparams.n_seq_max, 256); ...
         cparams.n_ctx = cparams.n_ctx_seq * cparams.n_seq_max; }
+
+    sinfo = find_slot(ubatch, false);                      // llama_kv_cache::state_read_meta (a restore)
+    if (sinfo.empty()) { LLAMA_LOG_ERROR("%s: failed to find %d available cells in kv cache\n", ...); return false; }
 
     // update_slots, llama_decode found no room: "retry with half the batch size to try to find a free slot"
     if (!try_clear_idle_slots()) { n_batch /= 2; }
@@ -390,6 +394,15 @@ class Model(CacheModel):
                 keep_best, sim_best, best = keep, sim, j
         if best is None:
             return False
+        pre = self.preset
+        if pre.kv_unified and pre.n_ctx:
+            # restoring drops the slot's own cells, then needs a free cell per cached id in the shared pool; short
+            # of them it fails ("failed to find %d available cells in kv cache", `state_read_meta`): the entry
+            # stays cached and the server clears the slot (`if (!ret->prompt_load(...)) { ret->prompt_clear(); }`)
+            others = sum(len(s.tokens) for s in self.slots if s is not slot)
+            if len(self.ram[best][0]) > pre.n_ctx - others:
+                slot.tokens, slot.ckpts = np.zeros(0, np.int32), []
+                return False
         toks, ckpts, owner, sess = self.ram.pop(best)
         slot.tokens, slot.ckpts, slot.owner, slot.session = toks, ckpts, owner, sess
         return True
