@@ -203,3 +203,15 @@ def _split_bytes(tok, token_id):
     """A multi-byte token as single-byte pieces (what `alternative_tokenizations` may draw)."""
     pieces = {tok.token_bytes(i): i for i in range(tok.vocab_size) if i not in tok.added_tokens.values()}
     return [pieces[bytes([b])] for b in tok.token_bytes(token_id)]
+
+
+def test_a_gguf_path_is_judged_by_its_file_name():
+    # llama-server names its model by the GGUF's path; the folders (here one named after llama) say nothing
+    from strata_lab.text.vocab import model_family
+
+    assert model_family("/tmp/run/test_live_llama_server/validate-qwen3.gguf") == "qwen"
+    assert model_family("/srv/models/llama.cpp/DeepSeek-R1-Distill-Qwen-7B-Q4_K_M.gguf") == "qwen"
+    assert model_family("/srv/llama/unnamed.gguf") is None
+    # a hub id's organisation still counts when the name alone says nothing
+    assert model_family("mistralai/Some-Small-2505") == "mistral"
+    assert model_family("Qwen/Qwen3-8B") == "qwen"

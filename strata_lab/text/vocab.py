@@ -97,14 +97,30 @@ _FAMILY_NAMES = (("deepseek", ("deepseek",)), ("llama", ("llama",)), ("gemma", (
 
 def model_family(model) -> str | None:
     """The family a model name belongs to ("deepseek", "llama", "gemma", "mistral", "qwen"), or None.
-    Distilled models take their base's family (``DeepSeek-R1-Distill-Qwen-7B`` is a Qwen vocabulary).
+    Distilled models take their base's family (``DeepSeek-R1-Distill-Qwen-7B`` is a Qwen vocabulary). A
+    file path (llama-server names its model by the GGUF's path) is judged by its file name alone: the folders
+    it sits in say nothing of its vocabulary. A hub id's organisation counts only when the name says nothing.
 
     >>> model_family("Qwen/Qwen3-8B"), model_family("DeepSeek-R1-Distill-Llama-8B"), model_family("hybrid")
     ('qwen', 'llama', None)
+    >>> model_family("/srv/llama-models/Qwen3-8B-Q4_K_M.gguf"), model_family("meta-llama/Meta-Llama-3-8B")
+    ('qwen', 'llama')
     """
     if not isinstance(model, str):
         return None
-    name = model.lower()
+    parts = [p for p in model.replace("\\", "/").split("/") if p]
+    if not parts:
+        return None
+    hub_id = len(parts) == 2 and not model.startswith(("/", ".", "~")) \
+        and not parts[1].lower().endswith((".gguf", ".bin", ".safetensors"))
+    for name in ([parts[-1], parts[0]] if hub_id else [parts[-1]]):
+        found = _name_family(name.lower())
+        if found is not None:
+            return found
+    return None
+
+
+def _name_family(name: str) -> str | None:
     if "distill-" in name:
         name = name[name.index("distill-") + len("distill-"):]
     hits = [(name.find(k), fam) for fam, keys in _FAMILY_NAMES for k in keys if k in name]
