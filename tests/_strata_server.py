@@ -73,7 +73,8 @@ class ServerProcess:
         restarts = 3
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                if restarts and "address already in use" in self.log_text().lower():
+                # (a process this class did not start, waited for as one, is not restarted)
+                if restarts and hasattr(self, "_args") and "address already in use" in self.log_text().lower():
                     restarts -= 1
                     self._start()
                     continue

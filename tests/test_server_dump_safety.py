@@ -125,7 +125,7 @@ def test_dump_write_failures_keep_serving_and_are_counted(tmp_path):
         from _strata_server import ServerProcess
 
         waiter = ServerProcess.__new__(ServerProcess)
-        waiter.proc, waiter.url, waiter.log = proc, url, tmp_path / "log"
+        waiter.proc, waiter.url, waiter.port, waiter.log = proc, url, port, tmp_path / "log"
         waiter.wait()
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
         for _ in range(2):
@@ -163,7 +163,7 @@ def test_server_records_each_call_once_through_its_own_recorder(tmp_path, with_d
     url = f"http://127.0.0.1:{port}"
     try:
         waiter = ServerProcess.__new__(ServerProcess)
-        waiter.proc, waiter.url, waiter.log = proc, url, tmp_path / "log"
+        waiter.proc, waiter.url, waiter.port, waiter.log = proc, url, port, tmp_path / "log"
         waiter.wait()
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
         for _ in range(2):
