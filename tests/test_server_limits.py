@@ -238,19 +238,25 @@ def test_cpu_pool_stops_a_job_over_its_budget():
     async def scenario():
         pool = CpuPool(workers=1, queue=1, timeout=1.0)
         slow = asyncio.ensure_future(pool.run(time.sleep, 30, heavy=True, what="sleeping"))
-        while not pool.pids:  # the worker is forked (however loaded the machine)
+        # the worker is forked (on a machine too busy to fork it within the 1 s budget the job is stopped
+        # before its worker starts: the same 503, nothing to kill)
+        while not pool.pids and not slow.done():
             await asyncio.sleep(0.05)
-        (pid,) = pool.pids
+        pids = set(pool.pids)
+        assert len(pids) <= 1
         with pytest.raises(RequestError) as err:
             await slow
         assert err.value.status == 503 and err.value.code == "cpu_timeout" and "stopped" in err.value.message
-        assert _gone(pid), "the worker still runs after its budget"
+        assert all(_gone(pid) for pid in pids), "the worker still runs after its budget"
         assert pool.stopped == 1 and pool.running == 0  # its slot is free at once
         # its pool thread reaped it (the /proc entry went at the reap) and forgets its pid just after: on a
         # loaded machine that thread may not have run yet
         assert _until(lambda: not pool.pids), pool.pids
+        # the next job gets the slot. Its budget is raised first: forking this test process (large by now, in
+        # a full run) on a machine busy with other work can itself take about a second
+        pool.timeout = 60.0
         assert await pool.run(sum, [1, 2], heavy=True) == 3
-        assert pool.running == 0 and not pool.pids
+        assert pool.running == 0 and _until(lambda: not pool.pids)
 
         # the bound: one running + one queued, a third is refused at once
         running = asyncio.ensure_future(pool.run(time.sleep, 0.6, heavy=True))
