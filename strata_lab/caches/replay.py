@@ -255,6 +255,11 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
     """
     from strata_lab.replayer.policies import Policy, parse_policy
 
+    if cluster is not None:  # its form, before any work
+        from strata_lab.replayer.distributed import local_workers
+
+        local_workers(cluster)
+
     if isinstance(engines, str):
         engines = [engines]
     presets = [parse_engine(e) for e in engines]

@@ -31,25 +31,38 @@ def _domain_task(partitions, opts, tokenizer, cost_model, spec):
 MAX_LOCAL_WORKERS = 256
 
 
+def local_workers(cluster) -> int | None:
+    """The worker count of a "local[:N]" cluster, None for a Client or a scheduler address; a malformed value
+    is a ValueError (checked before any work: nothing is started here)."""
+    if not isinstance(cluster, str):
+        if type(cluster).__name__ == "Client":
+            return None
+        raise TypeError(f"cluster must be a distributed.Client, an address or 'local[:N]', got {cluster!r}")
+    if not cluster:
+        raise TypeError(f"cluster must be a distributed.Client, an address or 'local[:N]', got {cluster!r}")
+    if cluster != "local" and not cluster.startswith("local:"):
+        return None
+    _, _, n = cluster.partition(":")
+    try:
+        workers = int(n) if n else 2
+    except ValueError:
+        raise ValueError(f"cluster: 'local:N' needs an int N, got {cluster!r}") from None
+    if workers < 1:
+        raise ValueError(f"cluster: local needs at least one worker, got {workers}")
+    if workers > MAX_LOCAL_WORKERS:  # one process each: past a few hundred the machine, not the work, is the limit
+        raise ValueError(f"cluster: local runs at most {MAX_LOCAL_WORKERS} worker processes on one machine, "
+                         f"got {workers}; use a scheduler's address for more")
+    return workers
+
+
 def connect(cluster):
     """(client, owned): a Client for `cluster`; owned is True when this call started it."""
     from distributed import Client, LocalCluster
 
     if isinstance(cluster, Client):
         return cluster, False
-    if not isinstance(cluster, str) or not cluster:
-        raise TypeError(f"cluster must be a distributed.Client, an address or 'local[:N]', got {cluster!r}")
-    if cluster == "local" or cluster.startswith("local:"):
-        _, _, n = cluster.partition(":")
-        try:
-            workers = int(n) if n else 2
-        except ValueError:
-            raise ValueError(f"cluster: 'local:N' needs an int N, got {cluster!r}") from None
-        if workers < 1:
-            raise ValueError(f"cluster: local needs at least one worker, got {workers}")
-        if workers > MAX_LOCAL_WORKERS:  # one process each: past a few hundred the machine, not the work, is the limit
-            raise ValueError(f"cluster: local runs at most {MAX_LOCAL_WORKERS} worker processes on one machine, "
-                             f"got {workers}; use a scheduler's address for more")
+    workers = local_workers(cluster)
+    if workers is not None:
         lc = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0")
         return Client(lc), True
     return Client(cluster), True
