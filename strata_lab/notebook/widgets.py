@@ -481,8 +481,9 @@ class ReuseDashboard(_Widget):
 
         self.report = replay_engines(self.calls, [self.engine], tokenizer=self.tok)
         chosen = list(self.policies.value) or ["recorded"]
+        # the engine's spec is the same on every row (it is the dashboard's engine): not a column here
         self.comparison = compare_policies(self.calls, chosen, self.engine, tokenizer=self.tok,
-                                           cost_model=self.report.cost_model)
+                                           cost_model=self.report.cost_model).drop(columns=["spec"])
         t = self.report.totals()
         self.summary.value = (f'<div style="font-family:sans-serif">{t["calls"]} calls, {t["prompt_tokens"]} '
                               f'prompt tokens: {t["reused"]} reused, {t["read"]} read, {t["reread"]} reread. '
