@@ -66,6 +66,14 @@ class ServerProcess:
         self._log = open(self.log, "wb")
         self.proc = subprocess.Popen(**spawn, stdout=self._log, stderr=subprocess.STDOUT)
 
+    @classmethod
+    def adopt(cls, proc: subprocess.Popen, port: int, log: Path) -> "ServerProcess":
+        """A server a test started itself (its own limits or environment), waited for as one of ours; it is
+        never restarted on another port."""
+        srv = cls.__new__(cls)
+        srv.proc, srv.port, srv.url, srv.log = proc, port, f"http://127.0.0.1:{port}", log
+        return srv.wait()
+
     def wait(self, timeout: float = 60) -> "ServerProcess":
         """Until /health answers from this process. The free port may be taken by another process (another
         test worker's server) before the child binds it: the child then exits, and starts again on a new port."""

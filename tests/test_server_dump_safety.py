@@ -124,9 +124,7 @@ def test_dump_write_failures_keep_serving_and_are_counted(tmp_path):
     try:
         from _strata_server import ServerProcess
 
-        waiter = ServerProcess.__new__(ServerProcess)
-        waiter.proc, waiter.url, waiter.port, waiter.log = proc, url, port, tmp_path / "log"
-        waiter.wait()
+        ServerProcess.adopt(proc, port, tmp_path / "log")
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
         for _ in range(2):
             r = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
@@ -162,9 +160,7 @@ def test_server_records_each_call_once_through_its_own_recorder(tmp_path, with_d
     proc = subprocess.Popen(**spawn, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        waiter = ServerProcess.__new__(ServerProcess)
-        waiter.proc, waiter.url, waiter.port, waiter.log = proc, url, port, tmp_path / "log"
-        waiter.wait()
+        ServerProcess.adopt(proc, port, tmp_path / "log")
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
         for _ in range(2):
             assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
