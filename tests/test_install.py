@@ -31,11 +31,17 @@ def test_import_is_quick_and_quiet():
     dt, heavy = out.stdout.split(" ", 1)
     assert heavy.strip() == "[]", f"import strata_lab pulled in {heavy}"
     # quick against a baseline measured now, on the same machine: importing numpy alone (which strata_lab's
-    # import leaves out); no wall-clock limit, so a busy machine slows both alike
-    spawn["args"] = [sys.executable, "-c", "import time; t = time.perf_counter(); import numpy; "
-                     "print(time.perf_counter() - t)"]
-    base = float(subprocess.run(**spawn, capture_output=True, text=True, check=True).stdout)
-    assert float(dt) < 2 * base + 0.05, f"import strata_lab took {float(dt):.3f} s, numpy alone {base:.3f} s"
+    # import leaves out); no wall-clock limit. Each is the best of three interleaved runs, so one run slowed
+    # by other work on a busy machine decides nothing
+    numpy_only = dict(spawn, args=[sys.executable, "-c", "import time; t = time.perf_counter(); import numpy; "
+                                   "print(time.perf_counter() - t)"])
+    ours, base = float(dt), float("inf")
+    for i in range(3):
+        base = min(base, float(subprocess.run(**numpy_only, capture_output=True, text=True, check=True).stdout))
+        if i:
+            again = subprocess.run(**spawn, capture_output=True, text=True, check=True).stdout
+            ours = min(ours, float(again.split(" ", 1)[0]))
+    assert ours < 2 * base + 0.05, f"import strata_lab took {ours:.3f} s, numpy alone {base:.3f} s"
 
 
 def _cli(*args, input=None):
