@@ -62,6 +62,7 @@ class GenerateOptions:
     has_force: bool
     force_ids: list[int]
     stop_latency: int
+    paced: bool
     logprobs: int
     def __init__(self) -> None: ...
     def set_token_mask(self, fn: Any) -> None: ...

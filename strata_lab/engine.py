@@ -374,13 +374,18 @@ class Session:
 
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int, sampling: Sampling = Sampling(),
                  stop_ids: Sequence[int] = (), force_ids: Optional[Sequence[int]] = None,
-                 stop_latency: int = 0, record_meta: Optional[dict] = None,
+                 stop_latency: int = 0, paced: bool = False, record_meta: Optional[dict] = None,
                  logprobs: Optional[int] = None, token_mask=None) -> Stream:
         """Start one call: reuse per Contract 1, read the rest of the prompt, then decode.
 
         ``max_new_tokens=0`` only reads the prompt. ``force_ids`` decodes those ids instead of sampling
         (min(len(force_ids), max_new_tokens) steps). ``stop_latency`` delays the loop's reaction to
-        ``stop()`` by that many steps (models a late STOP). Bad input raises before any work.
+        ``stop()`` by that many steps (models a late STOP). Unpaced (the default) the loop runs ahead of a
+        slow reader, and a STOP counts from the step the loop sees it in: the ids it made meanwhile are
+        generated ones. ``paced=True`` keeps the loop at most one id ahead of the reader, and a STOP counts
+        from the last id the reader took: exactly ``stop_latency`` ids are drained (with 0: none, or the one
+        being sampled), however busy the machine; a paced stream must be read to its end or its ``result``
+        awaited (the server's are). Bad input raises before any work.
 
         ``logprobs=n`` (0..1024) reports each generated id's logprob and its n best alternatives
         (``TokenLogprob``: raw logits, before temperature and mask) in ``stream.logprobs`` as ids arrive
@@ -414,6 +419,9 @@ class Session:
             opts.has_force = True
             opts.force_ids = _as_ids(list(force_ids), "force_ids", V)
         opts.stop_latency = int(stop_latency)
+        if not isinstance(paced, bool):
+            raise TypeError(f"paced must be a bool, got {type(paced).__name__}")
+        opts.paced = paced
         if logprobs is not None:
             if isinstance(logprobs, bool) or not isinstance(logprobs, (int, np.integer)) or not 0 <= logprobs <= 1024:
                 raise ValueError(f"logprobs must be None or an int in 0..1024, got {logprobs!r}")

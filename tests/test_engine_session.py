@@ -1,5 +1,7 @@
 """Engine tier: sessions per Contract 1, streaming generate, STOP and drain, force_ids, sampling."""
+import gc
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -98,6 +100,38 @@ def test_stream_yields_ids_and_stop_drains(tiny_engine):
     # the drained ids are really in the state: the next turn reuses them
     nxt = s.held_ids + [151645]
     assert s.generate(nxt, max_new_tokens=0).result.reused == len(nxt) - 1
+
+
+@pytest.mark.parametrize("latency", [0, 1, 3])
+def test_paced_stop_counts_from_the_reader(tiny_engine, latency):
+    # a slow reader (another process could be holding the CPU): the loop waits for it, so the ids after the
+    # last one it took are the drained ones, exactly stop_latency of them
+    s = fresh(tiny_engine, f"paced{latency}")
+    stream = s.generate(PROMPT, max_new_tokens=40, sampling=HOT, stop_latency=latency, paced=True)
+    got = []
+    for i in stream:
+        got.append(i)
+        time.sleep(0.02)
+        if len(got) == 3:
+            stream.stop()
+    r = stream.result
+    assert r.finish == "cancelled" and got == r.gen_ids and len(r.gen_ids) == 3
+    assert len(r.drained_ids) == latency if latency else len(r.drained_ids) in (0, 1)
+    assert s.held_ids == PROMPT + r.gen_ids + r.drained_ids
+    # the same ids as an unstopped call: draining changes nothing of what is sampled
+    s.reset()
+    whole = s.generate(PROMPT, max_new_tokens=len(r.gen_ids) + len(r.drained_ids), sampling=HOT).result
+    assert whole.gen_ids == r.gen_ids + r.drained_ids
+
+
+def test_paced_stream_awaited_or_dropped_unread(tiny_engine):
+    s = fresh(tiny_engine, "paced-unread")
+    assert len(s.generate(PROMPT, max_new_tokens=6, paced=True).result.gen_ids) == 6  # result lets go
+    s.generate(PROMPT, max_new_tokens=6, paced=True)  # dropped: the job lets go, the next call starts
+    gc.collect()
+    assert len(s.generate(PROMPT, max_new_tokens=2).result.gen_ids) == 2
+    with pytest.raises(TypeError, match="paced must be a bool"):
+        s.generate(PROMPT, max_new_tokens=2, paced=1)
 
 
 def test_stop_from_another_thread(tiny_engine):

@@ -363,9 +363,9 @@ def _check_budget_lines(qwen3, lines, budget):
     first, second = lines
     assert first["request_id"] == second["request_id"] and (first["call"], second["call"]) == (0, 1)
     assert first["finish"] == "budget" and len(first["gen_ids"]) == budget
-    # --stop-latency 2: the STOP lands two steps late, plus the step it arrived in when it came mid-step
-    # (the engine's rule, test_engine_session.test_stream_yields_ids_and_stop_drains)
-    assert len(first["drained_ids"]) in (2, 3)
+    # --stop-latency 2: the server's calls are paced, so the STOP lands two steps after the last id the
+    # server read, however busy the machine (test_engine_session.test_paced_stop_counts_from_the_reader)
+    assert len(first["drained_ids"]) == 2
     kept = plain_drained(qwen3, first["drained_ids"], [qwen3.im_end_id, qwen3.eos_id], mid_character=False)
     wrap = qwen3.encode(WRAP_UP)
     assert second["prompt_ids"] == first["prompt_ids"] + first["gen_ids"] + kept + wrap
@@ -431,8 +431,8 @@ def test_disconnect_mid_stream_stops_and_keeps_drained(server):
             if n > 8:
                 break
     (line,) = wait_for_lines(server, before)
-    # a client leaves at any moment: two late steps, or three when the STOP arrived mid-step
-    assert line["finish"] == "cancelled" and len(line["drained_ids"]) in (2, 3)
+    # a client leaves at any moment: two late steps after the last id the server read (paced calls)
+    assert line["finish"] == "cancelled" and len(line["drained_ids"]) == 2
     assert len(line["gen_ids"]) < CTX - len(line["prompt_ids"])
     # the next request finds prompt + generated + drained ids in the session
     r = chat(server, max_tokens=1, messages=USER)

@@ -84,6 +84,7 @@ void register_options(py::module_& m) {
       .def_readwrite("has_force", &GenerateOptions::has_force)
       .def_readwrite("force_ids", &GenerateOptions::force_ids)
       .def_readwrite("stop_latency", &GenerateOptions::stop_latency)
+      .def_readwrite("paced", &GenerateOptions::paced)
       .def_readwrite("logprobs", &GenerateOptions::logprobs)
       .def("set_token_mask", [](GenerateOptions& o, py::object fn) {
         if (fn.is_none()) { o.token_mask = nullptr; return; }

@@ -172,7 +172,7 @@ void Session::read(const int32_t* ids, int64_t n, bool want_logits) {
 }
 
 GenerateResult Session::generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts,
-                                 const OnToken& on_token, const std::atomic<bool>* stop) {
+                                 const OnToken& on_token, StreamReader* reader) {
   validate(prompt, opts);
   GenerateResult r;
   const auto t0 = Clock::now();
@@ -208,14 +208,37 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
   std::vector<uint32_t> bits(size_t((V + 31) / 32));
   std::vector<int32_t> produced;               // this call's ids so far (gen + drained), for the mask
   std::string natural = "length";
-  int64_t req_step = -1;  // step during which the STOP request was first seen
+  int64_t req_step = -1;  // the last step whose id is a generated one once a STOP is seen
   struct Decoding {       // while in the loop, the model's batched steps wait (briefly) for this session
     Model* m;
     explicit Decoding(Model* model, bool on) : m(on ? model : nullptr) { if (m) m->enter_decode(); }
     ~Decoding() { if (m) m->leave_decode(); }
+    void pause() { if (m) m->leave_decode(); }   // waiting for the reader: batched steps go on without us
+    void resume() { if (m) m->enter_decode(); }
   } decoding(model_.get(), steps > 0);
+  const bool paced = reader && opts.paced;
+  // step: the last step whose id the loop itself counts as generated when the STOP is seen now
+  auto see_stop = [&](int64_t step) {
+    if (!reader || req_step >= 0) return;
+    const int64_t at = std::min<int64_t>(reader->stop_at(), int64_t(r.gen_ids.size()));
+    if (at < 0) return;
+    if (!paced) {
+      req_step = step;
+      return;
+    }
+    // paced: the reader's position decides; ids it never took are drained (at <= gen_ids.size())
+    req_step = at - 1;
+    r.drained_ids.assign(r.gen_ids.begin() + at, r.gen_ids.end());
+    r.gen_ids.resize(size_t(at));
+    if (r.logprobs.size() > size_t(at)) r.logprobs.resize(size_t(at));
+  };
   for (int64_t i = 0; i < steps; ++i) {
-    if (stop && req_step < 0 && stop->load()) req_step = i - 1;  // arrived between steps
+    if (paced && i > 0 && req_step < 0 && !reader->has_taken(i)) {
+      decoding.pause();
+      reader->wait_taken(i);
+      decoding.resume();
+    }
+    see_stop(i - 1);  // arrived between steps
     if (req_step >= 0 && i > req_step + opts.stop_latency) break;
     int32_t id;
     if (opts.has_force) {
@@ -229,7 +252,7 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
     }
     produced.push_back(id);
     sampler.accept(id);
-    if (stop && req_step < 0 && stop->load()) req_step = i;
+    see_stop(i);  // arrived while this id was sampled
     if (req_step >= 0) r.drained_ids.push_back(id);
     else {
       r.gen_ids.push_back(id);

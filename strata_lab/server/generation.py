@@ -469,7 +469,8 @@ class ChatRunner:
         stream = slot.session.generate(call.prompt_ids, max_new_tokens=call.max_new, sampling=call.sampling,
                                        stop_ids=self.stop_ids + tuple(call.extra_stop),
                                        stop_latency=self.stop_latency,
-                                       record_meta=call.record_meta,
+                                       # a STOP counts from the last id read here, however busy the machine
+                                       paced=True, record_meta=call.record_meta,
                                        # the chosen id's logprob always (the non-finite guard below)
                                        logprobs=call.logprobs if call.logprobs is not None else 0,
                                        token_mask=call.token_mask)

@@ -44,6 +44,7 @@ struct GenerateOptions {
   bool has_force = false;
   std::vector<int32_t> force_ids;    // decode these instead of sampling (min(len, max_new_tokens) steps)
   int64_t stop_latency = 0;          // steps between a STOP request and the loop acting on it (models a late STOP)
+  bool paced = false;                // a streamed call keeps at most one id ahead of its reader (StreamReader)
   int64_t logprobs = -1;             // -1: off; n >= 0: each produced id's logprob and its n best alternatives
   TokenMaskFn token_mask;            // grammar mask applied to a copy of the logits before each sampled step
 };
@@ -63,6 +64,21 @@ struct GenerateResult {
   std::vector<int64_t> checkpoints;  // after the call
 };
 
+// The reader of a streamed call (StreamJob), as the decode loop sees it.
+// stop_at(): how many ids the reader had taken when it asked to STOP, -1 while it has not.
+// Unpaced (the default), a STOP counts from the step during which the loop first sees it, so ids the loop
+// produced while the reader was behind are still generated ones. Paced (GenerateOptions::paced), the loop
+// samples id i only once the reader took ids [0, i) or asked to STOP, and a STOP counts from the reader's
+// position: the ids after it are drained, exactly stop_latency of them when stop_latency >= 1 (with 0, the
+// id being sampled when the STOP came, or none). A paced stream must be read to its end (or released).
+class StreamReader {
+ public:
+  virtual ~StreamReader() = default;
+  virtual int64_t stop_at() const = 0;
+  virtual bool has_taken(int64_t n) const = 0;
+  virtual void wait_taken(int64_t n) = 0;  // returns once n ids were taken, a STOP was asked, or the reader let go
+};
+
 class Session {
  public:
   Session(std::shared_ptr<Model> model, std::string name, CheckpointPolicy policy);
@@ -74,10 +90,11 @@ class Session {
   struct ReusePlan { int64_t lcp = 0, reused = 0, restore = -1; bool saved_logits = false; };
   ReusePlan plan(const std::vector<int32_t>& prompt) const;
   // Runs one call. on_token gets each id that is not drained, as soon as it is produced, with its
-  // logprob entry (null when opts.logprobs < 0). stop may be set from another thread at any time.
+  // logprob entry (null when opts.logprobs < 0). the reader (may be null) may
+  // ask to STOP from another thread at any time (see StreamReader).
   using OnToken = std::function<void(int32_t, const TokenLogprob*)>;
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts,
-                          const OnToken& on_token, const std::atomic<bool>* stop);
+                          const OnToken& on_token, StreamReader* reader);
 
   std::vector<int32_t> held() const;
   // Logits after the last held id (empty when nothing is held).
