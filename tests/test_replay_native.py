@@ -230,6 +230,26 @@ def test_generated_fleet_replays_the_same_on_the_core(qwen3, tmp_path):
     assert {"retokenized_reply", "template_rewrite"} <= causes or {"history_edit"} <= causes, causes
 
 
+def test_one_scan_gives_what_the_separate_reads_give(qwen3, tmp_path):
+    """`scan_store` reads each segment once for the models, the session ends and the cost fit: the values
+    `session_ends` and `fit_cost_store` read alone (odd lines included); a line with another server's
+    reported figures makes it None (that store replays call by call)."""
+    from strata_lab.replayer.fast import fit_cost_store, scan_store, session_ends
+
+    _agent_dump(tmp_path / "a.jsonl", qwen3, random.Random(7))
+    convert_jsonl(tmp_path / "a.jsonl", tmp_path / "s", row_group_rows=16)
+    store = Store(tmp_path / "s")
+    scan = scan_store(store)
+    assert scan.store is store and scan.models == [None]
+    assert scan.ends == session_ends(store.partitions) and len(scan.ends) > 1
+    assert scan.cost_model == fit_cost_store(store) and scan.cost_model is not None
+    lines = (tmp_path / "a.jsonl").read_bytes().splitlines()
+    lines[0] = orjson.dumps({**orjson.loads(lines[0]), "reported_cached_tokens": 3})   # a call with a prompt
+    (tmp_path / "b.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    convert_jsonl(tmp_path / "b.jsonl", tmp_path / "t")
+    assert scan_store(Store(tmp_path / "t")) is None
+
+
 def test_core_refuses_bad_batches_naming_the_field():
     core, _ = new_core("hybrid", "turn", "held_logits")
     n = 3

@@ -155,11 +155,14 @@ def _apply_policy(calls: list[Call], policy, tok) -> list[Call]:
 
 
 def _as_store(dump):
-    """The Parquet store `dump` is (a `Store` or a store directory), else None."""
+    """The Parquet store `dump` is (a `Store`, a store directory, or a store's `fast.StoreScan`), else None."""
     import os
 
     from strata_lab.dump import Store
+    from strata_lab.replayer.fast import StoreScan
 
+    if isinstance(dump, StoreScan):
+        return dump.store
     if isinstance(dump, Store):
         return dump
     if isinstance(dump, (str, os.PathLike)) and os.path.isdir(dump) and \
@@ -168,43 +171,18 @@ def _as_store(dump):
     return None
 
 
-# fields of a line that our engine's recorder never writes: figures reported by another server, a log's format
-_NOT_OURS = ("reported_", "cached_tokens", "cache_engine", "trace_format", "fidelity", "synthetic_ids")
-
-
-def _store_models(store) -> list | None:
-    """The `model` names of a store of our engine's own lines (what `strata.for_calls` reads), or None when a
-    line was served elsewhere or carries another server's reported figures: those replay call by call."""
-    import pyarrow.compute as pc
-
-    from strata_lab.dump.store_check import open_segment
-
-    models: set = set()
-    for f in store.paths:
-        t = open_segment(f).read(columns=["model", "extra", "raw", "keys", "reported_cached_tokens",
-                                           "reported_cache_write_tokens"])
-        if t["reported_cached_tokens"].null_count != t.num_rows or \
-                t["reported_cache_write_tokens"].null_count != t.num_rows:
-            return None
-        for name in ("extra", "raw", "keys"):
-            for v in pc.unique(t[name]).to_pylist():
-                if v is not None and any(k in v for k in _NOT_OURS):
-                    return None
-        models.update(pc.unique(t["model"]).to_pylist())
-    return sorted(models, key=str)
-
-
-def _core_replay(store, preset, pol, tokenizer, cost_model, *, progress: bool, context_chars: int, cluster,
-                 models: list) -> "ReplayReport":
+def _core_replay(scan, preset, pol, tokenizer, cost_model, *, progress: bool, context_chars: int,
+                 cluster) -> "ReplayReport":
     """Our engine (`strata`) over a store of our own lines on the C++ replay core (`strata_lab.replayer.native`),
-    in-process or on Dask: the same rows as the call-by-call replay of the same lines."""
+    in-process or on Dask: the same rows as the call-by-call replay of the same lines. `scan`: the store's
+    `fast.StoreScan` (its models, cost samples and session ends, read in one pass)."""
     from strata_lab.caches.call_ids import as_ids
     from strata_lab.caches.strata import for_calls
     from strata_lab.replayer.core import resolve_options
     from strata_lab.replayer.costs import usable_fit
-    from strata_lab.replayer.fast import fit_cost_store
     from strata_lab.replayer.native import replay_store
 
+    store, models = scan.store, scan.models
     preset = for_calls(preset, [Call(0, "", as_ids([]), record={"model": m, "checkpoints": []}) for m in models])
     for m in models:
         tokenizer.check_model(m)
@@ -212,14 +190,15 @@ def _core_replay(store, preset, pol, tokenizer, cost_model, *, progress: bool, c
                            context_chars=context_chars)
     poor_fit = None
     if cost_model is None:   # as the call-by-call replay: a fit too poor to price seconds prices tokens only
-        cost_model, poor_fit = usable_fit(fit_cost_store(store))
+        cost_model, poor_fit = usable_fit(scan.cost_model)
     if cluster is not None:
         from strata_lab.replayer.distributed import replay_on_cluster
 
         table = replay_on_cluster(store, opts, tokenizer, cost_model, cluster=cluster, progress=progress,
                                   spec=preset.spec())
     else:
-        table = replay_store(store, opts, tokenizer, cost_model, spec=preset.spec(), progress=progress)
+        table = replay_store(store, opts, tokenizer, cost_model, spec=preset.spec(), progress=progress,
+                             ends=scan.ends)
     return ReplayReport.from_table(table, [preset], {preset.spec(): 0}, cost_model, policy=pol.name,
                                    poor_fit=poor_fit)
 
@@ -282,9 +261,11 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
         from strata_lab.text.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
+    from strata_lab.replayer.fast import StoreScan, scan_store
+
     store = _as_store(dump)
-    models = _store_models(store) if store is not None else None
-    core = (models is not None and tokenizer is not None and len(presets) == 1 and presets[0].engine == "strata"
+    scan = dump if isinstance(dump, StoreScan) else scan_store(store) if store is not None else None
+    core = (scan is not None and tokenizer is not None and len(presets) == 1 and presets[0].engine == "strata"
             and presets[0].replicas == 1 and not concurrency and tokens_per_s is None and not pol.changes_prompts)
     if core:
         from strata_lab.replayer.native import native_available
@@ -295,8 +276,8 @@ def replay_engines(dump, engines=("vllm", "sglang", "llama.cpp", "strata"), *, t
                          "own lines (strata-lab convert dump.jsonl --out DIR), with a tokenizer and no prompt "
                          "policy or concurrency")
     if core:
-        return _core_replay(store, presets[0], pol, tokenizer, cost_model, progress=progress,
-                            context_chars=context_chars, cluster=cluster, models=models)
+        return _core_replay(scan, presets[0], pol, tokenizer, cost_model, progress=progress,
+                            context_chars=context_chars, cluster=cluster)
     calls = calls_from_dump(store if store is not None else dump)
     from strata_lab.caches.strata import for_calls
 
@@ -430,9 +411,12 @@ def replay(dump, engine=None, *, tokenizer="qwen3", policy="recorded", cost_mode
         raise TypeError("replay: bytes_per_snapshot= is not a setting of the replay (the strata engine sizes "
                         "snapshots by its kind)")
     if engine is None:
+        from strata_lab.replayer.fast import scan_store
+
         store = _as_store(dump)
-        if store is not None and _store_models(store) is not None:   # our engine's own lines: engine strata
-            dump, engine = store, ["strata"]
+        scan = scan_store(store) if store is not None else None
+        if scan is not None:   # our engine's own lines: engine strata (the scan goes on with them, read once)
+            dump, engine = scan, ["strata"]
         else:
             calls = calls_from_dump(dump)
             dump, engine = calls, [default_engine(calls)]

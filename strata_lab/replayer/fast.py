@@ -6,12 +6,15 @@ prefix with what the session holds is known without reading the prompt: `shared_
 leaves the previous prompt, else the previous prompt's length plus the common prefix of the suffix and
 the previous reply. `DeltaPrompt` lets the Python side of the C++ replay core (`native`) see the prompt
 without building it: the ids before `shared_len` are the session's own held ids. Here: the store's rows
-merged in seq order (`domain_rows`), each as a record (`_record`), and the cost model's samples.
+merged in seq order (`domain_rows`), each as a record (`_record`), and what a replay reads once before
+its first call (`scan_store`: the models, the cost model's samples and the session ends, one pass over the
+store's scalar columns).
 """
 from __future__ import annotations
 
 from strata_lab.replayer.costs import CostModel
 
+import functools
 import heapq
 from collections.abc import Sequence
 from typing import Iterator
@@ -21,7 +24,8 @@ import orjson
 from strata_lab.dump.store_codec import with_defaults
 from strata_lab.replayer.step import recorded_prefill_ms
 
-__all__ = ["DeltaPrompt", "domain_rows", "session_ends", "cost_samples", "fit_cost_store"]
+__all__ = ["DeltaPrompt", "domain_rows", "session_ends", "cost_samples", "fit_cost_store", "StoreScan",
+           "scan_store"]
 
 _ROW_COLUMNS = ["seq", "session", "request_id", "ts", "call", "parent_call", "shared_len", "suffix_ids",
                 "prompt_len", "reused", "gen_ids", "drained_ids", "checkpoints", "prefill_ms", "decode_ms",
@@ -139,40 +143,66 @@ def _record(row: tuple) -> dict:
     return with_defaults(rec)
 
 
-def session_ends(partitions: list[str]) -> dict[str, int]:
-    """Session -> seq of its last call (from two scalar columns): after it, its state can go."""
-    import pyarrow as pa
+# fields of a line that our engine's recorder never writes: figures reported by another server, a log's format
+_NOT_OURS = ("reported_", "cached_tokens", "cache_engine", "trace_format", "fidelity", "synthetic_ids")
+
+
+def _ours(t) -> bool:
+    """Whether every row of a segment's table is our engine's own line: none carries another server's
+    reported figures or a field only other servers' lines and logs have."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
-    from strata_lab.dump.store_check import open_segment
-    from strata_lab.dump.store_writer import segment_files
-
-    tables = [open_segment(f).read(columns=["session", "seq"]) for p in partitions for f in segment_files(p)]
-    if not tables:
-        return {}
-    t = pa.concat_tables(tables)
-    t = t.filter(pc.is_valid(t["session"]))
-    g = t.group_by("session").aggregate([("seq", "max")])
-    return dict(zip(g["session"].to_pylist(), g["seq_max"].to_pylist()))
+    if t["reported_cached_tokens"].null_count != t.num_rows or \
+            t["reported_cache_write_tokens"].null_count != t.num_rows:
+        return False
+    for name in ("extra", "raw", "keys"):
+        for v in pc.unique(t[name]).to_pylist():
+            if v is not None and any(k in v for k in _NOT_OURS):
+                return False
+    return True
 
 
-def cost_samples(partitions: list[str]):
-    """(read, reused, prefill_ms) arrays over every call that has them, in seq order: what fit_cost reads. Only the
-    scalar columns are read (no id lists); rows whose fields all have their columns are taken column-wise,
-    the rest (a raw line, extra fields) one by one."""
-    import numpy as np
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+class _SessionEnds:
+    """Session -> seq of its last call, a segment's table at a time (from two scalar columns)."""
 
-    from strata_lab.dump.store_check import open_segment
-    from strata_lab.dump.store_writer import segment_files
+    COLUMNS = ["session", "seq"]
 
-    cols = ["seq", "prompt_len", "reused", "prefill_ms", "keys", "extra", "raw"]
-    seqs, reads, starts, times = [], [], [], []
-    odd_rows: list = []  # (seq, read, reused, ms) of rows read one by one
-    for f in (f for part in partitions for f in segment_files(part)):
-        t = open_segment(f).read(columns=cols)
+    def __init__(self):
+        self.tables: list = []
+
+    def add(self, t) -> None:
+        import pyarrow.compute as pc
+
+        t = t.select(self.COLUMNS)
+        self.tables.append(t.filter(pc.is_valid(t["session"])))
+
+    def result(self) -> dict[str, int]:
+        import pyarrow as pa
+
+        if not self.tables:
+            return {}
+        g = pa.concat_tables(self.tables).group_by("session").aggregate([("seq", "max")])
+        return dict(zip(g["session"].to_pylist(), g["seq_max"].to_pylist()))
+
+
+class _CostSamples:
+    """(read, reused, prefill_ms) of every call that has them, a segment's table at a time, in seq order at the
+    end: what fit_cost reads. Only scalar columns (no id lists); rows whose fields all have their columns are
+    taken column-wise, the rest (a raw line, extra fields) one by one."""
+
+    COLUMNS = ["seq", "prompt_len", "reused", "prefill_ms", "extra", "raw"]
+
+    def __init__(self):
+        self.seqs: list = []
+        self.reads: list = []
+        self.starts: list = []
+        self.times: list = []
+        self.odd_rows: list = []  # (seq, read, reused, ms) of rows read one by one
+
+    def add(self, t) -> None:
+        import numpy as np
+        import pyarrow.compute as pc
+
         extra = t["extra"]
         # extra fields (a replica, ...) leave these columns as they are unless they name one of the fields
         # read here (the substring test is conservative: such a row is read one by one)
@@ -183,12 +213,12 @@ def cost_samples(partitions: list[str]):
         known = pc.and_(pc.and_(pc.is_valid(t["reused"]), pc.is_valid(t["prefill_ms"])),
                         pc.and_(pc.is_valid(t["prompt_len"]), pc.greater_equal(t["prompt_len"], 0)))
         plain = t.filter(pc.and_(pc.invert(odd), known))
-        seqs.append(plain["seq"].to_numpy())
+        self.seqs.append(plain["seq"].to_numpy())
         reused = plain["reused"].to_numpy()
-        reads.append(plain["prompt_len"].to_numpy().astype(np.int64) - reused)
-        starts.append(reused)
-        times.append(plain["prefill_ms"].to_numpy())
-        for row in t.filter(odd).to_pylist():
+        self.reads.append(plain["prompt_len"].to_numpy().astype(np.int64) - reused)
+        self.starts.append(reused)
+        self.times.append(plain["prefill_ms"].to_numpy())
+        for row in t.select(self.COLUMNS).filter(odd).to_pylist():
             rec = orjson.loads(row["raw"]) if row["raw"] is not None else None
             if rec is None:
                 rec = {"reused": row["reused"], "timings": {"prefill_ms": row["prefill_ms"]}
@@ -200,22 +230,102 @@ def cost_samples(partitions: list[str]):
             ms = recorded_prefill_ms({"timings": rec.get("timings") if isinstance(rec.get("timings"), dict)
                                       else {}})
             if isinstance(reused, int) and ms is not None:
-                odd_rows.append((row["seq"], plen - reused, reused, ms))
-    if odd_rows:
-        q, r, s_, m = zip(*odd_rows)
-        seqs.append(np.array(q, np.int64))
-        reads.append(np.array(r, np.int64))
-        starts.append(np.array(s_, np.int64))
-        times.append(np.array(m, np.float64))
-    if not seqs:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
-    order = np.argsort(np.concatenate(seqs), kind="stable")
-    return tuple(np.concatenate(x)[order] for x in (reads, starts, times))
+                self.odd_rows.append((row["seq"], plen - reused, reused, ms))
+
+    def result(self):
+        import numpy as np
+
+        seqs, reads, starts, times = list(self.seqs), list(self.reads), list(self.starts), list(self.times)
+        if self.odd_rows:
+            q, r, s_, m = zip(*self.odd_rows)
+            seqs.append(np.array(q, np.int64))
+            reads.append(np.array(r, np.int64))
+            starts.append(np.array(s_, np.int64))
+            times.append(np.array(m, np.float64))
+        if not seqs:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+        order = np.argsort(np.concatenate(seqs), kind="stable")
+        return tuple(np.concatenate(x)[order] for x in (reads, starts, times))
+
+
+def _tables(files: list[str], columns: list[str]) -> Iterator:
+    from strata_lab.dump.store_check import open_segment
+
+    for f in files:
+        yield open_segment(f).read(columns=columns)
+
+
+def _partition_files(partitions: list[str]) -> list[str]:
+    from strata_lab.dump.store_writer import segment_files
+
+    return [f for p in partitions for f in segment_files(p)]
+
+
+def session_ends(partitions: list[str]) -> dict[str, int]:
+    """Session -> seq of its last call (from two scalar columns): after it, its state can go."""
+    acc = _SessionEnds()
+    for t in _tables(_partition_files(partitions), acc.COLUMNS):
+        acc.add(t)
+    return acc.result()
+
+
+def cost_samples(partitions: list[str]):
+    """(read, reused, prefill_ms) arrays over every call that has them, in seq order: what fit_cost reads
+    (`_CostSamples`)."""
+    acc = _CostSamples()
+    for t in _tables(_partition_files(partitions), acc.COLUMNS):
+        acc.add(t)
+    return acc.result()
+
+
+def _fit(samples) -> CostModel | None:
+    try:
+        return CostModel.fit_arrays(*samples)
+    except ValueError:
+        return None
+
+
+class StoreScan:
+    """What the replay of a store of our engine's own lines reads before its first call, from one pass over
+    the store's scalar columns (`scan_store`): `models` (the `model` names, what `strata.for_calls` reads),
+    `ends` (session -> seq of its last call) and `cost_model` (fit_cost on the recorded calls, or None). The
+    last two are finished when first asked for (a replay given a cost model, or on Dask, skips them)."""
+
+    def __init__(self, store, models: list, cost: _CostSamples, ends: _SessionEnds):
+        self.store, self.models = store, models
+        self._cost, self._ends = cost, ends
+
+    @functools.cached_property
+    def ends(self) -> dict[str, int]:
+        ends, self._ends = self._ends.result(), None
+        return ends
+
+    @functools.cached_property
+    def cost_model(self) -> CostModel | None:
+        fit, self._cost = _fit(self._cost.result()), None
+        return fit
+
+
+_SCAN_COLUMNS = sorted({"model", "extra", "raw", "keys", "reported_cached_tokens", "reported_cache_write_tokens",
+                        *_SessionEnds.COLUMNS, *_CostSamples.COLUMNS})
+
+
+def scan_store(store) -> StoreScan | None:
+    """A store's `StoreScan`, each segment read once; None when a line was served elsewhere or carries another
+    server's reported figures (those replay call by call: the scan stops there)."""
+    import pyarrow.compute as pc
+
+    models: set = set()
+    ends, cost = _SessionEnds(), _CostSamples()
+    for t in _tables(store.paths, _SCAN_COLUMNS):
+        if not _ours(t):
+            return None
+        models.update(pc.unique(t["model"]).to_pylist())
+        ends.add(t)
+        cost.add(t)
+    return StoreScan(store, sorted(models, key=str), cost, ends)
 
 
 def fit_cost_store(store) -> CostModel | None:
     """fit_cost on a store, from its columns (no prompt is rebuilt)."""
-    try:
-        return CostModel.fit_arrays(*cost_samples(store.partitions))
-    except ValueError:
-        return None
+    return _fit(cost_samples(store.partitions))

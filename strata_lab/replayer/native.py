@@ -227,7 +227,7 @@ def _native_vocab(tok):
 class _Domain:
     """The replay of one cache domain on the C++ core (see the module docstring)."""
 
-    def __init__(self, partitions: list[str], opts, tok, cost_model, spec: str = "strata"):
+    def __init__(self, partitions: list[str], opts, tok, cost_model, spec: str = "strata", ends=None):
         ext = _native.replay()
         self.spec = spec   # the engine spec the report's rows name
         if opts.policy.changes_prompts:
@@ -244,7 +244,7 @@ class _Domain:
         self.cause_codes = {c: i for i, c in enumerate(self.cause_names)}
         self.bytes_per_snapshot = st.bytes_per_snapshot
         self.codes: dict[str, int] = {}   # session -> the core's code
-        self.ends = session_ends(partitions)
+        self.ends = session_ends(partitions) if ends is None else ends
         self._has_vocab: bool | None = None
         self._py: _PyRows | None = None   # the batch's rows as Python values, made at its first call Python steps
 
@@ -590,10 +590,12 @@ class _LazyHeld(Sequence):
         return self.core.held_slice(self.code, i, i + 1)[0]
 
 
-def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None, spec: str = "strata"):
+def replay_domain(partitions: list[str], opts, tok, cost_model, progress=None, spec: str = "strata",
+                  ends: dict[str, int] | None = None):
     """Replay one cache domain on the C++ core: (seqs, the report's rows as record batches in seq order, peak
-    snapshot bytes summed over sessions, recorded prefill ms or None)."""
-    dom = _Domain(partitions, opts, tok, cost_model, spec)
+    snapshot bytes summed over sessions, recorded prefill ms or None). `ends`: the domain's
+    `fast.session_ends` where the caller has them already (None: read here)."""
+    dom = _Domain(partitions, opts, tok, cost_model, spec, ends)
     seqs = array("q")
     batches = []
     gc_was_on = gc.isenabled()
@@ -618,16 +620,18 @@ def numbered(batches):
     return t.set_column(t.schema.get_field_index("index"), "index", pa.array(np.arange(t.num_rows, dtype=np.int64)))
 
 
-def replay_store(store, opts, tok, cost_model, *, spec: str, progress: bool = False):
+def replay_store(store, opts, tok, cost_model, *, spec: str, progress: bool = False,
+                 ends: dict[str, int] | None = None):
     """Our engine's replay of a store on the C++ core, in-process (on Dask: `distributed.replay_on_cluster`):
-    its rows as the replay report's columns (an Arrow table, in store order; None: no row)."""
+    its rows as the replay report's columns (an Arrow table, in store order; None: no row). `ends`: the
+    store's `fast.session_ends` where the caller has them already (`fast.scan_store`; None: read here)."""
     bar = None
     if progress:
         from strata_lab.progress import progress_bar
 
         bar = progress_bar(total=store.num_rows, desc=f"replay {spec}", unit="call")
     try:
-        _seqs, batches, _snap, _ms = replay_domain(store.partitions, opts, tok, cost_model, bar, spec)
+        _seqs, batches, _snap, _ms = replay_domain(store.partitions, opts, tok, cost_model, bar, spec, ends)
     finally:
         if bar is not None:
             bar.close()
