@@ -76,3 +76,20 @@ def test_llama_server_build_script_rejects_an_unknown_isa(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--isa must be native or avx2" in proc.stderr, proc.stderr
     assert not any(tmp_path.iterdir())  # nothing downloaded or built
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--llama-server", "no/such/llama-server", "--model", "m.gguf"], "'no/such/llama-server' is not an executable"),
+    (["--llama-server", sys.executable, "--model", "no/such.gguf"], "--model: 'no/such.gguf' is not a file"),
+    (["--llama-server", sys.executable], "--llama-server needs --model GGUF"),
+    (["--model", "m.gguf"], "--model needs --llama-server PATH"),
+    (["--llama-server", sys.executable, "--model", "m.gguf", "--requests", "10"], "the fake upstream only"),
+])
+def test_proxy_rejects_a_real_engine_it_cannot_run_before_any_work(args, message, tmp_path):
+    # the real-engine mode of benchmarks/proxy.py: a missing binary or model is a one-line error, no upstream started
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(BENCH / "proxy.py"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+    assert not proc.stdout
