@@ -278,17 +278,28 @@ def test_strata_flags_are_the_engine_spec(tmp_path, capsys):
 
 def _greedy_tail(held, prompt, h0, p0, gram=8):
     """explain.realigned_tail spelled out: left to right over held, each run of at least `gram` ids matched at
-    its first occurrence in the prompt at or after the previous match's end."""
+    its first occurrence in the prompt at or after the previous match's end; a run found further on than it is
+    long is passed over when the next held ids the prompt has (past that run) occur before it."""
     H, P = list(held[h0:]), list(prompt[p0:])
+
+    def find(g, lo, hi):
+        return next((q for q in range(lo, hi) if P[q:q + gram] == g), None)
+
     i = j = matched = 0
     while i + gram <= len(H):
-        q = next((q for q in range(j, len(P) - gram + 1) if P[q:q + gram] == H[i:i + gram]), None)
+        q = find(H[i:i + gram], j, len(P) - gram + 1)
         if q is None:
             i += 1
             continue
         m = gram
         while i + m < len(H) and q + m < len(P) and H[i + m] == P[q + m]:
             m += 1
+        if q - j > m:
+            nxt = next((i2 for i2 in range(i + m, len(H) - gram + 1)
+                        if find(H[i2:i2 + gram], 0, len(P) - gram + 1) is not None), None)
+            if nxt is not None and find(H[nxt:nxt + gram], j, q) is not None:
+                i += 1
+                continue
         matched, j, i = matched + m, q + m, i + m
     return matched
 
