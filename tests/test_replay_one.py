@@ -192,24 +192,32 @@ def _paths(path, tmp_path, qwen3, *, dask: bool) -> dict:
     return out
 
 
-def _fleet_dump(qwen3, path) -> str:
-    """A small generated fleet (agent sessions on the real template, two replicas): misses of every kind."""
+def _fleet_dump(qwen3, path, copies: int = 1) -> str:
+    """A small generated fleet (agent sessions on the real template, two replicas): misses of every kind.
+    `copies` > 1 writes it again with renamed sessions, each copy starting half the fleet's span later: the
+    file's order is then not the calls' arrival order."""
     import orjson
 
     from strata_lab.fleet import FleetConfig, generate_fleet
 
+    recs = list(generate_fleet(FleetConfig(sessions=6, replicas=2, seed=0), tokenizer=qwen3))
+    half = (max(r["ts"] for r in recs) - min(r["ts"] for r in recs)) / 2
     with open(path, "wb") as f:
-        for r in generate_fleet(FleetConfig(sessions=6, replicas=2, seed=0), tokenizer=qwen3):
-            f.write(orjson.dumps(r) + b"\n")
+        for k in range(copies):
+            for r in recs:
+                r = r if k == 0 else dict(r, session=f"{r['session']}-k{k}", request_id=f"{r['request_id']}-k{k}",
+                                          ts=r["ts"] + half * k)
+                f.write(orjson.dumps(r) + b"\n")
     return str(path)
 
 
-@pytest.mark.parametrize("path", DUMPS + ["fleet"], ids=[os.path.basename(p) for p in DUMPS] + ["fleet"])
+@pytest.mark.parametrize("path", DUMPS + ["fleet", "fleet-overlapping"],
+                         ids=[os.path.basename(p) for p in DUMPS] + ["fleet", "fleet-overlapping"])
 def test_jsonl_store_and_dask_give_the_same_rows(qwen3, path, tmp_path):
     """One report type on every path (issue 51): the same calls replayed from JSONL (call by call), from a store
     on the C++ core and on Dask give equal reports, every column of every row."""
-    if path == "fleet":
-        path = _fleet_dump(qwen3, tmp_path / "fleet.jsonl")
+    if path.startswith("fleet"):   # overlapping: rows come in arrival order on every path, not file order
+        path = _fleet_dump(qwen3, tmp_path / "fleet.jsonl", copies=2 if path.endswith("overlapping") else 1)
     reps = _paths(path, tmp_path, qwen3, dask=path.endswith(("agent.jsonl", "fleet.jsonl")))
     one = reps.pop("jsonl")
     df = one.frame()

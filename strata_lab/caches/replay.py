@@ -171,6 +171,19 @@ def _as_store(dump):
     return None
 
 
+def _arrival_order(table):
+    """The core's rows (store order) in the order every replay reports its calls: `_order`'s, by (ts, index)
+    when every call has a ts. Our engine's caches are per session, so only the rows move, not their values."""
+    import pyarrow.compute as pc
+
+    if table is None or table.num_rows == 0:
+        return table
+    ts = table.column("ts")
+    if ts.null_count or pc.any(pc.is_nan(ts)).as_py():
+        return table
+    return table.take(pc.sort_indices(table, [("ts", "ascending"), ("index", "ascending")]))
+
+
 def _core_replay(scan, preset, pol, tokenizer, cost_model, *, progress: bool, context_chars: int,
                  cluster) -> "ReplayReport":
     """Our engine (`strata`) over a store of our own lines on the C++ replay core (`strata_lab.replayer.native`),
@@ -199,7 +212,7 @@ def _core_replay(scan, preset, pol, tokenizer, cost_model, *, progress: bool, co
     else:
         table = replay_store(store, opts, tokenizer, cost_model, spec=preset.spec(), progress=progress,
                              ends=scan.ends)
-    return ReplayReport.from_table(table, [preset], {preset.spec(): 0}, cost_model, policy=pol.name,
+    return ReplayReport.from_table(_arrival_order(table), [preset], {preset.spec(): 0}, cost_model, policy=pol.name,
                                    poor_fit=poor_fit)
 
 
