@@ -15,7 +15,7 @@ and reports:
 - the proxy's RSS before and after `--requests` calls (the memory must stay flat).
 
 With `--llama-server PATH --model GGUF` the upstream is a real engine instead: that llama-server on that
-model (2 threads, one slot; the proxy runs with `--engine llama.cpp`), and only the streams are measured:
+model (`--engine-threads`, default 2; one slot; the proxy runs with `--engine llama.cpp`), and only the streams are measured:
 chat calls at temperature 0 with `ignore_eos`, so every stream is `--stream-tokens` tokens long, one token a
 chunk; the upstream's CPU per chunk is then the engine's CPU per token. The tiny GGUF the live tests use:
 `python -c "from strata_lab.validate.llamacpp_check import tiny_gguf; print(tiny_gguf())"`.
@@ -205,7 +205,7 @@ class Path_:
         return n / took
 
 
-LLAMA_ARGS = "-np 1 -c 4096 --cache-ram 0 --jinja"   # one slot, as the live tests run it (LiveLlama adds -t 2)
+LLAMA_ARGS = "-np 1 -c 4096 --cache-ram 0 --jinja"   # one slot, as the live tests run it (+ -t, --engine-threads)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -222,6 +222,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--llama-server", metavar="PATH", help="the upstream is this llama-server binary on --model "
                                                            "instead of the fake (streams only)")
     ap.add_argument("--model", metavar="GGUF", help="the GGUF model the llama-server upstream serves")
+    ap.add_argument("--engine-threads", type=int, metavar="N", help="llama-server's -t (default 2, every core here; "
+                    "1 leaves the other core to the proxy and the client, as an engine on an accelerator does)")
     ap.add_argument("--compare-with", metavar="REV", help="also run the proxy of this git revision (e.g. the "
                                                           "commit of an earlier round)")
     ap.add_argument("--out", help="also write the report here (markdown)")
@@ -233,12 +235,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--llama-server: {args.llama_server!r} is not an executable file")
         if not os.path.isfile(args.model):
             ap.error(f"--model: {args.model!r} is not a file")
+        args.engine_threads = 2 if args.engine_threads is None else args.engine_threads
+        if args.engine_threads < 1:
+            ap.error(f"--engine-threads must be >= 1, got {args.engine_threads}")
         for name in ("latency_calls", "requests"):
             if getattr(args, name) is not None:
                 ap.error(f"--{name.replace('_', '-')} measures the fake upstream only (a real engine's run "
                          f"measures streams)")
     elif args.model is not None:
         ap.error("--model needs --llama-server PATH")
+    elif args.engine_threads is not None:
+        ap.error("--engine-threads needs --llama-server PATH")
     else:
         args.latency_calls = 400 if args.latency_calls is None else args.latency_calls
         args.requests = 10000 if args.requests is None else args.requests
@@ -260,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             if real:
                 from strata_lab.validate.llamacpp_check import LiveLlama
 
-                srv = stack.enter_context(LiveLlama(args.model, LLAMA_ARGS, binary=args.llama_server,
+                srv = stack.enter_context(LiveLlama(args.model, f"{LLAMA_ARGS} -t {args.engine_threads}",
+                                                    binary=args.llama_server,
                                                     log=str(tmp / "llama-server.log")))
                 up_port, up_pid, engine = srv.port, srv.proc.pid, "llama.cpp"
             else:
@@ -406,7 +414,7 @@ def measure(args, tmp: Path, procs: list, up_port: int, up_pid: int, engine: str
     if real:
         notes = [f"{args.rounds} rounds of {args.streams} streams each way, interleaved: chat calls at temperature 0 "
                  f"with ignore_eos, {args.stream_tokens} tokens each. Engine: llama-server ({version}), "
-                 f"`{LLAMA_ARGS} -t 2`, model {Path(args.model).name} "
+                 f"`{LLAMA_ARGS} -t {args.engine_threads}`, model {Path(args.model).name} "
                  f"({Path(args.model).stat().st_size / 2 ** 20:,.1f} MiB); the proxy with `--engine {engine}`. "
                  f"Load average (1 min) after each round {', '.join(f'{x:.1f}' for x in loads)} on "
                  f"{os.cpu_count()} CPUs."]
