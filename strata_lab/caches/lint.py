@@ -431,8 +431,9 @@ def check_fixes(dump, findings, tokenizer="qwen3", engines=None, *, template=Non
                 progress: bool = False):
     """Fix the fixable findings one group at a time (a rule and the sessions it names; a volatile line, in
     every session that has it), judged on the engines
-    asked for (`engines`; default: those the trace names, `dump_engines`): a group is kept only where no
-    session reads more ids on any of them. The engines of `shown` that none asked for are replayed too and what
+    asked for (`engines`; default: those the trace names, `dump_engines`): a group is kept only where each of
+    them reads fewer ids over the trace and no session the fix rewrites reads more on any of them (a session
+    it leaves as it was may read a little more, a prefix it shared with a rewritten one: said in `why`). The engines of `shown` that none asked for are replayed too and what
     a fix gains or costs there is shown, marked, never a reason to keep or drop it. Returns (fixed calls,
     decisions), one decision per group: {rule, sessions, kept, why, per_engine}, where per_engine maps each
     spec replayed to {asked, read_before, read_after, reread_before, reread_after} (ids summed over the trace).
@@ -477,18 +478,26 @@ def check_fixes(dump, findings, tokenizer="qwen3", engines=None, *, template=Non
         shown_text = "; ".join(f"{spec} {tb[spec][0] - ta[spec][0]:+d} ids" + ("" if spec in asked else
                                                                                 " (not asked for)")
                                for spec in specs)
+        rewritten = {b.session for a, b in zip(candidate, current)
+                     if not (a.prompt is b.prompt and a.breakpoints == b.breakpoints)}
         worse = [(k, before[k][0], v[0]) for k, v in after.items() if k in before and v[0] > before[k][0]
                  and k[0] in asked]
-        if worse:
-            (spec, sid), b, a = max(worse, key=lambda w: w[2] - w[1])
+        own = [w for w in worse if w[0][1] in rewritten]
+        lost = [spec for spec in asked if ta[spec][0] >= tb[spec][0]]
+        if own or lost:
+            (spec, sid), b, a = max(own or worse or [((lost[0], None), tb[lost[0]][0], ta[lost[0]][0])],
+                                    key=lambda w: w[2] - w[1])
+            why = (f"session {sid} would read more on {spec} ({b} -> {a} ids)"
+                   + (f" and {len(own) - 1} more" if len(own) > 1 else "") if own else
+                   f"{spec} would read no fewer ids ({b} -> {a})")
             decisions.append({"rule": rule, "sessions": sessions, "kept": False, "per_engine": per,
-                              "why": f"session {sid} would read more on {spec} ({b} -> {a} ids)"
-                                     + (f" and {len(worse) - 1} more" if len(worse) > 1 else "")
-                                     + f"; saved per engine: {shown_text}"})
+                              "why": f"{why}; saved per engine: {shown_text}"})
             continue
+        others = "; ".join(f"session {sid} reads {a - b} more on {spec} (it shared a prefix with a rewritten one)"
+                           for (spec, sid), b, a in worse)
         decisions.append({"rule": rule, "sessions": sessions, "kept": True, "per_engine": per,
-                          "why": f"ids saved per engine: {shown_text}; no session reads more on "
-                                 f"{', '.join(asked)}"})
+                          "why": f"ids saved per engine: {shown_text}; "
+                                 + (others or f"no session reads more on {', '.join(asked)}")})
         current, before = candidate, after
     return current, decisions
 

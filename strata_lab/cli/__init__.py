@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "template strips, Anthropic breakpoints past the look-back, ...), each finding "
                                    "priced in ids per engine. --fix moves only what a finding names (found by the "
                                    "template's structure, any template), re-checks each fix on the engines asked "
-                                   "for, keeps a fix only where no session gets worse there, and prints what each "
+                                   "for, keeps a fix only where they read fewer ids and no session it rewrites gets worse there (a session "
+                                   "it leaves as it was may lose a prefix it shared: shown), and prints what each "
                                    "fix gains or costs per engine (others shown, marked) and before/after per "
                                    "engine and per session (or says 'nothing to fix'). Without --fix, exit 1 when "
                                    "there are findings.")
@@ -122,8 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", action="append", default=[],
                    help="engine spec to price findings and judge fixes on (repeatable; overrides apply, e.g. "
                         "vllm:block_size=64; default: the engines the dump names: the one its cached-token figures "
-                        "come from, else ours, strata). A fix is kept when no session reads more on the engines "
-                        "asked for; vllm, sglang, llama.cpp, anthropic and strata are replayed beside them and what "
+                        "come from, else ours, strata). A fix is kept when the engines asked for read fewer ids and no "
+                        "session it rewrites reads more on them; vllm, sglang, llama.cpp, anthropic and strata are replayed beside them and what "
                         "a fix gains or costs there is shown, marked 'not asked for', never judged")
     p.add_argument("--fix", metavar="OUT", help="write the fixed trace here and replay before/after")
     p.add_argument("--template", help="the chat template the dump's prompts were rendered with (preset, .jinja, "

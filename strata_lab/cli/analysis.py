@@ -357,7 +357,8 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         if table:   # what the fix gains (or costs) on each engine; only those asked for decide
             print("\n".join("  " + line for line in table.splitlines()))
     if not any(d["kept"] for d in decisions):
-        print(f"nothing to fix: no fix helps without making a session worse; {args.fix} not written")
+        print(f"nothing to fix: no fix lowers the ids read on {', '.join(engines)} without making a session it "
+              f"rewrites worse; {args.fix} not written")
         return 0
     from strata_lab.cli.outputs import output
 
