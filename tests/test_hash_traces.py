@@ -20,7 +20,7 @@ from strata_lab.traces.hashtrace import MooncakeShape, generate_mooncake, load_h
 
 FIX = Path(__file__).parent / "fixtures" / "traces"
 ROOT = Path(__file__).parent.parent
-ENGINES = ["vllm", "sglang", "llama.cpp", "trtllm", "openai", "anthropic"]
+ENGINES = ["vllm", "sglang", "llama.cpp", "trtllm", "openai", "anthropic", "gemini"]
 
 pytestmark = pytest.mark.filterwarnings("ignore::strata_lab.traces.source.TraceWarning")
 

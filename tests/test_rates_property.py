@@ -17,7 +17,7 @@ from strata_lab.caches.replay import replay_engines
 from strata_lab.dump import load_dump
 from strata_lab.dump.writer import write_records
 
-ENGINES = ["vllm", "sglang", "llama.cpp", "trtllm", "openai", "anthropic", "strata"]
+ENGINES = ["vllm", "sglang", "llama.cpp", "trtllm", "openai", "anthropic", "gemini", "strata"]
 BLOCK_POLICIES = ["lru", "lfu", "fifo", "atc25"]
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 

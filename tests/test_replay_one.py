@@ -21,7 +21,7 @@ from strata_lab.replayer.state import SessionState
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 DUMPS = sorted(glob.glob(os.path.join(ROOT, "dumps", "*.jsonl")))
-ENGINES = ["vllm", "sglang", "llama.cpp", "trtllm", "openai", "anthropic", "strata"]
+ENGINES = ["vllm", "sglang", "llama.cpp", "trtllm", "openai", "anthropic", "gemini", "strata"]
 
 
 @pytest.mark.parametrize("path", DUMPS, ids=[os.path.basename(p) for p in DUMPS])

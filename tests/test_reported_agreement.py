@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_lab import load_trace
+from strata_lab import load_trace, replay
 from strata_lab.caches import replay_engines
 from strata_lab.caches.report import AGREE_POINTS, agreement
 from strata_lab.cli import main
@@ -100,14 +100,35 @@ def test_agreement_columns_on_a_constructed_case(tmp_path):
     plt.close(fig2)
 
 
-def test_a_gemini_report_has_no_cache_model_to_agree_with(tmp_path):
-    rows = [dict(prompt_ids=list(range(40)), gen_ids=[1], reported_cached_tokens=0, reported_prompt_tokens=40,
-                 cache_engine="gemini")]
-    rep = replay_engines(_dump(tmp_path / "d.jsonl", rows), ["openai"])
+def test_a_gemini_report_is_judged_by_the_gemini_model(tmp_path):
+    # a second call that repeats 3,000 ids: the rule allows them all; the first log says Google cached them, the
+    # second that it cached none (implicit caching gives no guarantee): the model agrees with the first only
+    ids = list(range(3000))
+    for got, words in ((3000, "2/2 calls (100%)"), (0, "1/2 calls (50%)")):
+        rows = [dict(session="s", prompt_ids=ids, gen_ids=[1], reported_cached_tokens=0,
+                     reported_prompt_tokens=3000, cache_engine="gemini", ts=0.0),
+                dict(session="s", prompt_ids=ids + [5], gen_ids=[1], reported_cached_tokens=got,
+                     reported_prompt_tokens=3001, cache_engine="gemini", ts=10.0)]
+        rep = replay(_dump(tmp_path / f"d{got}.jsonl", rows), tokenizer=None)
+        s = rep.summary().iloc[0]
+        assert s["engine"] == "gemini" and s["models_reporter"]     # the log's reporter names the engine
+        assert s["agreement"] == words and s["simulated_cached"] == 3000
+        assert words in "\n".join(rep.lines())
+    # below the documented minimum (2,048 on Gemini 2.5) nothing is cached, whatever repeats
+    short = [dict(session="s", prompt_ids=ids[:1000], gen_ids=[1], reported_cached_tokens=0, cache_engine="gemini"),
+             dict(session="s", prompt_ids=ids[:1001], gen_ids=[1], reported_cached_tokens=0, cache_engine="gemini")]
+    rep = replay(_dump(tmp_path / "short.jsonl", short), tokenizer=None)
+    assert list(rep.frame()["cause"]) == ["new_session", "below_minimum"]
+    assert rep.summary().iloc[0]["agreement"] == "2/2 calls (100%)"
+
+
+def test_a_gemini_cli_session_replays_under_the_gemini_model(tmp_path):
+    dump = load_trace(TRACES / "gemini-cli-session.jsonl").to_dump("qwen3", out=tmp_path / "g.jsonl")
+    assert {r["cache_engine"] for r in dump.records()} == {"gemini"}
+    rep = replay(dump)
     s = rep.summary().iloc[0]
-    assert s["agreement"] == "no Gemini model" and s["agree_calls"] == 0 and math.isnan(s["agree_share"])
-    assert "no Gemini model" in "\n".join(rep.lines())
-    assert agreement(rep.frame())["agreement"] == "no Gemini model"
+    assert s["engine"] == "gemini" and s["models_reporter"] and s["reported_calls"] == 4
+    assert 0.0 <= s["reported_rate"] <= 1.0
 
 
 def _render(template):

@@ -233,7 +233,7 @@ def lint_calls(dump, tokenizer="qwen3", *, engines=("vllm", "sglang", "anthropic
                 out.append(Finding("prefix_mid_block", firsts[1].index, firsts[1].session, shared,
                                    f"{shared} shared ids = {shared // B} blocks of {B} + {shared % B}",
                                    {spec: shared % B}))
-    hosted = [(spec, parse_engine(spec)) for spec in engines if parse_engine(spec).engine in ("anthropic", "openai")]
+    hosted = [(spec, e) for spec, e in ((s, parse_engine(s)) for s in engines) if hasattr(e, "min_tokens")]
     if hosted:
         hosted_min = min(e.min_tokens for _, e in hosted)
         for sid, cs in sessions.items():

@@ -48,7 +48,7 @@ class Preset(EnginePreset):
         for f in ("ttl_s", "input_usd_per_mtok", "cached_input_multiplier", "output_usd_per_mtok"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-                raise ValueError(f"openai: {f} must be a number >= 0, got {v!r}")
+                raise ValueError(f"{self.engine}: {f} must be a number >= 0, got {v!r}")
 
     def dollars(self, prompt_len: int, output_len: int, read: int, written: int) -> float:
         r = self.input_usd_per_mtok / 1e6
@@ -61,22 +61,30 @@ class Model(CacheModel):
 
     def __init__(self, preset: Preset):
         super().__init__(preset)
-        self.entries: dict[int, list] = {}   # chunk key -> [expiry, owner call]
+        # chunk key -> expiry, and -> the call that wrote it. A call writes (and refreshes) every chunk of its
+        # prompt at once, so a chunk never outlives the chunks before it: the live chunks of a prompt are a
+        # prefix of its keys, and the longest is found by bisection.
+        self.expiry: dict[int, float] = {}
+        self.owner: dict[int, int] = {}
+
+    def _live(self, keys: list) -> int:
+        """How many of `keys` (a prompt's chained chunk keys) are cached and unexpired (a prefix of them)."""
+        lo, hi, now, exp = 0, len(keys), self.now, self.expiry
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if exp.get(keys[mid - 1], now) > now:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def plan(self, call: Call, hint: Hint) -> CachePlan:
         pre, G = self.preset, self.preset.granularity
         P = call.prompt_len
         keys = chain_hashes(call.prompt, 0, 0, G, call.cache_salt).tolist()
-        k, expired, owner = 0, False, None
-        for h in keys:
-            e = self.entries.get(h)
-            if e is None:
-                break
-            if e[0] <= self.now:
-                expired = True
-                break
-            owner = e[1]
-            k += 1
+        k = self._live(keys)
+        expired = k < len(keys) and keys[k] in self.expiry
+        owner = self.owner[keys[k - 1]] if k else None
         matched = k * G
         reused = matched if matched >= pre.min_tokens else 0
         cause = None
@@ -91,16 +99,12 @@ class Model(CacheModel):
                 cause = "not_cached"
         return CachePlan(reused, unit=f"prefix {reused}" if reused else "", source=owner if reused else None,
                     cause=cause, written=(len(keys) * G - reused) if P >= pre.min_tokens else 0,
-                    state=(keys, k if reused else 0))
+                    state=(keys, k))
 
     def admit(self, call: Call, plan: CachePlan) -> None:
-        keys, hit = plan.state
+        keys, live = plan.state
         if call.prompt_len < self.preset.min_tokens:
             return
-        until = self.now + self.preset.ttl_s
-        for i, h in enumerate(keys):
-            e = self.entries.get(h)
-            if e is None or e[0] <= self.now:
-                self.entries[h] = [until, call.index]
-            else:
-                e[0] = until  # used again: idle timer restarts
+        # every chunk's idle timer restarts; the chunks past the live prefix (absent or expired) are this call's
+        self.expiry.update(dict.fromkeys(keys, self.now + self.preset.ttl_s))
+        self.owner.update(dict.fromkeys(keys[live:], call.index))

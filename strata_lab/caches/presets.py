@@ -48,10 +48,11 @@ ENGINES = {
     "trtllm": ("trtllm", "strata_lab.caches.trtllm"),
     "openai": ("openai", "strata_lab.caches.openai"),
     "anthropic": ("anthropic", "strata_lab.caches.anthropic"),
+    "gemini": ("gemini", "strata_lab.caches.gemini"),
     "strata": ("strata", "strata_lab.caches.strata"),
 }
 _ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "tensorrt-llm": "trtllm", "trt-llm": "trtllm",
-            "claude": "anthropic"}
+            "claude": "anthropic", "google": "gemini"}
 ROUTING = ("session", "round_robin", "cache_aware", "prefix_hash")
 
 

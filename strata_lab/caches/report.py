@@ -19,8 +19,6 @@ __all__ = ["ReplayReport", "COLUMNS", "AGREE_POINTS", "reported_base", "reported
 
 # a call's reported and simulated cached tokens agree when they are within this many points of its prompt
 AGREE_POINTS = 5.0
-# reporters whose cache no model here simulates (their calls' agreement is not measured)
-_UNMODELLED = {"gemini": "no Gemini model"}
 
 _DTYPES = {
     "engine": "category", "spec": "category", "replica": "int64", "index": "int64", "turn": "int64",
@@ -62,25 +60,11 @@ def reported_agrees(reused: int, reported: int | None, base: int) -> bool | None
     return abs(reused - reported) <= AGREE_POINTS / 100.0 * base if base else reused == reported
 
 
-def _unmodelled(reporters) -> str | None:
-    """What the agreement says for reporters no cache model here simulates ("no Gemini model"), else None."""
-    for who in reporters:
-        for key, words in _UNMODELLED.items():
-            if str(who).lower().startswith(key):
-                return words
-    return None
-
-
 def agreement(frame) -> dict:
     """One engine's agreement with the log, from its rows of `ReplayReport.frame()`: `agree_calls` (calls whose
     simulated cached tokens are within `AGREE_POINTS` points of the reported prompt tokens of what the log
-    reports), `reported_calls`, `agree_share` and `agreement` in words ("3/4 calls (75%)"; "no Gemini model"
-    where no cache model here simulates the reporter)."""
+    reports), `reported_calls`, `agree_share` and `agreement` in words ("3/4 calls (75%)")."""
     rep = frame[frame["reported"].notna()]
-    by = sorted(set(rep["reported_by"].dropna().astype(str)))
-    none = _unmodelled(by)
-    if none is not None:
-        return {"agree_calls": 0, "reported_calls": len(rep), "agree_share": math.nan, "agreement": none}
     agree = int(rep["reported_agrees"].fillna(False).astype(bool).sum())
     share = agree / len(rep) if len(rep) else math.nan
     words = f"{agree}/{len(rep)} calls ({share:.0%})" if len(rep) else "no call reports its cached tokens"

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", action="append", default=[],
                    help="replay under an engine's cache (repeatable; default: the engine the trace names, our dumps: "
                         "strata with their recorded checkpoints): vllm, sglang, llama.cpp, trtllm, openai, "
-                        "anthropic, strata; name@version and :key=value,... overrides, e.g. llama.cpp:slots=4")
+                        "anthropic, gemini, strata; name@version and :key=value,... overrides, e.g. llama.cpp:slots=4")
     p.add_argument("--json", nargs="?", const="-", metavar="PATH",
                    help="write the deterministic JSON report (to stdout without PATH)")
     p.add_argument("--model", choices=["hybrid", "attention"], default=None,

@@ -26,7 +26,7 @@ _INT_COLS = ("prompt_len", "prompt_tokens", "completion_tokens", "cached_tokens"
              "cache_creation_tokens")
 # the engine whose cache figures a log format reports (formats any server can write, e.g. OpenAI, say nothing)
 _REPORTED_BY = {"vllm-log": "vllm", "sglang-log": "sglang", "llama.cpp-log": "llama.cpp", "anthropic": "anthropic",
-                "claude-code": "anthropic", "codex": "openai"}
+                "claude-code": "anthropic", "codex": "openai", "gemini-cli": "gemini"}
 _JSON_COLS = ("messages", "tools", "response_tool_calls", "extra")
 
 
