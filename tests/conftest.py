@@ -85,7 +85,8 @@ TIERS = ("unit", "engine", "server", "notebook")
 _TIER_FILES = {
     "unit": """benchmarks caches_engines caches_lint caches_replay divergence_walk docs dump_validation encoder
         glossary imported_defaults install layers outputs_safety record replay reported_agreement reported_usage
-        traces traces_agents_ide traces_agents_misc traces_agents_oh traces_agents_swe traces_chaining traces_real
+        traces traces_agents_ide traces_agents_misc traces_agents_oh traces_agents_swe traces_agents_usage traces_chaining
+        traces_real
         validate_cli writer_safety sglang_oracle""",
     "engine": """batched_decode bench_bandwidth call_records cli_help cli_progress cuda engine_attention
         engine_decode_loops engine_int8 engine_load engine_load_hardening engine_logprobs engine_next

@@ -224,3 +224,20 @@ def test_vllm_format_on_a_file_that_is_no_vllm_log_does_not_ask_to_restart_vllm(
     assert "--enable-log-requests" in trace.stats[str(FIX / "vllm-default.log")]["why_none"]
     trace, _, _ = read("generic-lines.jsonl", format="vllm-log")
     assert "the generic reader reads it" in trace.stats[str(FIX / "generic-lines.jsonl")]["why_none"]
+
+
+def test_a_json_array_forced_on_a_reader_of_another_kind_names_the_one_that_reads_it(tmp_path, capsys):
+    # sharegpt reads JSON arrays too: each OpenHands event is skipped, and the one error line says which reader
+    # reads the file
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli("import", FIX / "openhands-trajectory.json", "--format", "sharegpt", "--out", tmp_path / "d.jsonl",
+                   "-q") == 1
+    err = [x for x in capsys.readouterr().err.splitlines() if ": error: " in x]
+    assert len(err) == 1 and "every record was skipped" in err[0]
+    assert "the openhands reader reads it" in err[0] and "pass --format openhands" in err[0]
+
+
+def test_an_unknown_format_name_suggests_the_nearest(tmp_path):
+    with pytest.raises(ValueError, match=r"format: unknown 'opneai' \(did you mean --format openai\?\)"):
+        load_trace(FIX / "openai.jsonl", format="opneai")

@@ -45,7 +45,11 @@ class Trace:
         if not self.paths:
             raise ValueError("path: no log files given (or the glob matched nothing)")
         if format is not None and format not in READERS:
-            raise ValueError(f"format: unknown {format!r}; known: {', '.join(READERS)}")
+            import difflib
+
+            near = difflib.get_close_matches(format, list(READERS), n=1)
+            hint = f" (did you mean --format {near[0]}?)" if near else ""
+            raise ValueError(f"format: unknown {format!r}{hint}; known: {', '.join(READERS)}")
         if messages_path is not None:  # the message lists at this path, read by the generic reader
             from strata_lab.traces.generic import parse_path
 
@@ -62,8 +66,14 @@ class Trace:
         self.render_skipped: list[tuple[str, str]] = []
         self.checks: dict = {}
         self.detected: dict[str, tuple[str, str]] = {}
+        from strata_lab.traces.cline import folder_extra
+
         for p in self.paths:
             src = Source(p)
+            extra = folder_extra(p) if format is None and len(self.paths) > 1 else None
+            if extra is not None:
+                warn(f"{p}: skipped: {extra}")
+                continue
             try:
                 self.detected[p] = (format, "given") if format is not None else detect_format(src)
             except ValueError as exc:
@@ -146,8 +156,18 @@ class Trace:
             if not st["calls"]:
                 st["why_none"] = (f"its {st['joined']} lines were joined to their input lines (counted there)"
                                   if st.get("joined") else None) or src.why_none or (
-                    f"every record was skipped ({src.skipped} warnings)" if src.skipped else
-                    f"no model call in it for the {fmt} reader")
+                    f"every record was skipped ({src.skipped} warnings){self._elsewhere(p, src)}" if src.skipped
+                    else f"no model call in it for the {fmt} reader")
+
+    def _elsewhere(self, path: str, src: Source) -> str:
+        """For a file forced onto a reader (--format) that skipped all of it: which reader detection picks
+        instead, as the advice that follows the "every record was skipped" line ("" when none or the same)."""
+        if self.detected[path][1] != "given":
+            return ""
+        name, why = src.detected_as()
+        if name is None or name == self.detected[path][0]:
+            return ""
+        return f"; the {name} reader reads it ({why}): leave out --format, or pass --format {name}"
 
     def calls(self) -> list[dict]:
         """Every call, read into a list (no __len__: a trace is streamed, counting it means reading it)."""
