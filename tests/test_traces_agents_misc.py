@@ -241,3 +241,21 @@ def test_a_json_array_forced_on_a_reader_of_another_kind_names_the_one_that_read
 def test_an_unknown_format_name_suggests_the_nearest(tmp_path):
     with pytest.raises(ValueError, match=r"format: unknown 'opneai' \(did you mean --format openai\?\)"):
         load_trace(FIX / "openai.jsonl", format="opneai")
+
+
+TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
+
+
+@pytest.mark.parametrize("path", sorted(TEMPLATES.glob("deepseek-ai-*.jinja")) + sorted(
+    (TEMPLATES / "llama.cpp").glob("deepseek-ai-*.jinja")), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_deepseek_template_renders_every_call_of_a_tool_call_log(path):
+    # DeepSeek's own templates (V3.1 as shipped, R1 (whose tool-call part is V3's), the distills, V3.2, V4) and
+    # llama.cpp's copies: a template that cannot take parsed arguments renders those calls with the JSON string
+    from strata_lab.text.template import ChatTemplate
+    from strata_lab.traces.render import STRING_ARGUMENTS
+
+    trace = load_trace(FIX / "openai-deepseek-tools.jsonl")
+    df = trace.render_check("qwen3", ChatTemplate.from_file(path))
+    assert len(df) == 4 and trace.render_skipped == []
+    notes = [STRING_ARGUMENTS in n for n in df["notes"]]
+    assert all(notes) or not any(notes)  # per call, and the same for every tool-call turn of one template
