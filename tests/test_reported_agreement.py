@@ -24,7 +24,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::strata_lab.traces.source.TraceW
 
 
 @pytest.mark.parametrize("name", ["claude-code-session.jsonl", "claude-code-agent-a1b2c3.jsonl",
-                                  "cc-1.0-subagents.jsonl"])
+                                  "cc-1.0-subagents.jsonl", "cc-2.0-agent-headless.jsonl",
+                                  "cc-2.1-compact-rewind.jsonl"])
 def test_no_reported_rate_above_one_on_claude_code_logs(name, tmp_path):
     dump = load_trace(TRACES / name).to_dump("qwen3", out=tmp_path / "d.jsonl")
     rep = replay_engines(dump, ["anthropic"])
