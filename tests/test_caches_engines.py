@@ -97,6 +97,36 @@ def test_vllm_evict_to_a_budget_follows_the_free_queue():
     assert d("A", [1, 2, 3, 4, 1]).reused == 0
 
 
+@pytest.mark.parametrize("stored", [1, 64, 700])
+def test_vllm_pool_stored_as_reached_equals_the_whole_pool(monkeypatch, stored):
+    """A bounded pool stores its never-used blocks only as the free queue reaches them (a capacity far past
+    the trace costs nothing): every plan and eviction equals the pool stored whole up front, through
+    evictions, blocks freed to the head and requests that pin blocks."""
+    import random
+
+    from strata_lab.caches import vllm
+
+    def run(first):
+        monkeypatch.setattr(vllm.Model, "stored_first", first)
+        d, rng, out = Driver("vllm:block_size=2,kv_blocks=801"), random.Random(7), []
+        base = {s: [rng.randrange(50) for _ in range(rng.randrange(1, 400))] for s in range(12)}
+        for _ in range(160):
+            s = rng.randrange(12)
+            prompt = base[s] + [rng.randrange(50) for _ in range(rng.randrange(1, 60))]
+            if rng.random() < 0.3:
+                base[s] = prompt
+            p = d(s, prompt, output=[rng.randrange(50) for _ in range(rng.randrange(0, 9))])
+            out.append((p.reused, p.cause, d.model.evictions))
+        return out, len(d.model.blk_hash)
+
+    whole, n = run(10**6)
+    part, m = run(stored)
+    assert part == whole and whole[-1][2] > 100 and n >= 800
+    big = Driver("vllm:block_size=16,kv_tokens=1000000000")   # 62.5 M blocks: stored as used
+    big("a", range(100))
+    assert big("a", list(range(100)) + [1]).reused == 96 and len(big.model.blk_hash) <= 1024
+
+
 def test_vllm_capacity_in_tokens_and_bytes():
     assert parse_engine("vllm:kv_tokens=1600").capacity_blocks() == 100
     # qwen3-8b: 2 x 36 layers x 8 kv heads x 128 x 2 bytes = 147456 B/token; x16 per block

@@ -304,6 +304,7 @@ def _one(b: int) -> list:
 
 class Model(CacheModel):
     engine = "vllm"
+    stored_first = 1024   # blocks of a bounded pool stored up front (the rest as the free queue reaches them)
 
     def __init__(self, preset: Preset):
         super().__init__(preset)
@@ -312,7 +313,10 @@ class Model(CacheModel):
         self.cap = None if n_gpu is None else max(n_gpu - 1, 1)   # usable: all but the null block
         self.hybrid = preset.shape.hybrid
         self.mode = preset.mamba_cache_mode if self.hybrid else "all"
-        n = self.cap if self.cap is not None else 1024
+        # a bounded pool's never-used blocks past the first `next_new` are not stored: they are free, in id order,
+        # before every block freed to the tail (`_materialise` adds them as the free queue reaches them), so a
+        # capacity far beyond the trace costs no memory or time
+        n = min(self.cap, self.stored_first) if self.cap is not None else 1024
         # per physical block: [block] arrays
         self.blk_hash = np.zeros(n, dtype=np.int64)   # key of the cached block
         self.blk_cached = np.zeros(n, dtype=bool)     # holds a key (not evicted, not partial)
@@ -332,7 +336,7 @@ class Model(CacheModel):
             self.next_new = n
             self.blk_free[:] = True
             self.blk_key[:] = np.arange(n, dtype=np.int64)
-            self.release = n
+            self.release = self.cap
         self.cands = np.zeros(0, np.int64)
         self.ckeys = np.zeros(0, np.int64)
         self.cpos = 0
@@ -349,7 +353,25 @@ class Model(CacheModel):
             b[:len(a)] = a
             setattr(self, name, b)
 
+    def _materialise(self, need: int):
+        """Store never-used blocks of a bounded pool until the candidates `_refill` takes (the
+        max(64, need, free // 8) smallest keys) all come before every block freed to the tail (head and
+        never-used keys are below `cap`), or the whole pool is stored."""
+        while self.next_new < self.cap:
+            free = self.blk_free[:self.next_new]
+            small = int((free & (self.blk_key[:self.next_new] < self.cap)).sum())
+            if small >= max(64, need, int(free.sum()) // 8):
+                return
+            if self.next_new == len(self.blk_hash):
+                self._grow()
+            end = min(self.cap, len(self.blk_hash))
+            self.blk_free[self.next_new:end] = True
+            self.blk_key[self.next_new:end] = np.arange(self.next_new, end, dtype=np.int64)
+            self.next_new = end
+
     def _refill(self, need: int):
+        if self.cap is not None:
+            self._materialise(need)
         free = np.flatnonzero(self.blk_free[:self.next_new])
         if not len(free):
             raise RuntimeError("vllm: no free block (a request needs more blocks than the pool holds)")
