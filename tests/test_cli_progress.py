@@ -77,6 +77,35 @@ def test_rewrite_q_draws_no_bar(capsys, tmp_path):
     assert rc in (0, 1) and "engine run" not in quiet.err and "%|" not in quiet.err
 
 
+def test_a_ticking_bar_redraws_while_one_step_runs_and_stops_when_closed():
+    """`tick`: a step longer than a few seconds (a server starting, one sweep point) still moves the bar."""
+    import io
+    import threading
+    import time
+
+    from strata_lab.progress import progress_bar
+
+    buf = io.StringIO()
+    with progress_bar(total=1, desc="slow", unit="step", tick=0.05, file=buf, mininterval=0) as bar:
+        time.sleep(0.4)                       # no update: only the ticks draw
+        drawn = buf.getvalue().count("slow")
+        assert drawn >= 3, buf.getvalue()
+        bar.update(1)
+    time.sleep(0.2)
+    after = buf.getvalue().count("slow")
+    time.sleep(0.2)
+    assert buf.getvalue().count("slow") == after
+    assert not any(t.name == "progress-tick" and t.is_alive() for t in threading.enumerate())
+
+
+def test_demo_and_record_take_q():
+    from strata_lab.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["demo", "-q"]).quiet and not parser.parse_args(["demo"]).quiet
+    assert parser.parse_args(["record", "--out", "x.jsonl", "-q"]).quiet
+
+
 def test_progress_bar_off_is_the_iterable():
     from strata_lab.progress import progress_bar
 
@@ -166,6 +195,18 @@ def test_export_of_an_id_dump_needs_no_tokenizer(capsys, tmp_path):
     err = _run(capsys, ["export", str(dump), "--format", "mooncake", "--out", str(out), "--tokenizer", "qwen3",
                         "-q"], 2).err
     assert "past the 151936 ids of --tokenizer qwen3" in err
+
+
+def test_an_export_with_its_own_block_replays_as_the_original(capsys, tmp_path):
+    """`export --block 16` writes the block on every line: `replay` reads it with that block (no override)
+    and vLLM reuses what it reuses on the original dump."""
+    out, a, b = tmp_path / "m.jsonl", tmp_path / "a.json", tmp_path / "b.json"
+    _run(capsys, ["export", AGENT, "--format", "mooncake", "--block", "16", "--out", str(out), "-q"])
+    _run(capsys, ["replay", str(out), "--engine", "vllm", "--json", str(a), "-q"])
+    _run(capsys, ["replay", AGENT, "--engine", "vllm", "--json", str(b), "-q"])
+    ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
+    assert [c["reused"] for c in ra["calls"]] == [c["reused"] for c in rb["calls"]]
+    assert ra["engines"][0]["reused"] == rb["engines"][0]["reused"] > 0
 
 
 def test_a_dump_of_a_hash_trace_replays(capsys, tmp_path, hashed):

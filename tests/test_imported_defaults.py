@@ -54,6 +54,14 @@ def test_rewrite_of_an_imported_log_says_there_is_no_recorded_run(dated, tmp_pat
     assert "an imported openai log" in text and all(row["recorded_read"] is None for row in r.rows)
 
 
+def test_reproduce_of_an_imported_log_says_there_is_nothing_recorded_to_compare(dated, capsys):
+    pytest.importorskip("strata_lab._engine")
+    assert main(["reproduce", str(dated), "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "the dump records no reused to compare (an imported openai log)" in text
+    assert "than recorded" not in text
+
+
 def test_lint_fix_on_the_dated_log_moves_the_time_and_shows_each_engine(dated, tmp_path, capsys, qwen3):
     out = tmp_path / "fixed.jsonl"
     assert main(["lint", str(dated), "--engine", "vllm", "--fix", str(out), "-q"]) == 0

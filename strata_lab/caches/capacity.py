@@ -425,7 +425,7 @@ def sweep(trace, capacities=None, policies=("lru", "lfu", "atc25", "vllm", "sgla
             if owned:
                 client.close()
     else:
-        bar = progress_bar(points, enabled=progress, desc="sweep", unit="point")
+        bar = progress_bar(points, enabled=progress, desc="sweep", unit="point", tick=1.0)
         rows = []
         for pt in bar:
             if progress:   # which point runs now: one can take minutes on a production trace

@@ -224,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", help="keep the two dumps here (default: a temp dir)")
     p.add_argument("--model", default="hybrid", help="hybrid or attention (embedded tiny models), or a model dir")
     p.add_argument("--turns", type=int, default=4, help="agent turns (default 4)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="only the comparison: no progress bar, no status lines")
     p.set_defaults(func=_cmd_demo)
 
     from strata_lab.sessions.agents import SCENARIOS
@@ -244,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-latency", type=int, help="engine steps a STOP takes (default: 2 for thinking, else 0)")
     p.add_argument("--no-header-checkpoint", action="store_true",
                    help="server keeps turn-start checkpoints only (template rewrites then fall back further)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_record)
     descriptions = {
         "reproduce": "Send a dump's prompts through a fresh engine (each reply forced as recorded) and compare the "

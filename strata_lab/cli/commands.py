@@ -260,11 +260,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--out-dir {args.out_dir} is not a directory")
 
     status(f"serving a scripted agent session twice on the {args.model} model (reply-id reuse off, then on; "
-           f"about 20-40 s) ...")
+           f"about 20-40 s) ...", args)
     from strata_lab.cli.outputs import output
 
     with output(args.png) as png:
-        run_demo(png, out_dir=args.out_dir, model=args.model, turns=args.turns)
+        run_demo(png, out_dir=args.out_dir, model=args.model, turns=args.turns, progress=not args.quiet)
     return 0
 
 
@@ -302,11 +302,11 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
     from strata_lab.cli.outputs import output
 
-    status(f"recording the {args.scenario} scenario: starting a server and driving {args.turns} turns ...")
+    status(f"recording the {args.scenario} scenario: starting a server and driving {args.turns} turns ...", args)
     with output(args.out) as out:
         done = record(args.scenario, out, model=args.model, reply_id_reuse=args.reply_id_reuse, turns=args.turns,
                       max_tokens=args.max_tokens, seed=args.seed, stop_latency=args.stop_latency,
-                      header_checkpoint=not args.no_header_checkpoint)
+                      header_checkpoint=not args.no_header_checkpoint, progress=not args.quiet)
     import dataclasses
 
     print(dataclasses.replace(done, path=args.out))

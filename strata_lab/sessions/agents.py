@@ -89,8 +89,9 @@ def _client(base_url: str):
 
 
 class _Chat:
-    def __init__(self, base_url: str, cfg: ScriptConfig):
+    def __init__(self, base_url: str, cfg: ScriptConfig, on_request=None):
         self.client, self.cfg, self.requests = _client(base_url), cfg, 0
+        self.on_request = on_request
 
     def send(self, messages, **kw):
         extra = kw.pop("extra_body", {})
@@ -98,6 +99,8 @@ class _Chat:
             model="strata-lab", messages=messages, temperature=self.cfg.temperature,
             seed=self.cfg.seed + self.requests, extra_body=extra, **kw)
         self.requests += 1
+        if self.on_request is not None:
+            self.on_request()
         return resp.choices[0].message
 
 
@@ -153,10 +156,11 @@ def _webui(chat: _Chat) -> None:
 _SCRIPTS = {"agent": _agent, "thinking": _thinking, "webui": _webui}
 
 
-def run_script(scenario: str, base_url: str, cfg: ScriptConfig = ScriptConfig()) -> int:
-    """Drive one scripted session against the server at `base_url` (…/v1); returns the requests sent."""
+def run_script(scenario: str, base_url: str, cfg: ScriptConfig = ScriptConfig(), on_request=None) -> int:
+    """Drive one scripted session against the server at `base_url` (…/v1); returns the requests sent.
+    `on_request`: called with no argument after each answered request (a progress bar's step)."""
     if scenario not in _SCRIPTS:
         raise ValueError(f"scenario must be one of {sorted(_SCRIPTS)}, got {scenario!r}")
-    chat = _Chat(base_url, cfg)
+    chat = _Chat(base_url, cfg, on_request)
     _SCRIPTS[scenario](chat)
     return chat.requests

@@ -39,9 +39,10 @@ def _plot(frames: dict, table, path) -> None:
 
 
 def run_demo(png="strata-demo.png", *, out_dir=None, model="hybrid", turns: int = 4, max_tokens: int = 24,
-             seed: int = 0, quiet: bool = False):
+             seed: int = 0, quiet: bool = False, progress: bool | None = None):
     """Run the demo; returns the comparison (a pandas DataFrame, one row per run). Dumps go to `out_dir`
-    (a new temp dir by default), the plot to `png`."""
+    (a new temp dir by default), the plot to `png`. `quiet`: print nothing; `progress`: a bar on stderr per
+    recording, stepped per request (default: when not quiet)."""
     import pandas as pd
 
     from strata_lab.caches.replay import replay
@@ -60,7 +61,7 @@ def run_demo(png="strata-demo.png", *, out_dir=None, model="hybrid", turns: int 
         say(f"recording the agent session, {name} ...", flush=True)
         t0 = time.perf_counter()
         rec = record("agent", path, model=model, reply_id_reuse=reuse, turns=turns, max_tokens=max_tokens,
-                     seed=seed)
+                     seed=seed, progress=not quiet if progress is None else progress)
         wall = time.perf_counter() - t0
         records = load_dump(path).records()
         kind = model_kind(records)

@@ -290,7 +290,7 @@ def _run(dump, *, policy: str, model, out, threads: int, tokenizer, allow_model_
     if progress:
         from strata_lab.progress import progress_bar
 
-        bar = progress_bar(total=len(records), desc=f"engine run ({name})", unit="call")
+        bar = progress_bar(total=len(records), desc=f"engine run ({name})", unit="call", tick=1.0)
     try:
         for (rec, prompt), pred in zip(pairs, predicted_rows):
             gen, drained = list(rec["gen_ids"]), list(rec["drained_ids"])
@@ -446,12 +446,13 @@ class Recorded:
 
 def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turns: int = 4,
            max_tokens: int = 24, seed: int = 0, threads: int = 1, stop_latency: int | None = None,
-           header_checkpoint: bool = True, base_url: str | None = None) -> Recorded:
+           header_checkpoint: bool = True, base_url: str | None = None, progress: bool = False) -> Recorded:
     """Record a scripted session ('agent', 'thinking' or 'webui', see strata_lab.sessions.agents) into `out`.
 
     `stop_latency`: engine steps a STOP takes to land (default: 2 for 'thinking', whose budget STOPs then
     leave drained ids, else 0). `header_checkpoint=False` runs the server with only turn-start checkpoints
     (`--no-header-checkpoint`), which keeps template-rewrite misses visible in the recording.
+    `progress`: a bar on stderr, drawn while the server starts and stepped per request answered.
 
     Starts the server itself (dumping to `out`) unless `base_url` points at one already running, in which
     case that server's own --dump file receives the calls and `out` must be None.
@@ -461,12 +462,15 @@ def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turn
 
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {sorted(SCENARIOS)}, got {scenario!r}")
+    from strata_lab.progress import progress_bar
+
     cfg = ScriptConfig(turns=turns, max_tokens=max_tokens, seed=seed)
     if base_url is not None:
         if out is not None:
             raise ValueError("out: with base_url the server's own --dump file records the session; pass out=None")
         t0 = time.perf_counter()
-        n = run_script(scenario, base_url, cfg)
+        with progress_bar(enabled=progress, desc=f"record {scenario}", unit="request", tick=1.0) as bar:
+            n = run_script(scenario, base_url, cfg, on_request=bar.update)
         return Recorded("(server dump)", scenario, reply_id_reuse, n, -1, time.perf_counter() - t0)
     out = Path(out)
     if out.exists():
@@ -474,8 +478,11 @@ def record(scenario: str, out, *, model=None, reply_id_reuse: bool = False, turn
     t0 = time.perf_counter()
     if stop_latency is None:
         stop_latency = 2 if scenario == "thinking" else 0
-    with serve(model=model, dump=out, reply_id_reuse=reply_id_reuse, threads=threads,
-               stop_latency=stop_latency, header_checkpoint=header_checkpoint) as url:
-        n = run_script(scenario, url, cfg)
+    with progress_bar(enabled=progress, desc=f"record {scenario}", unit="request", tick=1.0) as bar:
+        bar.set_postfix_str("starting the server")
+        with serve(model=model, dump=out, reply_id_reuse=reply_id_reuse, threads=threads,
+                   stop_latency=stop_latency, header_checkpoint=header_checkpoint) as url:
+            bar.set_postfix_str("server up")
+            n = run_script(scenario, url, cfg, on_request=bar.update)
     calls = len(load_dump(out).records()) if out.exists() else 0
     return Recorded(str(out), scenario, reply_id_reuse, n, calls, time.perf_counter() - t0)
