@@ -271,8 +271,9 @@ def test_each_habits_reread_agrees_with_an_independent_render(imported, qwen3, n
 @pytest.mark.parametrize("name", list(TEMPLATES))
 def test_the_volatile_fix_moves_the_line_under_every_template(imported, qwen3, name):
     """The fix finds the system message's lines and the last user message by the template's structure: the
-    timestamp leaves the system message (which is then the same on every call) for the end of the last user
-    message, and the fix is kept on the engine asked for."""
+    timestamp leaves the system message (which is then the same on every call) for the end of the last message
+    (a user message, or a tool output under templates that write those in a turn of their own), and the fix is
+    kept on the engine asked for."""
     from strata_lab.caches.lint import check_fixes, fix_calls
 
     dump, habit, _ = imported[name, True]
@@ -285,9 +286,9 @@ def test_the_volatile_fix_moves_the_line_under_every_template(imported, qwen3, n
     texts = [qwen3.decode(c.prompt.tolist()) for c in stamped]
     systems = {t[slice(*st.system_span(t))] for t in texts}
     assert len(systems) == 1 and "Current time" not in next(iter(systems))
-    for t in texts:
-        a, b = st.last_user_span(t)
-        assert t[a:b].endswith("\nCurrent time: " + t[b - 20:b]) and t.count("Current time") == 1
+    for t in texts:   # at the end of the last message's content: a user message, or a tool output
+        b = st.last_content_end(t)
+        assert t[:b].endswith("\nCurrent time: " + t[b - 20:b]) and t.count("Current time") == 1
     from strata_lab.caches.call_ids import calls_from_dump
 
     calls = calls_from_dump(dump)
@@ -298,6 +299,10 @@ def test_the_volatile_fix_moves_the_line_under_every_template(imported, qwen3, n
     assert [(d["rule"], d["kept"]) for d in decisions] == [("volatile_system", True)], decisions
     per = decisions[0]["per_engine"]["vllm"]
     assert per["read_after"] < per["read_before"] and per["reread_after"] < per["reread_before"]
+    # the line lands after everything the session sent before under every template (tool outputs included), so
+    # the fix takes most of the re-read away (Qwen3 2,813 -> 740, DeepSeek V3.1 3,306 -> 1,438, Llama 3.1
+    # 3,090 -> 895, Devstral 2,633 -> 822 on vLLM)
+    assert per["reread_after"] < 0.5 * per["reread_before"], per
 
 
 @pytest.mark.parametrize("ids", [True, False], ids=["session-ids", "chained"])

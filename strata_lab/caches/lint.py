@@ -5,8 +5,8 @@ Rules (each `Finding` names the call, the position and the text):
 
 | rule | fires when | fix |
 |---|---|---|
-| `volatile_system` | consecutive calls of a session send a system message that differs only in its volatile parts (`mask_volatile`: a timestamp, a date, a request id) | move the line to the end of the last user message |
-| `per_user_early` | the first prompts of two sessions part inside the system message on a line with other words (a user's name, plan, locale) and agree again after it | move the line to the end of the last user message |
+| `volatile_system` | consecutive calls of a session send a system message that differs only in its volatile parts (`mask_volatile`: a timestamp, a date, a request id) | move the line to the end of the last message (a user message or a tool output) |
+| `per_user_early` | the first prompts of two sessions part inside the system message on a line with other words (a user's name, plan, locale) and agree again after it | move the line to the end of the last message (a user message or a tool output) |
 | `tool_schema_order` | a `<tools>` definition whose text changes while its JSON does not (key order, whitespace) | rewrite every tool as canonical JSON (sorted keys) |
 | `reasoning_stripped` | the reply's reasoning is gone from the next prompt: the client sent it back without it, or the template drops it (the explainer's `template_rewrite`) | none here: send reasoning back, keep it in the template |
 | `arguments_reserialised` | the client sends a reply's tool-call arguments back as other text (key order, spacing) | none here: send the arguments back as received |
@@ -20,8 +20,8 @@ Rules are template-agnostic: on an imported log, the client's habits come from i
 `history_change`, `strata_lab/traces/habits.py`), and a call whose messages resend what its session held yet
 whose ids part was rewritten by the template; on a dump of ids, the system message is located by the
 template's own structure (`TemplateStructure`, found by rendering probe conversations; default qwen3's). The
-fixes find the system message's lines and the last user message the same way, so they move text under any
-template (`--template` names the one the prompts were rendered with).
+fixes find the system message's lines and the last message (a user message or a tool output) the same way,
+so they move text under any template (`--template` names the one the prompts were rendered with).
 
 `tokens` of a finding is what it costs the call, per engine: the ids the session held (up to the prompt's
 length) that the engine does not reuse, for divergences; the ids past the last whole block for
@@ -271,8 +271,9 @@ def _tokenizer(tok):
 
 def _move_line_to_end(text: str, start: int, end: int, structure: TemplateStructure) -> str:
     """Take text[start:end] (a line of the system message) out, with one newline beside it, and append it to
-    the end of the last user message's content (where the template's structure puts it); the text unchanged
-    when the prompt has no user message after the system message."""
+    the end of the last message's content, a user message or a tool output (where the template's structure
+    puts it): each call's line then sits after everything the session sent before; the text unchanged when the
+    prompt has no such message after the system message."""
     line = text[start:end]
     if text[end:end + 1] == "\n":
         cut = text[:start] + text[end + 1:]
@@ -280,11 +281,11 @@ def _move_line_to_end(text: str, start: int, end: int, structure: TemplateStruct
         cut = text[:start - 1] + text[end:]
     else:
         return text
-    span = structure.last_user_span(cut)
+    at = structure.last_content_end(cut)
     sys_span = structure.system_span(cut)
-    if span is None or (sys_span is not None and span[0] < sys_span[1]):
+    if at is None or (sys_span is not None and at <= sys_span[1]):
         return text
-    return cut[:span[1]] + "\n" + line + cut[span[1]:]
+    return cut[:at] + "\n" + line + cut[at:]
 
 
 def _line_no(text: str, pos: int) -> int:
@@ -335,7 +336,8 @@ def fix_calls(dump, findings=None, tokenizer="qwen3", *, template=None) -> list[
     Prompts are decoded, rewritten and encoded again; outputs stay as recorded. In the sessions a
     `volatile_system` / `per_user_early` finding names (and, for the latter, the session it was compared
     with), the system-message line it names (a volatile line by its shape: `mask_volatile`) moves to the end
-    of the last user message of each prompt, both found by the template's structure; in the sessions a `tool_schema_order`
+    of the last message of each prompt (a user message or a tool output), both found by the template's structure;
+    in the sessions a `tool_schema_order`
     finding names, tools become canonical JSON; a breakpoint is added where the look-back ends in the
     sessions a `breakpoint_lookback` finding names. Calls of other sessions stay as they are.
 

@@ -57,8 +57,10 @@ _TURN_END = re.compile(r"[ \t\n]*" + _TAG.pattern)   # a marker right after a re
 _CACHE: dict = {}
 
 
-def _tool_call():
-    return {"id": "call00001", "type": "function", "function": {"name": "probe", "arguments": {"k": "v"}}}
+def _tool_call(string: bool = False):
+    """A probe tool call; `string`: its arguments as the client's JSON text (templates that splice them in)."""
+    return {"id": "call00001", "type": "function",
+            "function": {"name": "probe", "arguments": '{"k": "v"}' if string else {"k": "v"}}}
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ class TemplateStructure:
     turn_end: the marker the template writes right after a reply's content to end the turn (``<|im_end|>``,
         ``<|eot_id|>``, ``<｜end▁of▁sentence｜>``, ``</s>`` where `eos_token` is set), what the model generates
         last; None when a reply's turn ends with no marker.
+    tool_close: what follows a tool output's content when it is the last message of a prompt (before any
+        generation prompt); None when the probe's tool output is not found.
     """
 
     name: str
@@ -98,6 +102,7 @@ class TemplateStructure:
     system_opens: tuple = ()
     system_closes: tuple = ()
     turn_end: str | None = None
+    tool_close: str | None = None
 
     @classmethod
     def of(cls, template) -> "TemplateStructure":
@@ -146,9 +151,13 @@ class TemplateStructure:
             g = render(user, True, **kw)
             if base is not None and g is not None and g.startswith(base) and len(g) > len(base):
                 gens.append(g[len(base):])
-        tool_turn = user + [{"role": "assistant", "content": "", "tool_calls": [_tool_call()]},
-                            {"role": "tool", "tool_call_id": "call00001", "content": _TOOL}]
-        a, b = render(tool_turn), render(tool_turn, True)
+        for string in (False, True):   # parsed arguments, else the JSON text (DeepSeek V3.1 as shipped)
+            tool_turn = user + [{"role": "assistant", "content": "", "tool_calls": [_tool_call(string)]},
+                                {"role": "tool", "tool_call_id": "call00001", "content": _TOOL}]
+            a = render(tool_turn)
+            if a is not None:
+                break
+        b = render(tool_turn, True)
         if a is not None and b is not None and b.startswith(a) and len(b) > len(a):
             gens.append(b[len(a):])
         gens = tuple(dict.fromkeys(gens))
@@ -173,12 +182,13 @@ class TemplateStructure:
         ended = render(user + [{"role": "assistant", "content": _REPLY}]) or ""
         end = _TURN_END.match(ended, ended.rfind(_REPLY) + len(_REPLY)) if _REPLY in ended else None
         user_open, user_ends = cls._user_turn(render, sys_a, gens)
+        tool_close = a[a.rfind(_TOOL) + len(_TOOL):] if a is not None and _TOOL in a else None
         return cls(name=t.name, system_open=system_open, system_close=system_close, generation_prompts=gens,
                    think=think, renders_reasoning=renders, strips_history_reasoning=_REASONING not in hist,
                    user_open=user_open, user_ends=user_ends,
                    system_opens=tuple(dict.fromkeys(o for o in sys_opens if o is not None)),
                    system_closes=tuple(dict.fromkeys(c for c in sys_closes if c)),
-                   turn_end=end.group(1) if end else None)
+                   turn_end=end.group(1) if end else None, tool_close=tool_close)
 
     @staticmethod
     def _user_turn(render, sys_a, gens) -> tuple:
@@ -228,6 +238,24 @@ class TemplateStructure:
         a += len(self.user_open)
         ends = [b for b in (text.find(e, a) for e in self.user_ends) if b >= 0]
         return (a, min(ends)) if ends else None
+
+    def last_content_end(self, text: str) -> int | None:
+        """Where the content of a prompt's last message ends: a user message's, or a tool output's where the
+        prompt ends with one (templates that write tool outputs in a turn of their own); None when neither is
+        found.
+
+        >>> from strata_lab import ChatTemplate
+        >>> s = TemplateStructure.of(ChatTemplate.from_name("qwen3"))
+        >>> text = "<|im_start|>system\\nS<|im_end|>\\n<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n"
+        >>> text[s.last_content_end(text):]
+        '<|im_end|>\\n<|im_start|>assistant\\n'
+        """
+        span = self.last_user_span(text)
+        ends = [span[1]] if span is not None else []
+        body = text[:len(text) - len(self.generation_prompt_at_end(text))]
+        if self.tool_close and body.endswith(self.tool_close):
+            ends.append(len(body) - len(self.tool_close))
+        return max(ends) if ends else None
 
     def generation_prompt_at_end(self, text: str) -> str:
         """The generation prompt a prompt's text ends with ("" when none of the template's does)."""
