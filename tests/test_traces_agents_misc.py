@@ -259,3 +259,11 @@ def test_every_deepseek_template_renders_every_call_of_a_tool_call_log(path):
     assert len(df) == 4 and trace.render_skipped == []
     notes = [STRING_ARGUMENTS in n for n in df["notes"]]
     assert all(notes) or not any(notes)  # per call, and the same for every tool-call turn of one template
+
+
+def test_a_forced_reader_that_skips_the_first_records_names_the_one_that_reads_it_and_stops_warning():
+    # 15 OpenHands events forced onto sharegpt: three warnings, then one naming the reader, then none
+    trace, _, said = read("openhands-trajectory.json", format="sharegpt")
+    assert len(said) == 4 and all(": skipped: " in s for s in said[:3])
+    assert "its first 3 records do not fit the sharegpt reader; the openhands reader reads it" in said[3]
+    assert trace.stats[str(FIX / "openhands-trajectory.json")]["skipped"] == 15

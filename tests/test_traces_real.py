@@ -325,7 +325,7 @@ def test_cli_import_reports_per_file_and_fails_on_a_file_without_calls(tmp_path,
     junk = tmp_path / "bad.jsonl"
     junk.write_text(json.dumps({"model": "m", "messages": []}) + "\n")
     assert _cli("import", str(junk), "--format", "openai", "--out", str(tmp_path / "j.parquet"), "-q") == 1
-    assert "no calls: every record was skipped (1 warnings)" in capsys.readouterr().err
+    assert "no calls: every record was skipped (1 of them)" in capsys.readouterr().err
 
 
 def test_cli_help_documents_the_chaining_rule_and_session_key(capsys):

@@ -28,6 +28,9 @@ except ImportError:  # pragma: no cover - orjson is a core dependency
 __all__ = ["Source", "TraceWarning", "loads", "warn"]
 
 MAX_WARNINGS_PER_FILE = 20
+# a file forced onto a reader (--format) whose first this many records are skipped, with no call read, is
+# checked against detection once: another reader that reads it is named, and its further warnings stop
+FORCED_CHECK_AFTER = 3
 
 
 _TOKEN = re.compile(r'["{}\[\]]')
@@ -92,6 +95,9 @@ class Source:
         self.batch: dict | None = None  # OpenAI Batch output responses by custom_id (joined to input lines)
         self.companions: list[str] = []  # files read with this one (a Cline task folder's ui_messages.json)
         self.reader: str | None = None  # the reader's name (`Trace` sets it), for messages that name it
+        self.forced = False             # the reader was given (--format), not detected (`Trace` sets it)
+        self.calls = 0                  # calls read from the file so far (`Trace` counts them)
+        self._quiet = False             # a forced file's warnings stopped once the reader that reads it is named
         # format detection (`Trace` sets registry.detect_format): a file forced onto the wrong reader is told
         # which reader reads it; the readers sit below the registry, so they are handed it, never import it
         self.detect = None
@@ -125,13 +131,31 @@ class Source:
         name = os.path.basename(self.path)
         return os.path.splitext(name[:-3] if name.endswith(".gz") else name)[0]
 
+    def elsewhere(self) -> str:
+        """For a file forced onto a reader (--format): which reader detection picks instead, as advice to follow
+        a line that says its records were skipped ("" when detection picks none or the same one)."""
+        if not self.forced:
+            return ""
+        name, why = self.detected_as()
+        if name is None or name == self.reader:
+            return ""
+        return f"the {name} reader reads it ({why}): leave out --format, or pass --format {name}"
+
     def skip(self, lineno: int | None, why: str) -> None:
         self.skipped += 1
+        if self._quiet:
+            return
         if self.skipped <= MAX_WARNINGS_PER_FILE:
             at = f"{self.path}:{lineno}" if lineno is not None else self.path
             warn(f"{at}: skipped: {why}")
         elif self.skipped == MAX_WARNINGS_PER_FILE + 1:
             warn(f"{self.path}: more records skipped; warnings stop here")
+        if self.skipped == FORCED_CHECK_AFTER and not self.calls:
+            advice = self.elsewhere()
+            if advice:
+                self._quiet = True
+                warn(f"{self.path}: its first {FORCED_CHECK_AFTER} records do not fit the {self.reader} reader; "
+                     f"{advice} (no further warnings for this file)")
 
     def note(self, lineno: int | None, what: str) -> None:
         """A record kept with a caveat the user should know about (e.g. truncated ids)."""

@@ -128,6 +128,7 @@ class Trace:
             src = self._source(p)
             src.batch = batch
             src.reader = fmt
+            src.forced = self.detected[p][1] == "given"
             src.companions = [u for u, h in joined.items() if h == p]
             st = self.stats[p] = {"format": fmt, "why": self.detected[p][1], "calls": 0, "sessions": set(),
                                   "fidelity": {}, "usage": 0, "cached": 0, "notes": {}, "facts": src.facts,
@@ -141,6 +142,7 @@ class Trace:
                 if call["prompt_ids"] is not None and call["prompt_len"] is None:
                     call["prompt_len"] = len(call["prompt_ids"])
                 st["calls"] += 1
+                src.calls += 1
                 st["sessions"].add(call["session"])
                 st["fidelity"][call["fidelity"]] = st["fidelity"].get(call["fidelity"], 0) + 1
                 if call["prompt_tokens"] is not None or call["cached_tokens"] is not None:
@@ -156,18 +158,9 @@ class Trace:
             if not st["calls"]:
                 st["why_none"] = (f"its {st['joined']} lines were joined to their input lines (counted there)"
                                   if st.get("joined") else None) or src.why_none or (
-                    f"every record was skipped ({src.skipped} warnings){self._elsewhere(p, src)}" if src.skipped
+                    f"every record was skipped ({src.skipped} of them)"
+                    + (f"; {src.elsewhere()}" if src.elsewhere() else "") if src.skipped
                     else f"no model call in it for the {fmt} reader")
-
-    def _elsewhere(self, path: str, src: Source) -> str:
-        """For a file forced onto a reader (--format) that skipped all of it: which reader detection picks
-        instead, as the advice that follows the "every record was skipped" line ("" when none or the same)."""
-        if self.detected[path][1] != "given":
-            return ""
-        name, why = src.detected_as()
-        if name is None or name == self.detected[path][0]:
-            return ""
-        return f"; the {name} reader reads it ({why}): leave out --format, or pass --format {name}"
 
     def calls(self) -> list[dict]:
         """Every call, read into a list (no __len__: a trace is streamed, counting it means reading it)."""
