@@ -3,6 +3,8 @@
 The rules come from the research note (docs/research/cache-policies-and-logs.md, section 1) and the
 engine code it cites; each test names the rule it checks.
 """
+from pathlib import Path
+
 import pytest
 
 from strata_lab.caches.base import Hint
@@ -391,3 +393,13 @@ def test_openai_routes_by_the_first_tokens():
     assert len(same) == 1                               # one prefix: one cache machine
     other = {r.route(Call(i, "x", as_ids([i] + list(range(300))))) for i in range(40)}
     assert len(other) > 1
+
+
+def test_compare_engines_defaults_to_every_engine_modelled():
+    from strata_lab.caches.presets import ENGINES
+    from strata_lab.caches.sweeps import compare_engines
+
+    dump = Path(__file__).resolve().parent.parent / "dumps" / "agent.jsonl"
+    s = compare_engines(dump)
+    assert list(s["engine"]) == ["strata"] + [e for e in ENGINES if e != "strata"]
+    assert s["hit_rate"].between(0, 1).all()

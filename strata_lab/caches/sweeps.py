@@ -52,8 +52,13 @@ def sweep_budget(dump, engines=("vllm", "sglang"), budgets=(), *, field: str | N
     return pd.DataFrame(rows)
 
 
-def compare_engines(dump, engines=("strata", "vllm", "sglang", "llama.cpp", "trtllm", "openai", "anthropic"), **kw):
-    """Engine against engine on the same trace: `replay_engines(...).summary()`."""
+def compare_engines(dump, engines=None, **kw):
+    """Engine against engine on the same trace: `replay_engines(...).summary()`; `engines` None: every engine
+    modelled (`caches.presets.ENGINES`), ours first."""
+    if engines is None:
+        from strata_lab.caches.presets import ENGINES
+
+        engines = ["strata"] + [e for e in ENGINES if e != "strata"]
     return replay_engines(dump, engines, **kw).summary()
 
 

@@ -25,7 +25,9 @@ class EngineExplorer:
         self.calls = calls_from_dump(dump)
         self.dump = dump
         self.tokenizer = tokenizer
-        names = ["strata", "vllm", "sglang", "llama.cpp", "trtllm", "openai", "anthropic"]
+        from strata_lab.caches.presets import ENGINES
+
+        names = ["strata"] + [e for e in ENGINES if e != "strata"]   # every engine modelled, ours first
         self.engines = W.SelectMultiple(options=names, value=tuple(e for e in engines if e in names),
                                         description="engines", rows=len(names))
         self.overrides = W.Textarea(value="\n".join(e for e in engines if e not in names), placeholder=
