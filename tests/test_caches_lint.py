@@ -245,12 +245,3 @@ def test_lint_cli_fix_reports_per_engine_and_session_or_nothing_to_fix(qwen3, tm
         assert oct(os.stat(out).st_mode & 0o777) == "0o600"
     else:
         assert "nothing to fix" in text and not out.exists()
-
-
-def test_lint_on_a_message_log_is_a_clear_error(tmp_path, capsys):
-    from strata_lab.cli import main
-
-    log = tmp_path / "messages.jsonl"
-    log.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    assert main(["lint", str(log)]) == 2
-    assert "strata-lab import" in capsys.readouterr().err

@@ -77,6 +77,24 @@ def test_lint_fix_on_the_dated_log_moves_the_time_and_shows_each_engine(dated, t
     assert after > before                                            # the hit rate on vLLM rises
 
 
+def test_lint_reads_a_log_as_its_import_reads_it(dated, tmp_path, capsys):
+    # the log itself, rendered as `import` renders it: the same findings as on the imported dump, and --fix writes
+    # a dump (an output never overwrites the input)
+    assert main(["lint", DATED, "-q"]) == 1
+    raw = [x for x in capsys.readouterr().out.splitlines() if x.startswith("volatile_system")]
+    assert main(["lint", str(dated), "-q"]) == 1
+    assert raw == [x for x in capsys.readouterr().out.splitlines() if x.startswith("volatile_system")] and len(raw) == 4
+    out = tmp_path / "fixed.jsonl"
+    assert main(["lint", DATED, "--engine", "vllm", "--fix", str(out), "-q"]) == 0
+    assert "kept: volatile_system" in capsys.readouterr().out and out.stat().st_size > 0
+    # a file no reader reads is one line, before any work
+    bad = tmp_path / "notes.txt"
+    bad.write_text("nothing here is a log\n")
+    assert main(["lint", str(bad), "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error" in err[0]
+
+
 def test_lint_default_engines_are_those_the_dump_names(dated, qwen3):
     from strata_lab.caches.lint import dump_engines
 

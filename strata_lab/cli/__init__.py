@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "fix gains or costs per engine (others shown, marked) and before/after per "
                                    "engine and per session (or says 'nothing to fix'). Without --fix, exit 1 when "
                                    "there are findings.")
-    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them)")
+    p.add_argument("dump", nargs="+", help="strata-dump/1 JSONL files (or one directory of them), or any log "
+                                           "`import` reads (rendered with --template and --tokenizer first)")
+    p.add_argument("--format", help="log format (default: detected; strata dumps are read as they are)")
     p.add_argument("--engine", action="append", default=[],
                    help="engine spec to price findings and judge fixes on (repeatable; overrides apply, e.g. "
                         "vllm:block_size=64; default: the engines the dump names: the one its cached-token figures "

@@ -14,9 +14,10 @@ def _describe(trace) -> None:
         print(f"{path}: {fmt} ({why})")
 
 
-def _replay_input(args: argparse.Namespace, tmp: str):
-    """A Dump for `replay`: stores and strata dumps as they are; any other log imported through Trace.to_dump
-    (the library's `open_source` says which)."""
+def _replay_input(args: argparse.Namespace, tmp: str, *, vocab_limit: bool = True):
+    """A Dump for `replay` and `lint`: stores and strata dumps as they are; any other log imported through
+    Trace.to_dump (the library's `open_source` says which). `vocab_limit`: a dump's lines with ids past the
+    tokenizer's rows are skipped (lint reads them all: a hash trace's placeholder ids are refused by name)."""
     from strata_lab.dump import is_store
     from strata_lab.traces.opener import open_source
 
@@ -37,7 +38,7 @@ def _replay_input(args: argparse.Namespace, tmp: str):
             from strata_lab.dump import load_dump
 
             return load_dump(paths)
-        return _checked(paths, tokenizer)
+        return _checked(paths, tokenizer, vocab_limit=vocab_limit)
     trace = src.source
     _describe(trace)
     dump = trace.to_dump(tokenizer or "qwen3", args.template, os.path.join(tmp, "imported.jsonl"),
@@ -318,20 +319,23 @@ def _replay_dask(dump, args: argparse.Namespace) -> int:
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="strata-lint-") as tmp:  # an imported log's rendered dump
+        return _lint(args, _replay_input(args, tmp, vocab_limit=False))
+
+
+def _lint(args: argparse.Namespace, dump) -> int:
     from strata_lab.caches.call_ids import write_calls
     from strata_lab.caches.lint import (FIXABLE, REFERENCE_ENGINES, before_after, before_after_sessions, check_fixes,
                                         dump_engines, fix_table, lint_calls, replayed_engines)
     from strata_lab.cli.commands import status
 
-    dump = _checked(args.dump if len(args.dump) > 1 else args.dump[0], args.tokenizer, vocab_limit=False)
     rows = _load_tokenizer(args.tokenizer).embedding_rows
     if any(rec.get("synthetic_ids") is True and max(rec["prompt_ids"]) >= rows for rec in dump):
         raise ValueError("the dump's ids are a hash trace's placeholders (synthetic_ids), not a tokenizer's: lint "
                          "reads the prompts' text, which such a trace does not have")
     if next(iter(dump), None) is None:
-        raise ValueError(f"no engine calls in {', '.join(dump.paths)}: lint reads strata-dump/1 files (every line "
-                         "was skipped; see the warnings above). For another tool's log, import it first: "
-                         "strata-lab import LOG --out dump.jsonl")
+        raise ValueError(f"no engine calls in {', '.join(dump.paths)}: the dump is empty or every line was "
+                         "skipped (see the warnings above); nothing to lint")
     engines = args.engine or dump_engines(dump)   # default: the engines the dump names
     tok = _load_tokenizer(args.tokenizer)
     status(f"linting {len(dump.records())} calls, pricing findings on {', '.join(engines)} ...", args)
