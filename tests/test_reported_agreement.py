@@ -3,7 +3,6 @@ Claude Code log's prompt holds a system prompt and tools it never shows, so the 
 denominator), the per-call agreement with the matching cache model (docs/CONTRACTS.md, Contract 4), and
 DeepSeek templates that splice tool-call arguments in as strings (tests/fixtures/templates/README.md)."""
 import json
-import math
 import re
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 
 from strata_lab import load_trace, replay
 from strata_lab.caches import replay_engines
-from strata_lab.caches.report import AGREE_POINTS, agreement
+from strata_lab.caches.report import AGREE_POINTS
 from strata_lab.cli import main
 from strata_lab.text.template import ChatTemplate
 from strata_lab.traces.render import STRING_ARGUMENTS
