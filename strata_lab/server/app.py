@@ -276,7 +276,7 @@ async def _run(request, req: ChatRequest, rendered, build, stream_cls):
             st.weights.check()  # again right before the engine reads the weights
         st.runner.run(job, req, rendered, owner=owner)
 
-    job = st.worker.submit(work)
+    job = st.worker.submit(work, left=request.is_disconnected)
     events = job.events()
     # from the moment it queues: a client that leaves drops its job (never started if still queued)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))

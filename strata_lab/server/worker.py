@@ -25,7 +25,7 @@ import queue
 import sys
 import threading
 import traceback
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 __all__ = ["EngineWorker", "Job"]
 
@@ -35,9 +35,11 @@ _END = ("_end", None)
 class Job:
     """A unit of engine work; emits (kind, payload) events and ends after "done" or "error"."""
 
-    def __init__(self, fn: Callable[["Job"], Any], loop: asyncio.AbstractEventLoop):
+    def __init__(self, fn: Callable[["Job"], Any], loop: asyncio.AbstractEventLoop,
+                 left: Callable[[], Awaitable[bool]] | None = None):
         self.fn = fn
         self._loop = loop
+        self._left = left   # async: whether the job's client left (asked on the loop right before it runs)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._cancel = threading.Event()
         self.started = threading.Event()
@@ -64,10 +66,22 @@ class Job:
                 return
             yield item
 
+    def _client_left(self) -> bool:
+        """Whether the job's client left, asked on the event loop as the job reaches the engine (a watcher polling
+        the connection may not have seen a client that left a moment ago); False when nobody can tell within a
+        second (the loop gone or busy: the job runs, and a watcher still stops it)."""
+        if self._left is None:
+            return False
+        try:
+            return bool(asyncio.run_coroutine_threadsafe(self._left(), self._loop).result(timeout=1.0))
+        except Exception:
+            return False
+
     def _run(self) -> bool:
         """Run the job unless it was cancelled while queued (its client left); False: dropped unrun."""
         self.started.set()
-        if self.cancelled:
+        if self.cancelled or self._client_left():
+            self.cancel()
             self.emit(*_END)
             return False
         try:
@@ -100,9 +114,10 @@ class EngineWorker:
         for t in self._threads:
             t.start()
 
-    def submit(self, fn: Callable[[Job], Any]) -> Job:
-        """Queue `fn(job)`; call from the event loop's thread."""
-        job = Job(fn, asyncio.get_running_loop())
+    def submit(self, fn: Callable[[Job], Any], left: Callable[[], Awaitable[bool]] | None = None) -> Job:
+        """Queue `fn(job)`; call from the event loop's thread. `left` (async): whether the job's client left,
+        asked right before the job runs (a job whose client left is dropped unrun)."""
+        job = Job(fn, asyncio.get_running_loop(), left)
         self._jobs.put(job)
         return job
 
